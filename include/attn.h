@@ -1,0 +1,236 @@
+/* attn: exact scaled dot-product and multi-head attention in C.
+ *
+ * Conventions
+ *   - fp32 in and out, fp32 accumulation.
+ *   - Every function returns an attn_status; on failure it also fills the
+ *     optional caller-owned attn_error with a readable message. Nothing in the
+ *     library aborts, exits or prints (except ATTN_VERBOSE=1 dispatch notes,
+ *     which go to stderr only when the user sets that variable).
+ *   - Memory is the caller's: outputs, weights, caches and workspaces are
+ *     passed in. The library may allocate small per-call scratch with malloc
+ *     when no workspace is given; failure is ATTN_ERR_NOMEM, never a crash.
+ *   - The only global state is the thread count (attn_set_num_threads, or the
+ *     ATTN_NUM_THREADS environment variable; default: all cores).
+ *
+ * A query row that sees no key (every key masked) gets output 0, weights 0,
+ * log-sum-exp -inf and zero gradient. PyTorch's math path returns NaN for such
+ * a row; the tutorial's masked_fill(-1e9) returns the mean of V instead.
+ */
+#ifndef ATTN_H
+#define ATTN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define ATTN_VERSION "0.1.0"
+
+/* ---------------------------------------------------------------- errors */
+
+typedef enum {
+    ATTN_OK = 0,
+    ATTN_ERR_NULL = 1,     /* a required pointer is NULL */
+    ATTN_ERR_SHAPE = 2,    /* a size is <= 0 or sizes do not match */
+    ATTN_ERR_OVERFLOW = 3, /* a size product overflows size_t / int64 */
+    ATTN_ERR_MASK = 4,     /* a mask does not broadcast, or bad key length */
+    ATTN_ERR_ARG = 5,      /* another invalid argument (dropout_p, scale...) */
+    ATTN_ERR_NOMEM = 6,    /* allocation failed or workspace too small */
+    ATTN_ERR_STATE = 7     /* call order (e.g. backward without a cache) */
+} attn_status;
+
+/* Caller-owned error report. Pass NULL if you only want the status. */
+typedef struct {
+    attn_status status;
+    char message[256];
+} attn_error;
+
+/* Static name of a status code, e.g. "ATTN_ERR_SHAPE". Never NULL. */
+const char *attn_status_name(attn_status s);
+
+/* ---------------------------------------------------------------- threads */
+
+/* n >= 1 sets the thread count for every parallel part of the library;
+ * n == 0 restores the default (ATTN_NUM_THREADS if set, else all cores). */
+attn_status attn_set_num_threads(int n, attn_error *err);
+int attn_get_num_threads(void);
+
+/* ---------------------------------------------------------------- tensors */
+
+/* A strided 4-D fp32 view, dims [B, H, L, D], strides in elements.
+ * The projections' packed layout [B, L, H, D] is the view with strides
+ * {L*H*D, D, H*D, 1}; no copy needed. Inputs are read only. */
+typedef struct {
+    float *data;
+    int64_t dim[4];
+    int64_t stride[4];
+} attn_tensor;
+
+/* Contiguous [B, H, L, D] view of data. */
+attn_tensor attn_tensor_bhld(float *data, int64_t B, int64_t H, int64_t L, int64_t D);
+/* Packed [B, L, H, D] memory seen as [B, H, L, D]. */
+attn_tensor attn_tensor_blhd(float *data, int64_t B, int64_t H, int64_t L, int64_t D);
+
+/* A mask view broadcastable to [B, H, Lq, Lk]: dim[0] is B or 1, dim[1] is H
+ * or 1, dim[2] == Lq, dim[3] == Lk. Strides in elements; a dim of size 1 is
+ * broadcast whatever its stride, and stride 0 broadcasts any dim. */
+typedef struct {
+    const void *data; /* uint8_t (bool, nonzero = takes part) or float (added) */
+    int64_t dim[4];
+    int64_t stride[4];
+} attn_mask;
+
+/* -------------------------------------------------- scaled dot-product */
+
+#define ATTN_UNBOUNDED (-1) /* window side without a limit */
+
+typedef enum {
+    ATTN_IMPL_AUTO = 0,      /* fastest path that supports the call */
+    ATTN_IMPL_REFERENCE = 1, /* materialise each row of scores; the oracle */
+    ATTN_IMPL_FUSED = 2      /* tiled online softmax (see attn_sdpa_info) */
+} attn_impl;
+
+/* Everything about a call except the tensors. Zero-initialise, then set what
+ * you need: {0} means scale 1/sqrt(d_k), no mask, no dropout, auto path. */
+typedef struct {
+    float scale; /* 0 -> 1/sqrt(d_k); any other finite value is used as is */
+
+    /* Causal: query i sees keys j <= i + (Lk - Lq); when Lq < Lk the queries
+     * are the last Lq positions (decoding with a KV cache). */
+    int causal;
+
+    /* Key padding: keys j >= key_lengths[b] do not take part; [B], each in
+     * [0, Lk]. NULL: all keys valid. */
+    const int64_t *key_lengths;
+
+    /* Sliding window around the query's absolute position i' = i + Lk - Lq:
+     * keys in [i' - window_left, i' + window_right]; ATTN_UNBOUNDED for no
+     * limit on that side. Active only when use_window is nonzero. */
+    int use_window;
+    int64_t window_left, window_right;
+
+    /* Optional masks broadcastable to [B, H, Lq, Lk]; both may be given.
+     * bool_mask: uint8_t, nonzero = takes part. add_mask: float added to the
+     * scaled scores; -inf removes the key. */
+    const attn_mask *bool_mask;
+    const attn_mask *add_mask;
+
+    /* Dropout on the attention weights, inverted scaling 1/(1 - p). Active
+     * only when training is nonzero and dropout_p > 0. Element (b, h, i, j)
+     * is kept or dropped by Philox-4x32-10 keyed by (seed, offset) with
+     * counter (j / 4, i, h, b): the same mask for any thread count or tiling,
+     * regenerated by the backward. Weights returned are before dropout. */
+    float dropout_p;
+    int training;
+    uint64_t seed, offset;
+
+    attn_impl impl;  /* ATTN_IMPL_AUTO by default */
+    int num_threads; /* 0: the global setting */
+} attn_sdpa_params;
+
+/* Which path ran and why; optional out-parameter. */
+typedef struct {
+    attn_impl impl;
+    char reason[160];
+} attn_sdpa_info;
+
+/* O = softmax(Q Kᵀ·scale + masks) V.
+ *   q   [B, H, Lq, Dk]      k [B, H, Lk, Dk]      v [B, H, Lk, Dv]
+ *   out [B, H, Lq, Dv]      (strided views; out must not alias the inputs)
+ *   weights [B, H, Lq, Lk]  contiguous, optional (NULL)
+ *   lse     [B, H, Lq]      contiguous, optional: per-row log-sum-exp of the
+ *                           masked, scaled scores (-inf for an empty row);
+ *                           the backward needs it.
+ *   info    optional: the path that ran and why. */
+attn_status attn_sdpa_forward(const attn_tensor *q, const attn_tensor *k,
+                              const attn_tensor *v, const attn_sdpa_params *p,
+                              attn_tensor *out, float *weights, float *lse,
+                              attn_sdpa_info *info, attn_error *err);
+
+/* Gradients of attn_sdpa_forward, from the saved out and lse and grad_out
+ * (same shape as out). dq, dk, dv have the shapes of q, k, v and are
+ * OVERWRITTEN. p must equal the forward's (same masks, seed and offset). */
+attn_status attn_sdpa_backward(const attn_tensor *q, const attn_tensor *k,
+                               const attn_tensor *v, const attn_tensor *out,
+                               const float *lse, const attn_tensor *grad_out,
+                               const attn_sdpa_params *p, attn_tensor *dq,
+                               attn_tensor *dk, attn_tensor *dv,
+                               attn_sdpa_info *info, attn_error *err);
+
+/* -------------------------------------------------- multi-head attention */
+
+/* Layer shape. kdim/vdim: 0 means embed_dim. */
+typedef struct {
+    int64_t embed_dim; /* E, divisible by num_heads */
+    int64_t num_heads; /* H; head size E / H */
+    int64_t kdim, vdim;
+    int bias; /* nonzero: b_q, b_k, b_v, b_o present */
+} attn_mha_config;
+
+/* Parameters in torch.nn.MultiheadAttention's layout (y = x Wᵀ + b),
+ * caller-owned. in_proj_weight [3E, E] is w_q, w_k, w_v stacked. */
+typedef struct {
+    float *w_q; /* [E, E]    */
+    float *w_k; /* [E, kdim] */
+    float *w_v; /* [E, vdim] */
+    float *w_o; /* [E, E]    */
+    float *b_q, *b_k, *b_v, *b_o; /* [E] each; NULL when !bias */
+} attn_mha_weights;
+
+/* Number of floats all parameters take, packed in the order
+ * w_q, w_k, w_v, b_q, b_k, b_v, w_o, b_o (PyTorch's in_proj then out_proj). */
+attn_status attn_mha_param_count(const attn_mha_config *c, size_t *count, attn_error *err);
+/* Point w at a packed buffer of attn_mha_param_count floats in that order. */
+attn_status attn_mha_weights_from_buffer(const attn_mha_config *c, float *buffer,
+                                         attn_mha_weights *w, attn_error *err);
+/* PyTorch's init: Xavier-uniform in-projection (over [3E, E] when
+ * kdim == vdim == E, else each of w_q, w_k, w_v), out-projection
+ * U(-1/sqrt(E), 1/sqrt(E)), zero biases. Deterministic in seed. */
+attn_status attn_mha_init(const attn_mha_config *c, const attn_mha_weights *w,
+                          uint64_t seed, attn_error *err);
+
+/* Floats of activation cache the backward needs for a call of this shape. */
+attn_status attn_mha_cache_size(const attn_mha_config *c, int64_t B, int64_t Lq,
+                                int64_t Lk, size_t *count, attn_error *err);
+
+typedef enum {
+    ATTN_WEIGHTS_NONE = 0,
+    ATTN_WEIGHTS_PER_HEAD = 1, /* weights [B, H, Lq, Lk] */
+    ATTN_WEIGHTS_AVERAGE = 2   /* weights [B, Lq, Lk], mean over heads */
+} attn_weights_mode;
+
+/* Batch-first multi-head attention.
+ *   query [B, Lq, E]   key [B, Lk, kdim]   value [B, Lk, vdim]  (contiguous;
+ *   self-attention passes the same pointer three times)
+ *   out   [B, Lq, E]
+ *   p     masks, dropout and path as for attn_sdpa_forward (p->scale 0 gives
+ *         1/sqrt(E/H)); may be NULL for none.
+ *   weights: see mode; NULL with ATTN_WEIGHTS_NONE.
+ *   cache: NULL for inference, else attn_mha_cache_size floats that the
+ *          backward reads. */
+attn_status attn_mha_forward(const attn_mha_config *c, const attn_mha_weights *w,
+                             int64_t B, int64_t Lq, int64_t Lk,
+                             const float *query, const float *key,
+                             const float *value, const attn_sdpa_params *p,
+                             float *out, attn_weights_mode mode, float *weights,
+                             float *cache, attn_error *err);
+
+/* Backward of attn_mha_forward from its cache. All gradients ACCUMULATE
+ * (+=) into the caller's buffers, like PyTorch's .grad: zero them first.
+ * Self-attention passes one d_x buffer as d_query, d_key and d_value and
+ * gets the sum. Any of d_query, d_key, d_value may be NULL (not needed).
+ * g has the layout of w (g->b_* NULL when !bias). */
+attn_status attn_mha_backward(const attn_mha_config *c, const attn_mha_weights *w,
+                              int64_t B, int64_t Lq, int64_t Lk,
+                              const float *query, const float *key,
+                              const float *value, const attn_sdpa_params *p,
+                              const float *cache, const float *grad_out,
+                              float *d_query, float *d_key, float *d_value,
+                              const attn_mha_weights *g, attn_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* ATTN_H */
