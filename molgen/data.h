@@ -1,0 +1,173 @@
+/* molgen data: read SMILES files, encode to fixed-length id sequences,
+ * deterministic train/validation split, batch iterator.
+ *
+ * Sequence layout (one molecule per row, T ids):
+ *     BOS t1 t2 ... tk EOS PAD ... PAD         length = k + 2 <= T
+ * The model uses input = row[0 .. T-1), target = row[1 .. T), masks the loss
+ * where target == PAD (i.e. positions >= length-1), and passes
+ * key_lengths = length - 1 (the number of real input positions) to attention.
+ *
+ * Errors: 0 on success, negative on failure with a message in err[errlen]
+ * (err may be NULL). Nothing aborts, exits or prints.
+ */
+#ifndef MG_DATA_H
+#define MG_DATA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tokenizer.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define MG_DATA_ERR (-1)       /* I/O, format, bad argument */
+#define MG_DATA_ERR_NOMEM (-2)
+
+/* ------------------------------------------------------------ report */
+
+#define MG_REPORT_MSGS 8        /* messages kept verbatim */
+#define MG_REPORT_MSGLEN 256
+
+/* What a load skipped. Never silent: every skipped line is counted, and the
+ * first MG_REPORT_MSGS are kept as "file:line: reason". */
+typedef struct {
+    long lines;           /* physical lines read (header included) */
+    long records;         /* candidate molecules (non-blank, non-comment) */
+    long kept;            /* molecules in the dataset */
+    long skipped;         /* = bad_char + unknown_token + too_long + other */
+    long bad_char;        /* does not tokenise */
+    long unknown_token;   /* token not in the fixed vocabulary */
+    long too_long;        /* k + 2 > T */
+    long other;           /* e.g. csv row without the column, empty field */
+    int nmsg;             /* messages stored (<= MG_REPORT_MSGS) */
+    char msg[MG_REPORT_MSGS][MG_REPORT_MSGLEN];
+} mg_report;
+
+/* Human-readable multi-line summary of a report into out[outlen]
+ * ("read 1000 records, kept 998, skipped 2 (1 bad character, ...)" followed
+ * by the stored messages, one per line). Returns out. */
+char *mg_report_format(const mg_report *r, char *out, size_t outlen);
+
+/* ------------------------------------------------------------ raw reading */
+
+/* A list of SMILES strings with their source line numbers (1-based). */
+typedef struct {
+    size_t n;
+    char **smiles; /* n NUL-terminated strings */
+    long *line;    /* n line numbers */
+    /* private: */
+    char *blob_;
+    size_t cap_;
+} mg_smiles_list;
+
+/* Read molecules from a file, no tokenisation yet.
+ * Format by extension: ".csv" (case-insensitive) = CSV with a header row,
+ * the column named csv_column (NULL -> "smiles"; matched case-insensitively,
+ * surrounding whitespace ignored); double-quoted fields with "" escapes are
+ * handled (no newlines inside quotes). Anything else = .smi: the first
+ * whitespace-separated field of each line; blank lines and lines whose first
+ * non-blank character is '#' are skipped. CRLF line ends are accepted.
+ * rep may be NULL; if given it is zeroed and receives lines/records and
+ * "other" skips (e.g. csv rows missing the column). */
+int mg_read_smiles(const char *path, const char *csv_column,
+                   mg_smiles_list *out, mg_report *rep, char *err,
+                   size_t errlen);
+void mg_smiles_list_free(mg_smiles_list *l); /* zeroes it; NULL fine */
+
+/* ------------------------------------------------------------ dataset */
+
+typedef struct {
+    size_t n;            /* molecules (rows) */
+    int T;               /* ids per row (context length incl. BOS/EOS) */
+    int32_t *ids;        /* n*T, row-major */
+    int64_t *lengths;    /* n: k + 2 (BOS + k tokens + EOS), <= T */
+    char **smiles;       /* n source strings (owned) */
+    long *line;          /* n source line numbers (1-based) */
+    /* private: */
+    char *blob_;
+} mg_dataset;
+
+typedef struct {
+    const char *csv_column; /* NULL -> "smiles" */
+    int T;                  /* context length; 0 = automatic: the longest
+                               kept molecule + 2 (only then nothing is
+                               skipped as too long) */
+    int max_tokens;         /* 0 = no extra limit; else molecules with more
+                               than max_tokens tokens are skipped as too long
+                               (T is then at most max_tokens + 2) */
+} mg_load_opts;
+
+/* Load a file into a dataset.
+ * vocab == NULL: molecules that do not tokenise or are too long are skipped,
+ *   and a vocabulary is built from the kept ones and returned in *vocab_out
+ *   (required non-NULL then; caller frees).
+ * vocab != NULL: fixed vocabulary; molecules with an unknown token are
+ *   skipped too; *vocab_out (may be NULL) is left untouched.
+ * rep (may be NULL) is zeroed and filled. Zero kept molecules is an error.
+ * The dataset must be released with mg_dataset_free. */
+int mg_dataset_load(const char *path, const mg_load_opts *opts,
+                    const mg_vocab *vocab, mg_vocab **vocab_out,
+                    mg_dataset *out, mg_report *rep, char *err, size_t errlen);
+
+/* Same from an in-memory list (line numbers taken from it; "where" names the
+ * source in report messages, e.g. the file name). */
+int mg_dataset_from_list(const mg_smiles_list *list, const char *where,
+                         const mg_load_opts *opts, const mg_vocab *vocab,
+                         mg_vocab **vocab_out, mg_dataset *out,
+                         mg_report *rep, char *err, size_t errlen);
+
+void mg_dataset_free(mg_dataset *d); /* zeroes it; NULL fine */
+
+/* Encode one SMILES as a row: seq[0..T) = BOS tokens EOS PAD...,
+ * *length = k + 2. Errors as mg_vocab_encode (MG_TOK_ERR_TOOLONG if
+ * k + 2 > T). */
+int mg_encode_row(const mg_vocab *v, const char *smiles, int T, int32_t *seq,
+                  int64_t *length, char *err, size_t errlen);
+
+/* Deterministic split: a seeded shuffle (splitmix64 + Fisher-Yates) of the
+ * row indices; the first round(n * val_frac) go to validation, the rest to
+ * training; each part keeps the original file order. val_frac in [0, 1).
+ * A part may be empty (n == 0, pointers NULL). Both must be freed. */
+int mg_dataset_split(const mg_dataset *all, double val_frac, uint64_t seed,
+                     mg_dataset *train, mg_dataset *val, char *err,
+                     size_t errlen);
+
+/* ------------------------------------------------------------ PRNG */
+
+/* splitmix64: advances *state, returns the next 64-bit value. */
+uint64_t mg_splitmix64(uint64_t *state);
+/* Fisher-Yates shuffle of idx[0..n) driven by mg_splitmix64(state). */
+void mg_shuffle_indices(size_t *idx, size_t n, uint64_t *state);
+
+/* ------------------------------------------------------------ batches */
+
+typedef struct mg_batcher mg_batcher; /* opaque */
+
+/* An endless stream of batches of exactly B rows over d (which must outlive
+ * the batcher). Epoch e visits the rows in a permutation that depends only on
+ * (seed, e) (shuffle == 0: file order every epoch); the last n % B rows of a
+ * permutation are dropped so every batch is full. Requires 1 <= B <= d->n. */
+int mg_batcher_new(const mg_dataset *d, int B, uint64_t seed, int shuffle,
+                   mg_batcher **out, char *err, size_t errlen);
+void mg_batcher_free(mg_batcher *b);
+
+/* Fill the next batch: ids[B*T], lengths[B], rows[B] (the dataset row
+ * indices; may be NULL). Returns 0. */
+int mg_batcher_next(mg_batcher *b, int32_t *ids, int64_t *lengths,
+                    size_t *rows);
+
+/* Batches per epoch = n / B. */
+uint64_t mg_batcher_per_epoch(const mg_batcher *b);
+/* Epoch of the next batch (0-based) and the number of batches handed out. */
+uint64_t mg_batcher_epoch(const mg_batcher *b);
+uint64_t mg_batcher_step(const mg_batcher *b);
+/* Position the stream so that the next batch is global batch number k (as
+ * if k batches had been taken): for resuming training from a checkpoint. */
+void mg_batcher_seek(mg_batcher *b, uint64_t k);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MG_DATA_H */

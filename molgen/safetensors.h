@@ -1,0 +1,160 @@
+/* molgen safetensors: write / read checkpoint files in the safetensors format
+ * (https://github.com/huggingface/safetensors), plus the minimal JSON parser
+ * it needs (also usable for config JSON stored in the metadata).
+ *
+ * File layout: 8-byte little-endian u64 N, then N bytes of UTF-8 JSON
+ *   {"name":{"dtype":"F32","shape":[2,3],"data_offsets":[begin,end]}, ...,
+ *    "__metadata__":{"key":"value", ...}}
+ * padded with spaces so that 8 + N is a multiple of 8, then the byte buffer;
+ * offsets are relative to the buffer, which is covered exactly (no holes, no
+ * overlaps). Tensor data is little-endian, row-major.
+ *
+ * Errors: 0 on success, -1 on failure with a one-line message in err[errlen]
+ * (err may be NULL). Nothing aborts, exits or prints; a truncated, corrupt or
+ * foreign file is an error, never a crash.
+ */
+#ifndef MG_SAFETENSORS_H
+#define MG_SAFETENSORS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define MG_ST_MAX_DIMS 8
+/* The reader refuses headers larger than this (same limit as the reference
+ * implementation). */
+#define MG_ST_MAX_HEADER (100u * 1024u * 1024u)
+
+typedef enum {
+    MG_ST_BOOL, MG_ST_U8, MG_ST_I8, MG_ST_F8_E5M2, MG_ST_F8_E4M3,
+    MG_ST_I16, MG_ST_U16, MG_ST_F16, MG_ST_BF16,
+    MG_ST_I32, MG_ST_U32, MG_ST_F32,
+    MG_ST_F64, MG_ST_I64, MG_ST_U64,
+    MG_ST_NUM_DTYPES
+} mg_st_dtype;
+
+/* "F32", "I64", ...; NULL for an invalid value. */
+const char *mg_st_dtype_name(mg_st_dtype dt);
+/* Bytes per element (1, 2, 4 or 8); 0 for an invalid value. */
+size_t mg_st_dtype_size(mg_st_dtype dt);
+/* Parse a dtype name; returns 0 and sets *dt, or -1. */
+int mg_st_dtype_parse(const char *name, mg_st_dtype *dt);
+
+/* A tensor: for writing, fill it in; when reading, the library fills it. */
+typedef struct {
+    const char *name;
+    mg_st_dtype dtype;
+    int ndim;                      /* 0 (scalar) .. MG_ST_MAX_DIMS */
+    int64_t shape[MG_ST_MAX_DIMS];
+    const void *data;              /* prod(shape) * dtype_size bytes */
+    size_t nbytes;                 /* reading: byte size; writing: ignored */
+} mg_st_tensor;
+
+typedef struct {
+    const char *key;
+    const char *value;
+} mg_st_kv;
+
+/* ------------------------------------------------------------ writing */
+
+/* Write tensors t[0..nt) and metadata meta[0..nmeta) (may be 0/NULL) to path,
+ * atomically: the file is written to "<path>.tmp.<pid>", flushed, fsync'ed,
+ * renamed over path, and the directory is fsync'ed; on failure the temporary
+ * is removed and path is untouched. Names must be non-empty, unique and not
+ * "__metadata__"; metadata keys unique. Tensors are laid out by descending
+ * element size (stable), so every tensor's data is aligned to its element
+ * size in the file and in a buffer loaded at an 8-aligned address. */
+int mg_st_write(const char *path, const mg_st_tensor *t, size_t nt,
+                const mg_st_kv *meta, size_t nmeta, char *err, size_t errlen);
+
+/* Same, into a malloc'ed memory buffer (*out, *outlen; caller frees). */
+int mg_st_serialize(const mg_st_tensor *t, size_t nt, const mg_st_kv *meta,
+                    size_t nmeta, unsigned char **out, size_t *outlen,
+                    char *err, size_t errlen);
+
+/* ------------------------------------------------------------ reading */
+
+typedef struct mg_st_file mg_st_file; /* opaque */
+
+/* Load and validate a whole file: size >= 8; header size N <= file size - 8
+ * and <= MG_ST_MAX_HEADER; header is a well-formed JSON object; each entry
+ * has a known dtype, a shape of non-negative integers (<= MG_ST_MAX_DIMS),
+ * data_offsets [begin, end] with end - begin == prod(shape) * dtype size;
+ * offsets cover the buffer exactly without overlap; names unique;
+ * __metadata__ (optional) maps strings to strings. */
+int mg_st_load(const char *path, mg_st_file **out, char *err, size_t errlen);
+/* Same from memory (the bytes are copied). */
+int mg_st_parse(const void *buf, size_t len, mg_st_file **out, char *err,
+                size_t errlen);
+void mg_st_free(mg_st_file *f); /* NULL fine */
+
+/* Tensors in file order (by data offset). Pointers are owned by f. */
+size_t mg_st_count(const mg_st_file *f);
+const mg_st_tensor *mg_st_at(const mg_st_file *f, size_t i);
+/* NULL if absent. */
+const mg_st_tensor *mg_st_find(const mg_st_file *f, const char *name);
+
+/* Look up name and check it has dtype and shape[0..ndim) exactly; on success
+ * *data points at its bytes (owned by f; aligned to the element size for
+ * files written by mg_st_write). Errors name the tensor and both shapes /
+ * dtypes, e.g. "tensor 'wte': shape [26,128] expected [30,128]". */
+int mg_st_get(const mg_st_file *f, const char *name, mg_st_dtype dtype,
+              int ndim, const int64_t *shape, const void **data, char *err,
+              size_t errlen);
+/* As mg_st_get, but copies the bytes into dst[dst_bytes] (must be exactly the
+ * tensor's size): safe for any alignment. */
+int mg_st_copy(const mg_st_file *f, const char *name, mg_st_dtype dtype,
+               int ndim, const int64_t *shape, void *dst, size_t dst_bytes,
+               char *err, size_t errlen);
+
+/* Metadata value of key, or NULL. Owned by f. */
+const char *mg_st_meta(const mg_st_file *f, const char *key);
+size_t mg_st_meta_count(const mg_st_file *f);
+/* i-th pair (file order); returns 0, or -1 if i is out of range. */
+int mg_st_meta_at(const mg_st_file *f, size_t i, const char **key,
+                  const char **value);
+
+/* ------------------------------------------------------------ JSON */
+
+/* A minimal JSON DOM: objects, arrays, strings (escapes incl. \uXXXX and
+ * surrogate pairs decoded to UTF-8; \u0000 rejected), numbers, true, false,
+ * null. Nesting depth <= MG_JSON_MAX_DEPTH; duplicate object keys are an
+ * error; trailing non-whitespace after the value is an error. */
+#define MG_JSON_MAX_DEPTH 64
+
+typedef enum {
+    MG_JSON_NULL, MG_JSON_BOOL, MG_JSON_NUMBER, MG_JSON_STRING,
+    MG_JSON_ARRAY, MG_JSON_OBJECT
+} mg_json_type;
+
+typedef struct mg_json mg_json;
+struct mg_json {
+    mg_json_type type;
+    int boolean;        /* BOOL */
+    double number;      /* NUMBER */
+    int is_int;         /* NUMBER written without '.', 'e' and fits int64 */
+    int64_t integer;    /* NUMBER with is_int */
+    char *str;          /* STRING: decoded, NUL-terminated */
+    size_t len;         /* STRING: bytes; ARRAY / OBJECT: element count */
+    mg_json *items;     /* ARRAY / OBJECT: len values */
+    char **keys;        /* OBJECT: len keys (decoded, NUL-terminated) */
+};
+
+int mg_json_parse(const char *text, size_t len, mg_json **out, char *err,
+                  size_t errlen);
+void mg_json_free(mg_json *j); /* NULL fine */
+/* Member of an object (NULL if j is not an object or has no such key). */
+const mg_json *mg_json_get(const mg_json *j, const char *key);
+
+/* Write s as a JSON string literal (with quotes and escapes) into
+ * out[outlen], NUL-terminated and truncated if needed; returns the length it
+ * needs (excluding the NUL), like snprintf. */
+size_t mg_json_quote(const char *s, char *out, size_t outlen);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MG_SAFETENSORS_H */

@@ -1,0 +1,39 @@
+/* molgen smiles_check: what can be checked about a SMILES string without a
+ * chemistry toolkit. A cheap pre-filter and a lower bound on invalidity;
+ * RDKit (molgen/metrics.py) is the authority on validity.
+ *
+ * Checked:
+ *   - not empty; tokenises (MolGPT regex, see tokenizer.h);
+ *   - only SMILES tokens: no '<', '>', '?', '~' (reaction / SMARTS);
+ *   - bracket atoms well-formed: [isotope? symbol chirality? hcount? charge?
+ *     class?] with a real element symbol (or aromatic b c n o p s se as te,
+ *     or '*'), chirality @ @@ @TH1-2 @AL1-2 @SP1-3 @TB1-20 @OH1-30,
+ *     H / Hn, charge + - +n -n ++ --, class :n;
+ *   - grammar: an atom first; a bond ('-' '=' '#' '$' ':' '/' '\') only
+ *     between an atom and an atom or ring-closure digit, never twice in a
+ *     row, never before ')' '.' or the end; branches '(' follow an atom (or
+ *     a ')' of a sibling branch), are non-empty and closed; no unmatched ')';
+ *     '.' between two complete fragments;
+ *   - ring closures (1-9, %10-%99): each opened digit closed, not closed on
+ *     the atom that opened it, not duplicating an existing bond between the
+ *     same two atoms, and when both ends carry a bond symbol they agree.
+ * Not checked: valences, aromaticity / kekulisation, charges vs. valence.
+ */
+#ifndef MG_SMILES_CHECK_H
+#define MG_SMILES_CHECK_H
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Returns 1 if smiles passes every check above, 0 if not; then why[n] (may
+ * be NULL) gets a one-line reason with the 0-based byte position, e.g.
+ * "position 4: ring closure 1 never closed". */
+int mg_smiles_syntax_ok(const char *smiles, char *why, size_t n);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MG_SMILES_CHECK_H */
