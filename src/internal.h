@@ -1,0 +1,98 @@
+/* Internal declarations shared by the library's translation units. */
+#ifndef ATTN_INTERNAL_H
+#define ATTN_INTERNAL_H
+
+#include "attn.h"
+
+#include <math.h>
+#include <stdint.h>
+
+#if defined(__GNUC__)
+#define ATTN_PRINTF(a, b) __attribute__((format(printf, a, b)))
+#else
+#define ATTN_PRINTF(a, b)
+#endif
+
+/* Fill err (if any) and return s. */
+attn_status attn_fail(attn_error *err, attn_status s, const char *fmt, ...) ATTN_PRINTF(3, 4);
+attn_status attn_ok(attn_error *err);
+
+/* Threads for one call: p_threads > 0 wins, else the global setting. */
+int attn_threads_for(int p_threads);
+
+/* Overflow-checked int64 arithmetic: return 0 on overflow. */
+int attn_mul64(int64_t a, int64_t b, int64_t *r);
+int attn_add64(int64_t a, int64_t b, int64_t *r);
+
+/* A validated SDPA problem: sizes, scale, masks with broadcast strides
+ * resolved (0 on a broadcast dim), dropout decision constants. Built once by
+ * attn_sdpa_check and read by every kernel (reference and fused). */
+typedef struct {
+    int64_t B, H, Lq, Lk, Dk, Dv;
+    float scale;
+    int causal;
+    const int64_t *key_lengths; /* [B] or NULL */
+    int use_window;
+    int64_t window_left, window_right; /* ATTN_UNBOUNDED = no limit */
+    const uint8_t *bmask; int64_t bms[4]; /* bool mask and its strides */
+    const float *amask; int64_t ams[4];   /* additive mask and its strides */
+    int dropout;                          /* nonzero: apply dropout */
+    uint32_t drop_threshold;              /* drop iff philox word < this */
+    float keep_scale;                     /* 1 / (1 - p) */
+    uint64_t drop_key;                    /* Philox key from (seed, offset) */
+    int threads;
+} attn_problem;
+
+/* Validate q, k, v, out (and for the backward, grad/dq/dk/dv when non-NULL
+ * are checked by the caller with attn_check_same_shape) and fill pr. */
+attn_status attn_sdpa_check(const attn_tensor *q, const attn_tensor *k,
+                            const attn_tensor *v, const attn_tensor *out,
+                            const attn_sdpa_params *p, int want_weights,
+                            attn_problem *pr, attn_error *err);
+attn_status attn_check_tensor(const attn_tensor *t, const char *name, attn_error *err);
+attn_status attn_check_same_shape(const attn_tensor *t, const attn_tensor *like,
+                                  const char *name, const char *like_name,
+                                  attn_error *err);
+
+/* Keys [*lo, *hi) that the structural masks (causal, key padding, window)
+ * leave visible to query i of batch b; *lo >= *hi when none. */
+static inline void attn_row_range(const attn_problem *pr, int64_t b, int64_t i,
+                                  int64_t *lo, int64_t *hi) {
+    int64_t l = 0, h = pr->Lk;
+    int64_t ia = i + pr->Lk - pr->Lq; /* the query's absolute position */
+    if (pr->causal && ia + 1 < h) h = ia + 1;
+    if (pr->key_lengths && pr->key_lengths[b] < h) h = pr->key_lengths[b];
+    if (pr->use_window) {
+        if (pr->window_left != ATTN_UNBOUNDED && ia - pr->window_left > l) l = ia - pr->window_left;
+        if (pr->window_right != ATTN_UNBOUNDED && ia + pr->window_right + 1 < h)
+            h = ia + pr->window_right + 1;
+    }
+    *lo = l;
+    *hi = h;
+}
+
+/* Philox-4x32-10 block for dropout: the four words decide keys 4c..4c+3 of
+ * row (b, h, i). Same inputs, same words, on any thread or tile. */
+void attn_philox_block(uint64_t key, int64_t b, int64_t h, int64_t i, int64_t c,
+                       uint32_t out[4]);
+uint64_t attn_dropout_key(uint64_t seed, uint64_t offset);
+
+/* Kernels. They trust a validated problem. */
+attn_status attn_sdpa_reference_forward(const attn_problem *pr, const attn_tensor *q,
+                                        const attn_tensor *k, const attn_tensor *v,
+                                        attn_tensor *out, float *weights, float *lse,
+                                        attn_error *err);
+attn_status attn_sdpa_reference_backward(const attn_problem *pr, const attn_tensor *q,
+                                         const attn_tensor *k, const attn_tensor *v,
+                                         const attn_tensor *out, const float *lse,
+                                         const attn_tensor *dout, attn_tensor *dq,
+                                         attn_tensor *dk, attn_tensor *dv,
+                                         attn_error *err);
+
+/* Row-major C[M,N] = alpha * op(A) op(B) + beta * C through the BLAS, using
+ * `threads` threads. ta/tb nonzero: transpose. */
+void attn_sgemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
+                const float *A, int64_t lda, const float *B, int64_t ldb,
+                float beta, float *C, int64_t ldc, int threads);
+
+#endif

@@ -1,0 +1,66 @@
+/* Public scaled dot-product attention entry points: validate, choose a path,
+ * say which path ran and why (attn_sdpa_info, or stderr with ATTN_VERBOSE=1). */
+#include "internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void report(attn_sdpa_info *info, const char *op, attn_impl impl, const char *reason) {
+    if (info) {
+        info->impl = impl;
+        snprintf(info->reason, sizeof info->reason, "%s", reason);
+    }
+    const char *v = getenv("ATTN_VERBOSE");
+    if (v && *v && strcmp(v, "0") != 0)
+        fprintf(stderr, "attn: %s %s path: %s\n", op,
+                impl == ATTN_IMPL_FUSED ? "fused" : "reference", reason);
+}
+
+/* The path for a validated problem. Only the reference path exists so far. */
+static attn_impl choose(const attn_problem *pr, attn_impl requested, const char **reason) {
+    (void)pr;
+    if (requested == ATTN_IMPL_REFERENCE) {
+        *reason = "requested by the caller";
+        return ATTN_IMPL_REFERENCE;
+    }
+    *reason = requested == ATTN_IMPL_FUSED ? "fused path requested but not built in this version"
+                                           : "the only path in this version";
+    return ATTN_IMPL_REFERENCE;
+}
+
+attn_status attn_sdpa_forward(const attn_tensor *q, const attn_tensor *k, const attn_tensor *v,
+                              const attn_sdpa_params *p, attn_tensor *out, float *weights,
+                              float *lse, attn_sdpa_info *info, attn_error *err) {
+    if (!out) return attn_fail(err, ATTN_ERR_NULL, "out is NULL");
+    attn_problem pr;
+    attn_status s = attn_sdpa_check(q, k, v, out, p, weights != NULL, &pr, err);
+    if (s) return s;
+    const char *reason;
+    attn_impl impl = choose(&pr, p ? p->impl : ATTN_IMPL_AUTO, &reason);
+    report(info, "forward", impl, reason);
+    s = attn_sdpa_reference_forward(&pr, q, k, v, out, weights, lse, err);
+    return s ? s : attn_ok(err);
+}
+
+attn_status attn_sdpa_backward(const attn_tensor *q, const attn_tensor *k, const attn_tensor *v,
+                               const attn_tensor *out, const float *lse,
+                               const attn_tensor *grad_out, const attn_sdpa_params *p,
+                               attn_tensor *dq, attn_tensor *dk, attn_tensor *dv,
+                               attn_sdpa_info *info, attn_error *err) {
+    if (!out) return attn_fail(err, ATTN_ERR_NULL, "out is NULL");
+    attn_problem pr;
+    attn_status s = attn_sdpa_check(q, k, v, out, p, 0, &pr, err);
+    if (s) return s;
+    if (!lse) return attn_fail(err, ATTN_ERR_NULL, "lse is NULL (save it in the forward)");
+    if ((s = attn_check_same_shape(grad_out, out, "grad_out", "out", err)) ||
+        (s = attn_check_same_shape(dq, q, "dq", "q", err)) ||
+        (s = attn_check_same_shape(dk, k, "dk", "k", err)) ||
+        (s = attn_check_same_shape(dv, v, "dv", "v", err)))
+        return s;
+    const char *reason;
+    attn_impl impl = choose(&pr, p ? p->impl : ATTN_IMPL_AUTO, &reason);
+    report(info, "backward", impl, reason);
+    s = attn_sdpa_reference_backward(&pr, q, k, v, out, lse, grad_out, dq, dk, dv, err);
+    return s ? s : attn_ok(err);
+}

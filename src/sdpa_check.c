@@ -1,0 +1,149 @@
+/* Argument validation for scaled dot-product attention, shared by the
+ * forward, the backward and every kernel: after attn_sdpa_check succeeds a
+ * kernel can index every tensor and mask without further checks. */
+#include "internal.h"
+
+#include <stdint.h>
+
+static const char *const kDimName[4] = {"B", "H", "L", "D"};
+
+attn_status attn_check_tensor(const attn_tensor *t, const char *name, attn_error *err) {
+    if (!t) return attn_fail(err, ATTN_ERR_NULL, "%s is NULL", name);
+    if (!t->data) return attn_fail(err, ATTN_ERR_NULL, "%s->data is NULL", name);
+    int64_t span = 0, count = 1;
+    for (int d = 0; d < 4; d++) {
+        if (t->dim[d] <= 0)
+            return attn_fail(err, ATTN_ERR_SHAPE, "%s: dim %s = %lld must be > 0", name,
+                             kDimName[d], (long long)t->dim[d]);
+        int64_t s = t->stride[d] < 0 ? -t->stride[d] : t->stride[d], reach;
+        if (t->stride[d] == INT64_MIN || !attn_mul64(t->dim[d] - 1, s, &reach) ||
+            !attn_add64(span, reach, &span) || !attn_mul64(count, t->dim[d], &count))
+            return attn_fail(err, ATTN_ERR_OVERFLOW, "%s: shape [%lld, %lld, %lld, %lld] overflows",
+                             name, (long long)t->dim[0], (long long)t->dim[1],
+                             (long long)t->dim[2], (long long)t->dim[3]);
+    }
+    if ((uint64_t)span >= SIZE_MAX / sizeof(float) || (uint64_t)count >= SIZE_MAX / sizeof(float))
+        return attn_fail(err, ATTN_ERR_OVERFLOW, "%s: size in bytes overflows size_t", name);
+    return ATTN_OK;
+}
+
+attn_status attn_check_same_shape(const attn_tensor *t, const attn_tensor *like,
+                                  const char *name, const char *like_name, attn_error *err) {
+    attn_status s = attn_check_tensor(t, name, err);
+    if (s) return s;
+    for (int d = 0; d < 4; d++)
+        if (t->dim[d] != like->dim[d])
+            return attn_fail(err, ATTN_ERR_SHAPE, "%s dim %s = %lld does not match %s's %lld", name,
+                             kDimName[d], (long long)t->dim[d], like_name, (long long)like->dim[d]);
+    return ATTN_OK;
+}
+
+static attn_status check_mask(const attn_mask *m, const char *name, const attn_problem *pr,
+                              int64_t strides[4], attn_error *err) {
+    if (!m->data) return attn_fail(err, ATTN_ERR_NULL, "%s->data is NULL", name);
+    const int64_t want[4] = {pr->B, pr->H, pr->Lq, pr->Lk};
+    for (int d = 0; d < 4; d++) {
+        int ok = m->dim[d] == want[d] || (d < 2 && m->dim[d] == 1);
+        if (!ok)
+            return attn_fail(err, ATTN_ERR_MASK,
+                             "%s of shape [%lld, %lld, %lld, %lld] does not broadcast to "
+                             "[B=%lld, H=%lld, Lq=%lld, Lk=%lld] (dims 0-1 may be 1)",
+                             name, (long long)m->dim[0], (long long)m->dim[1],
+                             (long long)m->dim[2], (long long)m->dim[3], (long long)pr->B,
+                             (long long)pr->H, (long long)pr->Lq, (long long)pr->Lk);
+        strides[d] = m->dim[d] == 1 ? 0 : m->stride[d];
+    }
+    attn_tensor probe = {(float *)(uintptr_t)m->data, {m->dim[0], m->dim[1], m->dim[2], m->dim[3]},
+                         {strides[0], strides[1], strides[2], strides[3]}};
+    return attn_check_tensor(&probe, name, err);
+}
+
+attn_status attn_sdpa_check(const attn_tensor *q, const attn_tensor *k, const attn_tensor *v,
+                            const attn_tensor *out, const attn_sdpa_params *p, int want_weights,
+                            attn_problem *pr, attn_error *err) {
+    static const attn_sdpa_params defaults;
+    if (!p) p = &defaults;
+    attn_status s;
+    if ((s = attn_check_tensor(q, "q", err)) || (s = attn_check_tensor(k, "k", err)) ||
+        (s = attn_check_tensor(v, "v", err)))
+        return s;
+    *pr = (attn_problem){0};
+    pr->B = q->dim[0];
+    pr->H = q->dim[1];
+    pr->Lq = q->dim[2];
+    pr->Dk = q->dim[3];
+    pr->Lk = k->dim[2];
+    pr->Dv = v->dim[3];
+    if (k->dim[0] != pr->B || k->dim[1] != pr->H || v->dim[0] != pr->B || v->dim[1] != pr->H)
+        return attn_fail(err, ATTN_ERR_SHAPE,
+                         "batch/head dims differ: q [%lld, %lld], k [%lld, %lld], v [%lld, %lld]",
+                         (long long)q->dim[0], (long long)q->dim[1], (long long)k->dim[0],
+                         (long long)k->dim[1], (long long)v->dim[0], (long long)v->dim[1]);
+    if (k->dim[3] != pr->Dk)
+        return attn_fail(err, ATTN_ERR_SHAPE, "k head size %lld != q head size %lld",
+                         (long long)k->dim[3], (long long)pr->Dk);
+    if (v->dim[2] != pr->Lk)
+        return attn_fail(err, ATTN_ERR_SHAPE, "v length %lld != k length %lld",
+                         (long long)v->dim[2], (long long)pr->Lk);
+    if (out) {
+        attn_tensor want = {0, {pr->B, pr->H, pr->Lq, pr->Dv}, {0, 0, 0, 0}};
+        if ((s = attn_check_same_shape(out, &want, "out", "[B, H, Lq, Dv]", err))) return s;
+    }
+    int64_t bh, rows, cells;
+    if (!attn_mul64(pr->B, pr->H, &bh) || !attn_mul64(bh, pr->Lq, &rows) ||
+        !attn_mul64(rows, pr->Lk, &cells) || (uint64_t)cells >= SIZE_MAX / sizeof(float) ||
+        (uint64_t)cells >= (uint64_t)INT64_MAX / sizeof(float))
+        return attn_fail(err, ATTN_ERR_OVERFLOW,
+                         "B*H*Lq*Lk = %lld*%lld*%lld*%lld overflows", (long long)pr->B,
+                         (long long)pr->H, (long long)pr->Lq, (long long)pr->Lk);
+    if (pr->Lq > UINT32_MAX || pr->Lk / 4 > UINT32_MAX || pr->H > UINT32_MAX || pr->B > UINT32_MAX)
+        return attn_fail(err, ATTN_ERR_OVERFLOW, "a dimension exceeds 2^32");
+    (void)want_weights;
+
+    if (!isfinite(p->scale))
+        return attn_fail(err, ATTN_ERR_ARG, "scale must be finite, got %g", (double)p->scale);
+    pr->scale = p->scale != 0.0f ? p->scale : 1.0f / sqrtf((float)pr->Dk);
+
+    pr->causal = p->causal != 0;
+    if (p->key_lengths) {
+        for (int64_t b = 0; b < pr->B; b++)
+            if (p->key_lengths[b] < 0 || p->key_lengths[b] > pr->Lk)
+                return attn_fail(err, ATTN_ERR_MASK, "key_lengths[%lld] = %lld outside [0, Lk=%lld]",
+                                 (long long)b, (long long)p->key_lengths[b], (long long)pr->Lk);
+        pr->key_lengths = p->key_lengths;
+    }
+    if (p->use_window) {
+        if (p->window_left < ATTN_UNBOUNDED || p->window_right < ATTN_UNBOUNDED)
+            return attn_fail(err, ATTN_ERR_ARG,
+                             "window (%lld, %lld): each side must be >= 0 or ATTN_UNBOUNDED (-1)",
+                             (long long)p->window_left, (long long)p->window_right);
+        pr->use_window = 1;
+        pr->window_left = p->window_left;
+        pr->window_right = p->window_right;
+    }
+    if (p->bool_mask) {
+        if ((s = check_mask(p->bool_mask, "bool_mask", pr, pr->bms, err))) return s;
+        pr->bmask = (const uint8_t *)p->bool_mask->data;
+    }
+    if (p->add_mask) {
+        if ((s = check_mask(p->add_mask, "add_mask", pr, pr->ams, err))) return s;
+        pr->amask = (const float *)p->add_mask->data;
+    }
+
+    if (!(p->dropout_p >= 0.0f && p->dropout_p < 1.0f))
+        return attn_fail(err, ATTN_ERR_ARG, "dropout_p must be in [0, 1), got %g",
+                         (double)p->dropout_p);
+    if (p->training && p->dropout_p > 0.0f) {
+        pr->dropout = 1;
+        double t = ldexp((double)p->dropout_p, 32);
+        pr->drop_threshold = t >= 4294967295.0 ? UINT32_MAX : (uint32_t)t;
+        pr->keep_scale = 1.0f / (1.0f - p->dropout_p);
+        pr->drop_key = attn_dropout_key(p->seed, p->offset);
+    }
+    if (p->impl != ATTN_IMPL_AUTO && p->impl != ATTN_IMPL_REFERENCE && p->impl != ATTN_IMPL_FUSED)
+        return attn_fail(err, ATTN_ERR_ARG, "impl %d is not an attn_impl value", (int)p->impl);
+    if (p->num_threads < 0)
+        return attn_fail(err, ATTN_ERR_ARG, "num_threads must be >= 0, got %d", p->num_threads);
+    pr->threads = attn_threads_for(p->num_threads);
+    return ATTN_OK;
+}

@@ -1,0 +1,81 @@
+/* Status codes, error reports, and the one piece of global state: threads. */
+#include "internal.h"
+
+#include <omp.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+const char *attn_status_name(attn_status s) {
+    switch (s) {
+    case ATTN_OK: return "ATTN_OK";
+    case ATTN_ERR_NULL: return "ATTN_ERR_NULL";
+    case ATTN_ERR_SHAPE: return "ATTN_ERR_SHAPE";
+    case ATTN_ERR_OVERFLOW: return "ATTN_ERR_OVERFLOW";
+    case ATTN_ERR_MASK: return "ATTN_ERR_MASK";
+    case ATTN_ERR_ARG: return "ATTN_ERR_ARG";
+    case ATTN_ERR_NOMEM: return "ATTN_ERR_NOMEM";
+    case ATTN_ERR_STATE: return "ATTN_ERR_STATE";
+    }
+    return "ATTN_ERR_UNKNOWN";
+}
+
+attn_status attn_fail(attn_error *err, attn_status s, const char *fmt, ...) {
+    if (err) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err->message, sizeof err->message, fmt, ap);
+        va_end(ap);
+        err->status = s;
+    }
+    return s;
+}
+
+attn_status attn_ok(attn_error *err) {
+    if (err) {
+        err->status = ATTN_OK;
+        err->message[0] = '\0';
+    }
+    return ATTN_OK;
+}
+
+int attn_mul64(int64_t a, int64_t b, int64_t *r) { return !__builtin_mul_overflow(a, b, r); }
+int attn_add64(int64_t a, int64_t b, int64_t *r) { return !__builtin_add_overflow(a, b, r); }
+
+/* 0: not set by the API; then ATTN_NUM_THREADS, else all cores. */
+static int g_threads;
+
+attn_status attn_set_num_threads(int n, attn_error *err) {
+    if (n < 0)
+        return attn_fail(err, ATTN_ERR_ARG, "thread count must be >= 1 (or 0 for the default), got %d", n);
+#pragma omp atomic write
+    g_threads = n;
+    return attn_ok(err);
+}
+
+int attn_get_num_threads(void) {
+    int n;
+#pragma omp atomic read
+    n = g_threads;
+    if (n > 0) return n;
+    const char *env = getenv("ATTN_NUM_THREADS");
+    if (env && *env) {
+        char *end;
+        long v = strtol(env, &end, 10);
+        if (*end == '\0' && v >= 1 && v <= 4096) return (int)v;
+    }
+    return omp_get_num_procs();
+}
+
+int attn_threads_for(int p_threads) { return p_threads > 0 ? p_threads : attn_get_num_threads(); }
+
+attn_tensor attn_tensor_bhld(float *data, int64_t B, int64_t H, int64_t L, int64_t D) {
+    attn_tensor t = {data, {B, H, L, D}, {H * L * D, L * D, D, 1}};
+    return t;
+}
+
+attn_tensor attn_tensor_blhd(float *data, int64_t B, int64_t H, int64_t L, int64_t D) {
+    attn_tensor t = {data, {B, H, L, D}, {L * H * D, D, H * D, 1}};
+    return t;
+}
