@@ -1,0 +1,186 @@
+"""numpy arrays -> attn_tensor / attn_mask views, copying only when needed."""
+import ctypes
+import operator
+
+import numpy as np
+
+from . import _lib
+
+_F32 = np.dtype(np.float32)
+
+
+def _prod(xs):
+    p = 1
+    for x in xs:
+        p *= int(x)
+    return p
+
+
+def merge_dims(shape, strides):
+    """(size, stride) of dims that can be read as one flat dim, else None.
+
+    shape/strides are outer-to-inner, strides in elements. Size-1 dims are
+    ignored; an empty or all-size-1 list merges to (1, 0).
+    """
+    dims = [(int(n), int(s)) for n, s in zip(shape, strides) if n != 1]
+    if not dims:
+        return _prod(shape), 0
+    size, stride = dims[-1]
+    for n, s in reversed(dims[:-1]):
+        if n == 0 or size == 0:
+            return _prod(shape), 0
+        if s != stride * size:
+            return None
+        size *= n
+    return size, stride
+
+
+def _elem_strides(a):
+    """Element strides of a, or None when a byte stride is not a whole,
+    non-negative number of elements or the data is misaligned."""
+    isz = a.itemsize
+    if not a.flags.aligned:
+        return None
+    out = []
+    for s, n in zip(a.strides, a.shape):
+        if n == 1:
+            out.append(0)
+            continue
+        if s < 0 or s % isz:
+            return None
+        out.append(s // isz)
+    return out
+
+
+def _to_4d(a):
+    """Leading dims of a (..., L, D) array as (B, H) with strides, or None.
+
+    No leading dims: B = H = 1. One: B = n, H = 1. Two or more: B = the
+    first, H = the product of the rest (needs them mergeable).
+    """
+    st = _elem_strides(a)
+    if st is None:
+        return None
+    lead, lst = a.shape[:-2], st[:-2]
+    if len(lead) == 0:
+        B, sB, H, sH = 1, 0, 1, 0
+    else:
+        B, sB = int(lead[0]), lst[0]
+        m = merge_dims(lead[1:], lst[1:])
+        if m is None:
+            return None
+        H, sH = m
+    return (B, H, int(a.shape[-2]), int(a.shape[-1])), (sB, sH, st[-2], st[-1])
+
+
+def _natural(dims, strides):
+    """Give size-1 dims the stride a contiguous array would have (harmless
+    for the library, and friendlier to any overlap check)."""
+    out = list(strides)
+    acc = 1
+    for i in range(3, -1, -1):
+        if dims[i] == 1:
+            out[i] = acc
+        acc *= max(int(dims[i]), 1)
+    return out
+
+
+def as_float_array(x, name, min_ndim=2):
+    a = np.asarray(x)
+    if a.dtype.kind not in "fiu":
+        raise ValueError("%s must hold real numbers, got dtype %s" % (name, a.dtype))
+    if a.ndim < min_ndim:
+        raise ValueError("%s must have shape (..., L, E) with at least %d dims, "
+                         "got shape %s" % (name, min_ndim, a.shape))
+    return a
+
+
+def tensor_view(x, name):
+    """(array kept alive, attn_tensor) for a (..., L, D) input; the array is
+    x itself when x is float32 with usable strides, else a contiguous copy."""
+    a = as_float_array(x, name)
+    got = _to_4d(a) if a.dtype == _F32 else None
+    if got is None:
+        a = np.ascontiguousarray(a, dtype=np.float32)
+        got = _to_4d(a)
+    dims, strides = got
+    t = _lib.attn_tensor()
+    t.data = a.ctypes.data_as(_lib.c_float_p)
+    t.dim[:] = dims
+    t.stride[:] = _natural(dims, strides)
+    return a, t
+
+
+def out_tensor(shape):
+    a = np.empty(shape, dtype=np.float32)
+    dims, strides = _to_4d(a)
+    t = _lib.attn_tensor()
+    t.data = a.ctypes.data_as(_lib.c_float_p)
+    t.dim[:] = dims
+    t.stride[:] = _natural(dims, strides)
+    return a, t
+
+
+def mask_array(m, name):
+    """bool -> uint8 view (no copy), floating -> float32. Returns (array,
+    is_bool)."""
+    m = np.asarray(m)
+    if m.dtype == np.bool_:
+        return m.view(np.uint8), True
+    if m.dtype.kind == "f":
+        return (m if m.dtype == _F32 else m.astype(np.float32)), False
+    raise ValueError("%s must be bool or floating point, got dtype %s"
+                     % (name, m.dtype))
+
+
+def mask_view(m, lead, Lq, Lk, name):
+    """attn_mask for a uint8 or float32 array m that broadcasts (numpy rules)
+    to lead + (Lq, Lk). Returns (array kept alive, attn_mask)."""
+    target = tuple(lead) + (Lq, Lk)
+    if m.ndim > len(target):
+        raise ValueError("%s of shape %s has more dims than %s"
+                         % (name, m.shape, target))
+    try:
+        b = np.broadcast_to(m, target)
+    except ValueError:
+        raise ValueError("%s of shape %s does not broadcast to %s"
+                         % (name, m.shape, target)) from None
+    got = _mask_4d(b)
+    if got is None:
+        b = np.ascontiguousarray(b)
+        got = _mask_4d(b)
+    dims, strides = got
+    mv = _lib.attn_mask()
+    mv.data = b.ctypes.data_as(ctypes.c_void_p)
+    mv.dim[:] = dims
+    mv.stride[:] = strides
+    return b, mv
+
+
+def _mask_4d(b):
+    # broadcast dims have stride 0 (kept as is: the C API broadcasts them)
+    isz = b.itemsize
+    if not b.flags.aligned:
+        return None
+    st = []
+    for s in b.strides:
+        if s < 0 or s % isz:
+            return None
+        st.append(s // isz)
+    lead, lst = b.shape[:-2], st[:-2]
+    if len(lead) == 0:
+        B, sB, H, sH = 1, 0, 1, 0
+    else:
+        B, sB = int(lead[0]), lst[0]
+        m = merge_dims(lead[1:], lst[1:])
+        if m is None:
+            return None
+        H, sH = m
+    return (B, H, int(b.shape[-2]), int(b.shape[-1])), (sB, sH, st[-2], st[-1])
+
+
+def as_index(v, name):
+    try:
+        return operator.index(v)
+    except TypeError:
+        raise ValueError("%s must be an integer or None, got %r" % (name, v)) from None

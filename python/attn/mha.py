@@ -1,0 +1,377 @@
+"""attn.MultiheadAttention: torch.nn.MultiheadAttention's interface over libattn."""
+import ctypes
+
+import numpy as np
+
+from . import _lib
+from ._views import mask_array, mask_view
+from .functional import build_params
+
+
+def _to_numpy(x):
+    if hasattr(x, "detach") and hasattr(x, "numpy"):  # a torch tensor
+        x = x.detach().cpu().numpy()
+    return np.asarray(x)
+
+
+class _OutProj:
+    """mha.out_proj.weight / .bias, like torch's out_proj Linear."""
+
+    def __init__(self, owner):
+        object.__setattr__(self, "_owner", owner)
+
+    @property
+    def weight(self):
+        return self._owner.out_proj_weight
+
+    @weight.setter
+    def weight(self, v):
+        self._owner.out_proj_weight = v
+
+    @property
+    def bias(self):
+        return self._owner.out_proj_bias
+
+    @bias.setter
+    def bias(self, v):
+        self._owner.out_proj_bias = v
+
+
+def _param(name, doc):
+    def get(self):
+        return self._views[name]
+
+    def set(self, value):
+        view = self._views[name]
+        if view is None:
+            raise ValueError("this MultiheadAttention has no %s (%s)"
+                             % (name, self._why_none(name)))
+        arr = _to_numpy(value)
+        if arr.shape != view.shape:
+            raise ValueError("%s must have shape %s, got %s"
+                             % (name, view.shape, arr.shape))
+        if arr.dtype.kind not in "fiu":
+            raise ValueError("%s must hold real numbers, got dtype %s"
+                             % (name, arr.dtype))
+        view[...] = arr
+
+    return property(get, set, doc=doc)
+
+
+class MultiheadAttention:
+    """Multi-head attention with torch.nn.MultiheadAttention's parameters,
+    names and call conventions (batch_first defaults to True here).
+
+    Parameters live in one packed float32 buffer (self.parameters_buffer) in
+    the order w_q, w_k, w_v, b_q, b_k, b_v, w_o, b_o; in_proj_weight [3E, E]
+    (or q_proj_weight [E, E], k_proj_weight [E, kdim], v_proj_weight
+    [E, vdim] when kdim or vdim differ from E), in_proj_bias [3E],
+    out_proj_weight [E, E] and out_proj_bias [E] are views into it. Assigning
+    one copies into the buffer (shape checked). Initialised by attn_mha_init
+    from seed, as PyTorch initialises its module.
+    """
+
+    in_proj_weight = _param("in_proj_weight", "[3E, E] (None if kdim/vdim != E)")
+    q_proj_weight = _param("q_proj_weight", "[E, E] (None if kdim == vdim == E)")
+    k_proj_weight = _param("k_proj_weight", "[E, kdim] (None if kdim == vdim == E)")
+    v_proj_weight = _param("v_proj_weight", "[E, vdim] (None if kdim == vdim == E)")
+    in_proj_bias = _param("in_proj_bias", "[3E] (None without bias)")
+    out_proj_weight = _param("out_proj_weight", "[E, E]")
+    out_proj_bias = _param("out_proj_bias", "[E] (None without bias)")
+
+    def __init__(self, embed_dim, num_heads, dropout=0.0, bias=True, kdim=None,
+                 vdim=None, batch_first=True, seed=0):
+        self.embed_dim = int(embed_dim)
+        self.num_heads = int(num_heads)
+        self.kdim = int(kdim) if kdim is not None else self.embed_dim
+        self.vdim = int(vdim) if vdim is not None else self.embed_dim
+        self._qkv_same_embed_dim = (self.kdim == self.embed_dim
+                                    and self.vdim == self.embed_dim)
+        self.dropout = float(dropout)
+        if not 0.0 <= self.dropout <= 1.0:
+            raise ValueError("dropout probability has to be between 0 and 1, "
+                             "but got %r" % (dropout,))
+        self.bias = bool(bias)
+        self.batch_first = bool(batch_first)
+        self.seed = int(seed)
+        self.training = True
+        self._offset = 0
+
+        c = _lib.attn_mha_config()
+        c.embed_dim = self.embed_dim
+        c.num_heads = self.num_heads
+        c.kdim = self.kdim
+        c.vdim = self.vdim
+        c.bias = 1 if self.bias else 0
+        self._config = c
+        self.head_dim = (self.embed_dim // self.num_heads
+                         if self.num_heads > 0 else 0)
+
+        err = _lib.attn_error()
+        count = ctypes.c_size_t()
+        _lib.check(_lib.lib.attn_mha_param_count(ctypes.byref(c),
+                                                 ctypes.byref(count),
+                                                 ctypes.byref(err)), err)
+        self.parameters_buffer = np.zeros(count.value, dtype=np.float32)
+        w = _lib.attn_mha_weights()
+        _lib.check(_lib.lib.attn_mha_weights_from_buffer(
+            ctypes.byref(c), _lib.float_ptr(self.parameters_buffer),
+            ctypes.byref(w), ctypes.byref(err)), err)
+        self._weights = w
+        self._views = self._make_views(w)
+        _lib.check(_lib.lib.attn_mha_init(ctypes.byref(c), ctypes.byref(w),
+                                          self.seed & 0xFFFFFFFFFFFFFFFF,
+                                          ctypes.byref(err)), err)
+        self.out_proj = _OutProj(self)
+
+    # ------------------------------------------------------------ parameters
+
+    def _offset_of(self, ptr, n):
+        """Element offset of ptr inside the buffer (checks the library kept
+        the n floats in bounds)."""
+        base = self.parameters_buffer.ctypes.data
+        addr = ctypes.cast(ptr, ctypes.c_void_p).value
+        off, rem = divmod(addr - base, 4)
+        if rem or off < 0 or off + n > self.parameters_buffer.size:
+            raise RuntimeError("attn_mha_weights_from_buffer returned a pointer "
+                               "outside the buffer")
+        return off
+
+    def _make_views(self, w):
+        E, kd, vd = self.embed_dim, self.kdim, self.vdim
+        buf = self.parameters_buffer
+
+        def view(ptr, shape):
+            n = int(np.prod(shape))
+            off = self._offset_of(ptr, n)
+            return buf[off:off + n].reshape(shape)
+
+        wq = view(w.w_q, (E, E))
+        wk = view(w.w_k, (E, kd))
+        wv = view(w.w_v, (E, vd))
+        views = {"q_proj_weight": None, "k_proj_weight": None,
+                 "v_proj_weight": None, "in_proj_weight": None,
+                 "in_proj_bias": None, "out_proj_bias": None}
+        if self._qkv_same_embed_dim:
+            off = self._offset_of(w.w_q, 3 * E * E)
+            if (self._offset_of(w.w_k, E * E) != off + E * E
+                    or self._offset_of(w.w_v, E * E) != off + 2 * E * E):
+                raise RuntimeError("w_q, w_k, w_v are not stacked in the buffer")
+            views["in_proj_weight"] = buf[off:off + 3 * E * E].reshape(3 * E, E)
+        else:
+            views["q_proj_weight"] = wq
+            views["k_proj_weight"] = wk
+            views["v_proj_weight"] = wv
+        views["out_proj_weight"] = view(w.w_o, (E, E))
+        if self.bias:
+            off = self._offset_of(w.b_q, 3 * E)
+            if (self._offset_of(w.b_k, E) != off + E
+                    or self._offset_of(w.b_v, E) != off + 2 * E):
+                raise RuntimeError("b_q, b_k, b_v are not stacked in the buffer")
+            views["in_proj_bias"] = buf[off:off + 3 * E]
+            views["out_proj_bias"] = view(w.b_o, (E,))
+        return views
+
+    def _why_none(self, name):
+        if name.endswith("bias"):
+            return "bias=False"
+        if name == "in_proj_weight":
+            return "kdim/vdim differ from embed_dim; use q/k/v_proj_weight"
+        return "kdim == vdim == embed_dim; use in_proj_weight"
+
+    def state_dict(self):
+        """Copies of the parameters under torch.nn.MultiheadAttention's
+        state_dict names (load into torch with torch.from_numpy)."""
+        names = ["in_proj_weight", "q_proj_weight", "k_proj_weight",
+                 "v_proj_weight", "in_proj_bias"]
+        d = {n: self._views[n].copy() for n in names if self._views[n] is not None}
+        d["out_proj.weight"] = self.out_proj_weight.copy()
+        if self.bias:
+            d["out_proj.bias"] = self.out_proj_bias.copy()
+        return d
+
+    def load_state_dict(self, state):
+        """Copy parameters from a dict with torch's names (numpy arrays or
+        torch tensors). Every parameter this module has must be present."""
+        want = {"out_proj.weight": "out_proj_weight",
+                "out_proj.bias": "out_proj_bias"}
+        for n in ["in_proj_weight", "q_proj_weight", "k_proj_weight",
+                  "v_proj_weight", "in_proj_bias"]:
+            want[n] = n
+        needed = [k for k, a in want.items() if self._views[a] is not None]
+        missing = [k for k in needed if k not in state]
+        unexpected = [k for k in state if k not in needed
+                      and k not in ("bias_k", "bias_v")]
+        if missing or unexpected:
+            raise ValueError("load_state_dict: missing %s, unexpected %s"
+                             % (missing, unexpected))
+        for k in needed:
+            setattr(self, want[k], state[k])
+
+    def train(self, mode=True):
+        self.training = bool(mode)
+        return self
+
+    def eval(self):
+        return self.train(False)
+
+    def __repr__(self):
+        return ("MultiheadAttention(embed_dim=%d, num_heads=%d, dropout=%g, "
+                "bias=%s, kdim=%d, vdim=%d, batch_first=%s)"
+                % (self.embed_dim, self.num_heads, self.dropout, self.bias,
+                   self.kdim, self.vdim, self.batch_first))
+
+    # ------------------------------------------------------------ forward
+
+    def __call__(self, *args, **kwargs):
+        return self.forward(*args, **kwargs)
+
+    def forward(self, query, key, value, key_padding_mask=None,
+                need_weights=True, attn_mask=None, average_attn_weights=True,
+                is_causal=False):
+        """Returns (out, weights or None) like torch.nn.MultiheadAttention.
+
+        query [B, Lq, E], key [B, Lk, kdim], value [B, Lk, vdim] when
+        batch_first, else [L, B, *]; unbatched [L, *] also works.
+        key_padding_mask [B, Lk] (or [Lk] unbatched): bool True = ignore that
+          key; float: added.
+        attn_mask [Lq, Lk] or [B*H, Lq, Lk] ([H, Lq, Lk] unbatched): bool
+          True = NOT allowed (the opposite of scaled_dot_product_attention);
+          float: added.
+        is_causal: apply the causal mask (query i sees keys j <= i + Lk - Lq),
+          with or without attn_mask.
+        weights: [B, Lq, Lk] averaged over heads, or [B, H, Lq, Lk] when
+          average_attn_weights=False; None when need_weights=False.
+        """
+        E, H = self.embed_dim, self.num_heads
+        qa, ka, va = _to_numpy(query), _to_numpy(key), _to_numpy(value)
+        batched = qa.ndim == 3
+        if qa.ndim not in (2, 3):
+            raise ValueError("query must be 2-D (unbatched) or 3-D (batched), "
+                             "got shape %s" % (qa.shape,))
+        if ka.ndim != qa.ndim or va.ndim != qa.ndim:
+            raise ValueError(
+                "query, key and value must all be %s: got shapes %s, %s, %s"
+                % ("3-D (batched)" if batched else "2-D (unbatched)",
+                   qa.shape, ka.shape, va.shape))
+        for a, name in ((qa, "query"), (ka, "key"), (va, "value")):
+            if a.dtype.kind not in "fiu":
+                raise ValueError("%s must hold real numbers, got dtype %s"
+                                 % (name, a.dtype))
+
+        same_qk, same_kv = key is query, value is key
+        same_qv = value is query
+
+        def prep(a):  # -> contiguous float32 [B, L, D]
+            if not batched:
+                a = a[None]
+            elif not self.batch_first:
+                a = a.transpose(1, 0, 2)
+            return np.ascontiguousarray(a, dtype=np.float32)
+
+        q = prep(qa)
+        k = q if same_qk else prep(ka)
+        v = q if same_qv else (k if same_kv else prep(va))
+        B, Lq, Eq = q.shape
+        Bk, Lk, Dk = k.shape
+        Bv, Lv, Dv = v.shape
+        if Eq != E:
+            raise ValueError("query's last dim must be embed_dim=%d, got shape %s"
+                             % (E, qa.shape))
+        if Dk != self.kdim:
+            raise ValueError("key's last dim must be kdim=%d, got shape %s"
+                             % (self.kdim, ka.shape))
+        if Dv != self.vdim:
+            raise ValueError("value's last dim must be vdim=%d, got shape %s"
+                             % (self.vdim, va.shape))
+        if Bk != B or Bv != B:
+            raise ValueError("query, key and value must have the same batch size: "
+                             "got shapes %s, %s, %s" % (qa.shape, ka.shape, va.shape))
+        if Lv != Lk:
+            raise ValueError("key and value must have the same length: got "
+                             "shapes %s, %s" % (ka.shape, va.shape))
+
+        bools, floats = [], []  # 4-D arrays broadcastable to [B, H, Lq, Lk]
+        key_lengths = None
+        if key_padding_mask is not None:
+            m, is_bool = mask_array(_to_numpy(key_padding_mask), "key_padding_mask")
+            want = (B, Lk) if batched else (Lk,)
+            if m.shape != want:
+                raise ValueError("key_padding_mask must have shape %s, got %s"
+                                 % (want, m.shape))
+            m = m.reshape(B, 1, 1, Lk)
+            if is_bool:
+                allowed = m == 0
+                lengths = allowed.sum(axis=-1).reshape(B)
+                if np.array_equal(allowed.reshape(B, Lk),
+                                  np.arange(Lk)[None, :] < lengths[:, None]):
+                    key_lengths = np.ascontiguousarray(lengths, dtype=np.int64)
+                else:
+                    bools.append(allowed.view(np.uint8))
+            else:
+                floats.append(m)
+        if attn_mask is not None:
+            m, is_bool = mask_array(_to_numpy(attn_mask), "attn_mask")
+            if m.shape == (Lq, Lk):
+                m = m.reshape(1, 1, Lq, Lk)
+            elif m.shape == (B * H, Lq, Lk):
+                m = m.reshape(B, H, Lq, Lk)
+            else:
+                raise ValueError(
+                    "attn_mask must have shape %s or %s, got %s"
+                    % ((Lq, Lk), ((B * H) if batched else H, Lq, Lk), m.shape))
+            if is_bool:
+                bools.append((m == 0).view(np.uint8))
+            else:
+                floats.append(m)
+
+        p = build_params(
+            is_causal=is_causal, key_lengths=key_lengths,
+            dropout_p=self.dropout, training=self.training and self.dropout > 0,
+            seed=self.seed, offset=self._offset)
+        keep = []
+        if bools:
+            b = bools[0]
+            for other in bools[1:]:
+                b = (b & other)
+            mb, mv = mask_view(np.asarray(b, dtype=np.uint8), (B, H), Lq, Lk,
+                               "mask")
+            keep.append((mb, mv))
+            p.bool_mask = ctypes.pointer(mv)
+        if floats:
+            f = floats[0]
+            for other in floats[1:]:
+                f = f + other
+            mb, mv = mask_view(np.asarray(f, dtype=np.float32), (B, H), Lq, Lk,
+                               "mask")
+            keep.append((mb, mv))
+            p.add_mask = ctypes.pointer(mv)
+
+        out = np.empty((B, Lq, E), dtype=np.float32)
+        if not need_weights:
+            mode, weights = _lib.ATTN_WEIGHTS_NONE, None
+        elif average_attn_weights:
+            mode = _lib.ATTN_WEIGHTS_AVERAGE
+            weights = np.empty((B, Lq, Lk), dtype=np.float32)
+        else:
+            mode = _lib.ATTN_WEIGHTS_PER_HEAD
+            weights = np.empty((B, H, Lq, Lk), dtype=np.float32)
+
+        err = _lib.attn_error()
+        st = _lib.lib.attn_mha_forward(
+            ctypes.byref(self._config), ctypes.byref(self._weights), B, Lq, Lk,
+            _lib.float_ptr(q), _lib.float_ptr(k), _lib.float_ptr(v),
+            ctypes.byref(p), _lib.float_ptr(out), mode,
+            _lib.float_ptr(weights), None, ctypes.byref(err))
+        _lib.check(st, err)
+        if p.training and p.dropout_p > 0:
+            self._offset += 1
+        del keep
+
+        if not batched:
+            out = out[0]
+            if weights is not None:
+                weights = weights[0]
+        elif not self.batch_first:
+            out = np.ascontiguousarray(out.transpose(1, 0, 2))
+        return out, weights
