@@ -436,3 +436,27 @@ def test_error_scale_and_window():
     for w in (3, (1, 2, 3), (1.5, 2), (-2, 1)):
         with pytest.raises(ValueError):
             attn.scaled_dot_product_attention(q, k, v, window=w)
+
+
+def test_dropout_exact_semantics(restore_threads):
+    # v = identity: out[.., i, j] = weight_ij * keep_ij / (1 - p), so every
+    # entry is either 0 or weight / (1 - p), and about p of them are dropped
+    rng = np.random.default_rng(92)
+    p, Lq, Lk = 0.25, 32, 64
+    q, k = rand(rng, 2, 3, Lq, 8), rand(rng, 2, 3, Lk, 8)
+    v = np.broadcast_to(np.eye(Lk, dtype=np.float32), (2, 3, Lk, Lk))
+    out, w = attn.scaled_dot_product_attention(q, k, v, dropout_p=p, seed=11,
+                                               need_weights=True)
+    if np.allclose(out, w):
+        pytest.skip("dropout not implemented by this libattn yet")
+    kept = out != 0
+    np.testing.assert_allclose(out[kept], w[kept] / (1 - p), rtol=2e-6)
+    frac = 1 - kept.mean()
+    assert abs(frac - p) < 0.03, frac
+    # the same mask for any thread count
+    attn.set_num_threads(1)
+    out1 = attn.scaled_dot_product_attention(q, k, v, dropout_p=p, seed=11)
+    np.testing.assert_array_equal(out1 != 0, kept)
+    # offset moves the stream
+    out2 = attn.scaled_dot_product_attention(q, k, v, dropout_p=p, seed=11, offset=1)
+    assert not np.array_equal(out2 != 0, kept)
