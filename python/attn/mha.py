@@ -88,9 +88,8 @@ class MultiheadAttention:
         self._qkv_same_embed_dim = (self.kdim == self.embed_dim
                                     and self.vdim == self.embed_dim)
         self.dropout = float(dropout)
-        if not 0.0 <= self.dropout <= 1.0:
-            raise ValueError("dropout probability has to be between 0 and 1, "
-                             "but got %r" % (dropout,))
+        if not 0.0 <= self.dropout < 1.0:  # libattn takes dropout_p in [0, 1)
+            raise ValueError("dropout must be in [0, 1), got %r" % (dropout,))
         self.bias = bool(bias)
         self.batch_first = bool(batch_first)
         self.seed = int(seed)

@@ -334,6 +334,8 @@ def test_errors():
         attn.MultiheadAttention(0, 1)
     with pytest.raises(ValueError):
         attn.MultiheadAttention(8, 2, dropout=1.5)
+    with pytest.raises(ValueError):
+        attn.MultiheadAttention(8, 2, dropout=1.0)  # libattn: [0, 1)
     rng = np.random.default_rng(0)
     mha = attn.MultiheadAttention(8, 2, kdim=4, vdim=6)
     q, k, v = rand(rng, 2, 5, 8), rand(rng, 2, 7, 4), rand(rng, 2, 7, 6)
@@ -373,3 +375,17 @@ def test_dropout_layer():
         pytest.skip("dropout not implemented by this libattn yet")
     d, _ = mha(x, x, x)
     assert not np.array_equal(c, d)  # each training call draws a new mask
+
+
+def test_larger_layer():
+    rng = np.random.default_rng(13)
+    E, H, B, Lq, Lk = 64, 8, 2, 40, 56
+    mha = attn.MultiheadAttention(E, H, kdim=48, vdim=32, seed=13)
+    mha.in_proj_bias = rand(rng, 3 * E)
+    mha.out_proj_bias = rand(rng, E)
+    q, k, v = rand(rng, B, Lq, E), rand(rng, B, Lk, 48), rand(rng, B, Lk, 32)
+    kpm = np.zeros((B, Lk), bool)
+    kpm[1, 30:] = True
+    i, j = np.arange(Lq)[:, None], np.arange(Lk)[None, :]
+    run_both(mha, q, k, v, "larger", key_padding_mask=kpm,
+             attn_mask=j > i + Lk - Lq, average_attn_weights=False)
