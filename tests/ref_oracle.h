@@ -98,6 +98,8 @@ static inline void ref_sdpa(int64_t B, int64_t H, int64_t Lq, int64_t Lk, int64_
                     o[d] = 0.0;
                 for (int64_t j = 0; j < Lk; j++) {
                     wr[j] = in[j] ? exp(s[j] - m) / sum : 0.0;
+                    if (!in[j])
+                        continue; /* a removed key's V never takes part */
                     const double *vj = v + (bh * Lk + j) * Dv;
                     for (int64_t d = 0; d < Dv; d++)
                         o[d] += wr[j] * vj[d];

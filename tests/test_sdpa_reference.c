@@ -75,13 +75,15 @@ static void fill_view(view *v, tu_rng *r, float lo, float hi)
 
 /* ------------------------------------------------------------ masks */
 
-enum { MV_CONTIG, MV_STRIDE0, MV_DIM1_GARBAGE, MV_TRANSPOSED, MV_COUNT };
+enum { MV_CONTIG, MV_STRIDE0, MV_DIM1_GARBAGE, MV_TRANSPOSED, MV_KEYONLY, MV_COUNT };
 
 /* A mask broadcastable to [B,H,Lq,Lk] with dims mB (B or 1) x mH (H or 1):
  *   MV_CONTIG       contiguous [mB, mH, Lq, Lk]
  *   MV_STRIDE0      dims [B, H, Lq, Lk] but stride 0 where mB/mH is 1
  *   MV_DIM1_GARBAGE dims of size 1 carry a huge stride that must be ignored
- *   MV_TRANSPOSED   [mB, mH, Lq, Lk] stored key-major (stride[2] == 1) */
+ *   MV_TRANSPOSED   [mB, mH, Lq, Lk] stored key-major (stride[2] == 1)
+ *   MV_KEYONLY      [mB, mH, Lq, Lk] with stride[2] == 0: one row of Lk per
+ *                   (b, h), the usual padding-mask shape */
 typedef struct {
     attn_mask m;
     void *buf;
@@ -108,6 +110,9 @@ static mask_buf make_mask(int is_bool, int variant, int64_t B, int64_t H, int64_
             st[0] = Lq * Lk;
     } else if (variant == MV_TRANSPOSED) {
         st[2] = 1, st[3] = Lq;
+    } else if (variant == MV_KEYONLY) {
+        st[2] = 0, st[1] = Lk, st[0] = mH * Lk;
+        n = (size_t)(mB * mH * Lk);
     }
     size_t esz = is_bool ? 1 : sizeof(float);
     mb.buf = tu_malloc(n * esz);
@@ -443,6 +448,40 @@ static void prep_large(view *q, view *k, view *v, tu_rng *r)
         }
 }
 
+/* Keys that take part in no row may hold garbage: NaN in K and V beyond
+ * key_lengths, and in key 2, which the bool mask removes from every row. */
+static const int64_t nan_lens[2] = {4, 7};
+static void prep_nan_keys(view *q, view *k, view *v, tu_rng *r)
+{
+    (void)q, (void)r;
+    for (int64_t b = 0; b < k->t.dim[0]; b++)
+        for (int64_t h = 0; h < k->t.dim[1]; h++)
+            for (int64_t j = 0; j < k->t.dim[2]; j++) {
+                if (j < nan_lens[b] && j != 2)
+                    continue;
+                for (int64_t d = 0; d < k->t.dim[3]; d++)
+                    k->buf[tu_off(&k->t, b, h, j, d)] = NAN;
+                for (int64_t d = 0; d < v->t.dim[3]; d++)
+                    v->buf[tu_off(&v->t, b, h, j, d)] = NAN;
+            }
+}
+
+static void test_garbage_in_removed_keys(void)
+{
+    const int64_t Lq = 5, Lk = 9;
+    uint8_t bm[5 * 9];
+    for (int64_t i = 0; i < Lq * Lk; i++)
+        bm[i] = i % Lk != 2;
+    attn_mask m = {bm, {1, 1, Lq, Lk}, {0, 0, Lk, 1}};
+    attn_sdpa_params p = {0};
+    p.key_lengths = nan_lens;
+    p.bool_mask = &m;
+    shape s = sh("NaN in removed keys", 2, 2, Lq, Lk, 6, 5);
+    run_both(&s, &p, 1201, prep_nan_keys);
+    p.causal = 1;
+    run_both(&s, &p, 1202, prep_nan_keys);
+}
+
 static void test_large_logits(void)
 {
     attn_sdpa_params p = {0};
@@ -545,6 +584,7 @@ int main(void)
     test_large_logits();
     test_nan_row();
     test_dropout_inactive();
+    test_garbage_in_removed_keys();
     test_random();
     printf("test_sdpa_reference: %d forward calls; max error vs fp64 oracle: "
            "out %.3g (rel. to max|V|), weights %.3g, lse %.3g (rel. to max(1,|lse|))\n",

@@ -2,6 +2,7 @@
  * (attn_set_num_threads) or per call (params.num_threads): SDPA on both the
  * REFERENCE and AUTO paths (out, weights, lse, also without weights so the
  * per-thread scratch is used) and the MHA layer (out, weights). */
+#define _POSIX_C_SOURCE 200809L /* setenv */
 #include "testutil.h"
 
 enum { B = 2, H = 3, LQ = 37, LK = 45, DK = 24, DV = 20 };
@@ -55,6 +56,26 @@ static void run(int threads, attn_impl impl, results *r)
 
 static results res[2][6];
 
+/* attn_set_num_threads wins over ATTN_NUM_THREADS; 0 falls back to it, and
+ * an unusable value falls back to all cores. */
+static void test_env(void)
+{
+    attn_set_num_threads(0, NULL);
+    const int cores = attn_get_num_threads();
+    CHECK(cores >= 1, "default thread count %d", cores);
+    setenv("ATTN_NUM_THREADS", "2", 1);
+    CHECK(attn_get_num_threads() == 2, "ATTN_NUM_THREADS=2: get %d", attn_get_num_threads());
+    attn_set_num_threads(3, NULL);
+    CHECK(attn_get_num_threads() == 3, "set(3) over ATTN_NUM_THREADS=2: get %d",
+          attn_get_num_threads());
+    attn_set_num_threads(0, NULL);
+    CHECK(attn_get_num_threads() == 2, "set(0) with ATTN_NUM_THREADS=2: get %d",
+          attn_get_num_threads());
+    setenv("ATTN_NUM_THREADS", "lots", 1);
+    CHECK(attn_get_num_threads() >= 1, "ATTN_NUM_THREADS=lots: get %d", attn_get_num_threads());
+    unsetenv("ATTN_NUM_THREADS");
+}
+
 int main(void)
 {
     tu_rng r = tu_seed(77);
@@ -79,6 +100,7 @@ int main(void)
     /* Reference weights/lse on or off: same out. */
     CHECK(memcmp(res[0][0].out, res[0][0].out_nw, sizeof res[0][0].out) == 0,
           "out depends on whether weights are requested");
+    test_env();
     attn_set_num_threads(0, NULL);
     return tu_report("test_threads");
 }
