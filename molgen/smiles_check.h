@@ -10,14 +10,19 @@
  *     or '*'), chirality @ @@ @TH1-2 @AL1-2 @SP1-3 @TB1-20 @OH1-30,
  *     H / Hn, charge + - +n -n ++ --, class :n;
  *   - grammar: an atom first; a bond ('-' '=' '#' '$' ':' '/' '\') only
- *     between an atom and an atom or ring-closure digit, never twice in a
- *     row, never before ')' '.' or the end; branches '(' follow an atom (or
- *     a ')' of a sibling branch), are non-empty and closed; no unmatched ')';
- *     '.' between two complete fragments;
- *   - ring closures (1-9, %10-%99): each opened digit closed, not closed on
- *     the atom that opened it, not duplicating an existing bond between the
- *     same two atoms, and when both ends carry a bond symbol they agree.
- * Not checked: valences, aromaticity / kekulisation, charges vs. valence.
+ *     after an atom, ring closure or ')' and before an atom or ring-closure
+ *     digit, never twice in a row, never before ')' '.' or the end;
+ *     branches '(' follow an atom, ring closure or ')', are non-empty and
+ *     closed; no unmatched ')'; '.' between two complete fragments, not
+ *     inside a branch;
+ *   - ring closures (1-9, %10-%99; "%01".."%09" rejected as RDKit does):
+ *     not at the start of a branch / fragment, each opened label closed, not
+ *     closed on the atom that opened it, not duplicating an existing bond
+ *     between the same two atoms. Differing bond symbols at the two ends
+ *     ("C=1CCC#1") are accepted, as RDKit 2022.09 does.
+ * Not checked: valences, aromaticity / kekulisation, charges vs. valence,
+ * stereo consistency. Everything RDKit accepts passes (the rules above were
+ * checked against RDKit 2022.09 on edge cases).
  */
 #ifndef MG_SMILES_CHECK_H
 #define MG_SMILES_CHECK_H

@@ -1,0 +1,777 @@
+/* molgen data: see data.h. */
+#define _POSIX_C_SOURCE 200809L
+#include "data.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int set_err(char *err, size_t errlen, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int set_err(char *err, size_t errlen, int code, const char *fmt, ...)
+{
+    if (err && errlen > 0) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return code;
+}
+
+static void rep_msg(mg_report *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void rep_msg(mg_report *r, const char *fmt, ...)
+{
+    if (!r || r->nmsg >= MG_REPORT_MSGS)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(r->msg[r->nmsg], MG_REPORT_MSGLEN, fmt, ap);
+    va_end(ap);
+    r->nmsg++;
+}
+
+char *mg_report_format(const mg_report *r, char *out, size_t outlen)
+{
+    if (!out || outlen == 0)
+        return out;
+    out[0] = '\0';
+    if (!r)
+        return out;
+    size_t o = 0;
+#define APP(...)                                                        \
+    do {                                                                \
+        if (o < outlen) {                                               \
+            int w_ = snprintf(out + o, outlen - o, __VA_ARGS__);        \
+            if (w_ > 0)                                                 \
+                o += (size_t)w_;                                        \
+        }                                                               \
+    } while (0)
+    APP("read %ld lines, %ld records, kept %ld, skipped %ld", r->lines, r->records, r->kept,
+        r->skipped);
+    if (r->skipped)
+        APP(" (%ld bad character, %ld unknown token, %ld too long, %ld other)", r->bad_char,
+            r->unknown_token, r->too_long, r->other);
+    for (int i = 0; i < r->nmsg; i++)
+        APP("\n  %s", r->msg[i]);
+    if (r->skipped > r->nmsg && r->nmsg > 0)
+        APP("\n  ... and %ld more", r->skipped - r->nmsg);
+#undef APP
+    return out;
+}
+
+/* ------------------------------------------------------------ raw reading */
+
+typedef struct {
+    char *blob;
+    size_t blen, bcap;
+    size_t *off;
+    long *line;
+    size_t n, cap;
+} list_builder;
+
+static int lb_add(list_builder *b, const char *s, size_t len, long line)
+{
+    if (b->n == b->cap) {
+        size_t nc = b->cap ? b->cap * 2 : 1024;
+        size_t *o = realloc(b->off, nc * sizeof *o);
+        if (!o)
+            return -1;
+        b->off = o;
+        long *l = realloc(b->line, nc * sizeof *l);
+        if (!l)
+            return -1;
+        b->line = l;
+        b->cap = nc;
+    }
+    if (b->blen + len + 1 > b->bcap) {
+        size_t nc = b->bcap ? b->bcap : 65536;
+        while (nc < b->blen + len + 1)
+            nc *= 2;
+        char *q = realloc(b->blob, nc);
+        if (!q)
+            return -1;
+        b->blob = q;
+        b->bcap = nc;
+    }
+    memcpy(b->blob + b->blen, s, len);
+    b->blob[b->blen + len] = '\0';
+    b->off[b->n] = b->blen;
+    b->line[b->n] = line;
+    b->blen += len + 1;
+    b->n++;
+    return 0;
+}
+
+static void lb_free(list_builder *b)
+{
+    free(b->blob);
+    free(b->off);
+    free(b->line);
+    memset(b, 0, sizeof *b);
+}
+
+static int lb_finish(list_builder *b, mg_smiles_list *out)
+{
+    memset(out, 0, sizeof *out);
+    out->smiles = malloc((b->n ? b->n : 1) * sizeof *out->smiles);
+    if (!out->smiles)
+        return -1;
+    for (size_t i = 0; i < b->n; i++)
+        out->smiles[i] = b->blob + b->off[i];
+    out->n = b->n;
+    out->line = b->line;
+    out->blob_ = b->blob;
+    out->cap_ = b->n;
+    if (!out->line) { /* n == 0 */
+        out->line = malloc(sizeof *out->line);
+        if (!out->line) {
+            free(out->smiles);
+            out->smiles = NULL;
+            return -1;
+        }
+    }
+    free(b->off);
+    memset(b, 0, sizeof *b);
+    return 0;
+}
+
+void mg_smiles_list_free(mg_smiles_list *l)
+{
+    if (!l)
+        return;
+    free(l->smiles);
+    free(l->line);
+    free(l->blob_);
+    memset(l, 0, sizeof *l);
+}
+
+static int ends_with_ci(const char *s, const char *suffix)
+{
+    size_t a = strlen(s), b = strlen(suffix);
+    if (a < b)
+        return 0;
+    for (size_t i = 0; i < b; i++)
+        if (tolower((unsigned char)s[a - b + i]) != tolower((unsigned char)suffix[i]))
+            return 0;
+    return 1;
+}
+
+/* Split one CSV line into fields (in place). Quoted fields: "a,b" and "" for
+ * a quote. Unquoted fields are trimmed. Returns the field count (<= cap) or
+ * -1 for an unterminated quote. */
+static int csv_split(char *line, char **fields, int cap)
+{
+    int nf = 0;
+    char *p = line;
+    for (;;) {
+        while (*p == ' ' || *p == '\t')
+            p++;
+        char *start, *w;
+        if (*p == '"') {
+            start = w = ++p;
+            for (;;) {
+                if (*p == '\0')
+                    return -1;
+                if (*p == '"') {
+                    if (p[1] == '"') {
+                        *w++ = '"';
+                        p += 2;
+                        continue;
+                    }
+                    p++;
+                    break;
+                }
+                *w++ = *p++;
+            }
+            while (*p && *p != ',')
+                p++; /* ignore junk between the closing quote and ',' */
+        } else {
+            start = p;
+            while (*p && *p != ',')
+                p++;
+            w = p;
+            while (w > start && (w[-1] == ' ' || w[-1] == '\t'))
+                w--;
+        }
+        char sep = *p;
+        *w = '\0';
+        if (nf < cap)
+            fields[nf] = start;
+        nf++;
+        if (sep != ',')
+            break;
+        p++;
+    }
+    return nf < cap ? nf : cap;
+}
+
+static int strcaseeq(const char *a, const char *b)
+{
+    for (; *a && *b; a++, b++)
+        if (tolower((unsigned char)*a) != tolower((unsigned char)*b))
+            return 0;
+    return *a == *b;
+}
+
+/* Strip trailing "\n" / "\r\n". */
+static void chomp(char *s, ssize_t *n)
+{
+    while (*n > 0 && (s[*n - 1] == '\n' || s[*n - 1] == '\r'))
+        s[--*n] = '\0';
+}
+
+#define CSV_MAX_FIELDS 4096
+
+int mg_read_smiles(const char *path, const char *csv_column, mg_smiles_list *out,
+                   mg_report *rep, char *err, size_t errlen)
+{
+    mg_report dummy;
+    if (!rep)
+        rep = &dummy;
+    memset(rep, 0, sizeof *rep);
+    if (!path || !out)
+        return set_err(err, errlen, MG_DATA_ERR, "mg_read_smiles: bad argument");
+    memset(out, 0, sizeof *out);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return set_err(err, errlen, MG_DATA_ERR, "cannot open %s: %s", path, strerror(errno));
+    int csv = ends_with_ci(path, ".csv");
+    const char *col = csv_column ? csv_column : "smiles";
+    int colidx = -1;
+    char **fields = NULL;
+    if (csv) {
+        fields = malloc(CSV_MAX_FIELDS * sizeof *fields);
+        if (!fields) {
+            fclose(f);
+            return set_err(err, errlen, MG_DATA_ERR_NOMEM, "out of memory");
+        }
+    }
+    list_builder b = {0};
+    char *line = NULL;
+    size_t lcap = 0;
+    ssize_t n;
+    long lineno = 0;
+    int rc = 0;
+    while ((n = getline(&line, &lcap, f)) >= 0) {
+        lineno++;
+        rep->lines++;
+        chomp(line, &n);
+        if ((size_t)n != strlen(line)) {
+            rep->records++;
+            rep->other++;
+            rep->skipped++;
+            rep_msg(rep, "%s:%ld: NUL byte in line", path, lineno);
+            continue;
+        }
+        if (lineno == 1 && n >= 3 && (unsigned char)line[0] == 0xEF &&
+            (unsigned char)line[1] == 0xBB && (unsigned char)line[2] == 0xBF) {
+            memmove(line, line + 3, (size_t)n - 2); /* UTF-8 BOM */
+            n -= 3;
+        }
+        const char *p = line;
+        while (*p && isspace((unsigned char)*p))
+            p++;
+        if (!csv) {
+            if (*p == '\0' || *p == '#')
+                continue;
+            const char *e = p;
+            while (*e && !isspace((unsigned char)*e))
+                e++;
+            rep->records++;
+            if (lb_add(&b, p, (size_t)(e - p), lineno)) {
+                rc = set_err(err, errlen, MG_DATA_ERR_NOMEM, "out of memory");
+                goto done;
+            }
+            continue;
+        }
+        /* CSV */
+        if (*p == '\0')
+            continue;
+        int nf = csv_split(line, fields, CSV_MAX_FIELDS);
+        if (colidx < 0) { /* header row */
+            if (nf < 0) {
+                rc = set_err(err, errlen, MG_DATA_ERR, "%s:%ld: unterminated quote in header",
+                             path, lineno);
+                goto done;
+            }
+            for (int i = 0; i < nf; i++)
+                if (strcaseeq(fields[i], col)) {
+                    colidx = i;
+                    break;
+                }
+            if (colidx < 0) {
+                rc = set_err(err, errlen, MG_DATA_ERR, "%s:%ld: no column named '%s' in the header",
+                             path, lineno, col);
+                goto done;
+            }
+            continue;
+        }
+        rep->records++;
+        if (nf < 0) {
+            rep->other++;
+            rep->skipped++;
+            rep_msg(rep, "%s:%ld: unterminated quote", path, lineno);
+            continue;
+        }
+        if (nf <= colidx) {
+            rep->other++;
+            rep->skipped++;
+            rep_msg(rep, "%s:%ld: only %d fields, column '%s' is field %d", path, lineno, nf, col,
+                    colidx + 1);
+            continue;
+        }
+        const char *v = fields[colidx];
+        if (!*v) {
+            rep->other++;
+            rep->skipped++;
+            rep_msg(rep, "%s:%ld: empty '%s' field", path, lineno, col);
+            continue;
+        }
+        if (lb_add(&b, v, strlen(v), lineno)) {
+            rc = set_err(err, errlen, MG_DATA_ERR_NOMEM, "out of memory");
+            goto done;
+        }
+    }
+    if (ferror(f)) {
+        rc = set_err(err, errlen, MG_DATA_ERR, "read error on %s", path);
+        goto done;
+    }
+    if (csv && colidx < 0) {
+        rc = set_err(err, errlen, MG_DATA_ERR, "%s: empty CSV file (no header row)", path);
+        goto done;
+    }
+    if (lb_finish(&b, out))
+        rc = set_err(err, errlen, MG_DATA_ERR_NOMEM, "out of memory");
+done:
+    free(line);
+    free(fields);
+    fclose(f);
+    lb_free(&b);
+    return rc;
+}
+
+/* ------------------------------------------------------------ dataset */
+
+void mg_dataset_free(mg_dataset *d)
+{
+    if (!d)
+        return;
+    free(d->ids);
+    free(d->lengths);
+    free(d->smiles);
+    free(d->line);
+    free(d->blob_);
+    memset(d, 0, sizeof *d);
+}
+
+int mg_encode_row(const mg_vocab *v, const char *smiles, int T, int32_t *seq, int64_t *length,
+                  char *err, size_t errlen)
+{
+    if (!v || !smiles || !seq || T < 2)
+        return set_err(err, errlen, MG_TOK_ERR_ARG, "mg_encode_row: bad argument (T = %d)", T);
+    int k = 0;
+    int rc = mg_vocab_encode(v, smiles, seq + 1, T - 2, &k, err, errlen);
+    if (rc == MG_TOK_ERR_TOOLONG)
+        return set_err(err, errlen, rc, "%d tokens, more than T - 2 = %d", k, T - 2);
+    if (rc)
+        return rc;
+    seq[0] = MG_BOS;
+    seq[k + 1] = MG_EOS;
+    for (int i = k + 2; i < T; i++)
+        seq[i] = MG_PAD;
+    if (length)
+        *length = k + 2;
+    return 0;
+}
+
+/* Allocate d for n rows of T ids and blob_bytes of strings. */
+static int ds_alloc(mg_dataset *d, size_t n, int T, size_t blob_bytes)
+{
+    memset(d, 0, sizeof *d);
+    size_t rows = n ? n : 1;
+    d->ids = malloc(rows * (size_t)(T > 0 ? T : 1) * sizeof *d->ids);
+    d->lengths = malloc(rows * sizeof *d->lengths);
+    d->smiles = malloc(rows * sizeof *d->smiles);
+    d->line = malloc(rows * sizeof *d->line);
+    d->blob_ = malloc(blob_bytes ? blob_bytes : 1);
+    if (!d->ids || !d->lengths || !d->smiles || !d->line || !d->blob_) {
+        mg_dataset_free(d);
+        return -1;
+    }
+    d->n = n;
+    d->T = T;
+    return 0;
+}
+
+enum { ST_OK = 0, ST_BAD_CHAR, ST_UNKNOWN, ST_TOO_LONG, ST_EMPTY };
+
+int mg_dataset_from_list(const mg_smiles_list *list, const char *where, const mg_load_opts *opts,
+                         const mg_vocab *vocab, mg_vocab **vocab_out, mg_dataset *out,
+                         mg_report *rep, char *err, size_t errlen)
+{
+    mg_report dummy;
+    if (!rep) {
+        rep = &dummy;
+        memset(rep, 0, sizeof *rep);
+    }
+    if (!list || !out || (!vocab && !vocab_out))
+        return set_err(err, errlen, MG_DATA_ERR, "mg_dataset_from_list: bad argument");
+    memset(out, 0, sizeof *out);
+    if (!where)
+        where = "(input)";
+    int T = opts ? opts->T : 0;
+    int maxtok = opts ? opts->max_tokens : 0;
+    if (T < 0 || maxtok < 0 || T == 1 || T == 2)
+        return set_err(err, errlen, MG_DATA_ERR, "bad options: T = %d (need 0 or >= 3), "
+                       "max_tokens = %d", T, maxtok);
+    size_t n = list->n;
+    unsigned char *status = calloc(n ? n : 1, 1);
+    int *ntok = calloc(n ? n : 1, sizeof *ntok);
+    if (!status || !ntok) {
+        free(status);
+        free(ntok);
+        return set_err(err, errlen, MG_DATA_ERR_NOMEM, "out of memory");
+    }
+    int limit = INT32_MAX; /* max tokens allowed */
+    if (maxtok > 0)
+        limit = maxtok;
+    if (T > 0 && T - 2 < limit)
+        limit = T - 2;
+    size_t kept = 0, blob = 0;
+    int maxk = 0;
+    char msg[200];
+    for (size_t i = 0; i < n; i++) {
+        const char *s = list->smiles[i];
+        long ln = list->line ? list->line[i] : (long)i + 1;
+        int k = 0, pos = 0;
+        int st = ST_OK;
+        for (;;) {
+            int l = mg_token_len(s + pos);
+            if (l == 0)
+                break;
+            if (l < 0) {
+                st = ST_BAD_CHAR;
+                break;
+            }
+            if (vocab && mg_vocab_lookup(vocab, s + pos, l) < MG_NUM_SPECIAL) {
+                st = ST_UNKNOWN;
+                snprintf(msg, sizeof msg, "unknown token '%.*s' at position %d", l, s + pos, pos);
+                break;
+            }
+            k++;
+            pos += l;
+        }
+        if (st == ST_OK && k == 0)
+            st = ST_EMPTY;
+        if (st == ST_OK && k > limit)
+            st = ST_TOO_LONG;
+        status[i] = (unsigned char)st;
+        ntok[i] = k;
+        switch (st) {
+        case ST_OK:
+            kept++;
+            blob += strlen(s) + 1;
+            if (k > maxk)
+                maxk = k;
+            break;
+        case ST_BAD_CHAR:
+            mg_tokenize(s, NULL, 0, NULL, NULL, msg, sizeof msg);
+            rep->bad_char++;
+            rep_msg(rep, "%s:%ld: cannot tokenise: %s", where, ln, msg);
+            break;
+        case ST_UNKNOWN:
+            rep->unknown_token++;
+            rep_msg(rep, "%s:%ld: %s", where, ln, msg);
+            break;
+        case ST_TOO_LONG:
+            rep->too_long++;
+            rep_msg(rep, "%s:%ld: too long: %d tokens, limit %d", where, ln, k, limit);
+            break;
+        default:
+            rep->other++;
+            rep_msg(rep, "%s:%ld: empty SMILES", where, ln);
+            break;
+        }
+        if (st != ST_OK)
+            rep->skipped++;
+    }
+    rep->kept = (long)kept;
+    int rc = 0;
+    mg_vocab *built = NULL;
+    if (kept == 0) {
+        rc = set_err(err, errlen, MG_DATA_ERR, "%s: no usable molecules (%zu records, %ld skipped)",
+                     where, n, rep->skipped);
+        goto done;
+    }
+    if (T == 0)
+        T = maxk + 2;
+    if (!vocab) {
+        const char **ok = malloc(kept * sizeof *ok);
+        if (!ok) {
+            rc = set_err(err, errlen, MG_DATA_ERR_NOMEM, "out of memory");
+            goto done;
+        }
+        size_t m = 0;
+        for (size_t i = 0; i < n; i++)
+            if (status[i] == ST_OK)
+                ok[m++] = list->smiles[i];
+        rc = mg_vocab_build(ok, m, &built, err, errlen);
+        free(ok);
+        if (rc)
+            goto done;
+        vocab = built;
+    }
+    if (ds_alloc(out, kept, T, blob)) {
+        rc = set_err(err, errlen, MG_DATA_ERR_NOMEM, "out of memory (%zu x %d ids)", kept, T);
+        goto done;
+    }
+    size_t r = 0, bo = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (status[i] != ST_OK)
+            continue;
+        const char *s = list->smiles[i];
+        int64_t len;
+        rc = mg_encode_row(vocab, s, T, out->ids + r * (size_t)T, &len, err, errlen);
+        if (rc) { /* cannot happen: checked above */
+            mg_dataset_free(out);
+            goto done;
+        }
+        out->lengths[r] = len;
+        size_t sl = strlen(s);
+        memcpy(out->blob_ + bo, s, sl + 1);
+        out->smiles[r] = out->blob_ + bo;
+        bo += sl + 1;
+        out->line[r] = list->line ? list->line[i] : (long)i + 1;
+        r++;
+    }
+    if (built) {
+        *vocab_out = built;
+        built = NULL;
+    }
+done:
+    mg_vocab_free(built);
+    free(status);
+    free(ntok);
+    return rc;
+}
+
+int mg_dataset_load(const char *path, const mg_load_opts *opts, const mg_vocab *vocab,
+                    mg_vocab **vocab_out, mg_dataset *out, mg_report *rep, char *err,
+                    size_t errlen)
+{
+    mg_report local;
+    if (!rep)
+        rep = &local;
+    if (out)
+        memset(out, 0, sizeof *out);
+    mg_smiles_list list;
+    int rc = mg_read_smiles(path, opts ? opts->csv_column : NULL, &list, rep, err, errlen);
+    if (rc)
+        return rc;
+    rc = mg_dataset_from_list(&list, path, opts, vocab, vocab_out, out, rep, err, errlen);
+    mg_smiles_list_free(&list);
+    return rc;
+}
+
+/* ------------------------------------------------------------ PRNG + split */
+
+uint64_t mg_splitmix64(uint64_t *state)
+{
+    uint64_t z = (*state += 0x9E3779B97F4A7C15ULL);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
+
+void mg_shuffle_indices(size_t *idx, size_t n, uint64_t *state)
+{
+    if (!idx || n < 2)
+        return;
+    for (size_t i = n - 1; i > 0; i--) {
+        size_t j = (size_t)(mg_splitmix64(state) % (uint64_t)(i + 1));
+        size_t t = idx[i];
+        idx[i] = idx[j];
+        idx[j] = t;
+    }
+}
+
+/* dst = rows of src where pick[i] == want, in order. */
+static int ds_subset(const mg_dataset *src, const unsigned char *pick, unsigned char want,
+                     mg_dataset *dst)
+{
+    size_t m = 0, blob = 0;
+    for (size_t i = 0; i < src->n; i++)
+        if (pick[i] == want) {
+            m++;
+            blob += strlen(src->smiles[i]) + 1;
+        }
+    if (m == 0) {
+        memset(dst, 0, sizeof *dst);
+        dst->T = src->T;
+        return 0;
+    }
+    if (ds_alloc(dst, m, src->T, blob))
+        return -1;
+    size_t r = 0, bo = 0, T = (size_t)src->T;
+    for (size_t i = 0; i < src->n; i++) {
+        if (pick[i] != want)
+            continue;
+        memcpy(dst->ids + r * T, src->ids + i * T, T * sizeof *dst->ids);
+        dst->lengths[r] = src->lengths[i];
+        dst->line[r] = src->line[i];
+        size_t sl = strlen(src->smiles[i]);
+        memcpy(dst->blob_ + bo, src->smiles[i], sl + 1);
+        dst->smiles[r] = dst->blob_ + bo;
+        bo += sl + 1;
+        r++;
+    }
+    return 0;
+}
+
+int mg_dataset_split(const mg_dataset *all, double val_frac, uint64_t seed, mg_dataset *train,
+                     mg_dataset *val, char *err, size_t errlen)
+{
+    if (!all || !train || !val)
+        return set_err(err, errlen, MG_DATA_ERR, "mg_dataset_split: bad argument");
+    memset(train, 0, sizeof *train);
+    memset(val, 0, sizeof *val);
+    if (!(val_frac >= 0.0 && val_frac < 1.0))
+        return set_err(err, errlen, MG_DATA_ERR, "validation fraction %g outside [0, 1)", val_frac);
+    size_t n = all->n;
+    size_t nval = (size_t)floor((double)n * val_frac + 0.5);
+    if (nval >= n && n > 0)
+        nval = n - 1;
+    size_t *idx = malloc((n ? n : 1) * sizeof *idx);
+    unsigned char *pick = calloc(n ? n : 1, 1);
+    if (!idx || !pick) {
+        free(idx);
+        free(pick);
+        return set_err(err, errlen, MG_DATA_ERR_NOMEM, "out of memory");
+    }
+    for (size_t i = 0; i < n; i++)
+        idx[i] = i;
+    uint64_t st = seed;
+    mg_shuffle_indices(idx, n, &st);
+    for (size_t i = 0; i < nval; i++)
+        pick[idx[i]] = 1;
+    int rc = 0;
+    if (ds_subset(all, pick, 0, train) || ds_subset(all, pick, 1, val)) {
+        mg_dataset_free(train);
+        mg_dataset_free(val);
+        rc = set_err(err, errlen, MG_DATA_ERR_NOMEM, "out of memory");
+    }
+    free(idx);
+    free(pick);
+    return rc;
+}
+
+/* ------------------------------------------------------------ batches */
+
+struct mg_batcher {
+    const mg_dataset *d;
+    int B;
+    uint64_t seed;
+    int shuffle;
+    uint64_t step;
+    uint64_t per_epoch;
+    uint64_t perm_epoch; /* epoch whose permutation is in perm */
+    int have_perm;
+    size_t *perm;
+};
+
+static void make_perm(mg_batcher *b, uint64_t epoch)
+{
+    for (size_t i = 0; i < b->d->n; i++)
+        b->perm[i] = i;
+    if (b->shuffle) {
+        uint64_t st = b->seed ^ (0xD1B54A32D192ED03ULL * (epoch + 1));
+        mg_splitmix64(&st);
+        mg_shuffle_indices(b->perm, b->d->n, &st);
+    }
+    b->perm_epoch = epoch;
+    b->have_perm = 1;
+}
+
+int mg_batcher_new(const mg_dataset *d, int B, uint64_t seed, int shuffle, mg_batcher **out,
+                   char *err, size_t errlen)
+{
+    if (!out)
+        return set_err(err, errlen, MG_DATA_ERR, "mg_batcher_new: bad argument");
+    *out = NULL;
+    if (!d || d->n == 0)
+        return set_err(err, errlen, MG_DATA_ERR, "mg_batcher_new: empty dataset");
+    if (B < 1 || (size_t)B > d->n)
+        return set_err(err, errlen, MG_DATA_ERR,
+                       "batch size %d outside [1, %zu] (the dataset size)", B, d->n);
+    mg_batcher *b = calloc(1, sizeof *b);
+    if (!b)
+        return set_err(err, errlen, MG_DATA_ERR_NOMEM, "out of memory");
+    b->perm = malloc(d->n * sizeof *b->perm);
+    if (!b->perm) {
+        free(b);
+        return set_err(err, errlen, MG_DATA_ERR_NOMEM, "out of memory");
+    }
+    b->d = d;
+    b->B = B;
+    b->seed = seed;
+    b->shuffle = shuffle;
+    b->per_epoch = d->n / (size_t)B;
+    *out = b;
+    return 0;
+}
+
+void mg_batcher_free(mg_batcher *b)
+{
+    if (!b)
+        return;
+    free(b->perm);
+    free(b);
+}
+
+int mg_batcher_next(mg_batcher *b, int32_t *ids, int64_t *lengths, size_t *rows)
+{
+    if (!b)
+        return MG_DATA_ERR;
+    uint64_t epoch = b->step / b->per_epoch;
+    size_t pos = (size_t)(b->step % b->per_epoch) * (size_t)b->B;
+    if (!b->have_perm || b->perm_epoch != epoch)
+        make_perm(b, epoch);
+    size_t T = (size_t)b->d->T;
+    for (int i = 0; i < b->B; i++) {
+        size_t r = b->perm[pos + (size_t)i];
+        if (ids)
+            memcpy(ids + (size_t)i * T, b->d->ids + r * T, T * sizeof *ids);
+        if (lengths)
+            lengths[i] = b->d->lengths[r];
+        if (rows)
+            rows[i] = r;
+    }
+    b->step++;
+    return 0;
+}
+
+uint64_t mg_batcher_per_epoch(const mg_batcher *b)
+{
+    return b ? b->per_epoch : 0;
+}
+
+uint64_t mg_batcher_epoch(const mg_batcher *b)
+{
+    return b ? b->step / b->per_epoch : 0;
+}
+
+uint64_t mg_batcher_step(const mg_batcher *b)
+{
+    return b ? b->step : 0;
+}
+
+void mg_batcher_seek(mg_batcher *b, uint64_t k)
+{
+    if (b)
+        b->step = k;
+}
