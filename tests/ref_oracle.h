@@ -28,9 +28,11 @@ static inline int ref_visible(const attn_sdpa_params *p, int64_t b, int64_t h, i
     if (p->key_lengths && j >= p->key_lengths[b])
         return 0;
     if (p->use_window) {
-        if (p->window_left != ATTN_UNBOUNDED && j < ia - p->window_left)
+        /* j < ia - left and j > ia + right, written so that huge bounds
+         * cannot overflow (|ia - j| <= Lq + Lk). */
+        if (p->window_left != ATTN_UNBOUNDED && ia - j > p->window_left)
             return 0;
-        if (p->window_right != ATTN_UNBOUNDED && j > ia + p->window_right)
+        if (p->window_right != ATTN_UNBOUNDED && j - ia > p->window_right)
             return 0;
     }
     if (p->bool_mask) {
