@@ -86,7 +86,7 @@ int mg_vocab_from_tokens(const char *const *tokens, size_t n, mg_vocab **out,
 
 void mg_vocab_free(mg_vocab *v); /* NULL is fine */
 
-/* Number of ids, specials included (e.g. 26 for moses_176k: 3 + 23). */
+/* Number of ids, specials included (27 for moses_176k: 3 + 24). */
 int mg_vocab_size(const mg_vocab *v);
 
 /* Token string of an id ("<pad>", "<bos>", "<eos>" for the specials), or
