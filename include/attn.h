@@ -52,7 +52,9 @@ const char *attn_status_name(attn_status s);
 
 /* ---------------------------------------------------------------- threads */
 
-/* n >= 1 sets the thread count for every parallel part of the library;
+#define ATTN_MAX_THREADS 1024
+
+/* 1 <= n <= ATTN_MAX_THREADS sets the thread count for every parallel part of the library;
  * n == 0 restores the default (ATTN_NUM_THREADS if set, else all cores). */
 attn_status attn_set_num_threads(int n, attn_error *err);
 int attn_get_num_threads(void);

@@ -178,7 +178,10 @@ attn_status attn_mha_forward(const attn_mha_config *c, const attn_mha_weights *w
     if (mode != ATTN_WEIGHTS_NONE && !weights)
         return attn_fail(err, ATTN_ERR_NULL, "weights buffer is NULL but weights were requested");
     const int64_t E = d.E, H = d.H;
-    const int threads = attn_threads_for(p && p->num_threads > 0 ? p->num_threads : 0);
+    if (p && (p->num_threads < 0 || p->num_threads > ATTN_MAX_THREADS))
+        return attn_fail(err, ATTN_ERR_ARG, "num_threads must be in [0, %d], got %d",
+                         ATTN_MAX_THREADS, p->num_threads);
+    const int threads = attn_threads_for(p ? p->num_threads : 0);
     size_t ncache;
     attn_mha_cache_size(c, B, Lq, Lk, &ncache, NULL);
     float *buf = cache;
@@ -230,7 +233,10 @@ attn_status attn_mha_backward(const attn_mha_config *c, const attn_mha_weights *
     if (!cache)
         return attn_fail(err, ATTN_ERR_STATE, "cache is NULL: run attn_mha_forward with a cache first");
     const int64_t E = d.E, H = d.H;
-    const int threads = attn_threads_for(p && p->num_threads > 0 ? p->num_threads : 0);
+    if (p && (p->num_threads < 0 || p->num_threads > ATTN_MAX_THREADS))
+        return attn_fail(err, ATTN_ERR_ARG, "num_threads must be in [0, %d], got %d",
+                         ATTN_MAX_THREADS, p->num_threads);
+    const int threads = attn_threads_for(p ? p->num_threads : 0);
     const float *Qp = cache, *Kp = Qp + B * Lq * E, *Vp = Kp + B * Lk * E, *Ao = Vp + B * Lk * E;
     const float *lse = Ao + B * Lq * E;
     /* Scratch: dAo [B, Lq, E], dQp [B, Lq, E], dKp, dVp [B, Lk, E]. */

@@ -117,9 +117,12 @@ attn_status attn_sdpa_check(const attn_tensor *q, const attn_tensor *k, const at
             return attn_fail(err, ATTN_ERR_ARG,
                              "window (%lld, %lld): each side must be >= 0 or ATTN_UNBOUNDED (-1)",
                              (long long)p->window_left, (long long)p->window_right);
+        /* A side at least Lq + Lk wide excludes nothing: treat it as
+         * unbounded so the range arithmetic cannot overflow. */
+        const int64_t span = pr->Lq + pr->Lk;
         pr->use_window = 1;
-        pr->window_left = p->window_left;
-        pr->window_right = p->window_right;
+        pr->window_left = p->window_left >= span ? ATTN_UNBOUNDED : p->window_left;
+        pr->window_right = p->window_right >= span ? ATTN_UNBOUNDED : p->window_right;
     }
     if (p->bool_mask) {
         if ((s = check_mask(p->bool_mask, "bool_mask", pr, pr->bms, err))) return s;
@@ -142,8 +145,9 @@ attn_status attn_sdpa_check(const attn_tensor *q, const attn_tensor *k, const at
     }
     if (p->impl != ATTN_IMPL_AUTO && p->impl != ATTN_IMPL_REFERENCE && p->impl != ATTN_IMPL_FUSED)
         return attn_fail(err, ATTN_ERR_ARG, "impl %d is not an attn_impl value", (int)p->impl);
-    if (p->num_threads < 0)
-        return attn_fail(err, ATTN_ERR_ARG, "num_threads must be >= 0, got %d", p->num_threads);
+    if (p->num_threads < 0 || p->num_threads > ATTN_MAX_THREADS)
+        return attn_fail(err, ATTN_ERR_ARG, "num_threads must be in [0, %d], got %d",
+                         ATTN_MAX_THREADS, p->num_threads);
     pr->threads = attn_threads_for(p->num_threads);
     return ATTN_OK;
 }

@@ -47,8 +47,10 @@ int attn_add64(int64_t a, int64_t b, int64_t *r) { return !__builtin_add_overflo
 static int g_threads;
 
 attn_status attn_set_num_threads(int n, attn_error *err) {
-    if (n < 0)
-        return attn_fail(err, ATTN_ERR_ARG, "thread count must be >= 1 (or 0 for the default), got %d", n);
+    if (n < 0 || n > ATTN_MAX_THREADS)
+        return attn_fail(err, ATTN_ERR_ARG,
+                         "thread count must be in [1, %d] (or 0 for the default), got %d",
+                         ATTN_MAX_THREADS, n);
 #pragma omp atomic write
     g_threads = n;
     return attn_ok(err);
@@ -63,7 +65,7 @@ int attn_get_num_threads(void) {
     if (env && *env) {
         char *end;
         long v = strtol(env, &end, 10);
-        if (*end == '\0' && v >= 1 && v <= 4096) return (int)v;
+        if (*end == '\0' && v >= 1 && v <= ATTN_MAX_THREADS) return (int)v;
     }
     return omp_get_num_procs();
 }
