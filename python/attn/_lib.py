@@ -153,6 +153,11 @@ def _load():
     fn("attn_sdpa_forward", status,
        P(attn_tensor), P(attn_tensor), P(attn_tensor), P(attn_sdpa_params),
        P(attn_tensor), c_float_p, c_float_p, P(attn_sdpa_info), err_p)
+    fn("attn_sdpa_backward", status,
+       P(attn_tensor), P(attn_tensor), P(attn_tensor), P(attn_tensor),
+       c_float_p, P(attn_tensor), P(attn_sdpa_params),
+       P(attn_tensor), P(attn_tensor), P(attn_tensor), P(attn_sdpa_info),
+       err_p)
     fn("attn_mha_param_count", status, P(attn_mha_config),
        P(ctypes.c_size_t), err_p)
     fn("attn_mha_weights_from_buffer", status, P(attn_mha_config), c_float_p,
@@ -163,6 +168,14 @@ def _load():
        ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
        c_float_p, c_float_p, c_float_p, P(attn_sdpa_params),
        c_float_p, ctypes.c_int, c_float_p, c_float_p, err_p)
+    fn("attn_mha_cache_size", status, P(attn_mha_config),
+       ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, P(ctypes.c_size_t),
+       err_p)
+    fn("attn_mha_backward", status, P(attn_mha_config), P(attn_mha_weights),
+       ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+       c_float_p, c_float_p, c_float_p, P(attn_sdpa_params),
+       c_float_p, c_float_p, c_float_p, c_float_p, c_float_p,
+       P(attn_mha_weights), err_p)
     return lib, path
 
 

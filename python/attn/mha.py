@@ -69,6 +69,26 @@ class MultiheadAttention:
     out_proj_weight [E, E] and out_proj_bias [E] are views into it. Assigning
     one copies into the buffer (shape checked). Initialised by attn_mha_init
     from seed, as PyTorch initialises its module.
+
+    Training: forward() followed by backward(grad_out) gives the gradients
+    w.r.t. the inputs (returned) and the parameters (self.grads, a dict of
+    arrays under the parameter names above; self.grads_buffer is the packed
+    buffer in parameters_buffer's layout, so `parameters_buffer -= lr *
+    grads_buffer` is an SGD step). Each backward() returns fresh gradients
+    unless called with accumulate=True (then they add into the previous
+    ones, like PyTorch's .grad); zero_grad() drops them. While
+    requires_grad is True (the default, in train and eval mode alike) every
+    forward keeps what its backward needs until the next forward: the
+    activation cache (attn_mha_cache_size floats, B*(2*Lq*E + 2*Lk*E +
+    H*Lq)), float32 copies of query/key/value, the masks, and a copy of the
+    parameters (so changing them between forward and backward does not
+    change the gradients of the forward that ran). Set requires_grad =
+    False (or requires_grad_(False)) for inference without that memory;
+    release_saved() frees it at any time.
+
+    Dropout: in training mode with dropout > 0 each forward draws its mask
+    from (seed, offset) and then advances the offset; backward() reuses the
+    exact mask of the forward it differentiates.
     """
 
     in_proj_weight = _param("in_proj_weight", "[3E, E] (None if kdim/vdim != E)")
@@ -94,7 +114,11 @@ class MultiheadAttention:
         self.batch_first = bool(batch_first)
         self.seed = int(seed)
         self.training = True
+        self.requires_grad = True
         self._offset = 0
+        self._saved = None       # what backward() needs from the last forward
+        self.grads = None        # name -> gradient, after backward()
+        self.grads_buffer = None  # the packed gradients grads views into
 
         c = _lib.attn_mha_config()
         c.embed_dim = self.embed_dim
@@ -112,10 +136,7 @@ class MultiheadAttention:
                                                  ctypes.byref(count),
                                                  ctypes.byref(err)), err)
         self.parameters_buffer = np.zeros(count.value, dtype=np.float32)
-        w = _lib.attn_mha_weights()
-        _lib.check(_lib.lib.attn_mha_weights_from_buffer(
-            ctypes.byref(c), _lib.float_ptr(self.parameters_buffer),
-            ctypes.byref(w), ctypes.byref(err)), err)
+        w = self._weights_in(self.parameters_buffer)
         self._weights = w
         self._views = self._make_views(w)
         _lib.check(_lib.lib.attn_mha_init(ctypes.byref(c), ctypes.byref(w),
@@ -125,24 +146,38 @@ class MultiheadAttention:
 
     # ------------------------------------------------------------ parameters
 
-    def _offset_of(self, ptr, n):
-        """Element offset of ptr inside the buffer (checks the library kept
-        the n floats in bounds)."""
-        base = self.parameters_buffer.ctypes.data
+    @staticmethod
+    def _offset_of(buf, ptr, n):
+        """Element offset of ptr inside buf (checks the library kept the n
+        floats in bounds)."""
+        base = buf.ctypes.data
         addr = ctypes.cast(ptr, ctypes.c_void_p).value
         off, rem = divmod(addr - base, 4)
-        if rem or off < 0 or off + n > self.parameters_buffer.size:
+        if rem or off < 0 or off + n > buf.size:
             raise RuntimeError("attn_mha_weights_from_buffer returned a pointer "
                                "outside the buffer")
         return off
 
-    def _make_views(self, w):
+    def _weights_in(self, buf):
+        """attn_mha_weights pointing into buf (parameter_count floats)."""
+        w = _lib.attn_mha_weights()
+        err = _lib.attn_error()
+        _lib.check(_lib.lib.attn_mha_weights_from_buffer(
+            ctypes.byref(self._config), _lib.float_ptr(buf), ctypes.byref(w),
+            ctypes.byref(err)), err)
+        return w
+
+    def _make_views(self, w, buf=None):
+        """Torch-named views into buf (default: the parameters) given the
+        pointers w that attn_mha_weights_from_buffer returned for it."""
         E, kd, vd = self.embed_dim, self.kdim, self.vdim
-        buf = self.parameters_buffer
+        if buf is None:
+            buf = self.parameters_buffer
+        offset_of = lambda ptr, n: self._offset_of(buf, ptr, n)  # noqa: E731
 
         def view(ptr, shape):
             n = int(np.prod(shape))
-            off = self._offset_of(ptr, n)
+            off = offset_of(ptr, n)
             return buf[off:off + n].reshape(shape)
 
         wq = view(w.w_q, (E, E))
@@ -152,9 +187,9 @@ class MultiheadAttention:
                  "v_proj_weight": None, "in_proj_weight": None,
                  "in_proj_bias": None, "out_proj_bias": None}
         if self._qkv_same_embed_dim:
-            off = self._offset_of(w.w_q, 3 * E * E)
-            if (self._offset_of(w.w_k, E * E) != off + E * E
-                    or self._offset_of(w.w_v, E * E) != off + 2 * E * E):
+            off = offset_of(w.w_q, 3 * E * E)
+            if (offset_of(w.w_k, E * E) != off + E * E
+                    or offset_of(w.w_v, E * E) != off + 2 * E * E):
                 raise RuntimeError("w_q, w_k, w_v are not stacked in the buffer")
             views["in_proj_weight"] = buf[off:off + 3 * E * E].reshape(3 * E, E)
         else:
@@ -163,9 +198,9 @@ class MultiheadAttention:
             views["v_proj_weight"] = wv
         views["out_proj_weight"] = view(w.w_o, (E, E))
         if self.bias:
-            off = self._offset_of(w.b_q, 3 * E)
-            if (self._offset_of(w.b_k, E) != off + E
-                    or self._offset_of(w.b_v, E) != off + 2 * E):
+            off = offset_of(w.b_q, 3 * E)
+            if (offset_of(w.b_k, E) != off + E
+                    or offset_of(w.b_v, E) != off + 2 * E):
                 raise RuntimeError("b_q, b_k, b_v are not stacked in the buffer")
             views["in_proj_bias"] = buf[off:off + 3 * E]
             views["out_proj_bias"] = view(w.b_o, (E,))
@@ -206,6 +241,24 @@ class MultiheadAttention:
                              % (missing, unexpected))
         for k in needed:
             setattr(self, want[k], state[k])
+
+    def requires_grad_(self, requires_grad=True):
+        """Whether forward() keeps what backward() needs (see the class
+        docstring). Returns self."""
+        self.requires_grad = bool(requires_grad)
+        if not self.requires_grad:
+            self._saved = None
+        return self
+
+    def release_saved(self):
+        """Drop the last forward's saved activations (backward() then raises
+        until the next forward)."""
+        self._saved = None
+
+    def zero_grad(self):
+        """Drop the gradients (self.grads = self.grads_buffer = None)."""
+        self.grads = None
+        self.grads_buffer = None
 
     def train(self, mode=True):
         self.training = bool(mode)
@@ -261,11 +314,16 @@ class MultiheadAttention:
         same_qk, same_kv = key is query, value is key
         same_qv = value is query
 
+        self._saved = None  # a forward always replaces the saved state
+        keep_for_backward = self.requires_grad
+
         def prep(a):  # -> contiguous float32 [B, L, D]
             if not batched:
                 a = a[None]
             elif not self.batch_first:
                 a = a.transpose(1, 0, 2)
+            if keep_for_backward:  # a copy the caller cannot modify
+                return np.array(a, dtype=np.float32, order="C", copy=True)
             return np.ascontiguousarray(a, dtype=np.float32)
 
         q = prep(qa)
@@ -357,14 +415,32 @@ class MultiheadAttention:
             weights = np.empty((B, H, Lq, Lk), dtype=np.float32)
 
         err = _lib.attn_error()
+        cache = params = None
+        wstruct = self._weights
+        if keep_for_backward:
+            n = ctypes.c_size_t()
+            _lib.check(_lib.lib.attn_mha_cache_size(
+                ctypes.byref(self._config), B, Lq, Lk, ctypes.byref(n),
+                ctypes.byref(err)), err)
+            cache = np.empty(n.value, dtype=np.float32)
+            params = self.parameters_buffer.copy()
+            wstruct = self._weights_in(params)
         st = _lib.lib.attn_mha_forward(
-            ctypes.byref(self._config), ctypes.byref(self._weights), B, Lq, Lk,
+            ctypes.byref(self._config), ctypes.byref(wstruct), B, Lq, Lk,
             _lib.float_ptr(q), _lib.float_ptr(k), _lib.float_ptr(v),
             ctypes.byref(p), _lib.float_ptr(out), mode,
-            _lib.float_ptr(weights), None, ctypes.byref(err))
+            _lib.float_ptr(weights), _lib.float_ptr(cache), ctypes.byref(err))
         _lib.check(st, err)
         if p.training and p.dropout_p > 0:
             self._offset += 1
+        if keep_for_backward:
+            self._saved = dict(
+                B=B, Lq=Lq, Lk=Lk, q=q, k=k, v=v, p=p, keep=keep,
+                key_lengths=key_lengths, cache=cache, params=params,
+                weights=wstruct, batched=batched, batch_first=self.batch_first,
+                same_qk=same_qk, same_kv=same_kv, same_qv=same_qv,
+                out_shape=((Lq, E) if not batched else
+                           (B, Lq, E) if self.batch_first else (Lq, B, E)))
         del keep
 
         if not batched:
@@ -374,3 +450,96 @@ class MultiheadAttention:
         elif not self.batch_first:
             out = np.ascontiguousarray(out.transpose(1, 0, 2))
         return out, weights
+
+    # ------------------------------------------------------------ backward
+
+    def backward(self, grad_out, accumulate=False):
+        """Gradients of the last forward() given grad_out (the gradient of
+        the loss w.r.t. its output, the output's shape and layout).
+
+        Returns (d_query, d_key, d_value) float32 in the inputs' shapes and
+        layout (batch_first or not, unbatched or not), and sets self.grads
+        (parameter name -> gradient array, e.g. in_proj_weight, in_proj_bias,
+        out_proj_weight, out_proj_bias; q/k/v_proj_weight when kdim/vdim
+        differ from embed_dim) and self.grads_buffer (packed, the layout of
+        parameters_buffer). The attention weights output has no gradient.
+
+        When the forward got the same object for several of query, key and
+        value (self-attention), the gradient w.r.t. that object is the sum
+        of its contributions (what PyTorch leaves in x.grad): the matching
+        entries of the returned tuple are then one and the same array
+        holding that sum.
+
+        accumulate=False: fresh gradients (the previous self.grads are
+        replaced). accumulate=True: added into the existing self.grads_buffer
+        (new ones when there are none), like PyTorch's .grad. backward() may
+        be called more than once for the same forward. Raises AttnStateError
+        (a RuntimeError) when there is no forward to differentiate.
+        """
+        sv = self._saved
+        if sv is None:
+            raise _lib.AttnStateError(
+                "MultiheadAttention.backward() needs a preceding forward() "
+                "that kept its activations: call the module first, with "
+                "requires_grad=True (the default); a forward with "
+                "requires_grad=False or release_saved() drops them")
+        E = self.embed_dim
+        B, Lq, Lk = sv["B"], sv["Lq"], sv["Lk"]
+        g = _to_numpy(grad_out)
+        if g.dtype.kind not in "fiu":
+            raise ValueError("grad_out must hold real numbers, got dtype %s"
+                             % g.dtype)
+        if g.shape != sv["out_shape"]:
+            raise ValueError("grad_out must have the shape of the output %s, "
+                             "got %s" % (sv["out_shape"], g.shape))
+        batched, batch_first = sv["batched"], sv["batch_first"]
+        if not batched:
+            g = g[None]
+        elif not batch_first:
+            g = g.transpose(1, 0, 2)
+        g = np.ascontiguousarray(g, dtype=np.float32)
+
+        dq = np.zeros((B, Lq, E), dtype=np.float32)
+        dk = dq if sv["same_qk"] else np.zeros((B, Lk, self.kdim), np.float32)
+        if sv["same_qv"]:
+            dv = dq
+        elif sv["same_kv"]:
+            dv = dk
+        else:
+            dv = np.zeros((B, Lk, self.vdim), dtype=np.float32)
+
+        if accumulate and self.grads_buffer is not None:
+            gbuf = self.grads_buffer
+        else:
+            gbuf = np.zeros(self.parameters_buffer.size, dtype=np.float32)
+        gw = self._weights_in(gbuf)
+
+        err = _lib.attn_error()
+        st = _lib.lib.attn_mha_backward(
+            ctypes.byref(self._config), ctypes.byref(sv["weights"]), B, Lq, Lk,
+            _lib.float_ptr(sv["q"]), _lib.float_ptr(sv["k"]),
+            _lib.float_ptr(sv["v"]), ctypes.byref(sv["p"]),
+            _lib.float_ptr(sv["cache"]), _lib.float_ptr(g),
+            _lib.float_ptr(dq), _lib.float_ptr(dk), _lib.float_ptr(dv),
+            ctypes.byref(gw), ctypes.byref(err))
+        _lib.check(st, err)
+
+        if gbuf is not self.grads_buffer:
+            views = self._make_views(gw, gbuf)
+            self.grads = {n: a for n, a in views.items() if a is not None}
+            self.grads_buffer = gbuf
+
+        done = {}
+
+        def back(a):  # [B, L, D] -> the caller's layout, once per buffer
+            if id(a) not in done:
+                if not batched:
+                    r = a[0]
+                elif not batch_first:
+                    r = np.ascontiguousarray(a.transpose(1, 0, 2))
+                else:
+                    r = a
+                done[id(a)] = r
+            return done[id(a)]
+
+        return back(dq), back(dk), back(dv)
