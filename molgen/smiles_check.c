@@ -50,8 +50,6 @@ static int bracket_ok(const char *s, int len, int pos, char *why, size_t n)
     int i = 0;
     while (i < len && is_digit(s[i])) /* isotope */
         i++;
-    if (i > 3)
-        return fail(why, n, "position %d: isotope with more than 3 digits", pos);
     /* symbol */
     if (i >= len)
         return fail(why, n, "position %d: bracket atom without an element symbol", pos);
@@ -79,7 +77,7 @@ static int bracket_ok(const char *s, int len, int pos, char *why, size_t n)
         i++;
         if (i < len && s[i] == '@') {
             i++;
-        } else if (i + 1 < len && s[i] >= 'A' && s[i] <= 'Z') {
+        } else if (i + 1 < len) {
             static const struct {
                 const char *cls;
                 int max;
@@ -88,17 +86,17 @@ static int bracket_ok(const char *s, int len, int pos, char *why, size_t n)
             for (int k = 0; k < 5; k++)
                 if (strncmp(s + i, k_chir[k].cls, 2) == 0)
                     found = k;
-            if (found < 0)
-                return fail(why, n, "position %d: bad chirality in [%.*s]", pos, len, s);
-            i += 2;
-            int v = 0, nd = 0;
-            while (i < len && is_digit(s[i]) && nd < 3) {
-                v = v * 10 + (s[i] - '0');
-                i++;
-                nd++;
+            if (found >= 0) {
+                i += 2;
+                int v = 0, nd = 0;
+                while (i < len && is_digit(s[i]) && nd < 3) {
+                    v = v * 10 + (s[i] - '0');
+                    i++;
+                    nd++;
+                }
+                if (nd == 0 || v < 1 || v > k_chir[found].max)
+                    return fail(why, n, "position %d: bad chirality in [%.*s]", pos, len, s);
             }
-            if (nd == 0 || v < 1 || v > k_chir[found].max)
-                return fail(why, n, "position %d: bad chirality in [%.*s]", pos, len, s);
         }
     }
     /* hydrogen count */

@@ -1,0 +1,196 @@
+/* Tests for molgen/smiles_check.{h,c}: every molecule of the shared corpora
+ * passes; hand-made valid edge cases pass; broken strings fail with a
+ * reason. The valid / invalid edge cases were decided by RDKit 2022.09
+ * (Chem.MolFromSmiles), except where marked "syntax only". */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "smiles_check.h"
+
+static int g_fail = 0;
+#define CHECK(cond)                                                            \
+    do {                                                                       \
+        if (!(cond)) {                                                         \
+            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
+            g_fail++;                                                          \
+        }                                                                      \
+    } while (0)
+
+static const char *data_dir(void)
+{
+    const char *d = getenv("MOLGEN_SHARED_DATA");
+    return (d && d[0]) ? d : "../shared/data";
+}
+
+static void test_corpus(const char *file)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", data_dir(), file);
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        fprintf(stderr, "cannot open %s (set MOLGEN_SHARED_DATA)\n", path);
+        g_fail++;
+        return;
+    }
+    char buf[4096], why[256];
+    long line = 0, bad = 0;
+    while (fgets(buf, sizeof buf, f)) {
+        line++;
+        size_t l = strlen(buf);
+        while (l && (buf[l - 1] == '\n' || buf[l - 1] == '\r'))
+            buf[--l] = '\0';
+        if (!mg_smiles_syntax_ok(buf, why, sizeof why)) {
+            if (bad++ < 5)
+                fprintf(stderr, "%s:%ld: %s rejected: %s\n", file, line, buf, why);
+        }
+    }
+    fclose(f);
+    printf("%s: %ld lines, %ld rejected\n", file, line, bad);
+    CHECK(line > 1000);
+    CHECK(bad == 0);
+}
+
+static const char *const k_valid[] = {
+    "C", "CC", "c1ccccc1", "C1CCC1C", "C(C)(C)C", "C(=O)", "C(-C)", "CC(=O)O",
+    "[C@@H](F)(Cl)Br", "[2H]C", "[13CH4]", "[C@H2]", "[se]1cccc1", "[te]1cccc1",
+    "C=1CC1", "C1CC=1", "C=1CCC=1", "C=1CCC#1", "C-1CC-1", "C-1-CC1", "C/1=C/CCC\\1",
+    "C\\1CC/1", "C%10CC%10", "C%99CC%99", "C$C", "C#C", "C:C", "C=C=C", "*C", "[*]C",
+    "C1.C1", "C(C)1CC1", "C(C)=1CC1", "C(C)(C)1CC1", "C1(C)(C)CC1", "C(C1)C1", "C1(CC1)C",
+    "C12(C)CC1C2", "C1CC2CC1C2", "C1C(C1)", "[N+2]", "[N++]", "[Fe+3]", "[Fe+10]",
+    "[nH]1cccc1", "[nH+]1ccccc1", "[O-][N+](=O)C", "[C:1]", "[CH3:12]", "[CH+:1]",
+    "[C@TH1H](F)(Cl)Br", "[CH-2]", "[H+]", "[HH]", "[OH3+]", "[N@@+]", "[C]",
+    "C/C=C/C", "F/C=C\\F", "C1=CC=CC=C1", "[Cl-].[Na+]", "CC.CC", "[999C]", "[1000C]",
+    "C1CC[C]1", "Cl/C=C\\Br", "OC(=O)C1CC1", "c1ccc2ccccc2c1", "C12CC1C2",
+    "N1CC2CCC1C2", "CC(C)(C)c1ccc(O)cc1", "C1CCCCC1C1CCCCC1", "C(/F)=C/F",
+    "C1CC1.C1CC1", "O=C1CCC(=O)N1",
+    /* syntax only (RDKit rejects for valence / aromaticity reasons) */
+    "[CH5]", "c1cccc1", "[c]", "C(C)(C)(C)(C)(C)", "cC",
+};
+
+static const struct {
+    const char *smi;
+    const char *why; /* substring of the reason */
+} k_invalid[] = {
+    {"", "empty"},
+    {"CCX", "cannot tokenise"},
+    {"C[NH", "cannot tokenise"},
+    {"C[]C", "cannot tokenise"},
+    {"=C", "starts with a bond"},
+    {")C", "without '('"},
+    {"(C)C", "'(' not after an atom"},
+    {"1CC1", "starts with ring closure"},
+    {".C", "starts with '.'"},
+    {"C=", "ends with a bond"},
+    {"C.", "ends with '.'"},
+    {"CC(=O)O.", "ends with '.'"},
+    {"C..C", "'.' not after an atom"},
+    {"C==C", "two bonds in a row"},
+    {"C-=C", "two bonds in a row"},
+    {"C//C", "two bonds in a row"},
+    {"C()C", "empty branch"},
+    {"()C", "'(' not after an atom"},
+    {"C((C))", "'(' not after an atom"},
+    {"C(C", "unclosed '('"},
+    {"C(C(C)", "unclosed '('"},
+    {"C(C)C)", "')' without '('"},
+    {"C(=)C", "bond before ')'"},
+    {"C=(C)C", "'(' not after an atom"},
+    {"C(.C)C", "'.' not after an atom"},
+    {"C.(C)", "'(' not after an atom"},
+    {"CC(C.C)", "'.' inside a branch"},
+    {"C=.C", "'.' not after an atom"},
+    {".=C", "starts with '.'"},
+    {"C1CC", "ring closure 1 never closed"},
+    {"C1CC2CC1", "ring closure 2 never closed"},
+    {"C%10CC", "ring closure 10 never closed"},
+    {"C11", "closes on its own atom"},
+    {"C1C1", "duplicates an existing bond"},
+    {"C12CC12", "duplicates an existing bond"},
+    {"C1CC(1)", "not after an atom"},
+    {"C(=1)CC1", "not after an atom"},
+    {"C.1CC1", "not after an atom"},
+    {"C%01CC%01", "ring label"},
+    {"C<C", "not SMILES"},
+    {"C>C", "not SMILES"},
+    {"CC>>CC", "not SMILES"},
+    {"C?C", "not SMILES"},
+    {"C~C", "not SMILES"},
+    {"C@C", "not SMILES"},
+    {"C+C", "not SMILES"},
+    {"[Xx]", "bad element symbol"},
+    {"[12]", "without an element symbol"},
+    {"[C1]", "unexpected '1'"},
+    {"[C@@@H]", "unexpected '@'"},
+    {"[C:1H]", "unexpected 'H'"},
+    {"[C+H]", "unexpected 'H'"},
+    {"[C-+]", "unexpected '+'"},
+    {"[SE]", "unexpected 'E'"},
+    {"[C@XY1]", "unexpected 'X'"},
+    {"[C@TH]", "bad chirality"},
+    {"[C@TH3]", "bad chirality"},
+    {"[C:]", "class number"},
+    {"[c1]", "unexpected '1'"},
+    {"[Cu++++]", "unexpected '+'"},
+};
+
+static void test_cases(void)
+{
+    char why[256];
+    for (size_t i = 0; i < sizeof k_valid / sizeof *k_valid; i++) {
+        why[0] = '\0';
+        if (!mg_smiles_syntax_ok(k_valid[i], why, sizeof why)) {
+            fprintf(stderr, "valid SMILES rejected: %s (%s)\n", k_valid[i], why);
+            g_fail++;
+        }
+    }
+    for (size_t i = 0; i < sizeof k_invalid / sizeof *k_invalid; i++) {
+        why[0] = '\0';
+        int ok = mg_smiles_syntax_ok(k_invalid[i].smi, why, sizeof why);
+        if (ok || !strstr(why, k_invalid[i].why)) {
+            fprintf(stderr, "invalid SMILES \"%s\": ok=%d why='%s' (want '%s')\n",
+                    k_invalid[i].smi, ok, why, k_invalid[i].why);
+            g_fail++;
+        }
+    }
+    /* positions are reported */
+    CHECK(!mg_smiles_syntax_ok("CC(C)C=", why, sizeof why) && strstr(why, "position 7"));
+    CHECK(!mg_smiles_syntax_ok("CCC1CC", why, sizeof why) && strstr(why, "position 3"));
+    CHECK(!mg_smiles_syntax_ok("CCQ", why, sizeof why) && strstr(why, "position 2"));
+    /* NULL / small buffers are fine */
+    CHECK(!mg_smiles_syntax_ok(NULL, why, sizeof why));
+    CHECK(!mg_smiles_syntax_ok("C(", NULL, 0));
+    char tiny[4];
+    CHECK(!mg_smiles_syntax_ok("C(", tiny, sizeof tiny) && strlen(tiny) == 3);
+    CHECK(mg_smiles_syntax_ok("C", NULL, 0));
+    /* long inputs: deep branches and many rings */
+    size_t n = 20000;
+    char *s = malloc(3 * n + 2);
+    size_t o = 0;
+    s[o++] = 'C';
+    for (size_t i = 0; i < n; i++) {
+        s[o++] = '(';
+        s[o++] = 'C';
+    }
+    for (size_t i = 0; i < n; i++)
+        s[o++] = ')';
+    s[o] = '\0';
+    CHECK(mg_smiles_syntax_ok(s, why, sizeof why));
+    s[o - 1] = '\0';
+    CHECK(!mg_smiles_syntax_ok(s, why, sizeof why) && strstr(why, "1 unclosed"));
+    free(s);
+}
+
+int main(void)
+{
+    test_cases();
+    test_corpus("moses_176k.smi");
+    test_corpus("moses_train5k.smi");
+    test_corpus("zinc250k_24k.smi");
+    if (g_fail) {
+        fprintf(stderr, "test_smiles_check: %d failure(s)\n", g_fail);
+        return 1;
+    }
+    printf("test_smiles_check: OK\n");
+    return 0;
+}
