@@ -281,10 +281,6 @@ int mg_smiles_syntax_ok(const char *smiles, char *why, size_t n)
                 ok = fail(why, n, "position %d: '.' not after an atom", pos);
                 break;
             }
-            if (sp > 0) {
-                ok = fail(why, n, "position %d: '.' inside a branch", pos);
-                break;
-            }
             prev = P_DOT;
         } else {
             ok = fail(why, n, "position %d: '%c' is not SMILES outside a bracket atom", pos, c);

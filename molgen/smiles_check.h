@@ -13,8 +13,8 @@
  *     after an atom, ring closure or ')' and before an atom or ring-closure
  *     digit, never twice in a row, never before ')' '.' or the end;
  *     branches '(' follow an atom, ring closure or ')', are non-empty and
- *     closed; no unmatched ')'; '.' between two complete fragments, not
- *     inside a branch;
+ *     closed; no unmatched ')'; '.' after an atom, ring closure or ')' and
+ *     before an atom (RDKit accepts it inside a branch: "CC(C.C)");
  *   - ring closures (1-9, %10-%99; "%01".."%09" rejected as RDKit does):
  *     not at the start of a branch / fragment, each opened label closed, not
  *     closed on the atom that opened it, not duplicating an existing bond

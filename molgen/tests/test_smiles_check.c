@@ -63,7 +63,7 @@ static const char *const k_valid[] = {
     "C/C=C/C", "F/C=C\\F", "C1=CC=CC=C1", "[Cl-].[Na+]", "CC.CC", "[999C]", "[1000C]",
     "C1CC[C]1", "Cl/C=C\\Br", "OC(=O)C1CC1", "c1ccc2ccccc2c1", "C12CC1C2",
     "N1CC2CCC1C2", "CC(C)(C)c1ccc(O)cc1", "C1CCCCC1C1CCCCC1", "C(/F)=C/F",
-    "C1CC1.C1CC1", "O=C1CCC(=O)N1",
+    "C1CC1.C1CC1", "CC(C.C)", "CC(C.C)C", "O=C1CCC(=O)N1",
     /* syntax only (RDKit rejects for valence / aromaticity reasons) */
     "[CH5]", "c1cccc1", "[c]", "C(C)(C)(C)(C)(C)", "cC",
 };
@@ -98,7 +98,6 @@ static const struct {
     {"C=(C)C", "'(' not after an atom"},
     {"C(.C)C", "'.' not after an atom"},
     {"C.(C)", "'(' not after an atom"},
-    {"CC(C.C)", "'.' inside a branch"},
     {"C=.C", "'.' not after an atom"},
     {".=C", "starts with '.'"},
     {"C1CC", "ring closure 1 never closed"},
