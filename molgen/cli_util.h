@@ -1,0 +1,33 @@
+/* molgen: small helpers shared by the sample / attention / bench commands:
+ * strict number parsing, option values, creating an output's directory. */
+#ifndef MG_CLI_UTIL_H
+#define MG_CLI_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* argv[*i] is an option that takes a value: "--opt VALUE" (advances *i) or
+ * "--opt=VALUE". Returns 1 with *val set, or 0 with a message in err
+ * ("option --opt needs a value"). An option spelled "--opt=VALUE" is cut at
+ * the '=' in place (argv[*i] then reads "--opt"). */
+int mg_cli_value(int argc, char **argv, int *i, const char **val, char *err, size_t errlen);
+
+/* Whole-string parses; return 1 on success, 0 on junk / out of range. */
+int mg_cli_int(const char *s, long long lo, long long hi, long long *out);
+int mg_cli_u64(const char *s, uint64_t *out);
+int mg_cli_double(const char *s, double *out); /* finite only */
+
+/* mkdir -p of path's parent directory (nothing for a bare file name).
+ * Returns 0, or -1 with a message. */
+int mg_cli_mkdir_parent(const char *path, char *err, size_t errlen);
+/* mkdir -p dir. */
+int mg_cli_mkdir_p(const char *dir, char *err, size_t errlen);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MG_CLI_UTIL_H */

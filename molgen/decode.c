@@ -1,0 +1,247 @@
+/* molgen KV-cache decoding (see decode.h). */
+#include "decode.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attn.h"
+
+#define LN_EPS 1e-5f                /* as model.c */
+#define GELU_K 0.7978845608028654f  /* sqrt(2 / pi), as model.c */
+
+typedef struct {
+    const float *ln1_w, *ln1_b, *in_w, *in_b, *out_w, *out_b;
+    const float *ln2_w, *ln2_b, *fc_w, *fc_b, *proj_w, *proj_b;
+    float *k, *v; /* caches [B, ctx, d] */
+} kv_layer;
+
+struct mg_kv_decoder {
+    mg_model *m;
+    int B, n, pos;
+    int N, d, H, V, ctx;
+    const float *tok_emb, *pos_emb, *lnf_w, *lnf_b, *head_w, *head_b;
+    kv_layer *layers;
+    float *mem;                 /* everything below, one allocation */
+    float *x, *h, *qkv, *att, *tmp, *fc;
+};
+
+static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int fail(char *err, size_t errlen, int code, const char *fmt, ...) {
+    if (err && errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return code;
+}
+
+static const float *param(mg_model *m, const char *name, size_t numel, char *err, size_t errlen,
+                          int *bad) {
+    const mg_param_info *t = mg_model_find_tensor(m, name);
+    if (!t || t->numel != numel) {
+        if (!*bad) fail(err, errlen, MG_MODEL_ERR, "decode: model has no tensor '%s' of %zu floats",
+                        name, numel);
+        *bad = 1;
+        return NULL;
+    }
+    return mg_model_params(m) + t->offset;
+}
+
+int mg_kv_new(mg_model *m, int B, mg_kv_decoder **out, char *err, size_t errlen) {
+    if (!m || !out) return fail(err, errlen, MG_MODEL_ERR, "decode: model and out must be non-NULL");
+    *out = NULL;
+    const mg_model_config *c = mg_model_get_config(m);
+    if (B < 1) return fail(err, errlen, MG_MODEL_ERR, "decode: batch %d < 1", B);
+    if (c->no_causal_mask)
+        return fail(err, errlen, MG_MODEL_ERR,
+                    "decode: a KV cache needs a causal model (this one has no causal mask)");
+    mg_kv_decoder *d = calloc(1, sizeof *d);
+    if (!d) return fail(err, errlen, MG_MODEL_ERR_NOMEM, "decode: out of memory");
+    d->m = m;
+    d->B = B;
+    d->N = c->n_layer;
+    d->d = c->d_model;
+    d->H = c->n_head;
+    d->V = c->vocab_size;
+    d->ctx = c->ctx_len;
+    const size_t D = (size_t)d->d, F = 4 * D, V = (size_t)d->V;
+    int bad = 0;
+    d->tok_emb = param(m, "tok_emb.weight", V * D, err, errlen, &bad);
+    d->pos_emb = param(m, "pos_emb.weight", (size_t)d->ctx * D, err, errlen, &bad);
+    d->lnf_w = param(m, "ln_f.weight", D, err, errlen, &bad);
+    d->lnf_b = param(m, "ln_f.bias", D, err, errlen, &bad);
+    d->head_w = param(m, "head.weight", V * D, err, errlen, &bad);
+    d->head_b = param(m, "head.bias", V, err, errlen, &bad);
+    d->layers = calloc((size_t)d->N, sizeof *d->layers);
+    const size_t cache = (size_t)B * (size_t)d->ctx * D;
+    const size_t total = 2 * cache * (size_t)d->N + (size_t)B * (D * 4 + 3 * D + F);
+    d->mem = malloc(total * sizeof(float));
+    if (!d->layers || !d->mem) {
+        mg_kv_free(d);
+        return fail(err, errlen, MG_MODEL_ERR_NOMEM, "decode: out of memory (%zu floats)", total);
+    }
+    float *p = d->mem;
+    for (int l = 0; l < d->N && !bad; l++) {
+        kv_layer *L = &d->layers[l];
+        char name[96];
+#define P(field, suffix, numel)                                               \
+    do {                                                                      \
+        snprintf(name, sizeof name, "blocks.%d.%s", l, suffix);               \
+        L->field = param(m, name, numel, err, errlen, &bad);                  \
+    } while (0)
+        P(ln1_w, "ln1.weight", D);
+        P(ln1_b, "ln1.bias", D);
+        P(in_w, "attn.in_proj_weight", 3 * D * D);
+        P(in_b, "attn.in_proj_bias", 3 * D);
+        P(out_w, "attn.out_proj.weight", D * D);
+        P(out_b, "attn.out_proj.bias", D);
+        P(ln2_w, "ln2.weight", D);
+        P(ln2_b, "ln2.bias", D);
+        P(fc_w, "mlp.fc.weight", F * D);
+        P(fc_b, "mlp.fc.bias", F);
+        P(proj_w, "mlp.proj.weight", D * F);
+        P(proj_b, "mlp.proj.bias", D);
+#undef P
+        L->k = p;
+        p += cache;
+        L->v = p;
+        p += cache;
+    }
+    if (bad) {
+        mg_kv_free(d);
+        return MG_MODEL_ERR;
+    }
+    d->x = p;
+    p += (size_t)B * D;
+    d->h = p;
+    p += (size_t)B * D;
+    d->att = p;
+    p += (size_t)B * D;
+    d->tmp = p;
+    p += (size_t)B * D;
+    d->qkv = p;
+    p += (size_t)B * 3 * D;
+    d->fc = p;
+    d->n = 0;
+    d->pos = 0;
+    *out = d;
+    return 0;
+}
+
+void mg_kv_free(mg_kv_decoder *d) {
+    if (!d) return;
+    free(d->layers);
+    free(d->mem);
+    free(d);
+}
+
+int mg_kv_reset(mg_kv_decoder *d, int n, char *err, size_t errlen) {
+    if (!d) return fail(err, errlen, MG_MODEL_ERR, "decode: decoder is NULL");
+    if (n < 1 || n > d->B)
+        return fail(err, errlen, MG_MODEL_ERR, "decode: %d rows, need 1..%d", n, d->B);
+    d->n = n;
+    d->pos = 0;
+    return 0;
+}
+
+int mg_kv_pos(const mg_kv_decoder *d) { return d ? d->pos : 0; }
+
+/* ------------------------------------------------------------ layers
+ * Same formulas, same float evaluation order as model.c's. */
+
+static void layernorm(float *out, const float *inp, const float *w, const float *b, int R, int C,
+                      int nt) {
+#pragma omp parallel for num_threads(nt) schedule(static) if (R * C >= 16384)
+    for (int r = 0; r < R; r++) {
+        const float *x = inp + (size_t)r * C;
+        float m = 0.0f;
+        for (int i = 0; i < C; i++) m += x[i];
+        m /= (float)C;
+        float v = 0.0f;
+        for (int i = 0; i < C; i++) {
+            float xm = x[i] - m;
+            v += xm * xm;
+        }
+        v /= (float)C;
+        const float s = 1.0f / sqrtf(v + LN_EPS);
+        float *o = out + (size_t)r * C;
+        for (int i = 0; i < C; i++) o[i] = (x[i] - m) * s * w[i] + b[i];
+    }
+}
+
+/* out [R, OC] (row stride ldo) = inp [R, IC] wᵀ + bias */
+static void linear(float *out, int ldo, const float *inp, const float *w, const float *bias, int R,
+                   int IC, int OC) {
+    for (int r = 0; r < R; r++) memcpy(out + (size_t)r * ldo, bias, (size_t)OC * sizeof(float));
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, R, OC, IC, 1.0f, inp, IC, w, IC, 1.0f,
+                out, ldo);
+}
+
+static void gelu(float *x, size_t N) {
+    for (size_t i = 0; i < N; i++) {
+        float v = x[i];
+        x[i] = 0.5f * v * (1.0f + tanhf(GELU_K * (v + 0.044715f * v * v * v)));
+    }
+}
+
+int mg_kv_step(mg_kv_decoder *d, const int32_t *tok, float *logits, char *err, size_t errlen) {
+    if (!d || !tok || !logits)
+        return fail(err, errlen, MG_MODEL_ERR, "decode: decoder, tokens and logits must be non-NULL");
+    if (d->n < 1) return fail(err, errlen, MG_MODEL_ERR, "decode: step before reset");
+    if (d->pos >= d->ctx)
+        return fail(err, errlen, MG_MODEL_ERR, "decode: position %d is past ctx_len %d", d->pos,
+                    d->ctx);
+    const int n = d->n, D = d->d, F = 4 * D, H = d->H, Dh = D / H, pos = d->pos, ctx = d->ctx;
+    int nt = attn_get_num_threads();
+    if (nt < 1) nt = 1;
+    openblas_set_num_threads(nt);
+
+    for (int b = 0; b < n; b++) {
+        if (tok[b] < 0 || tok[b] >= d->V)
+            return fail(err, errlen, MG_MODEL_ERR, "decode: token[%d] = %d is outside [0, %d)", b,
+                        (int)tok[b], d->V);
+        const float *te = d->tok_emb + (size_t)tok[b] * D, *pe = d->pos_emb + (size_t)pos * D;
+        float *x = d->x + (size_t)b * D;
+        for (int c = 0; c < D; c++) x[c] = te[c] + pe[c];
+    }
+    attn_sdpa_params ap;
+    memset(&ap, 0, sizeof ap);
+    ap.causal = 1;
+    attn_error aerr;
+    for (int l = 0; l < d->N; l++) {
+        const kv_layer *L = &d->layers[l];
+        layernorm(d->h, d->x, L->ln1_w, L->ln1_b, n, D, nt);
+        linear(d->qkv, 3 * D, d->h, L->in_w, L->in_b, n, D, 3 * D);
+        for (int b = 0; b < n; b++) {
+            const float *row = d->qkv + (size_t)b * 3 * D;
+            const size_t at = ((size_t)b * ctx + (size_t)pos) * D;
+            memcpy(L->k + at, row + D, (size_t)D * sizeof(float));
+            memcpy(L->v + at, row + 2 * D, (size_t)D * sizeof(float));
+        }
+        /* q [n, H, 1, Dh] inside qkv; K, V [n, H, pos+1, Dh] inside the cache */
+        attn_tensor q = {d->qkv, {n, H, 1, Dh}, {3 * (int64_t)D, Dh, 3 * (int64_t)D, 1}};
+        attn_tensor k = {L->k, {n, H, pos + 1, Dh}, {(int64_t)ctx * D, Dh, D, 1}};
+        attn_tensor v = {L->v, {n, H, pos + 1, Dh}, {(int64_t)ctx * D, Dh, D, 1}};
+        attn_tensor o = {d->att, {n, H, 1, Dh}, {D, Dh, D, 1}};
+        if (attn_sdpa_forward(&q, &k, &v, &ap, &o, NULL, NULL, NULL, &aerr))
+            return fail(err, errlen, MG_MODEL_ERR, "decode: block %d attention: %s", l,
+                        aerr.message);
+        linear(d->tmp, D, d->att, L->out_w, L->out_b, n, D, D);
+        for (size_t i = 0; i < (size_t)n * D; i++) d->x[i] = d->x[i] + d->tmp[i];
+        layernorm(d->h, d->x, L->ln2_w, L->ln2_b, n, D, nt);
+        linear(d->fc, F, d->h, L->fc_w, L->fc_b, n, D, F);
+        gelu(d->fc, (size_t)n * F);
+        linear(d->tmp, D, d->fc, L->proj_w, L->proj_b, n, F, D);
+        for (size_t i = 0; i < (size_t)n * D; i++) d->x[i] = d->x[i] + d->tmp[i];
+    }
+    layernorm(d->h, d->x, d->lnf_w, d->lnf_b, n, D, nt);
+    linear(logits, d->V, d->h, d->head_w, d->head_b, n, D, d->V);
+    d->pos++;
+    return 0;
+}

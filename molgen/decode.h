@@ -1,0 +1,46 @@
+/* molgen KV-cache decoding: one new position per step for a batch of rows.
+ *
+ * Each step takes one token per row at position pos, runs it through the
+ * network with the keys and values of positions 0..pos-1 kept from earlier
+ * steps (per layer, [B, ctx_len, d] each, in the packed [B, L, H, Dh]
+ * layout), and returns the logits [n, V] predicting position pos + 1.
+ * Attention is libattn's decode path: attn_sdpa_forward with Lq = 1 against
+ * strided views of the cache (Lk = pos + 1, causal: the query is the last
+ * position, so it sees every cached key). The logits equal
+ * mg_model_logits' at the same position up to fp32 rounding.
+ *
+ * The layer math (LayerNorm, linear, GELU-tanh) is written here again for a
+ * single position; it follows model.c's formulas exactly. model.h has no
+ * per-layer or decode-step entry point to reuse.
+ *
+ * Conventions as model.h: 0 or a negative code with a message in err.
+ */
+#ifndef MG_DECODE_H
+#define MG_DECODE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct mg_kv_decoder mg_kv_decoder;
+
+/* Decoder for up to B rows; reads m's parameters at every step (so it sees
+ * later weight updates), never writes m. Refuses a model built with
+ * no_causal_mask (a cache cannot reproduce attention to future tokens). */
+int mg_kv_new(mg_model *m, int B, mg_kv_decoder **out, char *err, size_t errlen);
+void mg_kv_free(mg_kv_decoder *d); /* NULL fine */
+/* Start n rows (1 <= n <= B) at position 0. */
+int mg_kv_reset(mg_kv_decoder *d, int n, char *err, size_t errlen);
+/* tok [n] at position mg_kv_pos(d) (< ctx_len); logits [n, V] out. */
+int mg_kv_step(mg_kv_decoder *d, const int32_t *tok, float *logits, char *err, size_t errlen);
+int mg_kv_pos(const mg_kv_decoder *d);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MG_DECODE_H */

@@ -1,0 +1,530 @@
+/* molgen sampling (see sample.h). */
+#define _POSIX_C_SOURCE 200809L
+#include "sample.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "attn.h"
+#include "cli_util.h"
+#include "decode.h"
+#include "smiles_check.h"
+
+static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int fail(char *err, size_t errlen, int code, const char *fmt, ...) {
+    if (err && errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return code;
+}
+
+/* ------------------------------------------------------------ RNG */
+
+static uint64_t splitmix64(uint64_t *s) {
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+void mg_rng_seed(mg_rng *r, uint64_t seed, uint64_t stream) {
+    uint64_t s = seed;
+    uint64_t a = splitmix64(&s);
+    s = a ^ (stream * 0xD1B54A32D192ED03ull + 0x8CB92BA72F3D8DD7ull);
+    for (int i = 0; i < 4; i++) r->s[i] = splitmix64(&s);
+}
+
+static inline uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+uint64_t mg_rng_next(mg_rng *r) {
+    uint64_t *s = r->s;
+    const uint64_t result = rotl(s[1] * 5, 7) * 9;
+    const uint64_t t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl(s[3], 45);
+    return result;
+}
+
+double mg_rng_uniform(mg_rng *r) { return (double)(mg_rng_next(r) >> 11) * 0x1.0p-53; }
+
+/* ------------------------------------------------------------ token choice */
+
+void mg_sampling_default(mg_sampling *s) {
+    s->temperature = 1.0f;
+    s->top_k = 0;
+    s->top_p = 1.0f;
+}
+
+int mg_sampling_check(const mg_sampling *s, char *err, size_t errlen) {
+    if (!s) return fail(err, errlen, MG_SAMPLE_ERR, "sampling settings are NULL");
+    if (!(s->temperature >= 0.0f) || !isfinite(s->temperature))
+        return fail(err, errlen, MG_SAMPLE_ERR, "temperature %g: need a finite value >= 0",
+                    (double)s->temperature);
+    if (s->top_k < 0) return fail(err, errlen, MG_SAMPLE_ERR, "top-k %d: need >= 0", s->top_k);
+    if (!(s->top_p > 0.0f && s->top_p <= 1.0f))
+        return fail(err, errlen, MG_SAMPLE_ERR, "top-p %g: need 0 < top-p <= 1", (double)s->top_p);
+    return 0;
+}
+
+static int allowed(int id) { return id != MG_PAD && id != MG_BOS; }
+
+int mg_argmax_token(const float *logits, int V) {
+    int best = MG_SAMPLE_ERR;
+    for (int i = 0; i < V; i++) {
+        if (!allowed(i) || isnan(logits[i]) || logits[i] == -INFINITY) continue;
+        if (best < 0 || logits[i] > logits[best]) best = i;
+    }
+    return best;
+}
+
+#define MAX_STACK_V 256
+
+int mg_sample_token(const float *logits, int V, const mg_sampling *s, mg_rng *rng) {
+    if (!logits || !s || V <= MG_NUM_SPECIAL) return MG_SAMPLE_ERR;
+    if (s->temperature == 0.0f || s->top_k == 1 || !rng) return mg_argmax_token(logits, V);
+    int order_stack[MAX_STACK_V];
+    double p_stack[MAX_STACK_V];
+    int *order = order_stack;
+    double *p = p_stack;
+    if (V > MAX_STACK_V) {
+        order = malloc((size_t)V * sizeof *order);
+        p = malloc((size_t)V * sizeof *p);
+        if (!order || !p) {
+            free(order);
+            free(p);
+            return mg_argmax_token(logits, V);
+        }
+    }
+    /* candidates sorted by (logit desc, id asc): insertion sort, V is small */
+    int n = 0;
+    for (int i = 0; i < V; i++) {
+        if (!allowed(i) || isnan(logits[i]) || logits[i] == -INFINITY) continue;
+        int j = n++;
+        while (j > 0 && logits[order[j - 1]] < logits[i]) {
+            order[j] = order[j - 1];
+            j--;
+        }
+        order[j] = i;
+    }
+    int result = MG_SAMPLE_ERR;
+    if (n > 0 && logits[order[0]] != INFINITY) {
+        int keep = n;
+        if (s->top_k > 0 && s->top_k < keep) keep = s->top_k;
+        const double inv_t = 1.0 / (double)s->temperature, zmax = (double)logits[order[0]] * inv_t;
+        double total = 0.0;
+        for (int j = 0; j < keep; j++) {
+            p[j] = exp((double)logits[order[j]] * inv_t - zmax);
+            total += p[j];
+        }
+        if (s->top_p < 1.0f) {
+            const double target = (double)s->top_p * total;
+            double cum = 0.0;
+            int m = 0;
+            while (m < keep) {
+                cum += p[m++];
+                if (cum >= target) break;
+            }
+            keep = m;
+            total = cum;
+        }
+        const double u = mg_rng_uniform(rng) * total;
+        double acc = 0.0;
+        result = order[keep - 1];
+        for (int j = 0; j < keep; j++) {
+            acc += p[j];
+            if (u < acc) {
+                result = order[j];
+                break;
+            }
+        }
+    } else if (n > 0) {
+        result = order[0]; /* +inf logit: certain */
+    }
+    if (order != order_stack) {
+        free(order);
+        free(p);
+    }
+    return result;
+}
+
+/* ------------------------------------------------------------ decoders */
+
+const char *mg_decode_kind_name(mg_decode_kind k) {
+    return k == MG_DECODE_KV ? "kv" : k == MG_DECODE_NAIVE ? "naive" : "?";
+}
+
+struct mg_decoder {
+    mg_decode_kind kind;
+    mg_model *m;
+    int B, n, pos, V, ctx;
+    mg_kv_decoder *kv;
+    /* naive */
+    int32_t *hist;   /* [B, ctx] tokens so far */
+    int32_t *prefix; /* [B, ctx] packed [n, pos+1] */
+    float *full;     /* [B, ctx, V] */
+};
+
+int mg_decoder_new(mg_model *m, mg_decode_kind kind, int B, mg_decoder **out, char *err,
+                   size_t errlen) {
+    if (!m || !out) return fail(err, errlen, MG_SAMPLE_ERR, "decoder: model and out must be non-NULL");
+    *out = NULL;
+    if (B < 1) return fail(err, errlen, MG_SAMPLE_ERR, "decoder: batch %d < 1", B);
+    if (kind != MG_DECODE_NAIVE && kind != MG_DECODE_KV)
+        return fail(err, errlen, MG_SAMPLE_ERR, "decoder: unknown kind %d", (int)kind);
+    const mg_model_config *c = mg_model_get_config(m);
+    mg_decoder *d = calloc(1, sizeof *d);
+    if (!d) return fail(err, errlen, MG_SAMPLE_ERR_NOMEM, "decoder: out of memory");
+    d->kind = kind;
+    d->m = m;
+    d->B = B;
+    d->V = c->vocab_size;
+    d->ctx = c->ctx_len;
+    if (kind == MG_DECODE_KV) {
+        int rc = mg_kv_new(m, B, &d->kv, err, errlen);
+        if (rc) {
+            free(d);
+            return rc;
+        }
+    } else {
+        const size_t cells = (size_t)B * (size_t)d->ctx;
+        d->hist = malloc(cells * sizeof *d->hist);
+        d->prefix = malloc(cells * sizeof *d->prefix);
+        d->full = malloc(cells * (size_t)d->V * sizeof *d->full);
+        if (!d->hist || !d->prefix || !d->full) {
+            mg_decoder_free(d);
+            return fail(err, errlen, MG_SAMPLE_ERR_NOMEM, "decoder: out of memory");
+        }
+    }
+    *out = d;
+    return 0;
+}
+
+void mg_decoder_free(mg_decoder *d) {
+    if (!d) return;
+    mg_kv_free(d->kv);
+    free(d->hist);
+    free(d->prefix);
+    free(d->full);
+    free(d);
+}
+
+int mg_decoder_reset(mg_decoder *d, int n, char *err, size_t errlen) {
+    if (!d) return fail(err, errlen, MG_SAMPLE_ERR, "decoder is NULL");
+    if (n < 1 || n > d->B) return fail(err, errlen, MG_SAMPLE_ERR, "decoder: %d rows, need 1..%d", n, d->B);
+    d->n = n;
+    d->pos = 0;
+    return d->kv ? mg_kv_reset(d->kv, n, err, errlen) : 0;
+}
+
+int mg_decoder_pos(const mg_decoder *d) { return d ? d->pos : 0; }
+
+int mg_decoder_step(mg_decoder *d, const int32_t *tok, float *logits, char *err, size_t errlen) {
+    if (!d || !tok || !logits)
+        return fail(err, errlen, MG_SAMPLE_ERR, "decoder, tokens and logits must be non-NULL");
+    if (d->n < 1) return fail(err, errlen, MG_SAMPLE_ERR, "decoder: step before reset");
+    if (d->pos >= d->ctx)
+        return fail(err, errlen, MG_SAMPLE_ERR, "decoder: position %d is past ctx_len %d", d->pos,
+                    d->ctx);
+    if (d->kv) {
+        int rc = mg_kv_step(d->kv, tok, logits, err, errlen);
+        if (rc) return rc;
+        d->pos++;
+        return 0;
+    }
+    const int n = d->n, L = d->pos + 1, V = d->V;
+    for (int b = 0; b < n; b++) d->hist[(size_t)b * d->ctx + d->pos] = tok[b];
+    for (int b = 0; b < n; b++)
+        memcpy(d->prefix + (size_t)b * L, d->hist + (size_t)b * d->ctx, (size_t)L * sizeof(int32_t));
+    int rc = mg_model_logits(d->m, d->prefix, NULL, n, L, d->full, NULL, err, errlen);
+    if (rc) return rc;
+    for (int b = 0; b < n; b++)
+        memcpy(logits + (size_t)b * V, d->full + ((size_t)b * L + (size_t)(L - 1)) * V,
+               (size_t)V * sizeof(float));
+    d->pos++;
+    return 0;
+}
+
+/* ------------------------------------------------------------ sampling */
+
+void mg_sample_opts_default(mg_sample_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->n = 1000;
+    o->batch = 64;
+    o->kind = MG_DECODE_KV;
+    mg_sampling_default(&o->sampling);
+    o->seed = 0;
+}
+
+void mg_samples_free(mg_samples *s) {
+    if (!s) return;
+    if (s->smiles)
+        for (size_t i = 0; i < s->n; i++) free(s->smiles[i]);
+    free(s->smiles);
+    free(s->ntok);
+    free(s->ended);
+    free(s->blob_);
+    memset(s, 0, sizeof *s);
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int mg_sample(mg_model *m, const mg_vocab *v, const mg_sample_opts *o, mg_samples *out,
+              char *err, size_t errlen) {
+    if (!m || !v || !o || !out)
+        return fail(err, errlen, MG_SAMPLE_ERR, "model, vocab, options and out must be non-NULL");
+    memset(out, 0, sizeof *out);
+    int rc = mg_sampling_check(&o->sampling, err, errlen);
+    if (rc) return rc;
+    if (o->batch < 1) return fail(err, errlen, MG_SAMPLE_ERR, "batch %d: need >= 1", o->batch);
+    const mg_model_config *c = mg_model_get_config(m);
+    const int V = c->vocab_size, ctx = c->ctx_len;
+    if (mg_vocab_size(v) != V)
+        return fail(err, errlen, MG_SAMPLE_ERR, "vocabulary has %d tokens, the model %d",
+                    mg_vocab_size(v), V);
+    if (V <= MG_NUM_SPECIAL)
+        return fail(err, errlen, MG_SAMPLE_ERR, "vocabulary of %d tokens has no data tokens", V);
+    const size_t n = o->n;
+    const int B = (size_t)o->batch < n ? o->batch : (int)(n ? n : 1);
+    out->n = n;
+    out->smiles = calloc(n ? n : 1, sizeof *out->smiles);
+    out->ntok = calloc(n ? n : 1, sizeof *out->ntok);
+    out->ended = calloc(n ? n : 1, sizeof *out->ended);
+    int32_t *gen = malloc((size_t)B * (size_t)ctx * sizeof *gen);
+    int32_t *tok = malloc((size_t)B * sizeof *tok);
+    int *len = malloc((size_t)B * sizeof *len);
+    unsigned char *active = malloc((size_t)B);
+    float *logits = malloc((size_t)B * (size_t)V * sizeof *logits);
+    mg_rng *rng = malloc((size_t)B * sizeof *rng);
+    const size_t slen = (size_t)ctx * (MG_TOKEN_MAX + 1) + 1;
+    char *sbuf = malloc(slen);
+    mg_decoder *dec = NULL;
+    if (!out->smiles || !out->ntok || !out->ended || !gen || !tok || !len || !active || !logits ||
+        !rng || !sbuf) {
+        rc = fail(err, errlen, MG_SAMPLE_ERR_NOMEM, "out of memory for %zu molecules", n);
+        goto done;
+    }
+    if (n == 0) goto done;
+    rc = mg_decoder_new(m, o->kind, B, &dec, err, errlen);
+    if (rc) goto done;
+    const double t0 = now_s();
+    for (size_t start = 0; start < n; start += (size_t)B) {
+        const int nb = (int)(n - start < (size_t)B ? n - start : (size_t)B);
+        rc = mg_decoder_reset(dec, nb, err, errlen);
+        if (rc) goto done;
+        int n_active = nb;
+        for (int i = 0; i < nb; i++) {
+            mg_rng_seed(&rng[i], o->seed, (uint64_t)(start + (size_t)i));
+            tok[i] = MG_BOS;
+            len[i] = 0;
+            active[i] = 1;
+        }
+        for (int pos = 0; pos < ctx && n_active > 0; pos++) {
+            rc = mg_decoder_step(dec, tok, logits, err, errlen);
+            if (rc) goto done;
+            for (int i = 0; i < nb; i++) {
+                if (!active[i]) continue;
+                int t = mg_sample_token(logits + (size_t)i * V, V, &o->sampling, &rng[i]);
+                if (t < 0) {
+                    rc = fail(err, errlen, MG_SAMPLE_ERR,
+                              "molecule %zu position %d: the logits are not finite",
+                              start + (size_t)i, pos + 1);
+                    goto done;
+                }
+                tok[i] = t;
+                if (t == MG_EOS) {
+                    active[i] = 0;
+                    n_active--;
+                    out->ended[start + (size_t)i] = 1;
+                } else {
+                    gen[(size_t)i * ctx + len[i]++] = t;
+                }
+            }
+        }
+        for (int i = 0; i < nb; i++) {
+            int r = mg_vocab_decode(v, gen + (size_t)i * ctx, len[i], sbuf, slen, err, errlen);
+            if (r < 0) {
+                rc = MG_SAMPLE_ERR;
+                goto done;
+            }
+            char *s = malloc((size_t)r + 1);
+            if (!s) {
+                rc = fail(err, errlen, MG_SAMPLE_ERR_NOMEM, "out of memory");
+                goto done;
+            }
+            memcpy(s, sbuf, (size_t)r + 1);
+            const size_t k = start + (size_t)i;
+            out->smiles[k] = s;
+            out->ntok[k] = len[i];
+            out->tokens += len[i] + (out->ended[k] ? 1 : 0);
+            if (!out->ended[k]) out->truncated++;
+        }
+    }
+    out->seconds = now_s() - t0;
+done:
+    mg_decoder_free(dec);
+    free(gen);
+    free(tok);
+    free(len);
+    free(active);
+    free(logits);
+    free(rng);
+    free(sbuf);
+    if (rc) mg_samples_free(out);
+    return rc;
+}
+
+/* ------------------------------------------------------------ CLI */
+
+static const char *SAMPLE_USAGE =
+    "usage: molgen sample --model FILE [-n N] [--seed S] [--out FILE]\n"
+    "                     [--temperature T] [--top-k K] [--top-p P]\n"
+    "                     [--batch B] [--threads N] [--decode kv|naive]\n"
+    "Generate SMILES from a trained model; writes one molecule per line.\n"
+    "  --model FILE       model or checkpoint (.safetensors) with its vocabulary\n"
+    "  -n N               molecules to generate (default 1000)\n"
+    "  --seed S           random seed (default 0); same seed + threads = same output\n"
+    "  --out FILE         output .smi (default out/samples.smi); parent dirs created\n"
+    "  --temperature T    softmax temperature, >= 0; 0 = greedy (default 1)\n"
+    "  --top-k K          keep the K most likely tokens, 0 = all (default 0)\n"
+    "  --top-p P          nucleus: smallest set with mass >= P, (0, 1] (default 1)\n"
+    "  --batch B          molecules decoded together (default 64)\n"
+    "  --threads N        threads (default: ATTN_NUM_THREADS or all cores)\n"
+    "  --decode kv|naive  KV-cache incremental decoding (default) or re-running the\n"
+    "                     whole prefix every step (MolGPT's way; slower)\n"
+    "Prints the output path on stdout; molecules/s and the syntax-valid fraction\n"
+    "(molgen's SMILES grammar check, not RDKit) on stderr. An empty line is a\n"
+    "molecule that ended at once; a molecule without EOS by ctx_len is kept.\n";
+
+int cmd_sample(int argc, char **argv) {
+    const char *model_path = NULL, *out_path = "out/samples.smi";
+    mg_sample_opts o;
+    mg_sample_opts_default(&o);
+    int threads = 0;
+    char err[512];
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            fputs(SAMPLE_USAGE, stdout);
+            return 0;
+        }
+        const char *val = NULL;
+        if (!mg_cli_value(argc, argv, &i, &val, err, sizeof err)) {
+            fprintf(stderr, "molgen sample: %s\n", err);
+            return 2;
+        }
+        int ok = 1;
+        long long ll;
+        double dv;
+        if (!strcmp(a, "--model")) model_path = val;
+        else if (!strcmp(a, "--out")) out_path = val;
+        else if (!strcmp(a, "-n") || !strcmp(a, "--n") || !strcmp(a, "--num")) {
+            ok = mg_cli_int(val, 1, 100000000, &ll);
+            o.n = (size_t)ll;
+        } else if (!strcmp(a, "--seed")) {
+            uint64_t u;
+            ok = mg_cli_u64(val, &u);
+            o.seed = u;
+        } else if (!strcmp(a, "--temperature")) {
+            ok = mg_cli_double(val, &dv) && dv >= 0 && dv <= 1e6;
+            o.sampling.temperature = (float)dv;
+        } else if (!strcmp(a, "--top-k")) {
+            ok = mg_cli_int(val, 0, 1 << 30, &ll);
+            o.sampling.top_k = (int)ll;
+        } else if (!strcmp(a, "--top-p")) {
+            ok = mg_cli_double(val, &dv) && dv > 0 && dv <= 1;
+            o.sampling.top_p = (float)dv;
+        } else if (!strcmp(a, "--batch")) {
+            ok = mg_cli_int(val, 1, 1 << 20, &ll);
+            o.batch = (int)ll;
+        } else if (!strcmp(a, "--threads")) {
+            ok = mg_cli_int(val, 1, ATTN_MAX_THREADS, &ll);
+            threads = (int)ll;
+        } else if (!strcmp(a, "--decode")) {
+            if (!strcmp(val, "kv")) o.kind = MG_DECODE_KV;
+            else if (!strcmp(val, "naive")) o.kind = MG_DECODE_NAIVE;
+            else ok = 0;
+        } else {
+            fprintf(stderr, "molgen sample: unknown option '%s' (see molgen sample --help)\n", a);
+            return 2;
+        }
+        if (!ok) {
+            fprintf(stderr, "molgen sample: bad value '%s' for %s (see molgen sample --help)\n", val, a);
+            return 2;
+        }
+    }
+    if (!model_path) {
+        fprintf(stderr, "molgen sample: --model FILE is required (see molgen sample --help)\n");
+        return 2;
+    }
+    if (threads > 0 && attn_set_num_threads(threads, NULL) != ATTN_OK) {
+        fprintf(stderr, "molgen sample: cannot use %d threads\n", threads);
+        return 2;
+    }
+    mg_model *m = NULL;
+    mg_vocab *v = NULL;
+    if (mg_model_load(model_path, &m, &v, err, sizeof err)) {
+        fprintf(stderr, "molgen sample: %s: %s\n", model_path, err);
+        return 1;
+    }
+    mg_samples s;
+    int rc = mg_sample(m, v, &o, &s, err, sizeof err);
+    mg_model_free(m);
+    mg_vocab_free(v);
+    if (rc) {
+        fprintf(stderr, "molgen sample: %s\n", err);
+        return 1;
+    }
+    rc = 0;
+    if (mg_cli_mkdir_parent(out_path, err, sizeof err)) {
+        fprintf(stderr, "molgen sample: %s\n", err);
+        mg_samples_free(&s);
+        return 1;
+    }
+    FILE *f = fopen(out_path, "w");
+    if (!f) {
+        fprintf(stderr, "molgen sample: cannot write %s: %s\n", out_path, strerror(errno));
+        mg_samples_free(&s);
+        return 1;
+    }
+    size_t valid = 0, empty = 0;
+    for (size_t i = 0; i < s.n; i++) {
+        fprintf(f, "%s\n", s.smiles[i]);
+        if (!s.smiles[i][0]) empty++;
+        else if (mg_smiles_syntax_ok(s.smiles[i], NULL, 0)) valid++;
+    }
+    int werr = ferror(f);
+    if (fclose(f) != 0 || werr) {
+        fprintf(stderr, "molgen sample: error writing %s\n", out_path);
+        mg_samples_free(&s);
+        return 1;
+    }
+    const double secs = s.seconds > 0 ? s.seconds : 1e-9;
+    fprintf(stderr,
+            "sampled %zu molecules in %.2f s: %.1f molecules/s, %.0f tokens/s (%s decoding, "
+            "batch %d, %d threads)\n",
+            s.n, s.seconds, (double)s.n / secs, (double)s.tokens / secs, mg_decode_kind_name(o.kind),
+            o.batch, attn_get_num_threads());
+    fprintf(stderr, "syntax-valid %.4f (%zu/%zu; grammar check, not RDKit); empty %zu; no EOS %zu\n",
+            s.n ? (double)valid / (double)s.n : 0.0, valid, s.n, empty, s.truncated);
+    printf("%s\n", out_path);
+    mg_samples_free(&s);
+    return rc;
+}

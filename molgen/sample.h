@@ -1,0 +1,144 @@
+/* molgen sampling: generate SMILES from a trained model.
+ *
+ * Decoding sits behind a small interface (mg_decoder) with two
+ * implementations that must give the same logits:
+ *   MG_DECODE_NAIVE  re-runs the whole prefix through mg_model_logits at
+ *                    every step (what MolGPT's sampler does); O(L²) work per
+ *                    molecule; the tests' oracle.
+ *   MG_DECODE_KV     incremental decoding with a per-layer key/value cache:
+ *                    each step runs only the new position (decode.h).
+ *
+ * A decoder holds up to B rows that advance together: step(tok[n]) appends
+ * one token per row at position pos (0 = BOS) and returns the logits
+ * [n, V] that predict the token at pos + 1.
+ *
+ * Token choice (mg_sample_token): PAD and BOS are never sampled; then
+ *   temperature == 0            greedy: argmax (ties: lowest id);
+ *   otherwise z = logits / temperature, candidates sorted by (z desc, id
+ *   asc); top_k > 0 keeps the first top_k; top_p < 1 keeps the shortest
+ *   prefix whose probability mass (renormalised over the top-k) reaches
+ *   top_p (at least one token); one multinomial draw from the renormalised
+ *   rest. top_k == 1 and a tiny top_p are therefore both the greedy argmax.
+ * Randomness: molecule i of a run uses its own xoshiro256** stream seeded
+ * from (seed, i), so a molecule does not depend on the batch size or on the
+ * other molecules' lengths; with the same seed and thread count the output
+ * is identical.
+ *
+ * Generation stops at EOS or when a row has ctx_len tokens after BOS (the
+ * longest the model has positions for); such a molecule is kept as
+ * generated and counted in truncated.
+ *
+ * Conventions: 0 or a negative code, a one-line message in err[errlen]
+ * (err may be NULL); nothing aborts or prints (except cmd_sample).
+ */
+#ifndef MG_SAMPLE_H
+#define MG_SAMPLE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model.h"
+#include "tokenizer.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define MG_SAMPLE_ERR (-1)
+#define MG_SAMPLE_ERR_NOMEM (-2)
+
+/* ------------------------------------------------------------ RNG */
+
+/* xoshiro256** (Blackman & Vigna), seeded through splitmix64. */
+typedef struct {
+    uint64_t s[4];
+} mg_rng;
+
+/* Seed stream `stream` of `seed` (distinct streams are independent). */
+void mg_rng_seed(mg_rng *r, uint64_t seed, uint64_t stream);
+uint64_t mg_rng_next(mg_rng *r);
+/* Uniform in [0, 1), 53 random bits. */
+double mg_rng_uniform(mg_rng *r);
+
+/* ------------------------------------------------------------ token choice */
+
+typedef struct {
+    float temperature; /* >= 0; 0 = greedy */
+    int top_k;         /* >= 0; 0 = no limit */
+    float top_p;       /* (0, 1]; 1 = no limit */
+} mg_sampling;
+
+/* temperature 1, top_k 0, top_p 1: plain multinomial sampling. */
+void mg_sampling_default(mg_sampling *s);
+int mg_sampling_check(const mg_sampling *s, char *err, size_t errlen);
+
+/* Choose the next token from logits[V] (V > MG_NUM_SPECIAL) as described
+ * above. Returns the id (>= 0), or MG_SAMPLE_ERR if no allowed logit is
+ * finite (NaN weights). rng may be NULL for greedy choices. */
+int mg_sample_token(const float *logits, int V, const mg_sampling *s, mg_rng *rng);
+
+/* Argmax over the allowed ids (not PAD, not BOS), ties to the lowest id;
+ * MG_SAMPLE_ERR if none is finite. */
+int mg_argmax_token(const float *logits, int V);
+
+/* ------------------------------------------------------------ decoders */
+
+typedef enum { MG_DECODE_NAIVE = 0, MG_DECODE_KV = 1 } mg_decode_kind;
+
+/* "naive" / "kv" */
+const char *mg_decode_kind_name(mg_decode_kind k);
+
+typedef struct mg_decoder mg_decoder;
+
+/* A decoder for up to B rows on m (which must outlive it and is used by it:
+ * no other calls on m between steps of a naive decoder). */
+int mg_decoder_new(mg_model *m, mg_decode_kind kind, int B, mg_decoder **out, char *err,
+                   size_t errlen);
+void mg_decoder_free(mg_decoder *d); /* NULL fine */
+/* Start n new rows (1 <= n <= B) at position 0. */
+int mg_decoder_reset(mg_decoder *d, int n, char *err, size_t errlen);
+/* Append tok[0..n) at the next position (< ctx_len) and write the logits
+ * [n, V] predicting the token after it. */
+int mg_decoder_step(mg_decoder *d, const int32_t *tok, float *logits, char *err, size_t errlen);
+/* Tokens appended since the reset. */
+int mg_decoder_pos(const mg_decoder *d);
+
+/* ------------------------------------------------------------ sampling */
+
+typedef struct {
+    size_t n;              /* molecules to generate */
+    int batch;             /* rows decoded together, >= 1 */
+    mg_decode_kind kind;
+    mg_sampling sampling;
+    uint64_t seed;
+} mg_sample_opts;
+
+/* n 1000, batch 64, KV cache, default sampling, seed 0. */
+void mg_sample_opts_default(mg_sample_opts *o);
+
+typedef struct {
+    size_t n;
+    char **smiles;          /* n decoded strings (owned; "" if EOS came first) */
+    int *ntok;              /* n: tokens before EOS (or ctx_len if truncated) */
+    unsigned char *ended;   /* n: 1 ended by EOS, 0 truncated at ctx_len */
+    size_t truncated;       /* molecules without EOS */
+    int64_t tokens;         /* sum of ntok (+1 per EOS) */
+    double seconds;         /* wall time of the generation */
+    /* private: */
+    char *blob_;
+} mg_samples;
+
+/* Generate o->n molecules. */
+int mg_sample(mg_model *m, const mg_vocab *v, const mg_sample_opts *o, mg_samples *out,
+              char *err, size_t errlen);
+void mg_samples_free(mg_samples *s); /* zeroes it; NULL fine */
+
+/* ------------------------------------------------------------ CLI */
+
+/* `molgen sample ...`; argv[0] is "sample". Returns the exit code. */
+int cmd_sample(int argc, char **argv);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MG_SAMPLE_H */

@@ -1,0 +1,423 @@
+/* molgen sampling tests:
+ *   - KV-cache decoding gives the naive decoder's logits (re-running the
+ *     whole prefix through mg_model_logits) within 1e-5 relative at every
+ *     step, for a batch of rows with different tokens, to ctx_len;
+ *   - token choice: PAD/BOS never chosen, top-k = 1 and tiny top-p are the
+ *     argmax, top-k restricts the support, the empirical distribution
+ *     matches softmax(logits / T), low temperature concentrates, high
+ *     temperature flattens;
+ *   - mg_sample: same seed -> identical molecules (also across batch sizes,
+ *     and KV vs naive), different seeds differ, top-k = 1 equals greedy
+ *     (temperature 0) equals a hand-written argmax loop on the naive
+ *     decoder;
+ *   - errors: bad settings, step before reset / past ctx_len.
+ * The model is small with random weights scaled up so that logits are O(1)
+ * and attention is far from uniform. */
+#define _POSIX_C_SOURCE 200809L
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attn.h"
+#include "model.h"
+#include "sample.h"
+#include "tokenizer.h"
+
+static int n_pass, n_fail;
+#define CHECK(cond, ...)                                                                  \
+    do {                                                                                  \
+        if (cond) {                                                                       \
+            n_pass++;                                                                     \
+        } else {                                                                          \
+            if (n_fail++ < 40) {                                                          \
+                fprintf(stderr, "%s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #cond); \
+                fprintf(stderr, __VA_ARGS__);                                             \
+                fputc('\n', stderr);                                                      \
+            }                                                                             \
+        }                                                                                 \
+    } while (0)
+
+static uint64_t rs = 777;
+static uint64_t rnd(void) {
+    uint64_t z = (rs += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+static double urand(void) { return (double)(rnd() >> 11) * 0x1.0p-53; }
+
+static const char *TOKENS[] = {"C", "c", "N", "O", "(", ")", "1", "2", "=", "n", "Cl", "[nH]"};
+#define NTOK ((int)(sizeof TOKENS / sizeof *TOKENS))
+
+static mg_model *make_model(mg_vocab **vocab, int ctx, float scale) {
+    char err[256];
+    if (mg_vocab_from_tokens(TOKENS, NTOK, vocab, err, sizeof err)) {
+        fprintf(stderr, "vocab: %s\n", err);
+        return NULL;
+    }
+    mg_model_config c;
+    mg_model_config_default(&c);
+    c.n_layer = 2;
+    c.d_model = 32;
+    c.n_head = 4;
+    c.ctx_len = ctx;
+    c.vocab_size = mg_vocab_size(*vocab);
+    c.dropout = 0.0f;
+    mg_model *m = NULL;
+    if (mg_model_create(&c, &m, err, sizeof err)) {
+        fprintf(stderr, "model: %s\n", err);
+        return NULL;
+    }
+    mg_model_init(m, 42);
+    /* Scale the weight matrices and embeddings, jitter LayerNorm. */
+    float *p = mg_model_params(m);
+    for (size_t i = 0; i < mg_model_num_tensors(m); i++) {
+        const mg_param_info *t = mg_model_tensor(m, i);
+        int is_ln = strstr(t->name, "ln") != NULL;
+        for (size_t j = 0; j < t->numel; j++) {
+            float *x = p + t->offset + j;
+            if (is_ln) *x += (float)(0.2 * (urand() - 0.5));
+            else if (t->ndim == 2) *x *= scale;
+            else *x = (float)(0.1 * (urand() - 0.5));
+        }
+    }
+    return m;
+}
+
+/* ---------------------------------------------------------------- KV vs naive */
+
+static void test_kv_vs_naive(mg_model *m) {
+    char err[256];
+    const mg_model_config *c = mg_model_get_config(m);
+    const int B = 3, V = c->vocab_size, ctx = c->ctx_len;
+    mg_decoder *nv = NULL, *kv = NULL;
+    CHECK(mg_decoder_new(m, MG_DECODE_NAIVE, B, &nv, err, sizeof err) == 0, "%s", err);
+    CHECK(mg_decoder_new(m, MG_DECODE_KV, B, &kv, err, sizeof err) == 0, "%s", err);
+    if (!nv || !kv) return;
+    float *a = malloc((size_t)B * V * sizeof *a), *b = malloc((size_t)B * V * sizeof *b);
+    for (int rows = 1; rows <= B; rows += 2) {
+        CHECK(mg_decoder_reset(nv, rows, err, sizeof err) == 0, "%s", err);
+        CHECK(mg_decoder_reset(kv, rows, err, sizeof err) == 0, "%s", err);
+        int32_t tok[3] = {MG_BOS, MG_BOS, MG_BOS};
+        double worst = 0.0, maxabs = 0.0;
+        for (int pos = 0; pos < ctx; pos++) {
+            CHECK(mg_decoder_pos(kv) == pos && mg_decoder_pos(nv) == pos, "pos");
+            int r1 = mg_decoder_step(nv, tok, a, err, sizeof err);
+            CHECK(r1 == 0, "naive step %d: %s", pos, err);
+            int r2 = mg_decoder_step(kv, tok, b, err, sizeof err);
+            CHECK(r2 == 0, "kv step %d: %s", pos, err);
+            if (r1 || r2) break;
+            for (int i = 0; i < rows * V; i++) {
+                double ref = a[i], diff = fabs((double)b[i] - ref);
+                double rel = diff / fmax(1.0, fabs(ref));
+                if (rel > worst) worst = rel;
+                if (fabs(ref) > maxabs) maxabs = fabs(ref);
+                if (rel > 1e-5) {
+                    CHECK(0, "rows %d pos %d logit %d: kv %.9g naive %.9g", rows, pos, i,
+                          (double)b[i], ref);
+                    break;
+                }
+            }
+            for (int r = 0; r < rows; r++) tok[r] = (int32_t)(MG_NUM_SPECIAL + rnd() % (uint64_t)(V - MG_NUM_SPECIAL));
+        }
+        printf("kv vs naive, %d rows x %d steps: max relative logit difference %.2e (|logit| up to %.2f)\n",
+               rows, ctx, worst, maxabs);
+        CHECK(maxabs > 0.5, "logits too small (%g) for a meaningful comparison", maxabs);
+        /* past ctx_len */
+        CHECK(mg_decoder_step(kv, tok, b, err, sizeof err) != 0, "kv step past ctx_len accepted");
+        CHECK(mg_decoder_step(nv, tok, a, err, sizeof err) != 0, "naive step past ctx_len accepted");
+    }
+    /* bad token */
+    int32_t badtok[3] = {(int32_t)V, 0, 0};
+    CHECK(mg_decoder_reset(kv, 1, err, sizeof err) == 0, "%s", err);
+    CHECK(mg_decoder_step(kv, badtok, b, err, sizeof err) != 0, "out-of-range token accepted");
+    CHECK(mg_decoder_reset(kv, B + 1, err, sizeof err) != 0, "reset to more rows than B accepted");
+    free(a);
+    free(b);
+    mg_decoder_free(nv);
+    mg_decoder_free(kv);
+    mg_decoder *none = NULL;
+    CHECK(mg_decoder_new(m, MG_DECODE_KV, 0, &none, err, sizeof err) != 0 && !none, "B = 0 accepted");
+}
+
+/* ---------------------------------------------------------------- token choice */
+
+static void test_token_choice(void) {
+    enum { V = 9 };
+    float lg[V] = {50.0f, 60.0f, 1.0f, 0.5f, 2.0f, -1.0f, 2.0f, 0.0f, 1.5f};
+    /* argmax skips PAD (0) and BOS (1); ties -> lowest id (4 before 6) */
+    CHECK(mg_argmax_token(lg, V) == 4, "argmax %d", mg_argmax_token(lg, V));
+    mg_rng r;
+    mg_rng_seed(&r, 1, 0);
+    mg_sampling s;
+    mg_sampling_default(&s);
+    s.top_k = 1;
+    CHECK(mg_sample_token(lg, V, &s, &r) == 4, "top-k 1");
+    mg_sampling_default(&s);
+    s.top_p = 1e-6f;
+    for (int i = 0; i < 50; i++) CHECK(mg_sample_token(lg, V, &s, &r) == 4, "top-p tiny");
+    mg_sampling_default(&s);
+    s.temperature = 0.0f;
+    CHECK(mg_sample_token(lg, V, &s, &r) == 4, "temperature 0");
+
+    /* empirical distribution vs softmax over ids 2.. at T = 1.5 */
+    mg_sampling_default(&s);
+    s.temperature = 1.5f;
+    enum { DRAWS = 200000 };
+    int count[V] = {0};
+    for (int i = 0; i < DRAWS; i++) {
+        int t = mg_sample_token(lg, V, &s, &r);
+        CHECK(t >= 2 && t < V, "token %d", t);
+        if (t >= 0 && t < V) count[t]++;
+    }
+    double z = 0, pr[V];
+    for (int i = 2; i < V; i++) z += exp(lg[i] / 1.5);
+    double worst = 0;
+    for (int i = 0; i < V; i++) {
+        pr[i] = i < 2 ? 0.0 : exp(lg[i] / 1.5) / z;
+        double f = (double)count[i] / DRAWS, sd = sqrt(pr[i] * (1 - pr[i]) / DRAWS);
+        double dev = sd > 0 ? fabs(f - pr[i]) / sd : (f == 0 ? 0 : 1e9);
+        if (dev > worst) worst = dev;
+        CHECK(dev < 5.0, "id %d: frequency %.4f, softmax %.4f", i, f, pr[i]);
+    }
+    printf("multinomial at T=1.5: %d draws, worst deviation %.2f sigma\n", DRAWS, worst);
+
+    /* top-k 3: only the three largest (4, 6, 8) */
+    mg_sampling_default(&s);
+    s.top_k = 3;
+    int seen[V] = {0};
+    for (int i = 0; i < 3000; i++) {
+        int t = mg_sample_token(lg, V, &s, &r);
+        if (t >= 0) seen[t]++;
+    }
+    CHECK(seen[4] && seen[6] && seen[8], "top-k 3 misses one of 4, 6, 8");
+    CHECK(seen[4] + seen[6] + seen[8] == 3000, "top-k 3 sampled outside the top 3");
+
+    /* top-p 0.6: sorted probs (T=1) of 4,6,8,2,3,7,5; keep the shortest
+     * prefix with mass >= 0.6 of the total */
+    mg_sampling_default(&s);
+    s.top_p = 0.6f;
+    int ord[7] = {4, 6, 8, 2, 3, 7, 5};
+    double tot = 0, cum = 0;
+    for (int i = 0; i < 7; i++) tot += exp(lg[ord[i]]);
+    int keep = 0;
+    while (keep < 7) {
+        cum += exp(lg[ord[keep++]]);
+        if (cum >= 0.6 * tot) break;
+    }
+    memset(seen, 0, sizeof seen);
+    for (int i = 0; i < 5000; i++) {
+        int t = mg_sample_token(lg, V, &s, &r);
+        if (t >= 0) seen[t]++;
+    }
+    int inside = 0;
+    for (int i = 0; i < keep; i++) inside += seen[ord[i]];
+    CHECK(inside == 5000, "top-p 0.6 sampled outside its nucleus of %d tokens", keep);
+    for (int i = 0; i < keep; i++) CHECK(seen[ord[i]] > 0, "nucleus token %d never drawn", ord[i]);
+
+    /* temperature: low -> (almost) always the argmax; high -> flatter */
+    mg_sampling_default(&s);
+    s.temperature = 0.05f;
+    int hits = 0;
+    for (int i = 0; i < 1000; i++) {
+        int t = mg_sample_token(lg, V, &s, &r);
+        hits += t == 4 || t == 6;
+    }
+    CHECK(hits == 1000, "low temperature left the two top tokens: %d", hits);
+    s.temperature = 100.0f;
+    memset(seen, 0, sizeof seen);
+    for (int i = 0; i < 7000; i++) {
+        int t = mg_sample_token(lg, V, &s, &r);
+        if (t >= 0) seen[t]++;
+    }
+    for (int i = 2; i < V; i++) CHECK(seen[i] > 700 && seen[i] < 1300, "T=100 id %d drawn %d/7000", i, seen[i]);
+
+    /* non-finite */
+    float bad[V];
+    for (int i = 0; i < V; i++) bad[i] = NAN;
+    CHECK(mg_sample_token(bad, V, &s, &r) < 0, "NaN logits accepted");
+    bad[5] = 1.0f;
+    CHECK(mg_sample_token(bad, V, &s, &r) == 5, "single finite logit");
+
+    /* settings */
+    char err[128];
+    mg_sampling_default(&s);
+    CHECK(mg_sampling_check(&s, err, sizeof err) == 0, "%s", err);
+    s.temperature = -1.0f;
+    CHECK(mg_sampling_check(&s, err, sizeof err) != 0, "negative temperature");
+    mg_sampling_default(&s);
+    s.top_p = 0.0f;
+    CHECK(mg_sampling_check(&s, err, sizeof err) != 0, "top-p 0");
+    s.top_p = 1.5f;
+    CHECK(mg_sampling_check(&s, err, sizeof err) != 0, "top-p 1.5");
+    mg_sampling_default(&s);
+    s.top_k = -2;
+    CHECK(mg_sampling_check(&s, err, sizeof err) != 0, "top-k -2");
+
+    /* RNG streams */
+    mg_rng a, b;
+    mg_rng_seed(&a, 5, 0);
+    mg_rng_seed(&b, 5, 0);
+    int same = 1;
+    for (int i = 0; i < 100; i++) same &= mg_rng_next(&a) == mg_rng_next(&b);
+    CHECK(same, "same seed/stream differ");
+    mg_rng_seed(&b, 5, 1);
+    CHECK(mg_rng_next(&a) != mg_rng_next(&b), "streams 0 and 1 coincide");
+}
+
+/* ---------------------------------------------------------------- mg_sample */
+
+static int same_samples(const mg_samples *a, const mg_samples *b) {
+    if (a->n != b->n) return 0;
+    for (size_t i = 0; i < a->n; i++)
+        if (strcmp(a->smiles[i], b->smiles[i]) || a->ended[i] != b->ended[i]) return 0;
+    return 1;
+}
+
+static void test_sample(mg_model *m, const mg_vocab *v) {
+    char err[256];
+    mg_sample_opts o;
+    mg_sample_opts_default(&o);
+    o.n = 21;
+    o.batch = 8;
+    o.seed = 1234;
+    mg_samples s1, s2, s3, s4, s5;
+    CHECK(mg_sample(m, v, &o, &s1, err, sizeof err) == 0, "%s", err);
+    CHECK(mg_sample(m, v, &o, &s2, err, sizeof err) == 0, "%s", err);
+    CHECK(same_samples(&s1, &s2), "same seed, different molecules");
+    o.batch = 5;
+    CHECK(mg_sample(m, v, &o, &s3, err, sizeof err) == 0, "%s", err);
+    CHECK(same_samples(&s1, &s3), "batch size changed the molecules");
+    o.kind = MG_DECODE_NAIVE;
+    CHECK(mg_sample(m, v, &o, &s4, err, sizeof err) == 0, "%s", err);
+    CHECK(same_samples(&s1, &s4), "naive and KV decoding sampled different molecules");
+    o.kind = MG_DECODE_KV;
+    o.seed = 99;
+    CHECK(mg_sample(m, v, &o, &s5, err, sizeof err) == 0, "%s", err);
+    CHECK(!same_samples(&s1, &s5), "seeds 1234 and 99 gave the same molecules");
+    size_t distinct = 0, ended = 0;
+    for (size_t i = 0; i < s1.n; i++) {
+        ended += s1.ended[i];
+        int dup = 0;
+        for (size_t j = 0; j < i; j++) dup |= !strcmp(s1.smiles[i], s1.smiles[j]);
+        distinct += !dup;
+        CHECK(s1.ntok[i] <= mg_model_get_config(m)->ctx_len, "ntok %d", s1.ntok[i]);
+    }
+    CHECK(distinct > 5, "only %zu distinct molecules of 21", distinct);
+    CHECK(s1.truncated + ended == s1.n, "truncated %zu + ended %zu != n", s1.truncated, ended);
+    printf("sampled 21 (seed 1234): %zu distinct, %zu ended by EOS; e.g. '%s'\n", distinct, ended,
+           s1.smiles[0]);
+    mg_samples_free(&s1);
+    mg_samples_free(&s2);
+    mg_samples_free(&s3);
+    mg_samples_free(&s4);
+    mg_samples_free(&s5);
+
+    /* greedy: top-k 1 == temperature 0 == an argmax loop on the naive decoder */
+    mg_samples g1, g2;
+    o.n = 3;
+    o.seed = 7;
+    o.sampling.top_k = 1;
+    CHECK(mg_sample(m, v, &o, &g1, err, sizeof err) == 0, "%s", err);
+    mg_sampling_default(&o.sampling);
+    o.sampling.temperature = 0.0f;
+    o.kind = MG_DECODE_NAIVE;
+    o.seed = 8;
+    CHECK(mg_sample(m, v, &o, &g2, err, sizeof err) == 0, "%s", err);
+    CHECK(same_samples(&g1, &g2), "top-k 1 differs from temperature 0");
+    const mg_model_config *c = mg_model_get_config(m);
+    mg_decoder *d = NULL;
+    if (mg_decoder_new(m, MG_DECODE_NAIVE, 1, &d, err, sizeof err) == 0) {
+        float *lg = malloc((size_t)c->vocab_size * sizeof *lg);
+        int32_t ids[64], tok = MG_BOS;
+        int n = 0, ended_here = 0;
+        mg_decoder_reset(d, 1, NULL, 0);
+        for (int pos = 0; pos < c->ctx_len; pos++) {
+            if (mg_decoder_step(d, &tok, lg, err, sizeof err)) break;
+            int best = -1;
+            for (int i = 0; i < c->vocab_size; i++)
+                if (i != MG_PAD && i != MG_BOS && (best < 0 || lg[i] > lg[best])) best = i;
+            if (best == MG_EOS) {
+                ended_here = 1;
+                break;
+            }
+            ids[n++] = best;
+            tok = best;
+        }
+        char str[1024];
+        mg_vocab_decode(v, ids, n, str, sizeof str, NULL, 0);
+        for (size_t i = 0; i < g1.n; i++) {
+            CHECK(!strcmp(g1.smiles[i], str), "greedy molecule %zu '%s' vs argmax loop '%s'", i,
+                  g1.smiles[i], str);
+            CHECK(g1.ended[i] == ended_here, "greedy EOS flag");
+        }
+        printf("greedy molecule: '%s' (%s)\n", str, ended_here ? "EOS" : "no EOS by ctx_len");
+        free(lg);
+        mg_decoder_free(d);
+    }
+    mg_samples_free(&g1);
+    mg_samples_free(&g2);
+
+    /* errors */
+    mg_samples e;
+    mg_sample_opts_default(&o);
+    o.n = 2;
+    o.sampling.top_p = 2.0f;
+    CHECK(mg_sample(m, v, &o, &e, err, sizeof err) != 0 && e.smiles == NULL, "top-p 2 accepted");
+    mg_sample_opts_default(&o);
+    o.batch = 0;
+    CHECK(mg_sample(m, v, &o, &e, err, sizeof err) != 0, "batch 0 accepted");
+    mg_sample_opts_default(&o);
+    o.n = 0;
+    CHECK(mg_sample(m, v, &o, &e, err, sizeof err) == 0 && e.n == 0, "n = 0: %s", err);
+    mg_samples_free(&e);
+}
+
+int main(void) {
+    attn_set_num_threads(2, NULL);
+    mg_vocab *v = NULL;
+    mg_model *m = make_model(&v, 24, 8.0f);
+    CHECK(m != NULL, "model");
+    if (m) {
+        test_kv_vs_naive(m);
+        test_token_choice();
+        test_sample(m, v);
+    }
+    /* A model as initialised (small logits) too, with 1 thread. */
+    mg_vocab *v2 = NULL;
+    attn_set_num_threads(1, NULL);
+    mg_model *m2 = make_model(&v2, 10, 1.0f);
+    if (m2) {
+        char err[256];
+        mg_decoder *a = NULL, *b = NULL;
+        const int V = mg_model_get_config(m2)->vocab_size;
+        float la[64], lb[64];
+        int32_t tok = MG_BOS;
+        double worst = 0;
+        if (!mg_decoder_new(m2, MG_DECODE_NAIVE, 1, &a, err, sizeof err) &&
+            !mg_decoder_new(m2, MG_DECODE_KV, 1, &b, err, sizeof err)) {
+            mg_decoder_reset(a, 1, NULL, 0);
+            mg_decoder_reset(b, 1, NULL, 0);
+            for (int pos = 0; pos < 10; pos++) {
+                CHECK(!mg_decoder_step(a, &tok, la, err, sizeof err), "%s", err);
+                CHECK(!mg_decoder_step(b, &tok, lb, err, sizeof err), "%s", err);
+                for (int i = 0; i < V; i++) {
+                    double rel = fabs((double)la[i] - lb[i]) / fmax(1.0, fabs((double)la[i]));
+                    if (rel > worst) worst = rel;
+                }
+                tok = 3 + pos % (V - 3);
+            }
+            CHECK(worst <= 1e-5, "1 thread, init-scale model: kv vs naive %.2e", worst);
+        }
+        mg_decoder_free(a);
+        mg_decoder_free(b);
+    }
+    mg_model_free(m);
+    mg_vocab_free(v);
+    mg_model_free(m2);
+    mg_vocab_free(v2);
+    printf("test_sample: %d passed, %d failed\n", n_pass, n_fail);
+    return n_fail ? 1 : 0;
+}
