@@ -85,8 +85,15 @@ def _natural(dims, strides):
     return out
 
 
+def as_numpy(x):
+    """numpy view of x; torch tensors (even with requires_grad) detached."""
+    if hasattr(x, "detach") and hasattr(x, "numpy"):
+        x = x.detach().cpu().numpy()
+    return np.asarray(x)
+
+
 def as_float_array(x, name, min_ndim=2):
-    a = np.asarray(x)
+    a = as_numpy(x)
     if a.dtype.kind not in "fiu":
         raise ValueError("%s must hold real numbers, got dtype %s" % (name, a.dtype))
     if a.ndim < min_ndim:
@@ -124,7 +131,7 @@ def out_tensor(shape):
 def mask_array(m, name):
     """bool -> uint8 view (no copy), floating -> float32. Returns (array,
     is_bool)."""
-    m = np.asarray(m)
+    m = as_numpy(m)
     if m.dtype == np.bool_:
         return m.view(np.uint8), True
     if m.dtype.kind == "f":

@@ -6,8 +6,8 @@ import threading
 import numpy as np
 
 from . import _lib
-from ._views import (as_float_array, as_index, mask_array, mask_view,
-                     out_tensor, tensor_view)
+from ._views import (as_float_array, as_index, as_numpy, mask_array,
+                     mask_view, out_tensor, tensor_view)
 
 _last = threading.local()
 
@@ -94,13 +94,12 @@ def _prepare(query, key, value, attn_mask, dropout_p, is_causal, scale,
             # scores 0, which (0 * query) @ keyᵀ * 1 reproduces exactly (and
             # its gradient w.r.t. query is 0, which the caller sets).
             c.zero_scale = True
-            c.q_user_shape = c.q.shape
             c.q, c.tq = tensor_view(np.zeros(c.q.shape, np.float32), "query")
             scale = 1.0
 
     kl = None
     if key_padding_lengths is not None:
-        kl = np.asarray(key_padding_lengths)
+        kl = as_numpy(key_padding_lengths)
         if kl.dtype.kind not in "iu" and not (kl.size == 0 and kl.dtype.kind == "f"):
             raise ValueError("key_padding_lengths must be integers, got dtype %s"
                              % kl.dtype)
