@@ -1,0 +1,1137 @@
+/* molgen model: forward and backward of a GPT-2-style decoder (see model.h).
+ *
+ * Written in the style of llm.c's train_gpt2.c: each layer's forward sits
+ * next to its backward, every buffer carries its shape, all parameters are
+ * one buffer and all gradients another with the same layout. Linear layers
+ * go through OpenBLAS (y = x Wᵀ + b, PyTorch's layout), attention through
+ * libattn's attn_mha_forward / attn_mha_backward.
+ *
+ * Shapes: B batch rows, L positions, d = d_model, F = 4d (MLP hidden),
+ * V vocabulary, H heads, R = B*L rows of the flattened activations. */
+#include "model.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attn.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#define LN_EPS 1e-5f
+
+/* ------------------------------------------------------------ errors */
+
+static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int fail(char *err, size_t errlen, int code, const char *fmt, ...) {
+    if (err && errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return code;
+}
+
+/* ------------------------------------------------------------ config */
+
+void mg_model_config_default(mg_model_config *c) {
+    memset(c, 0, sizeof *c);
+    c->n_layer = 4;
+    c->d_model = 128;
+    c->n_head = 4;
+}
+
+void mg_model_config_molgpt(mg_model_config *c) {
+    memset(c, 0, sizeof *c);
+    c->n_layer = 8;
+    c->d_model = 256;
+    c->n_head = 8;
+    c->dropout = 0.1f;
+}
+
+int mg_model_config_check(const mg_model_config *c, char *err, size_t errlen) {
+    if (!c) return fail(err, errlen, MG_MODEL_ERR, "model config is NULL");
+    if (c->n_layer < 1 || c->n_layer > 1024)
+        return fail(err, errlen, MG_MODEL_ERR, "n_layer %d must be in [1, 1024]", c->n_layer);
+    if (c->d_model < 1 || c->d_model > 65536)
+        return fail(err, errlen, MG_MODEL_ERR, "d_model %d must be in [1, 65536]", c->d_model);
+    if (c->n_head < 1 || c->d_model % c->n_head)
+        return fail(err, errlen, MG_MODEL_ERR, "n_head %d must be >= 1 and divide d_model %d",
+                    c->n_head, c->d_model);
+    if (c->ctx_len < 1 || c->ctx_len > 65536)
+        return fail(err, errlen, MG_MODEL_ERR, "ctx_len %d must be in [1, 65536]", c->ctx_len);
+    if (c->vocab_size < 1 || c->vocab_size > (1 << 24))
+        return fail(err, errlen, MG_MODEL_ERR, "vocab_size %d must be in [1, 2^24]", c->vocab_size);
+    if (!(c->dropout >= 0.0f && c->dropout < 1.0f))
+        return fail(err, errlen, MG_MODEL_ERR, "dropout %g must be in [0, 1)", (double)c->dropout);
+    return 0;
+}
+
+int mg_model_config_to_json(const mg_model_config *c, char *out, size_t outlen) {
+    return snprintf(out, outlen,
+                    "{\"n_layer\":%d,\"d_model\":%d,\"n_head\":%d,\"ctx_len\":%d,"
+                    "\"vocab_size\":%d,\"dropout\":%.9g,\"causal\":%s}",
+                    c->n_layer, c->d_model, c->n_head, c->ctx_len, c->vocab_size,
+                    (double)c->dropout, c->no_causal_mask ? "false" : "true");
+}
+
+int mg_model_config_from_json(const char *json, mg_model_config *c, char *err, size_t errlen) {
+    if (!json || !c) return fail(err, errlen, MG_MODEL_ERR, "config JSON or output is NULL");
+    mg_json *j = NULL;
+    char jerr[200];
+    if (mg_json_parse(json, strlen(json), &j, jerr, sizeof jerr))
+        return fail(err, errlen, MG_MODEL_ERR, "model config JSON: %s", jerr);
+    int rc = 0;
+    mg_model_config r;
+    memset(&r, 0, sizeof r);
+    if (j->type != MG_JSON_OBJECT) {
+        rc = fail(err, errlen, MG_MODEL_ERR, "model config JSON is not an object");
+        goto done;
+    }
+    static const char *const ints[] = {"n_layer", "d_model", "n_head", "ctx_len", "vocab_size"};
+    int *dst[] = {&r.n_layer, &r.d_model, &r.n_head, &r.ctx_len, &r.vocab_size};
+    for (size_t i = 0; i < j->len; i++) {
+        const char *k = j->keys[i];
+        const mg_json *v = &j->items[i];
+        int known = 0;
+        for (int q = 0; q < 5; q++) {
+            if (strcmp(k, ints[q])) continue;
+            known = 1;
+            if (v->type != MG_JSON_NUMBER || !v->is_int || v->integer < INT32_MIN ||
+                v->integer > INT32_MAX) {
+                rc = fail(err, errlen, MG_MODEL_ERR, "model config: \"%s\" must be an integer", k);
+                goto done;
+            }
+            *dst[q] = (int)v->integer;
+        }
+        if (!strcmp(k, "dropout")) {
+            known = 1;
+            if (v->type != MG_JSON_NUMBER) {
+                rc = fail(err, errlen, MG_MODEL_ERR, "model config: \"dropout\" must be a number");
+                goto done;
+            }
+            r.dropout = (float)v->number;
+        } else if (!strcmp(k, "causal")) {
+            known = 1;
+            if (v->type != MG_JSON_BOOL) {
+                rc = fail(err, errlen, MG_MODEL_ERR, "model config: \"causal\" must be true or false");
+                goto done;
+            }
+            r.no_causal_mask = !v->boolean;
+        }
+        if (!known) {
+            rc = fail(err, errlen, MG_MODEL_ERR, "model config: unknown key \"%s\"", k);
+            goto done;
+        }
+    }
+    for (int q = 0; q < 5; q++)
+        if (!mg_json_get(j, ints[q])) {
+            rc = fail(err, errlen, MG_MODEL_ERR, "model config: missing \"%s\"", ints[q]);
+            goto done;
+        }
+    if ((rc = mg_model_config_check(&r, err, errlen))) goto done;
+    *c = r;
+done:
+    mg_json_free(j);
+    return rc;
+}
+
+/* ------------------------------------------------------------ the model */
+
+/* Views of one block's parameters (or gradients) inside a buffer. */
+typedef struct {
+    float *ln1_w, *ln1_b; /* [d] */
+    float *attn;          /* packed MHA: in_proj_weight [3d, d], in_proj_bias [3d],
+                             out_proj.weight [d, d], out_proj.bias [d] */
+    float *ln2_w, *ln2_b; /* [d] */
+    float *fc_w;          /* [F, d] */
+    float *fc_b;          /* [F] */
+    float *proj_w;        /* [d, F] */
+    float *proj_b;        /* [d] */
+} block_params;
+
+typedef struct {
+    float *tok_emb;       /* [V, d] */
+    float *pos_emb;       /* [ctx_len, d] */
+    block_params *blocks; /* [n_layer] */
+    float *lnf_w, *lnf_b; /* [d] */
+    float *head_w;        /* [V, d] */
+    float *head_b;        /* [V] */
+} model_params;
+
+/* Activations of one block for one forward. Training keeps n_layer of these
+ * for the backward; inference reuses one. */
+typedef struct {
+    float *x;          /* [B, L, d] block input (the residual stream) */
+    float *ln1;        /* [B, L, d] */
+    float *ln1_mean;   /* [B, L] */
+    float *ln1_rstd;   /* [B, L] */
+    float *attn_cache; /* [attn_mha_cache_size]: Qp, Kp, Vp, attention out, lse */
+    float *drop_attn;  /* [B, L, d] residual dropout multipliers (dropout only) */
+    float *x_mid;      /* [B, L, d] x + drop(attn) */
+    float *ln2;        /* [B, L, d] */
+    float *ln2_mean;   /* [B, L] */
+    float *ln2_rstd;   /* [B, L] */
+    float *fc;         /* [B, L, F] before GELU */
+    float *gelu;       /* [B, L, F] */
+    float *drop_mlp;   /* [B, L, d] residual dropout multipliers (dropout only) */
+} block_acts;
+
+#define NAME_LEN 64
+
+struct mg_model {
+    mg_model_config cfg;
+    attn_mha_config mha; /* {d, H, 0, 0, bias 1} */
+    size_t mha_count;    /* floats of one block's packed attention parameters */
+    size_t num_params;
+    float *params;       /* [num_params] */
+    float *grads;        /* [num_params] */
+    size_t num_tensors;
+    mg_param_info *tensors;      /* [num_tensors] */
+    char (*names)[NAME_LEN];     /* [num_tensors] */
+    model_params p, g;           /* views into params and grads */
+
+    /* Activations, sized for up to cap_rows rows (R = B*L), cap_b batch rows
+     * and cap_slots blocks (n_layer after a training forward, else 1). */
+    float *act_mem;
+    size_t cap_rows, cap_b, cap_slots;
+    block_acts *acts;  /* [cap_slots] */
+    float *emb_drop;   /* [B, L, d] embedding dropout multipliers (dropout only) */
+    float *x_final;    /* [B, L, d] output of the last block (training layout) */
+    float *lnf;        /* [B, L, d] */
+    float *lnf_mean;   /* [B, L] */
+    float *lnf_rstd;   /* [B, L] */
+    float *probs;      /* [B, L, V] softmax; the backward turns it into dlogits */
+    float *row_loss;   /* [B, L] */
+    float *scratch;    /* [B, L, d] attention / MLP branch output */
+    float *dx;         /* [B, L, d] gradient of the residual stream */
+    float *dln;        /* [B, L, d] gradient of a LayerNorm output */
+    float *dbranch;    /* [B, L, d] gradient of a branch output */
+    float *dfc;        /* [B, L, F] gradient of the MLP hidden layer */
+    int32_t *inputs;   /* [B, L] */
+    int32_t *targets;  /* [B, L] */
+    int64_t *key_len;  /* [B] valid input positions per row */
+
+    /* The last forward, for the backward. */
+    int have_forward;
+    int B, L, training;
+    uint64_t seed;
+    int64_t ntok;
+};
+
+static void add_tensor(mg_model *m, const char *name, int ndim, int64_t s0, int64_t s1, int decay,
+                       size_t *offset) {
+    mg_param_info *t = &m->tensors[m->num_tensors];
+    snprintf(m->names[m->num_tensors], NAME_LEN, "%s", name);
+    t->name = m->names[m->num_tensors];
+    t->ndim = ndim;
+    t->shape[0] = s0;
+    t->shape[1] = ndim == 2 ? s1 : 0;
+    t->numel = (size_t)s0 * (size_t)(ndim == 2 ? s1 : 1);
+    t->offset = *offset;
+    t->decay = decay;
+    *offset += t->numel;
+    m->num_tensors++;
+}
+
+/* The tensor table, in buffer order (see model.h). */
+static void build_table(mg_model *m) {
+    const int64_t d = m->cfg.d_model, F = 4 * d, V = m->cfg.vocab_size, T = m->cfg.ctx_len;
+    size_t off = 0;
+    char name[NAME_LEN];
+    m->num_tensors = 0;
+    add_tensor(m, "tok_emb.weight", 2, V, d, 0, &off);
+    add_tensor(m, "pos_emb.weight", 2, T, d, 0, &off);
+    for (int l = 0; l < m->cfg.n_layer; l++) {
+#define BLOCK_TENSOR(suffix, ndim, s0, s1, decay)                   \
+    do {                                                            \
+        snprintf(name, sizeof name, "blocks.%d.%s", l, suffix);     \
+        add_tensor(m, name, ndim, s0, s1, decay, &off);             \
+    } while (0)
+        BLOCK_TENSOR("ln1.weight", 1, d, 0, 0);
+        BLOCK_TENSOR("ln1.bias", 1, d, 0, 0);
+        BLOCK_TENSOR("attn.in_proj_weight", 2, 3 * d, d, 1);
+        BLOCK_TENSOR("attn.in_proj_bias", 1, 3 * d, 0, 0);
+        BLOCK_TENSOR("attn.out_proj.weight", 2, d, d, 1);
+        BLOCK_TENSOR("attn.out_proj.bias", 1, d, 0, 0);
+        BLOCK_TENSOR("ln2.weight", 1, d, 0, 0);
+        BLOCK_TENSOR("ln2.bias", 1, d, 0, 0);
+        BLOCK_TENSOR("mlp.fc.weight", 2, F, d, 1);
+        BLOCK_TENSOR("mlp.fc.bias", 1, F, 0, 0);
+        BLOCK_TENSOR("mlp.proj.weight", 2, d, F, 1);
+        BLOCK_TENSOR("mlp.proj.bias", 1, d, 0, 0);
+#undef BLOCK_TENSOR
+    }
+    add_tensor(m, "ln_f.weight", 1, d, 0, 0, &off);
+    add_tensor(m, "ln_f.bias", 1, d, 0, 0, &off);
+    add_tensor(m, "head.weight", 2, V, d, 1, &off);
+    add_tensor(m, "head.bias", 1, V, 0, 0, &off);
+    m->num_params = off;
+}
+
+/* Point the views at a buffer laid out like the table. */
+static void point_views(const mg_model *m, float *base, model_params *v) {
+    const mg_param_info *t = m->tensors;
+    size_t i = 0;
+    v->tok_emb = base + t[i++].offset;
+    v->pos_emb = base + t[i++].offset;
+    for (int l = 0; l < m->cfg.n_layer; l++) {
+        block_params *b = &v->blocks[l];
+        b->ln1_w = base + t[i++].offset;
+        b->ln1_b = base + t[i++].offset;
+        b->attn = base + t[i].offset; /* in_proj_weight .. out_proj.bias contiguous */
+        i += 4;
+        b->ln2_w = base + t[i++].offset;
+        b->ln2_b = base + t[i++].offset;
+        b->fc_w = base + t[i++].offset;
+        b->fc_b = base + t[i++].offset;
+        b->proj_w = base + t[i++].offset;
+        b->proj_b = base + t[i++].offset;
+    }
+    v->lnf_w = base + t[i++].offset;
+    v->lnf_b = base + t[i++].offset;
+    v->head_w = base + t[i++].offset;
+    v->head_b = base + t[i++].offset;
+}
+
+int mg_model_create(const mg_model_config *c, mg_model **out, char *err, size_t errlen) {
+    if (!out) return fail(err, errlen, MG_MODEL_ERR, "output pointer is NULL");
+    *out = NULL;
+    int rc = mg_model_config_check(c, err, errlen);
+    if (rc) return rc;
+    mg_model *m = calloc(1, sizeof *m);
+    if (!m) return fail(err, errlen, MG_MODEL_ERR_NOMEM, "out of memory for the model");
+    m->cfg = *c;
+    m->mha.embed_dim = c->d_model;
+    m->mha.num_heads = c->n_head;
+    m->mha.bias = 1;
+    attn_error aerr;
+    if (attn_mha_param_count(&m->mha, &m->mha_count, &aerr)) {
+        mg_model_free(m);
+        return fail(err, errlen, MG_MODEL_ERR, "attention config: %s", aerr.message);
+    }
+    const size_t nt = 6 + 12 * (size_t)c->n_layer;
+    m->tensors = calloc(nt, sizeof *m->tensors);
+    m->names = calloc(nt, sizeof *m->names);
+    m->p.blocks = calloc((size_t)c->n_layer, sizeof(block_params));
+    m->g.blocks = calloc((size_t)c->n_layer, sizeof(block_params));
+    if (!m->tensors || !m->names || !m->p.blocks || !m->g.blocks) {
+        mg_model_free(m);
+        return fail(err, errlen, MG_MODEL_ERR_NOMEM, "out of memory for the model tables");
+    }
+    build_table(m);
+    m->params = calloc(m->num_params, sizeof(float));
+    m->grads = calloc(m->num_params, sizeof(float));
+    if (!m->params || !m->grads) {
+        size_t n = m->num_params;
+        mg_model_free(m);
+        return fail(err, errlen, MG_MODEL_ERR_NOMEM, "out of memory for %zu parameters", n);
+    }
+    point_views(m, m->params, &m->p);
+    point_views(m, m->grads, &m->g);
+    *out = m;
+    return 0;
+}
+
+static void free_acts(mg_model *m) {
+    free(m->act_mem);
+    free(m->acts);
+    free(m->inputs);
+    free(m->targets);
+    free(m->key_len);
+    m->act_mem = NULL;
+    m->acts = NULL;
+    m->inputs = m->targets = NULL;
+    m->key_len = NULL;
+    m->cap_rows = m->cap_b = m->cap_slots = 0;
+    m->have_forward = 0;
+}
+
+void mg_model_free(mg_model *m) {
+    if (!m) return;
+    free_acts(m);
+    free(m->params);
+    free(m->grads);
+    free(m->tensors);
+    free(m->names);
+    free(m->p.blocks);
+    free(m->g.blocks);
+    free(m);
+}
+
+const mg_model_config *mg_model_get_config(const mg_model *m) { return &m->cfg; }
+size_t mg_model_num_params(const mg_model *m) { return m->num_params; }
+float *mg_model_params(mg_model *m) { return m->params; }
+float *mg_model_grads(mg_model *m) { return m->grads; }
+size_t mg_model_num_tensors(const mg_model *m) { return m->num_tensors; }
+
+const mg_param_info *mg_model_tensor(const mg_model *m, size_t i) {
+    return i < m->num_tensors ? &m->tensors[i] : NULL;
+}
+
+const mg_param_info *mg_model_find_tensor(const mg_model *m, const char *name) {
+    for (size_t i = 0; i < m->num_tensors; i++)
+        if (!strcmp(m->tensors[i].name, name)) return &m->tensors[i];
+    return NULL;
+}
+
+/* ------------------------------------------------------------ init */
+
+static uint64_t splitmix64(uint64_t *s) {
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* Uniform in (0, 1): 53 random bits, never 0. */
+static double uniform01(uint64_t *s) { return ((double)(splitmix64(s) >> 11) + 0.5) * 0x1.0p-53; }
+
+static void fill_normal(float *x, size_t n, double std, uint64_t *s) {
+    for (size_t i = 0; i < n; i += 2) { /* Box-Muller, two values per pair */
+        double r = sqrt(-2.0 * log(uniform01(s))), a = 6.283185307179586 * uniform01(s);
+        x[i] = (float)(std * r * cos(a));
+        if (i + 1 < n) x[i + 1] = (float)(std * r * sin(a));
+    }
+}
+
+void mg_model_init(mg_model *m, uint64_t seed) {
+    const double std = 0.02, resid_std = 0.02 / sqrt(2.0 * m->cfg.n_layer);
+    for (size_t i = 0; i < m->num_tensors; i++) {
+        const mg_param_info *t = &m->tensors[i];
+        float *x = m->params + t->offset;
+        const char *nm = t->name;
+        const size_t len = strlen(nm);
+        uint64_t s = seed ^ (0xD1B54A32D192ED03ull * (i + 1));
+        splitmix64(&s);
+        int is_ln = strstr(nm, "ln1.") || strstr(nm, "ln2.") || !strncmp(nm, "ln_f.", 5);
+        if (is_ln && len > 7 && !strcmp(nm + len - 7, ".weight")) {
+            for (size_t k = 0; k < t->numel; k++) x[k] = 1.0f;
+        } else if (t->ndim == 1) { /* biases, LayerNorm biases */
+            memset(x, 0, t->numel * sizeof(float));
+        } else if (strstr(nm, "attn.out_proj.weight") || strstr(nm, "mlp.proj.weight")) {
+            fill_normal(x, t->numel, resid_std, &s);
+        } else {
+            fill_normal(x, t->numel, std, &s);
+        }
+    }
+}
+
+/* ------------------------------------------------------------ activations */
+
+/* Make room for R = B*L rows, B batch rows and `slots` blocks. Keeps the
+ * buffers when they are already large enough. */
+static int ensure_acts(mg_model *m, size_t R, size_t B, size_t slots, char *err, size_t errlen) {
+    if (R <= m->cap_rows && B <= m->cap_b && slots <= m->cap_slots) return 0;
+    if (R < m->cap_rows) R = m->cap_rows;
+    if (B < m->cap_b) B = m->cap_b;
+    if (slots < m->cap_slots) slots = m->cap_slots;
+    free_acts(m);
+    const size_t d = (size_t)m->cfg.d_model, F = 4 * d, V = (size_t)m->cfg.vocab_size;
+    const size_t H = (size_t)m->cfg.n_head;
+    const int drop = m->cfg.dropout > 0.0f;
+    /* Floats per row: per block x, ln1, attn cache (4d + H), x_mid, ln2
+     * (5d + 4d + H), fc, gelu (2F), 4 LayerNorm stats, 2 dropout masks;
+     * plus the shared ones. */
+    const size_t per_block = 8 * d + H + 2 * F + 4 + (drop ? 2 * d : 0);
+    const size_t shared = (drop ? d : 0) + d /* x_final */ + d + 2 /* lnf */ + V /* probs */ +
+                          1 /* row_loss */ + 4 * d /* scratch dx dln dbranch */ + F /* dfc */;
+    const size_t total = R * (slots * per_block + shared);
+    m->act_mem = malloc(total * sizeof(float));
+    m->acts = calloc(slots, sizeof(block_acts));
+    m->inputs = malloc(R * sizeof(int32_t));
+    m->targets = malloc(R * sizeof(int32_t));
+    m->key_len = malloc(B * sizeof(int64_t));
+    if (!m->act_mem || !m->acts || !m->inputs || !m->targets || !m->key_len) {
+        free_acts(m);
+        return fail(err, errlen, MG_MODEL_ERR_NOMEM,
+                    "out of memory for activations (%zu rows, %zu floats)", R, total);
+    }
+    float *p = m->act_mem;
+#define CARVE(ptr, n) \
+    do {              \
+        (ptr) = p;    \
+        p += (n);     \
+    } while (0)
+    for (size_t s = 0; s < slots; s++) {
+        block_acts *a = &m->acts[s];
+        CARVE(a->x, R * d);
+        CARVE(a->ln1, R * d);
+        CARVE(a->ln1_mean, R);
+        CARVE(a->ln1_rstd, R);
+        CARVE(a->attn_cache, R * (4 * d + H));
+        CARVE(a->x_mid, R * d);
+        CARVE(a->ln2, R * d);
+        CARVE(a->ln2_mean, R);
+        CARVE(a->ln2_rstd, R);
+        CARVE(a->fc, R * F);
+        CARVE(a->gelu, R * F);
+        a->drop_attn = a->drop_mlp = NULL;
+        if (drop) {
+            CARVE(a->drop_attn, R * d);
+            CARVE(a->drop_mlp, R * d);
+        }
+    }
+    m->emb_drop = NULL;
+    if (drop) CARVE(m->emb_drop, R * d);
+    CARVE(m->x_final, R * d);
+    CARVE(m->lnf, R * d);
+    CARVE(m->lnf_mean, R);
+    CARVE(m->lnf_rstd, R);
+    CARVE(m->probs, R * V);
+    CARVE(m->row_loss, R);
+    CARVE(m->scratch, R * d);
+    CARVE(m->dx, R * d);
+    CARVE(m->dln, R * d);
+    CARVE(m->dbranch, R * d);
+    CARVE(m->dfc, R * F);
+#undef CARVE
+    m->cap_rows = R;
+    m->cap_b = B;
+    m->cap_slots = slots;
+    return 0;
+}
+
+/* ------------------------------------------------------------ layers */
+
+/* Token + position embedding.
+ * out [B, L, d] = tok_emb[inp[b, t]] + pos_emb[t];  inp [B, L] */
+static void encoder_forward(float *out, const int32_t *inp, const float *tok_emb,
+                            const float *pos_emb, int B, int L, int d, int nt) {
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int64_t r = 0; r < (int64_t)B * L; r++) {
+        const float *te = tok_emb + (int64_t)inp[r] * d, *pe = pos_emb + (r % L) * d;
+        float *o = out + r * d;
+        for (int c = 0; c < d; c++) o[c] = te[c] + pe[c];
+    }
+}
+
+/* dtok_emb [V, d] += scatter of dout by token; dpos_emb [ctx, d] += sum over
+ * the batch. Each thread owns a range of channels: no races, fixed order. */
+static void encoder_backward(float *dtok_emb, float *dpos_emb, const float *dout,
+                             const int32_t *inp, int B, int L, int d, int nt) {
+#pragma omp parallel num_threads(nt)
+    {
+        int nth = 1, id = 0;
+#ifdef _OPENMP
+        nth = omp_get_num_threads();
+        id = omp_get_thread_num();
+#endif
+        const int c0 = (int)((int64_t)d * id / nth), c1 = (int)((int64_t)d * (id + 1) / nth);
+        for (int64_t r = 0; r < (int64_t)B * L; r++) {
+            const float *g = dout + r * d;
+            float *dt = dtok_emb + (int64_t)inp[r] * d, *dp = dpos_emb + (r % L) * d;
+            for (int c = c0; c < c1; c++) {
+                dt[c] += g[c];
+                dp[c] += g[c];
+            }
+        }
+    }
+}
+
+/* out [R, C] = (inp - mean) * rstd * w + b;  mean, rstd [R] kept. */
+static void layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                              const float *w, const float *b, int64_t R, int C, int nt) {
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int64_t r = 0; r < R; r++) {
+        const float *x = inp + r * C;
+        float m = 0.0f;
+        for (int i = 0; i < C; i++) m += x[i];
+        m /= (float)C;
+        float v = 0.0f;
+        for (int i = 0; i < C; i++) {
+            float xm = x[i] - m;
+            v += xm * xm;
+        }
+        v /= (float)C;
+        const float s = 1.0f / sqrtf(v + LN_EPS);
+        float *o = out + r * C;
+        for (int i = 0; i < C; i++) o[i] = (x[i] - m) * s * w[i] + b[i];
+        mean[r] = m;
+        rstd[r] = s;
+    }
+}
+
+/* dinp [R, C] += LayerNorm backward of dout; dw, db [C] +=.
+ * dinp is parallel over rows; dw/db over channel ranges (fixed order). */
+static void layernorm_backward(float *dinp, float *dw, float *db, const float *dout,
+                               const float *inp, const float *w, const float *mean,
+                               const float *rstd, int64_t R, int C, int nt) {
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int64_t r = 0; r < R; r++) {
+        const float *g = dout + r * C, *x = inp + r * C;
+        const float m = mean[r], s = rstd[r];
+        float mean_dn = 0.0f, mean_dnx = 0.0f; /* mean(dnorm), mean(dnorm * norm) */
+        for (int i = 0; i < C; i++) {
+            float dn = g[i] * w[i];
+            mean_dn += dn;
+            mean_dnx += dn * (x[i] - m) * s;
+        }
+        mean_dn /= (float)C;
+        mean_dnx /= (float)C;
+        float *di = dinp + r * C;
+        for (int i = 0; i < C; i++) {
+            float nrm = (x[i] - m) * s;
+            di[i] += s * (g[i] * w[i] - mean_dn - nrm * mean_dnx);
+        }
+    }
+#pragma omp parallel num_threads(nt)
+    {
+        int nth = 1, id = 0;
+#ifdef _OPENMP
+        nth = omp_get_num_threads();
+        id = omp_get_thread_num();
+#endif
+        const int c0 = (int)((int64_t)C * id / nth), c1 = (int)((int64_t)C * (id + 1) / nth);
+        for (int64_t r = 0; r < R; r++) {
+            const float *g = dout + r * C, *x = inp + r * C;
+            const float m = mean[r], s = rstd[r];
+            for (int i = c0; i < c1; i++) {
+                dw[i] += g[i] * (x[i] - m) * s;
+                db[i] += g[i];
+            }
+        }
+    }
+}
+
+/* The model's own products run OpenBLAS single-threaded inside OpenMP
+ * regions, each thread on a slice of the output (rows of Y, or of dW for
+ * the weight gradient, so no reduction crosses threads and the result does
+ * not depend on scheduling). With one pool of threads (libgomp's) instead of
+ * two (libgomp's and OpenBLAS's pthreads) the 2-core machine is not
+ * oversubscribed by threads that spin between calls. */
+static void split_range(int64_t n, int nth, int id, int64_t *lo, int64_t *hi) {
+    *lo = n * id / nth;
+    *hi = n * (id + 1) / nth;
+}
+
+/* out [R, OC] = inp [R, IC] wᵀ + bias;  w [OC, IC], bias [OC] (may be NULL). */
+static void matmul_forward(float *out, const float *inp, const float *w, const float *bias,
+                           int64_t R, int IC, int OC, int nt) {
+    openblas_set_num_threads(1);
+#pragma omp parallel num_threads(nt)
+    {
+        int nth = 1, id = 0;
+#ifdef _OPENMP
+        nth = omp_get_num_threads();
+        id = omp_get_thread_num();
+#endif
+        int64_t r0, r1;
+        split_range(R, nth, id, &r0, &r1);
+        if (r1 > r0) {
+            if (bias)
+                for (int64_t r = r0; r < r1; r++) memcpy(out + r * OC, bias, (size_t)OC * sizeof(float));
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)(r1 - r0), OC, IC, 1.0f,
+                        inp + r0 * IC, IC, w, IC, bias ? 1.0f : 0.0f, out + r0 * OC, OC);
+        }
+    }
+}
+
+/* dinp [R, IC] = dout [R, OC] w (overwritten; skipped if NULL);
+ * dw [OC, IC] += doutᵀ inp;  dbias [OC] += column sums of dout. */
+static void matmul_backward(float *dinp, float *dw, float *dbias, const float *dout,
+                            const float *inp, const float *w, int64_t R, int IC, int OC, int nt) {
+    openblas_set_num_threads(1);
+#pragma omp parallel num_threads(nt)
+    {
+        int nth = 1, id = 0;
+#ifdef _OPENMP
+        nth = omp_get_num_threads();
+        id = omp_get_thread_num();
+#endif
+        int64_t r0, r1, c0, c1;
+        split_range(R, nth, id, &r0, &r1);
+        split_range(OC, nth, id, &c0, &c1);
+        if (dinp && r1 > r0)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)(r1 - r0), IC, OC, 1.0f,
+                        dout + r0 * OC, OC, w, IC, 0.0f, dinp + r0 * IC, IC);
+        if (c1 > c0) {
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (blasint)(c1 - c0), IC, (blasint)R,
+                        1.0f, dout + c0, OC, inp, IC, 1.0f, dw + c0 * IC, IC);
+            if (dbias)
+                for (int64_t r = 0; r < R; r++) {
+                    const float *g = dout + r * OC;
+                    for (int64_t c = c0; c < c1; c++) dbias[c] += g[c];
+                }
+        }
+    }
+}
+
+#define GELU_K 0.7978845608028654f /* sqrt(2 / pi) */
+
+/* out [N] = 0.5 x (1 + tanh(u)),  u = k (x + 0.044715 x³),
+ * computed as x * sigmoid(2u) (the same function: 0.5 (1 + tanh(u)) =
+ * 1 / (1 + exp(-2u))), which needs one expf instead of libm's slow tanhf. */
+static void gelu_forward(float *out, const float *inp, int64_t N, int nt) {
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int64_t i = 0; i < N; i++) {
+        float x = inp[i];
+        float u = GELU_K * (x + 0.044715f * x * x * x);
+        out[i] = x / (1.0f + expf(-2.0f * u));
+    }
+}
+
+/* dinp [N] = dout * gelu'(inp)  (dinp may alias dout). With s = sigmoid(2u):
+ * gelu' = 0.5 (1 + tanh u) + 0.5 x (1 - tanh² u) u' = s + 2 x s (1 - s) u',
+ * u' = k (1 + 3 * 0.044715 x²). */
+static void gelu_backward(float *dinp, const float *inp, const float *dout, int64_t N, int nt) {
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int64_t i = 0; i < N; i++) {
+        float x = inp[i];
+        float u = GELU_K * (x + 0.044715f * x * x * x);
+        float s = 1.0f / (1.0f + expf(-2.0f * u));
+        float du = GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
+        dinp[i] = dout[i] * (s + 2.0f * x * s * (1.0f - s) * du);
+    }
+}
+
+/* out [N] = a + branch * mask  (mask NULL: no dropout; out may alias a) */
+static void residual_forward(float *out, const float *a, const float *branch, const float *mask,
+                             int64_t N, int nt) {
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int64_t i = 0; i < N; i++) out[i] = a[i] + (mask ? branch[i] * mask[i] : branch[i]);
+}
+/* The residual's backward: d(a) is dout itself (the stream's gradient flows
+ * on unchanged); d(branch) [N] = dout * mask. */
+static void residual_branch_backward(float *dbranch, const float *dout, const float *mask,
+                                     int64_t N, int nt) {
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int64_t i = 0; i < N; i++) dbranch[i] = mask ? dout[i] * mask[i] : dout[i];
+}
+
+/* Dropout multipliers mask [N]: 0 with probability p, else 1/(1-p), from a
+ * counter-based hash of (seed, site, i): independent of threads. */
+static void dropout_mask(float *mask, int64_t N, float p, uint64_t seed, uint64_t site, int nt) {
+    uint64_t ks = seed ^ (0xA0761D6478BD642Full * (site + 1));
+    const uint64_t key = splitmix64(&ks);
+    const uint32_t thr = (uint32_t)fmin((double)p * 4294967296.0, 4294967295.0);
+    const float keep = 1.0f / (1.0f - p);
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int64_t i = 0; i < N; i++) {
+        uint64_t z = key + (uint64_t)i * 0x9E3779B97F4A7C15ull;
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        z ^= z >> 31;
+        mask[i] = (uint32_t)(z >> 32) < thr ? 0.0f : keep;
+    }
+}
+static void mul_inplace(float *x, const float *mask, int64_t N, int nt) {
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int64_t i = 0; i < N; i++) x[i] *= mask[i];
+}
+
+/* Softmax cross-entropy over rows r = (b, t) with t < key_len[b].
+ * logits [B, L, V] -> probs [B, L, V] (zero rows where not counted; probs
+ * may alias logits),
+ * row_loss [B, L]; returns the sum of the losses (double, fixed order). */
+static double crossentropy_forward(float *probs, float *row_loss, const float *logits,
+                                   const int32_t *targets, const int64_t *key_len, int B, int L,
+                                   int V, int nt) {
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int64_t r = 0; r < (int64_t)B * L; r++) {
+        const float *lg = logits + r * V;
+        float *pr = probs + r * V;
+        if ((r % L) >= key_len[r / L]) {
+            memset(pr, 0, (size_t)V * sizeof(float));
+            row_loss[r] = 0.0f;
+            continue;
+        }
+        const float target_logit = lg[targets[r]]; /* before probs overwrite logits */
+        float mx = -INFINITY;
+        for (int v = 0; v < V; v++) mx = lg[v] > mx ? lg[v] : mx;
+        float sum = 0.0f;
+        for (int v = 0; v < V; v++) {
+            pr[v] = expf(lg[v] - mx);
+            sum += pr[v];
+        }
+        const float inv = 1.0f / sum;
+        for (int v = 0; v < V; v++) pr[v] *= inv;
+        row_loss[r] = mx + logf(sum) - target_logit;
+    }
+    double total = 0.0;
+    for (int64_t r = 0; r < (int64_t)B * L; r++) total += row_loss[r];
+    return total;
+}
+
+/* dlogits [B, L, V] = (probs - onehot(target)) / ntok on counted rows, in
+ * place over probs (uncounted rows are already zero). */
+static void crossentropy_backward(float *probs, const int32_t *targets, const int64_t *key_len,
+                                  int B, int L, int V, int64_t ntok, int nt) {
+    const float inv = 1.0f / (float)ntok;
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int64_t r = 0; r < (int64_t)B * L; r++) {
+        if ((r % L) >= key_len[r / L]) continue;
+        float *pr = probs + r * V;
+        pr[targets[r]] -= 1.0f;
+        for (int v = 0; v < V; v++) pr[v] *= inv;
+    }
+}
+
+/* ------------------------------------------------------------ forward */
+
+static int threads_now(void) {
+    int nt = attn_get_num_threads();
+    return nt < 1 ? 1 : nt;
+}
+
+static attn_sdpa_params attn_params(const mg_model *m, int layer, int training, uint64_t seed) {
+    attn_sdpa_params p;
+    memset(&p, 0, sizeof p);
+    p.causal = !m->cfg.no_causal_mask;
+    p.key_lengths = m->key_len;
+    p.dropout_p = training ? m->cfg.dropout : 0.0f;
+    p.training = training && m->cfg.dropout > 0.0f;
+    p.seed = seed;
+    p.offset = (uint64_t)layer;
+    return p;
+}
+
+/* The network on m->inputs [B, L] and m->key_len [B]. keep != 0: one
+ * activation slot per block (for the backward), else all blocks reuse slot 0
+ * and the residual stream is updated in place. Logits go to `logits`
+ * [B, L, V]; attention probabilities to attn_weights [N, B, H, L, L] if given. */
+static int forward_core(mg_model *m, int B, int L, int keep, int training, uint64_t seed,
+                        float *logits, float *attn_weights, char *err, size_t errlen) {
+    const int nt = threads_now();
+    const int N = m->cfg.n_layer, d = m->cfg.d_model, F = 4 * d, V = m->cfg.vocab_size;
+    const int64_t R = (int64_t)B * L;
+    const int drop = training && m->cfg.dropout > 0.0f;
+    const float p_drop = m->cfg.dropout;
+    size_t cache_need = 0;
+    attn_error aerr;
+    if (attn_mha_cache_size(&m->mha, B, L, L, &cache_need, &aerr))
+        return fail(err, errlen, MG_MODEL_ERR, "attention: %s", aerr.message);
+    if (cache_need > (size_t)R * (4 * (size_t)d + (size_t)m->cfg.n_head))
+        return fail(err, errlen, MG_MODEL_ERR, "attention cache larger than planned (%zu floats)",
+                    cache_need);
+
+    float *x = m->acts[0].x; /* [B, L, d] the residual stream */
+    encoder_forward(x, m->inputs, m->p.tok_emb, m->p.pos_emb, B, L, d, nt);
+    if (drop) {
+        dropout_mask(m->emb_drop, R * d, p_drop, seed, 0, nt);
+        mul_inplace(x, m->emb_drop, R * d, nt);
+    }
+    for (int l = 0; l < N; l++) {
+        block_acts *a = &m->acts[keep ? l : 0];
+        const block_params *bp = &m->p.blocks[l];
+        /* keep: block l reads acts[l].x and writes acts[l+1].x (x_final at
+         * the end); inference: in place. */
+        float *out = keep ? (l + 1 < N ? m->acts[l + 1].x : m->x_final) : a->x;
+        const float *in = a->x;
+
+        layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, in, bp->ln1_w, bp->ln1_b, R, d, nt);
+        attn_mha_weights w;
+        attn_mha_weights_from_buffer(&m->mha, bp->attn, &w, NULL);
+        attn_sdpa_params ap = attn_params(m, l, training, seed);
+        float *wts = attn_weights ? attn_weights + (size_t)l * B * m->cfg.n_head * L * L : NULL;
+        if (attn_mha_forward(&m->mha, &w, B, L, L, a->ln1, a->ln1, a->ln1, &ap, m->scratch,
+                             wts ? ATTN_WEIGHTS_PER_HEAD : ATTN_WEIGHTS_NONE, wts, a->attn_cache,
+                             &aerr))
+            return fail(err, errlen, MG_MODEL_ERR, "block %d attention: %s", l, aerr.message);
+        if (drop) dropout_mask(a->drop_attn, R * d, p_drop, seed, 1 + 2 * (uint64_t)l, nt);
+        residual_forward(a->x_mid, in, m->scratch, drop ? a->drop_attn : NULL, R * d, nt);
+
+        layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->x_mid, bp->ln2_w, bp->ln2_b, R, d,
+                          nt);
+        matmul_forward(a->fc, a->ln2, bp->fc_w, bp->fc_b, R, d, F, nt);
+        gelu_forward(a->gelu, a->fc, R * F, nt);
+        matmul_forward(m->scratch, a->gelu, bp->proj_w, bp->proj_b, R, F, d, nt);
+        if (drop) dropout_mask(a->drop_mlp, R * d, p_drop, seed, 2 + 2 * (uint64_t)l, nt);
+        residual_forward(out, a->x_mid, m->scratch, drop ? a->drop_mlp : NULL, R * d, nt);
+    }
+    const float *xf = keep ? m->x_final : m->acts[0].x;
+    layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, xf, m->p.lnf_w, m->p.lnf_b, R, d, nt);
+    matmul_forward(logits, m->lnf, m->p.head_w, m->p.head_b, R, d, V, nt);
+    return 0;
+}
+
+int mg_model_forward(mg_model *m, const int32_t *ids, const int64_t *lengths, int B, int T,
+                     int training, uint64_t dropout_seed, float *loss, int64_t *ntok, char *err,
+                     size_t errlen) {
+    if (!m || !ids || !lengths || !loss)
+        return fail(err, errlen, MG_MODEL_ERR, "model, ids, lengths and loss must be non-NULL");
+    m->have_forward = 0;
+    const int V = m->cfg.vocab_size;
+    if (B < 1 || T < 2 || T - 1 > m->cfg.ctx_len)
+        return fail(err, errlen, MG_MODEL_ERR, "batch %d x %d: need B >= 1 and 2 <= T <= ctx_len + 1 = %d",
+                    B, T, m->cfg.ctx_len + 1);
+    const int L = T - 1;
+    const int64_t R = (int64_t)B * L;
+    int rc = ensure_acts(m, (size_t)R, (size_t)B, (size_t)m->cfg.n_layer, err, errlen);
+    if (rc) return rc;
+    int64_t count = 0;
+    for (int b = 0; b < B; b++) {
+        if (lengths[b] < 2 || lengths[b] > T)
+            return fail(err, errlen, MG_MODEL_ERR, "lengths[%d] = %lld is outside [2, %d]", b,
+                        (long long)lengths[b], T);
+        m->key_len[b] = lengths[b] - 1;
+        count += lengths[b] - 1;
+        for (int t = 0; t < T; t++) {
+            int32_t id = ids[(int64_t)b * T + t];
+            if (id < 0 || id >= V)
+                return fail(err, errlen, MG_MODEL_ERR, "ids[%d][%d] = %d is outside [0, %d)", b, t,
+                            (int)id, V);
+            if (t < L) m->inputs[(int64_t)b * L + t] = id;
+            if (t > 0) m->targets[(int64_t)b * L + t - 1] = id;
+        }
+    }
+    /* The logits go where the probabilities will be: softmax is done in
+     * place row by row. */
+    rc = forward_core(m, B, L, 1, training, dropout_seed, m->probs, NULL, err, errlen);
+    if (rc) return rc;
+    const double total = crossentropy_forward(m->probs, m->row_loss, m->probs, m->targets,
+                                              m->key_len, B, L, V, threads_now());
+    *loss = (float)(total / (double)count);
+    if (ntok) *ntok = count;
+    m->have_forward = 1;
+    m->B = B;
+    m->L = L;
+    m->training = training;
+    m->seed = dropout_seed;
+    m->ntok = count;
+    return 0;
+}
+
+/* ------------------------------------------------------------ backward */
+
+int mg_model_backward(mg_model *m, char *err, size_t errlen) {
+    if (!m) return fail(err, errlen, MG_MODEL_ERR, "model is NULL");
+    if (!m->have_forward)
+        return fail(err, errlen, MG_MODEL_ERR, "backward without a forward (call mg_model_forward first)");
+    m->have_forward = 0; /* dlogits overwrite the probabilities */
+    const int nt = threads_now();
+    const int B = m->B, L = m->L, N = m->cfg.n_layer, d = m->cfg.d_model, F = 4 * d;
+    const int V = m->cfg.vocab_size;
+    const int64_t R = (int64_t)B * L;
+    const int drop = m->training && m->cfg.dropout > 0.0f;
+    memset(m->grads, 0, m->num_params * sizeof(float));
+
+    float *dlogits = m->probs; /* [B, L, V] */
+    crossentropy_backward(dlogits, m->targets, m->key_len, B, L, V, m->ntok, nt);
+    matmul_backward(m->dln, m->g.head_w, m->g.head_b, dlogits, m->lnf, m->p.head_w, R, d, V, nt);
+    memset(m->dx, 0, (size_t)R * d * sizeof(float));
+    layernorm_backward(m->dx, m->g.lnf_w, m->g.lnf_b, m->dln, m->x_final, m->p.lnf_w, m->lnf_mean,
+                       m->lnf_rstd, R, d, nt);
+
+    attn_error aerr;
+    for (int l = N - 1; l >= 0; l--) {
+        /* m->dx holds the gradient of block l's output. */
+        const block_acts *a = &m->acts[l];
+        const block_params *bp = &m->p.blocks[l];
+        const block_params *bg = &m->g.blocks[l];
+
+        /* MLP branch: out = x_mid + drop(proj(gelu(fc(ln2(x_mid))))) */
+        residual_branch_backward(m->dbranch, m->dx, drop ? a->drop_mlp : NULL, R * d, nt);
+        matmul_backward(m->dfc, bg->proj_w, bg->proj_b, m->dbranch, a->gelu, bp->proj_w, R, F, d,
+                        nt);
+        gelu_backward(m->dfc, a->fc, m->dfc, R * F, nt);
+        matmul_backward(m->dln, bg->fc_w, bg->fc_b, m->dfc, a->ln2, bp->fc_w, R, d, F, nt);
+        layernorm_backward(m->dx, bg->ln2_w, bg->ln2_b, m->dln, a->x_mid, bp->ln2_w, a->ln2_mean,
+                           a->ln2_rstd, R, d, nt);
+
+        /* Attention branch: x_mid = x + drop(MHA(ln1(x))) */
+        residual_branch_backward(m->dbranch, m->dx, drop ? a->drop_attn : NULL, R * d, nt);
+        memset(m->dln, 0, (size_t)R * d * sizeof(float));
+        attn_mha_weights w, gw;
+        attn_mha_weights_from_buffer(&m->mha, bp->attn, &w, NULL);
+        attn_mha_weights_from_buffer(&m->mha, bg->attn, &gw, NULL);
+        attn_sdpa_params ap = attn_params(m, l, m->training, m->seed);
+        if (attn_mha_backward(&m->mha, &w, B, L, L, a->ln1, a->ln1, a->ln1, &ap, a->attn_cache,
+                              m->dbranch, m->dln, m->dln, m->dln, &gw, &aerr))
+            return fail(err, errlen, MG_MODEL_ERR, "block %d attention backward: %s", l,
+                        aerr.message);
+        layernorm_backward(m->dx, bg->ln1_w, bg->ln1_b, m->dln, a->x, bp->ln1_w, a->ln1_mean,
+                           a->ln1_rstd, R, d, nt);
+    }
+    if (drop) mul_inplace(m->dx, m->emb_drop, R * d, nt);
+    encoder_backward(m->g.tok_emb, m->g.pos_emb, m->dx, m->inputs, B, L, d, nt);
+    return 0;
+}
+
+/* ------------------------------------------------------------ inference */
+
+int mg_model_logits(mg_model *m, const int32_t *ids, const int64_t *lengths, int B, int L,
+                    float *logits, float *attn_weights, char *err, size_t errlen) {
+    if (!m || !ids || !logits)
+        return fail(err, errlen, MG_MODEL_ERR, "model, ids and logits must be non-NULL");
+    if (B < 1 || L < 1 || L > m->cfg.ctx_len)
+        return fail(err, errlen, MG_MODEL_ERR, "batch %d x %d: need B >= 1 and 1 <= L <= ctx_len %d",
+                    B, L, m->cfg.ctx_len);
+    m->have_forward = 0;
+    const int64_t R = (int64_t)B * L;
+    int rc = ensure_acts(m, (size_t)R, (size_t)B, 1, err, errlen);
+    if (rc) return rc;
+    for (int b = 0; b < B; b++) {
+        int64_t kl = lengths ? lengths[b] : L;
+        if (kl < 1 || kl > L)
+            return fail(err, errlen, MG_MODEL_ERR, "lengths[%d] = %lld is outside [1, %d]", b,
+                        (long long)kl, L);
+        m->key_len[b] = kl;
+    }
+    for (int64_t r = 0; r < R; r++) {
+        if (ids[r] < 0 || ids[r] >= m->cfg.vocab_size)
+            return fail(err, errlen, MG_MODEL_ERR, "ids[%lld][%lld] = %d is outside [0, %d)",
+                        (long long)(r / L), (long long)(r % L), (int)ids[r], m->cfg.vocab_size);
+        m->inputs[r] = ids[r];
+    }
+    return forward_core(m, B, L, 0, 0, 0, logits, attn_weights, err, errlen);
+}
+
+/* ------------------------------------------------------------ causal guard */
+
+int mg_model_causal_guard(mg_model *m, uint64_t seed, char *err, size_t errlen) {
+    if (!m) return fail(err, errlen, MG_MODEL_ERR, "model is NULL");
+    const int B = 2, L = m->cfg.ctx_len, V = m->cfg.vocab_size;
+    if (L < 2 || V < 2) return 0; /* nothing after a position can change */
+    const size_t R = (size_t)B * L;
+    int32_t *ids = malloc(R * sizeof(int32_t)), *ids2 = malloc(R * sizeof(int32_t));
+    float *lg = malloc(R * V * sizeof(float)), *lg2 = malloc(R * V * sizeof(float));
+    int rc = 0;
+    if (!ids || !ids2 || !lg || !lg2) {
+        rc = fail(err, errlen, MG_MODEL_ERR_NOMEM, "causal guard: out of memory");
+        goto done;
+    }
+    uint64_t s = seed ^ 0x6A09E667F3BCC909ull;
+    for (size_t i = 0; i < R; i++) ids[i] = (int32_t)(splitmix64(&s) % (uint64_t)V);
+    if ((rc = mg_model_logits(m, ids, NULL, B, L, lg, NULL, err, errlen))) goto done;
+    const int cuts[4] = {0, L / 3, (2 * L) / 3, L - 2};
+    for (int ci = 0; ci < 4; ci++) {
+        const int t = cuts[ci];
+        memcpy(ids2, ids, R * sizeof(int32_t));
+        for (int b = 0; b < B; b++)
+            for (int u = t + 1; u < L; u++) { /* a different token at every later position */
+                int32_t *x = &ids2[(size_t)b * L + u];
+                *x = (int32_t)((*x + 1 + (int32_t)(splitmix64(&s) % (uint64_t)(V - 1))) % V);
+            }
+        if ((rc = mg_model_logits(m, ids2, NULL, B, L, lg2, NULL, err, errlen))) goto done;
+        double worst = 0.0;
+        int worst_pos = -1;
+        for (int b = 0; b < B; b++)
+            for (int u = 0; u <= t; u++)
+                for (int v = 0; v < V; v++) {
+                    size_t k = ((size_t)b * L + u) * V + v;
+                    double diff = fabs((double)lg[k] - (double)lg2[k]);
+                    if (!(diff <= worst)) { /* NaN counts as a leak too */
+                        worst = isnan(diff) ? INFINITY : diff;
+                        worst_pos = u;
+                    }
+                }
+        if (worst > 1e-6) {
+            rc = fail(err, errlen, MG_MODEL_ERR_LEAK,
+                      "causal leak: logits at position %d changed by %.2e when the tokens after "
+                      "position %d changed",
+                      worst_pos, worst, t);
+            goto done;
+        }
+    }
+done:
+    free(ids);
+    free(ids2);
+    free(lg);
+    free(lg2);
+    return rc;
+}
+
+/* ------------------------------------------------------------ files */
+
+size_t mg_model_st_tensors(const mg_model *m, mg_st_tensor *t, size_t cap) {
+    if (cap < m->num_tensors) return 0;
+    for (size_t i = 0; i < m->num_tensors; i++) {
+        const mg_param_info *p = &m->tensors[i];
+        memset(&t[i], 0, sizeof t[i]);
+        t[i].name = p->name;
+        t[i].dtype = MG_ST_F32;
+        t[i].ndim = p->ndim;
+        t[i].shape[0] = p->shape[0];
+        t[i].shape[1] = p->shape[1];
+        t[i].data = m->params + p->offset;
+        t[i].nbytes = p->numel * sizeof(float);
+    }
+    return m->num_tensors;
+}
+
+int mg_model_from_st(const mg_st_file *f, mg_model **out, char *err, size_t errlen) {
+    if (!f || !out) return fail(err, errlen, MG_MODEL_ERR, "file or output pointer is NULL");
+    *out = NULL;
+    const char *cj = mg_st_meta(f, "config");
+    if (!cj) return fail(err, errlen, MG_MODEL_ERR, "not a molgen model: no \"config\" metadata");
+    mg_model_config c;
+    int rc = mg_model_config_from_json(cj, &c, err, errlen);
+    if (rc) return rc;
+    mg_model *m = NULL;
+    if ((rc = mg_model_create(&c, &m, err, errlen))) return rc;
+    for (size_t i = 0; i < m->num_tensors; i++) {
+        const mg_param_info *p = &m->tensors[i];
+        if (mg_st_copy(f, p->name, MG_ST_F32, p->ndim, p->shape, m->params + p->offset,
+                       p->numel * sizeof(float), err, errlen)) {
+            mg_model_free(m);
+            return MG_MODEL_ERR;
+        }
+    }
+    *out = m;
+    return 0;
+}
+
+int mg_model_save(const mg_model *m, const mg_vocab *vocab, const char *path, char *err,
+                  size_t errlen) {
+    if (!m || !path) return fail(err, errlen, MG_MODEL_ERR, "model or path is NULL");
+    mg_st_tensor *t = calloc(m->num_tensors, sizeof *t);
+    char cfg[512];
+    char *vj = vocab ? mg_vocab_to_json(vocab) : NULL;
+    if (!t || (vocab && !vj)) {
+        free(t);
+        free(vj);
+        return fail(err, errlen, MG_MODEL_ERR_NOMEM, "out of memory saving the model");
+    }
+    mg_model_config_to_json(&m->cfg, cfg, sizeof cfg);
+    mg_model_st_tensors(m, t, m->num_tensors);
+    mg_st_kv meta[3] = {{"format", "molgen"}, {"config", cfg}, {"vocab", vj}};
+    int rc = mg_st_write(path, t, m->num_tensors, meta, vj ? 3 : 2, err, errlen) ? MG_MODEL_ERR : 0;
+    free(t);
+    free(vj);
+    return rc;
+}
+
+int mg_model_load(const char *path, mg_model **out, mg_vocab **vocab, char *err, size_t errlen) {
+    if (!path || !out) return fail(err, errlen, MG_MODEL_ERR, "path or output pointer is NULL");
+    *out = NULL;
+    if (vocab) *vocab = NULL;
+    mg_st_file *f = NULL;
+    char e[256];
+    if (mg_st_load(path, &f, e, sizeof e)) return fail(err, errlen, MG_MODEL_ERR, "%s", e);
+    mg_model *m = NULL;
+    int rc = mg_model_from_st(f, &m, e, sizeof e);
+    if (rc) {
+        mg_st_free(f);
+        return fail(err, errlen, rc, "%s: %s", path, e);
+    }
+    if (vocab) {
+        const char *vj = mg_st_meta(f, "vocab");
+        if (!vj) {
+            rc = fail(err, errlen, MG_MODEL_ERR, "%s: no \"vocab\" metadata", path);
+        } else if (mg_vocab_from_json(vj, strlen(vj), vocab, e, sizeof e)) {
+            rc = fail(err, errlen, MG_MODEL_ERR, "%s: vocab: %s", path, e);
+        } else if (mg_vocab_size(*vocab) != m->cfg.vocab_size) {
+            rc = fail(err, errlen, MG_MODEL_ERR, "%s: vocab has %d tokens but the model %d", path,
+                      mg_vocab_size(*vocab), m->cfg.vocab_size);
+        }
+        if (rc) {
+            mg_vocab_free(*vocab);
+            *vocab = NULL;
+        }
+    }
+    mg_st_free(f);
+    if (rc) {
+        mg_model_free(m);
+        return rc;
+    }
+    *out = m;
+    return 0;
+}

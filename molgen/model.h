@@ -1,0 +1,184 @@
+/* molgen model: a decoder-only transformer over SMILES tokens (GPT-2 layout),
+ * forward and backward in C on libattn and OpenBLAS.
+ *
+ *   x0      = drop(tok_emb[ids] + pos_emb[0..L))                  [B, L, d]
+ *   block l = x += drop(MHA(LN1(x)))     causal, key padding, attention dropout
+ *             x += drop(MLP(LN2(x)))     fc [4d, d] -> GELU(tanh) -> proj [d, 4d]
+ *   logits  = LN_f(x) head.weightᵀ + head.bias                    [B, L, V]
+ *
+ * LayerNorm eps 1e-5 (PyTorch's default); GELU is the tanh approximation
+ * (GPT-2; torch.nn.functional.gelu(x, approximate="tanh")). The head is not
+ * tied to tok_emb. molgen/torch_model.py is the same model in PyTorch.
+ *
+ * Parameters live in one contiguous float buffer described by a table of
+ * named tensors in PyTorch's naming, in this order:
+ *   tok_emb.weight [V, d]             pos_emb.weight [ctx_len, d]
+ *   blocks.{i}.ln1.weight [d]         blocks.{i}.ln1.bias [d]
+ *   blocks.{i}.attn.in_proj_weight [3d, d]   blocks.{i}.attn.in_proj_bias [3d]
+ *   blocks.{i}.attn.out_proj.weight [d, d]   blocks.{i}.attn.out_proj.bias [d]
+ *   blocks.{i}.ln2.weight [d]         blocks.{i}.ln2.bias [d]
+ *   blocks.{i}.mlp.fc.weight [4d, d]  blocks.{i}.mlp.fc.bias [4d]
+ *   blocks.{i}.mlp.proj.weight [d, 4d] blocks.{i}.mlp.proj.bias [d]
+ *   ln_f.weight [d]  ln_f.bias [d]    head.weight [V, d]  head.bias [V]
+ * The four attention tensors of a block are contiguous in
+ * attn_mha_weights_from_buffer's order; the gradients buffer has the same
+ * layout. Checkpoints are safetensors files with these names (F32), plus the
+ * metadata "config" (mg_model_config_to_json) and "vocab" (mg_vocab_to_json).
+ *
+ * Init (deterministic in the seed; each tensor has its own stream, so a
+ * tensor's values do not depend on the sizes of the others): GPT-2's scheme,
+ * N(0, 0.02) for embeddings and every linear weight (attention in/out
+ * projections included; attn_mha_init's Xavier init is not used), with the
+ * two projections that write into the residual stream (attn.out_proj and
+ * mlp.proj) scaled by 1/sqrt(2 n_layer); biases 0; LayerNorm weight 1,
+ * bias 0.
+ *
+ * Dropout (training only, probability cfg.dropout for all three kinds):
+ * embedding output, both residual branches, and attention weights (libattn's
+ * Philox dropout with seed = the forward's dropout seed and offset = block
+ * index). Embedding/residual masks come from a counter-based hash of
+ * (seed, site, element): the same for any thread count.
+ *
+ * Threads: every call uses attn_get_num_threads() for OpenMP loops, OpenBLAS
+ * and libattn. Results are deterministic for a given thread count.
+ *
+ * Conventions: functions return 0 or a negative code, with a one-line
+ * message in err[errlen] (err may be NULL). Nothing aborts or prints.
+ * A model is not thread-safe: forward/logits/backward use its buffers.
+ */
+#ifndef MG_MODEL_H
+#define MG_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "safetensors.h"
+#include "tokenizer.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define MG_MODEL_ERR (-1)       /* bad argument, shape, file */
+#define MG_MODEL_ERR_NOMEM (-2)
+#define MG_MODEL_ERR_LEAK (-3)  /* mg_model_causal_guard found a leak */
+
+typedef struct {
+    int n_layer;    /* N blocks, >= 1 */
+    int d_model;    /* d, divisible by n_head */
+    int n_head;     /* H */
+    int ctx_len;    /* positions (rows of pos_emb): the longest input */
+    int vocab_size; /* V, specials included */
+    float dropout;  /* [0, 1): embedding, residual and attention dropout */
+    /* DEBUG ONLY: nonzero builds attention WITHOUT the causal mask, so that
+     * tests can show mg_model_causal_guard catching the leak. Stored in the
+     * config JSON as "causal": false. */
+    int no_causal_mask;
+} mg_model_config;
+
+/* Default architecture for this project's 2-core machines: 4 layers,
+ * d_model 128, 4 heads, dropout 0; ctx_len and vocab_size 0 (unset: the
+ * trainer takes them from the data). */
+void mg_model_config_default(mg_model_config *c);
+/* MolGPT's architecture: 8 layers, d_model 256, 8 heads, dropout 0.1. */
+void mg_model_config_molgpt(mg_model_config *c);
+int mg_model_config_check(const mg_model_config *c, char *err, size_t errlen);
+/* {"n_layer":4,"d_model":128,"n_head":4,"ctx_len":54,"vocab_size":26,
+ *  "dropout":0,"causal":true}; returns the length like snprintf. */
+int mg_model_config_to_json(const mg_model_config *c, char *out, size_t outlen);
+/* Parse the above (all keys but "dropout" and "causal" required; unknown
+ * keys are an error) and check the result. */
+int mg_model_config_from_json(const char *json, mg_model_config *c, char *err,
+                              size_t errlen);
+
+/* One named parameter tensor: params[offset .. offset + numel). */
+typedef struct {
+    const char *name;
+    int ndim;          /* 1 or 2 */
+    int64_t shape[2];
+    size_t offset, numel;
+    int decay;         /* 1: a linear layer's weight matrix (AdamW decays it);
+                          0: biases, LayerNorm, embeddings */
+} mg_param_info;
+
+typedef struct mg_model mg_model;
+
+/* Allocate a model (parameters zero: call mg_model_init or load weights). */
+int mg_model_create(const mg_model_config *c, mg_model **out, char *err,
+                    size_t errlen);
+void mg_model_free(mg_model *m); /* NULL fine */
+/* GPT-2 init (see above), deterministic in seed. */
+void mg_model_init(mg_model *m, uint64_t seed);
+
+const mg_model_config *mg_model_get_config(const mg_model *m);
+size_t mg_model_num_params(const mg_model *m);
+float *mg_model_params(mg_model *m);  /* [num_params] */
+float *mg_model_grads(mg_model *m);   /* [num_params], same layout */
+size_t mg_model_num_tensors(const mg_model *m);
+const mg_param_info *mg_model_tensor(const mg_model *m, size_t i);
+const mg_param_info *mg_model_find_tensor(const mg_model *m, const char *name);
+
+/* Training / evaluation forward on whole rows.
+ *   ids     [B, T]  rows BOS t1 .. tk EOS PAD.. (data.h layout), T - 1 <= ctx_len
+ *   lengths [B]     k + 2, in [2, T]
+ * input = ids[:, 0:T-1], target = ids[:, 1:T]; the loss is the mean
+ * cross-entropy over the positions t < lengths[b] - 1 (the non-pad targets),
+ * *ntok (may be NULL) their number; attention uses causal masking and
+ * key_lengths = lengths - 1. training != 0 turns dropout on (when
+ * cfg.dropout > 0) with masks drawn from dropout_seed. The activations are
+ * kept for mg_model_backward. */
+int mg_model_forward(mg_model *m, const int32_t *ids, const int64_t *lengths,
+                     int B, int T, int training, uint64_t dropout_seed,
+                     float *loss, int64_t *ntok, char *err, size_t errlen);
+
+/* Gradients of the last mg_model_forward's loss into mg_model_grads
+ * (OVERWRITTEN, not accumulated). Fails if there was no forward since. */
+int mg_model_backward(mg_model *m, char *err, size_t errlen);
+
+/* Inference (no dropout, nothing kept for a backward).
+ *   ids     [B, L]   input positions (L <= ctx_len), e.g. BOS t1 t2 ...
+ *   lengths [B]      valid positions per row in [1, L] (key padding), or
+ *                    NULL: all L (with the causal mask, keys after a
+ *                    position never matter, so NULL is right for sampling)
+ *   logits  [B, L, V] out
+ *   attn_weights  optional [n_layer, B, H, L, L]: each block's attention
+ *                 probabilities per head (rows of padded queries included).
+ * Position t's logits predict token t + 1. */
+int mg_model_logits(mg_model *m, const int32_t *ids, const int64_t *lengths,
+                    int B, int L, float *logits, float *attn_weights,
+                    char *err, size_t errlen);
+
+/* Causal-leak guard: random token rows of length ctx_len; for several cut
+ * points t, re-draws every token after t and checks that the logits of
+ * positions <= t do not change (max abs difference <= 1e-6; in practice
+ * bitwise equal). Returns 0, or MG_MODEL_ERR_LEAK with e.g. "causal leak:
+ * logits at position 3 changed by 2.1e-03 when tokens after position 5
+ * changed". Leaves the parameters untouched. */
+int mg_model_causal_guard(mg_model *m, uint64_t seed, char *err, size_t errlen);
+
+/* ------------------------------------------------------------ files */
+
+/* Fill t[0 .. num_tensors) with the parameter tensors (F32, names and shapes
+ * of the table, data pointing into the params buffer) for mg_st_write.
+ * Returns the number written, or 0 if cap is too small. */
+size_t mg_model_st_tensors(const mg_model *m, mg_st_tensor *t, size_t cap);
+
+/* Create a model from a loaded safetensors file: the "config" metadata and
+ * every parameter tensor (names, F32, exact shapes; other tensors, e.g. an
+ * optimizer's, are ignored). */
+int mg_model_from_st(const mg_st_file *f, mg_model **out, char *err,
+                     size_t errlen);
+
+/* Write a model file: parameters + metadata format=molgen, config, vocab
+ * (vocab may be NULL: no "vocab" key). Atomic (mg_st_write). */
+int mg_model_save(const mg_model *m, const mg_vocab *vocab, const char *path,
+                  char *err, size_t errlen);
+/* Load a model file or a training checkpoint; *vocab (may be NULL) gets the
+ * stored vocabulary (an error if the file has none). */
+int mg_model_load(const char *path, mg_model **out, mg_vocab **vocab,
+                  char *err, size_t errlen);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MG_MODEL_H */

@@ -1,0 +1,222 @@
+/* molgen optim: AdamW, warm-up + cosine schedule, global-norm clipping
+ * (see optim.h). */
+#include "optim.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attn.h"
+#include "safetensors.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+static int fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int fail(char *err, size_t errlen, const char *fmt, ...) {
+    if (err && errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return -1;
+}
+
+void mg_adamw_config_default(mg_adamw_config *c) {
+    c->lr = 1e-3f;
+    c->min_lr_frac = 0.1f;
+    c->warmup_steps = 100;
+    c->total_steps = 1000;
+    c->beta1 = 0.9f;
+    c->beta2 = 0.95f;
+    c->eps = 1e-8f;
+    c->weight_decay = 0.1f;
+    c->grad_clip = 1.0f;
+}
+
+int mg_adamw_config_check(const mg_adamw_config *c, char *err, size_t errlen) {
+    if (!c) return fail(err, errlen, "optimizer config is NULL");
+    if (!(c->lr > 0.0f && c->lr < 10.0f)) return fail(err, errlen, "lr %g must be in (0, 10)", (double)c->lr);
+    if (!(c->min_lr_frac >= 0.0f && c->min_lr_frac <= 1.0f))
+        return fail(err, errlen, "min_lr_frac %g must be in [0, 1]", (double)c->min_lr_frac);
+    if (c->warmup_steps < 0) return fail(err, errlen, "warmup_steps must be >= 0");
+    if (c->total_steps < 1) return fail(err, errlen, "total_steps must be >= 1");
+    if (!(c->beta1 >= 0.0f && c->beta1 < 1.0f) || !(c->beta2 >= 0.0f && c->beta2 < 1.0f))
+        return fail(err, errlen, "betas (%g, %g) must be in [0, 1)", (double)c->beta1, (double)c->beta2);
+    if (!(c->eps > 0.0f)) return fail(err, errlen, "eps must be > 0");
+    if (!(c->weight_decay >= 0.0f && c->weight_decay < 1.0f))
+        return fail(err, errlen, "weight_decay %g must be in [0, 1)", (double)c->weight_decay);
+    if (!(c->grad_clip == c->grad_clip)) return fail(err, errlen, "grad_clip is NaN");
+    return 0;
+}
+
+int mg_adamw_config_to_json(const mg_adamw_config *c, char *out, size_t outlen) {
+    return snprintf(out, outlen,
+                    "{\"lr\":%.9g,\"min_lr_frac\":%.9g,\"warmup_steps\":%lld,\"total_steps\":%lld,"
+                    "\"beta1\":%.9g,\"beta2\":%.9g,\"eps\":%.9g,\"weight_decay\":%.9g,"
+                    "\"grad_clip\":%.9g}",
+                    (double)c->lr, (double)c->min_lr_frac, (long long)c->warmup_steps,
+                    (long long)c->total_steps, (double)c->beta1, (double)c->beta2, (double)c->eps,
+                    (double)c->weight_decay, (double)c->grad_clip);
+}
+
+int mg_adamw_config_from_json(const char *json, mg_adamw_config *c, char *err, size_t errlen) {
+    if (!json || !c) return fail(err, errlen, "optimizer JSON or output is NULL");
+    mg_json *j = NULL;
+    char jerr[200];
+    if (mg_json_parse(json, strlen(json), &j, jerr, sizeof jerr))
+        return fail(err, errlen, "optimizer config JSON: %s", jerr);
+    static const char *const keys[] = {"lr", "min_lr_frac", "warmup_steps", "total_steps", "beta1",
+                                       "beta2", "eps", "weight_decay", "grad_clip"};
+    double val[9];
+    int rc = 0;
+    if (j->type != MG_JSON_OBJECT) {
+        rc = fail(err, errlen, "optimizer config JSON is not an object");
+        goto done;
+    }
+    for (size_t i = 0; i < j->len; i++) {
+        int known = 0;
+        for (int k = 0; k < 9; k++) known |= !strcmp(j->keys[i], keys[k]);
+        if (!known) {
+            rc = fail(err, errlen, "optimizer config: unknown key \"%s\"", j->keys[i]);
+            goto done;
+        }
+    }
+    for (int k = 0; k < 9; k++) {
+        const mg_json *v = mg_json_get(j, keys[k]);
+        if (!v || v->type != MG_JSON_NUMBER) {
+            rc = fail(err, errlen, "optimizer config: \"%s\" missing or not a number", keys[k]);
+            goto done;
+        }
+        val[k] = v->is_int ? (double)v->integer : v->number;
+    }
+    mg_adamw_config r;
+    r.lr = (float)val[0];
+    r.min_lr_frac = (float)val[1];
+    r.warmup_steps = (int64_t)val[2];
+    r.total_steps = (int64_t)val[3];
+    r.beta1 = (float)val[4];
+    r.beta2 = (float)val[5];
+    r.eps = (float)val[6];
+    r.weight_decay = (float)val[7];
+    r.grad_clip = (float)val[8];
+    if ((rc = mg_adamw_config_check(&r, err, errlen))) goto done;
+    *c = r;
+done:
+    mg_json_free(j);
+    return rc;
+}
+
+float mg_lr_at(const mg_adamw_config *c, int64_t s) {
+    if (s < c->warmup_steps) return c->lr * (float)(s + 1) / (float)c->warmup_steps;
+    const double floor_lr = (double)c->lr * c->min_lr_frac;
+    int64_t span = c->total_steps - c->warmup_steps;
+    if (span < 1) span = 1;
+    double prog = (double)(s - c->warmup_steps) / (double)span;
+    if (prog > 1.0) prog = 1.0;
+    return (float)(floor_lr + ((double)c->lr - floor_lr) * 0.5 * (1.0 + cos(3.141592653589793 * prog)));
+}
+
+int mg_adamw_init(mg_adamw *o, const mg_adamw_config *c, size_t n, const mg_optim_span *spans,
+                  size_t nspans, char *err, size_t errlen) {
+    if (!o) return fail(err, errlen, "optimizer is NULL");
+    memset(o, 0, sizeof *o);
+    if (mg_adamw_config_check(c, err, errlen)) return -1;
+    if (n == 0 || !spans || nspans == 0) return fail(err, errlen, "no parameters or spans");
+    size_t at = 0;
+    for (size_t i = 0; i < nspans; i++) {
+        if (spans[i].offset != at || spans[i].numel == 0)
+            return fail(err, errlen, "span %zu starts at %zu, expected %zu (spans must tile the buffer)",
+                        i, spans[i].offset, at);
+        at += spans[i].numel;
+    }
+    if (at != n) return fail(err, errlen, "spans cover %zu parameters, not %zu", at, n);
+    o->cfg = *c;
+    o->n = n;
+    o->m = calloc(n, sizeof(float));
+    o->v = calloc(n, sizeof(float));
+    o->spans = malloc(nspans * sizeof *spans);
+    if (!o->m || !o->v || !o->spans) {
+        mg_adamw_free(o);
+        return fail(err, errlen, "out of memory for the optimizer state (%zu parameters)", n);
+    }
+    memcpy(o->spans, spans, nspans * sizeof *spans);
+    o->nspans = nspans;
+    return 0;
+}
+
+void mg_adamw_free(mg_adamw *o) {
+    if (!o) return;
+    free(o->m);
+    free(o->v);
+    free(o->spans);
+    memset(o, 0, sizeof *o);
+}
+
+/* Sum of squares in double: fixed chunks of 4096, each summed in order, then
+ * the chunk sums in order; the same for any thread count. */
+static double sum_squares(const float *g, size_t n, int nt) {
+    const size_t CH = 4096, nch = (n + CH - 1) / CH;
+    double *part = malloc(nch * sizeof(double));
+    double total = 0.0;
+    if (!part) { /* serial fallback, same order */
+        for (size_t c = 0; c < nch; c++) {
+            double s = 0.0;
+            for (size_t i = c * CH; i < n && i < (c + 1) * CH; i++) s += (double)g[i] * g[i];
+            total += s;
+        }
+        return total;
+    }
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int64_t c = 0; c < (int64_t)nch; c++) {
+        double s = 0.0;
+        for (size_t i = (size_t)c * CH; i < n && i < ((size_t)c + 1) * CH; i++) s += (double)g[i] * g[i];
+        part[c] = s;
+    }
+    for (size_t c = 0; c < nch; c++) total += part[c];
+    free(part);
+    return total;
+}
+
+int mg_adamw_step(mg_adamw *o, float *params, float *grads, float *grad_norm, float *lr_used,
+                  char *err, size_t errlen) {
+    if (!o || !o->m || !params || !grads) return fail(err, errlen, "optimizer not initialised or NULL buffers");
+    int nt = attn_get_num_threads();
+    if (nt < 1) nt = 1;
+    const double norm = sqrt(sum_squares(grads, o->n, nt));
+    if (grad_norm) *grad_norm = (float)norm;
+    if (!isfinite(norm))
+        return fail(err, errlen, "gradient norm is %g at step %lld (diverged?)", norm,
+                    (long long)o->step);
+    const float lr = mg_lr_at(&o->cfg, o->step);
+    if (lr_used) *lr_used = lr;
+    const float scale =
+        (o->cfg.grad_clip > 0.0f && norm > o->cfg.grad_clip) ? (float)(o->cfg.grad_clip / norm) : 1.0f;
+    const int64_t t = o->step + 1;
+    const float b1 = o->cfg.beta1, b2 = o->cfg.beta2, eps = o->cfg.eps;
+    const float bc1 = (float)(1.0 - pow((double)b1, (double)t));
+    const float bc2 = (float)(1.0 - pow((double)b2, (double)t));
+    for (size_t s = 0; s < o->nspans; s++) {
+        const mg_optim_span *sp = &o->spans[s];
+        const float wd = sp->decay ? lr * o->cfg.weight_decay : 0.0f;
+        float *p = params + sp->offset, *g = grads + sp->offset;
+        float *m = o->m + sp->offset, *v = o->v + sp->offset;
+        const int64_t n = (int64_t)sp->numel;
+#pragma omp parallel for num_threads(nt) schedule(static) if (n > 16384)
+        for (int64_t i = 0; i < n; i++) {
+            float gi = g[i] * scale;
+            g[i] = gi;
+            p[i] -= wd * p[i];
+            m[i] = b1 * m[i] + (1.0f - b1) * gi;
+            v[i] = b2 * v[i] + (1.0f - b2) * gi * gi;
+            float mh = m[i] / bc1, vh = v[i] / bc2;
+            p[i] -= lr * mh / (sqrtf(vh) + eps);
+        }
+    }
+    o->step = t;
+    return 0;
+}

@@ -1,0 +1,365 @@
+/* molgen model tests: gradients against central finite differences, the
+ * causal-leak guard, padding invariance, inference vs training forward,
+ * determinism, and the model file round trip.
+ *
+ * Finite differences. The model is fp32, so the check uses a fourth-order
+ * central stencil
+ *     g_fd = [8 (f(x+h) - f(x-h)) - (f(x+2h) - f(x-2h))] / (12 h),  h = 1e-2
+ * whose truncation error is h^4 |f^(5)| / 30 ~ 1e-9 here, and whose rounding
+ * error is about (18/12) * delta / h with delta the fp32 error of one loss
+ * evaluation (|loss| ~ 2.5, a few hundred roundings of relative 6e-8 in the
+ * worst case: delta <= ~1e-5, so |g_fd - g| <= ~1.5e-3 absolute in the very
+ * worst case, typically ~1e-5). Each sampled element must satisfy
+ *     |g - g_fd| <= ATOL + RTOL * |g_fd|,   ATOL = 2e-3, RTOL = 2e-2,
+ * and the error over all samples, normalised by the largest gradient seen
+ * (max |g - g_fd| / max |g_fd|), must be <= 1e-2. The measured values are
+ * printed (typical: normalised max error ~1e-4). A wrong formula gives O(1)
+ * relative errors, far above these bounds. The exact check of every
+ * gradient element is test_model_torch.py (PyTorch autograd in float64). */
+#define _POSIX_C_SOURCE 200809L
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "attn.h"
+#include "model.h"
+#include "tokenizer.h"
+
+static int n_pass, n_fail;
+#define CHECK(cond, ...)                                                                    \
+    do {                                                                                    \
+        if (cond) {                                                                         \
+            n_pass++;                                                                       \
+        } else {                                                                            \
+            if (n_fail++ < 40) {                                                            \
+                fprintf(stderr, "%s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #cond);   \
+                fprintf(stderr, __VA_ARGS__);                                               \
+                fputc('\n', stderr);                                                        \
+            }                                                                               \
+        }                                                                                   \
+    } while (0)
+
+static uint64_t rng_state = 12345;
+static uint64_t rnd(void) {
+    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+static double urand(void) { return (double)(rnd() >> 11) * 0x1.0p-53; }
+
+static mg_model_config tiny_config(void) {
+    mg_model_config c;
+    memset(&c, 0, sizeof c);
+    c.n_layer = 2;
+    c.d_model = 16;
+    c.n_head = 2;
+    c.ctx_len = 8;
+    c.vocab_size = 10;
+    return c;
+}
+
+/* Init, then perturb every parameter by U(-0.5, 0.5) * scale so that every
+ * path (attention, LayerNorm gains, biases) carries O(1) signal. */
+static mg_model *make_model(const mg_model_config *c, uint64_t seed) {
+    mg_model *m = NULL;
+    char err[256];
+    if (mg_model_create(c, &m, err, sizeof err)) {
+        fprintf(stderr, "create: %s\n", err);
+        exit(2);
+    }
+    mg_model_init(m, seed);
+    float *p = mg_model_params(m);
+    for (size_t i = 0; i < mg_model_num_params(m); i++) p[i] += (float)(urand() - 0.5) * 0.6f;
+    return m;
+}
+
+/* A batch of B rows of T ids: BOS, random data tokens, EOS, PAD. */
+static void make_batch(int B, int T, int V, const int *lens, int32_t *ids, int64_t *lengths) {
+    for (int b = 0; b < B; b++) {
+        lengths[b] = lens[b];
+        for (int t = 0; t < T; t++) {
+            int32_t id;
+            if (t == 0) id = MG_BOS;
+            else if (t < lens[b] - 1) id = (int32_t)(MG_NUM_SPECIAL + rnd() % (uint64_t)(V - MG_NUM_SPECIAL));
+            else if (t == lens[b] - 1) id = MG_EOS;
+            else id = MG_PAD;
+            ids[b * T + t] = id;
+        }
+    }
+}
+
+static double loss_at(mg_model *m, const int32_t *ids, const int64_t *len, int B, int T,
+                      int training, uint64_t seed) {
+    float loss;
+    char err[256];
+    if (mg_model_forward(m, ids, len, B, T, training, seed, &loss, NULL, err, sizeof err)) {
+        fprintf(stderr, "forward: %s\n", err);
+        exit(2);
+    }
+    return loss;
+}
+
+static void gradcheck(const char *label, const mg_model_config *c, int training) {
+    mg_model *m = make_model(c, 7);
+    enum { B = 3 };
+    const int T = c->ctx_len + 1;
+    const int lens[B] = {T, 5, 2};
+    int32_t ids[B * 16];
+    int64_t len[B];
+    make_batch(B, T, c->vocab_size, lens, ids, len);
+    char err[256];
+    float loss;
+    int64_t ntok;
+    const uint64_t seed = 99;
+    CHECK(mg_model_forward(m, ids, len, B, T, training, seed, &loss, &ntok, err, sizeof err) == 0,
+          "%s", err);
+    CHECK(ntok == (T - 1) + 4 + 1, "ntok %lld", (long long)ntok);
+    CHECK(mg_model_backward(m, err, sizeof err) == 0, "%s", err);
+    CHECK(mg_model_backward(m, err, sizeof err) != 0, "a second backward must fail");
+    const size_t P = mg_model_num_params(m);
+    float *g = malloc(P * sizeof(float));
+    memcpy(g, mg_model_grads(m), P * sizeof(float));
+    float *p = mg_model_params(m);
+    const double h = 1e-2, ATOL = 2e-3, RTOL = 2e-2;
+    double max_err = 0.0, max_g = 0.0, max_rel = 0.0;
+    int checked = 0;
+    for (size_t ti = 0; ti < mg_model_num_tensors(m); ti++) {
+        const mg_param_info *t = mg_model_tensor(m, ti);
+        /* 6 random elements per tensor, plus the one with the largest gradient */
+        size_t idx[7];
+        size_t best = 0;
+        for (size_t k = 0; k < t->numel; k++)
+            if (fabsf(g[t->offset + k]) > fabsf(g[t->offset + best])) best = k;
+        for (int k = 0; k < 6; k++) idx[k] = (size_t)(rnd() % t->numel);
+        idx[6] = best;
+        int nonzero = 0;
+        for (int k = 0; k < 7; k++) {
+            float *x = &p[t->offset + idx[k]];
+            const float x0 = *x;
+            double f[4];
+            const double steps[4] = {h, -h, 2 * h, -2 * h};
+            for (int s = 0; s < 4; s++) {
+                *x = x0 + (float)steps[s];
+                f[s] = loss_at(m, ids, len, B, T, training, seed);
+            }
+            *x = x0;
+            const double fd = (8.0 * (f[0] - f[1]) - (f[2] - f[3])) / (12.0 * h);
+            const double an = g[t->offset + idx[k]];
+            const double e = fabs(an - fd);
+            CHECK(e <= ATOL + RTOL * fabs(fd), "%s %s[%zu]: analytic %.6e, finite difference %.6e",
+                  label, t->name, idx[k], an, fd);
+            if (e > max_err) max_err = e;
+            if (fabs(fd) > max_g) max_g = fabs(fd);
+            if (fabs(fd) > 1e-2 && e / fabs(fd) > max_rel) max_rel = e / fabs(fd);
+            nonzero |= fabs(an) > 1e-6;
+            checked++;
+        }
+        /* Every tensor gets gradient (pos_emb rows past the batch's length
+         * too, as L = ctx_len here). */
+        CHECK(nonzero, "%s %s: all sampled gradients are zero", label, t->name);
+    }
+    CHECK(max_err <= 1e-2 * max_g, "%s: max error %.3e vs max gradient %.3e", label, max_err, max_g);
+    printf("gradcheck %-22s %d elements: max |g - fd| = %.3e, max |fd| = %.3e, normalised %.3e, "
+           "max rel (|fd| > 1e-2) %.3e\n",
+           label, checked, max_err, max_g, max_err / max_g, max_rel);
+    free(g);
+    mg_model_free(m);
+}
+
+/* The guard passes the causal model and catches the one without the mask. */
+static void test_guard(void) {
+    char err[256];
+    mg_model_config c = tiny_config();
+    mg_model *m = make_model(&c, 1);
+    CHECK(mg_model_causal_guard(m, 5, err, sizeof err) == 0, "causal model flagged: %s", err);
+    mg_model_free(m);
+    /* GPT-2 init (no perturbation) too: the leak is still far above 1e-6. */
+    c.no_causal_mask = 1;
+    mg_model *bad = NULL;
+    CHECK(mg_model_create(&c, &bad, err, sizeof err) == 0, "%s", err);
+    mg_model_init(bad, 1);
+    err[0] = 0;
+    int rc = mg_model_causal_guard(bad, 5, err, sizeof err);
+    CHECK(rc == MG_MODEL_ERR_LEAK, "leaky model passed the guard (rc %d)", rc);
+    CHECK(strstr(err, "causal leak") != NULL, "message: %s", err);
+    printf("guard on the no-mask model: %s\n", err);
+    mg_model_free(bad);
+    /* Default-size model with GPT-2 init. */
+    mg_model_config_default(&c);
+    c.ctx_len = 20;
+    c.vocab_size = 26;
+    CHECK(mg_model_create(&c, &m, err, sizeof err) == 0, "%s", err);
+    mg_model_init(m, 3);
+    CHECK(mg_model_causal_guard(m, 5, err, sizeof err) == 0, "default model flagged: %s", err);
+    mg_model_free(m);
+}
+
+/* Tokens after a row's EOS (padding) change neither the loss nor the
+ * gradients; inference logits match the training forward's loss. */
+static void test_padding_and_inference(void) {
+    mg_model_config c = tiny_config();
+    mg_model *m = make_model(&c, 3);
+    enum { B = 3 };
+    const int T = c.ctx_len + 1, L = T - 1, V = c.vocab_size;
+    const int lens[B] = {4, T, 6};
+    int32_t ids[B * 9], ids2[B * 9];
+    int64_t len[B];
+    make_batch(B, T, V, lens, ids, len);
+    memcpy(ids2, ids, sizeof ids);
+    for (int b = 0; b < B; b++)
+        for (int t = lens[b]; t < T; t++) ids2[b * T + t] = (int32_t)(rnd() % (uint64_t)V);
+    char err[256];
+    float l1, l2;
+    CHECK(mg_model_forward(m, ids, len, B, T, 0, 0, &l1, NULL, err, sizeof err) == 0, "%s", err);
+    const size_t P = mg_model_num_params(m);
+    float *g1 = malloc(P * sizeof(float));
+    CHECK(mg_model_backward(m, err, sizeof err) == 0, "%s", err);
+    memcpy(g1, mg_model_grads(m), P * sizeof(float));
+    CHECK(mg_model_forward(m, ids2, len, B, T, 0, 0, &l2, NULL, err, sizeof err) == 0, "%s", err);
+    CHECK(mg_model_backward(m, err, sizeof err) == 0, "%s", err);
+    CHECK(l1 == l2, "padding changed the loss: %.9g vs %.9g", l1, l2);
+    CHECK(memcmp(g1, mg_model_grads(m), P * sizeof(float)) == 0, "padding changed the gradients");
+
+    /* Same batch twice: bitwise identical loss and gradients. */
+    CHECK(mg_model_forward(m, ids, len, B, T, 0, 0, &l2, NULL, err, sizeof err) == 0, "%s", err);
+    CHECK(mg_model_backward(m, err, sizeof err) == 0, "%s", err);
+    CHECK(l1 == l2 && memcmp(g1, mg_model_grads(m), P * sizeof(float)) == 0, "not deterministic");
+
+    /* Loss recomputed from mg_model_logits (with key lengths, and without:
+     * causal attention makes them equal on the counted positions). */
+    for (int pass = 0; pass < 2; pass++) {
+        int32_t in[B * 8];
+        int64_t kl[B];
+        float *lg = malloc((size_t)B * L * V * sizeof(float));
+        for (int b = 0; b < B; b++) {
+            kl[b] = len[b] - 1;
+            for (int t = 0; t < L; t++) in[b * L + t] = ids[b * T + t];
+        }
+        CHECK(mg_model_logits(m, in, pass ? NULL : kl, B, L, lg, NULL, err, sizeof err) == 0, "%s", err);
+        double sum = 0;
+        int n = 0;
+        for (int b = 0; b < B; b++)
+            for (int t = 0; t < kl[b]; t++) {
+                const float *r = lg + ((size_t)b * L + t) * V;
+                double mx = -1e30, se = 0;
+                for (int v = 0; v < V; v++) mx = r[v] > mx ? r[v] : mx;
+                for (int v = 0; v < V; v++) se += exp(r[v] - mx);
+                sum += mx + log(se) - r[ids[b * T + t + 1]];
+                n++;
+            }
+        CHECK(fabs(sum / n - l1) <= 1e-5 * fabs(l1), "logits loss %.9g vs forward %.9g", sum / n, l1);
+        free(lg);
+    }
+    /* Dropout: training differs from eval, is reproducible for a seed, and
+     * differs across seeds. */
+    mg_model_config cd = c;
+    cd.dropout = 0.3f;
+    mg_model *md = NULL;
+    CHECK(mg_model_create(&cd, &md, err, sizeof err) == 0, "%s", err);
+    memcpy(mg_model_params(md), mg_model_params(m), P * sizeof(float));
+    float e0, t1, t1b, t2;
+    mg_model_forward(md, ids, len, B, T, 0, 1, &e0, NULL, err, sizeof err);
+    mg_model_forward(md, ids, len, B, T, 1, 1, &t1, NULL, err, sizeof err);
+    mg_model_forward(md, ids, len, B, T, 1, 1, &t1b, NULL, err, sizeof err);
+    mg_model_forward(md, ids, len, B, T, 1, 2, &t2, NULL, err, sizeof err);
+    CHECK(e0 == l1, "eval with dropout config %.9g vs %.9g", e0, l1);
+    CHECK(t1 == t1b && t1 != e0 && t1 != t2, "dropout losses %g %g %g %g", e0, t1, t1b, t2);
+    mg_model_free(md);
+
+    /* Bad inputs are errors, not crashes. */
+    int64_t badlen[B] = {1, 3, 3};
+    CHECK(mg_model_forward(m, ids, badlen, B, T, 0, 0, &l2, NULL, err, sizeof err) != 0, "length 1");
+    CHECK(mg_model_forward(m, ids, len, B, T + 1, 0, 0, &l2, NULL, err, sizeof err) != 0, "T too long");
+    ids2[0] = 99;
+    CHECK(mg_model_forward(m, ids2, len, B, T, 0, 0, &l2, NULL, err, sizeof err) != 0, "id out of range");
+    free(g1);
+    mg_model_free(m);
+}
+
+static void test_config_and_files(void) {
+    char err[256], js[512];
+    mg_model_config c = tiny_config(), r;
+    c.dropout = 0.1f;
+    mg_model_config_to_json(&c, js, sizeof js);
+    CHECK(mg_model_config_from_json(js, &r, err, sizeof err) == 0, "%s", err);
+    CHECK(memcmp(&c, &r, sizeof c) == 0, "config JSON round trip: %s", js);
+    CHECK(mg_model_config_from_json("{\"n_layer\":2}", &r, err, sizeof err) != 0, "missing keys");
+    CHECK(mg_model_config_from_json("{\"n_layer\":2,\"d_model\":15,\"n_head\":2,\"ctx_len\":8,"
+                                    "\"vocab_size\":10}", &r, err, sizeof err) != 0, "d %% H");
+    mg_model_config_molgpt(&c);
+    c.ctx_len = 54;
+    c.vocab_size = 26;
+    mg_model *big = NULL;
+    CHECK(mg_model_create(&c, &big, err, sizeof err) == 0, "MolGPT config: %s", err);
+    if (big) {
+        const mg_param_info *t = mg_model_find_tensor(big, "blocks.7.attn.in_proj_weight");
+        CHECK(t && t->shape[0] == 768 && t->shape[1] == 256 && t->decay, "in_proj shape");
+        t = mg_model_find_tensor(big, "blocks.7.mlp.proj.weight");
+        CHECK(t && t->shape[0] == 256 && t->shape[1] == 1024, "proj shape");
+        /* 8 * 12 d^2 + 8 * 13 d + 2 V d + ctx d + 2 d + V */
+        size_t expect = 8 * (12 * 256 * 256 + 13 * 256) + 2 * 26 * 256 + 54 * 256 + 2 * 256 + 26;
+        CHECK(mg_model_num_params(big) == expect, "params %zu vs %zu", mg_model_num_params(big), expect);
+        mg_model_free(big);
+    }
+
+    /* Save / load round trip with the vocabulary. */
+    c = tiny_config();
+    mg_model *m = make_model(&c, 11);
+    const char *toks[] = {"C", "c", "1", "(", ")", "=", "O"};
+    mg_vocab *v = NULL;
+    CHECK(mg_vocab_from_tokens(toks, 7, &v, err, sizeof err) == 0, "%s", err);
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/molgen_test_model_%d.safetensors", (int)getpid());
+    CHECK(mg_model_save(m, v, path, err, sizeof err) == 0, "save: %s", err);
+    mg_model *m2 = NULL;
+    mg_vocab *v2 = NULL;
+    CHECK(mg_model_load(path, &m2, &v2, err, sizeof err) == 0, "load: %s", err);
+    if (m2) {
+        CHECK(mg_model_num_params(m2) == mg_model_num_params(m) &&
+                  memcmp(mg_model_params(m2), mg_model_params(m),
+                         mg_model_num_params(m) * sizeof(float)) == 0,
+              "parameters differ after load");
+        CHECK(v2 && mg_vocab_equal(v, v2), "vocab differs after load");
+    }
+    mg_model_free(m2);
+    mg_vocab_free(v2);
+    /* A truncated file is a clear error. */
+    FILE *f = fopen(path, "r+b");
+    if (f) {
+        CHECK(ftruncate(fileno(f), 100) == 0, "truncate");
+        fclose(f);
+    }
+    m2 = NULL;
+    CHECK(mg_model_load(path, &m2, NULL, err, sizeof err) != 0 && !m2, "truncated file loaded");
+    printf("truncated model file: %s\n", err);
+    remove(path);
+    mg_vocab_free(v);
+    mg_model_free(m);
+}
+
+int main(void) {
+    mg_model_config c = tiny_config();
+    gradcheck("tiny", &c, 0);
+    c.dropout = 0.2f;
+    gradcheck("tiny + dropout 0.2", &c, 1);
+    c = tiny_config();
+    c.n_layer = 1;
+    c.d_model = 12;
+    c.n_head = 3;
+    c.ctx_len = 6;
+    c.vocab_size = 5;
+    gradcheck("1 layer, 3 heads", &c, 0);
+    test_guard();
+    test_padding_and_inference();
+    test_config_and_files();
+    /* Thread-count independence is not promised, but 1 thread must work. */
+    attn_set_num_threads(1, NULL);
+    c = tiny_config();
+    gradcheck("tiny, 1 thread", &c, 0);
+    printf("test_model: %d checks passed, %d failed\n", n_pass, n_fail);
+    return n_fail ? 1 : 0;
+}
