@@ -40,7 +40,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         _grad_tables(tr, grad, _oracle.GRAD_TOL)
     stats = _oracle.stat_rows()
     if stats:
-        tr.section("dropout statistics")
+        tr.section("dropout statistics, numeric checks")
         for label, lines in stats:
             for line in lines:
                 tr.write_line("%s: %s" % (label, line))

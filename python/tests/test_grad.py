@@ -863,3 +863,63 @@ def test_dropout_p0_and_eval_are_exact_noops():
     for r in res[1:]:
         for a, b in zip(res[0], r):
             np.testing.assert_array_equal(a, b)
+
+
+# ================================================================== numeric
+
+def _directional(f, x, d, eps):
+    """Central difference of scalar f along d at x (x modified in place and
+    restored)."""
+    x0 = x.copy()
+    x[...] = x0 + eps * d
+    fp = f()
+    x[...] = x0 - eps * d
+    fm = f()
+    x[...] = x0
+    return (fp - fm) / (2 * eps)
+
+
+def test_numeric_directional_derivatives():
+    # independent of PyTorch: <grad, d> vs a central difference of
+    # loss = sum(g * out) through the binding, along random directions d
+    # (float32 forward, so a loose 2e-2 tolerance)
+    rng = np.random.default_rng(96)
+    q, k, v, g = _sdpa_problem(rng, lead=(2, 2), Lq=5, Lk=7, Dv=4)
+    kw = dict(is_causal=True, attn_mask=rand(rng, 5, 7), dropout_p=0.25, seed=3)
+    grads = attn.scaled_dot_product_attention_grad(g, q, k, v, **kw)
+
+    def loss():
+        out = attn.scaled_dot_product_attention(q, k, v, **kw)
+        return float((out.astype(np.float64) * g).sum())
+
+    worst = 0.0
+    for x, gx in zip((q, k, v), grads):
+        for _ in range(2):
+            d = rand(rng, *x.shape)
+            num = _directional(loss, x, d, 1e-2)
+            ana = float((gx.astype(np.float64) * d).sum())
+            worst = max(worst, abs(num - ana) / max(abs(ana), 1e-3))
+    # the layer: inputs and the packed parameters
+    mha = _with_biases(attn.MultiheadAttention(8, 2, kdim=3, vdim=5, dropout=0.2,
+                                               seed=8), rng)
+    mha.eval()  # a fixed function (no dropout draw per call)
+    xq, xk, xv = rand(rng, 2, 4, 8), rand(rng, 2, 6, 3), rand(rng, 2, 6, 5)
+    gm = rand(rng, 2, 4, 8)
+
+    def mloss():
+        out, _ = mha(xq, xk, xv, need_weights=False)
+        return float((out.astype(np.float64) * gm).sum())
+
+    mha(xq, xk, xv)
+    dq, dk, dv = mha.backward(gm)
+    gbuf = mha.grads_buffer.copy()
+    for x, gx in ((xq, dq), (xk, dk), (xv, dv), (mha.parameters_buffer, gbuf)):
+        for _ in range(2):
+            d = rand(rng, *x.shape)
+            num = _directional(mloss, x, d, 1e-2)
+            ana = float((gx.astype(np.float64) * d).sum())
+            worst = max(worst, abs(num - ana) / max(abs(ana), 1e-3))
+    record_stat("numeric", "central differences vs gradients (SDPA with "
+                "dropout, MHA inputs and packed parameters): max rel err %.2e"
+                % worst)
+    assert worst < 2e-2, worst
