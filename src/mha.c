@@ -152,14 +152,25 @@ static void project(const float *X, int64_t rows, int64_t in, const float *W, co
     attn_sgemm(0, 1, rows, E, in, 1.0f, X, in, W, in, bias ? 1.0f : 0.0f, Y, E, threads);
 }
 
-/* Gradients of project: dW += dYᵀ X, db += colsum(dY), dX += dY W (dX may be NULL). */
+/* Gradients of project, added to the caller's buffers: dW += dYᵀ X,
+ * db += colsum(dY), dX += dY W (dX may be NULL). Each is computed whole in
+ * scratch [max(E, rows) * in] and then added, so accumulating is exactly
+ * old + fresh, whatever blocking the BLAS uses. */
 static void project_backward(const float *X, int64_t rows, int64_t in, const float *W, int64_t E,
-                             const float *dY, float *dW, float *db, float *dX, int threads) {
-    attn_sgemm(1, 0, E, in, rows, 1.0f, dY, E, X, in, 1.0f, dW, in, threads);
-    if (db)
+                             const float *dY, float *dW, float *db, float *dX, float *scratch,
+                             int threads) {
+    attn_sgemm(1, 0, E, in, rows, 1.0f, dY, E, X, in, 0.0f, scratch, in, threads);
+    for (int64_t x = 0; x < E * in; x++) dW[x] += scratch[x];
+    if (db) {
+        memset(scratch, 0, (size_t)E * sizeof(float));
         for (int64_t r = 0; r < rows; r++)
-            for (int64_t e = 0; e < E; e++) db[e] += dY[r * E + e];
-    if (dX) attn_sgemm(0, 0, rows, in, E, 1.0f, dY, E, W, in, 1.0f, dX, in, threads);
+            for (int64_t e = 0; e < E; e++) scratch[e] += dY[r * E + e];
+        for (int64_t e = 0; e < E; e++) db[e] += scratch[e];
+    }
+    if (dX) {
+        attn_sgemm(0, 0, rows, in, E, 1.0f, dY, E, W, in, 0.0f, scratch, in, threads);
+        for (int64_t x = 0; x < rows * in; x++) dX[x] += scratch[x];
+    }
 }
 
 attn_status attn_mha_forward(const attn_mha_config *c, const attn_mha_weights *w, int64_t B,
@@ -239,13 +250,18 @@ attn_status attn_mha_backward(const attn_mha_config *c, const attn_mha_weights *
     const int threads = attn_threads_for(p ? p->num_threads : 0);
     const float *Qp = cache, *Kp = Qp + B * Lq * E, *Vp = Kp + B * Lk * E, *Ao = Vp + B * Lk * E;
     const float *lse = Ao + B * Lq * E;
-    /* Scratch: dAo [B, Lq, E], dQp [B, Lq, E], dKp, dVp [B, Lk, E]. */
-    float *tmp = malloc((size_t)(2 * B * Lq * E + 2 * B * Lk * E) * sizeof(float));
+    /* Scratch: dAo [B, Lq, E], dQp [B, Lq, E], dKp, dVp [B, Lk, E], then
+     * project_backward's [max(E, B*max(Lq, Lk)) * max(E, kdim, vdim)]. */
+    const int64_t widest = d.E > d.kdim ? (d.E > d.vdim ? d.E : d.vdim) : (d.kdim > d.vdim ? d.kdim : d.vdim);
+    const int64_t rows = B * (Lq > Lk ? Lq : Lk);
+    float *tmp = malloc((size_t)(2 * B * Lq * E + 2 * B * Lk * E + (rows > E ? rows : E) * widest) *
+                        sizeof(float));
     if (!tmp) return attn_fail(err, ATTN_ERR_NOMEM, "out of memory for backward scratch");
     float *dAo = tmp, *dQp = dAo + B * Lq * E, *dKp = dQp + B * Lq * E, *dVp = dKp + B * Lk * E;
+    float *scratch = dVp + B * Lk * E;
 
     attn_sgemm(0, 0, B * Lq, E, E, 1.0f, grad_out, E, w->w_o, E, 0.0f, dAo, E, threads);
-    project_backward(Ao, B * Lq, E, w->w_o, E, grad_out, g->w_o, g->b_o, NULL, threads);
+    project_backward(Ao, B * Lq, E, w->w_o, E, grad_out, g->w_o, g->b_o, NULL, scratch, threads);
     attn_tensor tq = attn_tensor_blhd((float *)Qp, B, H, Lq, d.Dh),
                 tk = attn_tensor_blhd((float *)Kp, B, H, Lk, d.Dh),
                 tv = attn_tensor_blhd((float *)Vp, B, H, Lk, d.Dh),
@@ -254,9 +270,9 @@ attn_status attn_mha_backward(const attn_mha_config *c, const attn_mha_weights *
                 tdk = attn_tensor_blhd(dKp, B, H, Lk, d.Dh), tdv = attn_tensor_blhd(dVp, B, H, Lk, d.Dh);
     s = attn_sdpa_backward(&tq, &tk, &tv, &to, lse, &tdo, p, &tdq, &tdk, &tdv, NULL, err);
     if (!s) {
-        project_backward(query, B * Lq, E, w->w_q, E, dQp, g->w_q, g->b_q, d_query, threads);
-        project_backward(key, B * Lk, d.kdim, w->w_k, E, dKp, g->w_k, g->b_k, d_key, threads);
-        project_backward(value, B * Lk, d.vdim, w->w_v, E, dVp, g->w_v, g->b_v, d_value, threads);
+        project_backward(query, B * Lq, E, w->w_q, E, dQp, g->w_q, g->b_q, d_query, scratch, threads);
+        project_backward(key, B * Lk, d.kdim, w->w_k, E, dKp, g->w_k, g->b_k, d_key, scratch, threads);
+        project_backward(value, B * Lk, d.vdim, w->w_v, E, dVp, g->w_v, g->b_v, d_value, scratch, threads);
     }
     free(tmp);
     return s ? s : attn_ok(err);
