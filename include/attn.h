@@ -221,6 +221,8 @@ attn_status attn_mha_forward(const attn_mha_config *c, const attn_mha_weights *w
 
 /* Backward of attn_mha_forward from its cache. All gradients ACCUMULATE
  * (+=) into the caller's buffers, like PyTorch's .grad: zero them first.
+ * Each gradient is computed whole and then added, so two calls give exactly
+ * g + g (gradient accumulation does not depend on BLAS blocking).
  * Self-attention passes one d_x buffer as d_query, d_key and d_value and
  * gets the sum. Any of d_query, d_key, d_value may be NULL (not needed).
  * g has the layout of w (g->b_* NULL when !bias). */
