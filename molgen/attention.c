@@ -1,0 +1,406 @@
+/* molgen attention maps (see attention.h). */
+#define _POSIX_C_SOURCE 200809L
+#include "attention.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attn.h"
+#include "cli_util.h"
+#include "model.h"
+#include "tokenizer.h"
+
+/* ------------------------------------------------------------ statistics */
+
+int mg_is_ring_label(const char *tok, int len) {
+    if (!tok) return 0;
+    if (len < 0) len = (int)strlen(tok);
+    if (len == 1) return tok[0] >= '0' && tok[0] <= '9';
+    if (len == 3)
+        return tok[0] == '%' && tok[1] >= '0' && tok[1] <= '9' && tok[2] >= '0' && tok[2] <= '9';
+    return 0;
+}
+
+static int ring_label_value(const char *tok) {
+    return tok[0] == '%' ? (tok[1] - '0') * 10 + (tok[2] - '0') : tok[0] - '0';
+}
+
+int mg_ring_pairs(const char *const *tokens, int n, int *pair) {
+    int open[100];
+    for (int i = 0; i < 100; i++) open[i] = -1;
+    int closures = 0;
+    for (int i = 0; i < n; i++) {
+        pair[i] = -1;
+        if (!tokens[i] || !mg_is_ring_label(tokens[i], -1)) continue;
+        const int lab = ring_label_value(tokens[i]);
+        if (open[lab] < 0) {
+            open[lab] = i;
+        } else {
+            pair[i] = open[lab];
+            open[lab] = -1;
+            closures++;
+        }
+    }
+    return closures;
+}
+
+const char *mg_head_label(const mg_head_stats *s) {
+    if (s->ring_n > 0 && s->ring >= 0.3) return "ring-closure";
+    if (s->prev >= 0.5) return "previous-token";
+    if (s->bos >= 0.5) return "BOS-sink";
+    if (s->rows > 0 && s->peak < 1.5 * s->peak_uniform) return "diffuse";
+    if (s->mean_dist <= 2.0) return "n-gram/local";
+    return "long-range";
+}
+
+void mg_head_stats_compute(const float *w, int L, int first, const int *ring_key,
+                           mg_head_stats *s) {
+    memset(s, 0, sizeof *s);
+    if (first < 0) first = 0;
+    double dist = 0, prev = 0, bos = 0, ring = 0, peak = 0, peak_u = 0;
+    int rows = 0, rn = 0;
+    for (int i = first; i < L; i++) {
+        const float *row = w + (size_t)i * L;
+        double d = 0, mx = 0;
+        for (int j = 0; j < L; j++) {
+            d += (double)row[j] * abs(i - j);
+            if (row[j] > mx) mx = row[j];
+        }
+        peak += mx;
+        peak_u += 1.0 / (i + 1);
+        dist += d;
+        prev += i > 0 ? row[i - 1] : 0.0;
+        bos += row[0];
+        rows++;
+        if (ring_key && ring_key[i] >= 0 && ring_key[i] < L) {
+            ring += row[ring_key[i]];
+            rn++;
+        }
+    }
+    s->rows = rows;
+    s->mean_dist = rows ? dist / rows : 0.0;
+    s->prev = rows ? prev / rows : 0.0;
+    s->bos = rows ? bos / rows : 0.0;
+    s->peak = rows ? peak / rows : 0.0;
+    s->peak_uniform = rows ? peak_u / rows : 0.0;
+    s->ring_n = rn;
+    s->ring = rn ? ring / rn : NAN;
+    s->label = mg_head_label(s);
+}
+
+/* ------------------------------------------------------------ SVG */
+
+/* viridis at 0, 1/8, ..., 1 */
+static const unsigned char VIRIDIS[9][3] = {
+    {0x44, 0x01, 0x54}, {0x47, 0x2d, 0x7b}, {0x3b, 0x52, 0x8b}, {0x2c, 0x72, 0x8e}, {0x21, 0x91, 0x8c},
+    {0x28, 0xae, 0x80}, {0x5e, 0xc9, 0x62}, {0xad, 0xdc, 0x30}, {0xfd, 0xe7, 0x25}};
+
+static void colour(double x, char out[8]) {
+    if (!(x >= 0)) x = 0;
+    if (x > 1) x = 1;
+    double f = x * 8;
+    int i = (int)f;
+    if (i > 7) i = 7;
+    double t = f - i;
+    int c[3];
+    for (int k = 0; k < 3; k++) c[k] = (int)lround(VIRIDIS[i][k] * (1 - t) + VIRIDIS[i + 1][k] * t);
+    snprintf(out, 8, "#%02x%02x%02x", c[0], c[1], c[2]);
+}
+
+static void xml_text(FILE *f, const char *s) {
+    for (; *s; s++) {
+        switch (*s) {
+        case '<': fputs("&lt;", f); break;
+        case '>': fputs("&gt;", f); break;
+        case '&': fputs("&amp;", f); break;
+        case '"': fputs("&quot;", f); break;
+        default:
+            if ((unsigned char)*s >= 0x20) fputc(*s, f);
+        }
+    }
+}
+
+int mg_attention_svg(FILE *f, const float *weights, int n_layer, int n_head, int L,
+                     const char *const *labels, const char *title,
+                     const mg_head_stats *stats) {
+    if (!f || !weights || n_layer < 1 || n_head < 1 || L < 1 || !labels) return -1;
+    double cell = 480.0 / L;
+    if (cell > 16) cell = 16;
+    if (cell < 6) cell = 6;
+    double font = cell * 0.75;
+    if (font > 10) font = 10;
+    int maxlab = 1;
+    for (int i = 0; i < L; i++) {
+        int n = labels[i] ? (int)strlen(labels[i]) : 1;
+        if (n > maxlab) maxlab = n;
+    }
+    const double lab_w = maxlab * font * 0.62 + 6, mat = L * cell, head_h = 30;
+    const double panel_w = lab_w + mat + 24, panel_h = head_h + mat + lab_w + 16;
+    const double top = 50, left = 10, bar_w = 90;
+    const double W = left + n_head * panel_w + bar_w, Hh = top + n_layer * panel_h + 10;
+    fprintf(f,
+            "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
+            "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
+            "viewBox=\"0 0 %.0f %.0f\" font-family=\"DejaVu Sans Mono, monospace\">\n"
+            "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n",
+            W, Hh, W, Hh);
+    fprintf(f, "<text x=\"%.1f\" y=\"22\" font-size=\"16\" font-weight=\"bold\">", left);
+    xml_text(f, title ? title : "attention");
+    fprintf(f, "</text>\n<text x=\"%.1f\" y=\"40\" font-size=\"11\" fill=\"#444\">"
+               "rows: query (attending) token, columns: key token; grey: masked (future); "
+               "hover a cell for its value</text>\n", left);
+    char col[8];
+    for (int l = 0; l < n_layer; l++) {
+        for (int h = 0; h < n_head; h++) {
+            const float *w = weights + ((size_t)l * n_head + h) * (size_t)L * L;
+            const double px = left + h * panel_w, py = top + l * panel_h;
+            const double mx = px + lab_w, my = py + head_h;
+            fprintf(f, "<g>\n<text x=\"%.1f\" y=\"%.1f\" font-size=\"12\" font-weight=\"bold\">"
+                       "layer %d head %d</text>\n", mx, py + 12, l, h);
+            if (stats) {
+                const mg_head_stats *s = &stats[l * n_head + h];
+                char ring[16];
+                if (s->ring_n) snprintf(ring, sizeof ring, "%.2f", s->ring);
+                else snprintf(ring, sizeof ring, "-");
+                fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"10\" fill=\"#333\">%s: dist "
+                           "%.2f prev %.2f ring %s</text>\n",
+                        mx, py + 25, s->label, s->mean_dist, s->prev, ring);
+            }
+            fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"#eeeeee\"/>\n",
+                    mx, my, mat, mat);
+            for (int i = 0; i < L; i++)
+                for (int j = 0; j < L; j++) {
+                    if (j > i && w[(size_t)i * L + j] == 0.0f) continue; /* masked: background */
+                    const double x = w[(size_t)i * L + j];
+                    colour(x, col);
+                    fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.2f\" height=\"%.2f\" fill=\"%s\">"
+                               "<title>",
+                            mx + j * cell, my + i * cell, cell, cell, col);
+                    xml_text(f, labels[i] ? labels[i] : "?");
+                    fprintf(f, " (%d) -&gt; ", i);
+                    xml_text(f, labels[j] ? labels[j] : "?");
+                    fprintf(f, " (%d): %.4f</title></rect>\n", j, x);
+                }
+            for (int i = 0; i < L; i++) {
+                fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"%.1f\" text-anchor=\"end\" "
+                           "dominant-baseline=\"middle\">",
+                        mx - 3, my + (i + 0.5) * cell, font);
+                xml_text(f, labels[i] ? labels[i] : "?");
+                fputs("</text>\n", f);
+                const double tx = mx + (i + 0.5) * cell, ty = my + mat + 3;
+                fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"%.1f\" "
+                           "transform=\"rotate(90 %.1f %.1f)\" dominant-baseline=\"middle\">",
+                        tx, ty, font, tx, ty);
+                xml_text(f, labels[i] ? labels[i] : "?");
+                fputs("</text>\n", f);
+            }
+            fputs("</g>\n", f);
+        }
+    }
+    /* colour scale */
+    const double bx = left + n_head * panel_w + 20, by = top + 20, bh = 200;
+    fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\">weight</text>\n", bx, by - 6);
+    for (int k = 0; k < 100; k++) {
+        colour(1.0 - (k + 0.5) / 100.0, col);
+        fprintf(f, "<rect x=\"%.1f\" y=\"%.2f\" width=\"16\" height=\"%.2f\" fill=\"%s\"/>\n", bx,
+                by + k * bh / 100, bh / 100 + 0.2, col);
+    }
+    for (int k = 0; k <= 4; k++)
+        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"10\" dominant-baseline=\"middle\">%.2f</text>\n",
+                bx + 20, by + bh - k * bh / 4, k / 4.0);
+    fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"16\" height=\"10\" fill=\"#eeeeee\"/>"
+               "<text x=\"%.1f\" y=\"%.1f\" font-size=\"10\" dominant-baseline=\"middle\">masked</text>\n",
+            bx, by + bh + 14, bx + 20, by + bh + 19);
+    fputs("</svg>\n", f);
+    return ferror(f) ? -1 : 0;
+}
+
+/* ------------------------------------------------------------ CLI */
+
+static const char *ATTENTION_USAGE =
+    "usage: molgen attention --model FILE --smiles SMILES [--out DIR] [--threads N]\n"
+    "Draw what every layer and head of a model attends to in one molecule.\n"
+    "  --model FILE     model or checkpoint (.safetensors) with its vocabulary\n"
+    "  --smiles S       the molecule (tokens must be in the model's vocabulary)\n"
+    "  --out DIR        output directory (default out); writes DIR/attention.svg\n"
+    "                   (a heatmap per layer x head) and DIR/attention_heads.tsv\n"
+    "  --threads N      threads (default: ATTN_NUM_THREADS or all cores)\n"
+    "Prints a per-head table: mean attention distance (sum_j w_ij |i-j| averaged\n"
+    "over the molecule's query tokens), share of weight on the previous token, on\n"
+    "the opening digit of a ring bond (queries that close one; '-' if none), on\n"
+    "BOS, the mean largest weight per row (peak), and a label (ring-closure,\n"
+    "previous-token, BOS-sink, diffuse, n-gram/local, long-range); then the\n"
+    "output paths.\n";
+
+int cmd_attention(int argc, char **argv) {
+    const char *model_path = NULL, *smiles = NULL, *out_dir = "out";
+    int threads = 0;
+    char err[512];
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            fputs(ATTENTION_USAGE, stdout);
+            return 0;
+        }
+        const char *val = NULL;
+        if (!mg_cli_value(argc, argv, &i, &val, err, sizeof err)) {
+            fprintf(stderr, "molgen attention: %s\n", err);
+            return 2;
+        }
+        long long ll;
+        if (!strcmp(a, "--model")) model_path = val;
+        else if (!strcmp(a, "--smiles")) smiles = val;
+        else if (!strcmp(a, "--out")) out_dir = val;
+        else if (!strcmp(a, "--threads")) {
+            if (!mg_cli_int(val, 1, ATTN_MAX_THREADS, &ll)) {
+                fprintf(stderr, "molgen attention: bad value '%s' for --threads\n", val);
+                return 2;
+            }
+            threads = (int)ll;
+        } else {
+            fprintf(stderr, "molgen attention: unknown option '%s' (see molgen attention --help)\n", a);
+            return 2;
+        }
+    }
+    if (!model_path || !smiles) {
+        fprintf(stderr, "molgen attention: --model FILE and --smiles S are required (see molgen attention --help)\n");
+        return 2;
+    }
+    if (threads > 0) attn_set_num_threads(threads, NULL);
+    mg_model *m = NULL;
+    mg_vocab *v = NULL;
+    if (mg_model_load(model_path, &m, &v, err, sizeof err)) {
+        fprintf(stderr, "molgen attention: %s: %s\n", model_path, err);
+        return 1;
+    }
+    const mg_model_config *c = mg_model_get_config(m);
+    const int N = c->n_layer, H = c->n_head, ctx = c->ctx_len;
+    int rc = 1, k = 0;
+    int32_t *ids = malloc((size_t)(ctx + 1) * sizeof *ids);
+    float *logits = NULL, *wts = NULL;
+    int *ring_key = NULL, *pair = NULL;
+    const char **labels = NULL;
+    mg_head_stats *stats = NULL;
+    char *svg_path = NULL, *tsv_path = NULL;
+    FILE *f = NULL;
+    if (!ids) goto oom;
+    int er = mg_vocab_encode(v, smiles, ids + 1, ctx, &k, err, sizeof err);
+    if (er == MG_TOK_ERR_TOOLONG || (er == 0 && k + 1 > ctx)) {
+        fprintf(stderr, "molgen attention: '%s' has %d tokens; the model takes at most %d (ctx_len %d minus BOS)\n",
+                smiles, k, ctx - 1, ctx);
+        goto done;
+    }
+    if (er) {
+        fprintf(stderr, "molgen attention: '%s': %s\n", smiles, err);
+        goto done;
+    }
+    if (k == 0) {
+        fprintf(stderr, "molgen attention: empty SMILES\n");
+        goto done;
+    }
+    ids[0] = MG_BOS;
+    const int L = k + 1;
+    logits = malloc((size_t)L * c->vocab_size * sizeof *logits);
+    wts = malloc((size_t)N * H * L * L * sizeof *wts);
+    ring_key = malloc((size_t)L * sizeof *ring_key);
+    pair = malloc((size_t)L * sizeof *pair);
+    labels = malloc((size_t)L * sizeof *labels);
+    stats = malloc((size_t)N * H * sizeof *stats);
+    if (!logits || !wts || !ring_key || !pair || !labels || !stats) goto oom;
+    if (mg_model_logits(m, ids, NULL, 1, L, logits, wts, err, sizeof err)) {
+        fprintf(stderr, "molgen attention: %s\n", err);
+        goto done;
+    }
+    for (int i = 0; i < L; i++) labels[i] = mg_vocab_token(v, ids[i]);
+    const int closures = mg_ring_pairs(labels + 1, k, pair);
+    ring_key[0] = -1;
+    for (int i = 0; i < k; i++) ring_key[i + 1] = pair[i] >= 0 ? pair[i] + 1 : -1;
+    for (int l = 0; l < N; l++)
+        for (int h = 0; h < H; h++)
+            mg_head_stats_compute(wts + ((size_t)l * H + h) * L * L, L, 1, ring_key,
+                                  &stats[l * H + h]);
+
+    if (mg_cli_mkdir_p(out_dir, err, sizeof err)) {
+        fprintf(stderr, "molgen attention: %s\n", err);
+        goto done;
+    }
+    const size_t plen = strlen(out_dir) + 32;
+    svg_path = malloc(plen);
+    tsv_path = malloc(plen);
+    if (!svg_path || !tsv_path) goto oom;
+    snprintf(svg_path, plen, "%s/attention.svg", out_dir);
+    snprintf(tsv_path, plen, "%s/attention_heads.tsv", out_dir);
+
+    char title[1024];
+    snprintf(title, sizeof title, "attention of %.700s (%d tokens), model %d layers x %d heads", smiles,
+             k, N, H);
+    f = fopen(svg_path, "w");
+    if (!f) {
+        fprintf(stderr, "molgen attention: cannot write %s: %s\n", svg_path, strerror(errno));
+        goto done;
+    }
+    int werr = mg_attention_svg(f, wts, N, H, L, labels, title, stats);
+    werr |= fclose(f) != 0;
+    f = NULL;
+    if (werr) {
+        fprintf(stderr, "molgen attention: error writing %s\n", svg_path);
+        goto done;
+    }
+    f = fopen(tsv_path, "w");
+    if (!f) {
+        fprintf(stderr, "molgen attention: cannot write %s: %s\n", tsv_path, strerror(errno));
+        goto done;
+    }
+    fprintf(f, "layer\thead\tmean_distance\tprev_token\tring_closure\tbos\tpeak\tlabel\n");
+    for (int i = 0; i < N * H; i++) {
+        const mg_head_stats *s = &stats[i];
+        if (s->ring_n)
+            fprintf(f, "%d\t%d\t%.4f\t%.4f\t%.4f\t%.4f\t%.4f\t%s\n", i / H, i % H, s->mean_dist,
+                    s->prev, s->ring, s->bos, s->peak, s->label);
+        else
+            fprintf(f, "%d\t%d\t%.4f\t%.4f\t-\t%.4f\t%.4f\t%s\n", i / H, i % H, s->mean_dist,
+                    s->prev, s->bos, s->peak, s->label);
+    }
+    werr = ferror(f);
+    werr |= fclose(f) != 0;
+    f = NULL;
+    if (werr) {
+        fprintf(stderr, "molgen attention: error writing %s\n", tsv_path);
+        goto done;
+    }
+
+    printf("attention of %s: %d tokens after BOS, %d ring closure%s\n", smiles, k, closures,
+           closures == 1 ? "" : "s");
+    printf("layer head  mean-dist   prev   ring    bos   peak  label\n");
+    for (int i = 0; i < N * H; i++) {
+        const mg_head_stats *s = &stats[i];
+        char ring[16];
+        if (s->ring_n) snprintf(ring, sizeof ring, "%6.3f", s->ring);
+        else snprintf(ring, sizeof ring, "%6s", "-");
+        printf("%5d %4d  %9.2f  %5.3f %s  %5.3f  %5.3f  %s\n", i / H, i % H, s->mean_dist, s->prev,
+               ring, s->bos, s->peak, s->label);
+    }
+    printf("attention map: %s\n", svg_path);
+    printf("per-head table: %s\n", tsv_path);
+    rc = 0;
+    goto done;
+oom:
+    fprintf(stderr, "molgen attention: out of memory\n");
+done:
+    if (f) fclose(f);
+    free(ids);
+    free(logits);
+    free(wts);
+    free(ring_key);
+    free(pair);
+    free(labels);
+    free(stats);
+    free(svg_path);
+    free(tsv_path);
+    mg_model_free(m);
+    mg_vocab_free(v);
+    return rc;
+}
