@@ -95,4 +95,54 @@ void attn_sgemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
                 const float *A, int64_t lda, const float *B, int64_t ldb,
                 float beta, float *C, int64_t ldc, int threads);
 
+/* ---------------------------------------------------------------- fused path
+ * Tiled online-softmax kernels (sdpa_fused*.c). One algorithm, compiled for
+ * AVX-512F, AVX2+FMA and portable C, chosen at run time. */
+
+#define ATTN_FUSED_QTILE 64       /* query rows per block */
+#define ATTN_FUSED_KTILE 64       /* keys per tile */
+#define FUSED_DECODE_MAXLQ 4      /* Lq at or below this: decode kernel */
+#define FUSED_DECODE_CHUNK 256    /* decode key chunk (doubled until <= 64 chunks) */
+
+typedef enum { ATTN_ISA_PORTABLE = 0, ATTN_ISA_AVX2 = 1, ATTN_ISA_AVX512 = 2 } attn_isa;
+
+/* Everything one fused call reads and writes. */
+typedef struct {
+    const attn_problem *pr;
+    const attn_tensor *q, *k, *v, *out; /* out: written by the forward, read by the backward */
+    float *weights, *lse;               /* forward outputs, optional */
+    const float *lse_in;                /* backward input */
+    const attn_tensor *dout;            /* backward */
+    attn_tensor *dq, *dk, *dv;          /* backward outputs */
+    int blas; /* nonzero: tile products through OpenBLAS sgemm (measurement only) */
+} attn_fused_call;
+
+attn_status attn_fused_forward_portable(const attn_fused_call *c, attn_error *err);
+attn_status attn_fused_backward_portable(const attn_fused_call *c, attn_error *err);
+#if defined(__x86_64__)
+attn_status attn_fused_forward_avx2(const attn_fused_call *c, attn_error *err);
+attn_status attn_fused_backward_avx2(const attn_fused_call *c, attn_error *err);
+attn_status attn_fused_forward_avx512(const attn_fused_call *c, attn_error *err);
+attn_status attn_fused_backward_avx512(const attn_fused_call *c, attn_error *err);
+#endif
+
+/* The instruction set the fused kernels use now: the best the CPU has,
+ * lowered by ATTN_FUSED_ISA=avx2|portable (read at each call). */
+attn_isa attn_fused_isa(void);
+const char *attn_isa_name(attn_isa isa);
+/* Nonzero: the backward runs one pass per (b, h); else two passes. */
+int attn_fused_bwd_one_pass(const attn_problem *pr);
+/* Describe the fused path for pr in buf (for attn_sdpa_info.reason). */
+void attn_sdpa_fused_describe(const attn_problem *pr, int backward, char *buf, size_t n);
+
+attn_status attn_sdpa_fused_forward(const attn_problem *pr, const attn_tensor *q,
+                                    const attn_tensor *k, const attn_tensor *v,
+                                    attn_tensor *out, float *weights, float *lse,
+                                    attn_error *err);
+attn_status attn_sdpa_fused_backward(const attn_problem *pr, const attn_tensor *q,
+                                     const attn_tensor *k, const attn_tensor *v,
+                                     const attn_tensor *out, const float *lse,
+                                     const attn_tensor *dout, attn_tensor *dq,
+                                     attn_tensor *dk, attn_tensor *dv, attn_error *err);
+
 #endif

@@ -12,21 +12,21 @@ static void report(attn_sdpa_info *info, const char *op, attn_impl impl, const c
         snprintf(info->reason, sizeof info->reason, "%s", reason);
     }
     const char *v = getenv("ATTN_VERBOSE");
-    if (v && *v && strcmp(v, "0") != 0)
-        fprintf(stderr, "attn: %s %s path: %s\n", op,
-                impl == ATTN_IMPL_FUSED ? "fused" : "reference", reason);
+    if (v && *v && strcmp(v, "0") != 0) fprintf(stderr, "attn: %s: %s\n", op, reason);
 }
 
-/* The path for a validated problem. Only the reference path exists so far. */
-static attn_impl choose(const attn_problem *pr, attn_impl requested, const char **reason) {
-    (void)pr;
+/* The path for a validated problem, and why, in reason (n bytes).
+ * ATTN_IMPL_AUTO and ATTN_IMPL_FUSED take the fused path, which supports
+ * every call the validation accepts (all masks, dropout, weights, strides,
+ * any sizes); ATTN_IMPL_REFERENCE takes the reference path. */
+static attn_impl choose(const attn_problem *pr, attn_impl requested, int backward, char *reason,
+                        size_t n) {
     if (requested == ATTN_IMPL_REFERENCE) {
-        *reason = "requested by the caller";
+        snprintf(reason, n, "reference path: requested by the caller");
         return ATTN_IMPL_REFERENCE;
     }
-    *reason = requested == ATTN_IMPL_FUSED ? "fused path requested but not built in this version"
-                                           : "the only path in this version";
-    return ATTN_IMPL_REFERENCE;
+    attn_sdpa_fused_describe(pr, backward, reason, n);
+    return ATTN_IMPL_FUSED;
 }
 
 attn_status attn_sdpa_forward(const attn_tensor *q, const attn_tensor *k, const attn_tensor *v,
@@ -36,10 +36,11 @@ attn_status attn_sdpa_forward(const attn_tensor *q, const attn_tensor *k, const 
     attn_problem pr;
     attn_status s = attn_sdpa_check(q, k, v, out, p, weights != NULL, &pr, err);
     if (s) return s;
-    const char *reason;
-    attn_impl impl = choose(&pr, p ? p->impl : ATTN_IMPL_AUTO, &reason);
+    char reason[160];
+    attn_impl impl = choose(&pr, p ? p->impl : ATTN_IMPL_AUTO, 0, reason, sizeof reason);
     report(info, "forward", impl, reason);
-    s = attn_sdpa_reference_forward(&pr, q, k, v, out, weights, lse, err);
+    s = impl == ATTN_IMPL_FUSED ? attn_sdpa_fused_forward(&pr, q, k, v, out, weights, lse, err)
+                                : attn_sdpa_reference_forward(&pr, q, k, v, out, weights, lse, err);
     return s ? s : attn_ok(err);
 }
 
@@ -58,9 +59,11 @@ attn_status attn_sdpa_backward(const attn_tensor *q, const attn_tensor *k, const
         (s = attn_check_same_shape(dk, k, "dk", "k", err)) ||
         (s = attn_check_same_shape(dv, v, "dv", "v", err)))
         return s;
-    const char *reason;
-    attn_impl impl = choose(&pr, p ? p->impl : ATTN_IMPL_AUTO, &reason);
+    char reason[160];
+    attn_impl impl = choose(&pr, p ? p->impl : ATTN_IMPL_AUTO, 1, reason, sizeof reason);
     report(info, "backward", impl, reason);
-    s = attn_sdpa_reference_backward(&pr, q, k, v, out, lse, grad_out, dq, dk, dv, err);
+    s = impl == ATTN_IMPL_FUSED
+            ? attn_sdpa_fused_backward(&pr, q, k, v, out, lse, grad_out, dq, dk, dv, err)
+            : attn_sdpa_reference_backward(&pr, q, k, v, out, lse, grad_out, dq, dk, dv, err);
     return s ? s : attn_ok(err);
 }

@@ -1,0 +1,73 @@
+/* Fused SDPA kernels with AVX2 + FMA vectors (8 lanes, 16 registers: 6x2
+ * micro-kernel). Built with -mavx2 -mfma on x86-64 only (see
+ * CMakeLists.txt); sdpa_fused.c calls it only where the CPU has AVX2 and FMA. */
+#include "internal.h"
+
+#if defined(__x86_64__)
+#if !defined(__AVX2__) || !defined(__FMA__)
+#error "sdpa_fused_avx2.c needs -mavx2 -mfma (CMakeLists.txt sets them)"
+#endif
+#include <immintrin.h>
+
+#define VL 8
+typedef __m256 vf;
+#define UKR_MR 6
+#define UKR_NV 2
+#define FUSED_SUFFIX avx2
+
+static inline vf v_load(const float *p) { return _mm256_loadu_ps(p); }
+static inline void v_store(float *p, vf x) { _mm256_storeu_ps(p, x); }
+static inline vf v_set1(float x) { return _mm256_set1_ps(x); }
+static inline vf v_zero(void) { return _mm256_setzero_ps(); }
+static inline vf v_fma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
+static inline vf v_mul(vf a, vf b) { return _mm256_mul_ps(a, b); }
+static inline vf v_add(vf a, vf b) { return _mm256_add_ps(a, b); }
+static inline vf v_sub(vf a, vf b) { return _mm256_sub_ps(a, b); }
+/* max(a, b); b when either is NaN (so v_max(x, acc) ignores a NaN x). */
+static inline vf v_max(vf a, vf b) { return _mm256_max_ps(a, b); }
+/* x where s != c (or s is NaN), else +0. */
+static inline vf v_zero_if_eq(vf x, vf s, float c) {
+    return _mm256_and_ps(_mm256_cmp_ps(s, _mm256_set1_ps(c), _CMP_NEQ_UQ), x);
+}
+static inline float v_hsum(vf x) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+static inline float v_hmax(vf x) {
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_max_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+static const int32_t kLaneMask[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
+static inline vf v_load_n(const float *p, int n) {
+    return _mm256_maskload_ps(p, _mm256_loadu_si256((const __m256i *)(kLaneMask + 8 - n)));
+}
+/* exp for x <= 88.3: Cephes' expf (two-constant ln 2 reduction, degree-6
+ * polynomial, ~1 ulp); x <= -88 (and -inf) gives exactly 0, NaN stays NaN. */
+static inline vf v_exp(vf x) {
+    x = _mm256_max_ps(_mm256_set1_ps(-88.0f), x);
+    x = _mm256_min_ps(_mm256_set1_ps(88.3f), x);
+    const vf fx = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    vf r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), r);
+    vf y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256i n = _mm256_cvtps_epi32(fx);
+    n = _mm256_slli_epi32(_mm256_add_epi32(n, _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(n));
+}
+
+#include "sdpa_fused_template.h"
+
+#else
+typedef int attn_fused_avx2_not_built; /* not x86-64: portable kernels only */
+#endif
