@@ -1,0 +1,321 @@
+/* molgen bench (see bench.h). */
+#define _POSIX_C_SOURCE 200809L
+#include "bench.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "attn.h"
+#include "cli_util.h"
+#include "model.h"
+#include "optim.h"
+#include "sample.h"
+#include "tokenizer.h"
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+double mg_median(double *x, int n) {
+    if (n <= 0) return 0.0;
+    qsort(x, (size_t)n, sizeof *x, cmp_double);
+    return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
+}
+
+/* The MOSES vocabulary (moses_176k.smi's 24 tokens). */
+static const char *MOSES_TOKENS[] = {"#", "(", ")", "-", "1", "2", "3", "4", "5", "6", "=", "Br",
+                                     "C", "Cl", "F", "N", "O", "S", "[H]", "[nH]", "c", "n", "o", "s"};
+
+typedef struct {
+    double rate[64]; /* per timed run */
+    int runs;
+    double median, lo, hi;
+    double extra;    /* sampling: mean tokens per molecule; training: loss */
+    double tok_rate; /* sampling: tokens/s (median run's) */
+} bench_result;
+
+static void finish(bench_result *r) {
+    double tmp[64];
+    memcpy(tmp, r->rate, sizeof tmp);
+    r->median = mg_median(tmp, r->runs);
+    r->lo = tmp[0];
+    r->hi = tmp[r->runs - 1];
+}
+
+static uint64_t splitmix(uint64_t *s) {
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* Training steps on random full rows. */
+static int bench_train(mg_model *m, int B, int steps, int warmup, int runs, bench_result *r,
+                       char *err, size_t errlen) {
+    const mg_model_config *c = mg_model_get_config(m);
+    const int T = c->ctx_len + 1, V = c->vocab_size;
+    int rc = -1;
+    int32_t *ids = malloc((size_t)B * T * sizeof *ids);
+    int64_t *len = malloc((size_t)B * sizeof *len);
+    const size_t nt = mg_model_num_tensors(m);
+    mg_optim_span *spans = malloc(nt * sizeof *spans);
+    mg_adamw opt;
+    memset(&opt, 0, sizeof opt);
+    if (!ids || !len || !spans) {
+        snprintf(err, errlen, "out of memory");
+        goto done;
+    }
+    for (size_t i = 0; i < nt; i++) {
+        const mg_param_info *pi = mg_model_tensor(m, i);
+        spans[i].offset = pi->offset;
+        spans[i].numel = pi->numel;
+        spans[i].decay = pi->decay;
+    }
+    mg_adamw_config oc;
+    mg_adamw_config_default(&oc);
+    oc.warmup_steps = 10;
+    oc.total_steps = 1000000;
+    if (mg_adamw_init(&opt, &oc, mg_model_num_params(m), spans, nt, err, errlen)) goto done;
+    uint64_t s = 2024;
+    for (int b = 0; b < B; b++) {
+        ids[(size_t)b * T] = MG_BOS;
+        for (int t = 1; t < T - 1; t++)
+            ids[(size_t)b * T + t] = (int32_t)(MG_NUM_SPECIAL + splitmix(&s) % (uint64_t)(V - MG_NUM_SPECIAL));
+        ids[(size_t)b * T + T - 1] = MG_EOS;
+        len[b] = T;
+    }
+    int64_t step = 0;
+    float loss = 0;
+    for (int run = -warmup; run < runs; run++) {
+        int64_t tokens = 0;
+        const double t0 = now_s();
+        for (int k = 0; k < steps; k++, step++) {
+            int64_t ntok = 0;
+            if (mg_model_forward(m, ids, len, B, T, 1, (uint64_t)step, &loss, &ntok, err, errlen) ||
+                mg_model_backward(m, err, errlen) ||
+                mg_adamw_step(&opt, mg_model_params(m), mg_model_grads(m), NULL, NULL, err, errlen))
+                goto done;
+            tokens += ntok;
+        }
+        const double dt = now_s() - t0;
+        if (run >= 0) r->rate[run] = (double)tokens / (dt > 0 ? dt : 1e-9);
+    }
+    r->runs = runs;
+    r->extra = loss;
+    finish(r);
+    rc = 0;
+done:
+    mg_adamw_free(&opt);
+    free(ids);
+    free(len);
+    free(spans);
+    return rc;
+}
+
+static int bench_sample(mg_model *m, const mg_vocab *v, mg_decode_kind kind, int n, int batch,
+                        int warmup, int runs, bench_result *r, char *err, size_t errlen) {
+    mg_sample_opts o;
+    mg_sample_opts_default(&o);
+    o.n = (size_t)n;
+    o.batch = batch;
+    o.kind = kind;
+    o.seed = 1;
+    double tok_rate[64];
+    for (int run = -warmup; run < runs; run++) {
+        mg_samples s;
+        if (mg_sample(m, v, &o, &s, err, errlen)) return -1;
+        const double dt = s.seconds > 0 ? s.seconds : 1e-9;
+        if (run >= 0) {
+            r->rate[run] = (double)s.n / dt;
+            tok_rate[run] = (double)s.tokens / dt;
+            r->extra = (double)s.tokens / (double)s.n;
+        }
+        mg_samples_free(&s);
+    }
+    r->runs = runs;
+    finish(r);
+    r->tok_rate = mg_median(tok_rate, runs);
+    return 0;
+}
+
+static const char *BENCH_USAGE =
+    "usage: molgen bench [--molgpt] [--model FILE] [--batch B] [--ctx L] [--runs R]\n"
+    "                    [--warmup W] [--steps S] [--sample-n N] [--naive-n N]\n"
+    "                    [--threads N] [--no-train] [--no-sample] [--json]\n"
+    "Throughput of training (tokens/s of forward+backward+AdamW steps) and of\n"
+    "sampling (molecules/s, KV-cache and naive decoding); medians of R timed\n"
+    "runs after W warm-up runs.\n"
+    "  --molgpt        MolGPT's architecture (8 layers, d 256, 8 heads, dropout 0.1)\n"
+    "                  instead of the default (4 layers, d 128, 4 heads)\n"
+    "  --model FILE    benchmark this trained model instead (its config and vocab)\n"
+    "  --batch B       rows per training step and per sampling batch (default 64)\n"
+    "  --ctx L         context length of a fresh model (default 54)\n"
+    "  --runs R        timed runs (default 5, at most 64)\n"
+    "  --warmup W      untimed runs first (default 1)\n"
+    "  --steps S       training steps per run (default 3)\n"
+    "  --sample-n N    molecules per KV sampling run (default 256)\n"
+    "  --naive-n N     molecules per naive sampling run (default 64; 0 skips it)\n"
+    "  --threads N     threads (default: ATTN_NUM_THREADS or all cores)\n"
+    "  --no-train / --no-sample   skip a part\n"
+    "  --json          one JSON object on stdout instead of the table\n";
+
+int cmd_bench(int argc, char **argv) {
+    const char *model_path = NULL;
+    int molgpt = 0, batch = 64, ctx = 54, runs = 5, warmup = 1, steps = 3, sample_n = 256,
+        naive_n = 64, threads = 0, do_train = 1, do_sample = 1, json = 0;
+    char err[512];
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            fputs(BENCH_USAGE, stdout);
+            return 0;
+        }
+        if (!strcmp(a, "--molgpt")) { molgpt = 1; continue; }
+        if (!strcmp(a, "--no-train")) { do_train = 0; continue; }
+        if (!strcmp(a, "--no-sample")) { do_sample = 0; continue; }
+        if (!strcmp(a, "--json")) { json = 1; continue; }
+        const char *val = NULL;
+        if (!mg_cli_value(argc, argv, &i, &val, err, sizeof err)) {
+            fprintf(stderr, "molgen bench: %s\n", err);
+            return 2;
+        }
+        long long ll = 0;
+        int ok = 1, *target = NULL;
+        long long lo = 1, hi = 1 << 24;
+        if (!strcmp(a, "--model")) model_path = val;
+        else if (!strcmp(a, "--batch")) target = &batch;
+        else if (!strcmp(a, "--ctx")) { target = &ctx; lo = 2; hi = 4096; }
+        else if (!strcmp(a, "--runs")) { target = &runs; hi = 64; }
+        else if (!strcmp(a, "--warmup")) { target = &warmup; lo = 0; hi = 100; }
+        else if (!strcmp(a, "--steps")) target = &steps;
+        else if (!strcmp(a, "--sample-n")) target = &sample_n;
+        else if (!strcmp(a, "--naive-n")) { target = &naive_n; lo = 0; }
+        else if (!strcmp(a, "--threads")) { target = &threads; hi = ATTN_MAX_THREADS; }
+        else {
+            fprintf(stderr, "molgen bench: unknown option '%s' (see molgen bench --help)\n", a);
+            return 2;
+        }
+        if (target) {
+            ok = mg_cli_int(val, lo, hi, &ll);
+            if (ok) *target = (int)ll;
+        }
+        if (!ok) {
+            fprintf(stderr, "molgen bench: bad value '%s' for %s (see molgen bench --help)\n", val, a);
+            return 2;
+        }
+    }
+    if (threads > 0) attn_set_num_threads(threads, NULL);
+    mg_model *m = NULL;
+    mg_vocab *v = NULL;
+    if (model_path) {
+        if (mg_model_load(model_path, &m, &v, err, sizeof err)) {
+            fprintf(stderr, "molgen bench: %s: %s\n", model_path, err);
+            return 1;
+        }
+    } else {
+        if (mg_vocab_from_tokens(MOSES_TOKENS, sizeof MOSES_TOKENS / sizeof *MOSES_TOKENS, &v, err,
+                                 sizeof err)) {
+            fprintf(stderr, "molgen bench: %s\n", err);
+            return 1;
+        }
+        mg_model_config c;
+        if (molgpt) mg_model_config_molgpt(&c);
+        else mg_model_config_default(&c);
+        c.ctx_len = ctx;
+        c.vocab_size = mg_vocab_size(v);
+        if (mg_model_create(&c, &m, err, sizeof err)) {
+            fprintf(stderr, "molgen bench: %s\n", err);
+            mg_vocab_free(v);
+            return 1;
+        }
+        mg_model_init(m, 1);
+    }
+    const mg_model_config *c = mg_model_get_config(m);
+    const char *cfg_name = model_path ? model_path : molgpt ? "molgpt" : "default";
+    bench_result tr, kv, nv;
+    memset(&tr, 0, sizeof tr);
+    memset(&kv, 0, sizeof kv);
+    memset(&nv, 0, sizeof nv);
+    int rc = 0;
+    if (!json)
+        printf("molgen bench: %s config: %d layers, d_model %d, %d heads, ctx_len %d, vocab %d, "
+               "dropout %g; %.2fM parameters; %d threads\n",
+               cfg_name, c->n_layer, c->d_model, c->n_head, c->ctx_len, c->vocab_size,
+               (double)c->dropout, (double)mg_model_num_params(m) / 1e6, attn_get_num_threads());
+    if (do_sample) {
+        /* before training: a --model is sampled as trained */
+        if (bench_sample(m, v, MG_DECODE_KV, sample_n, batch, warmup, runs, &kv, err, sizeof err)) {
+            fprintf(stderr, "molgen bench: sampling (kv): %s\n", err);
+            rc = 1;
+            goto done;
+        }
+        if (!json)
+            printf("sampling kv    (%d molecules, batch %d): %10.1f molecules/s  [%.1f .. %.1f], "
+                   "%.0f tokens/s, %.1f tokens/molecule\n",
+                   sample_n, batch, kv.median, kv.lo, kv.hi, kv.tok_rate, kv.extra);
+        if (naive_n > 0) {
+            if (bench_sample(m, v, MG_DECODE_NAIVE, naive_n, batch, warmup, runs, &nv, err,
+                             sizeof err)) {
+                fprintf(stderr, "molgen bench: sampling (naive): %s\n", err);
+                rc = 1;
+                goto done;
+            }
+            if (!json)
+                printf("sampling naive (%d molecules, batch %d): %10.1f molecules/s  [%.1f .. %.1f], "
+                       "%.0f tokens/s, %.1f tokens/molecule\n",
+                       naive_n, batch, nv.median, nv.lo, nv.hi, nv.tok_rate, nv.extra);
+            if (!json && nv.median > 0)
+                printf("KV cache speed-up over naive: %.1fx (molecules/s)\n", kv.median / nv.median);
+        }
+    }
+    if (do_train) {
+        if (bench_train(m, batch, steps, warmup, runs, &tr, err, sizeof err)) {
+            fprintf(stderr, "molgen bench: training: %s\n", err);
+            rc = 1;
+            goto done;
+        }
+        if (!json)
+            printf("training (batch %d x %d positions, fwd+bwd+AdamW, %d steps/run): %10.0f tokens/s  "
+                   "[%.0f .. %.0f]\n",
+                   batch, c->ctx_len, steps, tr.median, tr.lo, tr.hi);
+    }
+    if (!json) {
+        printf("(medians of %d runs after %d warm-up run%s)\n", runs, warmup, warmup == 1 ? "" : "s");
+    } else {
+        printf("{\"config\":\"%s\",\"n_layer\":%d,\"d_model\":%d,\"n_head\":%d,\"ctx_len\":%d,"
+               "\"vocab_size\":%d,\"dropout\":%g,\"params\":%zu,\"threads\":%d,\"batch\":%d,"
+               "\"runs\":%d,\"warmup\":%d",
+               model_path ? "model" : cfg_name, c->n_layer, c->d_model, c->n_head, c->ctx_len,
+               c->vocab_size, (double)c->dropout, mg_model_num_params(m), attn_get_num_threads(),
+               batch, runs, warmup);
+        if (do_train)
+            printf(",\"train\":{\"tokens_per_s\":%.1f,\"min\":%.1f,\"max\":%.1f,\"steps_per_run\":%d,"
+                   "\"positions\":%d}",
+                   tr.median, tr.lo, tr.hi, steps, c->ctx_len);
+        if (do_sample) {
+            printf(",\"sample_kv\":{\"molecules_per_s\":%.2f,\"min\":%.2f,\"max\":%.2f,"
+                   "\"tokens_per_s\":%.1f,\"tokens_per_molecule\":%.2f,\"n\":%d}",
+                   kv.median, kv.lo, kv.hi, kv.tok_rate, kv.extra, sample_n);
+            if (naive_n > 0)
+                printf(",\"sample_naive\":{\"molecules_per_s\":%.2f,\"min\":%.2f,\"max\":%.2f,"
+                       "\"tokens_per_s\":%.1f,\"tokens_per_molecule\":%.2f,\"n\":%d}",
+                       nv.median, nv.lo, nv.hi, nv.tok_rate, nv.extra, naive_n);
+        }
+        printf("}\n");
+    }
+done:
+    mg_model_free(m);
+    mg_vocab_free(v);
+    return rc;
+}
