@@ -219,6 +219,48 @@ static inline void gu_sdpa_bwd(const gu_dims *d, const double *q, const double *
     free(dP);
 }
 
+/* Entries of dq, dk, dv that receive no term at all (structural zeros):
+ * rq[B*H*Lq] = 1 for a query row that sees no key, rk[B*H*Lk] = 1 for a key
+ * no query sees, rv[B*H*Lk] = 1 for a key with P·mult = 0 in every row (not
+ * seen, or dropped wherever seen). A row that sees exactly one key has
+ * dq = 0 only by cancellation (P = 1, dS = dP - dP): not structural. */
+static inline void gu_structural_zeros(const gu_dims *d, const double *q, const double *k,
+                                       const attn_sdpa_params *p, const double *mult,
+                                       unsigned char *rq, unsigned char *rk, unsigned char *rv)
+{
+    double *P = tu_malloc((size_t)d->Lk * sizeof(double));
+    memset(rk, 1, (size_t)(d->B * d->H * d->Lk));
+    memset(rv, 1, (size_t)(d->B * d->H * d->Lk));
+    for (int64_t b = 0; b < d->B; b++)
+        for (int64_t h = 0; h < d->H; h++)
+            for (int64_t i = 0; i < d->Lq; i++) {
+                const int64_t bh = b * d->H + h, row = bh * d->Lq + i;
+                rq[row] = (unsigned char)!gu_row_softmax(d, q, k, p, b, h, i, P);
+                for (int64_t j = 0; j < d->Lk; j++)
+                    if (P[j] > 0.0) {
+                        rk[bh * d->Lk + j] = 0;
+                        if (!mult || mult[row * d->Lk + j] != 0.0)
+                            rv[bh * d->Lk + j] = 0;
+                    }
+            }
+    free(P);
+}
+
+/* got[rows, D] must be exactly 0 (and not NaN) on every row flagged in z;
+ * returns the number of offending elements, *count the flagged elements. */
+static inline size_t gu_rows_not_zero(const float *got, const unsigned char *z, size_t rows,
+                                      int64_t D, size_t *count)
+{
+    size_t bad = 0, c = 0;
+    for (size_t r = 0; r < rows; r++)
+        if (z[r])
+            for (int64_t x = 0; x < D; x++, c++)
+                bad += got[r * (size_t)D + (size_t)x] != 0.0f;
+    if (count)
+        *count = c;
+    return bad;
+}
+
 static inline double gu_dot(const double *a, const double *b, size_t n)
 {
     double s = 0.0;
@@ -232,13 +274,14 @@ static inline double gu_dot(const double *a, const double *b, size_t n)
 /* Scalar loss of the current parameters. */
 typedef double (*gu_loss_fn)(void *ctx);
 
-/* Central differences (L(x+h) - L(x-h)) / 2h for every element of x[n],
- * compared with grad[n]; returns max |fd - grad|. x is restored. */
-static inline double gu_fd_maxerr(double *x, size_t n, const double *grad, double h,
+/* Central differences (L(x+h) - L(x-h)) / 2h for every step-th element of
+ * x[n] (step 1: all), compared with grad[n]; returns max |fd - grad|. x is
+ * restored. */
+static inline double gu_fd_maxerr(double *x, size_t n, size_t step, const double *grad, double h,
                                   gu_loss_fn loss, void *ctx)
 {
     double worst = 0.0;
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = 0; i < n; i += step) {
         const double x0 = x[i];
         x[i] = x0 + h;
         const double lp = loss(ctx);
@@ -275,21 +318,6 @@ static inline double gu_relerr(const float *got, const double *want, size_t n, d
             m = e;
     }
     return m / s;
-}
-
-/* Elements where want is exactly 0 (structurally: no visible key
- * contributes) but got is not exactly 0; *zeros counts the exact zeros. */
-static inline size_t gu_zero_mismatch(const float *got, const double *want, size_t n, size_t *zeros)
-{
-    size_t bad = 0, z = 0;
-    for (size_t i = 0; i < n; i++)
-        if (want[i] == 0.0) {
-            z++;
-            bad += got[i] != 0.0f;
-        }
-    if (zeros)
-        *zeros = z;
-    return bad;
 }
 
 /* ------------------------------------------------------------ dropout mask */

@@ -552,8 +552,17 @@ static void test_accumulation(void)
 
 int main(void)
 {
-    attn_set_num_threads(2, NULL);
+    attn_set_num_threads(1, NULL); /* many tiny calls: no fork/join each */
     test_fd();
+    /* Once more with two threads (BLAS and the SDPA kernels split work). */
+    attn_set_num_threads(2, NULL);
+    attn_sdpa_params pc = {0};
+    pc.causal = 1;
+    const int64_t lens[2] = {6, 2};
+    pc.key_lengths = lens;
+    mcase two = {"cross causal+pad, bias, 2 threads", {8, 2, 6, 5, 1}, 2, 3, 6, 0, 120};
+    check_both(&two, &pc);
+    attn_set_num_threads(1, NULL);
     test_accumulation();
     printf("worst lib vs fp64 FD: %.3g (tol %g)\n", g_worst, TOL);
     attn_set_num_threads(0, NULL);
