@@ -1,0 +1,24 @@
+/* molgen subcommands. Each takes the arguments after "molgen", so argv[0] is
+ * the subcommand's name ("train", "sample", ...), parses its own options,
+ * prints its --help to stdout, and returns the process exit code (0 on
+ * success; on an error it prints one line "molgen <cmd>: <reason>" to stderr
+ * and returns non-zero). main.c dispatches to them by name. */
+#ifndef MG_COMMANDS_H
+#define MG_COMMANDS_H
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+int cmd_train(int argc, char **argv);     /* train.c */
+int cmd_sample(int argc, char **argv);    /* sample.c */
+int cmd_attention(int argc, char **argv); /* attention.c */
+int cmd_bench(int argc, char **argv);     /* bench.c */
+/* Hidden: dump a random batch's loss and gradients for the PyTorch oracle
+ * test (molgen/tests/test_model_torch.py). train.c. */
+int cmd_debug_grads(int argc, char **argv);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MG_COMMANDS_H */
