@@ -1,13 +1,16 @@
 /* molgen KV-cache decoding: one new position per step for a batch of rows.
  *
- * Each step takes one token per row at position pos, runs it through the
- * network with the keys and values of positions 0..pos-1 kept from earlier
- * steps (per layer, [B, ctx_len, d] each, in the packed [B, L, H, Dh]
- * layout), and returns the logits [n, V] predicting position pos + 1.
- * Attention is libattn's decode path: attn_sdpa_forward with Lq = 1 against
- * strided views of the cache (Lk = pos + 1, causal: the query is the last
- * position, so it sees every cached key). The logits equal
- * mg_model_logits' at the same position up to fp32 rounding.
+ * Each step takes one token per row at that row's position pos, runs it
+ * through the network with the keys and values of positions 0..pos-1 kept
+ * from earlier steps (per layer, [B, ctx_len, d] each, in the packed
+ * [B, L, H, Dh] layout), and returns the logits [n, V] predicting position
+ * pos + 1. Attention is libattn's decode path: attn_sdpa_forward with
+ * Lq = 1 against strided views of the cache (Lk = the largest pos + 1,
+ * key_lengths = pos + 1 per row, causal: the query is the last position, so
+ * it sees every cached key of its row). Rows may be at different positions,
+ * and a row can restart at 0 while the others continue (continuous
+ * batching). The logits equal mg_model_logits' at the same position up to
+ * fp32 rounding.
  *
  * The layer math (LayerNorm, linear, GELU-tanh) is written here again for a
  * single position; it follows model.c's formulas exactly. model.h has no
@@ -36,9 +39,14 @@ int mg_kv_new(mg_model *m, int B, mg_kv_decoder **out, char *err, size_t errlen)
 void mg_kv_free(mg_kv_decoder *d); /* NULL fine */
 /* Start n rows (1 <= n <= B) at position 0. */
 int mg_kv_reset(mg_kv_decoder *d, int n, char *err, size_t errlen);
-/* tok [n] at position mg_kv_pos(d) (< ctx_len); logits [n, V] out. */
+/* Row r (0 <= r < n) starts over at position 0 (a new molecule in its slot:
+ * continuous batching); the other rows keep their positions. */
+int mg_kv_restart_row(mg_kv_decoder *d, int r, char *err, size_t errlen);
+/* tok [n]: row r's token at its position mg_kv_pos(d, r) (< ctx_len; rows
+ * may be at different positions: attention uses per-row key lengths);
+ * logits [n, V] out. */
 int mg_kv_step(mg_kv_decoder *d, const int32_t *tok, float *logits, char *err, size_t errlen);
-int mg_kv_pos(const mg_kv_decoder *d);
+int mg_kv_pos(const mg_kv_decoder *d, int r);
 
 #ifdef __cplusplus
 }

@@ -170,11 +170,13 @@ const char *mg_decode_kind_name(mg_decode_kind k) {
 struct mg_decoder {
     mg_decode_kind kind;
     mg_model *m;
-    int B, n, pos, V, ctx;
+    int B, n, V, ctx;
+    int *pos;        /* [B] (naive) */
     mg_kv_decoder *kv;
     /* naive */
     int32_t *hist;   /* [B, ctx] tokens so far */
-    int32_t *prefix; /* [B, ctx] packed [n, pos+1] */
+    int32_t *prefix; /* [B, ctx] packed [n, L] */
+    int64_t *len;    /* [B] */
     float *full;     /* [B, ctx, V] */
 };
 
@@ -201,10 +203,12 @@ int mg_decoder_new(mg_model *m, mg_decode_kind kind, int B, mg_decoder **out, ch
         }
     } else {
         const size_t cells = (size_t)B * (size_t)d->ctx;
+        d->pos = calloc((size_t)B, sizeof *d->pos);
+        d->len = calloc((size_t)B, sizeof *d->len);
         d->hist = malloc(cells * sizeof *d->hist);
         d->prefix = malloc(cells * sizeof *d->prefix);
         d->full = malloc(cells * (size_t)d->V * sizeof *d->full);
-        if (!d->hist || !d->prefix || !d->full) {
+        if (!d->pos || !d->len || !d->hist || !d->prefix || !d->full) {
             mg_decoder_free(d);
             return fail(err, errlen, MG_SAMPLE_ERR_NOMEM, "decoder: out of memory");
         }
@@ -216,6 +220,8 @@ int mg_decoder_new(mg_model *m, mg_decode_kind kind, int B, mg_decoder **out, ch
 void mg_decoder_free(mg_decoder *d) {
     if (!d) return;
     mg_kv_free(d->kv);
+    free(d->pos);
+    free(d->len);
     free(d->hist);
     free(d->prefix);
     free(d->full);
@@ -226,35 +232,54 @@ int mg_decoder_reset(mg_decoder *d, int n, char *err, size_t errlen) {
     if (!d) return fail(err, errlen, MG_SAMPLE_ERR, "decoder is NULL");
     if (n < 1 || n > d->B) return fail(err, errlen, MG_SAMPLE_ERR, "decoder: %d rows, need 1..%d", n, d->B);
     d->n = n;
-    d->pos = 0;
-    return d->kv ? mg_kv_reset(d->kv, n, err, errlen) : 0;
+    if (d->kv) return mg_kv_reset(d->kv, n, err, errlen);
+    for (int r = 0; r < n; r++) d->pos[r] = 0;
+    return 0;
 }
 
-int mg_decoder_pos(const mg_decoder *d) { return d ? d->pos : 0; }
+int mg_decoder_restart_row(mg_decoder *d, int r, char *err, size_t errlen) {
+    if (!d) return fail(err, errlen, MG_SAMPLE_ERR, "decoder is NULL");
+    if (r < 0 || r >= d->n)
+        return fail(err, errlen, MG_SAMPLE_ERR, "decoder: row %d is outside [0, %d)", r, d->n);
+    if (d->kv) return mg_kv_restart_row(d->kv, r, err, errlen);
+    d->pos[r] = 0;
+    return 0;
+}
+
+int mg_decoder_pos(const mg_decoder *d, int r) {
+    if (!d || r < 0 || r >= d->n) return 0;
+    return d->kv ? mg_kv_pos(d->kv, r) : d->pos[r];
+}
 
 int mg_decoder_step(mg_decoder *d, const int32_t *tok, float *logits, char *err, size_t errlen) {
     if (!d || !tok || !logits)
         return fail(err, errlen, MG_SAMPLE_ERR, "decoder, tokens and logits must be non-NULL");
     if (d->n < 1) return fail(err, errlen, MG_SAMPLE_ERR, "decoder: step before reset");
-    if (d->pos >= d->ctx)
-        return fail(err, errlen, MG_SAMPLE_ERR, "decoder: position %d is past ctx_len %d", d->pos,
-                    d->ctx);
-    if (d->kv) {
-        int rc = mg_kv_step(d->kv, tok, logits, err, errlen);
-        if (rc) return rc;
-        d->pos++;
-        return 0;
+    if (d->kv) return mg_kv_step(d->kv, tok, logits, err, errlen);
+    const int n = d->n, V = d->V, ctx = d->ctx;
+    int L = 0;
+    for (int b = 0; b < n; b++) {
+        if (d->pos[b] >= ctx)
+            return fail(err, errlen, MG_SAMPLE_ERR, "decoder: row %d: position %d is past ctx_len %d",
+                        b, d->pos[b], ctx);
+        if (d->pos[b] + 1 > L) L = d->pos[b] + 1;
     }
-    const int n = d->n, L = d->pos + 1, V = d->V;
-    for (int b = 0; b < n; b++) d->hist[(size_t)b * d->ctx + d->pos] = tok[b];
-    for (int b = 0; b < n; b++)
-        memcpy(d->prefix + (size_t)b * L, d->hist + (size_t)b * d->ctx, (size_t)L * sizeof(int32_t));
-    int rc = mg_model_logits(d->m, d->prefix, NULL, n, L, d->full, NULL, err, errlen);
+    /* rows shorter than L are key-padded: with the causal mask their
+     * positions < length never see the padding */
+    for (int b = 0; b < n; b++) {
+        const int lb = d->pos[b] + 1;
+        d->hist[(size_t)b * ctx + d->pos[b]] = tok[b];
+        memcpy(d->prefix + (size_t)b * L, d->hist + (size_t)b * ctx, (size_t)lb * sizeof(int32_t));
+        for (int t = lb; t < L; t++) d->prefix[(size_t)b * L + t] = MG_PAD;
+        d->len[b] = lb;
+    }
+    int rc = mg_model_logits(d->m, d->prefix, d->len, n, L, d->full, NULL, err, errlen);
     if (rc) return rc;
-    for (int b = 0; b < n; b++)
-        memcpy(logits + (size_t)b * V, d->full + ((size_t)b * L + (size_t)(L - 1)) * V,
+    for (int b = 0; b < n; b++) {
+        memcpy(logits + (size_t)b * V, d->full + ((size_t)b * L + (size_t)d->pos[b]) * V,
                (size_t)V * sizeof(float));
-    d->pos++;
+        d->pos[b]++;
+    }
     return 0;
 }
 
@@ -313,68 +338,98 @@ int mg_sample(mg_model *m, const mg_vocab *v, const mg_sample_opts *o, mg_sample
     unsigned char *active = malloc((size_t)B);
     float *logits = malloc((size_t)B * (size_t)V * sizeof *logits);
     mg_rng *rng = malloc((size_t)B * sizeof *rng);
+    size_t *mol = malloc((size_t)B * sizeof *mol);
     const size_t slen = (size_t)ctx * (MG_TOKEN_MAX + 1) + 1;
     char *sbuf = malloc(slen);
     mg_decoder *dec = NULL;
     if (!out->smiles || !out->ntok || !out->ended || !gen || !tok || !len || !active || !logits ||
-        !rng || !sbuf) {
+        !rng || !mol || !sbuf) {
         rc = fail(err, errlen, MG_SAMPLE_ERR_NOMEM, "out of memory for %zu molecules", n);
         goto done;
     }
     if (n == 0) goto done;
     rc = mg_decoder_new(m, o->kind, B, &dec, err, errlen);
     if (rc) goto done;
+    /* KV decoding uses continuous batching: slot r holds molecule mol[r];
+     * when it ends, the next molecule starts in that slot at position 0.
+     * The naive decoder runs batch by batch instead (a refilled slot would
+     * make every step re-run the longest prefix of the batch): a finished
+     * row idles until the whole batch is done. Idle slots restart every
+     * step as cheap dummies at position 0. Results do not depend on this:
+     * molecule k always draws from RNG stream k. */
+    const int refill = o->kind == MG_DECODE_KV;
     const double t0 = now_s();
-    for (size_t start = 0; start < n; start += (size_t)B) {
-        const int nb = (int)(n - start < (size_t)B ? n - start : (size_t)B);
-        rc = mg_decoder_reset(dec, nb, err, errlen);
-        if (rc) goto done;
-        int n_active = nb;
-        for (int i = 0; i < nb; i++) {
-            mg_rng_seed(&rng[i], o->seed, (uint64_t)(start + (size_t)i));
-            tok[i] = MG_BOS;
-            len[i] = 0;
-            active[i] = 1;
-        }
-        for (int pos = 0; pos < ctx && n_active > 0; pos++) {
-            rc = mg_decoder_step(dec, tok, logits, err, errlen);
+    size_t next = 0;
+    int live = 0;
+    for (;;) {
+        if (live == 0) {
+            if (next >= n) break;
+            rc = mg_decoder_reset(dec, B, err, errlen);
             if (rc) goto done;
-            for (int i = 0; i < nb; i++) {
-                if (!active[i]) continue;
-                int t = mg_sample_token(logits + (size_t)i * V, V, &o->sampling, &rng[i]);
-                if (t < 0) {
-                    rc = fail(err, errlen, MG_SAMPLE_ERR,
-                              "molecule %zu position %d: the logits are not finite",
-                              start + (size_t)i, pos + 1);
-                    goto done;
-                }
-                tok[i] = t;
-                if (t == MG_EOS) {
-                    active[i] = 0;
-                    n_active--;
-                    out->ended[start + (size_t)i] = 1;
-                } else {
-                    gen[(size_t)i * ctx + len[i]++] = t;
-                }
+            for (int r = 0; r < B; r++) {
+                tok[r] = MG_BOS;
+                len[r] = 0;
+                active[r] = next < n;
+                if (!active[r]) continue;
+                mol[r] = next;
+                mg_rng_seed(&rng[r], o->seed, (uint64_t)next);
+                next++;
+                live++;
             }
         }
-        for (int i = 0; i < nb; i++) {
-            int r = mg_vocab_decode(v, gen + (size_t)i * ctx, len[i], sbuf, slen, err, errlen);
-            if (r < 0) {
+        rc = mg_decoder_step(dec, tok, logits, err, errlen);
+        if (rc) goto done;
+        for (int r = 0; r < B; r++) {
+            if (!active[r]) {
+                tok[r] = MG_BOS;
+                rc = mg_decoder_restart_row(dec, r, err, errlen);
+                if (rc) goto done;
+                continue;
+            }
+            const size_t k = mol[r];
+            int t = mg_sample_token(logits + (size_t)r * V, V, &o->sampling, &rng[r]);
+            if (t < 0) {
+                rc = fail(err, errlen, MG_SAMPLE_ERR,
+                          "molecule %zu position %d: the logits are not finite", k, len[r] + 1);
+                goto done;
+            }
+            int finished = 0;
+            if (t == MG_EOS) {
+                out->ended[k] = 1;
+                finished = 1;
+            } else {
+                gen[(size_t)r * ctx + len[r]++] = t;
+                tok[r] = t;
+                finished = len[r] >= ctx; /* no position left for the next token */
+            }
+            if (!finished) continue;
+            int sl = mg_vocab_decode(v, gen + (size_t)r * ctx, len[r], sbuf, slen, err, errlen);
+            if (sl < 0) {
                 rc = MG_SAMPLE_ERR;
                 goto done;
             }
-            char *s = malloc((size_t)r + 1);
-            if (!s) {
+            char *str = malloc((size_t)sl + 1);
+            if (!str) {
                 rc = fail(err, errlen, MG_SAMPLE_ERR_NOMEM, "out of memory");
                 goto done;
             }
-            memcpy(s, sbuf, (size_t)r + 1);
-            const size_t k = start + (size_t)i;
-            out->smiles[k] = s;
-            out->ntok[k] = len[i];
-            out->tokens += len[i] + (out->ended[k] ? 1 : 0);
+            memcpy(str, sbuf, (size_t)sl + 1);
+            out->smiles[k] = str;
+            out->ntok[k] = len[r];
+            out->tokens += len[r] + (out->ended[k] ? 1 : 0);
             if (!out->ended[k]) out->truncated++;
+            rc = mg_decoder_restart_row(dec, r, err, errlen);
+            if (rc) goto done;
+            tok[r] = MG_BOS;
+            len[r] = 0;
+            if (refill && next < n) {
+                mol[r] = next;
+                mg_rng_seed(&rng[r], o->seed, (uint64_t)next);
+                next++;
+            } else {
+                active[r] = 0;
+                live--;
+            }
         }
     }
     out->seconds = now_s() - t0;
@@ -386,6 +441,7 @@ done:
     free(active);
     free(logits);
     free(rng);
+    free(mol);
     free(sbuf);
     if (rc) mg_samples_free(out);
     return rc;

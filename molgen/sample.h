@@ -8,9 +8,11 @@
  *   MG_DECODE_KV     incremental decoding with a per-layer key/value cache:
  *                    each step runs only the new position (decode.h).
  *
- * A decoder holds up to B rows that advance together: step(tok[n]) appends
- * one token per row at position pos (0 = BOS) and returns the logits
- * [n, V] that predict the token at pos + 1.
+ * A decoder holds up to B rows; step(tok[n]) appends one token per row at
+ * that row's position pos (0 = BOS) and returns the logits [n, V] that
+ * predict the token at pos + 1. A row can restart at position 0 while the
+ * others continue, so mg_sample keeps every row busy: when a molecule ends,
+ * the next one starts in its slot (continuous batching).
  *
  * Token choice (mg_sample_token): PAD and BOS are never sampled; then
  *   temperature == 0            greedy: argmax (ties: lowest id);
@@ -97,17 +99,19 @@ int mg_decoder_new(mg_model *m, mg_decode_kind kind, int B, mg_decoder **out, ch
 void mg_decoder_free(mg_decoder *d); /* NULL fine */
 /* Start n new rows (1 <= n <= B) at position 0. */
 int mg_decoder_reset(mg_decoder *d, int n, char *err, size_t errlen);
-/* Append tok[0..n) at the next position (< ctx_len) and write the logits
- * [n, V] predicting the token after it. */
+/* Row r (0 <= r < n) starts over at position 0; the others are untouched. */
+int mg_decoder_restart_row(mg_decoder *d, int r, char *err, size_t errlen);
+/* Append tok[r] at row r's next position (< ctx_len) for every row and
+ * write the logits [n, V] predicting each row's next token. */
 int mg_decoder_step(mg_decoder *d, const int32_t *tok, float *logits, char *err, size_t errlen);
-/* Tokens appended since the reset. */
-int mg_decoder_pos(const mg_decoder *d);
+/* Tokens appended to row r since its (re)start. */
+int mg_decoder_pos(const mg_decoder *d, int r);
 
 /* ------------------------------------------------------------ sampling */
 
 typedef struct {
     size_t n;              /* molecules to generate */
-    int batch;             /* rows decoded together, >= 1 */
+    int batch;             /* rows decoded together (slots), >= 1 */
     mg_decode_kind kind;
     mg_sampling sampling;
     uint64_t seed;

@@ -103,7 +103,7 @@ static void test_kv_vs_naive(mg_model *m) {
         int32_t tok[3] = {MG_BOS, MG_BOS, MG_BOS};
         double worst = 0.0, maxabs = 0.0;
         for (int pos = 0; pos < ctx; pos++) {
-            CHECK(mg_decoder_pos(kv) == pos && mg_decoder_pos(nv) == pos, "pos");
+            CHECK(mg_decoder_pos(kv, 0) == pos && mg_decoder_pos(nv, rows - 1) == pos, "pos");
             int r1 = mg_decoder_step(nv, tok, a, err, sizeof err);
             CHECK(r1 == 0, "naive step %d: %s", pos, err);
             int r2 = mg_decoder_step(kv, tok, b, err, sizeof err);
@@ -128,6 +128,62 @@ static void test_kv_vs_naive(mg_model *m) {
         /* past ctx_len */
         CHECK(mg_decoder_step(kv, tok, b, err, sizeof err) != 0, "kv step past ctx_len accepted");
         CHECK(mg_decoder_step(nv, tok, a, err, sizeof err) != 0, "naive step past ctx_len accepted");
+    }
+    /* Staggered rows (continuous batching): rows restart at different steps,
+     * so they sit at different positions; KV vs naive (key padding) must
+     * still agree, and each row must equal decoding its tokens alone. */
+    {
+        enum { R = 3, STEPS = 60 };
+        int32_t tok[R], seq[R][64];
+        int len[R] = {0, 0, 0};
+        mg_decoder *solo = NULL;
+        CHECK(mg_decoder_new(m, MG_DECODE_NAIVE, 1, &solo, err, sizeof err) == 0, "%s", err);
+        float *one = malloc((size_t)V * sizeof *one);
+        CHECK(mg_decoder_reset(nv, R, err, sizeof err) == 0 && mg_decoder_reset(kv, R, err, sizeof err) == 0, "%s", err);
+        for (int r = 0; r < R; r++) tok[r] = MG_BOS;
+        double worst = 0, worst_solo = 0;
+        int restarts = 0, solo_checked = 0;
+        for (int step = 0; step < STEPS; step++) {
+            for (int r = 0; r < R; r++) seq[r][len[r]] = tok[r];
+            CHECK(mg_decoder_step(nv, tok, a, err, sizeof err) == 0, "naive staggered %d: %s", step, err);
+            CHECK(mg_decoder_step(kv, tok, b, err, sizeof err) == 0, "kv staggered %d: %s", step, err);
+            for (int i = 0; i < R * V; i++) {
+                double rel = fabs((double)b[i] - a[i]) / fmax(1.0, fabs((double)a[i]));
+                if (rel > worst) worst = rel;
+            }
+            for (int r = 0; r < R; r++) len[r]++;
+            /* row 1 alone, replayed from its start, at a few points */
+            if (solo && step % 7 == 3) {
+                mg_decoder_reset(solo, 1, NULL, 0);
+                for (int t = 0; t < len[1]; t++)
+                    CHECK(mg_decoder_step(solo, &seq[1][t], one, err, sizeof err) == 0, "%s", err);
+                for (int i = 0; i < V; i++) {
+                    double rel = fabs((double)b[V + i] - one[i]) / fmax(1.0, fabs((double)one[i]));
+                    if (rel > worst_solo) worst_solo = rel;
+                }
+                solo_checked++;
+            }
+            for (int r = 0; r < R; r++) {
+                tok[r] = (int32_t)(MG_NUM_SPECIAL + rnd() % (uint64_t)(V - MG_NUM_SPECIAL));
+                if (len[r] >= ctx || rnd() % 9 == 0) {
+                    CHECK(mg_decoder_restart_row(nv, r, err, sizeof err) == 0, "%s", err);
+                    CHECK(mg_decoder_restart_row(kv, r, err, sizeof err) == 0, "%s", err);
+                    CHECK(mg_decoder_pos(kv, r) == 0 && mg_decoder_pos(nv, r) == 0, "pos after restart");
+                    len[r] = 0;
+                    tok[r] = MG_BOS;
+                    restarts++;
+                }
+                CHECK(mg_decoder_pos(kv, r) == len[r] && mg_decoder_pos(nv, r) == len[r], "row %d pos", r);
+            }
+        }
+        CHECK(worst <= 1e-5, "staggered kv vs naive: %.2e", worst);
+        CHECK(worst_solo <= 1e-5, "staggered row vs alone: %.2e", worst_solo);
+        CHECK(restarts >= 5 && solo_checked >= 5, "restarts %d, solo checks %d", restarts, solo_checked);
+        printf("staggered rows, %d steps, %d restarts: kv vs naive %.2e, row vs alone %.2e\n", STEPS,
+               restarts, worst, worst_solo);
+        CHECK(mg_decoder_restart_row(kv, R, err, sizeof err) != 0, "restart of row n accepted");
+        free(one);
+        mg_decoder_free(solo);
     }
     /* bad token */
     int32_t badtok[3] = {(int32_t)V, 0, 0};
