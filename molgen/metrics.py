@@ -1,0 +1,527 @@
+#!/usr/bin/python3
+"""MOSES-style metrics of generated SMILES against a training and a reference set.
+
+Usage:
+    /usr/bin/python3 molgen/metrics.py SAMPLES.smi --train TRAIN.smi --ref REF.smi \
+        [--json out.json] [--max-ref N] [--max-gen N] [--seed S] [--jobs J]
+
+Needs RDKit and numpy (Debian's /usr/bin/python3 has both; a python3 without
+RDKit gets a one-line message and exit status 2). scipy is used for the
+Wasserstein distance when present, otherwise an exact numpy implementation.
+
+Definitions follow MOSES (Polykovskiy et al. 2020, github molecularsets/moses,
+moses/metrics/metrics.py) unless noted:
+  validity     fraction of sample lines that RDKit parses to a non-empty
+               molecule (an empty line counts as an invalid sample; blank
+               lines at the very end of the file are ignored).
+  unique@k     fraction of distinct canonical SMILES among the first k valid
+               samples (k = 1000, 10000); if fewer than k are valid, computed
+               over all valid ones and flagged in the notes.
+  novelty      fraction of the distinct valid canonical samples that are not
+               in the canonicalised training set (used whole).
+  IntDiv_p     1 - mean_i (mean_j T(i,j)^p)^(1/p) over the valid samples
+               (all pairs, self-pairs included, as MOSES), T = Tanimoto of
+               Morgan radius 2, 1024-bit fingerprints. For p = 1 this is
+               1 - the mean pairwise similarity.
+  SNN          mean over samples of the max Tanimoto to the reference set.
+  Frag         cosine similarity of BRICS fragment counts
+               (FragmentOnBRICSBonds, as MOSES) of samples vs reference.
+  Scaf         cosine similarity of Bemis-Murcko scaffold counts (scaffolds
+               with >= 2 rings, as MOSES) of samples vs reference.
+  W1(prop)     1-D Wasserstein distance between the samples' and the
+               reference's distributions of logP (Crippen), SA score (RDKit
+               Contrib sascorer), QED and molecular weight.
+Subsampling, for speed (seeded by --seed; reported in the notes): IntDiv,
+SNN, Frag, Scaf and W1 use at most --max-gen random valid samples and at most
+--max-ref random reference molecules (default 10,000 each; MOSES uses the
+whole sets, so Scaf in particular is not directly comparable to published
+numbers unless both limits cover the whole sets).
+Not computed: FCD (needs the ChemNet model), MOSES filters.
+"""
+
+import argparse
+import json
+import math
+import os
+import random
+import sys
+import time
+
+MAX_REF_DEFAULT = 10000
+MAX_GEN_DEFAULT = 10000
+
+# ------------------------------------------------------------------ imports
+
+
+def _require_deps():
+    """Import numpy and RDKit or exit with a one-line message."""
+    try:
+        import numpy  # noqa: F401
+    except Exception as e:  # pragma: no cover - environment dependent
+        sys.stderr.write("metrics.py: numpy is not available in %s (%s); "
+                         "run with /usr/bin/python3\n" % (sys.executable, e))
+        sys.exit(2)
+    try:
+        from rdkit import Chem  # noqa: F401
+    except Exception as e:
+        sys.stderr.write("metrics.py: RDKit is not available in %s (%s); "
+                         "run with /usr/bin/python3 (Debian python3-rdkit)\n"
+                         % (sys.executable, e))
+        sys.exit(2)
+
+
+_SA = None  # sascorer module, False if unavailable
+
+
+def _sascorer():
+    global _SA
+    if _SA is None:
+        try:
+            from rdkit.Chem import RDConfig
+            d = os.path.join(RDConfig.RDContribDir, 'SA_Score')
+            if d not in sys.path:
+                sys.path.append(d)
+            import sascorer  # type: ignore
+            _SA = sascorer
+        except Exception:
+            _SA = False
+    return _SA
+
+
+def _quiet_rdkit():
+    from rdkit import RDLogger
+    RDLogger.DisableLog('rdApp.*')
+
+
+# ------------------------------------------------------------------ I/O
+
+
+def read_smiles(path, skip_blank=True):
+    """First whitespace-separated field of each line; '#' lines skipped.
+    With skip_blank=False, blank lines are kept as '' (an invalid sample)."""
+    out = []
+    with open(path, encoding='utf-8', errors='replace') as f:
+        for line in f:
+            s = line.strip()
+            if s.startswith('#'):
+                continue
+            if not s:
+                if not skip_blank:
+                    out.append('')
+                continue
+            out.append(s.split()[0])
+    return out
+
+
+# ------------------------------------------------------------------ workers
+
+
+def _canon(smi):
+    """Canonical SMILES or None (invalid / empty)."""
+    from rdkit import Chem
+    if not smi:
+        return None
+    m = Chem.MolFromSmiles(smi)
+    if m is None or m.GetNumAtoms() == 0:
+        return None
+    return Chem.MolToSmiles(m)
+
+
+def _canon_many(chunk):
+    _quiet_rdkit()
+    return [_canon(s) for s in chunk]
+
+
+def _fp_bits(mol):
+    import numpy as np
+    from rdkit.Chem import AllChem
+    fp = AllChem.GetMorganFingerprintAsBitVect(mol, 2, nBits=1024)
+    return np.frombuffer(fp.ToBitString().encode('ascii'), dtype=np.uint8) - 48
+
+
+def _scaffold(mol):
+    """Bemis-Murcko scaffold SMILES with >= 2 rings (MOSES), else None."""
+    from rdkit import Chem
+    from rdkit.Chem.Scaffolds import MurckoScaffold
+    try:
+        sm = MurckoScaffold.GetScaffoldForMol(mol)
+        ss = Chem.MolToSmiles(sm)
+    except (ValueError, RuntimeError):
+        return None
+    if not ss or sm.GetRingInfo().NumRings() < 2:
+        return None
+    return ss
+
+
+def _features(smi):
+    """(fingerprint bits, BRICS fragments, scaffold, (logP, SA, QED, MW)) of
+    one SMILES, parsed once; None if it does not parse."""
+    from rdkit import Chem
+    from rdkit.Chem import AllChem, Crippen, Descriptors, QED
+    m = Chem.MolFromSmiles(smi)
+    if m is None or m.GetNumAtoms() == 0:
+        return None
+    frags = Chem.MolToSmiles(AllChem.FragmentOnBRICSBonds(m)).split('.')
+    sa = _sascorer()
+    props = (float(Crippen.MolLogP(m)), float(sa.calculateScore(m)) if sa else float('nan'),
+             float(QED.qed(m)), float(Descriptors.MolWt(m)))
+    return _fp_bits(m), frags, _scaffold(m), props
+
+
+def _features_many(chunk):
+    _quiet_rdkit()
+    return [_features(s) for s in chunk]
+
+
+class _Mapper:
+    """Chunked map over a process pool (or in-process for jobs == 1)."""
+
+    def __init__(self, jobs):
+        self.jobs = max(1, int(jobs))
+        self.pool = None
+        if self.jobs > 1:
+            import multiprocessing as mp
+            self.pool = mp.get_context('fork').Pool(self.jobs)
+
+    def map(self, fn, items, chunk=500):
+        chunks = [items[i:i + chunk] for i in range(0, len(items), chunk)]
+        if self.pool is None:
+            res = [fn(c) for c in chunks]
+        else:
+            res = self.pool.map(fn, chunks)
+        return res
+
+    def close(self):
+        if self.pool is not None:
+            self.pool.close()
+            self.pool.join()
+            self.pool = None
+
+
+def _flat(list_of_lists):
+    return [x for sub in list_of_lists for x in sub]
+
+
+# ------------------------------------------------------------------ metrics
+
+
+def fraction_valid(canon):
+    """canon: list of canonical SMILES or None per sample."""
+    if not canon:
+        return float('nan')
+    return sum(c is not None for c in canon) / len(canon)
+
+
+def unique_at_k(valid_canon, k):
+    """(fraction unique among the first k valid, number used, complete?)"""
+    sub = valid_canon[:k]
+    if not sub:
+        return float('nan'), 0, False
+    return len(set(sub)) / len(sub), len(sub), len(sub) >= k
+
+
+def novelty(valid_canon, train_canon_set):
+    uniq = set(valid_canon)
+    if not uniq:
+        return float('nan')
+    return len(uniq - train_canon_set) / len(uniq)
+
+
+def tanimoto_max_mean(a, b, p=1, agg='mean', block=2048):
+    """For each row of a (0/1 uint8 [n,1024]): agg over rows of b of T^p.
+    agg='mean' returns (mean_j T^p)^(1/p) per row; agg='max' max_j T."""
+    import numpy as np
+    af = a.astype(np.float32)
+    bf = b.astype(np.float32)
+    na = af.sum(1)
+    nb = bf.sum(1)
+    out = np.empty(len(a), dtype=np.float64)
+    for s in range(0, len(a), block):
+        inter = af[s:s + block] @ bf.T
+        union = na[s:s + block, None] + nb[None, :] - inter
+        with np.errstate(invalid='ignore', divide='ignore'):
+            t = np.where(union > 0, inter / np.maximum(union, 1e-30), 1.0)
+        if agg == 'max':
+            out[s:s + block] = t.max(1)
+        else:
+            out[s:s + block] = (np.power(t, p, dtype=np.float64).mean(1)) ** (1.0 / p)
+    return out
+
+
+def internal_diversity(fps, p=1):
+    if len(fps) == 0:
+        return float('nan')
+    return float(1.0 - tanimoto_max_mean(fps, fps, p=p, agg='mean').mean())
+
+
+def snn(gen_fps, ref_fps):
+    if len(gen_fps) == 0 or len(ref_fps) == 0:
+        return float('nan')
+    return float(tanimoto_max_mean(gen_fps, ref_fps, agg='max').mean())
+
+
+def cos_similarity(ref_counts, gen_counts):
+    """Cosine similarity of two Counters over the union of their keys
+    (nan if either is empty), as MOSES."""
+    import numpy as np
+    if not ref_counts or not gen_counts:
+        return float('nan')
+    keys = sorted(set(ref_counts) | set(gen_counts))
+    r = np.array([ref_counts.get(k, 0) for k in keys], dtype=np.float64)
+    g = np.array([gen_counts.get(k, 0) for k in keys], dtype=np.float64)
+    return float(r @ g / (np.linalg.norm(r) * np.linalg.norm(g)))
+
+
+def wasserstein_1d(u, v):
+    """W1 between two empirical 1-D distributions (equal weights); the same
+    value as scipy.stats.wasserstein_distance."""
+    import numpy as np
+    u = np.asarray(u, dtype=np.float64)
+    v = np.asarray(v, dtype=np.float64)
+    u = u[~np.isnan(u)]
+    v = v[~np.isnan(v)]
+    if len(u) == 0 or len(v) == 0:
+        return float('nan')
+    try:
+        from scipy.stats import wasserstein_distance  # type: ignore
+        return float(wasserstein_distance(u, v))
+    except Exception:
+        pass
+    us = np.sort(u)
+    vs = np.sort(v)
+    allv = np.sort(np.concatenate([us, vs]))
+    deltas = np.diff(allv)
+    ucdf = np.searchsorted(us, allv[:-1], side='right') / len(us)
+    vcdf = np.searchsorted(vs, allv[:-1], side='right') / len(vs)
+    return float(np.sum(np.abs(ucdf - vcdf) * deltas))
+
+
+# ------------------------------------------------------------------ driver
+
+
+def compute_metrics(samples, train=None, ref=None, max_ref=MAX_REF_DEFAULT,
+                    max_gen=MAX_GEN_DEFAULT, seed=0, jobs=1, log=None):
+    """samples: list of SMILES strings ('' = an empty, invalid sample);
+    train, ref: lists of SMILES or None. Returns a dict (JSON-ready)."""
+    import numpy as np
+    from collections import Counter
+    _quiet_rdkit()
+    t_start = time.time()
+    rng = random.Random(seed)
+    res = {'n_samples': len(samples), 'notes': [],
+           'params': {'max_ref': max_ref, 'max_gen': max_gen, 'seed': seed,
+                      'fingerprint': 'Morgan r=2, 1024 bits'}}
+    notes = res['notes']
+    timing = {}
+
+    def say(msg):
+        if log:
+            log(msg)
+
+    mapper = _Mapper(jobs)
+    try:
+        t0 = time.time()
+        canon = _flat(mapper.map(_canon_many, list(samples)))
+        timing['samples_parse_s'] = time.time() - t0
+        valid = [c for c in canon if c is not None]
+        res['n_valid'] = len(valid)
+        res['validity'] = fraction_valid(canon)
+        for k, name in ((1000, 'unique@1k'), (10000, 'unique@10k')):
+            u, n, complete = unique_at_k(valid, k)
+            res[name] = u
+            if not complete:
+                notes.append('%s computed on only %d valid samples (fewer than %d)'
+                             % (name, n, k))
+        res['n_unique'] = len(set(valid))
+        say('samples: %d, valid %d, unique %d' % (len(samples), len(valid), res['n_unique']))
+
+        if train is not None:
+            t0 = time.time()
+            train_canon = set(c for c in _flat(mapper.map(_canon_many, list(train), 2000))
+                              if c is not None)
+            timing['train_canon_s'] = time.time() - t0
+            res['n_train'] = len(train)
+            res['novelty'] = novelty(valid, train_canon)
+            say('train: %d molecules canonicalised in %.1f s' % (len(train), timing['train_canon_s']))
+        else:
+            res['novelty'] = None
+            notes.append('no training set: novelty not computed')
+
+        if not valid:
+            notes.append('no valid samples: the remaining metrics are not computed')
+            for k in ('IntDiv1', 'IntDiv2', 'SNN', 'Frag', 'Scaf'):
+                res[k] = None
+            res['wasserstein'] = None
+            return res
+
+        # features (fingerprint, fragments, scaffold, properties) of at most
+        # max_gen valid samples, each parsed once
+        gen_sub = valid
+        if len(valid) > max_gen:
+            gen_sub = rng.sample(valid, max_gen)
+            notes.append('IntDiv, SNN, Frag, Scaf and W1 on a random %d of %d valid samples'
+                         % (max_gen, len(valid)))
+        res['n_gen_used'] = len(gen_sub)
+        t0 = time.time()
+        feat_gen = _flat(mapper.map(_features_many, gen_sub, 250))
+        timing['samples_features_s'] = time.time() - t0
+        gen_fps = np.stack([f[0] for f in feat_gen])
+        t0 = time.time()
+        res['IntDiv1'] = internal_diversity(gen_fps, 1)
+        res['IntDiv2'] = internal_diversity(gen_fps, 2)
+        timing['intdiv_s'] = time.time() - t0
+
+        if ref is None:
+            notes.append('no reference set: SNN, Frag, Scaf and W1 not computed')
+            for k in ('SNN', 'Frag', 'Scaf'):
+                res[k] = None
+            res['wasserstein'] = None
+            return res
+
+        ref_sub = list(ref)
+        if len(ref_sub) > max_ref:
+            ref_sub = rng.sample(ref_sub, max_ref)
+            notes.append('reference subsampled to %d of %d molecules (SNN, Frag, Scaf, W1)'
+                         % (max_ref, len(ref)))
+        t0 = time.time()
+        feat_ref = [f for f in _flat(mapper.map(_features_many, ref_sub, 250)) if f is not None]
+        timing['ref_features_s'] = time.time() - t0
+        if len(feat_ref) < len(ref_sub):
+            notes.append('%d reference SMILES do not parse and were ignored'
+                         % (len(ref_sub) - len(feat_ref)))
+        res['n_ref_used'] = len(feat_ref)
+        if not feat_ref:
+            notes.append('no valid reference molecules: SNN, Frag, Scaf and W1 not computed')
+            for k in ('SNN', 'Frag', 'Scaf'):
+                res[k] = None
+            res['wasserstein'] = None
+            return res
+        t0 = time.time()
+        ref_fps = np.stack([f[0] for f in feat_ref])
+        res['SNN'] = snn(gen_fps, ref_fps)
+        timing['snn_s'] = time.time() - t0
+
+        fg, fr, sg, sr = Counter(), Counter(), Counter(), Counter()
+        for feats, fc, sc in ((feat_gen, fg, sg), (feat_ref, fr, sr)):
+            for f in feats:
+                fc.update(f[1])
+                if f[2]:
+                    sc[f[2]] += 1
+        res['Frag'] = cos_similarity(fr, fg)
+        res['Scaf'] = cos_similarity(sr, sg)
+
+        pg = np.array([f[3] for f in feat_gen], dtype=np.float64)
+        pr = np.array([f[3] for f in feat_ref], dtype=np.float64)
+        names = ('logP', 'SA', 'QED', 'weight')
+        w = {}
+        for i, name in enumerate(names):
+            if name == 'SA' and not _sascorer():
+                w[name] = None
+                notes.append('SA score unavailable (RDKit Contrib SA_Score not found)')
+                continue
+            w[name] = wasserstein_1d(pg[:, i], pr[:, i])
+        res['wasserstein'] = w
+        res['property_means'] = {
+            'samples': {n: float(np.nanmean(pg[:, i])) for i, n in enumerate(names)},
+            'reference': {n: float(np.nanmean(pr[:, i])) for i, n in enumerate(names)},
+        }
+        return res
+    finally:
+        mapper.close()
+        timing['total_s'] = time.time() - t_start
+        res['timing'] = {k: round(v, 2) for k, v in timing.items()}
+
+
+def _fmt(v, nd=4):
+    if v is None:
+        return 'n/a'
+    if isinstance(v, float) and math.isnan(v):
+        return 'nan'
+    if isinstance(v, float):
+        return ('%.' + str(nd) + 'f') % v
+    return str(v)
+
+
+def format_table(res):
+    rows = [
+        ('samples', str(res['n_samples'])),
+        ('valid', '%s  (%d / %d)' % (_fmt(res['validity']), res['n_valid'], res['n_samples'])),
+        ('unique@1k', _fmt(res.get('unique@1k'))),
+        ('unique@10k', _fmt(res.get('unique@10k'))),
+        ('novelty', _fmt(res.get('novelty'))),
+        ('IntDiv1', _fmt(res.get('IntDiv1'))),
+        ('IntDiv2', _fmt(res.get('IntDiv2'))),
+        ('SNN/ref', _fmt(res.get('SNN'))),
+        ('Frag/ref', _fmt(res.get('Frag'))),
+        ('Scaf/ref', _fmt(res.get('Scaf'))),
+    ]
+    w = res.get('wasserstein') or {}
+    for name in ('logP', 'SA', 'QED', 'weight'):
+        rows.append(('W1 ' + name, _fmt(w.get(name)) if w else 'n/a'))
+    width = max(len(r[0]) for r in rows)
+    lines = ['%-*s  %s' % (width, k, v) for k, v in rows]
+    for n in res.get('notes', []):
+        lines.append('note: ' + n)
+    t = res.get('timing', {})
+    if 'total_s' in t:
+        lines.append('time: %.1f s' % t['total_s'])
+    return '\n'.join(lines)
+
+
+def _nan_to_none(x):
+    if isinstance(x, float) and math.isnan(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _nan_to_none(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_nan_to_none(v) for v in x]
+    return x
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(
+        description='MOSES-style metrics of generated SMILES (validity, uniqueness, '
+                    'novelty, IntDiv, SNN, Frag, Scaf, property W1).')
+    ap.add_argument('samples', help='generated SMILES, one per line (blank lines = '
+                    'empty, invalid samples)')
+    ap.add_argument('--train', help='training SMILES (.smi) for novelty')
+    ap.add_argument('--ref', help='reference SMILES (.smi) for SNN / Frag / Scaf / W1')
+    ap.add_argument('--json', help='also write the results as JSON to this file')
+    ap.add_argument('--max-ref', type=int, default=MAX_REF_DEFAULT,
+                    help='subsample the reference to at most N molecules (default %(default)s)')
+    ap.add_argument('--max-gen', type=int, default=MAX_GEN_DEFAULT,
+                    help='at most N valid samples (random) for IntDiv, SNN, Frag, Scaf and '
+                         'W1 (default %(default)s)')
+    ap.add_argument('--seed', type=int, default=0, help='seed of the subsampling')
+    ap.add_argument('--jobs', type=int, default=os.cpu_count() or 1,
+                    help='worker processes (default: all cores)')
+    ap.add_argument('-q', '--quiet', action='store_true', help='no progress lines')
+    args = ap.parse_args(argv)
+    _require_deps()
+    for p in (args.samples, args.train, args.ref):
+        if p is not None and not os.path.isfile(p):
+            sys.stderr.write('metrics.py: no such file: %s\n' % p)
+            return 2
+    if args.max_ref < 1 or args.max_gen < 1:
+        sys.stderr.write('metrics.py: --max-ref and --max-gen must be >= 1\n')
+        return 2
+    samples = read_smiles(args.samples, skip_blank=False)
+    # a trailing newline at the end of the file is not an extra sample
+    while samples and samples[-1] == '':
+        samples.pop()
+    train = read_smiles(args.train) if args.train else None
+    ref = read_smiles(args.ref) if args.ref else None
+    log = None if args.quiet else (lambda m: sys.stderr.write('metrics: %s\n' % m))
+    res = compute_metrics(samples, train, ref, max_ref=args.max_ref, max_gen=args.max_gen,
+                          seed=args.seed, jobs=args.jobs, log=log)
+    res['files'] = {'samples': args.samples, 'train': args.train, 'ref': args.ref}
+    print(format_table(res))
+    if args.json:
+        with open(args.json, 'w') as f:
+            json.dump(_nan_to_none(res), f, indent=2, sort_keys=True)
+            f.write('\n')
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
