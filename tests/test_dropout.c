@@ -2,7 +2,8 @@
  * seed, offset), REFERENCE and AUTO paths:
  *  - determinism: same (seed, offset) -> bitwise identical out and
  *    gradients; another seed or offset -> another mask, disagreeing on a
- *    2p(1-p) fraction of elements as independent masks would;
+ *    2p(1-p) fraction of elements as independent masks would (also for
+ *    pairs with equal seed + offset·golden-ratio constant);
  *  - 1, 2 and 3 threads give bitwise identical out, weights, lse and
  *    gradients (SDPA and the MHA layer);
  *  - keep rate over 524288 elements (B=4, H=8, Lq=512, Lk=32) within 4 sigma of 1 - p for p = 0.1,
@@ -10,7 +11,8 @@
  *  - unbiased: over N seeds the mean output and mean gradients match the
  *    no-dropout ones within statistical error;
  *  - no-ops: p = 0 with training = 1 and training = 0 with p > 0 are bitwise
- *    the no-dropout call; invalid dropout_p is ATTN_ERR_ARG with a message;
+ *    the no-dropout call; with dropout, weights and lse are bitwise the
+ *    pre-dropout ones; invalid dropout_p is ATTN_ERR_ARG with a message;
  *  - the keep decision of (b, h, i, j) does not depend on Dv, Lk, Lq, B, H
  *    of the call or on the path (tiling), where the same indices exist;
  *  - the documented generator: Philox-4x32-10 (checked against the
@@ -140,13 +142,17 @@ static void test_determinism(void)
     }
 
     /* Masks of (s, o), (s+1, o), (s, o+1): pairwise they disagree on a
-     * fraction 2p(1-p) of the elements, as independent masks would. */
-    enum { MB = 2, MH = 4, ML = 64 };
+     * fraction 2p(1-p) of the elements, as independent masks would. So must
+     * pairs whose seed + offset·G agree (G = 0x9E3779B97F4A7C15, the golden
+     * ratio constant): per-layer seeds k·G with offset = step are a common
+     * pattern, and (G, 0) must not replay (0, 1). */
+    enum { MB = 2, MH = 4, ML = 64, NM = 7 };
     const size_t n = (size_t)(MB * MH * ML * ML);
     const double pd = 0.3;
-    double *m[3];
-    const uint64_t so[3][2] = {{7, 100}, {8, 100}, {7, 101}};
-    for (int t = 0; t < 3; t++) {
+    double *m[NM];
+    const uint64_t G = 0x9E3779B97F4A7C15ull;
+    const uint64_t so[NM][2] = {{7, 100}, {8, 100}, {7, 101}, {G, 0}, {0, 1}, {3 * G, 5}, {0, 8}};
+    for (int t = 0; t < NM; t++) {
         attn_sdpa_params p = {0};
         p.training = 1;
         p.dropout_p = (float)pd;
@@ -156,18 +162,24 @@ static void test_determinism(void)
         CHECK(gu_dropout_mult(MB, MH, ML, ML, &p, m[t], NULL) == 0, "mask read-back %d", t);
     }
     const double want = 2.0 * pd * (1.0 - pd), sd = sqrt(want * (1.0 - want) / (double)n);
-    const int pairs[3][2] = {{0, 1}, {0, 2}, {1, 2}};
-    for (int t = 0; t < 3; t++) {
+    const int pairs[5][2] = {{0, 1}, {0, 2}, {1, 2}, {3, 4}, {5, 6}};
+    for (int t = 0; t < 5; t++) {
         size_t diff = 0;
         for (size_t x = 0; x < n; x++)
             diff += (m[pairs[t][0]][x] == 0.0) != (m[pairs[t][1]][x] == 0.0);
         const double z = ((double)diff / (double)n - want) / sd;
-        printf("  masks (seed,offset) #%d vs #%d: disagree %.4f (independent: %.4f), z = %+.2f\n",
-               pairs[t][0], pairs[t][1], (double)diff / (double)n, want, z);
-        CHECK(fabs(z) <= 4.0, "masks %d and %d disagree on %.4f of elements, want %.4f (z %.2f)",
-              pairs[t][0], pairs[t][1], (double)diff / (double)n, want, z);
+        const uint64_t *a = so[pairs[t][0]], *b = so[pairs[t][1]];
+        printf("  masks (seed %#llx, offset %llu) vs (%#llx, %llu): disagree %.4f (independent: %.4f), "
+               "z = %+.2f\n",
+               (unsigned long long)a[0], (unsigned long long)a[1], (unsigned long long)b[0],
+               (unsigned long long)b[1], (double)diff / (double)n, want, z);
+        CHECK(fabs(z) <= 4.0,
+              "masks of (seed %#llx, offset %llu) and (%#llx, %llu) disagree on %.4f of elements, "
+              "want %.4f (z %.2f)",
+              (unsigned long long)a[0], (unsigned long long)a[1], (unsigned long long)b[0],
+              (unsigned long long)b[1], (double)diff / (double)n, want, z);
     }
-    for (int t = 0; t < 3; t++)
+    for (int t = 0; t < NM; t++)
         free(m[t]);
 }
 
@@ -411,8 +423,16 @@ static void test_noop(void)
         a.dropout_p = -0.0f;
         sr_call(&s, &a, "p=-0 training");
         CHECK(sr_same(&s, &ref), "%s: p = -0 with training = 1 is not a no-op", iname(p.impl));
-        a.training = 0;
+        /* Training with p > 0: weights and lse are those before dropout,
+         * bitwise the no-dropout ones; out differs. */
         a.dropout_p = 0.5f;
+        sr_call(&s, &a, "p=0.5 training");
+        CHECK(!memcmp(s.w, ref.w, (size_t)(B * H * LQ * LK) * sizeof(float)) &&
+                  !memcmp(s.lse, ref.lse, (size_t)(B * H * LQ) * sizeof(float)) &&
+                  memcmp(s.out, ref.out, sr_nout(&s) * sizeof(float)) != 0,
+              "%s: with dropout, weights/lse are not the pre-dropout ones (or out is unchanged)",
+              iname(p.impl));
+        a.training = 0;
         sr_call(&s, &a, "eval p=0.5");
         CHECK(sr_same(&s, &ref), "%s: training = 0 with p = 0.5 is not bitwise the no-dropout call",
               iname(p.impl));
