@@ -943,6 +943,7 @@ static const char DEBUG_GRADS_USAGE[] =
     "\"grad.<name>\", the batch as \"batch.ids\" I32 [B, T] and \"batch.lengths\"\n"
     "I64 [B], and metadata config, loss, ntok. molgen/tests/test_model_torch.py\n"
     "compares them with PyTorch autograd.\n"
+    "  --model FILE    use this model / checkpoint as is (no init, no perturbation)\n"
     "  --layers N (2)  --d-model N (16)  --heads N (2)  --ctx-len N (8)  --vocab N (10)\n"
     "  --batch N (3)  --seed N (1)  --perturb X (0.6)  --threads N\n";
 
@@ -957,7 +958,7 @@ int cmd_debug_grads(int argc, char **argv) {
     long long B = 3, threads = 0, ll;
     uint64_t seed = 1;
     double perturb = 0.6;
-    const char *out = NULL;
+    const char *out = NULL, *model_path = NULL;
     char err[512];
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -972,6 +973,7 @@ int cmd_debug_grads(int argc, char **argv) {
         }
         int ok = 1;
         if (!strcmp(a, "--out")) out = v;
+        else if (!strcmp(a, "--model")) model_path = v;
         else if (!strcmp(a, "--layers")) { ok = mg_cli_int(v, 1, 64, &ll); mc.n_layer = (int)ll; }
         else if (!strcmp(a, "--d-model")) { ok = mg_cli_int(v, 1, 4096, &ll); mc.d_model = (int)ll; }
         else if (!strcmp(a, "--heads")) { ok = mg_cli_int(v, 1, 4096, &ll); mc.n_head = (int)ll; }
@@ -996,16 +998,29 @@ int cmd_debug_grads(int argc, char **argv) {
     }
     if (threads > 0) attn_set_num_threads((int)threads, NULL);
     mg_model *m = NULL;
-    if (mg_model_create(&mc, &m, err, sizeof err)) {
-        fprintf(stderr, "molgen debug-grads: %s\n", err);
-        return 1;
-    }
-    mg_model_init(m, seed);
     uint64_t s = seed ^ 0x5DEECE66Dull;
-    float *p = mg_model_params(m);
-    for (size_t i = 0; i < mg_model_num_params(m); i++) {
-        double u = (double)(mg_splitmix64(&s) >> 11) * 0x1.0p-53;
-        p[i] += (float)((u - 0.5) * perturb);
+    if (model_path) {
+        if (mg_model_load(model_path, &m, NULL, err, sizeof err)) {
+            fprintf(stderr, "molgen debug-grads: %s\n", err);
+            return 1;
+        }
+        mc = *mg_model_get_config(m);
+        if (mc.vocab_size <= MG_NUM_SPECIAL || mc.ctx_len < 2) {
+            fprintf(stderr, "molgen debug-grads: model too small for a batch\n");
+            mg_model_free(m);
+            return 1;
+        }
+    } else {
+        if (mg_model_create(&mc, &m, err, sizeof err)) {
+            fprintf(stderr, "molgen debug-grads: %s\n", err);
+            return 1;
+        }
+        mg_model_init(m, seed);
+        float *p = mg_model_params(m);
+        for (size_t i = 0; i < mg_model_num_params(m); i++) {
+            double u = (double)(mg_splitmix64(&s) >> 11) * 0x1.0p-53;
+            p[i] += (float)((u - 0.5) * perturb);
+        }
     }
     const int T = mc.ctx_len + 1, V = mc.vocab_size;
     int32_t *ids = malloc((size_t)B * T * sizeof(int32_t));
