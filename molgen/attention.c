@@ -98,10 +98,12 @@ static const unsigned char VIRIDIS[9][3] = {
     {0x44, 0x01, 0x54}, {0x47, 0x2d, 0x7b}, {0x3b, 0x52, 0x8b}, {0x2c, 0x72, 0x8e}, {0x21, 0x91, 0x8c},
     {0x28, 0xae, 0x80}, {0x5e, 0xc9, 0x62}, {0xad, 0xdc, 0x30}, {0xfd, 0xe7, 0x25}};
 
-static void colour(double x, char out[8]) {
-    if (!(x >= 0)) x = 0;
-    if (x > 1) x = 1;
-    double f = x * 8;
+/* Colour of a weight: viridis of sqrt(w), so that the small weights of a
+ * spread-out head stay visible (uniform attention over 36 keys is 0.03). */
+static void colour(double w, char out[8]) {
+    if (!(w >= 0)) w = 0;
+    if (w > 1) w = 1;
+    double f = sqrt(w) * 8;
     int i = (int)f;
     if (i > 7) i = 7;
     double t = f - i;
@@ -139,12 +141,13 @@ int mg_attention_svg(FILE *f, const float *weights, int n_layer, int n_head, int
     }
     const double lab_w = maxlab * font * 0.62 + 6, mat = L * cell, head_h = 30;
     const double panel_w = lab_w + mat + 24, panel_h = head_h + mat + lab_w + 16;
-    const double top = 50, left = 10, bar_w = 90;
+    const double top = 60, left = 10, bar_w = 90;
     const double W = left + n_head * panel_w + bar_w, Hh = top + n_layer * panel_h + 10;
     fprintf(f,
             "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
             "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
-            "viewBox=\"0 0 %.0f %.0f\" font-family=\"DejaVu Sans Mono, monospace\">\n"
+            "viewBox=\"0 0 %.0f %.0f\" font-family=\"DejaVu Sans Mono, monospace\" "
+            "shape-rendering=\"crispEdges\">\n"
             "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n",
             W, Hh, W, Hh);
     fprintf(f, "<text x=\"%.1f\" y=\"22\" font-size=\"16\" font-weight=\"bold\">", left);
@@ -202,15 +205,19 @@ int mg_attention_svg(FILE *f, const float *weights, int n_layer, int n_head, int
     }
     /* colour scale */
     const double bx = left + n_head * panel_w + 20, by = top + 20, bh = 200;
-    fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\">weight</text>\n", bx, by - 6);
+    fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\">weight</text>\n"
+               "<text x=\"%.1f\" y=\"%.1f\" font-size=\"9\" fill=\"#444\">(sqrt scale)</text>\n",
+            bx, by - 18, bx, by - 6);
     for (int k = 0; k < 100; k++) {
-        colour(1.0 - (k + 0.5) / 100.0, col);
+        const double t = 1.0 - (k + 0.5) / 100.0; /* position on the bar = sqrt(w) */
+        colour(t * t, col);
         fprintf(f, "<rect x=\"%.1f\" y=\"%.2f\" width=\"16\" height=\"%.2f\" fill=\"%s\"/>\n", bx,
                 by + k * bh / 100, bh / 100 + 0.2, col);
     }
-    for (int k = 0; k <= 4; k++)
-        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"10\" dominant-baseline=\"middle\">%.2f</text>\n",
-                bx + 20, by + bh - k * bh / 4, k / 4.0);
+    static const double ticks[] = {0.0, 0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0};
+    for (size_t k = 0; k < sizeof ticks / sizeof *ticks; k++)
+        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"10\" dominant-baseline=\"middle\">%g</text>\n",
+                bx + 20, by + bh - sqrt(ticks[k]) * bh, ticks[k]);
     fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"16\" height=\"10\" fill=\"#eeeeee\"/>"
                "<text x=\"%.1f\" y=\"%.1f\" font-size=\"10\" dominant-baseline=\"middle\">masked</text>\n",
             bx, by + bh + 14, bx + 20, by + bh + 19);

@@ -1,0 +1,157 @@
+#!/usr/bin/env bash
+# molgen's main job (`make run`):
+#   1. train a small model on the default data for a bounded time, with the
+#      progress display, to show that training works;
+#   2. sample 1,000 molecules from the shipped model and from the fresh one
+#      and print their metrics side by side (RDKit via molgen/metrics.py when
+#      it imports, else molgen's SMILES grammar check);
+#   3. draw the attention maps of a drug-like molecule (shipped model, else
+#      the fresh one) and print the per-head table.
+# Everything goes under out/main_job/ (gitignored); every path is printed.
+#
+# Environment: PYTHON (default /usr/bin/python3), MOLGEN (the binary, default
+# build/molgen/molgen), TRAIN_SECONDS (default 120), MAIN_JOB_N (molecules per
+# model, default 1000), MAIN_JOB_OUT (default out/main_job), ATTN_NUM_THREADS.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-/usr/bin/python3}
+MOLGEN=${MOLGEN:-build/molgen/molgen}
+TRAIN_SECONDS=${TRAIN_SECONDS:-120}
+N=${MAIN_JOB_N:-1000}
+OUT=${MAIN_JOB_OUT:-out/main_job}
+DATA=data/moses_20k.smi
+SHIPPED=models/molgen-moses.safetensors
+FRESH=$OUT/fresh.safetensors
+SEED=2024
+# a drug-like molecule of the MOSES data (an acetanilide sulfonamide):
+# a ring bond (c1 ... c1) that spans a branch containing another ring
+MOLECULE='CC(=O)Nc1ccc(S(=O)(=O)NC2CCCCC2)cc1'
+
+die() { echo "main job: $*" >&2; exit 1; }
+[ -x "$MOLGEN" ] || die "$MOLGEN not found: run 'make build' first"
+[ -f "$DATA" ] || die "$DATA not found"
+mkdir -p "$OUT"
+
+have_shipped=0
+if [ -f "$SHIPPED" ]; then have_shipped=1; fi
+
+have_rdkit=0
+if "$PYTHON" -c 'import rdkit, numpy' >/dev/null 2>&1; then have_rdkit=1; fi
+
+echo "== 1/3  training a small model on $DATA for ${TRAIN_SECONDS} s (default architecture)"
+"$MOLGEN" train --data "$DATA" --time-limit "$TRAIN_SECONDS" --seed 1 --val-every 100 \
+    --out "$FRESH" > "$OUT/train_summary.json"
+echo "checkpoint: $FRESH"
+echo "training summary (JSON): $OUT/train_summary.json"
+echo
+
+echo "== 2/3  sampling $N molecules from each model (seed $SEED, temperature 1)"
+models=()
+names=()
+if [ "$have_shipped" = 1 ]; then
+    models+=("$SHIPPED"); names+=(shipped)
+else
+    echo "note: the shipped model $SHIPPED is absent; sampling only the fresh model"
+fi
+models+=("$FRESH"); names+=(fresh)
+for i in "${!models[@]}"; do
+    name=${names[$i]}
+    echo "-- $name model: ${models[$i]}"
+    "$MOLGEN" sample --model "${models[$i]}" -n "$N" --seed "$SEED" \
+        --out "$OUT/samples_$name.smi" 2> >(tee "$OUT/sample_$name.log" >&2)
+done
+wait
+
+# The training set each model saw (its checkpoint's "train" metadata), for
+# novelty; falls back to the default data.
+train_data_of() {
+    "$PYTHON" - "$1" "$DATA" <<'EOF' 2>/dev/null || echo "$2"
+import json, os, struct, sys
+path, fallback = sys.argv[1], sys.argv[2]
+with open(path, 'rb') as f:
+    n = struct.unpack('<Q', f.read(8))[0]
+    meta = json.loads(f.read(n)).get('__metadata__', {})
+data = json.loads(meta.get('train', '{}')).get('data') if 'train' in meta else None
+print(data if data and os.path.isfile(data) else fallback)
+EOF
+}
+
+REF=$DATA
+if [ -f ../shared/data/moses_train5k.smi ]; then REF=../shared/data/moses_train5k.smi; fi
+echo
+if [ "$have_rdkit" = 1 ]; then
+    echo "metrics (RDKit, molgen/metrics.py; reference set $REF):"
+    jsons=()
+    for name in "${names[@]}"; do
+        model=$FRESH
+        [ "$name" = shipped ] && model=$SHIPPED
+        train=$(train_data_of "$model")
+        "$PYTHON" molgen/metrics.py "$OUT/samples_$name.smi" --train "$train" --ref "$REF" \
+            --json "$OUT/metrics_$name.json" -q > "$OUT/metrics_$name.txt"
+        jsons+=("$name=$OUT/metrics_$name.json")
+    done
+    "$PYTHON" - "${jsons[@]}" <<'EOF'
+import json, sys
+cols = []
+for arg in sys.argv[1:]:
+    name, path = arg.split('=', 1)
+    with open(path) as f:
+        cols.append((name, json.load(f)))
+
+def flat(d, prefix=''):
+    out = {}
+    for k, v in d.items():
+        if k == 'files':
+            continue
+        key = prefix + k
+        if isinstance(v, dict):
+            out.update(flat(v, key + '.'))
+        elif isinstance(v, (int, float)) or v is None:
+            out[key] = v
+    return out
+
+flats = [(n, flat(d)) for n, d in cols]
+keys = []
+for _, f in flats:
+    for k in f:
+        if k not in keys:
+            keys.append(k)
+w = max(len(k) for k in keys) + 2
+print('%-*s' % (w, 'metric') + ''.join('%14s' % n for n, _ in flats))
+for k in keys:
+    row = '%-*s' % (w, k)
+    for _, f in flats:
+        v = f.get(k)
+        if v is None:
+            row += '%14s' % '-'
+        elif isinstance(v, float):
+            row += '%14.4f' % v
+        else:
+            row += '%14d' % v
+    print(row)
+EOF
+    for name in "${names[@]}"; do
+        echo "metrics of $name: $OUT/metrics_$name.txt, $OUT/metrics_$name.json"
+    done
+else
+    echo "RDKit does not import in $PYTHON: showing molgen's SMILES grammar check only"
+    echo "(for validity / uniqueness / novelty: apt-get install python3-rdkit)"
+    printf '%-10s %s\n' model "syntax check (molgen sample)"
+    for name in "${names[@]}"; do
+        printf '%-10s %s\n' "$name" "$(grep -m1 '^syntax-valid' "$OUT/sample_$name.log" || echo '?')"
+    done
+fi
+for name in "${names[@]}"; do
+    echo "samples of $name: $OUT/samples_$name.smi"
+done
+echo
+
+echo "== 3/3  attention maps of $MOLECULE"
+att_model=$FRESH
+att_name=fresh
+if [ "$have_shipped" = 1 ]; then att_model=$SHIPPED; att_name=shipped; fi
+echo "model: $att_model ($att_name)"
+"$MOLGEN" attention --model "$att_model" --smiles "$MOLECULE" --out "$OUT/attention_$att_name"
+echo
+echo "main job done; outputs under $OUT/"
