@@ -20,7 +20,8 @@ build-asan:
 demo: build
 	./build/attn-demo
 
-run: demo
+run: build
+	bash molgen/run_main_job.sh
 
 test-c: build
 	cd build && ctest --output-on-failure -j $(JOBS)
