@@ -614,12 +614,72 @@ static void test_corruption(void)
         CHECK(mg_st_dtype_parse(mg_st_dtype_name((mg_st_dtype)i), &dt) == 0 && (int)dt == i);
 }
 
+/* Interoperability hooks for molgen/tests/test_safetensors_format.py (an
+ * independent numpy reader / writer of the format):
+ *   MOLGEN_ST_EXPORT=path  write a file of formula-valued tensors there;
+ *   MOLGEN_ST_IMPORT=path  load a file written by the Python side and check
+ *                          the same formula values and metadata. */
+static void interop(void)
+{
+    const char *exp = getenv("MOLGEN_ST_EXPORT");
+    const char *imp = getenv("MOLGEN_ST_IMPORT");
+    float f32[6];
+    int64_t i64[4];
+    double f64[3];
+    uint8_t u8[5];
+    for (size_t i = 0; i < 6; i++)
+        f32[i] = f32_val(i);
+    for (size_t i = 0; i < 4; i++)
+        i64[i] = i64_val(i);
+    for (size_t i = 0; i < 3; i++)
+        f64[i] = f64_val(i);
+    for (size_t i = 0; i < 5; i++)
+        u8[i] = (uint8_t)(i * 37 + 1);
+    char err[300] = "";
+    if (exp && exp[0]) {
+        mg_st_tensor t[] = {
+            {.name = "u8", .dtype = MG_ST_U8, .ndim = 1, .shape = {5}, .data = u8},
+            {.name = "f32", .dtype = MG_ST_F32, .ndim = 2, .shape = {2, 3}, .data = f32},
+            {.name = "i64", .dtype = MG_ST_I64, .ndim = 1, .shape = {4}, .data = i64},
+            {.name = "f64", .dtype = MG_ST_F64, .ndim = 1, .shape = {3}, .data = f64},
+        };
+        mg_st_kv meta[] = {{"format", "pt"}, {"vocab", "[\"<pad>\",\"C\\\\\"]"}};
+        CHECK(mg_st_write(exp, t, 4, meta, 2, err, sizeof err) == 0);
+        printf("interop: wrote %s\n", exp);
+    }
+    if (imp && imp[0]) {
+        mg_st_file *f = NULL;
+        CHECK(mg_st_load(imp, &f, err, sizeof err) == 0);
+        if (!f) {
+            fprintf(stderr, "interop: %s\n", err);
+            return;
+        }
+        int64_t s23[2] = {2, 3}, s4[1] = {4}, s3[1] = {3}, s5[1] = {5};
+        float g32[6];
+        int64_t g64[4];
+        double gd[3];
+        uint8_t g8[5];
+        CHECK(mg_st_copy(f, "f32", MG_ST_F32, 2, s23, g32, sizeof g32, err, sizeof err) == 0);
+        CHECK(mg_st_copy(f, "i64", MG_ST_I64, 1, s4, g64, sizeof g64, err, sizeof err) == 0);
+        CHECK(mg_st_copy(f, "f64", MG_ST_F64, 1, s3, gd, sizeof gd, err, sizeof err) == 0);
+        CHECK(mg_st_copy(f, "u8", MG_ST_U8, 1, s5, g8, sizeof g8, err, sizeof err) == 0);
+        CHECK(memcmp(g32, f32, sizeof g32) == 0 && memcmp(g64, i64, sizeof g64) == 0);
+        CHECK(memcmp(gd, f64, sizeof gd) == 0 && memcmp(g8, u8, sizeof g8) == 0);
+        const char *v = mg_st_meta(f, "vocab");
+        CHECK(v && strcmp(v, "[\"<pad>\",\"C\\\\\"]") == 0);
+        CHECK(mg_st_meta(f, "format") && strcmp(mg_st_meta(f, "format"), "pt") == 0);
+        mg_st_free(f);
+        printf("interop: read %s\n", imp);
+    }
+}
+
 int main(void)
 {
     test_json();
     fuzz_json();
     test_round_trip();
     test_corruption();
+    interop();
     if (g_fail) {
         fprintf(stderr, "test_safetensors: %d failure(s)\n", g_fail);
         return 1;
