@@ -21,7 +21,7 @@ demo: build
 	./build/attn-demo
 
 run: build
-	bash molgen/run_main_job.sh
+	PYTHON=$(PYTHON) bash molgen/run_main_job.sh
 
 test-c: build
 	cd build && ctest --output-on-failure -j $(JOBS)
