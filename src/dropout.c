@@ -4,13 +4,19 @@
  * the backward regenerates the forward's mask instead of storing it. */
 #include "internal.h"
 
-uint64_t attn_dropout_key(uint64_t seed, uint64_t offset) {
-    /* splitmix64 finaliser over seed + golden-ratio-scaled offset: distinct
-     * (seed, offset) pairs give unrelated keys. */
-    uint64_t z = seed + offset * 0x9E3779B97F4A7C15ull;
+/* One splitmix64 step: a bijection of 64-bit words with strong mixing. */
+static uint64_t splitmix64(uint64_t z) {
+    z += 0x9E3779B97F4A7C15ull;
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     return z ^ (z >> 31);
+}
+
+/* key = splitmix64(splitmix64(seed) ^ offset): for one seed, distinct
+ * offsets give distinct keys (both steps are bijections), and no linear
+ * relation between (seed, offset) pairs makes two of them collide. */
+uint64_t attn_dropout_key(uint64_t seed, uint64_t offset) {
+    return splitmix64(splitmix64(seed) ^ offset);
 }
 
 void attn_philox_block(uint64_t key, int64_t b, int64_t h, int64_t i, int64_t c,

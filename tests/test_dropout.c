@@ -626,12 +626,18 @@ static void philox(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]
 }
 
 /* Mirror of src/dropout.c's key derivation (not part of the header). */
-static uint64_t key_of(uint64_t seed, uint64_t offset)
+static uint64_t splitmix_step(uint64_t z)
 {
-    uint64_t z = seed + offset * 0x9E3779B97F4A7C15ull;
+    z += 0x9E3779B97F4A7C15ull;
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     return z ^ (z >> 31);
+}
+
+/* attn.h: key = splitmix64(splitmix64(seed) ^ offset). */
+static uint64_t key_of(uint64_t seed, uint64_t offset)
+{
+    return splitmix_step(splitmix_step(seed) ^ offset);
 }
 
 static void test_generator(void)

@@ -240,13 +240,17 @@ def philox4x32_10(ctr, key):
     return np.stack(c, axis=-1).astype(np.uint32)
 
 
-def splitmix_key(seed, offset):
-    """src/dropout.c's attn_dropout_key: 64-bit key from (seed, offset)."""
+def _splitmix64(z):
     m = (1 << 64) - 1
-    z = (seed + offset * 0x9E3779B97F4A7C15) & m
+    z = (z + 0x9E3779B97F4A7C15) & m
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & m
     z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & m
     return z ^ (z >> 31)
+
+
+def splitmix_key(seed, offset):
+    """attn.h's dropout key: splitmix64(splitmix64(seed) ^ offset)."""
+    return _splitmix64(_splitmix64(seed) ^ offset)
 
 
 def philox_keep(B, H, Lq, Lk, p, seed, offset):
