@@ -24,6 +24,7 @@ DATA=data/moses_20k.smi
 SHIPPED=models/molgen-moses.safetensors
 FRESH=$OUT/fresh.safetensors
 SEED=2024
+MAX_REF=${MAIN_JOB_MAX_REF:-2000}   # reference molecules for SNN/Frag/Scaf/W1
 # a drug-like molecule of the MOSES data (an acetanilide sulfonamide):
 # a ring bond (c1 ... c1) that spans a branch containing another ring
 MOLECULE='CC(=O)Nc1ccc(S(=O)(=O)NC2CCCCC2)cc1'
@@ -81,14 +82,15 @@ REF=$DATA
 if [ -f ../shared/data/moses_train5k.smi ]; then REF=../shared/data/moses_train5k.smi; fi
 echo
 if [ "$have_rdkit" = 1 ]; then
-    echo "metrics (RDKit, molgen/metrics.py; reference set $REF):"
+    echo "metrics (RDKit, molgen/metrics.py; reference: $MAX_REF molecules of $REF; novelty"
+    echo "against each model's training data):"
     jsons=()
     for name in "${names[@]}"; do
         model=$FRESH
         [ "$name" = shipped ] && model=$SHIPPED
         train=$(train_data_of "$model")
         "$PYTHON" molgen/metrics.py "$OUT/samples_$name.smi" --train "$train" --ref "$REF" \
-            --json "$OUT/metrics_$name.json" -q > "$OUT/metrics_$name.txt"
+            --max-ref "$MAX_REF" --json "$OUT/metrics_$name.json" -q > "$OUT/metrics_$name.txt"
         jsons+=("$name=$OUT/metrics_$name.json")
     done
     "$PYTHON" - "${jsons[@]}" <<'EOF'
@@ -99,37 +101,37 @@ for arg in sys.argv[1:]:
     with open(path) as f:
         cols.append((name, json.load(f)))
 
-def flat(d, prefix=''):
-    out = {}
-    for k, v in d.items():
-        if k == 'files':
-            continue
-        key = prefix + k
-        if isinstance(v, dict):
-            out.update(flat(v, key + '.'))
-        elif isinstance(v, (int, float)) or v is None:
-            out[key] = v
-    return out
+def get(d, key):
+    for part in key.split('.'):
+        if not isinstance(d, dict) or part not in d:
+            return None
+        d = d[part]
+    return d
 
-flats = [(n, flat(d)) for n, d in cols]
-keys = []
-for _, f in flats:
-    for k in f:
-        if k not in keys:
-            keys.append(k)
-w = max(len(k) for k in keys) + 2
-print('%-*s' % (w, 'metric') + ''.join('%14s' % n for n, _ in flats))
-for k in keys:
-    row = '%-*s' % (w, k)
-    for _, f in flats:
-        v = f.get(k)
+rows = [('samples', 'n_samples'), ('valid', 'n_valid'), ('validity', 'validity'),
+        ('unique@1k', 'unique@1k'), ('unique@10k', 'unique@10k'), ('novelty', 'novelty'),
+        ('IntDiv1', 'IntDiv1'), ('IntDiv2', 'IntDiv2'), ('SNN', 'SNN'), ('Frag', 'Frag'),
+        ('Scaf', 'Scaf'), ('W1 logP', 'wasserstein.logP'), ('W1 SA', 'wasserstein.SA'),
+        ('W1 QED', 'wasserstein.QED'), ('W1 weight', 'wasserstein.weight'),
+        ('mean logP', 'property_means.samples.logP'), ('mean SA', 'property_means.samples.SA'),
+        ('mean QED', 'property_means.samples.QED'),
+        ('mean weight', 'property_means.samples.weight')]
+names = [n for n, _ in cols] + ['reference']
+print('%-14s' % 'metric' + ''.join('%12s' % n for n in names))
+for label, key in rows:
+    vals = [get(d, key) for _, d in cols]
+    ref = get(cols[0][1], key.replace('.samples.', '.reference.')) if '.samples.' in key else None
+    line = '%-14s' % label
+    for v in vals + [ref]:
         if v is None:
-            row += '%14s' % '-'
-        elif isinstance(v, float):
-            row += '%14.4f' % v
+            line += '%12s' % '-'
+        elif isinstance(v, bool) or isinstance(v, int):
+            line += '%12d' % v
         else:
-            row += '%14d' % v
-    print(row)
+            line += '%12.4f' % v
+    print(line)
+print('(MOSES definitions, see molgen/metrics.py; "-": not defined for these samples,'
+      ' e.g. Scaf without ring scaffolds)')
 EOF
     for name in "${names[@]}"; do
         echo "metrics of $name: $OUT/metrics_$name.txt, $OUT/metrics_$name.json"
