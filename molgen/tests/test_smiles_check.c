@@ -64,8 +64,13 @@ static const char *const k_valid[] = {
     "C1CC[C]1", "Cl/C=C\\Br", "OC(=O)C1CC1", "c1ccc2ccccc2c1", "C12CC1C2",
     "N1CC2CCC1C2", "CC(C)(C)c1ccc(O)cc1", "C1CCCCC1C1CCCCC1", "C(/F)=C/F",
     "C1CC1.C1CC1", "CC(C.C)", "CC(C.C)C", "O=C1CCC(=O)N1",
-    /* syntax only (RDKit rejects for valence / aromaticity reasons) */
-    "[CH5]", "c1cccc1", "[c]", "C(C)(C)(C)(C)(C)", "cC",
+    "C$C", "C=C=C=C", "O=c1cccccc1", "c1ccc2c(c1)cccc2", "N#N", "CS(=O)(=O)C",
+    "OP(=O)(O)O", "FC(F)(F)F", "IC(I)(I)I", "O=I(=O)C", "[nH]1cccc1=O" /* syntax only */,
+    "C1C2C3C1C23", "CN(=O)=O", "C=N(=O)C", "CN(=O)(C)C", "O=n1ccccc1", "OCl(=O)(=O)=O",
+    "CI(=O)=O", "O=N(=O)c1ccccc1", "CN(=O)=[O]", "Co1CCCCC1", "c1ccccc#1",
+    "COc1cc#c(CC)cc1", "Cn1(C)CCCC1", "CN(#N)C", "CN=N#N", "CS:Clc1ccccc1",
+    /* not checked (RDKit rejects for valence in brackets / kekulisation) */
+    "[CH5]", "c1cccc1", "c1ccccc1=O",
 };
 
 static const struct {
@@ -131,6 +136,25 @@ static const struct {
     {"[C:]", "class number"},
     {"[c1]", "unexpected '1'"},
     {"[Cu++++]", "unexpected '+'"},
+    /* valence of unbracketed atoms (lower bound, aromatic bonds count 1) */
+    {"C(C)(C)(C)(C)C", "valence, more than 4"},
+    {"CN(C)(C)C", "more than 3"},
+    {"CN(=C)=C", "more than 3"},
+    {"CN(=O)(=O)=O", "more than 5"},
+    {"ClCl(=O)(=O)(=O)=O", "more than 7"},
+    {"O=O=O", "more than 2"},
+    {"FC=F", "more than 1"},
+    {"ClCl(C)", "more than 1"},
+    {"C=C1=CC1", "more than 4"},
+    {"O=S(=O)(=O)O", "more than 6"},
+    {"CC(=C)(=C)C", "more than 4"},
+    /* aromatic atoms outside rings */
+    {"cC", "not in a ring"},
+    {"[c]", "not in a ring"},
+    {"Cc1ccccc1n", "aromatic atom n is not in a ring"},
+    {"c1ccccc1-c", "not in a ring"},
+    {"[nH]C", "aromatic atom [nH] is not in a ring"},
+    {"c1ccccc1.o", "not in a ring"},
 };
 
 static void test_cases(void)
