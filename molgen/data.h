@@ -112,7 +112,8 @@ int mg_dataset_load(const char *path, const mg_load_opts *opts,
                     mg_dataset *out, mg_report *rep, char *err, size_t errlen);
 
 /* Same from an in-memory list (line numbers taken from it; "where" names the
- * source in report messages, e.g. the file name). */
+ * source in report messages, e.g. the file name). rep (may be NULL) is NOT
+ * zeroed: counts and messages are added to it (kept is set). */
 int mg_dataset_from_list(const mg_smiles_list *list, const char *where,
                          const mg_load_opts *opts, const mg_vocab *vocab,
                          mg_vocab **vocab_out, mg_dataset *out,
@@ -127,9 +128,10 @@ int mg_encode_row(const mg_vocab *v, const char *smiles, int T, int32_t *seq,
                   int64_t *length, char *err, size_t errlen);
 
 /* Deterministic split: a seeded shuffle (splitmix64 + Fisher-Yates) of the
- * row indices; the first round(n * val_frac) go to validation, the rest to
- * training; each part keeps the original file order. val_frac in [0, 1).
- * A part may be empty (n == 0, pointers NULL). Both must be freed. */
+ * row indices; the first round(n * val_frac) (at most n - 1) go to
+ * validation, the rest to training; each part keeps the original file order
+ * and T. val_frac in [0, 1). A part may be empty (n == 0, pointers NULL).
+ * Both must be freed. */
 int mg_dataset_split(const mg_dataset *all, double val_frac, uint64_t seed,
                      mg_dataset *train, mg_dataset *val, char *err,
                      size_t errlen);
