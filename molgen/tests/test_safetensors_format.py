@@ -12,6 +12,7 @@ import math
 import os
 import struct
 import subprocess
+import tempfile
 
 import pytest
 
@@ -22,15 +23,31 @@ ROOT = os.path.abspath(os.path.join(HERE, '..', '..'))
 NAME = 'molgen_test_safetensors'
 
 
-def _binary():
+def _candidates():
+    cands = []
     d = os.environ.get('MOLGEN_TEST_BIN_DIR')
-    cands = [os.path.join(d, NAME)] if d else []
+    if d:
+        cands.append(os.path.join(d, NAME))
+    lib = os.environ.get('ATTN_LIBRARY')  # set by `make test-python`
+    if lib:
+        cands.append(os.path.join(os.path.dirname(lib), 'molgen', NAME))
     found = glob.glob(os.path.join(ROOT, 'build*', 'molgen', NAME))
     cands += sorted(found, key=os.path.getmtime, reverse=True)
-    for c in cands:
-        if os.path.isfile(c) and os.access(c, os.X_OK):
-            return c
-    pytest.skip('molgen_test_safetensors not built (build with cmake first)')
+    return [c for c in cands if os.path.isfile(c) and os.access(c, os.X_OK)]
+
+
+def _binary():
+    """The first built test binary that has the interop hooks (a stale build
+    without them is passed over)."""
+    with tempfile.TemporaryDirectory() as d:
+        probe = os.path.join(d, 'probe.safetensors')
+        for c in _candidates():
+            p = subprocess.run([c], capture_output=True, text=True, timeout=120,
+                               env=dict(os.environ, MOLGEN_ST_EXPORT=probe))
+            if 'interop: wrote' in p.stdout:
+                return c
+    pytest.skip('no molgen_test_safetensors with interop hooks built '
+                '(build with cmake first, or set MOLGEN_TEST_BIN_DIR)')
 
 
 # Formula values, as in test_safetensors.c
