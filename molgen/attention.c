@@ -252,11 +252,18 @@ int cmd_attention(int argc, char **argv) {
             fputs(ATTENTION_USAGE, stdout);
             return 0;
         }
+        static const char *const value_opts[] = {"--model", "--smiles", "--out", "--threads", NULL};
+        if (!mg_cli_known(a, value_opts)) {
+            fprintf(stderr, "molgen attention: unknown option '%s' (see molgen attention --help)\n", a);
+            return 2;
+        }
         const char *val = NULL;
-        if (!mg_cli_value(argc, argv, &i, &val, err, sizeof err)) {
+        char opt[64];
+        if (!mg_cli_option(argc, argv, &i, opt, sizeof opt, &val, err, sizeof err)) {
             fprintf(stderr, "molgen attention: %s\n", err);
             return 2;
         }
+        a = opt;
         long long ll;
         if (!strcmp(a, "--model")) model_path = val;
         else if (!strcmp(a, "--smiles")) smiles = val;

@@ -26,6 +26,32 @@ int mg_cli_value(int argc, char **argv, int *i, const char **val, char *err, siz
     return 1;
 }
 
+int mg_cli_option(int argc, char **argv, int *i, char *name, size_t namelen, const char **val,
+                  char *err, size_t errlen) {
+    const char *a = argv[*i];
+    const char *eq = (a[0] == '-' && a[1] == '-') ? strchr(a, '=') : NULL;
+    if (eq) {
+        snprintf(name, namelen, "%.*s", (int)(eq - a), a);
+        *val = eq + 1;
+        return 1;
+    }
+    snprintf(name, namelen, "%s", a);
+    if (*i + 1 >= argc) {
+        if (err && errlen) snprintf(err, errlen, "option %s needs a value", a);
+        return 0;
+    }
+    *val = argv[++*i];
+    return 1;
+}
+
+int mg_cli_known(const char *arg, const char *const *names) {
+    const char *eq = (arg[0] == '-' && arg[1] == '-') ? strchr(arg, '=') : NULL;
+    const size_t n = eq ? (size_t)(eq - arg) : strlen(arg);
+    for (; *names; names++)
+        if (strlen(*names) == n && !strncmp(*names, arg, n)) return 1;
+    return 0;
+}
+
 int mg_cli_int(const char *s, long long lo, long long hi, long long *out) {
     if (!s || !*s) return 0;
     char *end;

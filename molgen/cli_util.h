@@ -13,8 +13,17 @@ extern "C" {
 /* argv[*i] is an option that takes a value: "--opt VALUE" (advances *i) or
  * "--opt=VALUE". Returns 1 with *val set, or 0 with a message in err
  * ("option --opt needs a value"). An option spelled "--opt=VALUE" is cut at
- * the '=' in place (argv[*i] then reads "--opt"). */
+ * the '=' in place (argv[*i] then reads "--opt"; argv must be writable, as
+ * main's is). */
 int mg_cli_value(int argc, char **argv, int *i, const char **val, char *err, size_t errlen);
+
+/* The same without touching argv: the option's name ("--opt") goes to
+ * name[namelen]. */
+int mg_cli_option(int argc, char **argv, int *i, char *name, size_t namelen, const char **val,
+                  char *err, size_t errlen);
+
+/* 1 if argv[i]'s option name (before any '=') is in names (NULL-terminated). */
+int mg_cli_known(const char *arg, const char *const *names);
 
 /* Whole-string parses; return 1 on success, 0 on junk / out of range. */
 int mg_cli_int(const char *s, long long lo, long long hi, long long *out);
