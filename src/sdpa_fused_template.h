@@ -62,6 +62,11 @@ static inline int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
 static inline int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
 static inline int64_t rup(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
+/* n floats, 64-byte aligned (size rounded up as aligned_alloc wants). */
+static float *falloc(int64_t n) {
+    return aligned_alloc(64, (size_t)rup(n > 0 ? n : 1, 16) * sizeof(float));
+}
+
 /* Scratch carving: 64-byte aligned pieces of a per-thread block. */
 static inline float *carve(float **p, int64_t n) {
     float *r = *p;
@@ -72,50 +77,64 @@ static inline float *carve(float **p, int64_t n) {
 /* ------------------------------------------------------------ micro-kernel */
 
 /* C[MR × NV·VL] = alpha·A·B (acc = 0) or C += A·B (acc = 1); A(r, k) at
- * A[r·ars + k·aks]. Each C element is one FMA chain in k order, so results
- * do not depend on how M and N are blocked. */
+ * A[r·ars + k·aks]. The k loop runs in blocks of UKR_KB: the first block is
+ * one FMA chain from the initial value (C or 0), each later block a chain
+ * from 0 added to the running total (kept in C), which bounds the rounding
+ * error of long (d = 256) dot products near that of the reference's split
+ * sums. Each C element's arithmetic depends only on K, never on how M and N
+ * are blocked, so results do not depend on tiling or threads. */
+#define UKR_KB 32 /* K block of the products over d (S, dP) */
 static inline __attribute__((always_inline)) void ukr_body(const int MR, const int NV, int64_t K,
                                                            const float *A, int64_t ars,
                                                            int64_t aks, const float *B,
                                                            int64_t ldb, float *C, int64_t ldc,
-                                                           int acc, float alpha) {
-    vf c[6][4];
-    UNROLL for (int r = 0; r < MR; r++) UNROLL for (int v = 0; v < NV; v++) c[r][v] = v_zero();
-    if (acc) {
-        UNROLL for (int r = 0; r < MR; r++) UNROLL for (int v = 0; v < NV; v++)
-            c[r][v] = v_load(C + r * ldc + v * VL);
-    }
+                                                           int acc, float alpha, int64_t kb) {
     const float *a0 = A, *a1 = A + ars, *a2 = A + 2 * ars, *a3 = A + 3 * ars, *a4 = A + 4 * ars,
                 *a5 = A + 5 * ars;
-    for (int64_t k = 0; k < K; k++) {
-        vf b[4];
-        UNROLL for (int v = 0; v < NV; v++) b[v] = v_load(B + v * VL);
-        B += ldb;
-        const int64_t o = k * aks;
+    int64_t k0 = 0;
+    do {
+        const int64_t k1 = K - k0 > kb ? k0 + kb : K;
+        vf c[6][4];
+        UNROLL for (int r = 0; r < MR; r++) UNROLL for (int v = 0; v < NV; v++) c[r][v] = v_zero();
+        if (acc && k0 == 0) {
+            UNROLL for (int r = 0; r < MR; r++) UNROLL for (int v = 0; v < NV; v++)
+                c[r][v] = v_load(C + r * ldc + v * VL);
+        }
+        for (int64_t k = k0; k < k1; k++) {
+            vf b[4];
+            UNROLL for (int v = 0; v < NV; v++) b[v] = v_load(B + v * VL);
+            B += ldb;
+            const int64_t o = k * aks;
 #define UKR_ROW(r, ap)                                                                       \
     if (MR > r) {                                                                            \
         const vf ar = v_set1(ap[o]);                                                         \
         UNROLL for (int v = 0; v < NV; v++) c[r][v] = v_fma(ar, b[v], c[r][v]);              \
     }
-        UKR_ROW(0, a0) UKR_ROW(1, a1) UKR_ROW(2, a2) UKR_ROW(3, a3) UKR_ROW(4, a4) UKR_ROW(5, a5)
+            UKR_ROW(0, a0) UKR_ROW(1, a1) UKR_ROW(2, a2) UKR_ROW(3, a3) UKR_ROW(4, a4) UKR_ROW(5, a5)
 #undef UKR_ROW
-    }
-    if (!acc) {
-        const vf al = v_set1(alpha);
+        }
+        if (k0 > 0) {
+            UNROLL for (int r = 0; r < MR; r++) UNROLL for (int v = 0; v < NV; v++)
+                c[r][v] = v_add(v_load(C + r * ldc + v * VL), c[r][v]);
+        }
+        if (!acc && k1 == K) {
+            const vf al = v_set1(alpha);
+            UNROLL for (int r = 0; r < MR; r++) UNROLL for (int v = 0; v < NV; v++)
+                c[r][v] = v_mul(c[r][v], al);
+        }
         UNROLL for (int r = 0; r < MR; r++) UNROLL for (int v = 0; v < NV; v++)
-            c[r][v] = v_mul(c[r][v], al);
-    }
-    UNROLL for (int r = 0; r < MR; r++) UNROLL for (int v = 0; v < NV; v++)
-        v_store(C + r * ldc + v * VL, c[r][v]);
+            v_store(C + r * ldc + v * VL, c[r][v]);
+        k0 = k1;
+    } while (k0 < K);
 }
 
 typedef void (*ukr_fn)(int64_t, const float *, int64_t, int64_t, const float *, int64_t, float *,
-                       int64_t, int, float);
+                       int64_t, int, float, int64_t);
 #define UKR_DEF(MR, NV)                                                                      \
     static void ukr_##MR##_##NV(int64_t K, const float *A, int64_t ars, int64_t aks,         \
                                 const float *B, int64_t ldb, float *C, int64_t ldc, int acc, \
-                                float alpha) {                                               \
-        ukr_body(MR, NV, K, A, ars, aks, B, ldb, C, ldc, acc, alpha);                        \
+                                float alpha, int64_t kb) {                                   \
+        ukr_body(MR, NV, K, A, ars, aks, B, ldb, C, ldc, acc, alpha, kb);                    \
     }
 #define UKR_DEF_ROW(MR) UKR_DEF(MR, 1) UKR_DEF(MR, 2) UKR_DEF(MR, 3) UKR_DEF(MR, 4)
 UKR_DEF_ROW(1)
@@ -132,18 +151,25 @@ static const ukr_fn ukr_tab[6][4] = {UKR_ROWFN(1), UKR_ROWFN(2), UKR_ROWFN(3),
  * entry is 0 are left out, as the reference leaves out zero weights. */
 static void gemm_safe(int64_t M, int64_t nvec, int64_t K, const float *A, int64_t ars,
                       int64_t aks, const float *B, int64_t ldb, float *C, int64_t ldc, int acc,
-                      float alpha) {
+                      float alpha, int64_t kb, float *tmp) {
     for (int64_t m = 0; m < M; m++) {
         float *c = C + m * ldc;
         if (!acc)
             for (int64_t n = 0; n < nvec * VL; n++) c[n] = 0.0f;
-        for (int64_t k = 0; k < K; k++) {
-            const float a = A[m * ars + k * aks];
-            if (a == 0.0f) continue;
-            const vf av = v_set1(a);
-            const float *b = B + k * ldb;
-            for (int64_t v = 0; v < nvec; v++)
-                v_store(c + v * VL, v_fma(av, v_load(b + v * VL), v_load(c + v * VL)));
+        for (int64_t k0 = 0; k0 < K; k0 += kb) {
+            float *t = k0 == 0 ? c : tmp; /* later blocks: from 0, then added */
+            if (k0 > 0)
+                for (int64_t n = 0; n < nvec * VL; n++) t[n] = 0.0f;
+            for (int64_t k = k0; k < K && k < k0 + kb; k++) {
+                const float a = A[m * ars + k * aks];
+                if (a == 0.0f) continue;
+                const vf av = v_set1(a);
+                const float *b = B + k * ldb;
+                for (int64_t v = 0; v < nvec; v++)
+                    v_store(t + v * VL, v_fma(av, v_load(b + v * VL), v_load(t + v * VL)));
+            }
+            if (k0 > 0)
+                for (int64_t n = 0; n < nvec * VL; n++) c[n] += t[n];
         }
         if (!acc)
             for (int64_t n = 0; n < nvec * VL; n++) c[n] *= alpha;
@@ -153,12 +179,14 @@ static void gemm_safe(int64_t M, int64_t nvec, int64_t K, const float *A, int64_
 /* The tile product: C[M × nvec·VL] = alpha·A·B or C += A·B.
  * mode: 0 own micro-kernel, 1 zero-skipping (non-finite operands),
  * 2 OpenBLAS sgemm on the tile (measurement; single-threaded BLAS). */
-static void gemm(int64_t M, int64_t nvec, int64_t K, const float *A, int64_t ars, int64_t aks,
-                 const float *B, int64_t ldb, float *C, int64_t ldc, int acc, float alpha,
-                 int mode) {
+static void gemm_kb(int64_t M, int64_t nvec, int64_t K, const float *A, int64_t ars, int64_t aks,
+                    const float *B, int64_t ldb, float *C, int64_t ldc, int acc, float alpha,
+                    int mode, int64_t kb) {
     if (M <= 0 || nvec <= 0) return;
     if (mode == 1) {
-        gemm_safe(M, nvec, K, A, ars, aks, B, ldb, C, ldc, acc, alpha);
+        float *tmp = falloc(nvec * VL);
+        if (tmp) gemm_safe(M, nvec, K, A, ars, aks, B, ldb, C, ldc, acc, alpha, kb, tmp);
+        free(tmp);
         return;
     }
     if (mode == 2 && K > 0) {
@@ -181,9 +209,22 @@ static void gemm(int64_t M, int64_t nvec, int64_t K, const float *A, int64_t ars
         for (int64_t m0 = 0; m0 < M; m0 += UKR_MR) {
             const int mr = (int)imin(UKR_MR, M - m0);
             ukr_tab[mr - 1][nv - 1](K, A + m0 * ars, ars, aks, B + n0 * VL, ldb,
-                                    C + m0 * ldc + n0 * VL, ldc, acc, alpha);
+                                    C + m0 * ldc + n0 * VL, ldc, acc, alpha, kb);
         }
     }
+}
+
+/* Products over keys or queries: one chain per tile (they continue across
+ * tiles anyway, like the reference's sums over keys). */
+static void gemm(int64_t M, int64_t nvec, int64_t K, const float *A, int64_t ars, int64_t aks,
+                 const float *B, int64_t ldb, float *C, int64_t ldc, int acc, float alpha,
+                 int mode) {
+    gemm_kb(M, nvec, K, A, ars, aks, B, ldb, C, ldc, acc, alpha, mode, INT64_MAX);
+}
+/* Products over the head dimension d (S = K·Qᵀ, dP = V·dOᵀ): blocked. */
+static void gemm_d(int64_t M, int64_t nvec, int64_t K, const float *A, int64_t ars, int64_t aks,
+                   const float *B, int64_t ldb, float *C, int64_t ldc, float alpha, int mode) {
+    gemm_kb(M, nvec, K, A, ars, aks, B, ldb, C, ldc, 0, alpha, mode, UKR_KB);
 }
 
 /* ------------------------------------------------------------ helpers */
@@ -332,11 +373,6 @@ static int rows_finite(const attn_tensor *t, int64_t b, int64_t h, int64_t l0, i
 
 static const float kNegInf = -INFINITY;
 
-/* n floats, 64-byte aligned (size rounded up as aligned_alloc wants). */
-static float *falloc(int64_t n) {
-    return aligned_alloc(64, (size_t)rup(n > 0 ? n : 1, 16) * sizeof(float));
-}
-
 /* ------------------------------------------------------------ forward */
 
 /* Tiles [t0, t1) of the key grid that query block blk touches. */
@@ -376,8 +412,7 @@ static void fwd_block(const kctx *c, float *ws, int64_t b, int64_t h, int64_t i0
         memset(O, 0, (size_t)(nq * dvp) * sizeof(float));
         for (int64_t t = t0; t < t1; t++) {
             const int64_t j0 = imax(t * FK, hlo), j1 = imin((t + 1) * FK, hhi), nk = j1 - j0;
-            gemm(nk, nvq, Dk, row_of(K, b, h, j0), ks2, ks3, qt, nqv, S, nqv, 0, pr->scale,
-                 c->mode);
+            gemm_d(nk, nvq, Dk, row_of(K, b, h, j0), ks2, ks3, qt, nqv, S, nqv, pr->scale, c->mode);
             mask_tile(pr, S, nqv, b, h, i0, nq, j0, nk);
             /* Online softmax, lanes = query rows. */
             int moved = 0;
@@ -455,7 +490,7 @@ static void fwd_block(const kctx *c, float *ws, int64_t b, int64_t h, int64_t i0
     }
     for (int64_t t = t0; t < t1; t++) {
         const int64_t j0 = imax(t * FK, hlo), j1 = imin((t + 1) * FK, hhi), nk = j1 - j0;
-        gemm(nk, nvq, Dk, row_of(K, b, h, j0), ks2, ks3, qt, nqv, S, nqv, 0, pr->scale, c->mode);
+        gemm_d(nk, nvq, Dk, row_of(K, b, h, j0), ks2, ks3, qt, nqv, S, nqv, pr->scale, c->mode);
         mask_tile(pr, S, nqv, b, h, i0, nq, j0, nk);
         for (int64_t vq = 0; vq < nvq; vq++) {
             const vf mv = v_load(m + vq * VL), iv = v_load(al + vq * VL);
@@ -484,33 +519,39 @@ static int64_t dec_scratch(const attn_problem *pr, int64_t dkp, int64_t dvp) {
     return rup(dkp, 16) + rup(dec_chunk(pr->Lk) + VL, 16) + rup(dvp, 16) + rup(dkp + dvp, 16) + 64;
 }
 
-/* Scores s[j - a] of query row qr (contiguous, dkp) against keys [a, e):
- * scale·q·k, additive mask added, bool-masked keys -inf. */
+/* scale · q·k for query row qr (contiguous, zero-padded to dkp) and key
+ * row kr (stride K->stride[3]; copied to tmp when not contiguous). The
+ * decode forward and the backward of decode-shaped calls both score with
+ * this, so the backward's recomputed scores match the forward's bit for bit
+ * (at |s| ~ 1e4 any difference would show in exp(s - lse)). */
+static inline float dec_dot(const kctx *c, const float *qr, const float *kr, float *tmp) {
+    const int64_t Dk = c->pr->Dk;
+    if (c->k->stride[3] != 1) {
+        copy_row(tmp, kr, c->k->stride[3], Dk, c->dkp);
+        kr = tmp;
+    }
+    vf acc = v_zero();
+    int64_t d = 0;
+    for (; d + VL <= Dk; d += VL) acc = v_fma(v_load(qr + d), v_load(kr + d), acc);
+    if (d < Dk) acc = v_fma(v_load(qr + d), v_load_n(kr + d, (int)(Dk - d)), acc);
+    return c->pr->scale * v_hsum(acc);
+}
+
+/* Scores s[j - a] of query row qr against keys [a, e): scale·q·k, additive
+ * mask added, bool-masked keys -inf. */
 static void dec_scores(const kctx *c, const float *qr, float *tmp, int64_t b, int64_t h, int64_t i,
                        int64_t a, int64_t e, float *s) {
     const attn_problem *pr = c->pr;
-    const int64_t Dk = pr->Dk, dkp = c->dkp;
-    const attn_tensor *K = c->k;
     const uint8_t *bm = pr->bmask ? pr->bmask + b * pr->bms[0] + h * pr->bms[1] + i * pr->bms[2]
                                   : NULL;
     const float *am = pr->amask ? pr->amask + b * pr->ams[0] + h * pr->ams[1] + i * pr->ams[2]
                                 : NULL;
-    const int contig = K->stride[3] == 1;
     for (int64_t j = a; j < e; j++) {
         if (bm && !bm[j * pr->bms[3]]) {
             s[j - a] = -INFINITY;
             continue;
         }
-        const float *kr = row_of(K, b, h, j);
-        if (!contig) {
-            copy_row(tmp, kr, K->stride[3], Dk, dkp);
-            kr = tmp;
-        }
-        vf acc = v_zero();
-        int64_t d = 0;
-        for (; d + VL <= Dk; d += VL) acc = v_fma(v_load(qr + d), v_load(kr + d), acc);
-        if (d < Dk) acc = v_fma(v_load(qr + d), v_load_n(kr + d, (int)(Dk - d)), acc);
-        float x = pr->scale * v_hsum(acc);
+        float x = dec_dot(c, qr, row_of(c->k, b, h, j), tmp);
         if (am) x += am[j * pr->ams[3]];
         s[j - a] = x;
     }
@@ -567,8 +608,8 @@ static void dec_partial(const kctx *c, float *ws, int64_t b, int64_t h, int64_t 
         if (d < Dv)
             v_store(acc + d, v_fma(pv, v_load_n(vr + d, (int)(Dv - d)), v_load(acc + d)));
     }
-    *pm = M;
     *pl = v_hsum(sum);
+    *pm = *pl == *pl ? M : INFINITY; /* NaN sum (poisoned row): make the merge see it */
     memcpy(pacc, acc, (size_t)dvp * sizeof(float));
 }
 
@@ -785,10 +826,15 @@ static void prep_qblock(const kctx *c, const bctx *bc, const bws *w, int64_t b, 
      * 0, as in the reference. */
     pack_transposed(w->ot, nqv, bc->out, b, h, i0, nq, Dv);
     for (int64_t vq = 0; vq < nqv / VL; vq++) {
-        vf acc = v_zero();
-        for (int64_t d = 0; d < Dv; d++)
-            acc = v_fma(v_load(w->ot + d * nqv + vq * VL), v_load(w->dot + d * nqv + vq * VL), acc);
-        v_store(qb->dvec + vq * VL, acc);
+        vf tot = v_zero();
+        for (int64_t d0 = 0; d0 < Dv; d0 += UKR_KB) {
+            vf acc = v_zero();
+            for (int64_t d = d0; d < Dv && d < d0 + UKR_KB; d++)
+                acc = v_fma(v_load(w->ot + d * nqv + vq * VL), v_load(w->dot + d * nqv + vq * VL),
+                            acc);
+            tot = d0 == 0 ? acc : v_add(tot, acc);
+        }
+        v_store(qb->dvec + vq * VL, tot);
     }
     qb->finite = rows_finite(c->q, b, h, i0, nq, Dk) && rows_finite(bc->dout, b, h, i0, nq, Dv);
 }
@@ -806,11 +852,17 @@ static void bwd_tile(const kctx *c, const qblock *qb, const bws *w, int64_t b, i
                        rows_finite(V, b, h, j0, nk, Dv));
     const int mode = safe ? 1 : c->mode;
 
-    gemm(nk, nvq, Dk, row_of(K, b, h, j0), K->stride[2], K->stride[3], qb->qt, nqv, S, nqv, 0,
-         pr->scale, c->mode);
+    if (pr->Lq <= FUSED_DECODE_MAXLQ) { /* the decode forward's scores, bit for bit */
+        for (int64_t i = 0; i < nq; i++)
+            for (int64_t j = 0; j < nk; j++)
+                S[j * nqv + i] = dec_dot(c, qb->qr + i * qb->ldqr, row_of(K, b, h, j0 + j), w->kt);
+    } else {
+        gemm_d(nk, nvq, Dk, row_of(K, b, h, j0), K->stride[2], K->stride[3], qb->qt, nqv, S, nqv,
+               pr->scale, c->mode);
+    }
     mask_tile(pr, S, nqv, b, h, qb->i0, nq, j0, nk);
-    gemm(nk, nvq, Dv, row_of(V, b, h, j0), V->stride[2], V->stride[3], qb->dot, nqv, dP, nqv, 0,
-         1.0f, c->mode);
+    gemm_d(nk, nvq, Dv, row_of(V, b, h, j0), V->stride[2], V->stride[3], qb->dot, nqv, dP, nqv, 1.0f,
+           c->mode);
     if (pr->dropout) dropout_tile(pr, Z, nqv, b, h, qb->i0, nq, j0, nk, 0);
     const vf sc = v_set1(pr->scale);
     for (int64_t vq = 0; vq < nvq; vq++) {
