@@ -63,7 +63,7 @@ void mg_train_config_default(mg_train_config *c) {
     mg_model_config_default(&c->model);
     mg_adamw_config_default(&c->optim);
     c->batch_size = 64;
-    c->val_every = 200;
+    c->val_every = -1;
     c->val_max = 2000;
     c->ckpt_every = 1000;
     c->seed = 1;
@@ -110,6 +110,12 @@ static double unigram_entropy(const mg_dataset *d, int V) {
         if (cnt[v] > 0) h -= cnt[v] / total * log(cnt[v] / total);
     free(cnt);
     return h;
+}
+
+/* Validation interval when not given: about 10 validations per run. */
+static int auto_val_every(int64_t total) {
+    int64_t k = total / 10;
+    return (int)(k < 10 ? 10 : k > INT32_MAX ? INT32_MAX : k);
 }
 
 /* Copy rows [B, T] into a compact [B, Tb] with Tb the longest length. */
@@ -236,7 +242,7 @@ static int train_state_from_json(const char *js, train_state *s, char *err, size
     s->data_rows = (uint64_t)x;
     if (json_str(j, "data_hash", buf, sizeof buf, err, errlen)) goto done;
     s->data_hash = strtoull(buf, NULL, 16);
-    if (json_int(j, "val_every", 0, INT32_MAX, &x, err, errlen)) goto done;
+    if (json_int(j, "val_every", -1, INT32_MAX, &x, err, errlen)) goto done;
     s->val_every = (int)x;
     if (json_int(j, "val_max", 0, INT32_MAX, &x, err, errlen)) goto done;
     s->val_max = (int)x;
@@ -452,8 +458,8 @@ int mg_train_run(const mg_train_config *c, mg_train_result *result, char *err, s
         if (c->batch_size < 1) return fail(err, errlen, "batch size %d must be >= 1", c->batch_size);
         if (!(c->val_frac >= 0 && c->val_frac < 1))
             return fail(err, errlen, "validation fraction %g must be in [0, 1)", c->val_frac);
-        if (c->val_every < 0 || c->val_max < 0 || c->ckpt_every < 0 || c->max_tokens < 0)
-            return fail(err, errlen, "val_every, val_max, ckpt_every and max_tokens must be >= 0");
+        if (c->val_every < -1 || c->val_max < 0 || c->ckpt_every < 0 || c->max_tokens < 0)
+            return fail(err, errlen, "val_every (-1: auto), val_max, ckpt_every and max_tokens must be >= 0");
         snprintf(ts.data, sizeof ts.data, "%s", c->data_path);
         snprintf(ts.csv_column, sizeof ts.csv_column, "%s", c->csv_column ? c->csv_column : "smiles");
         ts.seed = c->seed;
@@ -554,11 +560,12 @@ int mg_train_run(const mg_train_config *c, mg_train_result *result, char *err, s
         ck.opt.cfg.total_steps = c->steps;
     }
     int total_known = resuming || c->steps > 0;
+    if (total_known && ts.val_every < 0) ts.val_every = auto_val_every(ck.opt.cfg.total_steps);
     mg_adamw *opt = &ck.opt;
     mg_model *model = ck.model;
     const mg_model_config *mc = mg_model_get_config(model);
     if (total_known && opt->cfg.warmup_steps > opt->cfg.total_steps / 2 && !resuming) {
-        opt->cfg.warmup_steps = opt->cfg.total_steps / 10;
+        opt->cfg.warmup_steps = opt->cfg.total_steps / 10 > 1 ? opt->cfg.total_steps / 10 : 1;
         log_msg(&lg, "note: warm-up shortened to %" PRId64 " steps (a tenth of the run)",
                 opt->cfg.warmup_steps);
     }
@@ -661,13 +668,25 @@ int mg_train_run(const mg_train_config *c, mg_train_result *result, char *err, s
         if (!total_known && timed_steps >= CAL) {
             const double avg = step_time / (double)timed_steps;
             const double remaining = c->time_limit - (now_s() - t0) - t_val;
-            const double per_step = avg + (ts.val_every > 0 ? t_val / ts.val_every : 0.0);
-            int64_t more = remaining > 0 ? (int64_t)(0.97 * remaining / per_step) : 0;
+            /* validations to come: every val_every steps, or ~10 when auto */
+            double budget = 0.97 * remaining, per_step = avg;
+            int64_t n_vals = 0; /* auto: up to 10, costing at most 5% of the time */
+            if (ts.val_every > 0 && nv > 0) per_step += t_val / ts.val_every;
+            if (ts.val_every < 0 && nv > 0 && t_val > 0) {
+                n_vals = (int64_t)(0.05 * remaining / t_val);
+                n_vals = n_vals < 1 ? 1 : n_vals > 10 ? 10 : n_vals;
+                budget -= (double)(n_vals - 1) * t_val; /* the last one is the final validation */
+            }
+            int64_t more = budget > 0 ? (int64_t)(budget / per_step) : 0;
             opt->cfg.total_steps = ts.step + (more > 0 ? more : 0);
             if (opt->cfg.total_steps < 1) opt->cfg.total_steps = 1;
             if (opt->cfg.warmup_steps > opt->cfg.total_steps / 2)
                 opt->cfg.warmup_steps = opt->cfg.total_steps / 10 > CAL ? opt->cfg.total_steps / 10 : CAL;
             total_known = 1;
+            if (ts.val_every < 0) {
+                const int64_t k = n_vals > 0 ? (opt->cfg.total_steps - ts.step) / n_vals : 0;
+                ts.val_every = n_vals > 0 ? (int)(k < 1 ? 1 : k > INT32_MAX ? INT32_MAX : k) : 0;
+            }
             log_msg(&lg, "schedule: %" PRId64 " steps fit in the time limit (%.0f ms/step), warm-up %" PRId64,
                     opt->cfg.total_steps, 1e3 * avg, opt->cfg.warmup_steps);
         }
@@ -771,7 +790,8 @@ static const char TRAIN_USAGE[] =
     "                       ../shared/data/moses_176k.smi\n"
     "  --csv-column NAME    CSV column with the SMILES (default smiles)\n"
     "  --out FILE           checkpoint written periodically and at the end\n"
-    "                       (default out/model.safetensors; atomic replace)\n"
+    "                       (default out/model.safetensors, or the --resume file;\n"
+    "                       written atomically)\n"
     "  --resume FILE        continue a checkpoint (its model, optimizer, data split,\n"
     "                       seed and batch size; --data overrides its data path)\n"
     "  --max-tokens N       skip molecules longer than N tokens (default: no limit)\n"
@@ -792,7 +812,8 @@ static const char TRAIN_USAGE[] =
     "Run:\n"
     "  --seed N             init, split, shuffle and dropout seed (default 1)\n"
     "  --threads N          threads (default: ATTN_NUM_THREADS or all cores)\n"
-    "  --val-every N        validation every N steps (default 200; 0 = end only)\n"
+    "  --val-every N        validation every N steps (0 = at the end only; default\n"
+    "                       auto: about 10 per run, at most 5% of a time-limited run)\n"
     "  --val-max N          validation molecules used (default 2000; 0 = all)\n"
     "  --ckpt-every N       periodic checkpoint every N steps (default 1000; 0 = off)\n"
     "  --no-progress        no progress line (validation lines only)\n"
@@ -819,7 +840,7 @@ static int train_usage_error(const char *fmt, ...) {
 int cmd_train(int argc, char **argv) {
     mg_train_config c;
     mg_train_config_default(&c);
-    c.out_path = "out/model.safetensors";
+    c.out_path = NULL;
     /* model flags are applied after the preset, whatever their order */
     long long layers = -1, dmodel = -1, heads = -1, ctx = -1;
     double dropout = -1;
@@ -837,6 +858,17 @@ int cmd_train(int argc, char **argv) {
         if (!strcmp(a, "--debug-no-causal-mask")) { no_mask = 1; continue; }
         if (!strcmp(a, "--no-guard")) { c.skip_guard = 1; continue; }
         if (strncmp(a, "--", 2)) return train_usage_error("unexpected argument '%s'", a);
+        static const char *const value_opts[] = {
+            "--data", "--csv-column", "--out", "--resume", "--preset", "--seed", "--time-limit",
+            "--steps", "--stop-after", "--max-tokens", "--batch-size", "--warmup", "--val-every",
+            "--val-max", "--ckpt-every", "--threads", "--layers", "--d-model", "--heads",
+            "--ctx-len", "--dropout", "--val-frac", "--lr", "--min-lr-frac", "--weight-decay",
+            "--grad-clip", "--beta1", "--beta2"};
+        int known = 0;
+        const size_t alen = strcspn(a, "=");
+        for (size_t k = 0; k < sizeof value_opts / sizeof value_opts[0]; k++)
+            known |= strlen(value_opts[k]) == alen && !strncmp(a, value_opts[k], alen);
+        if (!known) return train_usage_error("unknown option %.*s", (int)alen, a);
         const char *v = NULL;
         if (!mg_cli_value(argc, argv, &i, &v, err, sizeof err)) return train_usage_error("%s", err);
         long long ll = 0;
@@ -900,6 +932,7 @@ int cmd_train(int argc, char **argv) {
         if (c.steps == 0 && c.time_limit <= 0)
             return train_usage_error("give --steps N or --time-limit SECONDS (or both)");
     }
+    if (!c.out_path) c.out_path = c.resume_path ? c.resume_path : "out/model.safetensors";
     char data_default[4096];
     if (!c.data_path && !c.resume_path) {
         const char *dir = getenv("MOLGEN_SHARED_DATA");

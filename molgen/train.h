@@ -62,7 +62,9 @@ typedef struct {
     double time_limit;      /* seconds for this process's run; 0: none */
     int64_t stop_after;     /* stop once this many steps are done (0: never):
                                an interruption at a chosen step, for tests */
-    int val_every;          /* steps between validations (0: only at the end) */
+    int val_every;          /* steps between validations (0: only at the end;
+                               -1: auto, about 10 per run and for a time-
+                               limited run at most 5% of its time) */
     int val_max;            /* validation molecules evaluated (0: all) */
     int ckpt_every;         /* steps between periodic checkpoints (0: none) */
     uint64_t seed;          /* init, split, shuffle and dropout */
@@ -78,7 +80,7 @@ typedef struct {
 } mg_train_config;
 
 /* Defaults: model mg_model_config_default, optimizer mg_adamw_config_default
- * (lr 1e-3 ...), batch 64, val_frac 0.05, val_every 200, val_max 2000,
+ * (lr 1e-3 ...), batch 64, val_frac 0.05, val_every -1 (auto), val_max 2000,
  * ckpt_every 1000, seed 1, progress 1. */
 void mg_train_config_default(mg_train_config *c);
 
