@@ -100,7 +100,7 @@ void attn_sgemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
  * AVX-512F, AVX2+FMA and portable C, chosen at run time. */
 
 #define ATTN_FUSED_QTILE 64       /* query rows per block */
-#define ATTN_FUSED_KTILE 64       /* keys per tile */
+#define ATTN_FUSED_KTILE 96       /* keys per tile */
 #define FUSED_DECODE_MAXLQ 4      /* Lq at or below this: decode kernel */
 #define FUSED_DECODE_CHUNK 256    /* decode key chunk (doubled until <= 64 chunks) */
 

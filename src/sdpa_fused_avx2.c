@@ -45,6 +45,25 @@ static const int32_t kLaneMask[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0
 static inline vf v_load_n(const float *p, int n) {
     return _mm256_maskload_ps(p, _mm256_loadu_si256((const __m256i *)(kLaneMask + 8 - n)));
 }
+/* dst[c][r] = src[r][c] for an 8 x 8 block (rows lds / ldd apart). */
+static inline void v_transpose_block(const float *src, int64_t lds, float *dst, int64_t ldd) {
+    __m256 r[8], t[8];
+    for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(src + i * lds);
+    for (int i = 0; i < 4; i++) {
+        t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int g = 0; g < 2; g++) { /* r[4g + c], 128-bit lane L: column 4L + c, rows 4g..4g+3 */
+        r[4 * g] = _mm256_shuffle_ps(t[4 * g], t[4 * g + 2], 0x44);
+        r[4 * g + 1] = _mm256_shuffle_ps(t[4 * g], t[4 * g + 2], 0xee);
+        r[4 * g + 2] = _mm256_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0x44);
+        r[4 * g + 3] = _mm256_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0xee);
+    }
+    for (int c = 0; c < 4; c++) {
+        _mm256_storeu_ps(dst + c * ldd, _mm256_permute2f128_ps(r[c], r[4 + c], 0x20));
+        _mm256_storeu_ps(dst + (4 + c) * ldd, _mm256_permute2f128_ps(r[c], r[4 + c], 0x31));
+    }
+}
 /* exp for x <= 88.3: Cephes' expf (two-constant ln 2 reduction, degree-6
  * polynomial, ~1 ulp); x <= -88 (and -inf) gives exactly 0, NaN stays NaN. */
 static inline vf v_exp(vf x) {

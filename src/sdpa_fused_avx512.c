@@ -34,6 +34,33 @@ static inline float v_hmax(vf x) { return _mm512_reduce_max_ps(x); }
 static inline vf v_load_n(const float *p, int n) {
     return _mm512_maskz_loadu_ps((__mmask16)((1u << n) - 1u), p);
 }
+/* dst[c][r] = src[r][c] for a 16 x 16 block (rows lds / ldd apart). */
+static inline void v_transpose_block(const float *src, int64_t lds, float *dst, int64_t ldd) {
+    __m512 r[16], t[16];
+    for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_ps(src + i * lds);
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int g = 0; g < 4; g++) { /* r[4g + c], 128-bit lane L: column 4L + c, rows 4g..4g+3 */
+        const __m512d a = _mm512_castps_pd(t[4 * g]), b = _mm512_castps_pd(t[4 * g + 2]);
+        const __m512d c = _mm512_castps_pd(t[4 * g + 1]), d = _mm512_castps_pd(t[4 * g + 3]);
+        r[4 * g] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
+        r[4 * g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
+        r[4 * g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(c, d));
+        r[4 * g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(c, d));
+    }
+    for (int c = 0; c < 4; c++) {
+        const __m512 x = _mm512_shuffle_f32x4(r[c], r[4 + c], 0x88);
+        const __m512 y = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0x88);
+        const __m512 x2 = _mm512_shuffle_f32x4(r[c], r[4 + c], 0xdd);
+        const __m512 y2 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0xdd);
+        _mm512_storeu_ps(dst + c * ldd, _mm512_shuffle_f32x4(x, y, 0x88));
+        _mm512_storeu_ps(dst + (8 + c) * ldd, _mm512_shuffle_f32x4(x, y, 0xdd));
+        _mm512_storeu_ps(dst + (4 + c) * ldd, _mm512_shuffle_f32x4(x2, y2, 0x88));
+        _mm512_storeu_ps(dst + (12 + c) * ldd, _mm512_shuffle_f32x4(x2, y2, 0xdd));
+    }
+}
 /* exp for x <= 88.3: Cephes' expf (two-constant ln 2 reduction, degree-6
  * polynomial, ~1 ulp); x <= -88 (and -inf) gives exactly 0, NaN stays NaN. */
 static inline vf v_exp(vf x) {

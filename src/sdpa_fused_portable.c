@@ -54,6 +54,11 @@ static inline vf v_load_n(const float *p, int n) {
     for (int i = 0; i < n; i++) x[i] = p[i];
     return x;
 }
+/* dst[c][r] = src[r][c] for a VL x VL block. */
+static inline void v_transpose_block(const float *src, int64_t lds, float *dst, int64_t ldd) {
+    for (int r = 0; r < VL; r++)
+        for (int c = 0; c < VL; c++) dst[c * ldd + r] = src[r * lds + c];
+}
 static inline vf v_exp(vf x) {
     vf r;
     for (int i = 0; i < VL; i++) r[i] = expf(x[i]);

@@ -331,13 +331,22 @@ static inline void copy_row(float *dst, const float *src, int64_t stride, int64_
 }
 
 /* Transposed copy of rows [l0, l0 + n) of a (b, h) slice: dst[d][i] (ld),
- * lanes [n, ld) zero. */
+ * lanes [n, ld) zero. VL x VL blocks go through registers when the rows are
+ * contiguous and evenly spaced (any row stride: B, H, L strides are fixed). */
 static void pack_transposed(float *dst, int64_t ld, const attn_tensor *t, int64_t b, int64_t h,
                             int64_t l0, int64_t n, int64_t D) {
-    const int64_t sd = t->stride[3];
+    const int64_t sd = t->stride[3], sl = t->stride[2];
+    int64_t nb = 0, db = 0; /* rows / columns covered by whole blocks */
+    if (sd == 1) {
+        nb = n / VL * VL, db = D / VL * VL;
+        const float *base = row_of(t, b, h, l0);
+        for (int64_t i = 0; i < nb; i += VL)
+            for (int64_t d = 0; d < db; d += VL)
+                v_transpose_block(base + i * sl + d, sl, dst + d * ld + i, ld);
+    }
     for (int64_t i = 0; i < n; i++) {
         const float *r = row_of(t, b, h, l0 + i);
-        for (int64_t d = 0; d < D; d++) dst[d * ld + i] = r[d * sd];
+        for (int64_t d = i < nb ? db : 0; d < D; d++) dst[d * ld + i] = r[d * sd];
     }
     if (n < ld)
         for (int64_t d = 0; d < D; d++)
@@ -449,29 +458,30 @@ static void fwd_block(const kctx *c, float *ws, int64_t b, int64_t h, int64_t i0
         if (safe) break;
         /* A non-finite output in a row with a finite sum means a zero weight
          * met a non-finite V entry: redo the block skipping zero weights. */
-        int redo = 0;
-        for (int64_t i = 0; i < nq && !redo; i++)
+        vf bad = v_zero();
+        for (int64_t i = 0; i < nq; i++)
             if (l[i] > 0.0f)
-                for (int64_t d = 0; d < Dv; d++)
-                    if (!isfinite(O[i * dvp + d])) {
-                        redo = 1;
-                        break;
-                    }
-        if (!redo) break;
+                for (int64_t d = 0; d < dvp; d += VL) bad = v_fma(v_load(O + i * dvp + d), v_zero(), bad);
+        if (v_hsum(bad) == 0.0f) break; /* NaN iff some entry was NaN or Inf */
     }
 
     const int64_t so = out->stride[3];
     for (int64_t i = 0; i < nq; i++) {
         float *o = row_mut(out, b, h, i0 + i);
         const float L = l[i];
-        if (L == 0.0f) { /* no visible key */
+        const float inv = 1.0f / L; /* NaN for a poisoned row */
+        const float *src = O + i * dvp;
+        if (L == 0.0f) { /* no visible key: exactly 0, whatever O holds */
             for (int64_t d = 0; d < Dv; d++) o[d * so] = 0.0f;
-            if (lse_out) lse_out[i] = -INFINITY;
+        } else if (so == 1) {
+            const vf iv = v_set1(inv);
+            int64_t d = 0;
+            for (; d + VL <= Dv; d += VL) v_store(o + d, v_mul(v_load(src + d), iv));
+            for (; d < Dv; d++) o[d] = src[d] * inv;
         } else {
-            const float inv = 1.0f / L; /* NaN for a poisoned row */
-            for (int64_t d = 0; d < Dv; d++) o[d * so] = O[i * dvp + d] * inv;
-            if (lse_out) lse_out[i] = m[i] + logf(L);
+            for (int64_t d = 0; d < Dv; d++) o[d * so] = src[d] * inv;
         }
+        if (lse_out) lse_out[i] = L == 0.0f ? -INFINITY : m[i] + logf(L);
         al[i] = 1.0f / L; /* reused below: 1/l per row */
     }
     if (!weights) return;
