@@ -270,7 +270,8 @@ int cmd_bench(int argc, char **argv) {
         if (!json)
             printf("sampling kv    (%d molecules, batch %d): %10.1f molecules/s  [%.1f .. %.1f], "
                    "%.0f tokens/s, %.1f tokens/molecule\n",
-                   sample_n, batch, kv.median, kv.lo, kv.hi, kv.tok_rate, kv.extra);
+                   sample_n, sample_n < batch ? sample_n : batch, kv.median, kv.lo, kv.hi, kv.tok_rate,
+                   kv.extra);
         if (naive_n > 0) {
             if (bench_sample(m, v, MG_DECODE_NAIVE, naive_n, batch, warmup, runs, &nv, err,
                              sizeof err)) {
@@ -281,7 +282,8 @@ int cmd_bench(int argc, char **argv) {
             if (!json)
                 printf("sampling naive (%d molecules, batch %d): %10.1f molecules/s  [%.1f .. %.1f], "
                        "%.0f tokens/s, %.1f tokens/molecule\n",
-                       naive_n, batch, nv.median, nv.lo, nv.hi, nv.tok_rate, nv.extra);
+                       naive_n, naive_n < batch ? naive_n : batch, nv.median, nv.lo, nv.hi, nv.tok_rate,
+                       nv.extra);
             if (!json && nv.median > 0)
                 printf("KV cache speed-up over naive: %.1fx (molecules/s)\n", kv.median / nv.median);
         }

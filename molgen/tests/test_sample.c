@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "attn.h"
+#include "bench.h"
 #include "model.h"
 #include "sample.h"
 #include "tokenizer.h"
@@ -496,6 +497,21 @@ static void test_cmd(mg_model *m, const mg_vocab *v) {
     remove(dir);
 }
 
+/* mg_median and a tiny cmd_bench run (smoke: exit code only). */
+static void test_bench(void) {
+    double a[] = {5, 1, 4, 2, 3}, b[] = {4, 1, 3, 2}, c[] = {7};
+    CHECK(mg_median(a, 5) == 3.0 && mg_median(b, 4) == 2.5 && mg_median(c, 1) == 7.0 &&
+              mg_median(c, 0) == 0.0,
+          "median");
+    /* one thread: OpenMP + OpenBLAS thread pools spinning on a busy 2-core
+     * machine make tiny parallel steps very slow */
+    char *args[] = {"bench", "--threads", "1", "--runs", "1", "--warmup", "0", "--steps", "1", "--sample-n", "3",
+                    "--naive-n", "2", "--batch", "2", "--ctx", "6", "--json", NULL};
+    CHECK(cmd_bench((int)(sizeof args / sizeof *args) - 1, args) == 0, "cmd_bench smoke run");
+    char *bad[] = {"bench", "--runs", "0", NULL};
+    CHECK(cmd_bench(3, bad) == 2, "--runs 0 accepted");
+}
+
 int main(void) {
     attn_set_num_threads(2, NULL);
     mg_vocab *v = NULL;
@@ -503,9 +519,13 @@ int main(void) {
     CHECK(m != NULL, "model");
     if (m) {
         test_kv_vs_naive(m);
+        /* the rest on one thread: on a busy 2-core machine, spinning OpenMP
+         * and OpenBLAS pools make many tiny parallel steps very slow */
+        attn_set_num_threads(1, NULL);
         test_token_choice();
         test_sample(m, v);
         test_cmd(m, v);
+        test_bench();
     }
     /* A model as initialised (small logits) too, with 1 thread. */
     mg_vocab *v2 = NULL;
