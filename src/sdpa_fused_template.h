@@ -531,9 +531,9 @@ static int64_t dec_scratch(const attn_problem *pr, int64_t dkp, int64_t dvp) {
 
 /* scale · q·k for query row qr (contiguous, zero-padded to dkp) and key
  * row kr (stride K->stride[3]; copied to tmp when not contiguous). The
- * decode forward and the backward of decode-shaped calls both score with
- * this, so the backward's recomputed scores match the forward's bit for bit
- * (at |s| ~ 1e4 any difference would show in exp(s - lse)). */
+ * decode forward and the decode backward both score with this, so the
+ * backward's recomputed scores match the forward's bit for bit (at |s| ~ 1e4
+ * any difference would show in exp(s - lse)). */
 static inline float dec_dot(const kctx *c, const float *qr, const float *kr, float *tmp) {
     const int64_t Dk = c->pr->Dk;
     if (c->k->stride[3] != 1) {
@@ -862,14 +862,8 @@ static void bwd_tile(const kctx *c, const qblock *qb, const bws *w, int64_t b, i
                        rows_finite(V, b, h, j0, nk, Dv));
     const int mode = safe ? 1 : c->mode;
 
-    if (pr->Lq <= FUSED_DECODE_MAXLQ) { /* the decode forward's scores, bit for bit */
-        for (int64_t i = 0; i < nq; i++)
-            for (int64_t j = 0; j < nk; j++)
-                S[j * nqv + i] = dec_dot(c, qb->qr + i * qb->ldqr, row_of(K, b, h, j0 + j), w->kt);
-    } else {
-        gemm_d(nk, nvq, Dk, row_of(K, b, h, j0), K->stride[2], K->stride[3], qb->qt, nqv, S, nqv,
-               pr->scale, c->mode);
-    }
+    gemm_d(nk, nvq, Dk, row_of(K, b, h, j0), K->stride[2], K->stride[3], qb->qt, nqv, S, nqv,
+           pr->scale, c->mode);
     mask_tile(pr, S, nqv, b, h, qb->i0, nq, j0, nk);
     gemm_d(nk, nvq, Dv, row_of(V, b, h, j0), V->stride[2], V->stride[3], qb->dot, nqv, dP, nqv, 1.0f,
            c->mode);
@@ -910,10 +904,140 @@ static void write_rows(const attn_tensor *t, int64_t b, int64_t h, int64_t l0, i
     }
 }
 
+/* ------------------------------------------------------------ decode backward */
+
+/* a · b over n contiguous floats as VL lane sums then a fixed reduction: the
+ * decode backward's dot for both D = dO·O and dP = dO·V, so that a row that
+ * sees a single key (O = V) gets dP - D = 0 exactly. */
+static inline float dec_vdot(const float *a, const float *b, int64_t n) {
+    vf acc = v_zero();
+    int64_t d = 0;
+    for (; d + VL <= n; d += VL) acc = v_fma(v_load(a + d), v_load(b + d), acc);
+    if (d < n) acc = v_fma(v_load_n(a + d, (int)(n - d)), v_load_n(b + d, (int)(n - d)), acc);
+    return v_hsum(acc);
+}
+
+#define DEC_KB 64 /* keys scored at once in the decode backward */
+
+static int64_t dec_bwd_scratch(const attn_problem *pr, int64_t dkp, int64_t dvp) {
+    const int64_t Lq = pr->Lq;
+    return Lq * rup(dkp, 16) + 2 * Lq * rup(dvp, 16) + Lq * rup(DEC_KB + VL, 16) + 2 * rup(Lq, 16) +
+           rup(dkp, 16) + rup(dvp, 16) + rup(dkp, 16) + rup(dvp, 16) + 64;
+}
+
+/* Backward for Lq <= FUSED_DECODE_MAXLQ: one work item per (b, h, key
+ * chunk) writes that chunk's dK, dV rows and a partial dQ; the partials are
+ * summed in chunk order afterwards (deterministic for any thread count). */
+static attn_status dec_backward(const kctx *c, const attn_fused_call *call, attn_error *err) {
+    const attn_problem *pr = c->pr;
+    const int64_t B = pr->B, H = pr->H, Lq = pr->Lq, Lk = pr->Lk, Dk = pr->Dk, Dv = pr->Dv;
+    const int64_t dkp = c->dkp, dvp = c->dvp;
+    const int64_t C = dec_chunk(Lk), nch = (Lk + C - 1) / C, rows = B * H * Lq;
+    const int nt = pr->threads;
+    const int64_t per = dec_bwd_scratch(pr, dkp, dvp);
+    float *ws = falloc(nt * per + rows * nch * dkp);
+    if (!ws) return attn_fail(err, ATTN_ERR_NOMEM, "out of memory for the decode backward scratch");
+    float *pdq = ws + nt * per; /* [rows][nch][dkp] partial dQ */
+    const attn_tensor *K = c->k, *V = c->v;
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
+    for (int64_t it = 0; it < B * H * nch; it++) {
+        float *w = ws + (int64_t)omp_get_thread_num() * per;
+        float *qr = carve(&w, Lq * rup(dkp, 16)), *gr = carve(&w, Lq * rup(dvp, 16));
+        float *orow = carve(&w, Lq * rup(dvp, 16)), *sc = carve(&w, Lq * rup(DEC_KB + VL, 16));
+        float *dv_i = carve(&w, Lq), *ls = carve(&w, Lq);
+        float *gk = carve(&w, dkp), *gv = carve(&w, dvp), *kt = carve(&w, dkp), *vt = carve(&w, dvp);
+        const int64_t ldq = rup(dkp, 16), ldg = rup(dvp, 16), lds = rup(DEC_KB + VL, 16);
+        const int64_t bh = it / nch, ch = it % nch, b = bh / H, h = bh % H;
+        const int64_t c0 = ch * C, c1 = imin(Lk, c0 + C);
+        for (int64_t i = 0; i < Lq; i++) {
+            copy_row(qr + i * ldq, row_of(c->q, b, h, i), c->q->stride[3], Dk, dkp);
+            copy_row(gr + i * ldg, row_of(call->dout, b, h, i), call->dout->stride[3], Dv, dvp);
+            copy_row(orow + i * ldg, row_of(call->out, b, h, i), call->out->stride[3], Dv, dvp);
+            dv_i[i] = dec_vdot(gr + i * ldg, orow + i * ldg, Dv);
+            ls[i] = call->lse_in[bh * Lq + i];
+            memset(pdq + ((bh * Lq + i) * nch + ch) * dkp, 0, (size_t)dkp * sizeof(float));
+        }
+        for (int64_t a = c0; a < c1; a += DEC_KB) {
+            const int64_t e = imin(c1, a + DEC_KB), n = e - a, np = rup(n, VL);
+            /* P for the block of keys, row by row (0 where not visible) */
+            for (int64_t i = 0; i < Lq; i++) {
+                float *s = sc + i * lds;
+                int64_t lo, hi;
+                attn_row_range(pr, b, i, &lo, &hi);
+                for (int64_t j = 0; j < np; j++) s[j] = -INFINITY;
+                const int64_t a2 = imax(a, lo), e2 = imin(e, hi);
+                if (a2 < e2 && ls[i] != -INFINITY) dec_scores(c, qr + i * ldq, kt, b, h, i, a2, e2, s + (a2 - a));
+                const vf lv = v_set1(ls[i]);
+                for (int64_t j = 0; j < np; j += VL) {
+                    const vf x = v_load(s + j);
+                    v_store(s + j, v_zero_if_eq(v_exp(v_sub(x, lv)), x, kNegInf));
+                }
+            }
+            for (int64_t j = a; j < e; j++) {
+                const float *kr = row_of(K, b, h, j), *vr = row_of(V, b, h, j);
+                if (K->stride[3] != 1) {
+                    copy_row(kt, kr, K->stride[3], Dk, dkp);
+                    kr = kt;
+                }
+                if (V->stride[3] != 1) {
+                    copy_row(vt, vr, V->stride[3], Dv, dvp);
+                    vr = vt;
+                }
+                memset(gk, 0, (size_t)dkp * sizeof(float));
+                memset(gv, 0, (size_t)dvp * sizeof(float));
+                for (int64_t i = 0; i < Lq; i++) {
+                    const float p = sc[i * lds + (j - a)];
+                    if (p == 0.0f) continue; /* not visible (or underflow): no term */
+                    float z = 1.0f;
+                    if (pr->dropout) {
+                        uint32_t wd[4];
+                        attn_philox_block(pr->drop_key, b, h, i, j >> 2, wd);
+                        z = wd[j & 3] < pr->drop_threshold ? 0.0f : pr->keep_scale;
+                    }
+                    const float dp = z * dec_vdot(gr + i * ldg, vr, Dv);
+                    const float ds = pr->scale * p * (dp - dv_i[i]);
+                    const float pz = p * z;
+                    if (pz != 0.0f) {
+                        const vf pv = v_set1(pz);
+                        for (int64_t d = 0; d < dvp; d += VL)
+                            v_store(gv + d, v_fma(pv, v_load(gr + i * ldg + d), v_load(gv + d)));
+                    }
+                    const vf dsv = v_set1(ds);
+                    float *dq = pdq + ((bh * Lq + i) * nch + ch) * dkp;
+                    int64_t d = 0;
+                    for (; d + VL <= Dk; d += VL) {
+                        v_store(gk + d, v_fma(dsv, v_load(qr + i * ldq + d), v_load(gk + d)));
+                        v_store(dq + d, v_fma(dsv, v_load(kr + d), v_load(dq + d)));
+                    }
+                    if (d < Dk) {
+                        v_store(gk + d, v_fma(dsv, v_load(qr + i * ldq + d), v_load(gk + d)));
+                        v_store(dq + d, v_fma(dsv, v_load_n(kr + d, (int)(Dk - d)), v_load(dq + d)));
+                    }
+                }
+                write_rows(call->dk, b, h, j, 1, Dk, gk, dkp);
+                write_rows(call->dv, b, h, j, 1, Dv, gv, dvp);
+            }
+        }
+    }
+    /* dQ: the chunks' partials in chunk order */
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t bh = r / Lq, i = r % Lq, b = bh / H, h = bh % H;
+        float *acc = pdq + r * nch * dkp; /* chunk 0's partial accumulates the rest */
+        for (int64_t ch = 1; ch < nch; ch++)
+            for (int64_t d = 0; d < dkp; d += VL)
+                v_store(acc + d, v_add(v_load(acc + d), v_load(acc + ch * dkp + d)));
+        write_rows(call->dq, b, h, i, 1, Dk, acc, dkp);
+    }
+    free(ws);
+    return ATTN_OK;
+}
+
 attn_status FN(attn_fused_backward_)(const attn_fused_call *call, attn_error *err) {
     kctx c;
     make_ctx(&c, call);
     const attn_problem *pr = call->pr;
+    if (pr->Lq <= FUSED_DECODE_MAXLQ) return dec_backward(&c, call, err);
     bctx bc = {call->out, call->dout, call->lse_in};
     const int64_t B = pr->B, H = pr->H, Lq = pr->Lq, Lk = pr->Lk, Dk = pr->Dk, Dv = pr->Dv;
     const int64_t dkp = c.dkp, dvp = c.dvp, nqb = (Lq + FQ - 1) / FQ;
