@@ -11,7 +11,9 @@
 #
 # Environment: PYTHON (default /usr/bin/python3), MOLGEN (the binary, default
 # build/molgen/molgen), TRAIN_SECONDS (default 120), MAIN_JOB_N (molecules per
-# model, default 1000), MAIN_JOB_OUT (default out/main_job), ATTN_NUM_THREADS.
+# model, default 1000), MAIN_JOB_OUT (default out/main_job), MAIN_JOB_SHIPPED
+# (default models/molgen-moses.safetensors), MAIN_JOB_MAX_REF (2000),
+# ATTN_NUM_THREADS.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,7 +23,7 @@ TRAIN_SECONDS=${TRAIN_SECONDS:-120}
 N=${MAIN_JOB_N:-1000}
 OUT=${MAIN_JOB_OUT:-out/main_job}
 DATA=data/moses_20k.smi
-SHIPPED=models/molgen-moses.safetensors
+SHIPPED=${MAIN_JOB_SHIPPED:-models/molgen-moses.safetensors}
 FRESH=$OUT/fresh.safetensors
 SEED=2024
 MAX_REF=${MAIN_JOB_MAX_REF:-2000}   # reference molecules for SNN/Frag/Scaf/W1
@@ -89,6 +91,7 @@ if [ "$have_rdkit" = 1 ]; then
         model=$FRESH
         [ "$name" = shipped ] && model=$SHIPPED
         train=$(train_data_of "$model")
+        echo "  $name: novelty against $train"
         "$PYTHON" molgen/metrics.py "$OUT/samples_$name.smi" --train "$train" --ref "$REF" \
             --max-ref "$MAX_REF" --json "$OUT/metrics_$name.json" -q > "$OUT/metrics_$name.txt"
         jsons+=("$name=$OUT/metrics_$name.json")
