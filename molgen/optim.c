@@ -27,7 +27,7 @@ static int fail(char *err, size_t errlen, const char *fmt, ...) {
 }
 
 void mg_adamw_config_default(mg_adamw_config *c) {
-    c->lr = 1e-3f;
+    c->lr = 2e-3f;
     c->min_lr_frac = 0.1f;
     c->warmup_steps = 100;
     c->total_steps = 1000;

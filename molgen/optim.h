@@ -40,7 +40,7 @@ typedef struct {
     float grad_clip;     /* <= 0: no clipping */
 } mg_adamw_config;
 
-/* lr 1e-3, floor 0.1, warm-up 100, total 1000, betas (0.9, 0.95), eps 1e-8,
+/* lr 2e-3, floor 0.1, warm-up 100, total 1000, betas (0.9, 0.95), eps 1e-8,
  * weight decay 0.1, clip 1.0. */
 void mg_adamw_config_default(mg_adamw_config *c);
 int mg_adamw_config_check(const mg_adamw_config *c, char *err, size_t errlen);

@@ -62,7 +62,7 @@ void mg_train_config_default(mg_train_config *c) {
     c->val_frac = 0.05;
     mg_model_config_default(&c->model);
     mg_adamw_config_default(&c->optim);
-    c->batch_size = 64;
+    c->batch_size = 32;
     c->val_every = -1;
     c->val_max = 2000;
     c->ckpt_every = 1000;
@@ -311,7 +311,7 @@ static int load_checkpoint(const char *path, checkpoint *ck, char *err, size_t e
     memset(ck, 0, sizeof *ck);
     mg_st_file *f = NULL;
     char e[300];
-    if (mg_st_load(path, &f, e, sizeof e)) return fail(err, errlen, "checkpoint %s", e); /* e names the path */
+    if (mg_st_load(path, &f, e, sizeof e)) return fail(err, errlen, "checkpoint: %s", e); /* e names the path */
     int rc = -1;
     const char *fmt = mg_st_meta(f, "format");
     const char *oj = mg_st_meta(f, "optim"), *tj = mg_st_meta(f, "train"), *vj = mg_st_meta(f, "vocab");
@@ -806,7 +806,7 @@ static const char TRAIN_USAGE[] =
     "  --layers N  --d-model N  --heads N  --dropout X\n"
     "  --ctx-len N          positions (default: longest molecule + 1)\n"
     "Optimizer (AdamW, warm-up + cosine; ignored with --resume):\n"
-    "  --batch-size N (64)  --lr X (1e-3)  --min-lr-frac X (0.1)  --warmup N (100)\n"
+    "  --batch-size N (32)  --lr X (2e-3)  --min-lr-frac X (0.1)  --warmup N (100)\n"
     "  --weight-decay X (0.1)  --grad-clip X (1.0; 0 = off)  --beta1 X (0.9)\n"
     "  --beta2 X (0.95)\n"
     "Run:\n"

@@ -54,7 +54,7 @@ typedef struct {
      * estimate). Ignored on resume, except total_steps when steps > 0. */
     mg_adamw_config optim;
 
-    int batch_size;         /* 64 */
+    int batch_size;         /* 32 */
     int64_t steps;          /* total optimizer steps of the schedule, counted
                                from step 0 (a resumed run continues to it);
                                0: the checkpoint's on resume, else estimated
@@ -80,7 +80,7 @@ typedef struct {
 } mg_train_config;
 
 /* Defaults: model mg_model_config_default, optimizer mg_adamw_config_default
- * (lr 1e-3 ...), batch 64, val_frac 0.05, val_every -1 (auto), val_max 2000,
+ * (lr 2e-3 ...), batch 32, val_frac 0.05, val_every -1 (auto), val_max 2000,
  * ckpt_every 1000, seed 1, progress 1. */
 void mg_train_config_default(mg_train_config *c);
 
