@@ -560,6 +560,7 @@ int mg_train_run(const mg_train_config *c, mg_train_result *result, char *err, s
         ck.opt.cfg.total_steps = c->steps;
     }
     int total_known = resuming || c->steps > 0;
+    int time_sized = 0; /* the schedule length was estimated from the time limit */
     if (total_known && ts.val_every < 0) ts.val_every = auto_val_every(ck.opt.cfg.total_steps);
     mg_adamw *opt = &ck.opt;
     mg_model *model = ck.model;
@@ -664,6 +665,16 @@ int mg_train_run(const mg_train_config *c, mg_train_result *result, char *err, s
         res.train_loss = loss;
         loss_ema = isnan(loss_ema) ? loss : 0.9 * loss_ema + 0.1 * loss;
 
+        /* A schedule sized from the time limit is re-sized every 2% of it
+         * from the average step time so far (the machine's load may change),
+         * so that the cosine still ends near the limit. */
+        if (time_sized && ts.step % (opt->cfg.total_steps / 50 > CAL ? opt->cfg.total_steps / 50 : CAL) == 0) {
+            const double avg = step_time / (double)timed_steps;
+            const int64_t vals_left = ts.val_every > 0 && nv > 0 ? (opt->cfg.total_steps - ts.step) / ts.val_every : 0;
+            const double budget = 0.97 * (c->time_limit - (now_s() - t0) - t_val) - (double)vals_left * t_val;
+            int64_t more = budget > 0 ? (int64_t)(budget / avg) : 0;
+            opt->cfg.total_steps = ts.step + (more > 1 ? more : 1);
+        }
         /* schedule length from the time limit, once CAL steps are timed */
         if (!total_known && timed_steps >= CAL) {
             const double avg = step_time / (double)timed_steps;
@@ -683,6 +694,7 @@ int mg_train_run(const mg_train_config *c, mg_train_result *result, char *err, s
             if (opt->cfg.warmup_steps > opt->cfg.total_steps / 2)
                 opt->cfg.warmup_steps = opt->cfg.total_steps / 10 > CAL ? opt->cfg.total_steps / 10 : CAL;
             total_known = 1;
+            time_sized = 1;
             if (ts.val_every < 0) {
                 const int64_t k = n_vals > 0 ? (opt->cfg.total_steps - ts.step) / n_vals : 0;
                 ts.val_every = n_vals > 0 ? (int)(k < 1 ? 1 : k > INT32_MAX ? INT32_MAX : k) : 0;

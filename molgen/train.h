@@ -58,7 +58,10 @@ typedef struct {
     int64_t steps;          /* total optimizer steps of the schedule, counted
                                from step 0 (a resumed run continues to it);
                                0: the checkpoint's on resume, else estimated
-                               from time_limit after 10 timed steps */
+                               from time_limit after 10 timed steps and
+                               re-sized every 2% of the run from the mean
+                               step time (load changes), so the cosine ends
+                               at the limit; such a run is not reproducible */
     double time_limit;      /* seconds for this process's run; 0: none */
     int64_t stop_after;     /* stop once this many steps are done (0: never):
                                an interruption at a chosen step, for tests */
