@@ -517,8 +517,10 @@ static void prep_large(gu_view *q, gu_view *k, gu_view *v, tu_rng *r) {
     for (int64_t b = 0; b < tq->dim[0]; b++)
         for (int64_t h = 0; h < tq->dim[1]; h++) {
             for (int64_t l = 0; l < tq->dim[2]; l++)
-                for (int64_t d = 0; d < tq->dim[3]; d++)
-                    q->buf[tu_off(tq, b, h, l, d)] = (float)(tu_int(r, 1, 1000) * (tu_unif(r) < 0.5 ? -1 : 1));
+                for (int64_t d = 0; d < tq->dim[3]; d++) {
+                    const int64_t mag = tu_int(r, 1, 1000);
+                    q->buf[tu_off(tq, b, h, l, d)] = (float)(tu_unif(r) < 0.5 ? -mag : mag);
+                }
             for (int64_t l = 0; l < tk->dim[2]; l++)
                 for (int64_t d = 0; d < tk->dim[3]; d++) k->buf[tu_off(tk, b, h, l, d)] = (float)tu_int(r, 0, 2);
         }
@@ -593,15 +595,16 @@ static void random_params(tu_rng *r, const shape *s, attn_sdpa_params *p, int64_
         p->window_left = tu_unif(r) < 0.3 ? ATTN_UNBOUNDED : tu_int(r, 0, 40);
         p->window_right = tu_unif(r) < 0.3 ? ATTN_UNBOUNDED : tu_int(r, 0, 40);
     }
-    if (tu_unif(r) < 0.3) {
-        *mb = make_mask(1, tu_unif(r) < 0.3, tu_unif(r) < 0.5 ? 1 : s->B, tu_unif(r) < 0.5 ? 1 : s->H,
-                        s->Lq, s->Lk, r, 0.8, (int)tu_int(r, 0, 2));
-        p->bool_mask = &mb->m;
-    }
-    if (tu_unif(r) < 0.3) {
-        *ma = make_mask(0, tu_unif(r) < 0.3, tu_unif(r) < 0.5 ? 1 : s->B, tu_unif(r) < 0.5 ? 1 : s->H,
-                        s->Lq, s->Lk, r, 0.9, (int)tu_int(r, 0, 2));
-        p->add_mask = &ma->m;
+    for (int kind = 1; kind >= 0; kind--) { /* bool, then additive */
+        if (tu_unif(r) >= 0.3) continue;
+        const int key_major = tu_unif(r) < 0.3;
+        const int64_t mB = tu_unif(r) < 0.5 ? 1 : s->B;
+        const int64_t mH = tu_unif(r) < 0.5 ? 1 : s->H;
+        const int dead = (int)tu_int(r, 0, 2);
+        mask_buf *m = kind ? mb : ma;
+        *m = make_mask(kind, key_major, mB, mH, s->Lq, s->Lk, r, kind ? 0.8 : 0.9, dead);
+        if (kind) p->bool_mask = &m->m;
+        else p->add_mask = &m->m;
     }
     if (allow_dropout && tu_unif(r) < 0.25) {
         p->training = 1;
@@ -618,11 +621,13 @@ static void test_random(int iters, uint64_t seed) {
     static const int64_t lens_k[] = {1, 2, 7, 33, 63, 64, 65, 100, 127, 128, 129, 200, 300, 520};
     tu_rng r = tu_seed(seed);
     for (int it = 0; it < iters; it++) {
-        shape s = sh("random", tu_int(&r, 1, 2), tu_int(&r, 1, 3),
-                     lens_q[tu_int(&r, 0, (int64_t)(sizeof lens_q / sizeof lens_q[0]) - 1)],
-                     lens_k[tu_int(&r, 0, (int64_t)(sizeof lens_k / sizeof lens_k[0]) - 1)],
-                     dims[tu_int(&r, 0, (int64_t)(sizeof dims / sizeof dims[0]) - 1)],
-                     dims[tu_int(&r, 0, (int64_t)(sizeof dims / sizeof dims[0]) - 1)]);
+        /* one draw per statement: argument evaluation order is unspecified */
+        const int64_t B = tu_int(&r, 1, 2), H = tu_int(&r, 1, 3);
+        const int64_t Lq = lens_q[tu_int(&r, 0, (int64_t)(sizeof lens_q / sizeof lens_q[0]) - 1)];
+        const int64_t Lk = lens_k[tu_int(&r, 0, (int64_t)(sizeof lens_k / sizeof lens_k[0]) - 1)];
+        const int64_t Dk = dims[tu_int(&r, 0, (int64_t)(sizeof dims / sizeof dims[0]) - 1)];
+        const int64_t Dv = dims[tu_int(&r, 0, (int64_t)(sizeof dims / sizeof dims[0]) - 1)];
+        shape s = sh("random", B, H, Lq, Lk, Dk, Dv);
         /* keep the fp64 work bounded */
         while ((double)s.B * s.H * s.Lq * s.Lk * (double)(s.Dk + s.Dv) > 3e6) {
             if (s.Dk > 8) s.Dk /= 2;
@@ -870,7 +875,7 @@ int main(void) {
         test_nonfinite();
         test_random(full ? 50 : 12, 0xF00D + (uint64_t)i);
         if (full) test_blas_mode();
-        printf("test_sdpa_fused: %s kernels: %d cases\n", isas[i], g_cases - before);
+        printf("test_sdpa_fused: %s kernels: %d cases (%d checks so far)\n", isas[i], g_cases - before, tu_pass + tu_fail);
     }
     unsetenv("ATTN_FUSED_ISA");
     printf("test_sdpa_fused: worst fused/reference error ratio vs fp64 (bound 2 + floor):\n");
