@@ -7,14 +7,15 @@
  *     g_fd = [8 (f(x+h) - f(x-h)) - (f(x+2h) - f(x-2h))] / (12 h),  h = 1e-2
  * whose truncation error is h^4 |f^(5)| / 30 ~ 1e-9 here, and whose rounding
  * error is about (18/12) * delta / h with delta the fp32 error of one loss
- * evaluation (|loss| ~ 2.5, a few hundred roundings of relative 6e-8 in the
- * worst case: delta <= ~1e-5, so |g_fd - g| <= ~1.5e-3 absolute in the very
- * worst case, typically ~1e-5). Each sampled element must satisfy
- *     |g - g_fd| <= ATOL + RTOL * |g_fd|,   ATOL = 2e-3, RTOL = 2e-2,
+ * evaluation: |loss| ~ 2.5 and a few hundred roundings of relative 6e-8
+ * accumulate to delta ~ 1e-6 typically (3e-6 to be safe), i.e. ~1.5e-4 (4.5e-4)
+ * in the gradient. Each sampled element must satisfy
+ *     |g - g_fd| <= ATOL + RTOL * |g_fd|,   ATOL = 5e-4, RTOL = 1e-2,
  * and the error over all samples, normalised by the largest gradient seen
- * (max |g - g_fd| / max |g_fd|), must be <= 1e-2. The measured values are
- * printed (typical: normalised max error ~1e-4). A wrong formula gives O(1)
- * relative errors, far above these bounds. The exact check of every
+ * (max |g - g_fd| / max |g_fd|), must be <= 2e-3. Measured: max |g - g_fd|
+ * = 2.3e-5, normalised <= 7.9e-5, relative error of elements with
+ * |g_fd| > 1e-2 <= 2.0e-3 (all four configurations, 756 elements). A wrong
+ * formula gives O(1) relative errors, far above these bounds. The exact check of every
  * gradient element is test_model_torch.py (PyTorch autograd in float64). */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
@@ -124,7 +125,7 @@ static void gradcheck(const char *label, const mg_model_config *c, int training)
     float *g = malloc(P * sizeof(float));
     memcpy(g, mg_model_grads(m), P * sizeof(float));
     float *p = mg_model_params(m);
-    const double h = 1e-2, ATOL = 2e-3, RTOL = 2e-2;
+    const double h = 1e-2, ATOL = 5e-4, RTOL = 1e-2;
     double max_err = 0.0, max_g = 0.0, max_rel = 0.0;
     int checked = 0;
     for (size_t ti = 0; ti < mg_model_num_tensors(m); ti++) {
@@ -162,7 +163,7 @@ static void gradcheck(const char *label, const mg_model_config *c, int training)
          * too, as L = ctx_len here). */
         CHECK(nonzero, "%s %s: all sampled gradients are zero", label, t->name);
     }
-    CHECK(max_err <= 1e-2 * max_g, "%s: max error %.3e vs max gradient %.3e", label, max_err, max_g);
+    CHECK(max_err <= 2e-3 * max_g, "%s: max error %.3e vs max gradient %.3e", label, max_err, max_g);
     printf("gradcheck %-22s %d elements: max |g - fd| = %.3e, max |fd| = %.3e, normalised %.3e, "
            "max rel (|fd| > 1e-2) %.3e\n",
            label, checked, max_err, max_g, max_err / max_g, max_rel);
