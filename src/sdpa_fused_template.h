@@ -83,7 +83,9 @@ static inline float *carve(float **p, int64_t n) {
  * error of long (d = 256) dot products near that of the reference's split
  * sums. Each C element's arithmetic depends only on K, never on how M and N
  * are blocked, so results do not depend on tiling or threads. */
+#ifndef UKR_KB
 #define UKR_KB 32 /* K block of the products over d (S, dP) */
+#endif
 static inline __attribute__((always_inline)) void ukr_body(const int MR, const int NV, int64_t K,
                                                            const float *A, int64_t ars,
                                                            int64_t aks, const float *B,

@@ -264,6 +264,10 @@ static void accuracy(int qi, double ef, double er, const char *what, const shape
     if (er > 1e-3) return; /* an all-zero fp64 gradient (see GRAD_SCALE): not a ratio */
     const double ratio = ef / (er > FLOOR ? er : FLOOR);
     if (ratio > g_ratio[qi] && isfinite(ratio)) g_ratio[qi] = ratio;
+    if (getenv("RATIO_LOG") && ratio > 1.5)
+        printf("ratio %.3f %s [%s] %s B%lld H%lld Lq%lld Lk%lld Dk%lld Dv%lld\n", ratio, what, g_isa, s->name,
+               (long long)s->B, (long long)s->H, (long long)s->Lq, (long long)s->Lk, (long long)s->Dk,
+               (long long)s->Dv);
     if (ef > g_err_f[qi] && isfinite(ef)) g_err_f[qi] = ef;
     if (er > g_err_r[qi] && isfinite(er)) g_err_r[qi] = er;
 }
