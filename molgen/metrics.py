@@ -96,20 +96,21 @@ def _quiet_rdkit():
 # ------------------------------------------------------------------ I/O
 
 
-def read_smiles(path, skip_blank=True):
-    """First whitespace-separated field of each line; '#' lines skipped.
-    With skip_blank=False, blank lines are kept as '' (an invalid sample)."""
+def read_smiles(path, samples=False):
+    """First whitespace-separated field of each line. A reference or
+    training file skips blank and '#' lines; a samples file (samples=True)
+    keeps every line as one sample: a blank line before the last sample
+    is an empty (invalid) sample and a line starting with '#' is a generated string, not a
+    comment."""
     out = []
     with open(path, encoding='utf-8', errors='replace') as f:
         for line in f:
             s = line.strip()
-            if s.startswith('#'):
+            if not samples and (not s or s.startswith('#')):
                 continue
-            if not s:
-                if not skip_blank:
-                    out.append('')
-                continue
-            out.append(s.split()[0])
+            out.append(s.split()[0] if s else '')
+    while samples and out and not out[-1]:  # trailing blank lines: no samples
+        out.pop()
     return out
 
 
@@ -505,7 +506,7 @@ def main(argv=None):
     if args.max_ref < 1 or args.max_gen < 1:
         sys.stderr.write('metrics.py: --max-ref and --max-gen must be >= 1\n')
         return 2
-    samples = read_smiles(args.samples, skip_blank=False)
+    samples = read_smiles(args.samples, samples=True)
     # a trailing newline at the end of the file is not an extra sample
     while samples and samples[-1] == '':
         samples.pop()

@@ -158,7 +158,13 @@ def test_cli_json_and_table(tmp_path):
 
 def test_blank_line_in_the_middle_is_an_invalid_sample(tmp_path):
     s = _write(tmp_path / 's.smi', ['CCO', '', 'CCN'])
-    assert M.read_smiles(s, skip_blank=False) == ['CCO', '', 'CCN']
+    assert M.read_smiles(s, samples=True) == ['CCO', '', 'CCN']
+    assert M.read_smiles(s) == ['CCO', 'CCN']
+
+
+def test_hash_line_is_a_sample_not_a_comment(tmp_path):
+    s = _write(tmp_path / 's.smi', ['CCO', '#CC', 'CCN'])
+    assert M.read_smiles(s, samples=True) == ['CCO', '#CC', 'CCN']
     assert M.read_smiles(s) == ['CCO', 'CCN']
 
 
