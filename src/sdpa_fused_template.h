@@ -28,7 +28,19 @@
  * thread count.
  * Decode (Lq <= FUSED_DECODE_MAXLQ): keys split in fixed chunks (independent
  * of the thread count), partial (max, sum, accumulator) per chunk, merged in
- * chunk order.
+ * chunk order; its backward writes each chunk's dK/dV rows and a partial dQ,
+ * summed in chunk order. Scores there are row dot products (vectors along
+ * d), the same function in forward and backward.
+ *
+ * Memory: per-thread scratch sized up front from the shapes (a few tiles;
+ * the one-pass backward adds a [Lk x D] dK/dV accumulator per thread, the
+ * decode paths a (max, sum, acc) or dQ partial per row and chunk). Nothing
+ * is O(Lq·Lk) unless the caller asks for the weights.
+ *
+ * Accuracy: products over the head dimension (S = K·Qᵀ, dP = V·dOᵀ, and D)
+ * sum in blocks of UKR_KB terms, which keeps their rounding within about the
+ * reference's split dot products; sums over keys or queries run in one chain
+ * across tiles, as the reference's do.
  *
  * Non-finite inputs: a product that multiplies a zero weight by a NaN/Inf
  * operand would poison rows the reference leaves clean (the reference skips
