@@ -61,11 +61,12 @@ static inline void v_transpose_block(const float *src, int64_t lds, float *dst, 
         _mm512_storeu_ps(dst + (12 + c) * ldd, _mm512_shuffle_f32x4(x2, y2, 0xdd));
     }
 }
-/* exp for x <= 88.3: Cephes' expf (two-constant ln 2 reduction, degree-6
- * polynomial, ~1 ulp); x <= -88 (and -inf) gives exactly 0, NaN stays NaN. */
+/* exp: Cephes' expf (two-constant ln 2 reduction, degree-6 polynomial,
+ * ~1 ulp), the power of two applied by vscalefps (which also gives the
+ * denormal results and +inf above ~88.7). x <= -150 (and -inf) gives exactly
+ * 0; NaN stays NaN (max returns its second operand when one is NaN). */
 static inline vf v_exp(vf x) {
-    x = _mm512_max_ps(_mm512_set1_ps(-88.0f), x);
-    x = _mm512_min_ps(_mm512_set1_ps(88.3f), x);
+    x = _mm512_max_ps(_mm512_set1_ps(-150.0f), x);
     const vf fx = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     vf r = _mm512_fnmadd_ps(fx, _mm512_set1_ps(0.693359375f), x);
@@ -77,9 +78,7 @@ static inline vf v_exp(vf x) {
     y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
     y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
     y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    __m512i n = _mm512_cvtps_epi32(fx);
-    n = _mm512_slli_epi32(_mm512_add_epi32(n, _mm512_set1_epi32(127)), 23);
-    return _mm512_mul_ps(y, _mm512_castsi512_ps(n));
+    return _mm512_scalef_ps(y, fx);
 }
 
 #include "sdpa_fused_template.h"
