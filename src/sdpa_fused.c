@@ -7,9 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#if defined(__x86_64__)
 #include <cblas.h>
-#endif
 
 static attn_isa isa_best(void) {
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -80,12 +78,10 @@ void attn_sdpa_fused_describe(const attn_problem *pr, int backward, char *buf, s
     }
 }
 
+/* The BLAS measurement mode calls sgemm from inside our parallel region:
+ * OpenBLAS must not start threads of its own there. */
 static void blas_single_thread(int blas) {
-#if defined(__x86_64__)
     if (blas) openblas_set_num_threads(1);
-#else
-    (void)blas;
-#endif
 }
 
 attn_status attn_sdpa_fused_forward(const attn_problem *pr, const attn_tensor *q,
