@@ -612,14 +612,26 @@ static void dec_partial(const kctx *c, float *ws, int64_t b, int64_t h, int64_t 
     memset(acc, 0, (size_t)dvp * sizeof(float));
     const attn_tensor *V = c->v;
     const int vcontig = V->stride[3] == 1;
-    for (int64_t j = 0; j < n; j++) {
-        float p = s[j];
-        if (pr->dropout && p != 0.0f) {
+    if (pr->dropout) {
+        for (int64_t j = 0; j < n; j++) {
+            if (s[j] == 0.0f) continue;
             uint32_t w[4];
             attn_philox_block(pr->drop_key, b, h, i, (a + j) >> 2, w);
-            if (w[(a + j) & 3] < pr->drop_threshold) p = 0.0f;
-            else p *= pr->keep_scale;
+            s[j] = w[(a + j) & 3] < pr->drop_threshold ? 0.0f : s[j] * pr->keep_scale;
         }
+    }
+    if (c->v_rows) {
+        /* acc = p·V through the micro-kernel (accumulators in registers). A
+         * zero weight times a non-finite V entry would give NaN where the
+         * reference skips the key: then redo below, skipping zeros. */
+        gemm(1, dvp / VL, n, s, 0, 1, row_of(V, b, h, a), V->stride[2], acc, dvp, 0, 1.0f, c->mode);
+        vf bad = v_zero();
+        for (int64_t d = 0; d < dvp; d += VL) bad = v_fma(v_load(acc + d), v_zero(), bad);
+        if (v_hsum(bad) == 0.0f) goto done;
+        memset(acc, 0, (size_t)dvp * sizeof(float));
+    }
+    for (int64_t j = 0; j < n; j++) {
+        const float p = s[j];
         if (p == 0.0f) continue; /* zero weight: V row not read (reference semantics) */
         const float *vr = row_of(V, b, h, a + j);
         if (!vcontig) {
@@ -632,14 +644,53 @@ static void dec_partial(const kctx *c, float *ws, int64_t b, int64_t h, int64_t 
         if (d < Dv)
             v_store(acc + d, v_fma(pv, v_load_n(vr + d, (int)(Dv - d)), v_load(acc + d)));
     }
+done:
     *pl = v_hsum(sum);
     *pm = *pl == *pl ? M : INFINITY; /* NaN sum (poisoned row): make the merge see it */
     memcpy(pacc, acc, (size_t)dvp * sizeof(float));
 }
 
+/* Merge the chunk partials of decode row r (chunk order) into out; keeps
+ * the row's lse, max and 1/sum for the weights. ob: dvp floats of scratch. */
+static void dec_merge_row(const kctx *c, const attn_fused_call *call, int64_t r, int64_t nch,
+                          const float *pm, const float *pl, const float *pacc, float *ob,
+                          float *lsv, float *mrow, float *ilrow) {
+    const attn_problem *pr = c->pr;
+    const int64_t Lq = pr->Lq, H = pr->H, Dv = pr->Dv, dvp = c->dvp;
+    const int64_t bh = r / Lq, i = r % Lq, b = bh / H, h = bh % H;
+    const float *m = pm + r * nch, *l = pl + r * nch, *acc = pacc + r * nch * dvp;
+    float M = -INFINITY;
+    for (int64_t ch = 0; ch < nch; ch++) M = m[ch] > M ? m[ch] : M;
+    float *o = row_mut(call->out, b, h, i);
+    const int64_t so = call->out->stride[3];
+    mrow[r] = 0.0f;
+    ilrow[r] = 0.0f;
+    if (M == -INFINITY) {
+        for (int64_t d = 0; d < Dv; d++) o[d * so] = 0.0f;
+        lsv[r] = -INFINITY;
+        return;
+    }
+    float L = 0.0f;
+    memset(ob, 0, (size_t)dvp * sizeof(float));
+    for (int64_t ch = 0; ch < nch; ch++) {
+        if (m[ch] == -INFINITY) continue;
+        const float f = expf(m[ch] - M); /* NaN when M = +inf: poisoned row */
+        L += l[ch] * f;
+        if (f == 0.0f) continue;
+        const vf fv = v_set1(f);
+        for (int64_t d = 0; d < dvp; d += VL)
+            v_store(ob + d, v_fma(fv, v_load(acc + ch * dvp + d), v_load(ob + d)));
+    }
+    const float inv = 1.0f / L;
+    for (int64_t d = 0; d < Dv; d++) o[d * so] = ob[d] * inv;
+    lsv[r] = M + logf(L);
+    mrow[r] = M;
+    ilrow[r] = inv;
+}
+
 static attn_status dec_forward(const kctx *c, const attn_fused_call *call, attn_error *err) {
     const attn_problem *pr = c->pr;
-    const int64_t B = pr->B, H = pr->H, Lq = pr->Lq, Lk = pr->Lk, Dv = pr->Dv, dvp = c->dvp;
+    const int64_t B = pr->B, H = pr->H, Lq = pr->Lq, Lk = pr->Lk, dvp = c->dvp;
     const int64_t C = dec_chunk(Lk), nch = (Lk + C - 1) / C, rows = B * H * Lq;
     const int nt = pr->threads;
     const int64_t per = dec_scratch(pr, c->dkp, dvp);
@@ -647,50 +698,34 @@ static attn_status dec_forward(const kctx *c, const attn_fused_call *call, attn_
     if (!ws) return attn_fail(err, ATTN_ERR_NOMEM, "out of memory for the decode scratch");
     float *pm = ws + nt * per, *pl = pm + rows * nch, *pacc = pl + rows * nch,
           *lsv = pacc + rows * nch * dvp, *mrow = lsv + rows, *ilrow = mrow + rows;
-    const int64_t items = B * H * nch;
-#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
-    for (int64_t it = 0; it < items; it++) {
+    /* The key split is fixed (C keys per chunk, merged in chunk order); only
+     * who computes which chunk depends on the shape: with enough heads a
+     * work item is a whole head (its chunks in order, then the merge, no
+     * barrier in between), else single chunks spread over the threads. */
+    const int whole = B * H >= 4 * (int64_t)nt;
+    const int64_t items = whole ? B * H : B * H * nch;
+#pragma omp parallel num_threads(nt)
+    {
         float *w = ws + (int64_t)omp_get_thread_num() * per;
-        const int64_t bh = it / nch, ch = it % nch, b = bh / H, h = bh % H;
-        for (int64_t i = 0; i < Lq; i++) {
-            const int64_t r = (bh * Lq + i) * nch + ch;
-            dec_partial(c, w, b, h, i, ch * C, imin(Lk, (ch + 1) * C), pm + r, pl + r,
-                        pacc + r * dvp);
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t it = 0; it < items; it++) {
+            const int64_t bh = whole ? it : it / nch, b = bh / H, h = bh % H;
+            const int64_t c0 = whole ? 0 : it % nch, c1 = whole ? nch : c0 + 1;
+            for (int64_t ch = c0; ch < c1; ch++)
+                for (int64_t i = 0; i < Lq; i++) {
+                    const int64_t r = (bh * Lq + i) * nch + ch;
+                    dec_partial(c, w, b, h, i, ch * C, imin(Lk, (ch + 1) * C), pm + r, pl + r,
+                                pacc + r * dvp);
+                }
+            if (whole)
+                for (int64_t i = 0; i < Lq; i++)
+                    dec_merge_row(c, call, bh * Lq + i, nch, pm, pl, pacc, w, lsv, mrow, ilrow);
         }
-    }
-    /* Merge the chunks of each row in chunk order. */
-#pragma omp parallel for num_threads(nt) schedule(static)
-    for (int64_t r = 0; r < rows; r++) {
-        const int64_t bh = r / Lq, i = r % Lq, b = bh / H, h = bh % H;
-        const float *m = pm + r * nch, *l = pl + r * nch, *acc = pacc + r * nch * dvp;
-        float M = -INFINITY;
-        for (int64_t ch = 0; ch < nch; ch++) M = m[ch] > M ? m[ch] : M;
-        float *o = row_mut(call->out, b, h, i);
-        const int64_t so = call->out->stride[3];
-        mrow[r] = 0.0f;
-        ilrow[r] = 0.0f;
-        if (M == -INFINITY) {
-            for (int64_t d = 0; d < Dv; d++) o[d * so] = 0.0f;
-            lsv[r] = -INFINITY;
-            continue;
+        if (!whole) {
+#pragma omp for schedule(static)
+            for (int64_t r = 0; r < rows; r++)
+                dec_merge_row(c, call, r, nch, pm, pl, pacc, w, lsv, mrow, ilrow);
         }
-        float L = 0.0f;
-        float *ob = ws + (int64_t)omp_get_thread_num() * per; /* dvp floats of scratch */
-        memset(ob, 0, (size_t)dvp * sizeof(float));
-        for (int64_t ch = 0; ch < nch; ch++) {
-            if (m[ch] == -INFINITY) continue;
-            const float f = expf(m[ch] - M); /* NaN when M = +inf: poisoned row */
-            L += l[ch] * f;
-            if (f == 0.0f) continue;
-            const vf fv = v_set1(f);
-            for (int64_t d = 0; d < dvp; d += VL)
-                v_store(ob + d, v_fma(fv, v_load(acc + ch * dvp + d), v_load(ob + d)));
-        }
-        const float inv = 1.0f / L;
-        for (int64_t d = 0; d < Dv; d++) o[d * so] = ob[d] * inv;
-        lsv[r] = M + logf(L);
-        mrow[r] = M;
-        ilrow[r] = inv;
     }
     if (call->lse) memcpy(call->lse, lsv, (size_t)rows * sizeof(float));
     if (call->weights) {
@@ -953,8 +988,13 @@ static attn_status dec_backward(const kctx *c, const attn_fused_call *call, attn
     if (!ws) return attn_fail(err, ATTN_ERR_NOMEM, "out of memory for the decode backward scratch");
     float *pdq = ws + nt * per; /* [rows][nch][dkp] partial dQ */
     const attn_tensor *K = c->k, *V = c->v;
-#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
-    for (int64_t it = 0; it < B * H * nch; it++) {
+    const int64_t items = B * H * nch;
+    int64_t grain = items / (8 * (int64_t)nt); /* scheduling only: results unaffected */
+    grain = grain < 1 ? 1 : grain > nch ? nch : grain;
+#pragma omp parallel num_threads(nt)
+    {
+#pragma omp for schedule(dynamic, grain)
+    for (int64_t it = 0; it < items; it++) {
         float *w = ws + (int64_t)omp_get_thread_num() * per;
         float *qr = carve(&w, Lq * rup(dkp, 16)), *gr = carve(&w, Lq * rup(dvp, 16));
         float *orow = carve(&w, Lq * rup(dvp, 16)), *sc = carve(&w, Lq * rup(DEC_KB + VL, 16));
@@ -1034,7 +1074,7 @@ static attn_status dec_backward(const kctx *c, const attn_fused_call *call, attn
         }
     }
     /* dQ: the chunks' partials in chunk order */
-#pragma omp parallel for num_threads(nt) schedule(static)
+#pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; r++) {
         const int64_t bh = r / Lq, i = r % Lq, b = bh / H, h = bh % H;
         float *acc = pdq + r * nch * dkp; /* chunk 0's partial accumulates the rest */
@@ -1043,6 +1083,7 @@ static attn_status dec_backward(const kctx *c, const attn_fused_call *call, attn
                 v_store(acc + d, v_add(v_load(acc + d), v_load(acc + ch * dkp + d)));
         write_rows(call->dq, b, h, i, 1, Dk, acc, dkp);
     }
+    } /* omp parallel */
     free(ws);
     return ATTN_OK;
 }
