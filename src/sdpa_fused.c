@@ -9,7 +9,7 @@
 
 #include <cblas.h>
 
-static attn_isa isa_best(void) {
+static attn_isa isa_detect(void) {
 #if defined(__x86_64__) && defined(__GNUC__)
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2") &&
@@ -18,6 +18,21 @@ static attn_isa isa_best(void) {
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return ATTN_ISA_AVX2;
 #endif
     return ATTN_ISA_PORTABLE;
+}
+
+/* What the CPU runs, detected once (cpuid traps in a VM: microseconds).
+ * A cache of a fact about the machine, not configuration. */
+static attn_isa isa_best(void) {
+    static int cached = -1;
+    int v;
+#pragma omp atomic read
+    v = cached;
+    if (v < 0) {
+        v = (int)isa_detect();
+#pragma omp atomic write
+        cached = v;
+    }
+    return (attn_isa)v;
 }
 
 attn_isa attn_fused_isa(void) {
