@@ -2,10 +2,11 @@
  * shapes, for the fused and the reference path.
  *
  *   attn-bench [--threads N] [--impl reference|fused] [--case B,H,Lq,Lk,D,causal]...
- *              [--reps N] [--json]
+ *              [--reps N] [--json] [--clock wall|cpu]
  *
  * Each case runs forward ("fwd") and backward ("bwd"): one warm-up call, then
- * the median of --reps (default 5) timed calls. GFLOP/s use the dense count
+ * the median of --reps (default 5) timed calls, or of more for short calls
+ * (about 0.5 s worth, at most 51: steadier medians on a shared machine). GFLOP/s use the dense count
  * 4·B·H·Lq·Lk·D (fwd) and 10·B·H·Lq·Lk·D (bwd), also under a causal mask, so
  * causal cases show the work they skip as speed. peak_frac divides by an fp32
  * FMA peak measured at start-up on the same threads (a register-resident FMA
@@ -44,6 +45,17 @@ static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* --clock cpu: the process's CPU time divided by the thread count, i.e. what
+ * a call would take on cores of its own (spin-waiting included). For shared
+ * machines, where wall time mostly measures the neighbours. */
+static int g_cpu_clock, g_threads = 1;
+static double timer_s(void) {
+    if (!g_cpu_clock) return now_s();
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return ((double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec) / g_threads;
 }
 
 static double peak_rss_mb(void) {
@@ -138,10 +150,10 @@ static double measure_peak(int threads) {
         iters *= 4;
     }
     for (int rep = 0; rep < 3; rep++) {
-        double flops = 0.0, t0 = now_s();
+        double flops = 0.0, t0 = timer_s();
 #pragma omp parallel num_threads(threads) reduction(+ : flops)
         flops += fma_loop(iters);
-        double g = flops / (now_s() - t0) / 1e9;
+        double g = flops / (timer_s() - t0) / 1e9;
         if (g > best) best = g;
     }
     return best;
@@ -195,6 +207,16 @@ static void emit(const result *r, int json, double peak) {
     fflush(stdout);
 }
 
+/* Timed calls for one measurement: at least reps, more for short calls
+ * (about 0.5 s of them, at most 51) so that the median is not at the mercy
+ * of the scheduler's time slices on a shared machine. */
+static int runs_for(double warmup_s, int reps) {
+    int n = reps;
+    if (warmup_s > 0 && 0.5 / warmup_s > n) n = (int)(0.5 / warmup_s);
+    if (n > 51 && n > reps) n = reps > 51 ? reps : 51;
+    return n;
+}
+
 static int run_case(const bcase *c, attn_impl impl, int threads, int reps, double peak, int json) {
     const int64_t B = c->B, H = c->H, Lq = c->Lq, Lk = c->Lk, D = c->D;
     const size_t nq = (size_t)(B * H * Lq * D), nk = (size_t)(B * H * Lk * D),
@@ -213,20 +235,23 @@ static int run_case(const bcase *c, attn_impl impl, int threads, int reps, doubl
     double *ts = malloc((size_t)reps * sizeof(double));
     const double cells = (double)B * (double)H * (double)Lq * (double)Lk * (double)D;
 
-    /* forward */
+    /* forward: warm-up (also sizes the run), then the timed calls */
+    double tw = now_s();
     if (attn_sdpa_forward(&tq, &tk, &tv, &p, &to, NULL, lse, NULL, &err) != ATTN_OK) {
         fprintf(stderr, "attn-bench: forward failed: %s\n", err.message);
         return 1;
     }
-    for (int r = 0; r < reps; r++) {
-        double t0 = now_s();
+    int n = runs_for(now_s() - tw, reps);
+    ts = realloc(ts, (size_t)n * sizeof(double));
+    for (int r = 0; r < n; r++) {
+        double t0 = timer_s();
         attn_sdpa_forward(&tq, &tk, &tv, &p, &to, NULL, lse, NULL, &err);
-        ts[r] = now_s() - t0;
+        ts[r] = timer_s() - t0;
     }
-    qsort(ts, (size_t)reps, sizeof(double), cmp_double);
+    qsort(ts, (size_t)n, sizeof(double), cmp_double);
     result res = {iname, "fwd", *c, 0, 0, 0, 0};
-    res.ms = 1e3 * ts[reps / 2];
-    res.gflops = 4.0 * cells / ts[reps / 2] / 1e9;
+    res.ms = 1e3 * ts[n / 2];
+    res.gflops = 4.0 * cells / ts[n / 2] / 1e9;
     res.peak_frac = res.gflops / peak;
     res.rss_mb = peak_rss_mb();
     emit(&res, json, peak);
@@ -236,20 +261,23 @@ static int run_case(const bcase *c, attn_impl impl, int threads, int reps, doubl
           *dv = alloc_fill(nk, 9);
     attn_tensor tgo = attn_tensor_bhld(go, B, H, Lq, D), tdq = attn_tensor_bhld(dq, B, H, Lq, D),
                 tdk = attn_tensor_bhld(dk, B, H, Lk, D), tdv = attn_tensor_bhld(dv, B, H, Lk, D);
+    tw = now_s();
     if (attn_sdpa_backward(&tq, &tk, &tv, &to, lse, &tgo, &p, &tdq, &tdk, &tdv, NULL, &err) !=
         ATTN_OK) {
         fprintf(stderr, "attn-bench: backward failed: %s\n", err.message);
         return 1;
     }
-    for (int r = 0; r < reps; r++) {
-        double t0 = now_s();
+    n = runs_for(now_s() - tw, reps);
+    ts = realloc(ts, (size_t)n * sizeof(double));
+    for (int r = 0; r < n; r++) {
+        double t0 = timer_s();
         attn_sdpa_backward(&tq, &tk, &tv, &to, lse, &tgo, &p, &tdq, &tdk, &tdv, NULL, &err);
-        ts[r] = now_s() - t0;
+        ts[r] = timer_s() - t0;
     }
-    qsort(ts, (size_t)reps, sizeof(double), cmp_double);
+    qsort(ts, (size_t)n, sizeof(double), cmp_double);
     res.op = "bwd";
-    res.ms = 1e3 * ts[reps / 2];
-    res.gflops = 10.0 * cells / ts[reps / 2] / 1e9;
+    res.ms = 1e3 * ts[n / 2];
+    res.gflops = 10.0 * cells / ts[n / 2] / 1e9;
     res.peak_frac = res.gflops / peak;
     res.rss_mb = peak_rss_mb();
     emit(&res, json, peak);
@@ -274,6 +302,7 @@ static int parse_case(const char *s, bcase *c) {
 static void usage(void) {
     fprintf(stderr,
             "usage: attn-bench [--threads N] [--impl reference|fused] [--reps N] [--json]\n"
+            "                  [--clock wall|cpu]\n"
             "                  [--case B,H,Lq,Lk,D,causal]...   (causal: 0/1 or no/yes)\n");
 }
 
@@ -289,6 +318,11 @@ int main(int argc, char **argv) {
         } else if (!strcmp(a, "--threads") && i + 1 < argc) {
             threads = atoi(argv[++i]);
             if (threads < 1) return usage(), 2;
+        } else if (!strcmp(a, "--clock") && i + 1 < argc) {
+            const char *v = argv[++i];
+            if (!strcmp(v, "cpu")) g_cpu_clock = 1;
+            else if (!strcmp(v, "wall")) g_cpu_clock = 0;
+            else return usage(), 2;
         } else if (!strcmp(a, "--reps") && i + 1 < argc) {
             reps = atoi(argv[++i]);
             if (reps < 1) return usage(), 2;
@@ -316,14 +350,15 @@ int main(int argc, char **argv) {
         memcpy(cases, kSuite, sizeof kSuite);
     }
     attn_set_num_threads(threads, NULL);
+    g_threads = threads;
     const double peak = measure_peak(threads);
     if (json)
-        printf("{\"peak_gflops\": %.2f, \"peak_isa\": \"%s\", \"threads\": %d}\n", peak,
-               g_peak_isa, threads);
+        printf("{\"peak_gflops\": %.2f, \"peak_isa\": \"%s\", \"threads\": %d, \"clock\": \"%s\"}\n",
+               peak, g_peak_isa, threads, g_cpu_clock ? "cpu" : "wall");
     else
-        printf("threads %d, measured fp32 FMA peak %.1f GFLOP/s (%s)\n"
+        printf("threads %d, measured fp32 FMA peak %.1f GFLOP/s (%s), %s clock\n"
                "%-9s %-3s %5s %3s %6s %6s %4s %-6s %10s %9s %7s %9s\n",
-               threads, peak, g_peak_isa, "impl", "op", "B", "H", "Lq", "Lk", "D", "causal",
+               threads, peak, g_peak_isa, g_cpu_clock ? "cpu-time" : "wall", "impl", "op", "B", "H", "Lq", "Lk", "D", "causal",
                "ms", "GFLOP/s", "peak", "rss_MB");
     int rc = 0;
     for (size_t i = 0; i < ncases; i++) {

@@ -581,9 +581,12 @@ static void dec_scores(const kctx *c, const float *qr, float *tmp, int64_t b, in
     }
 }
 
-/* Partial softmax of query row i over keys [c0, c1): max, sum, acc[dvp]. */
+/* Partial softmax of query row i over keys [c0, c1): max, sum, acc[dvp].
+ * s: the row's scores for keys [c0, c1) (s[0] is key c0) when the caller
+ * scored them already (whole-head items: K streamed once, then V), else
+ * NULL and the chunk is scored here. */
 static void dec_partial(const kctx *c, float *ws, int64_t b, int64_t h, int64_t i, int64_t c0,
-                        int64_t c1, float *pm, float *pl, float *pacc) {
+                        int64_t c1, const float *scored, float *pm, float *pl, float *pacc) {
     const attn_problem *pr = c->pr;
     const int64_t Dv = pr->Dv, dvp = c->dvp, dkp = c->dkp;
     float *qr = carve(&ws, dkp), *s = carve(&ws, dec_chunk(pr->Lk) + VL), *acc = carve(&ws, dvp),
@@ -595,8 +598,12 @@ static void dec_partial(const kctx *c, float *ws, int64_t b, int64_t h, int64_t 
     *pm = -INFINITY;
     *pl = 0.0f;
     if (n <= 0) return;
-    copy_row(qr, row_of(c->q, b, h, i), c->q->stride[3], pr->Dk, dkp);
-    dec_scores(c, qr, tmp, b, h, i, a, e, s);
+    if (scored) {
+        memcpy(s, scored + (a - c0), (size_t)n * sizeof(float));
+    } else {
+        copy_row(qr, row_of(c->q, b, h, i), c->q->stride[3], pr->Dk, dkp);
+        dec_scores(c, qr, tmp, b, h, i, a, e, s);
+    }
     const int64_t np = rup(n, VL);
     for (int64_t j = n; j < np; j++) s[j] = -INFINITY;
     vf mx = v_set1(-INFINITY);
@@ -694,7 +701,10 @@ static attn_status dec_forward(const kctx *c, const attn_fused_call *call, attn_
     const int64_t C = dec_chunk(Lk), nch = (Lk + C - 1) / C, rows = B * H * Lq;
     const int nt = pr->threads;
     const int64_t per = dec_scratch(pr, c->dkp, dvp);
-    float *ws = falloc(nt * per + rows * nch * (dvp + 2) + 3 * rows + 16);
+    /* per thread: tile scratch, and for whole-head items q, tmp and a row
+     * of nch·C scores */
+    const int64_t rowper = rup(3 * c->dkp + dvp + nch * C, 16);
+    float *ws = falloc(nt * per + rows * nch * (dvp + 2) + 3 * rows + 16 + nt * rowper);
     if (!ws) return attn_fail(err, ATTN_ERR_NOMEM, "out of memory for the decode scratch");
     float *pm = ws + nt * per, *pl = pm + rows * nch, *pacc = pl + rows * nch,
           *lsv = pacc + rows * nch * dvp, *mrow = lsv + rows, *ilrow = mrow + rows;
@@ -707,16 +717,35 @@ static attn_status dec_forward(const kctx *c, const attn_fused_call *call, attn_
 #pragma omp parallel num_threads(nt)
     {
         float *w = ws + (int64_t)omp_get_thread_num() * per;
+        float *wrow = ws + nt * per + rows * nch * (dvp + 2) + 3 * rows + 16 +
+                      (int64_t)omp_get_thread_num() * rowper; /* q, tmp, row scores */
 #pragma omp for schedule(dynamic, 1)
         for (int64_t it = 0; it < items; it++) {
             const int64_t bh = whole ? it : it / nch, b = bh / H, h = bh % H;
-            const int64_t c0 = whole ? 0 : it % nch, c1 = whole ? nch : c0 + 1;
-            for (int64_t ch = c0; ch < c1; ch++)
+            const int64_t c0 = whole ? 0 : it % nch;
+            if (whole) { /* the head's rows: K streamed once for the scores, then V */
                 for (int64_t i = 0; i < Lq; i++) {
-                    const int64_t r = (bh * Lq + i) * nch + ch;
-                    dec_partial(c, w, b, h, i, ch * C, imin(Lk, (ch + 1) * C), pm + r, pl + r,
-                                pacc + r * dvp);
+                    int64_t lo, hi;
+                    attn_row_range(pr, b, i, &lo, &hi);
+                    float *qr = wrow, *tmp = wrow + c->dkp;
+                    if (lo < hi) {
+                        copy_row(qr, row_of(c->q, b, h, i), c->q->stride[3], pr->Dk, c->dkp);
+                        dec_scores(c, qr, tmp, b, h, i, lo, hi, wrow + 2 * c->dkp + dvp + lo);
+                    }
+                    for (int64_t ch = 0; ch < nch; ch++) {
+                        const int64_t r = (bh * Lq + i) * nch + ch;
+                        dec_partial(c, w, b, h, i, ch * C, imin(Lk, (ch + 1) * C),
+                                    wrow + 2 * c->dkp + dvp + ch * C, pm + r, pl + r,
+                                    pacc + r * dvp);
+                    }
                 }
+            } else {
+                for (int64_t i = 0; i < Lq; i++) {
+                    const int64_t r = (bh * Lq + i) * nch + c0;
+                    dec_partial(c, w, b, h, i, c0 * C, imin(Lk, (c0 + 1) * C), NULL, pm + r,
+                                pl + r, pacc + r * dvp);
+                }
+            }
             if (whole)
                 for (int64_t i = 0; i < Lq; i++)
                     dec_merge_row(c, call, bh * Lq + i, nch, pm, pl, pacc, w, lsv, mrow, ilrow);
