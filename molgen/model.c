@@ -186,6 +186,14 @@ typedef struct {
 
 #define NAME_LEN 64
 
+/* Batch rows per attention call: the batch is cut into chunks of this many
+ * rows, spread over the OpenMP threads, and each chunk is one
+ * single-threaded attn_mha_forward / attn_mha_backward call. Every BLAS
+ * call then runs inside libgomp's threads, and OpenBLAS's own thread pool
+ * (which spins and oversubscribes 2 cores) is never woken. A fixed chunk
+ * size keeps results independent of the thread count. */
+#define ATTN_CHUNK 8
+
 struct mg_model {
     mg_model_config cfg;
     attn_mha_config mha; /* {d, H, 0, 0, bias 1} */
@@ -215,6 +223,8 @@ struct mg_model {
     float *dln;        /* [B, L, d] gradient of a LayerNorm output */
     float *dbranch;    /* [B, L, d] gradient of a branch output */
     float *dfc;        /* [B, L, F] gradient of the MLP hidden layer */
+    float *attn_gbuf;  /* [ceil(B / ATTN_CHUNK), mha_count] per-chunk attention
+                          weight gradients, summed in chunk order */
     int32_t *inputs;   /* [B, L] */
     int32_t *targets;  /* [B, L] */
     int64_t *key_len;  /* [B] valid input positions per row */
@@ -343,6 +353,8 @@ int mg_model_create(const mg_model_config *c, mg_model **out, char *err, size_t 
 static void free_acts(mg_model *m) {
     free(m->act_mem);
     free(m->acts);
+    free(m->attn_gbuf);
+    m->attn_gbuf = NULL;
     free(m->inputs);
     free(m->targets);
     free(m->key_len);
@@ -449,7 +461,8 @@ static int ensure_acts(mg_model *m, size_t R, size_t B, size_t slots, char *err,
     m->inputs = malloc(R * sizeof(int32_t));
     m->targets = malloc(R * sizeof(int32_t));
     m->key_len = malloc(B * sizeof(int64_t));
-    if (!m->act_mem || !m->acts || !m->inputs || !m->targets || !m->key_len) {
+    m->attn_gbuf = malloc((B + ATTN_CHUNK - 1) / ATTN_CHUNK * m->mha_count * sizeof(float));
+    if (!m->act_mem || !m->acts || !m->inputs || !m->targets || !m->key_len || !m->attn_gbuf) {
         free_acts(m);
         return fail(err, errlen, MG_MODEL_ERR_NOMEM,
                     "out of memory for activations (%zu rows, %zu floats)", R, total);
@@ -817,16 +830,101 @@ static int threads_now(void) {
     return nt < 1 ? 1 : nt;
 }
 
-static attn_sdpa_params attn_params(const mg_model *m, int layer, int training, uint64_t seed) {
+/* Parameters of the attention call of block `layer` on the chunk of batch
+ * rows starting at b0: its key lengths, one thread, and a dropout stream of
+ * its own (offset = layer + b0 * 2^20: libattn's Philox counters restart at
+ * b = 0 in every call). */
+static attn_sdpa_params attn_params(const mg_model *m, int layer, int b0, int training,
+                                    uint64_t seed) {
     attn_sdpa_params p;
     memset(&p, 0, sizeof p);
     p.causal = !m->cfg.no_causal_mask;
-    p.key_lengths = m->key_len;
+    p.key_lengths = m->key_len + b0;
     p.dropout_p = training ? m->cfg.dropout : 0.0f;
     p.training = training && m->cfg.dropout > 0.0f;
     p.seed = seed;
-    p.offset = (uint64_t)layer;
+    p.offset = (uint64_t)layer + ((uint64_t)b0 << 20);
+    p.num_threads = 1;
     return p;
+}
+
+/* Self-attention of block `layer`: out [B, L, d] = MHA(in [B, L, d]), in
+ * chunks of ATTN_CHUNK batch rows (see ATTN_CHUNK). cache: B rows of
+ * attn_mha_cache_size, chunk by chunk; weights [B, H, L, L] or NULL. */
+static int attention_forward(mg_model *m, int layer, int B, int L, const float *in, float *out,
+                             float *cache, float *weights, int training, uint64_t seed, int nt,
+                             char *err, size_t errlen) {
+    const int64_t d = m->cfg.d_model, H = m->cfg.n_head;
+    const int64_t row = (int64_t)L * d, cache_row = 4 * (int64_t)L * d + H * L;
+    const int nch = (B + ATTN_CHUNK - 1) / ATTN_CHUNK;
+    attn_mha_weights w;
+    attn_mha_weights_from_buffer(&m->mha, m->p.blocks[layer].attn, &w, NULL);
+    int failed = 0;
+    char msg[256] = "";
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
+    for (int c = 0; c < nch; c++) {
+        const int b0 = c * ATTN_CHUNK, bc = B - b0 < ATTN_CHUNK ? B - b0 : ATTN_CHUNK;
+        attn_sdpa_params p = attn_params(m, layer, b0, training, seed);
+        attn_error e;
+        const float *x = in + b0 * row;
+        if (attn_mha_forward(&m->mha, &w, bc, L, L, x, x, x, &p, out + b0 * row,
+                             weights ? ATTN_WEIGHTS_PER_HEAD : ATTN_WEIGHTS_NONE,
+                             weights ? weights + (int64_t)b0 * H * L * L : NULL,
+                             cache + b0 * cache_row, &e)) {
+#pragma omp critical(mg_attn_error)
+            if (!failed) {
+                failed = 1;
+                snprintf(msg, sizeof msg, "%s", e.message);
+            }
+        }
+    }
+    if (failed) return fail(err, errlen, MG_MODEL_ERR, "block %d attention: %s", layer, msg);
+    return 0;
+}
+
+/* Backward of attention_forward: din [B, L, d] += d(in) (din must start at
+ * zero or hold what to add to); the weight gradients of each chunk go to
+ * attn_gbuf and are summed into the block's gradients in chunk order. */
+static int attention_backward(mg_model *m, int layer, int B, int L, const float *in,
+                              const float *dout, float *din, const float *cache, int training,
+                              uint64_t seed, int nt, char *err, size_t errlen) {
+    const int64_t d = m->cfg.d_model, H = m->cfg.n_head;
+    const int64_t row = (int64_t)L * d, cache_row = 4 * (int64_t)L * d + H * L;
+    const int nch = (B + ATTN_CHUNK - 1) / ATTN_CHUNK;
+    const size_t P = m->mha_count;
+    attn_mha_weights w;
+    attn_mha_weights_from_buffer(&m->mha, m->p.blocks[layer].attn, &w, NULL);
+    memset(m->attn_gbuf, 0, (size_t)nch * P * sizeof(float));
+    int failed = 0;
+    char msg[256] = "";
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
+    for (int c = 0; c < nch; c++) {
+        const int b0 = c * ATTN_CHUNK, bc = B - b0 < ATTN_CHUNK ? B - b0 : ATTN_CHUNK;
+        attn_sdpa_params p = attn_params(m, layer, b0, training, seed);
+        attn_mha_weights gw;
+        attn_mha_weights_from_buffer(&m->mha, m->attn_gbuf + (size_t)c * P, &gw, NULL);
+        attn_error e;
+        const float *x = in + b0 * row;
+        float *dx = din + b0 * row;
+        if (attn_mha_backward(&m->mha, &w, bc, L, L, x, x, x, &p, cache + b0 * cache_row,
+                              dout + b0 * row, dx, dx, dx, &gw, &e)) {
+#pragma omp critical(mg_attn_error)
+            if (!failed) {
+                failed = 1;
+                snprintf(msg, sizeof msg, "%s", e.message);
+            }
+        }
+    }
+    if (failed) return fail(err, errlen, MG_MODEL_ERR, "block %d attention backward: %s", layer, msg);
+    float *g = m->g.blocks[layer].attn;
+    const float *gb = m->attn_gbuf;
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int64_t k = 0; k < (int64_t)P; k++) {
+        float acc = g[k];
+        for (int c = 0; c < nch; c++) acc += gb[(size_t)c * P + (size_t)k];
+        g[k] = acc;
+    }
+    return 0;
 }
 
 /* The network on m->inputs [B, L] and m->key_len [B]. keep != 0: one
@@ -863,14 +961,10 @@ static int forward_core(mg_model *m, int B, int L, int keep, int training, uint6
         const float *in = a->x;
 
         layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, in, bp->ln1_w, bp->ln1_b, R, d, nt);
-        attn_mha_weights w;
-        attn_mha_weights_from_buffer(&m->mha, bp->attn, &w, NULL);
-        attn_sdpa_params ap = attn_params(m, l, training, seed);
         float *wts = attn_weights ? attn_weights + (size_t)l * B * m->cfg.n_head * L * L : NULL;
-        if (attn_mha_forward(&m->mha, &w, B, L, L, a->ln1, a->ln1, a->ln1, &ap, m->scratch,
-                             wts ? ATTN_WEIGHTS_PER_HEAD : ATTN_WEIGHTS_NONE, wts, a->attn_cache,
-                             &aerr))
-            return fail(err, errlen, MG_MODEL_ERR, "block %d attention: %s", l, aerr.message);
+        int rc = attention_forward(m, l, B, L, a->ln1, m->scratch, a->attn_cache, wts, training,
+                                   seed, nt, err, errlen);
+        if (rc) return rc;
         if (drop) dropout_mask(a->drop_attn, R * d, p_drop, seed, 1 + 2 * (uint64_t)l, nt);
         residual_forward(a->x_mid, in, m->scratch, drop ? a->drop_attn : NULL, R * d, nt);
 
@@ -956,7 +1050,6 @@ int mg_model_backward(mg_model *m, char *err, size_t errlen) {
     layernorm_backward(m->dx, m->g.lnf_w, m->g.lnf_b, m->dln, m->x_final, m->p.lnf_w, m->lnf_mean,
                        m->lnf_rstd, R, d, nt);
 
-    attn_error aerr;
     for (int l = N - 1; l >= 0; l--) {
         /* m->dx holds the gradient of block l's output. */
         const block_acts *a = &m->acts[l];
@@ -975,14 +1068,9 @@ int mg_model_backward(mg_model *m, char *err, size_t errlen) {
         /* Attention branch: x_mid = x + drop(MHA(ln1(x))) */
         residual_branch_backward(m->dbranch, m->dx, drop ? a->drop_attn : NULL, R * d, nt);
         memset(m->dln, 0, (size_t)R * d * sizeof(float));
-        attn_mha_weights w, gw;
-        attn_mha_weights_from_buffer(&m->mha, bp->attn, &w, NULL);
-        attn_mha_weights_from_buffer(&m->mha, bg->attn, &gw, NULL);
-        attn_sdpa_params ap = attn_params(m, l, m->training, m->seed);
-        if (attn_mha_backward(&m->mha, &w, B, L, L, a->ln1, a->ln1, a->ln1, &ap, a->attn_cache,
-                              m->dbranch, m->dln, m->dln, m->dln, &gw, &aerr))
-            return fail(err, errlen, MG_MODEL_ERR, "block %d attention backward: %s", l,
-                        aerr.message);
+        int rc = attention_backward(m, l, B, L, a->ln1, m->dbranch, m->dln, a->attn_cache,
+                                    m->training, m->seed, nt, err, errlen);
+        if (rc) return rc;
         layernorm_backward(m->dx, bg->ln1_w, bg->ln1_b, m->dln, a->x, bp->ln1_w, a->ln1_mean,
                            a->ln1_rstd, R, d, nt);
     }

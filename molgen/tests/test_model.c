@@ -104,13 +104,18 @@ static double loss_at(mg_model *m, const int32_t *ids, const int64_t *len, int B
     return loss;
 }
 
-static void gradcheck(const char *label, const mg_model_config *c, int training) {
+/* B batch rows (B > 8 spans several attention chunks, see model.c). */
+static void gradcheck(const char *label, const mg_model_config *c, int training, int B) {
     mg_model *m = make_model(c, 7);
-    enum { B = 3 };
     const int T = c->ctx_len + 1;
-    const int lens[B] = {T, 5, 2};
-    int32_t ids[B * 16];
-    int64_t len[B];
+    int lens[32];
+    int expect_ntok = 0;
+    for (int b = 0; b < B; b++) {
+        lens[b] = b % 3 == 0 ? T : b % 3 == 1 ? (T < 5 ? T : 5) : 2;
+        expect_ntok += lens[b] - 1;
+    }
+    int32_t ids[32 * 16];
+    int64_t len[32];
     make_batch(B, T, c->vocab_size, lens, ids, len);
     char err[256];
     float loss;
@@ -118,7 +123,7 @@ static void gradcheck(const char *label, const mg_model_config *c, int training)
     const uint64_t seed = 99;
     CHECK(mg_model_forward(m, ids, len, B, T, training, seed, &loss, &ntok, err, sizeof err) == 0,
           "%s", err);
-    CHECK(ntok == (T - 1) + 4 + 1, "ntok %lld", (long long)ntok);
+    CHECK(ntok == expect_ntok, "ntok %lld", (long long)ntok);
     CHECK(mg_model_backward(m, err, sizeof err) == 0, "%s", err);
     CHECK(mg_model_backward(m, err, sizeof err) != 0, "a second backward must fail");
     const size_t P = mg_model_num_params(m);
@@ -358,23 +363,24 @@ int main(int argc, char **argv) {
     (void)argc;
     passive_wait(argv);
     mg_model_config c = tiny_config();
-    gradcheck("tiny", &c, 0);
+    gradcheck("tiny", &c, 0, 3);
     c.dropout = 0.2f;
-    gradcheck("tiny + dropout 0.2", &c, 1);
+    gradcheck("tiny + dropout 0.2", &c, 1, 3);
+    gradcheck("tiny + dropout, B 19", &c, 1, 19);
     c = tiny_config();
     c.n_layer = 1;
     c.d_model = 12;
     c.n_head = 3;
     c.ctx_len = 6;
     c.vocab_size = 5;
-    gradcheck("1 layer, 3 heads", &c, 0);
+    gradcheck("1 layer, 3 heads", &c, 0, 3);
     test_guard();
     test_padding_and_inference();
     test_config_and_files();
     /* Thread-count independence is not promised, but 1 thread must work. */
     attn_set_num_threads(1, NULL);
     c = tiny_config();
-    gradcheck("tiny, 1 thread", &c, 0);
+    gradcheck("tiny, 1 thread", &c, 0, 3);
     printf("test_model: %d checks passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;
 }
