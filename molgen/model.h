@@ -36,11 +36,16 @@
  * Dropout (training only, probability cfg.dropout for all three kinds):
  * embedding output, both residual branches, and attention weights (libattn's
  * Philox dropout with seed = the forward's dropout seed and offset = block
- * index). Embedding/residual masks come from a counter-based hash of
- * (seed, site, element): the same for any thread count.
+ * index + 2^20 * first batch row of the attention chunk). Embedding/residual
+ * masks come from a counter-based hash of (seed, site, element).
  *
- * Threads: every call uses attn_get_num_threads() for OpenMP loops, OpenBLAS
- * and libattn. Results are deterministic for a given thread count.
+ * Threads: attn_get_num_threads() OpenMP threads. OpenBLAS runs
+ * single-threaded inside them (each thread multiplies a slice of the rows),
+ * and attention runs as single-threaded attn_mha_forward/backward calls on
+ * chunks of 8 batch rows spread over the threads, so OpenBLAS's own thread
+ * pool is never used (on 2 cores its spinning threads and libgomp's starve
+ * each other). Results are deterministic for a given thread count (and
+ * independent of it except for the row split of the products).
  *
  * Conventions: functions return 0 or a negative code, with a one-line
  * message in err[errlen] (err may be NULL). Nothing aborts or prints.
