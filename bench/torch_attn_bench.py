@@ -3,6 +3,7 @@
 
     /usr/bin/python3 bench/torch_attn_bench.py [--threads N] [--json]
         [--case B,H,Lq,Lk,D,causal]... [--reps N] [--peak GFLOPS] [--max-gb G]
+        [--clock wall|cpu]
 
 The math path is what torch.nn.functional.scaled_dot_product_attention falls
 back to on CPU in torch 1.13: matmul, masked_fill (causal), softmax, matmul.
@@ -12,6 +13,8 @@ Each is the median of --reps (default 5) runs after a warm-up. GFLOP/s use
 attn-bench's dense counts (4*B*H*Lq*Lk*D forward, 10*B*H*Lq*Lk*D backward,
 also when causal). peak_frac needs --peak (attn-bench prints its measured FMA
 peak); otherwise it is null. rss_mb is the process's peak RSS so far.
+--clock cpu times with the process's CPU time divided by the thread count,
+as attn-bench --clock cpu does (for shared machines).
 Cases whose B*H*Lq*Lk score tensors would need more than --max-gb (default
 4) GB for the forward+backward are skipped, and the output says so (the
 L=16384 case needs 8.6 GB for one copy of its scores)."""
@@ -48,13 +51,16 @@ def attention(q, k, v, causal):
     return torch.softmax(s, -1) @ v
 
 
+CLOCK = [time.perf_counter]
+
+
 def median_ms(f, reps):
     f()
     ts = []
     for _ in range(reps):
-        t = time.perf_counter()
+        t = CLOCK[0]()
         f()
-        ts.append(time.perf_counter() - t)
+        ts.append(CLOCK[0]() - t)
     ts.sort()
     return 1e3 * ts[len(ts) // 2]
 
@@ -71,8 +77,11 @@ def main():
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--peak", type=float, default=None, help="fp32 FMA peak in GFLOP/s (from attn-bench)")
     ap.add_argument("--max-gb", type=float, default=4.0)
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
+    if a.clock == "cpu":
+        CLOCK[0] = lambda: time.process_time() / a.threads
     cases = a.case or SUITE
     if not a.json:
         print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, math path")
