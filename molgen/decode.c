@@ -1,7 +1,6 @@
 /* molgen KV-cache decoding (see decode.h). */
 #include "decode.h"
 
-#include <cblas.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -9,9 +8,8 @@
 #include <string.h>
 
 #include "attn.h"
+#include "layers.h"
 
-#define LN_EPS 1e-5f                /* as model.c */
-#define GELU_K 0.7978845608028654f  /* sqrt(2 / pi), as model.c */
 
 typedef struct {
     const float *ln1_w, *ln1_b, *in_w, *in_b, *out_w, *out_b;
@@ -165,79 +163,6 @@ int mg_kv_restart_row(mg_kv_decoder *d, int r, char *err, size_t errlen) {
 
 int mg_kv_pos(const mg_kv_decoder *d, int r) { return d && r >= 0 && r < d->n ? d->pos[r] : 0; }
 
-/* ------------------------------------------------------------ layers
- * Same formulas, same float evaluation order as model.c's. */
-
-static void layernorm(float *out, const float *inp, const float *w, const float *b, int R, int C,
-                      int nt) {
-#pragma omp parallel for num_threads(nt) schedule(static) if (R * C >= 16384)
-    for (int r = 0; r < R; r++) {
-        const float *x = inp + (size_t)r * C;
-        float m = 0.0f;
-        for (int i = 0; i < C; i++) m += x[i];
-        m /= (float)C;
-        float v = 0.0f;
-        for (int i = 0; i < C; i++) {
-            float xm = x[i] - m;
-            v += xm * xm;
-        }
-        v /= (float)C;
-        const float s = 1.0f / sqrtf(v + LN_EPS);
-        float *o = out + (size_t)r * C;
-        for (int i = 0; i < C; i++) o[i] = (x[i] - m) * s * w[i] + b[i];
-    }
-}
-
-/* out [R, OC] (row stride ldo) = inp [R, IC] wᵀ + bias */
-static void linear(float *out, int ldo, const float *inp, const float *w, const float *bias, int R,
-                   int IC, int OC) {
-    for (int r = 0; r < R; r++) memcpy(out + (size_t)r * ldo, bias, (size_t)OC * sizeof(float));
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, R, OC, IC, 1.0f, inp, IC, w, IC, 1.0f,
-                out, ldo);
-}
-
-/* The two functions below are compiled without -ftrapping-math so that GCC
- * if-converts their float compares and vectorises the GELU loop (nothing
- * here relies on floating-point exceptions). */
-#define MG_NO_TRAPPING __attribute__((optimize("no-trapping-math")))
-
-/* exp(x) for x <= 0 (clamped at -87: exp is then < 2e-38 and only its
- * smallness matters), branch-free: x = n ln2 + r, |r| <= ln2/2 (Cody-Waite
- * split of ln2), exp(r) by its degree-7 Taylor polynomial (relative error
- * ~1e-7 overall, fp32 rounding), times 2^n built in the exponent bits. */
-static inline MG_NO_TRAPPING float exp_nonpos(float x) {
-    x = x < -87.0f ? -87.0f : x;
-    /* round to nearest by the 1.5 * 2^23 trick (vectorises, unlike roundf) */
-    const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-    const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
-    float p = 1.0f / 5040.0f;
-    p = p * r + 1.0f / 720.0f;
-    p = p * r + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    const int32_t bits = ((int32_t)n + 127) << 23;
-    float scale;
-    memcpy(&scale, &bits, sizeof scale);
-    return p * scale;
-}
-
-/* GELU-tanh in place: tanh(u) = sign(u) (1 - e) / (1 + e), e = exp(-2|u|).
- * glibc's tanhf dominated a decode step; this loop vectorises and agrees
- * with model.c's tanhf to ~1e-7 relative, far inside the 1e-5 the tests
- * allow between the KV and the naive decoder. */
-static MG_NO_TRAPPING void gelu(float *x, size_t N) {
-    for (size_t i = 0; i < N; i++) {
-        const float v = x[i], u = GELU_K * (v + 0.044715f * v * v * v);
-        const float au = u < 0 ? -u : u;
-        const float e = exp_nonpos(-2.0f * au);
-        const float t = (1.0f - e) / (1.0f + e);
-        x[i] = 0.5f * v * (1.0f + (u < 0 ? -t : t));
-    }
-}
-
 int mg_kv_step(mg_kv_decoder *d, const int32_t *tok, float *logits, char *err, size_t errlen) {
     if (!d || !tok || !logits)
         return fail(err, errlen, MG_MODEL_ERR, "decode: decoder, tokens and logits must be non-NULL");
@@ -253,7 +178,6 @@ int mg_kv_step(mg_kv_decoder *d, const int32_t *tok, float *logits, char *err, s
     }
     int nt = attn_get_num_threads();
     if (nt < 1) nt = 1;
-    openblas_set_num_threads(nt);
 
     for (int b = 0; b < n; b++) {
         if (tok[b] < 0 || tok[b] >= d->V)
@@ -270,8 +194,8 @@ int mg_kv_step(mg_kv_decoder *d, const int32_t *tok, float *logits, char *err, s
     attn_error aerr;
     for (int l = 0; l < d->N; l++) {
         const kv_layer *L = &d->layers[l];
-        layernorm(d->h, d->x, L->ln1_w, L->ln1_b, n, D, nt);
-        linear(d->qkv, 3 * D, d->h, L->in_w, L->in_b, n, D, 3 * D);
+        mg_layernorm_forward(d->h, NULL, NULL, d->x, L->ln1_w, L->ln1_b, n, D, nt);
+        mg_matmul_forward(d->qkv, d->h, L->in_w, L->in_b, n, D, 3 * D, nt);
         for (int b = 0; b < n; b++) {
             const float *row = d->qkv + (size_t)b * 3 * D;
             const size_t at = ((size_t)b * ctx + (size_t)d->pos[b]) * D;
@@ -287,16 +211,16 @@ int mg_kv_step(mg_kv_decoder *d, const int32_t *tok, float *logits, char *err, s
         if (attn_sdpa_forward(&q, &k, &v, &ap, &o, NULL, NULL, NULL, &aerr))
             return fail(err, errlen, MG_MODEL_ERR, "decode: block %d attention: %s", l,
                         aerr.message);
-        linear(d->tmp, D, d->att, L->out_w, L->out_b, n, D, D);
+        mg_matmul_forward(d->tmp, d->att, L->out_w, L->out_b, n, D, D, nt);
         for (size_t i = 0; i < (size_t)n * D; i++) d->x[i] = d->x[i] + d->tmp[i];
-        layernorm(d->h, d->x, L->ln2_w, L->ln2_b, n, D, nt);
-        linear(d->fc, F, d->h, L->fc_w, L->fc_b, n, D, F);
-        gelu(d->fc, (size_t)n * F);
-        linear(d->tmp, D, d->fc, L->proj_w, L->proj_b, n, F, D);
+        mg_layernorm_forward(d->h, NULL, NULL, d->x, L->ln2_w, L->ln2_b, n, D, nt);
+        mg_matmul_forward(d->fc, d->h, L->fc_w, L->fc_b, n, D, F, nt);
+        mg_gelu_forward(d->fc, d->fc, (int64_t)n * F, nt);
+        mg_matmul_forward(d->tmp, d->fc, L->proj_w, L->proj_b, n, F, D, nt);
         for (size_t i = 0; i < (size_t)n * D; i++) d->x[i] = d->x[i] + d->tmp[i];
     }
-    layernorm(d->h, d->x, d->lnf_w, d->lnf_b, n, D, nt);
-    linear(logits, d->V, d->h, d->head_w, d->head_b, n, D, d->V);
+    mg_layernorm_forward(d->h, NULL, NULL, d->x, d->lnf_w, d->lnf_b, n, D, nt);
+    mg_matmul_forward(logits, d->h, d->head_w, d->head_b, n, D, d->V, nt);
     for (int b = 0; b < n; b++) d->pos[b]++;
     return 0;
 }

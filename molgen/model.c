@@ -18,12 +18,12 @@
 #include <string.h>
 
 #include "attn.h"
+#include "layers.h"
 
 #ifdef _OPENMP
 #include <omp.h>
 #endif
 
-#define LN_EPS 1e-5f
 
 /* ------------------------------------------------------------ errors */
 
@@ -549,198 +549,6 @@ static void encoder_backward(float *dtok_emb, float *dpos_emb, const float *dout
     }
 }
 
-/* out [R, C] = (inp - mean) * rstd * w + b;  mean, rstd [R] kept. */
-static void layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
-                              const float *w, const float *b, int64_t R, int C, int nt) {
-#pragma omp parallel for num_threads(nt) schedule(static)
-    for (int64_t r = 0; r < R; r++) {
-        const float *x = inp + r * C;
-        float m = 0.0f;
-        for (int i = 0; i < C; i++) m += x[i];
-        m /= (float)C;
-        float v = 0.0f;
-        for (int i = 0; i < C; i++) {
-            float xm = x[i] - m;
-            v += xm * xm;
-        }
-        v /= (float)C;
-        const float s = 1.0f / sqrtf(v + LN_EPS);
-        float *o = out + r * C;
-        for (int i = 0; i < C; i++) o[i] = (x[i] - m) * s * w[i] + b[i];
-        mean[r] = m;
-        rstd[r] = s;
-    }
-}
-
-/* dinp [R, C] += LayerNorm backward of dout; dw, db [C] +=.
- * dinp is parallel over rows; dw/db over channel ranges (fixed order). */
-static void layernorm_backward(float *dinp, float *dw, float *db, const float *dout,
-                               const float *inp, const float *w, const float *mean,
-                               const float *rstd, int64_t R, int C, int nt) {
-#pragma omp parallel for num_threads(nt) schedule(static)
-    for (int64_t r = 0; r < R; r++) {
-        const float *g = dout + r * C, *x = inp + r * C;
-        const float m = mean[r], s = rstd[r];
-        float mean_dn = 0.0f, mean_dnx = 0.0f; /* mean(dnorm), mean(dnorm * norm) */
-        for (int i = 0; i < C; i++) {
-            float dn = g[i] * w[i];
-            mean_dn += dn;
-            mean_dnx += dn * (x[i] - m) * s;
-        }
-        mean_dn /= (float)C;
-        mean_dnx /= (float)C;
-        float *di = dinp + r * C;
-        for (int i = 0; i < C; i++) {
-            float nrm = (x[i] - m) * s;
-            di[i] += s * (g[i] * w[i] - mean_dn - nrm * mean_dnx);
-        }
-    }
-#pragma omp parallel num_threads(nt)
-    {
-        int nth = 1, id = 0;
-#ifdef _OPENMP
-        nth = omp_get_num_threads();
-        id = omp_get_thread_num();
-#endif
-        const int c0 = (int)((int64_t)C * id / nth), c1 = (int)((int64_t)C * (id + 1) / nth);
-        for (int64_t r = 0; r < R; r++) {
-            const float *g = dout + r * C, *x = inp + r * C;
-            const float m = mean[r], s = rstd[r];
-            for (int i = c0; i < c1; i++) {
-                dw[i] += g[i] * (x[i] - m) * s;
-                db[i] += g[i];
-            }
-        }
-    }
-}
-
-/* The model's own products run OpenBLAS single-threaded inside OpenMP
- * regions, each thread on a slice of the output (rows of Y, or of dW for
- * the weight gradient, so no reduction crosses threads and the result does
- * not depend on scheduling). With one pool of threads (libgomp's) instead of
- * two (libgomp's and OpenBLAS's pthreads) the 2-core machine is not
- * oversubscribed by threads that spin between calls. */
-static void split_range(int64_t n, int nth, int id, int64_t *lo, int64_t *hi) {
-    *lo = n * id / nth;
-    *hi = n * (id + 1) / nth;
-}
-
-/* out [R, OC] = inp [R, IC] wᵀ + bias;  w [OC, IC], bias [OC] (may be NULL). */
-static void matmul_forward(float *out, const float *inp, const float *w, const float *bias,
-                           int64_t R, int IC, int OC, int nt) {
-    openblas_set_num_threads(1);
-#pragma omp parallel num_threads(nt)
-    {
-        int nth = 1, id = 0;
-#ifdef _OPENMP
-        nth = omp_get_num_threads();
-        id = omp_get_thread_num();
-#endif
-        int64_t r0, r1;
-        split_range(R, nth, id, &r0, &r1);
-        if (r1 > r0) {
-            if (bias)
-                for (int64_t r = r0; r < r1; r++) memcpy(out + r * OC, bias, (size_t)OC * sizeof(float));
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)(r1 - r0), OC, IC, 1.0f,
-                        inp + r0 * IC, IC, w, IC, bias ? 1.0f : 0.0f, out + r0 * OC, OC);
-        }
-    }
-}
-
-/* dinp [R, IC] = dout [R, OC] w (overwritten; skipped if NULL);
- * dw [OC, IC] += doutᵀ inp;  dbias [OC] += column sums of dout. */
-static void matmul_backward(float *dinp, float *dw, float *dbias, const float *dout,
-                            const float *inp, const float *w, int64_t R, int IC, int OC, int nt) {
-    openblas_set_num_threads(1);
-#pragma omp parallel num_threads(nt)
-    {
-        int nth = 1, id = 0;
-#ifdef _OPENMP
-        nth = omp_get_num_threads();
-        id = omp_get_thread_num();
-#endif
-        int64_t r0, r1, c0, c1;
-        split_range(R, nth, id, &r0, &r1);
-        split_range(OC, nth, id, &c0, &c1);
-        if (dinp && r1 > r0)
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)(r1 - r0), IC, OC, 1.0f,
-                        dout + r0 * OC, OC, w, IC, 0.0f, dinp + r0 * IC, IC);
-        if (c1 > c0) {
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (blasint)(c1 - c0), IC, (blasint)R,
-                        1.0f, dout + c0, OC, inp, IC, 1.0f, dw + c0 * IC, IC);
-            if (dbias)
-                for (int64_t r = 0; r < R; r++) {
-                    const float *g = dout + r * OC;
-                    for (int64_t c = c0; c < c1; c++) dbias[c] += g[c];
-                }
-        }
-    }
-}
-
-#define GELU_K 0.7978845608028654f /* sqrt(2 / pi) */
-
-/* sigmoid(z) for the GELU loops, in plain C that the compiler vectorises
- * (libm's expf/tanhf are a call per element: they were ~30% of a training
- * step). No float comparisons (which block if-conversion under the default
- * -ftrapping-math): |z| and the sign come from the bits, |z| is clamped at 87
- * with an integer min, then t = e^-|z| in (0, 1] by Cody-Waite reduction
- * x = n ln2 + r and Cephes' degree-6 polynomial for e^r (relative error
- * < 2e-7), and sigmoid = 1/(1+t) for z >= 0, t/(1+t) for z < 0. */
-static inline float exp_nonpos(float x) { /* x in [-87, 0] */
-    const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* round(x/ln2) */
-    const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * (r * r) + r + 1.0f;
-    const int32_t bits = ((int32_t)n + 127) << 23; /* 2^n, n in [-126, 0] */
-    float two_n;
-    memcpy(&two_n, &bits, sizeof two_n);
-    return p * two_n;
-}
-
-static inline float fast_sigmoid(float z) {
-    int32_t zb;
-    memcpy(&zb, &z, sizeof zb);
-    const int32_t neg = (int32_t)((uint32_t)zb >> 31);
-    int32_t ab = zb & 0x7fffffff;
-    ab = ab < 0x42ae0000 ? ab : 0x42ae0000; /* min(|z|, 87.0f) */
-    float a;
-    memcpy(&a, &ab, sizeof a);
-    const float t = exp_nonpos(-a);
-    const float inv = 1.0f / (1.0f + t);
-    return inv * (1.0f + (float)neg * (t - 1.0f));
-}
-
-/* out [N] = 0.5 x (1 + tanh(u)),  u = k (x + 0.044715 x³),
- * computed as x * sigmoid(2u) (the same function: 0.5 (1 + tanh(u)) =
- * 1 / (1 + exp(-2u))). */
-static void gelu_forward(float *out, const float *inp, int64_t N, int nt) {
-#pragma omp parallel for num_threads(nt) schedule(static)
-    for (int64_t i = 0; i < N; i++) {
-        float x = inp[i];
-        float u = GELU_K * (x + 0.044715f * x * x * x);
-        out[i] = x * fast_sigmoid(2.0f * u);
-    }
-}
-
-/* dinp [N] = dout * gelu'(inp)  (dinp may alias dout). With s = sigmoid(2u):
- * gelu' = 0.5 (1 + tanh u) + 0.5 x (1 - tanh² u) u' = s + 2 x s (1 - s) u',
- * u' = k (1 + 3 * 0.044715 x²). */
-static void gelu_backward(float *dinp, const float *inp, const float *dout, int64_t N, int nt) {
-#pragma omp parallel for num_threads(nt) schedule(static)
-    for (int64_t i = 0; i < N; i++) {
-        float x = inp[i];
-        float u = GELU_K * (x + 0.044715f * x * x * x);
-        float s = fast_sigmoid(2.0f * u);
-        float du = GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
-        dinp[i] = dout[i] * (s + 2.0f * x * s * (1.0f - s) * du);
-    }
-}
-
 /* out [N] = a + branch * mask  (mask NULL: no dropout; out may alias a) */
 static void residual_forward(float *out, const float *a, const float *branch, const float *mask,
                              int64_t N, int nt) {
@@ -960,7 +768,7 @@ static int forward_core(mg_model *m, int B, int L, int keep, int training, uint6
         float *out = keep ? (l + 1 < N ? m->acts[l + 1].x : m->x_final) : a->x;
         const float *in = a->x;
 
-        layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, in, bp->ln1_w, bp->ln1_b, R, d, nt);
+        mg_layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, in, bp->ln1_w, bp->ln1_b, R, d, nt);
         float *wts = attn_weights ? attn_weights + (size_t)l * B * m->cfg.n_head * L * L : NULL;
         int rc = attention_forward(m, l, B, L, a->ln1, m->scratch, a->attn_cache, wts, training,
                                    seed, nt, err, errlen);
@@ -968,17 +776,17 @@ static int forward_core(mg_model *m, int B, int L, int keep, int training, uint6
         if (drop) dropout_mask(a->drop_attn, R * d, p_drop, seed, 1 + 2 * (uint64_t)l, nt);
         residual_forward(a->x_mid, in, m->scratch, drop ? a->drop_attn : NULL, R * d, nt);
 
-        layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->x_mid, bp->ln2_w, bp->ln2_b, R, d,
+        mg_layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->x_mid, bp->ln2_w, bp->ln2_b, R, d,
                           nt);
-        matmul_forward(a->fc, a->ln2, bp->fc_w, bp->fc_b, R, d, F, nt);
-        gelu_forward(a->gelu, a->fc, R * F, nt);
-        matmul_forward(m->scratch, a->gelu, bp->proj_w, bp->proj_b, R, F, d, nt);
+        mg_matmul_forward(a->fc, a->ln2, bp->fc_w, bp->fc_b, R, d, F, nt);
+        mg_gelu_forward(a->gelu, a->fc, R * F, nt);
+        mg_matmul_forward(m->scratch, a->gelu, bp->proj_w, bp->proj_b, R, F, d, nt);
         if (drop) dropout_mask(a->drop_mlp, R * d, p_drop, seed, 2 + 2 * (uint64_t)l, nt);
         residual_forward(out, a->x_mid, m->scratch, drop ? a->drop_mlp : NULL, R * d, nt);
     }
     const float *xf = keep ? m->x_final : m->acts[0].x;
-    layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, xf, m->p.lnf_w, m->p.lnf_b, R, d, nt);
-    matmul_forward(logits, m->lnf, m->p.head_w, m->p.head_b, R, d, V, nt);
+    mg_layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, xf, m->p.lnf_w, m->p.lnf_b, R, d, nt);
+    mg_matmul_forward(logits, m->lnf, m->p.head_w, m->p.head_b, R, d, V, nt);
     return 0;
 }
 
@@ -1045,9 +853,9 @@ int mg_model_backward(mg_model *m, char *err, size_t errlen) {
 
     float *dlogits = m->probs; /* [B, L, V] */
     crossentropy_backward(dlogits, m->targets, m->key_len, B, L, V, m->ntok, nt);
-    matmul_backward(m->dln, m->g.head_w, m->g.head_b, dlogits, m->lnf, m->p.head_w, R, d, V, nt);
+    mg_matmul_backward(m->dln, m->g.head_w, m->g.head_b, dlogits, m->lnf, m->p.head_w, R, d, V, nt);
     memset(m->dx, 0, (size_t)R * d * sizeof(float));
-    layernorm_backward(m->dx, m->g.lnf_w, m->g.lnf_b, m->dln, m->x_final, m->p.lnf_w, m->lnf_mean,
+    mg_layernorm_backward(m->dx, m->g.lnf_w, m->g.lnf_b, m->dln, m->x_final, m->p.lnf_w, m->lnf_mean,
                        m->lnf_rstd, R, d, nt);
 
     for (int l = N - 1; l >= 0; l--) {
@@ -1058,11 +866,11 @@ int mg_model_backward(mg_model *m, char *err, size_t errlen) {
 
         /* MLP branch: out = x_mid + drop(proj(gelu(fc(ln2(x_mid))))) */
         residual_branch_backward(m->dbranch, m->dx, drop ? a->drop_mlp : NULL, R * d, nt);
-        matmul_backward(m->dfc, bg->proj_w, bg->proj_b, m->dbranch, a->gelu, bp->proj_w, R, F, d,
+        mg_matmul_backward(m->dfc, bg->proj_w, bg->proj_b, m->dbranch, a->gelu, bp->proj_w, R, F, d,
                         nt);
-        gelu_backward(m->dfc, a->fc, m->dfc, R * F, nt);
-        matmul_backward(m->dln, bg->fc_w, bg->fc_b, m->dfc, a->ln2, bp->fc_w, R, d, F, nt);
-        layernorm_backward(m->dx, bg->ln2_w, bg->ln2_b, m->dln, a->x_mid, bp->ln2_w, a->ln2_mean,
+        mg_gelu_backward(m->dfc, a->fc, m->dfc, R * F, nt);
+        mg_matmul_backward(m->dln, bg->fc_w, bg->fc_b, m->dfc, a->ln2, bp->fc_w, R, d, F, nt);
+        mg_layernorm_backward(m->dx, bg->ln2_w, bg->ln2_b, m->dln, a->x_mid, bp->ln2_w, a->ln2_mean,
                            a->ln2_rstd, R, d, nt);
 
         /* Attention branch: x_mid = x + drop(MHA(ln1(x))) */
@@ -1071,7 +879,7 @@ int mg_model_backward(mg_model *m, char *err, size_t errlen) {
         int rc = attention_backward(m, l, B, L, a->ln1, m->dbranch, m->dln, a->attn_cache,
                                     m->training, m->seed, nt, err, errlen);
         if (rc) return rc;
-        layernorm_backward(m->dx, bg->ln1_w, bg->ln1_b, m->dln, a->x, bp->ln1_w, a->ln1_mean,
+        mg_layernorm_backward(m->dx, bg->ln1_w, bg->ln1_b, m->dln, a->x, bp->ln1_w, a->ln1_mean,
                            a->ln1_rstd, R, d, nt);
     }
     if (drop) mul_inplace(m->dx, m->emb_drop, R * d, nt);

@@ -1,0 +1,31 @@
+/* molgen's dense layers, shared by the training model (model.c) and the
+ * KV-cache decoder (decode.c), so both compute the same function the same
+ * way. Row-major fp32; every call parallel over nt OpenMP threads with a
+ * fixed split, so results depend on nt but not on scheduling. */
+#ifndef MG_LAYERS_H
+#define MG_LAYERS_H
+
+#include <stdint.h>
+
+#define MG_LN_EPS 1e-5f /* LayerNorm epsilon, PyTorch's default */
+
+/* out [R, C] = (inp - mean) * rstd * w + b; mean, rstd [R] kept unless NULL. */
+void mg_layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *w,
+                          const float *b, int64_t R, int C, int nt);
+/* dinp [R, C] += LayerNorm backward of dout; dw, db [C] +=. */
+void mg_layernorm_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp,
+                           const float *w, const float *mean, const float *rstd, int64_t R, int C,
+                           int nt);
+/* out [R, OC] = inp [R, IC] wᵀ + bias;  w [OC, IC], bias [OC] (may be NULL). */
+void mg_matmul_forward(float *out, const float *inp, const float *w, const float *bias, int64_t R,
+                       int IC, int OC, int nt);
+/* dinp [R, IC] = dout w (overwritten; skipped if NULL); dw [OC, IC] += doutᵀ inp;
+ * dbias [OC] += column sums of dout (skipped if NULL). */
+void mg_matmul_backward(float *dinp, float *dw, float *dbias, const float *dout, const float *inp,
+                        const float *w, int64_t R, int IC, int OC, int nt);
+/* out [N] = GELU-tanh(inp) (GPT-2's approximation); out may alias inp. */
+void mg_gelu_forward(float *out, const float *inp, int64_t N, int nt);
+/* dinp [N] = dout * GELU'(inp); dinp may alias dout. */
+void mg_gelu_backward(float *dinp, const float *inp, const float *dout, int64_t N, int nt);
+
+#endif
