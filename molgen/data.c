@@ -1,6 +1,7 @@
 /* molgen data: see data.h. */
 #define _POSIX_C_SOURCE 200809L
 #include "data.h"
+#include "errors.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -9,19 +10,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static int set_err(char *err, size_t errlen, int code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static int set_err(char *err, size_t errlen, int code, const char *fmt, ...)
-{
-    if (err && errlen > 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return code;
-}
 
 static void rep_msg(mg_report *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void rep_msg(mg_report *r, const char *fmt, ...)
@@ -235,11 +223,11 @@ int mg_read_smiles(const char *path, const char *csv_column, mg_smiles_list *out
         rep = &dummy;
     memset(rep, 0, sizeof *rep);
     if (!path || !out)
-        return set_err(err, errlen, MG_DATA_ERR, "mg_read_smiles: bad argument");
+        return mg_fail(err, errlen, MG_DATA_ERR, "mg_read_smiles: bad argument");
     memset(out, 0, sizeof *out);
     FILE *f = fopen(path, "r");
     if (!f)
-        return set_err(err, errlen, MG_DATA_ERR, "cannot open %s: %s", path, strerror(errno));
+        return mg_fail(err, errlen, MG_DATA_ERR, "cannot open %s: %s", path, strerror(errno));
     int csv = ends_with_ci(path, ".csv");
     const char *col = csv_column ? csv_column : "smiles";
     int colidx = -1;
@@ -248,7 +236,7 @@ int mg_read_smiles(const char *path, const char *csv_column, mg_smiles_list *out
         fields = malloc(CSV_MAX_FIELDS * sizeof *fields);
         if (!fields) {
             fclose(f);
-            return set_err(err, errlen, MG_DATA_ERR_NOMEM, "out of memory");
+            return mg_fail(err, errlen, MG_DATA_ERR_NOMEM, "out of memory");
         }
     }
     list_builder b = {0};
@@ -284,7 +272,7 @@ int mg_read_smiles(const char *path, const char *csv_column, mg_smiles_list *out
                 e++;
             rep->records++;
             if (lb_add(&b, p, (size_t)(e - p), lineno)) {
-                rc = set_err(err, errlen, MG_DATA_ERR_NOMEM, "out of memory");
+                rc = mg_fail(err, errlen, MG_DATA_ERR_NOMEM, "out of memory");
                 goto done;
             }
             continue;
@@ -295,7 +283,7 @@ int mg_read_smiles(const char *path, const char *csv_column, mg_smiles_list *out
         int nf = csv_split(line, fields, CSV_MAX_FIELDS);
         if (colidx < 0) { /* header row */
             if (nf < 0) {
-                rc = set_err(err, errlen, MG_DATA_ERR, "%s:%ld: unterminated quote in header",
+                rc = mg_fail(err, errlen, MG_DATA_ERR, "%s:%ld: unterminated quote in header",
                              path, lineno);
                 goto done;
             }
@@ -305,7 +293,7 @@ int mg_read_smiles(const char *path, const char *csv_column, mg_smiles_list *out
                     break;
                 }
             if (colidx < 0) {
-                rc = set_err(err, errlen, MG_DATA_ERR, "%s:%ld: no column named '%s' in the header",
+                rc = mg_fail(err, errlen, MG_DATA_ERR, "%s:%ld: no column named '%s' in the header",
                              path, lineno, col);
                 goto done;
             }
@@ -333,20 +321,20 @@ int mg_read_smiles(const char *path, const char *csv_column, mg_smiles_list *out
             continue;
         }
         if (lb_add(&b, v, strlen(v), lineno)) {
-            rc = set_err(err, errlen, MG_DATA_ERR_NOMEM, "out of memory");
+            rc = mg_fail(err, errlen, MG_DATA_ERR_NOMEM, "out of memory");
             goto done;
         }
     }
     if (ferror(f)) {
-        rc = set_err(err, errlen, MG_DATA_ERR, "read error on %s", path);
+        rc = mg_fail(err, errlen, MG_DATA_ERR, "read error on %s", path);
         goto done;
     }
     if (csv && colidx < 0) {
-        rc = set_err(err, errlen, MG_DATA_ERR, "%s: empty CSV file (no header row)", path);
+        rc = mg_fail(err, errlen, MG_DATA_ERR, "%s: empty CSV file (no header row)", path);
         goto done;
     }
     if (lb_finish(&b, out))
-        rc = set_err(err, errlen, MG_DATA_ERR_NOMEM, "out of memory");
+        rc = mg_fail(err, errlen, MG_DATA_ERR_NOMEM, "out of memory");
 done:
     free(line);
     free(fields);
@@ -373,11 +361,11 @@ int mg_encode_row(const mg_vocab *v, const char *smiles, int T, int32_t *seq, in
                   char *err, size_t errlen)
 {
     if (!v || !smiles || !seq || T < 2)
-        return set_err(err, errlen, MG_TOK_ERR_ARG, "mg_encode_row: bad argument (T = %d)", T);
+        return mg_fail(err, errlen, MG_TOK_ERR_ARG, "mg_encode_row: bad argument (T = %d)", T);
     int k = 0;
     int rc = mg_vocab_encode(v, smiles, seq + 1, T - 2, &k, err, errlen);
     if (rc == MG_TOK_ERR_TOOLONG)
-        return set_err(err, errlen, rc, "%d tokens, more than T - 2 = %d", k, T - 2);
+        return mg_fail(err, errlen, rc, "%d tokens, more than T - 2 = %d", k, T - 2);
     if (rc)
         return rc;
     seq[0] = MG_BOS;
@@ -420,14 +408,14 @@ int mg_dataset_from_list(const mg_smiles_list *list, const char *where, const mg
         memset(rep, 0, sizeof *rep);
     }
     if (!list || !out || (!vocab && !vocab_out))
-        return set_err(err, errlen, MG_DATA_ERR, "mg_dataset_from_list: bad argument");
+        return mg_fail(err, errlen, MG_DATA_ERR, "mg_dataset_from_list: bad argument");
     memset(out, 0, sizeof *out);
     if (!where)
         where = "(input)";
     int T = opts ? opts->T : 0;
     int maxtok = opts ? opts->max_tokens : 0;
     if (T < 0 || maxtok < 0 || T == 1 || T == 2)
-        return set_err(err, errlen, MG_DATA_ERR, "bad options: T = %d (need 0 or >= 3), "
+        return mg_fail(err, errlen, MG_DATA_ERR, "bad options: T = %d (need 0 or >= 3), "
                        "max_tokens = %d", T, maxtok);
     size_t n = list->n;
     unsigned char *status = calloc(n ? n : 1, 1);
@@ -435,7 +423,7 @@ int mg_dataset_from_list(const mg_smiles_list *list, const char *where, const mg
     if (!status || !ntok) {
         free(status);
         free(ntok);
-        return set_err(err, errlen, MG_DATA_ERR_NOMEM, "out of memory");
+        return mg_fail(err, errlen, MG_DATA_ERR_NOMEM, "out of memory");
     }
     int limit = INT32_MAX; /* max tokens allowed */
     if (maxtok > 0)
@@ -504,7 +492,7 @@ int mg_dataset_from_list(const mg_smiles_list *list, const char *where, const mg
     int rc = 0;
     mg_vocab *built = NULL;
     if (kept == 0) {
-        rc = set_err(err, errlen, MG_DATA_ERR, "%s: no usable molecules (%zu records, %ld skipped)",
+        rc = mg_fail(err, errlen, MG_DATA_ERR, "%s: no usable molecules (%zu records, %ld skipped)",
                      where, n, rep->skipped);
         goto done;
     }
@@ -513,7 +501,7 @@ int mg_dataset_from_list(const mg_smiles_list *list, const char *where, const mg
     if (!vocab) {
         const char **ok = malloc(kept * sizeof *ok);
         if (!ok) {
-            rc = set_err(err, errlen, MG_DATA_ERR_NOMEM, "out of memory");
+            rc = mg_fail(err, errlen, MG_DATA_ERR_NOMEM, "out of memory");
             goto done;
         }
         size_t m = 0;
@@ -527,7 +515,7 @@ int mg_dataset_from_list(const mg_smiles_list *list, const char *where, const mg
         vocab = built;
     }
     if (ds_alloc(out, kept, T, blob)) {
-        rc = set_err(err, errlen, MG_DATA_ERR_NOMEM, "out of memory (%zu x %d ids)", kept, T);
+        rc = mg_fail(err, errlen, MG_DATA_ERR_NOMEM, "out of memory (%zu x %d ids)", kept, T);
         goto done;
     }
     size_t r = 0, bo = 0;
@@ -637,11 +625,11 @@ int mg_dataset_split(const mg_dataset *all, double val_frac, uint64_t seed, mg_d
                      mg_dataset *val, char *err, size_t errlen)
 {
     if (!all || !train || !val)
-        return set_err(err, errlen, MG_DATA_ERR, "mg_dataset_split: bad argument");
+        return mg_fail(err, errlen, MG_DATA_ERR, "mg_dataset_split: bad argument");
     memset(train, 0, sizeof *train);
     memset(val, 0, sizeof *val);
     if (!(val_frac >= 0.0 && val_frac < 1.0))
-        return set_err(err, errlen, MG_DATA_ERR, "validation fraction %g outside [0, 1)", val_frac);
+        return mg_fail(err, errlen, MG_DATA_ERR, "validation fraction %g outside [0, 1)", val_frac);
     size_t n = all->n;
     size_t nval = (size_t)floor((double)n * val_frac + 0.5);
     if (nval >= n && n > 0)
@@ -651,7 +639,7 @@ int mg_dataset_split(const mg_dataset *all, double val_frac, uint64_t seed, mg_d
     if (!idx || !pick) {
         free(idx);
         free(pick);
-        return set_err(err, errlen, MG_DATA_ERR_NOMEM, "out of memory");
+        return mg_fail(err, errlen, MG_DATA_ERR_NOMEM, "out of memory");
     }
     for (size_t i = 0; i < n; i++)
         idx[i] = i;
@@ -663,7 +651,7 @@ int mg_dataset_split(const mg_dataset *all, double val_frac, uint64_t seed, mg_d
     if (ds_subset(all, pick, 0, train) || ds_subset(all, pick, 1, val)) {
         mg_dataset_free(train);
         mg_dataset_free(val);
-        rc = set_err(err, errlen, MG_DATA_ERR_NOMEM, "out of memory");
+        rc = mg_fail(err, errlen, MG_DATA_ERR_NOMEM, "out of memory");
     }
     free(idx);
     free(pick);
@@ -701,20 +689,20 @@ int mg_batcher_new(const mg_dataset *d, int B, uint64_t seed, int shuffle, mg_ba
                    char *err, size_t errlen)
 {
     if (!out)
-        return set_err(err, errlen, MG_DATA_ERR, "mg_batcher_new: bad argument");
+        return mg_fail(err, errlen, MG_DATA_ERR, "mg_batcher_new: bad argument");
     *out = NULL;
     if (!d || d->n == 0)
-        return set_err(err, errlen, MG_DATA_ERR, "mg_batcher_new: empty dataset");
+        return mg_fail(err, errlen, MG_DATA_ERR, "mg_batcher_new: empty dataset");
     if (B < 1 || (size_t)B > d->n)
-        return set_err(err, errlen, MG_DATA_ERR,
+        return mg_fail(err, errlen, MG_DATA_ERR,
                        "batch size %d outside [1, %zu] (the dataset size)", B, d->n);
     mg_batcher *b = calloc(1, sizeof *b);
     if (!b)
-        return set_err(err, errlen, MG_DATA_ERR_NOMEM, "out of memory");
+        return mg_fail(err, errlen, MG_DATA_ERR_NOMEM, "out of memory");
     b->perm = malloc(d->n * sizeof *b->perm);
     if (!b->perm) {
         free(b);
-        return set_err(err, errlen, MG_DATA_ERR_NOMEM, "out of memory");
+        return mg_fail(err, errlen, MG_DATA_ERR_NOMEM, "out of memory");
     }
     b->d = d;
     b->B = B;

@@ -1,5 +1,6 @@
 /* molgen KV-cache decoding (see decode.h). */
 #include "decode.h"
+#include "errors.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -29,23 +30,11 @@ struct mg_kv_decoder {
     float *x, *h, *qkv, *att, *tmp, *fc;
 };
 
-static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static int fail(char *err, size_t errlen, int code, const char *fmt, ...) {
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return code;
-}
-
 static const float *param(mg_model *m, const char *name, size_t numel, char *err, size_t errlen,
                           int *bad) {
     const mg_param_info *t = mg_model_find_tensor(m, name);
     if (!t || t->numel != numel) {
-        if (!*bad) fail(err, errlen, MG_MODEL_ERR, "decode: model has no tensor '%s' of %zu floats",
+        if (!*bad) mg_fail(err, errlen, MG_MODEL_ERR, "decode: model has no tensor '%s' of %zu floats",
                         name, numel);
         *bad = 1;
         return NULL;
@@ -54,15 +43,15 @@ static const float *param(mg_model *m, const char *name, size_t numel, char *err
 }
 
 int mg_kv_new(mg_model *m, int B, mg_kv_decoder **out, char *err, size_t errlen) {
-    if (!m || !out) return fail(err, errlen, MG_MODEL_ERR, "decode: model and out must be non-NULL");
+    if (!m || !out) return mg_fail(err, errlen, MG_MODEL_ERR, "decode: model and out must be non-NULL");
     *out = NULL;
     const mg_model_config *c = mg_model_get_config(m);
-    if (B < 1) return fail(err, errlen, MG_MODEL_ERR, "decode: batch %d < 1", B);
+    if (B < 1) return mg_fail(err, errlen, MG_MODEL_ERR, "decode: batch %d < 1", B);
     if (c->no_causal_mask)
-        return fail(err, errlen, MG_MODEL_ERR,
+        return mg_fail(err, errlen, MG_MODEL_ERR,
                     "decode: a KV cache needs a causal model (this one has no causal mask)");
     mg_kv_decoder *d = calloc(1, sizeof *d);
-    if (!d) return fail(err, errlen, MG_MODEL_ERR_NOMEM, "decode: out of memory");
+    if (!d) return mg_fail(err, errlen, MG_MODEL_ERR_NOMEM, "decode: out of memory");
     d->m = m;
     d->B = B;
     d->N = c->n_layer;
@@ -86,7 +75,7 @@ int mg_kv_new(mg_model *m, int B, mg_kv_decoder **out, char *err, size_t errlen)
     d->mem = calloc(total, sizeof(float)); /* zeroed: keys past a row's length are finite */
     if (!d->layers || !d->mem || !d->pos || !d->klen) {
         mg_kv_free(d);
-        return fail(err, errlen, MG_MODEL_ERR_NOMEM, "decode: out of memory (%zu floats)", total);
+        return mg_fail(err, errlen, MG_MODEL_ERR_NOMEM, "decode: out of memory (%zu floats)", total);
     }
     float *p = d->mem;
     for (int l = 0; l < d->N && !bad; l++) {
@@ -145,18 +134,18 @@ void mg_kv_free(mg_kv_decoder *d) {
 }
 
 int mg_kv_reset(mg_kv_decoder *d, int n, char *err, size_t errlen) {
-    if (!d) return fail(err, errlen, MG_MODEL_ERR, "decode: decoder is NULL");
+    if (!d) return mg_fail(err, errlen, MG_MODEL_ERR, "decode: decoder is NULL");
     if (n < 1 || n > d->B)
-        return fail(err, errlen, MG_MODEL_ERR, "decode: %d rows, need 1..%d", n, d->B);
+        return mg_fail(err, errlen, MG_MODEL_ERR, "decode: %d rows, need 1..%d", n, d->B);
     d->n = n;
     for (int r = 0; r < n; r++) d->pos[r] = 0;
     return 0;
 }
 
 int mg_kv_restart_row(mg_kv_decoder *d, int r, char *err, size_t errlen) {
-    if (!d) return fail(err, errlen, MG_MODEL_ERR, "decode: decoder is NULL");
+    if (!d) return mg_fail(err, errlen, MG_MODEL_ERR, "decode: decoder is NULL");
     if (r < 0 || r >= d->n)
-        return fail(err, errlen, MG_MODEL_ERR, "decode: row %d is outside [0, %d)", r, d->n);
+        return mg_fail(err, errlen, MG_MODEL_ERR, "decode: row %d is outside [0, %d)", r, d->n);
     d->pos[r] = 0;
     return 0;
 }
@@ -165,13 +154,13 @@ int mg_kv_pos(const mg_kv_decoder *d, int r) { return d && r >= 0 && r < d->n ? 
 
 int mg_kv_step(mg_kv_decoder *d, const int32_t *tok, float *logits, char *err, size_t errlen) {
     if (!d || !tok || !logits)
-        return fail(err, errlen, MG_MODEL_ERR, "decode: decoder, tokens and logits must be non-NULL");
-    if (d->n < 1) return fail(err, errlen, MG_MODEL_ERR, "decode: step before reset");
+        return mg_fail(err, errlen, MG_MODEL_ERR, "decode: decoder, tokens and logits must be non-NULL");
+    if (d->n < 1) return mg_fail(err, errlen, MG_MODEL_ERR, "decode: step before reset");
     const int n = d->n, D = d->d, F = 4 * D, H = d->H, Dh = D / H, ctx = d->ctx;
     int maxpos = 0;
     for (int b = 0; b < n; b++) {
         if (d->pos[b] >= ctx)
-            return fail(err, errlen, MG_MODEL_ERR, "decode: row %d: position %d is past ctx_len %d",
+            return mg_fail(err, errlen, MG_MODEL_ERR, "decode: row %d: position %d is past ctx_len %d",
                         b, d->pos[b], ctx);
         if (d->pos[b] > maxpos) maxpos = d->pos[b];
         d->klen[b] = d->pos[b] + 1;
@@ -181,7 +170,7 @@ int mg_kv_step(mg_kv_decoder *d, const int32_t *tok, float *logits, char *err, s
 
     for (int b = 0; b < n; b++) {
         if (tok[b] < 0 || tok[b] >= d->V)
-            return fail(err, errlen, MG_MODEL_ERR, "decode: token[%d] = %d is outside [0, %d)", b,
+            return mg_fail(err, errlen, MG_MODEL_ERR, "decode: token[%d] = %d is outside [0, %d)", b,
                         (int)tok[b], d->V);
         const float *te = d->tok_emb + (size_t)tok[b] * D, *pe = d->pos_emb + (size_t)d->pos[b] * D;
         float *x = d->x + (size_t)b * D;
@@ -209,7 +198,7 @@ int mg_kv_step(mg_kv_decoder *d, const int32_t *tok, float *logits, char *err, s
         attn_tensor v = {L->v, {n, H, maxpos + 1, Dh}, {(int64_t)ctx * D, Dh, D, 1}};
         attn_tensor o = {d->att, {n, H, 1, Dh}, {D, Dh, D, 1}};
         if (attn_sdpa_forward(&q, &k, &v, &ap, &o, NULL, NULL, NULL, &aerr))
-            return fail(err, errlen, MG_MODEL_ERR, "decode: block %d attention: %s", l,
+            return mg_fail(err, errlen, MG_MODEL_ERR, "decode: block %d attention: %s", l,
                         aerr.message);
         mg_matmul_forward(d->tmp, d->att, L->out_w, L->out_b, n, D, D, nt);
         for (size_t i = 0; i < (size_t)n * D; i++) d->x[i] = d->x[i] + d->tmp[i];

@@ -9,6 +9,7 @@
  * Shapes: B batch rows, L positions, d = d_model, F = 4d (MLP hidden),
  * V vocabulary, H heads, R = B*L rows of the flattened activations. */
 #include "model.h"
+#include "errors.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -24,20 +25,6 @@
 #include <omp.h>
 #endif
 
-
-/* ------------------------------------------------------------ errors */
-
-static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static int fail(char *err, size_t errlen, int code, const char *fmt, ...) {
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return code;
-}
 
 /* ------------------------------------------------------------ config */
 
@@ -57,20 +44,20 @@ void mg_model_config_molgpt(mg_model_config *c) {
 }
 
 int mg_model_config_check(const mg_model_config *c, char *err, size_t errlen) {
-    if (!c) return fail(err, errlen, MG_MODEL_ERR, "model config is NULL");
+    if (!c) return mg_fail(err, errlen, MG_MODEL_ERR, "model config is NULL");
     if (c->n_layer < 1 || c->n_layer > 1024)
-        return fail(err, errlen, MG_MODEL_ERR, "n_layer %d must be in [1, 1024]", c->n_layer);
+        return mg_fail(err, errlen, MG_MODEL_ERR, "n_layer %d must be in [1, 1024]", c->n_layer);
     if (c->d_model < 1 || c->d_model > 65536)
-        return fail(err, errlen, MG_MODEL_ERR, "d_model %d must be in [1, 65536]", c->d_model);
+        return mg_fail(err, errlen, MG_MODEL_ERR, "d_model %d must be in [1, 65536]", c->d_model);
     if (c->n_head < 1 || c->d_model % c->n_head)
-        return fail(err, errlen, MG_MODEL_ERR, "n_head %d must be >= 1 and divide d_model %d",
+        return mg_fail(err, errlen, MG_MODEL_ERR, "n_head %d must be >= 1 and divide d_model %d",
                     c->n_head, c->d_model);
     if (c->ctx_len < 1 || c->ctx_len > 65536)
-        return fail(err, errlen, MG_MODEL_ERR, "ctx_len %d must be in [1, 65536]", c->ctx_len);
+        return mg_fail(err, errlen, MG_MODEL_ERR, "ctx_len %d must be in [1, 65536]", c->ctx_len);
     if (c->vocab_size < 1 || c->vocab_size > (1 << 24))
-        return fail(err, errlen, MG_MODEL_ERR, "vocab_size %d must be in [1, 2^24]", c->vocab_size);
+        return mg_fail(err, errlen, MG_MODEL_ERR, "vocab_size %d must be in [1, 2^24]", c->vocab_size);
     if (!(c->dropout >= 0.0f && c->dropout < 1.0f))
-        return fail(err, errlen, MG_MODEL_ERR, "dropout %g must be in [0, 1)", (double)c->dropout);
+        return mg_fail(err, errlen, MG_MODEL_ERR, "dropout %g must be in [0, 1)", (double)c->dropout);
     return 0;
 }
 
@@ -83,16 +70,16 @@ int mg_model_config_to_json(const mg_model_config *c, char *out, size_t outlen) 
 }
 
 int mg_model_config_from_json(const char *json, mg_model_config *c, char *err, size_t errlen) {
-    if (!json || !c) return fail(err, errlen, MG_MODEL_ERR, "config JSON or output is NULL");
+    if (!json || !c) return mg_fail(err, errlen, MG_MODEL_ERR, "config JSON or output is NULL");
     mg_json *j = NULL;
     char jerr[200];
     if (mg_json_parse(json, strlen(json), &j, jerr, sizeof jerr))
-        return fail(err, errlen, MG_MODEL_ERR, "model config JSON: %s", jerr);
+        return mg_fail(err, errlen, MG_MODEL_ERR, "model config JSON: %s", jerr);
     int rc = 0;
     mg_model_config r;
     memset(&r, 0, sizeof r);
     if (j->type != MG_JSON_OBJECT) {
-        rc = fail(err, errlen, MG_MODEL_ERR, "model config JSON is not an object");
+        rc = mg_fail(err, errlen, MG_MODEL_ERR, "model config JSON is not an object");
         goto done;
     }
     static const char *const ints[] = {"n_layer", "d_model", "n_head", "ctx_len", "vocab_size"};
@@ -106,7 +93,7 @@ int mg_model_config_from_json(const char *json, mg_model_config *c, char *err, s
             known = 1;
             if (v->type != MG_JSON_NUMBER || !v->is_int || v->integer < INT32_MIN ||
                 v->integer > INT32_MAX) {
-                rc = fail(err, errlen, MG_MODEL_ERR, "model config: \"%s\" must be an integer", k);
+                rc = mg_fail(err, errlen, MG_MODEL_ERR, "model config: \"%s\" must be an integer", k);
                 goto done;
             }
             *dst[q] = (int)v->integer;
@@ -114,26 +101,26 @@ int mg_model_config_from_json(const char *json, mg_model_config *c, char *err, s
         if (!strcmp(k, "dropout")) {
             known = 1;
             if (v->type != MG_JSON_NUMBER) {
-                rc = fail(err, errlen, MG_MODEL_ERR, "model config: \"dropout\" must be a number");
+                rc = mg_fail(err, errlen, MG_MODEL_ERR, "model config: \"dropout\" must be a number");
                 goto done;
             }
             r.dropout = (float)v->number;
         } else if (!strcmp(k, "causal")) {
             known = 1;
             if (v->type != MG_JSON_BOOL) {
-                rc = fail(err, errlen, MG_MODEL_ERR, "model config: \"causal\" must be true or false");
+                rc = mg_fail(err, errlen, MG_MODEL_ERR, "model config: \"causal\" must be true or false");
                 goto done;
             }
             r.no_causal_mask = !v->boolean;
         }
         if (!known) {
-            rc = fail(err, errlen, MG_MODEL_ERR, "model config: unknown key \"%s\"", k);
+            rc = mg_fail(err, errlen, MG_MODEL_ERR, "model config: unknown key \"%s\"", k);
             goto done;
         }
     }
     for (int q = 0; q < 5; q++)
         if (!mg_json_get(j, ints[q])) {
-            rc = fail(err, errlen, MG_MODEL_ERR, "model config: missing \"%s\"", ints[q]);
+            rc = mg_fail(err, errlen, MG_MODEL_ERR, "model config: missing \"%s\"", ints[q]);
             goto done;
         }
     if ((rc = mg_model_config_check(&r, err, errlen))) goto done;
@@ -312,12 +299,12 @@ static void point_views(const mg_model *m, float *base, model_params *v) {
 }
 
 int mg_model_create(const mg_model_config *c, mg_model **out, char *err, size_t errlen) {
-    if (!out) return fail(err, errlen, MG_MODEL_ERR, "output pointer is NULL");
+    if (!out) return mg_fail(err, errlen, MG_MODEL_ERR, "output pointer is NULL");
     *out = NULL;
     int rc = mg_model_config_check(c, err, errlen);
     if (rc) return rc;
     mg_model *m = calloc(1, sizeof *m);
-    if (!m) return fail(err, errlen, MG_MODEL_ERR_NOMEM, "out of memory for the model");
+    if (!m) return mg_fail(err, errlen, MG_MODEL_ERR_NOMEM, "out of memory for the model");
     m->cfg = *c;
     m->mha.embed_dim = c->d_model;
     m->mha.num_heads = c->n_head;
@@ -325,7 +312,7 @@ int mg_model_create(const mg_model_config *c, mg_model **out, char *err, size_t 
     attn_error aerr;
     if (attn_mha_param_count(&m->mha, &m->mha_count, &aerr)) {
         mg_model_free(m);
-        return fail(err, errlen, MG_MODEL_ERR, "attention config: %s", aerr.message);
+        return mg_fail(err, errlen, MG_MODEL_ERR, "attention config: %s", aerr.message);
     }
     const size_t nt = 6 + 12 * (size_t)c->n_layer;
     m->tensors = calloc(nt, sizeof *m->tensors);
@@ -334,7 +321,7 @@ int mg_model_create(const mg_model_config *c, mg_model **out, char *err, size_t 
     m->g.blocks = calloc((size_t)c->n_layer, sizeof(block_params));
     if (!m->tensors || !m->names || !m->p.blocks || !m->g.blocks) {
         mg_model_free(m);
-        return fail(err, errlen, MG_MODEL_ERR_NOMEM, "out of memory for the model tables");
+        return mg_fail(err, errlen, MG_MODEL_ERR_NOMEM, "out of memory for the model tables");
     }
     build_table(m);
     m->params = calloc(m->num_params, sizeof(float));
@@ -342,7 +329,7 @@ int mg_model_create(const mg_model_config *c, mg_model **out, char *err, size_t 
     if (!m->params || !m->grads) {
         size_t n = m->num_params;
         mg_model_free(m);
-        return fail(err, errlen, MG_MODEL_ERR_NOMEM, "out of memory for %zu parameters", n);
+        return mg_fail(err, errlen, MG_MODEL_ERR_NOMEM, "out of memory for %zu parameters", n);
     }
     point_views(m, m->params, &m->p);
     point_views(m, m->grads, &m->g);
@@ -464,7 +451,7 @@ static int ensure_acts(mg_model *m, size_t R, size_t B, size_t slots, char *err,
     m->attn_gbuf = malloc((B + ATTN_CHUNK - 1) / ATTN_CHUNK * m->mha_count * sizeof(float));
     if (!m->act_mem || !m->acts || !m->inputs || !m->targets || !m->key_len || !m->attn_gbuf) {
         free_acts(m);
-        return fail(err, errlen, MG_MODEL_ERR_NOMEM,
+        return mg_fail(err, errlen, MG_MODEL_ERR_NOMEM,
                     "out of memory for activations (%zu rows, %zu floats)", R, total);
     }
     float *p = m->act_mem;
@@ -686,7 +673,7 @@ static int attention_forward(mg_model *m, int layer, int B, int L, const float *
             }
         }
     }
-    if (failed) return fail(err, errlen, MG_MODEL_ERR, "block %d attention: %s", layer, msg);
+    if (failed) return mg_fail(err, errlen, MG_MODEL_ERR, "block %d attention: %s", layer, msg);
     return 0;
 }
 
@@ -723,7 +710,7 @@ static int attention_backward(mg_model *m, int layer, int B, int L, const float 
             }
         }
     }
-    if (failed) return fail(err, errlen, MG_MODEL_ERR, "block %d attention backward: %s", layer, msg);
+    if (failed) return mg_fail(err, errlen, MG_MODEL_ERR, "block %d attention backward: %s", layer, msg);
     float *g = m->g.blocks[layer].attn;
     const float *gb = m->attn_gbuf;
 #pragma omp parallel for num_threads(nt) schedule(static)
@@ -749,9 +736,9 @@ static int forward_core(mg_model *m, int B, int L, int keep, int training, uint6
     size_t cache_need = 0;
     attn_error aerr;
     if (attn_mha_cache_size(&m->mha, B, L, L, &cache_need, &aerr))
-        return fail(err, errlen, MG_MODEL_ERR, "attention: %s", aerr.message);
+        return mg_fail(err, errlen, MG_MODEL_ERR, "attention: %s", aerr.message);
     if (cache_need > (size_t)R * (4 * (size_t)d + (size_t)m->cfg.n_head))
-        return fail(err, errlen, MG_MODEL_ERR, "attention cache larger than planned (%zu floats)",
+        return mg_fail(err, errlen, MG_MODEL_ERR, "attention cache larger than planned (%zu floats)",
                     cache_need);
 
     float *x = m->acts[0].x; /* [B, L, d] the residual stream */
@@ -794,11 +781,11 @@ int mg_model_forward(mg_model *m, const int32_t *ids, const int64_t *lengths, in
                      int training, uint64_t dropout_seed, float *loss, int64_t *ntok, char *err,
                      size_t errlen) {
     if (!m || !ids || !lengths || !loss)
-        return fail(err, errlen, MG_MODEL_ERR, "model, ids, lengths and loss must be non-NULL");
+        return mg_fail(err, errlen, MG_MODEL_ERR, "model, ids, lengths and loss must be non-NULL");
     m->have_forward = 0;
     const int V = m->cfg.vocab_size;
     if (B < 1 || T < 2 || T - 1 > m->cfg.ctx_len)
-        return fail(err, errlen, MG_MODEL_ERR, "batch %d x %d: need B >= 1 and 2 <= T <= ctx_len + 1 = %d",
+        return mg_fail(err, errlen, MG_MODEL_ERR, "batch %d x %d: need B >= 1 and 2 <= T <= ctx_len + 1 = %d",
                     B, T, m->cfg.ctx_len + 1);
     const int L = T - 1;
     const int64_t R = (int64_t)B * L;
@@ -807,14 +794,14 @@ int mg_model_forward(mg_model *m, const int32_t *ids, const int64_t *lengths, in
     int64_t count = 0;
     for (int b = 0; b < B; b++) {
         if (lengths[b] < 2 || lengths[b] > T)
-            return fail(err, errlen, MG_MODEL_ERR, "lengths[%d] = %lld is outside [2, %d]", b,
+            return mg_fail(err, errlen, MG_MODEL_ERR, "lengths[%d] = %lld is outside [2, %d]", b,
                         (long long)lengths[b], T);
         m->key_len[b] = lengths[b] - 1;
         count += lengths[b] - 1;
         for (int t = 0; t < T; t++) {
             int32_t id = ids[(int64_t)b * T + t];
             if (id < 0 || id >= V)
-                return fail(err, errlen, MG_MODEL_ERR, "ids[%d][%d] = %d is outside [0, %d)", b, t,
+                return mg_fail(err, errlen, MG_MODEL_ERR, "ids[%d][%d] = %d is outside [0, %d)", b, t,
                             (int)id, V);
             if (t < L) m->inputs[(int64_t)b * L + t] = id;
             if (t > 0) m->targets[(int64_t)b * L + t - 1] = id;
@@ -840,9 +827,9 @@ int mg_model_forward(mg_model *m, const int32_t *ids, const int64_t *lengths, in
 /* ------------------------------------------------------------ backward */
 
 int mg_model_backward(mg_model *m, char *err, size_t errlen) {
-    if (!m) return fail(err, errlen, MG_MODEL_ERR, "model is NULL");
+    if (!m) return mg_fail(err, errlen, MG_MODEL_ERR, "model is NULL");
     if (!m->have_forward)
-        return fail(err, errlen, MG_MODEL_ERR, "backward without a forward (call mg_model_forward first)");
+        return mg_fail(err, errlen, MG_MODEL_ERR, "backward without a forward (call mg_model_forward first)");
     m->have_forward = 0; /* dlogits overwrite the probabilities */
     const int nt = threads_now();
     const int B = m->B, L = m->L, N = m->cfg.n_layer, d = m->cfg.d_model, F = 4 * d;
@@ -892,9 +879,9 @@ int mg_model_backward(mg_model *m, char *err, size_t errlen) {
 int mg_model_logits(mg_model *m, const int32_t *ids, const int64_t *lengths, int B, int L,
                     float *logits, float *attn_weights, char *err, size_t errlen) {
     if (!m || !ids || !logits)
-        return fail(err, errlen, MG_MODEL_ERR, "model, ids and logits must be non-NULL");
+        return mg_fail(err, errlen, MG_MODEL_ERR, "model, ids and logits must be non-NULL");
     if (B < 1 || L < 1 || L > m->cfg.ctx_len)
-        return fail(err, errlen, MG_MODEL_ERR, "batch %d x %d: need B >= 1 and 1 <= L <= ctx_len %d",
+        return mg_fail(err, errlen, MG_MODEL_ERR, "batch %d x %d: need B >= 1 and 1 <= L <= ctx_len %d",
                     B, L, m->cfg.ctx_len);
     m->have_forward = 0;
     const int64_t R = (int64_t)B * L;
@@ -903,13 +890,13 @@ int mg_model_logits(mg_model *m, const int32_t *ids, const int64_t *lengths, int
     for (int b = 0; b < B; b++) {
         int64_t kl = lengths ? lengths[b] : L;
         if (kl < 1 || kl > L)
-            return fail(err, errlen, MG_MODEL_ERR, "lengths[%d] = %lld is outside [1, %d]", b,
+            return mg_fail(err, errlen, MG_MODEL_ERR, "lengths[%d] = %lld is outside [1, %d]", b,
                         (long long)kl, L);
         m->key_len[b] = kl;
     }
     for (int64_t r = 0; r < R; r++) {
         if (ids[r] < 0 || ids[r] >= m->cfg.vocab_size)
-            return fail(err, errlen, MG_MODEL_ERR, "ids[%lld][%lld] = %d is outside [0, %d)",
+            return mg_fail(err, errlen, MG_MODEL_ERR, "ids[%lld][%lld] = %d is outside [0, %d)",
                         (long long)(r / L), (long long)(r % L), (int)ids[r], m->cfg.vocab_size);
         m->inputs[r] = ids[r];
     }
@@ -919,7 +906,7 @@ int mg_model_logits(mg_model *m, const int32_t *ids, const int64_t *lengths, int
 /* ------------------------------------------------------------ causal guard */
 
 int mg_model_causal_guard(mg_model *m, uint64_t seed, char *err, size_t errlen) {
-    if (!m) return fail(err, errlen, MG_MODEL_ERR, "model is NULL");
+    if (!m) return mg_fail(err, errlen, MG_MODEL_ERR, "model is NULL");
     const int B = 2, L = m->cfg.ctx_len, V = m->cfg.vocab_size;
     if (L < 2 || V < 2) return 0; /* nothing after a position can change */
     const size_t R = (size_t)B * L;
@@ -927,7 +914,7 @@ int mg_model_causal_guard(mg_model *m, uint64_t seed, char *err, size_t errlen) 
     float *lg = malloc(R * V * sizeof(float)), *lg2 = malloc(R * V * sizeof(float));
     int rc = 0;
     if (!ids || !ids2 || !lg || !lg2) {
-        rc = fail(err, errlen, MG_MODEL_ERR_NOMEM, "causal guard: out of memory");
+        rc = mg_fail(err, errlen, MG_MODEL_ERR_NOMEM, "causal guard: out of memory");
         goto done;
     }
     uint64_t s = seed ^ 0x6A09E667F3BCC909ull;
@@ -956,7 +943,7 @@ int mg_model_causal_guard(mg_model *m, uint64_t seed, char *err, size_t errlen) 
                     }
                 }
         if (worst > 1e-6) {
-            rc = fail(err, errlen, MG_MODEL_ERR_LEAK,
+            rc = mg_fail(err, errlen, MG_MODEL_ERR_LEAK,
                       "causal leak: logits at position %d changed by %.2e when the tokens after "
                       "position %d changed",
                       worst_pos, worst, t);
@@ -990,10 +977,10 @@ size_t mg_model_st_tensors(const mg_model *m, mg_st_tensor *t, size_t cap) {
 }
 
 int mg_model_from_st(const mg_st_file *f, mg_model **out, char *err, size_t errlen) {
-    if (!f || !out) return fail(err, errlen, MG_MODEL_ERR, "file or output pointer is NULL");
+    if (!f || !out) return mg_fail(err, errlen, MG_MODEL_ERR, "file or output pointer is NULL");
     *out = NULL;
     const char *cj = mg_st_meta(f, "config");
-    if (!cj) return fail(err, errlen, MG_MODEL_ERR, "not a molgen model: no \"config\" metadata");
+    if (!cj) return mg_fail(err, errlen, MG_MODEL_ERR, "not a molgen model: no \"config\" metadata");
     mg_model_config c;
     int rc = mg_model_config_from_json(cj, &c, err, errlen);
     if (rc) return rc;
@@ -1013,14 +1000,14 @@ int mg_model_from_st(const mg_st_file *f, mg_model **out, char *err, size_t errl
 
 int mg_model_save(const mg_model *m, const mg_vocab *vocab, const char *path, char *err,
                   size_t errlen) {
-    if (!m || !path) return fail(err, errlen, MG_MODEL_ERR, "model or path is NULL");
+    if (!m || !path) return mg_fail(err, errlen, MG_MODEL_ERR, "model or path is NULL");
     mg_st_tensor *t = calloc(m->num_tensors, sizeof *t);
     char cfg[512];
     char *vj = vocab ? mg_vocab_to_json(vocab) : NULL;
     if (!t || (vocab && !vj)) {
         free(t);
         free(vj);
-        return fail(err, errlen, MG_MODEL_ERR_NOMEM, "out of memory saving the model");
+        return mg_fail(err, errlen, MG_MODEL_ERR_NOMEM, "out of memory saving the model");
     }
     mg_model_config_to_json(&m->cfg, cfg, sizeof cfg);
     mg_model_st_tensors(m, t, m->num_tensors);
@@ -1032,26 +1019,26 @@ int mg_model_save(const mg_model *m, const mg_vocab *vocab, const char *path, ch
 }
 
 int mg_model_load(const char *path, mg_model **out, mg_vocab **vocab, char *err, size_t errlen) {
-    if (!path || !out) return fail(err, errlen, MG_MODEL_ERR, "path or output pointer is NULL");
+    if (!path || !out) return mg_fail(err, errlen, MG_MODEL_ERR, "path or output pointer is NULL");
     *out = NULL;
     if (vocab) *vocab = NULL;
     mg_st_file *f = NULL;
     char e[256];
-    if (mg_st_load(path, &f, e, sizeof e)) return fail(err, errlen, MG_MODEL_ERR, "%s", e);
+    if (mg_st_load(path, &f, e, sizeof e)) return mg_fail(err, errlen, MG_MODEL_ERR, "%s", e);
     mg_model *m = NULL;
     int rc = mg_model_from_st(f, &m, e, sizeof e);
     if (rc) {
         mg_st_free(f);
-        return fail(err, errlen, rc, "%s: %s", path, e);
+        return mg_fail(err, errlen, rc, "%s: %s", path, e);
     }
     if (vocab) {
         const char *vj = mg_st_meta(f, "vocab");
         if (!vj) {
-            rc = fail(err, errlen, MG_MODEL_ERR, "%s: no \"vocab\" metadata", path);
+            rc = mg_fail(err, errlen, MG_MODEL_ERR, "%s: no \"vocab\" metadata", path);
         } else if (mg_vocab_from_json(vj, strlen(vj), vocab, e, sizeof e)) {
-            rc = fail(err, errlen, MG_MODEL_ERR, "%s: vocab: %s", path, e);
+            rc = mg_fail(err, errlen, MG_MODEL_ERR, "%s: vocab: %s", path, e);
         } else if (mg_vocab_size(*vocab) != m->cfg.vocab_size) {
-            rc = fail(err, errlen, MG_MODEL_ERR, "%s: vocab has %d tokens but the model %d", path,
+            rc = mg_fail(err, errlen, MG_MODEL_ERR, "%s: vocab has %d tokens but the model %d", path,
                       mg_vocab_size(*vocab), m->cfg.vocab_size);
         }
         if (rc) {

@@ -1,6 +1,7 @@
 /* molgen optim: AdamW, warm-up + cosine schedule, global-norm clipping
  * (see optim.h). */
 #include "optim.h"
+#include "errors.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -15,17 +16,6 @@
 #include <omp.h>
 #endif
 
-static int fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int fail(char *err, size_t errlen, const char *fmt, ...) {
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return -1;
-}
-
 void mg_adamw_config_default(mg_adamw_config *c) {
     c->lr = 2e-3f;
     c->min_lr_frac = 0.1f;
@@ -39,18 +29,18 @@ void mg_adamw_config_default(mg_adamw_config *c) {
 }
 
 int mg_adamw_config_check(const mg_adamw_config *c, char *err, size_t errlen) {
-    if (!c) return fail(err, errlen, "optimizer config is NULL");
-    if (!(c->lr > 0.0f && c->lr < 10.0f)) return fail(err, errlen, "lr %g must be in (0, 10)", (double)c->lr);
+    if (!c) return mg_fail(err, errlen, -1, "optimizer config is NULL");
+    if (!(c->lr > 0.0f && c->lr < 10.0f)) return mg_fail(err, errlen, -1, "lr %g must be in (0, 10)", (double)c->lr);
     if (!(c->min_lr_frac >= 0.0f && c->min_lr_frac <= 1.0f))
-        return fail(err, errlen, "min_lr_frac %g must be in [0, 1]", (double)c->min_lr_frac);
-    if (c->warmup_steps < 0) return fail(err, errlen, "warmup_steps must be >= 0");
-    if (c->total_steps < 1) return fail(err, errlen, "total_steps must be >= 1");
+        return mg_fail(err, errlen, -1, "min_lr_frac %g must be in [0, 1]", (double)c->min_lr_frac);
+    if (c->warmup_steps < 0) return mg_fail(err, errlen, -1, "warmup_steps must be >= 0");
+    if (c->total_steps < 1) return mg_fail(err, errlen, -1, "total_steps must be >= 1");
     if (!(c->beta1 >= 0.0f && c->beta1 < 1.0f) || !(c->beta2 >= 0.0f && c->beta2 < 1.0f))
-        return fail(err, errlen, "betas (%g, %g) must be in [0, 1)", (double)c->beta1, (double)c->beta2);
-    if (!(c->eps > 0.0f)) return fail(err, errlen, "eps must be > 0");
+        return mg_fail(err, errlen, -1, "betas (%g, %g) must be in [0, 1)", (double)c->beta1, (double)c->beta2);
+    if (!(c->eps > 0.0f)) return mg_fail(err, errlen, -1, "eps must be > 0");
     if (!(c->weight_decay >= 0.0f && c->weight_decay < 1.0f))
-        return fail(err, errlen, "weight_decay %g must be in [0, 1)", (double)c->weight_decay);
-    if (!(c->grad_clip == c->grad_clip)) return fail(err, errlen, "grad_clip is NaN");
+        return mg_fail(err, errlen, -1, "weight_decay %g must be in [0, 1)", (double)c->weight_decay);
+    if (!(c->grad_clip == c->grad_clip)) return mg_fail(err, errlen, -1, "grad_clip is NaN");
     return 0;
 }
 
@@ -65,31 +55,31 @@ int mg_adamw_config_to_json(const mg_adamw_config *c, char *out, size_t outlen) 
 }
 
 int mg_adamw_config_from_json(const char *json, mg_adamw_config *c, char *err, size_t errlen) {
-    if (!json || !c) return fail(err, errlen, "optimizer JSON or output is NULL");
+    if (!json || !c) return mg_fail(err, errlen, -1, "optimizer JSON or output is NULL");
     mg_json *j = NULL;
     char jerr[200];
     if (mg_json_parse(json, strlen(json), &j, jerr, sizeof jerr))
-        return fail(err, errlen, "optimizer config JSON: %s", jerr);
+        return mg_fail(err, errlen, -1, "optimizer config JSON: %s", jerr);
     static const char *const keys[] = {"lr", "min_lr_frac", "warmup_steps", "total_steps", "beta1",
                                        "beta2", "eps", "weight_decay", "grad_clip"};
     double val[9];
     int rc = 0;
     if (j->type != MG_JSON_OBJECT) {
-        rc = fail(err, errlen, "optimizer config JSON is not an object");
+        rc = mg_fail(err, errlen, -1, "optimizer config JSON is not an object");
         goto done;
     }
     for (size_t i = 0; i < j->len; i++) {
         int known = 0;
         for (int k = 0; k < 9; k++) known |= !strcmp(j->keys[i], keys[k]);
         if (!known) {
-            rc = fail(err, errlen, "optimizer config: unknown key \"%s\"", j->keys[i]);
+            rc = mg_fail(err, errlen, -1, "optimizer config: unknown key \"%s\"", j->keys[i]);
             goto done;
         }
     }
     for (int k = 0; k < 9; k++) {
         const mg_json *v = mg_json_get(j, keys[k]);
         if (!v || v->type != MG_JSON_NUMBER) {
-            rc = fail(err, errlen, "optimizer config: \"%s\" missing or not a number", keys[k]);
+            rc = mg_fail(err, errlen, -1, "optimizer config: \"%s\" missing or not a number", keys[k]);
             goto done;
         }
         val[k] = v->is_int ? (double)v->integer : v->number;
@@ -123,18 +113,18 @@ float mg_lr_at(const mg_adamw_config *c, int64_t s) {
 
 int mg_adamw_init(mg_adamw *o, const mg_adamw_config *c, size_t n, const mg_optim_span *spans,
                   size_t nspans, char *err, size_t errlen) {
-    if (!o) return fail(err, errlen, "optimizer is NULL");
+    if (!o) return mg_fail(err, errlen, -1, "optimizer is NULL");
     memset(o, 0, sizeof *o);
     if (mg_adamw_config_check(c, err, errlen)) return -1;
-    if (n == 0 || !spans || nspans == 0) return fail(err, errlen, "no parameters or spans");
+    if (n == 0 || !spans || nspans == 0) return mg_fail(err, errlen, -1, "no parameters or spans");
     size_t at = 0;
     for (size_t i = 0; i < nspans; i++) {
         if (spans[i].offset != at || spans[i].numel == 0)
-            return fail(err, errlen, "span %zu starts at %zu, expected %zu (spans must tile the buffer)",
+            return mg_fail(err, errlen, -1, "span %zu starts at %zu, expected %zu (spans must tile the buffer)",
                         i, spans[i].offset, at);
         at += spans[i].numel;
     }
-    if (at != n) return fail(err, errlen, "spans cover %zu parameters, not %zu", at, n);
+    if (at != n) return mg_fail(err, errlen, -1, "spans cover %zu parameters, not %zu", at, n);
     o->cfg = *c;
     o->n = n;
     o->m = calloc(n, sizeof(float));
@@ -142,7 +132,7 @@ int mg_adamw_init(mg_adamw *o, const mg_adamw_config *c, size_t n, const mg_opti
     o->spans = malloc(nspans * sizeof *spans);
     if (!o->m || !o->v || !o->spans) {
         mg_adamw_free(o);
-        return fail(err, errlen, "out of memory for the optimizer state (%zu parameters)", n);
+        return mg_fail(err, errlen, -1, "out of memory for the optimizer state (%zu parameters)", n);
     }
     memcpy(o->spans, spans, nspans * sizeof *spans);
     o->nspans = nspans;
@@ -184,13 +174,13 @@ static double sum_squares(const float *g, size_t n, int nt) {
 
 int mg_adamw_step(mg_adamw *o, float *params, float *grads, float *grad_norm, float *lr_used,
                   char *err, size_t errlen) {
-    if (!o || !o->m || !params || !grads) return fail(err, errlen, "optimizer not initialised or NULL buffers");
+    if (!o || !o->m || !params || !grads) return mg_fail(err, errlen, -1, "optimizer not initialised or NULL buffers");
     int nt = attn_get_num_threads();
     if (nt < 1) nt = 1;
     const double norm = sqrt(sum_squares(grads, o->n, nt));
     if (grad_norm) *grad_norm = (float)norm;
     if (!isfinite(norm))
-        return fail(err, errlen, "gradient norm is %g at step %lld (diverged?)", norm,
+        return mg_fail(err, errlen, -1, "gradient norm is %g at step %lld (diverged?)", norm,
                     (long long)o->step);
     const float lr = mg_lr_at(&o->cfg, o->step);
     if (lr_used) *lr_used = lr;

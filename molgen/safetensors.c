@@ -1,6 +1,7 @@
 /* molgen safetensors + minimal JSON: see safetensors.h. */
 #define _POSIX_C_SOURCE 200809L
 #include "safetensors.h"
+#include "errors.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -10,19 +11,6 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-static int set_err(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static int set_err(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (err && errlen > 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return -1;
-}
 
 static int host_is_little_endian(void)
 {
@@ -443,11 +431,11 @@ static int jparse_value(jparser *p, mg_json *j, int depth)
 int mg_json_parse(const char *text, size_t len, mg_json **out, char *err, size_t errlen)
 {
     if (!out || (!text && len > 0))
-        return set_err(err, errlen, "mg_json_parse: bad argument");
+        return mg_fail(err, errlen, -1, "mg_json_parse: bad argument");
     *out = NULL;
     mg_json *j = calloc(1, sizeof *j);
     if (!j)
-        return set_err(err, errlen, "out of memory");
+        return mg_fail(err, errlen, -1, "out of memory");
     jparser p = {text, len, 0, err, errlen, 0};
     if (jparse_value(&p, j, 0)) {
         mg_json_free(j);
@@ -643,39 +631,39 @@ static int build_header(const mg_st_tensor *t, size_t nt, const mg_st_kv *meta, 
     *hdr = NULL;
     *order = NULL;
     if (!host_is_little_endian())
-        return set_err(err, errlen, "safetensors writer: big-endian hosts are not supported");
+        return mg_fail(err, errlen, -1, "safetensors writer: big-endian hosts are not supported");
     if ((nt > 0 && !t) || (nmeta > 0 && !meta))
-        return set_err(err, errlen, "safetensors writer: bad argument");
+        return mg_fail(err, errlen, -1, "safetensors writer: bad argument");
     for (size_t i = 0; i < nt; i++) {
         const mg_st_tensor *x = &t[i];
         if (!x->name || !x->name[0])
-            return set_err(err, errlen, "tensor %zu: empty name", i);
+            return mg_fail(err, errlen, -1, "tensor %zu: empty name", i);
         if (strcmp(x->name, "__metadata__") == 0)
-            return set_err(err, errlen, "tensor %zu: the name __metadata__ is reserved", i);
+            return mg_fail(err, errlen, -1, "tensor %zu: the name __metadata__ is reserved", i);
         if (!mg_st_dtype_name(x->dtype))
-            return set_err(err, errlen, "tensor '%s': invalid dtype %d", x->name, (int)x->dtype);
+            return mg_fail(err, errlen, -1, "tensor '%s': invalid dtype %d", x->name, (int)x->dtype);
         if (x->ndim < 0 || x->ndim > MG_ST_MAX_DIMS)
-            return set_err(err, errlen, "tensor '%s': ndim %d outside [0, %d]", x->name, x->ndim,
+            return mg_fail(err, errlen, -1, "tensor '%s': ndim %d outside [0, %d]", x->name, x->ndim,
                            MG_ST_MAX_DIMS);
         uint64_t nb;
         if (tensor_bytes(x->shape, x->ndim, mg_st_dtype_size(x->dtype), &nb))
-            return set_err(err, errlen, "tensor '%s': negative or overflowing shape", x->name);
+            return mg_fail(err, errlen, -1, "tensor '%s': negative or overflowing shape", x->name);
         if (nb > 0 && !x->data)
-            return set_err(err, errlen, "tensor '%s': data is NULL", x->name);
+            return mg_fail(err, errlen, -1, "tensor '%s': data is NULL", x->name);
         for (size_t k = 0; k < i; k++)
             if (strcmp(t[k].name, x->name) == 0)
-                return set_err(err, errlen, "duplicate tensor name '%s'", x->name);
+                return mg_fail(err, errlen, -1, "duplicate tensor name '%s'", x->name);
     }
     for (size_t i = 0; i < nmeta; i++) {
         if (!meta[i].key || !meta[i].value)
-            return set_err(err, errlen, "metadata entry %zu: NULL key or value", i);
+            return mg_fail(err, errlen, -1, "metadata entry %zu: NULL key or value", i);
         for (size_t k = 0; k < i; k++)
             if (strcmp(meta[k].key, meta[i].key) == 0)
-                return set_err(err, errlen, "duplicate metadata key '%s'", meta[i].key);
+                return mg_fail(err, errlen, -1, "duplicate metadata key '%s'", meta[i].key);
     }
     size_t *ord = malloc((nt ? nt : 1) * sizeof *ord);
     if (!ord)
-        return set_err(err, errlen, "out of memory");
+        return mg_fail(err, errlen, -1, "out of memory");
     /* stable insertion sort by descending element size */
     for (size_t i = 0; i < nt; i++) {
         size_t j = i;
@@ -728,7 +716,7 @@ static int build_header(const mg_st_tensor *t, size_t nt, const mg_st_kv *meta, 
     if (b.oom) {
         free(b.s);
         free(ord);
-        return set_err(err, errlen, "out of memory");
+        return mg_fail(err, errlen, -1, "out of memory");
     }
     *hdr = b.s;
     *hlen = b.n;
@@ -747,7 +735,7 @@ int mg_st_serialize(const mg_st_tensor *t, size_t nt, const mg_st_kv *meta, size
                     unsigned char **out, size_t *outlen, char *err, size_t errlen)
 {
     if (!out || !outlen)
-        return set_err(err, errlen, "mg_st_serialize: bad argument");
+        return mg_fail(err, errlen, -1, "mg_st_serialize: bad argument");
     *out = NULL;
     *outlen = 0;
     char *hdr;
@@ -760,7 +748,7 @@ int mg_st_serialize(const mg_st_tensor *t, size_t nt, const mg_st_kv *meta, size
     if (!buf) {
         free(hdr);
         free(ord);
-        return set_err(err, errlen, "out of memory (%zu bytes)", total);
+        return mg_fail(err, errlen, -1, "out of memory (%zu bytes)", total);
     }
     le64(buf, hlen);
     memcpy(buf + 8, hdr, hlen);
@@ -784,7 +772,7 @@ int mg_st_write(const char *path, const mg_st_tensor *t, size_t nt, const mg_st_
                 size_t nmeta, char *err, size_t errlen)
 {
     if (!path || !path[0])
-        return set_err(err, errlen, "mg_st_write: empty path");
+        return mg_fail(err, errlen, -1, "mg_st_write: empty path");
     char *hdr;
     size_t hlen, *ord;
     uint64_t dlen;
@@ -795,13 +783,13 @@ int mg_st_write(const char *path, const mg_st_tensor *t, size_t nt, const mg_st_
     if (!tmp) {
         free(hdr);
         free(ord);
-        return set_err(err, errlen, "out of memory");
+        return mg_fail(err, errlen, -1, "out of memory");
     }
     snprintf(tmp, plen + 40, "%s.tmp.%ld", path, (long)getpid());
     int rc = 0;
     FILE *f = fopen(tmp, "wb");
     if (!f) {
-        rc = set_err(err, errlen, "cannot create %s: %s", tmp, strerror(errno));
+        rc = mg_fail(err, errlen, -1, "cannot create %s: %s", tmp, strerror(errno));
         goto out;
     }
     unsigned char n8[8];
@@ -818,26 +806,26 @@ int mg_st_write(const char *path, const mg_st_tensor *t, size_t nt, const mg_st_
         int e = errno;
         fclose(f);
         remove(tmp);
-        rc = set_err(err, errlen, "write error on %s: %s", tmp, strerror(e));
+        rc = mg_fail(err, errlen, -1, "write error on %s: %s", tmp, strerror(e));
         goto out;
     }
     if (fsync(fileno(f)) != 0) {
         int e = errno;
         fclose(f);
         remove(tmp);
-        rc = set_err(err, errlen, "fsync %s: %s", tmp, strerror(e));
+        rc = mg_fail(err, errlen, -1, "fsync %s: %s", tmp, strerror(e));
         goto out;
     }
     if (fclose(f) != 0) {
         int e = errno;
         remove(tmp);
-        rc = set_err(err, errlen, "close %s: %s", tmp, strerror(e));
+        rc = mg_fail(err, errlen, -1, "close %s: %s", tmp, strerror(e));
         goto out;
     }
     if (rename(tmp, path) != 0) {
         int e = errno;
         remove(tmp);
-        rc = set_err(err, errlen, "rename %s -> %s: %s", tmp, path, strerror(e));
+        rc = mg_fail(err, errlen, -1, "rename %s -> %s: %s", tmp, path, strerror(e));
         goto out;
     }
     /* fsync the directory so that the rename itself is durable */
@@ -857,16 +845,16 @@ int mg_st_write(const char *path, const mg_st_tensor *t, size_t nt, const mg_st_
             }
         }
         if (!dir) {
-            rc = set_err(err, errlen, "out of memory");
+            rc = mg_fail(err, errlen, -1, "out of memory");
             goto out;
         }
         int fd = open(dir, O_RDONLY);
         if (fd < 0) {
-            rc = set_err(err, errlen, "wrote %s but cannot open directory %s to fsync: %s", path,
+            rc = mg_fail(err, errlen, -1, "wrote %s but cannot open directory %s to fsync: %s", path,
                          dir, strerror(errno));
         } else {
             if (fsync(fd) != 0 && errno != EINVAL && errno != EROFS)
-                rc = set_err(err, errlen, "wrote %s but fsync of directory %s failed: %s", path,
+                rc = mg_fail(err, errlen, -1, "wrote %s but fsync of directory %s failed: %s", path,
                              dir, strerror(errno));
             close(fd);
         }
@@ -927,29 +915,29 @@ static int st_build(const char *hdr, size_t hlen, unsigned char *data, size_t dl
     mg_st_file *f = calloc(1, sizeof *f);
     if (!f) {
         free(data);
-        return set_err(err, errlen, "out of memory");
+        return mg_fail(err, errlen, -1, "out of memory");
     }
     f->data = data;
     f->data_len = dlen;
     span64 *sp = NULL;
     char e2[200];
     if (hlen == 0 || hdr[0] != '{') {
-        set_err(err, errlen, "not a safetensors file: header does not start with '{'");
+        mg_fail(err, errlen, -1, "not a safetensors file: header does not start with '{'");
         goto fail;
     }
     if (mg_json_parse(hdr, hlen, &f->hdr, e2, sizeof e2)) {
-        set_err(err, errlen, "safetensors header: %s", e2);
+        mg_fail(err, errlen, -1, "safetensors header: %s", e2);
         goto fail;
     }
     const mg_json *h = f->hdr;
     if (h->type != MG_JSON_OBJECT) {
-        set_err(err, errlen, "safetensors header: not a JSON object");
+        mg_fail(err, errlen, -1, "safetensors header: not a JSON object");
         goto fail;
     }
     f->t = calloc(h->len ? h->len : 1, sizeof *f->t);
     sp = calloc(h->len ? h->len : 1, sizeof *sp);
     if (!f->t || !sp) {
-        set_err(err, errlen, "out of memory");
+        mg_fail(err, errlen, -1, "out of memory");
         goto fail;
     }
     for (size_t i = 0; i < h->len; i++) {
@@ -957,18 +945,18 @@ static int st_build(const char *hdr, size_t hlen, unsigned char *data, size_t dl
         const mg_json *e = &h->items[i];
         if (strcmp(name, "__metadata__") == 0) {
             if (e->type != MG_JSON_OBJECT) {
-                set_err(err, errlen, "safetensors header: __metadata__ is not an object");
+                mg_fail(err, errlen, -1, "safetensors header: __metadata__ is not an object");
                 goto fail;
             }
             f->mkey = calloc(e->len ? e->len : 1, sizeof *f->mkey);
             f->mval = calloc(e->len ? e->len : 1, sizeof *f->mval);
             if (!f->mkey || !f->mval) {
-                set_err(err, errlen, "out of memory");
+                mg_fail(err, errlen, -1, "out of memory");
                 goto fail;
             }
             for (size_t k = 0; k < e->len; k++) {
                 if (e->items[k].type != MG_JSON_STRING) {
-                    set_err(err, errlen,
+                    mg_fail(err, errlen, -1,
                             "safetensors header: __metadata__ value of '%.60s' is not a string",
                             e->keys[k]);
                     goto fail;
@@ -980,7 +968,7 @@ static int st_build(const char *hdr, size_t hlen, unsigned char *data, size_t dl
             continue;
         }
         if (e->type != MG_JSON_OBJECT) {
-            set_err(err, errlen, "tensor '%.60s': entry is not an object", name);
+            mg_fail(err, errlen, -1, "tensor '%.60s': entry is not an object", name);
             goto fail;
         }
         const mg_json *jd = NULL, *js = NULL, *jo = NULL;
@@ -992,31 +980,31 @@ static int st_build(const char *hdr, size_t hlen, unsigned char *data, size_t dl
             else if (strcmp(e->keys[k], "data_offsets") == 0)
                 jo = &e->items[k];
             else {
-                set_err(err, errlen, "tensor '%.60s': unexpected field '%.40s'", name,
+                mg_fail(err, errlen, -1, "tensor '%.60s': unexpected field '%.40s'", name,
                         e->keys[k]);
                 goto fail;
             }
         }
         if (!jd || !js || !jo) {
-            set_err(err, errlen, "tensor '%.60s': missing %s", name,
+            mg_fail(err, errlen, -1, "tensor '%.60s': missing %s", name,
                     !jd ? "dtype" : !js ? "shape" : "data_offsets");
             goto fail;
         }
         mg_st_tensor *x = &f->t[f->nt];
         x->name = name;
         if (jd->type != MG_JSON_STRING || mg_st_dtype_parse(jd->str, &x->dtype)) {
-            set_err(err, errlen, "tensor '%.60s': unknown dtype %s%.20s%s", name,
+            mg_fail(err, errlen, -1, "tensor '%.60s': unknown dtype %s%.20s%s", name,
                     jd->type == MG_JSON_STRING ? "'" : "(not a string)",
                     jd->type == MG_JSON_STRING ? jd->str : "",
                     jd->type == MG_JSON_STRING ? "'" : "");
             goto fail;
         }
         if (js->type != MG_JSON_ARRAY) {
-            set_err(err, errlen, "tensor '%.60s': shape is not an array", name);
+            mg_fail(err, errlen, -1, "tensor '%.60s': shape is not an array", name);
             goto fail;
         }
         if (js->len > MG_ST_MAX_DIMS) {
-            set_err(err, errlen, "tensor '%.60s': %zu dimensions, more than the %d supported",
+            mg_fail(err, errlen, -1, "tensor '%.60s': %zu dimensions, more than the %d supported",
                     name, js->len, MG_ST_MAX_DIMS);
             goto fail;
         }
@@ -1024,32 +1012,32 @@ static int st_build(const char *hdr, size_t hlen, unsigned char *data, size_t dl
         for (size_t d = 0; d < js->len; d++) {
             const mg_json *v = &js->items[d];
             if (v->type != MG_JSON_NUMBER || !v->is_int || v->integer < 0) {
-                set_err(err, errlen, "tensor '%.60s': shape[%zu] is not a non-negative integer",
+                mg_fail(err, errlen, -1, "tensor '%.60s': shape[%zu] is not a non-negative integer",
                         name, d);
                 goto fail;
             }
             x->shape[d] = v->integer;
         }
         if (jo->type != MG_JSON_ARRAY || jo->len != 2) {
-            set_err(err, errlen, "tensor '%.60s': data_offsets is not a [begin, end] pair", name);
+            mg_fail(err, errlen, -1, "tensor '%.60s': data_offsets is not a [begin, end] pair", name);
             goto fail;
         }
         for (int k = 0; k < 2; k++) {
             const mg_json *v = &jo->items[k];
             if (v->type != MG_JSON_NUMBER || !v->is_int || v->integer < 0) {
-                set_err(err, errlen,
+                mg_fail(err, errlen, -1,
                         "tensor '%.60s': data_offsets[%d] is not a non-negative integer", name, k);
                 goto fail;
             }
         }
         uint64_t b = (uint64_t)jo->items[0].integer, en = (uint64_t)jo->items[1].integer;
         if (b > en) {
-            set_err(err, errlen, "tensor '%.60s': data_offsets [%llu, %llu] reversed", name,
+            mg_fail(err, errlen, -1, "tensor '%.60s': data_offsets [%llu, %llu] reversed", name,
                     (unsigned long long)b, (unsigned long long)en);
             goto fail;
         }
         if (en > dlen) {
-            set_err(err, errlen,
+            mg_fail(err, errlen, -1,
                     "tensor '%.60s': data_offsets [%llu, %llu] beyond the %zu-byte data buffer "
                     "(truncated file?)",
                     name, (unsigned long long)b, (unsigned long long)en, dlen);
@@ -1059,11 +1047,11 @@ static int st_build(const char *hdr, size_t hlen, unsigned char *data, size_t dl
         char shp[160];
         shape_str(x->shape, x->ndim, shp, sizeof shp);
         if (tensor_bytes(x->shape, x->ndim, mg_st_dtype_size(x->dtype), &nb)) {
-            set_err(err, errlen, "tensor '%.60s': shape %s overflows", name, shp);
+            mg_fail(err, errlen, -1, "tensor '%.60s': shape %s overflows", name, shp);
             goto fail;
         }
         if (nb != en - b) {
-            set_err(err, errlen,
+            mg_fail(err, errlen, -1,
                     "tensor '%.60s': %s %s needs %llu bytes but data_offsets span %llu", name,
                     mg_st_dtype_name(x->dtype), shp, (unsigned long long)nb,
                     (unsigned long long)(en - b));
@@ -1081,12 +1069,12 @@ static int st_build(const char *hdr, size_t hlen, unsigned char *data, size_t dl
     for (size_t k = 0; k < f->nt; k++) {
         const char *nm = f->t[sp[k].idx].name;
         if (sp[k].begin < at) {
-            set_err(err, errlen, "tensor '%.60s': data_offsets [%llu, %llu] overlap another tensor",
+            mg_fail(err, errlen, -1, "tensor '%.60s': data_offsets [%llu, %llu] overlap another tensor",
                     nm, (unsigned long long)sp[k].begin, (unsigned long long)sp[k].end);
             goto fail;
         }
         if (sp[k].begin > at) {
-            set_err(err, errlen,
+            mg_fail(err, errlen, -1,
                     "tensor '%.60s': data_offsets begin at %llu, leaving a hole after byte %llu",
                     nm, (unsigned long long)sp[k].begin, (unsigned long long)at);
             goto fail;
@@ -1094,7 +1082,7 @@ static int st_build(const char *hdr, size_t hlen, unsigned char *data, size_t dl
         at = sp[k].end;
     }
     if (at != dlen) {
-        set_err(err, errlen,
+        mg_fail(err, errlen, -1,
                 "data buffer has %zu bytes but the tensors cover %llu (trailing garbage or "
                 "truncation)",
                 dlen, (unsigned long long)at);
@@ -1104,7 +1092,7 @@ static int st_build(const char *hdr, size_t hlen, unsigned char *data, size_t dl
     {
         mg_st_tensor *sorted = calloc(f->nt ? f->nt : 1, sizeof *sorted);
         if (!sorted) {
-            set_err(err, errlen, "out of memory");
+            mg_fail(err, errlen, -1, "out of memory");
             goto fail;
         }
         for (size_t k = 0; k < f->nt; k++)
@@ -1132,15 +1120,15 @@ static uint64_t rd_le64(const unsigned char *b)
 static int check_sizes(uint64_t n, size_t total, char *err, size_t errlen)
 {
     if (total < 8)
-        return set_err(err, errlen, "not a safetensors file: %zu bytes, shorter than the 8-byte "
+        return mg_fail(err, errlen, -1, "not a safetensors file: %zu bytes, shorter than the 8-byte "
                                     "header size",
                        total);
     if (n > MG_ST_MAX_HEADER)
-        return set_err(err, errlen,
+        return mg_fail(err, errlen, -1,
                        "not a safetensors file: header size %llu is absurd (limit %u)",
                        (unsigned long long)n, MG_ST_MAX_HEADER);
     if (n > total - 8)
-        return set_err(err, errlen,
+        return mg_fail(err, errlen, -1,
                        "header size %llu larger than the rest of the file (%zu bytes): "
                        "truncated or not a safetensors file",
                        (unsigned long long)n, total - 8);
@@ -1150,10 +1138,10 @@ static int check_sizes(uint64_t n, size_t total, char *err, size_t errlen)
 int mg_st_parse(const void *buf, size_t len, mg_st_file **out, char *err, size_t errlen)
 {
     if (!out || (!buf && len > 0))
-        return set_err(err, errlen, "mg_st_parse: bad argument");
+        return mg_fail(err, errlen, -1, "mg_st_parse: bad argument");
     *out = NULL;
     if (!host_is_little_endian())
-        return set_err(err, errlen, "safetensors reader: big-endian hosts are not supported");
+        return mg_fail(err, errlen, -1, "safetensors reader: big-endian hosts are not supported");
     const unsigned char *b = buf;
     uint64_t n = len >= 8 ? rd_le64(b) : 0;
     if (check_sizes(n, len, err, errlen))
@@ -1161,7 +1149,7 @@ int mg_st_parse(const void *buf, size_t len, mg_st_file **out, char *err, size_t
     size_t dlen = len - 8 - (size_t)n;
     unsigned char *data = malloc(dlen ? dlen : 1);
     if (!data)
-        return set_err(err, errlen, "out of memory");
+        return mg_fail(err, errlen, -1, "out of memory");
     if (dlen)
         memcpy(data, b + 8 + n, dlen);
     return st_build((const char *)b + 8, (size_t)n, data, dlen, out, err, errlen);
@@ -1170,17 +1158,17 @@ int mg_st_parse(const void *buf, size_t len, mg_st_file **out, char *err, size_t
 int mg_st_load(const char *path, mg_st_file **out, char *err, size_t errlen)
 {
     if (!out || !path)
-        return set_err(err, errlen, "mg_st_load: bad argument");
+        return mg_fail(err, errlen, -1, "mg_st_load: bad argument");
     *out = NULL;
     if (!host_is_little_endian())
-        return set_err(err, errlen, "safetensors reader: big-endian hosts are not supported");
+        return mg_fail(err, errlen, -1, "safetensors reader: big-endian hosts are not supported");
     FILE *f = fopen(path, "rb");
     if (!f)
-        return set_err(err, errlen, "cannot open %s: %s", path, strerror(errno));
+        return mg_fail(err, errlen, -1, "cannot open %s: %s", path, strerror(errno));
     struct stat st;
     if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
         fclose(f);
-        return set_err(err, errlen, "%s: not a regular file", path);
+        return mg_fail(err, errlen, -1, "%s: not a regular file", path);
     }
     size_t total = (size_t)st.st_size;
     unsigned char n8[8] = {0};
@@ -1189,7 +1177,7 @@ int mg_st_load(const char *path, mg_st_file **out, char *err, size_t errlen)
     char e2[256];
     if (check_sizes(n, got < 8 ? got : total, e2, sizeof e2)) {
         fclose(f);
-        return set_err(err, errlen, "%s: %s", path, e2);
+        return mg_fail(err, errlen, -1, "%s: %s", path, e2);
     }
     char *hdr = malloc(n ? (size_t)n : 1);
     size_t dlen = total - 8 - (size_t)n;
@@ -1198,19 +1186,19 @@ int mg_st_load(const char *path, mg_st_file **out, char *err, size_t errlen)
         free(hdr);
         free(data);
         fclose(f);
-        return set_err(err, errlen, "%s: out of memory", path);
+        return mg_fail(err, errlen, -1, "%s: out of memory", path);
     }
     if (fread(hdr, 1, (size_t)n, f) != (size_t)n || fread(data, 1, dlen, f) != dlen) {
         free(hdr);
         free(data);
         fclose(f);
-        return set_err(err, errlen, "%s: short read (file changed while reading?)", path);
+        return mg_fail(err, errlen, -1, "%s: short read (file changed while reading?)", path);
     }
     fclose(f);
     int rc = st_build(hdr, (size_t)n, data, dlen, out, e2, sizeof e2);
     free(hdr);
     if (rc)
-        return set_err(err, errlen, "%s: %s", path, e2);
+        return mg_fail(err, errlen, -1, "%s: %s", path, e2);
     return 0;
 }
 
@@ -1242,9 +1230,9 @@ static int check_tensor(const mg_st_file *f, const char *name, mg_st_dtype dtype
 {
     const mg_st_tensor *x = mg_st_find(f, name);
     if (!x)
-        return set_err(err, errlen, "tensor '%s' not found", name ? name : "(null)");
+        return mg_fail(err, errlen, -1, "tensor '%s' not found", name ? name : "(null)");
     if (x->dtype != dtype)
-        return set_err(err, errlen, "tensor '%s': dtype %s, expected %s", name,
+        return mg_fail(err, errlen, -1, "tensor '%s': dtype %s, expected %s", name,
                        mg_st_dtype_name(x->dtype),
                        mg_st_dtype_name(dtype) ? mg_st_dtype_name(dtype) : "(invalid)");
     int same = x->ndim == ndim && (ndim == 0 || shape);
@@ -1257,7 +1245,7 @@ static int check_tensor(const mg_st_file *f, const char *name, mg_st_dtype dtype
             shape_str(shape, ndim, b, sizeof b);
         else
             snprintf(b, sizeof b, "(ndim %d)", ndim);
-        return set_err(err, errlen, "tensor '%s': shape %s, expected %s", name, a, b);
+        return mg_fail(err, errlen, -1, "tensor '%s': shape %s, expected %s", name, a, b);
     }
     *out = x;
     return 0;
@@ -1273,7 +1261,7 @@ int mg_st_get(const mg_st_file *f, const char *name, mg_st_dtype dtype, int ndim
         return -1;
     size_t es = mg_st_dtype_size(x->dtype);
     if (((uintptr_t)x->data) % es != 0)
-        return set_err(err, errlen, "tensor '%s': data not aligned to %zu bytes; use mg_st_copy",
+        return mg_fail(err, errlen, -1, "tensor '%s': data not aligned to %zu bytes; use mg_st_copy",
                        name, es);
     if (data)
         *data = x->data;
@@ -1287,7 +1275,7 @@ int mg_st_copy(const mg_st_file *f, const char *name, mg_st_dtype dtype, int ndi
     if (check_tensor(f, name, dtype, ndim, shape, &x, err, errlen))
         return -1;
     if (dst_bytes != x->nbytes || (!dst && x->nbytes))
-        return set_err(err, errlen, "tensor '%s': %zu bytes, destination has %zu", name,
+        return mg_fail(err, errlen, -1, "tensor '%s': %zu bytes, destination has %zu", name,
                        x->nbytes, dst_bytes);
     if (x->nbytes)
         memcpy(dst, x->data, x->nbytes);

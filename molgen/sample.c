@@ -1,6 +1,7 @@
 /* molgen sampling (see sample.h). */
 #define _POSIX_C_SOURCE 200809L
 #include "sample.h"
+#include "errors.h"
 
 #include <errno.h>
 #include <math.h>
@@ -15,18 +16,6 @@
 #include "cli_util.h"
 #include "decode.h"
 #include "smiles_check.h"
-
-static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static int fail(char *err, size_t errlen, int code, const char *fmt, ...) {
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return code;
-}
 
 /* ------------------------------------------------------------ RNG */
 
@@ -70,13 +59,13 @@ void mg_sampling_default(mg_sampling *s) {
 }
 
 int mg_sampling_check(const mg_sampling *s, char *err, size_t errlen) {
-    if (!s) return fail(err, errlen, MG_SAMPLE_ERR, "sampling settings are NULL");
+    if (!s) return mg_fail(err, errlen, MG_SAMPLE_ERR, "sampling settings are NULL");
     if (!(s->temperature >= 0.0f) || !isfinite(s->temperature))
-        return fail(err, errlen, MG_SAMPLE_ERR, "temperature %g: need a finite value >= 0",
+        return mg_fail(err, errlen, MG_SAMPLE_ERR, "temperature %g: need a finite value >= 0",
                     (double)s->temperature);
-    if (s->top_k < 0) return fail(err, errlen, MG_SAMPLE_ERR, "top-k %d: need >= 0", s->top_k);
+    if (s->top_k < 0) return mg_fail(err, errlen, MG_SAMPLE_ERR, "top-k %d: need >= 0", s->top_k);
     if (!(s->top_p > 0.0f && s->top_p <= 1.0f))
-        return fail(err, errlen, MG_SAMPLE_ERR, "top-p %g: need 0 < top-p <= 1", (double)s->top_p);
+        return mg_fail(err, errlen, MG_SAMPLE_ERR, "top-p %g: need 0 < top-p <= 1", (double)s->top_p);
     return 0;
 }
 
@@ -182,14 +171,14 @@ struct mg_decoder {
 
 int mg_decoder_new(mg_model *m, mg_decode_kind kind, int B, mg_decoder **out, char *err,
                    size_t errlen) {
-    if (!m || !out) return fail(err, errlen, MG_SAMPLE_ERR, "decoder: model and out must be non-NULL");
+    if (!m || !out) return mg_fail(err, errlen, MG_SAMPLE_ERR, "decoder: model and out must be non-NULL");
     *out = NULL;
-    if (B < 1) return fail(err, errlen, MG_SAMPLE_ERR, "decoder: batch %d < 1", B);
+    if (B < 1) return mg_fail(err, errlen, MG_SAMPLE_ERR, "decoder: batch %d < 1", B);
     if (kind != MG_DECODE_NAIVE && kind != MG_DECODE_KV)
-        return fail(err, errlen, MG_SAMPLE_ERR, "decoder: unknown kind %d", (int)kind);
+        return mg_fail(err, errlen, MG_SAMPLE_ERR, "decoder: unknown kind %d", (int)kind);
     const mg_model_config *c = mg_model_get_config(m);
     mg_decoder *d = calloc(1, sizeof *d);
-    if (!d) return fail(err, errlen, MG_SAMPLE_ERR_NOMEM, "decoder: out of memory");
+    if (!d) return mg_fail(err, errlen, MG_SAMPLE_ERR_NOMEM, "decoder: out of memory");
     d->kind = kind;
     d->m = m;
     d->B = B;
@@ -210,7 +199,7 @@ int mg_decoder_new(mg_model *m, mg_decode_kind kind, int B, mg_decoder **out, ch
         d->full = malloc(cells * (size_t)d->V * sizeof *d->full);
         if (!d->pos || !d->len || !d->hist || !d->prefix || !d->full) {
             mg_decoder_free(d);
-            return fail(err, errlen, MG_SAMPLE_ERR_NOMEM, "decoder: out of memory");
+            return mg_fail(err, errlen, MG_SAMPLE_ERR_NOMEM, "decoder: out of memory");
         }
     }
     *out = d;
@@ -229,8 +218,8 @@ void mg_decoder_free(mg_decoder *d) {
 }
 
 int mg_decoder_reset(mg_decoder *d, int n, char *err, size_t errlen) {
-    if (!d) return fail(err, errlen, MG_SAMPLE_ERR, "decoder is NULL");
-    if (n < 1 || n > d->B) return fail(err, errlen, MG_SAMPLE_ERR, "decoder: %d rows, need 1..%d", n, d->B);
+    if (!d) return mg_fail(err, errlen, MG_SAMPLE_ERR, "decoder is NULL");
+    if (n < 1 || n > d->B) return mg_fail(err, errlen, MG_SAMPLE_ERR, "decoder: %d rows, need 1..%d", n, d->B);
     d->n = n;
     if (d->kv) return mg_kv_reset(d->kv, n, err, errlen);
     for (int r = 0; r < n; r++) d->pos[r] = 0;
@@ -238,9 +227,9 @@ int mg_decoder_reset(mg_decoder *d, int n, char *err, size_t errlen) {
 }
 
 int mg_decoder_restart_row(mg_decoder *d, int r, char *err, size_t errlen) {
-    if (!d) return fail(err, errlen, MG_SAMPLE_ERR, "decoder is NULL");
+    if (!d) return mg_fail(err, errlen, MG_SAMPLE_ERR, "decoder is NULL");
     if (r < 0 || r >= d->n)
-        return fail(err, errlen, MG_SAMPLE_ERR, "decoder: row %d is outside [0, %d)", r, d->n);
+        return mg_fail(err, errlen, MG_SAMPLE_ERR, "decoder: row %d is outside [0, %d)", r, d->n);
     if (d->kv) return mg_kv_restart_row(d->kv, r, err, errlen);
     d->pos[r] = 0;
     return 0;
@@ -253,14 +242,14 @@ int mg_decoder_pos(const mg_decoder *d, int r) {
 
 int mg_decoder_step(mg_decoder *d, const int32_t *tok, float *logits, char *err, size_t errlen) {
     if (!d || !tok || !logits)
-        return fail(err, errlen, MG_SAMPLE_ERR, "decoder, tokens and logits must be non-NULL");
-    if (d->n < 1) return fail(err, errlen, MG_SAMPLE_ERR, "decoder: step before reset");
+        return mg_fail(err, errlen, MG_SAMPLE_ERR, "decoder, tokens and logits must be non-NULL");
+    if (d->n < 1) return mg_fail(err, errlen, MG_SAMPLE_ERR, "decoder: step before reset");
     if (d->kv) return mg_kv_step(d->kv, tok, logits, err, errlen);
     const int n = d->n, V = d->V, ctx = d->ctx;
     int L = 0;
     for (int b = 0; b < n; b++) {
         if (d->pos[b] >= ctx)
-            return fail(err, errlen, MG_SAMPLE_ERR, "decoder: row %d: position %d is past ctx_len %d",
+            return mg_fail(err, errlen, MG_SAMPLE_ERR, "decoder: row %d: position %d is past ctx_len %d",
                         b, d->pos[b], ctx);
         if (d->pos[b] + 1 > L) L = d->pos[b] + 1;
     }
@@ -314,18 +303,18 @@ static double now_s(void) {
 int mg_sample(mg_model *m, const mg_vocab *v, const mg_sample_opts *o, mg_samples *out,
               char *err, size_t errlen) {
     if (!m || !v || !o || !out)
-        return fail(err, errlen, MG_SAMPLE_ERR, "model, vocab, options and out must be non-NULL");
+        return mg_fail(err, errlen, MG_SAMPLE_ERR, "model, vocab, options and out must be non-NULL");
     memset(out, 0, sizeof *out);
     int rc = mg_sampling_check(&o->sampling, err, errlen);
     if (rc) return rc;
-    if (o->batch < 1) return fail(err, errlen, MG_SAMPLE_ERR, "batch %d: need >= 1", o->batch);
+    if (o->batch < 1) return mg_fail(err, errlen, MG_SAMPLE_ERR, "batch %d: need >= 1", o->batch);
     const mg_model_config *c = mg_model_get_config(m);
     const int V = c->vocab_size, ctx = c->ctx_len;
     if (mg_vocab_size(v) != V)
-        return fail(err, errlen, MG_SAMPLE_ERR, "vocabulary has %d tokens, the model %d",
+        return mg_fail(err, errlen, MG_SAMPLE_ERR, "vocabulary has %d tokens, the model %d",
                     mg_vocab_size(v), V);
     if (V <= MG_NUM_SPECIAL)
-        return fail(err, errlen, MG_SAMPLE_ERR, "vocabulary of %d tokens has no data tokens", V);
+        return mg_fail(err, errlen, MG_SAMPLE_ERR, "vocabulary of %d tokens has no data tokens", V);
     const size_t n = o->n;
     const int B = (size_t)o->batch < n ? o->batch : (int)(n ? n : 1);
     out->n = n;
@@ -344,7 +333,7 @@ int mg_sample(mg_model *m, const mg_vocab *v, const mg_sample_opts *o, mg_sample
     mg_decoder *dec = NULL;
     if (!out->smiles || !out->ntok || !out->ended || !gen || !tok || !len || !active || !logits ||
         !rng || !mol || !sbuf) {
-        rc = fail(err, errlen, MG_SAMPLE_ERR_NOMEM, "out of memory for %zu molecules", n);
+        rc = mg_fail(err, errlen, MG_SAMPLE_ERR_NOMEM, "out of memory for %zu molecules", n);
         goto done;
     }
     if (n == 0) goto done;
@@ -389,7 +378,7 @@ int mg_sample(mg_model *m, const mg_vocab *v, const mg_sample_opts *o, mg_sample
             const size_t k = mol[r];
             int t = mg_sample_token(logits + (size_t)r * V, V, &o->sampling, &rng[r]);
             if (t < 0) {
-                rc = fail(err, errlen, MG_SAMPLE_ERR,
+                rc = mg_fail(err, errlen, MG_SAMPLE_ERR,
                           "molecule %zu position %d: the logits are not finite", k, len[r] + 1);
                 goto done;
             }
@@ -410,7 +399,7 @@ int mg_sample(mg_model *m, const mg_vocab *v, const mg_sample_opts *o, mg_sample
             }
             char *str = malloc((size_t)sl + 1);
             if (!str) {
-                rc = fail(err, errlen, MG_SAMPLE_ERR_NOMEM, "out of memory");
+                rc = mg_fail(err, errlen, MG_SAMPLE_ERR_NOMEM, "out of memory");
                 goto done;
             }
             memcpy(str, sbuf, (size_t)sl + 1);

@@ -2,6 +2,7 @@
  * and the `molgen train` command (see train.h). */
 #define _POSIX_C_SOURCE 200809L
 #include "train.h"
+#include "errors.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -19,17 +20,6 @@
 #include "data.h"
 #include "safetensors.h"
 #include "tokenizer.h"
-
-static int fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int fail(char *err, size_t errlen, const char *fmt, ...) {
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return -1;
-}
 
 static double now_s(void) {
     struct timespec t;
@@ -197,7 +187,7 @@ static int json_int(const mg_json *j, const char *key, int64_t lo, int64_t hi, i
                     char *err, size_t errlen) {
     const mg_json *v = mg_json_get(j, key);
     if (!v || v->type != MG_JSON_NUMBER || !v->is_int || v->integer < lo || v->integer > hi)
-        return fail(err, errlen, "checkpoint \"train\" metadata: \"%s\" missing or out of range", key);
+        return mg_fail(err, errlen, -1, "checkpoint \"train\" metadata: \"%s\" missing or out of range", key);
     *out = v->integer;
     return 0;
 }
@@ -205,7 +195,7 @@ static int json_int(const mg_json *j, const char *key, int64_t lo, int64_t hi, i
 static int json_str(const mg_json *j, const char *key, char *out, size_t n, char *err, size_t errlen) {
     const mg_json *v = mg_json_get(j, key);
     if (!v || v->type != MG_JSON_STRING || v->len >= n)
-        return fail(err, errlen, "checkpoint \"train\" metadata: \"%s\" missing or not a string", key);
+        return mg_fail(err, errlen, -1, "checkpoint \"train\" metadata: \"%s\" missing or not a string", key);
     memcpy(out, v->str, v->len + 1);
     return 0;
 }
@@ -214,13 +204,13 @@ static int train_state_from_json(const char *js, train_state *s, char *err, size
     mg_json *j = NULL;
     char e[200];
     if (mg_json_parse(js, strlen(js), &j, e, sizeof e))
-        return fail(err, errlen, "checkpoint \"train\" metadata: %s", e);
+        return mg_fail(err, errlen, -1, "checkpoint \"train\" metadata: %s", e);
     int rc = -1;
     int64_t x;
     char buf[64];
     memset(s, 0, sizeof *s);
     if (j->type != MG_JSON_OBJECT) {
-        fail(err, errlen, "checkpoint \"train\" metadata is not an object");
+        mg_fail(err, errlen, -1, "checkpoint \"train\" metadata is not an object");
         goto done;
     }
     if (json_int(j, "step", 0, INT64_MAX, &s->step, err, errlen)) goto done;
@@ -230,7 +220,7 @@ static int train_state_from_json(const char *js, train_state *s, char *err, size
     s->batch_size = (int)x;
     const mg_json *vf = mg_json_get(j, "val_frac");
     if (!vf || vf->type != MG_JSON_NUMBER || !(vf->number >= 0 && vf->number < 1)) {
-        fail(err, errlen, "checkpoint \"train\" metadata: bad \"val_frac\"");
+        mg_fail(err, errlen, -1, "checkpoint \"train\" metadata: bad \"val_frac\"");
         goto done;
     }
     s->val_frac = vf->number;
@@ -265,7 +255,7 @@ static int save_checkpoint(const char *path, const mg_model *m, const mg_vocab *
     if (!t || !vj) {
         free(t);
         free(vj);
-        return fail(err, errlen, "out of memory writing the checkpoint");
+        return mg_fail(err, errlen, -1, "out of memory writing the checkpoint");
     }
     mg_model_st_tensors(m, t, nt);
     const int64_t P = (int64_t)mg_model_num_params(m);
@@ -288,7 +278,7 @@ static int save_checkpoint(const char *path, const mg_model *m, const mg_vocab *
     int rc = mg_st_write(path, t, nt + 2, meta, sizeof meta / sizeof meta[0], e, sizeof e);
     free(t);
     free(vj);
-    if (rc) return fail(err, errlen, "writing checkpoint %s: %s", path, e);
+    if (rc) return mg_fail(err, errlen, -1, "writing checkpoint %s: %s", path, e);
     return 0;
 }
 
@@ -311,45 +301,45 @@ static int load_checkpoint(const char *path, checkpoint *ck, char *err, size_t e
     memset(ck, 0, sizeof *ck);
     mg_st_file *f = NULL;
     char e[300];
-    if (mg_st_load(path, &f, e, sizeof e)) return fail(err, errlen, "checkpoint: %s", e); /* e names the path */
+    if (mg_st_load(path, &f, e, sizeof e)) return mg_fail(err, errlen, -1, "checkpoint: %s", e); /* e names the path */
     int rc = -1;
     const char *fmt = mg_st_meta(f, "format");
     const char *oj = mg_st_meta(f, "optim"), *tj = mg_st_meta(f, "train"), *vj = mg_st_meta(f, "vocab");
     if (!fmt || strcmp(fmt, "molgen")) {
-        fail(err, errlen, "checkpoint %s: not a molgen file (metadata \"format\" missing)", path);
+        mg_fail(err, errlen, -1, "checkpoint %s: not a molgen file (metadata \"format\" missing)", path);
         goto done;
     }
     if (!oj || !tj || !vj) {
-        fail(err, errlen, "checkpoint %s: a model file without training state (no \"%s\" metadata): "
+        mg_fail(err, errlen, -1, "checkpoint %s: a model file without training state (no \"%s\" metadata): "
              "cannot resume from it", path, !oj ? "optim" : !tj ? "train" : "vocab");
         goto done;
     }
     if (mg_model_from_st(f, &ck->model, e, sizeof e)) {
-        fail(err, errlen, "checkpoint %s: %s", path, e);
+        mg_fail(err, errlen, -1, "checkpoint %s: %s", path, e);
         goto done;
     }
     if (mg_vocab_from_json(vj, strlen(vj), &ck->vocab, e, sizeof e)) {
-        fail(err, errlen, "checkpoint %s: vocab: %s", path, e);
+        mg_fail(err, errlen, -1, "checkpoint %s: vocab: %s", path, e);
         goto done;
     }
     if (mg_vocab_size(ck->vocab) != mg_model_get_config(ck->model)->vocab_size) {
-        fail(err, errlen, "checkpoint %s: vocab has %d tokens, the model %d", path,
+        mg_fail(err, errlen, -1, "checkpoint %s: vocab has %d tokens, the model %d", path,
              mg_vocab_size(ck->vocab), mg_model_get_config(ck->model)->vocab_size);
         goto done;
     }
     mg_adamw_config oc;
     if (mg_adamw_config_from_json(oj, &oc, e, sizeof e)) {
-        fail(err, errlen, "checkpoint %s: %s", path, e);
+        mg_fail(err, errlen, -1, "checkpoint %s: %s", path, e);
         goto done;
     }
     if (train_state_from_json(tj, &ck->ts, e, sizeof e)) {
-        fail(err, errlen, "checkpoint %s: %s", path, e);
+        mg_fail(err, errlen, -1, "checkpoint %s: %s", path, e);
         goto done;
     }
     const size_t P = mg_model_num_params(ck->model), nt = mg_model_num_tensors(ck->model);
     mg_optim_span *spans = malloc(nt * sizeof *spans);
     if (!spans) {
-        fail(err, errlen, "out of memory");
+        mg_fail(err, errlen, -1, "out of memory");
         goto done;
     }
     for (size_t i = 0; i < nt; i++) {
@@ -361,13 +351,13 @@ static int load_checkpoint(const char *path, checkpoint *ck, char *err, size_t e
     int orc = mg_adamw_init(&ck->opt, &oc, P, spans, nt, e, sizeof e);
     free(spans);
     if (orc) {
-        fail(err, errlen, "checkpoint %s: %s", path, e);
+        mg_fail(err, errlen, -1, "checkpoint %s: %s", path, e);
         goto done;
     }
     const int64_t shape[1] = {(int64_t)P};
     if (mg_st_copy(f, "optim.m", MG_ST_F32, 1, shape, ck->opt.m, P * sizeof(float), e, sizeof e) ||
         mg_st_copy(f, "optim.v", MG_ST_F32, 1, shape, ck->opt.v, P * sizeof(float), e, sizeof e)) {
-        fail(err, errlen, "checkpoint %s: %s", path, e);
+        mg_fail(err, errlen, -1, "checkpoint %s: %s", path, e);
         goto done;
     }
     ck->opt.step = ck->ts.step;
@@ -380,7 +370,7 @@ done:
 
 int mg_checkpoint_load(const char *path, mg_model **model, mg_adamw *opt, int64_t *step, char *err,
                        size_t errlen) {
-    if (!path || !model) return fail(err, errlen, "path or model pointer is NULL");
+    if (!path || !model) return mg_fail(err, errlen, -1, "path or model pointer is NULL");
     checkpoint ck;
     if (load_checkpoint(path, &ck, err, errlen)) return -1;
     *model = ck.model;
@@ -410,7 +400,7 @@ static int validate(mg_model *m, const mg_dataset *val, size_t nv, int B, int32_
         int64_t nt;
         char e[300];
         if (mg_model_forward(m, buf, len, nb, Tb, 0, 0, &l, &nt, e, sizeof e))
-            return fail(err, errlen, "validation: %s", e);
+            return mg_fail(err, errlen, -1, "validation: %s", e);
         sum += (double)l * (double)nt;
         count += nt;
     }
@@ -425,7 +415,7 @@ int mg_train_run(const mg_train_config *c, mg_train_result *result, char *err, s
     mg_train_result res;
     memset(&res, 0, sizeof res);
     res.val_loss = res.first_val_loss = NAN;
-    if (!c) return fail(err, errlen, "train config is NULL");
+    if (!c) return mg_fail(err, errlen, -1, "train config is NULL");
     g_stop_signal = 0;
 
     logger lg = {c->log ? c->log : stderr, c->quiet, c->progress, 0, 0, 0.0};
@@ -453,13 +443,13 @@ int mg_train_run(const mg_train_config *c, mg_train_result *result, char *err, s
         if (c->data_path && strlen(c->data_path) < sizeof ts.data) snprintf(ts.data, sizeof ts.data, "%s", c->data_path);
         log_msg(&lg, "resuming from %s at step %" PRId64, c->resume_path, ts.step);
     } else {
-        if (!c->data_path) return fail(err, errlen, "no data file given");
-        if (strlen(c->data_path) >= sizeof ts.data) return fail(err, errlen, "data path too long");
-        if (c->batch_size < 1) return fail(err, errlen, "batch size %d must be >= 1", c->batch_size);
+        if (!c->data_path) return mg_fail(err, errlen, -1, "no data file given");
+        if (strlen(c->data_path) >= sizeof ts.data) return mg_fail(err, errlen, -1, "data path too long");
+        if (c->batch_size < 1) return mg_fail(err, errlen, -1, "batch size %d must be >= 1", c->batch_size);
         if (!(c->val_frac >= 0 && c->val_frac < 1))
-            return fail(err, errlen, "validation fraction %g must be in [0, 1)", c->val_frac);
+            return mg_fail(err, errlen, -1, "validation fraction %g must be in [0, 1)", c->val_frac);
         if (c->val_every < -1 || c->val_max < 0 || c->ckpt_every < 0 || c->max_tokens < 0)
-            return fail(err, errlen, "val_every (-1: auto), val_max, ckpt_every and max_tokens must be >= 0");
+            return mg_fail(err, errlen, -1, "val_every (-1: auto), val_max, ckpt_every and max_tokens must be >= 0");
         snprintf(ts.data, sizeof ts.data, "%s", c->data_path);
         snprintf(ts.csv_column, sizeof ts.csv_column, "%s", c->csv_column ? c->csv_column : "smiles");
         ts.seed = c->seed;
@@ -472,10 +462,10 @@ int mg_train_run(const mg_train_config *c, mg_train_result *result, char *err, s
         ts.val_loss = NAN;
     }
     if (c->steps < 0 || c->time_limit < 0 || c->stop_after < 0)
-        return checkpoint_free(&ck), fail(err, errlen, "steps, time limit and stop_after must be >= 0");
+        return checkpoint_free(&ck), mg_fail(err, errlen, -1, "steps, time limit and stop_after must be >= 0");
     if (!resuming && c->steps == 0 && c->time_limit <= 0)
-        return fail(err, errlen, "give a number of steps or a time limit");
-    if (!c->out_path) return checkpoint_free(&ck), fail(err, errlen, "no output path given");
+        return mg_fail(err, errlen, -1, "give a number of steps or a time limit");
+    if (!c->out_path) return checkpoint_free(&ck), mg_fail(err, errlen, -1, "no output path given");
 
     /* ---- data */
     {
@@ -489,7 +479,7 @@ int mg_train_run(const mg_train_config *c, mg_train_result *result, char *err, s
         mg_vocab *built = NULL;
         if (mg_dataset_load(ts.data, &lo, resuming ? ck.vocab : NULL, resuming ? NULL : &built, &all,
                             &rep, e, sizeof e)) {
-            fail(err, errlen, "%s", e);
+            mg_fail(err, errlen, -1, "%s", e);
             goto done;
         }
         if (!resuming) ck.vocab = built;
@@ -502,7 +492,7 @@ int mg_train_run(const mg_train_config *c, mg_train_result *result, char *err, s
         if (resuming) {
             const uint64_t h = dataset_hash(&all);
             if ((uint64_t)all.n != ts.data_rows || h != ts.data_hash) {
-                fail(err, errlen, "data %s differs from the checkpoint's (%zu molecules vs %" PRIu64
+                mg_fail(err, errlen, -1, "data %s differs from the checkpoint's (%zu molecules vs %" PRIu64
                      "%s): resume needs the same data", ts.data, all.n, ts.data_rows,
                      (uint64_t)all.n == ts.data_rows ? ", same count but different content" : "");
                 goto done;
@@ -512,11 +502,11 @@ int mg_train_run(const mg_train_config *c, mg_train_result *result, char *err, s
             ts.data_hash = dataset_hash(&all);
         }
         if (mg_dataset_split(&all, ts.val_frac, ts.seed, &train, &val, e, sizeof e)) {
-            fail(err, errlen, "%s", e);
+            mg_fail(err, errlen, -1, "%s", e);
             goto done;
         }
         if (train.n < (size_t)ts.batch_size) {
-            fail(err, errlen, "training split has %zu molecules, fewer than the batch size %d",
+            mg_fail(err, errlen, -1, "training split has %zu molecules, fewer than the batch size %d",
                  train.n, ts.batch_size);
             goto done;
         }
@@ -530,14 +520,14 @@ int mg_train_run(const mg_train_config *c, mg_train_result *result, char *err, s
         mc.vocab_size = mg_vocab_size(ck.vocab);
         mc.ctx_len = all.T - 1;
         if (mg_model_create(&mc, &ck.model, e, sizeof e)) {
-            fail(err, errlen, "model: %s", e);
+            mg_fail(err, errlen, -1, "model: %s", e);
             goto done;
         }
         mg_model_init(ck.model, ts.seed);
         const size_t nt = mg_model_num_tensors(ck.model);
         mg_optim_span *spans = malloc(nt * sizeof *spans);
         if (!spans) {
-            fail(err, errlen, "out of memory");
+            mg_fail(err, errlen, -1, "out of memory");
             goto done;
         }
         for (size_t i = 0; i < nt; i++) {
@@ -551,7 +541,7 @@ int mg_train_run(const mg_train_config *c, mg_train_result *result, char *err, s
         int orc = mg_adamw_init(&ck.opt, &oc, mg_model_num_params(ck.model), spans, nt, e, sizeof e);
         free(spans);
         if (orc) {
-            fail(err, errlen, "optimizer: %s", e);
+            mg_fail(err, errlen, -1, "optimizer: %s", e);
             goto done;
         }
     } else if (c->steps > 0 && c->steps != ck.opt.cfg.total_steps) {
@@ -582,7 +572,7 @@ int mg_train_run(const mg_train_config *c, mg_train_result *result, char *err, s
     /* ---- causal-leak guard */
     if (!c->skip_guard) {
         if (mg_model_causal_guard(model, ts.seed, e, sizeof e)) {
-            fail(err, errlen, "causal-leak guard failed: %s", e);
+            mg_fail(err, errlen, -1, "causal-leak guard failed: %s", e);
             goto done;
         }
     }
@@ -590,7 +580,7 @@ int mg_train_run(const mg_train_config *c, mg_train_result *result, char *err, s
     /* ---- batches */
     const int B = ts.batch_size, T = all.T;
     if (mg_batcher_new(&train, B, ts.seed, 1, &batcher, e, sizeof e)) {
-        fail(err, errlen, "%s", e);
+        mg_fail(err, errlen, -1, "%s", e);
         goto done;
     }
     mg_batcher_seek(batcher, (uint64_t)ts.step);
@@ -598,7 +588,7 @@ int mg_train_run(const mg_train_config *c, mg_train_result *result, char *err, s
     bbuf = malloc((size_t)B * T * sizeof(int32_t));
     blen = malloc((size_t)B * sizeof(int64_t));
     if (!bids || !bbuf || !blen) {
-        fail(err, errlen, "out of memory for batches");
+        mg_fail(err, errlen, -1, "out of memory for batches");
         goto done;
     }
     const size_t nv = (ts.val_max > 0 && (size_t)ts.val_max < val.n) ? (size_t)ts.val_max : val.n;
@@ -651,7 +641,7 @@ int mg_train_run(const mg_train_config *c, mg_train_result *result, char *err, s
                              sizeof e) ||
             mg_model_backward(model, e, sizeof e) ||
             mg_adamw_step(opt, mg_model_params(model), mg_model_grads(model), &gnorm, &lr, e, sizeof e)) {
-            fail(err, errlen, "step %" PRId64 ": %s", ts.step, e);
+            mg_fail(err, errlen, -1, "step %" PRId64 ": %s", ts.step, e);
             goto done;
         }
         ts.step++;
