@@ -22,19 +22,7 @@
 #include "model.h"
 #include "tokenizer.h"
 
-static int n_pass, n_fail;
-#define CHECK(cond, ...)                                                                  \
-    do {                                                                                  \
-        if (cond) {                                                                       \
-            n_pass++;                                                                     \
-        } else {                                                                          \
-            if (n_fail++ < 40) {                                                          \
-                fprintf(stderr, "%s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #cond); \
-                fprintf(stderr, __VA_ARGS__);                                             \
-                fputc('\n', stderr);                                                      \
-            }                                                                             \
-        }                                                                                 \
-    } while (0)
+#include "mg_test.h"
 #define NEAR(a, b) (fabs((double)(a) - (double)(b)) <= 1e-6 * (1.0 + fabs((double)(b))))
 
 /* Tokenise smiles into strings tok[i] (static storage), returns the count. */

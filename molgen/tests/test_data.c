@@ -9,27 +9,14 @@
 
 #include "data.h"
 
-static int g_fail = 0;
-#define CHECK(cond)                                                            \
-    do {                                                                       \
-        if (!(cond)) {                                                         \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-            g_fail++;                                                          \
-        }                                                                      \
-    } while (0)
-
-static const char *data_dir(void)
-{
-    const char *d = getenv("MOLGEN_SHARED_DATA");
-    return (d && d[0]) ? d : "../shared/data";
-}
+#include "mg_test.h"
 
 static void write_file(const char *path, const char *text)
 {
     FILE *f = fopen(path, "wb");
     if (!f) {
         fprintf(stderr, "cannot write %s\n", path);
-        g_fail++;
+        n_fail++;
         return;
     }
     fputs(text, f);
@@ -254,7 +241,7 @@ static int same_dataset(const mg_dataset *a, const mg_dataset *b)
 static void test_split_and_batches(void)
 {
     char path[1024];
-    snprintf(path, sizeof path, "%s/moses_train5k.smi", data_dir());
+    snprintf(path, sizeof path, "%s/moses_train5k.smi", mg_test_data_dir());
     mg_load_opts o = {.T = 64};
     mg_vocab *v = NULL;
     mg_dataset all;
@@ -262,7 +249,7 @@ static void test_split_and_batches(void)
     char err[300] = "";
     if (mg_dataset_load(path, &o, NULL, &v, &all, &rep, err, sizeof err) != 0) {
         fprintf(stderr, "load %s: %s (set MOLGEN_SHARED_DATA)\n", path, err);
-        g_fail++;
+        n_fail++;
         return;
     }
     CHECK(all.n == 5000 && rep.skipped == 0 && all.T == 64);
@@ -428,7 +415,7 @@ static void test_split_and_batches(void)
 static void test_big_corpus(void)
 {
     char path[1024];
-    snprintf(path, sizeof path, "%s/moses_176k.smi", data_dir());
+    snprintf(path, sizeof path, "%s/moses_176k.smi", mg_test_data_dir());
     mg_load_opts o = {0};
     mg_vocab *v = NULL;
     mg_dataset d;
@@ -442,7 +429,7 @@ static void test_big_corpus(void)
            mg_vocab_size(v), sec);
     mg_dataset_free(&d);
     mg_vocab_free(v);
-    snprintf(path, sizeof path, "%s/zinc250k_24k.smi", data_dir());
+    snprintf(path, sizeof path, "%s/zinc250k_24k.smi", mg_test_data_dir());
     o.T = 64;
     CHECK(mg_dataset_load(path, &o, NULL, &v, &d, &rep, err, sizeof err) == 0);
     printf("zinc250k_24k with T = 64: kept %ld, too long %ld, vocab %d\n", rep.kept, rep.too_long,
@@ -467,8 +454,8 @@ int main(void)
     remove(g_smi);
     remove(g_csv);
     remove(g_tmp);
-    if (g_fail) {
-        fprintf(stderr, "test_data: %d failure(s)\n", g_fail);
+    if (n_fail) {
+        fprintf(stderr, "test_data: %d failure(s)\n", n_fail);
         return 1;
     }
     printf("test_data: OK\n");

@@ -29,27 +29,10 @@
 #include "model.h"
 #include "tokenizer.h"
 
-static int n_pass, n_fail;
-#define CHECK(cond, ...)                                                                    \
-    do {                                                                                    \
-        if (cond) {                                                                         \
-            n_pass++;                                                                       \
-        } else {                                                                            \
-            if (n_fail++ < 40) {                                                            \
-                fprintf(stderr, "%s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #cond);   \
-                fprintf(stderr, __VA_ARGS__);                                               \
-                fputc('\n', stderr);                                                        \
-            }                                                                               \
-        }                                                                                   \
-    } while (0)
+#include "mg_test.h"
 
 static uint64_t rng_state = 12345;
-static uint64_t rnd(void) {
-    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
+static uint64_t rnd(void) { return mg_test_splitmix64(&rng_state); }
 static double urand(void) { return (double)(rnd() >> 11) * 0x1.0p-53; }
 
 static mg_model_config tiny_config(void) {
@@ -347,21 +330,9 @@ static void test_config_and_files(void) {
     mg_model_free(m);
 }
 
-/* libgomp's spinning idle threads starve the working ones on a loaded 2-core
- * machine (this test: 10 s with OMP_WAIT_POLICY=passive, 100 s without);
- * libgomp reads the variable only at start-up, so set it and re-run once,
- * as the molgen binary does. */
-static void passive_wait(char **argv) {
-    if (!getenv("OMP_WAIT_POLICY") && !getenv("MOLGEN_NO_REEXEC")) {
-        setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
-        setenv("MOLGEN_NO_REEXEC", "1", 1);
-        execv("/proc/self/exe", argv);
-    }
-}
-
 int main(int argc, char **argv) {
     (void)argc;
-    passive_wait(argv);
+    mg_test_passive_wait(argv);
     mg_model_config c = tiny_config();
     gradcheck("tiny", &c, 0, 3);
     c.dropout = 0.2f;

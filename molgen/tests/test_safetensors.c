@@ -11,23 +11,10 @@
 
 #include "safetensors.h"
 
-static int g_fail = 0;
-#define CHECK(cond)                                                            \
-    do {                                                                       \
-        if (!(cond)) {                                                         \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-            g_fail++;                                                          \
-        }                                                                      \
-    } while (0)
+#include "mg_test.h"
 
 static uint64_t g_rng = 0x1234567ULL;
-static uint64_t rnd(void)
-{
-    uint64_t z = (g_rng += 0x9E3779B97F4A7C15ULL);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31);
-}
+static uint64_t rnd(void) { return mg_test_splitmix64(&g_rng); }
 
 /* ================================================================ JSON */
 
@@ -37,7 +24,7 @@ static void json_ok(const char *s)
     char err[200] = "";
     if (mg_json_parse(s, strlen(s), &j, err, sizeof err) != 0 || !j) {
         fprintf(stderr, "JSON should parse: %s (%s)\n", s, err);
-        g_fail++;
+        n_fail++;
     }
     mg_json_free(j);
 }
@@ -50,7 +37,7 @@ static void json_bad(const char *s, const char *needle)
         (needle && !strstr(err, needle))) {
         fprintf(stderr, "JSON should fail: %s (got '%s', want '%s')\n", s, err,
                 needle ? needle : "");
-        g_fail++;
+        n_fail++;
         if (j && j != (mg_json *)1)
             mg_json_free(j);
     }
@@ -446,7 +433,7 @@ static void expect_bad(const char *hdr, size_t dlen, const char *needle)
     if (rc == 0 || f != NULL || !err[0] || (needle && !strstr(err, needle))) {
         fprintf(stderr, "should reject (want '%s'): %s\n  got rc=%d err='%s'\n",
                 needle ? needle : "", hdr, rc, err);
-        g_fail++;
+        n_fail++;
         if (rc == 0)
             mg_st_free(f);
     }
@@ -465,7 +452,7 @@ static void expect_good(const char *hdr, size_t dlen)
     char err[300] = "";
     if (mg_st_parse(b, len, &f, err, sizeof err) != 0) {
         fprintf(stderr, "should accept: %s\n  got '%s'\n", hdr, err);
-        g_fail++;
+        n_fail++;
     }
     mg_st_free(f);
     free(b);
@@ -680,8 +667,8 @@ int main(void)
     test_round_trip();
     test_corruption();
     interop();
-    if (g_fail) {
-        fprintf(stderr, "test_safetensors: %d failure(s)\n", g_fail);
+    if (n_fail) {
+        fprintf(stderr, "test_safetensors: %d failure(s)\n", n_fail);
         return 1;
     }
     printf("test_safetensors: OK\n");

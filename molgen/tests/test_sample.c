@@ -27,27 +27,10 @@
 #include "sample.h"
 #include "tokenizer.h"
 
-static int n_pass, n_fail;
-#define CHECK(cond, ...)                                                                  \
-    do {                                                                                  \
-        if (cond) {                                                                       \
-            n_pass++;                                                                     \
-        } else {                                                                          \
-            if (n_fail++ < 40) {                                                          \
-                fprintf(stderr, "%s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #cond); \
-                fprintf(stderr, __VA_ARGS__);                                             \
-                fputc('\n', stderr);                                                      \
-            }                                                                             \
-        }                                                                                 \
-    } while (0)
+#include "mg_test.h"
 
 static uint64_t rs = 777;
-static uint64_t rnd(void) {
-    uint64_t z = (rs += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
+static uint64_t rnd(void) { return mg_test_splitmix64(&rs); }
 static double urand(void) { return (double)(rnd() >> 11) * 0x1.0p-53; }
 
 static const char *TOKENS[] = {"C", "c", "N", "O", "(", ")", "1", "2", "=", "n", "Cl", "[nH]"};

@@ -8,29 +8,16 @@
 
 #include "smiles_check.h"
 
-static int g_fail = 0;
-#define CHECK(cond)                                                            \
-    do {                                                                       \
-        if (!(cond)) {                                                         \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-            g_fail++;                                                          \
-        }                                                                      \
-    } while (0)
-
-static const char *data_dir(void)
-{
-    const char *d = getenv("MOLGEN_SHARED_DATA");
-    return (d && d[0]) ? d : "../shared/data";
-}
+#include "mg_test.h"
 
 static void test_corpus(const char *file)
 {
     char path[1024];
-    snprintf(path, sizeof path, "%s/%s", data_dir(), file);
+    snprintf(path, sizeof path, "%s/%s", mg_test_data_dir(), file);
     FILE *f = fopen(path, "r");
     if (!f) {
         fprintf(stderr, "cannot open %s (set MOLGEN_SHARED_DATA)\n", path);
-        g_fail++;
+        n_fail++;
         return;
     }
     char buf[4096], why[256];
@@ -164,7 +151,7 @@ static void test_cases(void)
         why[0] = '\0';
         if (!mg_smiles_syntax_ok(k_valid[i], why, sizeof why)) {
             fprintf(stderr, "valid SMILES rejected: %s (%s)\n", k_valid[i], why);
-            g_fail++;
+            n_fail++;
         }
     }
     for (size_t i = 0; i < sizeof k_invalid / sizeof *k_invalid; i++) {
@@ -173,7 +160,7 @@ static void test_cases(void)
         if (ok || !strstr(why, k_invalid[i].why)) {
             fprintf(stderr, "invalid SMILES \"%s\": ok=%d why='%s' (want '%s')\n",
                     k_invalid[i].smi, ok, why, k_invalid[i].why);
-            g_fail++;
+            n_fail++;
         }
     }
     /* positions are reported */
@@ -210,8 +197,8 @@ int main(void)
     test_corpus("moses_176k.smi");
     test_corpus("moses_train5k.smi");
     test_corpus("zinc250k_24k.smi");
-    if (g_fail) {
-        fprintf(stderr, "test_smiles_check: %d failure(s)\n", g_fail);
+    if (n_fail) {
+        fprintf(stderr, "test_smiles_check: %d failure(s)\n", n_fail);
         return 1;
     }
     printf("test_smiles_check: OK\n");

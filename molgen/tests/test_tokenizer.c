@@ -6,20 +6,7 @@
 
 #include "tokenizer.h"
 
-static int g_fail = 0;
-#define CHECK(cond)                                                            \
-    do {                                                                       \
-        if (!(cond)) {                                                         \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-            g_fail++;                                                          \
-        }                                                                      \
-    } while (0)
-
-static const char *data_dir(void)
-{
-    const char *d = getenv("MOLGEN_SHARED_DATA");
-    return (d && d[0]) ? d : "../shared/data";
-}
+#include "mg_test.h"
 
 /* Tokenise s and compare with the expected space-separated token list. */
 static void expect_tokens(const char *s, const char *expected)
@@ -30,7 +17,7 @@ static void expect_tokens(const char *s, const char *expected)
     int rc = mg_tokenize(s, sp, 256, &n, NULL, err, sizeof err);
     if (rc != 0) {
         fprintf(stderr, "tokenize(%s) failed: %s\n", s, err);
-        g_fail++;
+        n_fail++;
         return;
     }
     char got[2048] = "";
@@ -40,7 +27,7 @@ static void expect_tokens(const char *s, const char *expected)
                               s + sp[i].start);
     if (strcmp(got, expected) != 0) {
         fprintf(stderr, "tokenize(%s):\n  got      %s\n  expected %s\n", s, got, expected);
-        g_fail++;
+        n_fail++;
     }
 }
 
@@ -54,7 +41,7 @@ static void expect_error(const char *s, int code, int pos, const char *needle)
         (needle && !strstr(err, needle))) {
         fprintf(stderr, "tokenize(\"%s\"): rc %d pos %d err '%s'; expected rc %d pos %d '%s'\n",
                 s, rc, ep, err, code, pos, needle ? needle : "");
-        g_fail++;
+        n_fail++;
     }
 }
 
@@ -209,7 +196,7 @@ static void test_vocab_basic(void)
         int rc = mg_vocab_from_json(bad_js[i], strlen(bad_js[i]), &w, err, sizeof err);
         if (rc == 0 || w != NULL || !err[0]) {
             fprintf(stderr, "bad vocab JSON %zu accepted: %s\n", i, bad_js[i]);
-            g_fail++;
+            n_fail++;
         }
         if (rc == 0)
             mg_vocab_free(w);
@@ -236,7 +223,7 @@ static char **read_lines(const char *path, size_t *n)
     *n = 0;
     if (!f) {
         fprintf(stderr, "cannot open %s (set MOLGEN_SHARED_DATA)\n", path);
-        g_fail++;
+        n_fail++;
         return NULL;
     }
     size_t cap = 1024;
@@ -261,7 +248,7 @@ static char **read_lines(const char *path, size_t *n)
 static void test_corpus(const char *file, int expect_vocab, const char *expect_tokens_list)
 {
     char path[1024];
-    snprintf(path, sizeof path, "%s/%s", data_dir(), file);
+    snprintf(path, sizeof path, "%s/%s", mg_test_data_dir(), file);
     size_t n;
     char **lines = read_lines(path, &n);
     if (!lines)
@@ -316,7 +303,7 @@ static void test_corpus(const char *file, int expect_vocab, const char *expect_t
             if (strcmp(got, expect_tokens_list) != 0) {
                 fprintf(stderr, "%s vocabulary:\n  got      %s\n  expected %s\n", file, got,
                         expect_tokens_list);
-                g_fail++;
+                n_fail++;
             }
         }
         /* encode + decode round trip through ids */
@@ -351,8 +338,8 @@ int main(void)
                 "# ( ) - / 1 2 3 4 5 6 = Br C Cl F I N O P S [C@@H] [C@@] [C@H] [C@] [N+] [N-] "
                 "[NH+] [NH-] [NH2+] [NH3+] [O-] [P@@] [P@] [S-] [S@@] [S@] [n+] [n-] [nH+] [nH] "
                 "[o+] \\ c n o s");
-    if (g_fail) {
-        fprintf(stderr, "test_tokenizer: %d failure(s)\n", g_fail);
+    if (n_fail) {
+        fprintf(stderr, "test_tokenizer: %d failure(s)\n", n_fail);
         return 1;
     }
     printf("test_tokenizer: OK\n");

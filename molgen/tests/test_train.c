@@ -41,19 +41,7 @@
 #define SANITIZED 0
 #endif
 
-static int n_pass, n_fail;
-#define CHECK(cond, ...)                                                                    \
-    do {                                                                                    \
-        if (cond) {                                                                         \
-            n_pass++;                                                                       \
-        } else {                                                                            \
-            if (n_fail++ < 40) {                                                            \
-                fprintf(stderr, "%s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #cond);   \
-                fprintf(stderr, __VA_ARGS__);                                               \
-                fputc('\n', stderr);                                                        \
-            }                                                                               \
-        }                                                                                   \
-    } while (0)
+#include "mg_test.h"
 
 static char tmpdir[256];
 static char data1k[300];
@@ -62,9 +50,8 @@ static void path_in_tmp(char *out, size_t n, const char *name) { snprintf(out, n
 
 /* The first `count` lines of moses_train5k.smi into dst. */
 static int make_subset(const char *dst, int count) {
-    const char *dir = getenv("MOLGEN_SHARED_DATA");
     char src[1024];
-    snprintf(src, sizeof src, "%s/moses_train5k.smi", dir && *dir ? dir : "../shared/data");
+    snprintf(src, sizeof src, "%s/moses_train5k.smi", mg_test_data_dir());
     FILE *in = fopen(src, "r");
     if (!in) {
         fprintf(stderr, "cannot open %s (set MOLGEN_SHARED_DATA)\n", src);
@@ -432,21 +419,9 @@ static void test_bad_checkpoints(void) {
     remove(bad);
 }
 
-/* libgomp's spinning idle threads starve the working ones on a loaded 2-core
- * machine (this test: 10 s with OMP_WAIT_POLICY=passive, 100 s without);
- * libgomp reads the variable only at start-up, so set it and re-run once,
- * as the molgen binary does. */
-static void passive_wait(char **argv) {
-    if (!getenv("OMP_WAIT_POLICY") && !getenv("MOLGEN_NO_REEXEC")) {
-        setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
-        setenv("MOLGEN_NO_REEXEC", "1", 1);
-        execv("/proc/self/exe", argv);
-    }
-}
-
 int main(int argc, char **argv) {
     (void)argc;
-    passive_wait(argv);
+    mg_test_passive_wait(argv);
     snprintf(tmpdir, sizeof tmpdir, "/tmp/molgen_test_train_%d", (int)getpid());
     char cmd[400];
     snprintf(cmd, sizeof cmd, "mkdir -p %s", tmpdir);
