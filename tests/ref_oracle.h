@@ -111,4 +111,26 @@ static inline void ref_sdpa(int64_t B, int64_t H, int64_t Lq, int64_t Lk, int64_
     free(in);
 }
 
+/* Packed [B, L, H*hd] -> [B, H, L, hd] (split) and back (merge), in double;
+ * the MHA oracles' head reshapes. */
+static inline void ref_split_heads(const double *x, int64_t B, int64_t L, int64_t H, int64_t hd,
+                                   double *y)
+{
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t l = 0; l < L; l++)
+            for (int64_t h = 0; h < H; h++)
+                for (int64_t d = 0; d < hd; d++)
+                    y[((b * H + h) * L + l) * hd + d] = x[(b * L + l) * H * hd + h * hd + d];
+}
+
+static inline void ref_merge_heads(const double *x, int64_t B, int64_t L, int64_t H, int64_t hd,
+                                   double *y)
+{
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t l = 0; l < L; l++)
+            for (int64_t h = 0; h < H; h++)
+                for (int64_t d = 0; d < hd; d++)
+                    y[(b * L + l) * H * hd + h * hd + d] = x[((b * H + h) * L + l) * hd + d];
+}
+
 #endif /* ATTN_REF_ORACLE_H */

@@ -29,33 +29,6 @@ static void linear(const double *x, int64_t n, int64_t in, const float *W, const
         }
 }
 
-static double *to_double(const float *x, size_t n)
-{
-    double *y = tu_malloc(n * sizeof(double));
-    for (size_t i = 0; i < n; i++)
-        y[i] = x[i];
-    return y;
-}
-
-/* [B, L, H*hd] -> [B, H, L, hd] and back. */
-static void split_heads(const double *x, int64_t B, int64_t L, int64_t H, int64_t hd, double *y)
-{
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t l = 0; l < L; l++)
-            for (int64_t h = 0; h < H; h++)
-                for (int64_t d = 0; d < hd; d++)
-                    y[((b * H + h) * L + l) * hd + d] = x[(b * L + l) * H * hd + h * hd + d];
-}
-
-static void merge_heads(const double *x, int64_t B, int64_t L, int64_t H, int64_t hd, double *y)
-{
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t l = 0; l < L; l++)
-            for (int64_t h = 0; h < H; h++)
-                for (int64_t d = 0; d < hd; d++)
-                    y[(b * L + l) * H * hd + h * hd + d] = x[((b * H + h) * L + l) * hd + d];
-}
-
 /* fp64 MHA. out [B, Lq, E]; weights [B, H, Lq, Lk] (per head, always). */
 static void ref_mha(const attn_mha_config *c, const attn_mha_weights *w, int64_t B, int64_t Lq,
                     int64_t Lk, const float *query, const float *key, const float *value,
@@ -66,9 +39,9 @@ static void ref_mha(const attn_mha_config *c, const attn_mha_weights *w, int64_t
     attn_sdpa_params none = {0};
     if (!p)
         p = &none;
-    double *xq = to_double(query, (size_t)(B * Lq * E));
-    double *xk = to_double(key, (size_t)(B * Lk * kd));
-    double *xv = to_double(value, (size_t)(B * Lk * vd));
+    double *xq = tu_doubles(query, (size_t)(B * Lq * E));
+    double *xk = tu_doubles(key, (size_t)(B * Lk * kd));
+    double *xv = tu_doubles(value, (size_t)(B * Lk * vd));
     double *Q = tu_malloc((size_t)(B * Lq * E) * sizeof(double));
     double *K = tu_malloc((size_t)(B * Lk * E) * sizeof(double));
     double *V = tu_malloc((size_t)(B * Lk * E) * sizeof(double));
@@ -80,11 +53,11 @@ static void ref_mha(const attn_mha_config *c, const attn_mha_weights *w, int64_t
     linear(xq, B * Lq, E, w->w_q, w->b_q, E, Q);
     linear(xk, B * Lk, kd, w->w_k, w->b_k, E, K);
     linear(xv, B * Lk, vd, w->w_v, w->b_v, E, V);
-    split_heads(Q, B, Lq, H, hd, qh);
-    split_heads(K, B, Lk, H, hd, kh);
-    split_heads(V, B, Lk, H, hd, vh);
+    ref_split_heads(Q, B, Lq, H, hd, qh);
+    ref_split_heads(K, B, Lk, H, hd, kh);
+    ref_split_heads(V, B, Lk, H, hd, vh);
     ref_sdpa(B, H, Lq, Lk, hd, hd, qh, kh, vh, p, oh, weights, lse, NULL);
-    merge_heads(oh, B, Lq, H, hd, Q); /* reuse Q as the concat buffer */
+    ref_merge_heads(oh, B, Lq, H, hd, Q); /* reuse Q as the concat buffer */
     linear(Q, B * Lq, E, w->w_o, w->b_o, E, out);
     free(xq), free(xk), free(xv), free(Q), free(K), free(V);
     free(qh), free(kh), free(vh), free(oh), free(lse);

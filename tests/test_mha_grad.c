@@ -77,25 +77,6 @@ static void proj64(const double *X, int64_t rows, int64_t in, const double *W, c
         }
 }
 
-/* [B, L, H*Dh] <-> [B, H, L, Dh] */
-static void split_heads(const double *X, int64_t B, int64_t L, int64_t H, int64_t Dh, double *Y)
-{
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t l = 0; l < L; l++)
-            for (int64_t h = 0; h < H; h++)
-                for (int64_t d = 0; d < Dh; d++)
-                    Y[((b * H + h) * L + l) * Dh + d] = X[(b * L + l) * H * Dh + h * Dh + d];
-}
-
-static void merge_heads(const double *Y, int64_t B, int64_t L, int64_t H, int64_t Dh, double *X)
-{
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t l = 0; l < L; l++)
-            for (int64_t h = 0; h < H; h++)
-                for (int64_t d = 0; d < Dh; d++)
-                    X[(b * L + l) * H * Dh + h * Dh + d] = Y[((b * H + h) * L + l) * Dh + d];
-}
-
 static double mha64_loss(void *ctx)
 {
     mha64 *m = ctx;
@@ -103,22 +84,14 @@ static double mha64_loss(void *ctx)
     proj64(m->xq, B * Lq, E, m->w[P_WQ], m->w[P_BQ], E, m->Qp);
     proj64(m->xk, B * Lk, m->c.kd, m->w[P_WK], m->w[P_BK], E, m->Kp);
     proj64(m->xv, B * Lk, m->c.vd, m->w[P_WV], m->w[P_BV], E, m->Vp);
-    split_heads(m->Qp, B, Lq, H, Dh, m->qh);
-    split_heads(m->Kp, B, Lk, H, Dh, m->kh);
-    split_heads(m->Vp, B, Lk, H, Dh, m->vh);
+    ref_split_heads(m->Qp, B, Lq, H, Dh, m->qh);
+    ref_split_heads(m->Kp, B, Lk, H, Dh, m->kh);
+    ref_split_heads(m->Vp, B, Lk, H, Dh, m->vh);
     gu_dims d = {B, H, Lq, Lk, Dh, Dh};
     gu_sdpa_fwd(&d, m->qh, m->kh, m->vh, m->p, m->mult, m->oh);
-    merge_heads(m->oh, B, Lq, H, Dh, m->Ao);
+    ref_merge_heads(m->oh, B, Lq, H, Dh, m->Ao);
     proj64(m->Ao, B * Lq, E, m->w[P_WO], m->w[P_BO], E, m->out);
     return gu_dot(m->G, m->out, (size_t)(B * Lq * E));
-}
-
-static double *to_d(const float *x, size_t n)
-{
-    double *y = tu_malloc(n * sizeof(double));
-    for (size_t i = 0; i < n; i++)
-        y[i] = x[i];
-    return y;
 }
 
 /* fp64 FD gradient of every element of x[n]. */
@@ -262,12 +235,12 @@ static void check_case(const mcase *mc, const attn_sdpa_params *p0, attn_impl im
     mha64 m;
     memset(&m, 0, sizeof m);
     m.c = mc->c, m.B = B, m.Lq = Lq, m.Lk = Lk, m.p = &p;
-    m.xq = to_d(L.xq, L.nq);
-    m.xk = mc->self ? m.xq : to_d(L.xk, L.nk);
-    m.xv = mc->self ? m.xq : to_d(L.xv, L.nv);
+    m.xq = tu_doubles(L.xq, L.nq);
+    m.xk = mc->self ? m.xq : tu_doubles(L.xk, L.nk);
+    m.xv = mc->self ? m.xq : tu_doubles(L.xv, L.nv);
     for (int i = 0; i < NPARAM; i++)
-        m.w[i] = pcount(&mc->c, i) ? to_d(pptr(&L.w.w, i), pcount(&mc->c, i)) : NULL;
-    double *G = to_d(L.G, L.no);
+        m.w[i] = pcount(&mc->c, i) ? tu_doubles(pptr(&L.w.w, i), pcount(&mc->c, i)) : NULL;
+    double *G = tu_doubles(L.G, L.no);
     m.G = G;
     double *mult = NULL;
     if (p.training && p.dropout_p > 0.0f) {

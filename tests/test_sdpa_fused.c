@@ -15,10 +15,10 @@
  * problem whose rows each see one key): then the fused path may still carry
  * a few fp32 roundings of unit-sized values (its exp polynomial is within
  * ~1 ulp, then 1/l and the final product each round once), i.e. a few times
- * 2^-24. The fp64 forward (ref_oracle.h's, and fp64_fwd with dropout) and the
- * analytic fp64 backward (fp64_bwd) are written here from the math;
- * with dropout the keep mask is read back from the REFERENCE path
- * (dropout_mult), so a fused path that dropped other elements would be
+ * 2^-24. The fp64 forward (ref_oracle.h's, and grad_util.h's gu_sdpa_fwd with
+ * dropout) and the analytic fp64 backward (gu_sdpa_bwd) are written from the
+ * math; with dropout the keep mask is read back from the REFERENCE path
+ * (gu_dropout_mult), so a fused path that dropped other elements would be
  * off by O(1), not by rounding.
  *
  * Determinism: 1, 2 and 3 threads give bitwise-identical out, lse, weights,
@@ -26,206 +26,16 @@
  * one-pass and two-pass schemes), and out/lse do not change when weights
  * are requested. NaN and Inf: same poisoned rows as the reference. */
 #define _POSIX_C_SOURCE 200112L
-#include "ref_oracle.h"
+#include "grad_util.h"
 
 #include <stdlib.h>
 
-/* ------------------------------------------------------------ views */
-
-enum { GU_BHLD, GU_BLHD, GU_PADDED, GU_INNER2, GU_LAYOUTS };
-
-/* A [B,H,L,D] view over its own buffer; every float (gaps too) = fill. */
-typedef struct {
-    attn_tensor t;
-    float *buf;
-    size_t n;
-} gu_view;
-
-static gu_view gu_make_view(int lay, int64_t B, int64_t H, int64_t L, int64_t D, float fill) {
-    gu_view v;
-    int64_t *dim = v.t.dim, *st = v.t.stride;
-    dim[0] = B, dim[1] = H, dim[2] = L, dim[3] = D;
-    switch (lay) {
-    case GU_BLHD: st[3] = 1, st[1] = D, st[2] = H * D, st[0] = L * H * D; break;
-    case GU_PADDED: st[3] = 1, st[2] = D + 3, st[1] = L * (D + 3) + 5, st[0] = H * st[1] + 7; break;
-    case GU_INNER2: st[3] = 2, st[2] = 2 * D + 1, st[0] = L * st[2], st[1] = B * st[0]; break;
-    default: st[3] = 1, st[2] = D, st[1] = L * D, st[0] = H * L * D; break;
-    }
-    v.n = tu_span(dim, st);
-    v.buf = tu_malloc(v.n * sizeof(float));
-    for (size_t i = 0; i < v.n; i++) v.buf[i] = fill;
-    v.t.data = v.buf;
-    return v;
-}
-
-static void gu_fill_view(gu_view *v, tu_rng *r, float lo, float hi) {
-    const attn_tensor *t = &v->t;
-    for (int64_t b = 0; b < t->dim[0]; b++)
-        for (int64_t h = 0; h < t->dim[1]; h++)
-            for (int64_t l = 0; l < t->dim[2]; l++)
-                for (int64_t d = 0; d < t->dim[3]; d++)
-                    v->buf[tu_off(t, b, h, l, d)] = lo + (hi - lo) * (float)tu_unif(r);
-}
-
-/* Floats of the buffer outside the view that no longer hold fill. */
-static size_t gu_gaps_touched(const gu_view *v, float fill) {
-    unsigned char *in = tu_malloc(v->n);
-    memset(in, 0, v->n);
-    const attn_tensor *t = &v->t;
-    for (int64_t b = 0; b < t->dim[0]; b++)
-        for (int64_t h = 0; h < t->dim[1]; h++)
-            for (int64_t l = 0; l < t->dim[2]; l++)
-                for (int64_t d = 0; d < t->dim[3]; d++) in[tu_off(t, b, h, l, d)] = 1;
-    size_t bad = 0;
-    for (size_t i = 0; i < v->n; i++) bad += !in[i] && memcmp(&v->buf[i], &fill, sizeof fill) != 0;
-    free(in);
-    return bad;
-}
-
-/* ------------------------------------------------------------ fp64 SDPA */
-
-typedef struct {
-    int64_t B, H, Lq, Lk, Dk, Dv;
-} gu_dims;
-
-/* Softmax row (b, h, i) over visible keys into P[Lk]; 0 if none visible. */
-static int row_softmax(const gu_dims *d, const double *q, const double *k, const attn_sdpa_params *p,
-                       int64_t b, int64_t h, int64_t i, double *P) {
-    const int64_t bh = b * d->H + h;
-    const double scale = p->scale != 0.0f ? (double)p->scale : 1.0 / sqrt((double)d->Dk);
-    const double *qi = q + (bh * d->Lq + i) * d->Dk;
-    double m = -INFINITY, sum = 0.0;
-    int any = 0;
-    for (int64_t j = 0; j < d->Lk; j++) {
-        P[j] = -INFINITY;
-        if (!ref_visible(p, b, h, i, j, d->Lq, d->Lk)) continue;
-        const double *kj = k + (bh * d->Lk + j) * d->Dk;
-        double s = 0.0;
-        for (int64_t x = 0; x < d->Dk; x++) s += qi[x] * kj[x];
-        s *= scale;
-        if (p->add_mask) s += (double)((const float *)p->add_mask->data)[ref_mask_off(p->add_mask, b, h, i, j)];
-        if (s == -INFINITY) continue;
-        P[j] = s;
-        any = 1;
-        if (s > m) m = s;
-    }
-    for (int64_t j = 0; j < d->Lk; j++) {
-        P[j] = any && P[j] != -INFINITY ? exp(P[j] - m) : 0.0;
-        sum += P[j];
-    }
-    for (int64_t j = 0; j < d->Lk && any; j++) P[j] /= sum;
-    return any;
-}
-
-/* O = (P ∘ mult) V (mult NULL: no dropout); contiguous doubles. */
-static void fp64_fwd(const gu_dims *d, const double *q, const double *k, const double *v,
-                     const attn_sdpa_params *p, const double *mult, double *out) {
-    double *P = tu_malloc((size_t)d->Lk * sizeof(double));
-    for (int64_t b = 0; b < d->B; b++)
-        for (int64_t h = 0; h < d->H; h++)
-            for (int64_t i = 0; i < d->Lq; i++) {
-                const int64_t bh = b * d->H + h, row = bh * d->Lq + i;
-                double *o = out + row * d->Dv;
-                for (int64_t x = 0; x < d->Dv; x++) o[x] = 0.0;
-                if (!row_softmax(d, q, k, p, b, h, i, P)) continue;
-                for (int64_t j = 0; j < d->Lk; j++) {
-                    const double w = P[j] * (mult ? mult[row * d->Lk + j] : 1.0);
-                    if (w == 0.0) continue;
-                    const double *vj = v + (bh * d->Lk + j) * d->Dv;
-                    for (int64_t x = 0; x < d->Dv; x++) o[x] += w * vj[x];
-                }
-            }
-    free(P);
-}
-
-/* Analytic gradients of Σ dO ∘ O: dV_j = Σ_i P_ij m_ij dO_i,
- * dP_ij = m_ij dO_i·V_j, dS_ij = P_ij (dP_ij - Σ_k P_ik dP_ik),
- * dQ_i = scale Σ_j dS_ij K_j, dK_j = scale Σ_i dS_ij Q_i. */
-static void fp64_bwd(const gu_dims *d, const double *q, const double *k, const double *v,
-                     const double *dout, const attn_sdpa_params *p, const double *mult, double *dq,
-                     double *dk, double *dv) {
-    const double scale = p->scale != 0.0f ? (double)p->scale : 1.0 / sqrt((double)d->Dk);
-    memset(dq, 0, (size_t)(d->B * d->H * d->Lq * d->Dk) * sizeof(double));
-    memset(dk, 0, (size_t)(d->B * d->H * d->Lk * d->Dk) * sizeof(double));
-    memset(dv, 0, (size_t)(d->B * d->H * d->Lk * d->Dv) * sizeof(double));
-    double *P = tu_malloc((size_t)d->Lk * sizeof(double)), *dP = tu_malloc((size_t)d->Lk * sizeof(double));
-    for (int64_t b = 0; b < d->B; b++)
-        for (int64_t h = 0; h < d->H; h++)
-            for (int64_t i = 0; i < d->Lq; i++) {
-                const int64_t bh = b * d->H + h, row = bh * d->Lq + i;
-                if (!row_softmax(d, q, k, p, b, h, i, P)) continue;
-                const double *go = dout + row * d->Dv, *qi = q + row * d->Dk;
-                double Di = 0.0;
-                for (int64_t j = 0; j < d->Lk; j++) {
-                    dP[j] = 0.0;
-                    if (P[j] == 0.0) continue;
-                    const double m = mult ? mult[row * d->Lk + j] : 1.0;
-                    const double *vj = v + (bh * d->Lk + j) * d->Dv;
-                    double *gv = dv + (bh * d->Lk + j) * d->Dv, acc = 0.0;
-                    for (int64_t x = 0; x < d->Dv; x++) {
-                        acc += go[x] * vj[x];
-                        gv[x] += P[j] * m * go[x];
-                    }
-                    dP[j] = m * acc;
-                    Di += P[j] * dP[j];
-                }
-                double *gq = dq + row * d->Dk;
-                for (int64_t j = 0; j < d->Lk; j++) {
-                    if (P[j] == 0.0) continue;
-                    const double ds = scale * P[j] * (dP[j] - Di);
-                    const double *kj = k + (bh * d->Lk + j) * d->Dk;
-                    double *gk = dk + (bh * d->Lk + j) * d->Dk;
-                    for (int64_t x = 0; x < d->Dk; x++) gq[x] += ds * kj[x], gk[x] += ds * qi[x];
-                }
-            }
-    free(P), free(dP);
-}
-
-/* max |got - want| / max(max|want|, floor); non-finite mismatch = inf. */
-static double gu_relerr(const float *got, const double *want, size_t n, double floor) {
+/* Non-finite values must match (tu_maxdiff): max |got - want| /
+ * max(max|want|, floor). */
+static double relerr_nf(const float *got, const double *want, size_t n, double floor) {
     double m = 0.0;
     for (size_t i = 0; i < n; i++) m = fmax(m, fabs(want[i]));
     return tu_maxdiff(got, want, n) / fmax(m, floor);
-}
-
-/* The REFERENCE path's dropout multipliers for this call's (B, H, Lq, Lk,
- * seed, offset, masks), read back with q = k = 0 (Dk = 1), V = I (Dv = Lk):
- * out[b,h,i,j] / weights[b,h,i,j] = mult where the weight is > 0. Returns the
- * number of ratios that are neither 0 nor 1/(1-p). */
-static long dropout_mult(int64_t B, int64_t H, int64_t Lq, int64_t Lk, const attn_sdpa_params *p,
-                         double *mult) {
-    const size_t nq = (size_t)(B * H * Lq), nk = (size_t)(B * H * Lk), nw = nq * (size_t)Lk;
-    float *q = tu_malloc(nq * sizeof(float)), *k = tu_malloc(nk * sizeof(float));
-    float *v = tu_malloc(nk * (size_t)Lk * sizeof(float)), *o = tu_malloc(nw * sizeof(float));
-    float *w = tu_malloc(nw * sizeof(float));
-    memset(q, 0, nq * sizeof(float)), memset(k, 0, nk * sizeof(float));
-    memset(v, 0, nk * (size_t)Lk * sizeof(float));
-    for (int64_t bh = 0; bh < B * H; bh++)
-        for (int64_t j = 0; j < Lk; j++) v[(bh * Lk + j) * Lk + j] = 1.0f;
-    attn_tensor tq = attn_tensor_bhld(q, B, H, Lq, 1), tk = attn_tensor_bhld(k, B, H, Lk, 1),
-                tv = attn_tensor_bhld(v, B, H, Lk, Lk), to = attn_tensor_bhld(o, B, H, Lq, Lk);
-    attn_sdpa_params pp = *p;
-    pp.scale = 1.0f;
-    pp.impl = ATTN_IMPL_REFERENCE;
-    long bad = 0;
-    if (attn_sdpa_forward(&tq, &tk, &tv, &pp, &to, w, NULL, NULL, NULL) != ATTN_OK) {
-        bad = -1;
-    } else {
-        const double keep = 1.0 / (1.0 - (double)p->dropout_p);
-        for (size_t x = 0; x < nw; x++) {
-            double m = 0.0;
-            if (w[x] > 0.0f) {
-                m = (double)o[x] / (double)w[x];
-                if (m != 0.0) {
-                    if (fabs(m - keep) <= 1e-6 * keep) m = keep;
-                    else bad++;
-                }
-            }
-            mult[x] = m;
-        }
-    }
-    free(q), free(k), free(v), free(o), free(w);
-    return bad;
 }
 
 #define FLOOR (4.0 / 16777216.0)
@@ -294,12 +104,6 @@ static double finite_diff(const float *a, const double *b, size_t n, double scal
         if (e > m) m = e;
     }
     return m;
-}
-
-static double *to_double_f(const float *x, size_t n) {
-    double *d = tu_malloc(n * sizeof(double));
-    for (size_t i = 0; i < n; i++) d[i] = x[i];
-    return d;
 }
 
 typedef struct {
@@ -423,8 +227,8 @@ static void run_case(const shape *s, const attn_sdpa_params *p, uint64_t seed, p
             attn_sdpa_params pr = *p;
             pr.impl = ATTN_IMPL_REFERENCE;
             mult = tu_malloc(nW * sizeof(double));
-            CHECK(dropout_mult(B, H, Lq, Lk, &pr, mult) == 0, "%s: mask read-back", s->name);
-            fp64_fwd(&d, qd, kd, vd, p, mult, ro);
+            CHECK(gu_dropout_mult(B, H, Lq, Lk, &pr, mult, NULL) == 0, "%s: mask read-back", s->name);
+            gu_sdpa_fwd(&d, qd, kd, vd, p, mult, ro);
         }
         const double vmax = tu_maxabs(v.buf, v.n) > 0 ? tu_maxabs(v.buf, v.n) : 1.0;
         float *fo = tu_gather(&f1.o.t), *rfo = tu_gather(&ref.o.t);
@@ -432,7 +236,7 @@ static void run_case(const shape *s, const attn_sdpa_params *p, uint64_t seed, p
         accuracy(Q_W, tu_maxdiff(f1.w, rw, nW), tu_maxdiff(ref.w, rw, nW), "weights", s);
         accuracy(Q_LSE, tu_maxreldiff1(f1.lse, rl, nL), tu_maxreldiff1(ref.lse, rl, nL), "lse", s);
         if (drop) { /* same mask as the reference: fused within the bound of it */
-            double *rfd = to_double_f(rfo, nO);
+            double *rfd = tu_doubles(rfo, nO);
             const double e_fr = tu_maxdiff(fo, rfd, nO) / vmax, e_r = tu_maxdiff(rfo, ro, nO) / vmax;
             CHECK(e_fr <= 3.0 * e_r + FLOOR, "[%s] %s: dropout out differs from reference by %.3g",
                   g_isa, s->name, e_fr);
@@ -441,12 +245,12 @@ static void run_case(const shape *s, const attn_sdpa_params *p, uint64_t seed, p
         /* backward vs fp64 analytic gradient (from each path's own forward) */
         double *aq = tu_malloc(nQ * sizeof(double)), *ak = tu_malloc(nK * sizeof(double)),
                *av = tu_malloc(nV * sizeof(double));
-        fp64_bwd(&d, qd, kd, vd, god, p, mult, aq, ak, av);
+        gu_sdpa_bwd(&d, qd, kd, vd, god, p, mult, aq, ak, av);
         float *fq = tu_gather(&f1.dq.t), *fk = tu_gather(&f1.dk.t), *fv = tu_gather(&f1.dv.t);
         float *rq = tu_gather(&ref.dq.t), *rk = tu_gather(&ref.dk.t), *rv = tu_gather(&ref.dv.t);
-        accuracy(Q_DQ, gu_relerr(fq, aq, nQ, GRAD_SCALE), gu_relerr(rq, aq, nQ, GRAD_SCALE), "dq", s);
-        accuracy(Q_DK, gu_relerr(fk, ak, nK, GRAD_SCALE), gu_relerr(rk, ak, nK, GRAD_SCALE), "dk", s);
-        accuracy(Q_DV, gu_relerr(fv, av, nV, GRAD_SCALE), gu_relerr(rv, av, nV, GRAD_SCALE), "dv", s);
+        accuracy(Q_DQ, relerr_nf(fq, aq, nQ, GRAD_SCALE), relerr_nf(rq, aq, nQ, GRAD_SCALE), "dq", s);
+        accuracy(Q_DK, relerr_nf(fk, ak, nK, GRAD_SCALE), relerr_nf(rk, ak, nK, GRAD_SCALE), "dk", s);
+        accuracy(Q_DV, relerr_nf(fv, av, nV, GRAD_SCALE), relerr_nf(rv, av, nV, GRAD_SCALE), "dv", s);
         /* Structural zeros: a row that sees no key has dq exactly 0; a key
          * that no row sees has dk and dv exactly 0 (never NaN, never a
          * rounding residue). */

@@ -124,6 +124,15 @@ static inline double *tu_to_double(const attn_tensor *t)
 }
 
 /* Contiguous [B,H,L,D] float copy of a strided view (caller frees). */
+/* A malloc'd double copy of n contiguous floats. */
+static inline double *tu_doubles(const float *x, size_t n)
+{
+    double *y = tu_malloc(n * sizeof(double));
+    for (size_t i = 0; i < n; i++)
+        y[i] = x[i];
+    return y;
+}
+
 static inline float *tu_gather(const attn_tensor *t)
 {
     float *x = tu_malloc((size_t)tu_numel(t) * sizeof(float));
