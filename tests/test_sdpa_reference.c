@@ -7,7 +7,7 @@
  * the relative error of every weight; out = sum_j w_j v_j then adds ~Lk*eps.
  * So |out err| <= 1e-5 * max|V|, |weight err| <= 1e-5, |lse err| <=
  * 1e-5 * max(1, |lse|) hold with a few-fold margin over the measured error. */
-#include "ref_oracle.h"
+#include "grad_util.h"
 
 #define TOL_OUT 1e-5 /* relative to max|V| */
 #define TOL_W 1e-5   /* absolute, weights are in [0, 1] */
@@ -16,62 +16,8 @@
 static double g_err_out, g_err_w, g_err_lse; /* worst measured, for the log */
 static int g_cases;
 
-/* ------------------------------------------------------------ views */
-
-enum { LAY_BHLD, LAY_BLHD, LAY_PADDED, LAY_INNER2, LAY_COUNT };
-static const char *lay_name[LAY_COUNT] = {"bhld", "blhd", "padded", "inner-stride-2"};
-
-/* A [B,H,L,D] view over a fresh buffer; data is filled with `fill` (also
- * the gaps of padded layouts, so stray writes show up). */
-typedef struct {
-    attn_tensor t;
-    float *buf;
-    size_t n; /* floats in buf */
-} view;
-
-static view make_view(int lay, int64_t B, int64_t H, int64_t L, int64_t D, float fill)
-{
-    view v;
-    float *dummy = NULL;
-    switch (lay) {
-    case LAY_BLHD:
-        v.t = attn_tensor_blhd(dummy, B, H, L, D);
-        break;
-    case LAY_PADDED: /* gaps after every row, head and batch */
-        v.t.dim[0] = B, v.t.dim[1] = H, v.t.dim[2] = L, v.t.dim[3] = D;
-        v.t.stride[3] = 1;
-        v.t.stride[2] = D + 3;
-        v.t.stride[1] = L * (D + 3) + 5;
-        v.t.stride[0] = H * v.t.stride[1] + 7;
-        break;
-    case LAY_INNER2: /* every other float, heads outermost */
-        v.t.dim[0] = B, v.t.dim[1] = H, v.t.dim[2] = L, v.t.dim[3] = D;
-        v.t.stride[3] = 2;
-        v.t.stride[2] = 2 * D + 1;
-        v.t.stride[0] = L * v.t.stride[2];
-        v.t.stride[1] = B * v.t.stride[0];
-        break;
-    default:
-        v.t = attn_tensor_bhld(dummy, B, H, L, D);
-        break;
-    }
-    v.n = tu_span(v.t.dim, v.t.stride);
-    v.buf = tu_malloc(v.n * sizeof(float));
-    for (size_t i = 0; i < v.n; i++)
-        v.buf[i] = fill;
-    v.t.data = v.buf;
-    return v;
-}
-
-static void fill_view(view *v, tu_rng *r, float lo, float hi)
-{
-    const attn_tensor *t = &v->t;
-    for (int64_t b = 0; b < t->dim[0]; b++)
-        for (int64_t h = 0; h < t->dim[1]; h++)
-            for (int64_t l = 0; l < t->dim[2]; l++)
-                for (int64_t d = 0; d < t->dim[3]; d++)
-                    v->buf[tu_off(t, b, h, l, d)] = lo + (hi - lo) * (float)tu_unif(r);
-}
+/* Strided test views (every float, gaps too, starts as the fill value, so
+ * stray writes show up): grad_util.h's gu_view, gu_make_view, gu_fill_view. */
 
 /* ------------------------------------------------------------ masks */
 
@@ -141,20 +87,20 @@ typedef struct {
 /* Runs the case with `impl`, with and without weights/lse, and compares
  * everything with the oracle. q/k/v are filled from seed unless
  * pre-filled views are given (prep != NULL) . */
-typedef void (*prep_fn)(view *q, view *k, view *v, tu_rng *r);
+typedef void (*prep_fn)(gu_view *q, gu_view *k, gu_view *v, tu_rng *r);
 
 static void run_case(const shape *s, const attn_sdpa_params *p0, attn_impl impl, uint64_t seed,
                      prep_fn prep)
 {
     const int64_t B = s->B, H = s->H, Lq = s->Lq, Lk = s->Lk, Dk = s->Dk, Dv = s->Dv;
     tu_rng r = tu_seed(seed);
-    view q = make_view(s->lay_q, B, H, Lq, Dk, 0.0f);
-    view k = make_view(s->lay_k, B, H, Lk, Dk, 0.0f);
-    view v = make_view(s->lay_v, B, H, Lk, Dv, 0.0f);
-    view o = make_view(s->lay_o, B, H, Lq, Dv, 1234.5f);
-    fill_view(&q, &r, s->in_lo, s->in_hi);
-    fill_view(&k, &r, s->in_lo, s->in_hi);
-    fill_view(&v, &r, -1.0f, 1.0f);
+    gu_view q = gu_make_view(s->lay_q, B, H, Lq, Dk, 0.0f);
+    gu_view k = gu_make_view(s->lay_k, B, H, Lk, Dk, 0.0f);
+    gu_view v = gu_make_view(s->lay_v, B, H, Lk, Dv, 0.0f);
+    gu_view o = gu_make_view(s->lay_o, B, H, Lq, Dv, 1234.5f);
+    gu_fill_view(&q, &r, s->in_lo, s->in_hi);
+    gu_fill_view(&k, &r, s->in_lo, s->in_hi);
+    gu_fill_view(&v, &r, -1.0f, 1.0f);
     if (prep)
         prep(&q, &k, &v, &r);
 
@@ -205,8 +151,8 @@ static void run_case(const shape *s, const attn_sdpa_params *p0, attn_impl impl,
         float *og = tu_gather(&o.t);
         double eo = tu_maxdiff(og, ro, nO) / vmax;
         CHECK(eo <= TOL_OUT, "%s/%s [%s q, %s k, %s v, %s out]%s: max|out err|/max|V| = %.3g",
-              s->name, iname, lay_name[s->lay_q], lay_name[s->lay_k], lay_name[s->lay_v],
-              lay_name[s->lay_o], with_wl ? "" : " (no weights)", eo);
+              s->name, iname, gu_lay_name[s->lay_q], gu_lay_name[s->lay_k], gu_lay_name[s->lay_v],
+              gu_lay_name[s->lay_o], with_wl ? "" : " (no weights)", eo);
         if (eo > g_err_out)
             g_err_out = eo;
 
@@ -266,7 +212,7 @@ static void run_both(const shape *s, const attn_sdpa_params *p, uint64_t seed, p
 static shape sh(const char *name, int64_t B, int64_t H, int64_t Lq, int64_t Lk, int64_t Dk,
                 int64_t Dv)
 {
-    shape s = {name, B, H, Lq, Lk, Dk, Dv, LAY_BHLD, LAY_BHLD, LAY_BHLD, LAY_BHLD, -1.0f, 1.0f};
+    shape s = {name, B, H, Lq, Lk, Dk, Dv, GU_BHLD, GU_BHLD, GU_BHLD, GU_BHLD, -1.0f, 1.0f};
     return s;
 }
 
@@ -290,11 +236,11 @@ static void test_shapes(void)
         run_both(&cases[c], &p, 100 + c, NULL);
 
     /* Every layout for each operand, the packed [B,L,H,D] one included. */
-    for (int lq = 0; lq < LAY_COUNT; lq++)
-        for (int lk = 0; lk < LAY_COUNT; lk++) {
+    for (int lq = 0; lq < GU_LAYOUTS; lq++)
+        for (int lk = 0; lk < GU_LAYOUTS; lk++) {
             shape s = sh("layouts", 2, 3, 13, 21, 8, 6);
-            s.lay_q = lq, s.lay_k = lk, s.lay_v = (lq + lk) % LAY_COUNT;
-            s.lay_o = (lq + 2 * lk) % LAY_COUNT;
+            s.lay_q = lq, s.lay_k = lk, s.lay_v = (lq + lk) % GU_LAYOUTS;
+            s.lay_o = (lq + 2 * lk) % GU_LAYOUTS;
             run_both(&s, &p, 200 + (uint64_t)(lq * 8 + lk), NULL);
         }
 }
@@ -430,7 +376,7 @@ static void test_empty_rows(void)
 /* Logits of +-1e4: integer q in +-[500, 2500], k in {1, 2} and the default
  * scale 1/sqrt(4) = 0.5 make every score an exact fp32 integer, so only the softmax's stability is
  * measured (a naive exp overflows to inf, or underflows to an empty row). */
-static void prep_large(view *q, view *k, view *v, tu_rng *r)
+static void prep_large(gu_view *q, gu_view *k, gu_view *v, tu_rng *r)
 {
     (void)v;
     const attn_tensor *tq = &q->t, *tk = &k->t;
@@ -451,7 +397,7 @@ static void prep_large(view *q, view *k, view *v, tu_rng *r)
 /* Keys that take part in no row may hold garbage: NaN in K and V beyond
  * key_lengths, and in key 2, which the bool mask removes from every row. */
 static const int64_t nan_lens[2] = {4, 7};
-static void prep_nan_keys(view *q, view *k, view *v, tu_rng *r)
+static void prep_nan_keys(gu_view *q, gu_view *k, gu_view *v, tu_rng *r)
 {
     (void)q, (void)r;
     for (int64_t b = 0; b < k->t.dim[0]; b++)
@@ -502,7 +448,7 @@ static void test_large_logits(void)
 
 /* NaN in one element of one query row: that row's output, weights and lse
  * are NaN (the oracle says so), every other row is exact. */
-static void prep_nan(view *q, view *k, view *v, tu_rng *r)
+static void prep_nan(gu_view *q, gu_view *k, gu_view *v, tu_rng *r)
 {
     (void)k, (void)v, (void)r;
     q->buf[tu_off(&q->t, 1, 0, 3, 2)] = NAN;
@@ -524,10 +470,10 @@ static void test_random(void)
     for (int it = 0; it < 60; it++) {
         shape s = sh("random", tu_int(&r, 1, 3), tu_int(&r, 1, 3), tu_int(&r, 1, 40),
                      tu_int(&r, 1, 40), tu_int(&r, 1, 32), tu_int(&r, 1, 32));
-        s.lay_q = (int)tu_int(&r, 0, LAY_COUNT - 1);
-        s.lay_k = (int)tu_int(&r, 0, LAY_COUNT - 1);
-        s.lay_v = (int)tu_int(&r, 0, LAY_COUNT - 1);
-        s.lay_o = (int)tu_int(&r, 0, LAY_COUNT - 1);
+        s.lay_q = (int)tu_int(&r, 0, GU_LAYOUTS - 1);
+        s.lay_k = (int)tu_int(&r, 0, GU_LAYOUTS - 1);
+        s.lay_v = (int)tu_int(&r, 0, GU_LAYOUTS - 1);
+        s.lay_o = (int)tu_int(&r, 0, GU_LAYOUTS - 1);
         attn_sdpa_params p = {0};
         int64_t lens[3];
         mask_buf mb = {{0}, NULL}, ma = {{0}, NULL};
