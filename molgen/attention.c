@@ -253,16 +253,9 @@ int cmd_attention(int argc, char **argv) {
             return 0;
         }
         static const char *const value_opts[] = {"--model", "--smiles", "--out", "--threads", NULL};
-        if (!mg_cli_known(a, value_opts)) {
-            fprintf(stderr, "molgen attention: unknown option '%s' (see molgen attention --help)\n", a);
-            return 2;
-        }
         const char *val = NULL;
         char opt[64];
-        if (!mg_cli_option(argc, argv, &i, opt, sizeof opt, &val, err, sizeof err)) {
-            fprintf(stderr, "molgen attention: %s\n", err);
-            return 2;
-        }
+        if (!mg_cli_take("attention", argc, argv, &i, value_opts, opt, sizeof opt, &val)) return 2;
         a = opt;
         long long ll;
         if (!strcmp(a, "--model")) model_path = val;

@@ -186,16 +186,9 @@ int cmd_bench(int argc, char **argv) {
         if (!strcmp(a, "--no-sample")) { do_sample = 0; continue; }
         if (!strcmp(a, "--json")) { json = 1; continue; }
         static const char *const value_opts[] = {"--model", "--batch", "--ctx", "--runs", "--warmup", "--steps", "--sample-n", "--naive-n", "--threads", NULL};
-        if (!mg_cli_known(a, value_opts)) {
-            fprintf(stderr, "molgen bench: unknown option '%s' (see molgen bench --help)\n", a);
-            return 2;
-        }
         const char *val = NULL;
         char opt[64];
-        if (!mg_cli_option(argc, argv, &i, opt, sizeof opt, &val, err, sizeof err)) {
-            fprintf(stderr, "molgen bench: %s\n", err);
-            return 2;
-        }
+        if (!mg_cli_take("bench", argc, argv, &i, value_opts, opt, sizeof opt, &val)) return 2;
         a = opt;
         long long ll = 0;
         int ok = 1, *target = NULL;

@@ -52,6 +52,20 @@ int mg_cli_known(const char *arg, const char *const *names) {
     return 0;
 }
 
+int mg_cli_take(const char *cmd, int argc, char **argv, int *i, const char *const *names,
+                char *name, size_t namelen, const char **val) {
+    if (!mg_cli_known(argv[*i], names)) {
+        fprintf(stderr, "molgen %s: unknown option '%s' (see molgen %s --help)\n", cmd, argv[*i], cmd);
+        return 0;
+    }
+    char err[512];
+    if (!mg_cli_option(argc, argv, i, name, namelen, val, err, sizeof err)) {
+        fprintf(stderr, "molgen %s: %s\n", cmd, err);
+        return 0;
+    }
+    return 1;
+}
+
 int mg_cli_int(const char *s, long long lo, long long hi, long long *out) {
     if (!s || !*s) return 0;
     char *end;

@@ -25,6 +25,14 @@ int mg_cli_option(int argc, char **argv, int *i, char *name, size_t namelen, con
 /* 1 if argv[i]'s option name (before any '=') is in names (NULL-terminated). */
 int mg_cli_known(const char *arg, const char *const *names);
 
+/* The value option at argv[*i] of command `cmd` ("sample", ...): checks its
+ * name against names (NULL-terminated), then reads it as mg_cli_option does.
+ * Returns 1, or 0 after printing "molgen CMD: unknown option '...' (see
+ * molgen CMD --help)" or "molgen CMD: option ... needs a value" to stderr
+ * (the caller then exits with status 2). */
+int mg_cli_take(const char *cmd, int argc, char **argv, int *i, const char *const *names,
+                char *name, size_t namelen, const char **val);
+
 /* Whole-string parses; return 1 on success, 0 on junk / out of range. */
 int mg_cli_int(const char *s, long long lo, long long hi, long long *out);
 int mg_cli_u64(const char *s, uint64_t *out);

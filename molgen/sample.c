@@ -471,16 +471,9 @@ int cmd_sample(int argc, char **argv) {
             return 0;
         }
         static const char *const value_opts[] = {"--model", "--out", "-n", "--n", "--num", "--seed", "--temperature", "--top-k", "--top-p", "--batch", "--threads", "--decode", NULL};
-        if (!mg_cli_known(a, value_opts)) {
-            fprintf(stderr, "molgen sample: unknown option '%s' (see molgen sample --help)\n", a);
-            return 2;
-        }
         const char *val = NULL;
         char opt[64];
-        if (!mg_cli_option(argc, argv, &i, opt, sizeof opt, &val, err, sizeof err)) {
-            fprintf(stderr, "molgen sample: %s\n", err);
-            return 2;
-        }
+        if (!mg_cli_take("sample", argc, argv, &i, value_opts, opt, sizeof opt, &val)) return 2;
         a = opt;
         int ok = 1;
         long long ll;
