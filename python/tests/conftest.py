@@ -3,6 +3,8 @@ oracle helpers), and a session summary of the measured errors vs PyTorch."""
 import os
 import sys
 
+import pytest
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 PYDIR = os.path.dirname(HERE)
 for d in (PYDIR, HERE):
@@ -10,6 +12,17 @@ for d in (PYDIR, HERE):
         sys.path.insert(0, d)
 
 os.environ.setdefault("OPENBLAS_CORETYPE", "Haswell")
+
+
+@pytest.fixture
+def restore_threads():
+    """Puts the library's thread count back after a test that changes it."""
+    import attn
+    n = attn.get_num_threads()
+    yield
+    attn.set_num_threads(0)
+    if attn.get_num_threads() != n:
+        attn.set_num_threads(n)
 
 
 def pytest_configure(config):

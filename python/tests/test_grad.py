@@ -20,15 +20,6 @@ from _oracle import (check_close, check_grad, dropout_multipliers,
                      structural_keep, torch_mha_functional, torch_sdpa_grad)
 
 
-@pytest.fixture
-def restore_threads():
-    n = attn.get_num_threads()
-    yield
-    attn.set_num_threads(0)
-    if attn.get_num_threads() != n:
-        attn.set_num_threads(n)
-
-
 # ================================================================== SDPA
 
 def sdpa_case(case, rng, q, k, v, keep=None, add=None, scale=None, drop=None,

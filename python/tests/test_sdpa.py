@@ -322,15 +322,6 @@ def test_each_path_vs_torch(impl):
 
 # ------------------------------------------------------------------ threads
 
-@pytest.fixture
-def restore_threads():
-    n = attn.get_num_threads()
-    yield
-    attn.set_num_threads(0)
-    if attn.get_num_threads() != n:
-        attn.set_num_threads(n)
-
-
 def test_threads(restore_threads):
     rng = np.random.default_rng(81)
     q, k, v = rand(rng, 2, 4, 20, 16), rand(rng, 2, 4, 30, 16), rand(rng, 2, 4, 30, 16)
