@@ -4,8 +4,8 @@
  *   - fp32 in and out, fp32 accumulation.
  *   - Every function returns an attn_status; on failure it also fills the
  *     optional caller-owned attn_error with a readable message. Nothing in the
- *     library aborts, exits or prints (except ATTN_VERBOSE=1 dispatch notes,
- *     which go to stderr only when the user sets that variable).
+ *     library aborts, exits or prints (except the dispatch notes that
+ *     ATTN_VERBOSE set to anything but "" or "0" sends to stderr).
  *   - Memory is the caller's: outputs, weights, caches and workspaces are
  *     passed in. The library may allocate small per-call scratch with malloc
  *     when no workspace is given; failure is ATTN_ERR_NOMEM, never a crash.

@@ -12,9 +12,8 @@
  * batching). The logits equal mg_model_logits' at the same position up to
  * fp32 rounding.
  *
- * The layer math (LayerNorm, linear, GELU-tanh) is written here again for a
- * single position; it follows model.c's formulas exactly. model.h has no
- * per-layer or decode-step entry point to reuse.
+ * The layer math (LayerNorm, linear, GELU-tanh) is layers.h's, the same
+ * functions the training model uses.
  *
  * Conventions as model.h: 0 or a negative code with a message in err.
  */

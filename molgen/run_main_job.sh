@@ -69,7 +69,7 @@ wait
 # The training set each model saw (its checkpoint's "train" metadata), for
 # novelty; falls back to the default data.
 train_data_of() {
-    "$PYTHON" - "$1" "$DATA" <<'EOF' 2>/dev/null || echo "$2"
+    "$PYTHON" - "$1" "$DATA" <<'EOF' 2>/dev/null || echo "$DATA"
 import json, os, struct, sys
 path, fallback = sys.argv[1], sys.argv[2]
 with open(path, 'rb') as f:

@@ -47,7 +47,7 @@ typedef struct {
  * are checked by the caller with attn_check_same_shape) and fill pr. */
 attn_status attn_sdpa_check(const attn_tensor *q, const attn_tensor *k,
                             const attn_tensor *v, const attn_tensor *out,
-                            const attn_sdpa_params *p, int want_weights,
+                            const attn_sdpa_params *p,
                             attn_problem *pr, attn_error *err);
 attn_status attn_check_tensor(const attn_tensor *t, const char *name, attn_error *err);
 attn_status attn_check_same_shape(const attn_tensor *t, const attn_tensor *like,

@@ -34,7 +34,7 @@ attn_status attn_sdpa_forward(const attn_tensor *q, const attn_tensor *k, const 
                               float *lse, attn_sdpa_info *info, attn_error *err) {
     if (!out) return attn_fail(err, ATTN_ERR_NULL, "out is NULL");
     attn_problem pr;
-    attn_status s = attn_sdpa_check(q, k, v, out, p, weights != NULL, &pr, err);
+    attn_status s = attn_sdpa_check(q, k, v, out, p, &pr, err);
     if (s) return s;
     char reason[160];
     attn_impl impl = choose(&pr, p ? p->impl : ATTN_IMPL_AUTO, 0, reason, sizeof reason);
@@ -51,7 +51,7 @@ attn_status attn_sdpa_backward(const attn_tensor *q, const attn_tensor *k, const
                                attn_sdpa_info *info, attn_error *err) {
     if (!out) return attn_fail(err, ATTN_ERR_NULL, "out is NULL");
     attn_problem pr;
-    attn_status s = attn_sdpa_check(q, k, v, out, p, 0, &pr, err);
+    attn_status s = attn_sdpa_check(q, k, v, out, p, &pr, err);
     if (s) return s;
     if (!lse) return attn_fail(err, ATTN_ERR_NULL, "lse is NULL (save it in the forward)");
     if ((s = attn_check_same_shape(grad_out, out, "grad_out", "out", err)) ||

@@ -59,7 +59,7 @@ static attn_status check_mask(const attn_mask *m, const char *name, const attn_p
 }
 
 attn_status attn_sdpa_check(const attn_tensor *q, const attn_tensor *k, const attn_tensor *v,
-                            const attn_tensor *out, const attn_sdpa_params *p, int want_weights,
+                            const attn_tensor *out, const attn_sdpa_params *p,
                             attn_problem *pr, attn_error *err) {
     static const attn_sdpa_params defaults;
     if (!p) p = &defaults;
@@ -98,7 +98,6 @@ attn_status attn_sdpa_check(const attn_tensor *q, const attn_tensor *k, const at
                          (long long)pr->H, (long long)pr->Lq, (long long)pr->Lk);
     if (pr->Lq > UINT32_MAX || pr->Lk / 4 > UINT32_MAX || pr->H > UINT32_MAX || pr->B > UINT32_MAX)
         return attn_fail(err, ATTN_ERR_OVERFLOW, "a dimension exceeds 2^32");
-    (void)want_weights;
 
     if (!isfinite(p->scale))
         return attn_fail(err, ATTN_ERR_ARG, "scale must be finite, got %g", (double)p->scale);

@@ -197,10 +197,11 @@ static void gemm_kb(int64_t M, int64_t nvec, int64_t K, const float *A, int64_t 
                     const float *B, int64_t ldb, float *C, int64_t ldc, int acc, float alpha,
                     int mode, int64_t kb) {
     if (M <= 0 || nvec <= 0) return;
-    if (mode == 1) {
-        float *tmp = falloc(nvec * VL);
-        if (tmp) gemm_safe(M, nvec, K, A, ars, aks, B, ldb, C, ldc, acc, alpha, kb, tmp);
-        free(tmp);
+    if (mode == 1) { /* columns are independent: chunks of 16 vectors, stack scratch */
+        _Alignas(64) float tmp[16 * VL];
+        for (int64_t v0 = 0; v0 < nvec; v0 += 16)
+            gemm_safe(M, nvec - v0 < 16 ? nvec - v0 : 16, K, A, ars, aks, B + v0 * VL, ldb,
+                      C + v0 * VL, ldc, acc, alpha, kb, tmp);
         return;
     }
     if (mode == 2 && K > 0) {

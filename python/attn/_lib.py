@@ -1,7 +1,7 @@
 """ctypes declarations for libattn (include/attn.h).
 
-Every Structure here mirrors the header field for field; tests/test_abi.py
-compiles a small C program against the header and checks sizes and offsets.
+Every Structure here mirrors the header field for field; python/tests/test_binding.py
+(test_struct_layouts_match_header) compiles a small C program against the header and checks sizes and offsets.
 """
 import ctypes
 import ctypes.util
