@@ -82,13 +82,18 @@ int mg_adamw_config_from_json(const char *json, mg_adamw_config *c, char *err, s
             rc = mg_fail(err, errlen, -1, "optimizer config: \"%s\" missing or not a number", keys[k]);
             goto done;
         }
+        if ((k == 2 || k == 3) && (!v->is_int || v->integer < 0)) { /* step counts */
+            rc = mg_fail(err, errlen, -1, "optimizer config: \"%s\" must be an integer >= 0",
+                         keys[k]);
+            goto done;
+        }
         val[k] = v->is_int ? (double)v->integer : v->number;
     }
     mg_adamw_config r;
     r.lr = (float)val[0];
     r.min_lr_frac = (float)val[1];
-    r.warmup_steps = (int64_t)val[2];
-    r.total_steps = (int64_t)val[3];
+    r.warmup_steps = mg_json_get(j, keys[2])->integer;
+    r.total_steps = mg_json_get(j, keys[3])->integer;
     r.beta1 = (float)val[4];
     r.beta2 = (float)val[5];
     r.eps = (float)val[6];

@@ -31,6 +31,9 @@ static double now_s(void) {
 
 static volatile sig_atomic_t g_stop_signal = 0;
 
+/* total_steps of a schedule still to be sized from the time limit. */
+#define MG_STEPS_UNSIZED (INT64_MAX / 4)
+
 void mg_train_request_stop(int signo) { g_stop_signal = signo ? signo : SIGINT; }
 
 static void on_signal(int signo) { mg_train_request_stop(signo); }
@@ -537,7 +540,7 @@ int mg_train_run(const mg_train_config *c, mg_train_result *result, char *err, s
             spans[i].decay = pi->decay;
         }
         mg_adamw_config oc = c->optim;
-        oc.total_steps = c->steps > 0 ? c->steps : INT64_MAX / 4; /* estimated later */
+        oc.total_steps = c->steps > 0 ? c->steps : MG_STEPS_UNSIZED; /* estimated later */
         int orc = mg_adamw_init(&ck.opt, &oc, mg_model_num_params(ck.model), spans, nt, e, sizeof e);
         free(spans);
         if (orc) {
@@ -549,7 +552,15 @@ int mg_train_run(const mg_train_config *c, mg_train_result *result, char *err, s
                 ck.opt.cfg.total_steps, c->steps);
         ck.opt.cfg.total_steps = c->steps;
     }
-    int total_known = resuming || c->steps > 0;
+    /* A time-limited run stopped before its schedule was sized (the first
+     * timed steps) is sized again when resumed, which needs a time limit. */
+    int total_known = c->steps > 0 || (resuming && ck.opt.cfg.total_steps < MG_STEPS_UNSIZED);
+    if (!total_known && c->time_limit <= 0) {
+        mg_fail(err, errlen, -1,
+                "%s stopped before its schedule length was known: resume with --steps N or "
+                "--time-limit SECONDS", c->resume_path);
+        goto done;
+    }
     int time_sized = 0; /* the schedule length was estimated from the time limit */
     if (total_known && ts.val_every < 0) ts.val_every = auto_val_every(ck.opt.cfg.total_steps);
     mg_adamw *opt = &ck.opt;
