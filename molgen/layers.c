@@ -56,16 +56,12 @@ void mg_layernorm_backward(float *dinp, float *dw, float *db, const float *dout,
     }
 #pragma omp parallel num_threads(nt)
     {
-        int nth = 1, id = 0;
-#ifdef _OPENMP
-        nth = omp_get_num_threads();
-        id = omp_get_thread_num();
-#endif
-        const int c0 = (int)((int64_t)C * id / nth), c1 = (int)((int64_t)C * (id + 1) / nth);
+        int64_t c0, c1;
+        mg_thread_range(C, &c0, &c1);
         for (int64_t r = 0; r < R; r++) {
             const float *g = dout + r * C, *x = inp + r * C;
             const float m = mean[r], s = rstd[r];
-            for (int i = c0; i < c1; i++) {
+            for (int64_t i = c0; i < c1; i++) {
                 dw[i] += g[i] * (x[i] - m) * s;
                 db[i] += g[i];
             }
@@ -79,7 +75,12 @@ void mg_layernorm_backward(float *dinp, float *dw, float *db, const float *dout,
  * not depend on scheduling). With one pool of threads (libgomp's) instead of
  * two (libgomp's and OpenBLAS's pthreads) the 2-core machine is not
  * oversubscribed by threads that spin between calls. */
-static void split_range(int64_t n, int nth, int id, int64_t *lo, int64_t *hi) {
+void mg_thread_range(int64_t n, int64_t *lo, int64_t *hi) {
+    int nth = 1, id = 0;
+#ifdef _OPENMP
+    nth = omp_get_num_threads();
+    id = omp_get_thread_num();
+#endif
     *lo = n * id / nth;
     *hi = n * (id + 1) / nth;
 }
@@ -90,13 +91,8 @@ void mg_matmul_forward(float *out, const float *inp, const float *w, const float
     openblas_set_num_threads(1);
 #pragma omp parallel num_threads(nt)
     {
-        int nth = 1, id = 0;
-#ifdef _OPENMP
-        nth = omp_get_num_threads();
-        id = omp_get_thread_num();
-#endif
         int64_t r0, r1;
-        split_range(R, nth, id, &r0, &r1);
+        mg_thread_range(R, &r0, &r1);
         if (r1 > r0) {
             if (bias)
                 for (int64_t r = r0; r < r1; r++) memcpy(out + r * OC, bias, (size_t)OC * sizeof(float));
@@ -113,14 +109,9 @@ void mg_matmul_backward(float *dinp, float *dw, float *dbias, const float *dout,
     openblas_set_num_threads(1);
 #pragma omp parallel num_threads(nt)
     {
-        int nth = 1, id = 0;
-#ifdef _OPENMP
-        nth = omp_get_num_threads();
-        id = omp_get_thread_num();
-#endif
         int64_t r0, r1, c0, c1;
-        split_range(R, nth, id, &r0, &r1);
-        split_range(OC, nth, id, &c0, &c1);
+        mg_thread_range(R, &r0, &r1);
+        mg_thread_range(OC, &c0, &c1);
         if (dinp && r1 > r0)
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)(r1 - r0), IC, OC, 1.0f,
                         dout + r0 * OC, OC, w, IC, 0.0f, dinp + r0 * IC, IC);

@@ -9,6 +9,10 @@
 
 #define MG_LN_EPS 1e-5f /* LayerNorm epsilon, PyTorch's default */
 
+/* Inside an OpenMP parallel region: this thread's share [lo, hi) of n items,
+ * split evenly in thread order (the whole range outside a region). */
+void mg_thread_range(int64_t n, int64_t *lo, int64_t *hi);
+
 /* out [R, C] = (inp - mean) * rstd * w + b; mean, rstd [R] kept unless NULL. */
 void mg_layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *w,
                           const float *b, int64_t R, int C, int nt);

@@ -519,16 +519,12 @@ static void encoder_backward(float *dtok_emb, float *dpos_emb, const float *dout
                              const int32_t *inp, int B, int L, int d, int nt) {
 #pragma omp parallel num_threads(nt)
     {
-        int nth = 1, id = 0;
-#ifdef _OPENMP
-        nth = omp_get_num_threads();
-        id = omp_get_thread_num();
-#endif
-        const int c0 = (int)((int64_t)d * id / nth), c1 = (int)((int64_t)d * (id + 1) / nth);
+        int64_t c0, c1;
+        mg_thread_range(d, &c0, &c1);
         for (int64_t r = 0; r < (int64_t)B * L; r++) {
             const float *g = dout + r * d;
             float *dt = dtok_emb + (int64_t)inp[r] * d, *dp = dpos_emb + (r % L) * d;
-            for (int c = c0; c < c1; c++) {
+            for (int64_t c = c0; c < c1; c++) {
                 dt[c] += g[c];
                 dp[c] += g[c];
             }
