@@ -152,38 +152,16 @@ def mask_view(m, lead, Lq, Lk, name):
     except ValueError:
         raise ValueError("%s of shape %s does not broadcast to %s"
                          % (name, m.shape, target)) from None
-    got = _mask_4d(b)
+    got = _to_4d(b)
     if got is None:
         b = np.ascontiguousarray(b)
-        got = _mask_4d(b)
+        got = _to_4d(b)
     dims, strides = got
     mv = _lib.attn_mask()
     mv.data = b.ctypes.data_as(ctypes.c_void_p)
     mv.dim[:] = dims
     mv.stride[:] = strides
     return b, mv
-
-
-def _mask_4d(b):
-    # broadcast dims have stride 0 (kept as is: the C API broadcasts them)
-    isz = b.itemsize
-    if not b.flags.aligned:
-        return None
-    st = []
-    for s in b.strides:
-        if s < 0 or s % isz:
-            return None
-        st.append(s // isz)
-    lead, lst = b.shape[:-2], st[:-2]
-    if len(lead) == 0:
-        B, sB, H, sH = 1, 0, 1, 0
-    else:
-        B, sB = int(lead[0]), lst[0]
-        m = merge_dims(lead[1:], lst[1:])
-        if m is None:
-            return None
-        H, sH = m
-    return (B, H, int(b.shape[-2]), int(b.shape[-1])), (sB, sH, st[-2], st[-1])
 
 
 def as_index(v, name):
