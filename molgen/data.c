@@ -660,57 +660,17 @@ int mg_dataset_split(const mg_dataset *all, double val_frac, uint64_t seed, mg_d
 
 /* ------------------------------------------------------------ batches */
 
-typedef struct {
-    int64_t len;
-    size_t row;
-} len_row;
-
 struct mg_batcher {
     const mg_dataset *d;
     int B;
     uint64_t seed;
     int shuffle;
-    int bucket;      /* batches per length-sorted chunk (0: off) */
-    len_row *sorted; /* bucket * B: one chunk being sorted */
     uint64_t step;
     uint64_t per_epoch;
     uint64_t perm_epoch; /* epoch whose permutation is in perm */
     int have_perm;
     size_t *perm;
 };
-
-/* Length bucketing: cut the shuffled permutation into chunks of bucket * B
- * rows, sort each chunk by token length (ties by row, so the order stays a
- * pure function of the seed), and shuffle the order of the chunk's batches. Each
- * batch then holds molecules of similar length, so trimming it to its longest
- * row wastes little on padding (~18% of the rows' positions at random on
- * MOSES, ~1% bucketed), while every molecule is still seen once per epoch. */
-static int by_length(const void *a, const void *b)
-{
-    const len_row *x = a, *y = b;
-    if (x->len != y->len)
-        return x->len < y->len ? -1 : 1;
-    return x->row < y->row ? -1 : x->row > y->row; /* a total order: qsort is deterministic */
-}
-
-static void bucket_by_length(mg_batcher *b, uint64_t *st)
-{
-    const size_t B = (size_t)b->B, chunk = (size_t)b->bucket * B;
-    const size_t used = (size_t)b->per_epoch * B; /* rows that make full batches */
-    size_t order[MG_BUCKET_MAX];
-    for (size_t c0 = 0; c0 < used; c0 += chunk) {
-        const size_t rows = used - c0 < chunk ? used - c0 : chunk, nb = rows / B;
-        for (size_t i = 0; i < rows; i++)
-            b->sorted[i] = (len_row){b->d->lengths[b->perm[c0 + i]], b->perm[c0 + i]};
-        qsort(b->sorted, rows, sizeof *b->sorted, by_length);
-        for (size_t k = 0; k < nb; k++)
-            order[k] = k;
-        mg_shuffle_indices(order, nb, st);
-        for (size_t k = 0; k < nb; k++)
-            for (size_t i = 0; i < B; i++)
-                b->perm[c0 + k * B + i] = b->sorted[order[k] * B + i].row;
-    }
-}
 
 static void make_perm(mg_batcher *b, uint64_t epoch)
 {
@@ -720,15 +680,13 @@ static void make_perm(mg_batcher *b, uint64_t epoch)
         uint64_t st = b->seed ^ (0xD1B54A32D192ED03ULL * (epoch + 1));
         mg_splitmix64(&st);
         mg_shuffle_indices(b->perm, b->d->n, &st);
-        if (b->bucket > 0)
-            bucket_by_length(b, &st);
     }
     b->perm_epoch = epoch;
     b->have_perm = 1;
 }
 
-int mg_batcher_new(const mg_dataset *d, int B, uint64_t seed, int shuffle, int bucket,
-                   mg_batcher **out, char *err, size_t errlen)
+int mg_batcher_new(const mg_dataset *d, int B, uint64_t seed, int shuffle, mg_batcher **out,
+                   char *err, size_t errlen)
 {
     if (!out)
         return mg_fail(err, errlen, MG_DATA_ERR, "mg_batcher_new: bad argument");
@@ -738,18 +696,11 @@ int mg_batcher_new(const mg_dataset *d, int B, uint64_t seed, int shuffle, int b
     if (B < 1 || (size_t)B > d->n)
         return mg_fail(err, errlen, MG_DATA_ERR,
                        "batch size %d outside [1, %zu] (the dataset size)", B, d->n);
-    if (bucket < 0 || bucket > MG_BUCKET_MAX)
-        return mg_fail(err, errlen, MG_DATA_ERR, "length bucket of %d batches outside [0, %d]", bucket,
-                       MG_BUCKET_MAX);
-    const size_t chunk_rows = bucket > 0 && shuffle ? (size_t)bucket * (size_t)B : 0;
     mg_batcher *b = calloc(1, sizeof *b);
     if (!b)
         return mg_fail(err, errlen, MG_DATA_ERR_NOMEM, "out of memory");
     b->perm = malloc(d->n * sizeof *b->perm);
-    b->sorted = chunk_rows ? malloc(chunk_rows * sizeof *b->sorted) : NULL;
-    if (!b->perm || (chunk_rows && !b->sorted)) {
-        free(b->perm);
-        free(b->sorted);
+    if (!b->perm) {
         free(b);
         return mg_fail(err, errlen, MG_DATA_ERR_NOMEM, "out of memory");
     }
@@ -757,7 +708,6 @@ int mg_batcher_new(const mg_dataset *d, int B, uint64_t seed, int shuffle, int b
     b->B = B;
     b->seed = seed;
     b->shuffle = shuffle;
-    b->bucket = chunk_rows ? bucket : 0;
     b->per_epoch = d->n / (size_t)B;
     *out = b;
     return 0;
@@ -768,7 +718,6 @@ void mg_batcher_free(mg_batcher *b)
     if (!b)
         return;
     free(b->perm);
-    free(b->sorted);
     free(b);
 }
 

@@ -150,13 +150,9 @@ typedef struct mg_batcher mg_batcher; /* opaque */
 /* An endless stream of batches of exactly B rows over d (which must outlive
  * the batcher). Epoch e visits the rows in a permutation that depends only on
  * (seed, e) (shuffle == 0: file order every epoch); the last n % B rows of a
- * permutation are dropped so every batch is full. bucket > 0 (with shuffle):
- * each run of bucket batches holds rows sorted by length, in shuffled batch
- * order, so that a batch wastes little on padding. Requires 1 <= B <= d->n
- * and 0 <= bucket <= MG_BUCKET_MAX. */
-#define MG_BUCKET_MAX 4096
+ * permutation are dropped so every batch is full. Requires 1 <= B <= d->n. */
 int mg_batcher_new(const mg_dataset *d, int B, uint64_t seed, int shuffle,
-                   int bucket, mg_batcher **out, char *err, size_t errlen);
+                   mg_batcher **out, char *err, size_t errlen);
 void mg_batcher_free(mg_batcher *b);
 
 /* Fill the next batch: ids[B*T], lengths[B], rows[B] (the dataset row

@@ -56,7 +56,6 @@ void mg_train_config_default(mg_train_config *c) {
     mg_model_config_default(&c->model);
     mg_adamw_config_default(&c->optim);
     c->batch_size = 32;
-    c->bucket = 64;
     c->val_every = -1;
     c->val_max = 2000;
     c->ckpt_every = 1000;
@@ -162,7 +161,6 @@ typedef struct {
     int64_t step;
     uint64_t seed;
     int batch_size;
-    int bucket;
     double val_frac;
     int max_tokens;
     char csv_column[128];
@@ -180,12 +178,11 @@ static int train_state_to_json(const train_state *s, char *out, size_t n) {
     if (isfinite(s->val_loss)) snprintf(vl, sizeof vl, "%.9g", s->val_loss);
     else snprintf(vl, sizeof vl, "null");
     return snprintf(out, n,
-                    "{\"step\":%" PRId64 ",\"seed\":\"%" PRIu64 "\",\"batch_size\":%d,\"bucket\":%d,"
-                    "\"val_frac\":%.17g,"
+                    "{\"step\":%" PRId64 ",\"seed\":\"%" PRIu64 "\",\"batch_size\":%d,\"val_frac\":%.17g,"
                     "\"max_tokens\":%d,\"csv_column\":%s,\"data\":%s,\"data_rows\":%" PRIu64
                     ",\"data_hash\":\"%016" PRIx64 "\",\"val_every\":%d,\"val_max\":%d,"
                     "\"ckpt_every\":%d,\"val_loss\":%s}",
-                    s->step, s->seed, s->batch_size, s->bucket, s->val_frac, s->max_tokens, col, data,
+                    s->step, s->seed, s->batch_size, s->val_frac, s->max_tokens, col, data,
                     s->data_rows, s->data_hash, s->val_every, s->val_max, s->ckpt_every, vl);
 }
 
@@ -224,10 +221,6 @@ static int train_state_from_json(const char *js, train_state *s, char *err, size
     s->seed = strtoull(buf, NULL, 10);
     if (json_int(j, "batch_size", 1, 1 << 20, &x, err, errlen)) goto done;
     s->batch_size = (int)x;
-    if (mg_json_get(j, "bucket")) { /* absent in checkpoints from before length bucketing */
-        if (json_int(j, "bucket", 0, MG_BUCKET_MAX, &x, err, errlen)) goto done;
-        s->bucket = (int)x;
-    }
     const mg_json *vf = mg_json_get(j, "val_frac");
     if (!vf || vf->type != MG_JSON_NUMBER || !(vf->number >= 0 && vf->number < 1)) {
         mg_fail(err, errlen, -1, "checkpoint \"train\" metadata: bad \"val_frac\"");
@@ -464,7 +457,6 @@ int mg_train_run(const mg_train_config *c, mg_train_result *result, char *err, s
         snprintf(ts.csv_column, sizeof ts.csv_column, "%s", c->csv_column ? c->csv_column : "smiles");
         ts.seed = c->seed;
         ts.batch_size = c->batch_size;
-        ts.bucket = c->bucket;
         ts.val_frac = c->val_frac;
         ts.max_tokens = c->max_tokens;
         ts.val_every = c->val_every;
@@ -584,9 +576,9 @@ int mg_train_run(const mg_train_config *c, mg_train_result *result, char *err, s
     res.unigram_entropy = unigram_entropy(&train, mc->vocab_size);
     log_msg(&lg,
             "model: %d layers, d_model %d, %d heads, ctx %d, vocab %d, dropout %g: %zu parameters; "
-            "%zu train / %zu validation molecules; batch %d (length buckets of %d batches); %d thread(s)",
+            "%zu train / %zu validation molecules; batch %d; %d thread(s)",
             mc->n_layer, mc->d_model, mc->n_head, mc->ctx_len, mc->vocab_size, (double)mc->dropout,
-            mg_model_num_params(model), train.n, val.n, ts.batch_size, ts.bucket, attn_get_num_threads());
+            mg_model_num_params(model), train.n, val.n, ts.batch_size, attn_get_num_threads());
 
     /* ---- causal-leak guard */
     if (!c->skip_guard) {
@@ -598,7 +590,7 @@ int mg_train_run(const mg_train_config *c, mg_train_result *result, char *err, s
 
     /* ---- batches */
     const int B = ts.batch_size, T = all.T;
-    if (mg_batcher_new(&train, B, ts.seed, 1, ts.bucket, &batcher, e, sizeof e)) {
+    if (mg_batcher_new(&train, B, ts.seed, 1, &batcher, e, sizeof e)) {
         mg_fail(err, errlen, -1, "%s", e);
         goto done;
     }
@@ -827,8 +819,6 @@ static const char TRAIN_USAGE[] =
     "  --layers N  --d-model N  --heads N  --dropout X\n"
     "  --ctx-len N          positions (default: longest molecule + 1)\n"
     "Optimizer (AdamW, warm-up + cosine; ignored with --resume):\n"
-    "  --bucket N (64)      batches per length-sorted chunk: each batch holds\n"
-    "                       molecules of similar length (less padding); 0 = off\n"
     "  --batch-size N (32)  --lr X (2e-3)  --min-lr-frac X (0.1)  --warmup N (100)\n"
     "  --weight-decay X (0.1)  --grad-clip X (1.0; 0 = off)  --beta1 X (0.9)\n"
     "  --beta2 X (0.95)\n"
@@ -883,7 +873,7 @@ int cmd_train(int argc, char **argv) {
         if (strncmp(a, "--", 2)) return train_usage_error("unexpected argument '%s'", a);
         static const char *const value_opts[] = {
             "--data", "--csv-column", "--out", "--resume", "--preset", "--seed", "--time-limit",
-            "--steps", "--stop-after", "--max-tokens", "--batch-size", "--bucket", "--warmup", "--val-every",
+            "--steps", "--stop-after", "--max-tokens", "--batch-size", "--warmup", "--val-every",
             "--val-max", "--ckpt-every", "--threads", "--layers", "--d-model", "--heads",
             "--ctx-len", "--dropout", "--val-frac", "--lr", "--min-lr-frac", "--weight-decay",
             "--grad-clip", "--beta1", "--beta2"};
@@ -913,7 +903,6 @@ int cmd_train(int argc, char **argv) {
         INT_OPT("--stop-after", 1, INT64_MAX / 8, c.stop_after)
         INT_OPT("--max-tokens", 0, 1000000, c.max_tokens)
         INT_OPT("--batch-size", 1, 1 << 20, c.batch_size)
-        INT_OPT("--bucket", 0, MG_BUCKET_MAX, c.bucket)
         INT_OPT("--warmup", 0, INT64_MAX / 8, c.optim.warmup_steps)
         INT_OPT("--val-every", 0, INT32_MAX, c.val_every)
         INT_OPT("--val-max", 0, INT32_MAX, c.val_max)

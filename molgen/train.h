@@ -55,8 +55,6 @@ typedef struct {
     mg_adamw_config optim;
 
     int batch_size;         /* 32 */
-    int bucket;             /* batches per length-sorted chunk (64; 0: plain
-                               shuffle); see mg_batcher_new */
     int64_t steps;          /* total optimizer steps of the schedule, counted
                                from step 0 (a resumed run continues to it);
                                0: the checkpoint's on resume, else estimated

@@ -320,86 +320,69 @@ static void test_split_and_batches(void)
         CHECK(cnt[i] == 1);
     CHECK(fixed < 10);
 
-    /* batches: plain shuffle and length buckets of 8 batches; the padded
-     * positions (B x the batch's longest row) each epoch, to compare */
+    /* batches */
     const int B = 64;
     mg_batcher *b1 = NULL, *b2 = NULL, *b3 = NULL;
-    double padded[2] = {0, 0}, real_tokens[2] = {0, 0};
-    for (int bi = 0; bi < 2; bi++) {
-        const int bucket = bi ? 8 : 0;
-        CHECK(mg_batcher_new(&tr, B, 7, 1, bucket, &b1, err, sizeof err) == 0);
-        CHECK(mg_batcher_new(&tr, B, 7, 1, bucket, &b2, err, sizeof err) == 0);
-        CHECK(mg_batcher_new(&tr, B, 8, 1, bucket, &b3, err, sizeof err) == 0);
-        if (b1 && b2 && b3) {
-            uint64_t pe = mg_batcher_per_epoch(b1);
-            CHECK(pe == 4500 / 64);
-            int32_t *ids1 = malloc((size_t)B * 64 * sizeof *ids1);
-            int32_t *ids2 = malloc((size_t)B * 64 * sizeof *ids2);
-            int64_t len1[64], len2[64];
-            size_t rows1[64], rows2[64], rows3[64];
-            unsigned char *used = calloc(tr.n, 1);
-            size_t first_rows_epoch1[64];
-            int differs_b3 = 0;
-            size_t saved_rows[64];
-            for (uint64_t k = 0; k < 2 * pe + 3; k++) {
-                CHECK(mg_batcher_epoch(b1) == k / pe && mg_batcher_step(b1) == k);
-                mg_batcher_next(b1, ids1, len1, rows1);
-                mg_batcher_next(b2, ids2, len2, rows2);
-                mg_batcher_next(b3, NULL, NULL, rows3);
-                CHECK(memcmp(rows1, rows2, sizeof rows1) == 0);
-                CHECK(memcmp(ids1, ids2, (size_t)B * 64 * sizeof *ids1) == 0);
-                CHECK(memcmp(len1, len2, sizeof len1) == 0);
-                if (memcmp(rows1, rows3, sizeof rows1) != 0)
-                    differs_b3 = 1;
-                int64_t longest = 0;
-                for (int i = 0; i < B; i++)
-                    if (k < pe) {
-                        longest = len1[i] > longest ? len1[i] : longest;
-                        real_tokens[bi] += (double)len1[i];
-                    }
-                padded[bi] += (double)longest * B;
-                for (int i = 0; i < B; i++) {
-                    CHECK(rows1[i] < tr.n);
-                    CHECK(len1[i] == tr.lengths[rows1[i]]);
-                    CHECK(memcmp(ids1 + (size_t)i * 64, tr.ids + rows1[i] * 64, 64 * sizeof *ids1) ==
-                          0);
-                    if (k < pe) {
-                        CHECK(used[rows1[i]] == 0); /* no repeats within an epoch */
-                        used[rows1[i]] = 1;
-                    }
+    CHECK(mg_batcher_new(&tr, B, 7, 1, &b1, err, sizeof err) == 0);
+    CHECK(mg_batcher_new(&tr, B, 7, 1, &b2, err, sizeof err) == 0);
+    CHECK(mg_batcher_new(&tr, B, 8, 1, &b3, err, sizeof err) == 0);
+    if (b1 && b2 && b3) {
+        uint64_t pe = mg_batcher_per_epoch(b1);
+        CHECK(pe == 4500 / 64);
+        int32_t *ids1 = malloc((size_t)B * 64 * sizeof *ids1);
+        int32_t *ids2 = malloc((size_t)B * 64 * sizeof *ids2);
+        int64_t len1[64], len2[64];
+        size_t rows1[64], rows2[64], rows3[64];
+        unsigned char *used = calloc(tr.n, 1);
+        size_t first_rows_epoch1[64];
+        int differs_b3 = 0;
+        size_t saved_rows[64];
+        for (uint64_t k = 0; k < 2 * pe + 3; k++) {
+            CHECK(mg_batcher_epoch(b1) == k / pe && mg_batcher_step(b1) == k);
+            mg_batcher_next(b1, ids1, len1, rows1);
+            mg_batcher_next(b2, ids2, len2, rows2);
+            mg_batcher_next(b3, NULL, NULL, rows3);
+            CHECK(memcmp(rows1, rows2, sizeof rows1) == 0);
+            CHECK(memcmp(ids1, ids2, (size_t)B * 64 * sizeof *ids1) == 0);
+            CHECK(memcmp(len1, len2, sizeof len1) == 0);
+            if (memcmp(rows1, rows3, sizeof rows1) != 0)
+                differs_b3 = 1;
+            for (int i = 0; i < B; i++) {
+                CHECK(rows1[i] < tr.n);
+                CHECK(len1[i] == tr.lengths[rows1[i]]);
+                CHECK(memcmp(ids1 + (size_t)i * 64, tr.ids + rows1[i] * 64, 64 * sizeof *ids1) ==
+                      0);
+                if (k < pe) {
+                    CHECK(used[rows1[i]] == 0); /* no repeats within an epoch */
+                    used[rows1[i]] = 1;
                 }
-                if (k == pe)
-                    memcpy(first_rows_epoch1, rows1, sizeof rows1);
-                if (k == 5)
-                    memcpy(saved_rows, rows1, sizeof rows1);
             }
-            CHECK(differs_b3);
-            /* epoch 1 is a different permutation from epoch 0 */
-            mg_batcher_seek(b2, 0);
-            mg_batcher_next(b2, NULL, NULL, rows2);
-            CHECK(memcmp(rows2, first_rows_epoch1, sizeof rows2) != 0);
-            /* seek reproduces any batch */
-            mg_batcher_seek(b2, 5);
-            mg_batcher_next(b2, NULL, NULL, rows2);
-            CHECK(memcmp(rows2, saved_rows, sizeof rows2) == 0 && mg_batcher_step(b2) == 6);
-            mg_batcher_seek(b2, pe);
-            mg_batcher_next(b2, NULL, NULL, rows2);
-            CHECK(memcmp(rows2, first_rows_epoch1, sizeof rows2) == 0);
-            free(ids1);
-            free(ids2);
-            free(used);
+            if (k == pe)
+                memcpy(first_rows_epoch1, rows1, sizeof rows1);
+            if (k == 5)
+                memcpy(saved_rows, rows1, sizeof rows1);
         }
-        mg_batcher_free(b1);
-        mg_batcher_free(b2);
-        mg_batcher_free(b3);
+        CHECK(differs_b3);
+        /* epoch 1 is a different permutation from epoch 0 */
+        mg_batcher_seek(b2, 0);
+        mg_batcher_next(b2, NULL, NULL, rows2);
+        CHECK(memcmp(rows2, first_rows_epoch1, sizeof rows2) != 0);
+        /* seek reproduces any batch */
+        mg_batcher_seek(b2, 5);
+        mg_batcher_next(b2, NULL, NULL, rows2);
+        CHECK(memcmp(rows2, saved_rows, sizeof rows2) == 0 && mg_batcher_step(b2) == 6);
+        mg_batcher_seek(b2, pe);
+        mg_batcher_next(b2, NULL, NULL, rows2);
+        CHECK(memcmp(rows2, first_rows_epoch1, sizeof rows2) == 0);
+        free(ids1);
+        free(ids2);
+        free(used);
     }
-    /* the same rows each epoch, with less padding when bucketed */
-    CHECK(real_tokens[0] > 0 && real_tokens[0] == real_tokens[1]);
-    CHECK(padded[1] < padded[0]);
-    CHECK(mg_batcher_new(&tr, B, 7, 1, MG_BUCKET_MAX + 1, &b1, err, sizeof err) != 0 && !b1);
-    CHECK(strstr(err, "length bucket") != NULL);
+    mg_batcher_free(b1);
+    mg_batcher_free(b2);
+    mg_batcher_free(b3);
     /* no shuffle: file order, wrapping at n / B * B */
-    CHECK(mg_batcher_new(&va, 200, 1, 0, 0, &b1, err, sizeof err) == 0);
+    CHECK(mg_batcher_new(&va, 200, 1, 0, &b1, err, sizeof err) == 0);
     if (b1) {
         size_t rows[200];
         mg_batcher_next(b1, NULL, NULL, rows);
@@ -410,9 +393,9 @@ static void test_split_and_batches(void)
         CHECK(rows[0] == 0 && mg_batcher_epoch(b1) == 1);
         mg_batcher_free(b1);
     }
-    CHECK(mg_batcher_new(&va, 501, 1, 1, 0, &b1, err, sizeof err) != 0 && b1 == NULL);
+    CHECK(mg_batcher_new(&va, 501, 1, 1, &b1, err, sizeof err) != 0 && b1 == NULL);
     CHECK(strstr(err, "batch size 501") != NULL);
-    CHECK(mg_batcher_new(&va, 0, 1, 1, 0, &b1, err, sizeof err) != 0);
+    CHECK(mg_batcher_new(&va, 0, 1, 1, &b1, err, sizeof err) != 0);
 
     /* encode_row */
     int32_t row[8];
