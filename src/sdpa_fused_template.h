@@ -718,8 +718,8 @@ static attn_status dec_forward(const kctx *c, const attn_fused_call *call, attn_
 #pragma omp parallel num_threads(nt)
     {
         float *w = ws + (int64_t)omp_get_thread_num() * per;
-        float *wrow = ws + nt * per + rows * nch * (dvp + 2) + 3 * rows + 16 +
-                      (int64_t)omp_get_thread_num() * rowper; /* q, tmp, row scores */
+        /* q, tmp, row scores: after ilrow and its 16 floats of slack */
+        float *wrow = ilrow + rows + 16 + (int64_t)omp_get_thread_num() * rowper;
 #pragma omp for schedule(dynamic, 1)
         for (int64_t it = 0; it < items; it++) {
             const int64_t bh = whole ? it : it / nch, b = bh / H, h = bh % H;
@@ -1024,96 +1024,96 @@ static attn_status dec_backward(const kctx *c, const attn_fused_call *call, attn
 #pragma omp parallel num_threads(nt)
     {
 #pragma omp for schedule(dynamic, grain)
-    for (int64_t it = 0; it < items; it++) {
-        float *w = ws + (int64_t)omp_get_thread_num() * per;
-        float *qr = carve(&w, Lq * rup(dkp, 16)), *gr = carve(&w, Lq * rup(dvp, 16));
-        float *orow = carve(&w, Lq * rup(dvp, 16)), *sc = carve(&w, Lq * rup(DEC_KB + VL, 16));
-        float *dv_i = carve(&w, Lq), *ls = carve(&w, Lq);
-        float *gk = carve(&w, dkp), *gv = carve(&w, dvp), *kt = carve(&w, dkp), *vt = carve(&w, dvp);
-        const int64_t ldq = rup(dkp, 16), ldg = rup(dvp, 16), lds = rup(DEC_KB + VL, 16);
-        const int64_t bh = it / nch, ch = it % nch, b = bh / H, h = bh % H;
-        const int64_t c0 = ch * C, c1 = imin(Lk, c0 + C);
-        for (int64_t i = 0; i < Lq; i++) {
-            copy_row(qr + i * ldq, row_of(c->q, b, h, i), c->q->stride[3], Dk, dkp);
-            copy_row(gr + i * ldg, row_of(call->dout, b, h, i), call->dout->stride[3], Dv, dvp);
-            copy_row(orow + i * ldg, row_of(call->out, b, h, i), call->out->stride[3], Dv, dvp);
-            dv_i[i] = dec_vdot(gr + i * ldg, orow + i * ldg, Dv);
-            ls[i] = call->lse_in[bh * Lq + i];
-            memset(pdq + ((bh * Lq + i) * nch + ch) * dkp, 0, (size_t)dkp * sizeof(float));
-        }
-        for (int64_t a = c0; a < c1; a += DEC_KB) {
-            const int64_t e = imin(c1, a + DEC_KB), n = e - a, np = rup(n, VL);
-            /* P for the block of keys, row by row (0 where not visible) */
+        for (int64_t it = 0; it < items; it++) {
+            float *w = ws + (int64_t)omp_get_thread_num() * per;
+            float *qr = carve(&w, Lq * rup(dkp, 16)), *gr = carve(&w, Lq * rup(dvp, 16));
+            float *orow = carve(&w, Lq * rup(dvp, 16)), *sc = carve(&w, Lq * rup(DEC_KB + VL, 16));
+            float *dv_i = carve(&w, Lq), *ls = carve(&w, Lq);
+            float *gk = carve(&w, dkp), *gv = carve(&w, dvp), *kt = carve(&w, dkp), *vt = carve(&w, dvp);
+            const int64_t ldq = rup(dkp, 16), ldg = rup(dvp, 16), lds = rup(DEC_KB + VL, 16);
+            const int64_t bh = it / nch, ch = it % nch, b = bh / H, h = bh % H;
+            const int64_t c0 = ch * C, c1 = imin(Lk, c0 + C);
             for (int64_t i = 0; i < Lq; i++) {
-                float *s = sc + i * lds;
-                int64_t lo, hi;
-                attn_row_range(pr, b, i, &lo, &hi);
-                for (int64_t j = 0; j < np; j++) s[j] = -INFINITY;
-                const int64_t a2 = imax(a, lo), e2 = imin(e, hi);
-                if (a2 < e2 && ls[i] != -INFINITY) dec_scores(c, qr + i * ldq, kt, b, h, i, a2, e2, s + (a2 - a));
-                const vf lv = v_set1(ls[i]);
-                for (int64_t j = 0; j < np; j += VL) {
-                    const vf x = v_load(s + j);
-                    v_store(s + j, v_zero_if_eq(v_exp(v_sub(x, lv)), x, kNegInf));
-                }
+                copy_row(qr + i * ldq, row_of(c->q, b, h, i), c->q->stride[3], Dk, dkp);
+                copy_row(gr + i * ldg, row_of(call->dout, b, h, i), call->dout->stride[3], Dv, dvp);
+                copy_row(orow + i * ldg, row_of(call->out, b, h, i), call->out->stride[3], Dv, dvp);
+                dv_i[i] = dec_vdot(gr + i * ldg, orow + i * ldg, Dv);
+                ls[i] = call->lse_in[bh * Lq + i];
+                memset(pdq + ((bh * Lq + i) * nch + ch) * dkp, 0, (size_t)dkp * sizeof(float));
             }
-            for (int64_t j = a; j < e; j++) {
-                const float *kr = row_of(K, b, h, j), *vr = row_of(V, b, h, j);
-                if (K->stride[3] != 1) {
-                    copy_row(kt, kr, K->stride[3], Dk, dkp);
-                    kr = kt;
-                }
-                if (V->stride[3] != 1) {
-                    copy_row(vt, vr, V->stride[3], Dv, dvp);
-                    vr = vt;
-                }
-                memset(gk, 0, (size_t)dkp * sizeof(float));
-                memset(gv, 0, (size_t)dvp * sizeof(float));
+            for (int64_t a = c0; a < c1; a += DEC_KB) {
+                const int64_t e = imin(c1, a + DEC_KB), n = e - a, np = rup(n, VL);
+                /* P for the block of keys, row by row (0 where not visible) */
                 for (int64_t i = 0; i < Lq; i++) {
-                    const float p = sc[i * lds + (j - a)];
-                    if (p == 0.0f) continue; /* not visible (or underflow): no term */
-                    float z = 1.0f;
-                    if (pr->dropout) {
-                        uint32_t wd[4];
-                        attn_philox_block(pr->drop_key, b, h, i, j >> 2, wd);
-                        z = wd[j & 3] < pr->drop_threshold ? 0.0f : pr->keep_scale;
-                    }
-                    const float dp = z * dec_vdot(gr + i * ldg, vr, Dv);
-                    const float ds = pr->scale * p * (dp - dv_i[i]);
-                    const float pz = p * z;
-                    if (pz != 0.0f) {
-                        const vf pv = v_set1(pz);
-                        for (int64_t d = 0; d < dvp; d += VL)
-                            v_store(gv + d, v_fma(pv, v_load(gr + i * ldg + d), v_load(gv + d)));
-                    }
-                    const vf dsv = v_set1(ds);
-                    float *dq = pdq + ((bh * Lq + i) * nch + ch) * dkp;
-                    int64_t d = 0;
-                    for (; d + VL <= Dk; d += VL) {
-                        v_store(gk + d, v_fma(dsv, v_load(qr + i * ldq + d), v_load(gk + d)));
-                        v_store(dq + d, v_fma(dsv, v_load(kr + d), v_load(dq + d)));
-                    }
-                    if (d < Dk) {
-                        v_store(gk + d, v_fma(dsv, v_load(qr + i * ldq + d), v_load(gk + d)));
-                        v_store(dq + d, v_fma(dsv, v_load_n(kr + d, (int)(Dk - d)), v_load(dq + d)));
+                    float *s = sc + i * lds;
+                    int64_t lo, hi;
+                    attn_row_range(pr, b, i, &lo, &hi);
+                    for (int64_t j = 0; j < np; j++) s[j] = -INFINITY;
+                    const int64_t a2 = imax(a, lo), e2 = imin(e, hi);
+                    if (a2 < e2 && ls[i] != -INFINITY) dec_scores(c, qr + i * ldq, kt, b, h, i, a2, e2, s + (a2 - a));
+                    const vf lv = v_set1(ls[i]);
+                    for (int64_t j = 0; j < np; j += VL) {
+                        const vf x = v_load(s + j);
+                        v_store(s + j, v_zero_if_eq(v_exp(v_sub(x, lv)), x, kNegInf));
                     }
                 }
-                write_rows(call->dk, b, h, j, 1, Dk, gk, dkp);
-                write_rows(call->dv, b, h, j, 1, Dv, gv, dvp);
+                for (int64_t j = a; j < e; j++) {
+                    const float *kr = row_of(K, b, h, j), *vr = row_of(V, b, h, j);
+                    if (K->stride[3] != 1) {
+                        copy_row(kt, kr, K->stride[3], Dk, dkp);
+                        kr = kt;
+                    }
+                    if (V->stride[3] != 1) {
+                        copy_row(vt, vr, V->stride[3], Dv, dvp);
+                        vr = vt;
+                    }
+                    memset(gk, 0, (size_t)dkp * sizeof(float));
+                    memset(gv, 0, (size_t)dvp * sizeof(float));
+                    for (int64_t i = 0; i < Lq; i++) {
+                        const float p = sc[i * lds + (j - a)];
+                        if (p == 0.0f) continue; /* not visible (or underflow): no term */
+                        float z = 1.0f;
+                        if (pr->dropout) {
+                            uint32_t wd[4];
+                            attn_philox_block(pr->drop_key, b, h, i, j >> 2, wd);
+                            z = wd[j & 3] < pr->drop_threshold ? 0.0f : pr->keep_scale;
+                        }
+                        const float dp = z * dec_vdot(gr + i * ldg, vr, Dv);
+                        const float ds = pr->scale * p * (dp - dv_i[i]);
+                        const float pz = p * z;
+                        if (pz != 0.0f) {
+                            const vf pv = v_set1(pz);
+                            for (int64_t d = 0; d < dvp; d += VL)
+                                v_store(gv + d, v_fma(pv, v_load(gr + i * ldg + d), v_load(gv + d)));
+                        }
+                        const vf dsv = v_set1(ds);
+                        float *dq = pdq + ((bh * Lq + i) * nch + ch) * dkp;
+                        int64_t d = 0;
+                        for (; d + VL <= Dk; d += VL) {
+                            v_store(gk + d, v_fma(dsv, v_load(qr + i * ldq + d), v_load(gk + d)));
+                            v_store(dq + d, v_fma(dsv, v_load(kr + d), v_load(dq + d)));
+                        }
+                        if (d < Dk) {
+                            v_store(gk + d, v_fma(dsv, v_load(qr + i * ldq + d), v_load(gk + d)));
+                            v_store(dq + d, v_fma(dsv, v_load_n(kr + d, (int)(Dk - d)), v_load(dq + d)));
+                        }
+                    }
+                    write_rows(call->dk, b, h, j, 1, Dk, gk, dkp);
+                    write_rows(call->dv, b, h, j, 1, Dv, gv, dvp);
+                }
             }
         }
-    }
-    /* dQ: the chunks' partials in chunk order */
+        /* dQ: the chunks' partials in chunk order */
 #pragma omp for schedule(static)
-    for (int64_t r = 0; r < rows; r++) {
-        const int64_t bh = r / Lq, i = r % Lq, b = bh / H, h = bh % H;
-        float *acc = pdq + r * nch * dkp; /* chunk 0's partial accumulates the rest */
-        for (int64_t ch = 1; ch < nch; ch++)
-            for (int64_t d = 0; d < dkp; d += VL)
-                v_store(acc + d, v_add(v_load(acc + d), v_load(acc + ch * dkp + d)));
-        write_rows(call->dq, b, h, i, 1, Dk, acc, dkp);
+        for (int64_t r = 0; r < rows; r++) {
+            const int64_t bh = r / Lq, i = r % Lq, b = bh / H, h = bh % H;
+            float *acc = pdq + r * nch * dkp; /* chunk 0's partial accumulates the rest */
+            for (int64_t ch = 1; ch < nch; ch++)
+                for (int64_t d = 0; d < dkp; d += VL)
+                    v_store(acc + d, v_add(v_load(acc + d), v_load(acc + ch * dkp + d)));
+            write_rows(call->dq, b, h, i, 1, Dk, acc, dkp);
+        }
     }
-    } /* omp parallel */
     free(ws);
     return ATTN_OK;
 }

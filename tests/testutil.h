@@ -11,24 +11,7 @@
 #include <string.h>
 
 #include "attn.h"
-
-static int tu_pass, tu_fail;
-
-/* CHECK(cond, fmt, ...): counts a pass or prints file:line and the message
- * (first 40 failures only, to keep logs readable) and counts a failure. */
-#define CHECK(cond, ...)                                                      \
-    do {                                                                      \
-        if (cond) {                                                           \
-            tu_pass++;                                                        \
-        } else {                                                              \
-            if (tu_fail++ < 40) {                                             \
-                fprintf(stderr, "%s:%d: CHECK(%s) failed: ", __FILE__,        \
-                        __LINE__, #cond);                                     \
-                fprintf(stderr, __VA_ARGS__);                                 \
-                fputc('\n', stderr);                                          \
-            }                                                                 \
-        }                                                                     \
-    } while (0)
+#include "check.h"
 
 /* Final line and exit code: nonzero on any failure. */
 static inline int tu_report(const char *name)

@@ -1,11 +1,7 @@
 /* molgen C tests: the shared harness (header-only; include it once per test
  * program, after the system headers).
  *
- *   CHECK(cond)              counts a pass, or prints "file:line: CHECK failed:
- *                            cond" and counts a failure;
- *   CHECK(cond, fmt, ...)    the same with a printf message (the first 40
- *                            failures are printed);
- *   n_pass, n_fail           the counters (tests may also bump n_fail);
+ *   CHECK, tu_pass, tu_fail  the counting check of tests/check.h;
  *   mg_test_data_dir()       $MOLGEN_SHARED_DATA, or ../shared/data;
  *   mg_test_splitmix64(&s)   a SplitMix64 step, for the tests' own RNGs;
  *   mg_test_passive_wait(argv)  re-exec once with OMP_WAIT_POLICY=PASSIVE. */
@@ -17,39 +13,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-static int n_pass, n_fail;
-
-#define MG_CHECK1_(cond)                                                                  \
-    do {                                                                                  \
-        if (cond) {                                                                       \
-            n_pass++;                                                                     \
-        } else {                                                                          \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);     \
-            n_fail++;                                                                     \
-        }                                                                                 \
-    } while (0)
-#define MG_CHECKM_(cond, ...)                                                             \
-    do {                                                                                  \
-        if (cond) {                                                                       \
-            n_pass++;                                                                     \
-        } else {                                                                          \
-            if (n_fail++ < 40) {                                                          \
-                fprintf(stderr, "%s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #cond); \
-                fprintf(stderr, __VA_ARGS__);                                             \
-                fputc('\n', stderr);                                                      \
-            }                                                                             \
-        }                                                                                 \
-    } while (0)
-/* CHECK with one argument -> MG_CHECK1_, with 2..16 -> MG_CHECKM_ (plain C11,
- * no empty __VA_ARGS__). */
-#define MG_CHECK_PICK_(_1, _2, _3, _4, _5, _6, _7, _8, _9, _10, _11, _12, _13, _14, _15, _16, \
-                       NAME, ...)                                                          \
-    NAME
-#define CHECK(...)                                                                        \
-    MG_CHECK_PICK_(__VA_ARGS__, MG_CHECKM_, MG_CHECKM_, MG_CHECKM_, MG_CHECKM_, MG_CHECKM_, \
-                   MG_CHECKM_, MG_CHECKM_, MG_CHECKM_, MG_CHECKM_, MG_CHECKM_, MG_CHECKM_,   \
-                   MG_CHECKM_, MG_CHECKM_, MG_CHECKM_, MG_CHECKM_, MG_CHECK1_, MG_CHECK1_)  \
-    (__VA_ARGS__)
+#include "../../tests/check.h" /* CHECK, tu_pass, tu_fail */
 
 static inline const char *mg_test_data_dir(void) {
     const char *d = getenv("MOLGEN_SHARED_DATA");

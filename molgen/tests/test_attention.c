@@ -285,6 +285,6 @@ int main(void) {
     test_stats();
     test_svg();
     test_cmd();
-    printf("test_attention: %d passed, %d failed\n", n_pass, n_fail);
-    return n_fail ? 1 : 0;
+    printf("test_attention: %d passed, %d failed\n", tu_pass, tu_fail);
+    return tu_fail ? 1 : 0;
 }

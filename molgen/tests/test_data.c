@@ -16,7 +16,7 @@ static void write_file(const char *path, const char *text)
     FILE *f = fopen(path, "wb");
     if (!f) {
         fprintf(stderr, "cannot write %s\n", path);
-        n_fail++;
+        tu_fail++;
         return;
     }
     fputs(text, f);
@@ -249,7 +249,7 @@ static void test_split_and_batches(void)
     char err[300] = "";
     if (mg_dataset_load(path, &o, NULL, &v, &all, &rep, err, sizeof err) != 0) {
         fprintf(stderr, "load %s: %s (set MOLGEN_SHARED_DATA)\n", path, err);
-        n_fail++;
+        tu_fail++;
         return;
     }
     CHECK(all.n == 5000 && rep.skipped == 0 && all.T == 64);
@@ -454,8 +454,8 @@ int main(void)
     remove(g_smi);
     remove(g_csv);
     remove(g_tmp);
-    if (n_fail) {
-        fprintf(stderr, "test_data: %d failure(s)\n", n_fail);
+    if (tu_fail) {
+        fprintf(stderr, "test_data: %d failure(s)\n", tu_fail);
         return 1;
     }
     printf("test_data: OK\n");

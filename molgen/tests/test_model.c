@@ -352,6 +352,6 @@ int main(int argc, char **argv) {
     attn_set_num_threads(1, NULL);
     c = tiny_config();
     gradcheck("tiny, 1 thread", &c, 0, 3);
-    printf("test_model: %d checks passed, %d failed\n", n_pass, n_fail);
-    return n_fail ? 1 : 0;
+    printf("test_model: %d checks passed, %d failed\n", tu_pass, tu_fail);
+    return tu_fail ? 1 : 0;
 }

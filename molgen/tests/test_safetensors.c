@@ -24,7 +24,7 @@ static void json_ok(const char *s)
     char err[200] = "";
     if (mg_json_parse(s, strlen(s), &j, err, sizeof err) != 0 || !j) {
         fprintf(stderr, "JSON should parse: %s (%s)\n", s, err);
-        n_fail++;
+        tu_fail++;
     }
     mg_json_free(j);
 }
@@ -37,7 +37,7 @@ static void json_bad(const char *s, const char *needle)
         (needle && !strstr(err, needle))) {
         fprintf(stderr, "JSON should fail: %s (got '%s', want '%s')\n", s, err,
                 needle ? needle : "");
-        n_fail++;
+        tu_fail++;
         if (j && j != (mg_json *)1)
             mg_json_free(j);
     }
@@ -433,7 +433,7 @@ static void expect_bad(const char *hdr, size_t dlen, const char *needle)
     if (rc == 0 || f != NULL || !err[0] || (needle && !strstr(err, needle))) {
         fprintf(stderr, "should reject (want '%s'): %s\n  got rc=%d err='%s'\n",
                 needle ? needle : "", hdr, rc, err);
-        n_fail++;
+        tu_fail++;
         if (rc == 0)
             mg_st_free(f);
     }
@@ -452,7 +452,7 @@ static void expect_good(const char *hdr, size_t dlen)
     char err[300] = "";
     if (mg_st_parse(b, len, &f, err, sizeof err) != 0) {
         fprintf(stderr, "should accept: %s\n  got '%s'\n", hdr, err);
-        n_fail++;
+        tu_fail++;
     }
     mg_st_free(f);
     free(b);
@@ -667,8 +667,8 @@ int main(void)
     test_round_trip();
     test_corruption();
     interop();
-    if (n_fail) {
-        fprintf(stderr, "test_safetensors: %d failure(s)\n", n_fail);
+    if (tu_fail) {
+        fprintf(stderr, "test_safetensors: %d failure(s)\n", tu_fail);
         return 1;
     }
     printf("test_safetensors: OK\n");

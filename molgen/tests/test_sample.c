@@ -543,6 +543,6 @@ int main(void) {
     mg_vocab_free(v);
     mg_model_free(m2);
     mg_vocab_free(v2);
-    printf("test_sample: %d passed, %d failed\n", n_pass, n_fail);
-    return n_fail ? 1 : 0;
+    printf("test_sample: %d passed, %d failed\n", tu_pass, tu_fail);
+    return tu_fail ? 1 : 0;
 }

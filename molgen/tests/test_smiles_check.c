@@ -17,7 +17,7 @@ static void test_corpus(const char *file)
     FILE *f = fopen(path, "r");
     if (!f) {
         fprintf(stderr, "cannot open %s (set MOLGEN_SHARED_DATA)\n", path);
-        n_fail++;
+        tu_fail++;
         return;
     }
     char buf[4096], why[256];
@@ -151,7 +151,7 @@ static void test_cases(void)
         why[0] = '\0';
         if (!mg_smiles_syntax_ok(k_valid[i], why, sizeof why)) {
             fprintf(stderr, "valid SMILES rejected: %s (%s)\n", k_valid[i], why);
-            n_fail++;
+            tu_fail++;
         }
     }
     for (size_t i = 0; i < sizeof k_invalid / sizeof *k_invalid; i++) {
@@ -160,7 +160,7 @@ static void test_cases(void)
         if (ok || !strstr(why, k_invalid[i].why)) {
             fprintf(stderr, "invalid SMILES \"%s\": ok=%d why='%s' (want '%s')\n",
                     k_invalid[i].smi, ok, why, k_invalid[i].why);
-            n_fail++;
+            tu_fail++;
         }
     }
     /* positions are reported */
@@ -197,8 +197,8 @@ int main(void)
     test_corpus("moses_176k.smi");
     test_corpus("moses_train5k.smi");
     test_corpus("zinc250k_24k.smi");
-    if (n_fail) {
-        fprintf(stderr, "test_smiles_check: %d failure(s)\n", n_fail);
+    if (tu_fail) {
+        fprintf(stderr, "test_smiles_check: %d failure(s)\n", tu_fail);
         return 1;
     }
     printf("test_smiles_check: OK\n");

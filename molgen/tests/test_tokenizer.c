@@ -17,7 +17,7 @@ static void expect_tokens(const char *s, const char *expected)
     int rc = mg_tokenize(s, sp, 256, &n, NULL, err, sizeof err);
     if (rc != 0) {
         fprintf(stderr, "tokenize(%s) failed: %s\n", s, err);
-        n_fail++;
+        tu_fail++;
         return;
     }
     char got[2048] = "";
@@ -27,7 +27,7 @@ static void expect_tokens(const char *s, const char *expected)
                               s + sp[i].start);
     if (strcmp(got, expected) != 0) {
         fprintf(stderr, "tokenize(%s):\n  got      %s\n  expected %s\n", s, got, expected);
-        n_fail++;
+        tu_fail++;
     }
 }
 
@@ -41,7 +41,7 @@ static void expect_error(const char *s, int code, int pos, const char *needle)
         (needle && !strstr(err, needle))) {
         fprintf(stderr, "tokenize(\"%s\"): rc %d pos %d err '%s'; expected rc %d pos %d '%s'\n",
                 s, rc, ep, err, code, pos, needle ? needle : "");
-        n_fail++;
+        tu_fail++;
     }
 }
 
@@ -196,7 +196,7 @@ static void test_vocab_basic(void)
         int rc = mg_vocab_from_json(bad_js[i], strlen(bad_js[i]), &w, err, sizeof err);
         if (rc == 0 || w != NULL || !err[0]) {
             fprintf(stderr, "bad vocab JSON %zu accepted: %s\n", i, bad_js[i]);
-            n_fail++;
+            tu_fail++;
         }
         if (rc == 0)
             mg_vocab_free(w);
@@ -223,7 +223,7 @@ static char **read_lines(const char *path, size_t *n)
     *n = 0;
     if (!f) {
         fprintf(stderr, "cannot open %s (set MOLGEN_SHARED_DATA)\n", path);
-        n_fail++;
+        tu_fail++;
         return NULL;
     }
     size_t cap = 1024;
@@ -303,7 +303,7 @@ static void test_corpus(const char *file, int expect_vocab, const char *expect_t
             if (strcmp(got, expect_tokens_list) != 0) {
                 fprintf(stderr, "%s vocabulary:\n  got      %s\n  expected %s\n", file, got,
                         expect_tokens_list);
-                n_fail++;
+                tu_fail++;
             }
         }
         /* encode + decode round trip through ids */
@@ -338,8 +338,8 @@ int main(void)
                 "# ( ) - / 1 2 3 4 5 6 = Br C Cl F I N O P S [C@@H] [C@@] [C@H] [C@] [N+] [N-] "
                 "[NH+] [NH-] [NH2+] [NH3+] [O-] [P@@] [P@] [S-] [S@@] [S@] [n+] [n-] [nH+] [nH] "
                 "[o+] \\ c n o s");
-    if (n_fail) {
-        fprintf(stderr, "test_tokenizer: %d failure(s)\n", n_fail);
+    if (tu_fail) {
+        fprintf(stderr, "test_tokenizer: %d failure(s)\n", tu_fail);
         return 1;
     }
     printf("test_tokenizer: OK\n");

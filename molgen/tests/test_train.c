@@ -435,6 +435,6 @@ int main(int argc, char **argv) {
     test_bad_checkpoints();
     remove(data1k);
     rmdir(tmpdir);
-    printf("test_train: %d checks passed, %d failed\n", n_pass, n_fail);
-    return n_fail ? 1 : 0;
+    printf("test_train: %d checks passed, %d failed\n", tu_pass, tu_fail);
+    return tu_fail ? 1 : 0;
 }
