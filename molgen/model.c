@@ -639,6 +639,15 @@ static attn_sdpa_params attn_params(const mg_model *m, int layer, int b0, int tr
     return p;
 }
 
+/* The first failing chunk's message, from inside the chunk loops. */
+static void keep_first_error(int *failed, char *msg, size_t n, const char *text) {
+#pragma omp critical(mg_attn_error)
+    if (!*failed) {
+        *failed = 1;
+        snprintf(msg, n, "%s", text);
+    }
+}
+
 /* Self-attention of block `layer`: out [B, L, d] = MHA(in [B, L, d]), in
  * chunks of ATTN_CHUNK batch rows (see ATTN_CHUNK). cache: B rows of
  * attn_mha_cache_size, chunk by chunk; weights [B, H, L, L] or NULL. */
@@ -661,13 +670,8 @@ static int attention_forward(mg_model *m, int layer, int B, int L, const float *
         if (attn_mha_forward(&m->mha, &w, bc, L, L, x, x, x, &p, out + b0 * row,
                              weights ? ATTN_WEIGHTS_PER_HEAD : ATTN_WEIGHTS_NONE,
                              weights ? weights + (int64_t)b0 * H * L * L : NULL,
-                             cache + b0 * cache_row, &e)) {
-#pragma omp critical(mg_attn_error)
-            if (!failed) {
-                failed = 1;
-                snprintf(msg, sizeof msg, "%s", e.message);
-            }
-        }
+                             cache + b0 * cache_row, &e))
+            keep_first_error(&failed, msg, sizeof msg, e.message);
     }
     if (failed) return mg_fail(err, errlen, MG_MODEL_ERR, "block %d attention: %s", layer, msg);
     return 0;
@@ -698,13 +702,8 @@ static int attention_backward(mg_model *m, int layer, int B, int L, const float 
         const float *x = in + b0 * row;
         float *dx = din + b0 * row;
         if (attn_mha_backward(&m->mha, &w, bc, L, L, x, x, x, &p, cache + b0 * cache_row,
-                              dout + b0 * row, dx, dx, dx, &gw, &e)) {
-#pragma omp critical(mg_attn_error)
-            if (!failed) {
-                failed = 1;
-                snprintf(msg, sizeof msg, "%s", e.message);
-            }
-        }
+                              dout + b0 * row, dx, dx, dx, &gw, &e))
+            keep_first_error(&failed, msg, sizeof msg, e.message);
     }
     if (failed) return mg_fail(err, errlen, MG_MODEL_ERR, "block %d attention backward: %s", layer, msg);
     float *g = m->g.blocks[layer].attn;
