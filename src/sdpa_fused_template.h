@@ -383,16 +383,26 @@ static const float *key_rows(const attn_tensor *t, int in_place, int64_t b, int6
     return buf;
 }
 
+/* 1 when rows [l0, l0 + n) hold only finite values: x·0 is ±0 for finite x
+ * and NaN otherwise, so the lane sums are 0 exactly when every x is finite
+ * (in any order, hence vectorised). */
 static int rows_finite(const attn_tensor *t, int64_t b, int64_t h, int64_t l0, int64_t n,
                        int64_t D) {
     const int64_t sd = t->stride[3];
+    const vf z = v_zero();
+    vf acc = v_zero();
+    float sacc = 0.0f;
     for (int64_t i = 0; i < n; i++) {
         const float *r = row_of(t, b, h, l0 + i);
-        float acc = 0.0f;
-        for (int64_t d = 0; d < D; d++) acc += r[d * sd] * 0.0f; /* NaN iff a non-finite */
-        if (acc != 0.0f) return 0;
+        if (sd == 1) {
+            int64_t d = 0;
+            for (; d + VL <= D; d += VL) acc = v_add(acc, v_mul(v_load(r + d), z));
+            if (d < D) acc = v_add(acc, v_mul(v_load_n(r + d, (int)(D - d)), z));
+        } else {
+            for (int64_t d = 0; d < D; d++) sacc += r[d * sd] * 0.0f;
+        }
     }
-    return 1;
+    return v_hsum(acc) + sacc == 0.0f;
 }
 
 static const float kNegInf = -INFINITY;
