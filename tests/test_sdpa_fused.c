@@ -600,6 +600,9 @@ static void test_nonfinite(void) {
     run_nonfinite(&s, &pn, 810, prep_nan_removed);
     pn.causal = 1;
     run_nonfinite(&s, &pn, 811, prep_nan_removed);
+    /* d over one AVX-512 vector: the finiteness checks' whole-vector loads */
+    shape sw = sh("NaN in removed keys, d 40", 2, 2, Lq, Lk, 40, 24);
+    run_nonfinite(&sw, &pn, 812, prep_nan_removed);
     free(bm);
 
     /* Inf in V of key 20: rows that do not see it stay finite */
