@@ -49,10 +49,10 @@ int mg_ring_pairs(const char *const *tokens, int n, int *pair) {
 
 const char *mg_head_label(const mg_head_stats *s) {
     if (s->ring_n > 0 && s->ring >= 0.3) return "ring-closure";
-    if (s->prev >= 0.5) return "previous-token";
+    if (s->prev >= 0.4) return "previous-token";
     if (s->bos >= 0.5) return "BOS-sink";
     if (s->rows > 0 && s->peak < 1.5 * s->peak_uniform) return "diffuse";
-    if (s->mean_dist <= 2.0) return "n-gram/local";
+    if (s->mean_dist <= 2.0 || s->mean_dist <= 0.4 * s->dist_uniform) return "n-gram/local";
     return "long-range";
 }
 
@@ -60,7 +60,7 @@ void mg_head_stats_compute(const float *w, int L, int first, const int *ring_key
                            mg_head_stats *s) {
     memset(s, 0, sizeof *s);
     if (first < 0) first = 0;
-    double dist = 0, prev = 0, bos = 0, ring = 0, peak = 0, peak_u = 0;
+    double dist = 0, prev = 0, bos = 0, ring = 0, peak = 0, peak_u = 0, dist_u = 0;
     int rows = 0, rn = 0;
     for (int i = first; i < L; i++) {
         const float *row = w + (size_t)i * L;
@@ -71,6 +71,7 @@ void mg_head_stats_compute(const float *w, int L, int first, const int *ring_key
         }
         peak += mx;
         peak_u += 1.0 / (i + 1);
+        dist_u += i / 2.0;
         dist += d;
         prev += i > 0 ? row[i - 1] : 0.0;
         bos += row[0];
@@ -86,6 +87,7 @@ void mg_head_stats_compute(const float *w, int L, int first, const int *ring_key
     s->bos = rows ? bos / rows : 0.0;
     s->peak = rows ? peak / rows : 0.0;
     s->peak_uniform = rows ? peak_u / rows : 0.0;
+    s->dist_uniform = rows ? dist_u / rows : 0.0;
     s->ring_n = rn;
     s->ring = rn ? ring / rn : NAN;
     s->label = mg_head_label(s);

@@ -12,13 +12,15 @@
  *                   queries; undefined ("-") if the molecule has none
  *   bos             w_{i, 0}, averaged (weight parked on BOS)
  *   peak            max_j w_ij, averaged; uniform causal attention has
- *                   peak_uniform = mean of 1/(i+1)
+ *                   peak_uniform = mean of 1/(i+1) and
+ *                   dist_uniform = mean of i/2
  * and a label from those numbers (first rule that applies):
  *   "ring-closure"    ring defined and >= 0.3
- *   "previous-token"  prev >= 0.5
+ *   "previous-token"  prev >= 0.4
  *   "BOS-sink"        bos >= 0.5
  *   "diffuse"         peak < 1.5 peak_uniform (close to averaging the prefix)
- *   "n-gram/local"    mean distance <= 2
+ *   "n-gram/local"    mean distance <= max(2, 0.4 dist_uniform): the
+ *                     bound grows with the molecule, as distances do
  *   "long-range"      otherwise.
  *
  * Ring-closure pairing follows SMILES: ring-bond labels are the tokens
@@ -50,6 +52,7 @@ typedef struct {
     int ring_n;   /* closing-digit queries averaged */
     double bos;
     double peak, peak_uniform;
+    double dist_uniform; /* mean distance of uniform causal attention */
     int rows;     /* query rows averaged */
     const char *label;
 } mg_head_stats;

@@ -19,7 +19,7 @@ static const command COMMANDS[] = {
     {"train", cmd_train, "train the model on a SMILES file (checkpoints, resume)"},
     {"sample", cmd_sample, "generate molecules from a trained model"},
     {"attention", cmd_attention, "draw a trained model's attention maps for a molecule"},
-    {"bench", cmd_bench, "benchmarks (attention kernels, training and sampling speed)"},
+    {"bench", cmd_bench, "training tokens/s and sampling molecules/s"},
     {"debug-grads", cmd_debug_grads, NULL},
 };
 
@@ -42,9 +42,13 @@ int main(int argc, char **argv) {
         execv("/proc/self/exe", argv);
         /* exec failed: carry on with the default policy */
     }
-    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+    if (argc < 2) {
+        fprintf(stderr, "molgen: no command given (train, sample, attention or bench; molgen --help)\n");
+        return 2;
+    }
+    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
         usage(stdout);
-        return argc < 2 ? 2 : 0;
+        return 0;
     }
     if (!strcmp(argv[1], "--version")) {
         printf("molgen (libattn %s)\n", ATTN_VERSION);

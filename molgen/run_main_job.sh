@@ -125,16 +125,20 @@ for label, key in rows:
     vals = [get(d, key) for _, d in cols]
     ref = get(cols[0][1], key.replace('.samples.', '.reference.')) if '.samples.' in key else None
     line = '%-14s' % label
-    for v in vals + [ref]:
+    k = {'unique@1k': 1000, 'unique@10k': 10000}.get(label)
+    for i, v in enumerate(vals + [ref]):
+        short = k is not None and i < len(cols) and (get(cols[i][1], 'n_valid') or 0) < k
         if v is None:
             line += '%12s' % '-'
         elif isinstance(v, bool) or isinstance(v, int):
             line += '%12d' % v
+        elif short:
+            line += '%11.4f*' % v
         else:
             line += '%12.4f' % v
     print(line)
 print('(MOSES definitions, see molgen/metrics.py; "-": not defined for these samples,'
-      ' e.g. Scaf without ring scaffolds)')
+      ' e.g. Scaf without ring scaffolds; "*": fewer valid samples than k, so over all of them)')
 EOF
     for name in "${names[@]}"; do
         echo "metrics of $name: $OUT/metrics_$name.txt, $OUT/metrics_$name.json"

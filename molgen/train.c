@@ -799,8 +799,8 @@ static const char TRAIN_USAGE[] =
     "sample` reads and `--resume` continues bit for bit (same thread count).\n"
     "Data and output:\n"
     "  --data FILE          .smi (first field per line) or .csv (see --csv-column);\n"
-    "                       default $MOLGEN_SHARED_DATA/moses_176k.smi, else\n"
-    "                       ../shared/data/moses_176k.smi\n"
+    "                       default $MOLGEN_SHARED_DATA/moses_176k.smi when that\n"
+    "                       is set, else data/moses_20k.smi (the shipped sample)\n"
     "  --csv-column NAME    CSV column with the SMILES (default smiles)\n"
     "  --out FILE           checkpoint written periodically and at the end\n"
     "                       (default out/model.safetensors, or the --resume file;\n"
@@ -949,9 +949,12 @@ int cmd_train(int argc, char **argv) {
     char data_default[4096];
     if (!c.data_path && !c.resume_path) {
         const char *dir = getenv("MOLGEN_SHARED_DATA");
-        snprintf(data_default, sizeof data_default, "%s/moses_176k.smi",
-                 dir && *dir ? dir : "../shared/data");
-        c.data_path = data_default;
+        if (dir && *dir) {
+            snprintf(data_default, sizeof data_default, "%s/moses_176k.smi", dir);
+            c.data_path = data_default;
+        } else {
+            c.data_path = "data/moses_20k.smi";
+        }
     }
     if (threads > 0 && attn_set_num_threads(threads, NULL))
         return train_usage_error("cannot use %d threads", threads);

@@ -127,7 +127,16 @@ static void test_stats(void) {
     CHECK(NEAR(s.mean_dist, dist) && NEAR(dist, L / 4.0), "uniform: distance %g expected %g", s.mean_dist, dist);
     CHECK(NEAR(s.prev, prev) && NEAR(s.bos, prev), "uniform: prev %g bos %g expected %g", s.prev, s.bos, prev);
     CHECK(NEAR(s.peak, prev) && NEAR(s.peak_uniform, prev), "uniform: peak %g", s.peak);
+    CHECK(NEAR(s.dist_uniform, dist), "uniform: dist_uniform %g", s.dist_uniform);
     CHECK(!strcmp(s.label, "diffuse"), "uniform label %s", s.label);
+
+    /* 0.45 on the previous token, 0.55 on itself: prev 0.45 -> previous-token */
+    memset(w, 0, sizeof w);
+    w[0] = 1;
+    for (int i = 1; i < L; i++) w[i * L + i - 1] = 0.45f, w[i * L + i] = 0.55f;
+    mg_head_stats_compute(w, L, 1, NULL, &s);
+    CHECK(NEAR(s.prev, 0.45) && NEAR(s.mean_dist, 0.45), "prev 0.45: prev %g dist %g", s.prev, s.mean_dist);
+    CHECK(!strcmp(s.label, "previous-token"), "prev 0.45 label %s", s.label);
 
     /* everything on BOS: distance mean(i) = L/2, label BOS-sink */
     memset(w, 0, sizeof w);
