@@ -1,7 +1,7 @@
 /* The fused path (ATTN_IMPL_FUSED) against the reference path and an fp64
  * oracle, for every instruction set the CPU runs (ATTN_FUSED_ISA=avx512,
  * avx2, portable), on random and hand-picked shapes: sizes that are not
- * multiples of the 64x64 tile, L = 1, d_k and d_v from 1 to 256, Lq != Lk,
+ * multiples of the 64-query x 96-key tile, L = 1, d_k and d_v from 1 to 256, Lq != Lk,
  * the decode kernel (Lq <= 4, keys split in chunks), strided views, every
  * mask alone and combined (causal incl. Lq < Lk and Lq > Lk, key padding incl.
  * length 0, windows, bool and additive masks in broadcast and key-major
@@ -348,7 +348,7 @@ static void test_fixed(void) {
         sh("D=256", 1, 2, 5, 7, 256, 256),
         sh("Dk=256 Dv=1", 1, 1, 70, 33, 256, 1),
         sh("non-divisible", 1, 1, 130, 70, 33, 100),
-        sh("exact tiles", 2, 1, 64, 128, 16, 16),
+        sh("exact tiles", 2, 1, 128, 192, 16, 16),
         sh("65x129", 1, 1, 65, 129, 8, 1),
         sh("Lq>Lk", 1, 1, 200, 40, 3, 7),
         sh("Lq<Lk", 1, 2, 40, 200, 32, 32),
