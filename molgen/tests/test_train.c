@@ -12,7 +12,7 @@
  *    bitwise (parameters and AdamW moments), with dropout on so the per-step
  *    dropout seeds and the batch stream position are exercised, and with
  *    validations and periodic checkpoints in between.
- * 3. SIGINT during training: checkpoint written, stop reason "signal", and
+ * 3. SIGINT and SIGTERM during training: checkpoint written, stop reason "signal", and
  *    the checkpoint resumes.
  * 4. Corrupt / truncated / foreign checkpoints, a model file without
  *    optimizer state, changed data, and a model without the causal mask are
@@ -285,12 +285,15 @@ static void test_resume(void) {
     remove(resumed);
 }
 
-static void send_sigint(int sig) {
+static volatile sig_atomic_t g_send_sig = SIGINT;
+static void send_signal(int sig) {
     (void)sig;
-    kill(getpid(), SIGINT);
+    kill(getpid(), g_send_sig);
 }
 
-static void test_signal(void) {
+/* sig (SIGINT or SIGTERM) one second into a run */
+static void test_signal(int sig) {
+    const char *name = sig == SIGINT ? "SIGINT" : "SIGTERM";
     char out[300];
     path_in_tmp(out, sizeof out, "signal.safetensors");
     mg_train_config c = small_config(out);
@@ -298,20 +301,22 @@ static void test_signal(void) {
     c.time_limit = 60; /* safety net */
     c.ckpt_every = 0;
     mg_train_install_signal_handlers();
-    signal(SIGALRM, send_sigint);
+    g_send_sig = sig;
+    signal(SIGALRM, send_signal);
     alarm(1);
     mg_train_result r;
     char err[512];
     int rc = mg_train_run(&c, &r, err, sizeof err);
     alarm(0);
     signal(SIGINT, SIG_DFL);
-    CHECK(rc == 0, "%s", err);
-    CHECK(r.stop == MG_STOP_SIGNAL, "stop reason %d after %.1f s", (int)r.stop, r.seconds);
+    signal(SIGTERM, SIG_DFL);
+    CHECK(rc == 0, "%s: %s", name, err);
+    CHECK(r.stop == MG_STOP_SIGNAL, "%s: stop reason %d after %.1f s", name, (int)r.stop, r.seconds);
     mg_model *m = NULL;
     int64_t step = -1;
     CHECK(mg_checkpoint_load(out, &m, NULL, &step, err, sizeof err) == 0, "%s", err);
     CHECK(step == r.step && step > 0, "checkpoint step %lld vs %lld", (long long)step, (long long)r.step);
-    printf("SIGINT after 1 s: stopped at step %lld, checkpoint at step %lld\n", (long long)r.step,
+    printf("%s after 1 s: stopped at step %lld, checkpoint at step %lld\n", name, (long long)r.step,
            (long long)step);
     mg_model_free(m);
     /* and it resumes */
@@ -431,7 +436,8 @@ int main(int argc, char **argv) {
     test_optim();
     test_learns();
     test_resume();
-    test_signal();
+    test_signal(SIGINT);
+    test_signal(SIGTERM);
     test_bad_checkpoints();
     remove(data1k);
     rmdir(tmpdir);
