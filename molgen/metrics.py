@@ -362,10 +362,20 @@ def compute_metrics(samples, train=None, ref=None, max_ref=MAX_REF_DEFAULT,
             gen_sub = rng.sample(valid, max_gen)
             notes.append('IntDiv, SNN, Frag, Scaf and W1 on a random %d of %d valid samples'
                          % (max_gen, len(valid)))
-        res['n_gen_used'] = len(gen_sub)
         t0 = time.time()
-        feat_gen = _flat(mapper.map(_features_many, gen_sub, 250))
+        feat_gen = [f for f in _flat(mapper.map(_features_many, gen_sub, 250)) if f is not None]
         timing['samples_features_s'] = time.time() - t0
+        # RDKit occasionally writes a canonical SMILES it cannot read back
+        if len(feat_gen) < len(gen_sub):
+            notes.append('%d valid samples have a canonical SMILES that RDKit does not '
+                         're-parse; left out of IntDiv, SNN, Frag, Scaf and W1'
+                         % (len(gen_sub) - len(feat_gen)))
+        res['n_gen_used'] = len(feat_gen)
+        if not feat_gen:
+            for k in ('IntDiv1', 'IntDiv2', 'SNN', 'Frag', 'Scaf'):
+                res[k] = None
+            res['wasserstein'] = None
+            return res
         gen_fps = np.stack([f[0] for f in feat_gen])
         t0 = time.time()
         res['IntDiv1'] = internal_diversity(gen_fps, 1)

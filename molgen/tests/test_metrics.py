@@ -137,6 +137,21 @@ def test_compute_metrics_end_to_end():
     assert any('unique@10k' in n for n in r['notes'])
 
 
+def test_sample_whose_canonical_form_does_not_reparse():
+    # A real molgen sample: RDKit parses it, but the canonical SMILES it
+    # writes (C2=C=N(C)N2C) does not parse again. It is valid, and left out
+    # of the fingerprint-based metrics with a note instead of crashing them.
+    from rdkit import Chem
+    odd = 'CC(=O)Nc1cccc(NC(=O)c2c=n(C)n2C)c1'
+    assert Chem.MolFromSmiles(Chem.MolToSmiles(Chem.MolFromSmiles(odd))) is None
+    r = M.compute_metrics([odd, 'CCO', 'c1ccccc1'], ['CCCC'], ['CCO', 'CCN'], jobs=1)
+    assert r['n_valid'] == 3 and r['n_gen_used'] == 2
+    assert r['SNN'] is not None and r['IntDiv1'] is not None
+    assert any('re-parse' in n for n in r['notes'])
+    r = M.compute_metrics([odd], ['CCCC'], ['CCO'], jobs=1)
+    assert r['validity'] == 1.0 and r['IntDiv1'] is None and r['wasserstein'] is None
+
+
 def test_cli_json_and_table(tmp_path):
     s = _write(tmp_path / 's.smi', ['CCO', 'C1CC', 'c1ccccc1O', 'CCO', ''])
     t = _write(tmp_path / 't.smi', ['# header comment', 'OCC', '', 'CCCC name'])
