@@ -169,6 +169,14 @@ def _features(smi):
     return _fp_bits(m), frags, _scaffold(m), props
 
 
+def _without_sample_features(res):
+    """res with the metrics that need sample features marked not computed."""
+    for k in ('IntDiv1', 'IntDiv2', 'SNN', 'Frag', 'Scaf'):
+        res[k] = None
+    res['wasserstein'] = None
+    return res
+
+
 def _features_many(chunk):
     _quiet_rdkit()
     return [_features(s) for s in chunk]
@@ -350,10 +358,7 @@ def compute_metrics(samples, train=None, ref=None, max_ref=MAX_REF_DEFAULT,
 
         if not valid:
             notes.append('no valid samples: the remaining metrics are not computed')
-            for k in ('IntDiv1', 'IntDiv2', 'SNN', 'Frag', 'Scaf'):
-                res[k] = None
-            res['wasserstein'] = None
-            return res
+            return _without_sample_features(res)
 
         # features (fingerprint, fragments, scaffold, properties) of at most
         # max_gen valid samples, each parsed once
@@ -365,17 +370,16 @@ def compute_metrics(samples, train=None, ref=None, max_ref=MAX_REF_DEFAULT,
         t0 = time.time()
         feat_gen = [f for f in _flat(mapper.map(_features_many, gen_sub, 250)) if f is not None]
         timing['samples_features_s'] = time.time() - t0
-        # RDKit occasionally writes a canonical SMILES it cannot read back
+        # RDKit occasionally writes a canonical SMILES it cannot read back;
+        # features from the SMILES as sampled are no way out (for the one
+        # seen, c2c=n(C)n2C, RDKit's feature code raises a valence error)
         if len(feat_gen) < len(gen_sub):
             notes.append('%d valid samples have a canonical SMILES that RDKit does not '
                          're-parse; left out of IntDiv, SNN, Frag, Scaf and W1'
                          % (len(gen_sub) - len(feat_gen)))
         res['n_gen_used'] = len(feat_gen)
         if not feat_gen:
-            for k in ('IntDiv1', 'IntDiv2', 'SNN', 'Frag', 'Scaf'):
-                res[k] = None
-            res['wasserstein'] = None
-            return res
+            return _without_sample_features(res)
         gen_fps = np.stack([f[0] for f in feat_gen])
         t0 = time.time()
         res['IntDiv1'] = internal_diversity(gen_fps, 1)
