@@ -8,22 +8,24 @@
 #include <omp.h>
 #endif
 
-/* out [R, C] = (inp - mean) * rstd * w + b;  mean, rstd [R] kept unless NULL. */
-void mg_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
-                          const float *w, const float *b, int64_t R, int C, int nt) {
-#pragma omp parallel for num_threads(nt) schedule(static)
-    for (int64_t r = 0; r < R; r++) {
+/* The row loops are cloned (MG_CLONES in layers.h). Their sums are OpenMP
+ * simd reductions: vectorised (an in-order sum is a serial chain of adds),
+ * in an order fixed by the clone, so the same on every run of a machine. */
+
+/* LayerNorm forward of rows [r0, r1). */
+MG_CLONES static void layernorm_forward_rows(float *out, float *mean, float *rstd, const float *inp,
+                                             const float *w, const float *b, int64_t r0,
+                                             int64_t r1, int C) {
+    for (int64_t r = r0; r < r1; r++) {
         const float *x = inp + r * C;
-        float m = 0.0f;
-        for (int i = 0; i < C; i++) m += x[i];
-        m /= (float)C;
-        float v = 0.0f;
-        for (int i = 0; i < C; i++) {
-            float xm = x[i] - m;
-            v += xm * xm;
-        }
-        v /= (float)C;
-        const float s = 1.0f / sqrtf(v + MG_LN_EPS);
+        float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+        for (int i = 0; i < C; i++) sum += x[i];
+        const float m = sum / (float)C;
+        float var = 0.0f;
+#pragma omp simd reduction(+ : var)
+        for (int i = 0; i < C; i++) var += (x[i] - m) * (x[i] - m);
+        const float s = 1.0f / sqrtf(var / (float)C + MG_LN_EPS);
         float *o = out + r * C;
         for (int i = 0; i < C; i++) o[i] = (x[i] - m) * s * w[i] + b[i];
         if (mean) mean[r] = m;
@@ -31,41 +33,68 @@ void mg_layernorm_forward(float *out, float *mean, float *rstd, const float *inp
     }
 }
 
-/* dinp [R, C] += LayerNorm backward of dout; dw, db [C] +=.
- * dinp is parallel over rows; dw/db over channel ranges (fixed order). */
-void mg_layernorm_backward(float *dinp, float *dw, float *db, const float *dout,
-                           const float *inp, const float *w, const float *mean,
-                           const float *rstd, int64_t R, int C, int nt) {
-#pragma omp parallel for num_threads(nt) schedule(static)
-    for (int64_t r = 0; r < R; r++) {
+/* out [R, C] = (inp - mean) * rstd * w + b;  mean, rstd [R] kept unless NULL. */
+void mg_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                          const float *w, const float *b, int64_t R, int C, int nt) {
+#pragma omp parallel num_threads(nt)
+    {
+        int64_t r0, r1;
+        mg_thread_range(R, &r0, &r1);
+        layernorm_forward_rows(out, mean, rstd, inp, w, b, r0, r1, C);
+    }
+}
+
+/* d(inp) of rows [r0, r1), added to dinp. */
+MG_CLONES static void layernorm_backward_rows(float *dinp, const float *dout, const float *inp,
+                                              const float *w, const float *mean,
+                                              const float *rstd, int64_t r0, int64_t r1, int C) {
+    for (int64_t r = r0; r < r1; r++) {
         const float *g = dout + r * C, *x = inp + r * C;
         const float m = mean[r], s = rstd[r];
-        float mean_dn = 0.0f, mean_dnx = 0.0f; /* mean(dnorm), mean(dnorm * norm) */
+        float dn_sum = 0.0f, dnx_sum = 0.0f; /* sums of dnorm, dnorm * norm */
+#pragma omp simd reduction(+ : dn_sum, dnx_sum)
         for (int i = 0; i < C; i++) {
-            float dn = g[i] * w[i];
-            mean_dn += dn;
-            mean_dnx += dn * (x[i] - m) * s;
+            const float dn = g[i] * w[i];
+            dn_sum += dn;
+            dnx_sum += dn * (x[i] - m) * s;
         }
-        mean_dn /= (float)C;
-        mean_dnx /= (float)C;
+        const float mean_dn = dn_sum / (float)C, mean_dnx = dnx_sum / (float)C;
         float *di = dinp + r * C;
         for (int i = 0; i < C; i++) {
-            float nrm = (x[i] - m) * s;
+            const float nrm = (x[i] - m) * s;
             di[i] += s * (g[i] * w[i] - mean_dn - nrm * mean_dnx);
         }
     }
+}
+
+/* dw, db [c0, c1) += the sums over all R rows (in row order). */
+MG_CLONES static void layernorm_backward_params(float *dw, float *db, const float *dout,
+                                                const float *inp, const float *mean,
+                                                const float *rstd, int64_t R, int C, int64_t c0,
+                                                int64_t c1) {
+    for (int64_t r = 0; r < R; r++) {
+        const float *g = dout + r * C, *x = inp + r * C;
+        const float m = mean[r], s = rstd[r];
+        for (int64_t i = c0; i < c1; i++) {
+            dw[i] += g[i] * (x[i] - m) * s;
+            db[i] += g[i];
+        }
+    }
+}
+
+/* dinp [R, C] += LayerNorm backward of dout; dw, db [C] +=.
+ * dinp is split over rows; dw/db over channel ranges (each sums its channels
+ * over all rows in row order), in one parallel region. */
+void mg_layernorm_backward(float *dinp, float *dw, float *db, const float *dout,
+                           const float *inp, const float *w, const float *mean,
+                           const float *rstd, int64_t R, int C, int nt) {
 #pragma omp parallel num_threads(nt)
     {
-        int64_t c0, c1;
+        int64_t r0, r1, c0, c1;
+        mg_thread_range(R, &r0, &r1);
         mg_thread_range(C, &c0, &c1);
-        for (int64_t r = 0; r < R; r++) {
-            const float *g = dout + r * C, *x = inp + r * C;
-            const float m = mean[r], s = rstd[r];
-            for (int64_t i = c0; i < c1; i++) {
-                dw[i] += g[i] * (x[i] - m) * s;
-                db[i] += g[i];
-            }
-        }
+        layernorm_backward_rows(dinp, dout, inp, w, mean, rstd, r0, r1, C);
+        layernorm_backward_params(dw, db, dout, inp, mean, rstd, R, C, c0, c1);
     }
 }
 
@@ -165,15 +194,8 @@ static inline float fast_sigmoid(float z) {
     return inv * (1.0f + (float)neg * (t - 1.0f));
 }
 
-/* The GELU loops are compiled for AVX-512, AVX2 and baseline x86-64 and
- * picked at load time (GCC's target_clones), since molgen is built for the
- * baseline: as 4-wide SSE loops they were ~10% of a training step (perf).
- * Other compilers and CPUs: one version. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define MG_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define MG_CLONES
-#endif
+/* The GELU loops are cloned like the LayerNorm loops: as 4-wide SSE loops
+ * they were ~10% of a training step (perf). */
 
 /* out [n] = 0.5 x (1 + tanh(u)),  u = k (x + 0.044715 x³),
  * computed as x * sigmoid(2u) (the same function: 0.5 (1 + tanh(u)) =

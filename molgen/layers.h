@@ -7,6 +7,15 @@
 
 #include <stdint.h>
 
+/* Element loops compiled for AVX-512, AVX2 and baseline x86-64, picked at
+ * load time (GCC's target_clones): molgen is built for the baseline, where
+ * they run 4 wide. Other compilers and CPUs: one version. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define MG_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define MG_CLONES
+#endif
+
 #define MG_LN_EPS 1e-5f /* LayerNorm epsilon, PyTorch's default */
 
 /* Inside an OpenMP parallel region: this thread's share [lo, hi) of n items,
