@@ -215,10 +215,12 @@ struct mg_model {
     int32_t *inputs;   /* [B, L] */
     int32_t *targets;  /* [B, L] */
     int64_t *key_len;  /* [B] valid input positions per row */
+    int64_t *rows;     /* [Rv] padded row b*L + t of each valid position */
 
     /* The last forward, for the backward. */
     int have_forward;
     int B, L, training;
+    int64_t Rv; /* valid positions */
     uint64_t seed;
     int64_t ntok;
 };
@@ -345,6 +347,8 @@ static void free_acts(mg_model *m) {
     free(m->inputs);
     free(m->targets);
     free(m->key_len);
+    free(m->rows);
+    m->rows = NULL;
     m->act_mem = NULL;
     m->acts = NULL;
     m->inputs = m->targets = NULL;
@@ -448,8 +452,10 @@ static int ensure_acts(mg_model *m, size_t R, size_t B, size_t slots, char *err,
     m->inputs = malloc(R * sizeof(int32_t));
     m->targets = malloc(R * sizeof(int32_t));
     m->key_len = malloc(B * sizeof(int64_t));
+    m->rows = malloc(R * sizeof(int64_t));
     m->attn_gbuf = malloc((B + ATTN_CHUNK - 1) / ATTN_CHUNK * m->mha_count * sizeof(float));
-    if (!m->act_mem || !m->acts || !m->inputs || !m->targets || !m->key_len || !m->attn_gbuf) {
+    if (!m->act_mem || !m->acts || !m->inputs || !m->targets || !m->key_len || !m->rows ||
+        !m->attn_gbuf) {
         free_acts(m);
         return mg_fail(err, errlen, MG_MODEL_ERR_NOMEM,
                     "out of memory for activations (%zu rows, %zu floats)", R, total);
@@ -501,34 +507,87 @@ static int ensure_acts(mg_model *m, size_t R, size_t B, size_t slots, char *err,
 
 /* ------------------------------------------------------------ layers */
 
-/* Token + position embedding.
- * out [B, L, d] = tok_emb[inp[b, t]] + pos_emb[t];  inp [B, L] */
+/* The network runs on the Rv valid positions only ("compact" rows: row r
+ * is position rows[r] = b*L + t of the padded [B, L] batch, t < key_len[b]);
+ * padding costs nothing outside attention, which takes the padded layout
+ * (its key-padding mask hides the padded keys). */
+
+/* rows [Rv] from key_len [B]; returns Rv. */
+static int64_t valid_rows(int64_t *rows, const int64_t *key_len, int B, int L) {
+    int64_t n = 0;
+    for (int b = 0; b < B; b++)
+        for (int64_t t = 0; t < key_len[b]; t++) rows[n++] = (int64_t)b * L + t;
+    return n;
+}
+
+/* dst [B, L, C] = src [Rv, C] at the valid positions, zero at the padding
+ * (dst must not overlap src). */
+static void scatter_rows(float *dst, const float *src, const int64_t *key_len, int B, int L,
+                         int C) {
+    int64_t off = 0;
+    for (int b = 0; b < B; b++) {
+        const int64_t kl = key_len[b];
+        float *o = dst + (int64_t)b * L * C;
+        memcpy(o, src + off * C, (size_t)(kl * C) * sizeof(float));
+        memset(o + kl * C, 0, (size_t)((L - kl) * C) * sizeof(float));
+        off += kl;
+    }
+}
+
+/* x [Rv, C] = x [B, L, C] at the valid positions, in place (row r moves
+ * down to r <= rows[r], in increasing order, so no source is overwritten
+ * before it is read). */
+static void gather_rows_inplace(float *x, const int64_t *rows, int64_t Rv, int C) {
+    for (int64_t r = 0; r < Rv; r++)
+        if (rows[r] != r) memcpy(x + r * C, x + rows[r] * C, (size_t)C * sizeof(float));
+}
+
+/* Token + position embedding of the valid positions.
+ * out [Rv, d] = tok_emb[inp[p]] + pos_emb[p % L], p = rows[r];  inp [B, L] */
 static void encoder_forward(float *out, const int32_t *inp, const float *tok_emb,
-                            const float *pos_emb, int B, int L, int d, int nt) {
+                            const float *pos_emb, const int64_t *rows, int64_t Rv, int L, int d,
+                            int nt) {
 #pragma omp parallel for num_threads(nt) schedule(static)
-    for (int64_t r = 0; r < (int64_t)B * L; r++) {
-        const float *te = tok_emb + (int64_t)inp[r] * d, *pe = pos_emb + (r % L) * d;
+    for (int64_t r = 0; r < Rv; r++) {
+        const int64_t p = rows[r];
+        const float *te = tok_emb + (int64_t)inp[p] * d, *pe = pos_emb + (p % L) * d;
         float *o = out + r * d;
         for (int c = 0; c < d; c++) o[c] = te[c] + pe[c];
     }
 }
 
-/* dtok_emb [V, d] += scatter of dout by token; dpos_emb [ctx, d] += sum over
- * the batch. Each thread owns a range of channels: no races, fixed order. */
+/* dtok_emb [V, d] += scatter of dout [Rv, d] by token; dpos_emb [ctx, d] +=
+ * sum over the batch. Each thread owns a range of channels: no races, fixed
+ * order. */
 static void encoder_backward(float *dtok_emb, float *dpos_emb, const float *dout,
-                             const int32_t *inp, int B, int L, int d, int nt) {
+                             const int32_t *inp, const int64_t *rows, int64_t Rv, int L, int d,
+                             int nt) {
 #pragma omp parallel num_threads(nt)
     {
         int64_t c0, c1;
         mg_thread_range(d, &c0, &c1);
-        for (int64_t r = 0; r < (int64_t)B * L; r++) {
+        for (int64_t r = 0; r < Rv; r++) {
+            const int64_t p = rows[r];
             const float *g = dout + r * d;
-            float *dt = dtok_emb + (int64_t)inp[r] * d, *dp = dpos_emb + (r % L) * d;
+            float *dt = dtok_emb + (int64_t)inp[p] * d, *dp = dpos_emb + (p % L) * d;
             for (int64_t c = c0; c < c1; c++) {
                 dt[c] += g[c];
                 dp[c] += g[c];
             }
         }
+    }
+}
+
+/* The attention branch's residual: out [Rv, d] = a + branch[rows[r]] * mask,
+ * branch [B, L, d] in the padded layout (out may alias a). */
+static void residual_gather_forward(float *out, const float *a, const float *branch,
+                                    const float *mask, const int64_t *rows, int64_t Rv, int d,
+                                    int nt) {
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int64_t r = 0; r < Rv; r++) {
+        const float *br = branch + rows[r] * d;
+        for (int c = 0; c < d; c++)
+            out[r * d + c] = a[r * d + c] + (mask ? br[c] * mask[r * d + c] : br[c]);
     }
 }
 
@@ -567,23 +626,18 @@ static void mul_inplace(float *x, const float *mask, int64_t N, int nt) {
     for (int64_t i = 0; i < N; i++) x[i] *= mask[i];
 }
 
-/* Softmax cross-entropy over rows r = (b, t) with t < key_len[b].
- * logits [B, L, V] -> probs [B, L, V] (zero rows where not counted; probs
- * may alias logits),
- * row_loss [B, L]; returns the sum of the losses (double, fixed order). */
+/* Softmax cross-entropy over the Rv valid rows; target of row r is
+ * targets[rows[r]]. logits [Rv, V] -> probs [Rv, V] (probs may alias
+ * logits), row_loss [Rv]; returns the sum of the losses (double, fixed
+ * order). */
 static double crossentropy_forward(float *probs, float *row_loss, const float *logits,
-                                   const int32_t *targets, const int64_t *key_len, int B, int L,
-                                   int V, int nt) {
+                                   const int32_t *targets, const int64_t *rows, int64_t Rv, int V,
+                                   int nt) {
 #pragma omp parallel for num_threads(nt) schedule(static)
-    for (int64_t r = 0; r < (int64_t)B * L; r++) {
+    for (int64_t r = 0; r < Rv; r++) {
         const float *lg = logits + r * V;
         float *pr = probs + r * V;
-        if ((r % L) >= key_len[r / L]) {
-            memset(pr, 0, (size_t)V * sizeof(float));
-            row_loss[r] = 0.0f;
-            continue;
-        }
-        const float target_logit = lg[targets[r]]; /* before probs overwrite logits */
+        const float target_logit = lg[targets[rows[r]]]; /* before probs overwrite logits */
         float mx = -INFINITY;
         for (int v = 0; v < V; v++) mx = lg[v] > mx ? lg[v] : mx;
         float sum = 0.0f;
@@ -596,20 +650,18 @@ static double crossentropy_forward(float *probs, float *row_loss, const float *l
         row_loss[r] = mx + logf(sum) - target_logit;
     }
     double total = 0.0;
-    for (int64_t r = 0; r < (int64_t)B * L; r++) total += row_loss[r];
+    for (int64_t r = 0; r < Rv; r++) total += row_loss[r];
     return total;
 }
 
-/* dlogits [B, L, V] = (probs - onehot(target)) / ntok on counted rows, in
- * place over probs (uncounted rows are already zero). */
-static void crossentropy_backward(float *probs, const int32_t *targets, const int64_t *key_len,
-                                  int B, int L, int V, int64_t ntok, int nt) {
+/* dlogits [Rv, V] = (probs - onehot(target)) / ntok, in place over probs. */
+static void crossentropy_backward(float *probs, const int32_t *targets, const int64_t *rows,
+                                  int64_t Rv, int V, int64_t ntok, int nt) {
     const float inv = 1.0f / (float)ntok;
 #pragma omp parallel for num_threads(nt) schedule(static)
-    for (int64_t r = 0; r < (int64_t)B * L; r++) {
-        if ((r % L) >= key_len[r / L]) continue;
+    for (int64_t r = 0; r < Rv; r++) {
         float *pr = probs + r * V;
-        pr[targets[r]] -= 1.0f;
+        pr[targets[rows[r]]] -= 1.0f;
         for (int v = 0; v < V; v++) pr[v] *= inv;
     }
 }
@@ -717,12 +769,14 @@ static int attention_backward(mg_model *m, int layer, int B, int L, const float 
     return 0;
 }
 
-/* The network on m->inputs [B, L] and m->key_len [B]. keep != 0: one
- * activation slot per block (for the backward), else all blocks reuse slot 0
- * and the residual stream is updated in place. Logits go to `logits`
- * [B, L, V]; attention probabilities to attn_weights [N, B, H, L, L] if given. */
-static int forward_core(mg_model *m, int B, int L, int keep, int training, uint64_t seed,
-                        float *logits, float *attn_weights, char *err, size_t errlen) {
+/* The network on m->inputs [B, L] and m->key_len [B], over the Rv valid
+ * positions m->rows. keep != 0: one activation slot per block (for the
+ * backward), else all blocks reuse slot 0 and the residual stream is updated
+ * in place. Logits [Rv, V] go to `logits`; attention probabilities to
+ * attn_weights [N, B, H, L, L] if given. */
+static int forward_core(mg_model *m, int B, int L, int64_t Rv, int keep, int training,
+                        uint64_t seed, float *logits, float *attn_weights, char *err,
+                        size_t errlen) {
     const int nt = threads_now();
     const int N = m->cfg.n_layer, d = m->cfg.d_model, F = 4 * d, V = m->cfg.vocab_size;
     const int64_t R = (int64_t)B * L;
@@ -736,11 +790,11 @@ static int forward_core(mg_model *m, int B, int L, int keep, int training, uint6
         return mg_fail(err, errlen, MG_MODEL_ERR, "attention cache larger than planned (%zu floats)",
                     cache_need);
 
-    float *x = m->acts[0].x; /* [B, L, d] the residual stream */
-    encoder_forward(x, m->inputs, m->p.tok_emb, m->p.pos_emb, B, L, d, nt);
+    float *x = m->acts[0].x; /* [Rv, d] the residual stream */
+    encoder_forward(x, m->inputs, m->p.tok_emb, m->p.pos_emb, m->rows, Rv, L, d, nt);
     if (drop) {
-        dropout_mask(m->emb_drop, R * d, p_drop, seed, 0, nt);
-        mul_inplace(x, m->emb_drop, R * d, nt);
+        dropout_mask(m->emb_drop, Rv * d, p_drop, seed, 0, nt);
+        mul_inplace(x, m->emb_drop, Rv * d, nt);
     }
     for (int l = 0; l < N; l++) {
         block_acts *a = &m->acts[keep ? l : 0];
@@ -750,25 +804,30 @@ static int forward_core(mg_model *m, int B, int L, int keep, int training, uint6
         float *out = keep ? (l + 1 < N ? m->acts[l + 1].x : m->x_final) : a->x;
         const float *in = a->x;
 
-        mg_layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, in, bp->ln1_w, bp->ln1_b, R, d, nt);
+        /* ln1 [B, L, d] is kept padded: attention reads it in the forward
+         * and again in the backward. */
+        mg_layernorm_forward(m->scratch, a->ln1_mean, a->ln1_rstd, in, bp->ln1_w, bp->ln1_b, Rv, d,
+                             nt);
+        scatter_rows(a->ln1, m->scratch, m->key_len, B, L, d);
         float *wts = attn_weights ? attn_weights + (size_t)l * B * m->cfg.n_head * L * L : NULL;
         int rc = attention_forward(m, l, B, L, a->ln1, m->scratch, a->attn_cache, wts, training,
                                    seed, nt, err, errlen);
         if (rc) return rc;
-        if (drop) dropout_mask(a->drop_attn, R * d, p_drop, seed, 1 + 2 * (uint64_t)l, nt);
-        residual_forward(a->x_mid, in, m->scratch, drop ? a->drop_attn : NULL, R * d, nt);
+        if (drop) dropout_mask(a->drop_attn, Rv * d, p_drop, seed, 1 + 2 * (uint64_t)l, nt);
+        residual_gather_forward(a->x_mid, in, m->scratch, drop ? a->drop_attn : NULL, m->rows, Rv,
+                                d, nt);
 
-        mg_layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->x_mid, bp->ln2_w, bp->ln2_b, R, d,
-                          nt);
-        mg_matmul_forward(a->fc, a->ln2, bp->fc_w, bp->fc_b, R, d, F, nt);
-        mg_gelu_forward(a->gelu, a->fc, R * F, nt);
-        mg_matmul_forward(m->scratch, a->gelu, bp->proj_w, bp->proj_b, R, F, d, nt);
-        if (drop) dropout_mask(a->drop_mlp, R * d, p_drop, seed, 2 + 2 * (uint64_t)l, nt);
-        residual_forward(out, a->x_mid, m->scratch, drop ? a->drop_mlp : NULL, R * d, nt);
+        mg_layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->x_mid, bp->ln2_w, bp->ln2_b, Rv,
+                             d, nt);
+        mg_matmul_forward(a->fc, a->ln2, bp->fc_w, bp->fc_b, Rv, d, F, nt);
+        mg_gelu_forward(a->gelu, a->fc, Rv * F, nt);
+        mg_matmul_forward(m->scratch, a->gelu, bp->proj_w, bp->proj_b, Rv, F, d, nt);
+        if (drop) dropout_mask(a->drop_mlp, Rv * d, p_drop, seed, 2 + 2 * (uint64_t)l, nt);
+        residual_forward(out, a->x_mid, m->scratch, drop ? a->drop_mlp : NULL, Rv * d, nt);
     }
     const float *xf = keep ? m->x_final : m->acts[0].x;
-    mg_layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, xf, m->p.lnf_w, m->p.lnf_b, R, d, nt);
-    mg_matmul_forward(logits, m->lnf, m->p.head_w, m->p.head_b, R, d, V, nt);
+    mg_layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, xf, m->p.lnf_w, m->p.lnf_b, Rv, d, nt);
+    mg_matmul_forward(logits, m->lnf, m->p.head_w, m->p.head_b, Rv, d, V, nt);
     return 0;
 }
 
@@ -802,17 +861,19 @@ int mg_model_forward(mg_model *m, const int32_t *ids, const int64_t *lengths, in
             if (t > 0) m->targets[(int64_t)b * L + t - 1] = id;
         }
     }
+    const int64_t Rv = valid_rows(m->rows, m->key_len, B, L);
     /* The logits go where the probabilities will be: softmax is done in
      * place row by row. */
-    rc = forward_core(m, B, L, 1, training, dropout_seed, m->probs, NULL, err, errlen);
+    rc = forward_core(m, B, L, Rv, 1, training, dropout_seed, m->probs, NULL, err, errlen);
     if (rc) return rc;
     const double total = crossentropy_forward(m->probs, m->row_loss, m->probs, m->targets,
-                                              m->key_len, B, L, V, threads_now());
+                                              m->rows, Rv, V, threads_now());
     *loss = (float)(total / (double)count);
     if (ntok) *ntok = count;
     m->have_forward = 1;
     m->B = B;
     m->L = L;
+    m->Rv = Rv;
     m->training = training;
     m->seed = dropout_seed;
     m->ntok = count;
@@ -829,16 +890,17 @@ int mg_model_backward(mg_model *m, char *err, size_t errlen) {
     const int nt = threads_now();
     const int B = m->B, L = m->L, N = m->cfg.n_layer, d = m->cfg.d_model, F = 4 * d;
     const int V = m->cfg.vocab_size;
-    const int64_t R = (int64_t)B * L;
+    const int64_t R = (int64_t)B * L, Rv = m->Rv;
     const int drop = m->training && m->cfg.dropout > 0.0f;
     memset(m->grads, 0, m->num_params * sizeof(float));
 
-    float *dlogits = m->probs; /* [B, L, V] */
-    crossentropy_backward(dlogits, m->targets, m->key_len, B, L, V, m->ntok, nt);
-    mg_matmul_backward(m->dln, m->g.head_w, m->g.head_b, dlogits, m->lnf, m->p.head_w, R, d, V, nt);
-    memset(m->dx, 0, (size_t)R * d * sizeof(float));
+    /* Every buffer holds the Rv valid rows, except around attention. */
+    float *dlogits = m->probs; /* [Rv, V] */
+    crossentropy_backward(dlogits, m->targets, m->rows, Rv, V, m->ntok, nt);
+    mg_matmul_backward(m->dln, m->g.head_w, m->g.head_b, dlogits, m->lnf, m->p.head_w, Rv, d, V, nt);
+    memset(m->dx, 0, (size_t)Rv * d * sizeof(float));
     mg_layernorm_backward(m->dx, m->g.lnf_w, m->g.lnf_b, m->dln, m->x_final, m->p.lnf_w, m->lnf_mean,
-                       m->lnf_rstd, R, d, nt);
+                       m->lnf_rstd, Rv, d, nt);
 
     for (int l = N - 1; l >= 0; l--) {
         /* m->dx holds the gradient of block l's output. */
@@ -847,25 +909,29 @@ int mg_model_backward(mg_model *m, char *err, size_t errlen) {
         const block_params *bg = &m->g.blocks[l];
 
         /* MLP branch: out = x_mid + drop(proj(gelu(fc(ln2(x_mid))))) */
-        residual_branch_backward(m->dbranch, m->dx, drop ? a->drop_mlp : NULL, R * d, nt);
-        mg_matmul_backward(m->dfc, bg->proj_w, bg->proj_b, m->dbranch, a->gelu, bp->proj_w, R, F, d,
-                        nt);
-        mg_gelu_backward(m->dfc, a->fc, m->dfc, R * F, nt);
-        mg_matmul_backward(m->dln, bg->fc_w, bg->fc_b, m->dfc, a->ln2, bp->fc_w, R, d, F, nt);
+        residual_branch_backward(m->dbranch, m->dx, drop ? a->drop_mlp : NULL, Rv * d, nt);
+        mg_matmul_backward(m->dfc, bg->proj_w, bg->proj_b, m->dbranch, a->gelu, bp->proj_w, Rv, F,
+                           d, nt);
+        mg_gelu_backward(m->dfc, a->fc, m->dfc, Rv * F, nt);
+        mg_matmul_backward(m->dln, bg->fc_w, bg->fc_b, m->dfc, a->ln2, bp->fc_w, Rv, d, F, nt);
         mg_layernorm_backward(m->dx, bg->ln2_w, bg->ln2_b, m->dln, a->x_mid, bp->ln2_w, a->ln2_mean,
-                           a->ln2_rstd, R, d, nt);
+                           a->ln2_rstd, Rv, d, nt);
 
-        /* Attention branch: x_mid = x + drop(MHA(ln1(x))) */
-        residual_branch_backward(m->dbranch, m->dx, drop ? a->drop_attn : NULL, R * d, nt);
+        /* Attention branch: x_mid = x + drop(MHA(ln1(x))), in the padded
+         * layout: d(branch) [B, L, d] goes to dfc (free here), d(ln1)
+         * [B, L, d] to dln, then back to the valid rows. */
+        residual_branch_backward(m->dbranch, m->dx, drop ? a->drop_attn : NULL, Rv * d, nt);
+        scatter_rows(m->dfc, m->dbranch, m->key_len, B, L, d);
         memset(m->dln, 0, (size_t)R * d * sizeof(float));
-        int rc = attention_backward(m, l, B, L, a->ln1, m->dbranch, m->dln, a->attn_cache,
-                                    m->training, m->seed, nt, err, errlen);
+        int rc = attention_backward(m, l, B, L, a->ln1, m->dfc, m->dln, a->attn_cache, m->training,
+                                    m->seed, nt, err, errlen);
         if (rc) return rc;
+        gather_rows_inplace(m->dln, m->rows, Rv, d);
         mg_layernorm_backward(m->dx, bg->ln1_w, bg->ln1_b, m->dln, a->x, bp->ln1_w, a->ln1_mean,
-                           a->ln1_rstd, R, d, nt);
+                           a->ln1_rstd, Rv, d, nt);
     }
-    if (drop) mul_inplace(m->dx, m->emb_drop, R * d, nt);
-    encoder_backward(m->g.tok_emb, m->g.pos_emb, m->dx, m->inputs, B, L, d, nt);
+    if (drop) mul_inplace(m->dx, m->emb_drop, Rv * d, nt);
+    encoder_backward(m->g.tok_emb, m->g.pos_emb, m->dx, m->inputs, m->rows, Rv, L, d, nt);
     return 0;
 }
 
@@ -895,7 +961,18 @@ int mg_model_logits(mg_model *m, const int32_t *ids, const int64_t *lengths, int
                         (long long)(r / L), (long long)(r % L), (int)ids[r], m->cfg.vocab_size);
         m->inputs[r] = ids[r];
     }
-    return forward_core(m, B, L, 0, 0, 0, logits, attn_weights, err, errlen);
+    const int64_t Rv = valid_rows(m->rows, m->key_len, B, L);
+    rc = forward_core(m, B, L, Rv, 0, 0, 0, logits, attn_weights, err, errlen);
+    if (rc) return rc;
+    /* logits [Rv, V] -> [B, L, V] in place: rows move up (rows[r] >= r), the
+     * last first, so none is overwritten before it moves; padding zeroed. */
+    const int V = m->cfg.vocab_size;
+    for (int64_t r = Rv - 1; r >= 0; r--)
+        if (m->rows[r] != r) memcpy(logits + m->rows[r] * V, logits + r * V, (size_t)V * sizeof(float));
+    for (int b = 0; b < B; b++)
+        memset(logits + ((int64_t)b * L + m->key_len[b]) * V, 0,
+               (size_t)((L - m->key_len[b]) * V) * sizeof(float));
+    return 0;
 }
 
 /* ------------------------------------------------------------ causal guard */

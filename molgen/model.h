@@ -6,6 +6,11 @@
  *             x += drop(MLP(LN2(x)))     fc [4d, d] -> GELU(tanh) -> proj [d, 4d]
  *   logits  = LN_f(x) head.weightᵀ + head.bias                    [B, L, V]
  *
+ * Only the valid positions (t < the row's length) are computed: every layer
+ * but attention runs on them packed as rows [Rv, d], so padding costs
+ * nothing there; attention takes the padded [B, L, d] layout and masks the
+ * padded keys.
+ *
  * LayerNorm eps 1e-5 (PyTorch's default); GELU is the tanh approximation
  * (GPT-2; torch.nn.functional.gelu(x, approximate="tanh")). The head is not
  * tied to tok_emb. molgen/torch_model.py is the same model in PyTorch.
@@ -148,7 +153,7 @@ int mg_model_backward(mg_model *m, char *err, size_t errlen);
  *   lengths [B]      valid positions per row in [1, L] (key padding), or
  *                    NULL: all L (with the causal mask, keys after a
  *                    position never matter, so NULL is right for sampling)
- *   logits  [B, L, V] out
+ *   logits  [B, L, V] out; zero at padded positions t >= lengths[b]
  *   attn_weights  optional [n_layer, B, H, L, L]: each block's attention
  *                 probabilities per head (rows of padded queries included).
  * Position t's logits predict token t + 1. */
