@@ -11,6 +11,7 @@
 
 #include "attn.h"
 #include "cli_util.h"
+#include "data.h"
 #include "model.h"
 #include "optim.h"
 #include "sample.h"
@@ -60,8 +61,44 @@ static uint64_t splitmix(uint64_t *s) {
     return z ^ (z >> 31);
 }
 
-/* Training steps on random full rows. */
-static int bench_train(mg_model *m, int B, int steps, int warmup, int runs, bench_result *r,
+/* The training batches of `molgen bench --data`: nbatch * B rows [T] and
+ * their lengths, the file's molecules in order (repeated if it is short;
+ * molecules that do not encode in v within T are passed over). */
+static int load_bench_rows(const char *path, const mg_vocab *v, int T, size_t need,
+                           int32_t **rows_out, int64_t **len_out, char *err, size_t errlen) {
+    mg_smiles_list list;
+    memset(&list, 0, sizeof list);
+    if (mg_read_smiles(path, NULL, &list, NULL, err, errlen)) return -1;
+    int32_t *rows = malloc(need * (size_t)T * sizeof *rows);
+    int64_t *len = malloc(need * sizeof *len);
+    size_t k = 0, failed_in_a_row = 0;
+    for (size_t i = 0; rows && len && k < need && failed_in_a_row < list.n; i = (i + 1) % list.n) {
+        char e[128];
+        if (mg_encode_row(v, list.smiles[i], T, rows + k * (size_t)T, len + k, e, sizeof e) == 0) {
+            k++;
+            failed_in_a_row = 0;
+        } else {
+            failed_in_a_row++;
+        }
+    }
+    mg_smiles_list_free(&list);
+    if (!rows || !len || k < need) {
+        free(rows);
+        free(len);
+        snprintf(err, errlen, !rows || !len ? "out of memory"
+                                            : "%s: no molecule encodes in the model's vocabulary "
+                                              "within %d positions", path, T);
+        return -1;
+    }
+    *rows_out = rows;
+    *len_out = len;
+    return 0;
+}
+
+/* Training steps on random full rows, or (data_rows != NULL) on batches of
+ * real molecules, each cut to its longest row, counting the real targets. */
+static int bench_train(mg_model *m, int B, int steps, int warmup, int runs,
+                       const int32_t *data_rows, const int64_t *data_len, bench_result *r,
                        char *err, size_t errlen) {
     const mg_model_config *c = mg_model_get_config(m);
     const int T = c->ctx_len + 1, V = c->vocab_size;
@@ -102,7 +139,18 @@ static int bench_train(mg_model *m, int B, int steps, int warmup, int runs, benc
         const double t0 = now_s();
         for (int k = 0; k < steps; k++, step++) {
             int64_t ntok = 0;
-            if (mg_model_forward(m, ids, len, B, T, 1, (uint64_t)step, &loss, &ntok, err, errlen) ||
+            int Tb = T;
+            if (data_rows) { /* batch `step` of the file's rows, [B, Tb] */
+                Tb = 2;
+                for (int b = 0; b < B; b++) {
+                    len[b] = data_len[step * B + b];
+                    Tb = len[b] > Tb ? (int)len[b] : Tb;
+                }
+                for (int b = 0; b < B; b++)
+                    memcpy(ids + (size_t)b * Tb, data_rows + ((size_t)step * B + b) * T,
+                           (size_t)Tb * sizeof *ids);
+            }
+            if (mg_model_forward(m, ids, len, B, Tb, 1, (uint64_t)step, &loss, &ntok, err, errlen) ||
                 mg_model_backward(m, err, errlen) ||
                 mg_adamw_step(&opt, mg_model_params(m), mg_model_grads(m), NULL, NULL, err, errlen))
                 goto done;
@@ -152,7 +200,7 @@ static int bench_sample(mg_model *m, const mg_vocab *v, mg_decode_kind kind, int
 static const char *BENCH_USAGE =
     "usage: molgen bench [--molgpt] [--model FILE] [--batch B] [--ctx L] [--runs R]\n"
     "                    [--warmup W] [--steps S] [--sample-n N] [--naive-n N]\n"
-    "                    [--threads N] [--no-train] [--no-sample] [--json]\n"
+    "                    [--threads N] [--data FILE] [--no-train] [--no-sample] [--json]\n"
     "Throughput of training (tokens/s of forward+backward+AdamW steps) and of\n"
     "sampling (molecules/s, KV-cache and naive decoding); medians of R timed\n"
     "runs after W warm-up runs.\n"
@@ -167,11 +215,14 @@ static const char *BENCH_USAGE =
     "  --sample-n N    molecules per KV sampling run (default 256)\n"
     "  --naive-n N     molecules per naive sampling run (default 64; 0 skips it)\n"
     "  --threads N     threads (default: ATTN_NUM_THREADS or all cores)\n"
+    "  --data FILE     train on this .smi's molecules (file order, each batch cut\n"
+    "                  to its longest row; tokens/s counts real targets) instead\n"
+    "                  of random full rows\n"
     "  --no-train / --no-sample   skip a part\n"
     "  --json          one JSON object on stdout instead of the table\n";
 
 int cmd_bench(int argc, char **argv) {
-    const char *model_path = NULL;
+    const char *model_path = NULL, *data_path = NULL;
     int molgpt = 0, batch = 64, ctx = 54, runs = 5, warmup = 1, steps = 3, sample_n = 256,
         naive_n = 64, threads = 0, do_train = 1, do_sample = 1, json = 0;
     char err[512];
@@ -185,7 +236,7 @@ int cmd_bench(int argc, char **argv) {
         if (!strcmp(a, "--no-train")) { do_train = 0; continue; }
         if (!strcmp(a, "--no-sample")) { do_sample = 0; continue; }
         if (!strcmp(a, "--json")) { json = 1; continue; }
-        static const char *const value_opts[] = {"--model", "--batch", "--ctx", "--runs", "--warmup", "--steps", "--sample-n", "--naive-n", "--threads", NULL};
+        static const char *const value_opts[] = {"--model", "--data", "--batch", "--ctx", "--runs", "--warmup", "--steps", "--sample-n", "--naive-n", "--threads", NULL};
         const char *val = NULL;
         char opt[64];
         if (!mg_cli_take("bench", argc, argv, &i, value_opts, opt, sizeof opt, &val)) return 2;
@@ -194,6 +245,7 @@ int cmd_bench(int argc, char **argv) {
         int ok = 1, *target = NULL;
         long long lo = 1, hi = 1 << 24;
         if (!strcmp(a, "--model")) model_path = val;
+        else if (!strcmp(a, "--data")) data_path = val;
         else if (!strcmp(a, "--batch")) target = &batch;
         else if (!strcmp(a, "--ctx")) { target = &ctx; lo = 2; hi = 4096; }
         else if (!strcmp(a, "--runs")) { target = &runs; hi = 64; }
@@ -282,12 +334,27 @@ int cmd_bench(int argc, char **argv) {
         }
     }
     if (do_train) {
-        if (bench_train(m, batch, steps, warmup, runs, &tr, err, sizeof err)) {
-            fprintf(stderr, "molgen bench: training: %s\n", err);
+        int32_t *drows = NULL;
+        int64_t *dlen = NULL;
+        const size_t need = (size_t)(warmup + runs) * (size_t)steps * (size_t)batch;
+        if (data_path && load_bench_rows(data_path, v, c->ctx_len + 1, need, &drows, &dlen, err,
+                                         sizeof err)) {
+            fprintf(stderr, "molgen bench: %s\n", err);
             rc = 1;
             goto done;
         }
-        if (!json)
+        rc = bench_train(m, batch, steps, warmup, runs, drows, dlen, &tr, err, sizeof err);
+        free(drows);
+        free(dlen);
+        if (rc) {
+            fprintf(stderr, "molgen bench: training: %s\n", err);
+            goto done;
+        }
+        if (!json && data_path)
+            printf("training (batch %d of %s, fwd+bwd+AdamW, %d steps/run): %10.0f tokens/s  "
+                   "[%.0f .. %.0f]\n",
+                   batch, data_path, steps, tr.median, tr.lo, tr.hi);
+        else if (!json)
             printf("training (batch %d x %d positions, fwd+bwd+AdamW, %d steps/run): %10.0f tokens/s  "
                    "[%.0f .. %.0f]\n",
                    batch, c->ctx_len, steps, tr.median, tr.lo, tr.hi);
@@ -303,8 +370,8 @@ int cmd_bench(int argc, char **argv) {
                batch, runs, warmup);
         if (do_train)
             printf(",\"train\":{\"tokens_per_s\":%.1f,\"min\":%.1f,\"max\":%.1f,\"steps_per_run\":%d,"
-                   "\"positions\":%d}",
-                   tr.median, tr.lo, tr.hi, steps, c->ctx_len);
+                   "\"positions\":%d,\"data\":\"%s\"}",
+                   tr.median, tr.lo, tr.hi, steps, c->ctx_len, data_path ? data_path : "");
         if (do_sample) {
             printf(",\"sample_kv\":{\"molecules_per_s\":%.2f,\"min\":%.2f,\"max\":%.2f,"
                    "\"tokens_per_s\":%.1f,\"tokens_per_molecule\":%.2f,\"n\":%d}",
