@@ -194,7 +194,10 @@ struct mg_model {
     model_params p, g;           /* views into params and grads */
 
     /* Activations, sized for up to cap_rows rows (R = B*L), cap_b batch rows
-     * and cap_slots blocks (n_layer after a training forward, else 1). */
+     * and cap_slots blocks (n_layer after a training forward, else 1). The
+     * shapes below say [B, L, ...]: the buffers hold the Rv <= B*L valid
+     * rows, except ln1, the attention cache and, around attention, scratch,
+     * dln and dfc, which take the padded layout. */
     float *act_mem;
     size_t cap_rows, cap_b, cap_slots;
     block_acts *acts;  /* [cap_slots] */
