@@ -61,55 +61,22 @@ static uint64_t splitmix(uint64_t *s) {
     return z ^ (z >> 31);
 }
 
-/* The training batches of `molgen bench --data`: nbatch * B rows [T] and
- * their lengths, the file's molecules in order (repeated if it is short;
- * molecules that do not encode in v within T are passed over). */
-static int load_bench_rows(const char *path, const mg_vocab *v, int T, size_t need,
-                           int32_t **rows_out, int64_t **len_out, char *err, size_t errlen) {
-    mg_smiles_list list;
-    memset(&list, 0, sizeof list);
-    if (mg_read_smiles(path, NULL, &list, NULL, err, errlen)) return -1;
-    int32_t *rows = malloc(need * (size_t)T * sizeof *rows);
-    int64_t *len = malloc(need * sizeof *len);
-    size_t k = 0, failed_in_a_row = 0;
-    for (size_t i = 0; rows && len && k < need && failed_in_a_row < list.n; i = (i + 1) % list.n) {
-        char e[128];
-        if (mg_encode_row(v, list.smiles[i], T, rows + k * (size_t)T, len + k, e, sizeof e) == 0) {
-            k++;
-            failed_in_a_row = 0;
-        } else {
-            failed_in_a_row++;
-        }
-    }
-    mg_smiles_list_free(&list);
-    if (!rows || !len || k < need) {
-        free(rows);
-        free(len);
-        snprintf(err, errlen, !rows || !len ? "out of memory"
-                                            : "%s: no molecule encodes in the model's vocabulary "
-                                              "within %d positions", path, T);
-        return -1;
-    }
-    *rows_out = rows;
-    *len_out = len;
-    return 0;
-}
-
-/* Training steps on random full rows, or (data_rows != NULL) on batches of
- * real molecules, each cut to its longest row, counting the real targets. */
-static int bench_train(mg_model *m, int B, int steps, int warmup, int runs,
-                       const int32_t *data_rows, const int64_t *data_len, bench_result *r,
-                       char *err, size_t errlen) {
+/* Training steps on random full rows, or (data != NULL) on its batches of
+ * real molecules in file order, each cut to its longest row as molgen train
+ * does, counting the real targets. */
+static int bench_train(mg_model *m, int B, int steps, int warmup, int runs, mg_batcher *data,
+                       bench_result *r, char *err, size_t errlen) {
     const mg_model_config *c = mg_model_get_config(m);
     const int T = c->ctx_len + 1, V = c->vocab_size;
     int rc = -1;
     int32_t *ids = malloc((size_t)B * T * sizeof *ids);
+    int32_t *full = data ? malloc((size_t)B * T * sizeof *full) : NULL;
     int64_t *len = malloc((size_t)B * sizeof *len);
     const size_t nt = mg_model_num_tensors(m);
     mg_optim_span *spans = malloc(nt * sizeof *spans);
     mg_adamw opt;
     memset(&opt, 0, sizeof opt);
-    if (!ids || !len || !spans) {
+    if (!ids || !len || !spans || (data && !full)) {
         snprintf(err, errlen, "out of memory");
         goto done;
     }
@@ -140,15 +107,9 @@ static int bench_train(mg_model *m, int B, int steps, int warmup, int runs,
         for (int k = 0; k < steps; k++, step++) {
             int64_t ntok = 0;
             int Tb = T;
-            if (data_rows) { /* batch `step` of the file's rows, [B, Tb] */
-                Tb = 2;
-                for (int b = 0; b < B; b++) {
-                    len[b] = data_len[step * B + b];
-                    Tb = len[b] > Tb ? (int)len[b] : Tb;
-                }
-                for (int b = 0; b < B; b++)
-                    memcpy(ids + (size_t)b * Tb, data_rows + ((size_t)step * B + b) * T,
-                           (size_t)Tb * sizeof *ids);
+            if (data) {
+                mg_batcher_next(data, full, len, NULL);
+                Tb = mg_trim_batch(full, len, B, T, ids);
             }
             if (mg_model_forward(m, ids, len, B, Tb, 1, (uint64_t)step, &loss, &ntok, err, errlen) ||
                 mg_model_backward(m, err, errlen) ||
@@ -166,6 +127,7 @@ static int bench_train(mg_model *m, int B, int steps, int warmup, int runs,
 done:
     mg_adamw_free(&opt);
     free(ids);
+    free(full);
     free(len);
     free(spans);
     return rc;
@@ -215,7 +177,7 @@ static const char *BENCH_USAGE =
     "  --sample-n N    molecules per KV sampling run (default 256)\n"
     "  --naive-n N     molecules per naive sampling run (default 64; 0 skips it)\n"
     "  --threads N     threads (default: ATTN_NUM_THREADS or all cores)\n"
-    "  --data FILE     train on this .smi's molecules (file order, each batch cut\n"
+    "  --data FILE     train on this file's molecules (file order, each batch cut\n"
     "                  to its longest row; tokens/s counts real targets) instead\n"
     "                  of random full rows\n"
     "  --no-train / --no-sample   skip a part\n"
@@ -334,18 +296,22 @@ int cmd_bench(int argc, char **argv) {
         }
     }
     if (do_train) {
-        int32_t *drows = NULL;
-        int64_t *dlen = NULL;
-        const size_t need = (size_t)(warmup + runs) * (size_t)steps * (size_t)batch;
-        if (data_path && load_bench_rows(data_path, v, c->ctx_len + 1, need, &drows, &dlen, err,
-                                         sizeof err)) {
-            fprintf(stderr, "molgen bench: %s\n", err);
-            rc = 1;
-            goto done;
+        mg_dataset ds;
+        mg_batcher *bat = NULL;
+        memset(&ds, 0, sizeof ds);
+        if (data_path) {
+            mg_load_opts lo = {NULL, c->ctx_len + 1, 0};
+            if (mg_dataset_load(data_path, &lo, v, NULL, &ds, NULL, err, sizeof err) ||
+                mg_batcher_new(&ds, batch, 0, 0, &bat, err, sizeof err)) {
+                fprintf(stderr, "molgen bench: %s\n", err);
+                mg_dataset_free(&ds);
+                rc = 1;
+                goto done;
+            }
         }
-        rc = bench_train(m, batch, steps, warmup, runs, drows, dlen, &tr, err, sizeof err);
-        free(drows);
-        free(dlen);
+        rc = bench_train(m, batch, steps, warmup, runs, bat, &tr, err, sizeof err);
+        mg_batcher_free(bat);
+        mg_dataset_free(&ds);
         if (rc) {
             fprintf(stderr, "molgen bench: training: %s\n", err);
             goto done;

@@ -763,3 +763,11 @@ void mg_batcher_seek(mg_batcher *b, uint64_t k)
     if (b)
         b->step = k;
 }
+
+int mg_trim_batch(const int32_t *ids, const int64_t *lengths, int B, int T, int32_t *out) {
+    int Tb = 2;
+    for (int b = 0; b < B; b++)
+        if (lengths[b] > Tb) Tb = (int)lengths[b];
+    for (int b = 0; b < B; b++) memcpy(out + (size_t)b * Tb, ids + (size_t)b * T, (size_t)Tb * sizeof(int32_t));
+    return Tb;
+}

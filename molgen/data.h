@@ -160,6 +160,10 @@ void mg_batcher_free(mg_batcher *b);
 int mg_batcher_next(mg_batcher *b, int32_t *ids, int64_t *lengths,
                     size_t *rows);
 
+/* Copy a batch ids [B, T] into a compact out [B, Tb], Tb the longest of
+ * lengths [B] (at least 2); returns Tb. */
+int mg_trim_batch(const int32_t *ids, const int64_t *lengths, int B, int T, int32_t *out);
+
 /* Batches per epoch = n / B. */
 uint64_t mg_batcher_per_epoch(const mg_batcher *b);
 /* Epoch of the next batch (0-based) and the number of batches handed out. */

@@ -523,17 +523,19 @@ static int64_t valid_rows(int64_t *rows, const int64_t *key_len, int B, int L) {
     return n;
 }
 
-/* dst [B, L, C] = src [Rv, C] at the valid positions, zero at the padding
- * (dst must not overlap src). */
+/* dst [B, L, C] = src [Rv, C] at the valid positions, zero at the padding.
+ * dst may be src: batch rows go last first, and batch row b's rows only
+ * move up (b*L >= its offset in src), past the rows still to move. */
 static void scatter_rows(float *dst, const float *src, const int64_t *key_len, int B, int L,
                          int C) {
     int64_t off = 0;
-    for (int b = 0; b < B; b++) {
+    for (int b = 0; b < B; b++) off += key_len[b];
+    for (int b = B - 1; b >= 0; b--) {
         const int64_t kl = key_len[b];
         float *o = dst + (int64_t)b * L * C;
-        memcpy(o, src + off * C, (size_t)(kl * C) * sizeof(float));
+        off -= kl;
+        memmove(o, src + off * C, (size_t)(kl * C) * sizeof(float));
         memset(o + kl * C, 0, (size_t)((L - kl) * C) * sizeof(float));
-        off += kl;
     }
 }
 
@@ -601,11 +603,14 @@ static void residual_forward(float *out, const float *a, const float *branch, co
     for (int64_t i = 0; i < N; i++) out[i] = a[i] + (mask ? branch[i] * mask[i] : branch[i]);
 }
 /* The residual's backward: d(a) is dout itself (the stream's gradient flows
- * on unchanged); d(branch) [N] = dout * mask. */
-static void residual_branch_backward(float *dbranch, const float *dout, const float *mask,
-                                     int64_t N, int nt) {
+ * on unchanged); d(branch) [N] = dout * mask, written to dbranch and
+ * returned, or dout itself when there is no mask (nothing to copy). */
+static const float *residual_branch_backward(float *dbranch, const float *dout,
+                                             const float *mask, int64_t N, int nt) {
+    if (!mask) return dout;
 #pragma omp parallel for num_threads(nt) schedule(static)
-    for (int64_t i = 0; i < N; i++) dbranch[i] = mask ? dout[i] * mask[i] : dout[i];
+    for (int64_t i = 0; i < N; i++) dbranch[i] = dout[i] * mask[i];
+    return dbranch;
 }
 
 /* Dropout multipliers mask [N]: 0 with probability p, else 1/(1-p), from a
@@ -912,9 +917,9 @@ int mg_model_backward(mg_model *m, char *err, size_t errlen) {
         const block_params *bg = &m->g.blocks[l];
 
         /* MLP branch: out = x_mid + drop(proj(gelu(fc(ln2(x_mid))))) */
-        residual_branch_backward(m->dbranch, m->dx, drop ? a->drop_mlp : NULL, Rv * d, nt);
-        mg_matmul_backward(m->dfc, bg->proj_w, bg->proj_b, m->dbranch, a->gelu, bp->proj_w, Rv, F,
-                           d, nt);
+        const float *dmlp =
+            residual_branch_backward(m->dbranch, m->dx, drop ? a->drop_mlp : NULL, Rv * d, nt);
+        mg_matmul_backward(m->dfc, bg->proj_w, bg->proj_b, dmlp, a->gelu, bp->proj_w, Rv, F, d, nt);
         mg_gelu_backward(m->dfc, a->fc, m->dfc, Rv * F, nt);
         mg_matmul_backward(m->dln, bg->fc_w, bg->fc_b, m->dfc, a->ln2, bp->fc_w, Rv, d, F, nt);
         mg_layernorm_backward(m->dx, bg->ln2_w, bg->ln2_b, m->dln, a->x_mid, bp->ln2_w, a->ln2_mean,
@@ -923,8 +928,9 @@ int mg_model_backward(mg_model *m, char *err, size_t errlen) {
         /* Attention branch: x_mid = x + drop(MHA(ln1(x))), in the padded
          * layout: d(branch) [B, L, d] goes to dfc (free here), d(ln1)
          * [B, L, d] to dln, then back to the valid rows. */
-        residual_branch_backward(m->dbranch, m->dx, drop ? a->drop_attn : NULL, Rv * d, nt);
-        scatter_rows(m->dfc, m->dbranch, m->key_len, B, L, d);
+        scatter_rows(m->dfc,
+                     residual_branch_backward(m->dbranch, m->dx, drop ? a->drop_attn : NULL, Rv * d, nt),
+                     m->key_len, B, L, d);
         memset(m->dln, 0, (size_t)R * d * sizeof(float));
         int rc = attention_backward(m, l, B, L, a->ln1, m->dfc, m->dln, a->attn_cache, m->training,
                                     m->seed, nt, err, errlen);
@@ -967,14 +973,7 @@ int mg_model_logits(mg_model *m, const int32_t *ids, const int64_t *lengths, int
     const int64_t Rv = valid_rows(m->rows, m->key_len, B, L);
     rc = forward_core(m, B, L, Rv, 0, 0, 0, logits, attn_weights, err, errlen);
     if (rc) return rc;
-    /* logits [Rv, V] -> [B, L, V] in place: rows move up (rows[r] >= r), the
-     * last first, so none is overwritten before it moves; padding zeroed. */
-    const int V = m->cfg.vocab_size;
-    for (int64_t r = Rv - 1; r >= 0; r--)
-        if (m->rows[r] != r) memcpy(logits + m->rows[r] * V, logits + r * V, (size_t)V * sizeof(float));
-    for (int b = 0; b < B; b++)
-        memset(logits + ((int64_t)b * L + m->key_len[b]) * V, 0,
-               (size_t)((L - m->key_len[b]) * V) * sizeof(float));
+    scatter_rows(logits, logits, m->key_len, B, L, m->cfg.vocab_size); /* [Rv, V] -> [B, L, V] */
     return 0;
 }
 

@@ -153,17 +153,12 @@ void mg_adamw_free(mg_adamw *o) {
     memset(o, 0, sizeof *o);
 }
 
-/* Sum of squares of chunk [i0, i1) in double, in 8 fixed partial sums
- * (element i to lane i % 8, lanes added in order): vectorisable, and the
- * same result for any vector width. */
+/* Sum of squares of chunk [i0, i1) in double: an OpenMP simd reduction,
+ * like the LayerNorm sums (layers.c). */
 MG_CLONES static double chunk_squares(const float *g, size_t i0, size_t i1) {
-    double acc[8] = {0};
-    size_t i = i0;
-    for (; i + 8 <= i1; i += 8)
-        for (int j = 0; j < 8; j++) acc[j] += (double)g[i + j] * g[i + j];
-    for (; i < i1; i++) acc[(i - i0) % 8] += (double)g[i] * g[i];
     double s = 0.0;
-    for (int j = 0; j < 8; j++) s += acc[j];
+#pragma omp simd reduction(+ : s)
+    for (size_t i = i0; i < i1; i++) s += (double)g[i] * g[i];
     return s;
 }
 

@@ -111,15 +111,6 @@ static int auto_val_every(int64_t total) {
     return (int)(k < 10 ? 10 : k > INT32_MAX ? INT32_MAX : k);
 }
 
-/* Copy rows [B, T] into a compact [B, Tb] with Tb the longest length. */
-static int trim_batch(const int32_t *ids, const int64_t *lengths, int B, int T, int32_t *out) {
-    int Tb = 2;
-    for (int b = 0; b < B; b++)
-        if (lengths[b] > Tb) Tb = (int)lengths[b];
-    for (int b = 0; b < B; b++) memcpy(out + (size_t)b * Tb, ids + (size_t)b * T, (size_t)Tb * sizeof(int32_t));
-    return Tb;
-}
-
 static void fmt_duration(double s, char *out, size_t n) {
     if (!(s >= 0) || s > 1e7) {
         snprintf(out, n, "?");
@@ -398,7 +389,7 @@ static int validate(mg_model *m, const mg_dataset *val, size_t nv, int B, int32_
         int nb = (int)((nv - r0) < (size_t)B ? (nv - r0) : (size_t)B);
         const int32_t *ids = val->ids + r0 * (size_t)val->T;
         const int64_t *len = val->lengths + r0;
-        int Tb = trim_batch(ids, len, nb, val->T, buf);
+        int Tb = mg_trim_batch(ids, len, nb, val->T, buf);
         float l;
         int64_t nt;
         char e[300];
@@ -645,7 +636,7 @@ int mg_train_run(const mg_train_config *c, mg_train_result *result, char *err, s
         /* one step */
         const double ts0 = now_s();
         mg_batcher_next(batcher, bids, blen, NULL);
-        const int Tb = trim_batch(bids, blen, B, T, bbuf);
+        const int Tb = mg_trim_batch(bids, blen, B, T, bbuf);
         float loss, gnorm, lr;
         int64_t ntok;
         if (mg_model_forward(model, bbuf, blen, B, Tb, 1, step_seed(ts.seed, ts.step), &loss, &ntok, e,
