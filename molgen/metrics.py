@@ -169,12 +169,18 @@ def _features(smi):
     return _fp_bits(m), frags, _scaffold(m), props
 
 
-def _without_sample_features(res):
-    """res with the metrics that need sample features marked not computed."""
-    for k in ('IntDiv1', 'IntDiv2', 'SNN', 'Frag', 'Scaf'):
+def _without_ref_metrics(res):
+    """res with the metrics against the reference set marked not computed."""
+    for k in ('SNN', 'Frag', 'Scaf'):
         res[k] = None
     res['wasserstein'] = None
     return res
+
+
+def _without_sample_features(res):
+    """res with the metrics that need sample features marked not computed."""
+    res['IntDiv1'] = res['IntDiv2'] = None
+    return _without_ref_metrics(res)
 
 
 def _features_many(chunk):
@@ -388,10 +394,7 @@ def compute_metrics(samples, train=None, ref=None, max_ref=MAX_REF_DEFAULT,
 
         if ref is None:
             notes.append('no reference set: SNN, Frag, Scaf and W1 not computed')
-            for k in ('SNN', 'Frag', 'Scaf'):
-                res[k] = None
-            res['wasserstein'] = None
-            return res
+            return _without_ref_metrics(res)
 
         ref_sub = list(ref)
         if len(ref_sub) > max_ref:
@@ -407,10 +410,7 @@ def compute_metrics(samples, train=None, ref=None, max_ref=MAX_REF_DEFAULT,
         res['n_ref_used'] = len(feat_ref)
         if not feat_ref:
             notes.append('no valid reference molecules: SNN, Frag, Scaf and W1 not computed')
-            for k in ('SNN', 'Frag', 'Scaf'):
-                res[k] = None
-            res['wasserstein'] = None
-            return res
+            return _without_ref_metrics(res)
         t0 = time.time()
         ref_fps = np.stack([f[0] for f in feat_ref])
         res['SNN'] = snn(gen_fps, ref_fps)

@@ -234,6 +234,14 @@ static int train_state_from_json(const char *js, train_state *s, char *err, size
     s->ckpt_every = (int)x;
     const mg_json *vl = mg_json_get(j, "val_loss");
     s->val_loss = (vl && vl->type == MG_JSON_NUMBER) ? vl->number : NAN;
+    /* Written by molgen versions that bucketed batches by length: this one
+     * draws other batches, so it cannot continue such a run as promised. */
+    const mg_json *bk = mg_json_get(j, "bucket");
+    if (bk && !(bk->type == MG_JSON_NUMBER && bk->number == 0)) {
+        mg_fail(err, errlen, -1, "checkpoint was trained with length-bucketed batches, which this "
+                                 "molgen no longer makes: it cannot be resumed bit for bit");
+        goto done;
+    }
     rc = 0;
 done:
     mg_json_free(j);
