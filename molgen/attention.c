@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "attn.h"
 #include "cli_util.h"
@@ -279,31 +280,54 @@ int cmd_attention(int argc, char **argv) {
         return 2;
     }
     if (threads > 0) attn_set_num_threads(threads, NULL);
+    /* both outputs are checked before any work, and never replace the model */
+    const size_t plen = strlen(out_dir) + 32;
+    char *svg_path = malloc(plen), *tsv_path = malloc(plen);
+    if (!svg_path || !tsv_path) {
+        free(svg_path);
+        free(tsv_path);
+        fprintf(stderr, "molgen attention: out of memory\n");
+        return 1;
+    }
+    snprintf(svg_path, plen, "%s/attention.svg", out_dir);
+    snprintf(tsv_path, plen, "%s/attention_heads.tsv", out_dir);
+    const char *inputs[] = {model_path};
+    if (mg_cli_check_output_dir(out_dir, err, sizeof err) ||
+        mg_cli_check_output(svg_path, inputs, 1, err, sizeof err) ||
+        mg_cli_check_output(tsv_path, inputs, 1, err, sizeof err)) {
+        fprintf(stderr, "molgen attention: --out: %s\n", err);
+        free(svg_path);
+        free(tsv_path);
+        return 1;
+    }
     mg_model *m = NULL;
     mg_vocab *v = NULL;
-    if (mg_model_load(model_path, &m, &v, err, sizeof err)) {
-        fprintf(stderr, "molgen attention: %s: %s\n", model_path, err);
+    if (mg_cli_load_model("attention", model_path, &m, &v)) {
+        free(svg_path);
+        free(tsv_path);
         return 1;
     }
     const mg_model_config *c = mg_model_get_config(m);
     const int N = c->n_layer, H = c->n_head, ctx = c->ctx_len;
     int rc = 1, k = 0;
+    char cut[96];
+    const char *smiles_echo = mg_cli_cut(smiles, cut, sizeof cut);
+    char tmp[4200];
     int32_t *ids = malloc((size_t)(ctx + 1) * sizeof *ids);
     float *logits = NULL, *wts = NULL;
     int *ring_key = NULL, *pair = NULL;
     const char **labels = NULL;
     mg_head_stats *stats = NULL;
-    char *svg_path = NULL, *tsv_path = NULL;
     FILE *f = NULL;
     if (!ids) goto oom;
     int er = mg_vocab_encode(v, smiles, ids + 1, ctx, &k, err, sizeof err);
     if (er == MG_TOK_ERR_TOOLONG || (er == 0 && k + 1 > ctx)) {
         fprintf(stderr, "molgen attention: '%s' has %d tokens; the model takes at most %d (ctx_len %d minus BOS)\n",
-                smiles, k, ctx - 1, ctx);
+                smiles_echo, k, ctx - 1, ctx);
         goto done;
     }
     if (er) {
-        fprintf(stderr, "molgen attention: '%s': %s\n", smiles, err);
+        fprintf(stderr, "molgen attention: '%s': %s\n", smiles_echo, err);
         goto done;
     }
     if (k == 0) {
@@ -332,35 +356,30 @@ int cmd_attention(int argc, char **argv) {
             mg_head_stats_compute(wts + ((size_t)l * H + h) * L * L, L, 1, ring_key,
                                   &stats[l * H + h]);
 
-    if (mg_cli_mkdir_p(out_dir, err, sizeof err)) {
-        fprintf(stderr, "molgen attention: %s\n", err);
-        goto done;
-    }
-    const size_t plen = strlen(out_dir) + 32;
-    svg_path = malloc(plen);
-    tsv_path = malloc(plen);
-    if (!svg_path || !tsv_path) goto oom;
-    snprintf(svg_path, plen, "%s/attention.svg", out_dir);
-    snprintf(tsv_path, plen, "%s/attention_heads.tsv", out_dir);
-
     char title[1024];
     snprintf(title, sizeof title, "attention of %.700s (%d tokens), model %d layers x %d heads", smiles,
              k, N, H);
-    f = fopen(svg_path, "w");
+    f = mg_cli_atomic_open(svg_path, tmp, sizeof tmp, err, sizeof err);
     if (!f) {
-        fprintf(stderr, "molgen attention: cannot write %s: %s\n", svg_path, strerror(errno));
+        fprintf(stderr, "molgen attention: %s\n", err);
         goto done;
     }
     int werr = mg_attention_svg(f, wts, N, H, L, labels, title, stats);
-    werr |= fclose(f) != 0;
+    if (werr) {
+        fclose(f);
+        unlink(tmp);
+        snprintf(err, sizeof err, "error writing %s (nothing written)", svg_path);
+    } else {
+        werr = mg_cli_atomic_commit(f, tmp, svg_path, err, sizeof err);
+    }
     f = NULL;
     if (werr) {
-        fprintf(stderr, "molgen attention: error writing %s\n", svg_path);
+        fprintf(stderr, "molgen attention: %s\n", err);
         goto done;
     }
-    f = fopen(tsv_path, "w");
+    f = mg_cli_atomic_open(tsv_path, tmp, sizeof tmp, err, sizeof err);
     if (!f) {
-        fprintf(stderr, "molgen attention: cannot write %s: %s\n", tsv_path, strerror(errno));
+        fprintf(stderr, "molgen attention: %s\n", err);
         goto done;
     }
     fprintf(f, "layer\thead\tmean_distance\tprev_token\tring_closure\tbos\tpeak\tlabel\n");
@@ -373,11 +392,10 @@ int cmd_attention(int argc, char **argv) {
             fprintf(f, "%d\t%d\t%.4f\t%.4f\t-\t%.4f\t%.4f\t%s\n", i / H, i % H, s->mean_dist,
                     s->prev, s->bos, s->peak, s->label);
     }
-    werr = ferror(f);
-    werr |= fclose(f) != 0;
+    werr = mg_cli_atomic_commit(f, tmp, tsv_path, err, sizeof err);
     f = NULL;
     if (werr) {
-        fprintf(stderr, "molgen attention: error writing %s\n", tsv_path);
+        fprintf(stderr, "molgen attention: %s\n", err);
         goto done;
     }
 

@@ -233,10 +233,7 @@ int cmd_bench(int argc, char **argv) {
     mg_model *m = NULL;
     mg_vocab *v = NULL;
     if (model_path) {
-        if (mg_model_load(model_path, &m, &v, err, sizeof err)) {
-            fprintf(stderr, "molgen bench: %s: %s\n", model_path, err);
-            return 1;
-        }
+        if (mg_cli_load_model("bench", model_path, &m, &v)) return 1;
     } else {
         if (mg_vocab_from_tokens(MOSES_TOKENS, sizeof MOSES_TOKENS / sizeof *MOSES_TOKENS, &v, err,
                                  sizeof err)) {
@@ -262,6 +259,19 @@ int cmd_bench(int argc, char **argv) {
     memset(&kv, 0, sizeof kv);
     memset(&nv, 0, sizeof nv);
     int rc = 0;
+    /* the data is read before any timing, so a bad --data fails at once */
+    mg_dataset ds;
+    mg_batcher *bat = NULL;
+    memset(&ds, 0, sizeof ds);
+    if (do_train && data_path) {
+        mg_load_opts lo = {NULL, c->ctx_len + 1, 0};
+        if (mg_dataset_load(data_path, &lo, v, NULL, &ds, NULL, err, sizeof err) ||
+            mg_batcher_new(&ds, batch, 0, 0, &bat, err, sizeof err)) {
+            fprintf(stderr, "molgen bench: %s\n", err);
+            rc = 1;
+            goto done;
+        }
+    }
     if (!json)
         printf("molgen bench: %s config: %d layers, d_model %d, %d heads, ctx_len %d, vocab %d, "
                "dropout %g; %.2fM parameters; %d threads\n",
@@ -296,22 +306,7 @@ int cmd_bench(int argc, char **argv) {
         }
     }
     if (do_train) {
-        mg_dataset ds;
-        mg_batcher *bat = NULL;
-        memset(&ds, 0, sizeof ds);
-        if (data_path) {
-            mg_load_opts lo = {NULL, c->ctx_len + 1, 0};
-            if (mg_dataset_load(data_path, &lo, v, NULL, &ds, NULL, err, sizeof err) ||
-                mg_batcher_new(&ds, batch, 0, 0, &bat, err, sizeof err)) {
-                fprintf(stderr, "molgen bench: %s\n", err);
-                mg_dataset_free(&ds);
-                rc = 1;
-                goto done;
-            }
-        }
         rc = bench_train(m, batch, steps, warmup, runs, bat, &tr, err, sizeof err);
-        mg_batcher_free(bat);
-        mg_dataset_free(&ds);
         if (rc) {
             fprintf(stderr, "molgen bench: training: %s\n", err);
             goto done;
@@ -350,6 +345,8 @@ int cmd_bench(int argc, char **argv) {
         printf("}\n");
     }
 done:
+    mg_batcher_free(bat);
+    mg_dataset_free(&ds);
     mg_model_free(m);
     mg_vocab_free(v);
     return rc;

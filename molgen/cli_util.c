@@ -1,6 +1,7 @@
 /* molgen CLI helpers (see cli_util.h). */
 #define _POSIX_C_SOURCE 200809L
 #include "cli_util.h"
+#include "model.h"
 
 #include <errno.h>
 #include <math.h>
@@ -9,6 +10,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/types.h>
+#include <unistd.h>
 
 int mg_cli_value(int argc, char **argv, int *i, const char **val, char *err, size_t errlen) {
     char *a = argv[*i];
@@ -77,10 +79,14 @@ int mg_cli_int(const char *s, long long lo, long long hi, long long *out) {
 }
 
 int mg_cli_u64(const char *s, uint64_t *out) {
-    if (!s || !*s || *s == '-' || *s == '+') return 0;
+    /* decimal digits only: strtoull alone would take " -1" as 2^64 - 1 and
+     * "0x10" as hex */
+    if (!s || !*s) return 0;
+    for (const char *p = s; *p; p++)
+        if (*p < '0' || *p > '9') return 0;
     char *end;
     errno = 0;
-    unsigned long long v = strtoull(s, &end, 0);
+    unsigned long long v = strtoull(s, &end, 10);
     if (errno || *end) return 0;
     *out = (uint64_t)v;
     return 1;
@@ -136,4 +142,110 @@ int mg_cli_mkdir_parent(const char *path, char *err, size_t errlen) {
     memcpy(buf, path, n);
     buf[n] = '\0';
     return mg_cli_mkdir_p(buf, err, errlen);
+}
+
+const char *mg_cli_cut(const char *s, char *buf, size_t n) {
+    if (!s) return "(null)";
+    const size_t len = strlen(s);
+    if (n < 32 || len < n) return s;
+    snprintf(buf, n, "%.*s... (%zu chars)", (int)(n - 24), s, len);
+    return buf;
+}
+
+/* A file can be created in dir: create and remove a probe. */
+static int probe_dir(const char *dir, const char *what, char *err, size_t errlen) {
+    char probe[4200];
+    if (snprintf(probe, sizeof probe, "%s/.molgen-probe.XXXXXX", *dir ? dir : ".") >= (int)sizeof probe) {
+        if (err && errlen) snprintf(err, errlen, "%s: path too long", what);
+        return -1;
+    }
+    int fd = mkstemp(probe);
+    if (fd < 0) {
+        if (err && errlen) snprintf(err, errlen, "cannot write %s: %s", what, strerror(errno));
+        return -1;
+    }
+    close(fd);
+    unlink(probe);
+    return 0;
+}
+
+int mg_cli_check_output(const char *path, const char *const *inputs, size_t n_inputs, char *err,
+                        size_t errlen) {
+    if (!path || !*path) {
+        if (err && errlen) snprintf(err, errlen, "the output path is empty");
+        return -1;
+    }
+    struct stat out;
+    const int exists = stat(path, &out) == 0;
+    if (exists && S_ISDIR(out.st_mode)) {
+        if (err && errlen) snprintf(err, errlen, "output %s is a directory", path);
+        return -1;
+    }
+    for (size_t i = 0; exists && i < n_inputs; i++) {
+        struct stat in;
+        if (inputs[i] && stat(inputs[i], &in) == 0 && in.st_dev == out.st_dev && in.st_ino == out.st_ino) {
+            if (err && errlen)
+                snprintf(err, errlen, "output %s is the input %s (same file): refusing to overwrite it",
+                         path, inputs[i]);
+            return -1;
+        }
+    }
+    if (mg_cli_mkdir_parent(path, err, errlen)) return -1;
+    char dir[4096];
+    const char *slash = strrchr(path, '/');
+    if (!slash) snprintf(dir, sizeof dir, ".");
+    else if (slash == path) snprintf(dir, sizeof dir, "/");
+    else snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+    return probe_dir(dir, path, err, errlen);
+}
+
+int mg_cli_check_output_dir(const char *dir, char *err, size_t errlen) {
+    if (!dir || !*dir) {
+        if (err && errlen) snprintf(err, errlen, "the output directory is empty");
+        return -1;
+    }
+    if (mg_cli_mkdir_p(dir, err, errlen)) return -1;
+    return probe_dir(dir, dir, err, errlen);
+}
+
+FILE *mg_cli_atomic_open(const char *path, char *tmp, size_t tmplen, char *err, size_t errlen) {
+    if (snprintf(tmp, tmplen, "%s.tmp.%ld", path, (long)getpid()) >= (int)tmplen) {
+        if (err && errlen) snprintf(err, errlen, "path too long: %s", path);
+        return NULL;
+    }
+    FILE *f = fopen(tmp, "w");
+    if (!f && err && errlen) snprintf(err, errlen, "cannot create %s: %s", tmp, strerror(errno));
+    return f;
+}
+
+int mg_cli_atomic_commit(FILE *f, const char *tmp, const char *path, char *err, size_t errlen) {
+    int bad = fflush(f) != 0 || ferror(f);
+    int e = errno;
+    if (fclose(f) != 0 && !bad) {
+        bad = 1;
+        e = errno;
+    }
+    if (!bad && rename(tmp, path) != 0) {
+        bad = 1;
+        e = errno;
+    }
+    if (bad) {
+        unlink(tmp);
+        if (err && errlen) snprintf(err, errlen, "error writing %s: %s (nothing written)", path, strerror(e));
+        return -1;
+    }
+    return 0;
+}
+
+int mg_cli_load_model(const char *cmd, const char *path, struct mg_model **m, struct mg_vocab **v) {
+    char err[768];
+    int checksummed = 0;
+    if (mg_model_load(path, m, v, &checksummed, err, sizeof err)) {
+        fprintf(stderr, "molgen %s: %s\n", cmd, err);
+        return -1;
+    }
+    if (!checksummed)
+        fprintf(stderr, "molgen %s: note: %s has no tensor checksums (written before molgen stored "
+                "them): loaded without an integrity check\n", cmd, path);
+    return 0;
 }

@@ -5,6 +5,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -35,8 +36,37 @@ int mg_cli_take(const char *cmd, int argc, char **argv, int *i, const char *cons
 
 /* Whole-string parses; return 1 on success, 0 on junk / out of range. */
 int mg_cli_int(const char *s, long long lo, long long hi, long long *out);
-int mg_cli_u64(const char *s, uint64_t *out);
+int mg_cli_u64(const char *s, uint64_t *out); /* decimal digits only */
 int mg_cli_double(const char *s, double *out); /* finite only */
+
+/* s for echoing in a message: as is when shorter than n, else cut to its
+ * first n - 24 characters + "... (LEN chars)" in buf[n] (n >= 32). */
+const char *mg_cli_cut(const char *s, char *buf, size_t n);
+
+/* Checks an output file before any work is done: the path is not empty, not
+ * a directory, not the same file (device + inode, so also through links) as
+ * any of inputs[0..n_inputs) (NULL entries skipped), and its directory
+ * (created when missing) takes a new file: a probe file is created there
+ * and removed. Returns 0, or -1 with a message. */
+int mg_cli_check_output(const char *path, const char *const *inputs, size_t n_inputs, char *err,
+                        size_t errlen);
+/* The same for an output directory: not empty, created when missing, a
+ * probe file can be created in it. */
+int mg_cli_check_output_dir(const char *dir, char *err, size_t errlen);
+
+/* Writing an output atomically: mg_cli_atomic_open creates "<path>.tmp.<pid>"
+ * (its name in tmp[tmplen]); mg_cli_atomic_commit flushes, closes and
+ * renames it over path, or on any error (a full disk, EFBIG) removes it and
+ * leaves path as it was. Both return NULL / -1 with a message. */
+FILE *mg_cli_atomic_open(const char *path, char *tmp, size_t tmplen, char *err, size_t errlen);
+int mg_cli_atomic_commit(FILE *f, const char *tmp, const char *path, char *err, size_t errlen);
+
+/* Loads a model for command `cmd` (model.h's mg_model_load): on an error
+ * prints "molgen CMD: <reason>" and returns -1; a file without checksums
+ * loads with a one-line note on stderr. */
+struct mg_model;
+struct mg_vocab;
+int mg_cli_load_model(const char *cmd, const char *path, struct mg_model **m, struct mg_vocab **v);
 
 /* mkdir -p of path's parent directory (nothing for a bare file name).
  * Returns 0, or -1 with a message. */

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 static void rep_msg(mg_report *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void rep_msg(mg_report *r, const char *fmt, ...)
@@ -206,11 +207,52 @@ static int strcaseeq(const char *a, const char *b)
     return *a == *b;
 }
 
-/* Strip trailing "\n" / "\r\n". */
-static void chomp(char *s, ssize_t *n)
+/* One line of f into *buf (grown as needed, NUL-terminated, without its end):
+ * "\n", "\r\n" and a lone "\r" (old Mac files) all end a line. A line longer
+ * than MG_MAX_LINE_BYTES is read to its end but not kept (*toolong = 1,
+ * *len = its length), so memory stays bounded whatever the input. Returns 1
+ * for a line, 0 at end of file, -1 when out of memory. */
+static int read_line(FILE *f, char **buf, size_t *cap, size_t *len, int *toolong)
 {
-    while (*n > 0 && (s[*n - 1] == '\n' || s[*n - 1] == '\r'))
-        s[--*n] = '\0';
+    size_t n = 0;
+    int c = EOF, any = 0;
+    *toolong = 0;
+    while ((c = getc_unlocked(f)) != EOF) {
+        any = 1;
+        if (c == '\n')
+            break;
+        if (c == '\r') {
+            int d = getc_unlocked(f);
+            if (d != '\n' && d != EOF)
+                ungetc(d, f);
+            break;
+        }
+        if (n >= MG_MAX_LINE_BYTES) {
+            *toolong = 1;
+            n++;
+            continue;
+        }
+        if (n + 1 >= *cap) {
+            size_t nc = *cap ? *cap * 2 : 256;
+            char *q = realloc(*buf, nc);
+            if (!q)
+                return -1;
+            *buf = q;
+            *cap = nc;
+        }
+        (*buf)[n++] = (char)c;
+    }
+    if (!any)
+        return 0;
+    if (!*buf) {
+        *buf = malloc(1);
+        if (!*buf)
+            return -1;
+        *cap = 1;
+    }
+    (*buf)[*toolong ? 0 : n] = '\0';
+    *len = n;
+    return 1;
 }
 
 #define CSV_MAX_FIELDS 4096
@@ -228,6 +270,12 @@ int mg_read_smiles(const char *path, const char *csv_column, mg_smiles_list *out
     FILE *f = fopen(path, "r");
     if (!f)
         return mg_fail(err, errlen, MG_DATA_ERR, "cannot open %s: %s", path, strerror(errno));
+    /* a device or a pipe (/dev/zero, /dev/urandom) may never end */
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
+        fclose(f);
+        return mg_fail(err, errlen, MG_DATA_ERR, "%s: not a regular file", path);
+    }
     int csv = ends_with_ci(path, ".csv");
     const char *col = csv_column ? csv_column : "smiles";
     int colidx = -1;
@@ -241,15 +289,21 @@ int mg_read_smiles(const char *path, const char *csv_column, mg_smiles_list *out
     }
     list_builder b = {0};
     char *line = NULL;
-    size_t lcap = 0;
-    ssize_t n;
+    size_t lcap = 0, n = 0;
     long lineno = 0;
-    int rc = 0;
-    while ((n = getline(&line, &lcap, f)) >= 0) {
+    int rc = 0, got, toolong;
+    while ((got = read_line(f, &line, &lcap, &n, &toolong)) > 0) {
         lineno++;
         rep->lines++;
-        chomp(line, &n);
-        if ((size_t)n != strlen(line)) {
+        if (toolong) {
+            rep->records++;
+            rep->too_long++;
+            rep->skipped++;
+            rep_msg(rep, "%s:%ld: line of %zu bytes, longer than the %d-byte limit", path, lineno, n,
+                    MG_MAX_LINE_BYTES);
+            continue;
+        }
+        if (n != strlen(line)) {
             rep->records++;
             rep->other++;
             rep->skipped++;
@@ -324,6 +378,10 @@ int mg_read_smiles(const char *path, const char *csv_column, mg_smiles_list *out
             rc = mg_fail(err, errlen, MG_DATA_ERR_NOMEM, "out of memory");
             goto done;
         }
+    }
+    if (got < 0) {
+        rc = mg_fail(err, errlen, MG_DATA_ERR_NOMEM, "%s:%ld: out of memory", path, lineno + 1);
+        goto done;
     }
     if (ferror(f)) {
         rc = mg_fail(err, errlen, MG_DATA_ERR, "read error on %s", path);

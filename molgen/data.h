@@ -28,6 +28,7 @@ extern "C" {
 /* ------------------------------------------------------------ report */
 
 #define MG_REPORT_MSGS 8        /* messages kept verbatim */
+#define MG_MAX_LINE_BYTES (1 << 20) /* longer input lines are skipped */
 #define MG_REPORT_MSGLEN 256
 
 /* What a load skipped. Never silent: every skipped line is counted, and the
@@ -68,7 +69,10 @@ typedef struct {
  * surrounding whitespace ignored); double-quoted fields with "" escapes are
  * handled (no newlines inside quotes). Anything else = .smi: the first
  * whitespace-separated field of each line; blank lines and lines whose first
- * non-blank character is '#' are skipped. CRLF line ends are accepted.
+ * non-blank character is '#' are skipped. "\n", "\r\n" and a lone "\r" all
+ * end a line. Only regular files are read (a device such as /dev/zero is
+ * an error); a line longer than MG_MAX_LINE_BYTES is skipped and counted as
+ * too long without being held in memory; out of memory is an error.
  * rep may be NULL; if given it is zeroed and receives lines/records and
  * "other" skips (e.g. csv rows missing the column). */
 int mg_read_smiles(const char *path, const char *csv_column,

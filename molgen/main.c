@@ -1,6 +1,7 @@
 /* molgen: SMILES molecule generator on libattn. `molgen <command> ...`; each
  * command lives in its own file and is declared in commands.h. */
 #define _POSIX_C_SOURCE 200809L
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,6 +43,10 @@ int main(int argc, char **argv) {
         execv("/proc/self/exe", argv);
         /* exec failed: carry on with the default policy */
     }
+    /* Past a file-size limit (ulimit -f) a write must fail with EFBIG so that
+     * the normal error path runs (temporary removed, the previous checkpoint
+     * intact) instead of SIGXFSZ killing the process silently. */
+    signal(SIGXFSZ, SIG_IGN);
     if (argc < 2) {
         fprintf(stderr, "molgen: no command given (train, sample, attention or bench; molgen --help)\n");
         return 2;

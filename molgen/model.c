@@ -1062,11 +1062,20 @@ int mg_model_from_st(const mg_st_file *f, mg_model **out, char *err, size_t errl
     if ((rc = mg_model_create(&c, &m, err, errlen))) return rc;
     for (size_t i = 0; i < m->num_tensors; i++) {
         const mg_param_info *p = &m->tensors[i];
-        if (mg_st_copy(f, p->name, MG_ST_F32, p->ndim, p->shape, m->params + p->offset,
-                       p->numel * sizeof(float), err, errlen)) {
+        float *w = m->params + p->offset;
+        if (mg_st_copy(f, p->name, MG_ST_F32, p->ndim, p->shape, w, p->numel * sizeof(float), err,
+                       errlen)) {
             mg_model_free(m);
             return MG_MODEL_ERR;
         }
+        /* an Inf or NaN weight samples garbage; refuse it by name */
+        for (size_t k = 0; k < p->numel; k++)
+            if (!isfinite(w[k])) {
+                mg_fail(err, errlen, MG_MODEL_ERR, "tensor '%s' holds a non-finite value (%g at "
+                        "element %zu): the model is corrupt", p->name, (double)w[k], k);
+                mg_model_free(m);
+                return MG_MODEL_ERR;
+            }
     }
     *out = m;
     return 0;
@@ -1092,13 +1101,15 @@ int mg_model_save(const mg_model *m, const mg_vocab *vocab, const char *path, ch
     return rc;
 }
 
-int mg_model_load(const char *path, mg_model **out, mg_vocab **vocab, char *err, size_t errlen) {
+int mg_model_load(const char *path, mg_model **out, mg_vocab **vocab, int *checksummed, char *err,
+                  size_t errlen) {
     if (!path || !out) return mg_fail(err, errlen, MG_MODEL_ERR, "path or output pointer is NULL");
     *out = NULL;
     if (vocab) *vocab = NULL;
     mg_st_file *f = NULL;
     char e[256];
     if (mg_st_load(path, &f, e, sizeof e)) return mg_fail(err, errlen, MG_MODEL_ERR, "%s", e);
+    if (checksummed) *checksummed = mg_st_checksummed(f);
     mg_model *m = NULL;
     int rc = mg_model_from_st(f, &m, e, sizeof e);
     if (rc) {

@@ -187,8 +187,10 @@ int mg_model_from_st(const mg_st_file *f, mg_model **out, char *err,
 int mg_model_save(const mg_model *m, const mg_vocab *vocab, const char *path,
                   char *err, size_t errlen);
 /* Load a model file or a training checkpoint; *vocab (may be NULL) gets the
- * stored vocabulary (an error if the file has none). */
-int mg_model_load(const char *path, mg_model **out, mg_vocab **vocab,
+ * stored vocabulary (an error if the file has none); *checksummed (may be
+ * NULL) is 1 when the file carried tensor checksums (verified), 0 for a file
+ * written before molgen stored them. Every message starts with the path. */
+int mg_model_load(const char *path, mg_model **out, mg_vocab **vocab, int *checksummed,
                   char *err, size_t errlen);
 
 #ifdef __cplusplus

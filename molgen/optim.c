@@ -41,7 +41,8 @@ int mg_adamw_config_check(const mg_adamw_config *c, char *err, size_t errlen) {
     if (!(c->eps > 0.0f)) return mg_fail(err, errlen, -1, "eps must be > 0");
     if (!(c->weight_decay >= 0.0f && c->weight_decay < 1.0f))
         return mg_fail(err, errlen, -1, "weight_decay %g must be in [0, 1)", (double)c->weight_decay);
-    if (!(c->grad_clip == c->grad_clip)) return mg_fail(err, errlen, -1, "grad_clip is NaN");
+    if (!(c->grad_clip >= 0.0f))
+        return mg_fail(err, errlen, -1, "grad_clip %g must be >= 0 (0 = off)", (double)c->grad_clip);
     return 0;
 }
 

@@ -9,8 +9,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
 
 static int host_is_little_endian(void)
 {
@@ -621,6 +624,12 @@ static void sb_quote(sbuf *b, const char *s)
     free(q);
 }
 
+/* CRC-32 (zlib's, the same as Python's zlib.crc32) of n bytes. */
+static uint32_t crc_of(const void *p, size_t n)
+{
+    return (uint32_t)crc32_z(crc32_z(0L, Z_NULL, 0), (const Bytef *)p, n);
+}
+
 /* Validates the inputs, computes the layout order and builds the padded
  * header. On success: *hdr (malloc'ed, *hlen bytes, 8 + hlen multiple of 8),
  * *order (malloc'ed nt indices), *data_len. */
@@ -657,6 +666,9 @@ static int build_header(const mg_st_tensor *t, size_t nt, const mg_st_kv *meta, 
     for (size_t i = 0; i < nmeta; i++) {
         if (!meta[i].key || !meta[i].value)
             return mg_fail(err, errlen, -1, "metadata entry %zu: NULL key or value", i);
+        if (strcmp(meta[i].key, MG_ST_CHECKSUM_KEY) == 0)
+            return mg_fail(err, errlen, -1, "metadata key '%s' is reserved for the checksums",
+                           MG_ST_CHECKSUM_KEY);
         for (size_t k = 0; k < i; k++)
             if (strcmp(meta[k].key, meta[i].key) == 0)
                 return mg_fail(err, errlen, -1, "duplicate metadata key '%s'", meta[i].key);
@@ -673,22 +685,39 @@ static int build_header(const mg_st_tensor *t, size_t nt, const mg_st_kv *meta, 
         }
         ord[j] = i;
     }
-    sbuf b = {0};
+    /* the checksums: a JSON object {"name":"8 hex digits", ...} in tensor
+     * order, stored as the string value of __metadata__[MG_ST_CHECKSUM_KEY]
+     * (metadata values are strings, so other readers still open the file) */
+    sbuf cs = {0};
     char num[64];
-    sb_str(&b, "{");
-    int first = 1;
-    if (nmeta > 0) {
-        sb_str(&b, "\"__metadata__\":{");
-        for (size_t i = 0; i < nmeta; i++) {
-            if (i)
-                sb_str(&b, ",");
-            sb_quote(&b, meta[i].key);
-            sb_str(&b, ":");
-            sb_quote(&b, meta[i].value);
-        }
-        sb_str(&b, "}");
-        first = 0;
+    sb_str(&cs, "{");
+    for (size_t k = 0; k < nt; k++) {
+        const mg_st_tensor *x = &t[ord[k]];
+        uint64_t nb = 0;
+        tensor_bytes(x->shape, x->ndim, mg_st_dtype_size(x->dtype), &nb);
+        if (k)
+            sb_str(&cs, ",");
+        sb_quote(&cs, x->name);
+        snprintf(num, sizeof num, ":\"%08x\"", (unsigned)crc_of(x->data, (size_t)nb));
+        sb_str(&cs, num);
     }
+    sb_str(&cs, "}");
+    sbuf b = {0};
+    sb_str(&b, "{\"__metadata__\":{");
+    for (size_t i = 0; i < nmeta; i++) {
+        sb_quote(&b, meta[i].key);
+        sb_str(&b, ":");
+        sb_quote(&b, meta[i].value);
+        sb_str(&b, ",");
+    }
+    sb_quote(&b, MG_ST_CHECKSUM_KEY);
+    sb_str(&b, ":");
+    if (!cs.oom)
+        sb_quote(&b, cs.s);
+    sb_str(&b, "}");
+    b.oom |= cs.oom;
+    free(cs.s);
+    int first = 0;
     uint64_t off = 0;
     for (size_t k = 0; k < nt; k++) {
         const mg_st_tensor *x = &t[ord[k]];
@@ -871,6 +900,8 @@ out:
 
 struct mg_st_file {
     mg_json *hdr;           /* owns the name / metadata strings */
+    const char *checksums;  /* __metadata__[MG_ST_CHECKSUM_KEY] (not listed as metadata) */
+    int checksummed;        /* every tensor's CRC-32 was in the metadata and matched */
     unsigned char *data;    /* byte buffer (malloc'ed, so 16-aligned) */
     size_t data_len;
     size_t nt;
@@ -904,6 +935,43 @@ static int cmp_span(const void *a, const void *b)
     if (x->end != y->end)
         return x->end < y->end ? -1 : 1;
     return 0;
+}
+
+/* The checksums in __metadata__[MG_ST_CHECKSUM_KEY], when present, must name
+ * exactly the file's tensors and match their bytes. */
+static int verify_checksums(mg_st_file *f, char *err, size_t errlen)
+{
+    const char *cs = f->checksums;
+    if (!cs)
+        return 0;
+    mg_json *j = NULL;
+    char e[160];
+    if (mg_json_parse(cs, strlen(cs), &j, e, sizeof e) || j->type != MG_JSON_OBJECT) {
+        mg_json_free(j);
+        return mg_fail(err, errlen, -1, "the checksum table (metadata '%s') is corrupt%s%s",
+                       MG_ST_CHECKSUM_KEY, j ? "" : ": ", j ? "" : e);
+    }
+    int rc = 0;
+    if (j->len != f->nt)
+        rc = mg_fail(err, errlen, -1, "the checksum table lists %zu tensors, the file has %zu", j->len,
+                     f->nt);
+    for (size_t k = 0; !rc && k < f->nt; k++) {
+        const mg_st_tensor *x = &f->t[k];
+        const mg_json *v = mg_json_get(j, x->name);
+        char *end = NULL;
+        unsigned long want = v && v->type == MG_JSON_STRING && strlen(v->str) == 8
+                                 ? strtoul(v->str, &end, 16) : 0;
+        if (!end || *end)
+            rc = mg_fail(err, errlen, -1, "the checksum table has no valid entry for tensor '%.60s'",
+                         x->name);
+        else if ((uint32_t)want != crc_of(x->data, x->nbytes))
+            rc = mg_fail(err, errlen, -1,
+                         "tensor '%.60s' fails its checksum (CRC-32 %08x, recorded %08lx): the "
+                         "file is corrupt", x->name, (unsigned)crc_of(x->data, x->nbytes), want);
+    }
+    mg_json_free(j);
+    f->checksummed = rc == 0;
+    return rc;
 }
 
 /* Validate the header (text hdr[0..hlen)) against a byte buffer of dlen
@@ -961,10 +1029,14 @@ static int st_build(const char *hdr, size_t hlen, unsigned char *data, size_t dl
                             e->keys[k]);
                     goto fail;
                 }
-                f->mkey[k] = e->keys[k];
-                f->mval[k] = e->items[k].str;
+                if (strcmp(e->keys[k], MG_ST_CHECKSUM_KEY) == 0) {
+                    f->checksums = e->items[k].str;
+                    continue;
+                }
+                f->mkey[f->nmeta] = e->keys[k];
+                f->mval[f->nmeta] = e->items[k].str;
+                f->nmeta++;
             }
-            f->nmeta = e->len;
             continue;
         }
         if (e->type != MG_JSON_OBJECT) {
@@ -1088,6 +1160,8 @@ static int st_build(const char *hdr, size_t hlen, unsigned char *data, size_t dl
                 dlen, (unsigned long long)at);
         goto fail;
     }
+    if (verify_checksums(f, err, errlen))
+        goto fail;
     /* reorder tensors by offset */
     {
         mg_st_tensor *sorted = calloc(f->nt ? f->nt : 1, sizeof *sorted);
@@ -1290,6 +1364,50 @@ const char *mg_st_meta(const mg_st_file *f, const char *key)
         if (strcmp(f->mkey[i], key) == 0)
             return f->mval[i];
     return NULL;
+}
+
+int mg_st_checksummed(const mg_st_file *f)
+{
+    return f ? f->checksummed : 0;
+}
+
+int mg_st_remove_stale_temps(const char *path)
+{
+    if (!path || !*path)
+        return 0;
+    const char *slash = strrchr(path, '/');
+    char dir[4096];
+    const char *base = slash ? slash + 1 : path;
+    if (!slash)
+        snprintf(dir, sizeof dir, ".");
+    else if (snprintf(dir, sizeof dir, "%.*s", slash == path ? 1 : (int)(slash - path), path) >=
+             (int)sizeof dir)
+        return 0;
+    DIR *d = opendir(dir);
+    if (!d)
+        return 0;
+    const size_t bl = strlen(base);
+    int removed = 0;
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        const char *n = de->d_name;
+        if (strncmp(n, base, bl) != 0 || strncmp(n + bl, ".tmp.", 5) != 0)
+            continue;
+        const char *digits = n + bl + 5;
+        char *end;
+        errno = 0;
+        long pid = strtol(digits, &end, 10);
+        if (!*digits || *end || errno || pid <= 0 || pid == (long)getpid())
+            continue;
+        /* a writer that is still alive (or whose liveness we cannot tell) keeps its file */
+        if (kill((pid_t)pid, 0) == 0 || errno != ESRCH)
+            continue;
+        char full[8192];
+        if (snprintf(full, sizeof full, "%s/%s", dir, n) < (int)sizeof full && unlink(full) == 0)
+            removed++;
+    }
+    closedir(d);
+    return removed;
 }
 
 size_t mg_st_meta_count(const mg_st_file *f)

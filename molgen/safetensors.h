@@ -9,6 +9,13 @@
  * offsets are relative to the buffer, which is covered exactly (no holes, no
  * overlaps). Tensor data is little-endian, row-major.
  *
+ * Integrity: the writer stores every tensor's CRC-32 (zlib's) in the metadata
+ * under MG_ST_CHECKSUM_KEY, as a JSON object {"name": "8 hex digits"} held
+ * in a string (so any safetensors reader still opens the file); the reader
+ * verifies them when present (a flipped byte is an error naming the tensor)
+ * and accepts files without them (mg_st_checksummed says which). The table
+ * is the format's own: mg_st_meta and mg_st_meta_at do not list it.
+ *
  * Errors: 0 on success, -1 on failure with a one-line message in err[errlen]
  * (err may be NULL). Nothing aborts, exits or prints; a truncated, corrupt or
  * foreign file is an error, never a crash.
@@ -27,6 +34,8 @@ extern "C" {
 /* The reader refuses headers larger than this (same limit as the reference
  * implementation). */
 #define MG_ST_MAX_HEADER (100u * 1024u * 1024u)
+/* Metadata key of the checksum table (reserved: mg_st_write refuses it). */
+#define MG_ST_CHECKSUM_KEY "crc32"
 
 typedef enum {
     MG_ST_BOOL, MG_ST_U8, MG_ST_I8, MG_ST_F8_E5M2, MG_ST_F8_E4M3,
@@ -109,6 +118,14 @@ int mg_st_get(const mg_st_file *f, const char *name, mg_st_dtype dtype,
 int mg_st_copy(const mg_st_file *f, const char *name, mg_st_dtype dtype,
                int ndim, const int64_t *shape, void *dst, size_t dst_bytes,
                char *err, size_t errlen);
+
+/* 1 if the file carried checksums for its tensors (all verified at load), 0
+ * for a file written without them (an older molgen, another writer). */
+int mg_st_checksummed(const mg_st_file *f);
+
+/* Removes "<path>.tmp.<pid>" files (mg_st_write's temporaries) whose writer
+ * process no longer exists: left by a killed run. Returns how many. */
+int mg_st_remove_stale_temps(const char *path);
 
 /* Metadata value of key, or NULL. Owned by f. */
 const char *mg_st_meta(const mg_st_file *f, const char *key);

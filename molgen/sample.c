@@ -14,6 +14,7 @@
 
 #include "attn.h"
 #include "cli_util.h"
+#include "safetensors.h"
 #include "decode.h"
 #include "smiles_check.h"
 
@@ -511,7 +512,9 @@ int cmd_sample(int argc, char **argv) {
             return 2;
         }
         if (!ok) {
-            fprintf(stderr, "molgen sample: bad value '%s' for %s (see molgen sample --help)\n", val, a);
+            char cut[96];
+            fprintf(stderr, "molgen sample: bad value '%s' for %s (see molgen sample --help)\n",
+                    mg_cli_cut(val, cut, sizeof cut), a);
             return 2;
         }
     }
@@ -523,12 +526,16 @@ int cmd_sample(int argc, char **argv) {
         fprintf(stderr, "molgen sample: cannot use %d threads\n", threads);
         return 2;
     }
-    mg_model *m = NULL;
-    mg_vocab *v = NULL;
-    if (mg_model_load(model_path, &m, &v, err, sizeof err)) {
-        fprintf(stderr, "molgen sample: %s: %s\n", model_path, err);
+    /* the output is checked before any work, and never replaces the model */
+    const char *inputs[] = {model_path};
+    if (mg_cli_check_output(out_path, inputs, 1, err, sizeof err)) {
+        fprintf(stderr, "molgen sample: --out: %s\n", err);
         return 1;
     }
+    mg_st_remove_stale_temps(out_path);
+    mg_model *m = NULL;
+    mg_vocab *v = NULL;
+    if (mg_cli_load_model("sample", model_path, &m, &v)) return 1;
     mg_samples s;
     int rc = mg_sample(m, v, &o, &s, err, sizeof err);
     mg_model_free(m);
@@ -538,14 +545,10 @@ int cmd_sample(int argc, char **argv) {
         return 1;
     }
     rc = 0;
-    if (mg_cli_mkdir_parent(out_path, err, sizeof err)) {
-        fprintf(stderr, "molgen sample: %s\n", err);
-        mg_samples_free(&s);
-        return 1;
-    }
-    FILE *f = fopen(out_path, "w");
+    char tmp[4200];
+    FILE *f = mg_cli_atomic_open(out_path, tmp, sizeof tmp, err, sizeof err);
     if (!f) {
-        fprintf(stderr, "molgen sample: cannot write %s: %s\n", out_path, strerror(errno));
+        fprintf(stderr, "molgen sample: %s\n", err);
         mg_samples_free(&s);
         return 1;
     }
@@ -555,9 +558,8 @@ int cmd_sample(int argc, char **argv) {
         if (!s.smiles[i][0]) empty++;
         else if (mg_smiles_syntax_ok(s.smiles[i], NULL, 0)) valid++;
     }
-    int werr = ferror(f);
-    if (fclose(f) != 0 || werr) {
-        fprintf(stderr, "molgen sample: error writing %s\n", out_path);
+    if (mg_cli_atomic_commit(f, tmp, out_path, err, sizeof err)) {
+        fprintf(stderr, "molgen sample: %s\n", err);
         mg_samples_free(&s);
         return 1;
     }

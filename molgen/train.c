@@ -56,6 +56,7 @@ void mg_train_config_default(mg_train_config *c) {
     mg_model_config_default(&c->model);
     mg_adamw_config_default(&c->optim);
     c->batch_size = 32;
+    c->max_tokens = MG_MAX_TOKENS_DEFAULT;
     c->val_every = -1;
     c->val_max = 2000;
     c->ckpt_every = 1000;
@@ -463,8 +464,16 @@ int mg_train_run(const mg_train_config *c, mg_train_result *result, char *err, s
         ts.ckpt_every = c->ckpt_every;
         ts.val_loss = NAN;
     }
-    if (c->steps < 0 || c->time_limit < 0 || c->stop_after < 0)
-        return checkpoint_free(&ck), mg_fail(err, errlen, -1, "steps, time limit and stop_after must be >= 0");
+    if (c->steps < 0 || !(c->time_limit >= 0 && c->time_limit <= MG_TIME_LIMIT_MAX) || c->stop_after < 0)
+        return checkpoint_free(&ck), mg_fail(err, errlen, -1, "steps and stop_after must be >= 0, the "
+                                             "time limit in [0, %g] seconds", MG_TIME_LIMIT_MAX);
+    if (resuming && c->steps > 0 && c->steps < ts.step) {
+        mg_fail(err, errlen, -1, "%s is at step %" PRId64 " of a %" PRId64 "-step schedule: --steps %" PRId64
+                " is behind it (give more steps than the checkpoint has done, or none to finish its schedule)",
+                c->resume_path, ts.step, ck.opt.cfg.total_steps, c->steps);
+        checkpoint_free(&ck);
+        return -1;
+    }
     if (!resuming && c->steps == 0 && c->time_limit <= 0)
         return mg_fail(err, errlen, -1, "give a number of steps or a time limit");
     if (!c->out_path) return checkpoint_free(&ck), mg_fail(err, errlen, -1, "no output path given");
@@ -806,23 +815,26 @@ static const char TRAIN_USAGE[] =
     "                       written atomically)\n"
     "  --resume FILE        continue a checkpoint (its model, optimizer, data split,\n"
     "                       seed and batch size; --data overrides its data path)\n"
-    "  --max-tokens N       skip molecules longer than N tokens (default: no limit)\n"
+    "  --max-tokens N       skip molecules longer than N tokens (default 256; 0 = no\n"
+    "                       limit); skipped lines are reported as file:line\n"
     "  --val-frac X         validation fraction, split by seed (default 0.05)\n"
     "Length (whichever comes first; one of them is required for a fresh run):\n"
     "  --steps N            optimizer steps of the schedule (total, from step 0)\n"
-    "  --time-limit SEC     wall-clock limit for this run; without --steps the\n"
-    "                       schedule length is estimated from 10 timed steps\n"
+    "  --time-limit SEC     wall-clock limit for this run (at most a year); without\n"
+    "                       --steps the schedule length is estimated from 10 timed\n"
+    "                       steps\n"
     "Model (ignored with --resume):\n"
     "  --preset NAME        default (4 layers, d_model 128, 4 heads, dropout 0) or\n"
     "                       molgpt (8 layers, d_model 256, 8 heads, dropout 0.1)\n"
-    "  --layers N  --d-model N  --heads N  --dropout X\n"
+    "  --layers N  --d-model N  --heads N  --dropout X (in [0, 1))\n"
     "  --ctx-len N          positions (default: longest molecule + 1)\n"
     "Optimizer (AdamW, warm-up + cosine; ignored with --resume):\n"
     "  --batch-size N (32)  --lr X (2e-3)  --min-lr-frac X (0.1)  --warmup N (100)\n"
-    "  --weight-decay X (0.1)  --grad-clip X (1.0; 0 = off)  --beta1 X (0.9)\n"
+    "  --weight-decay X (0.1)  --grad-clip X (1.0; >= 0, 0 = off)  --beta1 X (0.9)\n"
     "  --beta2 X (0.95)\n"
     "Run:\n"
-    "  --seed N             init, split, shuffle and dropout seed (default 1)\n"
+    "  --seed N             init, split, shuffle and dropout seed, decimal in\n"
+    "                       [0, 2^64) (default 1)\n"
     "  --threads N          threads (default: ATTN_NUM_THREADS or all cores)\n"
     "  --val-every N        validation every N steps (0 = at the end only; default\n"
     "                       auto: about 10 per run, at most 5% of a time-limited run)\n"
@@ -855,7 +867,8 @@ int cmd_train(int argc, char **argv) {
     c.out_path = NULL;
     /* model flags are applied after the preset, whatever their order */
     long long layers = -1, dmodel = -1, heads = -1, ctx = -1;
-    double dropout = -1;
+    double dropout = 0;
+    int dropout_set = 0;
     const char *preset = "default";
     int threads = 0, no_mask = 0;
     char err[1024];
@@ -897,7 +910,10 @@ int cmd_train(int argc, char **argv) {
         else if (!strcmp(a, "--resume")) c.resume_path = v;
         else if (!strcmp(a, "--preset")) preset = v;
         else if (!strcmp(a, "--seed")) { ok = mg_cli_u64(v, &u); c.seed = u; }
-        else if (!strcmp(a, "--time-limit")) { ok = mg_cli_double(v, &dv) && dv > 0; c.time_limit = dv; }
+        else if (!strcmp(a, "--time-limit")) {
+            ok = mg_cli_double(v, &dv) && dv > 0 && dv <= MG_TIME_LIMIT_MAX;
+            c.time_limit = dv;
+        }
         INT_OPT("--steps", 1, INT64_MAX / 8, c.steps)
         INT_OPT("--stop-after", 1, INT64_MAX / 8, c.stop_after)
         INT_OPT("--max-tokens", 0, 1000000, c.max_tokens)
@@ -911,7 +927,7 @@ int cmd_train(int argc, char **argv) {
         INT_OPT("--d-model", 1, 65536, dmodel)
         INT_OPT("--heads", 1, 65536, heads)
         INT_OPT("--ctx-len", 1, 65536, ctx)
-        DBL_OPT("--dropout", dropout)
+        else if (!strcmp(a, "--dropout")) { ok = mg_cli_double(v, &dropout); dropout_set = 1; }
         DBL_OPT("--val-frac", c.val_frac)
         DBL_OPT("--lr", c.optim.lr)
         DBL_OPT("--min-lr-frac", c.optim.min_lr_frac)
@@ -922,7 +938,13 @@ int cmd_train(int argc, char **argv) {
         else return train_usage_error("unknown option %s", a);
 #undef INT_OPT
 #undef DBL_OPT
-        if (!ok) return train_usage_error("bad value '%s' for %s", v, a);
+        if (!ok) {
+            char cut[96];
+            if (!strcmp(a, "--time-limit"))
+                return train_usage_error("bad value '%s' for --time-limit (seconds, > 0 and <= %g)",
+                                         mg_cli_cut(v, cut, sizeof cut), MG_TIME_LIMIT_MAX);
+            return train_usage_error("bad value '%s' for %s", mg_cli_cut(v, cut, sizeof cut), a);
+        }
     }
     if (!strcmp(preset, "default")) mg_model_config_default(&c.model);
     else if (!strcmp(preset, "molgpt")) mg_model_config_molgpt(&c.model);
@@ -931,12 +953,12 @@ int cmd_train(int argc, char **argv) {
     if (dmodel > 0) c.model.d_model = (int)dmodel;
     if (heads > 0) c.model.n_head = (int)heads;
     if (ctx > 0) c.model.ctx_len = (int)ctx;
-    if (dropout >= 0) c.model.dropout = (float)dropout;
+    if (dropout_set) c.model.dropout = (float)dropout;
     c.model.no_causal_mask = no_mask;
     if (c.model.d_model % c.model.n_head)
         return train_usage_error("--heads %d does not divide --d-model %d", c.model.n_head, c.model.d_model);
     if (!(c.model.dropout >= 0 && c.model.dropout < 1))
-        return train_usage_error("--dropout must be in [0, 1)");
+        return train_usage_error("--dropout %g must be in [0, 1)", (double)c.model.dropout);
     if (!c.resume_path) {
         mg_adamw_config oc = c.optim;
         oc.total_steps = 1;
@@ -957,10 +979,17 @@ int cmd_train(int argc, char **argv) {
     }
     if (threads > 0 && attn_set_num_threads(threads, NULL))
         return train_usage_error("cannot use %d threads", threads);
-    if (mg_cli_mkdir_parent(c.out_path, err, sizeof err)) {
-        fprintf(stderr, "molgen train: %s\n", err);
+    /* every output is checked before any work (a run is never lost at its
+     * first checkpoint), and never overwrites the data */
+    const char *inputs[] = {c.data_path};
+    if (mg_cli_check_output(c.out_path, inputs, 1, err, sizeof err)) {
+        fprintf(stderr, "molgen train: --out: %s\n", err);
         return 1;
     }
+    int stale = mg_st_remove_stale_temps(c.out_path);
+    if (stale > 0 && !c.quiet)
+        fprintf(stderr, "removed %d stale temporary file(s) of %s left by killed runs\n", stale,
+                c.out_path);
     mg_train_install_signal_handlers();
     mg_train_result r;
     if (mg_train_run(&c, &r, err, sizeof err)) {
@@ -1048,7 +1077,7 @@ int cmd_debug_grads(int argc, char **argv) {
     mg_model *m = NULL;
     uint64_t s = seed ^ 0x5DEECE66Dull;
     if (model_path) {
-        if (mg_model_load(model_path, &m, NULL, err, sizeof err)) {
+        if (mg_model_load(model_path, &m, NULL, NULL, err, sizeof err)) {
             fprintf(stderr, "molgen debug-grads: %s\n", err);
             return 1;
         }

@@ -38,13 +38,22 @@
 extern "C" {
 #endif
 
+/* Default token limit per molecule: longer lines are skipped and counted
+ * like every other bad line, so that one runaway line cannot set the context
+ * length (MOSES molecules have at most 57 tokens). */
+#define MG_MAX_TOKENS_DEFAULT 256
+/* Longest --time-limit (a year, in seconds): larger values would overflow
+ * the step estimates' float -> int64 conversions. */
+#define MG_TIME_LIMIT_MAX 3.2e7
+
 typedef struct {
     /* data */
     const char *data_path;  /* .smi or .csv (required for a fresh run; on
                                resume NULL means the checkpoint's path) */
     const char *csv_column; /* NULL: "smiles" */
     double val_frac;        /* 0.05 */
-    int max_tokens;         /* 0: no limit; longer molecules are skipped */
+    int max_tokens;         /* MG_MAX_TOKENS_DEFAULT; longer molecules are
+                               skipped and counted; 0: no limit */
 
     /* model: n_layer, d_model, n_head, dropout, no_causal_mask are used;
      * ctx_len 0 = the longest molecule + 1 (BOS + tokens); vocab_size is
@@ -62,7 +71,8 @@ typedef struct {
                                re-sized every 2% of the run from the mean
                                step time (load changes), so the cosine ends
                                at the limit; such a run is not reproducible */
-    double time_limit;      /* seconds for this process's run; 0: none */
+    double time_limit;      /* seconds for this process's run; 0: none;
+                               at most MG_TIME_LIMIT_MAX */
     int64_t stop_after;     /* stop once this many steps are done (0: never):
                                an interruption at a chosen step, for tests */
     int val_every;          /* steps between validations (0: only at the end;
@@ -83,8 +93,8 @@ typedef struct {
 } mg_train_config;
 
 /* Defaults: model mg_model_config_default, optimizer mg_adamw_config_default
- * (lr 2e-3 ...), batch 32, val_frac 0.05, val_every -1 (auto), val_max 2000,
- * ckpt_every 1000, seed 1, progress 1. */
+ * (lr 2e-3 ...), batch 32, val_frac 0.05, max_tokens MG_MAX_TOKENS_DEFAULT,
+ * val_every -1 (auto), val_max 2000, ckpt_every 1000, seed 1, progress 1. */
 void mg_train_config_default(mg_train_config *c);
 
 typedef enum {

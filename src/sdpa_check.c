@@ -15,8 +15,12 @@ attn_status attn_check_tensor(const attn_tensor *t, const char *name, attn_error
         if (t->dim[d] <= 0)
             return attn_fail(err, ATTN_ERR_SHAPE, "%s: dim %s = %lld must be > 0", name,
                              kDimName[d], (long long)t->dim[d]);
+        /* INT64_MIN has no magnitude in int64: reject it before negating. */
+        if (t->stride[d] == INT64_MIN)
+            return attn_fail(err, ATTN_ERR_OVERFLOW, "%s: stride %s = INT64_MIN overflows", name,
+                             kDimName[d]);
         int64_t s = t->stride[d] < 0 ? -t->stride[d] : t->stride[d], reach;
-        if (t->stride[d] == INT64_MIN || !attn_mul64(t->dim[d] - 1, s, &reach) ||
+        if (!attn_mul64(t->dim[d] - 1, s, &reach) ||
             !attn_add64(span, reach, &span) || !attn_mul64(count, t->dim[d], &count))
             return attn_fail(err, ATTN_ERR_OVERFLOW, "%s: shape [%lld, %lld, %lld, %lld] overflows",
                              name, (long long)t->dim[0], (long long)t->dim[1],

@@ -117,6 +117,13 @@ static void test_sdpa_overflow(void)
     attn_tensor s = {one, {1, 1, 3, 1}, {1, 1, big + 1, 1}};
     attn_tensor so = {one, {1, 1, 3, 1}, {3, 3, 1, 1}};
     EXPECT(attn_sdpa_forward(&s, &s, &s, &p, &so, NULL, NULL, NULL, fresh()), ATTN_ERR_OVERFLOW);
+    /* A stride of INT64_MIN has no magnitude: refused without negating it (the
+     * UBSan build aborted here on signed overflow). */
+    attn_tensor sm = {one, {1, 1, 3, 1}, {1, 1, INT64_MIN, 1}};
+    EXPECT(attn_sdpa_forward(&sm, &sm, &sm, &p, &so, NULL, NULL, NULL, fresh()), ATTN_ERR_OVERFLOW);
+    attn_tensor sm1 = {one, {1, 1, 1, 1}, {INT64_MIN, 1, 1, 1}};
+    attn_tensor so1 = {one, {1, 1, 1, 1}, {1, 1, 1, 1}};
+    EXPECT(attn_sdpa_forward(&sm1, &sm1, &sm1, &p, &so1, NULL, NULL, NULL, fresh()), ATTN_ERR_OVERFLOW);
     /* Tensors fit (2^32 elements each) but B*H*Lq*Lk = 2^64 does not. */
     const int64_t L = (int64_t)1 << 32;
     attn_tensor l = {one, {1, 1, L, 1}, {0, 0, 1, 1}};

@@ -306,7 +306,7 @@ static void test_config_and_files(void) {
     CHECK(mg_model_save(m, v, path, err, sizeof err) == 0, "save: %s", err);
     mg_model *m2 = NULL;
     mg_vocab *v2 = NULL;
-    CHECK(mg_model_load(path, &m2, &v2, err, sizeof err) == 0, "load: %s", err);
+    CHECK(mg_model_load(path, &m2, &v2, NULL, err, sizeof err) == 0, "load: %s", err);
     if (m2) {
         CHECK(mg_model_num_params(m2) == mg_model_num_params(m) &&
                   memcmp(mg_model_params(m2), mg_model_params(m),
@@ -323,7 +323,7 @@ static void test_config_and_files(void) {
         fclose(f);
     }
     m2 = NULL;
-    CHECK(mg_model_load(path, &m2, NULL, err, sizeof err) != 0 && !m2, "truncated file loaded");
+    CHECK(mg_model_load(path, &m2, NULL, NULL, err, sizeof err) != 0 && !m2, "truncated file loaded");
     printf("truncated model file: %s\n", err);
     remove(path);
     mg_vocab_free(v);

@@ -13,6 +13,7 @@ import os
 import struct
 import subprocess
 import tempfile
+import zlib
 
 import pytest
 
@@ -140,6 +141,11 @@ def test_c_writer_read_by_numpy(tmp_path):
     np.testing.assert_allclose(t['f32'], f32_vals(6).reshape(2, 3), rtol=1e-7)
     np.testing.assert_allclose(t['f64'], f64_vals(3), rtol=1e-15)
     assert t['f32'].shape == (2, 3)
+    # the checksum table: every tensor's CRC-32, checked with Python's zlib
+    crcs = json.loads(meta.pop('crc32'))
+    assert set(crcs) == set(t)
+    for name, arr in t.items():
+        assert int(crcs[name], 16) == zlib.crc32(arr.tobytes()), name
     assert meta == {'format': 'pt', 'vocab': VOCAB}
     assert json.loads(meta['vocab']) == ['<pad>', 'C\\']
 
@@ -157,3 +163,39 @@ def test_numpy_writer_read_by_c(tmp_path):
     p = subprocess.run([binary], capture_output=True, text=True, env=env, timeout=120)
     assert p.returncode == 0, p.stdout + p.stderr
     assert 'interop: read' in p.stdout
+    assert '(checksummed 0)' in p.stdout  # a file without checksums still loads
+
+
+INTEROP = [('u8', u8_vals(5)), ('f32', f32_vals(6).reshape(2, 3)),
+           ('i64', i64_vals(4)), ('f64', f64_vals(3))]
+
+
+def _crc_table(tensors):
+    return json.dumps({n: '%08x' % zlib.crc32(np.ascontiguousarray(a).tobytes())
+                       for n, a in tensors})
+
+
+def test_checksums_from_python_verified_by_c(tmp_path):
+    binary = _binary()
+    path = str(tmp_path / 'crc.safetensors')
+    write_safetensors(path, INTEROP, {'vocab': VOCAB, 'format': 'pt',
+                                      'crc32': _crc_table(INTEROP)})
+    env = dict(os.environ, MOLGEN_ST_IMPORT=path)
+    p = subprocess.run([binary], capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert '(checksummed 1)' in p.stdout
+
+
+def test_flipped_data_byte_is_refused(tmp_path):
+    binary = _binary()
+    path = str(tmp_path / 'flip.safetensors')
+    write_safetensors(path, INTEROP, {'vocab': VOCAB, 'format': 'pt',
+                                      'crc32': _crc_table(INTEROP)})
+    raw = bytearray(open(path, 'rb').read())
+    (n,) = struct.unpack('<Q', raw[:8])
+    # u8 is the first tensor in the buffer: flip one bit of its third byte
+    raw[8 + n + 2] ^= 0x10
+    open(path, 'wb').write(bytes(raw))
+    env = dict(os.environ, MOLGEN_ST_IMPORT=path)
+    p = subprocess.run([binary], capture_output=True, text=True, env=env, timeout=120)
+    assert "tensor 'u8' fails its checksum" in p.stdout, p.stdout + p.stderr
