@@ -1,0 +1,650 @@
+"""attn.torch: libattn inside PyTorch autograd (CPU, float32).
+
+    import attn.torch
+    out = attn.torch.scaled_dot_product_attention(q, k, v, attn_mask=None,
+              dropout_p=0.0, is_causal=False, scale=None, *,
+              key_padding_lengths=None, window=None, seed=None, offset=0)
+    mha = attn.torch.MultiheadAttention(embed_dim, num_heads, dropout=0.0,
+              bias=True, add_bias_kv=False, add_zero_attn=False, kdim=None,
+              vdim=None, batch_first=False)      # torch.nn.MultiheadAttention's
+    out, weights = mha(query, key, value, key_padding_mask=None,
+                       need_weights=True, attn_mask=None,
+                       average_attn_weights=True, is_causal=False)
+
+Both are differentiable with torch autograd: the forward and the backward
+are libattn's (attn_sdpa_forward/backward; attn_mha_forward/backward).
+Inputs are read in place through their strides (no copy for contiguous
+tensors, transposes or slices; leading dims that cannot be merged into one
+stride are copied first). Threads: torch.get_num_threads() per call.
+
+Dropout: the mask of element (b, h, i, j) is a pure function of (seed,
+offset) (see attn_sdpa_params in attn.h); seed=None draws the seed from
+torch's default generator, so torch.manual_seed reproduces it. The backward
+regenerates the forward's mask.
+
+Refused with attn.torch.UnsupportedError (a NotImplementedError), never
+silently worked around: tensors not on the CPU, dtypes other than float32,
+non-strided layouts, gradients w.r.t. a mask or w.r.t. the returned attention
+weights, double backward, add_bias_kv, add_zero_attn. The message names the
+alternative (torch's own attention, or a conversion).
+
+Differences from PyTorch: a query row that sees no key gets output 0 and
+zero gradient (PyTorch: NaN); is_causal is bottom-right aligned (query i
+sees keys j <= i + Lk - Lq; the same as PyTorch's when Lq == Lk) and may be
+combined with attn_mask; the weights MultiheadAttention returns are before
+dropout (PyTorch 1.13 returns them after).
+
+This module needs torch; `import attn` alone does not import it.
+"""
+import ctypes
+import threading
+
+import numpy as np
+import torch
+from torch import nn
+
+from . import _lib
+from ._views import mask_array, mask_view, out_tensor, tensor_view
+from .functional import _forward, _prepare, _set_path, build_params
+
+__all__ = ["scaled_dot_product_attention", "MultiheadAttention",
+           "UnsupportedError"]
+
+
+class UnsupportedError(NotImplementedError):
+    """A tensor, option or use that attn.torch does not support; the message
+    names the alternative."""
+
+
+_TORCH_MATH = ("torch's math path (torch.softmax(q @ k.transpose(-2, -1) * "
+               "scale + mask, -1) @ v)")
+_last = threading.local()
+
+
+def _last_copied():
+    """Names of the inputs the last scaled_dot_product_attention call in this
+    thread had to copy (leading dims not mergeable into one stride); () when
+    every input was read in place."""
+    return getattr(_last, "copied", ())
+
+
+def _check_tensor(t, name, what="float32"):
+    """t must be a strided CPU tensor: float32, or for what="mask" bool or
+    floating, for what="mha_mask" also uint8 (torch's byte masks)."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError("attn.torch: %s must be a torch.Tensor, got %s"
+                        % (name, type(t).__name__))
+    if t.device.type != "cpu":
+        raise UnsupportedError(
+            "attn.torch: %s is on %s; attn runs on the CPU only. Move the "
+            "tensors with .cpu(), or use torch's own attention "
+            "(torch.nn.MultiheadAttention, %s) on that device"
+            % (name, t.device, _TORCH_MATH))
+    if t.layout != torch.strided:
+        raise UnsupportedError("attn.torch: %s has layout %s; convert it with "
+                               ".to_dense()" % (name, t.layout))
+    if what in ("mask", "mha_mask"):
+        kinds = (torch.bool, torch.uint8) if what == "mha_mask" else (torch.bool,)
+        if t.dtype not in kinds and not t.is_floating_point():
+            raise ValueError("attn.torch: %s must be %s or floating point, got %s"
+                             % (name, " or ".join(map(str, kinds)), t.dtype))
+        if t.requires_grad:
+            raise UnsupportedError(
+                "attn.torch: %s requires grad; attn has no gradient w.r.t. a "
+                "mask. Pass %s.detach(), or use %s for that gradient"
+                % (name, name, _TORCH_MATH))
+    elif t.dtype != torch.float32:
+        raise UnsupportedError(
+            "attn.torch: %s has dtype %s; attn computes in float32 only. "
+            "Convert with .float(), or use %s (or torch.nn.MultiheadAttention) "
+            "for %s" % (name, t.dtype, _TORCH_MATH, t.dtype))
+
+
+def _np(t):
+    """numpy view of a CPU tensor's memory, with its strides (no copy)."""
+    return t.detach().resolve_neg().resolve_conj().numpy()
+
+
+def _shares(a, t):
+    return a is not None and a.size > 0 and a.ctypes.data == t.data_ptr()
+
+
+def _draw_seed():
+    return int(torch.randint(0, 2**62, (), dtype=torch.int64).item())
+
+
+def _check_dropout(p, name):
+    p = float(p)
+    if not 0.0 <= p < 1.0:
+        raise ValueError("attn.torch: %s must be in [0, 1), got %r" % (name, p))
+    return p
+
+
+class _RefuseDoubleBackward(torch.autograd.Function):
+    """Identity on a first-order gradient computed by libattn; differentiating
+    it again raises (create_graph=True is fine until that happens)."""
+
+    @staticmethod
+    def forward(ctx, grad, *inputs):
+        return grad.clone()
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise UnsupportedError(
+            "attn.torch: double backward (differentiating a gradient of attn's "
+            "attention) is not supported; attn's backward is not itself "
+            "differentiable. For higher-order gradients use %s or "
+            "torch.nn.MultiheadAttention" % _TORCH_MATH)
+
+
+def _maybe_refuse(grads, inputs):
+    """Under create_graph=True, chain each gradient to a node that refuses
+    to be differentiated, so a second-order term is never silently dropped."""
+    if not torch.is_grad_enabled():
+        return grads
+    deps = [t for t in inputs if isinstance(t, torch.Tensor) and t.requires_grad]
+    if not deps:
+        return grads
+    return tuple(None if g is None else _RefuseDoubleBackward.apply(g, *deps)
+                 for g in grads)
+
+
+# ---------------------------------------------------------------- SDPA
+
+
+class _SDPAOptions:
+    __slots__ = ("dropout_p", "is_causal", "scale", "key_lengths", "window",
+                 "seed", "offset", "num_threads")
+
+
+class _SDPAFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, query, key, value, attn_mask, o):
+        c = _prepare(_np(query), _np(key), _np(value),
+                     None if attn_mask is None else _np(attn_mask),
+                     o.dropout_p, o.is_causal, o.scale, o.key_lengths, o.window,
+                     o.seed, o.offset, None, o.num_threads)
+        # scale=0 replaces the query by zeros on purpose: not a copy
+        _last.copied = tuple(n for n, a, t in (("query", c.q, query),
+                                               ("key", c.k, key),
+                                               ("value", c.v, value))
+                             if t.numel() and not (n == "query" and c.zero_scale)
+                             and not _shares(a, t))
+        out_np, c.tout = out_tensor(c.lead + (c.Lq, c.Dv))
+        lse_np = np.empty(c.lead + (c.Lq,), dtype=np.float32)
+        c.empty = out_np.size == 0
+        if not c.empty:
+            _forward(c, c.tout, None, lse_np)
+        out, lse = torch.from_numpy(out_np), torch.from_numpy(lse_np)
+        ctx.call = c
+        # saved for autograd's in-place checks: c's views read this memory
+        ctx.save_for_backward(query, key, value, attn_mask, out, lse)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        query, key, value, _, out, lse = ctx.saved_tensors
+        c = ctx.call
+        need = ctx.needs_input_grad[:3]
+        if c.empty or grad_out is None or not any(need):
+            grads = tuple(torch.zeros_like(t) if n else None
+                          for t, n in zip((query, key, value), need))
+            return _maybe_refuse(grads, (query, key, value)) + (None, None)
+        if grad_out.dtype != torch.float32:
+            grad_out = grad_out.float()
+        g, tg = tensor_view(_np(grad_out), "grad_out")
+        dq, tdq = out_tensor(c.q.shape)
+        dk, tdk = out_tensor(c.k.shape)
+        dv, tdv = out_tensor(c.v.shape)
+        info = _lib.attn_sdpa_info()
+        err = _lib.attn_error()
+        st = _lib.lib.attn_sdpa_backward(
+            ctypes.byref(c.tq), ctypes.byref(c.tk), ctypes.byref(c.tv),
+            ctypes.byref(c.tout), _lib.float_ptr(lse.numpy()), ctypes.byref(tg),
+            ctypes.byref(c.p), ctypes.byref(tdq), ctypes.byref(tdk),
+            ctypes.byref(tdv), ctypes.byref(info), ctypes.byref(err))
+        _lib.check(st, err)
+        _set_path(info)
+        if c.zero_scale:
+            dq[...] = 0  # scores do not depend on the query at all
+        grads = tuple(torch.from_numpy(a) if n else None
+                      for a, n in zip((dq, dk, dv), need))
+        return _maybe_refuse(grads, (query, key, value)) + (None, None)
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None,
+                                 dropout_p=0.0, is_causal=False, scale=None, *,
+                                 key_padding_lengths=None, window=None,
+                                 seed=None, offset=0):
+    """softmax(query @ keyᵀ * scale + masks) @ value with torch autograd.
+
+    query (..., Lq, E), key (..., Lk, E), value (..., Lk, Ev): CPU float32
+    tensors with the same leading dims (zero or more). Returns (..., Lq, Ev).
+    attn_mask: bool (True = takes part) or floating (added to the scaled
+      scores), broadcastable to (..., Lq, Lk); no gradient flows to it.
+    is_causal: query i sees keys j <= i + Lk - Lq.
+    scale: None -> 1/sqrt(E).
+    key_padding_lengths: ints, one per element of the first leading dim:
+      keys j >= length do not take part.
+    window: (left, right): query i (absolute position i + Lk - Lq) sees keys
+      in [pos - left, pos + right]; None on a side = unbounded.
+    dropout_p: dropout on the weights (applied whenever dropout_p > 0, as
+      PyTorch's functional does), in [0, 1). seed/offset key the mask; seed
+      None draws one from torch's default generator.
+    """
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        _check_tensor(t, name)
+    if attn_mask is not None:
+        _check_tensor(attn_mask, "attn_mask", "mask")
+    o = _SDPAOptions()
+    o.dropout_p = _check_dropout(dropout_p, "dropout_p")
+    o.is_causal = bool(is_causal)
+    o.scale = scale
+    if key_padding_lengths is not None:
+        if isinstance(key_padding_lengths, torch.Tensor):
+            key_padding_lengths = key_padding_lengths.detach().cpu()
+        key_padding_lengths = np.array(key_padding_lengths, copy=True)
+    o.key_lengths = key_padding_lengths
+    o.window = window
+    o.seed = _draw_seed() if (seed is None and o.dropout_p > 0) else (seed or 0)
+    o.offset = offset
+    o.num_threads = torch.get_num_threads()
+    return _SDPAFunction.apply(query, key, value, attn_mask, o)
+
+
+# ---------------------------------------------------------------- MHA
+
+
+def _fptr(t, elem_offset=0):
+    return ctypes.cast(t.data_ptr() + 4 * elem_offset, _lib.c_float_p)
+
+
+class _MHACall:
+    """One forward's config, params (masks attached, arrays kept alive),
+    shapes and which of query/key/value are the same tensor."""
+
+
+def _weights_struct(s, params):
+    """attn_mha_weights over contiguous float32 tensors params =
+    (in_proj_weight or q_proj_weight, k_proj_weight, v_proj_weight,
+    in_proj_bias, out_proj.weight, out_proj.bias); k/v None when packed,
+    biases None without bias."""
+    E = s.E
+    w_in, w_k, w_v, b_in, w_o, b_o = params
+    w = _lib.attn_mha_weights()
+    w.w_q = _fptr(w_in)
+    w.w_k = _fptr(w_in, E * E) if w_k is None else _fptr(w_k)
+    w.w_v = _fptr(w_in, 2 * E * E) if w_v is None else _fptr(w_v)
+    w.w_o = _fptr(w_o)
+    if b_in is not None:
+        w.b_q, w.b_k, w.b_v = _fptr(b_in), _fptr(b_in, E), _fptr(b_in, 2 * E)
+        w.b_o = _fptr(b_o)
+    return w
+
+
+def _mha_forward_c(s, q, k, v, params, cache):
+    """attn_mha_forward on contiguous [B, L, *] tensors -> (out, weights)."""
+    out = torch.empty((s.B, s.Lq, s.E), dtype=torch.float32)
+    if s.mode == _lib.ATTN_WEIGHTS_AVERAGE:
+        weights = torch.empty((s.B, s.Lq, s.Lk), dtype=torch.float32)
+    elif s.mode == _lib.ATTN_WEIGHTS_PER_HEAD:
+        weights = torch.empty((s.B, s.H, s.Lq, s.Lk), dtype=torch.float32)
+    else:
+        weights = torch.empty(0, dtype=torch.float32)
+    w = _weights_struct(s, params)
+    err = _lib.attn_error()
+    st = _lib.lib.attn_mha_forward(
+        ctypes.byref(s.config), ctypes.byref(w), s.B, s.Lq, s.Lk,
+        _fptr(q), _fptr(k), _fptr(v), ctypes.byref(s.p), _fptr(out), s.mode,
+        _fptr(weights) if weights.numel() else None,
+        None if cache is None else _fptr(cache), ctypes.byref(err))
+    _lib.check(st, err)
+    return out, weights
+
+
+class _MHAFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, s, query, key, value, *params):
+        ctx.set_materialize_grads(False)
+        q = query.contiguous()
+        k = q if s.same_qk else key.contiguous()
+        v = q if s.same_qv else (k if s.same_kv else value.contiguous())
+        pc = tuple(None if t is None else t.contiguous() for t in params)
+        n = ctypes.c_size_t()
+        err = _lib.attn_error()
+        _lib.check(_lib.lib.attn_mha_cache_size(
+            ctypes.byref(s.config), s.B, s.Lq, s.Lk, ctypes.byref(n),
+            ctypes.byref(err)), err)
+        cache = torch.empty(n.value, dtype=torch.float32)
+        out, weights = _mha_forward_c(s, q, k, v, pc, cache)
+        ctx.s, ctx.cache = s, cache
+        ctx.save_for_backward(q, k, v, *pc)
+        if s.mode == _lib.ATTN_WEIGHTS_NONE:
+            ctx.mark_non_differentiable(weights)
+        return out, weights
+
+    @staticmethod
+    def backward(ctx, grad_out, grad_weights):
+        if grad_weights is not None and bool(grad_weights.ne(0).any()):
+            raise UnsupportedError(
+                "attn.torch.MultiheadAttention: a gradient reached the returned "
+                "attention weights, but attn's backward differentiates the "
+                "output only. Use weights.detach() in the loss, or "
+                "torch.nn.MultiheadAttention for gradients through the weights")
+        s = ctx.s
+        saved = ctx.saved_tensors
+        q, k, v, pc = saved[0], saved[1], saved[2], saved[3:]
+        need = ctx.needs_input_grad[1:]  # query, key, value, then params
+        nparams = len(pc)
+        if grad_out is None:
+            return (None,) * (4 + nparams)
+        g = grad_out.contiguous()
+        if g.dtype != torch.float32:
+            g = g.float()
+        # d_query/d_key/d_value: one buffer per distinct input (self-attention
+        # sums into one); None (NULL) where no gradient is wanted.
+        nq = need[0] or (s.same_qk and need[1]) or (s.same_qv and need[2])
+        dq = torch.zeros((s.B, s.Lq, s.E)) if nq else None
+        if s.same_qk:
+            dk = dq
+        else:
+            nk = need[1] or (s.same_kv and need[2])
+            dk = torch.zeros((s.B, s.Lk, s.kdim)) if nk else None
+        if s.same_qv:
+            dv = dq
+        elif s.same_kv:
+            dv = dk
+        else:
+            dv = torch.zeros((s.B, s.Lk, s.vdim)) if need[2] else None
+        gp = tuple(None if t is None else torch.zeros_like(t) for t in pc)
+        gw = _weights_struct(s, gp)
+        err = _lib.attn_error()
+        st = _lib.lib.attn_mha_backward(
+            ctypes.byref(s.config), ctypes.byref(_weights_struct(s, pc)),
+            s.B, s.Lq, s.Lk, _fptr(q), _fptr(k), _fptr(v), ctypes.byref(s.p),
+            _fptr(ctx.cache), _fptr(g),
+            None if dq is None else _fptr(dq), None if dk is None else _fptr(dk),
+            None if dv is None else _fptr(dv), ctypes.byref(gw), ctypes.byref(err))
+        _lib.check(st, err)
+        # a tensor passed in several slots gets its summed gradient once
+        dk_out = None if s.same_qk else dk
+        dv_out = None if (s.same_qv or s.same_kv) else dv
+        grads = (dq if nq else None, dk_out, dv_out) + tuple(
+            gt if n else None for gt, n in zip(gp, need[3:]))
+        inputs = (q, k, v) + tuple(t for t in pc if t is not None)
+        return (None,) + _maybe_refuse(grads, inputs)
+
+
+def _is_prefix(keep):
+    """keep [B, Lk] bool: True when every row is True..True False..False."""
+    lengths = keep.sum(-1)
+    ar = torch.arange(keep.shape[-1])
+    return bool(torch.equal(keep, ar[None, :] < lengths[:, None])), lengths
+
+
+class MultiheadAttention(nn.Module):
+    """torch.nn.MultiheadAttention over libattn's multi-head layer.
+
+    Same constructor, parameters (in_proj_weight [3E, E], or q_proj_weight
+    [E, E], k_proj_weight [E, kdim], v_proj_weight [E, vdim] when kdim or
+    vdim differ from E; in_proj_bias [3E]; out_proj.weight [E, E],
+    out_proj.bias [E]), state_dict keys, initialisation (the same calls in
+    the same order, so the same torch.manual_seed gives the same values) and
+    forward conventions as PyTorch 1.13's module; load_state_dict works in
+    both directions. batch_first=False by default, as in torch.
+
+    forward(query, key, value, key_padding_mask=None, need_weights=True,
+            attn_mask=None, average_attn_weights=True, is_causal=False)
+      -> (out, weights or None)
+    key_padding_mask [B, Lk] ([Lk] unbatched): bool/uint8 True = ignore
+      that key, or floating (added).
+    attn_mask [Lq, Lk] or [B*H, Lq, Lk] ([H, Lq, Lk] unbatched): bool/uint8
+      True = NOT allowed, or floating (added).
+    is_causal: add the causal mask (query i sees keys j <= i + Lk - Lq).
+    A bool attn_mask equal to torch.triu(ones(L, L), 1) and a key padding
+    mask whose rows are padded at the end run as libattn's causal mask and
+    key lengths (whole tiles skipped); the result is the same.
+    The returned weights are before dropout and carry no gradient (a loss
+    that uses them raises at backward).
+    """
+
+    def __init__(self, embed_dim, num_heads, dropout=0.0, bias=True,
+                 add_bias_kv=False, add_zero_attn=False, kdim=None, vdim=None,
+                 batch_first=False, device=None, dtype=None):
+        if add_bias_kv:
+            raise UnsupportedError(
+                "attn.torch.MultiheadAttention: add_bias_kv=True is not "
+                "supported; use torch.nn.MultiheadAttention, or append the "
+                "bias row to key and value yourself")
+        if add_zero_attn:
+            raise UnsupportedError(
+                "attn.torch.MultiheadAttention: add_zero_attn=True is not "
+                "supported; use torch.nn.MultiheadAttention, or append a zero "
+                "row to key and value yourself")
+        if device is not None and torch.device(device).type != "cpu":
+            raise UnsupportedError(
+                "attn.torch.MultiheadAttention: device %s; attn runs on the CPU "
+                "only. Use torch.nn.MultiheadAttention there" % (device,))
+        if dtype is not None and dtype != torch.float32:
+            raise UnsupportedError(
+                "attn.torch.MultiheadAttention: dtype %s; attn computes in "
+                "float32 only. Use torch.nn.MultiheadAttention for %s"
+                % (dtype, dtype))
+        super().__init__()
+        self.embed_dim = int(embed_dim)
+        self.kdim = int(kdim) if kdim is not None else self.embed_dim
+        self.vdim = int(vdim) if vdim is not None else self.embed_dim
+        self._qkv_same_embed_dim = (self.kdim == self.embed_dim
+                                    and self.vdim == self.embed_dim)
+        self.num_heads = int(num_heads)
+        self.dropout = _check_dropout(dropout, "dropout")
+        self.batch_first = bool(batch_first)
+        if self.embed_dim <= 0 or self.num_heads <= 0 or self.kdim <= 0 or self.vdim <= 0:
+            raise ValueError("attn.torch.MultiheadAttention: embed_dim (%d), "
+                             "num_heads (%d), kdim and vdim must be > 0"
+                             % (self.embed_dim, self.num_heads))
+        self.head_dim = self.embed_dim // self.num_heads
+        if self.head_dim * self.num_heads != self.embed_dim:
+            raise ValueError("attn.torch.MultiheadAttention: embed_dim %d is not "
+                             "divisible by num_heads %d"
+                             % (self.embed_dim, self.num_heads))
+        E, f = self.embed_dim, dict(dtype=torch.float32)
+        if not self._qkv_same_embed_dim:
+            self.q_proj_weight = nn.Parameter(torch.empty((E, E), **f))
+            self.k_proj_weight = nn.Parameter(torch.empty((E, self.kdim), **f))
+            self.v_proj_weight = nn.Parameter(torch.empty((E, self.vdim), **f))
+            self.register_parameter("in_proj_weight", None)
+        else:
+            self.in_proj_weight = nn.Parameter(torch.empty((3 * E, E), **f))
+            self.register_parameter("q_proj_weight", None)
+            self.register_parameter("k_proj_weight", None)
+            self.register_parameter("v_proj_weight", None)
+        if bias:
+            self.in_proj_bias = nn.Parameter(torch.empty(3 * E, **f))
+        else:
+            self.register_parameter("in_proj_bias", None)
+        self.out_proj = nn.Linear(E, E, bias=bias, **f)
+        self.bias_k = self.bias_v = None
+        self.add_zero_attn = False
+        self._reset_parameters()
+        cfg = _lib.attn_mha_config()
+        cfg.embed_dim, cfg.num_heads = E, self.num_heads
+        cfg.kdim, cfg.vdim, cfg.bias = self.kdim, self.vdim, 1 if bias else 0
+        self._config = cfg
+
+    def _reset_parameters(self):
+        """torch.nn.MultiheadAttention's: Xavier-uniform in-projection, zero
+        biases (out_proj.weight keeps nn.Linear's init)."""
+        if self._qkv_same_embed_dim:
+            nn.init.xavier_uniform_(self.in_proj_weight)
+        else:
+            nn.init.xavier_uniform_(self.q_proj_weight)
+            nn.init.xavier_uniform_(self.k_proj_weight)
+            nn.init.xavier_uniform_(self.v_proj_weight)
+        if self.in_proj_bias is not None:
+            nn.init.constant_(self.in_proj_bias, 0.0)
+            nn.init.constant_(self.out_proj.bias, 0.0)
+
+    def extra_repr(self):
+        return ("embed_dim=%d, num_heads=%d, dropout=%g, kdim=%d, vdim=%d, "
+                "batch_first=%s" % (self.embed_dim, self.num_heads, self.dropout,
+                                    self.kdim, self.vdim, self.batch_first))
+
+    def _params(self):
+        if self._qkv_same_embed_dim:
+            p = (self.in_proj_weight, None, None)
+        else:
+            p = (self.q_proj_weight, self.k_proj_weight, self.v_proj_weight)
+        p += (self.in_proj_bias, self.out_proj.weight, self.out_proj.bias)
+        names = ("in_proj_weight" if self._qkv_same_embed_dim else "q_proj_weight",
+                 "k_proj_weight", "v_proj_weight", "in_proj_bias",
+                 "out_proj.weight", "out_proj.bias")
+        for t, n in zip(p, names):
+            if t is not None:
+                _check_tensor(t, "parameter " + n)
+        return p
+
+    def _masks(self, s, key_padding_mask, attn_mask, is_causal, batched):
+        """libattn's form of torch's masks: key lengths / causal where the
+        masks have that exact shape, else bool (True = takes part) and
+        additive masks broadcast to [B, H, Lq, Lk]."""
+        B, H, Lq, Lk = s.B, s.H, s.Lq, s.Lk
+        bools, floats = [], []
+        key_lengths = None
+        if key_padding_mask is not None:
+            _check_tensor(key_padding_mask, "key_padding_mask", "mha_mask")
+            want = (B, Lk) if batched else (Lk,)
+            if tuple(key_padding_mask.shape) != want:
+                raise ValueError("attn.torch: key_padding_mask must have shape %s, "
+                                 "got %s" % (want, tuple(key_padding_mask.shape)))
+            m = key_padding_mask.reshape(B, Lk)
+            if m.dtype in (torch.bool, torch.uint8):
+                keep = m == 0
+                prefix, lengths = _is_prefix(keep)
+                if prefix:
+                    key_lengths = lengths.to(torch.int64).numpy().copy()
+                else:
+                    bools.append(keep.numpy().reshape(B, 1, 1, Lk))
+            else:
+                floats.append(m.detach().to(torch.float32).numpy().reshape(B, 1, 1, Lk).copy())
+        causal = bool(is_causal)
+        if attn_mask is not None:
+            _check_tensor(attn_mask, "attn_mask", "mha_mask")
+            shp = tuple(attn_mask.shape)
+            if shp == (Lq, Lk):
+                m = attn_mask.reshape(1, 1, Lq, Lk)
+            elif shp == (B * H, Lq, Lk):
+                m = attn_mask.reshape(B, H, Lq, Lk)
+            else:
+                raise ValueError(
+                    "attn.torch: attn_mask must have shape %s or %s, got %s"
+                    % ((Lq, Lk), ((B * H) if batched else H, Lq, Lk), shp))
+            tril = (torch.ones(Lq, Lk, dtype=torch.bool).tril()
+                    if Lq == Lk and shp == (Lq, Lk) else None)
+            if m.dtype in (torch.bool, torch.uint8):
+                keep = m == 0
+                if tril is not None and torch.equal(keep[0, 0], tril):
+                    causal = True
+                else:
+                    bools.append(keep.numpy())
+            else:
+                m = m.detach().to(torch.float32)
+                # 0 on and below the diagonal, -inf above: the causal mask
+                # (e.g. nn.Transformer.generate_square_subsequent_mask)
+                if (tril is not None and torch.equal(torch.isneginf(m[0, 0]), ~tril)
+                        and not m[0, 0][tril].any()):
+                    causal = True
+                else:
+                    floats.append(m.numpy().copy())
+        p = build_params(is_causal=causal, key_lengths=key_lengths,
+                         dropout_p=self.dropout,
+                         training=self.training and self.dropout > 0,
+                         seed=_draw_seed() if self.training and self.dropout > 0 else 0,
+                         num_threads=torch.get_num_threads())
+        s.keep = [key_lengths]
+        if bools:
+            b = bools[0]
+            for other in bools[1:]:
+                b = b & other
+            mb, mv = mask_view(mask_array(np.ascontiguousarray(b))[0], (B, H), Lq,
+                               Lk, "mask")
+            s.keep.append((mb, mv))
+            p.bool_mask = ctypes.pointer(mv)
+        if floats:
+            f = floats[0]
+            for other in floats[1:]:
+                f = f + other
+            mb, mv = mask_view(np.ascontiguousarray(f, dtype=np.float32), (B, H),
+                               Lq, Lk, "mask")
+            s.keep.append((mb, mv))
+            p.add_mask = ctypes.pointer(mv)
+        s.p = p
+
+    def forward(self, query, key, value, key_padding_mask=None,
+                need_weights=True, attn_mask=None, average_attn_weights=True,
+                is_causal=False):
+        """Returns (out, weights or None), like torch.nn.MultiheadAttention:
+        out [B, Lq, E] (batch_first) or [Lq, B, E] ([Lq, E] unbatched);
+        weights [B, Lq, Lk] averaged over heads, or [B, H, Lq, Lk] with
+        average_attn_weights=False, None with need_weights=False."""
+        for name, t in (("query", query), ("key", key), ("value", value)):
+            _check_tensor(t, name)
+        params = self._params()
+        nd = query.dim()
+        if nd not in (2, 3) or key.dim() != nd or value.dim() != nd:
+            raise ValueError(
+                "attn.torch: query, key and value must all be 3-D (batched) or "
+                "all 2-D (unbatched), got shapes %s, %s, %s"
+                % (tuple(query.shape), tuple(key.shape), tuple(value.shape)))
+        batched = nd == 3
+        s = _MHACall()
+        s.same_qk, s.same_kv, s.same_qv = key is query, value is key, value is query
+
+        def layout(t):  # -> [B, L, D], a view
+            if not batched:
+                return t.unsqueeze(0)
+            return t if self.batch_first else t.transpose(0, 1)
+
+        q = layout(query)
+        k = q if s.same_qk else layout(key)
+        v = q if s.same_qv else (k if s.same_kv else layout(value))
+        s.B, s.Lq, Eq = q.shape
+        Bk, s.Lk, Dk = k.shape
+        Bv, Lv, Dv = v.shape
+        s.E, s.H, s.kdim, s.vdim = self.embed_dim, self.num_heads, self.kdim, self.vdim
+        s.config = self._config
+        if Eq != s.E or Dk != s.kdim or Dv != s.vdim:
+            raise ValueError(
+                "attn.torch: query, key and value must end in embed_dim=%d, "
+                "kdim=%d, vdim=%d; got shapes %s, %s, %s"
+                % (s.E, s.kdim, s.vdim, tuple(query.shape), tuple(key.shape),
+                   tuple(value.shape)))
+        if Bk != s.B or Bv != s.B or Lv != s.Lk:
+            raise ValueError(
+                "attn.torch: key and value must have query's batch size and the "
+                "same length; got shapes %s, %s, %s"
+                % (tuple(query.shape), tuple(key.shape), tuple(value.shape)))
+        self._masks(s, key_padding_mask, attn_mask, is_causal, batched)
+        if not need_weights:
+            s.mode = _lib.ATTN_WEIGHTS_NONE
+        elif average_attn_weights:
+            s.mode = _lib.ATTN_WEIGHTS_AVERAGE
+        else:
+            s.mode = _lib.ATTN_WEIGHTS_PER_HEAD
+
+        tensors = (q, k, v) + tuple(t for t in params if t is not None)
+        if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+            out, weights = _MHAFunction.apply(s, q, k, v, *params)
+        else:  # inference: no activation cache
+            pc = tuple(None if t is None else t.detach().contiguous() for t in params)
+            qc = q.detach().contiguous()
+            kc = qc if s.same_qk else k.detach().contiguous()
+            vc = qc if s.same_qv else (kc if s.same_kv else v.detach().contiguous())
+            out, weights = _mha_forward_c(s, qc, kc, vc, pc, None)
+
+        if not batched:
+            out = out[0]
+            weights = weights[0] if need_weights else None
+        elif not self.batch_first:
+            out = out.transpose(0, 1)
+        return out, (weights if need_weights else None)
