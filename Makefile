@@ -1,26 +1,40 @@
 # Thin wrapper over CMake. `make run`: build and run the main job.
 # `make test`: build and run every test (C via ctest, also under ASan+UBSan,
-# and Python via pytest against PyTorch).
+# and Python via pytest against PyTorch). Both first check the Debian
+# packages they need (tools/deps.sh, list in tools/debian-packages.txt) and
+# install the missing ones when run as root.
+# `make install [PREFIX=/usr/local]`: library, header, attn.pc, molgen and the
+# Python package (see README, Quick start).
 PYTHON ?= /usr/bin/python3
 JOBS ?= $(shell nproc)
+PREFIX ?= /usr/local
+DEPS = tools/deps.sh
 export OPENBLAS_CORETYPE ?= Haswell
 
-.PHONY: all build build-asan run demo test test-c test-asan test-python clean
+.PHONY: all deps build build-asan run demo test test-c test-asan test-python install clean
 
 all: build
 
+deps:
+	@$(DEPS) build run test
+
 build:
-	cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
+	@$(DEPS) build
+	cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DATTN_PYTHON=$(PYTHON) >/dev/null
 	cmake --build build -j $(JOBS)
 
 build-asan:
-	cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DATTN_SANITIZE=ON >/dev/null
+	@$(DEPS) build
+	cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DATTN_SANITIZE=ON -DATTN_PYTHON=$(PYTHON) >/dev/null
 	cmake --build build-asan -j $(JOBS)
 
 demo: build
 	./build/attn-demo
 
-run: build
+# The package check comes first, before any prerequisite is built.
+run:
+	@$(DEPS) build run
+	@$(MAKE) --no-print-directory build
 	PYTHON=$(PYTHON) bash molgen/run_main_job.sh
 
 test-c: build
@@ -30,9 +44,14 @@ test-asan: build-asan
 	cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j $(JOBS)
 
 test-python: build
-	ATTN_LIBRARY=$(CURDIR)/build/libattn.so $(PYTHON) -m pytest -q python/tests $(wildcard molgen/tests/*.py)
+	ATTN_LIBRARY=$(CURDIR)/build/libattn.so $(PYTHON) -m pytest -q -rs python/tests $(wildcard molgen/tests/*.py)
 
-test: test-c test-asan test-python
+test:
+	@$(DEPS) build test
+	@$(MAKE) --no-print-directory test-c test-asan test-python
+
+install: build
+	cmake --install build --prefix $(PREFIX)
 
 clean:
 	rm -rf build build-asan

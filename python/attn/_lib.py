@@ -105,7 +105,9 @@ STRUCTS = {
 
 
 def find_library_path():
-    """ATTN_LIBRARY, else <repo>/build/libattn.so, else the system search."""
+    """ATTN_LIBRARY; else, for an installed package, the library path that
+    `cmake --install` wrote next to this file (_library_path.txt); else
+    <repo>/build/libattn.so in a source tree; else the system search."""
     env = os.environ.get("ATTN_LIBRARY")
     if env:
         if not os.path.isfile(env):
@@ -115,6 +117,16 @@ def find_library_path():
                 % env)
         return env
     here = os.path.dirname(os.path.abspath(__file__))
+    baked = os.path.join(here, "_library_path.txt")
+    if os.path.isfile(baked):
+        with open(baked, encoding="utf-8") as f:
+            installed = f.read().rstrip("\n")
+        if not os.path.isfile(installed):
+            raise ImportError(
+                "attn: this installed package (%s) was installed with libattn at "
+                "%s, which does not exist; reinstall (`cmake --install build "
+                "--prefix ...`) or set ATTN_LIBRARY" % (here, installed))
+        return installed
     cand = os.path.normpath(os.path.join(here, "..", "..", "build", "libattn.so"))
     if os.path.isfile(cand):
         return cand
