@@ -102,13 +102,21 @@ def as_float_array(x, name, min_ndim=2):
     return a
 
 
+def c_array(a, dtype=_F32):
+    """a as a C-contiguous, aligned, native-order array of dtype: a itself
+    when it already is one, else a copy (np.ascontiguousarray alone keeps a
+    misaligned buffer, e.g. np.frombuffer(..., offset=1), misaligned)."""
+    return np.require(np.asarray(a), dtype, ("C", "A"))
+
+
 def tensor_view(x, name):
     """(array kept alive, attn_tensor) for a (..., L, D) input; the array is
-    x itself when x is float32 with usable strides, else a contiguous copy."""
+    x itself when x is float32 with usable strides (aligned, whole-element,
+    non-negative), else an aligned contiguous copy."""
     a = as_float_array(x, name)
     got = _to_4d(a) if a.dtype == _F32 else None
     if got is None:
-        a = np.ascontiguousarray(a, dtype=np.float32)
+        a = c_array(a)
         got = _to_4d(a)
     dims, strides = got
     t = _lib.attn_tensor()
@@ -154,7 +162,7 @@ def mask_view(m, lead, Lq, Lk, name):
                          % (name, m.shape, target)) from None
     got = _to_4d(b)
     if got is None:
-        b = np.ascontiguousarray(b)
+        b = c_array(b, b.dtype)
         got = _to_4d(b)
     dims, strides = got
     mv = _lib.attn_mask()
@@ -169,3 +177,22 @@ def as_index(v, name):
         return operator.index(v)
     except TypeError:
         raise ValueError("%s must be an integer or None, got %r" % (name, v)) from None
+
+
+def as_ranged_int(v, name, lo, hi, status, what):
+    """operator.index(v), which must lie in [lo, hi]: ctypes would wrap a
+    value outside its field silently (seed 2**64 would become seed 0).
+    Raises AttnError(status) saying `name must be what, got v`."""
+    n = as_index(v, name)
+    if not lo <= n <= hi:
+        raise _lib.AttnError(status, "%s must be %s, got %d" % (name, what, n))
+    return n
+
+
+def uint64_arg(v, name):
+    return as_ranged_int(v, name, 0, 2**64 - 1, _lib.ATTN_ERR_ARG,
+                         "in [0, 2^64)")
+
+
+def int64_arg(v, name, status=_lib.ATTN_ERR_OVERFLOW):
+    return as_ranged_int(v, name, -2**63, 2**63 - 1, status, "in [-2^63, 2^63)")

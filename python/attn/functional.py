@@ -6,10 +6,12 @@ import threading
 import numpy as np
 
 from . import _lib
-from ._views import (as_float_array, as_index, as_numpy, mask_array,
-                     mask_view, out_tensor, tensor_view)
+from ._views import (as_float_array, as_numpy, as_ranged_int,
+                     int64_arg, mask_array, mask_view, out_tensor, tensor_view,
+                     uint64_arg)
 
 _last = threading.local()
+_FLT_MAX = float(np.finfo(np.float32).max)
 
 
 def last_path():
@@ -40,7 +42,11 @@ def build_params(*, scale=None, is_causal=False, key_lengths=None, window=None,
     if scale is None:
         p.scale = 0.0
     else:
-        p.scale = float(scale)
+        scale = float(scale)
+        if math.isfinite(scale) and abs(scale) > _FLT_MAX:
+            raise _lib.AttnError(_lib.ATTN_ERR_ARG, "scale must be finite in "
+                                 "float32, got %g" % scale)
+        p.scale = scale
     p.causal = 1 if is_causal else 0
     if key_lengths is not None:
         p.key_lengths = key_lengths.ctypes.data_as(_lib.c_int64_p)
@@ -52,23 +58,44 @@ def build_params(*, scale=None, is_causal=False, key_lengths=None, window=None,
                              % (window,)) from None
         p.use_window = 1
         p.window_left = (_lib.ATTN_UNBOUNDED if left is None
-                         else as_index(left, "window left"))
+                         else int64_arg(left, "window left", _lib.ATTN_ERR_ARG))
         p.window_right = (_lib.ATTN_UNBOUNDED if right is None
-                          else as_index(right, "window right"))
+                          else int64_arg(right, "window right", _lib.ATTN_ERR_ARG))
     p.dropout_p = float(dropout_p)
     if training is None:
         training = dropout_p > 0
     p.training = 1 if training else 0
-    p.seed = as_index(seed, "seed") & 0xFFFFFFFFFFFFFFFF
-    p.offset = as_index(offset, "offset") & 0xFFFFFFFFFFFFFFFF
+    p.seed = uint64_arg(seed, "seed")
+    p.offset = uint64_arg(offset, "offset")
     p.impl = _impl_code(impl)
-    p.num_threads = as_index(num_threads, "num_threads")
+    p.num_threads = as_ranged_int(num_threads, "num_threads", -2**31,
+                                  2**31 - 1, _lib.ATTN_ERR_ARG, "an int")
     return p
 
 
 class _Call:
     """The validated inputs of one SDPA call: 4-D views, params and the
-    arrays they point into (kept alive as long as this object)."""
+    arrays they point into (kept alive as long as this object).
+
+    Zero-size dims (the one rule of every entry point, PyTorch's results):
+    the library takes sizes >= 1 only, so a zero dim is replaced by a
+    stand-in of size 1 that the library runs on (which also validates every
+    other argument with its message): Lk = 0 by one key that key_lengths 0
+    hides (so each query sees no key: output 0, as the library gives any
+    such row, and PyTorch's softmax over no keys gives too), Dk = 0 by
+    zero query/key columns (every score 0: weights uniform over the visible
+    keys, PyTorch's result), B, H, Lq, Dv = 0 by zero tensors whose results
+    are dropped (those outputs have no elements). `sub` names the tensors
+    that were replaced: their results are zeros of the caller's shape.
+    """
+
+
+_Q_DIMS, _K_DIMS, _V_DIMS = {"B", "H", "Lq", "Dk"}, {"B", "H", "Lk", "Dk"}, \
+    {"B", "H", "Lk", "Dv"}
+
+
+def _zeros_view(shape):
+    return tensor_view(np.zeros(shape, np.float32), "stand-in")
 
 
 def _prepare(query, key, value, attn_mask, dropout_p, is_causal, scale,
@@ -83,18 +110,49 @@ def _prepare(query, key, value, attn_mask, dropout_p, is_causal, scale,
             "query, key and value must have the same leading dims: got shapes "
             "%s, %s, %s" % (c.q.shape, c.k.shape, c.v.shape))
     c.Lq, c.Lk, c.Dv = c.q.shape[-2], c.k.shape[-2], c.v.shape[-1]
-    B = int(c.tq.dim[0])
+    Dk = c.q.shape[-1]
+    B, H = int(c.tq.dim[0]), int(c.tq.dim[1])
+    c.shapes = (c.q.shape, c.k.shape, c.v.shape)
+    dims = {"B": B, "H": H, "Lq": c.Lq, "Lk": c.Lk, "Dk": Dk, "Dv": c.Dv}
+    zero = {n for n, d in dims.items() if d == 0}
+    c.note = ("zero-size %s: the library ran on size-1 stand-ins; "
+              % ", ".join(n for n in dims if n in zero)) if zero else ""
+    if zero:  # the checks the library makes, which a stand-in would pass
+        if c.k.shape[-1] != Dk:
+            raise _lib.AttnError(_lib.ATTN_ERR_SHAPE, "k head size %d != q head "
+                                 "size %d" % (c.k.shape[-1], Dk))
+        if c.v.shape[-2] != c.Lk:
+            raise _lib.AttnError(_lib.ATTN_ERR_SHAPE, "v length %d != k length %d"
+                                 % (c.v.shape[-2], c.Lk))
+    c.sub = {"q": bool(zero & _Q_DIMS), "k": bool(zero & _K_DIMS),
+             "v": bool(zero & _V_DIMS),
+             "out": bool(zero & {"B", "H", "Lq", "Dv"}),
+             "weights": bool(zero & {"B", "H", "Lq", "Lk"})}
+    s = {n: max(d, 1) for n, d in dims.items()}
+    c.out_shape = ((s["B"], s["H"], s["Lq"], s["Dv"]) if c.sub["out"]
+                   else lead + (c.Lq, c.Dv))
+    c.weights_shape = ((s["B"], s["H"], s["Lq"], s["Lk"]) if c.sub["weights"]
+                       else lead + (c.Lq, c.Lk))
+    if c.sub["q"]:
+        c.q, c.tq = _zeros_view((s["B"], s["H"], s["Lq"], s["Dk"]))
+    if c.sub["k"]:
+        c.k, c.tk = _zeros_view((s["B"], s["H"], s["Lk"], s["Dk"]))
+    if c.sub["v"]:
+        c.v, c.tv = _zeros_view((s["B"], s["H"], s["Lk"], s["Dv"]))
+    if "Dk" in zero and scale is None:
+        scale = 1.0  # every score is 0 whatever the scale; 1/sqrt(0) is not
 
     c.keep = []
     c.zero_scale = False
     if scale is not None:
         scale = float(scale)
-        if scale == 0.0 and math.isfinite(scale):
-            # the C API reads scale 0 as "default"; an explicit 0 means all
-            # scores 0, which (0 * query) @ keyᵀ * 1 reproduces exactly (and
-            # its gradient w.r.t. query is 0, which the caller sets).
+        if np.float32(scale) == 0.0 and math.isfinite(scale):
+            # the C API reads scale 0 as "default"; an explicit 0 (or one
+            # that rounds to 0 in float32) means all scores 0, which
+            # (0 * query) @ keyᵀ * 1 reproduces exactly (and its gradient
+            # w.r.t. query is 0, which the caller sets).
             c.zero_scale = True
-            c.q, c.tq = tensor_view(np.zeros(c.q.shape, np.float32), "query")
+            c.q, c.tq = _zeros_view(c.q.shape)
             scale = 1.0
 
     kl = None
@@ -103,11 +161,23 @@ def _prepare(query, key, value, attn_mask, dropout_p, is_causal, scale,
         if kl.dtype.kind not in "iu" and not (kl.size == 0 and kl.dtype.kind == "f"):
             raise ValueError("key_padding_lengths must be integers, got dtype %s"
                              % kl.dtype)
-        kl = np.ascontiguousarray(kl.reshape(-1), dtype=np.int64)
+        kl = kl.reshape(-1)
         if kl.shape[0] != B:
             raise ValueError(
                 "key_padding_lengths needs one entry per batch element (%d, the "
                 "first leading dim of query), got %d" % (B, kl.shape[0]))
+        bad = np.flatnonzero((kl < 0) | (kl > c.Lk))
+        if bad.size:  # the library's check, made before int64 could wrap
+            b = int(bad[0])
+            raise _lib.AttnError(
+                _lib.ATTN_ERR_MASK, "key_lengths[%d] = %d outside [0, Lk=%d]"
+                % (b, int(kl[b]), c.Lk))
+        # a private aligned copy: the library reads it after this check
+        kl = np.array(kl, dtype=np.int64, order="C")
+        if "B" in zero:
+            kl = None
+    if "Lk" in zero:
+        kl = np.zeros(s["B"], np.int64)  # the stand-in key is never seen
     c.key_lengths = kl
 
     c.p = p = build_params(scale=scale, is_causal=is_causal, key_lengths=kl,
@@ -118,16 +188,26 @@ def _prepare(query, key, value, attn_mask, dropout_p, is_causal, scale,
         m, is_bool = mask_array(attn_mask, "attn_mask")
         mb, mv = mask_view(m, lead, c.Lq, c.Lk, "attn_mask")
         c.keep.append((mb, mv))
-        if is_bool:
+        if c.sub["weights"]:
+            pass  # a mask over no (query, key) pair: its shape was checked
+        elif is_bool:
             p.bool_mask = ctypes.pointer(mv)
         else:
             p.add_mask = ctypes.pointer(mv)
     return c
 
 
-def _set_path(info):
+def _result(c, name, arr, shape):
+    """The caller's array for a result the library wrote into arr: arr
+    itself, or zeros of the caller's shape where a stand-in was used."""
+    if c.sub[name]:
+        return np.zeros(shape, np.float32)
+    return arr
+
+
+def _set_path(info, note=""):
     _last.path = (_lib.IMPL_NAMES.get(info.impl, str(info.impl)),
-                  info.reason.decode("utf-8", "replace"))
+                  note + info.reason.decode("utf-8", "replace"))
 
 
 def _forward(c, out_t, weights, lse):
@@ -138,7 +218,7 @@ def _forward(c, out_t, weights, lse):
         ctypes.byref(c.p), ctypes.byref(out_t), _lib.float_ptr(weights),
         _lib.float_ptr(lse), ctypes.byref(info), ctypes.byref(err))
     _lib.check(st, err)
-    _set_path(info)
+    _set_path(info, c.note)
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None,
@@ -173,17 +253,16 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None,
     """
     c = _prepare(query, key, value, attn_mask, dropout_p, is_causal, scale,
                  key_padding_lengths, window, seed, offset, impl, num_threads)
-    out, tout = out_tensor(c.lead + (c.Lq, c.Dv))
+    out, tout = out_tensor(c.out_shape)
     weights = None
     if need_weights:
-        weights = np.empty(c.lead + (c.Lq, c.Lk), dtype=np.float32)
-
-    if out.size == 0 and (weights is None or weights.size == 0):
-        _last.path = (None, "empty output: nothing computed")
-        return (out, weights) if need_weights else out
-
+        weights = np.empty(c.weights_shape, dtype=np.float32)
     _forward(c, tout, weights, None)
-    return (out, weights) if need_weights else out
+    out = _result(c, "out", out, c.lead + (c.Lq, c.Dv))
+    if need_weights:
+        weights = _result(c, "weights", weights, c.lead + (c.Lq, c.Lk))
+        return out, weights
+    return out
 
 
 def scaled_dot_product_attention_grad(grad_out, query, key, value,
@@ -211,19 +290,16 @@ def scaled_dot_product_attention_grad(grad_out, query, key, value,
     if g.shape != out_shape:
         raise ValueError("grad_out must have the shape of the output %s, got %s"
                          % (out_shape, g.shape))
+    out, tout = out_tensor(c.out_shape)
+    if c.sub["out"]:  # no output element: nothing flows back
+        _forward(c, tout, None, None)  # (validates every argument)
+        return tuple(np.zeros(sh, np.float32) for sh in c.shapes)
     g, tg = tensor_view(g, "grad_out")
 
     dq, tdq = out_tensor(c.q.shape)
     dk, tdk = out_tensor(c.k.shape)
     dv, tdv = out_tensor(c.v.shape)
-    if g.size == 0:  # empty output (as the forward): nothing flows back
-        for a in (dq, dk, dv):
-            a[...] = 0
-        _last.path = (None, "empty output: nothing computed")
-        return dq, dk, dv
-
-    out, tout = out_tensor(out_shape)
-    lse = np.empty(c.lead + (c.Lq,), dtype=np.float32)
+    lse = np.empty(c.out_shape[:-1], dtype=np.float32)
     _forward(c, tout, None, lse)
 
     info = _lib.attn_sdpa_info()
@@ -234,7 +310,8 @@ def scaled_dot_product_attention_grad(grad_out, query, key, value,
         ctypes.byref(c.p), ctypes.byref(tdq), ctypes.byref(tdk),
         ctypes.byref(tdv), ctypes.byref(info), ctypes.byref(err))
     _lib.check(st, err)
-    _set_path(info)
+    _set_path(info, c.note)
     if c.zero_scale:
         dq[...] = 0  # scores do not depend on query at all
-    return dq, dk, dv
+    return (_result(c, "q", dq, c.shapes[0]), _result(c, "k", dk, c.shapes[1]),
+            _result(c, "v", dv, c.shapes[2]))

@@ -4,7 +4,8 @@ import ctypes
 import numpy as np
 
 from . import _lib
-from ._views import mask_array, mask_view
+from ._views import (c_array, int64_arg, mask_array, mask_view,
+                     uint64_arg)
 from .functional import build_params
 
 
@@ -12,6 +13,31 @@ def _to_numpy(x):
     if hasattr(x, "detach") and hasattr(x, "numpy"):  # a torch tensor
         x = x.detach().cpu().numpy()
     return np.asarray(x)
+
+
+def _real_array(value, name, shape):
+    """value as a numpy array of exactly shape holding real numbers (any
+    strides, alignment or real dtype: the caller copies it into its own
+    float32 buffer, converting)."""
+    arr = _to_numpy(value)
+    if arr.shape != shape:
+        raise ValueError("%s must have shape %s, got %s" % (name, shape, arr.shape))
+    if arr.dtype.kind not in "fiu":
+        raise ValueError("%s must hold real numbers, got dtype %s"
+                         % (name, arr.dtype))
+    return arr
+
+
+def _readonly(name, doc):
+    def get(self):
+        return self._dims[name]
+
+    def set(self, value):
+        raise AttributeError("MultiheadAttention.%s is fixed at construction "
+                             "(the library's config and buffers are sized by "
+                             "it); make a new module" % name)
+
+    return property(get, set, doc=doc)
 
 
 class _OutProj:
@@ -46,14 +72,7 @@ def _param(name, doc):
         if view is None:
             raise ValueError("this MultiheadAttention has no %s (%s)"
                              % (name, self._why_none(name)))
-        arr = _to_numpy(value)
-        if arr.shape != view.shape:
-            raise ValueError("%s must have shape %s, got %s"
-                             % (name, view.shape, arr.shape))
-        if arr.dtype.kind not in "fiu":
-            raise ValueError("%s must hold real numbers, got dtype %s"
-                             % (name, arr.dtype))
-        view[...] = arr
+        view[...] = _real_array(value, name, view.shape)
 
     return property(get, set, doc=doc)
 
@@ -66,9 +85,13 @@ class MultiheadAttention:
     the order w_q, w_k, w_v, b_q, b_k, b_v, w_o, b_o; in_proj_weight [3E, E]
     (or q_proj_weight [E, E], k_proj_weight [E, kdim], v_proj_weight
     [E, vdim] when kdim or vdim differ from E), in_proj_bias [3E],
-    out_proj_weight [E, E] and out_proj_bias [E] are views into it. Assigning
-    one copies into the buffer (shape checked). Initialised by attn_mha_init
-    from seed, as PyTorch initialises its module.
+    out_proj_weight [E, E] and out_proj_bias [E] are views into it. The
+    buffer is allocated once and is what every forward and backward reads:
+    assigning parameters_buffer or a named parameter copies the values into
+    it (exact shape and a real dtype required, converted to float32; any
+    strides or alignment), so views taken earlier stay live. embed_dim,
+    num_heads, kdim, vdim, head_dim and bias are read-only. Initialised by
+    attn_mha_init from seed, as PyTorch initialises its module.
 
     Training: forward() followed by backward(grad_out) gives the gradients
     w.r.t. the inputs (returned) and the parameters (self.grads, a dict of
@@ -76,7 +99,9 @@ class MultiheadAttention:
     buffer in parameters_buffer's layout, so `parameters_buffer -= lr *
     grads_buffer` is an SGD step). Each backward() returns fresh gradients
     unless called with accumulate=True (then they add into the previous
-    ones, like PyTorch's .grad); zero_grad() drops them. While
+    ones, like PyTorch's .grad); zero_grad() drops them. Assigning
+    grads_buffer (None drops the gradients) copies into the module's own
+    buffer like parameters_buffer. While
     requires_grad is True (the default, in train and eval mode alike) every
     forward keeps what its backward needs until the next forward: the
     activation cache (attn_mha_cache_size floats, B*(2*Lq*E + 2*Lk*E +
@@ -88,8 +113,23 @@ class MultiheadAttention:
 
     Dropout: in training mode with dropout > 0 each forward draws its mask
     from (seed, offset) and then advances the offset; backward() reuses the
-    exact mask of the forward it differentiates.
+    exact mask of the forward it differentiates. seed is an integer in
+    [0, 2^64); dropout in [0, 1) (both checked on assignment too).
+
+    Zero-size inputs give PyTorch's results: B = 0 or Lq = 0 an empty
+    output (and zero gradients for key and value and the parameters); Lk = 0
+    attention output 0 for every query (out = out_proj_bias), weights
+    [..., Lq, 0], gradient only into out_proj_bias. embed_dim, num_heads,
+    kdim and vdim must be >= 1.
     """
+
+    embed_dim = _readonly("embed_dim", "E")
+    num_heads = _readonly("num_heads", "H")
+    kdim = _readonly("kdim", "width of key (embed_dim unless given)")
+    vdim = _readonly("vdim", "width of value (embed_dim unless given)")
+    head_dim = _readonly("head_dim", "E // H")
+    bias = _readonly("bias", "whether the projections have biases")
+    _qkv_same_embed_dim = _readonly("_qkv_same_embed_dim", "kdim == vdim == E")
 
     in_proj_weight = _param("in_proj_weight", "[3E, E] (None if kdim/vdim != E)")
     q_proj_weight = _param("q_proj_weight", "[E, E] (None if kdim == vdim == E)")
@@ -101,50 +141,115 @@ class MultiheadAttention:
 
     def __init__(self, embed_dim, num_heads, dropout=0.0, bias=True, kdim=None,
                  vdim=None, batch_first=True, seed=0):
-        self.embed_dim = int(embed_dim)
-        self.num_heads = int(num_heads)
-        self.kdim = int(kdim) if kdim is not None else self.embed_dim
-        self.vdim = int(vdim) if vdim is not None else self.embed_dim
-        self._qkv_same_embed_dim = (self.kdim == self.embed_dim
-                                    and self.vdim == self.embed_dim)
-        self.dropout = float(dropout)
-        if not 0.0 <= self.dropout < 1.0:  # libattn takes dropout_p in [0, 1)
-            raise ValueError("dropout must be in [0, 1), got %r" % (dropout,))
-        self.bias = bool(bias)
+        E = int64_arg(embed_dim, "embed_dim")
+        H = int64_arg(num_heads, "num_heads")
+        given = [None if d is None else int64_arg(d, n)
+                 for d, n in ((kdim, "kdim"), (vdim, "vdim"))]
+        if any(d is not None and d <= 0 for d in given):
+            # the library would read 0 as "embed_dim" (and a key of width 0
+            # as one of width E): refuse it, in the library's words
+            raise _lib.AttnError(
+                _lib.ATTN_ERR_SHAPE, "kdim (%s) and vdim (%s) must be > 0 "
+                "(None: embed_dim)" % tuple(given))
+        kd, vd = (E if d is None else d for d in given)
+        self._dims = {"embed_dim": E, "num_heads": H, "kdim": kd, "vdim": vd,
+                      "bias": bool(bias),
+                      "head_dim": E // H if H > 0 else 0,
+                      "_qkv_same_embed_dim": kd == E and vd == E}
+        self.dropout = dropout
         self.batch_first = bool(batch_first)
-        self.seed = int(seed)
+        self.seed = seed
         self.training = True
         self.requires_grad = True
         self._offset = 0
         self._saved = None       # what backward() needs from the last forward
-        self.grads = None        # name -> gradient, after backward()
-        self.grads_buffer = None  # the packed gradients grads views into
+        self._grads = None       # name -> gradient, after backward()
+        self._gbuf = None        # the packed gradients _grads views into
 
         c = _lib.attn_mha_config()
-        c.embed_dim = self.embed_dim
-        c.num_heads = self.num_heads
-        c.kdim = self.kdim
-        c.vdim = self.vdim
+        c.embed_dim = E
+        c.num_heads = H
+        c.kdim = kd
+        c.vdim = vd
         c.bias = 1 if self.bias else 0
         self._config = c
-        self.head_dim = (self.embed_dim // self.num_heads
-                         if self.num_heads > 0 else 0)
 
         err = _lib.attn_error()
         count = ctypes.c_size_t()
         _lib.check(_lib.lib.attn_mha_param_count(ctypes.byref(c),
                                                  ctypes.byref(count),
                                                  ctypes.byref(err)), err)
-        self.parameters_buffer = np.zeros(count.value, dtype=np.float32)
-        w = self._weights_in(self.parameters_buffer)
+        # the one parameter buffer: _weights points into it for good
+        self._params = np.zeros(count.value, dtype=np.float32)
+        w = self._weights_in(self._params)
         self._weights = w
         self._views = self._make_views(w)
         _lib.check(_lib.lib.attn_mha_init(ctypes.byref(c), ctypes.byref(w),
-                                          self.seed & 0xFFFFFFFFFFFFFFFF,
-                                          ctypes.byref(err)), err)
+                                          self.seed, ctypes.byref(err)), err)
         self.out_proj = _OutProj(self)
 
     # ------------------------------------------------------------ parameters
+
+    @property
+    def parameters_buffer(self):
+        """The packed float32 parameters [attn_mha_param_count] (the layout
+        of attn_mha_weights_from_buffer); the named parameters view it."""
+        return self._params
+
+    @parameters_buffer.setter
+    def parameters_buffer(self, value):
+        if value is self._params:  # `buf -= lr * g` assigns the same array
+            return
+        self._params[...] = _real_array(value, "parameters_buffer",
+                                        self._params.shape)
+
+    @property
+    def grads_buffer(self):
+        """The packed gradients of the last backward() (parameters_buffer's
+        layout), or None."""
+        return self._gbuf
+
+    @grads_buffer.setter
+    def grads_buffer(self, value):
+        if value is None:
+            self.zero_grad()
+            return
+        if value is self._gbuf:
+            return
+        arr = _real_array(value, "grads_buffer", self._params.shape)
+        if self._gbuf is None:
+            self._new_grads(np.empty(self._params.size, np.float32))
+        self._gbuf[...] = arr
+
+    @property
+    def grads(self):
+        """parameter name -> gradient (views into grads_buffer), or None."""
+        return self._grads
+
+    @property
+    def dropout(self):
+        return self._dropout
+
+    @dropout.setter
+    def dropout(self, value):
+        p = float(value)
+        if not 0.0 <= p < 1.0:  # libattn takes dropout_p in [0, 1)
+            raise ValueError("dropout must be in [0, 1), got %r" % (value,))
+        self._dropout = p
+
+    @property
+    def seed(self):
+        return self._seed
+
+    @seed.setter
+    def seed(self, value):
+        self._seed = uint64_arg(value, "seed")
+
+    def _new_grads(self, gbuf):
+        """Make gbuf (parameter_count float32) the gradient buffer."""
+        views = self._make_views(self._weights_in(gbuf), gbuf)
+        self._grads = {n: a for n, a in views.items() if a is not None}
+        self._gbuf = gbuf
 
     @staticmethod
     def _offset_of(buf, ptr, n):
@@ -257,8 +362,8 @@ class MultiheadAttention:
 
     def zero_grad(self):
         """Drop the gradients (self.grads = self.grads_buffer = None)."""
-        self.grads = None
-        self.grads_buffer = None
+        self._grads = None
+        self._gbuf = None
 
     def train(self, mode=True):
         self.training = bool(mode)
@@ -324,7 +429,7 @@ class MultiheadAttention:
                 a = a.transpose(1, 0, 2)
             if keep_for_backward:  # a copy the caller cannot modify
                 return np.array(a, dtype=np.float32, order="C", copy=True)
-            return np.ascontiguousarray(a, dtype=np.float32)
+            return c_array(a)  # (aligned: a copy when the caller's is not)
 
         q = prep(qa)
         k = q if same_qk else prep(ka)
@@ -382,6 +487,18 @@ class MultiheadAttention:
             else:
                 floats.append(m)
 
+        Lk_real = Lk
+        empty = B == 0 or Lq == 0  # no output element: the library is not run
+        if Lk == 0 and not empty:
+            # one stand-in key that key_lengths 0 hides: every query sees no
+            # key, so the attention output is 0 (PyTorch's result for Lk = 0)
+            # and the library computes the rest (out = out_proj_bias, its
+            # gradients); the masks over no key are dropped
+            Lk = 1
+            k = np.zeros((B, Lk, self.kdim), np.float32)
+            v = k if same_kv else np.zeros((B, Lk, self.vdim), np.float32)
+            key_lengths = np.zeros(B, np.int64)
+            bools, floats = [], []
         p = build_params(
             is_causal=is_causal, key_lengths=key_lengths,
             dropout_p=self.dropout, training=self.training and self.dropout > 0,
@@ -417,25 +534,34 @@ class MultiheadAttention:
         err = _lib.attn_error()
         cache = params = None
         wstruct = self._weights
-        if keep_for_backward:
+        if keep_for_backward and not empty:
             n = ctypes.c_size_t()
             _lib.check(_lib.lib.attn_mha_cache_size(
                 ctypes.byref(self._config), B, Lq, Lk, ctypes.byref(n),
                 ctypes.byref(err)), err)
             cache = np.empty(n.value, dtype=np.float32)
-            params = self.parameters_buffer.copy()
+            params = self._params.copy()
             wstruct = self._weights_in(params)
-        st = _lib.lib.attn_mha_forward(
-            ctypes.byref(self._config), ctypes.byref(wstruct), B, Lq, Lk,
-            _lib.float_ptr(q), _lib.float_ptr(k), _lib.float_ptr(v),
-            ctypes.byref(p), _lib.float_ptr(out), mode,
-            _lib.float_ptr(weights), _lib.float_ptr(cache), ctypes.byref(err))
-        _lib.check(st, err)
+        if empty:
+            out[...] = 0
+            if weights is not None:
+                weights[...] = 0
+        else:
+            st = _lib.lib.attn_mha_forward(
+                ctypes.byref(self._config), ctypes.byref(wstruct), B, Lq, Lk,
+                _lib.float_ptr(q), _lib.float_ptr(k), _lib.float_ptr(v),
+                ctypes.byref(p), _lib.float_ptr(out), mode,
+                _lib.float_ptr(weights), _lib.float_ptr(cache),
+                ctypes.byref(err))
+            _lib.check(st, err)
+        if Lk != Lk_real and weights is not None:
+            weights = np.zeros(weights.shape[:-1] + (Lk_real,), np.float32)
         if p.training and p.dropout_p > 0:
             self._offset += 1
         if keep_for_backward:
             self._saved = dict(
-                B=B, Lq=Lq, Lk=Lk, q=q, k=k, v=v, p=p, keep=keep,
+                B=B, Lq=Lq, Lk=Lk, Lk_real=Lk_real, empty=empty,
+                q=q, k=k, v=v, p=p, keep=keep,
                 key_lengths=key_lengths, cache=cache, params=params,
                 weights=wstruct, batched=batched, batch_first=self.batch_first,
                 same_qk=same_qk, same_kv=same_kv, same_qv=same_qv,
@@ -497,7 +623,7 @@ class MultiheadAttention:
             g = g[None]
         elif not batch_first:
             g = g.transpose(1, 0, 2)
-        g = np.ascontiguousarray(g, dtype=np.float32)
+        g = c_array(g)
 
         dq = np.zeros((B, Lq, E), dtype=np.float32)
         dk = dq if sv["same_qk"] else np.zeros((B, Lk, self.kdim), np.float32)
@@ -508,26 +634,28 @@ class MultiheadAttention:
         else:
             dv = np.zeros((B, Lk, self.vdim), dtype=np.float32)
 
-        if accumulate and self.grads_buffer is not None:
-            gbuf = self.grads_buffer
+        if accumulate and self._gbuf is not None:
+            gbuf = self._gbuf  # the module's own, parameter_count floats
         else:
-            gbuf = np.zeros(self.parameters_buffer.size, dtype=np.float32)
+            gbuf = np.zeros(self._params.size, dtype=np.float32)
         gw = self._weights_in(gbuf)
 
-        err = _lib.attn_error()
-        st = _lib.lib.attn_mha_backward(
-            ctypes.byref(self._config), ctypes.byref(sv["weights"]), B, Lq, Lk,
-            _lib.float_ptr(sv["q"]), _lib.float_ptr(sv["k"]),
-            _lib.float_ptr(sv["v"]), ctypes.byref(sv["p"]),
-            _lib.float_ptr(sv["cache"]), _lib.float_ptr(g),
-            _lib.float_ptr(dq), _lib.float_ptr(dk), _lib.float_ptr(dv),
-            ctypes.byref(gw), ctypes.byref(err))
-        _lib.check(st, err)
+        if not sv["empty"]:  # (an empty output: every gradient is 0)
+            err = _lib.attn_error()
+            st = _lib.lib.attn_mha_backward(
+                ctypes.byref(self._config), ctypes.byref(sv["weights"]), B, Lq,
+                Lk, _lib.float_ptr(sv["q"]), _lib.float_ptr(sv["k"]),
+                _lib.float_ptr(sv["v"]), ctypes.byref(sv["p"]),
+                _lib.float_ptr(sv["cache"]), _lib.float_ptr(g),
+                _lib.float_ptr(dq), _lib.float_ptr(dk), _lib.float_ptr(dv),
+                ctypes.byref(gw), ctypes.byref(err))
+            _lib.check(st, err)
 
-        if gbuf is not self.grads_buffer:
-            views = self._make_views(gw, gbuf)
-            self.grads = {n: a for n, a in views.items() if a is not None}
-            self.grads_buffer = gbuf
+        if gbuf is not self._gbuf:
+            self._new_grads(gbuf)
+        if Lk != sv["Lk_real"]:  # the stand-in key's gradients: no key's
+            dk = dk[:, :0]
+            dv = dk if sv["same_kv"] else dv[:, :0]
 
         done = {}
 
