@@ -444,6 +444,13 @@ int mg_train_run(const mg_train_config *c, mg_train_result *result, char *err, s
         if (load_checkpoint(c->resume_path, &ck, err, errlen)) return -1;
         ts = ck.ts;
         if (c->data_path && strlen(c->data_path) < sizeof ts.data) snprintf(ts.data, sizeof ts.data, "%s", c->data_path);
+        if (c->steps > 0 && c->steps < ts.step) {
+            mg_fail(err, errlen, -1, "%s is at step %" PRId64 " of a %" PRId64 "-step schedule: --steps %" PRId64
+                    " is behind it (give more steps than the checkpoint has done, or none to finish its schedule)",
+                    c->resume_path, ts.step, ck.opt.cfg.total_steps, c->steps);
+            checkpoint_free(&ck);
+            return -1;
+        }
         log_msg(&lg, "resuming from %s at step %" PRId64, c->resume_path, ts.step);
     } else {
         if (!c->data_path) return mg_fail(err, errlen, -1, "no data file given");
@@ -467,13 +474,6 @@ int mg_train_run(const mg_train_config *c, mg_train_result *result, char *err, s
     if (c->steps < 0 || !(c->time_limit >= 0 && c->time_limit <= MG_TIME_LIMIT_MAX) || c->stop_after < 0)
         return checkpoint_free(&ck), mg_fail(err, errlen, -1, "steps and stop_after must be >= 0, the "
                                              "time limit in [0, %g] seconds", MG_TIME_LIMIT_MAX);
-    if (resuming && c->steps > 0 && c->steps < ts.step) {
-        mg_fail(err, errlen, -1, "%s is at step %" PRId64 " of a %" PRId64 "-step schedule: --steps %" PRId64
-                " is behind it (give more steps than the checkpoint has done, or none to finish its schedule)",
-                c->resume_path, ts.step, ck.opt.cfg.total_steps, c->steps);
-        checkpoint_free(&ck);
-        return -1;
-    }
     if (!resuming && c->steps == 0 && c->time_limit <= 0)
         return mg_fail(err, errlen, -1, "give a number of steps or a time limit");
     if (!c->out_path) return checkpoint_free(&ck), mg_fail(err, errlen, -1, "no output path given");
