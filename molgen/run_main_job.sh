@@ -39,8 +39,19 @@ mkdir -p "$OUT"
 have_shipped=0
 if [ -f "$SHIPPED" ]; then have_shipped=1; fi
 
+# RDKit is optional: without it the metrics are molgen's grammar check only
+# (said once, at the metrics step, with the package that gives the rest)
 have_rdkit=0
-if "$PYTHON" -c 'import rdkit, numpy' >/dev/null 2>&1; then have_rdkit=1; fi
+no_rdkit=''
+if ! "$PYTHON" -c '' >/dev/null 2>&1; then
+    no_rdkit="$PYTHON not found: metrics use molgen's grammar check; apt-get install python3 python3-numpy python3-rdkit for the full table"
+elif ! "$PYTHON" -c 'import numpy' >/dev/null 2>&1; then
+    no_rdkit="numpy not found in $PYTHON: metrics use molgen's grammar check; apt-get install python3-numpy python3-rdkit for the full table"
+elif ! "$PYTHON" -c 'import rdkit' >/dev/null 2>&1; then
+    no_rdkit="RDKit not found in $PYTHON: metrics use molgen's grammar check; apt-get install python3-rdkit for the full table"
+else
+    have_rdkit=1
+fi
 
 echo "== 1/3  training a small model on $DATA for ${TRAIN_SECONDS} s (default architecture)"
 "$MOLGEN" train --data "$DATA" --time-limit "$TRAIN_SECONDS" --seed 1 --val-every 100 \
@@ -144,8 +155,7 @@ EOF
         echo "metrics of $name: $OUT/metrics_$name.txt, $OUT/metrics_$name.json"
     done
 else
-    echo "RDKit does not import in $PYTHON: showing molgen's SMILES grammar check only"
-    echo "(for validity / uniqueness / novelty: apt-get install python3-rdkit)"
+    echo "$no_rdkit"
     printf '%-10s %s\n' model "syntax check (molgen sample)"
     for name in "${names[@]}"; do
         printf '%-10s %s\n' "$name" "$(grep -m1 '^syntax-valid' "$OUT/sample_$name.log" || echo '?')"
