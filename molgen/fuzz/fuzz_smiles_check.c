@@ -1,0 +1,83 @@
+/* libFuzzer target: the SMILES grammar check (molgen/smiles_check.c).
+ *
+ * Input: one SMILES (the bytes up to the first NUL). Checked:
+ *   - the verdict is 0 or 1, the same with a NULL, a 1-byte and a short
+ *     reason buffer (always NUL-terminated within its size);
+ *   - a rejection has a reason; "position P" in it lies inside the string;
+ *     a string that does not tokenise is rejected with the tokenizer's
+ *     message;
+ *   - an accepted string tokenises and has no reaction / SMARTS token
+ *     ('<' '>' '?' '~');
+ *   - metamorphic: s accepted implies "s.s" accepted (two disconnected
+ *     copies share no bond, ring label or branch).
+ */
+#include "fuzz_util.h"
+#include "smiles_check.h"
+#include "tokenizer.h"
+
+static void check_one(const char *s)
+{
+    size_t len = strlen(s);
+    char why[512];
+    memset(why, 'x', sizeof why);
+    int ok = mg_smiles_syntax_ok(s, why, sizeof why);
+    FZ_CHECK(ok == 0 || ok == 1, "verdict %d", ok);
+    FZ_CHECK(mg_smiles_syntax_ok(s, NULL, 0) == ok, "verdict differs without a reason buffer");
+    char tiny[1] = {'x'}, small[12];
+    memset(small, 'x', sizeof small);
+    FZ_CHECK(mg_smiles_syntax_ok(s, tiny, sizeof tiny) == ok, "verdict differs with 1 byte");
+    FZ_CHECK(mg_smiles_syntax_ok(s, small, sizeof small) == ok, "verdict differs with 12 bytes");
+    if (!ok) {
+        FZ_CHECK(tiny[0] == '\0', "1-byte reason not NUL-terminated");
+        FZ_CHECK(memchr(small, '\0', sizeof small) != NULL, "12-byte reason not NUL-terminated");
+    }
+
+    int ntok = 0, errpos = -1;
+    char terr[256] = "";
+    int trc = mg_tokenize(s, NULL, 0, &ntok, &errpos, terr, sizeof terr);
+    if (trc == MG_TOK_ERR_CHAR) {
+        FZ_CHECK(!ok && !strcmp(why, terr), "untokenisable string: ok %d, reason '%s' vs '%s'", ok,
+                 why, terr);
+        return;
+    }
+    if (!ok) {
+        FZ_CHECK(fz_msg_ok(why, sizeof why), "rejected without a reason");
+        const char *p = strstr(why, "position ");
+        if (p) {
+            long at = strtol(p + 9, NULL, 10);
+            FZ_CHECK(at >= 0 && (size_t)at <= len, "reason '%s' points outside the %zu bytes", why,
+                     len);
+        } else {
+            FZ_CHECK(len == 0 || !strcmp(why, "out of memory"), "reason without a position: '%s'",
+                     why);
+        }
+        return;
+    }
+    FZ_CHECK(len > 0, "empty string accepted");
+    for (const char *q = s; *q;) {
+        int l = mg_token_len(q);
+        FZ_CHECK(l > 0, "accepted string does not tokenise at %d", (int)(q - s));
+        FZ_CHECK(!(l == 1 && strchr("<>?~", *q)), "accepted '%c' at %d", *q, (int)(q - s));
+        q += l;
+    }
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    char *s = fz_cstr(data, size);
+    check_one(s);
+    size_t len = strlen(s);
+    if (len > 0 && len <= 2048 && mg_smiles_syntax_ok(s, NULL, 0)) {
+        char *two = malloc(2 * len + 2);
+        FZ_CHECK(two != NULL, "out of memory");
+        memcpy(two, s, len);
+        two[len] = '.';
+        memcpy(two + len + 1, s, len + 1);
+        char why[256] = "";
+        FZ_CHECK(mg_smiles_syntax_ok(two, why, sizeof why) == 1,
+                 "'%.100s' accepted but two copies joined by '.' rejected: %s", s, why);
+        free(two);
+    }
+    free(s);
+    return 0;
+}

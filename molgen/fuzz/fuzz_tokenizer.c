@@ -1,0 +1,232 @@
+/* libFuzzer target: the SMILES tokenizer and vocabulary (molgen/tokenizer.c).
+ *
+ * Input: text; every line (split at '\n' and NUL) is a SMILES. Checked:
+ *   - mg_token_len at each position against an independent oracle, the
+ *     MolGPT regex of tokenizer.h compiled by POSIX regcomp (ERE, anchored;
+ *     for these alternatives leftmost-longest and Python's leftmost-first
+ *     pick the same match), with the documented differences: no match, "[]"
+ *     and bracket atoms over MG_TOKEN_MAX bytes are -1;
+ *   - mg_tokenize: the spans tile the line exactly; on an error the position
+ *     is the first byte that starts no token and *ntok the tokens before it;
+ *     a too small capacity gives MG_TOK_ERR_TOOLONG with the full count;
+ *   - a vocabulary built from the lines that tokenise (mg_vocab_build) is
+ *     sorted and unique, equals mg_vocab_from_tokens of the same tokens,
+ *     encodes every line and decodes it back byte for byte (and reports a
+ *     too small output buffer), and its JSON round-trips;
+ *   - the whole input parsed as a vocabulary JSON (mg_vocab_from_json, what
+ *     a checkpoint's "vocab" metadata holds): accepted ones round-trip and
+ *     hold only specials and single tokens; rejected ones give a message.
+ */
+#include <regex.h>
+
+#include "fuzz_util.h"
+#include "tokenizer.h"
+
+#define MOLGPT_ERE                                                                          \
+    "^(\\[[^]]+]|<|Br?|Cl?|N|O|S|P|F|I|b|c|n|o|s|p|\\(|\\)|\\.|=|#|-|\\+|\\\\|/|:|~|@|\\?|>|" \
+    "\\*|\\$|%[0-9]{2}|[0-9])"
+
+static regex_t g_re;
+static int g_re_ready;
+
+/* The oracle's token length at s (s non-empty, NUL-terminated). */
+static int oracle_token_len(const char *s)
+{
+    regmatch_t m[1];
+    if (regexec(&g_re, s, 1, m, 0) != 0)
+        return -1;
+    FZ_CHECK(m[0].rm_so == 0 && m[0].rm_eo > 0, "anchored match at %d..%d", (int)m[0].rm_so,
+             (int)m[0].rm_eo);
+    int len = (int)m[0].rm_eo;
+    if (s[0] == '[' && len > MG_TOKEN_MAX)
+        return -1;
+    return len;
+}
+
+static void check_line(const char *s, mg_span *spans, int cap)
+{
+    int len = (int)strlen(s);
+    int ntok = -1, errpos = -1;
+    char err[256] = "";
+    int rc = mg_tokenize(s, spans, cap, &ntok, &errpos, err, sizeof err);
+    int pos = 0, k = 0;
+    for (;;) {
+        int l = mg_token_len(s + pos);
+        if (s[pos] == '\0') {
+            FZ_CHECK(l == 0, "mg_token_len at the end is %d", l);
+            break;
+        }
+        int want = oracle_token_len(s + pos);
+        FZ_CHECK(l == want, "mg_token_len at %d of '%.80s' is %d, the regex says %d", pos, s, l,
+                 want);
+        if (l < 0)
+            break;
+        FZ_CHECK(spans[k].start == pos && spans[k].len == l,
+                 "span %d is (%d, %d), expected (%d, %d)", k, spans[k].start, spans[k].len, pos, l);
+        k++;
+        pos += l;
+    }
+    if (pos == len) {
+        FZ_CHECK(rc == 0 && ntok == k, "rc %d ntok %d, expected 0 and %d tokens", rc, ntok, k);
+        if (k > 0) { /* one slot short */
+            int n2 = -1;
+            char e2[128] = "";
+            int rc2 = mg_tokenize(s, spans, k - 1, &n2, NULL, e2, sizeof e2);
+            FZ_CHECK(rc2 == MG_TOK_ERR_TOOLONG && n2 == k && fz_msg_ok(e2, sizeof e2),
+                     "cap %d of %d tokens: rc %d n %d '%s'", k - 1, k, rc2, n2, e2);
+        }
+    } else {
+        FZ_CHECK(rc == MG_TOK_ERR_CHAR && errpos == pos && ntok == k && fz_msg_ok(err, sizeof err),
+                 "untokenisable at %d: rc %d errpos %d ntok %d (want %d) '%s'", pos, rc, errpos, ntok,
+                 k, err);
+    }
+}
+
+static void check_vocab_roundtrip(const mg_vocab *v)
+{
+    char *js = mg_vocab_to_json(v);
+    FZ_CHECK(js != NULL, "mg_vocab_to_json failed");
+    mg_vocab *w = NULL;
+    char err[256] = "";
+    int rc = mg_vocab_from_json(js, strlen(js), &w, err, sizeof err);
+    FZ_CHECK(rc == 0 && mg_vocab_equal(v, w), "vocab JSON does not round-trip: %s (%.200s)", err, js);
+    mg_vocab_free(w);
+    free(js);
+}
+
+static void check_vocab(const char *const *lines, size_t n, mg_span *spans, int cap,
+                        size_t input_size)
+{
+    mg_vocab *v = NULL;
+    char err[256] = "";
+    int rc = mg_vocab_build(lines, n, &v, err, sizeof err);
+    if (rc == MG_TOK_ERR_ARG && input_size > 3 * 4000) {
+        /* more distinct tokens than a vocabulary may hold (4093): needs
+         * thousands of distinct bracket atoms, i.e. a long input */
+        FZ_CHECK(v == NULL && fz_msg_ok(err, sizeof err), "refused vocabulary without a message");
+        return;
+    }
+    FZ_CHECK(rc == 0, "mg_vocab_build of %zu tokenisable lines: %d %s", n, rc, err);
+    int nv = mg_vocab_size(v);
+    FZ_CHECK(nv >= MG_NUM_SPECIAL, "vocab size %d", nv);
+    FZ_CHECK(!strcmp(mg_vocab_token(v, MG_PAD), "<pad>") && !strcmp(mg_vocab_token(v, MG_BOS), "<bos>") &&
+                 !strcmp(mg_vocab_token(v, MG_EOS), "<eos>"),
+             "specials");
+    FZ_CHECK(mg_vocab_token(v, -1) == NULL && mg_vocab_token(v, nv) == NULL, "ids out of range");
+    for (int id = 0; id < nv; id++) {
+        const char *t = mg_vocab_token(v, id);
+        FZ_CHECK(mg_vocab_lookup(v, t, -1) == id, "lookup of '%s' is not %d", t, id);
+        if (id > MG_NUM_SPECIAL)
+            FZ_CHECK(strcmp(mg_vocab_token(v, id - 1), t) < 0, "ids %d, %d not in strcmp order", id - 1,
+                     id);
+    }
+    /* The same tokens listed again (each twice) give the same vocabulary. */
+    const char **toks = malloc(2 * (size_t)nv * sizeof *toks);
+    FZ_CHECK(toks != NULL, "out of memory");
+    int nt = 0;
+    for (int id = nv - 1; id >= MG_NUM_SPECIAL; id--) {
+        toks[nt++] = mg_vocab_token(v, id);
+        toks[nt++] = mg_vocab_token(v, id);
+    }
+    mg_vocab *w = NULL;
+    rc = mg_vocab_from_tokens(toks, (size_t)nt, &w, err, sizeof err);
+    FZ_CHECK(rc == 0 && mg_vocab_equal(v, w), "mg_vocab_from_tokens differs: %d %s", rc, err);
+    mg_vocab_free(w);
+    free(toks);
+    check_vocab_roundtrip(v);
+
+    int32_t *ids = malloc(((size_t)cap + 1) * sizeof *ids);
+    char *out = malloc((size_t)cap + 8);
+    FZ_CHECK(ids && out, "out of memory");
+    for (size_t i = 0; i < n; i++) {
+        const char *s = lines[i];
+        int len = (int)strlen(s), ntok = 0;
+        rc = mg_tokenize(s, spans, cap, &ntok, NULL, err, sizeof err);
+        FZ_CHECK(rc == 0, "line %zu no longer tokenises", i);
+        int k = -1;
+        rc = mg_vocab_encode(v, s, ids, ntok, &k, err, sizeof err);
+        FZ_CHECK(rc == 0 && k == ntok, "encode: rc %d, %d ids for %d tokens: %s", rc, k, ntok, err);
+        for (int j = 0; j < k; j++) {
+            const char *t = mg_vocab_token(v, ids[j]);
+            FZ_CHECK(ids[j] >= MG_NUM_SPECIAL && t && (int)strlen(t) == spans[j].len &&
+                         !memcmp(t, s + spans[j].start, (size_t)spans[j].len),
+                     "id %d of token %d", (int)ids[j], j);
+        }
+        if (k > 0) {
+            int k2 = -1;
+            rc = mg_vocab_encode(v, s, ids, k - 1, &k2, err, sizeof err);
+            FZ_CHECK(rc == MG_TOK_ERR_TOOLONG && k2 == k, "encode cap %d: rc %d n %d", k - 1, rc, k2);
+        }
+        rc = mg_vocab_decode(v, ids, k, out, (size_t)len + 1, err, sizeof err);
+        FZ_CHECK(rc == len && !strcmp(out, s), "decode gives %d '%.80s' for '%.80s'", rc, out, s);
+        if (len > 0) {
+            rc = mg_vocab_decode(v, ids, k, out, (size_t)len, err, sizeof err);
+            FZ_CHECK(rc == MG_TOK_ERR_TOOLONG && strlen(out) < (size_t)len &&
+                         !strncmp(out, s, strlen(out)),
+                     "decode into %d bytes: rc %d '%.80s'", len, rc, out);
+        }
+    }
+    /* BOS / PAD are skipped and decoding stops at EOS; a bad id is an error. */
+    int32_t sp[4] = {MG_BOS, MG_PAD, MG_EOS, nv};
+    rc = mg_vocab_decode(v, sp, 4, out, 8, err, sizeof err);
+    FZ_CHECK(rc == 0 && out[0] == '\0', "specials decode to %d '%s'", rc, out);
+    rc = mg_vocab_decode(v, sp + 3, 1, out, 8, err, sizeof err);
+    FZ_CHECK(rc == MG_TOK_ERR_ARG && fz_msg_ok(err, sizeof err), "id %d decodes: %d", nv, rc);
+    free(ids);
+    free(out);
+    mg_vocab_free(v);
+}
+
+static void check_vocab_json(const uint8_t *data, size_t size)
+{
+    mg_vocab *v = NULL;
+    char err[256] = "";
+    int rc = mg_vocab_from_json((const char *)data, size, &v, err, sizeof err);
+    if (rc != 0) {
+        FZ_CHECK(v == NULL && fz_msg_ok(err, sizeof err), "rejected vocab JSON without a message");
+        return;
+    }
+    int nv = mg_vocab_size(v);
+    for (int id = MG_NUM_SPECIAL; id < nv; id++) {
+        const char *t = mg_vocab_token(v, id);
+        FZ_CHECK(mg_token_len(t) == (int)strlen(t) && mg_vocab_lookup(v, t, -1) == id,
+                 "entry %d '%s' is not one token", id, t);
+    }
+    check_vocab_roundtrip(v);
+    mg_vocab_free(v);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    if (!g_re_ready) {
+        FZ_CHECK(regcomp(&g_re, MOLGPT_ERE, REG_EXTENDED) == 0, "regcomp");
+        g_re_ready = 1;
+    }
+    char *text = fz_cstr(data, size);
+    const char **lines = malloc((size + 1) * sizeof *lines);
+    mg_span *spans = malloc((size + 1) * sizeof *spans);
+    FZ_CHECK(lines && spans, "out of memory");
+    int cap = (int)size + 1;
+    size_t ngood = 0;
+    char *p = text, *end = text + size;
+    for (;;) {
+        char *e = p;
+        while (e < end && *e != '\n' && *e != '\0')
+            e++;
+        int last = e == end;
+        *e = '\0';
+        check_line(p, spans, cap);
+        int ntok = 0;
+        if (mg_tokenize(p, spans, cap, &ntok, NULL, NULL, 0) == 0)
+            lines[ngood++] = p;
+        if (last)
+            break;
+        p = e + 1;
+    }
+    check_vocab(lines, ngood, spans, cap, size);
+    check_vocab_json(data, size);
+    free(lines);
+    free(spans);
+    free(text);
+    return 0;
+}
