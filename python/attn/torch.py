@@ -566,7 +566,7 @@ class MultiheadAttention(nn.Module):
             b = bools[0]
             for other in bools[1:]:
                 b = b & other
-            mb, mv = mask_view(mask_array(np.ascontiguousarray(b))[0], (B, H), Lq,
+            mb, mv = mask_view(mask_array(np.ascontiguousarray(b), "mask")[0], (B, H), Lq,
                                Lk, "mask")
             s.keep.append((mb, mv))
             p.bool_mask = ctypes.pointer(mv)
