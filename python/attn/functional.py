@@ -99,7 +99,11 @@ def _zeros_view(shape):
 
 
 def _prepare(query, key, value, attn_mask, dropout_p, is_causal, scale,
-             key_padding_lengths, window, seed, offset, impl, num_threads):
+             key_padding_lengths, window, seed, offset, impl, num_threads,
+             stand_ins=False):
+    """_Call for these arguments. stand_ins=True applies the zero-size rule
+    (see _Call; the caller maps results back with _result); without it a
+    zero Lk or Dk reaches the library, which refuses it."""
     c = _Call()
     c.q, c.tq = tensor_view(query, "query")
     c.k, c.tk = tensor_view(key, "key")
@@ -114,7 +118,7 @@ def _prepare(query, key, value, attn_mask, dropout_p, is_causal, scale,
     B, H = int(c.tq.dim[0]), int(c.tq.dim[1])
     c.shapes = (c.q.shape, c.k.shape, c.v.shape)
     dims = {"B": B, "H": H, "Lq": c.Lq, "Lk": c.Lk, "Dk": Dk, "Dv": c.Dv}
-    zero = {n for n, d in dims.items() if d == 0}
+    zero = {n for n, d in dims.items() if d == 0} if stand_ins else set()
     c.note = ("zero-size %s: the library ran on size-1 stand-ins; "
               % ", ".join(n for n in dims if n in zero)) if zero else ""
     if zero:  # the checks the library makes, which a stand-in would pass
@@ -146,7 +150,7 @@ def _prepare(query, key, value, attn_mask, dropout_p, is_causal, scale,
     c.zero_scale = False
     if scale is not None:
         scale = float(scale)
-        if np.float32(scale) == 0.0 and math.isfinite(scale):
+        if ctypes.c_float(scale).value == 0.0 and math.isfinite(scale):
             # the C API reads scale 0 as "default"; an explicit 0 (or one
             # that rounds to 0 in float32) means all scores 0, which
             # (0 * query) @ keyᵀ * 1 reproduces exactly (and its gradient
@@ -252,7 +256,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None,
     A query row with no visible key gets output 0 and weights 0 (PyTorch: NaN).
     """
     c = _prepare(query, key, value, attn_mask, dropout_p, is_causal, scale,
-                 key_padding_lengths, window, seed, offset, impl, num_threads)
+                 key_padding_lengths, window, seed, offset, impl, num_threads,
+                 stand_ins=True)
     out, tout = out_tensor(c.out_shape)
     weights = None
     if need_weights:
@@ -284,7 +289,8 @@ def scaled_dot_product_attention_grad(grad_out, query, key, value,
     gradient (its output is the constant 0).
     """
     c = _prepare(query, key, value, attn_mask, dropout_p, is_causal, scale,
-                 key_padding_lengths, window, seed, offset, impl, num_threads)
+                 key_padding_lengths, window, seed, offset, impl, num_threads,
+                 stand_ins=True)
     out_shape = c.lead + (c.Lq, c.Dv)
     g = as_float_array(grad_out, "grad_out")
     if g.shape != out_shape:
