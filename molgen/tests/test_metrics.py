@@ -162,6 +162,7 @@ def test_cli_json_and_table(tmp_path):
                        timeout=120)
     assert p.returncode == 0, p.stderr
     assert 'valid' in p.stdout and 'novelty' in p.stdout and 'W1 QED' in p.stdout
+    assert 'Filters' in p.stdout and 'FCD' in p.stdout and 'not computed' in p.stdout
     j = json.loads(out.read_text())
     # blank lines at the end of the file are not samples
     assert j['n_samples'] == 4
@@ -169,6 +170,8 @@ def test_cli_json_and_table(tmp_path):
     assert j['n_train'] == 2
     assert j['novelty'] == pytest.approx(0.5)  # {CCO, phenol}; CCO in training
     assert j['SNN'] == pytest.approx(1.0)
+    assert j['Filters'] == 1.0 and j['Filters_ref'] == 1.0  # CCO, phenol (x2 valid: 3)
+    assert 'ChemNet' in j['not_computed']['FCD']
 
 
 def test_blank_line_in_the_middle_is_an_invalid_sample(tmp_path):
@@ -200,3 +203,239 @@ def test_missing_file_is_a_clear_error(tmp_path):
     p = subprocess.run([sys.executable, SCRIPT, str(tmp_path / 'nope.smi')],
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and 'no such file' in p.stderr
+
+
+# ------------------------------------------------------------------ MOSES Filters
+#
+# The oracle below is MOSES's mol_passes_filters written out plainly (every
+# clause evaluated, every pattern tried on the molecule with hydrogens added,
+# no screening); the expected clause of each hand-picked molecule follows
+# from the rule, and the oracle confirms that it fails that clause only.
+
+FILTERS_DIR = os.path.join(HERE, '..', '..', 'data', 'moses_filters')
+
+
+def _oracle_patterns():
+    import csv
+    from rdkit import Chem
+    with open(os.path.join(FILTERS_DIR, 'mcf.csv'), newline='') as f:
+        mcf = list(csv.reader(f))[1:]
+    with open(os.path.join(FILTERS_DIR, 'wehi_pains.csv'), newline='') as f:
+        pains = list(csv.reader(f))
+    return ([('MCF', r[0], Chem.MolFromSmarts(r[1])) for r in mcf]
+            + [('PAINS', r[1], Chem.MolFromSmarts(r[0].strip())) for r in pains])
+
+
+_ORACLE = None
+
+
+def _oracle_clauses(smi, add_hs=True):
+    """Set of the clauses of MOSES's rule that smi fails, and the names of
+    the patterns it matches."""
+    global _ORACLE
+    from rdkit import Chem
+    if _ORACLE is None:
+        _ORACLE = _oracle_patterns()
+    m = Chem.MolFromSmiles(smi)
+    out = set()
+    if any(len(r) >= 8 for r in m.GetRingInfo().AtomRings()):
+        out.add('ring')
+    if any(a.GetFormalCharge() != 0 for a in m.GetAtoms()):
+        out.add('charge')
+    if any(a.GetSymbol() not in ('C', 'N', 'S', 'O', 'F', 'Cl', 'Br', 'H') for a in m.GetAtoms()):
+        out.add('element')
+    h = Chem.AddHs(m) if add_hs else m
+    hits = [(src, name) for src, name, q in _ORACLE if h.HasSubstructMatch(q)]
+    out |= set(src for src, _ in hits)
+    c = Chem.MolToSmiles(m, isomericSmiles=False)
+    if not c or Chem.MolFromSmiles(c) is None:
+        out.add('smiles')
+    return out, hits
+
+
+# (SMILES, the clause it fails or None, the pattern named in the verdict)
+FILTER_CASES = [
+    ('CCO', None, None),
+    ('CC(=O)Nc1ccc(S(=O)(=O)NC2CCCCC2)cc1', None, None),  # the main job's molecule
+    ('O=C(NCc1ccccc1)C1CCCCCC1', None, None),   # a 7-membered ring is allowed
+    ('c1ccc2ccccc2c1', None, None),             # naphthalene: two 6-rings, not a 10-ring
+    ('FC(F)(F)c1ccc(Cl)cc1Br', None, None),     # F, Cl, Br are allowed
+    ('O=C(NCc1ccccc1)C1CCCCCCC1', 'ring', None),  # the 7-ring case with one more CH2
+    ('O=C1CCCCCCCN1', 'ring', None),            # 8-membered lactam
+    ('C[N+](C)(C)Cc1ccccc1', 'charge', None),
+    ('[O-]C(=O)c1ccccc1', 'charge', None),
+    ('O=[N+]([O-])c1ccccc1', 'charge', None),   # nitro groups carry charges in SMILES
+    ('OP(O)(=O)Cc1ccccc1', 'element', 'P'),
+    ('OB(O)c1ccccc1', 'element', 'B'),
+    ('Ic1ccccc1', 'element', 'I'),
+    ('O=Cc1ccccc1', 'MCF', 'MCF7'),             # aldehyde [#6&!H0]=[#8]
+    ('Clc1ccccn1', 'MCF', 'MCF14'),             # halogen next to a ring heteroatom
+    ('ClCc1ccccc1', 'MCF', 'MCF4'),             # [H]C([H])([#6])Cl: needs explicit H
+    ('O=C1NC(=S)SC1=Cc1ccccc1', 'PAINS', 'ene_rhod_A(235)'),  # 5-benzylidene rhodanine
+    ('O=C1C=CC(=O)C=C1', 'PAINS', 'quinone_A(370)'),
+    ('Oc1ccccc1O', 'PAINS', 'catechol_A(92)'),  # the pattern spells out both O-H
+    ('Nc1ccc(C=NN)cc1', 'PAINS', 'hzone_anil(14)'),  # every ring H and N-H explicit
+    # a molgen sample: RDKit parses it but its canonical SMILES does not parse
+    ('CC(=O)Nc1cccc(NC(=O)c2c=n(C)n2C)c1', 'smiles', None),
+]
+
+# the patterns that only match once hydrogens are added
+NEEDS_HS = {'ClCc1ccccc1', 'Oc1ccccc1O', 'Nc1ccc(C=NN)cc1'}
+
+
+def test_filter_files_parse_completely():
+    from rdkit import Chem
+    with open(os.path.join(FILTERS_DIR, 'mcf.csv')) as f:
+        mcf_rows = [ln for ln in f.read().splitlines() if ln.strip()][1:]  # minus header
+    with open(os.path.join(FILTERS_DIR, 'wehi_pains.csv')) as f:
+        pains_rows = [ln for ln in f.read().splitlines() if ln.strip()]
+    assert (len(mcf_rows), len(pains_rows)) == (22, 480)
+    pats = M.read_filter_smarts(FILTERS_DIR)
+    assert len(pats) == len(mcf_rows) + len(pains_rows)
+    assert [p[0] for p in pats] == ['MCF'] * 22 + ['PAINS'] * 480
+    assert pats[0] == ('MCF', 'MCF1', '[#6]=&!@[#6]-[#6]#[#7]')
+    assert pats[22][1] == 'anil_di_alk_F(14)' and pats[-1][1] == 'anil_di_alk_E(186)'
+    assert all(s == s.strip() and Chem.MolFromSmarts(s) is not None for _, _, s in pats)
+    assert len(M.MosesFilters(FILTERS_DIR).queries) == 502
+
+
+def test_filter_files_are_the_documented_copies():
+    import hashlib
+    readme = open(os.path.join(FILTERS_DIR, 'README.md')).read()
+    for name in ('mcf.csv', 'wehi_pains.csv'):
+        with open(os.path.join(FILTERS_DIR, name), 'rb') as f:
+            digest = hashlib.sha256(f.read()).hexdigest()
+        assert '`%s` | ' % name in readme and digest in readme, name
+
+
+@pytest.mark.parametrize('smi,clause,detail', FILTER_CASES)
+def test_filters_verdict_of_hand_picked_molecules(smi, clause, detail):
+    from rdkit import Chem
+    failing, hits = _oracle_clauses(smi)
+    assert failing == ({clause} if clause else set())
+    v = M.MosesFilters(FILTERS_DIR).failure(Chem.MolFromSmiles(smi))
+    if clause is None:
+        assert v is None
+    else:
+        assert v is not None and v[0] == clause
+        if clause in ('MCF', 'PAINS'):
+            assert v[1] == detail and (clause, detail) == (hits[0][0], hits[0][1][7:-1]
+                                                            if clause == 'PAINS' else hits[0][1])
+        elif detail is not None:
+            assert v[1] == detail
+
+
+@pytest.mark.parametrize('smi', sorted(NEEDS_HS))
+def test_filters_match_with_hydrogens_added(smi):
+    # without explicit hydrogens no pattern matches: the verdict depends on AddHs
+    assert _oracle_clauses(smi, add_hs=False) == (set(), [])
+    assert _oracle_clauses(smi)[0] in ({'MCF'}, {'PAINS'})
+
+
+def test_filters_clause_order_is_moses():
+    from rdkit import Chem
+    # charged and a PAINS hit (a real ZINC molecule): the charge is reported first
+    smi = r'Cc1ccc(/C=C2\SC(N3CC[NH2+]CC3)=NC2=O)cc1'
+    assert _oracle_clauses(smi)[0] == {'charge', 'PAINS'}
+    assert M.MosesFilters(FILTERS_DIR).failure(Chem.MolFromSmiles(smi))[0] == 'charge'
+
+
+def test_query_requirements():
+    from rdkit import Chem
+
+    def atom(sm):
+        return M._required_atom(Chem.MolFromSmarts(sm).GetAtomWithIdx(0))
+
+    def bond(sm):
+        return M._required_bond(Chem.MolFromSmarts(sm).GetBondWithIdx(0))
+
+    assert atom('[#6;X4]') == (6, None)
+    assert atom('c') == (6, 1006) and atom('C') == (6, 6) and atom('n') == (7, 1007)
+    assert atom('[H]') == (1, None) and atom('[#1]') == (1, None)
+    assert atom('[c;!H0,$(c-[#7])]') == (6, 1006)
+    assert atom('[#6&!H0&!H1]') == (6, None)  # nested AND
+    # RDKit's parser gives this atom no atomic number: no requirement (conservative)
+    assert Chem.MolFromSmarts('[!#6&#7]').GetAtomWithIdx(0).GetAtomicNum() == 0
+    assert atom('[!#6&#7]') is None
+    for sm in ('[C,N]', '[#6,#7]', '[!#6]', '[!C]', '*', '[$(C)]', '[!#1!#6]', '[#6&#7]',
+               '[#7&H2,$([#7;!H0]-[#6;X4])]', '[F,Cl,Br,I]'):
+        assert atom(sm) is None, sm
+    assert bond('C=O') == (6, 8, 2) and bond('O=C') == (6, 8, 2)
+    assert bond('c:c') == (6, 6, 12) and bond('C#N') == (6, 7, 3)
+    assert bond('C=&!@C') == (6, 6, 2)
+    assert bond('[#6]-[#1]') == (1, 6, 1)
+    for sm in ('C~O', 'C-,:O', 'CC', '[C,N]=O', 'C!=O'):
+        assert bond(sm) is None, sm
+
+
+def test_screen_never_skips_a_matching_pattern():
+    from rdkit import Chem
+    f = M.MosesFilters(FILTERS_DIR)
+    data = os.path.join(HERE, '..', '..', 'data', 'moses_20k.smi')
+    smiles = [s for s, _, _ in FILTER_CASES] + M.read_smiles(data)[:150] + [
+        r'Cc1ccc(/C=C2\SC(N3CC[NH2+]CC3)=NC2=O)cc1', 'c1cc[n+](C)cc1', 'O=C(O)c1ccc(O)c(O)c1',
+        'N#CC(C#N)=Cc1ccccc1', 'CC(=O)C(C)=NNc1ccccc1', 'Oc1c(O)cc2ccccc2c1', 'S=C(N)Nc1ccccc1',
+        # one molecule per MCF pattern where a small one exists, and classic PAINS
+        'C=CC#N', 'C=CS(C)(=O)=O', 'C=CC(=O)NC', 'CC1CO1', 'CN=C=O', 'CC1CN1', 'CN=NC', 'CSSC',
+        'NCN', 'CC(O)O', 'BrCC(Br)CBr', 'ClC(Cl)C(Cl)Cl', 'FC(F)(F)C(F)(F)C(F)(F)F',
+        'CN(C)c1ccc(C=C2C(=O)NC(=O)NC2=O)cc1', 'c1ccc(N=Nc2ccccc2)cc1', 'CN(C)c1ccc(C)cc1',
+        'Oc1ccc(N)cc1', 'O=C(C=Cc1ccccc1)c1ccccc1', 'Nc1sccc1C(=O)O']
+    hits = 0
+    for smi in smiles:
+        h = Chem.AddHs(Chem.MolFromSmiles(smi))
+        cand = set(f.candidates(h).tolist())
+        for p, q in enumerate(f.queries):
+            if h.HasSubstructMatch(q):
+                hits += 1
+                assert p in cand, (smi, f.patterns[p][1])
+    assert hits >= 30  # the check saw real matches, not only passing molecules
+
+
+def test_filters_in_compute_metrics():
+    odd = 'CC(=O)Nc1cccc(NC(=O)c2c=n(C)n2C)c1'
+    samples = ['CCO', 'O=Cc1ccccc1', 'C1CC', 'ClCc1ccccc1', odd, 'CCO', 'c1ccccc1']
+    ref = ['CCO', 'O=Cc1ccccc1', 'CCN', 'not a smiles']
+    r = M.compute_metrics(samples, ['CCCC'], ref, jobs=1)
+    # 6 valid; pass: CCO twice and benzene; MCF: the aldehyde and benzyl
+    # chloride; the odd one's canonical SMILES does not parse again
+    assert r['n_valid'] == 6
+    assert r['Filters'] == pytest.approx(3 / 6)
+    assert r['filters_failures'] == {'MCF': 2, 'smiles': 1}
+    # reference: 3 molecules parse, the aldehyde fails
+    assert r['Filters_ref'] == pytest.approx(2 / 3) and r['n_ref_filters'] == 3
+    assert r['FCD'] is None and 'ChemNet' in r['not_computed']['FCD']
+    table = M.format_table(r)
+    assert 'Filters     0.5000  (3 / 6 valid pass; fail: MCF 2, smiles 1; reference 0.6667 of 3)' \
+        in table
+    assert 'FCD         not computed: ' in table
+
+
+def test_filters_on_moses_molecules_is_one():
+    # MOSES's dataset was built from molecules that pass the filters
+    data = os.path.join(HERE, '..', '..', 'data', 'moses_20k.smi')
+    r = M.compute_metrics(M.read_smiles(data)[:300], None, None, jobs=1)
+    assert r['n_valid'] == 300 and r['Filters'] == 1.0
+
+
+def test_filter_data_errors_are_clear(tmp_path):
+    with pytest.raises(M.FilterDataError, match='cannot read .*mcf.csv'):
+        M.MosesFilters(str(tmp_path))
+    (tmp_path / 'mcf.csv').write_text('names,smarts\nX1,[#6]=[#8]\n')
+    (tmp_path / 'wehi_pains.csv').write_text('"c1ccccc1","<regId=ok(1)>"\n"[#6","<regId=bad(1)>"\n')
+    with pytest.raises(M.FilterDataError, match='PAINS pattern bad\\(1\\) does not parse'):
+        M.MosesFilters(str(tmp_path))
+    (tmp_path / 'wehi_pains.csv').write_text('"c1ccccc1"\n')
+    with pytest.raises(M.FilterDataError, match='wehi_pains.csv:1: expected 2'):
+        M.MosesFilters(str(tmp_path))
+    (tmp_path / 'mcf.csv').write_text('X1,[#6]=[#8]\n')
+    with pytest.raises(M.FilterDataError, match="header 'names,smarts'"):
+        M.MosesFilters(str(tmp_path))
+
+
+def test_missing_filter_files_say_not_computed(tmp_path, monkeypatch):
+    monkeypatch.setattr(M, 'FILTERS_DIR', str(tmp_path))
+    monkeypatch.setattr(M, '_FILTERS', None)
+    r = M.compute_metrics(['CCO'], None, None, jobs=1)
+    assert r['Filters'] is None and 'cannot read' in r['not_computed']['Filters']
+    assert any(n.startswith('Filters not computed: cannot read') for n in r['notes'])
+    assert r['validity'] == 1.0
