@@ -21,7 +21,9 @@ B x ctx positions, every position a real target, forward + backward +
 AdamW step; median of runs):
 
     /usr/bin/python3 molgen/torch_model.py bench [--molgpt] [--batch 64]
-        [--ctx 54] [--runs 5] [--warmup 1] [--steps 3] [--threads N] [--json]
+        [--ctx 54] [--runs 5] [--warmup 1] [--steps 3] [--threads N] [--attn] [--json]
+        (--attn: attn.torch.MultiheadAttention in every block, same init; the
+        JSON's "losses" are every step's loss, to compare the two)
     /usr/bin/python3 molgen/torch_model.py loss --model out/model.safetensors
         --data FILE [--n 1000]     (mean loss of a checkpoint on molecules)
 
@@ -131,12 +133,13 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg):
+    def __init__(self, cfg, attention=nn.MultiheadAttention):
         super().__init__()
         d = cfg.d_model
         self.ln1 = nn.LayerNorm(d)  # eps 1e-5, as model.c
-        self.attn = nn.MultiheadAttention(d, cfg.n_head, dropout=cfg.dropout, bias=True,
-                                          batch_first=True)
+        # attention: torch.nn.MultiheadAttention or a drop-in with its
+        # interface (attn.torch.MultiheadAttention, bench --attn)
+        self.attn = attention(d, cfg.n_head, dropout=cfg.dropout, bias=True, batch_first=True)
         self.ln2 = nn.LayerNorm(d)
         self.mlp = MLP(d)
         self.drop = nn.Dropout(cfg.dropout)
@@ -150,13 +153,13 @@ class Block(nn.Module):
 
 
 class MolGPT(nn.Module):
-    def __init__(self, cfg):
+    def __init__(self, cfg, attention=nn.MultiheadAttention):
         super().__init__()
         self.cfg = cfg
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.pos_emb = nn.Embedding(cfg.ctx_len, cfg.d_model)
         self.drop = nn.Dropout(cfg.dropout)
-        self.blocks = nn.ModuleList([Block(cfg) for _ in range(cfg.n_layer)])
+        self.blocks = nn.ModuleList([Block(cfg, attention) for _ in range(cfg.n_layer)])
         self.ln_f = nn.LayerNorm(cfg.d_model)
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size)
         self.init_weights()
@@ -261,6 +264,16 @@ def encode(smiles, vocab, T):
 
 # ---------------------------------------------------------------- modes
 
+def _attn_torch():
+    """attn.torch, from the installed package or else this repo's python/."""
+    try:
+        import attn.torch
+    except ImportError:
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+        import attn.torch
+    return attn.torch
+
+
 def bench(args):
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -268,8 +281,14 @@ def bench(args):
         cfg = Config.molgpt(args.ctx, args.vocab)
     else:
         cfg = Config(args.layers, args.d_model, args.heads, args.ctx, args.vocab, args.dropout)
+    attention = nn.MultiheadAttention
+    if args.attn:
+        attention = _attn_torch().MultiheadAttention
     torch.manual_seed(0)
-    model = MolGPT(cfg)
+    model = MolGPT(cfg, attention)
+    if args.attn:  # the plain twin's exact init (attn's module draws the same, this makes sure)
+        torch.manual_seed(0)
+        model.load_state_dict(MolGPT(cfg).state_dict())
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)
     B, T = args.batch, cfg.ctx_len + 1
@@ -297,6 +316,7 @@ def bench(args):
         lengths = torch.full((B,), T, dtype=torch.int64)  # every position a real target
         batches = [(ids, lengths)]
     counter = [0]
+    losses = []
 
     def run():
         tok = 0
@@ -309,6 +329,7 @@ def bench(args):
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
+            losses.append(float(loss))
             tok += n
         return tok / (time.perf_counter() - t0)
 
@@ -317,21 +338,23 @@ def bench(args):
     rates = sorted(run() for _ in range(args.runs))
     med = rates[len(rates) // 2] if len(rates) % 2 else 0.5 * (rates[len(rates) // 2 - 1] + rates[len(rates) // 2])
     nparams = sum(p.numel() for p in model.parameters())
-    res = {"impl": "torch", "torch": torch.__version__, "threads": torch.get_num_threads(),
+    res = {"impl": "torch+attn" if args.attn else "torch", "torch": torch.__version__, "threads": torch.get_num_threads(),
            "n_layer": cfg.n_layer, "d_model": cfg.d_model, "n_head": cfg.n_head,
            "ctx_len": cfg.ctx_len, "vocab_size": cfg.vocab_size, "dropout": cfg.dropout,
            "params": nparams, "batch": B, "steps": args.steps, "runs": args.runs,
            "train_tokens_per_sec": med, "train_tokens_per_sec_min": rates[0],
-           "train_tokens_per_sec_max": rates[-1]}
+           "train_tokens_per_sec_max": rates[-1], "losses": losses}
     if args.json:
         print(json.dumps(res))
     else:
-        print("torch %s, %d threads: %d layers, d_model %d, %d heads, ctx %d, vocab %d, %d params"
-              % (torch.__version__, res["threads"], cfg.n_layer, cfg.d_model, cfg.n_head,
-                 cfg.ctx_len, cfg.vocab_size, nparams))
+        print("torch %s%s, %d threads: %d layers, d_model %d, %d heads, ctx %d, vocab %d, %d params"
+              % (torch.__version__, " with attn.torch.MultiheadAttention" if args.attn else "",
+                 res["threads"], cfg.n_layer, cfg.d_model, cfg.n_head, cfg.ctx_len,
+                 cfg.vocab_size, nparams))
         print("training: %.0f tokens/s median (%.0f .. %.0f), batch %d x %s, %d steps x %d runs"
               % (med, rates[0], rates[-1], B, "its longest row (%s)" % args.data if args.data
                  else cfg.ctx_len, args.steps, args.runs))
+        print("loss: step 1 %.6f, step %d %.6f" % (losses[0], len(losses), losses[-1]))
     return 0
 
 
@@ -372,6 +395,8 @@ def main(argv=None):
     b.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's)")
     b.add_argument("--data", help="train on this .smi's molecules (file order) instead of "
                    "random full rows")
+    b.add_argument("--attn", action="store_true",
+                   help="attn.torch.MultiheadAttention (libattn) in place of torch's attention")
     b.add_argument("--json", action="store_true")
     l = sub.add_parser("loss", help="mean loss of a checkpoint on a SMILES file")
     l.add_argument("--model", required=True)

@@ -37,6 +37,7 @@ dropout (PyTorch 1.13 returns them after).
 This module needs torch; `import attn` alone does not import it.
 """
 import ctypes
+import functools
 import threading
 
 import numpy as np
@@ -375,6 +376,12 @@ class _MHAFunction(torch.autograd.Function):
         return (None,) + _maybe_refuse(grads, inputs)
 
 
+@functools.lru_cache(maxsize=16)
+def _tril(L):
+    """bool [L, L], True on and below the diagonal (read only)."""
+    return torch.ones(L, L, dtype=torch.bool).tril()
+
+
 def _is_prefix(keep):
     """keep [B, Lk] bool: True when every row is True..True False..False."""
     lengths = keep.sum(-1)
@@ -539,8 +546,7 @@ class MultiheadAttention(nn.Module):
                 raise ValueError(
                     "attn.torch: attn_mask must have shape %s or %s, got %s"
                     % ((Lq, Lk), ((B * H) if batched else H, Lq, Lk), shp))
-            tril = (torch.ones(Lq, Lk, dtype=torch.bool).tril()
-                    if Lq == Lk and shp == (Lq, Lk) else None)
+            tril = _tril(Lq) if Lq == Lk and shp == (Lq, Lk) else None
             if m.dtype in (torch.bool, torch.uint8):
                 keep = m == 0
                 if tril is not None and torch.equal(keep[0, 0], tril):
