@@ -684,3 +684,46 @@ def test_mha_refusals():
     dx, = torch.autograd.grad(out.pow(2).sum(), x, create_graph=True)
     with pytest.raises(at.UnsupportedError, match="double backward"):
         dx.sum().backward()
+
+
+def test_sdpa_self_attention_same_tensor():
+    """q, k and v the same tensor: its gradient is the sum of the three."""
+    rng = np.random.default_rng(59)
+    x = t32(rand(rng, 2, 3, 6, 8))
+    out = at.scaled_dot_product_attention(x, x, x, is_causal=True)
+    X = t64(x.detach().numpy())
+    ref = safe_attention(X, X, X, keep=structural_keep((2, 3), 6, 6, causal=True))
+    g = torch.randn(out.shape)
+    out.backward(g)
+    ref.backward(g.double())
+    check_grad("torch_sdpa", "same_tensor", "dx", x.grad.numpy(), X.grad.numpy())
+
+
+def test_molgen_twin_with_attn_attention():
+    """molgen/torch_model.py's hook (bench --attn): the twin built with
+    attn.torch.MultiheadAttention has torch's init and gives the plain
+    twin's loss and gradients (float32 both; the difference is rounding)."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__)))), "molgen"))
+    import torch_model as tm
+    cfg = tm.Config(n_layer=2, d_model=32, n_head=4, ctx_len=12, vocab_size=11)
+    torch.manual_seed(0)
+    plain = tm.MolGPT(cfg)
+    torch.manual_seed(0)
+    mine = tm.MolGPT(cfg, at.MultiheadAttention)
+    assert isinstance(mine.blocks[0].attn, at.MultiheadAttention)
+    assert list(plain.state_dict()) == list(mine.state_dict())
+    for (n, a), (_, b) in zip(plain.state_dict().items(), mine.state_dict().items()):
+        assert torch.equal(a, b), n
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(3, 11, (4, 13), generator=g)
+    lengths = torch.tensor([13, 7, 10, 3])
+    la, _ = plain.loss(ids, lengths)
+    lb, _ = mine.loss(ids, lengths)
+    assert abs(float(la) - float(lb)) < 1e-5
+    la.backward()
+    lb.backward()
+    pb = dict(mine.named_parameters())
+    for n, p in plain.named_parameters():
+        err = float((p.grad - pb[n].grad).abs().max() / p.grad.abs().max().clamp_min(1e-30))
+        assert err < 1e-4, (n, err)
