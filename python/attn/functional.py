@@ -254,6 +254,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None,
       scaled_dot_product_attention_grad given the same seed and offset.
     impl: None / "auto", "reference" or "fused". num_threads: 0 = global.
     A query row with no visible key gets output 0 and weights 0 (PyTorch: NaN).
+    Zero-size dims give PyTorch's results: B, H, Lq or Ev = 0 empty outputs,
+    Lk = 0 output 0 (no query sees a key), E = 0 uniform weights over the
+    visible keys (every score is 0); the arguments are validated all the same.
     """
     c = _prepare(query, key, value, attn_mask, dropout_p, is_causal, scale,
                  key_padding_lengths, window, seed, offset, impl, num_threads,
