@@ -59,6 +59,7 @@ class UnsupportedError(NotImplementedError):
 
 _TORCH_MATH = ("torch's math path (torch.softmax(q @ k.transpose(-2, -1) * "
                "scale + mask, -1) @ v)")
+_TORCH_MHA = "torch.nn.MultiheadAttention"
 _last = threading.local()
 
 
@@ -69,18 +70,17 @@ def _last_copied():
     return getattr(_last, "copied", ())
 
 
-def _check_tensor(t, name, what="float32"):
+def _check_tensor(t, name, what="float32", alt=_TORCH_MATH):
     """t must be a strided CPU tensor: float32, or for what="mask" bool or
-    floating, for what="mha_mask" also uint8 (torch's byte masks)."""
+    floating, for what="mha_mask" also uint8 (torch's byte masks). alt: the
+    alternative the error names."""
     if not isinstance(t, torch.Tensor):
         raise TypeError("attn.torch: %s must be a torch.Tensor, got %s"
                         % (name, type(t).__name__))
     if t.device.type != "cpu":
         raise UnsupportedError(
             "attn.torch: %s is on %s; attn runs on the CPU only. Move the "
-            "tensors with .cpu(), or use torch's own attention "
-            "(torch.nn.MultiheadAttention, %s) on that device"
-            % (name, t.device, _TORCH_MATH))
+            "tensors with .cpu(), or use %s on that device" % (name, t.device, alt))
     if t.layout != torch.strided:
         raise UnsupportedError("attn.torch: %s has layout %s; convert it with "
                                ".to_dense()" % (name, t.layout))
@@ -93,12 +93,11 @@ def _check_tensor(t, name, what="float32"):
             raise UnsupportedError(
                 "attn.torch: %s requires grad; attn has no gradient w.r.t. a "
                 "mask. Pass %s.detach(), or use %s for that gradient"
-                % (name, name, _TORCH_MATH))
+                % (name, name, alt))
     elif t.dtype != torch.float32:
         raise UnsupportedError(
             "attn.torch: %s has dtype %s; attn computes in float32 only. "
-            "Convert with .float(), or use %s (or torch.nn.MultiheadAttention) "
-            "for %s" % (name, t.dtype, _TORCH_MATH, t.dtype))
+            "Convert with .float(), or use %s for %s" % (name, t.dtype, alt, t.dtype))
 
 
 def _np(t):
@@ -134,8 +133,8 @@ class _RefuseDoubleBackward(torch.autograd.Function):
         raise UnsupportedError(
             "attn.torch: double backward (differentiating a gradient of attn's "
             "attention) is not supported; attn's backward is not itself "
-            "differentiable. For higher-order gradients use %s or "
-            "torch.nn.MultiheadAttention" % _TORCH_MATH)
+            "differentiable. For higher-order gradients use %s or %s"
+            % (_TORCH_MATH, _TORCH_MHA))
 
 
 def _maybe_refuse(grads, inputs):
@@ -508,7 +507,7 @@ class MultiheadAttention(nn.Module):
                  "out_proj.weight", "out_proj.bias")
         for t, n in zip(p, names):
             if t is not None:
-                _check_tensor(t, "parameter " + n)
+                _check_tensor(t, "parameter " + n, alt=_TORCH_MHA)
         return p
 
     def _masks(self, s, key_padding_mask, attn_mask, is_causal, batched):
@@ -519,7 +518,7 @@ class MultiheadAttention(nn.Module):
         bools, floats = [], []
         key_lengths = None
         if key_padding_mask is not None:
-            _check_tensor(key_padding_mask, "key_padding_mask", "mha_mask")
+            _check_tensor(key_padding_mask, "key_padding_mask", "mha_mask", _TORCH_MHA)
             want = (B, Lk) if batched else (Lk,)
             if tuple(key_padding_mask.shape) != want:
                 raise ValueError("attn.torch: key_padding_mask must have shape %s, "
@@ -536,7 +535,7 @@ class MultiheadAttention(nn.Module):
                 floats.append(m.detach().to(torch.float32).numpy().reshape(B, 1, 1, Lk).copy())
         causal = bool(is_causal)
         if attn_mask is not None:
-            _check_tensor(attn_mask, "attn_mask", "mha_mask")
+            _check_tensor(attn_mask, "attn_mask", "mha_mask", _TORCH_MHA)
             shp = tuple(attn_mask.shape)
             if shp == (Lq, Lk):
                 m = attn_mask.reshape(1, 1, Lq, Lk)
@@ -594,7 +593,7 @@ class MultiheadAttention(nn.Module):
         weights [B, Lq, Lk] averaged over heads, or [B, H, Lq, Lk] with
         average_attn_weights=False, None with need_weights=False."""
         for name, t in (("query", query), ("key", key), ("value", value)):
-            _check_tensor(t, name)
+            _check_tensor(t, name, alt=_TORCH_MHA)
         params = self._params()
         nd = query.dim()
         if nd not in (2, 3) or key.dim() != nd or value.dim() != nd:
