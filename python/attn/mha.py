@@ -28,6 +28,13 @@ def _real_array(value, name, shape):
     return arr
 
 
+def _fixed_buffer(n):
+    """n zero float32s the library may keep pointers into: a view, because
+    an array that does not own its data cannot be resize()d (which would
+    move the memory under those pointers)."""
+    return np.zeros(n, dtype=np.float32)[:]
+
+
 def _readonly(name, doc):
     def get(self):
         return self._dims[name]
@@ -180,7 +187,7 @@ class MultiheadAttention:
                                                  ctypes.byref(count),
                                                  ctypes.byref(err)), err)
         # the one parameter buffer: _weights points into it for good
-        self._params = np.zeros(count.value, dtype=np.float32)
+        self._params = _fixed_buffer(count.value)
         w = self._weights_in(self._params)
         self._weights = w
         self._views = self._make_views(w)
@@ -218,7 +225,7 @@ class MultiheadAttention:
             return
         arr = _real_array(value, "grads_buffer", self._params.shape)
         if self._gbuf is None:
-            self._new_grads(np.empty(self._params.size, np.float32))
+            self._new_grads(_fixed_buffer(self._params.size))
         self._gbuf[...] = arr
 
     @property
@@ -637,7 +644,7 @@ class MultiheadAttention:
         if accumulate and self._gbuf is not None:
             gbuf = self._gbuf  # the module's own, parameter_count floats
         else:
-            gbuf = np.zeros(self._params.size, dtype=np.float32)
+            gbuf = _fixed_buffer(self._params.size)
         gw = self._weights_in(gbuf)
 
         if not sv["empty"]:  # (an empty output: every gradient is 0)

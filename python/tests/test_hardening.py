@@ -125,6 +125,18 @@ else:
     assert "REFUSED" in out and attr in out, out[-2000:]
 
 
+def test_buffers_cannot_be_resized_in_place():
+    # the library holds pointers into both buffers: resize() would move them
+    m = attn.MultiheadAttention(E16, H4)
+    x = np.ones((2, 5, E16), np.float32)
+    y, _ = m(x, x, x)
+    m.backward(np.ones_like(y))
+    for buf in (m.parameters_buffer, m.grads_buffer):
+        with pytest.raises(ValueError):
+            buf.resize(3, refcheck=False)
+        assert buf.shape == (_COUNT16,)
+
+
 def test_replaced_parameters_buffer_used_by_every_path():
     # issue 11 item 1: `m.parameters_buffer = m.parameters_buffer - 0.5 *
     # m.grads_buffer` was used by a requires_grad=True forward but ignored
