@@ -28,8 +28,9 @@ non-strided layouts, gradients w.r.t. a mask or w.r.t. the returned attention
 weights, double backward, add_bias_kv, add_zero_attn. The message names the
 alternative (torch's own attention, or a conversion).
 
-Differences from PyTorch: a query row that sees no key gets output 0 and
-zero gradient (PyTorch: NaN); is_causal is bottom-right aligned (query i
+Zero-size dims give PyTorch 1.13's results (attn's one rule, see
+attn.functional). Differences from PyTorch: a query row whose keys are all
+masked gets output 0 and zero gradient (PyTorch: NaN); is_causal is bottom-right aligned (query i
 sees keys j <= i + Lk - Lq; the same as PyTorch's when Lq == Lk) and may be
 combined with attn_mask; the weights MultiheadAttention returns are before
 dropout (PyTorch 1.13 returns them after).
@@ -42,11 +43,12 @@ import threading
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from . import _lib
 from ._views import mask_array, mask_view, out_tensor, tensor_view
-from .functional import _forward, _prepare, _set_path, build_params
+from .functional import _forward, _prepare, _result, _set_path, build_params
 
 __all__ = ["scaled_dot_product_attention", "MultiheadAttention",
            "UnsupportedError"]
@@ -158,24 +160,27 @@ class _SDPAOptions:
 
 
 class _SDPAFunction(torch.autograd.Function):
+    """Zero-size dims follow attn's one rule (PyTorch 1.13's results; see
+    functional._Call): the library runs on size-1 stand-ins and results for
+    the replaced tensors are zeros of the caller's shape."""
+
     @staticmethod
     def forward(ctx, query, key, value, attn_mask, o):
         c = _prepare(_np(query), _np(key), _np(value),
                      None if attn_mask is None else _np(attn_mask),
                      o.dropout_p, o.is_causal, o.scale, o.key_lengths, o.window,
-                     o.seed, o.offset, None, o.num_threads)
-        # scale=0 replaces the query by zeros on purpose: not a copy
-        _last.copied = tuple(n for n, a, t in (("query", c.q, query),
-                                               ("key", c.k, key),
-                                               ("value", c.v, value))
-                             if t.numel() and not (n == "query" and c.zero_scale)
-                             and not _shares(a, t))
-        out_np, c.tout = out_tensor(c.lead + (c.Lq, c.Dv))
-        lse_np = np.empty(c.lead + (c.Lq,), dtype=np.float32)
-        c.empty = out_np.size == 0
-        if not c.empty:
-            _forward(c, c.tout, None, lse_np)
-        out, lse = torch.from_numpy(out_np), torch.from_numpy(lse_np)
+                     o.seed, o.offset, None, o.num_threads, stand_ins=True)
+        # stand-ins and scale=0's zero query are not copies of an input
+        _last.copied = tuple(
+            n for n, a, t, sub in (("query", c.q, query, c.sub["q"] or c.zero_scale),
+                                   ("key", c.k, key, c.sub["k"]),
+                                   ("value", c.v, value, c.sub["v"]))
+            if t.numel() and not sub and not _shares(a, t))
+        out_np, c.tout = out_tensor(c.out_shape)
+        lse_np = np.empty(c.out_shape[:-1], dtype=np.float32)
+        _forward(c, c.tout, None, lse_np)
+        out = torch.from_numpy(_result(c, "out", out_np, c.lead + (c.Lq, c.Dv)))
+        lse = torch.from_numpy(lse_np)
         ctx.call = c
         # saved for autograd's in-place checks: c's views read this memory
         ctx.save_for_backward(query, key, value, attn_mask, out, lse)
@@ -186,7 +191,7 @@ class _SDPAFunction(torch.autograd.Function):
         query, key, value, _, out, lse = ctx.saved_tensors
         c = ctx.call
         need = ctx.needs_input_grad[:3]
-        if c.empty or grad_out is None or not any(need):
+        if c.sub["out"] or grad_out is None or not any(need):
             grads = tuple(torch.zeros_like(t) if n else None
                           for t, n in zip((query, key, value), need))
             return _maybe_refuse(grads, (query, key, value)) + (None, None)
@@ -204,11 +209,11 @@ class _SDPAFunction(torch.autograd.Function):
             ctypes.byref(c.p), ctypes.byref(tdq), ctypes.byref(tdk),
             ctypes.byref(tdv), ctypes.byref(info), ctypes.byref(err))
         _lib.check(st, err)
-        _set_path(info)
+        _set_path(info, c.note)
         if c.zero_scale:
             dq[...] = 0  # scores do not depend on the query at all
-        grads = tuple(torch.from_numpy(a) if n else None
-                      for a, n in zip((dq, dk, dv), need))
+        grads = tuple(torch.from_numpy(_result(c, name, a, shape)) if n else None
+                      for name, a, shape, n in zip("qkv", (dq, dk, dv), c.shapes, need))
         return _maybe_refuse(grads, (query, key, value)) + (None, None)
 
 
@@ -411,7 +416,8 @@ class MultiheadAttention(nn.Module):
     mask whose rows are padded at the end run as libattn's causal mask and
     key lengths (whole tiles skipped); the result is the same.
     The returned weights are before dropout and carry no gradient (a loss
-    that uses them raises at backward).
+    that uses them raises at backward). A zero batch size or length gives
+    PyTorch's result (empty, or out_proj.bias when Lk = 0).
     """
 
     def __init__(self, embed_dim, num_heads, dropout=0.0, bias=True,
@@ -585,6 +591,26 @@ class MultiheadAttention(nn.Module):
             p.add_mask = ctypes.pointer(mv)
         s.p = p
 
+    def _zero_size(self, query, key, value, key_padding_mask, need_weights,
+                   attn_mask, average_attn_weights, batched):
+        """A zero batch size or length: no attention to compute (libattn takes
+        sizes >= 1). torch's own function returns PyTorch's result (empty, or
+        out_proj.bias when Lk = 0) with its zero gradients."""
+        if batched and self.batch_first:
+            query, key, value = (x.transpose(0, 1) for x in (query, key, value))
+        sep = not self._qkv_same_embed_dim
+        out, w = F.multi_head_attention_forward(
+            query, key, value, self.embed_dim, self.num_heads, self.in_proj_weight,
+            self.in_proj_bias, None, None, False, 0.0, self.out_proj.weight,
+            self.out_proj.bias, training=False, key_padding_mask=key_padding_mask,
+            need_weights=need_weights, attn_mask=attn_mask,
+            use_separate_proj_weight=sep, q_proj_weight=self.q_proj_weight,
+            k_proj_weight=self.k_proj_weight, v_proj_weight=self.v_proj_weight,
+            average_attn_weights=average_attn_weights)
+        if batched and self.batch_first:
+            out = out.transpose(0, 1)
+        return out, w
+
     def forward(self, query, key, value, key_padding_mask=None,
                 need_weights=True, attn_mask=None, average_attn_weights=True,
                 is_causal=False):
@@ -629,6 +655,9 @@ class MultiheadAttention(nn.Module):
                 "attn.torch: key and value must have query's batch size and the "
                 "same length; got shapes %s, %s, %s"
                 % (tuple(query.shape), tuple(key.shape), tuple(value.shape)))
+        if 0 in (s.B, s.Lq, s.Lk):
+            return self._zero_size(query, key, value, key_padding_mask, need_weights,
+                                   attn_mask, average_attn_weights, batched)
         self._masks(s, key_padding_mask, attn_mask, is_causal, batched)
         if not need_weights:
             s.mode = _lib.ATTN_WEIGHTS_NONE

@@ -727,3 +727,42 @@ def test_molgen_twin_with_attn_attention():
     for n, p in plain.named_parameters():
         err = float((p.grad - pb[n].grad).abs().max() / p.grad.abs().max().clamp_min(1e-30))
         assert err < 1e-4, (n, err)
+
+
+@pytest.mark.parametrize("zero", ["B", "H", "Lq", "Lk", "Dk", "Dv"])
+def test_sdpa_zero_size_dims(zero):
+    """attn's zero-size rule is PyTorch 1.13's result: compared with the
+    plain float64 math path and its autograd (which needs no NaN guard
+    here: with Lk = 0 its softmax is over no key, with Dk = 0 every score
+    is 0)."""
+    d = dict(B=2, H=3, Lq=4, Lk=5, Dk=6, Dv=7)
+    d[zero] = 0
+    q = torch.randn(d["B"], d["H"], d["Lq"], d["Dk"], requires_grad=True)
+    k = torch.randn(d["B"], d["H"], d["Lk"], d["Dk"], requires_grad=True)
+    v = torch.randn(d["B"], d["H"], d["Lk"], d["Dv"], requires_grad=True)
+    out = at.scaled_dot_product_attention(q, k, v, scale=0.5)
+    Q, K, V = (x.detach().double().requires_grad_(True) for x in (q, k, v))
+    ref = torch.softmax(Q @ K.transpose(-2, -1) * 0.5, -1) @ V
+    assert out.shape == ref.shape
+    g = torch.randn(out.shape)
+    (out * g).sum().backward()
+    (ref * g.double()).sum().backward()
+    check_close("torch_sdpa/zero_%s/out" % zero, out.detach().numpy(), ref.detach().numpy(),
+                nan_means_zero=False)
+    for name, a, b in (("dq", q, Q), ("dk", k, K), ("dv", v, V)):
+        assert a.grad.shape == a.shape
+        check_grad("torch_sdpa", "zero_" + zero, name, a.grad.numpy(), b.grad.numpy())
+
+
+@pytest.mark.parametrize("zero", ["B", "Lq", "Lk"])
+def test_mha_zero_size(zero):
+    """Zero batch or length: PyTorch's result (empty output, or
+    out_proj.bias when Lk = 0) and its gradients (zeros; out_proj.bias gets
+    the sum of grad_out when Lk = 0)."""
+    d = dict(B=2, Lq=3, Lk=4)
+    d[zero] = 0
+    rng = np.random.default_rng(61)
+    ours, ref = mha_pair(8, 2, batch_first=True)
+    out, w = mha_compare("zero_" + zero, ours, ref, x_(rng, d["B"], d["Lq"], 8),
+                         x_(rng, d["B"], d["Lk"], 8), None)
+    assert out.shape == (d["B"], d["Lq"], 8) and w.shape == (d["B"], d["Lq"], d["Lk"])
