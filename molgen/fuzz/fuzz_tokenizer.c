@@ -9,6 +9,11 @@
  *   - mg_tokenize: the spans tile the line exactly; on an error the position
  *     is the first byte that starts no token and *ntok the tokens before it;
  *     a too small capacity gives MG_TOK_ERR_TOOLONG with the full count;
+ *   - against the vocabulary of the first line, every line encodes or fails
+ *     with the first unknown token / bad character that a string comparison
+ *     of the spans predicts; building over all lines fails on the first bad
+ *     one; each line as one token (mg_vocab_from_tokens) is accepted exactly
+ *     when every line is a single non-special token;
  *   - a vocabulary built from the lines that tokenise (mg_vocab_build) is
  *     sorted and unique, equals mg_vocab_from_tokens of the same tokens,
  *     encodes every line and decodes it back byte for byte (and reports a
@@ -177,6 +182,75 @@ static void check_vocab(const char *const *lines, size_t n, mg_span *spans, int 
     mg_vocab_free(v);
 }
 
+/* Every line, tokenisable or not, against the vocabulary of the first
+ * tokenisable line: the expected result comes from the spans and a plain
+ * string comparison with that line's tokens, not from the vocabulary. Also
+ * mg_vocab_build over all lines and mg_vocab_from_tokens with each line as
+ * one token. */
+static void check_errors(const char *const *all, size_t nall, const char *first, mg_span *spans,
+                         int cap)
+{
+    char err[256] = "";
+    mg_vocab *v = NULL;
+    int rc = mg_vocab_build(&first, 1, &v, err, sizeof err);
+    FZ_CHECK(rc == 0, "vocabulary of one line: %s", err);
+    int nf = 0;
+    mg_span *fs = malloc(((size_t)cap + 1) * sizeof *fs);
+    int32_t *ids = malloc(((size_t)cap + 1) * sizeof *ids);
+    FZ_CHECK(fs && ids, "out of memory");
+    FZ_CHECK(mg_tokenize(first, fs, cap, &nf, NULL, NULL, 0) == 0, "first line");
+    int bad_line = -1, all_single = 1;
+    for (size_t i = 0; i < nall; i++) {
+        const char *s = all[i];
+        int ntok = 0, errpos = -1;
+        int trc = mg_tokenize(s, spans, cap, &ntok, &errpos, NULL, 0);
+        if (trc != 0 && bad_line < 0)
+            bad_line = (int)i;
+        int l = mg_token_len(s);
+        all_single &= l > 0 && s[l] == '\0' && strcmp(s, "<pad>") && strcmp(s, "<bos>") &&
+                      strcmp(s, "<eos>");
+        int want = 0; /* expected: the first unknown token, or the bad character */
+        for (int k = 0; k < ntok && want == 0; k++) {
+            int known = 0;
+            for (int q = 0; q < nf && !known; q++)
+                known = fs[q].len == spans[k].len &&
+                        !memcmp(first + fs[q].start, s + spans[k].start, (size_t)spans[k].len);
+            if (!known)
+                want = MG_TOK_ERR_UNKNOWN;
+        }
+        if (want == 0 && trc == MG_TOK_ERR_CHAR)
+            want = MG_TOK_ERR_CHAR;
+        int n = -1;
+        err[0] = '\0';
+        rc = mg_vocab_encode(v, s, ids, cap, &n, err, sizeof err);
+        FZ_CHECK(rc == want && (rc == 0 || fz_msg_ok(err, sizeof err)),
+                 "encode '%.80s' with the vocabulary of '%.80s': %d, expected %d (%s)", s, first, rc,
+                 want, err);
+    }
+    mg_vocab_free(v);
+    v = NULL;
+    err[0] = '\0';
+    rc = mg_vocab_build(all, nall, &v, err, sizeof err);
+    if (bad_line >= 0) {
+        char want[32];
+        snprintf(want, sizeof want, "smiles[%d] position ", bad_line);
+        FZ_CHECK(rc == MG_TOK_ERR_CHAR && v == NULL && !strncmp(err, want, strlen(want)),
+                 "build over a bad line %d: %d '%s'", bad_line, rc, err);
+    } else {
+        FZ_CHECK(rc == 0 || (rc == MG_TOK_ERR_ARG && v == NULL), "build over all lines: %d %s", rc,
+                 err);
+    }
+    mg_vocab_free(v);
+    v = NULL;
+    err[0] = '\0';
+    rc = mg_vocab_from_tokens(all, nall, &v, err, sizeof err);
+    FZ_CHECK(all_single ? rc == 0 : (rc == MG_TOK_ERR_ARG && v == NULL && fz_msg_ok(err, sizeof err)),
+             "lines as tokens: %d (all single tokens: %d) %s", rc, all_single, err);
+    mg_vocab_free(v);
+    free(fs);
+    free(ids);
+}
+
 static void check_vocab_json(const uint8_t *data, size_t size)
 {
     mg_vocab *v = NULL;
@@ -204,10 +278,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     char *text = fz_cstr(data, size);
     const char **lines = malloc((size + 1) * sizeof *lines);
+    const char **all = malloc((size + 1) * sizeof *all);
     mg_span *spans = malloc((size + 1) * sizeof *spans);
-    FZ_CHECK(lines && spans, "out of memory");
+    FZ_CHECK(lines && all && spans, "out of memory");
     int cap = (int)size + 1;
-    size_t ngood = 0;
+    size_t ngood = 0, nall = 0;
     char *p = text, *end = text + size;
     for (;;) {
         char *e = p;
@@ -216,6 +291,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         int last = e == end;
         *e = '\0';
         check_line(p, spans, cap);
+        all[nall++] = p;
         int ntok = 0;
         if (mg_tokenize(p, spans, cap, &ntok, NULL, NULL, 0) == 0)
             lines[ngood++] = p;
@@ -224,8 +300,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         p = e + 1;
     }
     check_vocab(lines, ngood, spans, cap, size);
+    if (ngood > 0)
+        check_errors(all, nall, lines[0], spans, cap);
     check_vocab_json(data, size);
     free(lines);
+    free(all);
     free(spans);
     free(text);
     return 0;
