@@ -61,8 +61,8 @@ MAX_REF_DEFAULT = 10000
 MAX_GEN_DEFAULT = 10000
 FILTERS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, 'data',
                            'moses_filters')
-NOT_COMPUTED = {'FCD': 'needs the trained ChemNet weights (MOSES: fcd_torch), '
-                       'which are not available offline'}
+NOT_COMPUTED = {'FCD': 'needs the weights of the trained ChemNet network, which MOSES '
+                       'downloads with the fcd_torch package; not available offline'}
 
 # ------------------------------------------------------------------ imports
 

@@ -124,7 +124,7 @@ def get(d, key):
 
 rows = [('samples', 'n_samples'), ('valid', 'n_valid'), ('validity', 'validity'),
         ('unique@1k', 'unique@1k'), ('unique@10k', 'unique@10k'), ('novelty', 'novelty'),
-        ('IntDiv1', 'IntDiv1'), ('IntDiv2', 'IntDiv2'), ('SNN', 'SNN'), ('Frag', 'Frag'),
+        ('Filters', 'Filters'), ('IntDiv1', 'IntDiv1'), ('IntDiv2', 'IntDiv2'), ('SNN', 'SNN'), ('Frag', 'Frag'),
         ('Scaf', 'Scaf'), ('W1 logP', 'wasserstein.logP'), ('W1 SA', 'wasserstein.SA'),
         ('W1 QED', 'wasserstein.QED'), ('W1 weight', 'wasserstein.weight'),
         ('mean logP', 'property_means.samples.logP'), ('mean SA', 'property_means.samples.SA'),
@@ -135,6 +135,8 @@ print('%-14s' % 'metric' + ''.join('%12s' % n for n in names))
 for label, key in rows:
     vals = [get(d, key) for _, d in cols]
     ref = get(cols[0][1], key.replace('.samples.', '.reference.')) if '.samples.' in key else None
+    if key == 'Filters':
+        ref = get(cols[0][1], 'Filters_ref')
     line = '%-14s' % label
     k = {'unique@1k': 1000, 'unique@10k': 10000}.get(label)
     for i, v in enumerate(vals + [ref]):
@@ -150,6 +152,8 @@ for label, key in rows:
     print(line)
 print('(MOSES definitions, see molgen/metrics.py; "-": not defined for these samples,'
       ' e.g. Scaf without ring scaffolds; "*": fewer valid samples than k, so over all of them)')
+for name, why in sorted((get(cols[0][1], 'not_computed') or {}).items()):
+    print('%s: not computed: %s' % (name, why))
 EOF
     for name in "${names[@]}"; do
         echo "metrics of $name: $OUT/metrics_$name.txt, $OUT/metrics_$name.json"
