@@ -7,21 +7,22 @@
       grad_out of ones): attn.torch.scaled_dot_product_attention vs torch's
       math path (softmax(q kᵀ * scale, masked_fill(-inf) when causal) v).
     /usr/bin/python3 bench/attn_torch_bench.py train [--threads 1 2] [--rounds 3]
-        [-- ARGS for molgen/torch_model.py bench]
-      molgen's PyTorch twin, training tokens/s with torch's attention and with
-      attn.torch.MultiheadAttention (torch_model.py bench vs bench --attn,
-      each a fresh process), and the largest difference of their losses.
+        [--steps 10] [--batch 32] [--data FILE]
+      molgen's PyTorch twin (molgen/torch_model.py bench's model, init,
+      batches and step), training tokens/s with torch's attention and with
+      attn.torch.MultiheadAttention (bench --attn), both in this process,
+      one step of each in turn on the same batch sequence; and the largest
+      difference of their losses.
 
-Both modes interleave A and B within each round (A B, then B A) and report
-per-round medians: the host is shared, so only side-by-side ratios mean
-anything. Run with OMP_WAIT_POLICY=PASSIVE (set here if unset), the setting
+Both modes interleave A and B (sdpa: A B then B A per round; train: every
+step) and report per-round medians: the host is shared, so only
+side-by-side ratios mean anything. Run with OMP_WAIT_POLICY=PASSIVE (set here if unset), the setting
 under which PyTorch's two threads are not slower than one on this machine.
 """
 import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -92,26 +93,41 @@ def sdpa_mode(args):
 
 
 def train_mode(args):
-    script = os.path.join(ROOT, "molgen", "torch_model.py")
-    env = dict(os.environ)
-    env.setdefault("PYTHONPATH", os.path.join(ROOT, "python"))
+    import torch
+    sys.path.insert(0, os.path.join(ROOT, "python"))
+    sys.path.insert(0, os.path.join(ROOT, "molgen"))
+    import torch_model as tm
+    cfg = tm.Config()  # torch_model.py bench's default config
+    cfg.vocab_size = 27
+    steps = args.rounds * args.steps + 2
     for threads in args.threads:
-        rates = {"torch": [], "attn": []}
-        losses = {}
+        torch.set_num_threads(threads)
+        models = {"torch": tm.bench_model(cfg), "attn": tm.bench_model(cfg, attn=True)}
+        batches = tm.bench_batches(cfg, args.batch, steps, args.data)
+        losses = {n: [] for n in models}
+        rates = {n: [] for n in models}
+
+        def step(name):
+            i = len(losses[name])  # both models see the same batch sequence
+            t0 = time.perf_counter()
+            loss, n = tm.train_step(*models[name], *batches[i % len(batches)])
+            dt = time.perf_counter() - t0
+            losses[name].append(loss)
+            return n / dt
+
+        for name in models:  # warm-up: 2 steps each
+            step(name)
+            step(name)
         for r in range(args.rounds):
-            order = ["torch", "attn"] if r % 2 == 0 else ["attn", "torch"]
-            for name in order:
-                cmd = [sys.executable, script, "bench", "--json", "--threads", str(threads)]
-                cmd += (["--attn"] if name == "attn" else []) + args.rest
-                res = json.loads(subprocess.run(cmd, env=env, check=True, capture_output=True,
-                                                text=True).stdout.strip().splitlines()[-1])
-                rates[name].append(res["train_tokens_per_sec"])
-                losses.setdefault(name, res["losses"])
-                if res["losses"] != losses[name]:
-                    raise SystemExit("%s: losses differ between runs of the same bench" % name)
+            per = {n: [] for n in models}
+            for i in range(args.steps):
+                for name in (["torch", "attn"] if (r + i) % 2 == 0 else ["attn", "torch"]):
+                    per[name].append(step(name))
+            for n in models:
+                rates[n].append(statistics.median(per[n]))
         dl = max(abs(a - b) for a, b in zip(losses["torch"], losses["attn"]))
-        row = {"threads": threads, "torch_tokens_per_sec": rates["torch"],
-               "attn_tokens_per_sec": rates["attn"],
+        row = {"threads": threads, "batch": args.batch, "data": args.data,
+               "torch_tokens_per_sec": rates["torch"], "attn_tokens_per_sec": rates["attn"],
                "ratio": [a / t for a, t in zip(rates["attn"], rates["torch"])],
                "steps": len(losses["torch"]), "first_loss": losses["torch"][0],
                "last_loss": [losses["torch"][-1], losses["attn"][-1]],
@@ -119,8 +135,8 @@ def train_mode(args):
         if args.json:
             print(json.dumps(row), flush=True)
         else:
-            print("%d thr: torch %s | torch+attn %s tokens/s | %s x | %d steps, loss %.6f -> "
-                  "%.6f / %.6f, max |diff| %.2e" % (
+            print("%d thr: torch %s | torch+attn %s tokens/s | %s x | %d steps each, loss "
+                  "%.6f -> %.6f / %.6f, max |diff| %.2e" % (
                       threads, " / ".join("%.0f" % x for x in rates["torch"]),
                       " / ".join("%.0f" % x for x in rates["attn"]),
                       " / ".join("%.2f" % x for x in row["ratio"]), row["steps"],
@@ -130,20 +146,17 @@ def train_mode(args):
 
 
 def main():
-    argv = sys.argv[1:]
-    rest = []
-    if "--" in argv:
-        i = argv.index("--")
-        argv, rest = argv[:i], argv[i + 1:]
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("mode", choices=["sdpa", "train"])
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--reps", type=int, default=7, help="sdpa: timed calls per round")
+    ap.add_argument("--steps", type=int, default=10, help="train: steps per model per round")
+    ap.add_argument("--batch", type=int, default=32, help="train: molecules per batch")
+    ap.add_argument("--data", help="train: real batches from this .smi (else random full rows)")
     ap.add_argument("--case", nargs="+", default=DEFAULT_CASES, help="sdpa: B,H,L,D,causal")
     ap.add_argument("--json", action="store_true")
-    args = ap.parse_args(argv)
-    args.rest = rest
+    args = ap.parse_args()
     return sdpa_mode(args) if args.mode == "sdpa" else train_mode(args)
 
 

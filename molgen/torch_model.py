@@ -274,47 +274,69 @@ def _attn_torch():
     return attn.torch
 
 
-def bench(args):
-    if args.threads:
-        torch.set_num_threads(args.threads)
+def bench_config(args):
     if args.molgpt:
-        cfg = Config.molgpt(args.ctx, args.vocab)
-    else:
-        cfg = Config(args.layers, args.d_model, args.heads, args.ctx, args.vocab, args.dropout)
-    attention = nn.MultiheadAttention
-    if args.attn:
-        attention = _attn_torch().MultiheadAttention
+        return Config.molgpt(args.ctx, args.vocab)
+    return Config(args.layers, args.d_model, args.heads, args.ctx, args.vocab, args.dropout)
+
+
+def bench_model(cfg, attn=False):
+    """(model in training mode, its AdamW) with the bench's init (seed 0);
+    attn=True: attn.torch.MultiheadAttention in every block, with the plain
+    twin's exact init (attn's module draws the same values; this makes sure)."""
     torch.manual_seed(0)
-    model = MolGPT(cfg, attention)
-    if args.attn:  # the plain twin's exact init (attn's module draws the same, this makes sure)
+    model = MolGPT(cfg, _attn_torch().MultiheadAttention if attn else nn.MultiheadAttention)
+    if attn:
         torch.manual_seed(0)
         model.load_state_dict(MolGPT(cfg).state_dict())
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)
-    B, T = args.batch, cfg.ctx_len + 1
-    if args.data:
-        # Real batches, as molgen bench --data makes them: molecules in file
-        # order, B per batch, each batch cut to its longest row; the tokens
-        # counted are the real (non-pad) targets.
-        nbatch = (args.warmup + args.runs) * args.steps
-        smiles = [s for s in read_smiles(args.data) if len(tokenize(s)) + 2 <= T]
-        vocab = SPECIALS + sorted({t for s in smiles for t in tokenize(s)})
-        if len(vocab) > cfg.vocab_size:
-            raise SystemExit("torch_model.py: %s has %d token kinds, more than the config's %d"
-                             % (args.data, len(vocab), cfg.vocab_size))
-        need = nbatch * B
-        smiles = (smiles * (need // len(smiles) + 1))[:need]
-        ids_all, len_all = encode(smiles, vocab, T)
-        batches = []
-        for j in range(nbatch):
-            lj = len_all[j * B:(j + 1) * B]
-            batches.append((torch.from_numpy(ids_all[j * B:(j + 1) * B, :lj.max()]),
-                            torch.from_numpy(lj)))
-    else:
+    return model, opt
+
+
+def bench_batches(cfg, B, nbatch, data=None):
+    """[(ids, lengths)]: one batch of random full rows, or nbatch real batches
+    from data as molgen bench --data makes them (molecules in file order, B
+    per batch, each batch cut to its longest row)."""
+    T = cfg.ctx_len + 1
+    if not data:
         g = torch.Generator().manual_seed(1)
         ids = torch.randint(3, cfg.vocab_size, (B, T), generator=g)
         lengths = torch.full((B,), T, dtype=torch.int64)  # every position a real target
-        batches = [(ids, lengths)]
+        return [(ids, lengths)]
+    smiles = [s for s in read_smiles(data) if len(tokenize(s)) + 2 <= T]
+    vocab = SPECIALS + sorted({t for s in smiles for t in tokenize(s)})
+    if len(vocab) > cfg.vocab_size:
+        raise SystemExit("torch_model.py: %s has %d token kinds, more than the config's %d"
+                         % (data, len(vocab), cfg.vocab_size))
+    need = nbatch * B
+    smiles = (smiles * (need // len(smiles) + 1))[:need]
+    ids_all, len_all = encode(smiles, vocab, T)
+    batches = []
+    for j in range(nbatch):
+        lj = len_all[j * B:(j + 1) * B]
+        batches.append((torch.from_numpy(ids_all[j * B:(j + 1) * B, :lj.max()]),
+                        torch.from_numpy(lj)))
+    return batches
+
+
+def train_step(model, opt, ids, lengths):
+    """One bench training step: -> (loss, real targets counted)."""
+    loss, n = model.loss(ids, lengths)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    return float(loss), n
+
+
+def bench(args):
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    cfg = bench_config(args)
+    model, opt = bench_model(cfg, args.attn)
+    B = args.batch
+    batches = bench_batches(cfg, B, (args.warmup + args.runs) * args.steps, args.data)
     counter = [0]
     losses = []
 
@@ -324,12 +346,8 @@ def bench(args):
         for _ in range(args.steps):
             ids, lengths = batches[counter[0] % len(batches)]
             counter[0] += 1
-            loss, n = model.loss(ids, lengths)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            losses.append(float(loss))
+            loss, n = train_step(model, opt, ids, lengths)
+            losses.append(loss)
             tok += n
         return tok / (time.perf_counter() - t0)
 
