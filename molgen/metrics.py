@@ -31,11 +31,6 @@ moses/metrics/metrics.py) unless noted:
   W1(prop)     1-D Wasserstein distance between the samples' and the
                reference's distributions of logP (Crippen), SA score (RDKit
                Contrib sascorer), QED and molecular weight.
-Subsampling, for speed (seeded by --seed; reported in the notes): IntDiv,
-SNN, Frag, Scaf and W1 use at most --max-gen random valid samples and at most
---max-ref random reference molecules (default 10,000 each; MOSES uses the
-whole sets, so Scaf in particular is not directly comparable to published
-numbers unless both limits cover the whole sets).
   Filters      fraction of the valid samples (their canonical SMILES, parsed
                again, as MOSES) that pass MOSES's mol_passes_filters: no ring
                of 8+ atoms, no formal charge, only C N S O F Cl Br H, no match
@@ -43,7 +38,13 @@ numbers unless both limits cover the whole sets).
                molecule with explicit hydrogens added, and a non-isomeric
                canonical SMILES that is non-empty and parses again. Over all
                valid samples (no subsampling); also reported for the
-               (subsampled) reference set.
+               reference molecules that SNN, Frag, Scaf and W1 use (the table's
+               "reference"). The failures are counted by clause.
+Subsampling, for speed (seeded by --seed; reported in the notes): IntDiv,
+SNN, Frag, Scaf and W1 use at most --max-gen random valid samples and at most
+--max-ref random reference molecules (default 10,000 each; MOSES uses the
+whole sets, so Scaf in particular is not directly comparable to published
+numbers unless both limits cover the whole sets).
 Not computed: FCD (Frechet ChemNet Distance): it needs the trained ChemNet
 weights, which are not available offline; the output says so.
 """
@@ -254,6 +255,8 @@ def read_filter_smarts(directory=FILTERS_DIR):
                 rows = list(csv.reader(f))
         except OSError as e:
             raise FilterDataError('cannot read %s: %s' % (path, e.strerror or e))
+        except (UnicodeDecodeError, csv.Error) as e:
+            raise FilterDataError('%s is not a UTF-8 CSV file: %s' % (path, e))
         if header:
             if not rows or [c.strip() for c in rows[0]] != ['names', 'smarts']:
                 raise FilterDataError("%s: first line is not the header 'names,smarts'" % path)
@@ -262,8 +265,8 @@ def read_filter_smarts(directory=FILTERS_DIR):
             rows = [(i + 1, r) for i, r in enumerate(rows)]
         for line, r in rows:
             if len(r) != 2 or not r[0].strip() or not r[1].strip():
-                raise FilterDataError('%s:%d: expected 2 non-empty fields, got %d'
-                                      % (path, line, len(r)))
+                raise FilterDataError('%s:%d: expected 2 non-empty fields (name and SMARTS), '
+                                      'got %d field(s)' % (path, line, len(r)))
             name, smarts = (r[0], r[1]) if header else (r[1], r[0])
             name = name.strip()
             if name.startswith('<regId=') and name.endswith('>'):

@@ -430,6 +430,9 @@ def test_filter_data_errors_are_clear(tmp_path):
     (tmp_path / 'mcf.csv').write_text('X1,[#6]=[#8]\n')
     with pytest.raises(M.FilterDataError, match="header 'names,smarts'"):
         M.MosesFilters(str(tmp_path))
+    (tmp_path / 'mcf.csv').write_bytes(b'names,smarts\nX1,\xff\xfe\n')
+    with pytest.raises(M.FilterDataError, match='not a UTF-8 CSV file'):
+        M.MosesFilters(str(tmp_path))
 
 
 def test_missing_filter_files_say_not_computed(tmp_path, monkeypatch):
