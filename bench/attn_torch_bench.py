@@ -16,8 +16,8 @@
       one batch of full rows, rounding differences grow after about 34
       steps, as much between PyTorch's own 1- and 2-thread runs).
 
-Both modes interleave A and B (sdpa: A B then B A per round; train: every
-step) and report per-round medians: the host is shared, so only
+Both modes interleave A and B call by call (sdpa: one call of each in
+turn; train: one step of each in turn) and report per-round medians: the host is shared, so only
 side-by-side ratios mean anything. Run with OMP_WAIT_POLICY=PASSIVE (set here if unset), the setting
 under which PyTorch's two threads are not slower than one on this machine.
 """
@@ -75,11 +75,13 @@ def sdpa_mode(args):
             for op, bwd in (("fwd", False), ("fwd+bwd", True)):
                 per = {n: [] for n in impls}
                 for r in range(args.rounds):
-                    order = list(impls) if r % 2 == 0 else list(impls)[::-1]
-                    for name in order:
-                        with torch.set_grad_enabled(bwd):
-                            per[name].append(1e3 * statistics.median(
-                                once(name, bwd) for _ in range(args.reps)))
+                    t = {n: [] for n in impls}
+                    with torch.set_grad_enabled(bwd):
+                        for i in range(args.reps):  # one call of each in turn
+                            for name in (list(impls) if (r + i) % 2 == 0 else list(impls)[::-1]):
+                                t[name].append(once(name, bwd))
+                    for n in impls:
+                        per[n].append(1e3 * statistics.median(t[n]))
                 row = {"case": case, "threads": threads, "op": op,
                        "attn_ms": per["attn"], "torch_math_ms": per["torch-math"],
                        "ratio": [t / a for a, t in zip(per["attn"], per["torch-math"])]}
