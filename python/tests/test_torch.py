@@ -19,6 +19,7 @@ wrong term) is O(1).
 import os
 import subprocess
 import sys
+import zlib
 
 import numpy as np
 import pytest
@@ -29,6 +30,13 @@ import attn
 import attn.torch as at
 from _oracle import (check_close, check_grad, philox_keep, rand,
                      safe_attention, structural_keep, torch_mha_functional)
+
+
+@pytest.fixture(autouse=True)
+def _torch_seed():
+    """Every test draws its torch.randn values from seed 0: reproducible alone
+    or in any order."""
+    torch.manual_seed(0)
 
 
 def t32(a, grad=True):
@@ -119,7 +127,7 @@ SHAPES = [  # lead, Lq, Lk, Dk, Dv
 @pytest.mark.parametrize("kind", MASKS)
 @pytest.mark.parametrize("lead,Lq,Lk,Dk,Dv", SHAPES)
 def test_sdpa_masks_shapes(kind, lead, Lq, Lk, Dk, Dv):
-    rng = np.random.default_rng(abs(hash((kind, lead, Lq))) % 2**32)
+    rng = np.random.default_rng(zlib.crc32(repr((kind, lead, Lq)).encode()))
     q = t32(rand(rng, *lead, Lq, Dk))
     k = t32(rand(rng, *lead, Lk, Dk))
     v = t32(rand(rng, *lead, Lk, Dv))
@@ -186,6 +194,7 @@ def test_sdpa_noncontiguous_inputs():
 
 
 def test_sdpa_noncontiguous_grad_out():
+    torch.manual_seed(9)
     rng = np.random.default_rng(9)
     q, k, v = (t32(rand(rng, 2, 5, 6)) for _ in range(3))
     out = at.scaled_dot_product_attention(q, k, v)
@@ -319,7 +328,7 @@ def test_sdpa_unsupported_inputs():
 
 
 def test_sdpa_bad_arguments():
-    x = torch.randn(2, 4, 8)
+    x = torch.randn(2, 4, 8)  # values do not matter here
     with pytest.raises(ValueError, match=r"dropout_p must be in \[0, 1\)"):
         at.scaled_dot_product_attention(x, x, x, dropout_p=1.0)
     with pytest.raises(ValueError, match="same leading dims"):
@@ -471,7 +480,7 @@ def kpm_prefix(B, Lk, lengths):
     "bool2d", "bool3d", "float2d", "float3d", "uint8", "causal+kpm", "bool+float_kpm",
     "is_causal", "is_causal+kpm"])
 def test_mha_masks(case):
-    rng = np.random.default_rng(abs(hash(case)) % 2**32)
+    rng = np.random.default_rng(zlib.crc32(case.encode()))
     E, H, B, L = 16, 4, 3, 7
     ours, ref = mha_pair(E, H, batch_first=True)
     x = x_(rng, B, L, E)
@@ -735,6 +744,7 @@ def test_sdpa_zero_size_dims(zero):
     plain float64 math path and its autograd (which needs no NaN guard
     here: with Lk = 0 its softmax is over no key, with Dk = 0 every score
     is 0)."""
+    torch.manual_seed(0)
     d = dict(B=2, H=3, Lq=4, Lk=5, Dk=6, Dv=7)
     d[zero] = 0
     q = torch.randn(d["B"], d["H"], d["Lq"], d["Dk"], requires_grad=True)
