@@ -561,9 +561,10 @@ def wasserstein_1d(u, v):
 
 
 def compute_metrics(samples, train=None, ref=None, max_ref=MAX_REF_DEFAULT,
-                    max_gen=MAX_GEN_DEFAULT, seed=0, jobs=1, log=None):
+                    max_gen=MAX_GEN_DEFAULT, seed=0, jobs=1, log=None, ref_filters=True):
     """samples: list of SMILES strings ('' = an empty, invalid sample);
-    train, ref: lists of SMILES or None. Returns a dict (JSON-ready)."""
+    train, ref: lists of SMILES or None; ref_filters: also compute Filters
+    of the (subsampled) reference. Returns a dict (JSON-ready)."""
     import numpy as np
     from collections import Counter
     _quiet_rdkit()
@@ -670,7 +671,7 @@ def compute_metrics(samples, train=None, ref=None, max_ref=MAX_REF_DEFAULT,
             notes.append('%d reference SMILES do not parse and were ignored'
                          % (len(ref_sub) - len(feat_ref)))
         res['n_ref_used'] = len(feat_ref)
-        if filters_error is None:
+        if filters_error is None and ref_filters:
             t0 = time.time()
             fails = _flat(mapper.map(_filter_failures_ref_many, ref_sub, 250))
             timing['ref_filters_s'] = time.time() - t0
@@ -798,6 +799,10 @@ def main(argv=None):
     ap.add_argument('--seed', type=int, default=0, help='seed of the subsampling')
     ap.add_argument('--jobs', type=int, default=os.cpu_count() or 1,
                     help='worker processes (default: all cores)')
+    ap.add_argument('--no-ref-filters', action='store_true',
+                    help='do not compute Filters of the reference (it depends on the reference '
+                         'and --max-ref/--seed only: one run of several on the same reference '
+                         'is enough)')
     ap.add_argument('-q', '--quiet', action='store_true', help='no progress lines')
     args = ap.parse_args(argv)
     _require_deps()
@@ -816,7 +821,8 @@ def main(argv=None):
     ref = read_smiles(args.ref) if args.ref else None
     log = None if args.quiet else (lambda m: sys.stderr.write('metrics: %s\n' % m))
     res = compute_metrics(samples, train, ref, max_ref=args.max_ref, max_gen=args.max_gen,
-                          seed=args.seed, jobs=args.jobs, log=log)
+                          seed=args.seed, jobs=args.jobs, log=log,
+                          ref_filters=not args.no_ref_filters)
     res['files'] = {'samples': args.samples, 'train': args.train, 'ref': args.ref}
     print(format_table(res))
     if args.json:

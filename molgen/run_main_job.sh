@@ -98,14 +98,19 @@ if [ "$have_rdkit" = 1 ]; then
     echo "metrics (RDKit, molgen/metrics.py; reference: $MAX_REF molecules of $REF; novelty"
     echo "against each model's training data):"
     jsons=()
+    # the reference's Filters (the table's reference column, from the first
+    # model's run) is computed once: it does not depend on the samples
+    ref_filters=()
     for name in "${names[@]}"; do
         model=$FRESH
         [ "$name" = shipped ] && model=$SHIPPED
         train=$(train_data_of "$model")
         echo "  $name: novelty against $train"
         "$PYTHON" molgen/metrics.py "$OUT/samples_$name.smi" --train "$train" --ref "$REF" \
-            --max-ref "$MAX_REF" --json "$OUT/metrics_$name.json" -q > "$OUT/metrics_$name.txt"
+            --max-ref "$MAX_REF" "${ref_filters[@]}" --json "$OUT/metrics_$name.json" -q \
+            > "$OUT/metrics_$name.txt"
         jsons+=("$name=$OUT/metrics_$name.json")
+        ref_filters=(--no-ref-filters)
     done
     "$PYTHON" - "${jsons[@]}" <<'EOF'
 import json, sys

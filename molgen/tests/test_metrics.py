@@ -408,6 +408,9 @@ def test_filters_in_compute_metrics():
     assert 'Filters     0.5000  (3 / 6 valid pass; fail: MCF 2, smiles 1; reference 0.6667 of 3)' \
         in table
     assert 'FCD         not computed: ' in table
+    r = M.compute_metrics(samples, ['CCCC'], ref, jobs=1, ref_filters=False)
+    assert r['Filters'] == pytest.approx(3 / 6) and r['Filters_ref'] is None
+    assert 'reference' not in M._fmt_filters(r)
 
 
 def test_filters_on_moses_molecules_is_one():
