@@ -73,9 +73,6 @@ int mg_attention_svg(FILE *f, const float *weights, int n_layer, int n_head, int
                      const char *const *labels, const char *title,
                      const mg_head_stats *stats /* [n_layer*n_head] or NULL */);
 
-/* `molgen attention ...`; argv[0] is "attention". Returns the exit code. */
-int cmd_attention(int argc, char **argv);
-
 #ifdef __cplusplus
 }
 #endif

@@ -16,12 +16,7 @@
 #include "optim.h"
 #include "sample.h"
 #include "tokenizer.h"
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
+#include "util.h"
 
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -35,18 +30,10 @@ double mg_median(double *x, int n) {
 }
 
 /* The MOSES vocabulary (moses_176k.smi's 24 tokens). */
-static const char *MOSES_TOKENS[] = {"#", "(", ")", "-", "1", "2", "3", "4", "5", "6", "=", "Br",
+const char *const MG_MOSES_TOKENS[] = {"#", "(", ")", "-", "1", "2", "3", "4", "5", "6", "=", "Br",
                                      "C", "Cl", "F", "N", "O", "S", "[H]", "[nH]", "c", "n", "o", "s"};
 
-typedef struct {
-    double rate[64]; /* per timed run */
-    int runs;
-    double median, lo, hi;
-    double extra;    /* sampling: mean tokens per molecule; training: loss */
-    double tok_rate; /* sampling: tokens/s (median run's) */
-} bench_result;
-
-static void finish(bench_result *r) {
+static void finish(mg_bench_result *r) {
     double tmp[64];
     memcpy(tmp, r->rate, sizeof tmp);
     r->median = mg_median(tmp, r->runs);
@@ -54,18 +41,11 @@ static void finish(bench_result *r) {
     r->hi = tmp[r->runs - 1];
 }
 
-static uint64_t splitmix(uint64_t *s) {
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
 /* Training steps on random full rows, or (data != NULL) on its batches of
  * real molecules in file order, each cut to its longest row as molgen train
  * does, counting the real targets. */
-static int bench_train(mg_model *m, int B, int steps, int warmup, int runs, mg_batcher *data,
-                       bench_result *r, char *err, size_t errlen) {
+int mg_bench_train(mg_model *m, int B, int steps, int warmup, int runs, mg_batcher *data,
+                       mg_bench_result *r, char *err, size_t errlen) {
     const mg_model_config *c = mg_model_get_config(m);
     const int T = c->ctx_len + 1, V = c->vocab_size;
     int rc = -1;
@@ -95,7 +75,7 @@ static int bench_train(mg_model *m, int B, int steps, int warmup, int runs, mg_b
     for (int b = 0; b < B; b++) {
         ids[(size_t)b * T] = MG_BOS;
         for (int t = 1; t < T - 1; t++)
-            ids[(size_t)b * T + t] = (int32_t)(MG_NUM_SPECIAL + splitmix(&s) % (uint64_t)(V - MG_NUM_SPECIAL));
+            ids[(size_t)b * T + t] = (int32_t)(MG_NUM_SPECIAL + mg_splitmix64(&s) % (uint64_t)(V - MG_NUM_SPECIAL));
         ids[(size_t)b * T + T - 1] = MG_EOS;
         len[b] = T;
     }
@@ -103,7 +83,7 @@ static int bench_train(mg_model *m, int B, int steps, int warmup, int runs, mg_b
     float loss = 0;
     for (int run = -warmup; run < runs; run++) {
         int64_t tokens = 0;
-        const double t0 = now_s();
+        const double t0 = mg_now_s();
         for (int k = 0; k < steps; k++, step++) {
             int64_t ntok = 0;
             int Tb = T;
@@ -117,7 +97,7 @@ static int bench_train(mg_model *m, int B, int steps, int warmup, int runs, mg_b
                 goto done;
             tokens += ntok;
         }
-        const double dt = now_s() - t0;
+        const double dt = mg_now_s() - t0;
         if (run >= 0) r->rate[run] = (double)tokens / (dt > 0 ? dt : 1e-9);
     }
     r->runs = runs;
@@ -133,8 +113,8 @@ done:
     return rc;
 }
 
-static int bench_sample(mg_model *m, const mg_vocab *v, mg_decode_kind kind, int n, int batch,
-                        int warmup, int runs, bench_result *r, char *err, size_t errlen) {
+int mg_bench_sample(mg_model *m, const mg_vocab *v, mg_decode_kind kind, int n, int batch,
+                        int warmup, int runs, mg_bench_result *r, char *err, size_t errlen) {
     mg_sample_opts o;
     mg_sample_opts_default(&o);
     o.n = (size_t)n;
@@ -157,197 +137,4 @@ static int bench_sample(mg_model *m, const mg_vocab *v, mg_decode_kind kind, int
     finish(r);
     r->tok_rate = mg_median(tok_rate, runs);
     return 0;
-}
-
-static const char *BENCH_USAGE =
-    "usage: molgen bench [--molgpt] [--model FILE] [--batch B] [--ctx L] [--runs R]\n"
-    "                    [--warmup W] [--steps S] [--sample-n N] [--naive-n N]\n"
-    "                    [--threads N] [--data FILE] [--no-train] [--no-sample] [--json]\n"
-    "Throughput of training (tokens/s of forward+backward+AdamW steps) and of\n"
-    "sampling (molecules/s, KV-cache and naive decoding); medians of R timed\n"
-    "runs after W warm-up runs.\n"
-    "  --molgpt        MolGPT's architecture (8 layers, d 256, 8 heads, dropout 0.1)\n"
-    "                  instead of the default (4 layers, d 128, 4 heads)\n"
-    "  --model FILE    benchmark this trained model instead (its config and vocab)\n"
-    "  --batch B       rows per training step and per sampling batch (default 64)\n"
-    "  --ctx L         context length of a fresh model (default 54)\n"
-    "  --runs R        timed runs (default 5, at most 64)\n"
-    "  --warmup W      untimed runs first (default 1)\n"
-    "  --steps S       training steps per run (default 3)\n"
-    "  --sample-n N    molecules per KV sampling run (default 256)\n"
-    "  --naive-n N     molecules per naive sampling run (default 64; 0 skips it)\n"
-    "  --threads N     threads (default: ATTN_NUM_THREADS or all cores)\n"
-    "  --data FILE     train on this file's molecules (file order, each batch cut\n"
-    "                  to its longest row; tokens/s counts real targets) instead\n"
-    "                  of random full rows\n"
-    "  --no-train / --no-sample   skip a part\n"
-    "  --json          one JSON object on stdout instead of the table\n";
-
-int cmd_bench(int argc, char **argv) {
-    const char *model_path = NULL, *data_path = NULL;
-    int molgpt = 0, batch = 64, ctx = 54, runs = 5, warmup = 1, steps = 3, sample_n = 256,
-        naive_n = 64, threads = 0, do_train = 1, do_sample = 1, json = 0;
-    char err[512];
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            fputs(BENCH_USAGE, stdout);
-            return 0;
-        }
-        if (!strcmp(a, "--molgpt")) { molgpt = 1; continue; }
-        if (!strcmp(a, "--no-train")) { do_train = 0; continue; }
-        if (!strcmp(a, "--no-sample")) { do_sample = 0; continue; }
-        if (!strcmp(a, "--json")) { json = 1; continue; }
-        static const char *const value_opts[] = {"--model", "--data", "--batch", "--ctx", "--runs", "--warmup", "--steps", "--sample-n", "--naive-n", "--threads", NULL};
-        const char *val = NULL;
-        char opt[64];
-        if (!mg_cli_take("bench", argc, argv, &i, value_opts, opt, sizeof opt, &val)) return 2;
-        a = opt;
-        long long ll = 0;
-        int ok = 1, *target = NULL;
-        long long lo = 1, hi = 1 << 24;
-        if (!strcmp(a, "--model")) model_path = val;
-        else if (!strcmp(a, "--data")) data_path = val;
-        else if (!strcmp(a, "--batch")) target = &batch;
-        else if (!strcmp(a, "--ctx")) { target = &ctx; lo = 2; hi = 4096; }
-        else if (!strcmp(a, "--runs")) { target = &runs; hi = 64; }
-        else if (!strcmp(a, "--warmup")) { target = &warmup; lo = 0; hi = 100; }
-        else if (!strcmp(a, "--steps")) target = &steps;
-        else if (!strcmp(a, "--sample-n")) target = &sample_n;
-        else if (!strcmp(a, "--naive-n")) { target = &naive_n; lo = 0; }
-        else if (!strcmp(a, "--threads")) { target = &threads; hi = ATTN_MAX_THREADS; }
-        else {
-            fprintf(stderr, "molgen bench: unknown option '%s' (see molgen bench --help)\n", a);
-            return 2;
-        }
-        if (target) {
-            ok = mg_cli_int(val, lo, hi, &ll);
-            if (ok) *target = (int)ll;
-        }
-        if (!ok) {
-            fprintf(stderr, "molgen bench: bad value '%s' for %s (see molgen bench --help)\n", val, a);
-            return 2;
-        }
-    }
-    if (threads > 0) attn_set_num_threads(threads, NULL);
-    mg_model *m = NULL;
-    mg_vocab *v = NULL;
-    if (model_path) {
-        if (mg_cli_load_model("bench", model_path, &m, &v)) return 1;
-    } else {
-        if (mg_vocab_from_tokens(MOSES_TOKENS, sizeof MOSES_TOKENS / sizeof *MOSES_TOKENS, &v, err,
-                                 sizeof err)) {
-            fprintf(stderr, "molgen bench: %s\n", err);
-            return 1;
-        }
-        mg_model_config c;
-        if (molgpt) mg_model_config_molgpt(&c);
-        else mg_model_config_default(&c);
-        c.ctx_len = ctx;
-        c.vocab_size = mg_vocab_size(v);
-        if (mg_model_create(&c, &m, err, sizeof err)) {
-            fprintf(stderr, "molgen bench: %s\n", err);
-            mg_vocab_free(v);
-            return 1;
-        }
-        mg_model_init(m, 1);
-    }
-    const mg_model_config *c = mg_model_get_config(m);
-    const char *cfg_name = model_path ? model_path : molgpt ? "molgpt" : "default";
-    bench_result tr, kv, nv;
-    memset(&tr, 0, sizeof tr);
-    memset(&kv, 0, sizeof kv);
-    memset(&nv, 0, sizeof nv);
-    int rc = 0;
-    /* the data is read before any timing, so a bad --data fails at once */
-    mg_dataset ds;
-    mg_batcher *bat = NULL;
-    memset(&ds, 0, sizeof ds);
-    if (do_train && data_path) {
-        mg_load_opts lo = {NULL, c->ctx_len + 1, 0};
-        if (mg_dataset_load(data_path, &lo, v, NULL, &ds, NULL, err, sizeof err) ||
-            mg_batcher_new(&ds, batch, 0, 0, &bat, err, sizeof err)) {
-            fprintf(stderr, "molgen bench: %s\n", err);
-            rc = 1;
-            goto done;
-        }
-    }
-    if (!json)
-        printf("molgen bench: %s config: %d layers, d_model %d, %d heads, ctx_len %d, vocab %d, "
-               "dropout %g; %.2fM parameters; %d threads\n",
-               cfg_name, c->n_layer, c->d_model, c->n_head, c->ctx_len, c->vocab_size,
-               (double)c->dropout, (double)mg_model_num_params(m) / 1e6, attn_get_num_threads());
-    if (do_sample) {
-        /* before training: a --model is sampled as trained */
-        if (bench_sample(m, v, MG_DECODE_KV, sample_n, batch, warmup, runs, &kv, err, sizeof err)) {
-            fprintf(stderr, "molgen bench: sampling (kv): %s\n", err);
-            rc = 1;
-            goto done;
-        }
-        if (!json)
-            printf("sampling kv    (%d molecules, batch %d): %10.1f molecules/s  [%.1f .. %.1f], "
-                   "%.0f tokens/s, %.1f tokens/molecule\n",
-                   sample_n, sample_n < batch ? sample_n : batch, kv.median, kv.lo, kv.hi, kv.tok_rate,
-                   kv.extra);
-        if (naive_n > 0) {
-            if (bench_sample(m, v, MG_DECODE_NAIVE, naive_n, batch, warmup, runs, &nv, err,
-                             sizeof err)) {
-                fprintf(stderr, "molgen bench: sampling (naive): %s\n", err);
-                rc = 1;
-                goto done;
-            }
-            if (!json)
-                printf("sampling naive (%d molecules, batch %d): %10.1f molecules/s  [%.1f .. %.1f], "
-                       "%.0f tokens/s, %.1f tokens/molecule\n",
-                       naive_n, naive_n < batch ? naive_n : batch, nv.median, nv.lo, nv.hi, nv.tok_rate,
-                       nv.extra);
-            if (!json && nv.median > 0)
-                printf("KV cache speed-up over naive: %.1fx (molecules/s)\n", kv.median / nv.median);
-        }
-    }
-    if (do_train) {
-        rc = bench_train(m, batch, steps, warmup, runs, bat, &tr, err, sizeof err);
-        if (rc) {
-            fprintf(stderr, "molgen bench: training: %s\n", err);
-            goto done;
-        }
-        if (!json && data_path)
-            printf("training (batch %d of %s, fwd+bwd+AdamW, %d steps/run): %10.0f tokens/s  "
-                   "[%.0f .. %.0f]\n",
-                   batch, data_path, steps, tr.median, tr.lo, tr.hi);
-        else if (!json)
-            printf("training (batch %d x %d positions, fwd+bwd+AdamW, %d steps/run): %10.0f tokens/s  "
-                   "[%.0f .. %.0f]\n",
-                   batch, c->ctx_len, steps, tr.median, tr.lo, tr.hi);
-    }
-    if (!json) {
-        printf("(medians of %d runs after %d warm-up run%s)\n", runs, warmup, warmup == 1 ? "" : "s");
-    } else {
-        printf("{\"config\":\"%s\",\"n_layer\":%d,\"d_model\":%d,\"n_head\":%d,\"ctx_len\":%d,"
-               "\"vocab_size\":%d,\"dropout\":%g,\"params\":%zu,\"threads\":%d,\"batch\":%d,"
-               "\"runs\":%d,\"warmup\":%d",
-               model_path ? "model" : cfg_name, c->n_layer, c->d_model, c->n_head, c->ctx_len,
-               c->vocab_size, (double)c->dropout, mg_model_num_params(m), attn_get_num_threads(),
-               batch, runs, warmup);
-        if (do_train)
-            printf(",\"train\":{\"tokens_per_s\":%.1f,\"min\":%.1f,\"max\":%.1f,\"steps_per_run\":%d,"
-                   "\"positions\":%d,\"data\":\"%s\"}",
-                   tr.median, tr.lo, tr.hi, steps, c->ctx_len, data_path ? data_path : "");
-        if (do_sample) {
-            printf(",\"sample_kv\":{\"molecules_per_s\":%.2f,\"min\":%.2f,\"max\":%.2f,"
-                   "\"tokens_per_s\":%.1f,\"tokens_per_molecule\":%.2f,\"n\":%d}",
-                   kv.median, kv.lo, kv.hi, kv.tok_rate, kv.extra, sample_n);
-            if (naive_n > 0)
-                printf(",\"sample_naive\":{\"molecules_per_s\":%.2f,\"min\":%.2f,\"max\":%.2f,"
-                       "\"tokens_per_s\":%.1f,\"tokens_per_molecule\":%.2f,\"n\":%d}",
-                       nv.median, nv.lo, nv.hi, nv.tok_rate, nv.extra, naive_n);
-        }
-        printf("}\n");
-    }
-done:
-    mg_batcher_free(bat);
-    mg_dataset_free(&ds);
-    mg_model_free(m);
-    mg_vocab_free(v);
-    return rc;
 }

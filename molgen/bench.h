@@ -15,6 +15,10 @@
 #ifndef MG_BENCH_H
 #define MG_BENCH_H
 
+#include "data.h"
+#include "model.h"
+#include "sample.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -22,8 +26,29 @@ extern "C" {
 /* Median of x[0..n) (sorts x in place); 0 for n == 0. */
 double mg_median(double *x, int n);
 
-/* `molgen bench ...`; argv[0] is "bench". Returns the exit code. */
-int cmd_bench(int argc, char **argv);
+/* The MOSES vocabulary's data tokens (moses_176k.smi's 24), for a fresh
+ * model. */
+#define MG_MOSES_NUM_TOKENS 24
+extern const char *const MG_MOSES_TOKENS[MG_MOSES_NUM_TOKENS];
+
+/* Rates of the timed runs and their summary. */
+typedef struct {
+    double rate[64]; /* per timed run */
+    int runs;
+    double median, lo, hi;
+    double extra;    /* sampling: mean tokens per molecule; training: loss */
+    double tok_rate; /* sampling: tokens/s (median run's) */
+} mg_bench_result;
+
+/* Training: runs x steps full optimizer steps (B rows) on random full rows,
+ * or (data != NULL) on its batches in order, each cut to its longest row;
+ * rates in target tokens/s. runs <= 64. */
+int mg_bench_train(mg_model *m, int B, int steps, int warmup, int runs, mg_batcher *data,
+                   mg_bench_result *r, char *err, size_t errlen);
+/* Sampling: mg_sample of n molecules (batch rows, seed 1) per run; rates in
+ * molecules/s, tok_rate in tokens/s, extra tokens per molecule. */
+int mg_bench_sample(mg_model *m, const mg_vocab *v, mg_decode_kind kind, int n, int batch,
+                    int warmup, int runs, mg_bench_result *r, char *err, size_t errlen);
 
 #ifdef __cplusplus
 }

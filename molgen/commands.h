@@ -10,12 +10,12 @@
 extern "C" {
 #endif
 
-int cmd_train(int argc, char **argv);     /* train.c */
-int cmd_sample(int argc, char **argv);    /* sample.c */
-int cmd_attention(int argc, char **argv); /* attention.c */
-int cmd_bench(int argc, char **argv);     /* bench.c */
+int cmd_train(int argc, char **argv);     /* cmd_train.c */
+int cmd_sample(int argc, char **argv);    /* cmd_sample.c */
+int cmd_attention(int argc, char **argv); /* cmd_attention.c */
+int cmd_bench(int argc, char **argv);     /* cmd_bench.c */
 /* Hidden: dump a random batch's loss and gradients for the PyTorch oracle
- * test (molgen/tests/test_model_torch.py). train.c. */
+ * test (molgen/tests/test_model_torch.py). cmd_debug_grads.c. */
 int cmd_debug_grads(int argc, char **argv);
 
 #ifdef __cplusplus

@@ -626,14 +626,6 @@ int mg_dataset_load(const char *path, const mg_load_opts *opts, const mg_vocab *
 
 /* ------------------------------------------------------------ PRNG + split */
 
-uint64_t mg_splitmix64(uint64_t *state)
-{
-    uint64_t z = (*state += 0x9E3779B97F4A7C15ULL);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31);
-}
-
 void mg_shuffle_indices(size_t *idx, size_t n, uint64_t *state)
 {
     if (!idx || n < 2)

@@ -17,6 +17,7 @@
 #include <stdint.h>
 
 #include "tokenizer.h"
+#include "util.h" /* mg_splitmix64 */
 
 #ifdef __cplusplus
 extern "C" {
@@ -142,8 +143,6 @@ int mg_dataset_split(const mg_dataset *all, double val_frac, uint64_t seed,
 
 /* ------------------------------------------------------------ PRNG */
 
-/* splitmix64: advances *state, returns the next 64-bit value. */
-uint64_t mg_splitmix64(uint64_t *state);
 /* Fisher-Yates shuffle of idx[0..n) driven by mg_splitmix64(state). */
 void mg_shuffle_indices(size_t *idx, size_t n, uint64_t *state);
 

@@ -20,6 +20,7 @@
 
 #include "attn.h"
 #include "layers.h"
+#include "util.h"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -390,15 +391,8 @@ const mg_param_info *mg_model_find_tensor(const mg_model *m, const char *name) {
 
 /* ------------------------------------------------------------ init */
 
-static uint64_t splitmix64(uint64_t *s) {
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
 /* Uniform in (0, 1): 53 random bits, never 0. */
-static double uniform01(uint64_t *s) { return ((double)(splitmix64(s) >> 11) + 0.5) * 0x1.0p-53; }
+static double uniform01(uint64_t *s) { return ((double)(mg_splitmix64(s) >> 11) + 0.5) * 0x1.0p-53; }
 
 static void fill_normal(float *x, size_t n, double std, uint64_t *s) {
     for (size_t i = 0; i < n; i += 2) { /* Box-Muller, two values per pair */
@@ -416,7 +410,7 @@ void mg_model_init(mg_model *m, uint64_t seed) {
         const char *nm = t->name;
         const size_t len = strlen(nm);
         uint64_t s = seed ^ (0xD1B54A32D192ED03ull * (i + 1));
-        splitmix64(&s);
+        mg_splitmix64(&s);
         int is_ln = strstr(nm, "ln1.") || strstr(nm, "ln2.") || !strncmp(nm, "ln_f.", 5);
         if (is_ln && len > 7 && !strcmp(nm + len - 7, ".weight")) {
             for (size_t k = 0; k < t->numel; k++) x[k] = 1.0f;
@@ -617,15 +611,12 @@ static const float *residual_branch_backward(float *dbranch, const float *dout,
  * counter-based hash of (seed, site, i): independent of threads. */
 static void dropout_mask(float *mask, int64_t N, float p, uint64_t seed, uint64_t site, int nt) {
     uint64_t ks = seed ^ (0xA0761D6478BD642Full * (site + 1));
-    const uint64_t key = splitmix64(&ks);
+    const uint64_t key = mg_splitmix64(&ks);
     const uint32_t thr = (uint32_t)fmin((double)p * 4294967296.0, 4294967295.0);
     const float keep = 1.0f / (1.0f - p);
 #pragma omp parallel for num_threads(nt) schedule(static)
     for (int64_t i = 0; i < N; i++) {
-        uint64_t z = key + (uint64_t)i * 0x9E3779B97F4A7C15ull;
-        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-        z ^= z >> 31;
+        const uint64_t z = mg_mix64(key + (uint64_t)i * 0x9E3779B97F4A7C15ull);
         mask[i] = (uint32_t)(z >> 32) < thr ? 0.0f : keep;
     }
 }
@@ -992,7 +983,7 @@ int mg_model_causal_guard(mg_model *m, uint64_t seed, char *err, size_t errlen) 
         goto done;
     }
     uint64_t s = seed ^ 0x6A09E667F3BCC909ull;
-    for (size_t i = 0; i < R; i++) ids[i] = (int32_t)(splitmix64(&s) % (uint64_t)V);
+    for (size_t i = 0; i < R; i++) ids[i] = (int32_t)(mg_splitmix64(&s) % (uint64_t)V);
     if ((rc = mg_model_logits(m, ids, NULL, B, L, lg, NULL, err, errlen))) goto done;
     const int cuts[4] = {0, L / 3, (2 * L) / 3, L - 2};
     for (int ci = 0; ci < 4; ci++) {
@@ -1001,7 +992,7 @@ int mg_model_causal_guard(mg_model *m, uint64_t seed, char *err, size_t errlen) 
         for (int b = 0; b < B; b++)
             for (int u = t + 1; u < L; u++) { /* a different token at every later position */
                 int32_t *x = &ids2[(size_t)b * L + u];
-                *x = (int32_t)((*x + 1 + (int32_t)(splitmix64(&s) % (uint64_t)(V - 1))) % V);
+                *x = (int32_t)((*x + 1 + (int32_t)(mg_splitmix64(&s) % (uint64_t)(V - 1))) % V);
             }
         if ((rc = mg_model_logits(m, ids2, NULL, B, L, lg2, NULL, err, errlen))) goto done;
         double worst = 0.0;

@@ -1,7 +1,9 @@
-/* molgen safetensors + minimal JSON: see safetensors.h. */
+/* molgen safetensors: dtypes and the reader (see safetensors.h); the writer
+ * is safetensors_write.c. */
 #define _POSIX_C_SOURCE 200809L
 #include "safetensors.h"
 #include "errors.h"
+#include "st_internal.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -15,12 +17,19 @@
 #include <unistd.h>
 #include <zlib.h>
 
-static int host_is_little_endian(void)
+int mg_st_host_le(void)
 {
     const uint16_t x = 1;
     unsigned char b;
     memcpy(&b, &x, 1);
     return b == 1;
+}
+
+
+/* CRC-32 (zlib's, the same as Python's zlib.crc32) of n bytes. */
+uint32_t mg_st_crc32(const void *p, size_t n)
+{
+    return (uint32_t)crc32_z(crc32_z(0L, Z_NULL, 0), (const Bytef *)p, n);
 }
 
 /* ================================================================ JSON */
@@ -549,7 +558,7 @@ int mg_st_dtype_parse(const char *name, mg_st_dtype *dt)
 }
 
 /* prod(shape) * elsize with overflow detection; -1 on overflow. */
-static int tensor_bytes(const int64_t *shape, int ndim, size_t elsize, uint64_t *out)
+int mg_st_nbytes(const int64_t *shape, int ndim, size_t elsize, uint64_t *out)
 {
     uint64_t n = 1;
     for (int i = 0; i < ndim; i++) {
@@ -575,325 +584,6 @@ static void shape_str(const int64_t *shape, int ndim, char *out, size_t outlen)
                               (long long)shape[i]);
     if (o < outlen)
         snprintf(out + o, outlen - o, "]");
-}
-
-/* ================================================================ writing */
-
-typedef struct {
-    char *s;
-    size_t n, cap;
-    int oom;
-} sbuf;
-
-static void sb_put(sbuf *b, const char *s, size_t n)
-{
-    if (b->oom)
-        return;
-    if (b->n + n + 1 > b->cap) {
-        size_t nc = b->cap ? b->cap : 256;
-        while (nc < b->n + n + 1)
-            nc *= 2;
-        char *q = realloc(b->s, nc);
-        if (!q) {
-            b->oom = 1;
-            return;
-        }
-        b->s = q;
-        b->cap = nc;
-    }
-    memcpy(b->s + b->n, s, n);
-    b->n += n;
-    b->s[b->n] = '\0';
-}
-
-static void sb_str(sbuf *b, const char *s)
-{
-    sb_put(b, s, strlen(s));
-}
-
-static void sb_quote(sbuf *b, const char *s)
-{
-    size_t n = mg_json_quote(s, NULL, 0);
-    char *q = malloc(n + 1);
-    if (!q) {
-        b->oom = 1;
-        return;
-    }
-    mg_json_quote(s, q, n + 1);
-    sb_put(b, q, n);
-    free(q);
-}
-
-/* CRC-32 (zlib's, the same as Python's zlib.crc32) of n bytes. */
-static uint32_t crc_of(const void *p, size_t n)
-{
-    return (uint32_t)crc32_z(crc32_z(0L, Z_NULL, 0), (const Bytef *)p, n);
-}
-
-/* Validates the inputs, computes the layout order and builds the padded
- * header. On success: *hdr (malloc'ed, *hlen bytes, 8 + hlen multiple of 8),
- * *order (malloc'ed nt indices), *data_len. */
-static int build_header(const mg_st_tensor *t, size_t nt, const mg_st_kv *meta, size_t nmeta,
-                        char **hdr, size_t *hlen, size_t **order, uint64_t *data_len,
-                        char *err, size_t errlen)
-{
-    *hdr = NULL;
-    *order = NULL;
-    if (!host_is_little_endian())
-        return mg_fail(err, errlen, -1, "safetensors writer: big-endian hosts are not supported");
-    if ((nt > 0 && !t) || (nmeta > 0 && !meta))
-        return mg_fail(err, errlen, -1, "safetensors writer: bad argument");
-    for (size_t i = 0; i < nt; i++) {
-        const mg_st_tensor *x = &t[i];
-        if (!x->name || !x->name[0])
-            return mg_fail(err, errlen, -1, "tensor %zu: empty name", i);
-        if (strcmp(x->name, "__metadata__") == 0)
-            return mg_fail(err, errlen, -1, "tensor %zu: the name __metadata__ is reserved", i);
-        if (!mg_st_dtype_name(x->dtype))
-            return mg_fail(err, errlen, -1, "tensor '%s': invalid dtype %d", x->name, (int)x->dtype);
-        if (x->ndim < 0 || x->ndim > MG_ST_MAX_DIMS)
-            return mg_fail(err, errlen, -1, "tensor '%s': ndim %d outside [0, %d]", x->name, x->ndim,
-                           MG_ST_MAX_DIMS);
-        uint64_t nb;
-        if (tensor_bytes(x->shape, x->ndim, mg_st_dtype_size(x->dtype), &nb))
-            return mg_fail(err, errlen, -1, "tensor '%s': negative or overflowing shape", x->name);
-        if (nb > 0 && !x->data)
-            return mg_fail(err, errlen, -1, "tensor '%s': data is NULL", x->name);
-        for (size_t k = 0; k < i; k++)
-            if (strcmp(t[k].name, x->name) == 0)
-                return mg_fail(err, errlen, -1, "duplicate tensor name '%s'", x->name);
-    }
-    for (size_t i = 0; i < nmeta; i++) {
-        if (!meta[i].key || !meta[i].value)
-            return mg_fail(err, errlen, -1, "metadata entry %zu: NULL key or value", i);
-        if (strcmp(meta[i].key, MG_ST_CHECKSUM_KEY) == 0)
-            return mg_fail(err, errlen, -1, "metadata key '%s' is reserved for the checksums",
-                           MG_ST_CHECKSUM_KEY);
-        for (size_t k = 0; k < i; k++)
-            if (strcmp(meta[k].key, meta[i].key) == 0)
-                return mg_fail(err, errlen, -1, "duplicate metadata key '%s'", meta[i].key);
-    }
-    size_t *ord = malloc((nt ? nt : 1) * sizeof *ord);
-    if (!ord)
-        return mg_fail(err, errlen, -1, "out of memory");
-    /* stable insertion sort by descending element size */
-    for (size_t i = 0; i < nt; i++) {
-        size_t j = i;
-        while (j > 0 && mg_st_dtype_size(t[ord[j - 1]].dtype) < mg_st_dtype_size(t[i].dtype)) {
-            ord[j] = ord[j - 1];
-            j--;
-        }
-        ord[j] = i;
-    }
-    /* the checksums: a JSON object {"name":"8 hex digits", ...} in tensor
-     * order, stored as the string value of __metadata__[MG_ST_CHECKSUM_KEY]
-     * (metadata values are strings, so other readers still open the file) */
-    sbuf cs = {0};
-    char num[64];
-    sb_str(&cs, "{");
-    for (size_t k = 0; k < nt; k++) {
-        const mg_st_tensor *x = &t[ord[k]];
-        uint64_t nb = 0;
-        tensor_bytes(x->shape, x->ndim, mg_st_dtype_size(x->dtype), &nb);
-        if (k)
-            sb_str(&cs, ",");
-        sb_quote(&cs, x->name);
-        snprintf(num, sizeof num, ":\"%08x\"", (unsigned)crc_of(x->data, (size_t)nb));
-        sb_str(&cs, num);
-    }
-    sb_str(&cs, "}");
-    sbuf b = {0};
-    sb_str(&b, "{\"__metadata__\":{");
-    for (size_t i = 0; i < nmeta; i++) {
-        sb_quote(&b, meta[i].key);
-        sb_str(&b, ":");
-        sb_quote(&b, meta[i].value);
-        sb_str(&b, ",");
-    }
-    sb_quote(&b, MG_ST_CHECKSUM_KEY);
-    sb_str(&b, ":");
-    if (!cs.oom)
-        sb_quote(&b, cs.s);
-    sb_str(&b, "}");
-    b.oom |= cs.oom;
-    free(cs.s);
-    int first = 0;
-    uint64_t off = 0;
-    for (size_t k = 0; k < nt; k++) {
-        const mg_st_tensor *x = &t[ord[k]];
-        uint64_t nb = 0;
-        tensor_bytes(x->shape, x->ndim, mg_st_dtype_size(x->dtype), &nb);
-        if (!first)
-            sb_str(&b, ",");
-        first = 0;
-        sb_quote(&b, x->name);
-        sb_str(&b, ":{\"dtype\":\"");
-        sb_str(&b, mg_st_dtype_name(x->dtype));
-        sb_str(&b, "\",\"shape\":[");
-        for (int d = 0; d < x->ndim; d++) {
-            snprintf(num, sizeof num, "%s%lld", d ? "," : "", (long long)x->shape[d]);
-            sb_str(&b, num);
-        }
-        snprintf(num, sizeof num, "],\"data_offsets\":[%llu,%llu]}", (unsigned long long)off,
-                 (unsigned long long)(off + nb));
-        sb_str(&b, num);
-        off += nb;
-    }
-    sb_str(&b, "}");
-    while (!b.oom && (8 + b.n) % 8 != 0)
-        sb_str(&b, " ");
-    if (b.oom) {
-        free(b.s);
-        free(ord);
-        return mg_fail(err, errlen, -1, "out of memory");
-    }
-    *hdr = b.s;
-    *hlen = b.n;
-    *order = ord;
-    *data_len = off;
-    return 0;
-}
-
-static void le64(unsigned char out[8], uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        out[i] = (unsigned char)(v >> (8 * i));
-}
-
-int mg_st_serialize(const mg_st_tensor *t, size_t nt, const mg_st_kv *meta, size_t nmeta,
-                    unsigned char **out, size_t *outlen, char *err, size_t errlen)
-{
-    if (!out || !outlen)
-        return mg_fail(err, errlen, -1, "mg_st_serialize: bad argument");
-    *out = NULL;
-    *outlen = 0;
-    char *hdr;
-    size_t hlen, *ord;
-    uint64_t dlen;
-    if (build_header(t, nt, meta, nmeta, &hdr, &hlen, &ord, &dlen, err, errlen))
-        return -1;
-    size_t total = 8 + hlen + (size_t)dlen;
-    unsigned char *buf = malloc(total ? total : 1);
-    if (!buf) {
-        free(hdr);
-        free(ord);
-        return mg_fail(err, errlen, -1, "out of memory (%zu bytes)", total);
-    }
-    le64(buf, hlen);
-    memcpy(buf + 8, hdr, hlen);
-    size_t o = 8 + hlen;
-    for (size_t k = 0; k < nt; k++) {
-        const mg_st_tensor *x = &t[ord[k]];
-        uint64_t nb = 0;
-        tensor_bytes(x->shape, x->ndim, mg_st_dtype_size(x->dtype), &nb);
-        if (nb)
-            memcpy(buf + o, x->data, (size_t)nb);
-        o += (size_t)nb;
-    }
-    free(hdr);
-    free(ord);
-    *out = buf;
-    *outlen = total;
-    return 0;
-}
-
-int mg_st_write(const char *path, const mg_st_tensor *t, size_t nt, const mg_st_kv *meta,
-                size_t nmeta, char *err, size_t errlen)
-{
-    if (!path || !path[0])
-        return mg_fail(err, errlen, -1, "mg_st_write: empty path");
-    char *hdr;
-    size_t hlen, *ord;
-    uint64_t dlen;
-    if (build_header(t, nt, meta, nmeta, &hdr, &hlen, &ord, &dlen, err, errlen))
-        return -1;
-    size_t plen = strlen(path);
-    char *tmp = malloc(plen + 40);
-    if (!tmp) {
-        free(hdr);
-        free(ord);
-        return mg_fail(err, errlen, -1, "out of memory");
-    }
-    snprintf(tmp, plen + 40, "%s.tmp.%ld", path, (long)getpid());
-    int rc = 0;
-    FILE *f = fopen(tmp, "wb");
-    if (!f) {
-        rc = mg_fail(err, errlen, -1, "cannot create %s: %s", tmp, strerror(errno));
-        goto out;
-    }
-    unsigned char n8[8];
-    le64(n8, hlen);
-    int ok = fwrite(n8, 1, 8, f) == 8 && fwrite(hdr, 1, hlen, f) == hlen;
-    for (size_t k = 0; ok && k < nt; k++) {
-        const mg_st_tensor *x = &t[ord[k]];
-        uint64_t nb = 0;
-        tensor_bytes(x->shape, x->ndim, mg_st_dtype_size(x->dtype), &nb);
-        if (nb && fwrite(x->data, 1, (size_t)nb, f) != (size_t)nb)
-            ok = 0;
-    }
-    if (!ok || fflush(f) != 0) {
-        int e = errno;
-        fclose(f);
-        remove(tmp);
-        rc = mg_fail(err, errlen, -1, "write error on %s: %s", tmp, strerror(e));
-        goto out;
-    }
-    if (fsync(fileno(f)) != 0) {
-        int e = errno;
-        fclose(f);
-        remove(tmp);
-        rc = mg_fail(err, errlen, -1, "fsync %s: %s", tmp, strerror(e));
-        goto out;
-    }
-    if (fclose(f) != 0) {
-        int e = errno;
-        remove(tmp);
-        rc = mg_fail(err, errlen, -1, "close %s: %s", tmp, strerror(e));
-        goto out;
-    }
-    if (rename(tmp, path) != 0) {
-        int e = errno;
-        remove(tmp);
-        rc = mg_fail(err, errlen, -1, "rename %s -> %s: %s", tmp, path, strerror(e));
-        goto out;
-    }
-    /* fsync the directory so that the rename itself is durable */
-    {
-        const char *slash = strrchr(path, '/');
-        char *dir;
-        if (!slash) {
-            dir = malloc(2);
-            if (dir)
-                strcpy(dir, ".");
-        } else {
-            size_t dl = slash == path ? 1 : (size_t)(slash - path);
-            dir = malloc(dl + 1);
-            if (dir) {
-                memcpy(dir, path, dl);
-                dir[dl] = '\0';
-            }
-        }
-        if (!dir) {
-            rc = mg_fail(err, errlen, -1, "out of memory");
-            goto out;
-        }
-        int fd = open(dir, O_RDONLY);
-        if (fd < 0) {
-            rc = mg_fail(err, errlen, -1, "wrote %s but cannot open directory %s to fsync: %s", path,
-                         dir, strerror(errno));
-        } else {
-            if (fsync(fd) != 0 && errno != EINVAL && errno != EROFS)
-                rc = mg_fail(err, errlen, -1, "wrote %s but fsync of directory %s failed: %s", path,
-                             dir, strerror(errno));
-            close(fd);
-        }
-        free(dir);
-    }
-out:
-    free(tmp);
-    free(hdr);
-    free(ord);
-    return rc;
 }
 
 /* ================================================================ reading */
@@ -964,10 +654,10 @@ static int verify_checksums(mg_st_file *f, char *err, size_t errlen)
         if (!end || *end)
             rc = mg_fail(err, errlen, -1, "the checksum table has no valid entry for tensor '%.60s'",
                          x->name);
-        else if ((uint32_t)want != crc_of(x->data, x->nbytes))
+        else if ((uint32_t)want != mg_st_crc32(x->data, x->nbytes))
             rc = mg_fail(err, errlen, -1,
                          "tensor '%.60s' fails its checksum (CRC-32 %08x, recorded %08lx): the "
-                         "file is corrupt", x->name, (unsigned)crc_of(x->data, x->nbytes), want);
+                         "file is corrupt", x->name, (unsigned)mg_st_crc32(x->data, x->nbytes), want);
     }
     mg_json_free(j);
     f->checksummed = rc == 0;
@@ -1118,7 +808,7 @@ static int st_build(const char *hdr, size_t hlen, unsigned char *data, size_t dl
         uint64_t nb;
         char shp[160];
         shape_str(x->shape, x->ndim, shp, sizeof shp);
-        if (tensor_bytes(x->shape, x->ndim, mg_st_dtype_size(x->dtype), &nb)) {
+        if (mg_st_nbytes(x->shape, x->ndim, mg_st_dtype_size(x->dtype), &nb)) {
             mg_fail(err, errlen, -1, "tensor '%.60s': shape %s overflows", name, shp);
             goto fail;
         }
@@ -1214,7 +904,7 @@ int mg_st_parse(const void *buf, size_t len, mg_st_file **out, char *err, size_t
     if (!out || (!buf && len > 0))
         return mg_fail(err, errlen, -1, "mg_st_parse: bad argument");
     *out = NULL;
-    if (!host_is_little_endian())
+    if (!mg_st_host_le())
         return mg_fail(err, errlen, -1, "safetensors reader: big-endian hosts are not supported");
     const unsigned char *b = buf;
     uint64_t n = len >= 8 ? rd_le64(b) : 0;
@@ -1234,7 +924,7 @@ int mg_st_load(const char *path, mg_st_file **out, char *err, size_t errlen)
     if (!out || !path)
         return mg_fail(err, errlen, -1, "mg_st_load: bad argument");
     *out = NULL;
-    if (!host_is_little_endian())
+    if (!mg_st_host_le())
         return mg_fail(err, errlen, -1, "safetensors reader: big-endian hosts are not supported");
     FILE *f = fopen(path, "rb");
     if (!f)
@@ -1425,3 +1115,4 @@ int mg_st_meta_at(const mg_st_file *f, size_t i, const char **key, const char **
         *value = f->mval[i];
     return 0;
 }
+

@@ -31,7 +31,7 @@
  * generated and counted in truncated.
  *
  * Conventions: 0 or a negative code, a one-line message in err[errlen]
- * (err may be NULL); nothing aborts or prints (except cmd_sample).
+ * (err may be NULL); nothing aborts or prints.
  */
 #ifndef MG_SAMPLE_H
 #define MG_SAMPLE_H
@@ -136,11 +136,6 @@ typedef struct {
 int mg_sample(mg_model *m, const mg_vocab *v, const mg_sample_opts *o, mg_samples *out,
               char *err, size_t errlen);
 void mg_samples_free(mg_samples *s); /* zeroes it; NULL fine */
-
-/* ------------------------------------------------------------ CLI */
-
-/* `molgen sample ...`; argv[0] is "sample". Returns the exit code. */
-int cmd_sample(int argc, char **argv);
 
 #ifdef __cplusplus
 }

@@ -131,6 +131,8 @@ void mg_train_request_stop(int signo);
 /* SIGINT and SIGTERM -> mg_train_request_stop; a second signal of the same
  * kind kills the process as usual. */
 void mg_train_install_signal_handlers(void);
+/* The signal that stopped the last run (0: none). */
+int mg_train_stop_signal(void);
 
 /* Load a checkpoint's parameters and optimizer state (for tests and tools):
  * *model and, if non-NULL, *opt (initialised here; free with mg_adamw_free)

@@ -19,6 +19,7 @@
 
 #include "attention.h"
 #include "attn.h"
+#include "commands.h"
 #include "model.h"
 #include "tokenizer.h"
 

@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "attn.h"
+#include "commands.h"
 #include "bench.h"
 #include "model.h"
 #include "sample.h"

@@ -1,0 +1,34 @@
+/* molgen: the small helpers every module shares, each defined once here.
+ *
+ *   mg_splitmix64  SplitMix64 (Steele, Lea & Flood): advances *state by the
+ *                  golden-ratio increment and returns the mixed value; the
+ *                  seed stream of every molgen RNG (init, split, shuffle,
+ *                  sampling streams, the causal guard, the tests' inputs);
+ *   mg_mix64       its finalizer alone: a counter-based hash of z (the
+ *                  dropout masks and the per-step dropout seeds hash a
+ *                  counter instead of advancing a state);
+ *   mg_now_s       monotonic wall clock in seconds.
+ * Inline, so the dropout loops that hash every element keep their speed. */
+#ifndef MG_UTIL_H
+#define MG_UTIL_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+static inline uint64_t mg_mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static inline uint64_t mg_splitmix64(uint64_t *state) { return mg_mix64(*state += 0x9E3779B97F4A7C15ull); }
+
+double mg_now_s(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MG_UTIL_H */
