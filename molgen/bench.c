@@ -44,11 +44,11 @@ static void finish(mg_bench_result *r) {
 /* Training steps on random full rows, or (data != NULL) on its batches of
  * real molecules in file order, each cut to its longest row as molgen train
  * does, counting the real targets. */
-int mg_bench_train(mg_model *m, int B, int steps, int warmup, int runs, mg_batcher *data,
-                       mg_bench_result *r, char *err, size_t errlen) {
+mg_status mg_bench_train(mg_model *m, int B, int steps, int warmup, int runs, mg_batcher *data,
+                       mg_bench_result *r, mg_error *err) {
     const mg_model_config *c = mg_model_get_config(m);
     const int T = c->ctx_len + 1, V = c->vocab_size;
-    int rc = -1;
+    mg_status rc = MG_ERR_ARG; /* every failure path sets it */
     int32_t *ids = malloc((size_t)B * T * sizeof *ids);
     int32_t *full = data ? malloc((size_t)B * T * sizeof *full) : NULL;
     int64_t *len = malloc((size_t)B * sizeof *len);
@@ -57,7 +57,7 @@ int mg_bench_train(mg_model *m, int B, int steps, int warmup, int runs, mg_batch
     mg_adamw opt;
     memset(&opt, 0, sizeof opt);
     if (!ids || !len || !spans || (data && !full)) {
-        snprintf(err, errlen, "out of memory");
+        rc = mg_fail(err, MG_ERR_NOMEM, "out of memory");
         goto done;
     }
     for (size_t i = 0; i < nt; i++) {
@@ -70,7 +70,7 @@ int mg_bench_train(mg_model *m, int B, int steps, int warmup, int runs, mg_batch
     mg_adamw_config_default(&oc);
     oc.warmup_steps = 10;
     oc.total_steps = 1000000;
-    if (mg_adamw_init(&opt, &oc, mg_model_num_params(m), spans, nt, err, errlen)) goto done;
+    if ((rc = mg_adamw_init(&opt, &oc, mg_model_num_params(m), spans, nt, err))) goto done;
     uint64_t s = 2024;
     for (int b = 0; b < B; b++) {
         ids[(size_t)b * T] = MG_BOS;
@@ -91,9 +91,9 @@ int mg_bench_train(mg_model *m, int B, int steps, int warmup, int runs, mg_batch
                 mg_batcher_next(data, full, len, NULL);
                 Tb = mg_trim_batch(full, len, B, T, ids);
             }
-            if (mg_model_forward(m, ids, len, B, Tb, 1, (uint64_t)step, &loss, &ntok, err, errlen) ||
-                mg_model_backward(m, err, errlen) ||
-                mg_adamw_step(&opt, mg_model_params(m), mg_model_grads(m), NULL, NULL, err, errlen))
+            if ((rc = mg_model_forward(m, ids, len, B, Tb, 1, (uint64_t)step, &loss, &ntok, err) ||
+                mg_model_backward(m, err) ||
+                mg_adamw_step(&opt, mg_model_params(m), mg_model_grads(m), NULL, NULL, err)))
                 goto done;
             tokens += ntok;
         }
@@ -113,8 +113,9 @@ done:
     return rc;
 }
 
-int mg_bench_sample(mg_model *m, const mg_vocab *v, mg_decode_kind kind, int n, int batch,
-                        int warmup, int runs, mg_bench_result *r, char *err, size_t errlen) {
+mg_status mg_bench_sample(mg_model *m, const mg_vocab *v, mg_decode_kind kind, int n, int batch,
+                        int warmup, int runs, mg_bench_result *r, mg_error *err) {
+    mg_status rc_;
     mg_sample_opts o;
     mg_sample_opts_default(&o);
     o.n = (size_t)n;
@@ -124,7 +125,7 @@ int mg_bench_sample(mg_model *m, const mg_vocab *v, mg_decode_kind kind, int n, 
     double tok_rate[64];
     for (int run = -warmup; run < runs; run++) {
         mg_samples s;
-        if (mg_sample(m, v, &o, &s, err, errlen)) return -1;
+        if ((rc_ = mg_sample(m, v, &o, &s, err))) return rc_;
         const double dt = s.seconds > 0 ? s.seconds : 1e-9;
         if (run >= 0) {
             r->rate[run] = (double)s.n / dt;

@@ -15,6 +15,7 @@
 #ifndef MG_BENCH_H
 #define MG_BENCH_H
 
+#include "errors.h"
 #include "data.h"
 #include "model.h"
 #include "sample.h"
@@ -43,12 +44,12 @@ typedef struct {
 /* Training: runs x steps full optimizer steps (B rows) on random full rows,
  * or (data != NULL) on its batches in order, each cut to its longest row;
  * rates in target tokens/s. runs <= 64. */
-int mg_bench_train(mg_model *m, int B, int steps, int warmup, int runs, mg_batcher *data,
-                   mg_bench_result *r, char *err, size_t errlen);
+mg_status mg_bench_train(mg_model *m, int B, int steps, int warmup, int runs, mg_batcher *data,
+                   mg_bench_result *r, mg_error *err);
 /* Sampling: mg_sample of n molecules (batch rows, seed 1) per run; rates in
  * molecules/s, tok_rate in tokens/s, extra tokens per molecule. */
-int mg_bench_sample(mg_model *m, const mg_vocab *v, mg_decode_kind kind, int n, int batch,
-                    int warmup, int runs, mg_bench_result *r, char *err, size_t errlen);
+mg_status mg_bench_sample(mg_model *m, const mg_vocab *v, mg_decode_kind kind, int n, int batch,
+                    int warmup, int runs, mg_bench_result *r, mg_error *err);
 
 #ifdef __cplusplus
 }

@@ -28,60 +28,60 @@ static int train_state_to_json(const mg_train_state *s, char *out, size_t n) {
                     s->data_rows, s->data_hash, s->val_every, s->val_max, s->ckpt_every, vl);
 }
 
-static int json_int(const mg_json *j, const char *key, int64_t lo, int64_t hi, int64_t *out,
-                    char *err, size_t errlen) {
+static mg_status json_int(const mg_json *j, const char *key, int64_t lo, int64_t hi, int64_t *out,
+                    mg_error *err) {
     const mg_json *v = mg_json_get(j, key);
     if (!v || v->type != MG_JSON_NUMBER || !v->is_int || v->integer < lo || v->integer > hi)
-        return mg_fail(err, errlen, -1, "checkpoint \"train\" metadata: \"%s\" missing or out of range", key);
+        return mg_fail(err, MG_ERR_FORMAT, "checkpoint \"train\" metadata: \"%s\" missing or out of range", key);
     *out = v->integer;
     return 0;
 }
 
-static int json_str(const mg_json *j, const char *key, char *out, size_t n, char *err, size_t errlen) {
+static mg_status json_str(const mg_json *j, const char *key, char *out, size_t n, mg_error *err) {
     const mg_json *v = mg_json_get(j, key);
     if (!v || v->type != MG_JSON_STRING || v->len >= n)
-        return mg_fail(err, errlen, -1, "checkpoint \"train\" metadata: \"%s\" missing or not a string", key);
+        return mg_fail(err, MG_ERR_FORMAT, "checkpoint \"train\" metadata: \"%s\" missing or not a string", key);
     memcpy(out, v->str, v->len + 1);
     return 0;
 }
 
-static int train_state_from_json(const char *js, mg_train_state *s, char *err, size_t errlen) {
+static mg_status train_state_from_json(const char *js, mg_train_state *s, mg_error *err) {
     mg_json *j = NULL;
-    char e[200];
-    if (mg_json_parse(js, strlen(js), &j, e, sizeof e))
-        return mg_fail(err, errlen, -1, "checkpoint \"train\" metadata: %s", e);
-    int rc = -1;
+    mg_error e;
+    if (mg_json_parse(js, strlen(js), &j, &e))
+        return mg_fail(err, e.status, "checkpoint \"train\" metadata: %s", e.message);
+    mg_status rc = MG_ERR_ARG; /* every failure path sets it */
     int64_t x;
     char buf[64];
     memset(s, 0, sizeof *s);
     if (j->type != MG_JSON_OBJECT) {
-        mg_fail(err, errlen, -1, "checkpoint \"train\" metadata is not an object");
+        rc = mg_fail(err, MG_ERR_FORMAT, "checkpoint \"train\" metadata is not an object");
         goto done;
     }
-    if (json_int(j, "step", 0, INT64_MAX, &s->step, err, errlen)) goto done;
-    if (json_str(j, "seed", buf, sizeof buf, err, errlen)) goto done;
+    if ((rc = json_int(j, "step", 0, INT64_MAX, &s->step, err))) goto done;
+    if ((rc = json_str(j, "seed", buf, sizeof buf, err))) goto done;
     s->seed = strtoull(buf, NULL, 10);
-    if (json_int(j, "batch_size", 1, 1 << 20, &x, err, errlen)) goto done;
+    if ((rc = json_int(j, "batch_size", 1, 1 << 20, &x, err))) goto done;
     s->batch_size = (int)x;
     const mg_json *vf = mg_json_get(j, "val_frac");
     if (!vf || vf->type != MG_JSON_NUMBER || !(vf->number >= 0 && vf->number < 1)) {
-        mg_fail(err, errlen, -1, "checkpoint \"train\" metadata: bad \"val_frac\"");
+        rc = mg_fail(err, MG_ERR_FORMAT, "checkpoint \"train\" metadata: bad \"val_frac\"");
         goto done;
     }
     s->val_frac = vf->number;
-    if (json_int(j, "max_tokens", 0, INT32_MAX, &x, err, errlen)) goto done;
+    if ((rc = json_int(j, "max_tokens", 0, INT32_MAX, &x, err))) goto done;
     s->max_tokens = (int)x;
-    if (json_str(j, "csv_column", s->csv_column, sizeof s->csv_column, err, errlen)) goto done;
-    if (json_str(j, "data", s->data, sizeof s->data, err, errlen)) goto done;
-    if (json_int(j, "data_rows", 0, INT64_MAX, &x, err, errlen)) goto done;
+    if ((rc = json_str(j, "csv_column", s->csv_column, sizeof s->csv_column, err))) goto done;
+    if ((rc = json_str(j, "data", s->data, sizeof s->data, err))) goto done;
+    if ((rc = json_int(j, "data_rows", 0, INT64_MAX, &x, err))) goto done;
     s->data_rows = (uint64_t)x;
-    if (json_str(j, "data_hash", buf, sizeof buf, err, errlen)) goto done;
+    if ((rc = json_str(j, "data_hash", buf, sizeof buf, err))) goto done;
     s->data_hash = strtoull(buf, NULL, 16);
-    if (json_int(j, "val_every", -1, INT32_MAX, &x, err, errlen)) goto done;
+    if ((rc = json_int(j, "val_every", -1, INT32_MAX, &x, err))) goto done;
     s->val_every = (int)x;
-    if (json_int(j, "val_max", 0, INT32_MAX, &x, err, errlen)) goto done;
+    if ((rc = json_int(j, "val_max", 0, INT32_MAX, &x, err))) goto done;
     s->val_max = (int)x;
-    if (json_int(j, "ckpt_every", 0, INT32_MAX, &x, err, errlen)) goto done;
+    if ((rc = json_int(j, "ckpt_every", 0, INT32_MAX, &x, err))) goto done;
     s->ckpt_every = (int)x;
     const mg_json *vl = mg_json_get(j, "val_loss");
     s->val_loss = (vl && vl->type == MG_JSON_NUMBER) ? vl->number : NAN;
@@ -89,7 +89,7 @@ static int train_state_from_json(const char *js, mg_train_state *s, char *err, s
      * draws other batches, so it cannot continue such a run as promised. */
     const mg_json *bk = mg_json_get(j, "bucket");
     if (bk && !(bk->type == MG_JSON_NUMBER && bk->number == 0)) {
-        mg_fail(err, errlen, -1, "checkpoint was trained with length-bucketed batches, which this "
+        rc = mg_fail(err, MG_ERR_FORMAT, "checkpoint was trained with length-bucketed batches, which this "
                                  "molgen no longer makes: it cannot be resumed bit for bit");
         goto done;
     }
@@ -99,8 +99,8 @@ done:
     return rc;
 }
 
-int mg_ckpt_save(const char *path, const mg_model *m, const mg_vocab *vocab,
-                           const mg_adamw *opt, const mg_train_state *ts, char *err, size_t errlen) {
+mg_status mg_ckpt_save(const char *path, const mg_model *m, const mg_vocab *vocab,
+                           const mg_adamw *opt, const mg_train_state *ts, mg_error *err) {
     const size_t nt = mg_model_num_tensors(m);
     mg_st_tensor *t = calloc(nt + 2, sizeof *t);
     char *vj = mg_vocab_to_json(vocab);
@@ -108,7 +108,7 @@ int mg_ckpt_save(const char *path, const mg_model *m, const mg_vocab *vocab,
     if (!t || !vj) {
         free(t);
         free(vj);
-        return mg_fail(err, errlen, -1, "out of memory writing the checkpoint");
+        return mg_fail(err, MG_ERR_NOMEM, "out of memory writing the checkpoint");
     }
     mg_model_st_tensors(m, t, nt);
     const int64_t P = (int64_t)mg_model_num_params(m);
@@ -127,11 +127,11 @@ int mg_ckpt_save(const char *path, const mg_model *m, const mg_vocab *vocab,
     snprintf(step, sizeof step, "%" PRId64, ts->step);
     const mg_st_kv meta[] = {{"format", "molgen"}, {"config", cfg}, {"vocab", vj},
                              {"optim", ocfg},      {"train", tjs},  {"step", step}};
-    char e[300];
-    int rc = mg_st_write(path, t, nt + 2, meta, sizeof meta / sizeof meta[0], e, sizeof e);
+    mg_error e;
+    mg_status rc = mg_st_write(path, t, nt + 2, meta, sizeof meta / sizeof meta[0], &e);
     free(t);
     free(vj);
-    if (rc) return mg_fail(err, errlen, -1, "writing checkpoint %s: %s", path, e);
+    if (rc) return mg_fail(err, e.status, "writing checkpoint %s: %s", path, e.message);
     return 0;
 }
 
@@ -142,49 +142,49 @@ void mg_ckpt_free(mg_ckpt *c) {
     memset(c, 0, sizeof *c);
 }
 
-int mg_ckpt_load(const char *path, mg_ckpt *ck, char *err, size_t errlen) {
+mg_status mg_ckpt_load(const char *path, mg_ckpt *ck, mg_error *err) {
     memset(ck, 0, sizeof *ck);
     mg_st_file *f = NULL;
-    char e[300];
-    if (mg_st_load(path, &f, e, sizeof e)) return mg_fail(err, errlen, -1, "checkpoint: %s", e); /* e names the path */
-    int rc = -1;
+    mg_error e;
+    if (mg_st_load(path, &f, &e)) return mg_fail(err, e.status, "checkpoint: %s", e.message); /* e.message names the path */
+    mg_status rc = MG_ERR_ARG; /* every failure path sets it */
     const char *fmt = mg_st_meta(f, "format");
     const char *oj = mg_st_meta(f, "optim"), *tj = mg_st_meta(f, "train"), *vj = mg_st_meta(f, "vocab");
     if (!fmt || strcmp(fmt, "molgen")) {
-        mg_fail(err, errlen, -1, "checkpoint %s: not a molgen file (metadata \"format\" missing)", path);
+        rc = mg_fail(err, MG_ERR_FORMAT, "checkpoint %s: not a molgen file (metadata \"format\" missing)", path);
         goto done;
     }
     if (!oj || !tj || !vj) {
-        mg_fail(err, errlen, -1, "checkpoint %s: a model file without training state (no \"%s\" metadata): "
+        rc = mg_fail(err, MG_ERR_FORMAT, "checkpoint %s: a model file without training state (no \"%s\" metadata): "
              "cannot resume from it", path, !oj ? "optim" : !tj ? "train" : "vocab");
         goto done;
     }
-    if (mg_model_from_st(f, &ck->model, e, sizeof e)) {
-        mg_fail(err, errlen, -1, "checkpoint %s: %s", path, e);
+    if (mg_model_from_st(f, &ck->model, &e)) {
+        rc = mg_fail(err, e.status, "checkpoint %s: %s", path, e.message);
         goto done;
     }
-    if (mg_vocab_from_json(vj, strlen(vj), &ck->vocab, e, sizeof e)) {
-        mg_fail(err, errlen, -1, "checkpoint %s: vocab: %s", path, e);
+    if (mg_vocab_from_json(vj, strlen(vj), &ck->vocab, &e)) {
+        rc = mg_fail(err, e.status, "checkpoint %s: vocab: %s", path, e.message);
         goto done;
     }
     if (mg_vocab_size(ck->vocab) != mg_model_get_config(ck->model)->vocab_size) {
-        mg_fail(err, errlen, -1, "checkpoint %s: vocab has %d tokens, the model %d", path,
+        rc = mg_fail(err, MG_ERR_FORMAT, "checkpoint %s: vocab has %d tokens, the model %d", path,
              mg_vocab_size(ck->vocab), mg_model_get_config(ck->model)->vocab_size);
         goto done;
     }
     mg_adamw_config oc;
-    if (mg_adamw_config_from_json(oj, &oc, e, sizeof e)) {
-        mg_fail(err, errlen, -1, "checkpoint %s: %s", path, e);
+    if (mg_adamw_config_from_json(oj, &oc, &e)) {
+        rc = mg_fail(err, e.status, "checkpoint %s: %s", path, e.message);
         goto done;
     }
-    if (train_state_from_json(tj, &ck->ts, e, sizeof e)) {
-        mg_fail(err, errlen, -1, "checkpoint %s: %s", path, e);
+    if (train_state_from_json(tj, &ck->ts, &e)) {
+        rc = mg_fail(err, e.status, "checkpoint %s: %s", path, e.message);
         goto done;
     }
     const size_t P = mg_model_num_params(ck->model), nt = mg_model_num_tensors(ck->model);
     mg_optim_span *spans = malloc(nt * sizeof *spans);
     if (!spans) {
-        mg_fail(err, errlen, -1, "out of memory");
+        rc = mg_fail(err, MG_ERR_NOMEM, "out of memory");
         goto done;
     }
     for (size_t i = 0; i < nt; i++) {
@@ -193,16 +193,16 @@ int mg_ckpt_load(const char *path, mg_ckpt *ck, char *err, size_t errlen) {
         spans[i].numel = pi->numel;
         spans[i].decay = pi->decay;
     }
-    int orc = mg_adamw_init(&ck->opt, &oc, P, spans, nt, e, sizeof e);
+    mg_status orc = mg_adamw_init(&ck->opt, &oc, P, spans, nt, &e);
     free(spans);
     if (orc) {
-        mg_fail(err, errlen, -1, "checkpoint %s: %s", path, e);
+        rc = mg_fail(err, e.status, "checkpoint %s: %s", path, e.message);
         goto done;
     }
     const int64_t shape[1] = {(int64_t)P};
-    if (mg_st_copy(f, "optim.m", MG_ST_F32, 1, shape, ck->opt.m, P * sizeof(float), e, sizeof e) ||
-        mg_st_copy(f, "optim.v", MG_ST_F32, 1, shape, ck->opt.v, P * sizeof(float), e, sizeof e)) {
-        mg_fail(err, errlen, -1, "checkpoint %s: %s", path, e);
+    if (mg_st_copy(f, "optim.m", MG_ST_F32, 1, shape, ck->opt.m, P * sizeof(float), &e) ||
+        mg_st_copy(f, "optim.v", MG_ST_F32, 1, shape, ck->opt.v, P * sizeof(float), &e)) {
+        rc = mg_fail(err, e.status, "checkpoint %s: %s", path, e.message);
         goto done;
     }
     ck->opt.step = ck->ts.step;
@@ -213,11 +213,11 @@ done:
     return rc;
 }
 
-int mg_checkpoint_load(const char *path, mg_model **model, mg_adamw *opt, int64_t *step, char *err,
-                       size_t errlen) {
-    if (!path || !model) return mg_fail(err, errlen, -1, "path or model pointer is NULL");
+mg_status mg_checkpoint_load(const char *path, mg_model **model, mg_adamw *opt, int64_t *step, mg_error *err) {
+    mg_status rc_;
+    if (!path || !model) return mg_fail(err, MG_ERR_ARG, "path or model pointer is NULL");
     mg_ckpt ck;
-    if (mg_ckpt_load(path, &ck, err, errlen)) return -1;
+    if ((rc_ = mg_ckpt_load(path, &ck, err))) return rc_;
     *model = ck.model;
     ck.model = NULL;
     if (opt) {

@@ -13,6 +13,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "errors.h"
+
 #include "model.h"
 #include "optim.h"
 #include "tokenizer.h"
@@ -43,9 +45,9 @@ typedef struct {
     mg_train_state ts;
 } mg_ckpt;
 
-int mg_ckpt_save(const char *path, const mg_model *m, const mg_vocab *vocab, const mg_adamw *opt,
-                 const mg_train_state *ts, char *err, size_t errlen);
-int mg_ckpt_load(const char *path, mg_ckpt *ck, char *err, size_t errlen);
+mg_status mg_ckpt_save(const char *path, const mg_model *m, const mg_vocab *vocab, const mg_adamw *opt,
+                 const mg_train_state *ts, mg_error *err);
+mg_status mg_ckpt_load(const char *path, mg_ckpt *ck, mg_error *err);
 void mg_ckpt_free(mg_ckpt *c);
 
 #ifdef __cplusplus

@@ -12,7 +12,7 @@
 #include <sys/types.h>
 #include <unistd.h>
 
-int mg_cli_value(int argc, char **argv, int *i, const char **val, char *err, size_t errlen) {
+int mg_cli_value(int argc, char **argv, int *i, const char **val, mg_error *err) {
     char *a = argv[*i];
     char *eq = (a[0] == '-' && a[1] == '-') ? strchr(a, '=') : NULL;
     if (eq) {
@@ -21,7 +21,7 @@ int mg_cli_value(int argc, char **argv, int *i, const char **val, char *err, siz
         return 1;
     }
     if (*i + 1 >= argc) {
-        if (err && errlen) snprintf(err, errlen, "option %s needs a value", a);
+        mg_fail(err, MG_ERR_ARG, "option %s needs a value", a);
         return 0;
     }
     *val = argv[++*i];
@@ -29,7 +29,7 @@ int mg_cli_value(int argc, char **argv, int *i, const char **val, char *err, siz
 }
 
 int mg_cli_option(int argc, char **argv, int *i, char *name, size_t namelen, const char **val,
-                  char *err, size_t errlen) {
+                  mg_error *err) {
     const char *a = argv[*i];
     const char *eq = (a[0] == '-' && a[1] == '-') ? strchr(a, '=') : NULL;
     if (eq) {
@@ -39,7 +39,7 @@ int mg_cli_option(int argc, char **argv, int *i, char *name, size_t namelen, con
     }
     snprintf(name, namelen, "%s", a);
     if (*i + 1 >= argc) {
-        if (err && errlen) snprintf(err, errlen, "option %s needs a value", a);
+        mg_fail(err, MG_ERR_ARG, "option %s needs a value", a);
         return 0;
     }
     *val = argv[++*i];
@@ -60,9 +60,9 @@ int mg_cli_take(const char *cmd, int argc, char **argv, int *i, const char *cons
         fprintf(stderr, "molgen %s: unknown option '%s' (see molgen %s --help)\n", cmd, argv[*i], cmd);
         return 0;
     }
-    char err[512];
-    if (!mg_cli_option(argc, argv, i, name, namelen, val, err, sizeof err)) {
-        fprintf(stderr, "molgen %s: %s\n", cmd, err);
+    mg_error err;
+    if (!mg_cli_option(argc, argv, i, name, namelen, val, &err)) {
+        fprintf(stderr, "molgen %s: %s\n", cmd, err.message);
         return 0;
     }
     return 1;
@@ -102,13 +102,12 @@ int mg_cli_double(const char *s, double *out) {
     return 1;
 }
 
-int mg_cli_mkdir_p(const char *dir, char *err, size_t errlen) {
+mg_status mg_cli_mkdir_p(const char *dir, mg_error *err) {
     char buf[4096];
     size_t n = strlen(dir);
     if (n == 0) return 0;
     if (n >= sizeof buf) {
-        if (err && errlen) snprintf(err, errlen, "path too long: %s", dir);
-        return -1;
+        return mg_fail(err, MG_ERR_ARG, "path too long: %s", dir);
     }
     memcpy(buf, dir, n + 1);
     for (size_t i = 1; i <= n; i++) {
@@ -116,32 +115,29 @@ int mg_cli_mkdir_p(const char *dir, char *err, size_t errlen) {
             char c = buf[i];
             buf[i] = '\0';
             if (mkdir(buf, 0777) != 0 && errno != EEXIST) {
-                if (err && errlen) snprintf(err, errlen, "cannot create directory %s: %s", buf, strerror(errno));
-                return -1;
+                return mg_fail(err, MG_ERR_IO, "cannot create directory %s: %s", buf, strerror(errno));
             }
             buf[i] = c;
         }
     }
     struct stat st;
     if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
-        if (err && errlen) snprintf(err, errlen, "%s is not a directory", dir);
-        return -1;
+        return mg_fail(err, MG_ERR_ARG, "%s is not a directory", dir);
     }
     return 0;
 }
 
-int mg_cli_mkdir_parent(const char *path, char *err, size_t errlen) {
+mg_status mg_cli_mkdir_parent(const char *path, mg_error *err) {
     const char *slash = strrchr(path, '/');
     if (!slash || slash == path) return 0;
     char buf[4096];
     size_t n = (size_t)(slash - path);
     if (n >= sizeof buf) {
-        if (err && errlen) snprintf(err, errlen, "path too long: %s", path);
-        return -1;
+        return mg_fail(err, MG_ERR_ARG, "path too long: %s", path);
     }
     memcpy(buf, path, n);
     buf[n] = '\0';
-    return mg_cli_mkdir_p(buf, err, errlen);
+    return mg_cli_mkdir_p(buf, err);
 }
 
 const char *mg_cli_cut(const char *s, char *buf, size_t n) {
@@ -153,72 +149,66 @@ const char *mg_cli_cut(const char *s, char *buf, size_t n) {
 }
 
 /* A file can be created in dir: create and remove a probe. */
-static int probe_dir(const char *dir, const char *what, char *err, size_t errlen) {
+static mg_status probe_dir(const char *dir, const char *what, mg_error *err) {
     char probe[4200];
     if (snprintf(probe, sizeof probe, "%s/.molgen-probe.XXXXXX", *dir ? dir : ".") >= (int)sizeof probe) {
-        if (err && errlen) snprintf(err, errlen, "%s: path too long", what);
-        return -1;
+        return mg_fail(err, MG_ERR_ARG, "%s: path too long", what);
     }
     int fd = mkstemp(probe);
     if (fd < 0) {
-        if (err && errlen) snprintf(err, errlen, "cannot write %s: %s", what, strerror(errno));
-        return -1;
+        return mg_fail(err, MG_ERR_IO, "cannot write %s: %s", what, strerror(errno));
     }
     close(fd);
     unlink(probe);
     return 0;
 }
 
-int mg_cli_check_output(const char *path, const char *const *inputs, size_t n_inputs, char *err,
-                        size_t errlen) {
+mg_status mg_cli_check_output(const char *path, const char *const *inputs, size_t n_inputs, mg_error *err) {
+    mg_status rc_;
     if (!path || !*path) {
-        if (err && errlen) snprintf(err, errlen, "the output path is empty");
-        return -1;
+        return mg_fail(err, MG_ERR_ARG, "the output path is empty");
     }
     struct stat out;
     const int exists = stat(path, &out) == 0;
     if (exists && S_ISDIR(out.st_mode)) {
-        if (err && errlen) snprintf(err, errlen, "output %s is a directory", path);
-        return -1;
+        return mg_fail(err, MG_ERR_ARG, "output %s is a directory", path);
     }
     for (size_t i = 0; exists && i < n_inputs; i++) {
         struct stat in;
         if (inputs[i] && stat(inputs[i], &in) == 0 && in.st_dev == out.st_dev && in.st_ino == out.st_ino) {
-            if (err && errlen)
-                snprintf(err, errlen, "output %s is the input %s (same file): refusing to overwrite it",
+            return mg_fail(err, MG_ERR_ARG, "output %s is the input %s (same file): refusing to overwrite it",
                          path, inputs[i]);
-            return -1;
         }
     }
-    if (mg_cli_mkdir_parent(path, err, errlen)) return -1;
+    if ((rc_ = mg_cli_mkdir_parent(path, err))) return rc_;
     char dir[4096];
     const char *slash = strrchr(path, '/');
     if (!slash) snprintf(dir, sizeof dir, ".");
     else if (slash == path) snprintf(dir, sizeof dir, "/");
     else snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
-    return probe_dir(dir, path, err, errlen);
+    return probe_dir(dir, path, err);
 }
 
-int mg_cli_check_output_dir(const char *dir, char *err, size_t errlen) {
+mg_status mg_cli_check_output_dir(const char *dir, mg_error *err) {
+    mg_status rc_;
     if (!dir || !*dir) {
-        if (err && errlen) snprintf(err, errlen, "the output directory is empty");
-        return -1;
+        return mg_fail(err, MG_ERR_ARG, "the output directory is empty");
     }
-    if (mg_cli_mkdir_p(dir, err, errlen)) return -1;
-    return probe_dir(dir, dir, err, errlen);
+    if ((rc_ = mg_cli_mkdir_p(dir, err))) return rc_;
+    return probe_dir(dir, dir, err);
 }
 
-FILE *mg_cli_atomic_open(const char *path, char *tmp, size_t tmplen, char *err, size_t errlen) {
+FILE *mg_cli_atomic_open(const char *path, char *tmp, size_t tmplen, mg_error *err) {
     if (snprintf(tmp, tmplen, "%s.tmp.%ld", path, (long)getpid()) >= (int)tmplen) {
-        if (err && errlen) snprintf(err, errlen, "path too long: %s", path);
+        mg_fail(err, MG_ERR_ARG, "path too long: %s", path);
         return NULL;
     }
     FILE *f = fopen(tmp, "w");
-    if (!f && err && errlen) snprintf(err, errlen, "cannot create %s: %s", tmp, strerror(errno));
+    if (!f) mg_fail(err, MG_ERR_IO, "cannot create %s: %s", tmp, strerror(errno));
     return f;
 }
 
-int mg_cli_atomic_commit(FILE *f, const char *tmp, const char *path, char *err, size_t errlen) {
+mg_status mg_cli_atomic_commit(FILE *f, const char *tmp, const char *path, mg_error *err) {
     int bad = fflush(f) != 0 || ferror(f);
     int e = errno;
     if (fclose(f) != 0 && !bad) {
@@ -231,17 +221,16 @@ int mg_cli_atomic_commit(FILE *f, const char *tmp, const char *path, char *err, 
     }
     if (bad) {
         unlink(tmp);
-        if (err && errlen) snprintf(err, errlen, "error writing %s: %s (nothing written)", path, strerror(e));
-        return -1;
+        return mg_fail(err, MG_ERR_IO, "error writing %s: %s (nothing written)", path, strerror(e));
     }
     return 0;
 }
 
 int mg_cli_load_model(const char *cmd, const char *path, struct mg_model **m, struct mg_vocab **v) {
-    char err[768];
+    mg_error err;
     int checksummed = 0;
-    if (mg_model_load(path, m, v, &checksummed, err, sizeof err)) {
-        fprintf(stderr, "molgen %s: %s\n", cmd, err);
+    if (mg_model_load(path, m, v, &checksummed, &err)) {
+        fprintf(stderr, "molgen %s: %s\n", cmd, err.message);
         return -1;
     }
     if (!checksummed)

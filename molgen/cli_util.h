@@ -5,6 +5,8 @@
 
 #include <stddef.h>
 #include <stdint.h>
+
+#include "errors.h"
 #include <stdio.h>
 
 #ifdef __cplusplus
@@ -16,12 +18,12 @@ extern "C" {
  * ("option --opt needs a value"). An option spelled "--opt=VALUE" is cut at
  * the '=' in place (argv[*i] then reads "--opt"; argv must be writable, as
  * main's is). */
-int mg_cli_value(int argc, char **argv, int *i, const char **val, char *err, size_t errlen);
+int mg_cli_value(int argc, char **argv, int *i, const char **val, mg_error *err);
 
 /* The same without touching argv: the option's name ("--opt") goes to
  * name[namelen]. */
 int mg_cli_option(int argc, char **argv, int *i, char *name, size_t namelen, const char **val,
-                  char *err, size_t errlen);
+                  mg_error *err);
 
 /* 1 if argv[i]'s option name (before any '=') is in names (NULL-terminated). */
 int mg_cli_known(const char *arg, const char *const *names);
@@ -48,18 +50,17 @@ const char *mg_cli_cut(const char *s, char *buf, size_t n);
  * any of inputs[0..n_inputs) (NULL entries skipped), and its directory
  * (created when missing) takes a new file: a probe file is created there
  * and removed. Returns 0, or -1 with a message. */
-int mg_cli_check_output(const char *path, const char *const *inputs, size_t n_inputs, char *err,
-                        size_t errlen);
+mg_status mg_cli_check_output(const char *path, const char *const *inputs, size_t n_inputs, mg_error *err);
 /* The same for an output directory: not empty, created when missing, a
  * probe file can be created in it. */
-int mg_cli_check_output_dir(const char *dir, char *err, size_t errlen);
+mg_status mg_cli_check_output_dir(const char *dir, mg_error *err);
 
 /* Writing an output atomically: mg_cli_atomic_open creates "<path>.tmp.<pid>"
  * (its name in tmp[tmplen]); mg_cli_atomic_commit flushes, closes and
  * renames it over path, or on any error (a full disk, EFBIG) removes it and
  * leaves path as it was. Both return NULL / -1 with a message. */
-FILE *mg_cli_atomic_open(const char *path, char *tmp, size_t tmplen, char *err, size_t errlen);
-int mg_cli_atomic_commit(FILE *f, const char *tmp, const char *path, char *err, size_t errlen);
+FILE *mg_cli_atomic_open(const char *path, char *tmp, size_t tmplen, mg_error *err);
+mg_status mg_cli_atomic_commit(FILE *f, const char *tmp, const char *path, mg_error *err);
 
 /* Loads a model for command `cmd` (model.h's mg_model_load): on an error
  * prints "molgen CMD: <reason>" and returns -1; a file without checksums
@@ -70,9 +71,9 @@ int mg_cli_load_model(const char *cmd, const char *path, struct mg_model **m, st
 
 /* mkdir -p of path's parent directory (nothing for a bare file name).
  * Returns 0, or -1 with a message. */
-int mg_cli_mkdir_parent(const char *path, char *err, size_t errlen);
+mg_status mg_cli_mkdir_parent(const char *path, mg_error *err);
 /* mkdir -p dir. */
-int mg_cli_mkdir_p(const char *dir, char *err, size_t errlen);
+mg_status mg_cli_mkdir_p(const char *dir, mg_error *err);
 
 #ifdef __cplusplus
 }

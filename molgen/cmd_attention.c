@@ -31,7 +31,7 @@ static const char *ATTENTION_USAGE =
 int cmd_attention(int argc, char **argv) {
     const char *model_path = NULL, *smiles = NULL, *out_dir = "out";
     int threads = 0;
-    char err[512];
+    mg_error err;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -75,10 +75,10 @@ int cmd_attention(int argc, char **argv) {
     snprintf(svg_path, plen, "%s/attention.svg", out_dir);
     snprintf(tsv_path, plen, "%s/attention_heads.tsv", out_dir);
     const char *inputs[] = {model_path};
-    if (mg_cli_check_output_dir(out_dir, err, sizeof err) ||
-        mg_cli_check_output(svg_path, inputs, 1, err, sizeof err) ||
-        mg_cli_check_output(tsv_path, inputs, 1, err, sizeof err)) {
-        fprintf(stderr, "molgen attention: --out: %s\n", err);
+    if (mg_cli_check_output_dir(out_dir, &err) ||
+        mg_cli_check_output(svg_path, inputs, 1, &err) ||
+        mg_cli_check_output(tsv_path, inputs, 1, &err)) {
+        fprintf(stderr, "molgen attention: --out: %s\n", err.message);
         free(svg_path);
         free(tsv_path);
         return 1;
@@ -103,14 +103,14 @@ int cmd_attention(int argc, char **argv) {
     mg_head_stats *stats = NULL;
     FILE *f = NULL;
     if (!ids) goto oom;
-    int er = mg_vocab_encode(v, smiles, ids + 1, ctx, &k, err, sizeof err);
-    if (er == MG_TOK_ERR_TOOLONG || (er == 0 && k + 1 > ctx)) {
+    int er = mg_vocab_encode(v, smiles, ids + 1, ctx, &k, &err);
+    if (er == MG_ERR_TOO_LONG || (er == 0 && k + 1 > ctx)) {
         fprintf(stderr, "molgen attention: '%s' has %d tokens; the model takes at most %d (ctx_len %d minus BOS)\n",
                 smiles_echo, k, ctx - 1, ctx);
         goto done;
     }
     if (er) {
-        fprintf(stderr, "molgen attention: '%s': %s\n", smiles_echo, err);
+        fprintf(stderr, "molgen attention: '%s': %s\n", smiles_echo, err.message);
         goto done;
     }
     if (k == 0) {
@@ -126,8 +126,8 @@ int cmd_attention(int argc, char **argv) {
     labels = malloc((size_t)L * sizeof *labels);
     stats = malloc((size_t)N * H * sizeof *stats);
     if (!logits || !wts || !ring_key || !pair || !labels || !stats) goto oom;
-    if (mg_model_logits(m, ids, NULL, 1, L, logits, wts, err, sizeof err)) {
-        fprintf(stderr, "molgen attention: %s\n", err);
+    if (mg_model_logits(m, ids, NULL, 1, L, logits, wts, &err)) {
+        fprintf(stderr, "molgen attention: %s\n", err.message);
         goto done;
     }
     for (int i = 0; i < L; i++) labels[i] = mg_vocab_token(v, ids[i]);
@@ -142,27 +142,27 @@ int cmd_attention(int argc, char **argv) {
     char title[1024];
     snprintf(title, sizeof title, "attention of %.700s (%d tokens), model %d layers x %d heads", smiles,
              k, N, H);
-    f = mg_cli_atomic_open(svg_path, tmp, sizeof tmp, err, sizeof err);
+    f = mg_cli_atomic_open(svg_path, tmp, sizeof tmp, &err);
     if (!f) {
-        fprintf(stderr, "molgen attention: %s\n", err);
+        fprintf(stderr, "molgen attention: %s\n", err.message);
         goto done;
     }
     int werr = mg_attention_svg(f, wts, N, H, L, labels, title, stats);
     if (werr) {
         fclose(f);
         unlink(tmp);
-        snprintf(err, sizeof err, "error writing %s (nothing written)", svg_path);
+        snprintf(err.message, sizeof err.message, "error writing %s (nothing written)", svg_path);
     } else {
-        werr = mg_cli_atomic_commit(f, tmp, svg_path, err, sizeof err);
+        werr = mg_cli_atomic_commit(f, tmp, svg_path, &err);
     }
     f = NULL;
     if (werr) {
-        fprintf(stderr, "molgen attention: %s\n", err);
+        fprintf(stderr, "molgen attention: %s\n", err.message);
         goto done;
     }
-    f = mg_cli_atomic_open(tsv_path, tmp, sizeof tmp, err, sizeof err);
+    f = mg_cli_atomic_open(tsv_path, tmp, sizeof tmp, &err);
     if (!f) {
-        fprintf(stderr, "molgen attention: %s\n", err);
+        fprintf(stderr, "molgen attention: %s\n", err.message);
         goto done;
     }
     fprintf(f, "layer\thead\tmean_distance\tprev_token\tring_closure\tbos\tpeak\tlabel\n");
@@ -175,10 +175,10 @@ int cmd_attention(int argc, char **argv) {
             fprintf(f, "%d\t%d\t%.4f\t%.4f\t-\t%.4f\t%.4f\t%s\n", i / H, i % H, s->mean_dist,
                     s->prev, s->bos, s->peak, s->label);
     }
-    werr = mg_cli_atomic_commit(f, tmp, tsv_path, err, sizeof err);
+    werr = mg_cli_atomic_commit(f, tmp, tsv_path, &err);
     f = NULL;
     if (werr) {
-        fprintf(stderr, "molgen attention: %s\n", err);
+        fprintf(stderr, "molgen attention: %s\n", err.message);
         goto done;
     }
 

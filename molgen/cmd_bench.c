@@ -43,7 +43,7 @@ int cmd_bench(int argc, char **argv) {
     const char *model_path = NULL, *data_path = NULL;
     int molgpt = 0, batch = 64, ctx = 54, runs = 5, warmup = 1, steps = 3, sample_n = 256,
         naive_n = 64, threads = 0, do_train = 1, do_sample = 1, json = 0;
-    char err[512];
+    mg_error err;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -91,9 +91,8 @@ int cmd_bench(int argc, char **argv) {
     if (model_path) {
         if (mg_cli_load_model("bench", model_path, &m, &v)) return 1;
     } else {
-        if (mg_vocab_from_tokens(MG_MOSES_TOKENS, MG_MOSES_NUM_TOKENS, &v, err,
-                                 sizeof err)) {
-            fprintf(stderr, "molgen bench: %s\n", err);
+        if (mg_vocab_from_tokens(MG_MOSES_TOKENS, MG_MOSES_NUM_TOKENS, &v, &err)) {
+            fprintf(stderr, "molgen bench: %s\n", err.message);
             return 1;
         }
         mg_model_config c;
@@ -101,8 +100,8 @@ int cmd_bench(int argc, char **argv) {
         else mg_model_config_default(&c);
         c.ctx_len = ctx;
         c.vocab_size = mg_vocab_size(v);
-        if (mg_model_create(&c, &m, err, sizeof err)) {
-            fprintf(stderr, "molgen bench: %s\n", err);
+        if (mg_model_create(&c, &m, &err)) {
+            fprintf(stderr, "molgen bench: %s\n", err.message);
             mg_vocab_free(v);
             return 1;
         }
@@ -121,9 +120,9 @@ int cmd_bench(int argc, char **argv) {
     memset(&ds, 0, sizeof ds);
     if (do_train && data_path) {
         mg_load_opts lo = {NULL, c->ctx_len + 1, 0};
-        if (mg_dataset_load(data_path, &lo, v, NULL, &ds, NULL, err, sizeof err) ||
-            mg_batcher_new(&ds, batch, 0, 0, &bat, err, sizeof err)) {
-            fprintf(stderr, "molgen bench: %s\n", err);
+        if (mg_dataset_load(data_path, &lo, v, NULL, &ds, NULL, &err) ||
+            mg_batcher_new(&ds, batch, 0, 0, &bat, &err)) {
+            fprintf(stderr, "molgen bench: %s\n", err.message);
             rc = 1;
             goto done;
         }
@@ -135,8 +134,8 @@ int cmd_bench(int argc, char **argv) {
                (double)c->dropout, (double)mg_model_num_params(m) / 1e6, attn_get_num_threads());
     if (do_sample) {
         /* before training: a --model is sampled as trained */
-        if (mg_bench_sample(m, v, MG_DECODE_KV, sample_n, batch, warmup, runs, &kv, err, sizeof err)) {
-            fprintf(stderr, "molgen bench: sampling (kv): %s\n", err);
+        if (mg_bench_sample(m, v, MG_DECODE_KV, sample_n, batch, warmup, runs, &kv, &err)) {
+            fprintf(stderr, "molgen bench: sampling (kv): %s\n", err.message);
             rc = 1;
             goto done;
         }
@@ -146,9 +145,8 @@ int cmd_bench(int argc, char **argv) {
                    sample_n, sample_n < batch ? sample_n : batch, kv.median, kv.lo, kv.hi, kv.tok_rate,
                    kv.extra);
         if (naive_n > 0) {
-            if (mg_bench_sample(m, v, MG_DECODE_NAIVE, naive_n, batch, warmup, runs, &nv, err,
-                             sizeof err)) {
-                fprintf(stderr, "molgen bench: sampling (naive): %s\n", err);
+            if (mg_bench_sample(m, v, MG_DECODE_NAIVE, naive_n, batch, warmup, runs, &nv, &err)) {
+                fprintf(stderr, "molgen bench: sampling (naive): %s\n", err.message);
                 rc = 1;
                 goto done;
             }
@@ -162,9 +160,9 @@ int cmd_bench(int argc, char **argv) {
         }
     }
     if (do_train) {
-        rc = mg_bench_train(m, batch, steps, warmup, runs, bat, &tr, err, sizeof err);
+        rc = mg_bench_train(m, batch, steps, warmup, runs, bat, &tr, &err);
         if (rc) {
-            fprintf(stderr, "molgen bench: training: %s\n", err);
+            fprintf(stderr, "molgen bench: training: %s\n", err.message);
             goto done;
         }
         if (!json && data_path)

@@ -37,7 +37,7 @@ int cmd_debug_grads(int argc, char **argv) {
     uint64_t seed = 1;
     double perturb = 0.6;
     const char *out = NULL, *model_path = NULL;
-    char err[512];
+    mg_error err;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -45,8 +45,8 @@ int cmd_debug_grads(int argc, char **argv) {
             return 0;
         }
         const char *v = NULL;
-        if (!mg_cli_value(argc, argv, &i, &v, err, sizeof err)) {
-            fprintf(stderr, "molgen debug-grads: %s\n", err);
+        if (!mg_cli_value(argc, argv, &i, &v, &err)) {
+            fprintf(stderr, "molgen debug-grads: %s\n", err.message);
             return 2;
         }
         int ok = 1;
@@ -78,8 +78,8 @@ int cmd_debug_grads(int argc, char **argv) {
     mg_model *m = NULL;
     uint64_t s = seed ^ 0x5DEECE66Dull;
     if (model_path) {
-        if (mg_model_load(model_path, &m, NULL, NULL, err, sizeof err)) {
-            fprintf(stderr, "molgen debug-grads: %s\n", err);
+        if (mg_model_load(model_path, &m, NULL, NULL, &err)) {
+            fprintf(stderr, "molgen debug-grads: %s\n", err.message);
             return 1;
         }
         mc = *mg_model_get_config(m);
@@ -89,8 +89,8 @@ int cmd_debug_grads(int argc, char **argv) {
             return 1;
         }
     } else {
-        if (mg_model_create(&mc, &m, err, sizeof err)) {
-            fprintf(stderr, "molgen debug-grads: %s\n", err);
+        if (mg_model_create(&mc, &m, &err)) {
+            fprintf(stderr, "molgen debug-grads: %s\n", err.message);
             return 1;
         }
         mg_model_init(m, seed);
@@ -122,9 +122,9 @@ int cmd_debug_grads(int argc, char **argv) {
     }
     float loss;
     int64_t ntok;
-    if (mg_model_forward(m, ids, len, (int)B, T, 0, 0, &loss, &ntok, err, sizeof err) ||
-        mg_model_backward(m, err, sizeof err)) {
-        fprintf(stderr, "molgen debug-grads: %s\n", err);
+    if (mg_model_forward(m, ids, len, (int)B, T, 0, 0, &loss, &ntok, &err) ||
+        mg_model_backward(m, &err)) {
+        fprintf(stderr, "molgen debug-grads: %s\n", err.message);
         goto out;
     }
     mg_model_st_tensors(m, t, nt);
@@ -150,8 +150,8 @@ int cmd_debug_grads(int argc, char **argv) {
     snprintf(ls, sizeof ls, "%.9g", (double)loss);
     snprintf(ns, sizeof ns, "%" PRId64, ntok);
     const mg_st_kv meta[] = {{"format", "molgen-debug-grads"}, {"config", cfg}, {"loss", ls}, {"ntok", ns}};
-    if (mg_st_write(out, t, 2 * nt + 2, meta, 4, err, sizeof err)) {
-        fprintf(stderr, "molgen debug-grads: %s\n", err);
+    if (mg_st_write(out, t, 2 * nt + 2, meta, 4, &err)) {
+        fprintf(stderr, "molgen debug-grads: %s\n", err.message);
         goto out;
     }
     printf("%s loss %.9g over %" PRId64 " tokens, %zu parameters\n", out, (double)loss, ntok, P);

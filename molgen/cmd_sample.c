@@ -36,7 +36,7 @@ int cmd_sample(int argc, char **argv) {
     mg_sample_opts o;
     mg_sample_opts_default(&o);
     int threads = 0;
-    char err[512];
+    mg_error err;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -100,8 +100,8 @@ int cmd_sample(int argc, char **argv) {
     }
     /* the output is checked before any work, and never replaces the model */
     const char *inputs[] = {model_path};
-    if (mg_cli_check_output(out_path, inputs, 1, err, sizeof err)) {
-        fprintf(stderr, "molgen sample: --out: %s\n", err);
+    if (mg_cli_check_output(out_path, inputs, 1, &err)) {
+        fprintf(stderr, "molgen sample: --out: %s\n", err.message);
         return 1;
     }
     mg_st_remove_stale_temps(out_path);
@@ -109,18 +109,18 @@ int cmd_sample(int argc, char **argv) {
     mg_vocab *v = NULL;
     if (mg_cli_load_model("sample", model_path, &m, &v)) return 1;
     mg_samples s;
-    int rc = mg_sample(m, v, &o, &s, err, sizeof err);
+    mg_status rc = mg_sample(m, v, &o, &s, &err);
     mg_model_free(m);
     mg_vocab_free(v);
     if (rc) {
-        fprintf(stderr, "molgen sample: %s\n", err);
+        fprintf(stderr, "molgen sample: %s\n", err.message);
         return 1;
     }
     rc = 0;
     char tmp[4200];
-    FILE *f = mg_cli_atomic_open(out_path, tmp, sizeof tmp, err, sizeof err);
+    FILE *f = mg_cli_atomic_open(out_path, tmp, sizeof tmp, &err);
     if (!f) {
-        fprintf(stderr, "molgen sample: %s\n", err);
+        fprintf(stderr, "molgen sample: %s\n", err.message);
         mg_samples_free(&s);
         return 1;
     }
@@ -130,8 +130,8 @@ int cmd_sample(int argc, char **argv) {
         if (!s.smiles[i][0]) empty++;
         else if (mg_smiles_syntax_ok(s.smiles[i], NULL, 0)) valid++;
     }
-    if (mg_cli_atomic_commit(f, tmp, out_path, err, sizeof err)) {
-        fprintf(stderr, "molgen sample: %s\n", err);
+    if (mg_cli_atomic_commit(f, tmp, out_path, &err)) {
+        fprintf(stderr, "molgen sample: %s\n", err.message);
         mg_samples_free(&s);
         return 1;
     }

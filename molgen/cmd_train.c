@@ -84,7 +84,7 @@ int cmd_train(int argc, char **argv) {
     int dropout_set = 0;
     const char *preset = "default";
     int threads = 0, no_mask = 0;
-    char err[1024];
+    mg_error err;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -108,7 +108,7 @@ int cmd_train(int argc, char **argv) {
             known |= strlen(value_opts[k]) == alen && !strncmp(a, value_opts[k], alen);
         if (!known) return train_usage_error("unknown option %.*s", (int)alen, a);
         const char *v = NULL;
-        if (!mg_cli_value(argc, argv, &i, &v, err, sizeof err)) return train_usage_error("%s", err);
+        if (!mg_cli_value(argc, argv, &i, &v, &err)) return train_usage_error("%s", err.message);
         long long ll = 0;
         double dv = 0;
         uint64_t u = 0;
@@ -175,7 +175,7 @@ int cmd_train(int argc, char **argv) {
     if (!c.resume_path) {
         mg_adamw_config oc = c.optim;
         oc.total_steps = 1;
-        if (mg_adamw_config_check(&oc, err, sizeof err)) return train_usage_error("%s", err);
+        if (mg_adamw_config_check(&oc, &err)) return train_usage_error("%s", err.message);
         if (c.steps == 0 && c.time_limit <= 0)
             return train_usage_error("give --steps N or --time-limit SECONDS (or both)");
     }
@@ -195,8 +195,8 @@ int cmd_train(int argc, char **argv) {
     /* every output is checked before any work (a run is never lost at its
      * first checkpoint), and never overwrites the data */
     const char *inputs[] = {c.data_path};
-    if (mg_cli_check_output(c.out_path, inputs, 1, err, sizeof err)) {
-        fprintf(stderr, "molgen train: --out: %s\n", err);
+    if (mg_cli_check_output(c.out_path, inputs, 1, &err)) {
+        fprintf(stderr, "molgen train: --out: %s\n", err.message);
         return 1;
     }
     int stale = mg_st_remove_stale_temps(c.out_path);
@@ -205,8 +205,8 @@ int cmd_train(int argc, char **argv) {
                 c.out_path);
     mg_train_install_signal_handlers();
     mg_train_result r;
-    if (mg_train_run(&c, &r, err, sizeof err)) {
-        fprintf(stderr, "molgen train: %s\n", err);
+    if (mg_train_run(&c, &r, &err)) {
+        fprintf(stderr, "molgen train: %s\n", err.message);
         return 1;
     }
     char out_q[4200];

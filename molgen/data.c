@@ -257,24 +257,24 @@ static int read_line(FILE *f, char **buf, size_t *cap, size_t *len, int *toolong
 
 #define CSV_MAX_FIELDS 4096
 
-int mg_read_smiles(const char *path, const char *csv_column, mg_smiles_list *out,
-                   mg_report *rep, char *err, size_t errlen)
+mg_status mg_read_smiles(const char *path, const char *csv_column, mg_smiles_list *out,
+                   mg_report *rep, mg_error *err)
 {
     mg_report dummy;
     if (!rep)
         rep = &dummy;
     memset(rep, 0, sizeof *rep);
     if (!path || !out)
-        return mg_fail(err, errlen, MG_DATA_ERR, "mg_read_smiles: bad argument");
+        return mg_fail(err, MG_ERR_ARG, "mg_read_smiles: bad argument");
     memset(out, 0, sizeof *out);
     FILE *f = fopen(path, "r");
     if (!f)
-        return mg_fail(err, errlen, MG_DATA_ERR, "cannot open %s: %s", path, strerror(errno));
+        return mg_fail(err, MG_ERR_IO, "cannot open %s: %s", path, strerror(errno));
     /* a device or a pipe (/dev/zero, /dev/urandom) may never end */
     struct stat st;
     if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
         fclose(f);
-        return mg_fail(err, errlen, MG_DATA_ERR, "%s: not a regular file", path);
+        return mg_fail(err, MG_ERR_IO, "%s: not a regular file", path);
     }
     int csv = ends_with_ci(path, ".csv");
     const char *col = csv_column ? csv_column : "smiles";
@@ -284,7 +284,7 @@ int mg_read_smiles(const char *path, const char *csv_column, mg_smiles_list *out
         fields = malloc(CSV_MAX_FIELDS * sizeof *fields);
         if (!fields) {
             fclose(f);
-            return mg_fail(err, errlen, MG_DATA_ERR_NOMEM, "out of memory");
+            return mg_fail(err, MG_ERR_NOMEM, "out of memory");
         }
     }
     list_builder b = {0};
@@ -326,7 +326,7 @@ int mg_read_smiles(const char *path, const char *csv_column, mg_smiles_list *out
                 e++;
             rep->records++;
             if (lb_add(&b, p, (size_t)(e - p), lineno)) {
-                rc = mg_fail(err, errlen, MG_DATA_ERR_NOMEM, "out of memory");
+                rc = mg_fail(err, MG_ERR_NOMEM, "out of memory");
                 goto done;
             }
             continue;
@@ -337,7 +337,7 @@ int mg_read_smiles(const char *path, const char *csv_column, mg_smiles_list *out
         int nf = csv_split(line, fields, CSV_MAX_FIELDS);
         if (colidx < 0) { /* header row */
             if (nf < 0) {
-                rc = mg_fail(err, errlen, MG_DATA_ERR, "%s:%ld: unterminated quote in header",
+                rc = mg_fail(err, MG_ERR_FORMAT, "%s:%ld: unterminated quote in header",
                              path, lineno);
                 goto done;
             }
@@ -347,7 +347,7 @@ int mg_read_smiles(const char *path, const char *csv_column, mg_smiles_list *out
                     break;
                 }
             if (colidx < 0) {
-                rc = mg_fail(err, errlen, MG_DATA_ERR, "%s:%ld: no column named '%s' in the header",
+                rc = mg_fail(err, MG_ERR_FORMAT, "%s:%ld: no column named '%s' in the header",
                              path, lineno, col);
                 goto done;
             }
@@ -375,24 +375,24 @@ int mg_read_smiles(const char *path, const char *csv_column, mg_smiles_list *out
             continue;
         }
         if (lb_add(&b, v, strlen(v), lineno)) {
-            rc = mg_fail(err, errlen, MG_DATA_ERR_NOMEM, "out of memory");
+            rc = mg_fail(err, MG_ERR_NOMEM, "out of memory");
             goto done;
         }
     }
     if (got < 0) {
-        rc = mg_fail(err, errlen, MG_DATA_ERR_NOMEM, "%s:%ld: out of memory", path, lineno + 1);
+        rc = mg_fail(err, MG_ERR_NOMEM, "%s:%ld: out of memory", path, lineno + 1);
         goto done;
     }
     if (ferror(f)) {
-        rc = mg_fail(err, errlen, MG_DATA_ERR, "read error on %s", path);
+        rc = mg_fail(err, MG_ERR_IO, "read error on %s", path);
         goto done;
     }
     if (csv && colidx < 0) {
-        rc = mg_fail(err, errlen, MG_DATA_ERR, "%s: empty CSV file (no header row)", path);
+        rc = mg_fail(err, MG_ERR_FORMAT, "%s: empty CSV file (no header row)", path);
         goto done;
     }
     if (lb_finish(&b, out))
-        rc = mg_fail(err, errlen, MG_DATA_ERR_NOMEM, "out of memory");
+        rc = mg_fail(err, MG_ERR_NOMEM, "out of memory");
 done:
     free(line);
     free(fields);
@@ -415,15 +415,15 @@ void mg_dataset_free(mg_dataset *d)
     memset(d, 0, sizeof *d);
 }
 
-int mg_encode_row(const mg_vocab *v, const char *smiles, int T, int32_t *seq, int64_t *length,
-                  char *err, size_t errlen)
+mg_status mg_encode_row(const mg_vocab *v, const char *smiles, int T, int32_t *seq, int64_t *length,
+                  mg_error *err)
 {
     if (!v || !smiles || !seq || T < 2)
-        return mg_fail(err, errlen, MG_TOK_ERR_ARG, "mg_encode_row: bad argument (T = %d)", T);
+        return mg_fail(err, MG_ERR_ARG, "mg_encode_row: bad argument (T = %d)", T);
     int k = 0;
-    int rc = mg_vocab_encode(v, smiles, seq + 1, T - 2, &k, err, errlen);
-    if (rc == MG_TOK_ERR_TOOLONG)
-        return mg_fail(err, errlen, rc, "%d tokens, more than T - 2 = %d", k, T - 2);
+    mg_status rc = mg_vocab_encode(v, smiles, seq + 1, T - 2, &k, err);
+    if (rc == MG_ERR_TOO_LONG)
+        return mg_fail(err, MG_ERR_TOO_LONG, "%d tokens, more than T - 2 = %d", k, T - 2);
     if (rc)
         return rc;
     seq[0] = MG_BOS;
@@ -456,9 +456,9 @@ static int ds_alloc(mg_dataset *d, size_t n, int T, size_t blob_bytes)
 
 enum { ST_OK = 0, ST_BAD_CHAR, ST_UNKNOWN, ST_TOO_LONG, ST_EMPTY };
 
-int mg_dataset_from_list(const mg_smiles_list *list, const char *where, const mg_load_opts *opts,
+mg_status mg_dataset_from_list(const mg_smiles_list *list, const char *where, const mg_load_opts *opts,
                          const mg_vocab *vocab, mg_vocab **vocab_out, mg_dataset *out,
-                         mg_report *rep, char *err, size_t errlen)
+                         mg_report *rep, mg_error *err)
 {
     mg_report dummy;
     if (!rep) {
@@ -466,14 +466,14 @@ int mg_dataset_from_list(const mg_smiles_list *list, const char *where, const mg
         memset(rep, 0, sizeof *rep);
     }
     if (!list || !out || (!vocab && !vocab_out))
-        return mg_fail(err, errlen, MG_DATA_ERR, "mg_dataset_from_list: bad argument");
+        return mg_fail(err, MG_ERR_ARG, "mg_dataset_from_list: bad argument");
     memset(out, 0, sizeof *out);
     if (!where)
         where = "(input)";
     int T = opts ? opts->T : 0;
     int maxtok = opts ? opts->max_tokens : 0;
     if (T < 0 || maxtok < 0 || T == 1 || T == 2)
-        return mg_fail(err, errlen, MG_DATA_ERR, "bad options: T = %d (need 0 or >= 3), "
+        return mg_fail(err, MG_ERR_ARG, "bad options: T = %d (need 0 or >= 3), "
                        "max_tokens = %d", T, maxtok);
     size_t n = list->n;
     unsigned char *status = calloc(n ? n : 1, 1);
@@ -481,7 +481,7 @@ int mg_dataset_from_list(const mg_smiles_list *list, const char *where, const mg
     if (!status || !ntok) {
         free(status);
         free(ntok);
-        return mg_fail(err, errlen, MG_DATA_ERR_NOMEM, "out of memory");
+        return mg_fail(err, MG_ERR_NOMEM, "out of memory");
     }
     int limit = INT32_MAX; /* max tokens allowed */
     if (maxtok > 0)
@@ -490,7 +490,7 @@ int mg_dataset_from_list(const mg_smiles_list *list, const char *where, const mg
         limit = T - 2;
     size_t kept = 0, blob = 0;
     int maxk = 0;
-    char msg[200];
+    mg_error msg;
     for (size_t i = 0; i < n; i++) {
         const char *s = list->smiles[i];
         long ln = list->line ? list->line[i] : (long)i + 1;
@@ -506,7 +506,7 @@ int mg_dataset_from_list(const mg_smiles_list *list, const char *where, const mg
             }
             if (vocab && mg_vocab_lookup(vocab, s + pos, l) < MG_NUM_SPECIAL) {
                 st = ST_UNKNOWN;
-                snprintf(msg, sizeof msg, "unknown token '%.*s' at position %d", l, s + pos, pos);
+                snprintf(msg.message, sizeof msg.message, "unknown token '%.*s' at position %d", l, s + pos, pos);
                 break;
             }
             k++;
@@ -526,13 +526,13 @@ int mg_dataset_from_list(const mg_smiles_list *list, const char *where, const mg
                 maxk = k;
             break;
         case ST_BAD_CHAR:
-            mg_tokenize(s, NULL, 0, NULL, NULL, msg, sizeof msg);
+            mg_tokenize(s, NULL, 0, NULL, NULL, &msg);
             rep->bad_char++;
-            rep_msg(rep, "%s:%ld: cannot tokenise: %s", where, ln, msg);
+            rep_msg(rep, "%s:%ld: cannot tokenise: %s", where, ln, msg.message);
             break;
         case ST_UNKNOWN:
             rep->unknown_token++;
-            rep_msg(rep, "%s:%ld: %s", where, ln, msg);
+            rep_msg(rep, "%s:%ld: %s", where, ln, msg.message);
             break;
         case ST_TOO_LONG:
             rep->too_long++;
@@ -547,10 +547,10 @@ int mg_dataset_from_list(const mg_smiles_list *list, const char *where, const mg
             rep->skipped++;
     }
     rep->kept = (long)kept;
-    int rc = 0;
+    mg_status rc = MG_OK;
     mg_vocab *built = NULL;
     if (kept == 0) {
-        rc = mg_fail(err, errlen, MG_DATA_ERR, "%s: no usable molecules (%zu records, %ld skipped)",
+        rc = mg_fail(err, MG_ERR_FORMAT, "%s: no usable molecules (%zu records, %ld skipped)",
                      where, n, rep->skipped);
         goto done;
     }
@@ -559,21 +559,21 @@ int mg_dataset_from_list(const mg_smiles_list *list, const char *where, const mg
     if (!vocab) {
         const char **ok = malloc(kept * sizeof *ok);
         if (!ok) {
-            rc = mg_fail(err, errlen, MG_DATA_ERR_NOMEM, "out of memory");
+            rc = mg_fail(err, MG_ERR_NOMEM, "out of memory");
             goto done;
         }
         size_t m = 0;
         for (size_t i = 0; i < n; i++)
             if (status[i] == ST_OK)
                 ok[m++] = list->smiles[i];
-        rc = mg_vocab_build(ok, m, &built, err, errlen);
+        rc = mg_vocab_build(ok, m, &built, err);
         free(ok);
         if (rc)
             goto done;
         vocab = built;
     }
     if (ds_alloc(out, kept, T, blob)) {
-        rc = mg_fail(err, errlen, MG_DATA_ERR_NOMEM, "out of memory (%zu x %d ids)", kept, T);
+        rc = mg_fail(err, MG_ERR_NOMEM, "out of memory (%zu x %d ids)", kept, T);
         goto done;
     }
     size_t r = 0, bo = 0;
@@ -582,7 +582,7 @@ int mg_dataset_from_list(const mg_smiles_list *list, const char *where, const mg
             continue;
         const char *s = list->smiles[i];
         int64_t len;
-        rc = mg_encode_row(vocab, s, T, out->ids + r * (size_t)T, &len, err, errlen);
+        rc = mg_encode_row(vocab, s, T, out->ids + r * (size_t)T, &len, err);
         if (rc) { /* cannot happen: checked above */
             mg_dataset_free(out);
             goto done;
@@ -606,9 +606,8 @@ done:
     return rc;
 }
 
-int mg_dataset_load(const char *path, const mg_load_opts *opts, const mg_vocab *vocab,
-                    mg_vocab **vocab_out, mg_dataset *out, mg_report *rep, char *err,
-                    size_t errlen)
+mg_status mg_dataset_load(const char *path, const mg_load_opts *opts, const mg_vocab *vocab,
+                    mg_vocab **vocab_out, mg_dataset *out, mg_report *rep, mg_error *err)
 {
     mg_report local;
     if (!rep)
@@ -616,10 +615,10 @@ int mg_dataset_load(const char *path, const mg_load_opts *opts, const mg_vocab *
     if (out)
         memset(out, 0, sizeof *out);
     mg_smiles_list list;
-    int rc = mg_read_smiles(path, opts ? opts->csv_column : NULL, &list, rep, err, errlen);
+    mg_status rc = mg_read_smiles(path, opts ? opts->csv_column : NULL, &list, rep, err);
     if (rc)
         return rc;
-    rc = mg_dataset_from_list(&list, path, opts, vocab, vocab_out, out, rep, err, errlen);
+    rc = mg_dataset_from_list(&list, path, opts, vocab, vocab_out, out, rep, err);
     mg_smiles_list_free(&list);
     return rc;
 }
@@ -671,15 +670,15 @@ static int ds_subset(const mg_dataset *src, const unsigned char *pick, unsigned 
     return 0;
 }
 
-int mg_dataset_split(const mg_dataset *all, double val_frac, uint64_t seed, mg_dataset *train,
-                     mg_dataset *val, char *err, size_t errlen)
+mg_status mg_dataset_split(const mg_dataset *all, double val_frac, uint64_t seed, mg_dataset *train,
+                     mg_dataset *val, mg_error *err)
 {
     if (!all || !train || !val)
-        return mg_fail(err, errlen, MG_DATA_ERR, "mg_dataset_split: bad argument");
+        return mg_fail(err, MG_ERR_ARG, "mg_dataset_split: bad argument");
     memset(train, 0, sizeof *train);
     memset(val, 0, sizeof *val);
     if (!(val_frac >= 0.0 && val_frac < 1.0))
-        return mg_fail(err, errlen, MG_DATA_ERR, "validation fraction %g outside [0, 1)", val_frac);
+        return mg_fail(err, MG_ERR_ARG, "validation fraction %g outside [0, 1)", val_frac);
     size_t n = all->n;
     size_t nval = (size_t)floor((double)n * val_frac + 0.5);
     if (nval >= n && n > 0)
@@ -689,7 +688,7 @@ int mg_dataset_split(const mg_dataset *all, double val_frac, uint64_t seed, mg_d
     if (!idx || !pick) {
         free(idx);
         free(pick);
-        return mg_fail(err, errlen, MG_DATA_ERR_NOMEM, "out of memory");
+        return mg_fail(err, MG_ERR_NOMEM, "out of memory");
     }
     for (size_t i = 0; i < n; i++)
         idx[i] = i;
@@ -697,11 +696,11 @@ int mg_dataset_split(const mg_dataset *all, double val_frac, uint64_t seed, mg_d
     mg_shuffle_indices(idx, n, &st);
     for (size_t i = 0; i < nval; i++)
         pick[idx[i]] = 1;
-    int rc = 0;
+    mg_status rc = MG_OK;
     if (ds_subset(all, pick, 0, train) || ds_subset(all, pick, 1, val)) {
         mg_dataset_free(train);
         mg_dataset_free(val);
-        rc = mg_fail(err, errlen, MG_DATA_ERR_NOMEM, "out of memory");
+        rc = mg_fail(err, MG_ERR_NOMEM, "out of memory");
     }
     free(idx);
     free(pick);
@@ -735,24 +734,24 @@ static void make_perm(mg_batcher *b, uint64_t epoch)
     b->have_perm = 1;
 }
 
-int mg_batcher_new(const mg_dataset *d, int B, uint64_t seed, int shuffle, mg_batcher **out,
-                   char *err, size_t errlen)
+mg_status mg_batcher_new(const mg_dataset *d, int B, uint64_t seed, int shuffle, mg_batcher **out,
+                   mg_error *err)
 {
     if (!out)
-        return mg_fail(err, errlen, MG_DATA_ERR, "mg_batcher_new: bad argument");
+        return mg_fail(err, MG_ERR_ARG, "mg_batcher_new: bad argument");
     *out = NULL;
     if (!d || d->n == 0)
-        return mg_fail(err, errlen, MG_DATA_ERR, "mg_batcher_new: empty dataset");
+        return mg_fail(err, MG_ERR_ARG, "mg_batcher_new: empty dataset");
     if (B < 1 || (size_t)B > d->n)
-        return mg_fail(err, errlen, MG_DATA_ERR,
+        return mg_fail(err, MG_ERR_ARG, 
                        "batch size %d outside [1, %zu] (the dataset size)", B, d->n);
     mg_batcher *b = calloc(1, sizeof *b);
     if (!b)
-        return mg_fail(err, errlen, MG_DATA_ERR_NOMEM, "out of memory");
+        return mg_fail(err, MG_ERR_NOMEM, "out of memory");
     b->perm = malloc(d->n * sizeof *b->perm);
     if (!b->perm) {
         free(b);
-        return mg_fail(err, errlen, MG_DATA_ERR_NOMEM, "out of memory");
+        return mg_fail(err, MG_ERR_NOMEM, "out of memory");
     }
     b->d = d;
     b->B = B;
@@ -774,7 +773,7 @@ void mg_batcher_free(mg_batcher *b)
 int mg_batcher_next(mg_batcher *b, int32_t *ids, int64_t *lengths, size_t *rows)
 {
     if (!b)
-        return MG_DATA_ERR;
+        return MG_ERR_ARG;
     uint64_t epoch = b->step / b->per_epoch;
     size_t pos = (size_t)(b->step % b->per_epoch) * (size_t)b->B;
     if (!b->have_perm || b->perm_epoch != epoch)

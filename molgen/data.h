@@ -7,8 +7,8 @@
  * where target == PAD (i.e. positions >= length-1), and passes
  * key_lengths = length - 1 (the number of real input positions) to attention.
  *
- * Errors: 0 on success, negative on failure with a message in err[errlen]
- * (err may be NULL). Nothing aborts, exits or prints.
+ * Errors: an mg_status with a message in the caller's mg_error (errors.h).
+ * Nothing aborts, exits or prints.
  */
 #ifndef MG_DATA_H
 #define MG_DATA_H
@@ -16,15 +16,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "errors.h"
+
 #include "tokenizer.h"
 #include "util.h" /* mg_splitmix64 */
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-#define MG_DATA_ERR (-1)       /* I/O, format, bad argument */
-#define MG_DATA_ERR_NOMEM (-2)
 
 /* ------------------------------------------------------------ report */
 
@@ -76,9 +75,8 @@ typedef struct {
  * too long without being held in memory; out of memory is an error.
  * rep may be NULL; if given it is zeroed and receives lines/records and
  * "other" skips (e.g. csv rows missing the column). */
-int mg_read_smiles(const char *path, const char *csv_column,
-                   mg_smiles_list *out, mg_report *rep, char *err,
-                   size_t errlen);
+mg_status mg_read_smiles(const char *path, const char *csv_column,
+                   mg_smiles_list *out, mg_report *rep, mg_error *err);
 void mg_smiles_list_free(mg_smiles_list *l); /* zeroes it; NULL fine */
 
 /* ------------------------------------------------------------ dataset */
@@ -112,34 +110,33 @@ typedef struct {
  *   skipped too; *vocab_out (may be NULL) is left untouched.
  * rep (may be NULL) is zeroed and filled. Zero kept molecules is an error.
  * The dataset must be released with mg_dataset_free. */
-int mg_dataset_load(const char *path, const mg_load_opts *opts,
+mg_status mg_dataset_load(const char *path, const mg_load_opts *opts,
                     const mg_vocab *vocab, mg_vocab **vocab_out,
-                    mg_dataset *out, mg_report *rep, char *err, size_t errlen);
+                    mg_dataset *out, mg_report *rep, mg_error *err);
 
 /* Same from an in-memory list (line numbers taken from it; "where" names the
  * source in report messages, e.g. the file name). rep (may be NULL) is NOT
  * zeroed: counts and messages are added to it (kept is set). */
-int mg_dataset_from_list(const mg_smiles_list *list, const char *where,
+mg_status mg_dataset_from_list(const mg_smiles_list *list, const char *where,
                          const mg_load_opts *opts, const mg_vocab *vocab,
                          mg_vocab **vocab_out, mg_dataset *out,
-                         mg_report *rep, char *err, size_t errlen);
+                         mg_report *rep, mg_error *err);
 
 void mg_dataset_free(mg_dataset *d); /* zeroes it; NULL fine */
 
 /* Encode one SMILES as a row: seq[0..T) = BOS tokens EOS PAD...,
- * *length = k + 2. Errors as mg_vocab_encode (MG_TOK_ERR_TOOLONG if
+ * *length = k + 2. Errors as mg_vocab_encode (MG_ERR_TOO_LONG if
  * k + 2 > T). */
-int mg_encode_row(const mg_vocab *v, const char *smiles, int T, int32_t *seq,
-                  int64_t *length, char *err, size_t errlen);
+mg_status mg_encode_row(const mg_vocab *v, const char *smiles, int T, int32_t *seq,
+                  int64_t *length, mg_error *err);
 
 /* Deterministic split: a seeded shuffle (splitmix64 + Fisher-Yates) of the
  * row indices; the first round(n * val_frac) (at most n - 1) go to
  * validation, the rest to training; each part keeps the original file order
  * and T. val_frac in [0, 1). A part may be empty (n == 0, pointers NULL).
  * Both must be freed. */
-int mg_dataset_split(const mg_dataset *all, double val_frac, uint64_t seed,
-                     mg_dataset *train, mg_dataset *val, char *err,
-                     size_t errlen);
+mg_status mg_dataset_split(const mg_dataset *all, double val_frac, uint64_t seed,
+                     mg_dataset *train, mg_dataset *val, mg_error *err);
 
 /* ------------------------------------------------------------ PRNG */
 
@@ -154,8 +151,8 @@ typedef struct mg_batcher mg_batcher; /* opaque */
  * the batcher). Epoch e visits the rows in a permutation that depends only on
  * (seed, e) (shuffle == 0: file order every epoch); the last n % B rows of a
  * permutation are dropped so every batch is full. Requires 1 <= B <= d->n. */
-int mg_batcher_new(const mg_dataset *d, int B, uint64_t seed, int shuffle,
-                   mg_batcher **out, char *err, size_t errlen);
+mg_status mg_batcher_new(const mg_dataset *d, int B, uint64_t seed, int shuffle,
+                   mg_batcher **out, mg_error *err);
 void mg_batcher_free(mg_batcher *b);
 
 /* Fill the next batch: ids[B*T], lengths[B], rows[B] (the dataset row

@@ -29,11 +29,11 @@ struct mg_kv_decoder {
     float *x, *h, *qkv, *att, *tmp, *fc;
 };
 
-static const float *param(mg_model *m, const char *name, size_t numel, char *err, size_t errlen,
+static const float *param(mg_model *m, const char *name, size_t numel, mg_error *err,
                           int *bad) {
     const mg_param_info *t = mg_model_find_tensor(m, name);
     if (!t || t->numel != numel) {
-        if (!*bad) mg_fail(err, errlen, MG_MODEL_ERR, "decode: model has no tensor '%s' of %zu floats",
+        if (!*bad) mg_fail(err, MG_ERR_ARG, "decode: model has no tensor '%s' of %zu floats",
                         name, numel);
         *bad = 1;
         return NULL;
@@ -41,16 +41,16 @@ static const float *param(mg_model *m, const char *name, size_t numel, char *err
     return mg_model_params(m) + t->offset;
 }
 
-int mg_kv_new(mg_model *m, int B, mg_kv_decoder **out, char *err, size_t errlen) {
-    if (!m || !out) return mg_fail(err, errlen, MG_MODEL_ERR, "decode: model and out must be non-NULL");
+mg_status mg_kv_new(mg_model *m, int B, mg_kv_decoder **out, mg_error *err) {
+    if (!m || !out) return mg_fail(err, MG_ERR_ARG, "decode: model and out must be non-NULL");
     *out = NULL;
     const mg_model_config *c = mg_model_get_config(m);
-    if (B < 1) return mg_fail(err, errlen, MG_MODEL_ERR, "decode: batch %d < 1", B);
+    if (B < 1) return mg_fail(err, MG_ERR_ARG, "decode: batch %d < 1", B);
     if (c->no_causal_mask)
-        return mg_fail(err, errlen, MG_MODEL_ERR,
+        return mg_fail(err, MG_ERR_ARG, 
                     "decode: a KV cache needs a causal model (this one has no causal mask)");
     mg_kv_decoder *d = calloc(1, sizeof *d);
-    if (!d) return mg_fail(err, errlen, MG_MODEL_ERR_NOMEM, "decode: out of memory");
+    if (!d) return mg_fail(err, MG_ERR_NOMEM, "decode: out of memory");
     d->m = m;
     d->B = B;
     d->N = c->n_layer;
@@ -60,12 +60,12 @@ int mg_kv_new(mg_model *m, int B, mg_kv_decoder **out, char *err, size_t errlen)
     d->ctx = c->ctx_len;
     const size_t D = (size_t)d->d, F = 4 * D, V = (size_t)d->V;
     int bad = 0;
-    d->tok_emb = param(m, "tok_emb.weight", V * D, err, errlen, &bad);
-    d->pos_emb = param(m, "pos_emb.weight", (size_t)d->ctx * D, err, errlen, &bad);
-    d->lnf_w = param(m, "ln_f.weight", D, err, errlen, &bad);
-    d->lnf_b = param(m, "ln_f.bias", D, err, errlen, &bad);
-    d->head_w = param(m, "head.weight", V * D, err, errlen, &bad);
-    d->head_b = param(m, "head.bias", V, err, errlen, &bad);
+    d->tok_emb = param(m, "tok_emb.weight", V * D, err, &bad);
+    d->pos_emb = param(m, "pos_emb.weight", (size_t)d->ctx * D, err, &bad);
+    d->lnf_w = param(m, "ln_f.weight", D, err, &bad);
+    d->lnf_b = param(m, "ln_f.bias", D, err, &bad);
+    d->head_w = param(m, "head.weight", V * D, err, &bad);
+    d->head_b = param(m, "head.bias", V, err, &bad);
     d->layers = calloc((size_t)d->N, sizeof *d->layers);
     d->pos = calloc((size_t)B, sizeof *d->pos);
     d->klen = calloc((size_t)B, sizeof *d->klen);
@@ -74,7 +74,7 @@ int mg_kv_new(mg_model *m, int B, mg_kv_decoder **out, char *err, size_t errlen)
     d->mem = calloc(total, sizeof(float)); /* zeroed: keys past a row's length are finite */
     if (!d->layers || !d->mem || !d->pos || !d->klen) {
         mg_kv_free(d);
-        return mg_fail(err, errlen, MG_MODEL_ERR_NOMEM, "decode: out of memory (%zu floats)", total);
+        return mg_fail(err, MG_ERR_NOMEM, "decode: out of memory (%zu floats)", total);
     }
     float *p = d->mem;
     for (int l = 0; l < d->N && !bad; l++) {
@@ -83,7 +83,7 @@ int mg_kv_new(mg_model *m, int B, mg_kv_decoder **out, char *err, size_t errlen)
 #define P(field, suffix, numel)                                               \
     do {                                                                      \
         snprintf(name, sizeof name, "blocks.%d.%s", l, suffix);               \
-        L->field = param(m, name, numel, err, errlen, &bad);                  \
+        L->field = param(m, name, numel, err, &bad);                  \
     } while (0)
         P(ln1_w, "ln1.weight", D);
         P(ln1_b, "ln1.bias", D);
@@ -105,7 +105,7 @@ int mg_kv_new(mg_model *m, int B, mg_kv_decoder **out, char *err, size_t errlen)
     }
     if (bad) {
         mg_kv_free(d);
-        return MG_MODEL_ERR;
+        return MG_ERR_FORMAT;
     }
     d->x = p;
     p += (size_t)B * D;
@@ -132,34 +132,34 @@ void mg_kv_free(mg_kv_decoder *d) {
     free(d);
 }
 
-int mg_kv_reset(mg_kv_decoder *d, int n, char *err, size_t errlen) {
-    if (!d) return mg_fail(err, errlen, MG_MODEL_ERR, "decode: decoder is NULL");
+mg_status mg_kv_reset(mg_kv_decoder *d, int n, mg_error *err) {
+    if (!d) return mg_fail(err, MG_ERR_ARG, "decode: decoder is NULL");
     if (n < 1 || n > d->B)
-        return mg_fail(err, errlen, MG_MODEL_ERR, "decode: %d rows, need 1..%d", n, d->B);
+        return mg_fail(err, MG_ERR_ARG, "decode: %d rows, need 1..%d", n, d->B);
     d->n = n;
     for (int r = 0; r < n; r++) d->pos[r] = 0;
     return 0;
 }
 
-int mg_kv_restart_row(mg_kv_decoder *d, int r, char *err, size_t errlen) {
-    if (!d) return mg_fail(err, errlen, MG_MODEL_ERR, "decode: decoder is NULL");
+mg_status mg_kv_restart_row(mg_kv_decoder *d, int r, mg_error *err) {
+    if (!d) return mg_fail(err, MG_ERR_ARG, "decode: decoder is NULL");
     if (r < 0 || r >= d->n)
-        return mg_fail(err, errlen, MG_MODEL_ERR, "decode: row %d is outside [0, %d)", r, d->n);
+        return mg_fail(err, MG_ERR_ARG, "decode: row %d is outside [0, %d)", r, d->n);
     d->pos[r] = 0;
     return 0;
 }
 
 int mg_kv_pos(const mg_kv_decoder *d, int r) { return d && r >= 0 && r < d->n ? d->pos[r] : 0; }
 
-int mg_kv_step(mg_kv_decoder *d, const int32_t *tok, float *logits, char *err, size_t errlen) {
+mg_status mg_kv_step(mg_kv_decoder *d, const int32_t *tok, float *logits, mg_error *err) {
     if (!d || !tok || !logits)
-        return mg_fail(err, errlen, MG_MODEL_ERR, "decode: decoder, tokens and logits must be non-NULL");
-    if (d->n < 1) return mg_fail(err, errlen, MG_MODEL_ERR, "decode: step before reset");
+        return mg_fail(err, MG_ERR_ARG, "decode: decoder, tokens and logits must be non-NULL");
+    if (d->n < 1) return mg_fail(err, MG_ERR_ARG, "decode: step before reset");
     const int n = d->n, D = d->d, F = 4 * D, H = d->H, Dh = D / H, ctx = d->ctx;
     int maxpos = 0;
     for (int b = 0; b < n; b++) {
         if (d->pos[b] >= ctx)
-            return mg_fail(err, errlen, MG_MODEL_ERR, "decode: row %d: position %d is past ctx_len %d",
+            return mg_fail(err, MG_ERR_ARG, "decode: row %d: position %d is past ctx_len %d",
                         b, d->pos[b], ctx);
         if (d->pos[b] > maxpos) maxpos = d->pos[b];
         d->klen[b] = d->pos[b] + 1;
@@ -169,7 +169,7 @@ int mg_kv_step(mg_kv_decoder *d, const int32_t *tok, float *logits, char *err, s
 
     for (int b = 0; b < n; b++) {
         if (tok[b] < 0 || tok[b] >= d->V)
-            return mg_fail(err, errlen, MG_MODEL_ERR, "decode: token[%d] = %d is outside [0, %d)", b,
+            return mg_fail(err, MG_ERR_ARG, "decode: token[%d] = %d is outside [0, %d)", b,
                         (int)tok[b], d->V);
         const float *te = d->tok_emb + (size_t)tok[b] * D, *pe = d->pos_emb + (size_t)d->pos[b] * D;
         float *x = d->x + (size_t)b * D;
@@ -197,7 +197,7 @@ int mg_kv_step(mg_kv_decoder *d, const int32_t *tok, float *logits, char *err, s
         attn_tensor v = {L->v, {n, H, maxpos + 1, Dh}, {(int64_t)ctx * D, Dh, D, 1}};
         attn_tensor o = {d->att, {n, H, 1, Dh}, {D, Dh, D, 1}};
         if (attn_sdpa_forward(&q, &k, &v, &ap, &o, NULL, NULL, NULL, &aerr))
-            return mg_fail(err, errlen, MG_MODEL_ERR, "decode: block %d attention: %s", l,
+            return mg_fail(err, MG_ERR_ARG, "decode: block %d attention: %s", l,
                         aerr.message);
         mg_matmul_forward(d->tmp, d->att, L->out_w, L->out_b, n, D, D, nt);
         for (size_t i = 0; i < (size_t)n * D; i++) d->x[i] = d->x[i] + d->tmp[i];

@@ -23,6 +23,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "errors.h"
+
 #include "model.h"
 
 #ifdef __cplusplus
@@ -34,17 +36,17 @@ typedef struct mg_kv_decoder mg_kv_decoder;
 /* Decoder for up to B rows; reads m's parameters at every step (so it sees
  * later weight updates), never writes m. Refuses a model built with
  * no_causal_mask (a cache cannot reproduce attention to future tokens). */
-int mg_kv_new(mg_model *m, int B, mg_kv_decoder **out, char *err, size_t errlen);
+mg_status mg_kv_new(mg_model *m, int B, mg_kv_decoder **out, mg_error *err);
 void mg_kv_free(mg_kv_decoder *d); /* NULL fine */
 /* Start n rows (1 <= n <= B) at position 0. */
-int mg_kv_reset(mg_kv_decoder *d, int n, char *err, size_t errlen);
+mg_status mg_kv_reset(mg_kv_decoder *d, int n, mg_error *err);
 /* Row r (0 <= r < n) starts over at position 0 (a new molecule in its slot:
  * continuous batching); the other rows keep their positions. */
-int mg_kv_restart_row(mg_kv_decoder *d, int r, char *err, size_t errlen);
+mg_status mg_kv_restart_row(mg_kv_decoder *d, int r, mg_error *err);
 /* tok [n]: row r's token at its position mg_kv_pos(d, r) (< ctx_len; rows
  * may be at different positions: attention uses per-row key lengths);
  * logits [n, V] out. */
-int mg_kv_step(mg_kv_decoder *d, const int32_t *tok, float *logits, char *err, size_t errlen);
+mg_status mg_kv_step(mg_kv_decoder *d, const int32_t *tok, float *logits, mg_error *err);
 int mg_kv_pos(const mg_kv_decoder *d, int r);
 
 #ifdef __cplusplus

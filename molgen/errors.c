@@ -4,13 +4,21 @@
 #include <stdarg.h>
 #include <stdio.h>
 
-int mg_fail(char *err, size_t errlen, int code, const char *fmt, ...)
-{
-    if (err && errlen > 0) {
+const char *mg_status_name(mg_status s) {
+    static const char *const names[] = {"MG_OK",          "MG_ERR_ARG",           "MG_ERR_NOMEM",
+                                        "MG_ERR_IO",      "MG_ERR_FORMAT",        "MG_ERR_TOKEN",
+                                        "MG_ERR_UNKNOWN_TOKEN", "MG_ERR_TOO_LONG", "MG_ERR_LEAK",
+                                        "MG_ERR_STATE",   "MG_ERR_NUMERIC",       "MG_ERR_MISMATCH"};
+    return (unsigned)s < sizeof names / sizeof names[0] ? names[s] : "MG_ERR_?";
+}
+
+mg_status mg_fail(mg_error *err, mg_status s, const char *fmt, ...) {
+    if (err) {
         va_list ap;
         va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
+        vsnprintf(err->message, sizeof err->message, fmt, ap);
         va_end(ap);
+        err->status = s;
     }
-    return code;
+    return s;
 }

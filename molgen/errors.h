@@ -1,4 +1,13 @@
-/* molgen: the one error-message helper every molgen module uses. */
+/* molgen's one error convention, the library's (attn_status / attn_error)
+ * applied to molgen: every fallible engine function returns an mg_status
+ * and, on failure, fills the caller's optional mg_error with a one-line
+ * message. Nothing in the engine aborts, exits or prints.
+ *
+ *   mg_error e;
+ *   if (mg_model_load(path, &m, &v, NULL, &e)) fprintf(stderr, "%s\n", e.message);
+ *
+ * A caller that adds context keeps the callee's status:
+ *   return mg_fail(err, e.status, "checkpoint %s: %s", path, e.message); */
 #ifndef MG_ERRORS_H
 #define MG_ERRORS_H
 
@@ -8,11 +17,34 @@
 extern "C" {
 #endif
 
-/* Formats the printf-style message into err (when err is non-NULL and
- * errlen > 0; truncated to fit) and returns code, so a caller can write
- * `return mg_fail(err, errlen, MG_MODEL_ERR, "bad %d", x);`. */
-int mg_fail(char *err, size_t errlen, int code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
+typedef enum {
+    MG_OK = 0,
+    MG_ERR_ARG = 1,           /* a NULL pointer, a setting out of range, a bad call */
+    MG_ERR_NOMEM = 2,         /* allocation failed */
+    MG_ERR_IO = 3,            /* a file cannot be opened, read, written or renamed */
+    MG_ERR_FORMAT = 4,        /* a file or JSON text is malformed, truncated, foreign or corrupt */
+    MG_ERR_TOKEN = 5,         /* a character that starts no SMILES token */
+    MG_ERR_UNKNOWN_TOKEN = 6, /* a token that is not in the vocabulary */
+    MG_ERR_TOO_LONG = 7,      /* more tokens / bytes than the caller's capacity */
+    MG_ERR_LEAK = 8,          /* the causal-leak guard saw the future change the past */
+    MG_ERR_STATE = 9,         /* call order (a backward without a forward) */
+    MG_ERR_NUMERIC = 10,      /* non-finite values (diverged gradients, NaN logits) */
+    MG_ERR_MISMATCH = 11      /* inputs that do not belong together (resume on other data) */
+} mg_status;
+
+/* Caller-owned error report; pass NULL when only the status matters. */
+typedef struct {
+    mg_status status;
+    char message[1024];
+} mg_error;
+
+/* Static name of a status, e.g. "MG_ERR_FORMAT". Never NULL. */
+const char *mg_status_name(mg_status s);
+
+/* Formats the printf-style message into err (when non-NULL; truncated to
+ * fit), sets err->status and returns s, so a caller can write
+ * `return mg_fail(err, MG_ERR_ARG, "bad %d", x);`. */
+mg_status mg_fail(mg_error *err, mg_status s, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 #ifdef __cplusplus
 }

@@ -44,21 +44,21 @@ void mg_model_config_molgpt(mg_model_config *c) {
     c->dropout = 0.1f;
 }
 
-int mg_model_config_check(const mg_model_config *c, char *err, size_t errlen) {
-    if (!c) return mg_fail(err, errlen, MG_MODEL_ERR, "model config is NULL");
+mg_status mg_model_config_check(const mg_model_config *c, mg_error *err) {
+    if (!c) return mg_fail(err, MG_ERR_ARG, "model config is NULL");
     if (c->n_layer < 1 || c->n_layer > 1024)
-        return mg_fail(err, errlen, MG_MODEL_ERR, "n_layer %d must be in [1, 1024]", c->n_layer);
+        return mg_fail(err, MG_ERR_ARG, "n_layer %d must be in [1, 1024]", c->n_layer);
     if (c->d_model < 1 || c->d_model > 65536)
-        return mg_fail(err, errlen, MG_MODEL_ERR, "d_model %d must be in [1, 65536]", c->d_model);
+        return mg_fail(err, MG_ERR_ARG, "d_model %d must be in [1, 65536]", c->d_model);
     if (c->n_head < 1 || c->d_model % c->n_head)
-        return mg_fail(err, errlen, MG_MODEL_ERR, "n_head %d must be >= 1 and divide d_model %d",
+        return mg_fail(err, MG_ERR_ARG, "n_head %d must be >= 1 and divide d_model %d",
                     c->n_head, c->d_model);
     if (c->ctx_len < 1 || c->ctx_len > 65536)
-        return mg_fail(err, errlen, MG_MODEL_ERR, "ctx_len %d must be in [1, 65536]", c->ctx_len);
+        return mg_fail(err, MG_ERR_ARG, "ctx_len %d must be in [1, 65536]", c->ctx_len);
     if (c->vocab_size < 1 || c->vocab_size > (1 << 24))
-        return mg_fail(err, errlen, MG_MODEL_ERR, "vocab_size %d must be in [1, 2^24]", c->vocab_size);
+        return mg_fail(err, MG_ERR_ARG, "vocab_size %d must be in [1, 2^24]", c->vocab_size);
     if (!(c->dropout >= 0.0f && c->dropout < 1.0f))
-        return mg_fail(err, errlen, MG_MODEL_ERR, "dropout %g must be in [0, 1)", (double)c->dropout);
+        return mg_fail(err, MG_ERR_ARG, "dropout %g must be in [0, 1)", (double)c->dropout);
     return 0;
 }
 
@@ -70,17 +70,17 @@ int mg_model_config_to_json(const mg_model_config *c, char *out, size_t outlen) 
                     (double)c->dropout, c->no_causal_mask ? "false" : "true");
 }
 
-int mg_model_config_from_json(const char *json, mg_model_config *c, char *err, size_t errlen) {
-    if (!json || !c) return mg_fail(err, errlen, MG_MODEL_ERR, "config JSON or output is NULL");
+mg_status mg_model_config_from_json(const char *json, mg_model_config *c, mg_error *err) {
+    if (!json || !c) return mg_fail(err, MG_ERR_ARG, "config JSON or output is NULL");
     mg_json *j = NULL;
-    char jerr[200];
-    if (mg_json_parse(json, strlen(json), &j, jerr, sizeof jerr))
-        return mg_fail(err, errlen, MG_MODEL_ERR, "model config JSON: %s", jerr);
-    int rc = 0;
+    mg_error jerr;
+    if (mg_json_parse(json, strlen(json), &j, &jerr))
+        return mg_fail(err, jerr.status, "model config JSON: %s", jerr.message);
+    mg_status rc = MG_OK;
     mg_model_config r;
     memset(&r, 0, sizeof r);
     if (j->type != MG_JSON_OBJECT) {
-        rc = mg_fail(err, errlen, MG_MODEL_ERR, "model config JSON is not an object");
+        rc = mg_fail(err, MG_ERR_FORMAT, "model config JSON is not an object");
         goto done;
     }
     static const char *const ints[] = {"n_layer", "d_model", "n_head", "ctx_len", "vocab_size"};
@@ -94,7 +94,7 @@ int mg_model_config_from_json(const char *json, mg_model_config *c, char *err, s
             known = 1;
             if (v->type != MG_JSON_NUMBER || !v->is_int || v->integer < INT32_MIN ||
                 v->integer > INT32_MAX) {
-                rc = mg_fail(err, errlen, MG_MODEL_ERR, "model config: \"%s\" must be an integer", k);
+                rc = mg_fail(err, MG_ERR_FORMAT, "model config: \"%s\" must be an integer", k);
                 goto done;
             }
             *dst[q] = (int)v->integer;
@@ -102,29 +102,29 @@ int mg_model_config_from_json(const char *json, mg_model_config *c, char *err, s
         if (!strcmp(k, "dropout")) {
             known = 1;
             if (v->type != MG_JSON_NUMBER) {
-                rc = mg_fail(err, errlen, MG_MODEL_ERR, "model config: \"dropout\" must be a number");
+                rc = mg_fail(err, MG_ERR_FORMAT, "model config: \"dropout\" must be a number");
                 goto done;
             }
             r.dropout = (float)v->number;
         } else if (!strcmp(k, "causal")) {
             known = 1;
             if (v->type != MG_JSON_BOOL) {
-                rc = mg_fail(err, errlen, MG_MODEL_ERR, "model config: \"causal\" must be true or false");
+                rc = mg_fail(err, MG_ERR_FORMAT, "model config: \"causal\" must be true or false");
                 goto done;
             }
             r.no_causal_mask = !v->boolean;
         }
         if (!known) {
-            rc = mg_fail(err, errlen, MG_MODEL_ERR, "model config: unknown key \"%s\"", k);
+            rc = mg_fail(err, MG_ERR_FORMAT, "model config: unknown key \"%s\"", k);
             goto done;
         }
     }
     for (int q = 0; q < 5; q++)
         if (!mg_json_get(j, ints[q])) {
-            rc = mg_fail(err, errlen, MG_MODEL_ERR, "model config: missing \"%s\"", ints[q]);
+            rc = mg_fail(err, MG_ERR_FORMAT, "model config: missing \"%s\"", ints[q]);
             goto done;
         }
-    if ((rc = mg_model_config_check(&r, err, errlen))) goto done;
+    if ((rc = mg_model_config_check(&r, err))) goto done;
     *c = r;
 done:
     mg_json_free(j);
@@ -304,13 +304,13 @@ static void point_views(const mg_model *m, float *base, model_params *v) {
     v->head_b = base + t[i++].offset;
 }
 
-int mg_model_create(const mg_model_config *c, mg_model **out, char *err, size_t errlen) {
-    if (!out) return mg_fail(err, errlen, MG_MODEL_ERR, "output pointer is NULL");
+mg_status mg_model_create(const mg_model_config *c, mg_model **out, mg_error *err) {
+    if (!out) return mg_fail(err, MG_ERR_ARG, "output pointer is NULL");
     *out = NULL;
-    int rc = mg_model_config_check(c, err, errlen);
+    mg_status rc = mg_model_config_check(c, err);
     if (rc) return rc;
     mg_model *m = calloc(1, sizeof *m);
-    if (!m) return mg_fail(err, errlen, MG_MODEL_ERR_NOMEM, "out of memory for the model");
+    if (!m) return mg_fail(err, MG_ERR_NOMEM, "out of memory for the model");
     m->cfg = *c;
     m->mha.embed_dim = c->d_model;
     m->mha.num_heads = c->n_head;
@@ -318,7 +318,7 @@ int mg_model_create(const mg_model_config *c, mg_model **out, char *err, size_t 
     attn_error aerr;
     if (attn_mha_param_count(&m->mha, &m->mha_count, &aerr)) {
         mg_model_free(m);
-        return mg_fail(err, errlen, MG_MODEL_ERR, "attention config: %s", aerr.message);
+        return mg_fail(err, MG_ERR_ARG, "attention config: %s", aerr.message);
     }
     const size_t nt = 6 + 12 * (size_t)c->n_layer;
     m->tensors = calloc(nt, sizeof *m->tensors);
@@ -327,7 +327,7 @@ int mg_model_create(const mg_model_config *c, mg_model **out, char *err, size_t 
     m->g.blocks = calloc((size_t)c->n_layer, sizeof(block_params));
     if (!m->tensors || !m->names || !m->p.blocks || !m->g.blocks) {
         mg_model_free(m);
-        return mg_fail(err, errlen, MG_MODEL_ERR_NOMEM, "out of memory for the model tables");
+        return mg_fail(err, MG_ERR_NOMEM, "out of memory for the model tables");
     }
     build_table(m);
     m->params = calloc(m->num_params, sizeof(float));
@@ -335,7 +335,7 @@ int mg_model_create(const mg_model_config *c, mg_model **out, char *err, size_t 
     if (!m->params || !m->grads) {
         size_t n = m->num_params;
         mg_model_free(m);
-        return mg_fail(err, errlen, MG_MODEL_ERR_NOMEM, "out of memory for %zu parameters", n);
+        return mg_fail(err, MG_ERR_NOMEM, "out of memory for %zu parameters", n);
     }
     point_views(m, m->params, &m->p);
     point_views(m, m->grads, &m->g);
@@ -428,7 +428,7 @@ void mg_model_init(mg_model *m, uint64_t seed) {
 
 /* Make room for R = B*L rows, B batch rows and `slots` blocks. Keeps the
  * buffers when they are already large enough. */
-static int ensure_acts(mg_model *m, size_t R, size_t B, size_t slots, char *err, size_t errlen) {
+static mg_status ensure_acts(mg_model *m, size_t R, size_t B, size_t slots, mg_error *err) {
     if (R <= m->cap_rows && B <= m->cap_b && slots <= m->cap_slots) return 0;
     if (R < m->cap_rows) R = m->cap_rows;
     if (B < m->cap_b) B = m->cap_b;
@@ -454,7 +454,7 @@ static int ensure_acts(mg_model *m, size_t R, size_t B, size_t slots, char *err,
     if (!m->act_mem || !m->acts || !m->inputs || !m->targets || !m->key_len || !m->rows ||
         !m->attn_gbuf) {
         free_acts(m);
-        return mg_fail(err, errlen, MG_MODEL_ERR_NOMEM,
+        return mg_fail(err, MG_ERR_NOMEM, 
                     "out of memory for activations (%zu rows, %zu floats)", R, total);
     }
     float *p = m->act_mem;
@@ -702,9 +702,9 @@ static void keep_first_error(int *failed, char *msg, size_t n, const char *text)
 /* Self-attention of block `layer`: out [B, L, d] = MHA(in [B, L, d]), in
  * chunks of ATTN_CHUNK batch rows (see ATTN_CHUNK). cache: B rows of
  * attn_mha_cache_size, chunk by chunk; weights [B, H, L, L] or NULL. */
-static int attention_forward(mg_model *m, int layer, int B, int L, const float *in, float *out,
+static mg_status attention_forward(mg_model *m, int layer, int B, int L, const float *in, float *out,
                              float *cache, float *weights, int training, uint64_t seed, int nt,
-                             char *err, size_t errlen) {
+                             mg_error *err) {
     const int64_t d = m->cfg.d_model, H = m->cfg.n_head;
     const int64_t row = (int64_t)L * d, cache_row = 4 * (int64_t)L * d + H * L;
     const int nch = (B + ATTN_CHUNK - 1) / ATTN_CHUNK;
@@ -724,16 +724,16 @@ static int attention_forward(mg_model *m, int layer, int B, int L, const float *
                              cache + b0 * cache_row, &e))
             keep_first_error(&failed, msg, sizeof msg, e.message);
     }
-    if (failed) return mg_fail(err, errlen, MG_MODEL_ERR, "block %d attention: %s", layer, msg);
+    if (failed) return mg_fail(err, MG_ERR_ARG, "block %d attention: %s", layer, msg);
     return 0;
 }
 
 /* Backward of attention_forward: din [B, L, d] += d(in) (din must start at
  * zero or hold what to add to); the weight gradients of each chunk go to
  * attn_gbuf and are summed into the block's gradients in chunk order. */
-static int attention_backward(mg_model *m, int layer, int B, int L, const float *in,
+static mg_status attention_backward(mg_model *m, int layer, int B, int L, const float *in,
                               const float *dout, float *din, const float *cache, int training,
-                              uint64_t seed, int nt, char *err, size_t errlen) {
+                              uint64_t seed, int nt, mg_error *err) {
     const int64_t d = m->cfg.d_model, H = m->cfg.n_head;
     const int64_t row = (int64_t)L * d, cache_row = 4 * (int64_t)L * d + H * L;
     const int nch = (B + ATTN_CHUNK - 1) / ATTN_CHUNK;
@@ -756,7 +756,7 @@ static int attention_backward(mg_model *m, int layer, int B, int L, const float 
                               dout + b0 * row, dx, dx, dx, &gw, &e))
             keep_first_error(&failed, msg, sizeof msg, e.message);
     }
-    if (failed) return mg_fail(err, errlen, MG_MODEL_ERR, "block %d attention backward: %s", layer, msg);
+    if (failed) return mg_fail(err, MG_ERR_ARG, "block %d attention backward: %s", layer, msg);
     float *g = m->g.blocks[layer].attn;
     const float *gb = m->attn_gbuf;
 #pragma omp parallel for num_threads(nt) schedule(static)
@@ -773,9 +773,8 @@ static int attention_backward(mg_model *m, int layer, int B, int L, const float 
  * backward), else all blocks reuse slot 0 and the residual stream is updated
  * in place. Logits [Rv, V] go to `logits`; attention probabilities to
  * attn_weights [N, B, H, L, L] if given. */
-static int forward_core(mg_model *m, int B, int L, int64_t Rv, int keep, int training,
-                        uint64_t seed, float *logits, float *attn_weights, char *err,
-                        size_t errlen) {
+static mg_status forward_core(mg_model *m, int B, int L, int64_t Rv, int keep, int training,
+                        uint64_t seed, float *logits, float *attn_weights, mg_error *err) {
     const int nt = threads_now();
     const int N = m->cfg.n_layer, d = m->cfg.d_model, F = 4 * d, V = m->cfg.vocab_size;
     const int64_t R = (int64_t)B * L;
@@ -784,9 +783,9 @@ static int forward_core(mg_model *m, int B, int L, int64_t Rv, int keep, int tra
     size_t cache_need = 0;
     attn_error aerr;
     if (attn_mha_cache_size(&m->mha, B, L, L, &cache_need, &aerr))
-        return mg_fail(err, errlen, MG_MODEL_ERR, "attention: %s", aerr.message);
+        return mg_fail(err, MG_ERR_ARG, "attention: %s", aerr.message);
     if (cache_need > (size_t)R * (4 * (size_t)d + (size_t)m->cfg.n_head))
-        return mg_fail(err, errlen, MG_MODEL_ERR, "attention cache larger than planned (%zu floats)",
+        return mg_fail(err, MG_ERR_ARG, "attention cache larger than planned (%zu floats)",
                     cache_need);
 
     float *x = m->acts[0].x; /* [Rv, d] the residual stream */
@@ -810,7 +809,7 @@ static int forward_core(mg_model *m, int B, int L, int64_t Rv, int keep, int tra
         scatter_rows(a->ln1, m->scratch, m->key_len, B, L, d);
         float *wts = attn_weights ? attn_weights + (size_t)l * B * m->cfg.n_head * L * L : NULL;
         int rc = attention_forward(m, l, B, L, a->ln1, m->scratch, a->attn_cache, wts, training,
-                                   seed, nt, err, errlen);
+                                   seed, nt, err);
         if (rc) return rc;
         if (drop) dropout_mask(a->drop_attn, Rv * d, p_drop, seed, 1 + 2 * (uint64_t)l, nt);
         residual_gather_forward(a->x_mid, in, m->scratch, drop ? a->drop_attn : NULL, m->rows, Rv,
@@ -830,31 +829,30 @@ static int forward_core(mg_model *m, int B, int L, int64_t Rv, int keep, int tra
     return 0;
 }
 
-int mg_model_forward(mg_model *m, const int32_t *ids, const int64_t *lengths, int B, int T,
-                     int training, uint64_t dropout_seed, float *loss, int64_t *ntok, char *err,
-                     size_t errlen) {
+mg_status mg_model_forward(mg_model *m, const int32_t *ids, const int64_t *lengths, int B, int T,
+                     int training, uint64_t dropout_seed, float *loss, int64_t *ntok, mg_error *err) {
     if (!m || !ids || !lengths || !loss)
-        return mg_fail(err, errlen, MG_MODEL_ERR, "model, ids, lengths and loss must be non-NULL");
+        return mg_fail(err, MG_ERR_ARG, "model, ids, lengths and loss must be non-NULL");
     m->have_forward = 0;
     const int V = m->cfg.vocab_size;
     if (B < 1 || T < 2 || T - 1 > m->cfg.ctx_len)
-        return mg_fail(err, errlen, MG_MODEL_ERR, "batch %d x %d: need B >= 1 and 2 <= T <= ctx_len + 1 = %d",
+        return mg_fail(err, MG_ERR_ARG, "batch %d x %d: need B >= 1 and 2 <= T <= ctx_len + 1 = %d",
                     B, T, m->cfg.ctx_len + 1);
     const int L = T - 1;
     const int64_t R = (int64_t)B * L;
-    int rc = ensure_acts(m, (size_t)R, (size_t)B, (size_t)m->cfg.n_layer, err, errlen);
+    mg_status rc = ensure_acts(m, (size_t)R, (size_t)B, (size_t)m->cfg.n_layer, err);
     if (rc) return rc;
     int64_t count = 0;
     for (int b = 0; b < B; b++) {
         if (lengths[b] < 2 || lengths[b] > T)
-            return mg_fail(err, errlen, MG_MODEL_ERR, "lengths[%d] = %lld is outside [2, %d]", b,
+            return mg_fail(err, MG_ERR_ARG, "lengths[%d] = %lld is outside [2, %d]", b,
                         (long long)lengths[b], T);
         m->key_len[b] = lengths[b] - 1;
         count += lengths[b] - 1;
         for (int t = 0; t < T; t++) {
             int32_t id = ids[(int64_t)b * T + t];
             if (id < 0 || id >= V)
-                return mg_fail(err, errlen, MG_MODEL_ERR, "ids[%d][%d] = %d is outside [0, %d)", b, t,
+                return mg_fail(err, MG_ERR_ARG, "ids[%d][%d] = %d is outside [0, %d)", b, t,
                             (int)id, V);
             if (t < L) m->inputs[(int64_t)b * L + t] = id;
             if (t > 0) m->targets[(int64_t)b * L + t - 1] = id;
@@ -863,7 +861,7 @@ int mg_model_forward(mg_model *m, const int32_t *ids, const int64_t *lengths, in
     const int64_t Rv = valid_rows(m->rows, m->key_len, B, L);
     /* The logits go where the probabilities will be: softmax is done in
      * place row by row. */
-    rc = forward_core(m, B, L, Rv, 1, training, dropout_seed, m->probs, NULL, err, errlen);
+    rc = forward_core(m, B, L, Rv, 1, training, dropout_seed, m->probs, NULL, err);
     if (rc) return rc;
     const double total = crossentropy_forward(m->probs, m->row_loss, m->probs, m->targets,
                                               m->rows, Rv, V, threads_now());
@@ -881,10 +879,10 @@ int mg_model_forward(mg_model *m, const int32_t *ids, const int64_t *lengths, in
 
 /* ------------------------------------------------------------ backward */
 
-int mg_model_backward(mg_model *m, char *err, size_t errlen) {
-    if (!m) return mg_fail(err, errlen, MG_MODEL_ERR, "model is NULL");
+mg_status mg_model_backward(mg_model *m, mg_error *err) {
+    if (!m) return mg_fail(err, MG_ERR_ARG, "model is NULL");
     if (!m->have_forward)
-        return mg_fail(err, errlen, MG_MODEL_ERR, "backward without a forward (call mg_model_forward first)");
+        return mg_fail(err, MG_ERR_STATE, "backward without a forward (call mg_model_forward first)");
     m->have_forward = 0; /* dlogits overwrite the probabilities */
     const int nt = threads_now();
     const int B = m->B, L = m->L, N = m->cfg.n_layer, d = m->cfg.d_model, F = 4 * d;
@@ -923,8 +921,8 @@ int mg_model_backward(mg_model *m, char *err, size_t errlen) {
                      residual_branch_backward(m->dbranch, m->dx, drop ? a->drop_attn : NULL, Rv * d, nt),
                      m->key_len, B, L, d);
         memset(m->dln, 0, (size_t)R * d * sizeof(float));
-        int rc = attention_backward(m, l, B, L, a->ln1, m->dfc, m->dln, a->attn_cache, m->training,
-                                    m->seed, nt, err, errlen);
+        mg_status rc = attention_backward(m, l, B, L, a->ln1, m->dfc, m->dln, a->attn_cache, m->training,
+                                    m->seed, nt, err);
         if (rc) return rc;
         gather_rows_inplace(m->dln, m->rows, Rv, d);
         mg_layernorm_backward(m->dx, bg->ln1_w, bg->ln1_b, m->dln, a->x, bp->ln1_w, a->ln1_mean,
@@ -937,32 +935,32 @@ int mg_model_backward(mg_model *m, char *err, size_t errlen) {
 
 /* ------------------------------------------------------------ inference */
 
-int mg_model_logits(mg_model *m, const int32_t *ids, const int64_t *lengths, int B, int L,
-                    float *logits, float *attn_weights, char *err, size_t errlen) {
+mg_status mg_model_logits(mg_model *m, const int32_t *ids, const int64_t *lengths, int B, int L,
+                    float *logits, float *attn_weights, mg_error *err) {
     if (!m || !ids || !logits)
-        return mg_fail(err, errlen, MG_MODEL_ERR, "model, ids and logits must be non-NULL");
+        return mg_fail(err, MG_ERR_ARG, "model, ids and logits must be non-NULL");
     if (B < 1 || L < 1 || L > m->cfg.ctx_len)
-        return mg_fail(err, errlen, MG_MODEL_ERR, "batch %d x %d: need B >= 1 and 1 <= L <= ctx_len %d",
+        return mg_fail(err, MG_ERR_ARG, "batch %d x %d: need B >= 1 and 1 <= L <= ctx_len %d",
                     B, L, m->cfg.ctx_len);
     m->have_forward = 0;
     const int64_t R = (int64_t)B * L;
-    int rc = ensure_acts(m, (size_t)R, (size_t)B, 1, err, errlen);
+    mg_status rc = ensure_acts(m, (size_t)R, (size_t)B, 1, err);
     if (rc) return rc;
     for (int b = 0; b < B; b++) {
         int64_t kl = lengths ? lengths[b] : L;
         if (kl < 1 || kl > L)
-            return mg_fail(err, errlen, MG_MODEL_ERR, "lengths[%d] = %lld is outside [1, %d]", b,
+            return mg_fail(err, MG_ERR_ARG, "lengths[%d] = %lld is outside [1, %d]", b,
                         (long long)kl, L);
         m->key_len[b] = kl;
     }
     for (int64_t r = 0; r < R; r++) {
         if (ids[r] < 0 || ids[r] >= m->cfg.vocab_size)
-            return mg_fail(err, errlen, MG_MODEL_ERR, "ids[%lld][%lld] = %d is outside [0, %d)",
+            return mg_fail(err, MG_ERR_ARG, "ids[%lld][%lld] = %d is outside [0, %d)",
                         (long long)(r / L), (long long)(r % L), (int)ids[r], m->cfg.vocab_size);
         m->inputs[r] = ids[r];
     }
     const int64_t Rv = valid_rows(m->rows, m->key_len, B, L);
-    rc = forward_core(m, B, L, Rv, 0, 0, 0, logits, attn_weights, err, errlen);
+    rc = forward_core(m, B, L, Rv, 0, 0, 0, logits, attn_weights, err);
     if (rc) return rc;
     scatter_rows(logits, logits, m->key_len, B, L, m->cfg.vocab_size); /* [Rv, V] -> [B, L, V] */
     return 0;
@@ -970,21 +968,21 @@ int mg_model_logits(mg_model *m, const int32_t *ids, const int64_t *lengths, int
 
 /* ------------------------------------------------------------ causal guard */
 
-int mg_model_causal_guard(mg_model *m, uint64_t seed, char *err, size_t errlen) {
-    if (!m) return mg_fail(err, errlen, MG_MODEL_ERR, "model is NULL");
+mg_status mg_model_causal_guard(mg_model *m, uint64_t seed, mg_error *err) {
+    if (!m) return mg_fail(err, MG_ERR_ARG, "model is NULL");
     const int B = 2, L = m->cfg.ctx_len, V = m->cfg.vocab_size;
     if (L < 2 || V < 2) return 0; /* nothing after a position can change */
     const size_t R = (size_t)B * L;
     int32_t *ids = malloc(R * sizeof(int32_t)), *ids2 = malloc(R * sizeof(int32_t));
     float *lg = malloc(R * V * sizeof(float)), *lg2 = malloc(R * V * sizeof(float));
-    int rc = 0;
+    mg_status rc = MG_OK;
     if (!ids || !ids2 || !lg || !lg2) {
-        rc = mg_fail(err, errlen, MG_MODEL_ERR_NOMEM, "causal guard: out of memory");
+        rc = mg_fail(err, MG_ERR_NOMEM, "causal guard: out of memory");
         goto done;
     }
     uint64_t s = seed ^ 0x6A09E667F3BCC909ull;
     for (size_t i = 0; i < R; i++) ids[i] = (int32_t)(mg_splitmix64(&s) % (uint64_t)V);
-    if ((rc = mg_model_logits(m, ids, NULL, B, L, lg, NULL, err, errlen))) goto done;
+    if ((rc = mg_model_logits(m, ids, NULL, B, L, lg, NULL, err))) goto done;
     const int cuts[4] = {0, L / 3, (2 * L) / 3, L - 2};
     for (int ci = 0; ci < 4; ci++) {
         const int t = cuts[ci];
@@ -994,7 +992,7 @@ int mg_model_causal_guard(mg_model *m, uint64_t seed, char *err, size_t errlen) 
                 int32_t *x = &ids2[(size_t)b * L + u];
                 *x = (int32_t)((*x + 1 + (int32_t)(mg_splitmix64(&s) % (uint64_t)(V - 1))) % V);
             }
-        if ((rc = mg_model_logits(m, ids2, NULL, B, L, lg2, NULL, err, errlen))) goto done;
+        if ((rc = mg_model_logits(m, ids2, NULL, B, L, lg2, NULL, err))) goto done;
         double worst = 0.0;
         int worst_pos = -1;
         for (int b = 0; b < B; b++)
@@ -1008,7 +1006,7 @@ int mg_model_causal_guard(mg_model *m, uint64_t seed, char *err, size_t errlen) 
                     }
                 }
         if (worst > 1e-6) {
-            rc = mg_fail(err, errlen, MG_MODEL_ERR_LEAK,
+            rc = mg_fail(err, MG_ERR_LEAK, 
                       "causal leak: logits at position %d changed by %.2e when the tokens after "
                       "position %d changed",
                       worst_pos, worst, t);
@@ -1041,80 +1039,77 @@ size_t mg_model_st_tensors(const mg_model *m, mg_st_tensor *t, size_t cap) {
     return m->num_tensors;
 }
 
-int mg_model_from_st(const mg_st_file *f, mg_model **out, char *err, size_t errlen) {
-    if (!f || !out) return mg_fail(err, errlen, MG_MODEL_ERR, "file or output pointer is NULL");
+mg_status mg_model_from_st(const mg_st_file *f, mg_model **out, mg_error *err) {
+    if (!f || !out) return mg_fail(err, MG_ERR_ARG, "file or output pointer is NULL");
     *out = NULL;
     const char *cj = mg_st_meta(f, "config");
-    if (!cj) return mg_fail(err, errlen, MG_MODEL_ERR, "not a molgen model: no \"config\" metadata");
+    if (!cj) return mg_fail(err, MG_ERR_FORMAT, "not a molgen model: no \"config\" metadata");
     mg_model_config c;
-    int rc = mg_model_config_from_json(cj, &c, err, errlen);
+    mg_status rc = mg_model_config_from_json(cj, &c, err);
     if (rc) return rc;
     mg_model *m = NULL;
-    if ((rc = mg_model_create(&c, &m, err, errlen))) return rc;
+    if ((rc = mg_model_create(&c, &m, err))) return rc;
     for (size_t i = 0; i < m->num_tensors; i++) {
         const mg_param_info *p = &m->tensors[i];
         float *w = m->params + p->offset;
-        if (mg_st_copy(f, p->name, MG_ST_F32, p->ndim, p->shape, w, p->numel * sizeof(float), err,
-                       errlen)) {
+        if (mg_st_copy(f, p->name, MG_ST_F32, p->ndim, p->shape, w, p->numel * sizeof(float), err)) {
             mg_model_free(m);
-            return MG_MODEL_ERR;
+            return MG_ERR_FORMAT;
         }
         /* an Inf or NaN weight samples garbage; refuse it by name */
         for (size_t k = 0; k < p->numel; k++)
             if (!isfinite(w[k])) {
-                mg_fail(err, errlen, MG_MODEL_ERR, "tensor '%s' holds a non-finite value (%g at "
+                mg_fail(err, MG_ERR_NUMERIC, "tensor '%s' holds a non-finite value (%g at "
                         "element %zu): the model is corrupt", p->name, (double)w[k], k);
                 mg_model_free(m);
-                return MG_MODEL_ERR;
+                return MG_ERR_FORMAT;
             }
     }
     *out = m;
     return 0;
 }
 
-int mg_model_save(const mg_model *m, const mg_vocab *vocab, const char *path, char *err,
-                  size_t errlen) {
-    if (!m || !path) return mg_fail(err, errlen, MG_MODEL_ERR, "model or path is NULL");
+mg_status mg_model_save(const mg_model *m, const mg_vocab *vocab, const char *path, mg_error *err) {
+    if (!m || !path) return mg_fail(err, MG_ERR_ARG, "model or path is NULL");
     mg_st_tensor *t = calloc(m->num_tensors, sizeof *t);
     char cfg[512];
     char *vj = vocab ? mg_vocab_to_json(vocab) : NULL;
     if (!t || (vocab && !vj)) {
         free(t);
         free(vj);
-        return mg_fail(err, errlen, MG_MODEL_ERR_NOMEM, "out of memory saving the model");
+        return mg_fail(err, MG_ERR_NOMEM, "out of memory saving the model");
     }
     mg_model_config_to_json(&m->cfg, cfg, sizeof cfg);
     mg_model_st_tensors(m, t, m->num_tensors);
     mg_st_kv meta[3] = {{"format", "molgen"}, {"config", cfg}, {"vocab", vj}};
-    int rc = mg_st_write(path, t, m->num_tensors, meta, vj ? 3 : 2, err, errlen) ? MG_MODEL_ERR : 0;
+    mg_status rc = mg_st_write(path, t, m->num_tensors, meta, vj ? 3 : 2, err);
     free(t);
     free(vj);
     return rc;
 }
 
-int mg_model_load(const char *path, mg_model **out, mg_vocab **vocab, int *checksummed, char *err,
-                  size_t errlen) {
-    if (!path || !out) return mg_fail(err, errlen, MG_MODEL_ERR, "path or output pointer is NULL");
+mg_status mg_model_load(const char *path, mg_model **out, mg_vocab **vocab, int *checksummed, mg_error *err) {
+    if (!path || !out) return mg_fail(err, MG_ERR_ARG, "path or output pointer is NULL");
     *out = NULL;
     if (vocab) *vocab = NULL;
     mg_st_file *f = NULL;
-    char e[256];
-    if (mg_st_load(path, &f, e, sizeof e)) return mg_fail(err, errlen, MG_MODEL_ERR, "%s", e);
+    mg_error e;
+    if (mg_st_load(path, &f, &e)) return mg_fail(err, e.status, "%s", e.message);
     if (checksummed) *checksummed = mg_st_checksummed(f);
     mg_model *m = NULL;
-    int rc = mg_model_from_st(f, &m, e, sizeof e);
+    mg_status rc = mg_model_from_st(f, &m, &e);
     if (rc) {
         mg_st_free(f);
-        return mg_fail(err, errlen, rc, "%s: %s", path, e);
+        return mg_fail(err, e.status, "%s: %s", path, e.message);
     }
     if (vocab) {
         const char *vj = mg_st_meta(f, "vocab");
         if (!vj) {
-            rc = mg_fail(err, errlen, MG_MODEL_ERR, "%s: no \"vocab\" metadata", path);
-        } else if (mg_vocab_from_json(vj, strlen(vj), vocab, e, sizeof e)) {
-            rc = mg_fail(err, errlen, MG_MODEL_ERR, "%s: vocab: %s", path, e);
+            rc = mg_fail(err, MG_ERR_FORMAT, "%s: no \"vocab\" metadata", path);
+        } else if (mg_vocab_from_json(vj, strlen(vj), vocab, &e)) {
+            rc = mg_fail(err, e.status, "%s: vocab: %s", path, e.message);
         } else if (mg_vocab_size(*vocab) != m->cfg.vocab_size) {
-            rc = mg_fail(err, errlen, MG_MODEL_ERR, "%s: vocab has %d tokens but the model %d", path,
+            rc = mg_fail(err, MG_ERR_FORMAT, "%s: vocab has %d tokens but the model %d", path,
                       mg_vocab_size(*vocab), m->cfg.vocab_size);
         }
         if (rc) {

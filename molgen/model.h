@@ -52,8 +52,8 @@
  * each other). Results are deterministic for a given thread count (and
  * independent of it except for the row split of the products).
  *
- * Conventions: functions return 0 or a negative code, with a one-line
- * message in err[errlen] (err may be NULL). Nothing aborts or prints.
+ * Conventions: errors.h (an mg_status, a one-line message in the caller's
+ * mg_error). Nothing aborts or prints.
  * A model is not thread-safe: forward/logits/backward use its buffers.
  */
 #ifndef MG_MODEL_H
@@ -62,16 +62,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "errors.h"
+
 #include "safetensors.h"
 #include "tokenizer.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-#define MG_MODEL_ERR (-1)       /* bad argument, shape, file */
-#define MG_MODEL_ERR_NOMEM (-2)
-#define MG_MODEL_ERR_LEAK (-3)  /* mg_model_causal_guard found a leak */
 
 typedef struct {
     int n_layer;    /* N blocks, >= 1 */
@@ -95,14 +93,13 @@ typedef struct {
 void mg_model_config_default(mg_model_config *c);
 /* MolGPT's architecture: 8 layers, d_model 256, 8 heads, dropout 0.1. */
 void mg_model_config_molgpt(mg_model_config *c);
-int mg_model_config_check(const mg_model_config *c, char *err, size_t errlen);
+mg_status mg_model_config_check(const mg_model_config *c, mg_error *err);
 /* {"n_layer":4,"d_model":128,"n_head":4,"ctx_len":54,"vocab_size":26,
  *  "dropout":0,"causal":true}; returns the length like snprintf. */
 int mg_model_config_to_json(const mg_model_config *c, char *out, size_t outlen);
 /* Parse the above (all keys but "dropout" and "causal" required; unknown
  * keys are an error) and check the result. */
-int mg_model_config_from_json(const char *json, mg_model_config *c, char *err,
-                              size_t errlen);
+mg_status mg_model_config_from_json(const char *json, mg_model_config *c, mg_error *err);
 
 /* One named parameter tensor: params[offset .. offset + numel). */
 typedef struct {
@@ -117,8 +114,7 @@ typedef struct {
 typedef struct mg_model mg_model;
 
 /* Allocate a model (parameters zero: call mg_model_init or load weights). */
-int mg_model_create(const mg_model_config *c, mg_model **out, char *err,
-                    size_t errlen);
+mg_status mg_model_create(const mg_model_config *c, mg_model **out, mg_error *err);
 void mg_model_free(mg_model *m); /* NULL fine */
 /* GPT-2 init (see above), deterministic in seed. */
 void mg_model_init(mg_model *m, uint64_t seed);
@@ -140,13 +136,13 @@ const mg_param_info *mg_model_find_tensor(const mg_model *m, const char *name);
  * key_lengths = lengths - 1. training != 0 turns dropout on (when
  * cfg.dropout > 0) with masks drawn from dropout_seed. The activations are
  * kept for mg_model_backward. */
-int mg_model_forward(mg_model *m, const int32_t *ids, const int64_t *lengths,
+mg_status mg_model_forward(mg_model *m, const int32_t *ids, const int64_t *lengths,
                      int B, int T, int training, uint64_t dropout_seed,
-                     float *loss, int64_t *ntok, char *err, size_t errlen);
+                     float *loss, int64_t *ntok, mg_error *err);
 
 /* Gradients of the last mg_model_forward's loss into mg_model_grads
  * (OVERWRITTEN, not accumulated). Fails if there was no forward since. */
-int mg_model_backward(mg_model *m, char *err, size_t errlen);
+mg_status mg_model_backward(mg_model *m, mg_error *err);
 
 /* Inference (no dropout, nothing kept for a backward).
  *   ids     [B, L]   input positions (L <= ctx_len), e.g. BOS t1 t2 ...
@@ -157,17 +153,17 @@ int mg_model_backward(mg_model *m, char *err, size_t errlen);
  *   attn_weights  optional [n_layer, B, H, L, L]: each block's attention
  *                 probabilities per head (rows of padded queries included).
  * Position t's logits predict token t + 1. */
-int mg_model_logits(mg_model *m, const int32_t *ids, const int64_t *lengths,
+mg_status mg_model_logits(mg_model *m, const int32_t *ids, const int64_t *lengths,
                     int B, int L, float *logits, float *attn_weights,
-                    char *err, size_t errlen);
+                    mg_error *err);
 
 /* Causal-leak guard: random token rows of length ctx_len; for several cut
  * points t, re-draws every token after t and checks that the logits of
  * positions <= t do not change (max abs difference <= 1e-6; in practice
- * bitwise equal). Returns 0, or MG_MODEL_ERR_LEAK with e.g. "causal leak:
+ * bitwise equal). Returns 0, or MG_ERR_LEAK with e.g. "causal leak:
  * logits at position 3 changed by 2.1e-03 when tokens after position 5
  * changed". Leaves the parameters untouched. */
-int mg_model_causal_guard(mg_model *m, uint64_t seed, char *err, size_t errlen);
+mg_status mg_model_causal_guard(mg_model *m, uint64_t seed, mg_error *err);
 
 /* ------------------------------------------------------------ files */
 
@@ -179,19 +175,18 @@ size_t mg_model_st_tensors(const mg_model *m, mg_st_tensor *t, size_t cap);
 /* Create a model from a loaded safetensors file: the "config" metadata and
  * every parameter tensor (names, F32, exact shapes; other tensors, e.g. an
  * optimizer's, are ignored). */
-int mg_model_from_st(const mg_st_file *f, mg_model **out, char *err,
-                     size_t errlen);
+mg_status mg_model_from_st(const mg_st_file *f, mg_model **out, mg_error *err);
 
 /* Write a model file: parameters + metadata format=molgen, config, vocab
  * (vocab may be NULL: no "vocab" key). Atomic (mg_st_write). */
-int mg_model_save(const mg_model *m, const mg_vocab *vocab, const char *path,
-                  char *err, size_t errlen);
+mg_status mg_model_save(const mg_model *m, const mg_vocab *vocab, const char *path,
+                  mg_error *err);
 /* Load a model file or a training checkpoint; *vocab (may be NULL) gets the
  * stored vocabulary (an error if the file has none); *checksummed (may be
  * NULL) is 1 when the file carried tensor checksums (verified), 0 for a file
  * written before molgen stored them. Every message starts with the path. */
-int mg_model_load(const char *path, mg_model **out, mg_vocab **vocab, int *checksummed,
-                  char *err, size_t errlen);
+mg_status mg_model_load(const char *path, mg_model **out, mg_vocab **vocab, int *checksummed,
+                  mg_error *err);
 
 #ifdef __cplusplus
 }

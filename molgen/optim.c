@@ -29,20 +29,20 @@ void mg_adamw_config_default(mg_adamw_config *c) {
     c->grad_clip = 1.0f;
 }
 
-int mg_adamw_config_check(const mg_adamw_config *c, char *err, size_t errlen) {
-    if (!c) return mg_fail(err, errlen, -1, "optimizer config is NULL");
-    if (!(c->lr > 0.0f && c->lr < 10.0f)) return mg_fail(err, errlen, -1, "lr %g must be in (0, 10)", (double)c->lr);
+mg_status mg_adamw_config_check(const mg_adamw_config *c, mg_error *err) {
+    if (!c) return mg_fail(err, MG_ERR_ARG, "optimizer config is NULL");
+    if (!(c->lr > 0.0f && c->lr < 10.0f)) return mg_fail(err, MG_ERR_ARG, "lr %g must be in (0, 10)", (double)c->lr);
     if (!(c->min_lr_frac >= 0.0f && c->min_lr_frac <= 1.0f))
-        return mg_fail(err, errlen, -1, "min_lr_frac %g must be in [0, 1]", (double)c->min_lr_frac);
-    if (c->warmup_steps < 0) return mg_fail(err, errlen, -1, "warmup_steps must be >= 0");
-    if (c->total_steps < 1) return mg_fail(err, errlen, -1, "total_steps must be >= 1");
+        return mg_fail(err, MG_ERR_ARG, "min_lr_frac %g must be in [0, 1]", (double)c->min_lr_frac);
+    if (c->warmup_steps < 0) return mg_fail(err, MG_ERR_ARG, "warmup_steps must be >= 0");
+    if (c->total_steps < 1) return mg_fail(err, MG_ERR_ARG, "total_steps must be >= 1");
     if (!(c->beta1 >= 0.0f && c->beta1 < 1.0f) || !(c->beta2 >= 0.0f && c->beta2 < 1.0f))
-        return mg_fail(err, errlen, -1, "betas (%g, %g) must be in [0, 1)", (double)c->beta1, (double)c->beta2);
-    if (!(c->eps > 0.0f)) return mg_fail(err, errlen, -1, "eps must be > 0");
+        return mg_fail(err, MG_ERR_ARG, "betas (%g, %g) must be in [0, 1)", (double)c->beta1, (double)c->beta2);
+    if (!(c->eps > 0.0f)) return mg_fail(err, MG_ERR_ARG, "eps must be > 0");
     if (!(c->weight_decay >= 0.0f && c->weight_decay < 1.0f))
-        return mg_fail(err, errlen, -1, "weight_decay %g must be in [0, 1)", (double)c->weight_decay);
+        return mg_fail(err, MG_ERR_ARG, "weight_decay %g must be in [0, 1)", (double)c->weight_decay);
     if (!(c->grad_clip >= 0.0f))
-        return mg_fail(err, errlen, -1, "grad_clip %g must be >= 0 (0 = off)", (double)c->grad_clip);
+        return mg_fail(err, MG_ERR_ARG, "grad_clip %g must be >= 0 (0 = off)", (double)c->grad_clip);
     return 0;
 }
 
@@ -56,36 +56,36 @@ int mg_adamw_config_to_json(const mg_adamw_config *c, char *out, size_t outlen) 
                     (double)c->weight_decay, (double)c->grad_clip);
 }
 
-int mg_adamw_config_from_json(const char *json, mg_adamw_config *c, char *err, size_t errlen) {
-    if (!json || !c) return mg_fail(err, errlen, -1, "optimizer JSON or output is NULL");
+mg_status mg_adamw_config_from_json(const char *json, mg_adamw_config *c, mg_error *err) {
+    if (!json || !c) return mg_fail(err, MG_ERR_ARG, "optimizer JSON or output is NULL");
     mg_json *j = NULL;
-    char jerr[200];
-    if (mg_json_parse(json, strlen(json), &j, jerr, sizeof jerr))
-        return mg_fail(err, errlen, -1, "optimizer config JSON: %s", jerr);
+    mg_error jerr;
+    if (mg_json_parse(json, strlen(json), &j, &jerr))
+        return mg_fail(err, jerr.status, "optimizer config JSON: %s", jerr.message);
     static const char *const keys[] = {"lr", "min_lr_frac", "warmup_steps", "total_steps", "beta1",
                                        "beta2", "eps", "weight_decay", "grad_clip"};
     double val[9];
-    int rc = 0;
+    mg_status rc = MG_OK;
     if (j->type != MG_JSON_OBJECT) {
-        rc = mg_fail(err, errlen, -1, "optimizer config JSON is not an object");
+        rc = mg_fail(err, MG_ERR_FORMAT, "optimizer config JSON is not an object");
         goto done;
     }
     for (size_t i = 0; i < j->len; i++) {
         int known = 0;
         for (int k = 0; k < 9; k++) known |= !strcmp(j->keys[i], keys[k]);
         if (!known) {
-            rc = mg_fail(err, errlen, -1, "optimizer config: unknown key \"%s\"", j->keys[i]);
+            rc = mg_fail(err, MG_ERR_FORMAT, "optimizer config: unknown key \"%s\"", j->keys[i]);
             goto done;
         }
     }
     for (int k = 0; k < 9; k++) {
         const mg_json *v = mg_json_get(j, keys[k]);
         if (!v || v->type != MG_JSON_NUMBER) {
-            rc = mg_fail(err, errlen, -1, "optimizer config: \"%s\" missing or not a number", keys[k]);
+            rc = mg_fail(err, MG_ERR_FORMAT, "optimizer config: \"%s\" missing or not a number", keys[k]);
             goto done;
         }
         if ((k == 2 || k == 3) && (!v->is_int || v->integer < 0)) { /* step counts */
-            rc = mg_fail(err, errlen, -1, "optimizer config: \"%s\" must be an integer >= 0",
+            rc = mg_fail(err, MG_ERR_FORMAT, "optimizer config: \"%s\" must be an integer >= 0",
                          keys[k]);
             goto done;
         }
@@ -101,7 +101,7 @@ int mg_adamw_config_from_json(const char *json, mg_adamw_config *c, char *err, s
     r.eps = (float)val[6];
     r.weight_decay = (float)val[7];
     r.grad_clip = (float)val[8];
-    if ((rc = mg_adamw_config_check(&r, err, errlen))) goto done;
+    if ((rc = mg_adamw_config_check(&r, err))) goto done;
     *c = r;
 done:
     mg_json_free(j);
@@ -118,20 +118,21 @@ float mg_lr_at(const mg_adamw_config *c, int64_t s) {
     return (float)(floor_lr + ((double)c->lr - floor_lr) * 0.5 * (1.0 + cos(3.141592653589793 * prog)));
 }
 
-int mg_adamw_init(mg_adamw *o, const mg_adamw_config *c, size_t n, const mg_optim_span *spans,
-                  size_t nspans, char *err, size_t errlen) {
-    if (!o) return mg_fail(err, errlen, -1, "optimizer is NULL");
+mg_status mg_adamw_init(mg_adamw *o, const mg_adamw_config *c, size_t n, const mg_optim_span *spans,
+                  size_t nspans, mg_error *err) {
+    mg_status rc_;
+    if (!o) return mg_fail(err, MG_ERR_ARG, "optimizer is NULL");
     memset(o, 0, sizeof *o);
-    if (mg_adamw_config_check(c, err, errlen)) return -1;
-    if (n == 0 || !spans || nspans == 0) return mg_fail(err, errlen, -1, "no parameters or spans");
+    if ((rc_ = mg_adamw_config_check(c, err))) return rc_;
+    if (n == 0 || !spans || nspans == 0) return mg_fail(err, MG_ERR_ARG, "no parameters or spans");
     size_t at = 0;
     for (size_t i = 0; i < nspans; i++) {
         if (spans[i].offset != at || spans[i].numel == 0)
-            return mg_fail(err, errlen, -1, "span %zu starts at %zu, expected %zu (spans must tile the buffer)",
+            return mg_fail(err, MG_ERR_ARG, "span %zu starts at %zu, expected %zu (spans must tile the buffer)",
                         i, spans[i].offset, at);
         at += spans[i].numel;
     }
-    if (at != n) return mg_fail(err, errlen, -1, "spans cover %zu parameters, not %zu", at, n);
+    if (at != n) return mg_fail(err, MG_ERR_ARG, "spans cover %zu parameters, not %zu", at, n);
     o->cfg = *c;
     o->n = n;
     o->m = calloc(n, sizeof(float));
@@ -139,7 +140,7 @@ int mg_adamw_init(mg_adamw *o, const mg_adamw_config *c, size_t n, const mg_opti
     o->spans = malloc(nspans * sizeof *spans);
     if (!o->m || !o->v || !o->spans) {
         mg_adamw_free(o);
-        return mg_fail(err, errlen, -1, "out of memory for the optimizer state (%zu parameters)", n);
+        return mg_fail(err, MG_ERR_NOMEM, "out of memory for the optimizer state (%zu parameters)", n);
     }
     memcpy(o->spans, spans, nspans * sizeof *spans);
     o->nspans = nspans;
@@ -198,15 +199,15 @@ MG_CLONES static void adamw_update(float *p, float *g, float *m, float *v, int64
     }
 }
 
-int mg_adamw_step(mg_adamw *o, float *params, float *grads, float *grad_norm, float *lr_used,
-                  char *err, size_t errlen) {
-    if (!o || !o->m || !params || !grads) return mg_fail(err, errlen, -1, "optimizer not initialised or NULL buffers");
+mg_status mg_adamw_step(mg_adamw *o, float *params, float *grads, float *grad_norm, float *lr_used,
+                  mg_error *err) {
+    if (!o || !o->m || !params || !grads) return mg_fail(err, MG_ERR_ARG, "optimizer not initialised or NULL buffers");
     int nt = attn_get_num_threads();
     if (nt < 1) nt = 1;
     const double norm = sqrt(sum_squares(grads, o->n, nt));
     if (grad_norm) *grad_norm = (float)norm;
     if (!isfinite(norm))
-        return mg_fail(err, errlen, -1, "gradient norm is %g at step %lld (diverged?)", norm,
+        return mg_fail(err, MG_ERR_NUMERIC, "gradient norm is %g at step %lld (diverged?)", norm,
                     (long long)o->step);
     const float lr = mg_lr_at(&o->cfg, o->step);
     if (lr_used) *lr_used = lr;

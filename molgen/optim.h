@@ -26,6 +26,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "errors.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -43,11 +45,11 @@ typedef struct {
 /* lr 2e-3, floor 0.1, warm-up 100, total 1000, betas (0.9, 0.95), eps 1e-8,
  * weight decay 0.1, clip 1.0. */
 void mg_adamw_config_default(mg_adamw_config *c);
-int mg_adamw_config_check(const mg_adamw_config *c, char *err, size_t errlen);
+mg_status mg_adamw_config_check(const mg_adamw_config *c, mg_error *err);
 /* JSON object of every field, and back (all keys required, unknown keys an
  * error); _to_json returns the length like snprintf. */
 int mg_adamw_config_to_json(const mg_adamw_config *c, char *out, size_t outlen);
-int mg_adamw_config_from_json(const char *json, mg_adamw_config *c, char *err, size_t errlen);
+mg_status mg_adamw_config_from_json(const char *json, mg_adamw_config *c, mg_error *err);
 
 /* Learning rate used by step s (0-based). */
 float mg_lr_at(const mg_adamw_config *c, int64_t s);
@@ -69,17 +71,16 @@ typedef struct {
 
 /* Allocate for n parameters with zero moments and step 0. The spans must
  * cover [0, n) exactly, in order, without overlap. */
-int mg_adamw_init(mg_adamw *o, const mg_adamw_config *c, size_t n,
-                  const mg_optim_span *spans, size_t nspans, char *err,
-                  size_t errlen);
+mg_status mg_adamw_init(mg_adamw *o, const mg_adamw_config *c, size_t n,
+                  const mg_optim_span *spans, size_t nspans, mg_error *err);
 void mg_adamw_free(mg_adamw *o); /* zeroes it; NULL fine */
 
 /* One update of params [n] from grads [n] (grads are scaled in place when
  * clipped). *grad_norm (may be NULL): the norm before clipping; *lr_used
  * (may be NULL): the learning rate of this step. A non-finite norm is an
  * error (-1, nothing updated, step unchanged). */
-int mg_adamw_step(mg_adamw *o, float *params, float *grads, float *grad_norm,
-                  float *lr_used, char *err, size_t errlen);
+mg_status mg_adamw_step(mg_adamw *o, float *params, float *grads, float *grad_norm,
+                  float *lr_used, mg_error *err);
 
 #ifdef __cplusplus
 }

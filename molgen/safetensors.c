@@ -37,21 +37,20 @@ uint32_t mg_st_crc32(const void *p, size_t n)
 typedef struct {
     const char *s;
     size_t len, pos;
-    char *err;
-    size_t errlen;
+    mg_error *err;
     int failed;
 } jparser;
 
 static int jfail(jparser *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static int jfail(jparser *p, const char *fmt, ...)
 {
-    if (!p->failed && p->err && p->errlen > 0) {
+    if (!p->failed && p->err) {
         char msg[160];
         va_list ap;
         va_start(ap, fmt);
         vsnprintf(msg, sizeof msg, fmt, ap);
         va_end(ap);
-        snprintf(p->err, p->errlen, "JSON error at byte %zu: %s", p->pos, msg);
+        mg_fail(p->err, MG_ERR_FORMAT, "JSON error at byte %zu: %s", p->pos, msg);
     }
     p->failed = 1;
     return -1;
@@ -440,24 +439,24 @@ static int jparse_value(jparser *p, mg_json *j, int depth)
     }
 }
 
-int mg_json_parse(const char *text, size_t len, mg_json **out, char *err, size_t errlen)
+mg_status mg_json_parse(const char *text, size_t len, mg_json **out, mg_error *err)
 {
     if (!out || (!text && len > 0))
-        return mg_fail(err, errlen, -1, "mg_json_parse: bad argument");
+        return mg_fail(err, MG_ERR_ARG, "mg_json_parse: bad argument");
     *out = NULL;
     mg_json *j = calloc(1, sizeof *j);
     if (!j)
-        return mg_fail(err, errlen, -1, "out of memory");
-    jparser p = {text, len, 0, err, errlen, 0};
+        return mg_fail(err, MG_ERR_NOMEM, "out of memory");
+    jparser p = {text, len, 0, err, 0};
     if (jparse_value(&p, j, 0)) {
         mg_json_free(j);
-        return -1;
+        return MG_ERR_FORMAT;
     }
     jskip_ws(&p);
     if (p.pos != len) {
         jfail(&p, "trailing characters after the value");
         mg_json_free(j);
-        return -1;
+        return MG_ERR_FORMAT;
     }
     *out = j;
     return 0;
@@ -629,21 +628,21 @@ static int cmp_span(const void *a, const void *b)
 
 /* The checksums in __metadata__[MG_ST_CHECKSUM_KEY], when present, must name
  * exactly the file's tensors and match their bytes. */
-static int verify_checksums(mg_st_file *f, char *err, size_t errlen)
+static mg_status verify_checksums(mg_st_file *f, mg_error *err)
 {
     const char *cs = f->checksums;
     if (!cs)
         return 0;
     mg_json *j = NULL;
-    char e[160];
-    if (mg_json_parse(cs, strlen(cs), &j, e, sizeof e) || j->type != MG_JSON_OBJECT) {
+    mg_error e;
+    if (mg_json_parse(cs, strlen(cs), &j, &e) || j->type != MG_JSON_OBJECT) {
         mg_json_free(j);
-        return mg_fail(err, errlen, -1, "the checksum table (metadata '%s') is corrupt%s%s",
-                       MG_ST_CHECKSUM_KEY, j ? "" : ": ", j ? "" : e);
+        return mg_fail(err, MG_ERR_FORMAT, "the checksum table (metadata '%s') is corrupt%s%s",
+                       MG_ST_CHECKSUM_KEY, j ? "" : ": ", j ? "" : e.message);
     }
-    int rc = 0;
+    mg_status rc = MG_OK;
     if (j->len != f->nt)
-        rc = mg_fail(err, errlen, -1, "the checksum table lists %zu tensors, the file has %zu", j->len,
+        rc = mg_fail(err, MG_ERR_FORMAT, "the checksum table lists %zu tensors, the file has %zu", j->len,
                      f->nt);
     for (size_t k = 0; !rc && k < f->nt; k++) {
         const mg_st_tensor *x = &f->t[k];
@@ -652,10 +651,10 @@ static int verify_checksums(mg_st_file *f, char *err, size_t errlen)
         unsigned long want = v && v->type == MG_JSON_STRING && strlen(v->str) == 8
                                  ? strtoul(v->str, &end, 16) : 0;
         if (!end || *end)
-            rc = mg_fail(err, errlen, -1, "the checksum table has no valid entry for tensor '%.60s'",
+            rc = mg_fail(err, MG_ERR_FORMAT, "the checksum table has no valid entry for tensor '%.60s'",
                          x->name);
         else if ((uint32_t)want != mg_st_crc32(x->data, x->nbytes))
-            rc = mg_fail(err, errlen, -1,
+            rc = mg_fail(err, MG_ERR_FORMAT, 
                          "tensor '%.60s' fails its checksum (CRC-32 %08x, recorded %08lx): the "
                          "file is corrupt", x->name, (unsigned)mg_st_crc32(x->data, x->nbytes), want);
     }
@@ -666,36 +665,36 @@ static int verify_checksums(mg_st_file *f, char *err, size_t errlen)
 
 /* Validate the header (text hdr[0..hlen)) against a byte buffer of dlen
  * bytes; takes ownership of data on success and failure. */
-static int st_build(const char *hdr, size_t hlen, unsigned char *data, size_t dlen,
-                    mg_st_file **out, char *err, size_t errlen)
+static mg_status st_build(const char *hdr, size_t hlen, unsigned char *data, size_t dlen,
+                    mg_st_file **out, mg_error *err)
 {
     *out = NULL;
     mg_st_file *f = calloc(1, sizeof *f);
     if (!f) {
         free(data);
-        return mg_fail(err, errlen, -1, "out of memory");
+        return mg_fail(err, MG_ERR_NOMEM, "out of memory");
     }
     f->data = data;
     f->data_len = dlen;
     span64 *sp = NULL;
-    char e2[200];
+    mg_error e2;
     if (hlen == 0 || hdr[0] != '{') {
-        mg_fail(err, errlen, -1, "not a safetensors file: header does not start with '{'");
+        mg_fail(err, MG_ERR_FORMAT, "not a safetensors file: header does not start with '{'");
         goto fail;
     }
-    if (mg_json_parse(hdr, hlen, &f->hdr, e2, sizeof e2)) {
-        mg_fail(err, errlen, -1, "safetensors header: %s", e2);
+    if (mg_json_parse(hdr, hlen, &f->hdr, &e2)) {
+        mg_fail(err, e2.status, "safetensors header: %s", e2.message);
         goto fail;
     }
     const mg_json *h = f->hdr;
     if (h->type != MG_JSON_OBJECT) {
-        mg_fail(err, errlen, -1, "safetensors header: not a JSON object");
+        mg_fail(err, MG_ERR_FORMAT, "safetensors header: not a JSON object");
         goto fail;
     }
     f->t = calloc(h->len ? h->len : 1, sizeof *f->t);
     sp = calloc(h->len ? h->len : 1, sizeof *sp);
     if (!f->t || !sp) {
-        mg_fail(err, errlen, -1, "out of memory");
+        mg_fail(err, MG_ERR_NOMEM, "out of memory");
         goto fail;
     }
     for (size_t i = 0; i < h->len; i++) {
@@ -703,18 +702,18 @@ static int st_build(const char *hdr, size_t hlen, unsigned char *data, size_t dl
         const mg_json *e = &h->items[i];
         if (strcmp(name, "__metadata__") == 0) {
             if (e->type != MG_JSON_OBJECT) {
-                mg_fail(err, errlen, -1, "safetensors header: __metadata__ is not an object");
+                mg_fail(err, MG_ERR_FORMAT, "safetensors header: __metadata__ is not an object");
                 goto fail;
             }
             f->mkey = calloc(e->len ? e->len : 1, sizeof *f->mkey);
             f->mval = calloc(e->len ? e->len : 1, sizeof *f->mval);
             if (!f->mkey || !f->mval) {
-                mg_fail(err, errlen, -1, "out of memory");
+                mg_fail(err, MG_ERR_NOMEM, "out of memory");
                 goto fail;
             }
             for (size_t k = 0; k < e->len; k++) {
                 if (e->items[k].type != MG_JSON_STRING) {
-                    mg_fail(err, errlen, -1,
+                    mg_fail(err, MG_ERR_FORMAT, 
                             "safetensors header: __metadata__ value of '%.60s' is not a string",
                             e->keys[k]);
                     goto fail;
@@ -730,7 +729,7 @@ static int st_build(const char *hdr, size_t hlen, unsigned char *data, size_t dl
             continue;
         }
         if (e->type != MG_JSON_OBJECT) {
-            mg_fail(err, errlen, -1, "tensor '%.60s': entry is not an object", name);
+            mg_fail(err, MG_ERR_FORMAT, "tensor '%.60s': entry is not an object", name);
             goto fail;
         }
         const mg_json *jd = NULL, *js = NULL, *jo = NULL;
@@ -742,31 +741,31 @@ static int st_build(const char *hdr, size_t hlen, unsigned char *data, size_t dl
             else if (strcmp(e->keys[k], "data_offsets") == 0)
                 jo = &e->items[k];
             else {
-                mg_fail(err, errlen, -1, "tensor '%.60s': unexpected field '%.40s'", name,
+                mg_fail(err, MG_ERR_FORMAT, "tensor '%.60s': unexpected field '%.40s'", name,
                         e->keys[k]);
                 goto fail;
             }
         }
         if (!jd || !js || !jo) {
-            mg_fail(err, errlen, -1, "tensor '%.60s': missing %s", name,
+            mg_fail(err, MG_ERR_FORMAT, "tensor '%.60s': missing %s", name,
                     !jd ? "dtype" : !js ? "shape" : "data_offsets");
             goto fail;
         }
         mg_st_tensor *x = &f->t[f->nt];
         x->name = name;
         if (jd->type != MG_JSON_STRING || mg_st_dtype_parse(jd->str, &x->dtype)) {
-            mg_fail(err, errlen, -1, "tensor '%.60s': unknown dtype %s%.20s%s", name,
+            mg_fail(err, MG_ERR_FORMAT, "tensor '%.60s': unknown dtype %s%.20s%s", name,
                     jd->type == MG_JSON_STRING ? "'" : "(not a string)",
                     jd->type == MG_JSON_STRING ? jd->str : "",
                     jd->type == MG_JSON_STRING ? "'" : "");
             goto fail;
         }
         if (js->type != MG_JSON_ARRAY) {
-            mg_fail(err, errlen, -1, "tensor '%.60s': shape is not an array", name);
+            mg_fail(err, MG_ERR_FORMAT, "tensor '%.60s': shape is not an array", name);
             goto fail;
         }
         if (js->len > MG_ST_MAX_DIMS) {
-            mg_fail(err, errlen, -1, "tensor '%.60s': %zu dimensions, more than the %d supported",
+            mg_fail(err, MG_ERR_FORMAT, "tensor '%.60s': %zu dimensions, more than the %d supported",
                     name, js->len, MG_ST_MAX_DIMS);
             goto fail;
         }
@@ -774,32 +773,32 @@ static int st_build(const char *hdr, size_t hlen, unsigned char *data, size_t dl
         for (size_t d = 0; d < js->len; d++) {
             const mg_json *v = &js->items[d];
             if (v->type != MG_JSON_NUMBER || !v->is_int || v->integer < 0) {
-                mg_fail(err, errlen, -1, "tensor '%.60s': shape[%zu] is not a non-negative integer",
+                mg_fail(err, MG_ERR_FORMAT, "tensor '%.60s': shape[%zu] is not a non-negative integer",
                         name, d);
                 goto fail;
             }
             x->shape[d] = v->integer;
         }
         if (jo->type != MG_JSON_ARRAY || jo->len != 2) {
-            mg_fail(err, errlen, -1, "tensor '%.60s': data_offsets is not a [begin, end] pair", name);
+            mg_fail(err, MG_ERR_FORMAT, "tensor '%.60s': data_offsets is not a [begin, end] pair", name);
             goto fail;
         }
         for (int k = 0; k < 2; k++) {
             const mg_json *v = &jo->items[k];
             if (v->type != MG_JSON_NUMBER || !v->is_int || v->integer < 0) {
-                mg_fail(err, errlen, -1,
+                mg_fail(err, MG_ERR_FORMAT, 
                         "tensor '%.60s': data_offsets[%d] is not a non-negative integer", name, k);
                 goto fail;
             }
         }
         uint64_t b = (uint64_t)jo->items[0].integer, en = (uint64_t)jo->items[1].integer;
         if (b > en) {
-            mg_fail(err, errlen, -1, "tensor '%.60s': data_offsets [%llu, %llu] reversed", name,
+            mg_fail(err, MG_ERR_FORMAT, "tensor '%.60s': data_offsets [%llu, %llu] reversed", name,
                     (unsigned long long)b, (unsigned long long)en);
             goto fail;
         }
         if (en > dlen) {
-            mg_fail(err, errlen, -1,
+            mg_fail(err, MG_ERR_FORMAT, 
                     "tensor '%.60s': data_offsets [%llu, %llu] beyond the %zu-byte data buffer "
                     "(truncated file?)",
                     name, (unsigned long long)b, (unsigned long long)en, dlen);
@@ -809,11 +808,11 @@ static int st_build(const char *hdr, size_t hlen, unsigned char *data, size_t dl
         char shp[160];
         shape_str(x->shape, x->ndim, shp, sizeof shp);
         if (mg_st_nbytes(x->shape, x->ndim, mg_st_dtype_size(x->dtype), &nb)) {
-            mg_fail(err, errlen, -1, "tensor '%.60s': shape %s overflows", name, shp);
+            mg_fail(err, MG_ERR_FORMAT, "tensor '%.60s': shape %s overflows", name, shp);
             goto fail;
         }
         if (nb != en - b) {
-            mg_fail(err, errlen, -1,
+            mg_fail(err, MG_ERR_FORMAT, 
                     "tensor '%.60s': %s %s needs %llu bytes but data_offsets span %llu", name,
                     mg_st_dtype_name(x->dtype), shp, (unsigned long long)nb,
                     (unsigned long long)(en - b));
@@ -831,12 +830,12 @@ static int st_build(const char *hdr, size_t hlen, unsigned char *data, size_t dl
     for (size_t k = 0; k < f->nt; k++) {
         const char *nm = f->t[sp[k].idx].name;
         if (sp[k].begin < at) {
-            mg_fail(err, errlen, -1, "tensor '%.60s': data_offsets [%llu, %llu] overlap another tensor",
+            mg_fail(err, MG_ERR_FORMAT, "tensor '%.60s': data_offsets [%llu, %llu] overlap another tensor",
                     nm, (unsigned long long)sp[k].begin, (unsigned long long)sp[k].end);
             goto fail;
         }
         if (sp[k].begin > at) {
-            mg_fail(err, errlen, -1,
+            mg_fail(err, MG_ERR_FORMAT, 
                     "tensor '%.60s': data_offsets begin at %llu, leaving a hole after byte %llu",
                     nm, (unsigned long long)sp[k].begin, (unsigned long long)at);
             goto fail;
@@ -844,19 +843,19 @@ static int st_build(const char *hdr, size_t hlen, unsigned char *data, size_t dl
         at = sp[k].end;
     }
     if (at != dlen) {
-        mg_fail(err, errlen, -1,
+        mg_fail(err, MG_ERR_FORMAT, 
                 "data buffer has %zu bytes but the tensors cover %llu (trailing garbage or "
                 "truncation)",
                 dlen, (unsigned long long)at);
         goto fail;
     }
-    if (verify_checksums(f, err, errlen))
+    if (verify_checksums(f, err))
         goto fail;
     /* reorder tensors by offset */
     {
         mg_st_tensor *sorted = calloc(f->nt ? f->nt : 1, sizeof *sorted);
         if (!sorted) {
-            mg_fail(err, errlen, -1, "out of memory");
+            mg_fail(err, MG_ERR_NOMEM, "out of memory");
             goto fail;
         }
         for (size_t k = 0; k < f->nt; k++)
@@ -881,67 +880,68 @@ static uint64_t rd_le64(const unsigned char *b)
     return v;
 }
 
-static int check_sizes(uint64_t n, size_t total, char *err, size_t errlen)
+static mg_status check_sizes(uint64_t n, size_t total, mg_error *err)
 {
     if (total < 8)
-        return mg_fail(err, errlen, -1, "not a safetensors file: %zu bytes, shorter than the 8-byte "
+        return mg_fail(err, MG_ERR_FORMAT, "not a safetensors file: %zu bytes, shorter than the 8-byte "
                                     "header size",
                        total);
     if (n > MG_ST_MAX_HEADER)
-        return mg_fail(err, errlen, -1,
+        return mg_fail(err, MG_ERR_FORMAT, 
                        "not a safetensors file: header size %llu is absurd (limit %u)",
                        (unsigned long long)n, MG_ST_MAX_HEADER);
     if (n > total - 8)
-        return mg_fail(err, errlen, -1,
+        return mg_fail(err, MG_ERR_FORMAT, 
                        "header size %llu larger than the rest of the file (%zu bytes): "
                        "truncated or not a safetensors file",
                        (unsigned long long)n, total - 8);
     return 0;
 }
 
-int mg_st_parse(const void *buf, size_t len, mg_st_file **out, char *err, size_t errlen)
+mg_status mg_st_parse(const void *buf, size_t len, mg_st_file **out, mg_error *err)
 {
+    mg_status rc_;
     if (!out || (!buf && len > 0))
-        return mg_fail(err, errlen, -1, "mg_st_parse: bad argument");
+        return mg_fail(err, MG_ERR_ARG, "mg_st_parse: bad argument");
     *out = NULL;
     if (!mg_st_host_le())
-        return mg_fail(err, errlen, -1, "safetensors reader: big-endian hosts are not supported");
+        return mg_fail(err, MG_ERR_FORMAT, "safetensors reader: big-endian hosts are not supported");
     const unsigned char *b = buf;
     uint64_t n = len >= 8 ? rd_le64(b) : 0;
-    if (check_sizes(n, len, err, errlen))
-        return -1;
+    if ((rc_ = check_sizes(n, len, err)))
+        return rc_;
     size_t dlen = len - 8 - (size_t)n;
     unsigned char *data = malloc(dlen ? dlen : 1);
     if (!data)
-        return mg_fail(err, errlen, -1, "out of memory");
+        return mg_fail(err, MG_ERR_NOMEM, "out of memory");
     if (dlen)
         memcpy(data, b + 8 + n, dlen);
-    return st_build((const char *)b + 8, (size_t)n, data, dlen, out, err, errlen);
+    return st_build((const char *)b + 8, (size_t)n, data, dlen, out, err);
 }
 
-int mg_st_load(const char *path, mg_st_file **out, char *err, size_t errlen)
+mg_status mg_st_load(const char *path, mg_st_file **out, mg_error *err)
 {
     if (!out || !path)
-        return mg_fail(err, errlen, -1, "mg_st_load: bad argument");
+        return mg_fail(err, MG_ERR_ARG, "mg_st_load: bad argument");
     *out = NULL;
     if (!mg_st_host_le())
-        return mg_fail(err, errlen, -1, "safetensors reader: big-endian hosts are not supported");
+        return mg_fail(err, MG_ERR_FORMAT, "safetensors reader: big-endian hosts are not supported");
     FILE *f = fopen(path, "rb");
     if (!f)
-        return mg_fail(err, errlen, -1, "cannot open %s: %s", path, strerror(errno));
+        return mg_fail(err, MG_ERR_IO, "cannot open %s: %s", path, strerror(errno));
     struct stat st;
     if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
         fclose(f);
-        return mg_fail(err, errlen, -1, "%s: not a regular file", path);
+        return mg_fail(err, MG_ERR_IO, "%s: not a regular file", path);
     }
     size_t total = (size_t)st.st_size;
     unsigned char n8[8] = {0};
     size_t got = fread(n8, 1, 8, f);
     uint64_t n = rd_le64(n8);
-    char e2[256];
-    if (check_sizes(n, got < 8 ? got : total, e2, sizeof e2)) {
+    mg_error e2;
+    if (check_sizes(n, got < 8 ? got : total, &e2)) {
         fclose(f);
-        return mg_fail(err, errlen, -1, "%s: %s", path, e2);
+        return mg_fail(err, e2.status, "%s: %s", path, e2.message);
     }
     char *hdr = malloc(n ? (size_t)n : 1);
     size_t dlen = total - 8 - (size_t)n;
@@ -950,19 +950,19 @@ int mg_st_load(const char *path, mg_st_file **out, char *err, size_t errlen)
         free(hdr);
         free(data);
         fclose(f);
-        return mg_fail(err, errlen, -1, "%s: out of memory", path);
+        return mg_fail(err, MG_ERR_NOMEM, "%s: out of memory", path);
     }
     if (fread(hdr, 1, (size_t)n, f) != (size_t)n || fread(data, 1, dlen, f) != dlen) {
         free(hdr);
         free(data);
         fclose(f);
-        return mg_fail(err, errlen, -1, "%s: short read (file changed while reading?)", path);
+        return mg_fail(err, MG_ERR_IO, "%s: short read (file changed while reading?)", path);
     }
     fclose(f);
-    int rc = st_build(hdr, (size_t)n, data, dlen, out, e2, sizeof e2);
+    mg_status rc = st_build(hdr, (size_t)n, data, dlen, out, &e2);
     free(hdr);
     if (rc)
-        return mg_fail(err, errlen, -1, "%s: %s", path, e2);
+        return mg_fail(err, e2.status, "%s: %s", path, e2.message);
     return 0;
 }
 
@@ -988,15 +988,14 @@ const mg_st_tensor *mg_st_find(const mg_st_file *f, const char *name)
     return NULL;
 }
 
-static int check_tensor(const mg_st_file *f, const char *name, mg_st_dtype dtype, int ndim,
-                        const int64_t *shape, const mg_st_tensor **out, char *err,
-                        size_t errlen)
+static mg_status check_tensor(const mg_st_file *f, const char *name, mg_st_dtype dtype, int ndim,
+                        const int64_t *shape, const mg_st_tensor **out, mg_error *err)
 {
     const mg_st_tensor *x = mg_st_find(f, name);
     if (!x)
-        return mg_fail(err, errlen, -1, "tensor '%s' not found", name ? name : "(null)");
+        return mg_fail(err, MG_ERR_FORMAT, "tensor '%s' not found", name ? name : "(null)");
     if (x->dtype != dtype)
-        return mg_fail(err, errlen, -1, "tensor '%s': dtype %s, expected %s", name,
+        return mg_fail(err, MG_ERR_FORMAT, "tensor '%s': dtype %s, expected %s", name,
                        mg_st_dtype_name(x->dtype),
                        mg_st_dtype_name(dtype) ? mg_st_dtype_name(dtype) : "(invalid)");
     int same = x->ndim == ndim && (ndim == 0 || shape);
@@ -1009,37 +1008,39 @@ static int check_tensor(const mg_st_file *f, const char *name, mg_st_dtype dtype
             shape_str(shape, ndim, b, sizeof b);
         else
             snprintf(b, sizeof b, "(ndim %d)", ndim);
-        return mg_fail(err, errlen, -1, "tensor '%s': shape %s, expected %s", name, a, b);
+        return mg_fail(err, MG_ERR_FORMAT, "tensor '%s': shape %s, expected %s", name, a, b);
     }
     *out = x;
     return 0;
 }
 
-int mg_st_get(const mg_st_file *f, const char *name, mg_st_dtype dtype, int ndim,
-              const int64_t *shape, const void **data, char *err, size_t errlen)
+mg_status mg_st_get(const mg_st_file *f, const char *name, mg_st_dtype dtype, int ndim,
+              const int64_t *shape, const void **data, mg_error *err)
 {
+    mg_status rc_;
     const mg_st_tensor *x;
     if (data)
         *data = NULL;
-    if (check_tensor(f, name, dtype, ndim, shape, &x, err, errlen))
-        return -1;
+    if ((rc_ = check_tensor(f, name, dtype, ndim, shape, &x, err)))
+        return rc_;
     size_t es = mg_st_dtype_size(x->dtype);
     if (((uintptr_t)x->data) % es != 0)
-        return mg_fail(err, errlen, -1, "tensor '%s': data not aligned to %zu bytes; use mg_st_copy",
+        return mg_fail(err, MG_ERR_FORMAT, "tensor '%s': data not aligned to %zu bytes; use mg_st_copy",
                        name, es);
     if (data)
         *data = x->data;
     return 0;
 }
 
-int mg_st_copy(const mg_st_file *f, const char *name, mg_st_dtype dtype, int ndim,
-               const int64_t *shape, void *dst, size_t dst_bytes, char *err, size_t errlen)
+mg_status mg_st_copy(const mg_st_file *f, const char *name, mg_st_dtype dtype, int ndim,
+               const int64_t *shape, void *dst, size_t dst_bytes, mg_error *err)
 {
+    mg_status rc_;
     const mg_st_tensor *x;
-    if (check_tensor(f, name, dtype, ndim, shape, &x, err, errlen))
-        return -1;
+    if ((rc_ = check_tensor(f, name, dtype, ndim, shape, &x, err)))
+        return rc_;
     if (dst_bytes != x->nbytes || (!dst && x->nbytes))
-        return mg_fail(err, errlen, -1, "tensor '%s': %zu bytes, destination has %zu", name,
+        return mg_fail(err, MG_ERR_FORMAT, "tensor '%s': %zu bytes, destination has %zu", name,
                        x->nbytes, dst_bytes);
     if (x->nbytes)
         memcpy(dst, x->data, x->nbytes);

@@ -26,6 +26,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "errors.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -76,13 +78,13 @@ typedef struct {
  * "__metadata__"; metadata keys unique. Tensors are laid out by descending
  * element size (stable), so every tensor's data is aligned to its element
  * size in the file and in a buffer loaded at an 8-aligned address. */
-int mg_st_write(const char *path, const mg_st_tensor *t, size_t nt,
-                const mg_st_kv *meta, size_t nmeta, char *err, size_t errlen);
+mg_status mg_st_write(const char *path, const mg_st_tensor *t, size_t nt,
+                const mg_st_kv *meta, size_t nmeta, mg_error *err);
 
 /* Same, into a malloc'ed memory buffer (*out, *outlen; caller frees). */
-int mg_st_serialize(const mg_st_tensor *t, size_t nt, const mg_st_kv *meta,
+mg_status mg_st_serialize(const mg_st_tensor *t, size_t nt, const mg_st_kv *meta,
                     size_t nmeta, unsigned char **out, size_t *outlen,
-                    char *err, size_t errlen);
+                    mg_error *err);
 
 /* ------------------------------------------------------------ reading */
 
@@ -94,10 +96,9 @@ typedef struct mg_st_file mg_st_file; /* opaque */
  * data_offsets [begin, end] with end - begin == prod(shape) * dtype size;
  * offsets cover the buffer exactly without overlap; names unique;
  * __metadata__ (optional) maps strings to strings. */
-int mg_st_load(const char *path, mg_st_file **out, char *err, size_t errlen);
+mg_status mg_st_load(const char *path, mg_st_file **out, mg_error *err);
 /* Same from memory (the bytes are copied). */
-int mg_st_parse(const void *buf, size_t len, mg_st_file **out, char *err,
-                size_t errlen);
+mg_status mg_st_parse(const void *buf, size_t len, mg_st_file **out, mg_error *err);
 void mg_st_free(mg_st_file *f); /* NULL fine */
 
 /* Tensors in file order (by data offset). Pointers are owned by f. */
@@ -110,14 +111,13 @@ const mg_st_tensor *mg_st_find(const mg_st_file *f, const char *name);
  * *data points at its bytes (owned by f; aligned to the element size for
  * files written by mg_st_write). Errors name the tensor and both shapes /
  * dtypes, e.g. "tensor 'wte': shape [26,128] expected [30,128]". */
-int mg_st_get(const mg_st_file *f, const char *name, mg_st_dtype dtype,
-              int ndim, const int64_t *shape, const void **data, char *err,
-              size_t errlen);
+mg_status mg_st_get(const mg_st_file *f, const char *name, mg_st_dtype dtype,
+              int ndim, const int64_t *shape, const void **data, mg_error *err);
 /* As mg_st_get, but copies the bytes into dst[dst_bytes] (must be exactly the
  * tensor's size): safe for any alignment. */
-int mg_st_copy(const mg_st_file *f, const char *name, mg_st_dtype dtype,
+mg_status mg_st_copy(const mg_st_file *f, const char *name, mg_st_dtype dtype,
                int ndim, const int64_t *shape, void *dst, size_t dst_bytes,
-               char *err, size_t errlen);
+               mg_error *err);
 
 /* 1 if the file carried checksums for its tensors (all verified at load), 0
  * for a file written without them (an older molgen, another writer). */
@@ -160,8 +160,7 @@ struct mg_json {
     char **keys;        /* OBJECT: len keys (decoded, NUL-terminated) */
 };
 
-int mg_json_parse(const char *text, size_t len, mg_json **out, char *err,
-                  size_t errlen);
+mg_status mg_json_parse(const char *text, size_t len, mg_json **out, mg_error *err);
 void mg_json_free(mg_json *j); /* NULL fine */
 /* Member of an object (NULL if j is not an object or has no such key). */
 const mg_json *mg_json_get(const mg_json *j, const char *key);

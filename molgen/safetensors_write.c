@@ -60,49 +60,49 @@ static void sb_quote(sbuf *b, const char *s)
 /* Validates the inputs, computes the layout order and builds the padded
  * header. On success: *hdr (malloc'ed, *hlen bytes, 8 + hlen multiple of 8),
  * *order (malloc'ed nt indices), *data_len. */
-static int build_header(const mg_st_tensor *t, size_t nt, const mg_st_kv *meta, size_t nmeta,
+static mg_status build_header(const mg_st_tensor *t, size_t nt, const mg_st_kv *meta, size_t nmeta,
                         char **hdr, size_t *hlen, size_t **order, uint64_t *data_len,
-                        char *err, size_t errlen)
+                        mg_error *err)
 {
     *hdr = NULL;
     *order = NULL;
     if (!mg_st_host_le())
-        return mg_fail(err, errlen, -1, "safetensors writer: big-endian hosts are not supported");
+        return mg_fail(err, MG_ERR_ARG, "safetensors writer: big-endian hosts are not supported");
     if ((nt > 0 && !t) || (nmeta > 0 && !meta))
-        return mg_fail(err, errlen, -1, "safetensors writer: bad argument");
+        return mg_fail(err, MG_ERR_ARG, "safetensors writer: bad argument");
     for (size_t i = 0; i < nt; i++) {
         const mg_st_tensor *x = &t[i];
         if (!x->name || !x->name[0])
-            return mg_fail(err, errlen, -1, "tensor %zu: empty name", i);
+            return mg_fail(err, MG_ERR_ARG, "tensor %zu: empty name", i);
         if (strcmp(x->name, "__metadata__") == 0)
-            return mg_fail(err, errlen, -1, "tensor %zu: the name __metadata__ is reserved", i);
+            return mg_fail(err, MG_ERR_ARG, "tensor %zu: the name __metadata__ is reserved", i);
         if (!mg_st_dtype_name(x->dtype))
-            return mg_fail(err, errlen, -1, "tensor '%s': invalid dtype %d", x->name, (int)x->dtype);
+            return mg_fail(err, MG_ERR_ARG, "tensor '%s': invalid dtype %d", x->name, (int)x->dtype);
         if (x->ndim < 0 || x->ndim > MG_ST_MAX_DIMS)
-            return mg_fail(err, errlen, -1, "tensor '%s': ndim %d outside [0, %d]", x->name, x->ndim,
+            return mg_fail(err, MG_ERR_ARG, "tensor '%s': ndim %d outside [0, %d]", x->name, x->ndim,
                            MG_ST_MAX_DIMS);
         uint64_t nb;
         if (mg_st_nbytes(x->shape, x->ndim, mg_st_dtype_size(x->dtype), &nb))
-            return mg_fail(err, errlen, -1, "tensor '%s': negative or overflowing shape", x->name);
+            return mg_fail(err, MG_ERR_ARG, "tensor '%s': negative or overflowing shape", x->name);
         if (nb > 0 && !x->data)
-            return mg_fail(err, errlen, -1, "tensor '%s': data is NULL", x->name);
+            return mg_fail(err, MG_ERR_ARG, "tensor '%s': data is NULL", x->name);
         for (size_t k = 0; k < i; k++)
             if (strcmp(t[k].name, x->name) == 0)
-                return mg_fail(err, errlen, -1, "duplicate tensor name '%s'", x->name);
+                return mg_fail(err, MG_ERR_ARG, "duplicate tensor name '%s'", x->name);
     }
     for (size_t i = 0; i < nmeta; i++) {
         if (!meta[i].key || !meta[i].value)
-            return mg_fail(err, errlen, -1, "metadata entry %zu: NULL key or value", i);
+            return mg_fail(err, MG_ERR_ARG, "metadata entry %zu: NULL key or value", i);
         if (strcmp(meta[i].key, MG_ST_CHECKSUM_KEY) == 0)
-            return mg_fail(err, errlen, -1, "metadata key '%s' is reserved for the checksums",
+            return mg_fail(err, MG_ERR_ARG, "metadata key '%s' is reserved for the checksums",
                            MG_ST_CHECKSUM_KEY);
         for (size_t k = 0; k < i; k++)
             if (strcmp(meta[k].key, meta[i].key) == 0)
-                return mg_fail(err, errlen, -1, "duplicate metadata key '%s'", meta[i].key);
+                return mg_fail(err, MG_ERR_ARG, "duplicate metadata key '%s'", meta[i].key);
     }
     size_t *ord = malloc((nt ? nt : 1) * sizeof *ord);
     if (!ord)
-        return mg_fail(err, errlen, -1, "out of memory");
+        return mg_fail(err, MG_ERR_NOMEM, "out of memory");
     /* stable insertion sort by descending element size */
     for (size_t i = 0; i < nt; i++) {
         size_t j = i;
@@ -172,7 +172,7 @@ static int build_header(const mg_st_tensor *t, size_t nt, const mg_st_kv *meta, 
     if (b.oom) {
         free(b.s);
         free(ord);
-        return mg_fail(err, errlen, -1, "out of memory");
+        return mg_fail(err, MG_ERR_NOMEM, "out of memory");
     }
     *hdr = b.s;
     *hlen = b.n;
@@ -187,24 +187,25 @@ static void le64(unsigned char out[8], uint64_t v)
         out[i] = (unsigned char)(v >> (8 * i));
 }
 
-int mg_st_serialize(const mg_st_tensor *t, size_t nt, const mg_st_kv *meta, size_t nmeta,
-                    unsigned char **out, size_t *outlen, char *err, size_t errlen)
+mg_status mg_st_serialize(const mg_st_tensor *t, size_t nt, const mg_st_kv *meta, size_t nmeta,
+                    unsigned char **out, size_t *outlen, mg_error *err)
 {
+    mg_status rc_;
     if (!out || !outlen)
-        return mg_fail(err, errlen, -1, "mg_st_serialize: bad argument");
+        return mg_fail(err, MG_ERR_ARG, "mg_st_serialize: bad argument");
     *out = NULL;
     *outlen = 0;
     char *hdr;
     size_t hlen, *ord;
     uint64_t dlen;
-    if (build_header(t, nt, meta, nmeta, &hdr, &hlen, &ord, &dlen, err, errlen))
-        return -1;
+    if ((rc_ = build_header(t, nt, meta, nmeta, &hdr, &hlen, &ord, &dlen, err)))
+        return rc_;
     size_t total = 8 + hlen + (size_t)dlen;
     unsigned char *buf = malloc(total ? total : 1);
     if (!buf) {
         free(hdr);
         free(ord);
-        return mg_fail(err, errlen, -1, "out of memory (%zu bytes)", total);
+        return mg_fail(err, MG_ERR_NOMEM, "out of memory (%zu bytes)", total);
     }
     le64(buf, hlen);
     memcpy(buf + 8, hdr, hlen);
@@ -224,28 +225,29 @@ int mg_st_serialize(const mg_st_tensor *t, size_t nt, const mg_st_kv *meta, size
     return 0;
 }
 
-int mg_st_write(const char *path, const mg_st_tensor *t, size_t nt, const mg_st_kv *meta,
-                size_t nmeta, char *err, size_t errlen)
+mg_status mg_st_write(const char *path, const mg_st_tensor *t, size_t nt, const mg_st_kv *meta,
+                size_t nmeta, mg_error *err)
 {
+    mg_status rc_;
     if (!path || !path[0])
-        return mg_fail(err, errlen, -1, "mg_st_write: empty path");
+        return mg_fail(err, MG_ERR_ARG, "mg_st_write: empty path");
     char *hdr;
     size_t hlen, *ord;
     uint64_t dlen;
-    if (build_header(t, nt, meta, nmeta, &hdr, &hlen, &ord, &dlen, err, errlen))
-        return -1;
+    if ((rc_ = build_header(t, nt, meta, nmeta, &hdr, &hlen, &ord, &dlen, err)))
+        return rc_;
     size_t plen = strlen(path);
     char *tmp = malloc(plen + 40);
     if (!tmp) {
         free(hdr);
         free(ord);
-        return mg_fail(err, errlen, -1, "out of memory");
+        return mg_fail(err, MG_ERR_NOMEM, "out of memory");
     }
     snprintf(tmp, plen + 40, "%s.tmp.%ld", path, (long)getpid());
-    int rc = 0;
+    mg_status rc = MG_OK;
     FILE *f = fopen(tmp, "wb");
     if (!f) {
-        rc = mg_fail(err, errlen, -1, "cannot create %s: %s", tmp, strerror(errno));
+        rc = mg_fail(err, MG_ERR_IO, "cannot create %s: %s", tmp, strerror(errno));
         goto out;
     }
     unsigned char n8[8];
@@ -262,26 +264,26 @@ int mg_st_write(const char *path, const mg_st_tensor *t, size_t nt, const mg_st_
         int e = errno;
         fclose(f);
         remove(tmp);
-        rc = mg_fail(err, errlen, -1, "write error on %s: %s", tmp, strerror(e));
+        rc = mg_fail(err, MG_ERR_IO, "write error on %s: %s", tmp, strerror(e));
         goto out;
     }
     if (fsync(fileno(f)) != 0) {
         int e = errno;
         fclose(f);
         remove(tmp);
-        rc = mg_fail(err, errlen, -1, "fsync %s: %s", tmp, strerror(e));
+        rc = mg_fail(err, MG_ERR_IO, "fsync %s: %s", tmp, strerror(e));
         goto out;
     }
     if (fclose(f) != 0) {
         int e = errno;
         remove(tmp);
-        rc = mg_fail(err, errlen, -1, "close %s: %s", tmp, strerror(e));
+        rc = mg_fail(err, MG_ERR_IO, "close %s: %s", tmp, strerror(e));
         goto out;
     }
     if (rename(tmp, path) != 0) {
         int e = errno;
         remove(tmp);
-        rc = mg_fail(err, errlen, -1, "rename %s -> %s: %s", tmp, path, strerror(e));
+        rc = mg_fail(err, MG_ERR_IO, "rename %s -> %s: %s", tmp, path, strerror(e));
         goto out;
     }
     /* fsync the directory so that the rename itself is durable */
@@ -301,16 +303,16 @@ int mg_st_write(const char *path, const mg_st_tensor *t, size_t nt, const mg_st_
             }
         }
         if (!dir) {
-            rc = mg_fail(err, errlen, -1, "out of memory");
+            rc = mg_fail(err, MG_ERR_NOMEM, "out of memory");
             goto out;
         }
         int fd = open(dir, O_RDONLY);
         if (fd < 0) {
-            rc = mg_fail(err, errlen, -1, "wrote %s but cannot open directory %s to fsync: %s", path,
+            rc = mg_fail(err, MG_ERR_IO, "wrote %s but cannot open directory %s to fsync: %s", path,
                          dir, strerror(errno));
         } else {
             if (fsync(fd) != 0 && errno != EINVAL && errno != EROFS)
-                rc = mg_fail(err, errlen, -1, "wrote %s but fsync of directory %s failed: %s", path,
+                rc = mg_fail(err, MG_ERR_IO, "wrote %s but fsync of directory %s failed: %s", path,
                              dir, strerror(errno));
             close(fd);
         }

@@ -53,21 +53,21 @@ void mg_sampling_default(mg_sampling *s) {
     s->top_p = 1.0f;
 }
 
-int mg_sampling_check(const mg_sampling *s, char *err, size_t errlen) {
-    if (!s) return mg_fail(err, errlen, MG_SAMPLE_ERR, "sampling settings are NULL");
+mg_status mg_sampling_check(const mg_sampling *s, mg_error *err) {
+    if (!s) return mg_fail(err, MG_ERR_ARG, "sampling settings are NULL");
     if (!(s->temperature >= 0.0f) || !isfinite(s->temperature))
-        return mg_fail(err, errlen, MG_SAMPLE_ERR, "temperature %g: need a finite value >= 0",
+        return mg_fail(err, MG_ERR_ARG, "temperature %g: need a finite value >= 0",
                     (double)s->temperature);
-    if (s->top_k < 0) return mg_fail(err, errlen, MG_SAMPLE_ERR, "top-k %d: need >= 0", s->top_k);
+    if (s->top_k < 0) return mg_fail(err, MG_ERR_ARG, "top-k %d: need >= 0", s->top_k);
     if (!(s->top_p > 0.0f && s->top_p <= 1.0f))
-        return mg_fail(err, errlen, MG_SAMPLE_ERR, "top-p %g: need 0 < top-p <= 1", (double)s->top_p);
+        return mg_fail(err, MG_ERR_ARG, "top-p %g: need 0 < top-p <= 1", (double)s->top_p);
     return 0;
 }
 
 static int allowed(int id) { return id != MG_PAD && id != MG_BOS; }
 
 int mg_argmax_token(const float *logits, int V) {
-    int best = MG_SAMPLE_ERR;
+    int best = MG_NO_TOKEN;
     for (int i = 0; i < V; i++) {
         if (!allowed(i) || isnan(logits[i]) || logits[i] == -INFINITY) continue;
         if (best < 0 || logits[i] > logits[best]) best = i;
@@ -78,7 +78,7 @@ int mg_argmax_token(const float *logits, int V) {
 #define MAX_STACK_V 256
 
 int mg_sample_token(const float *logits, int V, const mg_sampling *s, mg_rng *rng) {
-    if (!logits || !s || V <= MG_NUM_SPECIAL) return MG_SAMPLE_ERR;
+    if (!logits || !s || V <= MG_NUM_SPECIAL) return MG_NO_TOKEN;
     if (s->temperature == 0.0f || s->top_k == 1 || !rng) return mg_argmax_token(logits, V);
     int order_stack[MAX_STACK_V];
     double p_stack[MAX_STACK_V];
@@ -104,7 +104,7 @@ int mg_sample_token(const float *logits, int V, const mg_sampling *s, mg_rng *rn
         }
         order[j] = i;
     }
-    int result = MG_SAMPLE_ERR;
+    int result = MG_NO_TOKEN;
     if (n > 0 && logits[order[0]] != INFINITY) {
         int keep = n;
         if (s->top_k > 0 && s->top_k < keep) keep = s->top_k;
@@ -164,23 +164,22 @@ struct mg_decoder {
     float *full;     /* [B, ctx, V] */
 };
 
-int mg_decoder_new(mg_model *m, mg_decode_kind kind, int B, mg_decoder **out, char *err,
-                   size_t errlen) {
-    if (!m || !out) return mg_fail(err, errlen, MG_SAMPLE_ERR, "decoder: model and out must be non-NULL");
+mg_status mg_decoder_new(mg_model *m, mg_decode_kind kind, int B, mg_decoder **out, mg_error *err) {
+    if (!m || !out) return mg_fail(err, MG_ERR_ARG, "decoder: model and out must be non-NULL");
     *out = NULL;
-    if (B < 1) return mg_fail(err, errlen, MG_SAMPLE_ERR, "decoder: batch %d < 1", B);
+    if (B < 1) return mg_fail(err, MG_ERR_ARG, "decoder: batch %d < 1", B);
     if (kind != MG_DECODE_NAIVE && kind != MG_DECODE_KV)
-        return mg_fail(err, errlen, MG_SAMPLE_ERR, "decoder: unknown kind %d", (int)kind);
+        return mg_fail(err, MG_ERR_ARG, "decoder: unknown kind %d", (int)kind);
     const mg_model_config *c = mg_model_get_config(m);
     mg_decoder *d = calloc(1, sizeof *d);
-    if (!d) return mg_fail(err, errlen, MG_SAMPLE_ERR_NOMEM, "decoder: out of memory");
+    if (!d) return mg_fail(err, MG_ERR_NOMEM, "decoder: out of memory");
     d->kind = kind;
     d->m = m;
     d->B = B;
     d->V = c->vocab_size;
     d->ctx = c->ctx_len;
     if (kind == MG_DECODE_KV) {
-        int rc = mg_kv_new(m, B, &d->kv, err, errlen);
+        mg_status rc = mg_kv_new(m, B, &d->kv, err);
         if (rc) {
             free(d);
             return rc;
@@ -194,7 +193,7 @@ int mg_decoder_new(mg_model *m, mg_decode_kind kind, int B, mg_decoder **out, ch
         d->full = malloc(cells * (size_t)d->V * sizeof *d->full);
         if (!d->pos || !d->len || !d->hist || !d->prefix || !d->full) {
             mg_decoder_free(d);
-            return mg_fail(err, errlen, MG_SAMPLE_ERR_NOMEM, "decoder: out of memory");
+            return mg_fail(err, MG_ERR_NOMEM, "decoder: out of memory");
         }
     }
     *out = d;
@@ -212,20 +211,20 @@ void mg_decoder_free(mg_decoder *d) {
     free(d);
 }
 
-int mg_decoder_reset(mg_decoder *d, int n, char *err, size_t errlen) {
-    if (!d) return mg_fail(err, errlen, MG_SAMPLE_ERR, "decoder is NULL");
-    if (n < 1 || n > d->B) return mg_fail(err, errlen, MG_SAMPLE_ERR, "decoder: %d rows, need 1..%d", n, d->B);
+mg_status mg_decoder_reset(mg_decoder *d, int n, mg_error *err) {
+    if (!d) return mg_fail(err, MG_ERR_ARG, "decoder is NULL");
+    if (n < 1 || n > d->B) return mg_fail(err, MG_ERR_ARG, "decoder: %d rows, need 1..%d", n, d->B);
     d->n = n;
-    if (d->kv) return mg_kv_reset(d->kv, n, err, errlen);
+    if (d->kv) return mg_kv_reset(d->kv, n, err);
     for (int r = 0; r < n; r++) d->pos[r] = 0;
     return 0;
 }
 
-int mg_decoder_restart_row(mg_decoder *d, int r, char *err, size_t errlen) {
-    if (!d) return mg_fail(err, errlen, MG_SAMPLE_ERR, "decoder is NULL");
+mg_status mg_decoder_restart_row(mg_decoder *d, int r, mg_error *err) {
+    if (!d) return mg_fail(err, MG_ERR_ARG, "decoder is NULL");
     if (r < 0 || r >= d->n)
-        return mg_fail(err, errlen, MG_SAMPLE_ERR, "decoder: row %d is outside [0, %d)", r, d->n);
-    if (d->kv) return mg_kv_restart_row(d->kv, r, err, errlen);
+        return mg_fail(err, MG_ERR_ARG, "decoder: row %d is outside [0, %d)", r, d->n);
+    if (d->kv) return mg_kv_restart_row(d->kv, r, err);
     d->pos[r] = 0;
     return 0;
 }
@@ -235,16 +234,16 @@ int mg_decoder_pos(const mg_decoder *d, int r) {
     return d->kv ? mg_kv_pos(d->kv, r) : d->pos[r];
 }
 
-int mg_decoder_step(mg_decoder *d, const int32_t *tok, float *logits, char *err, size_t errlen) {
+mg_status mg_decoder_step(mg_decoder *d, const int32_t *tok, float *logits, mg_error *err) {
     if (!d || !tok || !logits)
-        return mg_fail(err, errlen, MG_SAMPLE_ERR, "decoder, tokens and logits must be non-NULL");
-    if (d->n < 1) return mg_fail(err, errlen, MG_SAMPLE_ERR, "decoder: step before reset");
-    if (d->kv) return mg_kv_step(d->kv, tok, logits, err, errlen);
+        return mg_fail(err, MG_ERR_ARG, "decoder, tokens and logits must be non-NULL");
+    if (d->n < 1) return mg_fail(err, MG_ERR_STATE, "decoder: step before reset");
+    if (d->kv) return mg_kv_step(d->kv, tok, logits, err);
     const int n = d->n, V = d->V, ctx = d->ctx;
     int L = 0;
     for (int b = 0; b < n; b++) {
         if (d->pos[b] >= ctx)
-            return mg_fail(err, errlen, MG_SAMPLE_ERR, "decoder: row %d: position %d is past ctx_len %d",
+            return mg_fail(err, MG_ERR_ARG, "decoder: row %d: position %d is past ctx_len %d",
                         b, d->pos[b], ctx);
         if (d->pos[b] + 1 > L) L = d->pos[b] + 1;
     }
@@ -257,7 +256,7 @@ int mg_decoder_step(mg_decoder *d, const int32_t *tok, float *logits, char *err,
         for (int t = lb; t < L; t++) d->prefix[(size_t)b * L + t] = MG_PAD;
         d->len[b] = lb;
     }
-    int rc = mg_model_logits(d->m, d->prefix, d->len, n, L, d->full, NULL, err, errlen);
+    mg_status rc = mg_model_logits(d->m, d->prefix, d->len, n, L, d->full, NULL, err);
     if (rc) return rc;
     for (int b = 0; b < n; b++) {
         memcpy(logits + (size_t)b * V, d->full + ((size_t)b * L + (size_t)d->pos[b]) * V,
@@ -289,21 +288,21 @@ void mg_samples_free(mg_samples *s) {
     memset(s, 0, sizeof *s);
 }
 
-int mg_sample(mg_model *m, const mg_vocab *v, const mg_sample_opts *o, mg_samples *out,
-              char *err, size_t errlen) {
+mg_status mg_sample(mg_model *m, const mg_vocab *v, const mg_sample_opts *o, mg_samples *out,
+              mg_error *err) {
     if (!m || !v || !o || !out)
-        return mg_fail(err, errlen, MG_SAMPLE_ERR, "model, vocab, options and out must be non-NULL");
+        return mg_fail(err, MG_ERR_ARG, "model, vocab, options and out must be non-NULL");
     memset(out, 0, sizeof *out);
-    int rc = mg_sampling_check(&o->sampling, err, errlen);
+    mg_status rc = mg_sampling_check(&o->sampling, err);
     if (rc) return rc;
-    if (o->batch < 1) return mg_fail(err, errlen, MG_SAMPLE_ERR, "batch %d: need >= 1", o->batch);
+    if (o->batch < 1) return mg_fail(err, MG_ERR_ARG, "batch %d: need >= 1", o->batch);
     const mg_model_config *c = mg_model_get_config(m);
     const int V = c->vocab_size, ctx = c->ctx_len;
     if (mg_vocab_size(v) != V)
-        return mg_fail(err, errlen, MG_SAMPLE_ERR, "vocabulary has %d tokens, the model %d",
+        return mg_fail(err, MG_ERR_ARG, "vocabulary has %d tokens, the model %d",
                     mg_vocab_size(v), V);
     if (V <= MG_NUM_SPECIAL)
-        return mg_fail(err, errlen, MG_SAMPLE_ERR, "vocabulary of %d tokens has no data tokens", V);
+        return mg_fail(err, MG_ERR_ARG, "vocabulary of %d tokens has no data tokens", V);
     const size_t n = o->n;
     const int B = (size_t)o->batch < n ? o->batch : (int)(n ? n : 1);
     out->n = n;
@@ -322,11 +321,11 @@ int mg_sample(mg_model *m, const mg_vocab *v, const mg_sample_opts *o, mg_sample
     mg_decoder *dec = NULL;
     if (!out->smiles || !out->ntok || !out->ended || !gen || !tok || !len || !active || !logits ||
         !rng || !mol || !sbuf) {
-        rc = mg_fail(err, errlen, MG_SAMPLE_ERR_NOMEM, "out of memory for %zu molecules", n);
+        rc = mg_fail(err, MG_ERR_NOMEM, "out of memory for %zu molecules", n);
         goto done;
     }
     if (n == 0) goto done;
-    rc = mg_decoder_new(m, o->kind, B, &dec, err, errlen);
+    rc = mg_decoder_new(m, o->kind, B, &dec, err);
     if (rc) goto done;
     /* KV decoding uses continuous batching: slot r holds molecule mol[r];
      * when it ends, the next molecule starts in that slot at position 0.
@@ -342,7 +341,7 @@ int mg_sample(mg_model *m, const mg_vocab *v, const mg_sample_opts *o, mg_sample
     for (;;) {
         if (live == 0) {
             if (next >= n) break;
-            rc = mg_decoder_reset(dec, B, err, errlen);
+            rc = mg_decoder_reset(dec, B, err);
             if (rc) goto done;
             for (int r = 0; r < B; r++) {
                 tok[r] = MG_BOS;
@@ -355,19 +354,19 @@ int mg_sample(mg_model *m, const mg_vocab *v, const mg_sample_opts *o, mg_sample
                 live++;
             }
         }
-        rc = mg_decoder_step(dec, tok, logits, err, errlen);
+        rc = mg_decoder_step(dec, tok, logits, err);
         if (rc) goto done;
         for (int r = 0; r < B; r++) {
             if (!active[r]) {
                 tok[r] = MG_BOS;
-                rc = mg_decoder_restart_row(dec, r, err, errlen);
+                rc = mg_decoder_restart_row(dec, r, err);
                 if (rc) goto done;
                 continue;
             }
             const size_t k = mol[r];
             int t = mg_sample_token(logits + (size_t)r * V, V, &o->sampling, &rng[r]);
             if (t < 0) {
-                rc = mg_fail(err, errlen, MG_SAMPLE_ERR,
+                rc = mg_fail(err, MG_ERR_NUMERIC, 
                           "molecule %zu position %d: the logits are not finite", k, len[r] + 1);
                 goto done;
             }
@@ -381,22 +380,20 @@ int mg_sample(mg_model *m, const mg_vocab *v, const mg_sample_opts *o, mg_sample
                 finished = len[r] >= ctx; /* no position left for the next token */
             }
             if (!finished) continue;
-            int sl = mg_vocab_decode(v, gen + (size_t)r * ctx, len[r], sbuf, slen, err, errlen);
-            if (sl < 0) {
-                rc = MG_SAMPLE_ERR;
-                goto done;
-            }
-            char *str = malloc((size_t)sl + 1);
+            size_t sl = 0;
+            rc = mg_vocab_decode(v, gen + (size_t)r * ctx, len[r], sbuf, slen, &sl, err);
+            if (rc) goto done;
+            char *str = malloc(sl + 1);
             if (!str) {
-                rc = mg_fail(err, errlen, MG_SAMPLE_ERR_NOMEM, "out of memory");
+                rc = mg_fail(err, MG_ERR_NOMEM, "out of memory");
                 goto done;
             }
-            memcpy(str, sbuf, (size_t)sl + 1);
+            memcpy(str, sbuf, sl + 1);
             out->smiles[k] = str;
             out->ntok[k] = len[r];
             out->tokens += len[r] + (out->ended[k] ? 1 : 0);
             if (!out->ended[k]) out->truncated++;
-            rc = mg_decoder_restart_row(dec, r, err, errlen);
+            rc = mg_decoder_restart_row(dec, r, err);
             if (rc) goto done;
             tok[r] = MG_BOS;
             len[r] = 0;

@@ -30,14 +30,15 @@
  * longest the model has positions for); such a molecule is kept as
  * generated and counted in truncated.
  *
- * Conventions: 0 or a negative code, a one-line message in err[errlen]
- * (err may be NULL); nothing aborts or prints.
+ * Conventions: errors.h; nothing aborts or prints.
  */
 #ifndef MG_SAMPLE_H
 #define MG_SAMPLE_H
 
 #include <stddef.h>
 #include <stdint.h>
+
+#include "errors.h"
 
 #include "model.h"
 #include "tokenizer.h"
@@ -46,8 +47,8 @@
 extern "C" {
 #endif
 
-#define MG_SAMPLE_ERR (-1)
-#define MG_SAMPLE_ERR_NOMEM (-2)
+/* mg_sample_token / mg_argmax_token: no token can be chosen. */
+#define MG_NO_TOKEN (-1)
 
 /* ------------------------------------------------------------ RNG */
 
@@ -72,15 +73,15 @@ typedef struct {
 
 /* temperature 1, top_k 0, top_p 1: plain multinomial sampling. */
 void mg_sampling_default(mg_sampling *s);
-int mg_sampling_check(const mg_sampling *s, char *err, size_t errlen);
+mg_status mg_sampling_check(const mg_sampling *s, mg_error *err);
 
 /* Choose the next token from logits[V] (V > MG_NUM_SPECIAL) as described
- * above. Returns the id (>= 0), or MG_SAMPLE_ERR if no allowed logit is
+ * above. Returns the id (>= 0), or MG_NO_TOKEN if no allowed logit is
  * finite (NaN weights). rng may be NULL for greedy choices. */
 int mg_sample_token(const float *logits, int V, const mg_sampling *s, mg_rng *rng);
 
 /* Argmax over the allowed ids (not PAD, not BOS), ties to the lowest id;
- * MG_SAMPLE_ERR if none is finite. */
+ * MG_NO_TOKEN if none is finite. */
 int mg_argmax_token(const float *logits, int V);
 
 /* ------------------------------------------------------------ decoders */
@@ -94,16 +95,15 @@ typedef struct mg_decoder mg_decoder;
 
 /* A decoder for up to B rows on m (which must outlive it and is used by it:
  * no other calls on m between steps of a naive decoder). */
-int mg_decoder_new(mg_model *m, mg_decode_kind kind, int B, mg_decoder **out, char *err,
-                   size_t errlen);
+mg_status mg_decoder_new(mg_model *m, mg_decode_kind kind, int B, mg_decoder **out, mg_error *err);
 void mg_decoder_free(mg_decoder *d); /* NULL fine */
 /* Start n new rows (1 <= n <= B) at position 0. */
-int mg_decoder_reset(mg_decoder *d, int n, char *err, size_t errlen);
+mg_status mg_decoder_reset(mg_decoder *d, int n, mg_error *err);
 /* Row r (0 <= r < n) starts over at position 0; the others are untouched. */
-int mg_decoder_restart_row(mg_decoder *d, int r, char *err, size_t errlen);
+mg_status mg_decoder_restart_row(mg_decoder *d, int r, mg_error *err);
 /* Append tok[r] at row r's next position (< ctx_len) for every row and
  * write the logits [n, V] predicting each row's next token. */
-int mg_decoder_step(mg_decoder *d, const int32_t *tok, float *logits, char *err, size_t errlen);
+mg_status mg_decoder_step(mg_decoder *d, const int32_t *tok, float *logits, mg_error *err);
 /* Tokens appended to row r since its (re)start. */
 int mg_decoder_pos(const mg_decoder *d, int r);
 
@@ -133,8 +133,8 @@ typedef struct {
 } mg_samples;
 
 /* Generate o->n molecules. */
-int mg_sample(mg_model *m, const mg_vocab *v, const mg_sample_opts *o, mg_samples *out,
-              char *err, size_t errlen);
+mg_status mg_sample(mg_model *m, const mg_vocab *v, const mg_sample_opts *o, mg_samples *out,
+              mg_error *err);
 void mg_samples_free(mg_samples *s); /* zeroes it; NULL fine */
 
 #ifdef __cplusplus

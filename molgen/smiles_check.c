@@ -1,6 +1,5 @@
 /* molgen smiles_check: see smiles_check.h. */
 #include "smiles_check.h"
-#include "errors.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -8,6 +7,19 @@
 #include <string.h>
 
 #include "tokenizer.h"
+
+/* Writes the reason into why[n] (when given) and returns 0 (not valid). */
+static int reject(char *why, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int reject(char *why, size_t n, const char *fmt, ...)
+{
+    if (why && n > 0) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(why, n, fmt, ap);
+        va_end(ap);
+    }
+    return 0;
+}
 
 static const char *const k_elements[] = {
     "H",  "He", "Li", "Be", "B",  "C",  "N",  "O",  "F",  "Ne", "Na", "Mg", "Al", "Si", "P",
@@ -41,7 +53,7 @@ static int bracket_ok(const char *s, int len, int pos, char *why, size_t n)
         i++;
     /* symbol */
     if (i >= len)
-        return mg_fail(why, n, 0, "position %d: bracket atom without an element symbol", pos);
+        return reject(why, n, "position %d: bracket atom without an element symbol", pos);
     static const char *const arom2[] = {"se", "as", "te"};
     int sym = 0;
     if (s[i] == '*') {
@@ -59,7 +71,7 @@ static int bracket_ok(const char *s, int len, int pos, char *why, size_t n)
             sym = 1;
     }
     if (!sym)
-        return mg_fail(why, n, 0, "position %d: bad element symbol in bracket atom [%.*s]", pos, len, s);
+        return reject(why, n, "position %d: bad element symbol in bracket atom [%.*s]", pos, len, s);
     i += sym;
     /* chirality */
     if (i < len && s[i] == '@') {
@@ -84,7 +96,7 @@ static int bracket_ok(const char *s, int len, int pos, char *why, size_t n)
                     nd++;
                 }
                 if (nd == 0 || v < 1 || v > k_chir[found].max)
-                    return mg_fail(why, n, 0, "position %d: bad chirality in [%.*s]", pos, len, s);
+                    return reject(why, n, "position %d: bad chirality in [%.*s]", pos, len, s);
             }
         }
     }
@@ -116,11 +128,11 @@ static int bracket_ok(const char *s, int len, int pos, char *why, size_t n)
             nd++;
         }
         if (nd == 0)
-            return mg_fail(why, n, 0, "position %d: ':' without a class number in [%.*s]", pos, len,
+            return reject(why, n, "position %d: ':' without a class number in [%.*s]", pos, len,
                         s);
     }
     if (i != len)
-        return mg_fail(why, n, 0, "position %d: unexpected '%c' in bracket atom [%.*s]", pos + 1 + i,
+        return reject(why, n, "position %d: unexpected '%c' in bracket atom [%.*s]", pos + 1 + i,
                     s[i], len, s);
     return 1;
 }
@@ -285,14 +297,14 @@ out:
 int mg_smiles_syntax_ok(const char *smiles, char *why, size_t n)
 {
     if (!smiles)
-        return mg_fail(why, n, 0, "NULL string");
+        return reject(why, n, "NULL string");
     if (!smiles[0])
-        return mg_fail(why, n, 0, "empty string");
+        return reject(why, n, "empty string");
     {
-        char e[160];
+        mg_error e;
         int ntok = 0;
-        if (mg_tokenize(smiles, NULL, 0, &ntok, NULL, e, sizeof e) == MG_TOK_ERR_CHAR)
-            return mg_fail(why, n, 0, "%s", e);
+        if (mg_tokenize(smiles, NULL, 0, &ntok, NULL, &e) == MG_ERR_TOKEN)
+            return reject(why, n, "%s", e.message);
     }
     size_t slen = strlen(smiles);
     int *stack = malloc((slen + 1) * sizeof *stack);     /* branch points */
@@ -304,7 +316,7 @@ int mg_smiles_syntax_ok(const char *smiles, char *why, size_t n)
         free(bonds);
         free(atoms);
         free(inring);
-        return mg_fail(why, n, 0, "out of memory");
+        return reject(why, n, "out of memory");
     }
     int ring_atom[100], ring_pos[100];
     char ring_sym[100];
@@ -363,15 +375,15 @@ int mg_smiles_syntax_ok(const char *smiles, char *why, size_t n)
             bsym = 0;
         } else if (strchr("-=#$:/\\", c)) {
             if (prev == P_NONE) {
-                ok = mg_fail(why, n, 0, "position %d: starts with a bond '%c'", pos, c);
+                ok = reject(why, n, "position %d: starts with a bond '%c'", pos, c);
                 break;
             }
             if (prev == P_BOND) {
-                ok = mg_fail(why, n, 0, "position %d: two bonds in a row", pos);
+                ok = reject(why, n, "position %d: two bonds in a row", pos);
                 break;
             }
             if (prev == P_DOT) {
-                ok = mg_fail(why, n, 0, "position %d: bond '%c' after '.'", pos, c);
+                ok = reject(why, n, "position %d: bond '%c' after '.'", pos, c);
                 break;
             }
             bond_after_open = prev == P_OPEN;
@@ -380,15 +392,15 @@ int mg_smiles_syntax_ok(const char *smiles, char *why, size_t n)
         } else if (is_digit(c) || c == '%') {
             int d = c == '%' ? (t[1] - '0') * 10 + (t[2] - '0') : c - '0';
             if (c == '%' && d < 10) {
-                ok = mg_fail(why, n, 0, "position %d: ring label '%.3s' (use a single digit)", pos, t);
+                ok = reject(why, n, "position %d: ring label '%.3s' (use a single digit)", pos, t);
                 break;
             }
             if (prev == P_NONE) {
-                ok = mg_fail(why, n, 0, "position %d: starts with ring closure %d", pos, d);
+                ok = reject(why, n, "position %d: starts with ring closure %d", pos, d);
                 break;
             }
             if (prev == P_OPEN || prev == P_DOT || (prev == P_BOND && bond_after_open)) {
-                ok = mg_fail(why, n, 0, "position %d: ring closure %d not after an atom", pos, d);
+                ok = reject(why, n, "position %d: ring closure %d not after an atom", pos, d);
                 break;
             }
             if (ring_atom[d] < 0) {
@@ -399,14 +411,14 @@ int mg_smiles_syntax_ok(const char *smiles, char *why, size_t n)
             } else {
                 int partner = ring_atom[d];
                 if (partner == cur) {
-                    ok = mg_fail(why, n, 0, "position %d: ring closure %d closes on its own atom", pos,
+                    ok = reject(why, n, "position %d: ring closure %d closes on its own atom", pos,
                               d);
                     break;
                 }
                 for (int k = 0; k < nbonds; k++)
                     if ((bonds[k].a == cur && bonds[k].b == partner) ||
                         (bonds[k].a == partner && bonds[k].b == cur)) {
-                        ok = mg_fail(why, n, 0,
+                        ok = reject(why, n,
                                   "position %d: ring closure %d duplicates an existing bond", pos,
                                   d);
                         break;
@@ -433,62 +445,62 @@ int mg_smiles_syntax_ok(const char *smiles, char *why, size_t n)
             bsym = 0;
         } else if (c == '(') {
             if (prev != P_ATOM && prev != P_RING && prev != P_CLOSE) {
-                ok = mg_fail(why, n, 0, "position %d: '(' not after an atom", pos);
+                ok = reject(why, n, "position %d: '(' not after an atom", pos);
                 break;
             }
             stack[sp++] = cur;
             prev = P_OPEN;
         } else if (c == ')') {
             if (sp == 0) {
-                ok = mg_fail(why, n, 0, "position %d: ')' without '('", pos);
+                ok = reject(why, n, "position %d: ')' without '('", pos);
                 break;
             }
             if (prev == P_OPEN) {
-                ok = mg_fail(why, n, 0, "position %d: empty branch '()'", pos);
+                ok = reject(why, n, "position %d: empty branch '()'", pos);
                 break;
             }
             if (prev == P_BOND) {
-                ok = mg_fail(why, n, 0, "position %d: bond before ')'", pos);
+                ok = reject(why, n, "position %d: bond before ')'", pos);
                 break;
             }
             cur = stack[--sp];
             prev = P_CLOSE;
         } else if (c == '.') {
             if (prev == P_NONE) {
-                ok = mg_fail(why, n, 0, "position %d: starts with '.'", pos);
+                ok = reject(why, n, "position %d: starts with '.'", pos);
                 break;
             }
             if (prev == P_BOND || prev == P_DOT || prev == P_OPEN) {
-                ok = mg_fail(why, n, 0, "position %d: '.' not after an atom", pos);
+                ok = reject(why, n, "position %d: '.' not after an atom", pos);
                 break;
             }
             prev = P_DOT;
         } else {
-            ok = mg_fail(why, n, 0, "position %d: '%c' is not SMILES outside a bracket atom", pos, c);
+            ok = reject(why, n, "position %d: '%c' is not SMILES outside a bracket atom", pos, c);
             break;
         }
         pos += l;
     }
     if (ok) {
         if (prev == P_BOND)
-            ok = mg_fail(why, n, 0, "position %d: ends with a bond", pos);
+            ok = reject(why, n, "position %d: ends with a bond", pos);
         else if (prev == P_DOT)
-            ok = mg_fail(why, n, 0, "position %d: ends with '.'", pos);
+            ok = reject(why, n, "position %d: ends with '.'", pos);
         else if (sp > 0)
-            ok = mg_fail(why, n, 0, "position %d: %d unclosed '('", pos, sp);
+            ok = reject(why, n, "position %d: %d unclosed '('", pos, sp);
         else if (nring_open > 0) {
             int first = -1;
             for (int d = 0; d < 100; d++)
                 if (ring_atom[d] >= 0 && (first < 0 || ring_pos[d] < ring_pos[first]))
                     first = d;
-            ok = mg_fail(why, n, 0, "position %d: ring closure %d never closed", ring_pos[first], first);
+            ok = reject(why, n, "position %d: ring closure %d never closed", ring_pos[first], first);
         }
     }
     if (ok) { /* valence lower bound of unbracketed atoms */
         int *val2 = calloc((size_t)natoms + 1, sizeof *val2);
         unsigned char *dbl_o = calloc((size_t)natoms + 1, 1);
         if (!val2 || !dbl_o) {
-            ok = mg_fail(why, n, 0, "out of memory");
+            ok = reject(why, n, "out of memory");
         } else {
             for (int k = 0; k < nbonds; k++) {
                 int x = bonds[k].a, y = bonds[k].b;
@@ -504,7 +516,7 @@ int mg_smiles_syntax_ok(const char *smiles, char *why, size_t n)
             for (int a = 0; a < natoms && ok; a++) {
                 int mv = dbl_o[a] ? atoms[a].maxval_o : atoms[a].maxval;
                 if (mv && val2[a] > 2 * mv)
-                    ok = mg_fail(why, n, 0, "position %d: %.*s has %d bonds' worth of valence, more "
+                    ok = reject(why, n, "position %d: %.*s has %d bonds' worth of valence, more "
                               "than %d",
                               atoms[a].pos, atoms[a].len, smiles + atoms[a].pos,
                               (val2[a] + 1) / 2, mv);
@@ -519,10 +531,10 @@ int mg_smiles_syntax_ok(const char *smiles, char *why, size_t n)
             any |= atoms[a].aromatic;
         if (any) {
             if (ring_atoms(natoms, bonds, nbonds, inring) != 0)
-                ok = mg_fail(why, n, 0, "out of memory");
+                ok = reject(why, n, "out of memory");
             for (int a = 0; a < natoms && ok; a++)
                 if (atoms[a].aromatic && !inring[a])
-                    ok = mg_fail(why, n, 0, "position %d: aromatic atom %.*s is not in a ring",
+                    ok = reject(why, n, "position %d: aromatic atom %.*s is not in a ring",
                               atoms[a].pos, atoms[a].len, smiles + atoms[a].pos);
         }
     }

@@ -72,14 +72,14 @@ int mg_token_len(const char *s)
     }
 }
 
-int mg_tokenize(const char *smiles, mg_span *spans, int cap, int *ntok,
-                int *errpos, char *err, size_t errlen)
+mg_status mg_tokenize(const char *smiles, mg_span *spans, int cap, int *ntok,
+                int *errpos, mg_error *err)
 {
     int n = 0;
     if (ntok)
         *ntok = 0;
     if (!smiles || cap < 0 || (cap > 0 && !spans))
-        return mg_fail(err, errlen, MG_TOK_ERR_ARG, "mg_tokenize: bad argument");
+        return mg_fail(err, MG_ERR_ARG, "mg_tokenize: bad argument");
     int pos = 0;
     int overflow = 0;
     for (;;) {
@@ -94,15 +94,15 @@ int mg_tokenize(const char *smiles, mg_span *spans, int cap, int *ntok,
             if (ntok)
                 *ntok = n;
             if (smiles[pos] == '[')
-                return mg_fail(err, errlen, MG_TOK_ERR_CHAR,
+                return mg_fail(err, MG_ERR_TOKEN, 
                                "position %d: cannot tokenise '[' (unclosed, empty "
                                "or longer than %d bytes bracket atom)",
                                pos, MG_TOKEN_MAX);
             if (smiles[pos] == '%')
-                return mg_fail(err, errlen, MG_TOK_ERR_CHAR,
+                return mg_fail(err, MG_ERR_TOKEN, 
                                "position %d: cannot tokenise '%%' (needs two digits)",
                                pos);
-            return mg_fail(err, errlen, MG_TOK_ERR_CHAR,
+            return mg_fail(err, MG_ERR_TOKEN, 
                            "position %d: cannot tokenise '%s'", pos, ch);
         }
         if (n < cap) {
@@ -117,7 +117,7 @@ int mg_tokenize(const char *smiles, mg_span *spans, int cap, int *ntok,
     if (ntok)
         *ntok = n;
     if (overflow)
-        return mg_fail(err, errlen, MG_TOK_ERR_TOOLONG,
+        return mg_fail(err, MG_ERR_TOO_LONG, 
                        "%d tokens, more than the limit %d", n, cap);
     return 0;
 }
@@ -188,29 +188,29 @@ static int is_special(const char *t)
     return 0;
 }
 
-int mg_vocab_from_tokens(const char *const *tokens, size_t n, mg_vocab **out,
-                         char *err, size_t errlen)
+mg_status mg_vocab_from_tokens(const char *const *tokens, size_t n, mg_vocab **out,
+                         mg_error *err)
 {
     if (!out || (n > 0 && !tokens))
-        return mg_fail(err, errlen, MG_TOK_ERR_ARG, "mg_vocab_from_tokens: bad argument");
+        return mg_fail(err, MG_ERR_ARG, "mg_vocab_from_tokens: bad argument");
     *out = NULL;
     if (n > MG_VOCAB_MAX - MG_NUM_SPECIAL)
-        return mg_fail(err, errlen, MG_TOK_ERR_ARG, "vocabulary of %zu tokens is absurd", n);
+        return mg_fail(err, MG_ERR_ARG, "vocabulary of %zu tokens is absurd", n);
     for (size_t i = 0; i < n; i++) {
         const char *t = tokens[i];
         if (!t)
-            return mg_fail(err, errlen, MG_TOK_ERR_ARG, "token %zu is NULL", i);
+            return mg_fail(err, MG_ERR_ARG, "token %zu is NULL", i);
         if (is_special(t))
-            return mg_fail(err, errlen, MG_TOK_ERR_ARG,
+            return mg_fail(err, MG_ERR_ARG, 
                            "token %zu '%s' is a special token", i, t);
         int l = mg_token_len(t);
         if (l <= 0 || t[l] != '\0')
-            return mg_fail(err, errlen, MG_TOK_ERR_ARG,
+            return mg_fail(err, MG_ERR_ARG, 
                            "token %zu '%.40s' is not exactly one SMILES token", i, t);
     }
     const char **sorted = malloc((n ? n : 1) * sizeof *sorted);
     if (!sorted)
-        return mg_fail(err, errlen, MG_TOK_ERR_NOMEM, "out of memory");
+        return mg_fail(err, MG_ERR_NOMEM, "out of memory");
     memcpy(sorted, tokens, n * sizeof *sorted);
     qsort(sorted, n, sizeof *sorted, cmp_str_ptr);
     size_t m = 0;
@@ -220,7 +220,7 @@ int mg_vocab_from_tokens(const char *const *tokens, size_t n, mg_vocab **out,
     mg_vocab *v = vocab_alloc((int)m + MG_NUM_SPECIAL);
     if (!v) {
         free(sorted);
-        return mg_fail(err, errlen, MG_TOK_ERR_NOMEM, "out of memory");
+        return mg_fail(err, MG_ERR_NOMEM, "out of memory");
     }
     for (int i = 0; i < MG_NUM_SPECIAL; i++)
         strcpy(v->tok[i], k_specials[i]);
@@ -303,20 +303,20 @@ static int tokset_add(tokset *s, const char *t, int len)
     return 0;
 }
 
-int mg_vocab_build(const char *const *smiles, size_t n, mg_vocab **out,
-                   char *err, size_t errlen)
+mg_status mg_vocab_build(const char *const *smiles, size_t n, mg_vocab **out,
+                   mg_error *err)
 {
     if (!out || (n > 0 && !smiles))
-        return mg_fail(err, errlen, MG_TOK_ERR_ARG, "mg_vocab_build: bad argument");
+        return mg_fail(err, MG_ERR_ARG, "mg_vocab_build: bad argument");
     *out = NULL;
     tokset set;
     if (tokset_init(&set, 256))
-        return mg_fail(err, errlen, MG_TOK_ERR_NOMEM, "out of memory");
+        return mg_fail(err, MG_ERR_NOMEM, "out of memory");
     for (size_t i = 0; i < n; i++) {
         const char *s = smiles[i];
         if (!s) {
             tokset_free(&set);
-            return mg_fail(err, errlen, MG_TOK_ERR_ARG, "smiles[%zu] is NULL", i);
+            return mg_fail(err, MG_ERR_ARG, "smiles[%zu] is NULL", i);
         }
         int pos = 0;
         for (;;) {
@@ -324,14 +324,14 @@ int mg_vocab_build(const char *const *smiles, size_t n, mg_vocab **out,
             if (l == 0)
                 break;
             if (l < 0) {
-                char e2[160];
-                mg_tokenize(s, NULL, 0, NULL, NULL, e2, sizeof e2);
+                mg_error e2;
+                mg_tokenize(s, NULL, 0, NULL, NULL, &e2);
                 tokset_free(&set);
-                return mg_fail(err, errlen, MG_TOK_ERR_CHAR, "smiles[%zu] %s", i, e2);
+                return mg_fail(err, e2.status, "smiles[%zu] %s", i, e2.message);
             }
             if (tokset_add(&set, s + pos, l)) {
                 tokset_free(&set);
-                return mg_fail(err, errlen, MG_TOK_ERR_NOMEM, "out of memory");
+                return mg_fail(err, MG_ERR_NOMEM, "out of memory");
             }
             pos += l;
         }
@@ -339,13 +339,13 @@ int mg_vocab_build(const char *const *smiles, size_t n, mg_vocab **out,
     const char **list = malloc((set.n ? set.n : 1) * sizeof *list);
     if (!list) {
         tokset_free(&set);
-        return mg_fail(err, errlen, MG_TOK_ERR_NOMEM, "out of memory");
+        return mg_fail(err, MG_ERR_NOMEM, "out of memory");
     }
     size_t m = 0;
     for (size_t i = 0; i < set.cap; i++)
         if (set.used[i])
             list[m++] = set.slot[i];
-    int rc = mg_vocab_from_tokens(list, m, out, err, errlen);
+    mg_status rc = mg_vocab_from_tokens(list, m, out, err);
     free(list);
     tokset_free(&set);
     return rc;
@@ -386,13 +386,13 @@ int mg_vocab_lookup(const mg_vocab *v, const char *tok, int len)
     return -1;
 }
 
-int mg_vocab_encode(const mg_vocab *v, const char *smiles, int32_t *ids,
-                    int cap, int *n, char *err, size_t errlen)
+mg_status mg_vocab_encode(const mg_vocab *v, const char *smiles, int32_t *ids,
+                    int cap, int *n, mg_error *err)
 {
     if (n)
         *n = 0;
     if (!v || !smiles || cap < 0 || (cap > 0 && !ids))
-        return mg_fail(err, errlen, MG_TOK_ERR_ARG, "mg_vocab_encode: bad argument");
+        return mg_fail(err, MG_ERR_ARG, "mg_vocab_encode: bad argument");
     int k = 0, pos = 0;
     for (;;) {
         int l = mg_token_len(smiles + pos);
@@ -401,14 +401,14 @@ int mg_vocab_encode(const mg_vocab *v, const char *smiles, int32_t *ids,
         if (l < 0) {
             if (n)
                 *n = k;
-            mg_tokenize(smiles, NULL, 0, NULL, NULL, err, errlen); /* the message */
-            return MG_TOK_ERR_CHAR;
+            mg_tokenize(smiles, NULL, 0, NULL, NULL, err); /* the message */
+            return MG_ERR_TOKEN;
         }
         int id = mg_vocab_lookup(v, smiles + pos, l);
         if (id < MG_NUM_SPECIAL) { /* absent, or a special's text (impossible) */
             if (n)
                 *n = k;
-            return mg_fail(err, errlen, MG_TOK_ERR_UNKNOWN,
+            return mg_fail(err, MG_ERR_UNKNOWN_TOKEN, 
                            "unknown token '%.*s' at position %d", l, smiles + pos, pos);
         }
         if (k < cap)
@@ -419,22 +419,24 @@ int mg_vocab_encode(const mg_vocab *v, const char *smiles, int32_t *ids,
     if (n)
         *n = k;
     if (k > cap)
-        return mg_fail(err, errlen, MG_TOK_ERR_TOOLONG,
+        return mg_fail(err, MG_ERR_TOO_LONG, 
                        "%d tokens, more than the limit %d", k, cap);
     return 0;
 }
 
-int mg_vocab_decode(const mg_vocab *v, const int32_t *ids, int n, char *out,
-                    size_t outlen, char *err, size_t errlen)
+mg_status mg_vocab_decode(const mg_vocab *v, const int32_t *ids, int n, char *out, size_t outlen,
+                          size_t *len, mg_error *err)
 {
+    if (len)
+        *len = 0;
     if (!v || (n > 0 && !ids) || n < 0 || !out || outlen == 0)
-        return mg_fail(err, errlen, MG_TOK_ERR_ARG, "mg_vocab_decode: bad argument");
+        return mg_fail(err, MG_ERR_ARG, "mg_vocab_decode: bad argument");
     size_t pos = 0;
     out[0] = '\0';
     for (int i = 0; i < n; i++) {
         int32_t id = ids[i];
         if (id < 0 || id >= v->n)
-            return mg_fail(err, errlen, MG_TOK_ERR_ARG,
+            return mg_fail(err, MG_ERR_ARG, 
                            "id %ld at position %d out of range [0, %d)", (long)id, i, v->n);
         if (id == MG_EOS)
             break;
@@ -445,14 +447,16 @@ int mg_vocab_decode(const mg_vocab *v, const int32_t *ids, int n, char *out,
             size_t room = outlen - 1 - pos;
             memcpy(out + pos, v->tok[id], room);
             out[outlen - 1] = '\0';
-            return mg_fail(err, errlen, MG_TOK_ERR_TOOLONG,
+            return mg_fail(err, MG_ERR_TOO_LONG, 
                            "decoded string longer than the buffer (%zu bytes)", outlen);
         }
         memcpy(out + pos, v->tok[id], l);
         pos += l;
         out[pos] = '\0';
     }
-    return (int)pos;
+    if (len)
+        *len = pos;
+    return MG_OK;
 }
 
 char *mg_vocab_to_json(const mg_vocab *v)
@@ -477,35 +481,35 @@ char *mg_vocab_to_json(const mg_vocab *v)
     return s;
 }
 
-int mg_vocab_from_json(const char *json, size_t len, mg_vocab **out,
-                       char *err, size_t errlen)
+mg_status mg_vocab_from_json(const char *json, size_t len, mg_vocab **out,
+                       mg_error *err)
 {
     if (!out || !json)
-        return mg_fail(err, errlen, MG_TOK_ERR_ARG, "mg_vocab_from_json: bad argument");
+        return mg_fail(err, MG_ERR_ARG, "mg_vocab_from_json: bad argument");
     *out = NULL;
     mg_json *j = NULL;
-    char e2[200];
-    if (mg_json_parse(json, len, &j, e2, sizeof e2))
-        return mg_fail(err, errlen, MG_TOK_ERR_ARG, "vocab JSON: %s", e2);
-    int rc = 0;
+    mg_error e2;
+    if (mg_json_parse(json, len, &j, &e2))
+        return mg_fail(err, e2.status, "vocab JSON: %s", e2.message);
+    mg_status rc = MG_OK;
     mg_vocab *v = NULL;
     if (j->type != MG_JSON_ARRAY) {
-        rc = mg_fail(err, errlen, MG_TOK_ERR_ARG, "vocab JSON: not an array");
+        rc = mg_fail(err, MG_ERR_FORMAT, "vocab JSON: not an array");
         goto done;
     }
     if (j->len < MG_NUM_SPECIAL || j->len > MG_VOCAB_MAX) {
-        rc = mg_fail(err, errlen, MG_TOK_ERR_ARG, "vocab JSON: %zu entries", j->len);
+        rc = mg_fail(err, MG_ERR_FORMAT, "vocab JSON: %zu entries", j->len);
         goto done;
     }
     for (size_t i = 0; i < j->len; i++) {
         const mg_json *e = &j->items[i];
         if (e->type != MG_JSON_STRING) {
-            rc = mg_fail(err, errlen, MG_TOK_ERR_ARG, "vocab JSON: entry %zu is not a string", i);
+            rc = mg_fail(err, MG_ERR_FORMAT, "vocab JSON: entry %zu is not a string", i);
             goto done;
         }
         if (i < MG_NUM_SPECIAL) {
             if (strcmp(e->str, k_specials[i]) != 0) {
-                rc = mg_fail(err, errlen, MG_TOK_ERR_ARG,
+                rc = mg_fail(err, MG_ERR_FORMAT, 
                              "vocab JSON: entry %zu is '%.40s', expected '%s'", i, e->str,
                              k_specials[i]);
                 goto done;
@@ -513,7 +517,7 @@ int mg_vocab_from_json(const char *json, size_t len, mg_vocab **out,
         } else {
             int l = mg_token_len(e->str);
             if (l <= 0 || (size_t)l != e->len || is_special(e->str)) {
-                rc = mg_fail(err, errlen, MG_TOK_ERR_ARG,
+                rc = mg_fail(err, MG_ERR_FORMAT, 
                              "vocab JSON: entry %zu '%.40s' is not exactly one SMILES token", i,
                              e->str);
                 goto done;
@@ -522,7 +526,7 @@ int mg_vocab_from_json(const char *json, size_t len, mg_vocab **out,
     }
     v = vocab_alloc((int)j->len);
     if (!v) {
-        rc = mg_fail(err, errlen, MG_TOK_ERR_NOMEM, "out of memory");
+        rc = mg_fail(err, MG_ERR_NOMEM, "out of memory");
         goto done;
     }
     for (size_t i = 0; i < j->len; i++)
@@ -530,7 +534,7 @@ int mg_vocab_from_json(const char *json, size_t len, mg_vocab **out,
     build_order(v);
     for (int i = 1; i < v->n; i++)
         if (strcmp(v->tok[v->order[i - 1]], v->tok[v->order[i]]) == 0) {
-            rc = mg_fail(err, errlen, MG_TOK_ERR_ARG, "vocab JSON: duplicate token '%s'",
+            rc = mg_fail(err, MG_ERR_FORMAT, "vocab JSON: duplicate token '%s'",
                          v->tok[v->order[i]]);
             mg_vocab_free(v);
             v = NULL;

@@ -14,15 +14,16 @@
  * Vocabulary: ids 0, 1, 2 are the specials "<pad>", "<bos>", "<eos>"; ids
  * 3.. are the data tokens in strcmp order (as built by mg_vocab_build).
  *
- * Conventions (all of molgen's data side): functions return 0 on success and
- * a negative code on failure, and then write a one-line message into the
- * caller's buffer err[errlen] (err may be NULL). Nothing aborts or prints.
+ * Conventions: errors.h (an mg_status, a one-line message in the caller's
+ * mg_error). Nothing aborts or prints.
  */
 #ifndef MG_TOKENIZER_H
 #define MG_TOKENIZER_H
 
 #include <stddef.h>
 #include <stdint.h>
+
+#include "errors.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -35,15 +36,13 @@ extern "C" {
 #define MG_NUM_SPECIAL 3
 
 /* Longest token (bytes, without NUL) the vocabulary accepts. Bracket atoms
- * longer than this are a tokenisation error (MG_TOK_ERR_CHAR at the '['). */
+ * longer than this are a tokenisation error (MG_ERR_TOKEN at the '['). */
 #define MG_TOKEN_MAX 31
 
-/* Error codes (negative). */
-#define MG_TOK_ERR_CHAR (-1)    /* a character that starts no token */
-#define MG_TOK_ERR_TOOLONG (-2) /* more tokens than the caller's capacity */
-#define MG_TOK_ERR_UNKNOWN (-3) /* a token not in the vocabulary */
-#define MG_TOK_ERR_NOMEM (-4)
-#define MG_TOK_ERR_ARG (-5)     /* NULL / invalid argument, bad vocab JSON, bad id */
+/* Errors (errors.h): MG_ERR_TOKEN a character that starts no token,
+ * MG_ERR_TOO_LONG more tokens than the caller's capacity, MG_ERR_UNKNOWN_TOKEN
+ * a token not in the vocabulary, MG_ERR_FORMAT bad vocabulary JSON,
+ * MG_ERR_ARG a NULL / invalid argument or an id out of range, MG_ERR_NOMEM. */
 
 /* ------------------------------------------------------------ scanning */
 
@@ -61,28 +60,28 @@ typedef struct {
 
 /* Tokenise the NUL-terminated SMILES into spans[0..cap).
  * On success *ntok = number of tokens (0 for ""), returns 0.
- * MG_TOK_ERR_CHAR: err says "position P: cannot tokenise 'X'"; *errpos (may
+ * MG_ERR_TOKEN: err says "position P: cannot tokenise 'X'"; *errpos (may
  *   be NULL) = P, the 0-based byte offset; *ntok = tokens before it.
- * MG_TOK_ERR_TOOLONG: more than cap tokens; *ntok = the full token count if
+ * MG_ERR_TOO_LONG: more than cap tokens; *ntok = the full token count if
  *   the whole string tokenises (so the caller can report the length), spans
  *   holds the first cap. spans may be NULL with cap 0 to just count. */
-int mg_tokenize(const char *smiles, mg_span *spans, int cap, int *ntok,
-                int *errpos, char *err, size_t errlen);
+mg_status mg_tokenize(const char *smiles, mg_span *spans, int cap, int *ntok,
+                int *errpos, mg_error *err);
 
 /* ------------------------------------------------------------ vocabulary */
 
 typedef struct mg_vocab mg_vocab; /* opaque, immutable once built */
 
 /* Build from n SMILES strings: every distinct token, sorted by strcmp, after
- * the three specials. Fails (MG_TOK_ERR_CHAR, message "smiles[i] position P:
+ * the three specials. Fails (MG_ERR_TOKEN, message "smiles[i] position P:
  * ...") if any string does not tokenise. */
-int mg_vocab_build(const char *const *smiles, size_t n, mg_vocab **out,
-                   char *err, size_t errlen);
+mg_status mg_vocab_build(const char *const *smiles, size_t n, mg_vocab **out,
+                   mg_error *err);
 
 /* Build from a list of data tokens (duplicates removed, sorted; the three
  * specials must NOT be in the list). Each must be exactly one token. */
-int mg_vocab_from_tokens(const char *const *tokens, size_t n, mg_vocab **out,
-                         char *err, size_t errlen);
+mg_status mg_vocab_from_tokens(const char *const *tokens, size_t n, mg_vocab **out,
+                         mg_error *err);
 
 void mg_vocab_free(mg_vocab *v); /* NULL is fine */
 
@@ -98,17 +97,17 @@ const char *mg_vocab_token(const mg_vocab *v, int id);
 int mg_vocab_lookup(const mg_vocab *v, const char *tok, int len);
 
 /* Tokenise + look up (no BOS/EOS added): ids[0..*n). Errors as mg_tokenize,
- * plus MG_TOK_ERR_UNKNOWN: "unknown token '[Se]' at position P". With
- * MG_TOK_ERR_TOOLONG, *n = full count as in mg_tokenize. */
-int mg_vocab_encode(const mg_vocab *v, const char *smiles, int32_t *ids,
-                    int cap, int *n, char *err, size_t errlen);
+ * plus MG_ERR_UNKNOWN_TOKEN: "unknown token '[Se]' at position P". With
+ * MG_ERR_TOO_LONG, *n = full count as in mg_tokenize. */
+mg_status mg_vocab_encode(const mg_vocab *v, const char *smiles, int32_t *ids,
+                    int cap, int *n, mg_error *err);
 
 /* Decode ids[0..n) into out[outlen] (NUL-terminated): BOS and PAD are
- * skipped, decoding stops at the first EOS. Returns the string length (>= 0),
- * MG_TOK_ERR_ARG for an id out of range, MG_TOK_ERR_TOOLONG if out is too
+ * skipped, decoding stops at the first EOS; *len (may be NULL) = the string
+ * length. MG_ERR_ARG for an id out of range, MG_ERR_TOO_LONG if out is too
  * small (out then holds a truncated, NUL-terminated prefix). */
-int mg_vocab_decode(const mg_vocab *v, const int32_t *ids, int n, char *out,
-                    size_t outlen, char *err, size_t errlen);
+mg_status mg_vocab_decode(const mg_vocab *v, const int32_t *ids, int n, char *out, size_t outlen,
+                          size_t *len, mg_error *err);
 
 /* Serialise as a JSON array of all token strings in id order, specials
  * included: ["<pad>","<bos>","<eos>","#","(",...]. Returns a malloc'ed
@@ -118,8 +117,8 @@ char *mg_vocab_to_json(const mg_vocab *v);
 /* Parse what mg_vocab_to_json wrote. Checks: a JSON array of strings, the
  * first three are exactly the specials, no duplicates, every other entry is
  * exactly one SMILES token. Ids are positions in the array (order kept). */
-int mg_vocab_from_json(const char *json, size_t len, mg_vocab **out,
-                       char *err, size_t errlen);
+mg_status mg_vocab_from_json(const char *json, size_t len, mg_vocab **out,
+                       mg_error *err);
 
 /* 1 if a and b have the same tokens in the same order, else 0. */
 int mg_vocab_equal(const mg_vocab *a, const mg_vocab *b);

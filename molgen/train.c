@@ -141,8 +141,8 @@ static void log_msg(logger *lg, const char *fmt, ...) {
 /* ------------------------------------------------------------ validation */
 
 /* Mean loss over the first nv rows of val, in batches of B (eval mode). */
-static int validate(mg_model *m, const mg_dataset *val, size_t nv, int B, int32_t *buf, double *loss,
-                    char *err, size_t errlen) {
+static mg_status validate(mg_model *m, const mg_dataset *val, size_t nv, int B, int32_t *buf, double *loss,
+                    mg_error *err) {
     double sum = 0.0;
     int64_t count = 0;
     for (size_t r0 = 0; r0 < nv; r0 += (size_t)B) {
@@ -152,9 +152,9 @@ static int validate(mg_model *m, const mg_dataset *val, size_t nv, int B, int32_
         int Tb = mg_trim_batch(ids, len, nb, val->T, buf);
         float l;
         int64_t nt;
-        char e[300];
-        if (mg_model_forward(m, buf, len, nb, Tb, 0, 0, &l, &nt, e, sizeof e))
-            return mg_fail(err, errlen, -1, "validation: %s", e);
+        mg_error e;
+        if (mg_model_forward(m, buf, len, nb, Tb, 0, 0, &l, &nt, &e))
+            return mg_fail(err, e.status, "validation: %s", e.message);
         sum += (double)l * (double)nt;
         count += nt;
     }
@@ -164,12 +164,13 @@ static int validate(mg_model *m, const mg_dataset *val, size_t nv, int B, int32_
 
 /* ------------------------------------------------------------ the run */
 
-int mg_train_run(const mg_train_config *c, mg_train_result *result, char *err, size_t errlen) {
+mg_status mg_train_run(const mg_train_config *c, mg_train_result *result, mg_error *err) {
+    mg_status rc_;
     const double t0 = mg_now_s();
     mg_train_result res;
     memset(&res, 0, sizeof res);
     res.val_loss = res.first_val_loss = NAN;
-    if (!c) return mg_fail(err, errlen, -1, "train config is NULL");
+    if (!c) return mg_fail(err, MG_ERR_ARG, "train config is NULL");
     g_stop_signal = 0;
 
     logger lg = {c->log ? c->log : stderr, c->quiet, c->progress, 0, 0, 0.0};
@@ -184,33 +185,33 @@ int mg_train_run(const mg_train_config *c, mg_train_result *result, char *err, s
     mg_batcher *batcher = NULL;
     int32_t *bids = NULL, *bbuf = NULL;
     int64_t *blen = NULL;
-    int rc = -1;
-    char e[512];
+    mg_status rc = MG_ERR_ARG; /* every failure path sets it */
+    mg_error e;
     const int resuming = c->resume_path != NULL;
 
     /* ---- configuration: fresh, or the checkpoint's */
     mg_train_state ts;
     memset(&ts, 0, sizeof ts);
     if (resuming) {
-        if (mg_ckpt_load(c->resume_path, &ck, err, errlen)) return -1;
+        if ((rc_ = mg_ckpt_load(c->resume_path, &ck, err))) return rc_;
         ts = ck.ts;
         if (c->data_path && strlen(c->data_path) < sizeof ts.data) snprintf(ts.data, sizeof ts.data, "%s", c->data_path);
         if (c->steps > 0 && c->steps < ts.step) {
-            mg_fail(err, errlen, -1, "%s is at step %" PRId64 " of a %" PRId64 "-step schedule: --steps %" PRId64
-                    " is behind it (give more steps than the checkpoint has done, or none to finish its schedule)",
-                    c->resume_path, ts.step, ck.opt.cfg.total_steps, c->steps);
+            const int64_t total = ck.opt.cfg.total_steps;
             mg_ckpt_free(&ck);
-            return -1;
+            return mg_fail(err, MG_ERR_ARG, "%s is at step %" PRId64 " of a %" PRId64 "-step schedule: --steps %" PRId64
+                    " is behind it (give more steps than the checkpoint has done, or none to finish its schedule)",
+                    c->resume_path, ts.step, total, c->steps);
         }
         log_msg(&lg, "resuming from %s at step %" PRId64, c->resume_path, ts.step);
     } else {
-        if (!c->data_path) return mg_fail(err, errlen, -1, "no data file given");
-        if (strlen(c->data_path) >= sizeof ts.data) return mg_fail(err, errlen, -1, "data path too long");
-        if (c->batch_size < 1) return mg_fail(err, errlen, -1, "batch size %d must be >= 1", c->batch_size);
+        if (!c->data_path) return mg_fail(err, MG_ERR_ARG, "no data file given");
+        if (strlen(c->data_path) >= sizeof ts.data) return mg_fail(err, MG_ERR_ARG, "data path too long");
+        if (c->batch_size < 1) return mg_fail(err, MG_ERR_ARG, "batch size %d must be >= 1", c->batch_size);
         if (!(c->val_frac >= 0 && c->val_frac < 1))
-            return mg_fail(err, errlen, -1, "validation fraction %g must be in [0, 1)", c->val_frac);
+            return mg_fail(err, MG_ERR_ARG, "validation fraction %g must be in [0, 1)", c->val_frac);
         if (c->val_every < -1 || c->val_max < 0 || c->ckpt_every < 0 || c->max_tokens < 0)
-            return mg_fail(err, errlen, -1, "val_every (-1: auto), val_max, ckpt_every and max_tokens must be >= 0");
+            return mg_fail(err, MG_ERR_ARG, "val_every (-1: auto), val_max, ckpt_every and max_tokens must be >= 0");
         snprintf(ts.data, sizeof ts.data, "%s", c->data_path);
         snprintf(ts.csv_column, sizeof ts.csv_column, "%s", c->csv_column ? c->csv_column : "smiles");
         ts.seed = c->seed;
@@ -223,11 +224,11 @@ int mg_train_run(const mg_train_config *c, mg_train_result *result, char *err, s
         ts.val_loss = NAN;
     }
     if (c->steps < 0 || !(c->time_limit >= 0 && c->time_limit <= MG_TIME_LIMIT_MAX) || c->stop_after < 0)
-        return mg_ckpt_free(&ck), mg_fail(err, errlen, -1, "steps and stop_after must be >= 0, the "
+        return mg_ckpt_free(&ck), mg_fail(err, MG_ERR_ARG, "steps and stop_after must be >= 0, the "
                                              "time limit in [0, %g] seconds", MG_TIME_LIMIT_MAX);
     if (!resuming && c->steps == 0 && c->time_limit <= 0)
-        return mg_fail(err, errlen, -1, "give a number of steps or a time limit");
-    if (!c->out_path) return mg_ckpt_free(&ck), mg_fail(err, errlen, -1, "no output path given");
+        return mg_fail(err, MG_ERR_ARG, "give a number of steps or a time limit");
+    if (!c->out_path) return mg_ckpt_free(&ck), mg_fail(err, MG_ERR_ARG, "no output path given");
 
     /* ---- data */
     {
@@ -240,8 +241,8 @@ int mg_train_run(const mg_train_config *c, mg_train_result *result, char *err, s
         mg_report rep;
         mg_vocab *built = NULL;
         if (mg_dataset_load(ts.data, &lo, resuming ? ck.vocab : NULL, resuming ? NULL : &built, &all,
-                            &rep, e, sizeof e)) {
-            mg_fail(err, errlen, -1, "%s", e);
+                            &rep, &e)) {
+            rc = mg_fail(err, e.status, "%s", e.message);
             goto done;
         }
         if (!resuming) ck.vocab = built;
@@ -254,7 +255,7 @@ int mg_train_run(const mg_train_config *c, mg_train_result *result, char *err, s
         if (resuming) {
             const uint64_t h = dataset_hash(&all);
             if ((uint64_t)all.n != ts.data_rows || h != ts.data_hash) {
-                mg_fail(err, errlen, -1, "data %s differs from the checkpoint's (%zu molecules vs %" PRIu64
+                rc = mg_fail(err, MG_ERR_MISMATCH, "data %s differs from the checkpoint's (%zu molecules vs %" PRIu64
                      "%s): resume needs the same data", ts.data, all.n, ts.data_rows,
                      (uint64_t)all.n == ts.data_rows ? ", same count but different content" : "");
                 goto done;
@@ -263,12 +264,12 @@ int mg_train_run(const mg_train_config *c, mg_train_result *result, char *err, s
             ts.data_rows = all.n;
             ts.data_hash = dataset_hash(&all);
         }
-        if (mg_dataset_split(&all, ts.val_frac, ts.seed, &train, &val, e, sizeof e)) {
-            mg_fail(err, errlen, -1, "%s", e);
+        if (mg_dataset_split(&all, ts.val_frac, ts.seed, &train, &val, &e)) {
+            rc = mg_fail(err, e.status, "%s", e.message);
             goto done;
         }
         if (train.n < (size_t)ts.batch_size) {
-            mg_fail(err, errlen, -1, "training split has %zu molecules, fewer than the batch size %d",
+            rc = mg_fail(err, MG_ERR_ARG, "training split has %zu molecules, fewer than the batch size %d",
                  train.n, ts.batch_size);
             goto done;
         }
@@ -281,15 +282,15 @@ int mg_train_run(const mg_train_config *c, mg_train_result *result, char *err, s
         mg_model_config mc = c->model;
         mc.vocab_size = mg_vocab_size(ck.vocab);
         mc.ctx_len = all.T - 1;
-        if (mg_model_create(&mc, &ck.model, e, sizeof e)) {
-            mg_fail(err, errlen, -1, "model: %s", e);
+        if (mg_model_create(&mc, &ck.model, &e)) {
+            rc = mg_fail(err, e.status, "model: %s", e.message);
             goto done;
         }
         mg_model_init(ck.model, ts.seed);
         const size_t nt = mg_model_num_tensors(ck.model);
         mg_optim_span *spans = malloc(nt * sizeof *spans);
         if (!spans) {
-            mg_fail(err, errlen, -1, "out of memory");
+            rc = mg_fail(err, MG_ERR_NOMEM, "out of memory");
             goto done;
         }
         for (size_t i = 0; i < nt; i++) {
@@ -300,10 +301,10 @@ int mg_train_run(const mg_train_config *c, mg_train_result *result, char *err, s
         }
         mg_adamw_config oc = c->optim;
         oc.total_steps = c->steps > 0 ? c->steps : MG_STEPS_UNSIZED; /* estimated later */
-        int orc = mg_adamw_init(&ck.opt, &oc, mg_model_num_params(ck.model), spans, nt, e, sizeof e);
+        mg_status orc = mg_adamw_init(&ck.opt, &oc, mg_model_num_params(ck.model), spans, nt, &e);
         free(spans);
         if (orc) {
-            mg_fail(err, errlen, -1, "optimizer: %s", e);
+            rc = mg_fail(err, e.status, "optimizer: %s", e.message);
             goto done;
         }
     } else if (c->steps > 0 && c->steps != ck.opt.cfg.total_steps) {
@@ -315,7 +316,7 @@ int mg_train_run(const mg_train_config *c, mg_train_result *result, char *err, s
      * timed steps) is sized again when resumed, which needs a time limit. */
     int total_known = c->steps > 0 || (resuming && ck.opt.cfg.total_steps < MG_STEPS_UNSIZED);
     if (!total_known && c->time_limit <= 0) {
-        mg_fail(err, errlen, -1,
+        rc = mg_fail(err, MG_ERR_ARG, 
                 "%s stopped before its schedule length was known: resume with --steps N or "
                 "--time-limit SECONDS", c->resume_path);
         goto done;
@@ -341,16 +342,16 @@ int mg_train_run(const mg_train_config *c, mg_train_result *result, char *err, s
 
     /* ---- causal-leak guard */
     if (!c->skip_guard) {
-        if (mg_model_causal_guard(model, ts.seed, e, sizeof e)) {
-            mg_fail(err, errlen, -1, "causal-leak guard failed: %s", e);
+        if (mg_model_causal_guard(model, ts.seed, &e)) {
+            rc = mg_fail(err, e.status, "causal-leak guard failed: %s", e.message);
             goto done;
         }
     }
 
     /* ---- batches */
     const int B = ts.batch_size, T = all.T;
-    if (mg_batcher_new(&train, B, ts.seed, 1, &batcher, e, sizeof e)) {
-        mg_fail(err, errlen, -1, "%s", e);
+    if (mg_batcher_new(&train, B, ts.seed, 1, &batcher, &e)) {
+        rc = mg_fail(err, e.status, "%s", e.message);
         goto done;
     }
     mg_batcher_seek(batcher, (uint64_t)ts.step);
@@ -358,7 +359,7 @@ int mg_train_run(const mg_train_config *c, mg_train_result *result, char *err, s
     bbuf = malloc((size_t)B * T * sizeof(int32_t));
     blen = malloc((size_t)B * sizeof(int64_t));
     if (!bids || !bbuf || !blen) {
-        mg_fail(err, errlen, -1, "out of memory for batches");
+        rc = mg_fail(err, MG_ERR_NOMEM, "out of memory for batches");
         goto done;
     }
     const size_t nv = (ts.val_max > 0 && (size_t)ts.val_max < val.n) ? (size_t)ts.val_max : val.n;
@@ -367,7 +368,7 @@ int mg_train_run(const mg_train_config *c, mg_train_result *result, char *err, s
     double t_val = 0.0;
     if (nv > 0) {
         double tv = mg_now_s();
-        if (validate(model, &val, nv, B, bbuf, &res.first_val_loss, err, errlen)) goto done;
+        if ((rc = validate(model, &val, nv, B, bbuf, &res.first_val_loss, err))) goto done;
         t_val = mg_now_s() - tv;
         res.val_loss = res.first_val_loss;
         log_msg(&lg, "step %" PRId64 ": val loss %.4f (%zu molecules; unigram entropy %.4f)", ts.step,
@@ -407,11 +408,10 @@ int mg_train_run(const mg_train_config *c, mg_train_result *result, char *err, s
         const int Tb = mg_trim_batch(bids, blen, B, T, bbuf);
         float loss, gnorm, lr;
         int64_t ntok;
-        if (mg_model_forward(model, bbuf, blen, B, Tb, 1, step_seed(ts.seed, ts.step), &loss, &ntok, e,
-                             sizeof e) ||
-            mg_model_backward(model, e, sizeof e) ||
-            mg_adamw_step(opt, mg_model_params(model), mg_model_grads(model), &gnorm, &lr, e, sizeof e)) {
-            mg_fail(err, errlen, -1, "step %" PRId64 ": %s", ts.step, e);
+        if (mg_model_forward(model, bbuf, blen, B, Tb, 1, step_seed(ts.seed, ts.step), &loss, &ntok, &e) ||
+            mg_model_backward(model, &e) ||
+            mg_adamw_step(opt, mg_model_params(model), mg_model_grads(model), &gnorm, &lr, &e)) {
+            rc = mg_fail(err, MG_ERR_ARG, "step %" PRId64 ": %s", ts.step, e.message);
             goto done;
         }
         ts.step++;
@@ -465,7 +465,7 @@ int mg_train_run(const mg_train_config *c, mg_train_result *result, char *err, s
         const int final_step = total_known && ts.step >= opt->cfg.total_steps;
         if (ts.val_every > 0 && nv > 0 && ts.step % ts.val_every == 0) {
             double tv = mg_now_s();
-            if (validate(model, &val, nv, B, bbuf, &res.val_loss, err, errlen)) goto done;
+            if ((rc = validate(model, &val, nv, B, bbuf, &res.val_loss, err))) goto done;
             t_val = mg_now_s() - tv;
             last_val_at = (double)ts.step;
             char el[32];
@@ -476,7 +476,7 @@ int mg_train_run(const mg_train_config *c, mg_train_result *result, char *err, s
         }
         if (ts.ckpt_every > 0 && ts.step % ts.ckpt_every == 0 && !final_step) {
             ts.val_loss = res.val_loss;
-            if (mg_ckpt_save(c->out_path, model, ck.vocab, opt, &ts, err, errlen)) goto done;
+            if ((rc = mg_ckpt_save(c->out_path, model, ck.vocab, opt, &ts, err))) goto done;
         }
         /* progress line */
         if (lg.progress && !lg.quiet) {
@@ -515,10 +515,10 @@ int mg_train_run(const mg_train_config *c, mg_train_result *result, char *err, s
 
     /* ---- end: final validation, checkpoint, summary */
     if (nv > 0 && last_val_at != (double)ts.step && ts.step > start_step) {
-        if (validate(model, &val, nv, B, bbuf, &res.val_loss, err, errlen)) goto done;
+        if ((rc = validate(model, &val, nv, B, bbuf, &res.val_loss, err))) goto done;
     }
     ts.val_loss = res.val_loss;
-    if (mg_ckpt_save(c->out_path, model, ck.vocab, opt, &ts, err, errlen)) goto done;
+    if ((rc = mg_ckpt_save(c->out_path, model, ck.vocab, opt, &ts, err))) goto done;
     res.step = ts.step;
     res.total_steps = opt->cfg.total_steps;
     res.stop = stop;

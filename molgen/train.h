@@ -29,6 +29,8 @@
 
 #include <stddef.h>
 #include <stdint.h>
+
+#include "errors.h"
 #include <stdio.h>
 
 #include "model.h"
@@ -123,7 +125,7 @@ typedef struct {
 } mg_train_result;
 
 /* Run training as configured. result may be NULL. */
-int mg_train_run(const mg_train_config *c, mg_train_result *result, char *err, size_t errlen);
+mg_status mg_train_run(const mg_train_config *c, mg_train_result *result, mg_error *err);
 
 /* Ask a running mg_train_run to checkpoint and stop after the current step.
  * Async-signal-safe. mg_train_run clears the request when it starts. */
@@ -137,8 +139,8 @@ int mg_train_stop_signal(void);
 /* Load a checkpoint's parameters and optimizer state (for tests and tools):
  * *model and, if non-NULL, *opt (initialised here; free with mg_adamw_free)
  * and *step. */
-int mg_checkpoint_load(const char *path, mg_model **model, mg_adamw *opt, int64_t *step,
-                       char *err, size_t errlen);
+mg_status mg_checkpoint_load(const char *path, mg_model **model, mg_adamw *opt, int64_t *step,
+                       mg_error *err);
 
 #ifdef __cplusplus
 }

@@ -32,7 +32,7 @@ static const char *tokptr[128];
 static int tokens_of(const char *smiles) {
     mg_span sp[128];
     int n = 0;
-    if (mg_tokenize(smiles, sp, 128, &n, NULL, NULL, 0)) return -1;
+    if (mg_tokenize(smiles, sp, 128, &n, NULL, NULL)) return -1;
     for (int i = 0; i < n; i++) {
         snprintf(tokbuf[i], sizeof tokbuf[i], "%.*s", sp[i].len, smiles + sp[i].start);
         tokptr[i] = tokbuf[i];
@@ -238,10 +238,11 @@ static void test_cmd(void) {
         return;
     }
     const char *toks[] = {"C", "c", "1", "2", "(", ")", "O", "N", "=", "n"};
-    char err[256], model[256], out[256], path[300];
+    mg_error err;
+    char model[256], out[256], path[300];
     mg_vocab *v = NULL;
     mg_model *m = NULL;
-    CHECK(mg_vocab_from_tokens(toks, 10, &v, err, sizeof err) == 0, "%s", err);
+    CHECK(mg_vocab_from_tokens(toks, 10, &v, &err) == 0, "%s", err.message);
     mg_model_config c;
     mg_model_config_default(&c);
     c.n_layer = 2;
@@ -249,12 +250,12 @@ static void test_cmd(void) {
     c.n_head = 2;
     c.ctx_len = 16;
     c.vocab_size = mg_vocab_size(v);
-    CHECK(mg_model_create(&c, &m, err, sizeof err) == 0, "%s", err);
+    CHECK(mg_model_create(&c, &m, &err) == 0, "%s", err.message);
     if (!m || !v) return;
     mg_model_init(m, 3);
     snprintf(model, sizeof model, "%s/m.safetensors", dir);
     snprintf(out, sizeof out, "%s/maps", dir);
-    CHECK(mg_model_save(m, v, model, err, sizeof err) == 0, "%s", err);
+    CHECK(mg_model_save(m, v, model, &err) == 0, "%s", err.message);
     char *argv1[] = {"attention", "--model", model, "--smiles", "c1ccccc1O", "--out", out, NULL};
     CHECK(cmd_attention(7, argv1) == 0, "cmd_attention failed");
     snprintf(path, sizeof path, "%s/attention.svg", out);

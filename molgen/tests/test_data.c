@@ -45,10 +45,10 @@ static void test_smi_file(void)
                       "CC(=O)OCCCCCCCCCCCCCCC\n" /* 8 long: 22 tokens */
                       "C[nH]1\n"                /* 9 */
                       "Cl/C=C\\Br");             /* 10, no final newline */
-    char err[300] = "";
+    mg_error err;
     mg_report rep;
     mg_smiles_list list;
-    CHECK(mg_read_smiles(g_smi, NULL, &list, &rep, err, sizeof err) == 0);
+    CHECK(mg_read_smiles(g_smi, NULL, &list, &rep, &err) == 0);
     CHECK(list.n == 6);
     if (list.n == 6) {
         CHECK(strcmp(list.smiles[0], "CCO") == 0 && list.line[0] == 2);
@@ -64,7 +64,7 @@ static void test_smi_file(void)
     mg_load_opts o = {0};
     mg_vocab *v = NULL;
     mg_dataset d;
-    CHECK(mg_dataset_load(g_smi, &o, NULL, &v, &d, &rep, err, sizeof err) == 0);
+    CHECK(mg_dataset_load(g_smi, &o, NULL, &v, &d, &rep, &err) == 0);
     CHECK(d.n == 5 && d.T == 22 + 2);
     CHECK(rep.kept == 5 && rep.skipped == 1 && rep.bad_char == 1 && rep.nmsg == 1);
     char want[600];
@@ -88,7 +88,7 @@ static void test_smi_file(void)
                 CHECK(row[i] >= MG_NUM_SPECIAL);
             for (int i = (int)d.lengths[r]; i < d.T; i++)
                 CHECK(row[i] == MG_PAD);
-            CHECK(mg_vocab_decode(v, row, d.T, out, sizeof out, err, sizeof err) >= 0);
+            CHECK(mg_vocab_decode(v, row, d.T, out, sizeof out, NULL, &err) == 0);
             CHECK(strcmp(out, d.smiles[r]) == 0);
         }
         CHECK(d.line[0] == 2 && d.line[4] == 10);
@@ -106,7 +106,7 @@ static void test_smi_file(void)
     /* fixed T: the long molecule is skipped as too long */
     o.T = 16;
     mg_vocab *v2 = NULL;
-    CHECK(mg_dataset_load(g_smi, &o, NULL, &v2, &d, &rep, err, sizeof err) == 0);
+    CHECK(mg_dataset_load(g_smi, &o, NULL, &v2, &d, &rep, &err) == 0);
     CHECK(d.n == 4 && d.T == 16 && rep.too_long == 1 && rep.bad_char == 1 && rep.skipped == 2);
     snprintf(want, sizeof want, "%s:8: too long: 22 tokens, limit 14", g_smi);
     CHECK(has_msg(&rep, want));
@@ -115,7 +115,7 @@ static void test_smi_file(void)
     /* max_tokens with automatic T */
     o.T = 0;
     o.max_tokens = 8; /* benzene has 8 tokens, Cl/C=C\Br 7 */
-    CHECK(mg_dataset_load(g_smi, &o, NULL, &v2, &d, &rep, err, sizeof err) == 0);
+    CHECK(mg_dataset_load(g_smi, &o, NULL, &v2, &d, &rep, &err) == 0);
     CHECK(d.n == 4 && d.T == 10 && rep.too_long == 1);
     mg_dataset_free(&d);
     mg_vocab_free(v2);
@@ -124,9 +124,9 @@ static void test_smi_file(void)
     /* fixed vocabulary: unknown tokens skipped and named */
     const char *small[] = {"CCO", "c1ccccc1"};
     mg_vocab *fixed = NULL;
-    CHECK(mg_vocab_build(small, 2, &fixed, err, sizeof err) == 0);
+    CHECK(mg_vocab_build(small, 2, &fixed, &err) == 0);
     mg_vocab *untouched = (mg_vocab *)0x1;
-    CHECK(mg_dataset_load(g_smi, &o, fixed, &untouched, &d, &rep, err, sizeof err) == 0);
+    CHECK(mg_dataset_load(g_smi, &o, fixed, &untouched, &d, &rep, &err) == 0);
     CHECK(untouched == (mg_vocab *)0x1);
     CHECK(d.n == 2 && rep.unknown_token == 3 && rep.bad_char == 1 && rep.skipped == 4);
     snprintf(want, sizeof want, "%s:8: unknown token '(' at position 2", g_smi);
@@ -138,9 +138,9 @@ static void test_smi_file(void)
     /* every molecule skipped is an error, still reported */
     const char *tiny[] = {"N"};
     mg_vocab *nv = NULL;
-    CHECK(mg_vocab_build(tiny, 1, &nv, err, sizeof err) == 0);
-    CHECK(mg_dataset_load(g_smi, &o, nv, NULL, &d, &rep, err, sizeof err) != 0);
-    CHECK(strstr(err, "no usable molecules") && rep.skipped == 6 && d.ids == NULL);
+    CHECK(mg_vocab_build(tiny, 1, &nv, &err) == 0);
+    CHECK(mg_dataset_load(g_smi, &o, nv, NULL, &d, &rep, &err) != 0);
+    CHECK(strstr(err.message, "no usable molecules") && rep.skipped == 6 && d.ids == NULL);
     mg_vocab_free(nv);
     mg_vocab_free(fixed);
 
@@ -149,7 +149,7 @@ static void test_smi_file(void)
     for (int i = 0; i < 50; i++)
         fprintf(f, "%s\n", i % 2 ? "CC" : "C?X");
     fclose(f);
-    CHECK(mg_dataset_load(g_tmp, &o, NULL, &v2, &d, &rep, err, sizeof err) == 0);
+    CHECK(mg_dataset_load(g_tmp, &o, NULL, &v2, &d, &rep, &err) == 0);
     CHECK(d.n == 25 && rep.bad_char == 25 && rep.nmsg == MG_REPORT_MSGS);
     snprintf(want, sizeof want, "%s:1: cannot tokenise: position 2", g_tmp);
     CHECK(has_msg(&rep, want));
@@ -160,14 +160,14 @@ static void test_smi_file(void)
     mg_vocab_free(v2);
 
     /* errors */
-    CHECK(mg_dataset_load("/nonexistent-mg/x.smi", &o, NULL, &v2, &d, &rep, err, sizeof err) != 0);
-    CHECK(strstr(err, "cannot open /nonexistent-mg/x.smi") != NULL);
+    CHECK(mg_dataset_load("/nonexistent-mg/x.smi", &o, NULL, &v2, &d, &rep, &err) != 0);
+    CHECK(strstr(err.message, "cannot open /nonexistent-mg/x.smi") != NULL);
     write_file(g_tmp, "# only comments\n\n");
-    CHECK(mg_dataset_load(g_tmp, &o, NULL, &v2, &d, &rep, err, sizeof err) != 0);
-    CHECK(strstr(err, "no usable molecules") != NULL);
-    CHECK(mg_dataset_load(g_smi, &o, NULL, NULL, &d, &rep, err, sizeof err) != 0);
+    CHECK(mg_dataset_load(g_tmp, &o, NULL, &v2, &d, &rep, &err) != 0);
+    CHECK(strstr(err.message, "no usable molecules") != NULL);
+    CHECK(mg_dataset_load(g_smi, &o, NULL, NULL, &d, &rep, &err) != 0);
     o.T = 2;
-    CHECK(mg_dataset_load(g_smi, &o, NULL, &v2, &d, &rep, err, sizeof err) != 0);
+    CHECK(mg_dataset_load(g_smi, &o, NULL, &v2, &d, &rep, &err) != 0);
     o.T = 0;
     mg_vocab_free(v);
 }
@@ -183,10 +183,10 @@ static void test_csv_file(void)
                       "5,,3\n"               /* empty field */
                       "6, CC(N)=O ,2\n"      /* trimmed */
                       "7,\"unterminated,1\n");
-    char err[300] = "";
+    mg_error err;
     mg_report rep;
     mg_smiles_list list;
-    CHECK(mg_read_smiles(g_csv, "smiles", &list, &rep, err, sizeof err) == 0);
+    CHECK(mg_read_smiles(g_csv, "smiles", &list, &rep, &err) == 0);
     CHECK(list.n == 4);
     if (list.n == 4) {
         CHECK(strcmp(list.smiles[0], "CCO") == 0 && list.line[0] == 2);
@@ -208,7 +208,7 @@ static void test_csv_file(void)
     mg_load_opts o = {.csv_column = "SMILES"};
     mg_vocab *v = NULL;
     mg_dataset d;
-    CHECK(mg_dataset_load(g_csv, &o, NULL, &v, &d, &rep, err, sizeof err) == 0);
+    CHECK(mg_dataset_load(g_csv, &o, NULL, &v, &d, &rep, &err) == 0);
     CHECK(d.n == 3 && rep.skipped == 4 && rep.bad_char == 1 && rep.other == 3 && rep.kept == 3);
     snprintf(want, sizeof want, "%s:5: cannot tokenise: position 1", g_csv);
     CHECK(has_msg(&rep, want));
@@ -217,13 +217,13 @@ static void test_csv_file(void)
 
     /* another column; unknown column is an error naming it */
     o.csv_column = "id";
-    CHECK(mg_read_smiles(g_csv, "id", &list, &rep, err, sizeof err) == 0);
+    CHECK(mg_read_smiles(g_csv, "id", &list, &rep, &err) == 0);
     CHECK(list.n == 6 && strcmp(list.smiles[0], "1") == 0); /* line 9: bad quote */
     mg_smiles_list_free(&list);
-    CHECK(mg_read_smiles(g_csv, "smile", &list, &rep, err, sizeof err) != 0);
-    CHECK(strstr(err, "no column named 'smile'") != NULL);
+    CHECK(mg_read_smiles(g_csv, "smile", &list, &rep, &err) != 0);
+    CHECK(strstr(err.message, "no column named 'smile'") != NULL);
     /* default column name */
-    CHECK(mg_read_smiles(g_csv, NULL, &list, &rep, err, sizeof err) == 0 && list.n == 4);
+    CHECK(mg_read_smiles(g_csv, NULL, &list, &rep, &err) == 0 && list.n == 4);
     mg_smiles_list_free(&list);
 }
 
@@ -246,18 +246,18 @@ static void test_split_and_batches(void)
     mg_vocab *v = NULL;
     mg_dataset all;
     mg_report rep;
-    char err[300] = "";
-    if (mg_dataset_load(path, &o, NULL, &v, &all, &rep, err, sizeof err) != 0) {
-        fprintf(stderr, "load %s: %s (set MOLGEN_SHARED_DATA)\n", path, err);
+    mg_error err;
+    if (mg_dataset_load(path, &o, NULL, &v, &all, &rep, &err) != 0) {
+        fprintf(stderr, "load %s: %s (set MOLGEN_SHARED_DATA)\n", path, err.message);
         tu_fail++;
         return;
     }
     CHECK(all.n == 5000 && rep.skipped == 0 && all.T == 64);
 
     mg_dataset tr, va, tr2, va2, tr3, va3;
-    CHECK(mg_dataset_split(&all, 0.1, 42, &tr, &va, err, sizeof err) == 0);
-    CHECK(mg_dataset_split(&all, 0.1, 42, &tr2, &va2, err, sizeof err) == 0);
-    CHECK(mg_dataset_split(&all, 0.1, 43, &tr3, &va3, err, sizeof err) == 0);
+    CHECK(mg_dataset_split(&all, 0.1, 42, &tr, &va, &err) == 0);
+    CHECK(mg_dataset_split(&all, 0.1, 42, &tr2, &va2, &err) == 0);
+    CHECK(mg_dataset_split(&all, 0.1, 43, &tr3, &va3, &err) == 0);
     CHECK(va.n == 500 && tr.n == 4500);
     CHECK(same_dataset(&tr, &tr2) && same_dataset(&va, &va2));
     CHECK(!same_dataset(&va, &va3));
@@ -290,15 +290,15 @@ static void test_split_and_batches(void)
     mg_dataset_free(&tr3);
     mg_dataset_free(&va3);
     /* fractions: 0 -> empty validation; rounding; bad fractions */
-    CHECK(mg_dataset_split(&all, 0.0, 1, &tr2, &va2, err, sizeof err) == 0);
+    CHECK(mg_dataset_split(&all, 0.0, 1, &tr2, &va2, &err) == 0);
     CHECK(tr2.n == 5000 && va2.n == 0 && va2.ids == NULL);
     mg_dataset_free(&tr2);
     mg_dataset_free(&va2);
-    CHECK(mg_dataset_split(&all, 0.00011, 1, &tr2, &va2, err, sizeof err) == 0 && va2.n == 1);
+    CHECK(mg_dataset_split(&all, 0.00011, 1, &tr2, &va2, &err) == 0 && va2.n == 1);
     mg_dataset_free(&tr2);
     mg_dataset_free(&va2);
-    CHECK(mg_dataset_split(&all, 1.0, 1, &tr2, &va2, err, sizeof err) != 0);
-    CHECK(mg_dataset_split(&all, -0.1, 1, &tr2, &va2, err, sizeof err) != 0);
+    CHECK(mg_dataset_split(&all, 1.0, 1, &tr2, &va2, &err) != 0);
+    CHECK(mg_dataset_split(&all, -0.1, 1, &tr2, &va2, &err) != 0);
 
     /* PRNG: splitmix64 reference values (seed 0), Fisher-Yates is a
      * permutation */
@@ -323,9 +323,9 @@ static void test_split_and_batches(void)
     /* batches */
     const int B = 64;
     mg_batcher *b1 = NULL, *b2 = NULL, *b3 = NULL;
-    CHECK(mg_batcher_new(&tr, B, 7, 1, &b1, err, sizeof err) == 0);
-    CHECK(mg_batcher_new(&tr, B, 7, 1, &b2, err, sizeof err) == 0);
-    CHECK(mg_batcher_new(&tr, B, 8, 1, &b3, err, sizeof err) == 0);
+    CHECK(mg_batcher_new(&tr, B, 7, 1, &b1, &err) == 0);
+    CHECK(mg_batcher_new(&tr, B, 7, 1, &b2, &err) == 0);
+    CHECK(mg_batcher_new(&tr, B, 8, 1, &b3, &err) == 0);
     if (b1 && b2 && b3) {
         uint64_t pe = mg_batcher_per_epoch(b1);
         CHECK(pe == 4500 / 64);
@@ -382,7 +382,7 @@ static void test_split_and_batches(void)
     mg_batcher_free(b2);
     mg_batcher_free(b3);
     /* no shuffle: file order, wrapping at n / B * B */
-    CHECK(mg_batcher_new(&va, 200, 1, 0, &b1, err, sizeof err) == 0);
+    CHECK(mg_batcher_new(&va, 200, 1, 0, &b1, &err) == 0);
     if (b1) {
         size_t rows[200];
         mg_batcher_next(b1, NULL, NULL, rows);
@@ -393,18 +393,18 @@ static void test_split_and_batches(void)
         CHECK(rows[0] == 0 && mg_batcher_epoch(b1) == 1);
         mg_batcher_free(b1);
     }
-    CHECK(mg_batcher_new(&va, 501, 1, 1, &b1, err, sizeof err) != 0 && b1 == NULL);
-    CHECK(strstr(err, "batch size 501") != NULL);
-    CHECK(mg_batcher_new(&va, 0, 1, 1, &b1, err, sizeof err) != 0);
+    CHECK(mg_batcher_new(&va, 501, 1, 1, &b1, &err) != 0 && b1 == NULL);
+    CHECK(strstr(err.message, "batch size 501") != NULL);
+    CHECK(mg_batcher_new(&va, 0, 1, 1, &b1, &err) != 0);
 
     /* encode_row */
     int32_t row[8];
     int64_t len = 0;
-    CHECK(mg_encode_row(v, "CCO", 8, row, &len, err, sizeof err) == 0 && len == 5);
+    CHECK(mg_encode_row(v, "CCO", 8, row, &len, &err) == 0 && len == 5);
     CHECK(row[0] == MG_BOS && row[4] == MG_EOS && row[5] == MG_PAD && row[7] == MG_PAD);
-    CHECK(mg_encode_row(v, "CCCCCCC", 8, row, &len, err, sizeof err) == MG_TOK_ERR_TOOLONG);
-    CHECK(strstr(err, "7 tokens, more than T - 2 = 6") != NULL);
-    CHECK(mg_encode_row(v, "CCCCCC", 8, row, &len, err, sizeof err) == 0 && len == 8);
+    CHECK(mg_encode_row(v, "CCCCCCC", 8, row, &len, &err) == MG_ERR_TOO_LONG);
+    CHECK(strstr(err.message, "7 tokens, more than T - 2 = 6") != NULL);
+    CHECK(mg_encode_row(v, "CCCCCC", 8, row, &len, &err) == 0 && len == 8);
 
     mg_dataset_free(&tr);
     mg_dataset_free(&va);
@@ -420,9 +420,9 @@ static void test_big_corpus(void)
     mg_vocab *v = NULL;
     mg_dataset d;
     mg_report rep;
-    char err[300] = "";
+    mg_error err;
     clock_t t0 = clock();
-    CHECK(mg_dataset_load(path, &o, NULL, &v, &d, &rep, err, sizeof err) == 0);
+    CHECK(mg_dataset_load(path, &o, NULL, &v, &d, &rep, &err) == 0);
     double sec = (double)(clock() - t0) / CLOCKS_PER_SEC;
     CHECK(d.n == 176074 && rep.skipped == 0 && d.T == 53 && mg_vocab_size(v) == 27);
     printf("moses_176k: %zu molecules, T = %d, vocab %d, loaded in %.2f s\n", d.n, d.T,
@@ -431,7 +431,7 @@ static void test_big_corpus(void)
     mg_vocab_free(v);
     snprintf(path, sizeof path, "%s/zinc250k_24k.smi", mg_test_data_dir());
     o.T = 64;
-    CHECK(mg_dataset_load(path, &o, NULL, &v, &d, &rep, err, sizeof err) == 0);
+    CHECK(mg_dataset_load(path, &o, NULL, &v, &d, &rep, &err) == 0);
     printf("zinc250k_24k with T = 64: kept %ld, too long %ld, vocab %d\n", rep.kept, rep.too_long,
            mg_vocab_size(v));
     CHECK(rep.kept + rep.too_long == 24445 && rep.too_long > 0);

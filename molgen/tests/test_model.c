@@ -50,9 +50,9 @@ static mg_model_config tiny_config(void) {
  * path (attention, LayerNorm gains, biases) carries O(1) signal. */
 static mg_model *make_model(const mg_model_config *c, uint64_t seed) {
     mg_model *m = NULL;
-    char err[256];
-    if (mg_model_create(c, &m, err, sizeof err)) {
-        fprintf(stderr, "create: %s\n", err);
+    mg_error err;
+    if (mg_model_create(c, &m, &err)) {
+        fprintf(stderr, "create: %s\n", err.message);
         exit(2);
     }
     mg_model_init(m, seed);
@@ -79,9 +79,9 @@ static void make_batch(int B, int T, int V, const int *lens, int32_t *ids, int64
 static double loss_at(mg_model *m, const int32_t *ids, const int64_t *len, int B, int T,
                       int training, uint64_t seed) {
     float loss;
-    char err[256];
-    if (mg_model_forward(m, ids, len, B, T, training, seed, &loss, NULL, err, sizeof err)) {
-        fprintf(stderr, "forward: %s\n", err);
+    mg_error err;
+    if (mg_model_forward(m, ids, len, B, T, training, seed, &loss, NULL, &err)) {
+        fprintf(stderr, "forward: %s\n", err.message);
         exit(2);
     }
     return loss;
@@ -100,15 +100,15 @@ static void gradcheck(const char *label, const mg_model_config *c, int training,
     int32_t ids[32 * 16];
     int64_t len[32];
     make_batch(B, T, c->vocab_size, lens, ids, len);
-    char err[256];
+    mg_error err;
     float loss;
     int64_t ntok;
     const uint64_t seed = 99;
-    CHECK(mg_model_forward(m, ids, len, B, T, training, seed, &loss, &ntok, err, sizeof err) == 0,
-          "%s", err);
+    CHECK(mg_model_forward(m, ids, len, B, T, training, seed, &loss, &ntok, &err) == 0,
+          "%s", err.message);
     CHECK(ntok == expect_ntok, "ntok %lld", (long long)ntok);
-    CHECK(mg_model_backward(m, err, sizeof err) == 0, "%s", err);
-    CHECK(mg_model_backward(m, err, sizeof err) != 0, "a second backward must fail");
+    CHECK(mg_model_backward(m, &err) == 0, "%s", err.message);
+    CHECK(mg_model_backward(m, &err) != 0, "a second backward must fail");
     const size_t P = mg_model_num_params(m);
     float *g = malloc(P * sizeof(float));
     memcpy(g, mg_model_grads(m), P * sizeof(float));
@@ -161,29 +161,29 @@ static void gradcheck(const char *label, const mg_model_config *c, int training,
 
 /* The guard passes the causal model and catches the one without the mask. */
 static void test_guard(void) {
-    char err[256];
+    mg_error err;
     mg_model_config c = tiny_config();
     mg_model *m = make_model(&c, 1);
-    CHECK(mg_model_causal_guard(m, 5, err, sizeof err) == 0, "causal model flagged: %s", err);
+    CHECK(mg_model_causal_guard(m, 5, &err) == 0, "causal model flagged: %s", err.message);
     mg_model_free(m);
     /* GPT-2 init (no perturbation) too: the leak is still far above 1e-6. */
     c.no_causal_mask = 1;
     mg_model *bad = NULL;
-    CHECK(mg_model_create(&c, &bad, err, sizeof err) == 0, "%s", err);
+    CHECK(mg_model_create(&c, &bad, &err) == 0, "%s", err.message);
     mg_model_init(bad, 1);
-    err[0] = 0;
-    int rc = mg_model_causal_guard(bad, 5, err, sizeof err);
-    CHECK(rc == MG_MODEL_ERR_LEAK, "leaky model passed the guard (rc %d)", rc);
-    CHECK(strstr(err, "causal leak") != NULL, "message: %s", err);
-    printf("guard on the no-mask model: %s\n", err);
+    err.message[0] = 0;
+    int rc = mg_model_causal_guard(bad, 5, &err);
+    CHECK(rc == MG_ERR_LEAK, "leaky model passed the guard (rc %d)", rc);
+    CHECK(strstr(err.message, "causal leak") != NULL, "message: %s", err.message);
+    printf("guard on the no-mask model: %s\n", err.message);
     mg_model_free(bad);
     /* Default-size model with GPT-2 init. */
     mg_model_config_default(&c);
     c.ctx_len = 20;
     c.vocab_size = 26;
-    CHECK(mg_model_create(&c, &m, err, sizeof err) == 0, "%s", err);
+    CHECK(mg_model_create(&c, &m, &err) == 0, "%s", err.message);
     mg_model_init(m, 3);
-    CHECK(mg_model_causal_guard(m, 5, err, sizeof err) == 0, "default model flagged: %s", err);
+    CHECK(mg_model_causal_guard(m, 5, &err) == 0, "default model flagged: %s", err.message);
     mg_model_free(m);
 }
 
@@ -201,21 +201,21 @@ static void test_padding_and_inference(void) {
     memcpy(ids2, ids, sizeof ids);
     for (int b = 0; b < B; b++)
         for (int t = lens[b]; t < T; t++) ids2[b * T + t] = (int32_t)(rnd() % (uint64_t)V);
-    char err[256];
+    mg_error err;
     float l1, l2;
-    CHECK(mg_model_forward(m, ids, len, B, T, 0, 0, &l1, NULL, err, sizeof err) == 0, "%s", err);
+    CHECK(mg_model_forward(m, ids, len, B, T, 0, 0, &l1, NULL, &err) == 0, "%s", err.message);
     const size_t P = mg_model_num_params(m);
     float *g1 = malloc(P * sizeof(float));
-    CHECK(mg_model_backward(m, err, sizeof err) == 0, "%s", err);
+    CHECK(mg_model_backward(m, &err) == 0, "%s", err.message);
     memcpy(g1, mg_model_grads(m), P * sizeof(float));
-    CHECK(mg_model_forward(m, ids2, len, B, T, 0, 0, &l2, NULL, err, sizeof err) == 0, "%s", err);
-    CHECK(mg_model_backward(m, err, sizeof err) == 0, "%s", err);
+    CHECK(mg_model_forward(m, ids2, len, B, T, 0, 0, &l2, NULL, &err) == 0, "%s", err.message);
+    CHECK(mg_model_backward(m, &err) == 0, "%s", err.message);
     CHECK(l1 == l2, "padding changed the loss: %.9g vs %.9g", l1, l2);
     CHECK(memcmp(g1, mg_model_grads(m), P * sizeof(float)) == 0, "padding changed the gradients");
 
     /* Same batch twice: bitwise identical loss and gradients. */
-    CHECK(mg_model_forward(m, ids, len, B, T, 0, 0, &l2, NULL, err, sizeof err) == 0, "%s", err);
-    CHECK(mg_model_backward(m, err, sizeof err) == 0, "%s", err);
+    CHECK(mg_model_forward(m, ids, len, B, T, 0, 0, &l2, NULL, &err) == 0, "%s", err.message);
+    CHECK(mg_model_backward(m, &err) == 0, "%s", err.message);
     CHECK(l1 == l2 && memcmp(g1, mg_model_grads(m), P * sizeof(float)) == 0, "not deterministic");
 
     /* Loss recomputed from mg_model_logits (with key lengths, and without:
@@ -228,7 +228,7 @@ static void test_padding_and_inference(void) {
             kl[b] = len[b] - 1;
             for (int t = 0; t < L; t++) in[b * L + t] = ids[b * T + t];
         }
-        CHECK(mg_model_logits(m, in, pass ? NULL : kl, B, L, lg, NULL, err, sizeof err) == 0, "%s", err);
+        CHECK(mg_model_logits(m, in, pass ? NULL : kl, B, L, lg, NULL, &err) == 0, "%s", err.message);
         double sum = 0;
         int n = 0;
         for (int b = 0; b < B; b++)
@@ -248,42 +248,43 @@ static void test_padding_and_inference(void) {
     mg_model_config cd = c;
     cd.dropout = 0.3f;
     mg_model *md = NULL;
-    CHECK(mg_model_create(&cd, &md, err, sizeof err) == 0, "%s", err);
+    CHECK(mg_model_create(&cd, &md, &err) == 0, "%s", err.message);
     memcpy(mg_model_params(md), mg_model_params(m), P * sizeof(float));
     float e0, t1, t1b, t2;
-    mg_model_forward(md, ids, len, B, T, 0, 1, &e0, NULL, err, sizeof err);
-    mg_model_forward(md, ids, len, B, T, 1, 1, &t1, NULL, err, sizeof err);
-    mg_model_forward(md, ids, len, B, T, 1, 1, &t1b, NULL, err, sizeof err);
-    mg_model_forward(md, ids, len, B, T, 1, 2, &t2, NULL, err, sizeof err);
+    mg_model_forward(md, ids, len, B, T, 0, 1, &e0, NULL, &err);
+    mg_model_forward(md, ids, len, B, T, 1, 1, &t1, NULL, &err);
+    mg_model_forward(md, ids, len, B, T, 1, 1, &t1b, NULL, &err);
+    mg_model_forward(md, ids, len, B, T, 1, 2, &t2, NULL, &err);
     CHECK(e0 == l1, "eval with dropout config %.9g vs %.9g", e0, l1);
     CHECK(t1 == t1b && t1 != e0 && t1 != t2, "dropout losses %g %g %g %g", e0, t1, t1b, t2);
     mg_model_free(md);
 
     /* Bad inputs are errors, not crashes. */
     int64_t badlen[B] = {1, 3, 3};
-    CHECK(mg_model_forward(m, ids, badlen, B, T, 0, 0, &l2, NULL, err, sizeof err) != 0, "length 1");
-    CHECK(mg_model_forward(m, ids, len, B, T + 1, 0, 0, &l2, NULL, err, sizeof err) != 0, "T too long");
+    CHECK(mg_model_forward(m, ids, badlen, B, T, 0, 0, &l2, NULL, &err) != 0, "length 1");
+    CHECK(mg_model_forward(m, ids, len, B, T + 1, 0, 0, &l2, NULL, &err) != 0, "T too long");
     ids2[0] = 99;
-    CHECK(mg_model_forward(m, ids2, len, B, T, 0, 0, &l2, NULL, err, sizeof err) != 0, "id out of range");
+    CHECK(mg_model_forward(m, ids2, len, B, T, 0, 0, &l2, NULL, &err) != 0, "id out of range");
     free(g1);
     mg_model_free(m);
 }
 
 static void test_config_and_files(void) {
-    char err[256], js[512];
+    mg_error err;
+    char js[512];
     mg_model_config c = tiny_config(), r;
     c.dropout = 0.1f;
     mg_model_config_to_json(&c, js, sizeof js);
-    CHECK(mg_model_config_from_json(js, &r, err, sizeof err) == 0, "%s", err);
+    CHECK(mg_model_config_from_json(js, &r, &err) == 0, "%s", err.message);
     CHECK(memcmp(&c, &r, sizeof c) == 0, "config JSON round trip: %s", js);
-    CHECK(mg_model_config_from_json("{\"n_layer\":2}", &r, err, sizeof err) != 0, "missing keys");
+    CHECK(mg_model_config_from_json("{\"n_layer\":2}", &r, &err) != 0, "missing keys");
     CHECK(mg_model_config_from_json("{\"n_layer\":2,\"d_model\":15,\"n_head\":2,\"ctx_len\":8,"
-                                    "\"vocab_size\":10}", &r, err, sizeof err) != 0, "d %% H");
+                                    "\"vocab_size\":10}", &r, &err) != 0, "d %% H");
     mg_model_config_molgpt(&c);
     c.ctx_len = 54;
     c.vocab_size = 26;
     mg_model *big = NULL;
-    CHECK(mg_model_create(&c, &big, err, sizeof err) == 0, "MolGPT config: %s", err);
+    CHECK(mg_model_create(&c, &big, &err) == 0, "MolGPT config: %s", err.message);
     if (big) {
         const mg_param_info *t = mg_model_find_tensor(big, "blocks.7.attn.in_proj_weight");
         CHECK(t && t->shape[0] == 768 && t->shape[1] == 256 && t->decay, "in_proj shape");
@@ -300,13 +301,13 @@ static void test_config_and_files(void) {
     mg_model *m = make_model(&c, 11);
     const char *toks[] = {"C", "c", "1", "(", ")", "=", "O"};
     mg_vocab *v = NULL;
-    CHECK(mg_vocab_from_tokens(toks, 7, &v, err, sizeof err) == 0, "%s", err);
+    CHECK(mg_vocab_from_tokens(toks, 7, &v, &err) == 0, "%s", err.message);
     char path[64];
     snprintf(path, sizeof path, "/tmp/molgen_test_model_%d.safetensors", (int)getpid());
-    CHECK(mg_model_save(m, v, path, err, sizeof err) == 0, "save: %s", err);
+    CHECK(mg_model_save(m, v, path, &err) == 0, "save: %s", err.message);
     mg_model *m2 = NULL;
     mg_vocab *v2 = NULL;
-    CHECK(mg_model_load(path, &m2, &v2, NULL, err, sizeof err) == 0, "load: %s", err);
+    CHECK(mg_model_load(path, &m2, &v2, NULL, &err) == 0, "load: %s", err.message);
     if (m2) {
         CHECK(mg_model_num_params(m2) == mg_model_num_params(m) &&
                   memcmp(mg_model_params(m2), mg_model_params(m),
@@ -323,8 +324,8 @@ static void test_config_and_files(void) {
         fclose(f);
     }
     m2 = NULL;
-    CHECK(mg_model_load(path, &m2, NULL, NULL, err, sizeof err) != 0 && !m2, "truncated file loaded");
-    printf("truncated model file: %s\n", err);
+    CHECK(mg_model_load(path, &m2, NULL, NULL, &err) != 0 && !m2, "truncated file loaded");
+    printf("truncated model file: %s\n", err.message);
     remove(path);
     mg_vocab_free(v);
     mg_model_free(m);

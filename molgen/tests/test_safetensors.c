@@ -21,9 +21,9 @@ static uint64_t rnd(void) { return mg_test_splitmix64(&g_rng); }
 static void json_ok(const char *s)
 {
     mg_json *j = NULL;
-    char err[200] = "";
-    if (mg_json_parse(s, strlen(s), &j, err, sizeof err) != 0 || !j) {
-        fprintf(stderr, "JSON should parse: %s (%s)\n", s, err);
+    mg_error err;
+    if (mg_json_parse(s, strlen(s), &j, &err) != 0 || !j) {
+        fprintf(stderr, "JSON should parse: %s (%s)\n", s, err.message);
         tu_fail++;
     }
     mg_json_free(j);
@@ -32,10 +32,10 @@ static void json_ok(const char *s)
 static void json_bad(const char *s, const char *needle)
 {
     mg_json *j = (mg_json *)1;
-    char err[200] = "";
-    if (mg_json_parse(s, strlen(s), &j, err, sizeof err) == 0 || j != NULL ||
-        (needle && !strstr(err, needle))) {
-        fprintf(stderr, "JSON should fail: %s (got '%s', want '%s')\n", s, err,
+    mg_error err;
+    if (mg_json_parse(s, strlen(s), &j, &err) == 0 || j != NULL ||
+        (needle && !strstr(err.message, needle))) {
+        fprintf(stderr, "JSON should fail: %s (got '%s', want '%s')\n", s, err.message,
                 needle ? needle : "");
         tu_fail++;
         if (j && j != (mg_json *)1)
@@ -46,11 +46,11 @@ static void json_bad(const char *s, const char *needle)
 static void test_json(void)
 {
     mg_json *j = NULL;
-    char err[200];
+    mg_error err;
     const char *doc = " {\"a\": [1, -2, 3.5, 1e3, -0, 9223372036854775807, -9223372036854775808,"
                       " 9223372036854775808], \"s\": \"q\\\"\\\\\\/\\b\\f\\n\\r\\t\\u00e9\\ud83d\\ude00\","
                       " \"t\": true, \"f\": false, \"n\": null, \"o\": {}, \"e\": []} ";
-    CHECK(mg_json_parse(doc, strlen(doc), &j, err, sizeof err) == 0);
+    CHECK(mg_json_parse(doc, strlen(doc), &j, &err) == 0);
     if (j) {
         CHECK(j->type == MG_JSON_OBJECT && j->len == 7);
         const mg_json *a = mg_json_get(j, "a");
@@ -75,7 +75,7 @@ static void test_json(void)
             size_t ql = mg_json_quote(s->str, q, sizeof q);
             CHECK(ql < sizeof q);
             mg_json *k = NULL;
-            CHECK(mg_json_parse(q, ql, &k, err, sizeof err) == 0);
+            CHECK(mg_json_parse(q, ql, &k, &err) == 0);
             CHECK(k && k->type == MG_JSON_STRING && strcmp(k->str, s->str) == 0);
             mg_json_free(k);
         }
@@ -135,7 +135,7 @@ static void test_json(void)
     nest[2 * MG_JSON_MAX_DEPTH + 2] = '\0';
     json_ok(nest); /* depth exactly the limit */
     /* not NUL-terminated input: parse only len bytes */
-    CHECK(mg_json_parse("[1]xyz", 3, &j, err, sizeof err) == 0);
+    CHECK(mg_json_parse("[1]xyz", 3, &j, &err) == 0);
     mg_json_free(j);
     /* quote: truncation follows snprintf semantics */
     char small[4];
@@ -155,8 +155,8 @@ static void fuzz_json(void)
             buf[i] = (r & 7) ? alphabet[(r >> 8) % (sizeof alphabet - 1)] : (char)(r >> 16);
         }
         mg_json *j = NULL;
-        char err[128];
-        if (mg_json_parse(buf, n, &j, err, sizeof err) == 0)
+        mg_error err;
+        if (mg_json_parse(buf, n, &j, &err) == 0)
             ok++;
         mg_json_free(j);
     }
@@ -171,7 +171,7 @@ static void fuzz_json(void)
             buf[rnd() % dl] = (char)(rnd() & 0xff);
         size_t n = dl - (size_t)(rnd() % 8);
         mg_json *j = NULL;
-        if (mg_json_parse(buf, n, &j, NULL, 0) == 0)
+        if (mg_json_parse(buf, n, &j, NULL) == 0)
             ok++;
         mg_json_free(j);
     }
@@ -229,10 +229,10 @@ static void test_round_trip(void)
     size_t nm = sizeof meta / sizeof *meta;
     char path[512];
     snprintf(path, sizeof path, "%s/mg_st_test_%ld.safetensors", tmp_dir(), (long)getpid());
-    char err[300] = "";
-    CHECK(mg_st_write(path, t, nt, meta, nm, err, sizeof err) == 0);
-    if (err[0])
-        fprintf(stderr, "write: %s\n", err);
+    mg_error err;
+    CHECK(mg_st_write(path, t, nt, meta, nm, &err) == 0);
+    if (err.message[0])
+        fprintf(stderr, "write: %s\n", err.message);
     /* no temporary left behind */
     char tmp[600];
     snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
@@ -261,15 +261,15 @@ static void test_round_trip(void)
         /* in-memory serialisation is byte-identical */
         unsigned char *mem = NULL;
         size_t memlen = 0;
-        CHECK(mg_st_serialize(t, nt, meta, nm, &mem, &memlen, err, sizeof err) == 0);
+        CHECK(mg_st_serialize(t, nt, meta, nm, &mem, &memlen, &err) == 0);
         CHECK(memlen == rawlen && mem && memcmp(mem, raw, rawlen) == 0);
         free(mem);
     }
 
     mg_st_file *st = NULL;
-    CHECK(mg_st_load(path, &st, err, sizeof err) == 0);
+    CHECK(mg_st_load(path, &st, &err) == 0);
     if (!st) {
-        fprintf(stderr, "load: %s\n", err);
+        fprintf(stderr, "load: %s\n", err.message);
         free(raw);
         return;
     }
@@ -302,32 +302,32 @@ static void test_round_trip(void)
     /* values by formula through the typed accessors */
     const void *p = NULL;
     int64_t sw[2] = {3, 4};
-    CHECK(mg_st_get(st, "w", MG_ST_F32, 2, sw, &p, err, sizeof err) == 0);
+    CHECK(mg_st_get(st, "w", MG_ST_F32, 2, sw, &p, &err) == 0);
     if (p)
         for (size_t i = 0; i < 12; i++)
             CHECK(((const float *)p)[i] == f32_val(i));
     int64_t si[1] = {5};
-    CHECK(mg_st_get(st, "ids", MG_ST_I64, 1, si, &p, err, sizeof err) == 0);
+    CHECK(mg_st_get(st, "ids", MG_ST_I64, 1, si, &p, &err) == 0);
     if (p)
         for (size_t i = 0; i < 5; i++)
             CHECK(((const int64_t *)p)[i] == i64_val(i));
-    CHECK(mg_st_get(st, "step", MG_ST_I32, 0, NULL, &p, err, sizeof err) == 0);
+    CHECK(mg_st_get(st, "step", MG_ST_I32, 0, NULL, &p, &err) == 0);
     CHECK(p && *(const int32_t *)p == -42);
     double dcopy[8];
     int64_t sd[3] = {2, 2, 2};
-    CHECK(mg_st_copy(st, "d", MG_ST_F64, 3, sd, dcopy, sizeof dcopy, err, sizeof err) == 0);
+    CHECK(mg_st_copy(st, "d", MG_ST_F64, 3, sd, dcopy, sizeof dcopy, &err) == 0);
     for (size_t i = 0; i < 8; i++)
         CHECK(dcopy[i] == f64_val(i));
     /* mismatches are clear errors */
-    CHECK(mg_st_get(st, "w", MG_ST_F64, 2, sw, &p, err, sizeof err) != 0 && p == NULL);
-    CHECK(strstr(err, "dtype F32, expected F64") != NULL);
+    CHECK(mg_st_get(st, "w", MG_ST_F64, 2, sw, &p, &err) != 0 && p == NULL);
+    CHECK(strstr(err.message, "dtype F32, expected F64") != NULL);
     int64_t bad_shape[2] = {4, 3};
-    CHECK(mg_st_get(st, "w", MG_ST_F32, 2, bad_shape, &p, err, sizeof err) != 0);
-    CHECK(strstr(err, "shape [3,4], expected [4,3]") != NULL);
-    CHECK(mg_st_get(st, "w", MG_ST_F32, 1, sw, &p, err, sizeof err) != 0);
-    CHECK(mg_st_get(st, "nope", MG_ST_F32, 1, sw, &p, err, sizeof err) != 0);
-    CHECK(strstr(err, "'nope' not found") != NULL);
-    CHECK(mg_st_copy(st, "d", MG_ST_F64, 3, sd, dcopy, 8, err, sizeof err) != 0);
+    CHECK(mg_st_get(st, "w", MG_ST_F32, 2, bad_shape, &p, &err) != 0);
+    CHECK(strstr(err.message, "shape [3,4], expected [4,3]") != NULL);
+    CHECK(mg_st_get(st, "w", MG_ST_F32, 1, sw, &p, &err) != 0);
+    CHECK(mg_st_get(st, "nope", MG_ST_F32, 1, sw, &p, &err) != 0);
+    CHECK(strstr(err.message, "'nope' not found") != NULL);
+    CHECK(mg_st_copy(st, "d", MG_ST_F64, 3, sd, dcopy, 8, &err) != 0);
     /* metadata */
     CHECK(mg_st_meta_count(st) == nm);
     for (size_t i = 0; i < nm; i++) {
@@ -345,7 +345,7 @@ static void test_round_trip(void)
         int accepted = 0;
         for (size_t len = 0; len < rawlen; len++) {
             mg_st_file *g = NULL;
-            if (mg_st_parse(raw, len, &g, err, sizeof err) == 0) {
+            if (mg_st_parse(raw, len, &g, &err) == 0) {
                 accepted++;
                 mg_st_free(g);
             }
@@ -362,7 +362,7 @@ static void test_round_trip(void)
                 buf[rnd() % rawlen] ^= (unsigned char)(1 + rnd() % 255);
             size_t len = (rnd() % 4 == 0) ? (size_t)(rnd() % rawlen) : rawlen;
             mg_st_file *g = NULL;
-            if (mg_st_parse(buf, len, &g, NULL, 0) == 0) {
+            if (mg_st_parse(buf, len, &g, NULL) == 0) {
                 ok++;
                 /* whatever loaded must be self-consistent */
                 for (size_t i = 0; i < mg_st_count(g); i++) {
@@ -382,39 +382,38 @@ static void test_round_trip(void)
 
     /* overwrite atomically with different content */
     mg_st_tensor one = {.name = "x", .dtype = MG_ST_I64, .ndim = 1, .shape = {1}, .data = ids};
-    CHECK(mg_st_write(path, &one, 1, NULL, 0, err, sizeof err) == 0);
-    CHECK(mg_st_load(path, &st, err, sizeof err) == 0);
+    CHECK(mg_st_write(path, &one, 1, NULL, 0, &err) == 0);
+    CHECK(mg_st_load(path, &st, &err) == 0);
     CHECK(st && mg_st_count(st) == 1 && mg_st_meta_count(st) == 0 && !mg_st_find(st, "w"));
     mg_st_free(st);
     remove(path);
 
     /* writer argument errors */
     mg_st_tensor dup[2] = {one, one};
-    CHECK(mg_st_write(path, dup, 2, NULL, 0, err, sizeof err) != 0 && strstr(err, "duplicate"));
+    CHECK(mg_st_write(path, dup, 2, NULL, 0, &err) != 0 && strstr(err.message, "duplicate"));
     mg_st_tensor res = one;
     res.name = "__metadata__";
-    CHECK(mg_st_write(path, &res, 1, NULL, 0, err, sizeof err) != 0);
+    CHECK(mg_st_write(path, &res, 1, NULL, 0, &err) != 0);
     mg_st_tensor nul = one;
     nul.data = NULL;
-    CHECK(mg_st_write(path, &nul, 1, NULL, 0, err, sizeof err) != 0);
+    CHECK(mg_st_write(path, &nul, 1, NULL, 0, &err) != 0);
     mg_st_tensor neg = one;
     neg.shape[0] = -1;
-    CHECK(mg_st_write(path, &neg, 1, NULL, 0, err, sizeof err) != 0);
+    CHECK(mg_st_write(path, &neg, 1, NULL, 0, &err) != 0);
     mg_st_tensor big = one;
     big.ndim = 9;
-    CHECK(mg_st_write(path, &big, 1, NULL, 0, err, sizeof err) != 0);
+    CHECK(mg_st_write(path, &big, 1, NULL, 0, &err) != 0);
     mg_st_tensor badt = one;
     badt.dtype = (mg_st_dtype)99;
-    CHECK(mg_st_write(path, &badt, 1, NULL, 0, err, sizeof err) != 0);
+    CHECK(mg_st_write(path, &badt, 1, NULL, 0, &err) != 0);
     mg_st_kv dm[2] = {{"a", "1"}, {"a", "2"}};
-    CHECK(mg_st_write(path, &one, 1, dm, 2, err, sizeof err) != 0);
+    CHECK(mg_st_write(path, &one, 1, dm, 2, &err) != 0);
     CHECK(access(path, F_OK) != 0); /* nothing written on argument errors */
-    CHECK(mg_st_write("/nonexistent-dir-mg/x.safetensors", &one, 1, NULL, 0, err,
-                      sizeof err) != 0);
-    CHECK(strstr(err, "cannot create") != NULL);
+    CHECK(mg_st_write("/nonexistent-dir-mg/x.safetensors", &one, 1, NULL, 0, &err) != 0);
+    CHECK(strstr(err.message, "cannot create") != NULL);
     /* empty file: no tensors at all is valid */
-    CHECK(mg_st_write(path, NULL, 0, NULL, 0, err, sizeof err) == 0);
-    CHECK(mg_st_load(path, &st, err, sizeof err) == 0 && mg_st_count(st) == 0);
+    CHECK(mg_st_write(path, NULL, 0, NULL, 0, &err) == 0);
+    CHECK(mg_st_load(path, &st, &err) == 0 && mg_st_count(st) == 0);
     mg_st_free(st);
     remove(path);
 }
@@ -429,11 +428,11 @@ static void expect_bad(const char *hdr, size_t dlen, const char *needle)
         b[i] = (unsigned char)((uint64_t)hl >> (8 * i));
     memcpy(b + 8, hdr, hl);
     mg_st_file *f = (mg_st_file *)1;
-    char err[300] = "";
-    int rc = mg_st_parse(b, len, &f, err, sizeof err);
-    if (rc == 0 || f != NULL || !err[0] || (needle && !strstr(err, needle))) {
+    mg_error err;
+    int rc = mg_st_parse(b, len, &f, &err);
+    if (rc == 0 || f != NULL || !err.message[0] || (needle && !strstr(err.message, needle))) {
         fprintf(stderr, "should reject (want '%s'): %s\n  got rc=%d err='%s'\n",
-                needle ? needle : "", hdr, rc, err);
+                needle ? needle : "", hdr, rc, err.message);
         tu_fail++;
         if (rc == 0)
             mg_st_free(f);
@@ -450,9 +449,9 @@ static void expect_good(const char *hdr, size_t dlen)
         b[i] = (unsigned char)((uint64_t)hl >> (8 * i));
     memcpy(b + 8, hdr, hl);
     mg_st_file *f = NULL;
-    char err[300] = "";
-    if (mg_st_parse(b, len, &f, err, sizeof err) != 0) {
-        fprintf(stderr, "should accept: %s\n  got '%s'\n", hdr, err);
+    mg_error err;
+    if (mg_st_parse(b, len, &f, &err) != 0) {
+        fprintf(stderr, "should accept: %s\n  got '%s'\n", hdr, err.message);
         tu_fail++;
     }
     mg_st_free(f);
@@ -463,27 +462,27 @@ static void expect_good(const char *hdr, size_t dlen)
 
 static void test_corruption(void)
 {
-    char err[300];
+    mg_error err;
     mg_st_file *f = NULL;
     /* shorter than 8 bytes */
     for (size_t n = 0; n < 8; n++) {
         const unsigned char z[8] = {0};
-        CHECK(mg_st_parse(z, n, &f, err, sizeof err) != 0 && f == NULL);
-        CHECK(strstr(err, "shorter than") != NULL);
+        CHECK(mg_st_parse(z, n, &f, &err) != 0 && f == NULL);
+        CHECK(strstr(err.message, "shorter than") != NULL);
     }
     /* header size larger than the file / absurd */
     unsigned char h[16] = {200, 0, 0, 0, 0, 0, 0, 0, '{', '}'};
-    CHECK(mg_st_parse(h, 10, &f, err, sizeof err) != 0 && strstr(err, "larger than"));
+    CHECK(mg_st_parse(h, 10, &f, &err) != 0 && strstr(err.message, "larger than"));
     unsigned char h2[16] = {0, 0, 0, 0, 0, 0, 0, 1, '{', '}'};
-    CHECK(mg_st_parse(h2, 10, &f, err, sizeof err) != 0 && strstr(err, "absurd"));
+    CHECK(mg_st_parse(h2, 10, &f, &err) != 0 && strstr(err.message, "absurd"));
     unsigned char h3[16] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, '{', '}'};
-    CHECK(mg_st_parse(h3, 10, &f, err, sizeof err) != 0 && strstr(err, "absurd"));
+    CHECK(mg_st_parse(h3, 10, &f, &err) != 0 && strstr(err.message, "absurd"));
     /* foreign files */
     const unsigned char png[] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n', 0, 0, 0, 13,
                                  'I', 'H', 'D', 'R', 0, 0, 0, 1, 0, 0, 0, 1, 8, 2, 0, 0, 0};
-    CHECK(mg_st_parse(png, sizeof png, &f, err, sizeof err) != 0 && f == NULL);
+    CHECK(mg_st_parse(png, sizeof png, &f, &err) != 0 && f == NULL);
     const char *txt = "Hello, this is a text file, not a checkpoint.\nSecond line.\n";
-    CHECK(mg_st_parse(txt, strlen(txt), &f, err, sizeof err) != 0 && f == NULL);
+    CHECK(mg_st_parse(txt, strlen(txt), &f, &err) != 0 && f == NULL);
     /* a valid size prefix followed by a non-JSON header */
     expect_bad("hello world", 0, "does not start with '{'");
     expect_bad("", 0, "does not start with '{'");
@@ -555,23 +554,23 @@ static void test_corruption(void)
                 "\"data_offsets\":[0,4]}}",
                 4);
     /* load() on files: missing, directory, text, truncated */
-    CHECK(mg_st_load("/nonexistent-mg/x.safetensors", &f, err, sizeof err) != 0 && f == NULL);
-    CHECK(strstr(err, "cannot open") != NULL);
-    CHECK(mg_st_load(tmp_dir(), &f, err, sizeof err) != 0 && strstr(err, "not a regular file"));
+    CHECK(mg_st_load("/nonexistent-mg/x.safetensors", &f, &err) != 0 && f == NULL);
+    CHECK(strstr(err.message, "cannot open") != NULL);
+    CHECK(mg_st_load(tmp_dir(), &f, &err) != 0 && strstr(err.message, "not a regular file"));
     char path[512];
     snprintf(path, sizeof path, "%s/mg_st_bad_%ld.safetensors", tmp_dir(), (long)getpid());
     FILE *fp = fopen(path, "wb");
     fputs(txt, fp);
     fclose(fp);
-    CHECK(mg_st_load(path, &f, err, sizeof err) != 0 && f == NULL);
-    CHECK(strstr(err, path) != NULL);
+    CHECK(mg_st_load(path, &f, &err) != 0 && f == NULL);
+    CHECK(strstr(err.message, path) != NULL);
     fp = fopen(path, "wb");
     fwrite("\x05\0\0", 1, 3, fp);
     fclose(fp);
-    CHECK(mg_st_load(path, &f, err, sizeof err) != 0 && strstr(err, "shorter than"));
+    CHECK(mg_st_load(path, &f, &err) != 0 && strstr(err.message, "shorter than"));
     fp = fopen(path, "wb");
     fclose(fp);
-    CHECK(mg_st_load(path, &f, err, sizeof err) != 0 && strstr(err, "shorter than"));
+    CHECK(mg_st_load(path, &f, &err) != 0 && strstr(err.message, "shorter than"));
     remove(path);
     /* random garbage files with plausible header sizes */
     int ok = 0;
@@ -587,7 +586,7 @@ static void test_corruption(void)
             buf[8] = '{';
         }
         mg_st_file *g = NULL;
-        if (mg_st_parse(buf, len, &g, NULL, 0) == 0)
+        if (mg_st_parse(buf, len, &g, NULL) == 0)
             ok++;
         mg_st_free(g);
     }
@@ -623,7 +622,7 @@ static void interop(void)
         f64[i] = f64_val(i);
     for (size_t i = 0; i < 5; i++)
         u8[i] = (uint8_t)(i * 37 + 1);
-    char err[300] = "";
+    mg_error err;
     if (exp && exp[0]) {
         mg_st_tensor t[] = {
             {.name = "u8", .dtype = MG_ST_U8, .ndim = 1, .shape = {5}, .data = u8},
@@ -632,14 +631,14 @@ static void interop(void)
             {.name = "f64", .dtype = MG_ST_F64, .ndim = 1, .shape = {3}, .data = f64},
         };
         mg_st_kv meta[] = {{"format", "pt"}, {"vocab", "[\"<pad>\",\"C\\\\\"]"}};
-        CHECK(mg_st_write(exp, t, 4, meta, 2, err, sizeof err) == 0);
+        CHECK(mg_st_write(exp, t, 4, meta, 2, &err) == 0);
         printf("interop: wrote %s\n", exp);
     }
     if (imp && imp[0]) {
         mg_st_file *f = NULL;
-        CHECK(mg_st_load(imp, &f, err, sizeof err) == 0);
+        CHECK(mg_st_load(imp, &f, &err) == 0);
         if (!f) {
-            printf("interop: refused: %s\n", err);
+            printf("interop: refused: %s\n", err.message);
             return;
         }
         int64_t s23[2] = {2, 3}, s4[1] = {4}, s3[1] = {3}, s5[1] = {5};
@@ -647,10 +646,10 @@ static void interop(void)
         int64_t g64[4];
         double gd[3];
         uint8_t g8[5];
-        CHECK(mg_st_copy(f, "f32", MG_ST_F32, 2, s23, g32, sizeof g32, err, sizeof err) == 0);
-        CHECK(mg_st_copy(f, "i64", MG_ST_I64, 1, s4, g64, sizeof g64, err, sizeof err) == 0);
-        CHECK(mg_st_copy(f, "f64", MG_ST_F64, 1, s3, gd, sizeof gd, err, sizeof err) == 0);
-        CHECK(mg_st_copy(f, "u8", MG_ST_U8, 1, s5, g8, sizeof g8, err, sizeof err) == 0);
+        CHECK(mg_st_copy(f, "f32", MG_ST_F32, 2, s23, g32, sizeof g32, &err) == 0);
+        CHECK(mg_st_copy(f, "i64", MG_ST_I64, 1, s4, g64, sizeof g64, &err) == 0);
+        CHECK(mg_st_copy(f, "f64", MG_ST_F64, 1, s3, gd, sizeof gd, &err) == 0);
+        CHECK(mg_st_copy(f, "u8", MG_ST_U8, 1, s5, g8, sizeof g8, &err) == 0);
         CHECK(memcmp(g32, f32, sizeof g32) == 0 && memcmp(g64, i64, sizeof g64) == 0);
         CHECK(memcmp(gd, f64, sizeof gd) == 0 && memcmp(g8, u8, sizeof g8) == 0);
         const char *v = mg_st_meta(f, "vocab");

@@ -38,9 +38,9 @@ static const char *TOKENS[] = {"C", "c", "N", "O", "(", ")", "1", "2", "=", "n",
 #define NTOK ((int)(sizeof TOKENS / sizeof *TOKENS))
 
 static mg_model *make_model(mg_vocab **vocab, int ctx, float scale) {
-    char err[256];
-    if (mg_vocab_from_tokens(TOKENS, NTOK, vocab, err, sizeof err)) {
-        fprintf(stderr, "vocab: %s\n", err);
+    mg_error err;
+    if (mg_vocab_from_tokens(TOKENS, NTOK, vocab, &err)) {
+        fprintf(stderr, "vocab: %s\n", err.message);
         return NULL;
     }
     mg_model_config c;
@@ -52,8 +52,8 @@ static mg_model *make_model(mg_vocab **vocab, int ctx, float scale) {
     c.vocab_size = mg_vocab_size(*vocab);
     c.dropout = 0.0f;
     mg_model *m = NULL;
-    if (mg_model_create(&c, &m, err, sizeof err)) {
-        fprintf(stderr, "model: %s\n", err);
+    if (mg_model_create(&c, &m, &err)) {
+        fprintf(stderr, "model: %s\n", err.message);
         return NULL;
     }
     mg_model_init(m, 42);
@@ -75,25 +75,25 @@ static mg_model *make_model(mg_vocab **vocab, int ctx, float scale) {
 /* ---------------------------------------------------------------- KV vs naive */
 
 static void test_kv_vs_naive(mg_model *m) {
-    char err[256];
+    mg_error err;
     const mg_model_config *c = mg_model_get_config(m);
     const int B = 3, V = c->vocab_size, ctx = c->ctx_len;
     mg_decoder *nv = NULL, *kv = NULL;
-    CHECK(mg_decoder_new(m, MG_DECODE_NAIVE, B, &nv, err, sizeof err) == 0, "%s", err);
-    CHECK(mg_decoder_new(m, MG_DECODE_KV, B, &kv, err, sizeof err) == 0, "%s", err);
+    CHECK(mg_decoder_new(m, MG_DECODE_NAIVE, B, &nv, &err) == 0, "%s", err.message);
+    CHECK(mg_decoder_new(m, MG_DECODE_KV, B, &kv, &err) == 0, "%s", err.message);
     if (!nv || !kv) return;
     float *a = malloc((size_t)B * V * sizeof *a), *b = malloc((size_t)B * V * sizeof *b);
     for (int rows = 1; rows <= B; rows += 2) {
-        CHECK(mg_decoder_reset(nv, rows, err, sizeof err) == 0, "%s", err);
-        CHECK(mg_decoder_reset(kv, rows, err, sizeof err) == 0, "%s", err);
+        CHECK(mg_decoder_reset(nv, rows, &err) == 0, "%s", err.message);
+        CHECK(mg_decoder_reset(kv, rows, &err) == 0, "%s", err.message);
         int32_t tok[3] = {MG_BOS, MG_BOS, MG_BOS};
         double worst = 0.0, maxabs = 0.0;
         for (int pos = 0; pos < ctx; pos++) {
             CHECK(mg_decoder_pos(kv, 0) == pos && mg_decoder_pos(nv, rows - 1) == pos, "pos");
-            int r1 = mg_decoder_step(nv, tok, a, err, sizeof err);
-            CHECK(r1 == 0, "naive step %d: %s", pos, err);
-            int r2 = mg_decoder_step(kv, tok, b, err, sizeof err);
-            CHECK(r2 == 0, "kv step %d: %s", pos, err);
+            int r1 = mg_decoder_step(nv, tok, a, &err);
+            CHECK(r1 == 0, "naive step %d: %s", pos, err.message);
+            int r2 = mg_decoder_step(kv, tok, b, &err);
+            CHECK(r2 == 0, "kv step %d: %s", pos, err.message);
             if (r1 || r2) break;
             for (int i = 0; i < rows * V; i++) {
                 double ref = a[i], diff = fabs((double)b[i] - ref);
@@ -112,8 +112,8 @@ static void test_kv_vs_naive(mg_model *m) {
                rows, ctx, worst, maxabs);
         CHECK(maxabs > 0.5, "logits too small (%g) for a meaningful comparison", maxabs);
         /* past ctx_len */
-        CHECK(mg_decoder_step(kv, tok, b, err, sizeof err) != 0, "kv step past ctx_len accepted");
-        CHECK(mg_decoder_step(nv, tok, a, err, sizeof err) != 0, "naive step past ctx_len accepted");
+        CHECK(mg_decoder_step(kv, tok, b, &err) != 0, "kv step past ctx_len accepted");
+        CHECK(mg_decoder_step(nv, tok, a, &err) != 0, "naive step past ctx_len accepted");
     }
     /* Staggered rows (continuous batching): rows restart at different steps,
      * so they sit at different positions; KV vs naive (key padding) must
@@ -123,16 +123,16 @@ static void test_kv_vs_naive(mg_model *m) {
         int32_t tok[R], seq[R][64];
         int len[R] = {0, 0, 0};
         mg_decoder *solo = NULL;
-        CHECK(mg_decoder_new(m, MG_DECODE_NAIVE, 1, &solo, err, sizeof err) == 0, "%s", err);
+        CHECK(mg_decoder_new(m, MG_DECODE_NAIVE, 1, &solo, &err) == 0, "%s", err.message);
         float *one = malloc((size_t)V * sizeof *one);
-        CHECK(mg_decoder_reset(nv, R, err, sizeof err) == 0 && mg_decoder_reset(kv, R, err, sizeof err) == 0, "%s", err);
+        CHECK(mg_decoder_reset(nv, R, &err) == 0 && mg_decoder_reset(kv, R, &err) == 0, "%s", err.message);
         for (int r = 0; r < R; r++) tok[r] = MG_BOS;
         double worst = 0, worst_solo = 0;
         int restarts = 0, solo_checked = 0;
         for (int step = 0; step < STEPS; step++) {
             for (int r = 0; r < R; r++) seq[r][len[r]] = tok[r];
-            CHECK(mg_decoder_step(nv, tok, a, err, sizeof err) == 0, "naive staggered %d: %s", step, err);
-            CHECK(mg_decoder_step(kv, tok, b, err, sizeof err) == 0, "kv staggered %d: %s", step, err);
+            CHECK(mg_decoder_step(nv, tok, a, &err) == 0, "naive staggered %d: %s", step, err.message);
+            CHECK(mg_decoder_step(kv, tok, b, &err) == 0, "kv staggered %d: %s", step, err.message);
             for (int i = 0; i < R * V; i++) {
                 double rel = fabs((double)b[i] - a[i]) / fmax(1.0, fabs((double)a[i]));
                 if (rel > worst) worst = rel;
@@ -140,9 +140,9 @@ static void test_kv_vs_naive(mg_model *m) {
             for (int r = 0; r < R; r++) len[r]++;
             /* row 1 alone, replayed from its start, at a few points */
             if (solo && step % 7 == 3) {
-                mg_decoder_reset(solo, 1, NULL, 0);
+                mg_decoder_reset(solo, 1, NULL);
                 for (int t = 0; t < len[1]; t++)
-                    CHECK(mg_decoder_step(solo, &seq[1][t], one, err, sizeof err) == 0, "%s", err);
+                    CHECK(mg_decoder_step(solo, &seq[1][t], one, &err) == 0, "%s", err.message);
                 for (int i = 0; i < V; i++) {
                     double rel = fabs((double)b[V + i] - one[i]) / fmax(1.0, fabs((double)one[i]));
                     if (rel > worst_solo) worst_solo = rel;
@@ -152,8 +152,8 @@ static void test_kv_vs_naive(mg_model *m) {
             for (int r = 0; r < R; r++) {
                 tok[r] = (int32_t)(MG_NUM_SPECIAL + rnd() % (uint64_t)(V - MG_NUM_SPECIAL));
                 if (len[r] >= ctx || rnd() % 9 == 0) {
-                    CHECK(mg_decoder_restart_row(nv, r, err, sizeof err) == 0, "%s", err);
-                    CHECK(mg_decoder_restart_row(kv, r, err, sizeof err) == 0, "%s", err);
+                    CHECK(mg_decoder_restart_row(nv, r, &err) == 0, "%s", err.message);
+                    CHECK(mg_decoder_restart_row(kv, r, &err) == 0, "%s", err.message);
                     CHECK(mg_decoder_pos(kv, r) == 0 && mg_decoder_pos(nv, r) == 0, "pos after restart");
                     len[r] = 0;
                     tok[r] = MG_BOS;
@@ -167,21 +167,21 @@ static void test_kv_vs_naive(mg_model *m) {
         CHECK(restarts >= 5 && solo_checked >= 5, "restarts %d, solo checks %d", restarts, solo_checked);
         printf("staggered rows, %d steps, %d restarts: kv vs naive %.2e, row vs alone %.2e\n", STEPS,
                restarts, worst, worst_solo);
-        CHECK(mg_decoder_restart_row(kv, R, err, sizeof err) != 0, "restart of row n accepted");
+        CHECK(mg_decoder_restart_row(kv, R, &err) != 0, "restart of row n accepted");
         free(one);
         mg_decoder_free(solo);
     }
     /* bad token */
     int32_t badtok[3] = {(int32_t)V, 0, 0};
-    CHECK(mg_decoder_reset(kv, 1, err, sizeof err) == 0, "%s", err);
-    CHECK(mg_decoder_step(kv, badtok, b, err, sizeof err) != 0, "out-of-range token accepted");
-    CHECK(mg_decoder_reset(kv, B + 1, err, sizeof err) != 0, "reset to more rows than B accepted");
+    CHECK(mg_decoder_reset(kv, 1, &err) == 0, "%s", err.message);
+    CHECK(mg_decoder_step(kv, badtok, b, &err) != 0, "out-of-range token accepted");
+    CHECK(mg_decoder_reset(kv, B + 1, &err) != 0, "reset to more rows than B accepted");
     free(a);
     free(b);
     mg_decoder_free(nv);
     mg_decoder_free(kv);
     mg_decoder *none = NULL;
-    CHECK(mg_decoder_new(m, MG_DECODE_KV, 0, &none, err, sizeof err) != 0 && !none, "B = 0 accepted");
+    CHECK(mg_decoder_new(m, MG_DECODE_KV, 0, &none, &err) != 0 && !none, "B = 0 accepted");
 }
 
 /* ---------------------------------------------------------------- token choice */
@@ -284,19 +284,19 @@ static void test_token_choice(void) {
     CHECK(mg_sample_token(bad, V, &s, &r) == 5, "single finite logit");
 
     /* settings */
-    char err[128];
+    mg_error err;
     mg_sampling_default(&s);
-    CHECK(mg_sampling_check(&s, err, sizeof err) == 0, "%s", err);
+    CHECK(mg_sampling_check(&s, &err) == 0, "%s", err.message);
     s.temperature = -1.0f;
-    CHECK(mg_sampling_check(&s, err, sizeof err) != 0, "negative temperature");
+    CHECK(mg_sampling_check(&s, &err) != 0, "negative temperature");
     mg_sampling_default(&s);
     s.top_p = 0.0f;
-    CHECK(mg_sampling_check(&s, err, sizeof err) != 0, "top-p 0");
+    CHECK(mg_sampling_check(&s, &err) != 0, "top-p 0");
     s.top_p = 1.5f;
-    CHECK(mg_sampling_check(&s, err, sizeof err) != 0, "top-p 1.5");
+    CHECK(mg_sampling_check(&s, &err) != 0, "top-p 1.5");
     mg_sampling_default(&s);
     s.top_k = -2;
-    CHECK(mg_sampling_check(&s, err, sizeof err) != 0, "top-k -2");
+    CHECK(mg_sampling_check(&s, &err) != 0, "top-k -2");
 
     /* RNG streams */
     mg_rng a, b;
@@ -319,25 +319,25 @@ static int same_samples(const mg_samples *a, const mg_samples *b) {
 }
 
 static void test_sample(mg_model *m, const mg_vocab *v) {
-    char err[256];
+    mg_error err;
     mg_sample_opts o;
     mg_sample_opts_default(&o);
     o.n = 21;
     o.batch = 8;
     o.seed = 1234;
     mg_samples s1, s2, s3, s4, s5;
-    CHECK(mg_sample(m, v, &o, &s1, err, sizeof err) == 0, "%s", err);
-    CHECK(mg_sample(m, v, &o, &s2, err, sizeof err) == 0, "%s", err);
+    CHECK(mg_sample(m, v, &o, &s1, &err) == 0, "%s", err.message);
+    CHECK(mg_sample(m, v, &o, &s2, &err) == 0, "%s", err.message);
     CHECK(same_samples(&s1, &s2), "same seed, different molecules");
     o.batch = 5;
-    CHECK(mg_sample(m, v, &o, &s3, err, sizeof err) == 0, "%s", err);
+    CHECK(mg_sample(m, v, &o, &s3, &err) == 0, "%s", err.message);
     CHECK(same_samples(&s1, &s3), "batch size changed the molecules");
     o.kind = MG_DECODE_NAIVE;
-    CHECK(mg_sample(m, v, &o, &s4, err, sizeof err) == 0, "%s", err);
+    CHECK(mg_sample(m, v, &o, &s4, &err) == 0, "%s", err.message);
     CHECK(same_samples(&s1, &s4), "naive and KV decoding sampled different molecules");
     o.kind = MG_DECODE_KV;
     o.seed = 99;
-    CHECK(mg_sample(m, v, &o, &s5, err, sizeof err) == 0, "%s", err);
+    CHECK(mg_sample(m, v, &o, &s5, &err) == 0, "%s", err.message);
     CHECK(!same_samples(&s1, &s5), "seeds 1234 and 99 gave the same molecules");
     size_t distinct = 0, ended = 0;
     for (size_t i = 0; i < s1.n; i++) {
@@ -362,22 +362,22 @@ static void test_sample(mg_model *m, const mg_vocab *v) {
     o.n = 3;
     o.seed = 7;
     o.sampling.top_k = 1;
-    CHECK(mg_sample(m, v, &o, &g1, err, sizeof err) == 0, "%s", err);
+    CHECK(mg_sample(m, v, &o, &g1, &err) == 0, "%s", err.message);
     mg_sampling_default(&o.sampling);
     o.sampling.temperature = 0.0f;
     o.kind = MG_DECODE_NAIVE;
     o.seed = 8;
-    CHECK(mg_sample(m, v, &o, &g2, err, sizeof err) == 0, "%s", err);
+    CHECK(mg_sample(m, v, &o, &g2, &err) == 0, "%s", err.message);
     CHECK(same_samples(&g1, &g2), "top-k 1 differs from temperature 0");
     const mg_model_config *c = mg_model_get_config(m);
     mg_decoder *d = NULL;
-    if (mg_decoder_new(m, MG_DECODE_NAIVE, 1, &d, err, sizeof err) == 0) {
+    if (mg_decoder_new(m, MG_DECODE_NAIVE, 1, &d, &err) == 0) {
         float *lg = malloc((size_t)c->vocab_size * sizeof *lg);
         int32_t ids[64], tok = MG_BOS;
         int n = 0, ended_here = 0;
-        mg_decoder_reset(d, 1, NULL, 0);
+        mg_decoder_reset(d, 1, NULL);
         for (int pos = 0; pos < c->ctx_len; pos++) {
-            if (mg_decoder_step(d, &tok, lg, err, sizeof err)) break;
+            if (mg_decoder_step(d, &tok, lg, &err)) break;
             int best = -1;
             for (int i = 0; i < c->vocab_size; i++)
                 if (i != MG_PAD && i != MG_BOS && (best < 0 || lg[i] > lg[best])) best = i;
@@ -389,7 +389,7 @@ static void test_sample(mg_model *m, const mg_vocab *v) {
             tok = best;
         }
         char str[1024];
-        mg_vocab_decode(v, ids, n, str, sizeof str, NULL, 0);
+        mg_vocab_decode(v, ids, n, str, sizeof str, NULL, NULL);
         for (size_t i = 0; i < g1.n; i++) {
             CHECK(!strcmp(g1.smiles[i], str), "greedy molecule %zu '%s' vs argmax loop '%s'", i,
                   g1.smiles[i], str);
@@ -407,13 +407,13 @@ static void test_sample(mg_model *m, const mg_vocab *v) {
     mg_sample_opts_default(&o);
     o.n = 2;
     o.sampling.top_p = 2.0f;
-    CHECK(mg_sample(m, v, &o, &e, err, sizeof err) != 0 && e.smiles == NULL, "top-p 2 accepted");
+    CHECK(mg_sample(m, v, &o, &e, &err) != 0 && e.smiles == NULL, "top-p 2 accepted");
     mg_sample_opts_default(&o);
     o.batch = 0;
-    CHECK(mg_sample(m, v, &o, &e, err, sizeof err) != 0, "batch 0 accepted");
+    CHECK(mg_sample(m, v, &o, &e, &err) != 0, "batch 0 accepted");
     mg_sample_opts_default(&o);
     o.n = 0;
-    CHECK(mg_sample(m, v, &o, &e, err, sizeof err) == 0 && e.n == 0, "n = 0: %s", err);
+    CHECK(mg_sample(m, v, &o, &e, &err) == 0 && e.n == 0, "n = 0: %s", err.message);
     mg_samples_free(&e);
 }
 
@@ -434,11 +434,12 @@ static void test_cmd(mg_model *m, const mg_vocab *v) {
         CHECK(0, "mkdtemp");
         return;
     }
-    char err[256], model[300], out1[300], out2[300];
+    mg_error err;
+    char model[300], out1[300], out2[300];
     snprintf(model, sizeof model, "%s/m.safetensors", dir);
     snprintf(out1, sizeof out1, "%s/sub/a.smi", dir);
     snprintf(out2, sizeof out2, "%s/b.smi", dir);
-    CHECK(mg_model_save(m, v, model, err, sizeof err) == 0, "%s", err);
+    CHECK(mg_model_save(m, v, model, &err) == 0, "%s", err.message);
     char *a1[] = {"sample", "--model", model, "-n", "13", "--seed", "5", "--out", out1,
                   "--batch", "4", "--top-k", "5", "--top-p", "0.9", "--temperature", "0.8", NULL};
     CHECK(cmd_sample((int)(sizeof a1 / sizeof *a1) - 1, a1) == 0, "cmd_sample failed");
@@ -516,19 +517,19 @@ int main(void) {
     attn_set_num_threads(1, NULL);
     mg_model *m2 = make_model(&v2, 10, 1.0f);
     if (m2) {
-        char err[256];
+        mg_error err;
         mg_decoder *a = NULL, *b = NULL;
         const int V = mg_model_get_config(m2)->vocab_size;
         float la[64], lb[64];
         int32_t tok = MG_BOS;
         double worst = 0;
-        if (!mg_decoder_new(m2, MG_DECODE_NAIVE, 1, &a, err, sizeof err) &&
-            !mg_decoder_new(m2, MG_DECODE_KV, 1, &b, err, sizeof err)) {
-            mg_decoder_reset(a, 1, NULL, 0);
-            mg_decoder_reset(b, 1, NULL, 0);
+        if (!mg_decoder_new(m2, MG_DECODE_NAIVE, 1, &a, &err) &&
+            !mg_decoder_new(m2, MG_DECODE_KV, 1, &b, &err)) {
+            mg_decoder_reset(a, 1, NULL);
+            mg_decoder_reset(b, 1, NULL);
             for (int pos = 0; pos < 10; pos++) {
-                CHECK(!mg_decoder_step(a, &tok, la, err, sizeof err), "%s", err);
-                CHECK(!mg_decoder_step(b, &tok, lb, err, sizeof err), "%s", err);
+                CHECK(!mg_decoder_step(a, &tok, la, &err), "%s", err.message);
+                CHECK(!mg_decoder_step(b, &tok, lb, &err), "%s", err.message);
                 for (int i = 0; i < V; i++) {
                     double rel = fabs((double)la[i] - lb[i]) / fmax(1.0, fabs((double)la[i]));
                     if (rel > worst) worst = rel;

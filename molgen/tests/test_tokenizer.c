@@ -13,10 +13,10 @@ static void expect_tokens(const char *s, const char *expected)
 {
     mg_span sp[256];
     int n = -1;
-    char err[200] = "";
-    int rc = mg_tokenize(s, sp, 256, &n, NULL, err, sizeof err);
+    mg_error err;
+    int rc = mg_tokenize(s, sp, 256, &n, NULL, &err);
     if (rc != 0) {
-        fprintf(stderr, "tokenize(%s) failed: %s\n", s, err);
+        fprintf(stderr, "tokenize(%s) failed: %s\n", s, err.message);
         tu_fail++;
         return;
     }
@@ -35,12 +35,12 @@ static void expect_error(const char *s, int code, int pos, const char *needle)
 {
     mg_span sp[64];
     int n = -1, ep = -1;
-    char err[200] = "";
-    int rc = mg_tokenize(s, sp, 64, &n, &ep, err, sizeof err);
-    if (rc != code || (code == MG_TOK_ERR_CHAR && ep != pos) ||
-        (needle && !strstr(err, needle))) {
-        fprintf(stderr, "tokenize(\"%s\"): rc %d pos %d err '%s'; expected rc %d pos %d '%s'\n",
-                s, rc, ep, err, code, pos, needle ? needle : "");
+    mg_error err;
+    int rc = mg_tokenize(s, sp, 64, &n, &ep, &err);
+    if (rc != code || (code == MG_ERR_TOKEN && ep != pos) ||
+        (needle && !strstr(err.message, needle))) {
+        fprintf(stderr, "tokenize(\"%s\"): rc %d pos %d err.message '%s'; expected rc %d pos %d '%s'\n",
+                s, rc, ep, err.message, code, pos, needle ? needle : "");
         tu_fail++;
     }
 }
@@ -66,25 +66,25 @@ static void test_scanner(void)
 
     /* counting only, and the capacity error */
     int n = -1;
-    CHECK(mg_tokenize("CCO", NULL, 0, &n, NULL, NULL, 0) == MG_TOK_ERR_TOOLONG && n == 3);
+    CHECK(mg_tokenize("CCO", NULL, 0, &n, NULL, NULL) == MG_ERR_TOO_LONG && n == 3);
     mg_span sp[2];
-    CHECK(mg_tokenize("CCO", sp, 2, &n, NULL, NULL, 0) == MG_TOK_ERR_TOOLONG && n == 3);
+    CHECK(mg_tokenize("CCO", sp, 2, &n, NULL, NULL) == MG_ERR_TOO_LONG && n == 3);
     CHECK(sp[1].start == 1 && sp[1].len == 1);
-    CHECK(mg_tokenize("", NULL, 0, &n, NULL, NULL, 0) == 0 && n == 0);
+    CHECK(mg_tokenize("", NULL, 0, &n, NULL, NULL) == 0 && n == 0);
 
     /* errors name the position */
-    expect_error("CCX", MG_TOK_ERR_CHAR, 2, "position 2");
-    expect_error("CCX", MG_TOK_ERR_CHAR, 2, "'X'");
-    expect_error("C[NH", MG_TOK_ERR_CHAR, 1, "position 1");
-    expect_error("C[]C", MG_TOK_ERR_CHAR, 1, "position 1");
-    expect_error("CC%1", MG_TOK_ERR_CHAR, 2, "position 2");
-    expect_error("CC%", MG_TOK_ERR_CHAR, 2, NULL);
-    expect_error(" C", MG_TOK_ERR_CHAR, 0, "position 0");
-    expect_error("C C", MG_TOK_ERR_CHAR, 1, NULL);
-    expect_error("Ca", MG_TOK_ERR_CHAR, 1, "'a'");
-    expect_error("c1ccccc1\n", MG_TOK_ERR_CHAR, 8, "\\x0A");
-    expect_error("CC\xc3\xa9", MG_TOK_ERR_CHAR, 2, "\\xC3");
-    expect_error("C[CCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCC]", MG_TOK_ERR_CHAR, 1, NULL);
+    expect_error("CCX", MG_ERR_TOKEN, 2, "position 2");
+    expect_error("CCX", MG_ERR_TOKEN, 2, "'X'");
+    expect_error("C[NH", MG_ERR_TOKEN, 1, "position 1");
+    expect_error("C[]C", MG_ERR_TOKEN, 1, "position 1");
+    expect_error("CC%1", MG_ERR_TOKEN, 2, "position 2");
+    expect_error("CC%", MG_ERR_TOKEN, 2, NULL);
+    expect_error(" C", MG_ERR_TOKEN, 0, "position 0");
+    expect_error("C C", MG_ERR_TOKEN, 1, NULL);
+    expect_error("Ca", MG_ERR_TOKEN, 1, "'a'");
+    expect_error("c1ccccc1\n", MG_ERR_TOKEN, 8, "\\x0A");
+    expect_error("CC\xc3\xa9", MG_ERR_TOKEN, 2, "\\xC3");
+    expect_error("C[CCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCC]", MG_ERR_TOKEN, 1, NULL);
 
     CHECK(mg_token_len("") == 0);
     CHECK(mg_token_len("Cl") == 2);
@@ -99,8 +99,8 @@ static void test_vocab_basic(void)
 {
     const char *smi[] = {"CC(=O)O", "c1ccccc1Cl", "[NH3+]CC[O-]", "C%10CC%10"};
     mg_vocab *v = NULL;
-    char err[200];
-    CHECK(mg_vocab_build(smi, 4, &v, err, sizeof err) == 0);
+    mg_error err;
+    CHECK(mg_vocab_build(smi, 4, &v, &err) == 0);
     if (!v)
         return;
     /* data tokens: % ( ) = 1 C Cl O [NH3+] [O-] c -- sorted by strcmp */
@@ -122,27 +122,28 @@ static void test_vocab_basic(void)
     /* encode / decode */
     int32_t ids[32];
     int n = 0;
-    CHECK(mg_vocab_encode(v, "CC(=O)O", ids, 32, &n, err, sizeof err) == 0 && n == 7);
+    CHECK(mg_vocab_encode(v, "CC(=O)O", ids, 32, &n, &err) == 0 && n == 7);
     CHECK(ids[0] == 8 && ids[2] == 4 && ids[3] == 7);
     char out[64];
-    CHECK(mg_vocab_decode(v, ids, n, out, sizeof out, err, sizeof err) == 7);
+    size_t dl = 0;
+    CHECK(mg_vocab_decode(v, ids, n, out, sizeof out, &dl, &err) == 0 && dl == 7);
     CHECK(strcmp(out, "CC(=O)O") == 0);
     int32_t framed[] = {MG_BOS, 8, 10, MG_EOS, 8, 8};
-    CHECK(mg_vocab_decode(v, framed, 6, out, sizeof out, err, sizeof err) == 2);
+    CHECK(mg_vocab_decode(v, framed, 6, out, sizeof out, &dl, &err) == 0 && dl == 2);
     CHECK(strcmp(out, "CO") == 0);
     int32_t padded[] = {MG_PAD, 8, MG_PAD, 9};
-    CHECK(mg_vocab_decode(v, padded, 4, out, sizeof out, NULL, 0) == 3 && !strcmp(out, "CCl"));
+    CHECK(mg_vocab_decode(v, padded, 4, out, sizeof out, &dl, NULL) == 0 && dl == 3 && !strcmp(out, "CCl"));
     int32_t bad[] = {8, 99};
-    CHECK(mg_vocab_decode(v, bad, 2, out, sizeof out, err, sizeof err) == MG_TOK_ERR_ARG);
-    CHECK(strstr(err, "99") != NULL);
-    CHECK(mg_vocab_decode(v, ids, n, out, 4, err, sizeof err) == MG_TOK_ERR_TOOLONG);
+    CHECK(mg_vocab_decode(v, bad, 2, out, sizeof out, NULL, &err) == MG_ERR_ARG);
+    CHECK(strstr(err.message, "99") != NULL);
+    CHECK(mg_vocab_decode(v, ids, n, out, 4, NULL, &err) == MG_ERR_TOO_LONG);
     CHECK(strlen(out) == 3);
 
-    CHECK(mg_vocab_encode(v, "CCBr", ids, 32, &n, err, sizeof err) == MG_TOK_ERR_UNKNOWN);
-    CHECK(strstr(err, "'Br'") && strstr(err, "position 2"));
-    CHECK(mg_vocab_encode(v, "CCX", ids, 32, &n, err, sizeof err) == MG_TOK_ERR_CHAR);
-    CHECK(strstr(err, "position 2") != NULL);
-    CHECK(mg_vocab_encode(v, "CCCC", ids, 2, &n, err, sizeof err) == MG_TOK_ERR_TOOLONG && n == 4);
+    CHECK(mg_vocab_encode(v, "CCBr", ids, 32, &n, &err) == MG_ERR_UNKNOWN_TOKEN);
+    CHECK(strstr(err.message, "'Br'") && strstr(err.message, "position 2"));
+    CHECK(mg_vocab_encode(v, "CCX", ids, 32, &n, &err) == MG_ERR_TOKEN);
+    CHECK(strstr(err.message, "position 2") != NULL);
+    CHECK(mg_vocab_encode(v, "CCCC", ids, 2, &n, &err) == MG_ERR_TOO_LONG && n == 4);
 
     /* JSON round trip */
     char *js = mg_vocab_to_json(v);
@@ -150,7 +151,7 @@ static void test_vocab_basic(void)
     if (js) {
         { const char *pre = "[\"<pad>\",\"<bos>\",\"<eos>\",\"%10\",\"(\""; CHECK(strncmp(js, pre, strlen(pre)) == 0); }
         mg_vocab *w = NULL;
-        CHECK(mg_vocab_from_json(js, strlen(js), &w, err, sizeof err) == 0);
+        CHECK(mg_vocab_from_json(js, strlen(js), &w, &err) == 0);
         CHECK(w && mg_vocab_equal(v, w));
         mg_vocab_free(w);
         free(js);
@@ -158,12 +159,12 @@ static void test_vocab_basic(void)
     /* tokens with characters JSON must escape */
     const char *bs[] = {"\\", "/", "C"};
     mg_vocab *b = NULL;
-    CHECK(mg_vocab_from_tokens(bs, 3, &b, err, sizeof err) == 0);
+    CHECK(mg_vocab_from_tokens(bs, 3, &b, &err) == 0);
     if (b) {
         js = mg_vocab_to_json(b);
         CHECK(js && strcmp(js, "[\"<pad>\",\"<bos>\",\"<eos>\",\"/\",\"C\",\"\\\\\"]") == 0);
         mg_vocab *w = NULL;
-        CHECK(js && mg_vocab_from_json(js, strlen(js), &w, err, sizeof err) == 0);
+        CHECK(js && mg_vocab_from_json(js, strlen(js), &w, &err) == 0);
         CHECK(w && mg_vocab_equal(b, w));
         mg_vocab_free(w);
         free(js);
@@ -172,7 +173,7 @@ static void test_vocab_basic(void)
     /* from_json keeps the given order */
     const char *unsorted = "[\"<pad>\",\"<bos>\",\"<eos>\",\"c\",\"C\"]";
     mg_vocab *u = NULL;
-    CHECK(mg_vocab_from_json(unsorted, strlen(unsorted), &u, err, sizeof err) == 0);
+    CHECK(mg_vocab_from_json(unsorted, strlen(unsorted), &u, &err) == 0);
     CHECK(u && mg_vocab_lookup(u, "c", -1) == 3 && mg_vocab_lookup(u, "C", -1) == 4);
     mg_vocab_free(u);
 
@@ -192,9 +193,9 @@ static void test_vocab_basic(void)
     };
     for (size_t i = 0; i < sizeof bad_js / sizeof *bad_js; i++) {
         mg_vocab *w = (mg_vocab *)1;
-        err[0] = '\0';
-        int rc = mg_vocab_from_json(bad_js[i], strlen(bad_js[i]), &w, err, sizeof err);
-        if (rc == 0 || w != NULL || !err[0]) {
+        err.message[0] = '\0';
+        int rc = mg_vocab_from_json(bad_js[i], strlen(bad_js[i]), &w, &err);
+        if (rc == 0 || w != NULL || !err.message[0]) {
             fprintf(stderr, "bad vocab JSON %zu accepted: %s\n", i, bad_js[i]);
             tu_fail++;
         }
@@ -203,15 +204,15 @@ static void test_vocab_basic(void)
     }
     const char *bad_tok[] = {"C", "<bos>"};
     mg_vocab *w = NULL;
-    CHECK(mg_vocab_from_tokens(bad_tok, 2, &w, err, sizeof err) != 0 && w == NULL);
+    CHECK(mg_vocab_from_tokens(bad_tok, 2, &w, &err) != 0 && w == NULL);
     const char *bad_tok2[] = {"CC"};
-    CHECK(mg_vocab_from_tokens(bad_tok2, 1, &w, err, sizeof err) != 0 && w == NULL);
+    CHECK(mg_vocab_from_tokens(bad_tok2, 1, &w, &err) != 0 && w == NULL);
     const char *dups[] = {"C", "C", "O"};
-    CHECK(mg_vocab_from_tokens(dups, 3, &w, err, sizeof err) == 0 && mg_vocab_size(w) == 5);
+    CHECK(mg_vocab_from_tokens(dups, 3, &w, &err) == 0 && mg_vocab_size(w) == 5);
     mg_vocab_free(w);
     const char *bad_smi[] = {"CC", "CCX"};
-    CHECK(mg_vocab_build(bad_smi, 2, &w, err, sizeof err) == MG_TOK_ERR_CHAR && w == NULL);
-    CHECK(strstr(err, "smiles[1]") && strstr(err, "position 2"));
+    CHECK(mg_vocab_build(bad_smi, 2, &w, &err) == MG_ERR_TOKEN && w == NULL);
+    CHECK(strstr(err.message, "smiles[1]") && strstr(err.message, "position 2"));
 
     mg_vocab_free(v);
 }
@@ -259,11 +260,11 @@ static void test_corpus(const char *file, int expect_vocab, const char *expect_t
     size_t bad = 0, maxtok = 0;
     for (size_t i = 0; i < n; i++) {
         int nt = 0;
-        char err[200];
-        int rc = mg_tokenize(lines[i], sp, 512, &nt, NULL, err, sizeof err);
+        mg_error err;
+        int rc = mg_tokenize(lines[i], sp, 512, &nt, NULL, &err);
         if (rc != 0) {
             if (bad++ < 5)
-                fprintf(stderr, "%s:%zu: %s\n", file, i + 1, err);
+                fprintf(stderr, "%s:%zu: %s\n", file, i + 1, err.message);
             continue;
         }
         /* spans are contiguous and the concatenation is the input */
@@ -286,8 +287,8 @@ static void test_corpus(const char *file, int expect_vocab, const char *expect_t
     }
     CHECK(bad == 0);
     mg_vocab *v = NULL;
-    char err[200];
-    CHECK(mg_vocab_build((const char *const *)lines, n, &v, err, sizeof err) == 0);
+    mg_error err;
+    CHECK(mg_vocab_build((const char *const *)lines, n, &v, &err) == 0);
     if (v) {
         int vs = mg_vocab_size(v);
         printf("%s: %zu molecules, max %zu tokens, %d data tokens (+3 specials)\n", file, n,
@@ -311,8 +312,8 @@ static void test_corpus(const char *file, int expect_vocab, const char *expect_t
         size_t badrt = 0;
         for (size_t i = 0; i < n; i++) {
             int k = 0;
-            if (mg_vocab_encode(v, lines[i], ids, 512, &k, err, sizeof err) != 0 ||
-                mg_vocab_decode(v, ids, k, buf, sizeof buf, err, sizeof err) < 0 ||
+            if (mg_vocab_encode(v, lines[i], ids, 512, &k, &err) != 0 ||
+                mg_vocab_decode(v, ids, k, buf, sizeof buf, NULL, &err) != 0 ||
                 strcmp(buf, lines[i]) != 0)
                 badrt++;
         }

@@ -100,11 +100,11 @@ static void test_optim(void) {
     oc.grad_clip = 0.5f;
     const mg_optim_span spans[2] = {{0, 4, 1}, {4, 6, 0}};
     mg_adamw o;
-    char err[256];
-    CHECK(mg_adamw_init(&o, &oc, N, spans, 2, err, sizeof err) == 0, "%s", err);
+    mg_error err;
+    CHECK(mg_adamw_init(&o, &oc, N, spans, 2, &err) == 0, "%s", err.message);
     const mg_optim_span gap[2] = {{0, 4, 1}, {5, 5, 0}};
     mg_adamw bad;
-    CHECK(mg_adamw_init(&bad, &oc, N, gap, 2, err, sizeof err) != 0, "spans with a gap accepted");
+    CHECK(mg_adamw_init(&bad, &oc, N, gap, 2, &err) != 0, "spans with a gap accepted");
     float p[N], g[N];
     double rp[N], rm[N] = {0}, rv[N] = {0};
     for (int i = 0; i < N; i++) rp[i] = p[i] = 0.5f - 0.1f * (float)i;
@@ -127,7 +127,7 @@ static void test_optim(void) {
             rp[i] -= lr * mh / (sqrt(vh) + oc.eps);
         }
         float gn, lr_used;
-        CHECK(mg_adamw_step(&o, p, g, &gn, &lr_used, err, sizeof err) == 0, "%s", err);
+        CHECK(mg_adamw_step(&o, p, g, &gn, &lr_used, &err) == 0, "%s", err.message);
         CHECK(fabs(gn - norm) <= 1e-6 * norm && lr_used == (float)lr, "norm %g vs %g", (double)gn, norm);
     }
     double worst = 0;
@@ -135,7 +135,7 @@ static void test_optim(void) {
     CHECK(worst < 1e-6, "AdamW differs from the reference by %g", worst);
     CHECK(o.step == 6, "step %lld", (long long)o.step);
     g[0] = NAN;
-    CHECK(mg_adamw_step(&o, p, g, NULL, NULL, err, sizeof err) != 0 && o.step == 6, "NaN gradient accepted");
+    CHECK(mg_adamw_step(&o, p, g, NULL, NULL, &err) != 0 && o.step == 6, "NaN gradient accepted");
     printf("AdamW vs double reference: max |diff| %.2e after 6 steps\n", worst);
     mg_adamw_free(&o);
 }
@@ -164,14 +164,14 @@ static int files_equal_params(const char *a, const char *b, const char *what) {
     mg_model *ma = NULL, *mb = NULL;
     mg_adamw oa, ob;
     int64_t sa = -1, sb = -2;
-    char err[512];
+    mg_error err;
     int ok = 1;
-    if (mg_checkpoint_load(a, &ma, &oa, &sa, err, sizeof err)) {
-        fprintf(stderr, "%s: %s\n", what, err);
+    if (mg_checkpoint_load(a, &ma, &oa, &sa, &err)) {
+        fprintf(stderr, "%s: %s\n", what, err.message);
         return 0;
     }
-    if (mg_checkpoint_load(b, &mb, &ob, &sb, err, sizeof err)) {
-        fprintf(stderr, "%s: %s\n", what, err);
+    if (mg_checkpoint_load(b, &mb, &ob, &sb, &err)) {
+        fprintf(stderr, "%s: %s\n", what, err.message);
         mg_model_free(ma);
         mg_adamw_free(&oa);
         return 0;
@@ -217,9 +217,9 @@ static void test_learns(void) {
     c.val_max = 0; /* all 100 validation molecules */
     c.ckpt_every = 0;
     mg_train_result r;
-    char err[512];
-    int rc = mg_train_run(&c, &r, err, sizeof err);
-    CHECK(rc == 0, "train: %s", err);
+    mg_error err;
+    int rc = mg_train_run(&c, &r, &err);
+    CHECK(rc == 0, "train: %s", err.message);
     if (rc) return;
     const double factor = SANITIZED ? 0.85 : 0.75;
     printf("learning: %lld steps, val loss %.4f -> %.4f, unigram entropy %.4f (bound %.4f), "
@@ -242,18 +242,18 @@ static void test_resume(void) {
     path_in_tmp(half, sizeof half, "half.safetensors");
     path_in_tmp(resumed, sizeof resumed, "resumed.safetensors");
     const int64_t N = SANITIZED ? 12 : 24;
-    char err[512];
+    mg_error err;
     mg_train_result r;
 
     mg_train_config c = small_config(straight);
     c.model.dropout = 0.1f;
     c.steps = N;
-    CHECK(mg_train_run(&c, &r, err, sizeof err) == 0, "straight: %s", err);
+    CHECK(mg_train_run(&c, &r, &err) == 0, "straight: %s", err.message);
     CHECK(r.step == N, "straight stopped at %lld", (long long)r.step);
 
     c.out_path = half;
     c.stop_after = N / 2 + 1; /* not a multiple of ckpt_every or val_every */
-    CHECK(mg_train_run(&c, &r, err, sizeof err) == 0, "first half: %s", err);
+    CHECK(mg_train_run(&c, &r, &err) == 0, "first half: %s", err.message);
     CHECK(r.step == N / 2 + 1 && r.stop == MG_STOP_AFTER, "first half stopped at %lld (%d)",
           (long long)r.step, (int)r.stop);
 
@@ -266,7 +266,7 @@ static void test_resume(void) {
     rc.seed = 7;
     rc.model.n_layer = 5;
     rc.optim.lr = 1.0f;
-    CHECK(mg_train_run(&rc, &r, err, sizeof err) == 0, "resume: %s", err);
+    CHECK(mg_train_run(&rc, &r, &err) == 0, "resume: %s", err.message);
     CHECK(r.step == N && r.stop == MG_STOP_DONE, "resume stopped at %lld", (long long)r.step);
     CHECK(files_equal_params(straight, resumed, "resume equality"),
           "straight and resumed runs differ");
@@ -274,12 +274,12 @@ static void test_resume(void) {
     /* Resuming a finished run does nothing more and keeps the state. */
     rc.resume_path = resumed;
     rc.out_path = half;
-    CHECK(mg_train_run(&rc, &r, err, sizeof err) == 0 && r.step == N, "resume finished: %s", err);
+    CHECK(mg_train_run(&rc, &r, &err) == 0 && r.step == N, "resume finished: %s", err.message);
     CHECK(files_equal_params(straight, half, "resume of a finished run"), "changed");
 
     /* A longer schedule on resume continues past N. */
     rc.steps = N + 3;
-    CHECK(mg_train_run(&rc, &r, err, sizeof err) == 0 && r.step == N + 3, "extend: %s", err);
+    CHECK(mg_train_run(&rc, &r, &err) == 0 && r.step == N + 3, "extend: %s", err.message);
     remove(straight);
     remove(half);
     remove(resumed);
@@ -305,16 +305,16 @@ static void test_signal(int sig) {
     signal(SIGALRM, send_signal);
     alarm(1);
     mg_train_result r;
-    char err[512];
-    int rc = mg_train_run(&c, &r, err, sizeof err);
+    mg_error err;
+    int rc = mg_train_run(&c, &r, &err);
     alarm(0);
     signal(SIGINT, SIG_DFL);
     signal(SIGTERM, SIG_DFL);
-    CHECK(rc == 0, "%s: %s", name, err);
+    CHECK(rc == 0, "%s: %s", name, err.message);
     CHECK(r.stop == MG_STOP_SIGNAL, "%s: stop reason %d after %.1f s", name, (int)r.stop, r.seconds);
     mg_model *m = NULL;
     int64_t step = -1;
-    CHECK(mg_checkpoint_load(out, &m, NULL, &step, err, sizeof err) == 0, "%s", err);
+    CHECK(mg_checkpoint_load(out, &m, NULL, &step, &err) == 0, "%s", err.message);
     CHECK(step == r.step && step > 0, "checkpoint step %lld vs %lld", (long long)step, (long long)r.step);
     printf("%s after 1 s: stopped at step %lld, checkpoint at step %lld\n", name, (long long)r.step,
            (long long)step);
@@ -324,7 +324,7 @@ static void test_signal(int sig) {
     rcfg.resume_path = out;
     rcfg.data_path = NULL;
     rcfg.stop_after = step + 2;
-    CHECK(mg_train_run(&rcfg, &r, err, sizeof err) == 0 && r.step == step + 2, "resume after signal: %s", err);
+    CHECK(mg_train_run(&rcfg, &r, &err) == 0 && r.step == step + 2, "resume after signal: %s", err.message);
     remove(out);
 }
 
@@ -342,12 +342,12 @@ static void expect_resume_error(const char *path, const char *needle, const char
     c.resume_path = path;
     c.data_path = NULL;
     mg_train_result r;
-    char err[512] = "";
-    int rc = mg_train_run(&c, &r, err, sizeof err);
+    mg_error err;
+    int rc = mg_train_run(&c, &r, &err);
     CHECK(rc != 0, "%s: resumed from a bad checkpoint", what);
-    CHECK(strstr(err, needle) != NULL && strchr(err, '\n') == NULL, "%s: message '%s' lacks '%s'", what, err,
+    CHECK(strstr(err.message, needle) != NULL && strchr(err.message, '\n') == NULL, "%s: message '%s' lacks '%s'", what, err.message,
           needle);
-    printf("%-28s -> %s\n", what, err);
+    printf("%-28s -> %s\n", what, err.message);
     CHECK(access(out, F_OK) != 0, "%s: wrote an output", what);
 }
 
@@ -358,8 +358,8 @@ static void test_bad_checkpoints(void) {
     mg_train_config c = small_config(good);
     c.steps = 3;
     mg_train_result r;
-    char err[512];
-    CHECK(mg_train_run(&c, &r, err, sizeof err) == 0, "%s", err);
+    mg_error err;
+    CHECK(mg_train_run(&c, &r, &err) == 0, "%s", err.message);
     FILE *f = fopen(good, "rb");
     if (!f) {
         CHECK(0, "no checkpoint written");
@@ -386,9 +386,9 @@ static void test_bad_checkpoints(void) {
 
     /* a model file (no optimizer state) cannot be resumed */
     mg_model *m = NULL;
-    CHECK(mg_checkpoint_load(good, &m, NULL, NULL, err, sizeof err) == 0, "%s", err);
+    CHECK(mg_checkpoint_load(good, &m, NULL, NULL, &err) == 0, "%s", err.message);
     if (m) {
-        CHECK(mg_model_save(m, NULL, bad, err, sizeof err) == 0, "%s", err);
+        CHECK(mg_model_save(m, NULL, bad, &err) == 0, "%s", err.message);
         expect_resume_error(bad, "cannot resume", "model file without state");
         mg_model_free(m);
     }
@@ -399,26 +399,26 @@ static void test_bad_checkpoints(void) {
     mg_train_config rc = small_config(bad);
     rc.resume_path = good;
     rc.data_path = other;
-    CHECK(mg_train_run(&rc, &r, err, sizeof err) != 0 && strstr(err, "differs"), "changed data: %s", err);
-    printf("%-28s -> %s\n", "different data", err);
+    CHECK(mg_train_run(&rc, &r, &err) != 0 && strstr(err.message, "differs"), "changed data: %s", err.message);
+    printf("%-28s -> %s\n", "different data", err.message);
     remove(other);
 
     /* a model without the causal mask: the guard refuses to train it */
     mg_train_config lc = small_config(bad);
     lc.steps = 3;
     lc.model.no_causal_mask = 1;
-    CHECK(mg_train_run(&lc, &r, err, sizeof err) != 0 && strstr(err, "causal leak"), "leaky model: %s", err);
-    printf("%-28s -> %s\n", "model without causal mask", err);
+    CHECK(mg_train_run(&lc, &r, &err) != 0 && strstr(err.message, "causal leak"), "leaky model: %s", err.message);
+    printf("%-28s -> %s\n", "model without causal mask", err.message);
 
     /* bad configurations */
     mg_train_config bc = small_config(bad);
-    CHECK(mg_train_run(&bc, &r, err, sizeof err) != 0, "no steps and no time limit accepted");
+    CHECK(mg_train_run(&bc, &r, &err) != 0, "no steps and no time limit accepted");
     bc.steps = 3;
     bc.batch_size = 5000;
-    CHECK(mg_train_run(&bc, &r, err, sizeof err) != 0 && strstr(err, "batch"), "huge batch: %s", err);
+    CHECK(mg_train_run(&bc, &r, &err) != 0 && strstr(err.message, "batch"), "huge batch: %s", err.message);
     bc.batch_size = 8;
     bc.data_path = "/nonexistent.smi";
-    CHECK(mg_train_run(&bc, &r, err, sizeof err) != 0 && strstr(err, "nonexistent"), "missing data: %s", err);
+    CHECK(mg_train_run(&bc, &r, &err) != 0 && strstr(err.message, "nonexistent"), "missing data: %s", err.message);
     free(buf);
     remove(good);
     remove(bad);
