@@ -10,14 +10,7 @@
  *     passed in. The library may allocate small per-call scratch with malloc
  *     when no workspace is given; failure is ATTN_ERR_NOMEM, never a crash.
  *   - The only global state is the thread count (attn_set_num_threads, or the
- *     ATTN_NUM_THREADS environment variable; default: all cores). See
- *     "Threads and OpenBLAS" below for what the library does and does not
- *     touch in the process.
- *   - The environment (ATTN_NUM_THREADS, ATTN_VERBOSE, ATTN_FUSED_ISA) is
- *     read once, at the library's first call (pthread_once); setting it
- *     later has no effect.
- *   - The shared library exports exactly the functions declared here
- *     (ATTN_API; everything else is built with hidden visibility).
+ *     ATTN_NUM_THREADS environment variable; default: all cores).
  *
  * A query row that sees no key (every key masked) gets output 0, weights 0,
  * log-sum-exp -inf and zero gradient. PyTorch's math path returns NaN for such
@@ -33,22 +26,7 @@
 extern "C" {
 #endif
 
-/* Visibility of the public functions (the library is built with
- * -fvisibility=hidden, so nothing else is exported). */
-#if defined(__GNUC__) && !defined(ATTN_STATIC_ONLY)
-#define ATTN_API __attribute__((visibility("default")))
-#else
-#define ATTN_API
-#endif
-
-/* The header's version. attn_version() returns the library's: the two
- * differ when a program runs against another build than it was compiled
- * with (the struct layouts here are the ABI; the soname changes with them). */
-#define ATTN_VERSION_MAJOR 0
-#define ATTN_VERSION_MINOR 2
-#define ATTN_VERSION_PATCH 0
-#define ATTN_VERSION "0.2.0"
-ATTN_API const char *attn_version(void);
+#define ATTN_VERSION "0.1.0"
 
 /* ---------------------------------------------------------------- errors */
 
@@ -70,7 +48,7 @@ typedef struct {
 } attn_error;
 
 /* Static name of a status code, e.g. "ATTN_ERR_SHAPE". Never NULL. */
-ATTN_API const char *attn_status_name(attn_status s);
+const char *attn_status_name(attn_status s);
 
 /* ---------------------------------------------------------------- threads */
 
@@ -78,8 +56,8 @@ ATTN_API const char *attn_status_name(attn_status s);
 
 /* 1 <= n <= ATTN_MAX_THREADS sets the thread count for every parallel part of the library;
  * n == 0 restores the default (ATTN_NUM_THREADS if set, else all cores). */
-ATTN_API attn_status attn_set_num_threads(int n, attn_error *err);
-ATTN_API int attn_get_num_threads(void);
+attn_status attn_set_num_threads(int n, attn_error *err);
+int attn_get_num_threads(void);
 
 /* ---------------------------------------------------------------- tensors */
 
@@ -93,9 +71,9 @@ typedef struct {
 } attn_tensor;
 
 /* Contiguous [B, H, L, D] view of data. */
-ATTN_API attn_tensor attn_tensor_bhld(float *data, int64_t B, int64_t H, int64_t L, int64_t D);
+attn_tensor attn_tensor_bhld(float *data, int64_t B, int64_t H, int64_t L, int64_t D);
 /* Packed [B, L, H, D] memory seen as [B, H, L, D]. */
-ATTN_API attn_tensor attn_tensor_blhd(float *data, int64_t B, int64_t H, int64_t L, int64_t D);
+attn_tensor attn_tensor_blhd(float *data, int64_t B, int64_t H, int64_t L, int64_t D);
 
 /* A mask view broadcastable to [B, H, Lq, Lk]: dim[0] is B or 1, dim[1] is H
  * or 1, dim[2] == Lq, dim[3] == Lk. Strides in elements; a dim of size 1 is
@@ -170,7 +148,7 @@ typedef struct {
  *                           masked, scaled scores (-inf for an empty row);
  *                           the backward needs it.
  *   info    optional: the path that ran and why. */
-ATTN_API attn_status attn_sdpa_forward(const attn_tensor *q, const attn_tensor *k,
+attn_status attn_sdpa_forward(const attn_tensor *q, const attn_tensor *k,
                               const attn_tensor *v, const attn_sdpa_params *p,
                               attn_tensor *out, float *weights, float *lse,
                               attn_sdpa_info *info, attn_error *err);
@@ -178,7 +156,7 @@ ATTN_API attn_status attn_sdpa_forward(const attn_tensor *q, const attn_tensor *
 /* Gradients of attn_sdpa_forward, from the saved out and lse and grad_out
  * (same shape as out). dq, dk, dv have the shapes of q, k, v and are
  * OVERWRITTEN. p must equal the forward's (same masks, seed and offset). */
-ATTN_API attn_status attn_sdpa_backward(const attn_tensor *q, const attn_tensor *k,
+attn_status attn_sdpa_backward(const attn_tensor *q, const attn_tensor *k,
                                const attn_tensor *v, const attn_tensor *out,
                                const float *lse, const attn_tensor *grad_out,
                                const attn_sdpa_params *p, attn_tensor *dq,
@@ -207,18 +185,18 @@ typedef struct {
 
 /* Number of floats all parameters take, packed in the order
  * w_q, w_k, w_v, b_q, b_k, b_v, w_o, b_o (PyTorch's in_proj then out_proj). */
-ATTN_API attn_status attn_mha_param_count(const attn_mha_config *c, size_t *count, attn_error *err);
+attn_status attn_mha_param_count(const attn_mha_config *c, size_t *count, attn_error *err);
 /* Point w at a packed buffer of attn_mha_param_count floats in that order. */
-ATTN_API attn_status attn_mha_weights_from_buffer(const attn_mha_config *c, float *buffer,
+attn_status attn_mha_weights_from_buffer(const attn_mha_config *c, float *buffer,
                                          attn_mha_weights *w, attn_error *err);
 /* PyTorch's init: Xavier-uniform in-projection (over [3E, E] when
  * kdim == vdim == E, else each of w_q, w_k, w_v), out-projection
  * U(-1/sqrt(E), 1/sqrt(E)), zero biases. Deterministic in seed. */
-ATTN_API attn_status attn_mha_init(const attn_mha_config *c, const attn_mha_weights *w,
+attn_status attn_mha_init(const attn_mha_config *c, const attn_mha_weights *w,
                           uint64_t seed, attn_error *err);
 
 /* Floats of activation cache the backward needs for a call of this shape. */
-ATTN_API attn_status attn_mha_cache_size(const attn_mha_config *c, int64_t B, int64_t Lq,
+attn_status attn_mha_cache_size(const attn_mha_config *c, int64_t B, int64_t Lq,
                                 int64_t Lk, size_t *count, attn_error *err);
 
 typedef enum {
@@ -236,7 +214,7 @@ typedef enum {
  *   weights: see mode; NULL with ATTN_WEIGHTS_NONE.
  *   cache: NULL for inference, else attn_mha_cache_size floats that the
  *          backward reads. */
-ATTN_API attn_status attn_mha_forward(const attn_mha_config *c, const attn_mha_weights *w,
+attn_status attn_mha_forward(const attn_mha_config *c, const attn_mha_weights *w,
                              int64_t B, int64_t Lq, int64_t Lk,
                              const float *query, const float *key,
                              const float *value, const attn_sdpa_params *p,
@@ -250,7 +228,7 @@ ATTN_API attn_status attn_mha_forward(const attn_mha_config *c, const attn_mha_w
  * Self-attention passes one d_x buffer as d_query, d_key and d_value and
  * gets the sum. Any of d_query, d_key, d_value may be NULL (not needed).
  * g has the layout of w (g->b_* NULL when !bias). */
-ATTN_API attn_status attn_mha_backward(const attn_mha_config *c, const attn_mha_weights *w,
+attn_status attn_mha_backward(const attn_mha_config *c, const attn_mha_weights *w,
                               int64_t B, int64_t Lq, int64_t Lk,
                               const float *query, const float *key,
                               const float *value, const attn_sdpa_params *p,
