@@ -51,9 +51,9 @@ static void setup(void)
     static const char *const moses[] = {"#", "(", ")", "-", "1", "2", "3", "4", "5", "6", "=", "Br",
                                         "C", "Cl", "F", "N", "O", "S", "[H]", "[nH]", "c", "n", "o",
                                         "s"};
-    char err[256] = "";
-    FZ_CHECK(mg_vocab_from_tokens(moses, sizeof moses / sizeof *moses, &g_fixed, err, sizeof err) == 0,
-             "fixed vocabulary: %s", err);
+    mg_error err = {0};
+    FZ_CHECK(mg_vocab_from_tokens(moses, sizeof moses / sizeof *moses, &g_fixed, &err) == MG_OK,
+             "fixed vocabulary: %s", err.message);
 }
 
 static void write_file(const char *path, const uint8_t *p, size_t n)
@@ -69,7 +69,7 @@ static void write_file(const char *path, const uint8_t *p, size_t n)
     close(fd);
 }
 
-static void check_report(const mg_report *r, const char *path, int rc)
+static void check_report(const mg_report *r, const char *path, mg_status rc)
 {
     FZ_CHECK(r->skipped == r->bad_char + r->unknown_token + r->too_long + r->other,
              "skipped %ld != %ld + %ld + %ld + %ld", r->skipped, r->bad_char, r->unknown_token,
@@ -113,11 +113,10 @@ static void check_rows(const mg_dataset *d, const mg_vocab *v, const mg_report *
         }
         for (int64_t j = len; j < d->T; j++)
             FZ_CHECK(row[j] == MG_PAD, "row %zu: id %d in the padding", i, (int)row[j]);
-        char err[256] = "";
-        int n = mg_vocab_decode(v, row, (int)len, dec, (size_t)d->T * (MG_TOKEN_MAX + 1) + 1, err,
-                                sizeof err);
-        FZ_CHECK(n >= 0 && !strcmp(dec, d->smiles[i]), "row %zu decodes to '%.80s', source '%.80s'",
-                 i, dec, d->smiles[i]);
+        mg_status rc = mg_vocab_decode(v, row, (int)len, dec, (size_t)d->T * (MG_TOKEN_MAX + 1) + 1,
+                                       NULL, NULL);
+        FZ_CHECK(rc == MG_OK && !strcmp(dec, d->smiles[i]),
+                 "row %zu decodes to '%.80s', source '%.80s'", i, dec, d->smiles[i]);
         FZ_CHECK(d->line[i] >= 1 && d->line[i] <= r->lines && (i == 0 || d->line[i] > d->line[i - 1]),
                  "row %zu: line %ld", i, d->line[i]);
     }
@@ -151,9 +150,9 @@ static void check_part(const mg_dataset *all, const mg_dataset *part, unsigned c
 static void check_split_and_batches(const mg_dataset *d, uint64_t seed)
 {
     mg_dataset tr, va;
-    char err[256] = "";
-    int rc = mg_dataset_split(d, 0.3, seed, &tr, &va, err, sizeof err);
-    FZ_CHECK(rc == 0, "split: %s", err);
+    mg_error err = {0};
+    mg_status rc = mg_dataset_split(d, 0.3, seed, &tr, &va, &err);
+    FZ_CHECK(rc == MG_OK, "split: %s", err.message);
     FZ_CHECK(tr.n + va.n == d->n && tr.n >= 1, "split %zu + %zu of %zu", tr.n, va.n, d->n);
     unsigned char *seen = calloc(d->n, 1);
     FZ_CHECK(seen != NULL, "out of memory");
@@ -163,8 +162,8 @@ static void check_split_and_batches(const mg_dataset *d, uint64_t seed)
 
     int B = tr.n < 3 ? (int)tr.n : 3;
     mg_batcher *b = NULL;
-    rc = mg_batcher_new(&tr, B, seed, 1, &b, err, sizeof err);
-    FZ_CHECK(rc == 0, "batcher: %s", err);
+    rc = mg_batcher_new(&tr, B, seed, 1, &b, &err);
+    FZ_CHECK(rc == MG_OK, "batcher: %s", err.message);
     int32_t *ids = malloc((size_t)B * (size_t)tr.T * sizeof *ids);
     int32_t *trim = malloc((size_t)B * (size_t)tr.T * sizeof *trim);
     int64_t len[3];
@@ -211,13 +210,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     mg_vocab *built = NULL;
     mg_dataset d;
     mg_report r;
-    char err[512];
-    err[0] = '\0';
-    int rc = mg_dataset_load(path, &o, fixed, &built, &d, &r, err, sizeof err);
+    mg_error err = {0};
+    mg_status rc = mg_dataset_load(path, &o, fixed, &built, &d, &r, &err);
     check_report(&r, path, rc);
     if (rc != 0) {
-        FZ_CHECK(fz_msg_ok(err, sizeof err) && built == NULL && d.n == 0 && d.ids == NULL,
-                 "failure: '%s', vocabulary %p, %zu rows", err, (void *)built, d.n);
+        FZ_CHECK(fz_err_ok(&err, rc) && built == NULL && d.n == 0 && d.ids == NULL,
+                 "failure: %d '%s', vocabulary %p, %zu rows", rc, err.message, (void *)built, d.n);
         return 0;
     }
     FZ_CHECK(fixed ? built == NULL : built != NULL, "vocabulary handed out: %p", (void *)built);

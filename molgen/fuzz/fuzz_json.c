@@ -10,8 +10,8 @@
  *     mg_json_quote, numbers as exact integers or %.17g) parses to an equal
  *     DOM;
  *   - mg_json_get finds every key of an object at its position.
- * A rejected input must come with an "at byte N" message, N within the
- * input. Every input is also offered to mg_json_quote as a string (its
+ * A rejected input must come with a message; an "at byte N" in it lies
+ * within the input. Every input is also offered to mg_json_quote as a string (its
  * snprintf-like length and truncation).
  */
 #include <math.h>
@@ -169,9 +169,9 @@ static void check_quote(const uint8_t *data, size_t size)
     }
     /* a quoted string parses back to itself */
     mg_json *j = NULL;
-    char err[256] = "";
-    FZ_CHECK(mg_json_parse(q, need, &j, err, sizeof err) == 0, "quoted string does not parse: %s",
-             err);
+    mg_error err = {0};
+    FZ_CHECK(mg_json_parse(q, need, &j, &err) == MG_OK, "quoted string does not parse: %s",
+             err.message);
     FZ_CHECK(j->type == MG_JSON_STRING && !strcmp(j->str, s), "quoted string parses to another");
     mg_json_free(j);
     free(q);
@@ -181,12 +181,11 @@ static void check_quote(const uint8_t *data, size_t size)
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     mg_json *j = NULL;
-    char err[256];
-    err[0] = '\0';
-    int rc = mg_json_parse((const char *)data, size, &j, err, sizeof err);
-    if (rc != 0) {
-        FZ_CHECK(j == NULL && fz_msg_ok(err, sizeof err), "rejected without a message");
-        const char *p = strstr(err, "at byte ");
+    mg_error err = {0};
+    mg_status rc = mg_json_parse((const char *)data, size, &j, &err);
+    if (rc != MG_OK) {
+        FZ_CHECK(j == NULL && fz_err_ok(&err, rc), "rejected without a message");
+        const char *p = strstr(err.message, "at byte ");
         if (p) {
             unsigned long long at = strtoull(p + 8, NULL, 10);
             FZ_CHECK(at <= size, "error at byte %llu of %zu", at, size);
@@ -196,8 +195,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         buf b = {0};
         write_json(&b, j);
         mg_json *k = NULL;
-        rc = mg_json_parse(b.s, b.n, &k, err, sizeof err);
-        FZ_CHECK(rc == 0, "the DOM written back does not parse: %s\n  %.300s", err, b.s);
+        rc = mg_json_parse(b.s, b.n, &k, &err);
+        FZ_CHECK(rc == MG_OK, "the DOM written back does not parse: %s\n  %.300s", err.message, b.s);
         FZ_CHECK(dom_equal(j, k), "round trip differs:\n  %.300s", b.s);
         mg_json_free(k);
         free(b.s);

@@ -11,9 +11,9 @@
  *   - names are unique and found by mg_st_find; mg_st_get with the tensor's
  *     own dtype and shape succeeds (unless misaligned), with another dtype or
  *     rank fails with a message;
- *   - metadata pairs are found by mg_st_meta; JSON-looking values (the
- *     config, optimizer and training state) go through mg_json_parse and the
- *     "vocab" value through mg_vocab_from_json, as molgen's loaders do;
+ *   - metadata pairs are found by mg_st_meta; the "vocab" value goes
+ *     through mg_vocab_from_json as molgen's loaders do (fuzz_json covers
+ *     the JSON parser itself);
  *   - round trip: writing the tensors and metadata again (mg_st_serialize)
  *     and parsing that gives the same tensors, bytes and metadata.
  */
@@ -64,31 +64,31 @@ static void check_tensor(const mg_st_file *f, const mg_st_tensor *t, const uint8
     FZ_CHECK(at + t->nbytes <= buflen, "'%s' ends past the data buffer", t->name);
     FZ_CHECK(mg_st_find(f, t->name) == t, "'%s' not found or not unique", t->name);
 
-    char err[256] = "";
+    mg_error err = {0};
     void *copy = malloc(t->nbytes ? t->nbytes : 1);
     FZ_CHECK(copy != NULL, "out of memory");
-    int rc = mg_st_copy(f, t->name, t->dtype, t->ndim, t->shape, copy, t->nbytes, err, sizeof err);
-    FZ_CHECK(rc == 0, "mg_st_copy of '%s': %s", t->name, err);
+    mg_status rc = mg_st_copy(f, t->name, t->dtype, t->ndim, t->shape, copy, t->nbytes, &err);
+    FZ_CHECK(rc == 0, "mg_st_copy of '%s': %s", t->name, err.message);
     FZ_CHECK(!t->nbytes || !memcmp(copy, buf + at, t->nbytes), "'%s': bytes differ from the input",
              t->name);
     FZ_CHECK(!t->nbytes || !memcmp(t->data, buf + at, t->nbytes), "'%s': data differs", t->name);
     free(copy);
 
     const void *p = NULL;
-    rc = mg_st_get(f, t->name, t->dtype, t->ndim, t->shape, &p, err, sizeof err);
+    rc = mg_st_get(f, t->name, t->dtype, t->ndim, t->shape, &p, &err);
     FZ_CHECK((rc == 0 && p == t->data) || (rc != 0 && ((uintptr_t)t->data % es) != 0),
-             "mg_st_get of '%s': %d %s", t->name, rc, err);
+             "mg_st_get of '%s': %d %s", t->name, rc, err.message);
     mg_st_dtype other = t->dtype == MG_ST_F32 ? MG_ST_I32 : MG_ST_F32;
-    err[0] = '\0';
-    rc = mg_st_get(f, t->name, other, t->ndim, t->shape, &p, err, sizeof err);
-    FZ_CHECK(rc != 0 && p == NULL && fz_msg_ok(err, sizeof err), "other dtype accepted");
+    err = (mg_error){0};
+    rc = mg_st_get(f, t->name, other, t->ndim, t->shape, &p, &err);
+    FZ_CHECK(rc != 0 && p == NULL && fz_err_ok(&err, rc), "other dtype accepted");
     if (t->ndim < MG_ST_MAX_DIMS) {
         int64_t shp[MG_ST_MAX_DIMS] = {0};
         memcpy(shp, t->shape, (size_t)t->ndim * sizeof *shp);
         shp[t->ndim] = 1;
-        err[0] = '\0';
-        rc = mg_st_get(f, t->name, t->dtype, t->ndim + 1, shp, &p, err, sizeof err);
-        FZ_CHECK(rc != 0 && fz_msg_ok(err, sizeof err), "rank %d accepted for '%s'", t->ndim + 1,
+        err = (mg_error){0};
+        rc = mg_st_get(f, t->name, t->dtype, t->ndim + 1, shp, &p, &err);
+        FZ_CHECK(rc != 0 && fz_err_ok(&err, rc), "rank %d accepted for '%s'", t->ndim + 1,
                  t->name);
     }
 }
@@ -100,20 +100,12 @@ static void check_meta(const mg_st_file *f)
         const char *k = NULL, *v = NULL;
         FZ_CHECK(mg_st_meta_at(f, i, &k, &v) == 0 && k && v, "meta %zu", i);
         FZ_CHECK(mg_st_meta(f, k) == v, "meta key '%.60s' not unique", k);
-        if (v[0] == '{' || v[0] == '[') {
-            mg_json *j = NULL;
-            char err[256] = "";
-            if (mg_json_parse(v, strlen(v), &j, err, sizeof err) == 0)
-                FZ_CHECK(j != NULL, "parsed without a DOM");
-            else
-                FZ_CHECK(j == NULL && fz_msg_ok(err, sizeof err), "rejected without a message");
-            mg_json_free(j);
-        }
         if (!strcmp(k, "vocab")) {
             mg_vocab *voc = NULL;
-            char err[256] = "";
-            if (mg_vocab_from_json(v, strlen(v), &voc, err, sizeof err) != 0)
-                FZ_CHECK(voc == NULL && fz_msg_ok(err, sizeof err), "vocab rejected without a message");
+            mg_error err = {0};
+            mg_status rc = mg_vocab_from_json(v, strlen(v), &voc, &err);
+            if (rc != MG_OK)
+                FZ_CHECK(voc == NULL && fz_err_ok(&err, rc), "vocab rejected without a message");
             mg_vocab_free(voc);
         }
     }
@@ -139,15 +131,15 @@ static void check_roundtrip(const mg_st_file *f)
     }
     unsigned char *out = NULL;
     size_t outlen = 0;
-    char err[256] = "";
-    int rc = mg_st_serialize(t, nt, kv, m, &out, &outlen, err, sizeof err);
+    mg_error err = {0};
+    mg_status rc = mg_st_serialize(t, nt, kv, m, &out, &outlen, &err);
     if (!writable) {
-        FZ_CHECK(rc != 0 && fz_msg_ok(err, sizeof err), "empty name written");
+        FZ_CHECK(rc != 0 && fz_err_ok(&err, rc), "empty name written");
     } else {
-        FZ_CHECK(rc == 0, "cannot write back what was read: %s", err);
+        FZ_CHECK(rc == 0, "cannot write back what was read: %s", err.message);
         mg_st_file *g = NULL;
-        rc = mg_st_parse(out, outlen, &g, err, sizeof err);
-        FZ_CHECK(rc == 0, "cannot read back what was written: %s", err);
+        rc = mg_st_parse(out, outlen, &g, &err);
+        FZ_CHECK(rc == 0, "cannot read back what was written: %s", err.message);
         FZ_CHECK(mg_st_count(g) == nt, "%zu tensors read back, %zu written", mg_st_count(g), nt);
         for (size_t i = 0; i < nt; i++) {
             const mg_st_tensor *a = &t[i], *b = mg_st_find(g, a->name);
@@ -175,14 +167,39 @@ static void check_roundtrip(const mg_st_file *f)
     free(kv);
 }
 
+size_t LLVMFuzzerMutate(uint8_t *data, size_t size, size_t max_size);
+
+/* Half of the mutations edit the JSON header alone and rewrite the 8-byte
+ * size in front of it: a plain byte mutation of the header almost always
+ * breaks that size, so without this the parser rarely sees a changed header
+ * (measured: coverage and features reached in equal time, README). The other
+ * half are libFuzzer's own, which also exercise the size checks. */
+size_t LLVMFuzzerCustomMutator(uint8_t *data, size_t size, size_t max_size, unsigned int seed)
+{
+    if (seed % 2 == 0 || size < 8 || le64(data) == 0 || le64(data) > size - 8)
+        return LLVMFuzzerMutate(data, size, max_size);
+    uint64_t n = le64(data);
+    size_t dlen = size - 8 - (size_t)n;
+    if (max_size < 8 + dlen + 1)
+        return LLVMFuzzerMutate(data, size, max_size);
+    uint8_t *tail = malloc(dlen ? dlen : 1);
+    FZ_CHECK(tail != NULL, "out of memory");
+    memcpy(tail, data + 8 + n, dlen);
+    size_t nh = LLVMFuzzerMutate(data + 8, (size_t)n, max_size - 8 - dlen);
+    memcpy(data + 8 + nh, tail, dlen);
+    free(tail);
+    for (int i = 0; i < 8; i++)
+        data[i] = (uint8_t)((uint64_t)nh >> (8 * i));
+    return 8 + nh + dlen;
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     mg_st_file *f = NULL;
-    char err[256];
-    err[0] = '\0';
-    int rc = mg_st_parse(data, size, &f, err, sizeof err);
+    mg_error err = {0};
+    mg_status rc = mg_st_parse(data, size, &f, &err);
     if (rc != 0) {
-        FZ_CHECK(f == NULL && fz_msg_ok(err, sizeof err), "rejected without a message");
+        FZ_CHECK(f == NULL && fz_err_ok(&err, rc), "rejected without a message");
         return 0;
     }
     FZ_CHECK(f != NULL && size >= 8, "accepted %zu bytes", size);

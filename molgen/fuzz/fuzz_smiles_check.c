@@ -33,11 +33,11 @@ static void check_one(const char *s)
     }
 
     int ntok = 0, errpos = -1;
-    char terr[256] = "";
-    int trc = mg_tokenize(s, NULL, 0, &ntok, &errpos, terr, sizeof terr);
-    if (trc == MG_TOK_ERR_CHAR) {
-        FZ_CHECK(!ok && !strcmp(why, terr), "untokenisable string: ok %d, reason '%s' vs '%s'", ok,
-                 why, terr);
+    mg_error terr = {0};
+    mg_status trc = mg_tokenize(s, NULL, 0, &ntok, &errpos, &terr);
+    if (trc == MG_ERR_TOKEN) {
+        FZ_CHECK(!ok && !strncmp(why, terr.message, sizeof why - 1),
+                 "untokenisable string: ok %d, reason '%s' vs '%s'", ok, why, terr.message);
         return;
     }
     if (!ok) {

@@ -8,7 +8,7 @@
  *     and bracket atoms over MG_TOKEN_MAX bytes are -1;
  *   - mg_tokenize: the spans tile the line exactly; on an error the position
  *     is the first byte that starts no token and *ntok the tokens before it;
- *     a too small capacity gives MG_TOK_ERR_TOOLONG with the full count;
+ *     a too small capacity gives MG_ERR_TOO_LONG with the full count;
  *   - against the vocabulary of the first line, every line encodes or fails
  *     with the first unknown token / bad character that a string comparison
  *     of the spans predicts; building over all lines fails on the first bad
@@ -52,8 +52,8 @@ static void check_line(const char *s, mg_span *spans, int cap)
 {
     int len = (int)strlen(s);
     int ntok = -1, errpos = -1;
-    char err[256] = "";
-    int rc = mg_tokenize(s, spans, cap, &ntok, &errpos, err, sizeof err);
+    mg_error err = {0};
+    mg_status rc = mg_tokenize(s, spans, cap, &ntok, &errpos, &err);
     int pos = 0, k = 0;
     for (;;) {
         int l = mg_token_len(s + pos);
@@ -75,15 +75,15 @@ static void check_line(const char *s, mg_span *spans, int cap)
         FZ_CHECK(rc == 0 && ntok == k, "rc %d ntok %d, expected 0 and %d tokens", rc, ntok, k);
         if (k > 0) { /* one slot short */
             int n2 = -1;
-            char e2[128] = "";
-            int rc2 = mg_tokenize(s, spans, k - 1, &n2, NULL, e2, sizeof e2);
-            FZ_CHECK(rc2 == MG_TOK_ERR_TOOLONG && n2 == k && fz_msg_ok(e2, sizeof e2),
-                     "cap %d of %d tokens: rc %d n %d '%s'", k - 1, k, rc2, n2, e2);
+            mg_error e2 = {0};
+            mg_status rc2 = mg_tokenize(s, spans, k - 1, &n2, NULL, &e2);
+            FZ_CHECK(rc2 == MG_ERR_TOO_LONG && n2 == k && fz_err_ok(&e2, rc2),
+                     "cap %d of %d tokens: rc %d n %d '%s'", k - 1, k, rc2, n2, e2.message);
         }
     } else {
-        FZ_CHECK(rc == MG_TOK_ERR_CHAR && errpos == pos && ntok == k && fz_msg_ok(err, sizeof err),
+        FZ_CHECK(rc == MG_ERR_TOKEN && errpos == pos && ntok == k && fz_err_ok(&err, rc),
                  "untokenisable at %d: rc %d errpos %d ntok %d (want %d) '%s'", pos, rc, errpos, ntok,
-                 k, err);
+                 k, err.message);
     }
 }
 
@@ -92,9 +92,9 @@ static void check_vocab_roundtrip(const mg_vocab *v)
     char *js = mg_vocab_to_json(v);
     FZ_CHECK(js != NULL, "mg_vocab_to_json failed");
     mg_vocab *w = NULL;
-    char err[256] = "";
-    int rc = mg_vocab_from_json(js, strlen(js), &w, err, sizeof err);
-    FZ_CHECK(rc == 0 && mg_vocab_equal(v, w), "vocab JSON does not round-trip: %s (%.200s)", err, js);
+    mg_error err = {0};
+    mg_status rc = mg_vocab_from_json(js, strlen(js), &w, &err);
+    FZ_CHECK(rc == 0 && mg_vocab_equal(v, w), "vocab JSON does not round-trip: %s (%.200s)", err.message, js);
     mg_vocab_free(w);
     free(js);
 }
@@ -103,15 +103,15 @@ static void check_vocab(const char *const *lines, size_t n, mg_span *spans, int 
                         size_t input_size)
 {
     mg_vocab *v = NULL;
-    char err[256] = "";
-    int rc = mg_vocab_build(lines, n, &v, err, sizeof err);
-    if (rc == MG_TOK_ERR_ARG && input_size > 3 * 4000) {
+    mg_error err = {0};
+    mg_status rc = mg_vocab_build(lines, n, &v, &err);
+    if (rc == MG_ERR_ARG && input_size > 3 * 4000) {
         /* more distinct tokens than a vocabulary may hold (4093): needs
          * thousands of distinct bracket atoms, i.e. a long input */
-        FZ_CHECK(v == NULL && fz_msg_ok(err, sizeof err), "refused vocabulary without a message");
+        FZ_CHECK(v == NULL && fz_err_ok(&err, rc), "refused vocabulary without a message");
         return;
     }
-    FZ_CHECK(rc == 0, "mg_vocab_build of %zu tokenisable lines: %d %s", n, rc, err);
+    FZ_CHECK(rc == 0, "mg_vocab_build of %zu tokenisable lines: %d %s", n, rc, err.message);
     int nv = mg_vocab_size(v);
     FZ_CHECK(nv >= MG_NUM_SPECIAL, "vocab size %d", nv);
     FZ_CHECK(!strcmp(mg_vocab_token(v, MG_PAD), "<pad>") && !strcmp(mg_vocab_token(v, MG_BOS), "<bos>") &&
@@ -134,8 +134,8 @@ static void check_vocab(const char *const *lines, size_t n, mg_span *spans, int 
         toks[nt++] = mg_vocab_token(v, id);
     }
     mg_vocab *w = NULL;
-    rc = mg_vocab_from_tokens(toks, (size_t)nt, &w, err, sizeof err);
-    FZ_CHECK(rc == 0 && mg_vocab_equal(v, w), "mg_vocab_from_tokens differs: %d %s", rc, err);
+    rc = mg_vocab_from_tokens(toks, (size_t)nt, &w, &err);
+    FZ_CHECK(rc == 0 && mg_vocab_equal(v, w), "mg_vocab_from_tokens differs: %d %s", rc, err.message);
     mg_vocab_free(w);
     free(toks);
     check_vocab_roundtrip(v);
@@ -146,11 +146,11 @@ static void check_vocab(const char *const *lines, size_t n, mg_span *spans, int 
     for (size_t i = 0; i < n; i++) {
         const char *s = lines[i];
         int len = (int)strlen(s), ntok = 0;
-        rc = mg_tokenize(s, spans, cap, &ntok, NULL, err, sizeof err);
+        rc = mg_tokenize(s, spans, cap, &ntok, NULL, &err);
         FZ_CHECK(rc == 0, "line %zu no longer tokenises", i);
         int k = -1;
-        rc = mg_vocab_encode(v, s, ids, ntok, &k, err, sizeof err);
-        FZ_CHECK(rc == 0 && k == ntok, "encode: rc %d, %d ids for %d tokens: %s", rc, k, ntok, err);
+        rc = mg_vocab_encode(v, s, ids, ntok, &k, &err);
+        FZ_CHECK(rc == 0 && k == ntok, "encode: rc %d, %d ids for %d tokens: %s", rc, k, ntok, err.message);
         for (int j = 0; j < k; j++) {
             const char *t = mg_vocab_token(v, ids[j]);
             FZ_CHECK(ids[j] >= MG_NUM_SPECIAL && t && (int)strlen(t) == spans[j].len &&
@@ -159,24 +159,27 @@ static void check_vocab(const char *const *lines, size_t n, mg_span *spans, int 
         }
         if (k > 0) {
             int k2 = -1;
-            rc = mg_vocab_encode(v, s, ids, k - 1, &k2, err, sizeof err);
-            FZ_CHECK(rc == MG_TOK_ERR_TOOLONG && k2 == k, "encode cap %d: rc %d n %d", k - 1, rc, k2);
+            rc = mg_vocab_encode(v, s, ids, k - 1, &k2, &err);
+            FZ_CHECK(rc == MG_ERR_TOO_LONG && k2 == k, "encode cap %d: rc %d n %d", k - 1, rc, k2);
         }
-        rc = mg_vocab_decode(v, ids, k, out, (size_t)len + 1, err, sizeof err);
-        FZ_CHECK(rc == len && !strcmp(out, s), "decode gives %d '%.80s' for '%.80s'", rc, out, s);
+        size_t dlen = 0;
+        rc = mg_vocab_decode(v, ids, k, out, (size_t)len + 1, &dlen, &err);
+        FZ_CHECK(rc == MG_OK && dlen == (size_t)len && !strcmp(out, s),
+                 "decode gives %d, %zu bytes '%.80s' for '%.80s'", rc, dlen, out, s);
         if (len > 0) {
-            rc = mg_vocab_decode(v, ids, k, out, (size_t)len, err, sizeof err);
-            FZ_CHECK(rc == MG_TOK_ERR_TOOLONG && strlen(out) < (size_t)len &&
+            rc = mg_vocab_decode(v, ids, k, out, (size_t)len, &dlen, &err);
+            FZ_CHECK(rc == MG_ERR_TOO_LONG && fz_err_ok(&err, rc) && strlen(out) < (size_t)len &&
                          !strncmp(out, s, strlen(out)),
                      "decode into %d bytes: rc %d '%.80s'", len, rc, out);
         }
     }
     /* BOS / PAD are skipped and decoding stops at EOS; a bad id is an error. */
     int32_t sp[4] = {MG_BOS, MG_PAD, MG_EOS, nv};
-    rc = mg_vocab_decode(v, sp, 4, out, 8, err, sizeof err);
-    FZ_CHECK(rc == 0 && out[0] == '\0', "specials decode to %d '%s'", rc, out);
-    rc = mg_vocab_decode(v, sp + 3, 1, out, 8, err, sizeof err);
-    FZ_CHECK(rc == MG_TOK_ERR_ARG && fz_msg_ok(err, sizeof err), "id %d decodes: %d", nv, rc);
+    size_t dlen = 1;
+    rc = mg_vocab_decode(v, sp, 4, out, 8, &dlen, &err);
+    FZ_CHECK(rc == MG_OK && dlen == 0 && out[0] == '\0', "specials decode to %d '%s'", rc, out);
+    rc = mg_vocab_decode(v, sp + 3, 1, out, 8, &dlen, &err);
+    FZ_CHECK(rc == MG_ERR_ARG && fz_err_ok(&err, rc), "id %d decodes: %d", nv, rc);
     free(ids);
     free(out);
     mg_vocab_free(v);
@@ -190,62 +193,62 @@ static void check_vocab(const char *const *lines, size_t n, mg_span *spans, int 
 static void check_errors(const char *const *all, size_t nall, const char *first, mg_span *spans,
                          int cap)
 {
-    char err[256] = "";
+    mg_error err = {0};
     mg_vocab *v = NULL;
-    int rc = mg_vocab_build(&first, 1, &v, err, sizeof err);
-    FZ_CHECK(rc == 0, "vocabulary of one line: %s", err);
+    mg_status rc = mg_vocab_build(&first, 1, &v, &err);
+    FZ_CHECK(rc == 0, "vocabulary of one line: %s", err.message);
     int nf = 0;
     mg_span *fs = malloc(((size_t)cap + 1) * sizeof *fs);
     int32_t *ids = malloc(((size_t)cap + 1) * sizeof *ids);
     FZ_CHECK(fs && ids, "out of memory");
-    FZ_CHECK(mg_tokenize(first, fs, cap, &nf, NULL, NULL, 0) == 0, "first line");
+    FZ_CHECK(mg_tokenize(first, fs, cap, &nf, NULL, NULL) == 0, "first line");
     int bad_line = -1, all_single = 1;
     for (size_t i = 0; i < nall; i++) {
         const char *s = all[i];
         int ntok = 0, errpos = -1;
-        int trc = mg_tokenize(s, spans, cap, &ntok, &errpos, NULL, 0);
+        mg_status trc = mg_tokenize(s, spans, cap, &ntok, &errpos, NULL);
         if (trc != 0 && bad_line < 0)
             bad_line = (int)i;
         int l = mg_token_len(s);
         all_single &= l > 0 && s[l] == '\0' && strcmp(s, "<pad>") && strcmp(s, "<bos>") &&
                       strcmp(s, "<eos>");
-        int want = 0; /* expected: the first unknown token, or the bad character */
+        mg_status want = MG_OK; /* expected: the first unknown token, or the bad character */
         for (int k = 0; k < ntok && want == 0; k++) {
             int known = 0;
             for (int q = 0; q < nf && !known; q++)
                 known = fs[q].len == spans[k].len &&
                         !memcmp(first + fs[q].start, s + spans[k].start, (size_t)spans[k].len);
             if (!known)
-                want = MG_TOK_ERR_UNKNOWN;
+                want = MG_ERR_UNKNOWN_TOKEN;
         }
-        if (want == 0 && trc == MG_TOK_ERR_CHAR)
-            want = MG_TOK_ERR_CHAR;
+        if (want == 0 && trc == MG_ERR_TOKEN)
+            want = MG_ERR_TOKEN;
         int n = -1;
-        err[0] = '\0';
-        rc = mg_vocab_encode(v, s, ids, cap, &n, err, sizeof err);
-        FZ_CHECK(rc == want && (rc == 0 || fz_msg_ok(err, sizeof err)),
+        err = (mg_error){0};
+        rc = mg_vocab_encode(v, s, ids, cap, &n, &err);
+        FZ_CHECK(rc == want && (rc == 0 || fz_err_ok(&err, rc)),
                  "encode '%.80s' with the vocabulary of '%.80s': %d, expected %d (%s)", s, first, rc,
-                 want, err);
+                 want, err.message);
     }
     mg_vocab_free(v);
     v = NULL;
-    err[0] = '\0';
-    rc = mg_vocab_build(all, nall, &v, err, sizeof err);
+    err = (mg_error){0};
+    rc = mg_vocab_build(all, nall, &v, &err);
     if (bad_line >= 0) {
         char want[32];
         snprintf(want, sizeof want, "smiles[%d] position ", bad_line);
-        FZ_CHECK(rc == MG_TOK_ERR_CHAR && v == NULL && !strncmp(err, want, strlen(want)),
-                 "build over a bad line %d: %d '%s'", bad_line, rc, err);
+        FZ_CHECK(rc == MG_ERR_TOKEN && v == NULL && !strncmp(err.message, want, strlen(want)),
+                 "build over a bad line %d: %d '%s'", bad_line, rc, err.message);
     } else {
-        FZ_CHECK(rc == 0 || (rc == MG_TOK_ERR_ARG && v == NULL), "build over all lines: %d %s", rc,
-                 err);
+        FZ_CHECK(rc == 0 || (rc == MG_ERR_ARG && v == NULL), "build over all lines: %d %s", rc,
+                 err.message);
     }
     mg_vocab_free(v);
     v = NULL;
-    err[0] = '\0';
-    rc = mg_vocab_from_tokens(all, nall, &v, err, sizeof err);
-    FZ_CHECK(all_single ? rc == 0 : (rc == MG_TOK_ERR_ARG && v == NULL && fz_msg_ok(err, sizeof err)),
-             "lines as tokens: %d (all single tokens: %d) %s", rc, all_single, err);
+    err = (mg_error){0};
+    rc = mg_vocab_from_tokens(all, nall, &v, &err);
+    FZ_CHECK(all_single ? rc == 0 : (rc == MG_ERR_ARG && v == NULL && fz_err_ok(&err, rc)),
+             "lines as tokens: %d (all single tokens: %d) %s", rc, all_single, err.message);
     mg_vocab_free(v);
     free(fs);
     free(ids);
@@ -254,10 +257,10 @@ static void check_errors(const char *const *all, size_t nall, const char *first,
 static void check_vocab_json(const uint8_t *data, size_t size)
 {
     mg_vocab *v = NULL;
-    char err[256] = "";
-    int rc = mg_vocab_from_json((const char *)data, size, &v, err, sizeof err);
+    mg_error err = {0};
+    mg_status rc = mg_vocab_from_json((const char *)data, size, &v, &err);
     if (rc != 0) {
-        FZ_CHECK(v == NULL && fz_msg_ok(err, sizeof err), "rejected vocab JSON without a message");
+        FZ_CHECK(v == NULL && fz_err_ok(&err, rc), "rejected vocab JSON without a message");
         return;
     }
     int nv = mg_vocab_size(v);
@@ -293,7 +296,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         check_line(p, spans, cap);
         all[nall++] = p;
         int ntok = 0;
-        if (mg_tokenize(p, spans, cap, &ntok, NULL, NULL, 0) == 0)
+        if (mg_tokenize(p, spans, cap, &ntok, NULL, NULL) == 0)
             lines[ngood++] = p;
         if (last)
             break;

@@ -12,6 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "errors.h"
+
 #define FZ_CHECK(cond, ...)                                                              \
     do {                                                                                 \
         if (!(cond)) {                                                                   \
@@ -41,6 +43,13 @@ static inline char *fz_cstr(const uint8_t *data, size_t size)
 static inline int fz_msg_ok(const char *msg, size_t n)
 {
     return n > 0 && memchr(msg, '\0', n) != NULL && msg[0] != '\0';
+}
+
+/* 1 if a failure of status s left its report in e: the same status and a
+ * message (errors.h's convention). */
+static inline int fz_err_ok(const mg_error *e, mg_status s)
+{
+    return s != MG_OK && e->status == s && fz_msg_ok(e->message, sizeof e->message);
 }
 
 #endif /* MG_FUZZ_UTIL_H */
