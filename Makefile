@@ -1,6 +1,6 @@
 # Thin wrapper over CMake. `make run`: build and run the main job.
 # `make test`: build and run every test (C via ctest, also under ASan+UBSan,
-# and Python via pytest against PyTorch). Both first check the Debian
+# Python via pytest against PyTorch, and the libFuzzer targets). Both first check the Debian
 # packages they need (tools/deps.sh, list in tools/debian-packages.txt) and
 # install the missing ones when run as root.
 # `make install [PREFIX=/usr/local]`: library, header, attn.pc, molgen and the
@@ -11,7 +11,7 @@ PREFIX ?= /usr/local
 DEPS = tools/deps.sh
 export OPENBLAS_CORETYPE ?= Haswell
 
-.PHONY: all deps build build-asan run demo test test-c test-asan test-python install clean
+.PHONY: all deps build build-asan run demo test test-c test-asan test-python test-fuzz install clean
 
 all: build
 
@@ -46,12 +46,18 @@ test-asan: build-asan
 test-python: build
 	ATTN_LIBRARY=$(CURDIR)/build/libattn.so $(PYTHON) -m pytest -q -rs python/tests $(wildcard molgen/tests/*.py)
 
+# libFuzzer targets (clang, ASan+UBSan), FUZZ_SECONDS each; a longer run is
+# `molgen/fuzz/run_fuzz.sh 600`.
+FUZZ_SECONDS ?= 10
+test-fuzz:
+	bash molgen/fuzz/run_fuzz.sh $(FUZZ_SECONDS)
+
 test:
 	@$(DEPS) build test
-	@$(MAKE) --no-print-directory test-c test-asan test-python
+	@$(MAKE) --no-print-directory test-c test-asan test-python test-fuzz
 
 install: build
 	cmake --install build --prefix $(PREFIX)
 
 clean:
-	rm -rf build build-asan
+	rm -rf build build-asan build-fuzz
