@@ -2,7 +2,11 @@
  * shapes, for the fused and the reference path.
  *
  *   attn-bench [--threads N] [--impl reference|fused] [--case B,H,Lq,Lk,D,causal]...
- *              [--reps N] [--json] [--clock wall|cpu]
+ *              [--reps N] [--json] [--clock wall|cpu] [--tile-gemm own|blas]
+ *
+ * --tile-gemm blas runs the fused path's tile products through OpenBLAS
+ * sgemm (single-threaded) instead of its own micro-kernel, to measure the
+ * one against the other (a hook of src/internal.h; not in the library's API).
  *
  * Each case runs forward ("fwd") and backward ("bwd"): one warm-up call, then
  * the median of --reps (default 5) timed calls, or of more for short calls
@@ -16,6 +20,7 @@
  * Lq·Lk > 2048·2048 (it would take minutes); --impl reference forces it. */
 #define _POSIX_C_SOURCE 200809L
 #include "attn.h"
+#include "internal.h" /* attn_test_fused_blas */
 
 #include <math.h>
 #include <omp.h>
@@ -302,7 +307,7 @@ static int parse_case(const char *s, bcase *c) {
 static void usage(void) {
     fprintf(stderr,
             "usage: attn-bench [--threads N] [--impl reference|fused] [--reps N] [--json]\n"
-            "                  [--clock wall|cpu]\n"
+            "                  [--clock wall|cpu] [--tile-gemm own|blas]\n"
             "                  [--case B,H,Lq,Lk,D,causal]...   (causal: 0/1 or no/yes)\n");
 }
 
@@ -323,6 +328,10 @@ int main(int argc, char **argv) {
             if (!strcmp(v, "cpu")) g_cpu_clock = 1;
             else if (!strcmp(v, "wall")) g_cpu_clock = 0;
             else return usage(), 2;
+        } else if (!strcmp(a, "--tile-gemm") && i + 1 < argc) {
+            const char *v = argv[++i];
+            if (!strcmp(v, "blas")) attn_test_fused_blas(1);
+            else if (strcmp(v, "own")) return usage(), 2;
         } else if (!strcmp(a, "--reps") && i + 1 < argc) {
             reps = atoi(argv[++i]);
             if (reps < 1) return usage(), 2;

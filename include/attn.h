@@ -10,7 +10,14 @@
  *     passed in. The library may allocate small per-call scratch with malloc
  *     when no workspace is given; failure is ATTN_ERR_NOMEM, never a crash.
  *   - The only global state is the thread count (attn_set_num_threads, or the
- *     ATTN_NUM_THREADS environment variable; default: all cores).
+ *     ATTN_NUM_THREADS environment variable; default: all cores). See
+ *     "Threads and OpenBLAS" below for what the library does and does not
+ *     touch in the process.
+ *   - The environment (ATTN_NUM_THREADS, ATTN_VERBOSE, ATTN_FUSED_ISA) is
+ *     read once, at the library's first call (pthread_once); setting it
+ *     later has no effect.
+ *   - The shared library exports exactly the functions declared here
+ *     (ATTN_API; everything else is built with hidden visibility).
  *
  * A query row that sees no key (every key masked) gets output 0, weights 0,
  * log-sum-exp -inf and zero gradient. PyTorch's math path returns NaN for such
@@ -26,7 +33,22 @@
 extern "C" {
 #endif
 
-#define ATTN_VERSION "0.1.0"
+/* Visibility of the public functions (the library is built with
+ * -fvisibility=hidden, so nothing else is exported). */
+#if defined(__GNUC__)
+#define ATTN_API __attribute__((visibility("default")))
+#else
+#define ATTN_API
+#endif
+
+/* The header's version. attn_version() returns the library's: the two
+ * differ when a program runs against another build than it was compiled
+ * with (the struct layouts here are the ABI; the soname changes with them). */
+#define ATTN_VERSION_MAJOR 0
+#define ATTN_VERSION_MINOR 2
+#define ATTN_VERSION_PATCH 0
+#define ATTN_VERSION "0.2.0"
+ATTN_API const char *attn_version(void);
 
 /* ---------------------------------------------------------------- errors */
 
@@ -48,16 +70,39 @@ typedef struct {
 } attn_error;
 
 /* Static name of a status code, e.g. "ATTN_ERR_SHAPE". Never NULL. */
-const char *attn_status_name(attn_status s);
+ATTN_API const char *attn_status_name(attn_status s);
 
 /* ---------------------------------------------------------------- threads */
+
+/* Threads and OpenBLAS: the policy.
+ *   - Every parallel part of the library runs on its own OpenMP team of
+ *     attn_set_num_threads (or params.num_threads) threads, with an explicit
+ *     num_threads clause: the caller's OpenMP settings are neither read nor
+ *     changed.
+ *   - The dense products of the multi-head layer call OpenBLAS's sgemm from
+ *     inside that team, each thread on its own rows of the output, so
+ *     OpenBLAS must run single-threaded there. With OpenBLAS's OpenMP build
+ *     (libopenblas-openmp, which the build prefers) it does so without any
+ *     global setting: sgemm runs on one thread inside an active parallel
+ *     region, and for a team of one the library sets that region's own
+ *     thread count (omp_set_num_threads inside the region, which ends with
+ *     it). With the pthread build OpenBLAS's thread count is process-wide:
+ *     the library sets it to 1 once, at its first call, and never again
+ *     (an application that wants OpenBLAS threads for its own products sets
+ *     them after that; attn's products then compete with them). The
+ *     library never sets OpenBLAS's or OpenMP's thread counts per call.
+ *   - Hence concurrent calls from several application threads are safe by
+ *     construction: no call reads state another call writes, except the
+ *     thread count itself (atomic).
+ *   - Results are bitwise identical for any thread count and do not depend
+ *     on how many callers run at once. */
 
 #define ATTN_MAX_THREADS 1024
 
 /* 1 <= n <= ATTN_MAX_THREADS sets the thread count for every parallel part of the library;
  * n == 0 restores the default (ATTN_NUM_THREADS if set, else all cores). */
-attn_status attn_set_num_threads(int n, attn_error *err);
-int attn_get_num_threads(void);
+ATTN_API attn_status attn_set_num_threads(int n, attn_error *err);
+ATTN_API int attn_get_num_threads(void);
 
 /* ---------------------------------------------------------------- tensors */
 
@@ -71,9 +116,9 @@ typedef struct {
 } attn_tensor;
 
 /* Contiguous [B, H, L, D] view of data. */
-attn_tensor attn_tensor_bhld(float *data, int64_t B, int64_t H, int64_t L, int64_t D);
+ATTN_API attn_tensor attn_tensor_bhld(float *data, int64_t B, int64_t H, int64_t L, int64_t D);
 /* Packed [B, L, H, D] memory seen as [B, H, L, D]. */
-attn_tensor attn_tensor_blhd(float *data, int64_t B, int64_t H, int64_t L, int64_t D);
+ATTN_API attn_tensor attn_tensor_blhd(float *data, int64_t B, int64_t H, int64_t L, int64_t D);
 
 /* A mask view broadcastable to [B, H, Lq, Lk]: dim[0] is B or 1, dim[1] is H
  * or 1, dim[2] == Lq, dim[3] == Lk. Strides in elements; a dim of size 1 is
@@ -97,7 +142,12 @@ typedef enum {
 /* Everything about a call except the tensors. Zero-initialise, then set what
  * you need: {0} means scale 1/sqrt(d_k), no mask, no dropout, auto path. */
 typedef struct {
-    float scale; /* 0 -> 1/sqrt(d_k); any other finite value is used as is */
+    /* use_scale nonzero: the scores are scaled by scale, any finite value
+     * (0 included: every score 0). use_scale 0: 1/sqrt(d_k), and scale must
+     * be left 0 (a nonzero scale without use_scale is refused, so code
+     * written for 0.1's "scale 0 means default" fails loudly). */
+    int use_scale;
+    float scale;
 
     /* Causal: query i sees keys j <= i + (Lk - Lq); when Lq < Lk the queries
      * are the last Lq positions (decoding with a KV cache). */
@@ -148,7 +198,7 @@ typedef struct {
  *                           masked, scaled scores (-inf for an empty row);
  *                           the backward needs it.
  *   info    optional: the path that ran and why. */
-attn_status attn_sdpa_forward(const attn_tensor *q, const attn_tensor *k,
+ATTN_API attn_status attn_sdpa_forward(const attn_tensor *q, const attn_tensor *k,
                               const attn_tensor *v, const attn_sdpa_params *p,
                               attn_tensor *out, float *weights, float *lse,
                               attn_sdpa_info *info, attn_error *err);
@@ -156,7 +206,7 @@ attn_status attn_sdpa_forward(const attn_tensor *q, const attn_tensor *k,
 /* Gradients of attn_sdpa_forward, from the saved out and lse and grad_out
  * (same shape as out). dq, dk, dv have the shapes of q, k, v and are
  * OVERWRITTEN. p must equal the forward's (same masks, seed and offset). */
-attn_status attn_sdpa_backward(const attn_tensor *q, const attn_tensor *k,
+ATTN_API attn_status attn_sdpa_backward(const attn_tensor *q, const attn_tensor *k,
                                const attn_tensor *v, const attn_tensor *out,
                                const float *lse, const attn_tensor *grad_out,
                                const attn_sdpa_params *p, attn_tensor *dq,
@@ -185,18 +235,18 @@ typedef struct {
 
 /* Number of floats all parameters take, packed in the order
  * w_q, w_k, w_v, b_q, b_k, b_v, w_o, b_o (PyTorch's in_proj then out_proj). */
-attn_status attn_mha_param_count(const attn_mha_config *c, size_t *count, attn_error *err);
+ATTN_API attn_status attn_mha_param_count(const attn_mha_config *c, size_t *count, attn_error *err);
 /* Point w at a packed buffer of attn_mha_param_count floats in that order. */
-attn_status attn_mha_weights_from_buffer(const attn_mha_config *c, float *buffer,
+ATTN_API attn_status attn_mha_weights_from_buffer(const attn_mha_config *c, float *buffer,
                                          attn_mha_weights *w, attn_error *err);
 /* PyTorch's init: Xavier-uniform in-projection (over [3E, E] when
  * kdim == vdim == E, else each of w_q, w_k, w_v), out-projection
  * U(-1/sqrt(E), 1/sqrt(E)), zero biases. Deterministic in seed. */
-attn_status attn_mha_init(const attn_mha_config *c, const attn_mha_weights *w,
+ATTN_API attn_status attn_mha_init(const attn_mha_config *c, const attn_mha_weights *w,
                           uint64_t seed, attn_error *err);
 
 /* Floats of activation cache the backward needs for a call of this shape. */
-attn_status attn_mha_cache_size(const attn_mha_config *c, int64_t B, int64_t Lq,
+ATTN_API attn_status attn_mha_cache_size(const attn_mha_config *c, int64_t B, int64_t Lq,
                                 int64_t Lk, size_t *count, attn_error *err);
 
 typedef enum {
@@ -209,12 +259,12 @@ typedef enum {
  *   query [B, Lq, E]   key [B, Lk, kdim]   value [B, Lk, vdim]  (contiguous;
  *   self-attention passes the same pointer three times)
  *   out   [B, Lq, E]
- *   p     masks, dropout and path as for attn_sdpa_forward (p->scale 0 gives
- *         1/sqrt(E/H)); may be NULL for none.
+ *   p     masks, dropout and path as for attn_sdpa_forward (without
+ *         use_scale the scale is 1/sqrt(E/H)); may be NULL for none.
  *   weights: see mode; NULL with ATTN_WEIGHTS_NONE.
  *   cache: NULL for inference, else attn_mha_cache_size floats that the
  *          backward reads. */
-attn_status attn_mha_forward(const attn_mha_config *c, const attn_mha_weights *w,
+ATTN_API attn_status attn_mha_forward(const attn_mha_config *c, const attn_mha_weights *w,
                              int64_t B, int64_t Lq, int64_t Lk,
                              const float *query, const float *key,
                              const float *value, const attn_sdpa_params *p,
@@ -228,13 +278,73 @@ attn_status attn_mha_forward(const attn_mha_config *c, const attn_mha_weights *w
  * Self-attention passes one d_x buffer as d_query, d_key and d_value and
  * gets the sum. Any of d_query, d_key, d_value may be NULL (not needed).
  * g has the layout of w (g->b_* NULL when !bias). */
-attn_status attn_mha_backward(const attn_mha_config *c, const attn_mha_weights *w,
+ATTN_API attn_status attn_mha_backward(const attn_mha_config *c, const attn_mha_weights *w,
                               int64_t B, int64_t Lq, int64_t Lk,
                               const float *query, const float *key,
                               const float *value, const attn_sdpa_params *p,
                               const float *cache, const float *grad_out,
                               float *d_query, float *d_key, float *d_value,
                               const attn_mha_weights *g, attn_error *err);
+
+/* ------------------------------------------- incremental decoding (KV cache) */
+
+/* What a KV cache is sized for. */
+typedef struct {
+    int64_t batch;    /* sequences (rows) it holds */
+    int64_t max_len;  /* positions each sequence can hold */
+    int64_t max_step; /* positions one attn_mha_step may append per row (1 for
+                       * token-by-token decoding; up to max_len for a prompt) */
+    int threads;      /* the most threads a step may use (the step's scratch is
+                       * sized for them); 0: attn_get_num_threads() now */
+} attn_mha_kv_shape;
+
+/* The keys and values of one self-attention layer for incremental decoding,
+ * and the scratch its steps need, all in one caller-owned block of memory
+ * (attn_mha_kv_bytes bytes; the library never allocates in a step).
+ * Filled by attn_mha_kv_init; the caller reads len and may lower len[b]
+ * (0: row b starts a new sequence, the others keep theirs). The other
+ * fields are the library's. */
+typedef struct {
+    int64_t *len;     /* [batch] positions held by each row, in [0, max_len] */
+    float *k, *v;     /* [batch, max_len, E] each: position t of row b at
+                       * (b * max_len + t) * E, the packed [B, L, H, E/H] layout */
+    int64_t batch, max_len, max_step, embed_dim, num_heads;
+    int threads;
+    void *work; /* step scratch */
+    size_t work_bytes;
+} attn_mha_kv;
+
+/* Bytes of memory a KV cache of this shape takes for layer config c
+ * (self-attention: kdim and vdim must be embed_dim). */
+ATTN_API attn_status attn_mha_kv_bytes(const attn_mha_config *c, const attn_mha_kv_shape *s,
+                                       size_t *bytes, attn_error *err);
+/* Lay out kv in mem (bytes >= attn_mha_kv_bytes for (c, s); any alignment)
+ * with every row empty (len 0). */
+ATTN_API attn_status attn_mha_kv_init(const attn_mha_config *c, const attn_mha_kv_shape *s,
+                                      void *mem, size_t bytes, attn_mha_kv *kv,
+                                      attn_error *err);
+
+/* One incremental step of causal self-attention for rows 0..n-1 of kv:
+ *   x   [n, Lq, E] the inputs at each row's next Lq positions
+ *       (len[b] .. len[b] + Lq - 1; rows may be at different positions)
+ *   out [n, Lq, E] the layer's output at those positions
+ * Appends the positions' keys and values to the cache (len[b] += Lq) and
+ * attends over all of row b's cached positions through the fused path (its
+ * decode kernel for Lq <= 4). out equals attn_mha_forward's rows at those
+ * positions for the whole prefix with p.causal = 1, up to fp32 rounding
+ * (summation order; a step over an empty cache that appends the whole
+ * sequence gives the forward's result bitwise).
+ * p: may be NULL; scale (use_scale), impl and num_threads are used as in
+ * attn_mha_forward. Masks, dropout and p->causal are not taken (the cache
+ * lengths and causality are the step's mask): a mask, a window or
+ * training with dropout_p > 0 is refused. Errors, with nothing written:
+ * a row whose len[b] + Lq exceeds max_len (the cache is full:
+ * ATTN_ERR_STATE), n outside [1, batch] or Lq outside [1, max_step]
+ * (ATTN_ERR_SHAPE), a config that does not match kv's (ATTN_ERR_SHAPE),
+ * more threads than kv was sized for (ATTN_ERR_NOMEM). */
+ATTN_API attn_status attn_mha_step(const attn_mha_config *c, const attn_mha_weights *w,
+                                   attn_mha_kv *kv, int64_t n, int64_t Lq, const float *x,
+                                   const attn_sdpa_params *p, float *out, attn_error *err);
 
 #ifdef __cplusplus
 }

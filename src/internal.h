@@ -20,6 +20,37 @@ attn_status attn_ok(attn_error *err);
 /* Threads for one call: p_threads > 0 wins, else the global setting. */
 int attn_threads_for(int p_threads);
 
+/* The environment and the machine, read once (pthread_once) at the first
+ * call that needs them; the same call applies the OpenBLAS policy of attn.h
+ * ("Threads and OpenBLAS"): with OpenBLAS's pthread build its thread count
+ * is set to 1, once. */
+typedef struct {
+    int env_threads; /* ATTN_NUM_THREADS when valid, else 0 */
+    int cores;       /* omp_get_num_procs() */
+    int verbose;     /* ATTN_VERBOSE set to anything but "" or "0" */
+    int isa;         /* attn_isa the fused path uses: cpu_isa lowered by ATTN_FUSED_ISA */
+    int cpu_isa;     /* attn_isa: the best the CPU runs */
+} attn_env;
+const attn_env *attn_env_get(void);
+/* The ISA for an ATTN_FUSED_ISA value (NULL: unset): the CPU's best,
+ * lowered to the one named. */
+int attn_isa_from_env(const char *value);
+int attn_isa_cpu(void);
+/* gemm.c: the OpenBLAS half of the one-time init. */
+void attn_blas_init(void);
+
+/* Test and measurement hooks (tests/, bench/; not in attn.h, not exported
+ * from libattn.so, reached through libattn.a). Not thread-safe against
+ * calls in flight: use them between calls.
+ *   attn_test_reload_env: read the environment again, as the first call did
+ *     (tests that setenv() ATTN_NUM_THREADS or ATTN_FUSED_ISA).
+ *   attn_test_fused_blas: nonzero routes the fused path's tile products
+ *     through OpenBLAS sgemm (single-threaded) instead of the own
+ *     micro-kernel, to measure the one against the other. */
+void attn_test_reload_env(void);
+void attn_test_fused_blas(int on);
+int attn_fused_blas_on(void);
+
 /* Overflow-checked int64 arithmetic: return 0 on overflow. */
 int attn_mul64(int64_t a, int64_t b, int64_t *r);
 int attn_add64(int64_t a, int64_t b, int64_t *r);
@@ -42,6 +73,13 @@ typedef struct {
     uint64_t drop_key;                    /* Philox key from (seed, offset) */
     int threads;
 } attn_problem;
+
+/* attn_sdpa_forward with the fused path's scratch given (ws, ws_floats as
+ * for attn_sdpa_fused_forward; NULL: allocated in the call). */
+attn_status attn_sdpa_forward_ws(const attn_tensor *q, const attn_tensor *k, const attn_tensor *v,
+                                 const attn_sdpa_params *p, attn_tensor *out, float *weights,
+                                 float *lse, attn_sdpa_info *info, float *ws, int64_t ws_floats,
+                                 attn_error *err);
 
 /* Validate q, k, v, out (and for the backward, grad/dq/dk/dv when non-NULL
  * are checked by the caller with attn_check_same_shape) and fill pr. */
@@ -89,8 +127,10 @@ attn_status attn_sdpa_reference_backward(const attn_problem *pr, const attn_tens
                                          attn_tensor *dk, attn_tensor *dv,
                                          attn_error *err);
 
-/* Row-major C[M,N] = alpha * op(A) op(B) + beta * C through the BLAS, using
- * `threads` threads. ta/tb nonzero: transpose. */
+/* Row-major C[M,N] = alpha * op(A) op(B) + beta * C through the BLAS, on
+ * `threads` threads of the library's own team: rows of C split evenly, one
+ * single-threaded sgemm per thread (attn.h, "Threads and OpenBLAS"). Each
+ * element is the same sum whatever the split. ta/tb nonzero: transpose. */
 void attn_sgemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
                 const float *A, int64_t lda, const float *B, int64_t ldb,
                 float beta, float *C, int64_t ldc, int threads);
@@ -115,19 +155,28 @@ typedef struct {
     const attn_tensor *dout;            /* backward */
     attn_tensor *dq, *dk, *dv;          /* backward outputs */
     int blas; /* nonzero: tile products through OpenBLAS sgemm (measurement only) */
+    float *ws;          /* forward scratch given by the caller (64-byte aligned), */
+    int64_t ws_floats;  /* or NULL: the kernel allocates it */
 } attn_fused_call;
 
+/* Per instruction set: the kernels, and the scratch floats the forward of
+ * a weights-free call of pr takes (what attn_fused_call.ws must hold). */
 attn_status attn_fused_forward_portable(const attn_fused_call *c, attn_error *err);
 attn_status attn_fused_backward_portable(const attn_fused_call *c, attn_error *err);
+int64_t attn_fused_forward_scratch_portable(const attn_problem *pr);
 #if defined(__x86_64__)
 attn_status attn_fused_forward_avx2(const attn_fused_call *c, attn_error *err);
 attn_status attn_fused_backward_avx2(const attn_fused_call *c, attn_error *err);
+int64_t attn_fused_forward_scratch_avx2(const attn_problem *pr);
 attn_status attn_fused_forward_avx512(const attn_fused_call *c, attn_error *err);
 attn_status attn_fused_backward_avx512(const attn_fused_call *c, attn_error *err);
+int64_t attn_fused_forward_scratch_avx512(const attn_problem *pr);
 #endif
+/* The most scratch any instruction set's forward takes for pr. */
+int64_t attn_fused_forward_scratch(const attn_problem *pr);
 
-/* The instruction set the fused kernels use now: the best the CPU has,
- * lowered by ATTN_FUSED_ISA=avx2|portable (read at each call). */
+/* The instruction set the fused kernels use: the best the CPU has, lowered
+ * by ATTN_FUSED_ISA=avx2|portable (read once, see attn_env). */
 attn_isa attn_fused_isa(void);
 const char *attn_isa_name(attn_isa isa);
 /* Nonzero: the backward runs one pass per (b, h); else two passes. */
@@ -135,10 +184,12 @@ int attn_fused_bwd_one_pass(const attn_problem *pr);
 /* Describe the fused path for pr in buf (for attn_sdpa_info.reason). */
 void attn_sdpa_fused_describe(const attn_problem *pr, int backward, char *buf, size_t n);
 
+/* ws: scratch of ws_floats (>= attn_fused_forward_scratch(pr), 64-byte
+ * aligned), or NULL to allocate it in the call. */
 attn_status attn_sdpa_fused_forward(const attn_problem *pr, const attn_tensor *q,
                                     const attn_tensor *k, const attn_tensor *v,
                                     attn_tensor *out, float *weights, float *lse,
-                                    attn_error *err);
+                                    float *ws, int64_t ws_floats, attn_error *err);
 attn_status attn_sdpa_fused_backward(const attn_problem *pr, const attn_tensor *q,
                                      const attn_tensor *k, const attn_tensor *v,
                                      const attn_tensor *out, const float *lse,

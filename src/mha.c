@@ -277,3 +277,240 @@ attn_status attn_mha_backward(const attn_mha_config *c, const attn_mha_weights *
     free(tmp);
     return s ? s : attn_ok(err);
 }
+
+/* ------------------------------------------------------------ incremental step
+ *
+ * KV cache memory, from the caller's block rounded up to 64 bytes, each part
+ * 64-byte aligned:
+ *   len, klen [batch] int64    (positions held; a step's key lengths)
+ *   k, v      [batch, max_len, E]
+ *   qp, kn, vn, ao [batch, max_step, E]   (a step's projections, attention out)
+ *   ws        the fused forward's scratch for the largest step
+ * The step writes the new keys and values into k, v at each row's positions
+ * and runs the fused forward on strided views of the cache. */
+
+typedef struct {
+    size_t len, klen, k, v, qp, kn, vn, ao, ws, total; /* byte offsets; total size */
+    int64_t ws_floats;
+} kv_layout;
+
+static size_t up64(size_t x) { return (x + 63) / 64 * 64; }
+
+/* The fused forward scratch that every step of the shape fits in: its
+ * decode scratch grows with Lk except where the key chunk doubles (at
+ * Lk = 64·C + 1 it falls), so the bound is the largest over Lk = max_len and
+ * each Lk = 64·C below it; it grows with B, Lq and the threads. The tiled
+ * forward (Lq > FUSED_DECODE_MAXLQ) does not depend on Lk. */
+static int64_t kv_scratch_bound(const mha_dims *d, const attn_mha_kv_shape *s, int threads) {
+    attn_problem pr;
+    memset(&pr, 0, sizeof pr);
+    pr.B = s->batch, pr.H = d->H, pr.Dk = pr.Dv = d->Dh, pr.threads = threads;
+    pr.Lq = s->max_step < FUSED_DECODE_MAXLQ ? s->max_step : FUSED_DECODE_MAXLQ;
+    int64_t best = 0;
+    for (int64_t C = FUSED_DECODE_CHUNK;; C *= 2) {
+        pr.Lk = 64 * C < s->max_len ? 64 * C : s->max_len;
+        const int64_t n = attn_fused_forward_scratch(&pr);
+        best = n > best ? n : best;
+        if (pr.Lk == s->max_len) break;
+    }
+    if (s->max_step > FUSED_DECODE_MAXLQ) {
+        pr.Lq = s->max_step, pr.Lk = s->max_len;
+        const int64_t n = attn_fused_forward_scratch(&pr);
+        best = n > best ? n : best;
+    }
+    return best;
+}
+
+static attn_status kv_plan(const attn_mha_config *c, const attn_mha_kv_shape *s, mha_dims *d,
+                           int *threads, kv_layout *lay, attn_error *err) {
+    attn_status st = check_config(c, d, err);
+    if (st) return st;
+    if (!s) return attn_fail(err, ATTN_ERR_NULL, "kv shape is NULL");
+    if (d->kdim != d->E || d->vdim != d->E)
+        return attn_fail(err, ATTN_ERR_SHAPE,
+                         "a KV cache is for self-attention: kdim (%lld) and vdim (%lld) must be "
+                         "embed_dim (%lld)",
+                         (long long)d->kdim, (long long)d->vdim, (long long)d->E);
+    if (s->batch <= 0 || s->max_len <= 0 || s->max_step <= 0 || s->max_step > s->max_len)
+        return attn_fail(err, ATTN_ERR_SHAPE,
+                         "kv shape: batch (%lld) and max_len (%lld) must be > 0, max_step (%lld) "
+                         "in [1, max_len]",
+                         (long long)s->batch, (long long)s->max_len, (long long)s->max_step);
+    if (s->threads < 0 || s->threads > ATTN_MAX_THREADS)
+        return attn_fail(err, ATTN_ERR_ARG, "kv shape: threads must be in [0, %d], got %d",
+                         ATTN_MAX_THREADS, s->threads);
+    *threads = s->threads ? s->threads : attn_get_num_threads();
+    int64_t cache, step;
+    if ((st = check_call(d, s->batch, s->max_step, s->max_step, err))) return st;
+    if (!attn_mul64(s->batch, s->max_len, &cache) || !attn_mul64(cache, d->E, &cache) ||
+        (uint64_t)cache > SIZE_MAX / 8 / sizeof(float))
+        return attn_fail(err, ATTN_ERR_OVERFLOW, "kv cache of %lld x %lld x %lld floats is too large",
+                         (long long)s->batch, (long long)s->max_len, (long long)d->E);
+    step = s->batch * s->max_step * d->E; /* < 2^31 by check_call */
+    lay->ws_floats = kv_scratch_bound(d, s, *threads);
+    const size_t rows = up64((size_t)s->batch * sizeof(int64_t));
+    const size_t kvb = up64((size_t)cache * sizeof(float)), sb = up64((size_t)step * sizeof(float));
+    const size_t wsb = up64((size_t)lay->ws_floats * sizeof(float));
+    lay->len = 0, lay->klen = rows, lay->k = 2 * rows, lay->v = lay->k + kvb;
+    lay->qp = lay->v + kvb, lay->kn = lay->qp + sb, lay->vn = lay->kn + sb, lay->ao = lay->vn + sb;
+    lay->ws = lay->ao + sb;
+    if (wsb > SIZE_MAX - lay->ws - 64)
+        return attn_fail(err, ATTN_ERR_OVERFLOW, "kv cache scratch too large");
+    lay->total = lay->ws + wsb + 64; /* + 64: the caller's block may start anywhere */
+    return ATTN_OK;
+}
+
+attn_status attn_mha_kv_bytes(const attn_mha_config *c, const attn_mha_kv_shape *s, size_t *bytes,
+                              attn_error *err) {
+    mha_dims d = {0};
+    kv_layout lay = {0};
+    int threads = 1;
+    attn_status st = kv_plan(c, s, &d, &threads, &lay, err);
+    if (st) return st;
+    if (!bytes) return attn_fail(err, ATTN_ERR_NULL, "bytes is NULL");
+    *bytes = lay.total;
+    return attn_ok(err);
+}
+
+attn_status attn_mha_kv_init(const attn_mha_config *c, const attn_mha_kv_shape *s, void *mem,
+                             size_t bytes, attn_mha_kv *kv, attn_error *err) {
+    mha_dims d = {0};
+    kv_layout lay = {0};
+    int threads = 1;
+    attn_status st = kv_plan(c, s, &d, &threads, &lay, err);
+    if (st) return st;
+    if (!mem || !kv) return attn_fail(err, ATTN_ERR_NULL, "mem and kv must be non-NULL");
+    if (bytes < lay.total)
+        return attn_fail(err, ATTN_ERR_NOMEM, "kv cache memory of %zu bytes, needs %zu (attn_mha_kv_bytes)",
+                         bytes, lay.total);
+    char *base = (char *)mem + (64 - (uintptr_t)mem % 64) % 64;
+    memset(kv, 0, sizeof *kv);
+    kv->len = (int64_t *)(base + lay.len);
+    kv->k = (float *)(base + lay.k);
+    kv->v = (float *)(base + lay.v);
+    kv->batch = s->batch, kv->max_len = s->max_len, kv->max_step = s->max_step;
+    kv->embed_dim = d.E, kv->num_heads = d.H, kv->threads = threads;
+    kv->work = base + lay.klen;
+    kv->work_bytes = lay.total - 64 - lay.klen;
+    memset(kv->len, 0, (size_t)s->batch * sizeof(int64_t));
+    /* keys past a row's length are read by no one, but stay finite */
+    memset(kv->k, 0, (size_t)(lay.qp - lay.k));
+    return attn_ok(err);
+}
+
+/* The step's arguments against kv, p and the row lengths; nothing written. */
+static attn_status step_check(const attn_mha_config *c, const attn_mha_weights *w,
+                              const attn_mha_kv *kv, int64_t n, int64_t Lq, const float *x,
+                              const attn_sdpa_params *p, const float *out, mha_dims *d,
+                              int *threads, attn_error *err) {
+    attn_status s = check_config(c, d, err);
+    if (s || (s = check_weights(c, w, "weights", err))) return s;
+    if (!kv || !kv->len || !kv->k || !kv->v || !kv->work)
+        return attn_fail(err, ATTN_ERR_NULL, "kv is NULL or not initialised (attn_mha_kv_init)");
+    if (!x || !out) return attn_fail(err, ATTN_ERR_NULL, "x and out must be non-NULL");
+    if (d->kdim != d->E || d->vdim != d->E || kv->embed_dim != d->E || kv->num_heads != d->H)
+        return attn_fail(err, ATTN_ERR_SHAPE,
+                         "config (E %lld, H %lld, kdim %lld, vdim %lld) does not match the kv "
+                         "cache's (E %lld, H %lld, self-attention)",
+                         (long long)d->E, (long long)d->H, (long long)d->kdim, (long long)d->vdim,
+                         (long long)kv->embed_dim, (long long)kv->num_heads);
+    if (n < 1 || n > kv->batch || Lq < 1 || Lq > kv->max_step)
+        return attn_fail(err, ATTN_ERR_SHAPE,
+                         "step of %lld rows x %lld positions: the cache takes 1..%lld rows and "
+                         "1..%lld positions per step (max_step)",
+                         (long long)n, (long long)Lq, (long long)kv->batch,
+                         (long long)kv->max_step);
+    if (p) {
+        if (p->key_lengths || p->bool_mask || p->add_mask || p->use_window)
+            return attn_fail(err, ATTN_ERR_ARG,
+                             "the step takes no masks or window (its mask is the cache lengths "
+                             "and causality)");
+        if (p->training && p->dropout_p != 0.0f)
+            return attn_fail(err, ATTN_ERR_ARG, "the step takes no dropout (training with "
+                                                "dropout_p %g)", (double)p->dropout_p);
+        if (p->impl == ATTN_IMPL_REFERENCE)
+            return attn_fail(err, ATTN_ERR_ARG,
+                             "the step runs the fused path only (the reference path allocates); "
+                             "attn_mha_forward is the oracle");
+        if (p->num_threads < 0 || p->num_threads > ATTN_MAX_THREADS)
+            return attn_fail(err, ATTN_ERR_ARG, "num_threads must be in [0, %d], got %d",
+                             ATTN_MAX_THREADS, p->num_threads);
+    }
+    *threads = attn_threads_for(p ? p->num_threads : 0);
+    if (*threads > kv->threads)
+        return attn_fail(err, ATTN_ERR_NOMEM,
+                         "the kv cache's scratch is sized for %d threads, this step runs %d: size "
+                         "it for more (attn_mha_kv_shape.threads) or pass num_threads",
+                         kv->threads, *threads);
+    for (int64_t b = 0; b < n; b++) {
+        if (kv->len[b] < 0 || kv->len[b] > kv->max_len)
+            return attn_fail(err, ATTN_ERR_STATE, "kv len[%lld] = %lld is outside [0, %lld]",
+                             (long long)b, (long long)kv->len[b], (long long)kv->max_len);
+        if (kv->len[b] + Lq > kv->max_len)
+            return attn_fail(err, ATTN_ERR_STATE,
+                             "kv cache full: row %lld holds %lld of %lld positions, cannot append "
+                             "%lld",
+                             (long long)b, (long long)kv->len[b], (long long)kv->max_len,
+                             (long long)Lq);
+    }
+    return ATTN_OK;
+}
+
+attn_status attn_mha_step(const attn_mha_config *c, const attn_mha_weights *w, attn_mha_kv *kv,
+                          int64_t n, int64_t Lq, const float *x, const attn_sdpa_params *p,
+                          float *out, attn_error *err) {
+    mha_dims d = {0};
+    int threads = 1;
+    attn_status s = step_check(c, w, kv, n, Lq, x, p, out, &d, &threads, err);
+    if (s) return s;
+    const int64_t E = d.E, H = d.H, Dh = d.Dh, T = kv->max_len, rows = n * Lq;
+    kv_layout lay = {0};
+    int ignored = 1;
+    attn_mha_kv_shape shape = {kv->batch, kv->max_len, kv->max_step, kv->threads};
+    kv_plan(c, &shape, &d, &ignored, &lay, NULL);
+    char *base = (char *)kv->len; /* the layout's origin */
+    int64_t *klen = (int64_t *)(base + lay.klen);
+    float *Qp = (float *)(base + lay.qp), *Kn = (float *)(base + lay.kn);
+    float *Vn = (float *)(base + lay.vn), *Ao = (float *)(base + lay.ao);
+    float *ws = (float *)(base + lay.ws);
+
+    project(x, rows, E, w->w_q, w->b_q, E, Qp, threads);
+    project(x, rows, E, w->w_k, w->b_k, E, Kn, threads);
+    project(x, rows, E, w->w_v, w->b_v, E, Vn, threads);
+    int64_t Lk = 0;
+    int uniform = 1;
+    for (int64_t b = 0; b < n; b++) {
+        for (int64_t i = 0; i < Lq; i++) {
+            const size_t at = (size_t)((b * T + kv->len[b] + i) * E), from = (size_t)((b * Lq + i) * E);
+            memcpy(kv->k + at, Kn + from, (size_t)E * sizeof(float));
+            memcpy(kv->v + at, Vn + from, (size_t)E * sizeof(float));
+        }
+        klen[b] = kv->len[b] + Lq;
+        Lk = klen[b] > Lk ? klen[b] : Lk;
+        uniform &= kv->len[b] == kv->len[0];
+    }
+    /* Causal with key_lengths is row b's mask exactly when its queries are
+     * the last Lq of the Lk keys: one query per row, or rows of one length;
+     * otherwise each row is its own call. */
+    attn_sdpa_params sp;
+    memset(&sp, 0, sizeof sp);
+    sp.use_scale = p ? p->use_scale : 0;
+    sp.scale = p ? p->scale : 0.0f;
+    sp.impl = p ? p->impl : ATTN_IMPL_AUTO;
+    sp.num_threads = threads;
+    sp.causal = 1;
+    const int64_t calls = Lq == 1 || uniform ? 1 : n, nb = calls == 1 ? n : 1;
+    for (int64_t r = 0; r < calls && !s; r++) {
+        const int64_t lk = calls == 1 ? Lk : klen[r], off = r * T * E;
+        sp.key_lengths = calls == 1 ? klen : NULL;
+        attn_tensor tq = attn_tensor_blhd(Qp + r * Lq * E, nb, H, Lq, Dh);
+        attn_tensor to = attn_tensor_blhd(Ao + r * Lq * E, nb, H, Lq, Dh);
+        attn_tensor tk = {kv->k + off, {nb, H, lk, Dh}, {T * E, Dh, E, 1}};
+        attn_tensor tv = {kv->v + off, {nb, H, lk, Dh}, {T * E, Dh, E, 1}};
+        s = attn_sdpa_forward_ws(&tq, &tk, &tv, &sp, &to, NULL, NULL, NULL, ws, lay.ws_floats, err);
+    }
+    if (s) return s; /* len unchanged: the keys written past it are not held */
+    project(Ao, rows, E, w->w_o, w->b_o, E, out, threads);
+    for (int64_t b = 0; b < n; b++) kv->len[b] += Lq;
+    return attn_ok(err);
+}

@@ -3,7 +3,6 @@
 #include "internal.h"
 
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 static void report(attn_sdpa_info *info, const char *op, attn_impl impl, const char *reason) {
@@ -11,8 +10,7 @@ static void report(attn_sdpa_info *info, const char *op, attn_impl impl, const c
         info->impl = impl;
         snprintf(info->reason, sizeof info->reason, "%s", reason);
     }
-    const char *v = getenv("ATTN_VERBOSE");
-    if (v && *v && strcmp(v, "0") != 0) fprintf(stderr, "attn: %s: %s\n", op, reason);
+    if (attn_env_get()->verbose) fprintf(stderr, "attn: %s: %s\n", op, reason);
 }
 
 /* The path for a validated problem, and why, in reason (n bytes).
@@ -32,6 +30,13 @@ static attn_impl choose(const attn_problem *pr, attn_impl requested, int backwar
 attn_status attn_sdpa_forward(const attn_tensor *q, const attn_tensor *k, const attn_tensor *v,
                               const attn_sdpa_params *p, attn_tensor *out, float *weights,
                               float *lse, attn_sdpa_info *info, attn_error *err) {
+    return attn_sdpa_forward_ws(q, k, v, p, out, weights, lse, info, NULL, 0, err);
+}
+
+attn_status attn_sdpa_forward_ws(const attn_tensor *q, const attn_tensor *k, const attn_tensor *v,
+                                 const attn_sdpa_params *p, attn_tensor *out, float *weights,
+                                 float *lse, attn_sdpa_info *info, float *ws, int64_t ws_floats,
+                                 attn_error *err) {
     if (!out) return attn_fail(err, ATTN_ERR_NULL, "out is NULL");
     attn_problem pr;
     attn_status s = attn_sdpa_check(q, k, v, out, p, &pr, err);
@@ -39,8 +44,9 @@ attn_status attn_sdpa_forward(const attn_tensor *q, const attn_tensor *k, const 
     char reason[160];
     attn_impl impl = choose(&pr, p ? p->impl : ATTN_IMPL_AUTO, 0, reason, sizeof reason);
     report(info, "forward", impl, reason);
-    s = impl == ATTN_IMPL_FUSED ? attn_sdpa_fused_forward(&pr, q, k, v, out, weights, lse, err)
-                                : attn_sdpa_reference_forward(&pr, q, k, v, out, weights, lse, err);
+    s = impl == ATTN_IMPL_FUSED
+            ? attn_sdpa_fused_forward(&pr, q, k, v, out, weights, lse, ws, ws_floats, err)
+            : attn_sdpa_reference_forward(&pr, q, k, v, out, weights, lse, err);
     return s ? s : attn_ok(err);
 }
 

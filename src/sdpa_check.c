@@ -103,9 +103,14 @@ attn_status attn_sdpa_check(const attn_tensor *q, const attn_tensor *k, const at
     if (pr->Lq > UINT32_MAX || pr->Lk / 4 > UINT32_MAX || pr->H > UINT32_MAX || pr->B > UINT32_MAX)
         return attn_fail(err, ATTN_ERR_OVERFLOW, "a dimension exceeds 2^32");
 
+    if (!p->use_scale && p->scale != 0.0f)
+        return attn_fail(err, ATTN_ERR_ARG,
+                         "scale is %g but use_scale is 0: set use_scale = 1 to use it (since 0.2 "
+                         "scale 0 no longer means 1/sqrt(d_k); leave both 0 for that)",
+                         (double)p->scale);
     if (!isfinite(p->scale))
         return attn_fail(err, ATTN_ERR_ARG, "scale must be finite, got %g", (double)p->scale);
-    pr->scale = p->scale != 0.0f ? p->scale : 1.0f / sqrtf((float)pr->Dk);
+    pr->scale = p->use_scale ? p->scale : 1.0f / sqrtf((float)pr->Dk);
 
     pr->causal = p->causal != 0;
     if (p->key_lengths) {

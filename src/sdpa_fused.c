@@ -4,10 +4,7 @@
 #include "internal.h"
 
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-
-#include <cblas.h>
 
 static attn_isa isa_detect(void) {
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -20,33 +17,23 @@ static attn_isa isa_detect(void) {
     return ATTN_ISA_PORTABLE;
 }
 
-/* What the CPU runs, detected once (cpuid traps in a VM: microseconds).
- * A cache of a fact about the machine, not configuration. */
-static attn_isa isa_best(void) {
-    static int cached = -1;
-    int v;
-#pragma omp atomic read
-    v = cached;
-    if (v < 0) {
-        v = (int)isa_detect();
-#pragma omp atomic write
-        cached = v;
-    }
-    return (attn_isa)v;
-}
+/* The best the CPU runs, lowered (never raised) to the one ATTN_FUSED_ISA
+ * names; called by the one-time init (status.c). */
+int attn_isa_cpu(void) { return (int)isa_detect(); }
 
-attn_isa attn_fused_isa(void) {
-    attn_isa best = isa_best();
-    const char *e = getenv("ATTN_FUSED_ISA");
+int attn_isa_from_env(const char *e) {
+    attn_isa best = isa_detect();
     if (e && *e) {
         attn_isa want = best;
         if (strcmp(e, "portable") == 0) want = ATTN_ISA_PORTABLE;
         else if (strcmp(e, "avx2") == 0) want = ATTN_ISA_AVX2;
         else if (strcmp(e, "avx512") == 0) want = ATTN_ISA_AVX512;
-        if (want < best) best = want; /* only ever lowered to what the CPU runs */
+        if (want < best) best = want;
     }
-    return best;
+    return (int)best;
 }
+
+attn_isa attn_fused_isa(void) { return (attn_isa)attn_env_get()->isa; }
 
 const char *attn_isa_name(attn_isa isa) {
     switch (isa) {
@@ -67,15 +54,24 @@ int attn_fused_bwd_one_pass(const attn_problem *pr) {
     return rounds * T * 3 <= bh * 4;
 }
 
-/* ATTN_FUSED_GEMM=blas: tile products through OpenBLAS (for measuring). */
-static int use_blas(void) {
-    const char *e = getenv("ATTN_FUSED_GEMM");
-    return e && strcmp(e, "blas") == 0;
+/* The measurement hook (internal.h): tile products through OpenBLAS. */
+static int g_fused_blas;
+
+void attn_test_fused_blas(int on) {
+#pragma omp atomic write
+    g_fused_blas = on != 0;
+}
+
+int attn_fused_blas_on(void) {
+    int on;
+#pragma omp atomic read
+    on = g_fused_blas;
+    return on;
 }
 
 void attn_sdpa_fused_describe(const attn_problem *pr, int backward, char *buf, size_t n) {
     const char *isa = attn_isa_name(attn_fused_isa());
-    const char *gemm = use_blas() ? ", tile products via OpenBLAS" : "";
+    const char *gemm = attn_fused_blas_on() ? ", tile products via OpenBLAS" : "";
     if (!backward && pr->Lq <= FUSED_DECODE_MAXLQ) {
         int64_t C = FUSED_DECODE_CHUNK;
         while (pr->Lk > 64 * C) C *= 2;
@@ -93,21 +89,36 @@ void attn_sdpa_fused_describe(const attn_problem *pr, int backward, char *buf, s
     }
 }
 
-/* The BLAS measurement mode calls sgemm from inside our parallel region:
- * OpenBLAS must not start threads of its own there. */
-static void blas_single_thread(int blas) {
-    if (blas) openblas_set_num_threads(1);
+int64_t attn_fused_forward_scratch(const attn_problem *pr) {
+    /* each instruction set the CPU runs (only those: the AVX-512 file may
+     * use AVX-512 anywhere) */
+    int64_t n = attn_fused_forward_scratch_portable(pr);
+#if defined(__x86_64__)
+    const int cpu = attn_env_get()->cpu_isa;
+    if (cpu >= ATTN_ISA_AVX2) {
+        const int64_t a = attn_fused_forward_scratch_avx2(pr);
+        n = a > n ? a : n;
+    }
+    if (cpu >= ATTN_ISA_AVX512) {
+        const int64_t a = attn_fused_forward_scratch_avx512(pr);
+        n = a > n ? a : n;
+    }
+#endif
+    return n;
 }
 
 attn_status attn_sdpa_fused_forward(const attn_problem *pr, const attn_tensor *q,
                                     const attn_tensor *k, const attn_tensor *v,
                                     attn_tensor *out, float *weights, float *lse,
-                                    attn_error *err) {
+                                    float *ws, int64_t ws_floats, attn_error *err) {
     attn_fused_call c;
     memset(&c, 0, sizeof c);
     c.pr = pr, c.q = q, c.k = k, c.v = v, c.out = out, c.weights = weights, c.lse = lse;
-    c.blas = use_blas();
-    blas_single_thread(c.blas);
+    c.ws = ws, c.ws_floats = ws_floats;
+    c.blas = attn_fused_blas_on();
+    if (ws && ws_floats < attn_fused_forward_scratch(pr))
+        return attn_fail(err, ATTN_ERR_NOMEM, "fused forward: scratch of %lld floats, needs %lld",
+                         (long long)ws_floats, (long long)attn_fused_forward_scratch(pr));
     switch (attn_fused_isa()) {
 #if defined(__x86_64__)
     case ATTN_ISA_AVX512: return attn_fused_forward_avx512(&c, err);
@@ -126,8 +137,7 @@ attn_status attn_sdpa_fused_backward(const attn_problem *pr, const attn_tensor *
     memset(&c, 0, sizeof c);
     c.pr = pr, c.q = q, c.k = k, c.v = v, c.out = out, c.lse_in = lse, c.dout = dout;
     c.dq = dq, c.dk = dk, c.dv = dv;
-    c.blas = use_blas();
-    blas_single_thread(c.blas);
+    c.blas = attn_fused_blas_on();
     switch (attn_fused_isa()) {
 #if defined(__x86_64__)
     case ATTN_ISA_AVX512: return attn_fused_backward_avx512(&c, err);

@@ -206,6 +206,7 @@ static void gemm_kb(int64_t M, int64_t nvec, int64_t K, const float *A, int64_t 
     }
     if (mode == 2 && K > 0) {
         const int64_t N = nvec * VL;
+        omp_set_num_threads(1); /* this region's ICV: OpenBLAS single-threaded here */
         if (aks == 1 && ars >= K) {
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)M, (blasint)N,
                         (blasint)K, acc ? 1.0f : alpha, A, (blasint)ars, B, (blasint)ldb,
@@ -706,6 +707,16 @@ static void dec_merge_row(const kctx *c, const attn_fused_call *call, int64_t r,
     ilrow[r] = inv;
 }
 
+/* Floats of the whole decode forward scratch: per thread tile scratch and
+ * (whole-head items) q, tmp and a row of nch·C scores; per row and chunk
+ * (max, sum, acc); per row lse, max, 1/sum. */
+static int64_t dec_total(const attn_problem *pr, int64_t dkp, int64_t dvp) {
+    const int64_t C = dec_chunk(pr->Lk), nch = (pr->Lk + C - 1) / C, rows = pr->B * pr->H * pr->Lq;
+    const int64_t rowper = rup(3 * dkp + dvp + nch * C, 16);
+    return pr->threads * dec_scratch(pr, dkp, dvp) + rows * nch * (dvp + 2) + 3 * rows + 16 +
+           pr->threads * rowper;
+}
+
 static attn_status dec_forward(const kctx *c, const attn_fused_call *call, attn_error *err) {
     const attn_problem *pr = c->pr;
     const int64_t B = pr->B, H = pr->H, Lq = pr->Lq, Lk = pr->Lk, dvp = c->dvp;
@@ -715,7 +726,7 @@ static attn_status dec_forward(const kctx *c, const attn_fused_call *call, attn_
     /* per thread: tile scratch, and for whole-head items q, tmp and a row
      * of nch·C scores */
     const int64_t rowper = rup(3 * c->dkp + dvp + nch * C, 16);
-    float *ws = falloc(nt * per + rows * nch * (dvp + 2) + 3 * rows + 16 + nt * rowper);
+    float *ws = call->ws ? call->ws : falloc(dec_total(pr, c->dkp, dvp));
     if (!ws) return attn_fail(err, ATTN_ERR_NOMEM, "out of memory for the decode scratch");
     float *pm = ws + nt * per, *pl = pm + rows * nch, *pacc = pl + rows * nch,
           *lsv = pacc + rows * nch * dvp, *mrow = lsv + rows, *ilrow = mrow + rows;
@@ -795,7 +806,7 @@ static attn_status dec_forward(const kctx *c, const attn_fused_call *call, attn_
             }
         }
     }
-    free(ws);
+    if (!call->ws) free(ws);
     return ATTN_OK;
 }
 
@@ -823,7 +834,7 @@ attn_status FN(attn_fused_forward_)(const attn_fused_call *call, attn_error *err
     const int64_t nqb = (Lq + FQ - 1) / FQ, items = B * H * nqb;
     const int nt = pr->threads;
     const int64_t per = fwd_scratch(pr, c.dvp);
-    float *ws = falloc(nt * per);
+    float *ws = call->ws ? call->ws : falloc(nt * per);
     if (!ws) return attn_fail(err, ATTN_ERR_NOMEM, "out of memory for %d x %lld scratch floats",
                               nt, (long long)per);
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
@@ -836,8 +847,14 @@ attn_status FN(attn_fused_forward_)(const attn_fused_call *call, attn_error *err
                   call->lse ? call->lse + bh * Lq + i0 : NULL,
                   call->weights ? call->weights + (bh * Lq + i0) * Lk : NULL);
     }
-    free(ws);
+    if (!call->ws) free(ws);
     return ATTN_OK;
+}
+
+int64_t FN(attn_fused_forward_scratch_)(const attn_problem *pr) {
+    const int64_t dkp = rup(pr->Dk, VL), dvp = rup(pr->Dv, VL);
+    if (pr->Lq <= FUSED_DECODE_MAXLQ) return dec_total(pr, dkp, dvp);
+    return pr->threads * fwd_scratch(pr, dvp);
 }
 
 /* ------------------------------------------------------------ backward */

@@ -1,7 +1,9 @@
-/* Status codes, error reports, and the one piece of global state: threads. */
+/* Status codes, error reports, the version, the environment (read once) and
+ * the one piece of global state: threads. */
 #include "internal.h"
 
 #include <omp.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,6 +45,46 @@ attn_status attn_ok(attn_error *err) {
 int attn_mul64(int64_t a, int64_t b, int64_t *r) { return !__builtin_mul_overflow(a, b, r); }
 int attn_add64(int64_t a, int64_t b, int64_t *r) { return !__builtin_add_overflow(a, b, r); }
 
+const char *attn_version(void) { return ATTN_VERSION; }
+
+/* ---------------------------------------------------------------- environment */
+
+static attn_env g_env;
+static pthread_once_t g_env_once = PTHREAD_ONCE_INIT;
+
+static void read_env(void) {
+    attn_env e = {0, 1, 0, ATTN_ISA_PORTABLE, ATTN_ISA_PORTABLE};
+    const char *t = getenv("ATTN_NUM_THREADS");
+    if (t && *t) {
+        char *end;
+        long v = strtol(t, &end, 10);
+        if (*end == '\0' && v >= 1 && v <= ATTN_MAX_THREADS) e.env_threads = (int)v;
+    }
+    e.cores = omp_get_num_procs();
+    const char *v = getenv("ATTN_VERBOSE");
+    e.verbose = v && *v && strcmp(v, "0") != 0;
+    e.isa = attn_isa_from_env(getenv("ATTN_FUSED_ISA"));
+    e.cpu_isa = attn_isa_cpu();
+    g_env = e;
+}
+
+static void init_once(void) {
+    read_env();
+    attn_blas_init();
+}
+
+const attn_env *attn_env_get(void) {
+    pthread_once(&g_env_once, init_once);
+    return &g_env;
+}
+
+void attn_test_reload_env(void) {
+    attn_env_get();
+    read_env();
+}
+
+/* ---------------------------------------------------------------- threads */
+
 /* 0: not set by the API; then ATTN_NUM_THREADS, else all cores. */
 static int g_threads;
 
@@ -61,13 +103,8 @@ int attn_get_num_threads(void) {
 #pragma omp atomic read
     n = g_threads;
     if (n > 0) return n;
-    const char *env = getenv("ATTN_NUM_THREADS");
-    if (env && *env) {
-        char *end;
-        long v = strtol(env, &end, 10);
-        if (*end == '\0' && v >= 1 && v <= ATTN_MAX_THREADS) return (int)v;
-    }
-    return omp_get_num_procs();
+    const attn_env *e = attn_env_get();
+    return e->env_threads > 0 ? e->env_threads : e->cores;
 }
 
 int attn_threads_for(int p_threads) { return p_threads > 0 ? p_threads : attn_get_num_threads(); }

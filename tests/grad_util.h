@@ -90,7 +90,7 @@ typedef struct {
 
 static inline double gu_scale(const attn_sdpa_params *p, int64_t Dk)
 {
-    return p->scale != 0.0f ? (double)p->scale : 1.0 / sqrt((double)Dk);
+    return p->use_scale ? (double)p->scale : 1.0 / sqrt((double)Dk);
 }
 
 /* Row (b, h, i): masked, scaled scores into s[Lk], visibility into in[Lk];
@@ -345,7 +345,7 @@ static inline long gu_dropout_mult(int64_t B, int64_t H, int64_t Lq, int64_t Lk,
     attn_tensor tq = attn_tensor_bhld(q, B, H, Lq, 1), tk = attn_tensor_bhld(k, B, H, Lk, 1),
                 tv = attn_tensor_bhld(v, B, H, Lk, Lk), to = attn_tensor_bhld(o, B, H, Lq, Lk);
     attn_sdpa_params pp = *p;
-    pp.scale = 1.0f; /* q = 0: the scale does not matter, Dk = 1 */
+    pp.use_scale = 1, pp.scale = 1.0f; /* q = 0: the scale does not matter, Dk = 1 */
     long bad = 0;
     attn_error err;
     if (attn_sdpa_forward(&tq, &tk, &tv, &pp, &to, w, NULL, NULL, &err) != ATTN_OK) {

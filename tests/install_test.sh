@@ -12,8 +12,8 @@
 # Usage: install_test.sh BUILD_DIR CC PYTHON VERSION HAVE_MOLGEN(0|1)
 # Exit 77 (ctest: skipped) when PYTHON with numpy is not there: it is the oracle.
 set -euo pipefail
-[ $# -eq 5 ] || { echo "usage: install_test.sh BUILD_DIR CC PYTHON VERSION HAVE_MOLGEN" >&2; exit 2; }
-build=$1 cc=$2 py=$3 version=$4 have_molgen=$5
+[ $# -eq 6 ] || { echo "usage: install_test.sh BUILD_DIR CC PYTHON VERSION HAVE_MOLGEN SONAME" >&2; exit 2; }
+build=$1 cc=$2 py=$3 version=$4 have_molgen=$5 soname=$6 # soname: libattn.so.SOVERSION
 src=$(cd "$(dirname "$0")/.." && pwd)
 
 if ! "$py" -c 'import numpy' >/dev/null 2>&1; then
@@ -79,7 +79,7 @@ export PKG_CONFIG_PATH=$P/lib/pkgconfig
     || fail "hello_attn.c does not build with pkg-config --cflags --libs attn"
 ./hello > hello.txt || fail "./hello exited $?"
 check_hello hello.txt || fail "hello (shared libattn) output is wrong"
-ldd ./hello | grep -F "libattn.so.0 => $P/lib/libattn.so.0" >/dev/null || { ldd ./hello; fail "hello does not load P's libattn.so"; }
+ldd ./hello | grep -F "$soname => $P/lib/$soname" >/dev/null || { ldd ./hello; fail "hello does not load P's libattn.so"; }
 # shellcheck disable=SC2046
 "$cc" -Wall -Wextra -Werror -o hello_static "$src/examples/hello_attn.c" $(pkg-config --cflags attn) \
     "$P/lib/libattn.a" $(pkg-config --libs openblas) -fopenmp -lm || fail "hello_attn.c does not link P/lib/libattn.a"

@@ -52,7 +52,7 @@ static inline void ref_sdpa(int64_t B, int64_t H, int64_t Lq, int64_t Lk, int64_
                             const attn_sdpa_params *p, double *out, double *w, double *lse,
                             unsigned char *empty)
 {
-    const double scale = p->scale != 0.0f ? (double)p->scale : 1.0 / sqrt((double)Dk);
+    const double scale = p->use_scale ? (double)p->scale : 1.0 / sqrt((double)Dk);
     double *s = tu_malloc((size_t)Lk * sizeof(double));
     unsigned char *in = tu_malloc((size_t)Lk);
     for (int64_t b = 0; b < B; b++)

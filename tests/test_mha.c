@@ -212,7 +212,7 @@ static void test_forward(void)
         am[0] = -INFINITY;
         attn_mask m = {am, {1, H, Lq, Lk}, {0, Lq * Lk, Lk, 1}};
         attn_sdpa_params pa = {0};
-        pa.scale = 0.2f;
+        pa.use_scale = 1, pa.scale = 0.2f;
         pa.add_mask = &m;
         run_mha(mc, &pa, ATTN_WEIGHTS_PER_HEAD, ATTN_IMPL_REFERENCE, seed + 7);
         run_mha(mc, &pa, ATTN_WEIGHTS_AVERAGE, ATTN_IMPL_AUTO, seed + 8);

@@ -369,7 +369,7 @@ static void test_fd(void)
     attn_mask amask = {am, {B, 1, LQ, LK}, {LQ * LK, 0, LK, 1}};
     attn_sdpa_params pa = {0};
     pa.add_mask = &amask;
-    pa.scale = 0.8f;
+    pa.use_scale = 1, pa.scale = 0.8f;
     mcase cross_a = {"cross add-mask, scale 0.8, bias", {8, 2, 6, 5, 1}, B, LQ, LK, 0, 109};
     check_both(&cross_a, &pa);
 

@@ -27,6 +27,7 @@
  * are requested. NaN and Inf: same poisoned rows as the reference. */
 #define _POSIX_C_SOURCE 200112L
 #include "grad_util.h"
+#include "internal.h" /* test hooks: ISA from the environment again, BLAS tiles */
 
 #include <stdlib.h>
 
@@ -367,7 +368,7 @@ static void test_fixed(void) {
         s.lay_q = lay, s.lay_k = (lay + 1) % GU_LAYOUTS, s.lay_v = (lay + 2) % GU_LAYOUTS;
         s.lay_o = (lay + 3) % GU_LAYOUTS;
         attn_sdpa_params p = {0};
-        p.scale = 0.3f;
+        p.use_scale = 1, p.scale = 0.3f;
         p.causal = lay & 1;
         run_case(&s, &p, 300 + (uint64_t)lay, NULL);
         shape d = sh("layouts decode", 2, 2, 2, 300, 20, 16);
@@ -380,7 +381,7 @@ static void test_fixed(void) {
     {
         shape s = sh("large logits", 2, 2, 70, 80, 8, 8);
         attn_sdpa_params p = {0};
-        p.scale = 1.0f;
+        p.use_scale = 1, p.scale = 1.0f;
         run_case(&s, &p, 400, prep_large);
         p.causal = 1;
         run_case(&s, &p, 401, prep_large);
@@ -420,7 +421,7 @@ static void random_params(tu_rng *r, const shape *s, attn_sdpa_params *p, int64_
         p->seed = tu_next(r);
         p->offset = tu_next(r) & 0xFFFF;
     }
-    if (tu_unif(r) < 0.2) p->scale = (float)(0.05 + tu_unif(r));
+    if (tu_unif(r) < 0.2) p->use_scale = 1, p->scale = (float)(0.05 + tu_unif(r));
 }
 
 static void test_random(int iters, uint64_t seed) {
@@ -625,16 +626,16 @@ static void test_nonfinite(void) {
 
 /* ------------------------------------------------------------ misc */
 
-/* Tile products through OpenBLAS (ATTN_FUSED_GEMM=blas, the measurement
- * mode) meet the same accuracy bound. */
+/* Tile products through OpenBLAS (the measurement hook of internal.h)
+ * meet the same accuracy bound. */
 static void test_blas_mode(void) {
-    setenv("ATTN_FUSED_GEMM", "blas", 1);
+    attn_test_fused_blas(1);
     attn_sdpa_params p = {0};
     shape s = sh("blas tiles", 2, 2, 100, 140, 32, 48);
     run_case(&s, &p, 900, NULL);
     p.causal = 1;
     run_case(&s, &p, 901, NULL);
-    unsetenv("ATTN_FUSED_GEMM");
+    attn_test_fused_blas(0);
 }
 
 /* AUTO takes the fused path and says so. */
@@ -670,6 +671,7 @@ int main(void) {
     static const char *const isas[] = {"avx512", "avx2", "portable"};
     for (int i = 0; i < 3; i++) {
         setenv("ATTN_FUSED_ISA", isas[i], 1);
+        attn_test_reload_env(); /* the library reads the environment once */
         if (!isa_active(isas[i])) {
             printf("test_sdpa_fused: %s kernels not available on this CPU, skipped\n", isas[i]);
             continue;
@@ -689,6 +691,7 @@ int main(void) {
         printf("test_sdpa_fused: %s kernels: %d cases (%d checks so far)\n", isas[i], g_cases - before, tu_pass + tu_fail);
     }
     unsetenv("ATTN_FUSED_ISA");
+    attn_test_reload_env();
     printf("test_sdpa_fused: worst fused/reference error ratio vs fp64 (bound 2 + floor):\n");
     for (int qi = 0; qi < Q_N; qi++)
         printf("  %-7s ratio %.3f   worst fused %.3g   worst reference %.3g\n", q_name[qi],

@@ -243,10 +243,10 @@ static void test_plain(void)
     run(&c4, &p);
     run(&c5, &p);
     run(&c6, &p);
-    p.scale = 0.7f;
+    p.use_scale = 1, p.scale = 0.7f;
     gcase c7 = mk("custom scale 0.7", 2, 1, 4, 6, 5, 3, 17);
     run(&c7, &p);
-    p.scale = -1.3f;
+    p.use_scale = 1, p.scale = -1.3f;
     gcase c8 = mk("negative scale -1.3", 1, 2, 3, 5, 4, 4, 18);
     run(&c8, &p);
 }

@@ -250,7 +250,7 @@ static void test_scale(void)
     const float scales[] = {0.37f, 1.0f, -0.5f, 3.0f, 1e-3f};
     for (size_t i = 0; i < sizeof scales / sizeof scales[0]; i++) {
         attn_sdpa_params p = {0};
-        p.scale = scales[i];
+        p.use_scale = 1, p.scale = scales[i];
         shape s = sh("custom scale", 2, 2, 11, 14, 10, 9);
         run_both(&s, &p, 300 + i, NULL);
     }
@@ -501,7 +501,7 @@ static void test_random(void)
             p.add_mask = &ma.m;
         }
         if (tu_unif(&r) < 0.2)
-            p.scale = (float)(tu_unif(&r) * 0.8 + 0.05);
+            p.use_scale = 1, p.scale = (float)(tu_unif(&r) * 0.8 + 0.05);
         run_both(&s, &p, 2000 + (uint64_t)it, NULL);
         free(mb.buf);
         free(ma.buf);

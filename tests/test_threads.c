@@ -3,6 +3,7 @@
  * REFERENCE and AUTO paths (out, weights, lse, also without weights so the
  * per-thread scratch is used) and the MHA layer (out, weights). */
 #define _POSIX_C_SOURCE 200809L /* setenv */
+#include "internal.h" /* attn_test_reload_env: the library reads the environment once */
 #include "testutil.h"
 
 enum { B = 2, H = 3, LQ = 37, LK = 45, DK = 24, DV = 20 };
@@ -64,6 +65,7 @@ static void test_env(void)
     const int cores = attn_get_num_threads();
     CHECK(cores >= 1, "default thread count %d", cores);
     setenv("ATTN_NUM_THREADS", "2", 1);
+    attn_test_reload_env();
     CHECK(attn_get_num_threads() == 2, "ATTN_NUM_THREADS=2: get %d", attn_get_num_threads());
     attn_set_num_threads(3, NULL);
     CHECK(attn_get_num_threads() == 3, "set(3) over ATTN_NUM_THREADS=2: get %d",
@@ -72,8 +74,10 @@ static void test_env(void)
     CHECK(attn_get_num_threads() == 2, "set(0) with ATTN_NUM_THREADS=2: get %d",
           attn_get_num_threads());
     setenv("ATTN_NUM_THREADS", "lots", 1);
+    attn_test_reload_env();
     CHECK(attn_get_num_threads() >= 1, "ATTN_NUM_THREADS=lots: get %d", attn_get_num_threads());
     unsetenv("ATTN_NUM_THREADS");
+    attn_test_reload_env();
 }
 
 int main(void)

@@ -192,7 +192,7 @@ static void test_sdpa_args(void)
     const float scales[] = {NAN, INFINITY, -INFINITY};
     for (size_t i = 0; i < sizeof scales / sizeof scales[0]; i++) {
         attn_sdpa_params p = {0};
-        p.scale = scales[i];
+        p.use_scale = 1, p.scale = scales[i];
         EXPECT(fwd(&p), ATTN_ERR_ARG);
     }
     /* Window sides below ATTN_UNBOUNDED; ignored when use_window is 0. */
@@ -344,7 +344,7 @@ static void test_mha(void)
     pd.training = 1, pd.dropout_p = NAN;
     EXPECT(MHA(&c, &w, MB, MLQ, MLK, y, x, x, &pd, wts, ATTN_WEIGHTS_NONE, NULL), ATTN_ERR_ARG);
     attn_sdpa_params ps = {0};
-    ps.scale = INFINITY;
+    ps.use_scale = 1, ps.scale = INFINITY;
     EXPECT(MHA(&c, &w, MB, MLQ, MLK, y, x, x, &ps, wts, ATTN_WEIGHTS_NONE, NULL), ATTN_ERR_ARG);
     static uint8_t bm[MLQ * MLK];
     attn_mask m = {bm, {1, 1, MLK, MLQ}, {0, 0, MLQ, 1}}; /* transposed dims */

@@ -62,7 +62,7 @@ from .functional import (last_path, scaled_dot_product_attention,
                          scaled_dot_product_attention_grad)
 from .mha import MultiheadAttention
 
-__version__ = "0.1.0"
+__version__ = _lib.ABI_VERSION  # the library's attn_version(), checked at import
 
 __all__ = ["scaled_dot_product_attention", "scaled_dot_product_attention_grad",
            "MultiheadAttention", "last_path",

@@ -55,7 +55,8 @@ class attn_mask(ctypes.Structure):
 
 
 class attn_sdpa_params(ctypes.Structure):
-    _fields_ = [("scale", ctypes.c_float),
+    _fields_ = [("use_scale", ctypes.c_int),
+                ("scale", ctypes.c_float),
                 ("causal", ctypes.c_int),
                 ("key_lengths", c_int64_p),
                 ("use_window", ctypes.c_int),
@@ -91,6 +92,24 @@ class attn_mha_weights(ctypes.Structure):
                 ("b_v", c_float_p), ("b_o", c_float_p)]
 
 
+class attn_mha_kv_shape(ctypes.Structure):
+    _fields_ = [("batch", ctypes.c_int64),
+                ("max_len", ctypes.c_int64),
+                ("max_step", ctypes.c_int64),
+                ("threads", ctypes.c_int)]
+
+
+class attn_mha_kv(ctypes.Structure):
+    _fields_ = [("len", c_int64_p),
+                ("k", c_float_p), ("v", c_float_p),
+                ("batch", ctypes.c_int64), ("max_len", ctypes.c_int64),
+                ("max_step", ctypes.c_int64), ("embed_dim", ctypes.c_int64),
+                ("num_heads", ctypes.c_int64),
+                ("threads", ctypes.c_int),
+                ("work", ctypes.c_void_p),
+                ("work_bytes", ctypes.c_size_t)]
+
+
 STRUCTS = {
     "attn_error": attn_error,
     "attn_tensor": attn_tensor,
@@ -99,7 +118,13 @@ STRUCTS = {
     "attn_sdpa_info": attn_sdpa_info,
     "attn_mha_config": attn_mha_config,
     "attn_mha_weights": attn_mha_weights,
+    "attn_mha_kv_shape": attn_mha_kv_shape,
+    "attn_mha_kv": attn_mha_kv,
 }
+
+# The library version these declarations mirror (attn.h's ATTN_VERSION);
+# _load refuses a library that reports another (its structs may differ).
+ABI_VERSION = "0.2.0"
 
 # ---------------------------------------------------------------- loading
 
@@ -159,6 +184,12 @@ def _load():
     P = ctypes.POINTER
     err_p = P(attn_error)
     status = ctypes.c_int
+    fn("attn_version", ctypes.c_char_p)
+    got = lib.attn_version().decode("ascii", "replace")
+    if got != ABI_VERSION:
+        raise ImportError("attn: %s is libattn %s, but this package is written for %s "
+                          "(struct layouts differ between versions); point ATTN_LIBRARY "
+                          "at a matching build" % (path, got, ABI_VERSION))
     fn("attn_status_name", ctypes.c_char_p, ctypes.c_int)
     fn("attn_set_num_threads", status, ctypes.c_int, err_p)
     fn("attn_get_num_threads", ctypes.c_int)
@@ -188,6 +219,13 @@ def _load():
        c_float_p, c_float_p, c_float_p, P(attn_sdpa_params),
        c_float_p, c_float_p, c_float_p, c_float_p, c_float_p,
        P(attn_mha_weights), err_p)
+    fn("attn_mha_kv_bytes", status, P(attn_mha_config), P(attn_mha_kv_shape),
+       P(ctypes.c_size_t), err_p)
+    fn("attn_mha_kv_init", status, P(attn_mha_config), P(attn_mha_kv_shape),
+       ctypes.c_void_p, ctypes.c_size_t, P(attn_mha_kv), err_p)
+    fn("attn_mha_step", status, P(attn_mha_config), P(attn_mha_weights),
+       P(attn_mha_kv), ctypes.c_int64, ctypes.c_int64, c_float_p,
+       P(attn_sdpa_params), c_float_p, err_p)
     return lib, path
 
 

@@ -39,13 +39,12 @@ def build_params(*, scale=None, is_causal=False, key_lengths=None, window=None,
     """attn_sdpa_params (masks are attached by the caller). key_lengths must
     already be a contiguous int64 array that the caller keeps alive."""
     p = _lib.attn_sdpa_params()
-    if scale is None:
-        p.scale = 0.0
-    else:
+    if scale is not None:  # explicit, 0 included (every score 0)
         scale = float(scale)
         if math.isfinite(scale) and abs(scale) > _FLT_MAX:
             raise _lib.AttnError(_lib.ATTN_ERR_ARG, "scale must be finite in "
                                  "float32, got %g" % scale)
+        p.use_scale = 1
         p.scale = scale
     p.causal = 1 if is_causal else 0
     if key_lengths is not None:
@@ -147,17 +146,6 @@ def _prepare(query, key, value, attn_mask, dropout_p, is_causal, scale,
         scale = 1.0  # every score is 0 whatever the scale; 1/sqrt(0) is not
 
     c.keep = []
-    c.zero_scale = False
-    if scale is not None:
-        scale = float(scale)
-        if ctypes.c_float(scale).value == 0.0 and math.isfinite(scale):
-            # the C API reads scale 0 as "default"; an explicit 0 (or one
-            # that rounds to 0 in float32) means all scores 0, which
-            # (0 * query) @ keyᵀ * 1 reproduces exactly (and its gradient
-            # w.r.t. query is 0, which the caller sets).
-            c.zero_scale = True
-            c.q, c.tq = _zeros_view(c.q.shape)
-            scale = 1.0
 
     kl = None
     if key_padding_lengths is not None:
@@ -320,7 +308,5 @@ def scaled_dot_product_attention_grad(grad_out, query, key, value,
         ctypes.byref(tdv), ctypes.byref(info), ctypes.byref(err))
     _lib.check(st, err)
     _set_path(info, c.note)
-    if c.zero_scale:
-        dq[...] = 0  # scores do not depend on query at all
     return (_result(c, "q", dq, c.shapes[0]), _result(c, "k", dk, c.shapes[1]),
             _result(c, "v", dv, c.shapes[2]))

@@ -170,9 +170,9 @@ class _SDPAFunction(torch.autograd.Function):
                      None if attn_mask is None else _np(attn_mask),
                      o.dropout_p, o.is_causal, o.scale, o.key_lengths, o.window,
                      o.seed, o.offset, None, o.num_threads, stand_ins=True)
-        # stand-ins and scale=0's zero query are not copies of an input
+        # stand-ins are not copies of an input
         _last.copied = tuple(
-            n for n, a, t, sub in (("query", c.q, query, c.sub["q"] or c.zero_scale),
+            n for n, a, t, sub in (("query", c.q, query, c.sub["q"]),
                                    ("key", c.k, key, c.sub["k"]),
                                    ("value", c.v, value, c.sub["v"]))
             if t.numel() and not sub and not _shares(a, t))
@@ -210,8 +210,6 @@ class _SDPAFunction(torch.autograd.Function):
             ctypes.byref(tdv), ctypes.byref(info), ctypes.byref(err))
         _lib.check(st, err)
         _set_path(info, c.note)
-        if c.zero_scale:
-            dq[...] = 0  # scores do not depend on the query at all
         grads = tuple(torch.from_numpy(_result(c, name, a, shape)) if n else None
                       for name, a, shape, n in zip("qkv", (dq, dk, dv), c.shapes, need))
         return _maybe_refuse(grads, (query, key, value)) + (None, None)
