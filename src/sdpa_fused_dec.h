@@ -1,0 +1,481 @@
+/* The fused decode kernels for Lq <= FUSED_DECODE_MAXLQ (part of
+ * sdpa_fused_template.h): keys split in fixed chunks, a partial (max, sum,
+ * acc) per query row and chunk, merged in chunk order; the backward writes
+ * each chunk's dK/dV rows and a partial dQ, summed in chunk order. */
+
+static int64_t dec_chunk(int64_t Lk) {
+    int64_t C = FUSED_DECODE_CHUNK;
+    while (Lk > 64 * C) C *= 2;
+    return C;
+}
+
+static int64_t dec_scratch(const attn_problem *pr, int64_t dkp, int64_t dvp) {
+    return rup(dkp, 16) + rup(dec_chunk(pr->Lk) + VL, 16) + rup(dvp, 16) + rup(dkp + dvp, 16) + 64;
+}
+
+/* scale · q·k for query row qr (contiguous, zero-padded to dkp) and key
+ * row kr (stride K->stride[3]; copied to tmp when not contiguous). The
+ * decode forward and the decode backward both score with this, so the
+ * backward's recomputed scores match the forward's bit for bit (at |s| ~ 1e4
+ * any difference would show in exp(s - lse)). */
+static inline float dec_dot(const kctx *c, const float *qr, const float *kr, float *tmp) {
+    const int64_t Dk = c->pr->Dk;
+    if (c->k->stride[3] != 1) {
+        copy_row(tmp, kr, c->k->stride[3], Dk, c->dkp);
+        kr = tmp;
+    }
+    vf acc = v_zero();
+    int64_t d = 0;
+    for (; d + VL <= Dk; d += VL) acc = v_fma(v_load(qr + d), v_load(kr + d), acc);
+    if (d < Dk) acc = v_fma(v_load(qr + d), v_load_n(kr + d, (int)(Dk - d)), acc);
+    return c->pr->scale * v_hsum(acc);
+}
+
+/* Scores s[j - a] of query row qr against keys [a, e): scale·q·k, additive
+ * mask added, bool-masked keys -inf. */
+static void dec_scores(const kctx *c, const float *qr, float *tmp, int64_t b, int64_t h, int64_t i,
+                       int64_t a, int64_t e, float *s) {
+    const attn_problem *pr = c->pr;
+    const uint8_t *bm = pr->bmask ? pr->bmask + b * pr->bms[0] + h * pr->bms[1] + i * pr->bms[2]
+                                  : NULL;
+    const float *am = pr->amask ? pr->amask + b * pr->ams[0] + h * pr->ams[1] + i * pr->ams[2]
+                                : NULL;
+    for (int64_t j = a; j < e; j++) {
+        if (bm && !bm[j * pr->bms[3]]) {
+            s[j - a] = -INFINITY;
+            continue;
+        }
+        float x = dec_dot(c, qr, row_of(c->k, b, h, j), tmp);
+        if (am) x += am[j * pr->ams[3]];
+        s[j - a] = x;
+    }
+}
+
+/* Partial softmax of query row i over keys [c0, c1): max, sum, acc[dvp].
+ * s: the row's scores for keys [c0, c1) (s[0] is key c0) when the caller
+ * scored them already (whole-head items: K streamed once, then V), else
+ * NULL and the chunk is scored here. */
+
+/* acc[dvp] = Σ_j s[j]·V[a + j] over the n keys of a chunk. Through the
+ * micro-kernel when V rows can be read in place (accumulators in
+ * registers); a zero weight times a non-finite V entry would give NaN where
+ * the reference skips the key, so then (or without in-place rows) the sum
+ * is redone skipping zero weights. tmp: dkp + dvp floats. */
+static void dec_pv(const kctx *c, int64_t b, int64_t h, int64_t a, int64_t n, const float *s,
+                   float *acc, float *tmp) {
+    const attn_tensor *V = c->v;
+    const int64_t Dv = c->pr->Dv, dvp = c->dvp;
+    memset(acc, 0, (size_t)dvp * sizeof(float));
+    if (c->v_rows) {
+        const tile_prod t = {1, dvp / VL, n, s, 0, 1, row_of(V, b, h, a), V->stride[2], acc, dvp};
+        gemm(&t, 0, 1.0f, c->mode);
+        vf bad = v_zero();
+        for (int64_t d = 0; d < dvp; d += VL) bad = v_fma(v_load(acc + d), v_zero(), bad);
+        if (v_hsum(bad) == 0.0f) return;
+        memset(acc, 0, (size_t)dvp * sizeof(float));
+    }
+    const int vcontig = V->stride[3] == 1;
+    for (int64_t j = 0; j < n; j++) {
+        const float p = s[j];
+        if (p == 0.0f) continue; /* zero weight: V row not read (reference semantics) */
+        const float *vr = row_of(V, b, h, a + j);
+        if (!vcontig) {
+            copy_row(tmp, vr, V->stride[3], Dv, dvp);
+            vr = tmp;
+        }
+        const vf pv = v_set1(p);
+        int64_t d = 0;
+        for (; d + VL <= Dv; d += VL) v_store(acc + d, v_fma(pv, v_load(vr + d), v_load(acc + d)));
+        if (d < Dv)
+            v_store(acc + d, v_fma(pv, v_load_n(vr + d, (int)(Dv - d)), v_load(acc + d)));
+    }
+}
+
+/* Partial softmax of query row i over keys [c0, c1): max, sum, acc[dvp].
+ * scored: the row's scores for keys [c0, c1) (scored[0] is key c0) when the
+ * caller scored them already (whole-head items: K streamed once, then V),
+ * else NULL and the chunk is scored here. */
+static void dec_partial(const kctx *c, float *ws, int64_t b, int64_t h, int64_t i, int64_t c0,
+                        int64_t c1, const float *scored, float *pm, float *pl, float *pacc) {
+    const attn_problem *pr = c->pr;
+    const int64_t dvp = c->dvp, dkp = c->dkp;
+    float *qr = carve(&ws, dkp), *s = carve(&ws, dec_chunk(pr->Lk) + VL), *acc = carve(&ws, dvp),
+          *tmp = carve(&ws, dkp + dvp);
+    int64_t lo, hi;
+    attn_row_range(pr, b, i, &lo, &hi);
+    const int64_t a = imax(lo, c0), e = imin(hi, c1), n = e - a;
+    memset(pacc, 0, (size_t)dvp * sizeof(float));
+    *pm = -INFINITY;
+    *pl = 0.0f;
+    if (n <= 0) return;
+    if (scored) {
+        memcpy(s, scored + (a - c0), (size_t)n * sizeof(float));
+    } else {
+        copy_row(qr, row_of(c->q, b, h, i), c->q->stride[3], pr->Dk, dkp);
+        dec_scores(c, qr, tmp, b, h, i, a, e, s);
+    }
+    const int64_t np = rup(n, VL);
+    for (int64_t j = n; j < np; j++) s[j] = -INFINITY;
+    vf mx = v_set1(-INFINITY);
+    for (int64_t j = 0; j < np; j += VL) mx = v_max(v_load(s + j), mx);
+    const float M = v_hmax(mx);
+    const vf mu = v_set1(M == -INFINITY ? 0.0f : M);
+    vf sum = v_zero();
+    for (int64_t j = 0; j < np; j += VL) {
+        const vf p = v_exp(v_sub(v_load(s + j), mu));
+        v_store(s + j, p);
+        sum = v_add(sum, p);
+    }
+    if (pr->dropout) {
+        for (int64_t j = 0; j < n; j++) {
+            if (s[j] == 0.0f) continue;
+            uint32_t w[4];
+            attn_philox_block(pr->drop_key, b, h, i, (a + j) >> 2, w);
+            s[j] = w[(a + j) & 3] < pr->drop_threshold ? 0.0f : s[j] * pr->keep_scale;
+        }
+    }
+    dec_pv(c, b, h, a, n, s, acc, tmp);
+    *pl = v_hsum(sum);
+    *pm = *pl == *pl ? M : INFINITY; /* NaN sum (poisoned row): make the merge see it */
+    memcpy(pacc, acc, (size_t)dvp * sizeof(float));
+}
+
+/* Merge the chunk partials of decode row r (chunk order) into out; keeps
+ * the row's lse, max and 1/sum for the weights. ob: dvp floats of scratch. */
+static void dec_merge_row(const kctx *c, const attn_fused_call *call, int64_t r, int64_t nch,
+                          const float *pm, const float *pl, const float *pacc, float *ob,
+                          float *lsv, float *mrow, float *ilrow) {
+    const attn_problem *pr = c->pr;
+    const int64_t Lq = pr->Lq, H = pr->H, Dv = pr->Dv, dvp = c->dvp;
+    const int64_t bh = r / Lq, i = r % Lq, b = bh / H, h = bh % H;
+    const float *m = pm + r * nch, *l = pl + r * nch, *acc = pacc + r * nch * dvp;
+    float M = -INFINITY;
+    for (int64_t ch = 0; ch < nch; ch++) M = m[ch] > M ? m[ch] : M;
+    float *o = row_mut(call->out, b, h, i);
+    const int64_t so = call->out->stride[3];
+    mrow[r] = 0.0f;
+    ilrow[r] = 0.0f;
+    if (M == -INFINITY) {
+        for (int64_t d = 0; d < Dv; d++) o[d * so] = 0.0f;
+        lsv[r] = -INFINITY;
+        return;
+    }
+    float L = 0.0f;
+    memset(ob, 0, (size_t)dvp * sizeof(float));
+    for (int64_t ch = 0; ch < nch; ch++) {
+        if (m[ch] == -INFINITY) continue;
+        const float f = expf(m[ch] - M); /* NaN when M = +inf: poisoned row */
+        L += l[ch] * f;
+        if (f == 0.0f) continue;
+        const vf fv = v_set1(f);
+        for (int64_t d = 0; d < dvp; d += VL)
+            v_store(ob + d, v_fma(fv, v_load(acc + ch * dvp + d), v_load(ob + d)));
+    }
+    const float inv = 1.0f / L;
+    for (int64_t d = 0; d < Dv; d++) o[d * so] = ob[d] * inv;
+    lsv[r] = M + logf(L);
+    mrow[r] = M;
+    ilrow[r] = inv;
+}
+
+/* The decode forward's scratch (dec_total floats), carved:
+ *   per thread: tile scratch [per] (dec_partial's), and for whole-head
+ *     items a row [rowper]: q [dkp], tmp [dkp + dvp], scores [nch·C]
+ *   pm, pl [rows][nch], pacc [rows][nch][dvp]: the chunk partials
+ *   lsv, mrow, ilrow [rows]: lse, max and 1/sum per row */
+typedef struct {
+    int64_t C, nch, rows, per, rowper;
+    float *ws, *pm, *pl, *pacc, *lsv, *mrow, *ilrow, *wrow;
+} dws;
+
+static int64_t dec_rowper(int64_t dkp, int64_t dvp, int64_t nch, int64_t C) {
+    return rup(3 * dkp + dvp + nch * C, 16);
+}
+
+/* Floats of the whole decode forward scratch. */
+static int64_t dec_total(const attn_problem *pr, int64_t dkp, int64_t dvp) {
+    const int64_t C = dec_chunk(pr->Lk), nch = (pr->Lk + C - 1) / C, rows = pr->B * pr->H * pr->Lq;
+    return pr->threads * dec_scratch(pr, dkp, dvp) + rows * nch * (dvp + 2) + 3 * rows + 16 +
+           pr->threads * dec_rowper(dkp, dvp, nch, C);
+}
+
+static dws dec_carve(const kctx *c, float *ws) {
+    const attn_problem *pr = c->pr;
+    dws w;
+    w.C = dec_chunk(pr->Lk), w.nch = (pr->Lk + w.C - 1) / w.C, w.rows = pr->B * pr->H * pr->Lq;
+    w.per = dec_scratch(pr, c->dkp, c->dvp), w.rowper = dec_rowper(c->dkp, c->dvp, w.nch, w.C);
+    w.ws = ws;
+    w.pm = ws + pr->threads * w.per, w.pl = w.pm + w.rows * w.nch, w.pacc = w.pl + w.rows * w.nch;
+    w.lsv = w.pacc + w.rows * w.nch * c->dvp, w.mrow = w.lsv + w.rows, w.ilrow = w.mrow + w.rows;
+    w.wrow = w.ilrow + w.rows + 16; /* after ilrow and its 16 floats of slack */
+    return w;
+}
+
+/* Work item `it` on thread tid. Whole-head items (whole) take head bh's
+ * rows: K streamed once for the scores, then each chunk's partial in chunk
+ * order, then the merge (no barrier in between); else the item is one
+ * chunk of one head, merged after a barrier. */
+static void dec_item(const kctx *c, const attn_fused_call *call, const dws *d, int whole,
+                     int64_t it, int tid) {
+    const attn_problem *pr = c->pr;
+    const int64_t H = pr->H, Lq = pr->Lq, Lk = pr->Lk, C = d->C, nch = d->nch, dvp = c->dvp;
+    float *w = d->ws + (int64_t)tid * d->per, *wrow = d->wrow + (int64_t)tid * d->rowper;
+    const int64_t bh = whole ? it : it / nch, b = bh / H, h = bh % H;
+    if (!whole) {
+        const int64_t c0 = it % nch;
+        for (int64_t i = 0; i < Lq; i++) {
+            const int64_t r = (bh * Lq + i) * nch + c0;
+            dec_partial(c, w, b, h, i, c0 * C, imin(Lk, (c0 + 1) * C), NULL, d->pm + r, d->pl + r,
+                        d->pacc + r * dvp);
+        }
+        return;
+    }
+    float *qr = wrow, *tmp = wrow + c->dkp, *scores = wrow + 2 * c->dkp + dvp;
+    for (int64_t i = 0; i < Lq; i++) {
+        int64_t lo, hi;
+        attn_row_range(pr, b, i, &lo, &hi);
+        if (lo < hi) {
+            copy_row(qr, row_of(c->q, b, h, i), c->q->stride[3], pr->Dk, c->dkp);
+            dec_scores(c, qr, tmp, b, h, i, lo, hi, scores + lo);
+        }
+        for (int64_t ch = 0; ch < nch; ch++) {
+            const int64_t r = (bh * Lq + i) * nch + ch;
+            dec_partial(c, w, b, h, i, ch * C, imin(Lk, (ch + 1) * C), scores + ch * C, d->pm + r,
+                        d->pl + r, d->pacc + r * dvp);
+        }
+    }
+    for (int64_t i = 0; i < Lq; i++)
+        dec_merge_row(c, call, bh * Lq + i, nch, d->pm, d->pl, d->pacc, w, d->lsv, d->mrow,
+                      d->ilrow);
+}
+
+/* The exact weights of row r [Lk] from its max and 1/sum, chunk by chunk. */
+static void dec_weights_row(const kctx *c, const dws *d, int64_t r, float *w, float *wr) {
+    const attn_problem *pr = c->pr;
+    const int64_t Lq = pr->Lq, H = pr->H, Lk = pr->Lk, C = d->C;
+    float *qr = carve(&w, c->dkp), *s = carve(&w, C + VL);
+    carve(&w, c->dvp);
+    float *tmp = carve(&w, c->dkp + c->dvp);
+    const int64_t bh = r / Lq, i = r % Lq, b = bh / H, h = bh % H;
+    int64_t lo, hi;
+    attn_row_range(pr, b, i, &lo, &hi);
+    for (int64_t j = 0; j < lo; j++) wr[j] = 0.0f;
+    for (int64_t j = imax(lo, hi); j < Lk; j++) wr[j] = 0.0f;
+    copy_row(qr, row_of(c->q, b, h, i), c->q->stride[3], pr->Dk, c->dkp);
+    const vf mv = v_set1(d->mrow[r]), iv = v_set1(d->ilrow[r]);
+    for (int64_t a = lo; a < hi; a += C) {
+        const int64_t e = imin(hi, a + C), n = e - a, np = rup(n, VL);
+        dec_scores(c, qr, tmp, b, h, i, a, e, s);
+        for (int64_t j = n; j < np; j++) s[j] = -INFINITY;
+        for (int64_t j = 0; j < np; j += VL) {
+            const vf x = v_load(s + j);
+            v_store(s + j, v_zero_if_eq(v_mul(v_exp(v_sub(x, mv)), iv), x, kNegInf));
+        }
+        memcpy(wr + a, s, (size_t)n * sizeof(float));
+    }
+}
+
+static attn_status dec_forward(const kctx *c, const attn_fused_call *call, attn_error *err) {
+    const attn_problem *pr = c->pr;
+    const int nt = pr->threads;
+    float *ws = call->ws ? call->ws : falloc(dec_total(pr, c->dkp, c->dvp));
+    if (!ws) return attn_fail(err, ATTN_ERR_NOMEM, "out of memory for the decode scratch");
+    const dws d = dec_carve(c, ws);
+    /* The key split is fixed (C keys per chunk, merged in chunk order); only
+     * who computes which chunk depends on the shape: with enough heads a
+     * work item is a whole head, else single chunks spread over the threads. */
+    const int whole = pr->B * pr->H >= 4 * (int64_t)nt;
+    const int64_t items = whole ? pr->B * pr->H : pr->B * pr->H * d.nch;
+#pragma omp parallel num_threads(nt)
+    {
+        const int tid = omp_get_thread_num();
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t it = 0; it < items; it++) dec_item(c, call, &d, whole, it, tid);
+        if (!whole) {
+#pragma omp for schedule(static)
+            for (int64_t r = 0; r < d.rows; r++)
+                dec_merge_row(c, call, r, d.nch, d.pm, d.pl, d.pacc, ws + (int64_t)tid * d.per,
+                              d.lsv, d.mrow, d.ilrow);
+        }
+    }
+    if (call->lse) memcpy(call->lse, d.lsv, (size_t)d.rows * sizeof(float));
+    if (call->weights) {
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
+        for (int64_t r = 0; r < d.rows; r++)
+            dec_weights_row(c, &d, r, ws + (int64_t)omp_get_thread_num() * d.per,
+                            call->weights + r * pr->Lk);
+    }
+    if (!call->ws) free(ws);
+    return ATTN_OK;
+}
+
+/* ------------------------------------------------------------ decode backward */
+
+/* a · b over n contiguous floats as VL lane sums then a fixed reduction: the
+ * decode backward's dot for both D = dO·O and dP = dO·V, so that a row that
+ * sees a single key (O = V) gets dP - D = 0 exactly. */
+static inline float dec_vdot(const float *a, const float *b, int64_t n) {
+    vf acc = v_zero();
+    int64_t d = 0;
+    for (; d + VL <= n; d += VL) acc = v_fma(v_load(a + d), v_load(b + d), acc);
+    if (d < n) acc = v_fma(v_load_n(a + d, (int)(n - d)), v_load_n(b + d, (int)(n - d)), acc);
+    return v_hsum(acc);
+}
+
+#define DEC_KB 64 /* keys scored at once in the decode backward */
+
+static int64_t dec_bwd_scratch(const attn_problem *pr, int64_t dkp, int64_t dvp) {
+    const int64_t Lq = pr->Lq;
+    return Lq * rup(dkp, 16) + 2 * Lq * rup(dvp, 16) + Lq * rup(DEC_KB + VL, 16) + 2 * rup(Lq, 16) +
+           rup(dkp, 16) + rup(dvp, 16) + rup(dkp, 16) + rup(dvp, 16) + 64;
+}
+
+/* One decode backward work item (head b, h; keys [c0, c1) of chunk ch) in
+ * flight. Per thread scratch, carved from dec_bwd_scratch floats:
+ *   qr, gr, orow [Lq][ld*] the rows of Q, dO and O, zero-padded
+ *   sc [Lq][lds] P of DEC_KB keys    dv_i, ls [Lq] D = dO·O and lse per row
+ *   gk, gv: one key's dK, dV    kt, vt: a key's K, V row made contiguous
+ * pdq: this item's partial dQ rows [Lq] of [dkp] (in the shared array). */
+typedef struct {
+    int64_t b, h, ch, c0, c1, ldq, ldg, lds;
+    float *qr, *gr, *orow, *sc, *dv_i, *ls, *gk, *gv, *kt, *vt, *pdq;
+} dbitem;
+
+static void dec_bwd_item_init(const kctx *c, const attn_fused_call *call, float *w, float *pdq_all,
+                              int64_t it, dbitem *t) {
+    const attn_problem *pr = c->pr;
+    const int64_t Lq = pr->Lq, dkp = c->dkp, dvp = c->dvp, C = dec_chunk(pr->Lk);
+    const int64_t nch = (pr->Lk + C - 1) / C, bh = it / nch;
+    t->b = bh / pr->H, t->h = bh % pr->H, t->ch = it % nch;
+    t->c0 = t->ch * C, t->c1 = imin(pr->Lk, t->c0 + C);
+    t->ldq = rup(dkp, 16), t->ldg = rup(dvp, 16), t->lds = rup(DEC_KB + VL, 16);
+    t->qr = carve(&w, Lq * t->ldq), t->gr = carve(&w, Lq * t->ldg);
+    t->orow = carve(&w, Lq * t->ldg), t->sc = carve(&w, Lq * t->lds);
+    t->dv_i = carve(&w, Lq), t->ls = carve(&w, Lq);
+    t->gk = carve(&w, dkp), t->gv = carve(&w, dvp), t->kt = carve(&w, dkp), t->vt = carve(&w, dvp);
+    t->pdq = pdq_all; /* row i, chunk ch: pdq + ((bh * Lq + i) * nch + ch) * dkp */
+    for (int64_t i = 0; i < Lq; i++) {
+        copy_row(t->qr + i * t->ldq, row_of(c->q, t->b, t->h, i), c->q->stride[3], pr->Dk, dkp);
+        copy_row(t->gr + i * t->ldg, row_of(call->dout, t->b, t->h, i), call->dout->stride[3],
+                 pr->Dv, dvp);
+        copy_row(t->orow + i * t->ldg, row_of(call->out, t->b, t->h, i), call->out->stride[3],
+                 pr->Dv, dvp);
+        t->dv_i[i] = dec_vdot(t->gr + i * t->ldg, t->orow + i * t->ldg, pr->Dv);
+        t->ls[i] = call->lse_in[bh * Lq + i];
+        memset(t->pdq + ((bh * Lq + i) * nch + t->ch) * dkp, 0, (size_t)dkp * sizeof(float));
+    }
+}
+
+/* P of keys [a, e) for every row of the item, row by row (0 where not visible). */
+static void dec_bwd_probs(const kctx *c, const dbitem *t, int64_t a, int64_t e) {
+    const attn_problem *pr = c->pr;
+    const int64_t np = rup(e - a, VL);
+    for (int64_t i = 0; i < pr->Lq; i++) {
+        float *s = t->sc + i * t->lds;
+        int64_t lo, hi;
+        attn_row_range(pr, t->b, i, &lo, &hi);
+        for (int64_t j = 0; j < np; j++) s[j] = -INFINITY;
+        const int64_t a2 = imax(a, lo), e2 = imin(e, hi);
+        if (a2 < e2 && t->ls[i] != -INFINITY)
+            dec_scores(c, t->qr + i * t->ldq, t->kt, t->b, t->h, i, a2, e2, s + (a2 - a));
+        const vf lv = v_set1(t->ls[i]);
+        for (int64_t j = 0; j < np; j += VL) {
+            const vf x = v_load(s + j);
+            v_store(s + j, v_zero_if_eq(v_exp(v_sub(x, lv)), x, kNegInf));
+        }
+    }
+}
+
+/* Key j (in the block starting at a): its dK, dV rows written, its share
+ * added to each row's partial dQ. */
+static void dec_bwd_key(const kctx *c, const attn_fused_call *call, const dbitem *t, int64_t a,
+                        int64_t j) {
+    const attn_problem *pr = c->pr;
+    const int64_t Lq = pr->Lq, Dk = pr->Dk, Dv = pr->Dv, dkp = c->dkp, dvp = c->dvp;
+    const int64_t C = dec_chunk(pr->Lk), nch = (pr->Lk + C - 1) / C, bh = t->b * pr->H + t->h;
+    const float *kr = row_of(c->k, t->b, t->h, j), *vr = row_of(c->v, t->b, t->h, j);
+    if (c->k->stride[3] != 1) {
+        copy_row(t->kt, kr, c->k->stride[3], Dk, dkp);
+        kr = t->kt;
+    }
+    if (c->v->stride[3] != 1) {
+        copy_row(t->vt, vr, c->v->stride[3], Dv, dvp);
+        vr = t->vt;
+    }
+    memset(t->gk, 0, (size_t)dkp * sizeof(float));
+    memset(t->gv, 0, (size_t)dvp * sizeof(float));
+    for (int64_t i = 0; i < Lq; i++) {
+        const float p = t->sc[i * t->lds + (j - a)];
+        if (p == 0.0f) continue; /* not visible (or underflow): no term */
+        float z = 1.0f;
+        if (pr->dropout) {
+            uint32_t wd[4];
+            attn_philox_block(pr->drop_key, t->b, t->h, i, j >> 2, wd);
+            z = wd[j & 3] < pr->drop_threshold ? 0.0f : pr->keep_scale;
+        }
+        const float *g = t->gr + i * t->ldg, *q = t->qr + i * t->ldq;
+        const float dp = z * dec_vdot(g, vr, Dv);
+        const float ds = pr->scale * p * (dp - t->dv_i[i]);
+        const float pz = p * z;
+        if (pz != 0.0f) {
+            const vf pv = v_set1(pz);
+            for (int64_t d = 0; d < dvp; d += VL)
+                v_store(t->gv + d, v_fma(pv, v_load(g + d), v_load(t->gv + d)));
+        }
+        const vf dsv = v_set1(ds);
+        float *dq = t->pdq + ((bh * Lq + i) * nch + t->ch) * dkp;
+        int64_t d = 0;
+        for (; d + VL <= Dk; d += VL) {
+            v_store(t->gk + d, v_fma(dsv, v_load(q + d), v_load(t->gk + d)));
+            v_store(dq + d, v_fma(dsv, v_load(kr + d), v_load(dq + d)));
+        }
+        if (d < Dk) {
+            v_store(t->gk + d, v_fma(dsv, v_load(q + d), v_load(t->gk + d)));
+            v_store(dq + d, v_fma(dsv, v_load_n(kr + d, (int)(Dk - d)), v_load(dq + d)));
+        }
+    }
+    write_rows(call->dk, t->b, t->h, j, 1, Dk, t->gk, dkp);
+    write_rows(call->dv, t->b, t->h, j, 1, Dv, t->gv, dvp);
+}
+
+/* Backward for Lq <= FUSED_DECODE_MAXLQ: one work item per (b, h, key
+ * chunk) writes that chunk's dK, dV rows and a partial dQ; the partials are
+ * summed in chunk order afterwards (deterministic for any thread count). */
+static attn_status dec_backward(const kctx *c, const attn_fused_call *call, attn_error *err) {
+    const attn_problem *pr = c->pr;
+    const int64_t B = pr->B, H = pr->H, Lq = pr->Lq, dkp = c->dkp;
+    const int64_t C = dec_chunk(pr->Lk), nch = (pr->Lk + C - 1) / C, rows = B * H * Lq;
+    const int nt = pr->threads;
+    const int64_t per = dec_bwd_scratch(pr, dkp, c->dvp);
+    float *ws = falloc(nt * per + rows * nch * dkp);
+    if (!ws) return attn_fail(err, ATTN_ERR_NOMEM, "out of memory for the decode backward scratch");
+    float *pdq = ws + nt * per; /* [rows][nch][dkp] partial dQ */
+    const int64_t items = B * H * nch;
+    int64_t grain = items / (8 * (int64_t)nt); /* scheduling only: results unaffected */
+    grain = grain < 1 ? 1 : grain > nch ? nch : grain;
+#pragma omp parallel num_threads(nt)
+    {
+#pragma omp for schedule(dynamic, grain)
+        for (int64_t it = 0; it < items; it++) {
+            dbitem t;
+            dec_bwd_item_init(c, call, ws + (int64_t)omp_get_thread_num() * per, pdq, it, &t);
+            for (int64_t a = t.c0; a < t.c1; a += DEC_KB) {
+                const int64_t e = imin(t.c1, a + DEC_KB);
+                dec_bwd_probs(c, &t, a, e);
+                for (int64_t j = a; j < e; j++) dec_bwd_key(c, call, &t, a, j);
+            }
+        }
+        /* dQ: the chunks' partials in chunk order */
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < rows; r++) {
+            const int64_t bh = r / Lq, i = r % Lq, b = bh / H, h = bh % H;
+            float *acc = pdq + r * nch * dkp; /* chunk 0's partial accumulates the rest */
+            for (int64_t ch = 1; ch < nch; ch++)
+                for (int64_t d = 0; d < dkp; d += VL)
+                    v_store(acc + d, v_add(v_load(acc + d), v_load(acc + ch * dkp + d)));
+            write_rows(call->dq, b, h, i, 1, pr->Dk, acc, dkp);
+        }
+    }
+    free(ws);
+    return ATTN_OK;
+}
