@@ -21,6 +21,9 @@ A ctypes binding over libattn (include/attn.h), with PyTorch's interfaces:
                mha.parameters_buffer). Fresh each call unless accumulate=True;
                inputs passed as the same object (self-attention) get one
                array holding the summed gradient, as x.grad in PyTorch.
+        state = mha.incremental_state(batch_size, max_len, max_step=1)
+        mha.step(x, state) -> out: incremental causal self-attention over a
+            KV cache (state.lengths per row; inference only)
         mha.requires_grad (default True): forward keeps what backward needs
             (activation cache, input copies, parameter copy) until the next
             forward; set False for inference. train()/eval() switch dropout.
@@ -60,12 +63,12 @@ from ._lib import (ATTN_UNBOUNDED, AttnError, AttnMemoryError, AttnStateError,
                    library_path)
 from .functional import (last_path, scaled_dot_product_attention,
                          scaled_dot_product_attention_grad)
-from .mha import MultiheadAttention
+from .mha import IncrementalState, MultiheadAttention
 
 __version__ = _lib.ABI_VERSION  # the library's attn_version(), checked at import
 
 __all__ = ["scaled_dot_product_attention", "scaled_dot_product_attention_grad",
-           "MultiheadAttention", "last_path",
+           "MultiheadAttention", "IncrementalState", "last_path",
            "set_num_threads", "get_num_threads", "AttnError",
            "AttnMemoryError", "AttnStateError", "ATTN_UNBOUNDED",
            "library_path", "__version__"]

@@ -84,6 +84,60 @@ def _param(name, doc):
     return property(get, set, doc=doc)
 
 
+class IncrementalState:
+    """The KV cache of one MultiheadAttention layer for incremental causal
+    decoding (made by MultiheadAttention.incremental_state, used by
+    MultiheadAttention.step): the keys and values of up to max_len positions
+    for each of batch_size sequences, and the scratch a step needs, in one
+    buffer this object owns (attn_mha_kv_bytes bytes; nothing is allocated
+    per step).
+
+    lengths: int64 array [batch_size], a view of the library's: how many
+      positions each row holds. Assigning lengths[r] = 0 (or reset(r))
+      starts row r over while the others keep theirs; lowering it rewinds.
+    max_step: the most positions one step may append per row (1 for
+      token-by-token decoding; a prompt may be fed in one step if it fits).
+    threads: the most threads a step may use (the library's thread count
+      when the state was made, unless given).
+    """
+
+    def __init__(self, module, batch_size, max_len, max_step=1, num_threads=0):
+        self._config = module._config
+        shape = _lib.attn_mha_kv_shape()
+        shape.batch = int64_arg(batch_size, "batch_size")
+        shape.max_len = int64_arg(max_len, "max_len")
+        shape.max_step = int64_arg(max_step, "max_step")
+        shape.threads = int(int64_arg(num_threads, "num_threads"))
+        err = _lib.attn_error()
+        n = ctypes.c_size_t()
+        _lib.check(_lib.lib.attn_mha_kv_bytes(ctypes.byref(self._config),
+                                              ctypes.byref(shape), ctypes.byref(n),
+                                              ctypes.byref(err)), err)
+        self._mem = np.zeros(n.value, dtype=np.uint8)[:]  # a view: never moved
+        self._kv = _lib.attn_mha_kv()
+        _lib.check(_lib.lib.attn_mha_kv_init(
+            ctypes.byref(self._config), ctypes.byref(shape),
+            self._mem.ctypes.data_as(ctypes.c_void_p), n.value,
+            ctypes.byref(self._kv), ctypes.byref(err)), err)
+        self.batch_size = int(shape.batch)
+        self.max_len = int(shape.max_len)
+        self.max_step = int(shape.max_step)
+        self.threads = int(self._kv.threads)
+        self.embed_dim = int(module.embed_dim)
+        self.lengths = np.ctypeslib.as_array(self._kv.len, shape=(self.batch_size,))
+
+    def reset(self, rows=None):
+        """Empty every row (rows=None) or the given row(s)."""
+        if rows is None:
+            self.lengths[...] = 0
+        else:
+            self.lengths[rows] = 0
+
+    def __repr__(self):
+        return ("IncrementalState(batch_size=%d, max_len=%d, max_step=%d, lengths=%s)"
+                % (self.batch_size, self.max_len, self.max_step, self.lengths.tolist()))
+
+
 class MultiheadAttention:
     """Multi-head attention with torch.nn.MultiheadAttention's parameters,
     names and call conventions (batch_first defaults to True here).
@@ -583,6 +637,64 @@ class MultiheadAttention:
         elif not self.batch_first:
             out = np.ascontiguousarray(out.transpose(1, 0, 2))
         return out, weights
+
+    # ------------------------------------------------------------ decoding
+
+    def incremental_state(self, batch_size, max_len, max_step=1, num_threads=0):
+        """A KV cache for step() (see IncrementalState): batch_size rows of up
+        to max_len positions, at most max_step new positions per step. For
+        self-attention (kdim == vdim == embed_dim)."""
+        return IncrementalState(self, batch_size, max_len, max_step, num_threads)
+
+    def step(self, x, state):
+        """Incremental causal self-attention: x holds the inputs at each
+        row's next T positions (rows 0..n-1 of state, row r at positions
+        state.lengths[r] .. + T - 1; rows may be at different positions);
+        returns the layer's output there, what forward(x_all, x_all, x_all,
+        is_causal=True) gives at those positions for each row's whole
+        prefix x_all (up to float32 rounding; bitwise for a first step that
+        takes the whole sequence). Appends the positions' keys and values to
+        state (lengths += T).
+
+        x: [n, T, E] when batch_first, else [T, n, E]; unbatched [T, E]
+        (row 0). T <= state.max_step, n <= state.batch_size. Inference
+        only: no masks, no dropout (raises in training mode with dropout > 0;
+        call eval()), no gradient. Raises AttnStateError (a RuntimeError)
+        when a row's cache is full, AttnError (ValueError) on shapes."""
+        if not isinstance(state, IncrementalState):
+            raise TypeError("state must be an IncrementalState "
+                            "(MultiheadAttention.incremental_state), got %s"
+                            % type(state).__name__)
+        if self.training and self.dropout > 0:
+            raise ValueError("step() takes no dropout: call eval() first "
+                             "(dropout=%g, training mode)" % self.dropout)
+        E = self.embed_dim
+        xa = _to_numpy(x)
+        if xa.dtype.kind not in "fiu":
+            raise ValueError("x must hold real numbers, got dtype %s" % xa.dtype)
+        if xa.ndim not in (2, 3) or xa.shape[-1] != E:
+            raise ValueError("x must be [n, T, %d] (batch_first), [T, n, %d] or "
+                             "unbatched [T, %d], got shape %s" % (E, E, E, xa.shape))
+        batched = xa.ndim == 3
+        a = xa if batched else xa[None]
+        if batched and not self.batch_first:
+            a = a.transpose(1, 0, 2)
+        a = c_array(a)
+        n, T = a.shape[0], a.shape[1]
+        out = np.empty((n, T, E), dtype=np.float32)
+        if n and T:
+            p = build_params()
+            err = _lib.attn_error()
+            st = _lib.lib.attn_mha_step(
+                ctypes.byref(self._config), ctypes.byref(self._weights),
+                ctypes.byref(state._kv), n, T, _lib.float_ptr(a), ctypes.byref(p),
+                _lib.float_ptr(out), ctypes.byref(err))
+            _lib.check(st, err)
+        if not batched:
+            return out[0]
+        if not self.batch_first:
+            return np.ascontiguousarray(out.transpose(1, 0, 2))
+        return out
 
     # ------------------------------------------------------------ backward
 
