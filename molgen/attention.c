@@ -9,8 +9,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "attn.h"
-#include "cli_util.h"
 #include "model.h"
 #include "tokenizer.h"
 
@@ -227,3 +225,94 @@ int mg_attention_svg(FILE *f, const float *weights, int n_layer, int n_head, int
     fputs("</svg>\n", f);
     return ferror(f) ? -1 : 0;
 }
+
+/* ------------------------------------------------------------ table */
+
+int mg_attention_tsv(FILE *f, const mg_head_stats *stats, int n_layer, int n_head) {
+    fprintf(f, "layer\thead\tmean_distance\tprev_token\tring_closure\tbos\tpeak\tlabel\n");
+    for (int i = 0; i < n_layer * n_head; i++) {
+        const mg_head_stats *s = &stats[i];
+        if (s->ring_n)
+            fprintf(f, "%d\t%d\t%.4f\t%.4f\t%.4f\t%.4f\t%.4f\t%s\n", i / n_head, i % n_head, s->mean_dist,
+                    s->prev, s->ring, s->bos, s->peak, s->label);
+        else
+            fprintf(f, "%d\t%d\t%.4f\t%.4f\t-\t%.4f\t%.4f\t%s\n", i / n_head, i % n_head, s->mean_dist,
+                    s->prev, s->bos, s->peak, s->label);
+    }
+    return ferror(f) ? -1 : 0;
+}
+
+/* ------------------------------------------------------------ one molecule */
+
+void mg_attention_map_free(mg_attention_map *a) {
+    if (!a) return;
+    free(a->weights);
+    free(a->labels);
+    free(a->stats);
+    memset(a, 0, sizeof *a);
+}
+
+mg_status mg_attention_compute(mg_model *m, const mg_vocab *v, const char *smiles, mg_attention_map *out,
+                               mg_error *err) {
+    if (!m || !v || !smiles || !out) return mg_fail(err, MG_ERR_ARG, "attention: NULL argument");
+    memset(out, 0, sizeof *out);
+    const mg_model_config *c = mg_model_get_config(m);
+    const int N = c->n_layer, H = c->n_head, ctx = c->ctx_len;
+    char cut[96];
+    const size_t slen = strlen(smiles);
+    if (slen > 72) snprintf(cut, sizeof cut, "%.60s... (%zu chars)", smiles, slen);
+    else snprintf(cut, sizeof cut, "%s", smiles);
+    int k = 0;
+    int32_t *ids = malloc((size_t)(ctx + 1) * sizeof *ids);
+    float *logits = NULL;
+    int *ring_key = NULL, *pair = NULL;
+    mg_error e;
+    mg_status rc = MG_OK;
+    if (!ids) return mg_fail(err, MG_ERR_NOMEM, "out of memory");
+    rc = mg_vocab_encode(v, smiles, ids + 1, ctx, &k, &e);
+    if (rc == MG_ERR_TOO_LONG || (rc == MG_OK && k + 1 > ctx)) {
+        rc = mg_fail(err, MG_ERR_TOO_LONG, "'%s' has %d tokens; the model takes at most %d (ctx_len %d minus BOS)",
+                     cut, k, ctx - 1, ctx);
+        goto done;
+    }
+    if (rc) {
+        rc = mg_fail(err, rc, "'%s': %s", cut, e.message);
+        goto done;
+    }
+    if (k == 0) {
+        rc = mg_fail(err, MG_ERR_ARG, "empty SMILES");
+        goto done;
+    }
+    ids[0] = MG_BOS;
+    const int L = k + 1;
+    out->n_layer = N;
+    out->n_head = H;
+    out->L = L;
+    out->k = k;
+    logits = malloc((size_t)L * c->vocab_size * sizeof *logits);
+    out->weights = malloc((size_t)N * H * L * L * sizeof *out->weights);
+    ring_key = malloc((size_t)L * sizeof *ring_key);
+    pair = malloc((size_t)L * sizeof *pair);
+    out->labels = malloc((size_t)L * sizeof *out->labels);
+    out->stats = malloc((size_t)N * H * sizeof *out->stats);
+    if (!logits || !out->weights || !ring_key || !pair || !out->labels || !out->stats) {
+        rc = mg_fail(err, MG_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    if ((rc = mg_model_logits(m, ids, NULL, 1, L, logits, out->weights, err))) goto done;
+    for (int i = 0; i < L; i++) out->labels[i] = mg_vocab_token(v, ids[i]);
+    out->closures = mg_ring_pairs(out->labels + 1, k, pair);
+    ring_key[0] = -1;
+    for (int i = 0; i < k; i++) ring_key[i + 1] = pair[i] >= 0 ? pair[i] + 1 : -1;
+    for (int l = 0; l < N; l++)
+        for (int h = 0; h < H; h++)
+            mg_head_stats_compute(out->weights + ((size_t)l * H + h) * L * L, L, 1, ring_key, &out->stats[l * H + h]);
+done:
+    free(ids);
+    free(logits);
+    free(ring_key);
+    free(pair);
+    if (rc) mg_attention_map_free(out);
+    return rc;
+}
+

@@ -34,6 +34,10 @@
 #include <stddef.h>
 #include <stdio.h>
 
+#include "errors.h"
+#include "model.h"
+#include "tokenizer.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -72,6 +76,30 @@ const char *mg_head_label(const mg_head_stats *s);
 int mg_attention_svg(FILE *f, const float *weights, int n_layer, int n_head, int L,
                      const char *const *labels, const char *title,
                      const mg_head_stats *stats /* [n_layer*n_head] or NULL */);
+
+/* Per-head table, tab-separated, one header line then one line per head:
+ * layer head mean_distance prev_token ring_closure bos peak label (ring
+ * "-" when undefined). Returns 0, or -1 on a write error. */
+int mg_attention_tsv(FILE *f, const mg_head_stats *stats, int n_layer, int n_head);
+
+/* One molecule's attention maps: BOS + its tokens through the model. */
+typedef struct {
+    int n_layer, n_head;
+    int L;                /* positions: BOS + k tokens */
+    int k;                /* tokens after BOS */
+    int closures;         /* ring closures in the molecule */
+    float *weights;       /* [n_layer, n_head, L, L] */
+    const char **labels;  /* [L] token strings (owned by the vocabulary) */
+    mg_head_stats *stats; /* [n_layer * n_head] over the token rows (BOS skipped) */
+} mg_attention_map;
+
+/* Errors (errors.h): MG_ERR_TOKEN / MG_ERR_UNKNOWN_TOKEN for a SMILES the
+ * vocabulary cannot encode, MG_ERR_TOO_LONG when it has more tokens than
+ * ctx_len - 1 ("'S' has K tokens; the model takes at most ..."), MG_ERR_ARG
+ * for an empty one. smiles is echoed cut to 72 characters. */
+mg_status mg_attention_compute(mg_model *m, const mg_vocab *v, const char *smiles, mg_attention_map *out,
+                               mg_error *err);
+void mg_attention_map_free(mg_attention_map *a); /* zeroes it; NULL fine */
 
 #ifdef __cplusplus
 }

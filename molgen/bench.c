@@ -1,6 +1,7 @@
 /* molgen bench (see bench.h). */
 #define _POSIX_C_SOURCE 200809L
 #include "bench.h"
+#include "checkpoint.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -9,7 +10,6 @@
 #include <string.h>
 #include <time.h>
 
-#include "attn.h"
 #include "cli_util.h"
 #include "data.h"
 #include "model.h"
@@ -52,25 +52,18 @@ mg_status mg_bench_train(mg_model *m, int B, int steps, int warmup, int runs, mg
     int32_t *ids = malloc((size_t)B * T * sizeof *ids);
     int32_t *full = data ? malloc((size_t)B * T * sizeof *full) : NULL;
     int64_t *len = malloc((size_t)B * sizeof *len);
-    const size_t nt = mg_model_num_tensors(m);
-    mg_optim_span *spans = malloc(nt * sizeof *spans);
     mg_adamw opt;
     memset(&opt, 0, sizeof opt);
-    if (!ids || !len || !spans || (data && !full)) {
+    if (!ids || !len || (data && !full)) {
         rc = mg_fail(err, MG_ERR_NOMEM, "out of memory");
         goto done;
-    }
-    for (size_t i = 0; i < nt; i++) {
-        const mg_param_info *pi = mg_model_tensor(m, i);
-        spans[i].offset = pi->offset;
-        spans[i].numel = pi->numel;
-        spans[i].decay = pi->decay;
     }
     mg_adamw_config oc;
     mg_adamw_config_default(&oc);
     oc.warmup_steps = 10;
     oc.total_steps = 1000000;
-    if ((rc = mg_adamw_init(&opt, &oc, mg_model_num_params(m), spans, nt, err))) goto done;
+    if ((rc = mg_ckpt_optimizer(m, &oc, &opt, err))) goto done;
+    opt.threads = mg_model_threads(m);
     uint64_t s = 2024;
     for (int b = 0; b < B; b++) {
         ids[(size_t)b * T] = MG_BOS;
@@ -109,7 +102,6 @@ done:
     free(ids);
     free(full);
     free(len);
-    free(spans);
     return rc;
 }
 

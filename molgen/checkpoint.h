@@ -4,51 +4,57 @@
  * plus
  *   tensors  "optim.m", "optim.v"  F32 [num_params]
  *   metadata "format"="molgen", "optim" (mg_adamw_config JSON incl. the
- *            schedule's total_steps), "train" (mg_train_state as JSON),
- *            "step".
- * Written atomically (mg_st_write). */
+ *            schedule's total_steps), "train" (JSON: the CKPT and CKPT_NEW
+ *            settings of train_settings.h under their keys, and the run's
+ *            state: step, data_rows, data_hash, val_loss), "step".
+ * Written atomically (mg_st_write). Files of every earlier molgen that wrote
+ * "train" load: a CKPT_NEW setting they lack takes its default. */
 #ifndef MG_CHECKPOINT_H
 #define MG_CHECKPOINT_H
 
 #include <stddef.h>
 #include <stdint.h>
 
-#include "errors.h"
+#include <jansson.h>
 
+#include "errors.h"
 #include "model.h"
 #include "optim.h"
 #include "tokenizer.h"
+#include "train.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* The training state a checkpoint carries besides model and optimizer. */
+/* Where a run stands, besides its settings, model and optimizer. */
 typedef struct {
-    int64_t step;
-    uint64_t seed;
-    int batch_size;
-    double val_frac;
-    int max_tokens;
-    char csv_column[128];
-    char data[1024];
-    uint64_t data_rows, data_hash;
-    int val_every, val_max, ckpt_every;
-    double val_loss;
+    int64_t step;        /* optimizer steps done */
+    uint64_t data_rows;  /* molecules kept from the data file */
+    uint64_t data_hash;  /* FNV-1a of their ids and lengths: the same data on resume */
+    double val_loss;     /* the last validation loss (NAN: none) */
 } mg_train_state;
 
-/* Everything a checkpoint holds. */
+/* Everything a checkpoint holds. settings has the saved settings (CKPT,
+ * CKPT_NEW) and the defaults elsewhere; its strings point into train_json,
+ * which the checkpoint owns. */
 typedef struct {
     mg_model *model;
     mg_vocab *vocab;
     mg_adamw opt;
-    mg_train_state ts;
+    mg_train_config settings;
+    mg_train_state state;
+    json_t *train_json;
 } mg_ckpt;
 
 mg_status mg_ckpt_save(const char *path, const mg_model *m, const mg_vocab *vocab, const mg_adamw *opt,
-                 const mg_train_state *ts, mg_error *err);
+                       const mg_train_config *settings, const mg_train_state *state, mg_error *err);
 mg_status mg_ckpt_load(const char *path, mg_ckpt *ck, mg_error *err);
 void mg_ckpt_free(mg_ckpt *c);
+
+/* An AdamW for m's parameters (mg_adamw_init with the model's tensors as
+ * spans, weight decay on its weight matrices). */
+mg_status mg_ckpt_optimizer(const mg_model *m, const mg_adamw_config *c, mg_adamw *opt, mg_error *err);
 
 #ifdef __cplusplus
 }

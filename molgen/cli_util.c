@@ -4,6 +4,7 @@
 #include "model.h"
 
 #include <errno.h>
+#include <getopt.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,60 +13,65 @@
 #include <sys/types.h>
 #include <unistd.h>
 
-int mg_cli_value(int argc, char **argv, int *i, const char **val, mg_error *err) {
-    char *a = argv[*i];
-    char *eq = (a[0] == '-' && a[1] == '-') ? strchr(a, '=') : NULL;
-    if (eq) {
-        *eq = '\0';
-        *val = eq + 1;
-        return 1;
-    }
-    if (*i + 1 >= argc) {
-        mg_fail(err, MG_ERR_ARG, "option %s needs a value", a);
-        return 0;
-    }
-    *val = argv[++*i];
-    return 1;
+void mg_cli_begin(void) {
+    optind = 0; /* GNU getopt: 0 re-initialises (a command may run twice in a process) */
+    opterr = 0;
 }
 
-int mg_cli_option(int argc, char **argv, int *i, char *name, size_t namelen, const char **val,
-                  mg_error *err) {
-    const char *a = argv[*i];
-    const char *eq = (a[0] == '-' && a[1] == '-') ? strchr(a, '=') : NULL;
-    if (eq) {
-        snprintf(name, namelen, "%.*s", (int)(eq - a), a);
-        *val = eq + 1;
-        return 1;
+int mg_cli_next(const char *cmd, int argc, char **argv, const char *shorts, const struct option *opts,
+                const char **value) {
+    char optstring[64];
+    snprintf(optstring, sizeof optstring, "+:%s", shorts ? shorts : "");
+    const int before = optind < 1 ? 1 : optind;
+    int li = -1;
+    const int c = getopt_long(argc, argv, optstring, opts, &li);
+    *value = optarg;
+    if (c == -1) {
+        if (optind < argc) {
+            fprintf(stderr, "molgen %s: unexpected argument '%s' (see molgen %s --help)\n", cmd, argv[optind], cmd);
+            return -2;
+        }
+        return -1;
     }
-    snprintf(name, namelen, "%s", a);
-    if (*i + 1 >= argc) {
-        mg_fail(err, MG_ERR_ARG, "option %s needs a value", a);
-        return 0;
+    /* the element that held the option: argv[before] for a long option */
+    const char *arg = before < argc ? argv[before] : "";
+    if (c == '?') {
+        fprintf(stderr, "molgen %s: unknown option '%s' (see molgen %s --help)\n", cmd,
+                optopt && arg[0] == '-' && arg[1] != '-' ? arg : argv[optind - 1], cmd);
+        return -2;
     }
-    *val = argv[++*i];
-    return 1;
+    if (c == ':') {
+        fprintf(stderr, "molgen %s: option %s needs a value (see molgen %s --help)\n", cmd, argv[optind - 1], cmd);
+        return -2;
+    }
+    if (li >= 0) { /* getopt_long takes unique prefixes; molgen wants the whole name */
+        const size_t n = strlen(opts[li].name);
+        if (strncmp(arg, "--", 2) || strncmp(arg + 2, opts[li].name, n) || (arg[2 + n] && arg[2 + n] != '=')) {
+            const size_t k = strcspn(arg, "=");
+            fprintf(stderr, "molgen %s: unknown option '%.*s' (see molgen %s --help)\n", cmd, (int)k, arg, cmd);
+            return -2;
+        }
+    }
+    return c;
 }
 
-int mg_cli_known(const char *arg, const char *const *names) {
-    const char *eq = (arg[0] == '-' && arg[1] == '-') ? strchr(arg, '=') : NULL;
-    const size_t n = eq ? (size_t)(eq - arg) : strlen(arg);
-    for (; *names; names++)
-        if (strlen(*names) == n && !strncmp(*names, arg, n)) return 1;
-    return 0;
-}
-
-int mg_cli_take(const char *cmd, int argc, char **argv, int *i, const char *const *names,
-                char *name, size_t namelen, const char **val) {
-    if (!mg_cli_known(argv[*i], names)) {
-        fprintf(stderr, "molgen %s: unknown option '%s' (see molgen %s --help)\n", cmd, argv[*i], cmd);
-        return 0;
+int mg_cli_bad_value(const char *cmd, char **argv, const char *value) {
+    /* the option is the element before its value, or the element holding
+     * "--opt=value" */
+    const char *opt = argv[optind - 1];
+    int len = (int)strlen(opt);
+    if (opt != value) {
+        const char *eq = strchr(opt, '=');
+        if (eq && eq + 1 == value) len = (int)(eq - opt);
+        else opt = argv[optind - 2], len = (int)strlen(opt);
+    } else {
+        opt = argv[optind - 2];
+        len = (int)strlen(opt);
     }
-    mg_error err;
-    if (!mg_cli_option(argc, argv, i, name, namelen, val, &err)) {
-        fprintf(stderr, "molgen %s: %s\n", cmd, err.message);
-        return 0;
-    }
-    return 1;
+    char cut[96];
+    fprintf(stderr, "molgen %s: bad value '%s' for %.*s (see molgen %s --help)\n", cmd,
+            mg_cli_cut(value, cut, sizeof cut), len, opt, cmd);
+    return 2;
 }
 
 int mg_cli_int(const char *s, long long lo, long long hi, long long *out) {
@@ -224,6 +230,13 @@ mg_status mg_cli_atomic_commit(FILE *f, const char *tmp, const char *path, mg_er
         return mg_fail(err, MG_ERR_IO, "error writing %s: %s (nothing written)", path, strerror(e));
     }
     return 0;
+}
+
+mg_status mg_cli_atomic_commit_if(FILE *f, int write_rc, const char *tmp, const char *path, mg_error *err) {
+    if (!write_rc) return mg_cli_atomic_commit(f, tmp, path, err);
+    fclose(f);
+    unlink(tmp);
+    return mg_fail(err, MG_ERR_IO, "error writing %s (nothing written)", path);
 }
 
 int mg_cli_load_model(const char *cmd, const char *path, struct mg_model **m, struct mg_vocab **v) {

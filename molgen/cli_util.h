@@ -1,40 +1,35 @@
-/* molgen: small helpers shared by the sample / attention / bench commands:
- * strict number parsing, option values, creating an output's directory. */
+/* molgen: the helpers every command shares (the command layer; the engine
+ * never calls them): option parsing, strict numbers, output checks, atomic
+ * output files, loading a model with its messages. */
 #ifndef MG_CLI_UTIL_H
 #define MG_CLI_UTIL_H
 
+#include <getopt.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "errors.h"
-#include <stdio.h>
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* argv[*i] is an option that takes a value: "--opt VALUE" (advances *i) or
- * "--opt=VALUE". Returns 1 with *val set, or 0 with a message in err
- * ("option --opt needs a value"). An option spelled "--opt=VALUE" is cut at
- * the '=' in place (argv[*i] then reads "--opt"; argv must be writable, as
- * main's is). */
-int mg_cli_value(int argc, char **argv, int *i, const char **val, mg_error *err);
-
-/* The same without touching argv: the option's name ("--opt") goes to
- * name[namelen]. */
-int mg_cli_option(int argc, char **argv, int *i, char *name, size_t namelen, const char **val,
-                  mg_error *err);
-
-/* 1 if argv[i]'s option name (before any '=') is in names (NULL-terminated). */
-int mg_cli_known(const char *arg, const char *const *names);
-
-/* The value option at argv[*i] of command `cmd` ("sample", ...): checks its
- * name against names (NULL-terminated), then reads it as mg_cli_option does.
- * Returns 1, or 0 after printing "molgen CMD: unknown option '...' (see
- * molgen CMD --help)" or "molgen CMD: option ... needs a value" to stderr
- * (the caller then exits with status 2). */
-int mg_cli_take(const char *cmd, int argc, char **argv, int *i, const char *const *names,
-                char *name, size_t namelen, const char **val);
+/* Option parsing for every command: getopt_long over argv (argv[0] is the
+ * command's name), exact long names only (getopt_long alone would take a
+ * unique prefix), --opt VALUE and --opt=VALUE, stopping at the first
+ * argument that is not an option. mg_cli_begin() before the first
+ * mg_cli_next() of a command. mg_cli_next returns the next option's val
+ * (*value its argument or NULL), -1 at the end, or -2 after printing
+ * "molgen CMD: unknown option '--x'", "... option --x needs a value" or
+ * "... unexpected argument 'x'" (each with "(see molgen CMD --help)") to
+ * stderr; the caller then exits with status 2. */
+void mg_cli_begin(void);
+int mg_cli_next(const char *cmd, int argc, char **argv, const char *shorts, const struct option *opts,
+                const char **value);
+/* After mg_cli_next returned an option whose value does not parse: prints
+ * "molgen CMD: bad value 'V' for --opt (see molgen CMD --help)" and returns 2. */
+int mg_cli_bad_value(const char *cmd, char **argv, const char *value);
 
 /* Whole-string parses; return 1 on success, 0 on junk / out of range. */
 int mg_cli_int(const char *s, long long lo, long long hi, long long *out);
@@ -61,6 +56,9 @@ mg_status mg_cli_check_output_dir(const char *dir, mg_error *err);
  * leaves path as it was. Both return NULL / -1 with a message. */
 FILE *mg_cli_atomic_open(const char *path, char *tmp, size_t tmplen, mg_error *err);
 mg_status mg_cli_atomic_commit(FILE *f, const char *tmp, const char *path, mg_error *err);
+/* mg_cli_atomic_commit when the writer succeeded (write_rc 0); else closes
+ * and removes the temporary: "error writing PATH (nothing written)". */
+mg_status mg_cli_atomic_commit_if(FILE *f, int write_rc, const char *tmp, const char *path, mg_error *err);
 
 /* Loads a model for command `cmd` (model.h's mg_model_load): on an error
  * prints "molgen CMD: <reason>" and returns -1; a file without checksums

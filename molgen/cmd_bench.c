@@ -6,7 +6,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "attn.h"
 #include "bench.h"
 #include "cli_util.h"
 #include "commands.h"
@@ -14,6 +13,8 @@
 #include "model.h"
 #include "sample.h"
 #include "tokenizer.h"
+#include "train_settings.h" /* MG_MAX_THREADS */
+#include "util.h"
 
 static const char *BENCH_USAGE =
     "usage: molgen bench [--molgpt] [--model FILE] [--batch B] [--ctx L] [--runs R]\n"
@@ -44,48 +45,45 @@ int cmd_bench(int argc, char **argv) {
     int molgpt = 0, batch = 64, ctx = 54, runs = 5, warmup = 1, steps = 3, sample_n = 256,
         naive_n = 64, threads = 0, do_train = 1, do_sample = 1, json = 0;
     mg_error err;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            fputs(BENCH_USAGE, stdout);
-            return 0;
-        }
-        if (!strcmp(a, "--molgpt")) { molgpt = 1; continue; }
-        if (!strcmp(a, "--no-train")) { do_train = 0; continue; }
-        if (!strcmp(a, "--no-sample")) { do_sample = 0; continue; }
-        if (!strcmp(a, "--json")) { json = 1; continue; }
-        static const char *const value_opts[] = {"--model", "--data", "--batch", "--ctx", "--runs", "--warmup", "--steps", "--sample-n", "--naive-n", "--threads", NULL};
-        const char *val = NULL;
-        char opt[64];
-        if (!mg_cli_take("bench", argc, argv, &i, value_opts, opt, sizeof opt, &val)) return 2;
-        a = opt;
-        long long ll = 0;
-        int ok = 1, *target = NULL;
-        long long lo = 1, hi = 1 << 24;
-        if (!strcmp(a, "--model")) model_path = val;
-        else if (!strcmp(a, "--data")) data_path = val;
-        else if (!strcmp(a, "--batch")) target = &batch;
-        else if (!strcmp(a, "--ctx")) { target = &ctx; lo = 2; hi = 4096; }
-        else if (!strcmp(a, "--runs")) { target = &runs; hi = 64; }
-        else if (!strcmp(a, "--warmup")) { target = &warmup; lo = 0; hi = 100; }
-        else if (!strcmp(a, "--steps")) target = &steps;
-        else if (!strcmp(a, "--sample-n")) target = &sample_n;
-        else if (!strcmp(a, "--naive-n")) { target = &naive_n; lo = 0; }
-        else if (!strcmp(a, "--threads")) { target = &threads; hi = ATTN_MAX_THREADS; }
-        else {
-            fprintf(stderr, "molgen bench: unknown option '%s' (see molgen bench --help)\n", a);
-            return 2;
-        }
-        if (target) {
-            ok = mg_cli_int(val, lo, hi, &ll);
-            if (ok) *target = (int)ll;
-        }
-        if (!ok) {
-            fprintf(stderr, "molgen bench: bad value '%s' for %s (see molgen bench --help)\n", val, a);
-            return 2;
+    enum { O_MOLGPT = 1, O_NO_TRAIN, O_NO_SAMPLE, O_JSON, O_MODEL, O_DATA, O_INT };
+    /* the integer options: O_INT + their index here */
+    static const struct {
+        const char *name;
+        long long lo, hi;
+    } ints[] = {{"batch", 1, 1 << 24},    {"ctx", 2, 4096},        {"runs", 1, 64},
+                {"warmup", 0, 100},       {"steps", 1, 1 << 24},   {"sample-n", 1, 1 << 24},
+                {"naive-n", 0, 1 << 24},  {"threads", 1, MG_MAX_THREADS}};
+    int *const targets[] = {&batch, &ctx, &runs, &warmup, &steps, &sample_n, &naive_n, &threads};
+    enum { NI = sizeof ints / sizeof ints[0] };
+    struct option opts[NI + 8] = {{"molgpt", no_argument, NULL, O_MOLGPT},
+                                  {"no-train", no_argument, NULL, O_NO_TRAIN},
+                                  {"no-sample", no_argument, NULL, O_NO_SAMPLE},
+                                  {"json", no_argument, NULL, O_JSON},
+                                  {"model", required_argument, NULL, O_MODEL},
+                                  {"data", required_argument, NULL, O_DATA},
+                                  {"help", no_argument, NULL, 'h'}};
+    for (int i = 0; i < NI; i++) opts[7 + i] = (struct option){ints[i].name, required_argument, NULL, O_INT + i};
+    opts[7 + NI] = (struct option){NULL, 0, NULL, 0};
+    const char *val;
+    int o;
+    mg_cli_begin();
+    while ((o = mg_cli_next("bench", argc, argv, "h", opts, &val)) != -1) {
+        long long ll;
+        switch (o) {
+        case -2: return 2;
+        case 'h': fputs(BENCH_USAGE, stdout); return 0;
+        case O_MOLGPT: molgpt = 1; break;
+        case O_NO_TRAIN: do_train = 0; break;
+        case O_NO_SAMPLE: do_sample = 0; break;
+        case O_JSON: json = 1; break;
+        case O_MODEL: model_path = val; break;
+        case O_DATA: data_path = val; break;
+        default:
+            if (!mg_cli_int(val, ints[o - O_INT].lo, ints[o - O_INT].hi, &ll))
+                return mg_cli_bad_value("bench", argv, val);
+            *targets[o - O_INT] = (int)ll;
         }
     }
-    if (threads > 0) attn_set_num_threads(threads, NULL);
     mg_model *m = NULL;
     mg_vocab *v = NULL;
     if (model_path) {
@@ -107,6 +105,7 @@ int cmd_bench(int argc, char **argv) {
         }
         mg_model_init(m, 1);
     }
+    mg_model_set_threads(m, threads);
     const mg_model_config *c = mg_model_get_config(m);
     const char *cfg_name = model_path ? model_path : molgpt ? "molgpt" : "default";
     mg_bench_result tr, kv, nv;
@@ -131,7 +130,7 @@ int cmd_bench(int argc, char **argv) {
         printf("molgen bench: %s config: %d layers, d_model %d, %d heads, ctx_len %d, vocab %d, "
                "dropout %g; %.2fM parameters; %d threads\n",
                cfg_name, c->n_layer, c->d_model, c->n_head, c->ctx_len, c->vocab_size,
-               (double)c->dropout, (double)mg_model_num_params(m) / 1e6, attn_get_num_threads());
+               (double)c->dropout, (double)mg_model_num_params(m) / 1e6, mg_model_threads(m));
     if (do_sample) {
         /* before training: a --model is sampled as trained */
         if (mg_bench_sample(m, v, MG_DECODE_KV, sample_n, batch, warmup, runs, &kv, &err)) {
@@ -181,7 +180,7 @@ int cmd_bench(int argc, char **argv) {
                "\"vocab_size\":%d,\"dropout\":%g,\"params\":%zu,\"threads\":%d,\"batch\":%d,"
                "\"runs\":%d,\"warmup\":%d",
                model_path ? "model" : cfg_name, c->n_layer, c->d_model, c->n_head, c->ctx_len,
-               c->vocab_size, (double)c->dropout, mg_model_num_params(m), attn_get_num_threads(),
+               c->vocab_size, (double)c->dropout, mg_model_num_params(m), mg_model_threads(m),
                batch, runs, warmup);
         if (do_train)
             printf(",\"train\":{\"tokens_per_s\":%.1f,\"min\":%.1f,\"max\":%.1f,\"steps_per_run\":%d,"

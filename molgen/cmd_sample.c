@@ -4,12 +4,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "attn.h"
 #include "cli_util.h"
 #include "commands.h"
 #include "safetensors.h"
 #include "sample.h"
 #include "smiles_check.h"
+#include "train_settings.h" /* MG_MAX_THREADS */
+#include "util.h"
 
 static const char *SAMPLE_USAGE =
     "usage: molgen sample --model FILE [-n N] [--seed S] [--out FILE]\n"
@@ -37,65 +38,46 @@ int cmd_sample(int argc, char **argv) {
     mg_sample_opts_default(&o);
     int threads = 0;
     mg_error err;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            fputs(SAMPLE_USAGE, stdout);
-            return 0;
-        }
-        static const char *const value_opts[] = {"--model", "--out", "-n", "--n", "--num", "--seed", "--temperature", "--top-k", "--top-p", "--batch", "--threads", "--decode", NULL};
-        const char *val = NULL;
-        char opt[64];
-        if (!mg_cli_take("sample", argc, argv, &i, value_opts, opt, sizeof opt, &val)) return 2;
-        a = opt;
+    enum { O_MODEL = 1, O_OUT, O_N, O_SEED, O_TEMP, O_TOPK, O_TOPP, O_BATCH, O_THREADS, O_DECODE };
+    static const struct option opts[] = {
+        {"model", required_argument, NULL, O_MODEL},   {"out", required_argument, NULL, O_OUT},
+        {"n", required_argument, NULL, O_N},           {"num", required_argument, NULL, O_N},
+        {"seed", required_argument, NULL, O_SEED},     {"temperature", required_argument, NULL, O_TEMP},
+        {"top-k", required_argument, NULL, O_TOPK},    {"top-p", required_argument, NULL, O_TOPP},
+        {"batch", required_argument, NULL, O_BATCH},   {"threads", required_argument, NULL, O_THREADS},
+        {"decode", required_argument, NULL, O_DECODE}, {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0}};
+    const char *val;
+    int c;
+    mg_cli_begin();
+    while ((c = mg_cli_next("sample", argc, argv, "hn:", opts, &val)) != -1) {
         int ok = 1;
-        long long ll;
-        double dv;
-        if (!strcmp(a, "--model")) model_path = val;
-        else if (!strcmp(a, "--out")) out_path = val;
-        else if (!strcmp(a, "-n") || !strcmp(a, "--n") || !strcmp(a, "--num")) {
-            ok = mg_cli_int(val, 1, 100000000, &ll);
-            o.n = (size_t)ll;
-        } else if (!strcmp(a, "--seed")) {
-            uint64_t u;
-            ok = mg_cli_u64(val, &u);
-            o.seed = u;
-        } else if (!strcmp(a, "--temperature")) {
-            ok = mg_cli_double(val, &dv) && dv >= 0 && dv <= 1e6;
-            o.sampling.temperature = (float)dv;
-        } else if (!strcmp(a, "--top-k")) {
-            ok = mg_cli_int(val, 0, 1 << 30, &ll);
-            o.sampling.top_k = (int)ll;
-        } else if (!strcmp(a, "--top-p")) {
-            ok = mg_cli_double(val, &dv) && dv > 0 && dv <= 1;
-            o.sampling.top_p = (float)dv;
-        } else if (!strcmp(a, "--batch")) {
-            ok = mg_cli_int(val, 1, 1 << 20, &ll);
-            o.batch = (int)ll;
-        } else if (!strcmp(a, "--threads")) {
-            ok = mg_cli_int(val, 1, ATTN_MAX_THREADS, &ll);
-            threads = (int)ll;
-        } else if (!strcmp(a, "--decode")) {
+        long long ll = 0;
+        double dv = 0;
+        uint64_t u = 0;
+        switch (c) {
+        case -2: return 2;
+        case 'h': fputs(SAMPLE_USAGE, stdout); return 0;
+        case O_MODEL: model_path = val; break;
+        case O_OUT: out_path = val; break;
+        case 'n':
+        case O_N: ok = mg_cli_int(val, 1, 100000000, &ll); o.n = (size_t)ll; break;
+        case O_SEED: ok = mg_cli_u64(val, &u); o.seed = u; break;
+        case O_TEMP: ok = mg_cli_double(val, &dv) && dv >= 0 && dv <= 1e6; o.sampling.temperature = (float)dv; break;
+        case O_TOPK: ok = mg_cli_int(val, 0, 1 << 30, &ll); o.sampling.top_k = (int)ll; break;
+        case O_TOPP: ok = mg_cli_double(val, &dv) && dv > 0 && dv <= 1; o.sampling.top_p = (float)dv; break;
+        case O_BATCH: ok = mg_cli_int(val, 1, 1 << 20, &ll); o.batch = (int)ll; break;
+        case O_THREADS: ok = mg_cli_int(val, 1, MG_MAX_THREADS, &ll); threads = (int)ll; break;
+        case O_DECODE:
             if (!strcmp(val, "kv")) o.kind = MG_DECODE_KV;
             else if (!strcmp(val, "naive")) o.kind = MG_DECODE_NAIVE;
             else ok = 0;
-        } else {
-            fprintf(stderr, "molgen sample: unknown option '%s' (see molgen sample --help)\n", a);
-            return 2;
+            break;
         }
-        if (!ok) {
-            char cut[96];
-            fprintf(stderr, "molgen sample: bad value '%s' for %s (see molgen sample --help)\n",
-                    mg_cli_cut(val, cut, sizeof cut), a);
-            return 2;
-        }
+        if (!ok) return mg_cli_bad_value("sample", argv, val);
     }
     if (!model_path) {
         fprintf(stderr, "molgen sample: --model FILE is required (see molgen sample --help)\n");
-        return 2;
-    }
-    if (threads > 0 && attn_set_num_threads(threads, NULL) != ATTN_OK) {
-        fprintf(stderr, "molgen sample: cannot use %d threads\n", threads);
         return 2;
     }
     /* the output is checked before any work, and never replaces the model */
@@ -108,6 +90,7 @@ int cmd_sample(int argc, char **argv) {
     mg_model *m = NULL;
     mg_vocab *v = NULL;
     if (mg_cli_load_model("sample", model_path, &m, &v)) return 1;
+    mg_model_set_threads(m, threads);
     mg_samples s;
     mg_status rc = mg_sample(m, v, &o, &s, &err);
     mg_model_free(m);
@@ -140,7 +123,7 @@ int cmd_sample(int argc, char **argv) {
             "sampled %zu molecules in %.2f s: %.1f molecules/s, %.0f tokens/s (%s decoding, "
             "batch %d, %d threads)\n",
             s.n, s.seconds, (double)s.n / secs, (double)s.tokens / secs, mg_decode_kind_name(o.kind),
-            o.batch, attn_get_num_threads());
+            o.batch, threads > 0 ? threads : mg_default_threads());
     fprintf(stderr, "syntax-valid %.4f (%zu/%zu; grammar check, not RDKit); empty %zu; no EOS %zu\n",
             s.n ? (double)valid / (double)s.n : 0.0, valid, s.n, empty, s.truncated);
     printf("%s\n", out_path);

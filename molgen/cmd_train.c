@@ -1,184 +1,214 @@
-/* `molgen train`: options -> mg_train_config -> mg_train_run (train.h). */
+/* `molgen train`: the table of train_settings.h as options -> an
+ * mg_train_config -> mg_train_run (train.h), whose messages and progress
+ * this file draws on stderr; a one-line JSON summary on stdout. */
 #define _POSIX_C_SOURCE 200809L
-#include <inttypes.h>
+#include <getopt.h>
 #include <math.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
-#include "attn.h"
 #include "cli_util.h"
 #include "commands.h"
+#include "json.h"
 #include "safetensors.h"
 #include "train.h"
+#include "util.h"
 
-static const char TRAIN_USAGE[] =
-    "usage: molgen train [options]\n"
-    "Train the SMILES transformer; writes a checkpoint (safetensors) that `molgen\n"
-    "sample` reads and `--resume` continues bit for bit (same thread count).\n"
-    "Data and output:\n"
-    "  --data FILE          .smi (first field per line) or .csv (see --csv-column);\n"
-    "                       default $MOLGEN_SHARED_DATA/moses_176k.smi when that\n"
-    "                       is set, else data/moses_20k.smi (the shipped sample)\n"
-    "  --csv-column NAME    CSV column with the SMILES (default smiles)\n"
-    "  --out FILE           checkpoint written periodically and at the end\n"
-    "                       (default out/model.safetensors, or the --resume file;\n"
-    "                       written atomically)\n"
-    "  --resume FILE        continue a checkpoint (its model, optimizer, data split,\n"
-    "                       seed and batch size; --data overrides its data path)\n"
-    "  --max-tokens N       skip molecules longer than N tokens (default 256; 0 = no\n"
-    "                       limit); skipped lines are reported as file:line\n"
-    "  --val-frac X         validation fraction, split by seed (default 0.05)\n"
-    "Length (whichever comes first; one of them is required for a fresh run):\n"
-    "  --steps N            optimizer steps of the schedule (total, from step 0)\n"
-    "  --time-limit SEC     wall-clock limit for this run (at most a year); without\n"
-    "                       --steps the schedule length is estimated from 10 timed\n"
-    "                       steps\n"
-    "Model (ignored with --resume):\n"
-    "  --preset NAME        default (4 layers, d_model 128, 4 heads, dropout 0) or\n"
-    "                       molgpt (8 layers, d_model 256, 8 heads, dropout 0.1)\n"
-    "  --layers N  --d-model N  --heads N  --dropout X (in [0, 1))\n"
-    "  --ctx-len N          positions (default: longest molecule + 1)\n"
-    "Optimizer (AdamW, warm-up + cosine; ignored with --resume):\n"
-    "  --batch-size N (32)  --lr X (2e-3)  --min-lr-frac X (0.1)  --warmup N (100)\n"
-    "  --weight-decay X (0.1)  --grad-clip X (1.0; >= 0, 0 = off)  --beta1 X (0.9)\n"
-    "  --beta2 X (0.95)\n"
-    "Run:\n"
-    "  --seed N             init, split, shuffle and dropout seed, decimal in\n"
-    "                       [0, 2^64) (default 1)\n"
-    "  --threads N          threads (default: ATTN_NUM_THREADS or all cores)\n"
-    "  --val-every N        validation every N steps (0 = at the end only; default\n"
-    "                       auto: about 10 per run, at most 5% of a time-limited run)\n"
-    "  --val-max N          validation molecules used (default 2000; 0 = all)\n"
-    "  --ckpt-every N       periodic checkpoint every N steps (default 1000; 0 = off)\n"
-    "  --no-progress        no progress line (validation lines only)\n"
-    "  --quiet              print nothing on stderr except errors\n"
-    "Testing:\n"
-    "  --stop-after N       stop (and checkpoint) once N steps are done\n"
-    "  --debug-no-causal-mask  build attention WITHOUT the causal mask: the\n"
-    "                       causal-leak guard must refuse to train it\n"
-    "  --no-guard           skip the causal-leak guard\n"
-    "Progress goes to stderr; a one-line JSON summary to stdout. SIGINT/SIGTERM\n"
-    "write a checkpoint and exit with 128 + the signal number; errors exit 1.\n";
+/* getopt_long values: settings are MG_OPT_SETTING + their index. */
+enum { MG_OPT_HELP = 'h', MG_OPT_PRESET = 1, MG_OPT_SETTING = 256 };
 
-static int train_usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int train_usage_error(const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    fputs("molgen train: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputs(" (see molgen train --help)\n", stderr);
-    va_end(ap);
+/* The help text of one option, wrapped at 79 columns under column 23. */
+static void help_option(FILE *f, const char *name, const char *arg, const char *text) {
+    char head[64];
+    snprintf(head, sizeof head, "  --%s%s%s", name, *arg ? " " : "", arg);
+    fputs(head, f);
+    int col = (int)strlen(head);
+    if (col > 21) {
+        fputc('\n', f);
+        col = 0;
+    }
+    fprintf(f, "%*s", 23 - col, "");
+    col = 23;
+    const char *p = text;
+    while (*p) {
+        const size_t w = strcspn(p, " ");
+        if (col > 23 && col + 1 + (int)w > 79) {
+            fprintf(f, "\n%23s", "");
+            col = 23;
+        } else if (col > 23) {
+            fputc(' ', f);
+            col++;
+        }
+        fwrite(p, 1, w, f);
+        col += (int)w;
+        p += w;
+        while (*p == ' ') p++;
+    }
+    fputc('\n', f);
+}
+
+static void usage(FILE *f) {
+    mg_train_config d;
+    mg_train_config_default(&d);
+    fputs("usage: molgen train [options]\n"
+          "Train the SMILES transformer; writes a checkpoint (safetensors) that `molgen\n"
+          "sample` reads and `--resume` continues bit for bit (same thread count).\n",
+          f);
+    const char *group = "";
+    for (size_t i = 0; i < MG_TRAIN_NUM_SETTINGS; i++) {
+        const mg_setting *s = &MG_TRAIN_SETTING[i];
+        if (strcmp(group, s->group)) {
+            group = s->group;
+            fprintf(f, "%s:\n", group);
+            if (!strcmp(group, MG_GROUP_MODEL))
+                help_option(f, "preset", "NAME",
+                            "default (4 layers, d_model 128, 4 heads, dropout 0) or molgpt (8 layers, "
+                            "d_model 256, 8 heads, dropout 0.1), then the options below, whatever their "
+                            "order");
+        }
+        char text[1024], def[64], range[96];
+        mg_setting_format(s, &d, def, sizeof def);
+        mg_setting_range(s, range, sizeof range);
+        if (s->kind == MG_KIND_FLAG || (s->kind == MG_KIND_STR && !strcmp(def, "(none)")))
+            snprintf(text, sizeof text, "%s", s->help);
+        else if (s->kind == MG_KIND_STR)
+            snprintf(text, sizeof text, "%s (default %s)", s->help, def);
+        else
+            snprintf(text, sizeof text, "%s (default %s; %s)", s->help, def, range);
+        help_option(f, s->cli, s->arg, text);
+    }
+    fputs("Progress goes to stderr; a one-line JSON summary to stdout. SIGINT/SIGTERM\n"
+          "write a checkpoint and exit with 128 + the signal number; errors exit 1.\n",
+          f);
+}
+
+static int usage_error(const char *msg) {
+    fprintf(stderr, "molgen train: %s (see molgen train --help)\n", msg);
     return 2;
 }
 
+/* ------------------------------------------------------------ display */
+
+typedef struct {
+    FILE *f;
+    int quiet, progress, tty;
+    int line_open;    /* a \r progress line is on screen */
+    double last_draw; /* time of the last progress line */
+} display;
+
+static void close_line(display *d) {
+    if (d->line_open) {
+        fputs("\r\033[K", d->f);
+        d->line_open = 0;
+    }
+}
+
+static void on_message(void *user, const char *text) {
+    display *d = user;
+    if (d->quiet) return;
+    close_line(d);
+    fprintf(d->f, "%s\n", text);
+    fflush(d->f);
+}
+
+/* One line every 0.2 s on a terminal (redrawn in place), every 10 s
+ * otherwise, and at the last step. */
+static void on_progress(void *user, const mg_train_progress *p) {
+    display *d = user;
+    if (!d->progress || d->quiet) return;
+    const double t = mg_now_s();
+    if (t - d->last_draw < (d->tty ? 0.2 : 10.0) && !p->last) return;
+    d->last_draw = t;
+    char el[32], eta[32], vl[32], tot[32], line[256];
+    mg_fmt_duration(p->elapsed, el, sizeof el);
+    mg_fmt_duration(p->eta, eta, sizeof eta);
+    if (isnan(p->val_loss)) snprintf(vl, sizeof vl, "-");
+    else snprintf(vl, sizeof vl, "%.4f", p->val_loss);
+    if (p->total_steps > 0) snprintf(tot, sizeof tot, "%lld", (long long)p->total_steps);
+    else snprintf(tot, sizeof tot, "?");
+    snprintf(line, sizeof line, "step %lld/%s | loss %.4f | val %s | %.1fk tok/s | %s | ETA %s",
+             (long long)p->step, tot, p->loss, vl, p->tokens_per_sec / 1e3, el, eta);
+    if (d->tty) {
+        fprintf(d->f, "\r%s\033[K", line);
+        d->line_open = 1;
+    } else {
+        fprintf(d->f, "%s\n", line);
+    }
+    fflush(d->f);
+}
+
+/* The summary line: where the checkpoint is and how the run went. */
+static void print_summary(const char *out, const mg_train_result *r) {
+    static const char *const why[] = {"done", "time_limit", "signal", "stop_after"};
+    json_t *j = json_pack("{ss,sI,sI,sf,sf,sf,sf,sf,sf,ss,sI}", "out", out, "step", (json_int_t)r->step,
+                          "total_steps", (json_int_t)r->total_steps, "train_loss", r->train_loss, "val_loss",
+                          isnan(r->val_loss) ? -1.0 : r->val_loss, "first_val_loss",
+                          isnan(r->first_val_loss) ? -1.0 : r->first_val_loss, "unigram_entropy",
+                          r->unigram_entropy, "tokens_per_sec", round(10 * r->tokens_per_sec) / 10, "seconds",
+                          round(10 * r->seconds) / 10, "stop", why[r->stop], "skipped_lines",
+                          (json_int_t)r->skipped);
+    char *s = mg_json_dump(j, 6);
+    json_decref(j);
+    printf("%s\n", s ? s : "{}");
+    free(s);
+    fflush(stdout);
+}
+
+/* ------------------------------------------------------------ the command */
+
 int cmd_train(int argc, char **argv) {
-    mg_train_config c;
-    mg_train_config_default(&c);
-    c.out_path = NULL;
-    /* model flags are applied after the preset, whatever their order */
-    long long layers = -1, dmodel = -1, heads = -1, ctx = -1;
-    double dropout = 0;
-    int dropout_set = 0;
-    const char *preset = "default";
-    int threads = 0, no_mask = 0;
-    mg_error err;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            fputs(TRAIN_USAGE, stdout);
+    enum { N = MG_TRAIN_SETTING_COUNT };
+    struct option opts[N + 3];
+    const char *given[N];
+    int is_given[N];
+    size_t k = 0;
+    for (size_t i = 0; i < MG_TRAIN_NUM_SETTINGS; i++, k++) {
+        const mg_setting *s = &MG_TRAIN_SETTING[i];
+        opts[k] = (struct option){s->cli, s->kind == MG_KIND_FLAG ? no_argument : required_argument, NULL,
+                                  MG_OPT_SETTING + (int)i};
+        given[i] = NULL;
+        is_given[i] = 0;
+    }
+    opts[k++] = (struct option){"preset", required_argument, NULL, MG_OPT_PRESET};
+    opts[k++] = (struct option){"help", no_argument, NULL, MG_OPT_HELP};
+    opts[k] = (struct option){NULL, 0, NULL, 0};
+    const char *preset = "default", *v;
+    int o;
+    mg_cli_begin();
+    while ((o = mg_cli_next("train", argc, argv, "h", opts, &v)) != -1) {
+        if (o == -2) return 2;
+        if (o == MG_OPT_HELP) {
+            usage(stdout);
             return 0;
         }
-        if (!strcmp(a, "--no-progress")) { c.progress = 0; continue; }
-        if (!strcmp(a, "--quiet")) { c.quiet = 1; continue; }
-        if (!strcmp(a, "--debug-no-causal-mask")) { no_mask = 1; continue; }
-        if (!strcmp(a, "--no-guard")) { c.skip_guard = 1; continue; }
-        if (strncmp(a, "--", 2)) return train_usage_error("unexpected argument '%s'", a);
-        static const char *const value_opts[] = {
-            "--data", "--csv-column", "--out", "--resume", "--preset", "--seed", "--time-limit",
-            "--steps", "--stop-after", "--max-tokens", "--batch-size", "--warmup", "--val-every",
-            "--val-max", "--ckpt-every", "--threads", "--layers", "--d-model", "--heads",
-            "--ctx-len", "--dropout", "--val-frac", "--lr", "--min-lr-frac", "--weight-decay",
-            "--grad-clip", "--beta1", "--beta2"};
-        int known = 0;
-        const size_t alen = strcspn(a, "=");
-        for (size_t k = 0; k < sizeof value_opts / sizeof value_opts[0]; k++)
-            known |= strlen(value_opts[k]) == alen && !strncmp(a, value_opts[k], alen);
-        if (!known) return train_usage_error("unknown option %.*s", (int)alen, a);
-        const char *v = NULL;
-        if (!mg_cli_value(argc, argv, &i, &v, &err)) return train_usage_error("%s", err.message);
-        long long ll = 0;
-        double dv = 0;
-        uint64_t u = 0;
-        int ok = 1;
-#define INT_OPT(name, lo, hi, dst) \
-    else if (!strcmp(a, name)) { ok = mg_cli_int(v, lo, hi, &ll); dst = ll; }
-#define DBL_OPT(name, dst) \
-    else if (!strcmp(a, name)) { ok = mg_cli_double(v, &dv); dst = dv; }
-        if (!strcmp(a, "--data")) c.data_path = v;
-        else if (!strcmp(a, "--csv-column")) c.csv_column = v;
-        else if (!strcmp(a, "--out")) c.out_path = v;
-        else if (!strcmp(a, "--resume")) c.resume_path = v;
-        else if (!strcmp(a, "--preset")) preset = v;
-        else if (!strcmp(a, "--seed")) { ok = mg_cli_u64(v, &u); c.seed = u; }
-        else if (!strcmp(a, "--time-limit")) {
-            ok = mg_cli_double(v, &dv) && dv > 0 && dv <= MG_TIME_LIMIT_MAX;
-            c.time_limit = dv;
-        }
-        INT_OPT("--steps", 1, INT64_MAX / 8, c.steps)
-        INT_OPT("--stop-after", 1, INT64_MAX / 8, c.stop_after)
-        INT_OPT("--max-tokens", 0, 1000000, c.max_tokens)
-        INT_OPT("--batch-size", 1, 1 << 20, c.batch_size)
-        INT_OPT("--warmup", 0, INT64_MAX / 8, c.optim.warmup_steps)
-        INT_OPT("--val-every", 0, INT32_MAX, c.val_every)
-        INT_OPT("--val-max", 0, INT32_MAX, c.val_max)
-        INT_OPT("--ckpt-every", 0, INT32_MAX, c.ckpt_every)
-        INT_OPT("--threads", 1, 4096, threads)
-        INT_OPT("--layers", 1, 1024, layers)
-        INT_OPT("--d-model", 1, 65536, dmodel)
-        INT_OPT("--heads", 1, 65536, heads)
-        INT_OPT("--ctx-len", 1, 65536, ctx)
-        else if (!strcmp(a, "--dropout")) { ok = mg_cli_double(v, &dropout); dropout_set = 1; }
-        DBL_OPT("--val-frac", c.val_frac)
-        DBL_OPT("--lr", c.optim.lr)
-        DBL_OPT("--min-lr-frac", c.optim.min_lr_frac)
-        DBL_OPT("--weight-decay", c.optim.weight_decay)
-        DBL_OPT("--grad-clip", c.optim.grad_clip)
-        DBL_OPT("--beta1", c.optim.beta1)
-        DBL_OPT("--beta2", c.optim.beta2)
-        else return train_usage_error("unknown option %s", a);
-#undef INT_OPT
-#undef DBL_OPT
-        if (!ok) {
-            char cut[96];
-            if (!strcmp(a, "--time-limit"))
-                return train_usage_error("bad value '%s' for --time-limit (seconds, > 0 and <= %g)",
-                                         mg_cli_cut(v, cut, sizeof cut), MG_TIME_LIMIT_MAX);
-            return train_usage_error("bad value '%s' for %s", mg_cli_cut(v, cut, sizeof cut), a);
+        if (o == MG_OPT_PRESET) preset = v;
+        else {
+            given[o - MG_OPT_SETTING] = v; /* the last one wins */
+            is_given[o - MG_OPT_SETTING] = 1;
         }
     }
-    if (!strcmp(preset, "default")) mg_model_config_default(&c.model);
-    else if (!strcmp(preset, "molgpt")) mg_model_config_molgpt(&c.model);
-    else return train_usage_error("unknown preset '%s' (default or molgpt)", preset);
-    if (layers > 0) c.model.n_layer = (int)layers;
-    if (dmodel > 0) c.model.d_model = (int)dmodel;
-    if (heads > 0) c.model.n_head = (int)heads;
-    if (ctx > 0) c.model.ctx_len = (int)ctx;
-    if (dropout_set) c.model.dropout = (float)dropout;
-    c.model.no_causal_mask = no_mask;
-    if (c.model.d_model % c.model.n_head)
-        return train_usage_error("--heads %d does not divide --d-model %d", c.model.n_head, c.model.d_model);
-    if (!(c.model.dropout >= 0 && c.model.dropout < 1))
-        return train_usage_error("--dropout %g must be in [0, 1)", (double)c.model.dropout);
-    if (!c.resume_path) {
-        mg_adamw_config oc = c.optim;
-        oc.total_steps = 1;
-        if (mg_adamw_config_check(&oc, &err)) return train_usage_error("%s", err.message);
-        if (c.steps == 0 && c.time_limit <= 0)
-            return train_usage_error("give --steps N or --time-limit SECONDS (or both)");
+    /* the preset first, then every setting given, whatever the order */
+    mg_train_config c;
+    mg_train_config_default(&c);
+    if (!strcmp(preset, "molgpt")) mg_model_config_molgpt(&c.model);
+    else if (strcmp(preset, "default")) {
+        char msg[160], cut[96];
+        snprintf(msg, sizeof msg, "unknown preset '%s' (default or molgpt)", mg_cli_cut(preset, cut, sizeof cut));
+        return usage_error(msg);
     }
+    mg_error e;
+    for (size_t i = 0; i < MG_TRAIN_NUM_SETTINGS; i++)
+        if (is_given[i] && mg_setting_parse(&MG_TRAIN_SETTING[i], given[i], &c, &e)) return usage_error(e.message);
+    if (c.model.d_model % c.model.n_head) {
+        char msg[128];
+        snprintf(msg, sizeof msg, "--heads %d does not divide --d-model %d", c.model.n_head, c.model.d_model);
+        return usage_error(msg);
+    }
+    if (!c.resume_path && c.steps == 0 && c.time_limit <= 0)
+        return usage_error("give --steps N or --time-limit SECONDS (or both)");
     if (!c.out_path) c.out_path = c.resume_path ? c.resume_path : "out/model.safetensors";
     char data_default[4096];
     if (!c.data_path && !c.resume_path) {
@@ -190,35 +220,30 @@ int cmd_train(int argc, char **argv) {
             c.data_path = "data/moses_20k.smi";
         }
     }
-    if (threads > 0 && attn_set_num_threads(threads, NULL))
-        return train_usage_error("cannot use %d threads", threads);
     /* every output is checked before any work (a run is never lost at its
      * first checkpoint), and never overwrites the data */
     const char *inputs[] = {c.data_path};
-    if (mg_cli_check_output(c.out_path, inputs, 1, &err)) {
-        fprintf(stderr, "molgen train: --out: %s\n", err.message);
+    if (mg_cli_check_output(c.out_path, inputs, 1, &e)) {
+        fprintf(stderr, "molgen train: --out: %s\n", e.message);
         return 1;
     }
     int stale = mg_st_remove_stale_temps(c.out_path);
     if (stale > 0 && !c.quiet)
-        fprintf(stderr, "removed %d stale temporary file(s) of %s left by killed runs\n", stale,
-                c.out_path);
+        fprintf(stderr, "removed %d stale temporary file(s) of %s left by killed runs\n", stale, c.out_path);
+    display d = {stderr, c.quiet, c.progress, isatty(fileno(stderr)), 0, -1e300};
+    c.log = (mg_train_log){on_message, on_progress, &d};
     mg_train_install_signal_handlers();
     mg_train_result r;
-    if (mg_train_run(&c, &r, &err)) {
-        fprintf(stderr, "molgen train: %s\n", err.message);
+    const mg_status rc = mg_train_run(&c, &r, &e);
+    if (d.line_open) {
+        fputc('\n', d.f);
+        d.line_open = 0;
+    }
+    if (rc) {
+        fprintf(stderr, "molgen train: %s\n", e.message);
         return 1;
     }
-    char out_q[4200];
-    mg_json_quote(c.out_path, out_q, sizeof out_q);
-    static const char *const why[] = {"done", "time_limit", "signal", "stop_after"};
-    printf("{\"out\":%s,\"step\":%" PRId64 ",\"total_steps\":%" PRId64 ",\"train_loss\":%.6g,"
-           "\"val_loss\":%.6g,\"first_val_loss\":%.6g,\"unigram_entropy\":%.6g,"
-           "\"tokens_per_sec\":%.1f,\"seconds\":%.1f,\"stop\":\"%s\",\"skipped_lines\":%ld}\n",
-           out_q, r.step, r.total_steps, r.train_loss, isnan(r.val_loss) ? -1.0 : r.val_loss,
-           isnan(r.first_val_loss) ? -1.0 : r.first_val_loss, r.unigram_entropy, r.tokens_per_sec,
-           r.seconds, why[r.stop], r.skipped);
-    fflush(stdout);
+    print_summary(c.out_path, &r);
     if (r.stop == MG_STOP_SIGNAL) return 128 + (mg_train_stop_signal() ? mg_train_stop_signal() : SIGINT);
     return 0;
 }

@@ -164,8 +164,7 @@ mg_status mg_kv_step(mg_kv_decoder *d, const int32_t *tok, float *logits, mg_err
         if (d->pos[b] > maxpos) maxpos = d->pos[b];
         d->klen[b] = d->pos[b] + 1;
     }
-    int nt = attn_get_num_threads();
-    if (nt < 1) nt = 1;
+    const int nt = mg_model_threads(d->m);
 
     for (int b = 0; b < n; b++) {
         if (tok[b] < 0 || tok[b] >= d->V)
@@ -179,6 +178,7 @@ mg_status mg_kv_step(mg_kv_decoder *d, const int32_t *tok, float *logits, mg_err
     memset(&ap, 0, sizeof ap);
     ap.causal = 1;
     ap.key_lengths = d->klen;
+    ap.num_threads = nt;
     attn_error aerr;
     for (int l = 0; l < d->N; l++) {
         const kv_layer *L = &d->layers[l];

@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "attn.h"
+#include "json.h"
 #include "layers.h"
 #include "util.h"
 
@@ -63,56 +64,56 @@ mg_status mg_model_config_check(const mg_model_config *c, mg_error *err) {
 }
 
 int mg_model_config_to_json(const mg_model_config *c, char *out, size_t outlen) {
-    return snprintf(out, outlen,
-                    "{\"n_layer\":%d,\"d_model\":%d,\"n_head\":%d,\"ctx_len\":%d,"
-                    "\"vocab_size\":%d,\"dropout\":%.9g,\"causal\":%s}",
-                    c->n_layer, c->d_model, c->n_head, c->ctx_len, c->vocab_size,
-                    (double)c->dropout, c->no_causal_mask ? "false" : "true");
+    json_t *j = json_pack("{si,si,si,si,si,sf,sb}", "n_layer", c->n_layer, "d_model", c->d_model,
+                          "n_head", c->n_head, "ctx_len", c->ctx_len, "vocab_size", c->vocab_size,
+                          "dropout", (double)c->dropout, "causal", !c->no_causal_mask);
+    const int n = mg_json_dump_to(j, 9, out, outlen);
+    json_decref(j);
+    return n;
 }
 
 mg_status mg_model_config_from_json(const char *json, mg_model_config *c, mg_error *err) {
     if (!json || !c) return mg_fail(err, MG_ERR_ARG, "config JSON or output is NULL");
-    mg_json *j = NULL;
+    json_t *j = NULL;
     mg_error jerr;
     if (mg_json_parse(json, strlen(json), &j, &jerr))
         return mg_fail(err, jerr.status, "model config JSON: %s", jerr.message);
     mg_status rc = MG_OK;
     mg_model_config r;
     memset(&r, 0, sizeof r);
-    if (j->type != MG_JSON_OBJECT) {
+    if (!json_is_object(j)) {
         rc = mg_fail(err, MG_ERR_FORMAT, "model config JSON is not an object");
         goto done;
     }
     static const char *const ints[] = {"n_layer", "d_model", "n_head", "ctx_len", "vocab_size"};
     int *dst[] = {&r.n_layer, &r.d_model, &r.n_head, &r.ctx_len, &r.vocab_size};
-    for (size_t i = 0; i < j->len; i++) {
-        const char *k = j->keys[i];
-        const mg_json *v = &j->items[i];
+    const char *k;
+    json_t *v;
+    json_object_foreach(j, k, v) {
         int known = 0;
         for (int q = 0; q < 5; q++) {
             if (strcmp(k, ints[q])) continue;
             known = 1;
-            if (v->type != MG_JSON_NUMBER || !v->is_int || v->integer < INT32_MIN ||
-                v->integer > INT32_MAX) {
+            if (!json_is_integer(v) || json_integer_value(v) < INT32_MIN || json_integer_value(v) > INT32_MAX) {
                 rc = mg_fail(err, MG_ERR_FORMAT, "model config: \"%s\" must be an integer", k);
                 goto done;
             }
-            *dst[q] = (int)v->integer;
+            *dst[q] = (int)json_integer_value(v);
         }
         if (!strcmp(k, "dropout")) {
             known = 1;
-            if (v->type != MG_JSON_NUMBER) {
+            if (!json_is_number(v)) {
                 rc = mg_fail(err, MG_ERR_FORMAT, "model config: \"dropout\" must be a number");
                 goto done;
             }
-            r.dropout = (float)v->number;
+            r.dropout = (float)json_number_value(v);
         } else if (!strcmp(k, "causal")) {
             known = 1;
-            if (v->type != MG_JSON_BOOL) {
+            if (!json_is_boolean(v)) {
                 rc = mg_fail(err, MG_ERR_FORMAT, "model config: \"causal\" must be true or false");
                 goto done;
             }
-            r.no_causal_mask = !v->boolean;
+            r.no_causal_mask = !json_is_true(v);
         }
         if (!known) {
             rc = mg_fail(err, MG_ERR_FORMAT, "model config: unknown key \"%s\"", k);
@@ -120,14 +121,14 @@ mg_status mg_model_config_from_json(const char *json, mg_model_config *c, mg_err
         }
     }
     for (int q = 0; q < 5; q++)
-        if (!mg_json_get(j, ints[q])) {
+        if (!json_object_get(j, ints[q])) {
             rc = mg_fail(err, MG_ERR_FORMAT, "model config: missing \"%s\"", ints[q]);
             goto done;
         }
     if ((rc = mg_model_config_check(&r, err))) goto done;
     *c = r;
 done:
-    mg_json_free(j);
+    json_decref(j);
     return rc;
 }
 
@@ -184,6 +185,7 @@ typedef struct {
 
 struct mg_model {
     mg_model_config cfg;
+    int nt;              /* OpenMP threads of every parallel loop (mg_model_set_threads) */
     attn_mha_config mha; /* {d, H, 0, 0, bias 1} */
     size_t mha_count;    /* floats of one block's packed attention parameters */
     size_t num_params;
@@ -312,6 +314,7 @@ mg_status mg_model_create(const mg_model_config *c, mg_model **out, mg_error *er
     mg_model *m = calloc(1, sizeof *m);
     if (!m) return mg_fail(err, MG_ERR_NOMEM, "out of memory for the model");
     m->cfg = *c;
+    m->nt = mg_default_threads();
     m->mha.embed_dim = c->d_model;
     m->mha.num_heads = c->n_head;
     m->mha.bias = 1;
@@ -374,6 +377,8 @@ void mg_model_free(mg_model *m) {
 }
 
 const mg_model_config *mg_model_get_config(const mg_model *m) { return &m->cfg; }
+void mg_model_set_threads(mg_model *m, int n) { m->nt = n > 0 ? n : mg_default_threads(); }
+int mg_model_threads(const mg_model *m) { return m->nt; }
 size_t mg_model_num_params(const mg_model *m) { return m->num_params; }
 float *mg_model_params(mg_model *m) { return m->params; }
 float *mg_model_grads(mg_model *m) { return m->grads; }
@@ -667,10 +672,7 @@ static void crossentropy_backward(float *probs, const int32_t *targets, const in
 
 /* ------------------------------------------------------------ forward */
 
-static int threads_now(void) {
-    int nt = attn_get_num_threads();
-    return nt < 1 ? 1 : nt;
-}
+static int threads_now(const mg_model *m) { return m->nt; }
 
 /* Parameters of the attention call of block `layer` on the chunk of batch
  * rows starting at b0: its key lengths, one thread, and a dropout stream of
@@ -775,7 +777,7 @@ static mg_status attention_backward(mg_model *m, int layer, int B, int L, const 
  * attn_weights [N, B, H, L, L] if given. */
 static mg_status forward_core(mg_model *m, int B, int L, int64_t Rv, int keep, int training,
                         uint64_t seed, float *logits, float *attn_weights, mg_error *err) {
-    const int nt = threads_now();
+    const int nt = threads_now(m);
     const int N = m->cfg.n_layer, d = m->cfg.d_model, F = 4 * d, V = m->cfg.vocab_size;
     const int64_t R = (int64_t)B * L;
     const int drop = training && m->cfg.dropout > 0.0f;
@@ -864,7 +866,7 @@ mg_status mg_model_forward(mg_model *m, const int32_t *ids, const int64_t *lengt
     rc = forward_core(m, B, L, Rv, 1, training, dropout_seed, m->probs, NULL, err);
     if (rc) return rc;
     const double total = crossentropy_forward(m->probs, m->row_loss, m->probs, m->targets,
-                                              m->rows, Rv, V, threads_now());
+                                              m->rows, Rv, V, threads_now(m));
     *loss = (float)(total / (double)count);
     if (ntok) *ntok = count;
     m->have_forward = 1;
@@ -884,7 +886,7 @@ mg_status mg_model_backward(mg_model *m, mg_error *err) {
     if (!m->have_forward)
         return mg_fail(err, MG_ERR_STATE, "backward without a forward (call mg_model_forward first)");
     m->have_forward = 0; /* dlogits overwrite the probabilities */
-    const int nt = threads_now();
+    const int nt = threads_now(m);
     const int B = m->B, L = m->L, N = m->cfg.n_layer, d = m->cfg.d_model, F = 4 * d;
     const int V = m->cfg.vocab_size;
     const int64_t R = (int64_t)B * L, Rv = m->Rv;

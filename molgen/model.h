@@ -44,7 +44,7 @@
  * index + 2^20 * first batch row of the attention chunk). Embedding/residual
  * masks come from a counter-based hash of (seed, site, element).
  *
- * Threads: attn_get_num_threads() OpenMP threads. OpenBLAS runs
+ * Threads: mg_model_threads() OpenMP threads (the model's own setting). OpenBLAS runs
  * single-threaded inside them (each thread multiplies a slice of the rows),
  * and attention runs as single-threaded attn_mha_forward/backward calls on
  * chunks of 8 batch rows spread over the threads, so OpenBLAS's own thread
@@ -120,6 +120,12 @@ void mg_model_free(mg_model *m); /* NULL fine */
 void mg_model_init(mg_model *m, uint64_t seed);
 
 const mg_model_config *mg_model_get_config(const mg_model *m);
+/* Threads of the model's parallel loops (and of whatever runs on it: the
+ * KV decoder, the trainer's optimizer): n >= 1, or 0 for molgen's default
+ * (mg_default_threads: ATTN_NUM_THREADS, else all cores), which a new model
+ * starts with. molgen's own count: libattn's global count is not read. */
+void mg_model_set_threads(mg_model *m, int n);
+int mg_model_threads(const mg_model *m);
 size_t mg_model_num_params(const mg_model *m);
 float *mg_model_params(mg_model *m);  /* [num_params] */
 float *mg_model_grads(mg_model *m);   /* [num_params], same layout */

@@ -11,7 +11,8 @@
 #include <string.h>
 
 #include "attn.h"
-#include "safetensors.h"
+#include "json.h"
+#include "util.h"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -47,18 +48,19 @@ mg_status mg_adamw_config_check(const mg_adamw_config *c, mg_error *err) {
 }
 
 int mg_adamw_config_to_json(const mg_adamw_config *c, char *out, size_t outlen) {
-    return snprintf(out, outlen,
-                    "{\"lr\":%.9g,\"min_lr_frac\":%.9g,\"warmup_steps\":%lld,\"total_steps\":%lld,"
-                    "\"beta1\":%.9g,\"beta2\":%.9g,\"eps\":%.9g,\"weight_decay\":%.9g,"
-                    "\"grad_clip\":%.9g}",
-                    (double)c->lr, (double)c->min_lr_frac, (long long)c->warmup_steps,
-                    (long long)c->total_steps, (double)c->beta1, (double)c->beta2, (double)c->eps,
-                    (double)c->weight_decay, (double)c->grad_clip);
+    json_t *j = json_pack("{sf,sf,sI,sI,sf,sf,sf,sf,sf}", "lr", (double)c->lr, "min_lr_frac",
+                          (double)c->min_lr_frac, "warmup_steps", (json_int_t)c->warmup_steps,
+                          "total_steps", (json_int_t)c->total_steps, "beta1", (double)c->beta1, "beta2",
+                          (double)c->beta2, "eps", (double)c->eps, "weight_decay", (double)c->weight_decay,
+                          "grad_clip", (double)c->grad_clip);
+    const int n = mg_json_dump_to(j, 9, out, outlen);
+    json_decref(j);
+    return n;
 }
 
 mg_status mg_adamw_config_from_json(const char *json, mg_adamw_config *c, mg_error *err) {
     if (!json || !c) return mg_fail(err, MG_ERR_ARG, "optimizer JSON or output is NULL");
-    mg_json *j = NULL;
+    json_t *j = NULL;
     mg_error jerr;
     if (mg_json_parse(json, strlen(json), &j, &jerr))
         return mg_fail(err, jerr.status, "optimizer config JSON: %s", jerr.message);
@@ -66,36 +68,38 @@ mg_status mg_adamw_config_from_json(const char *json, mg_adamw_config *c, mg_err
                                        "beta2", "eps", "weight_decay", "grad_clip"};
     double val[9];
     mg_status rc = MG_OK;
-    if (j->type != MG_JSON_OBJECT) {
+    if (!json_is_object(j)) {
         rc = mg_fail(err, MG_ERR_FORMAT, "optimizer config JSON is not an object");
         goto done;
     }
-    for (size_t i = 0; i < j->len; i++) {
+    const char *key;
+    json_t *v;
+    json_object_foreach(j, key, v) {
         int known = 0;
-        for (int k = 0; k < 9; k++) known |= !strcmp(j->keys[i], keys[k]);
+        for (int k = 0; k < 9; k++) known |= !strcmp(key, keys[k]);
         if (!known) {
-            rc = mg_fail(err, MG_ERR_FORMAT, "optimizer config: unknown key \"%s\"", j->keys[i]);
+            rc = mg_fail(err, MG_ERR_FORMAT, "optimizer config: unknown key \"%s\"", key);
             goto done;
         }
     }
     for (int k = 0; k < 9; k++) {
-        const mg_json *v = mg_json_get(j, keys[k]);
-        if (!v || v->type != MG_JSON_NUMBER) {
+        v = json_object_get(j, keys[k]);
+        if (!json_is_number(v)) {
             rc = mg_fail(err, MG_ERR_FORMAT, "optimizer config: \"%s\" missing or not a number", keys[k]);
             goto done;
         }
-        if ((k == 2 || k == 3) && (!v->is_int || v->integer < 0)) { /* step counts */
+        if ((k == 2 || k == 3) && (!json_is_integer(v) || json_integer_value(v) < 0)) { /* step counts */
             rc = mg_fail(err, MG_ERR_FORMAT, "optimizer config: \"%s\" must be an integer >= 0",
                          keys[k]);
             goto done;
         }
-        val[k] = v->is_int ? (double)v->integer : v->number;
+        val[k] = json_number_value(v);
     }
     mg_adamw_config r;
     r.lr = (float)val[0];
     r.min_lr_frac = (float)val[1];
-    r.warmup_steps = mg_json_get(j, keys[2])->integer;
-    r.total_steps = mg_json_get(j, keys[3])->integer;
+    r.warmup_steps = json_integer_value(json_object_get(j, keys[2]));
+    r.total_steps = json_integer_value(json_object_get(j, keys[3]));
     r.beta1 = (float)val[4];
     r.beta2 = (float)val[5];
     r.eps = (float)val[6];
@@ -104,7 +108,7 @@ mg_status mg_adamw_config_from_json(const char *json, mg_adamw_config *c, mg_err
     if ((rc = mg_adamw_config_check(&r, err))) goto done;
     *c = r;
 done:
-    mg_json_free(j);
+    json_decref(j);
     return rc;
 }
 
@@ -202,8 +206,7 @@ MG_CLONES static void adamw_update(float *p, float *g, float *m, float *v, int64
 mg_status mg_adamw_step(mg_adamw *o, float *params, float *grads, float *grad_norm, float *lr_used,
                   mg_error *err) {
     if (!o || !o->m || !params || !grads) return mg_fail(err, MG_ERR_ARG, "optimizer not initialised or NULL buffers");
-    int nt = attn_get_num_threads();
-    if (nt < 1) nt = 1;
+    const int nt = o->threads > 0 ? o->threads : mg_default_threads();
     const double norm = sqrt(sum_squares(grads, o->n, nt));
     if (grad_norm) *grad_norm = (float)norm;
     if (!isfinite(norm))

@@ -67,6 +67,8 @@ typedef struct {
     int64_t step;       /* steps taken so far */
     mg_optim_span *spans;
     size_t nspans;
+    int threads;        /* of mg_adamw_step; 0 (as mg_adamw_init leaves it):
+                           mg_default_threads() */
 } mg_adamw;
 
 /* Allocate for n parameters with zero moments and step 0. The spans must

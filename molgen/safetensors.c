@@ -1,8 +1,9 @@
-/* molgen safetensors: dtypes and the reader (see safetensors.h); the writer
- * is safetensors_write.c. */
+/* molgen safetensors: dtypes and the reader (see safetensors.h; the header
+ * is parsed with jansson through json.h); the writer is safetensors_write.c. */
 #define _POSIX_C_SOURCE 200809L
 #include "safetensors.h"
 #include "errors.h"
+#include "json.h"
 #include "st_internal.h"
 
 #include <errno.h>
@@ -30,487 +31,6 @@ int mg_st_host_le(void)
 uint32_t mg_st_crc32(const void *p, size_t n)
 {
     return (uint32_t)crc32_z(crc32_z(0L, Z_NULL, 0), (const Bytef *)p, n);
-}
-
-/* ================================================================ JSON */
-
-typedef struct {
-    const char *s;
-    size_t len, pos;
-    mg_error *err;
-    int failed;
-} jparser;
-
-static int jfail(jparser *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int jfail(jparser *p, const char *fmt, ...)
-{
-    if (!p->failed && p->err) {
-        char msg[160];
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(msg, sizeof msg, fmt, ap);
-        va_end(ap);
-        mg_fail(p->err, MG_ERR_FORMAT, "JSON error at byte %zu: %s", p->pos, msg);
-    }
-    p->failed = 1;
-    return -1;
-}
-
-static void jskip_ws(jparser *p)
-{
-    while (p->pos < p->len) {
-        char c = p->s[p->pos];
-        if (c == ' ' || c == '\t' || c == '\n' || c == '\r')
-            p->pos++;
-        else
-            break;
-    }
-}
-
-static void json_clear(mg_json *j)
-{
-    if (!j)
-        return;
-    if (j->type == MG_JSON_ARRAY || j->type == MG_JSON_OBJECT) {
-        for (size_t i = 0; i < j->len; i++) {
-            json_clear(&j->items[i]);
-            if (j->keys)
-                free(j->keys[i]);
-        }
-        free(j->items);
-        free(j->keys);
-    }
-    free(j->str);
-    memset(j, 0, sizeof *j);
-}
-
-void mg_json_free(mg_json *j)
-{
-    if (!j)
-        return;
-    json_clear(j);
-    free(j);
-}
-
-static void put_utf8(char *out, size_t *o, uint32_t cp)
-{
-    if (cp < 0x80) {
-        out[(*o)++] = (char)cp;
-    } else if (cp < 0x800) {
-        out[(*o)++] = (char)(0xC0 | (cp >> 6));
-        out[(*o)++] = (char)(0x80 | (cp & 0x3F));
-    } else if (cp < 0x10000) {
-        out[(*o)++] = (char)(0xE0 | (cp >> 12));
-        out[(*o)++] = (char)(0x80 | ((cp >> 6) & 0x3F));
-        out[(*o)++] = (char)(0x80 | (cp & 0x3F));
-    } else {
-        out[(*o)++] = (char)(0xF0 | (cp >> 18));
-        out[(*o)++] = (char)(0x80 | ((cp >> 12) & 0x3F));
-        out[(*o)++] = (char)(0x80 | ((cp >> 6) & 0x3F));
-        out[(*o)++] = (char)(0x80 | (cp & 0x3F));
-    }
-}
-
-static int hex4(jparser *p, uint32_t *v)
-{
-    if (p->len - p->pos < 4)
-        return jfail(p, "truncated \\u escape");
-    uint32_t x = 0;
-    for (int i = 0; i < 4; i++) {
-        char c = p->s[p->pos + (size_t)i];
-        x <<= 4;
-        if (c >= '0' && c <= '9')
-            x |= (uint32_t)(c - '0');
-        else if (c >= 'a' && c <= 'f')
-            x |= (uint32_t)(c - 'a' + 10);
-        else if (c >= 'A' && c <= 'F')
-            x |= (uint32_t)(c - 'A' + 10);
-        else
-            return jfail(p, "bad hex digit in \\u escape");
-    }
-    p->pos += 4;
-    *v = x;
-    return 0;
-}
-
-/* p->pos at the opening quote. Decoded string (NUL-terminated) into *out. */
-static int jparse_string(jparser *p, char **out, size_t *outlen)
-{
-    p->pos++; /* '"' */
-    /* Decoded length <= raw length, so the raw span bounds the buffer. */
-    size_t start = p->pos, end = start;
-    while (end < p->len && p->s[end] != '"') {
-        if (p->s[end] == '\\')
-            end++;
-        end++;
-    }
-    if (end >= p->len)
-        return jfail(p, "unterminated string");
-    char *buf = malloc(end - start + 1);
-    if (!buf)
-        return jfail(p, "out of memory");
-    size_t o = 0;
-    while (p->pos < end) {
-        unsigned char c = (unsigned char)p->s[p->pos];
-        if (c < 0x20) {
-            free(buf);
-            return jfail(p, "control character 0x%02X in string", c);
-        }
-        if (c != '\\') {
-            buf[o++] = (char)c;
-            p->pos++;
-            continue;
-        }
-        p->pos++;
-        char e = p->s[p->pos++];
-        switch (e) {
-        case '"': buf[o++] = '"'; break;
-        case '\\': buf[o++] = '\\'; break;
-        case '/': buf[o++] = '/'; break;
-        case 'b': buf[o++] = '\b'; break;
-        case 'f': buf[o++] = '\f'; break;
-        case 'n': buf[o++] = '\n'; break;
-        case 'r': buf[o++] = '\r'; break;
-        case 't': buf[o++] = '\t'; break;
-        case 'u': {
-            uint32_t cp;
-            if (hex4(p, &cp)) {
-                free(buf);
-                return -1;
-            }
-            if (cp >= 0xD800 && cp <= 0xDBFF) {
-                uint32_t lo;
-                if (p->pos + 2 > end || p->s[p->pos] != '\\' || p->s[p->pos + 1] != 'u') {
-                    free(buf);
-                    return jfail(p, "lone high surrogate");
-                }
-                p->pos += 2;
-                if (hex4(p, &lo)) {
-                    free(buf);
-                    return -1;
-                }
-                if (lo < 0xDC00 || lo > 0xDFFF) {
-                    free(buf);
-                    return jfail(p, "bad low surrogate");
-                }
-                cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
-            } else if (cp >= 0xDC00 && cp <= 0xDFFF) {
-                free(buf);
-                return jfail(p, "lone low surrogate");
-            } else if (cp == 0) {
-                free(buf);
-                return jfail(p, "\\u0000 not supported");
-            }
-            /* \uXXXX takes 6 raw bytes and decodes to <= 3 (4 for a 12-byte
-             * pair), so the buffer cannot overflow. */
-            put_utf8(buf, &o, cp);
-            break;
-        }
-        default:
-            free(buf);
-            return jfail(p, "bad escape '\\%c'", (e >= 0x20 && e < 0x7f) ? e : '?');
-        }
-        if (p->pos > end) { /* an escape ran over the closing quote */
-            free(buf);
-            return jfail(p, "unterminated string");
-        }
-    }
-    p->pos = end + 1;
-    buf[o] = '\0';
-    *out = buf;
-    if (outlen)
-        *outlen = o;
-    return 0;
-}
-
-static int jparse_number(jparser *p, mg_json *j)
-{
-    size_t st = p->pos, i = p->pos;
-    int is_int = 1;
-    if (i < p->len && p->s[i] == '-')
-        i++;
-    if (i >= p->len)
-        return jfail(p, "truncated number");
-    if (p->s[i] == '0') {
-        i++;
-    } else if (p->s[i] >= '1' && p->s[i] <= '9') {
-        while (i < p->len && p->s[i] >= '0' && p->s[i] <= '9')
-            i++;
-    } else {
-        return jfail(p, "bad number");
-    }
-    if (i < p->len && p->s[i] == '.') {
-        is_int = 0;
-        i++;
-        size_t d = i;
-        while (i < p->len && p->s[i] >= '0' && p->s[i] <= '9')
-            i++;
-        if (i == d)
-            return jfail(p, "bad number: no digits after '.'");
-    }
-    if (i < p->len && (p->s[i] == 'e' || p->s[i] == 'E')) {
-        is_int = 0;
-        i++;
-        if (i < p->len && (p->s[i] == '+' || p->s[i] == '-'))
-            i++;
-        size_t d = i;
-        while (i < p->len && p->s[i] >= '0' && p->s[i] <= '9')
-            i++;
-        if (i == d)
-            return jfail(p, "bad number: no exponent digits");
-    }
-    size_t n = i - st;
-    char tmp[64];
-    char *buf = tmp;
-    if (n >= sizeof tmp) {
-        buf = malloc(n + 1);
-        if (!buf)
-            return jfail(p, "out of memory");
-    }
-    memcpy(buf, p->s + st, n);
-    buf[n] = '\0';
-    j->type = MG_JSON_NUMBER;
-    j->number = strtod(buf, NULL);
-    if (is_int) {
-        /* exact int64 parse with overflow detection */
-        const char *q = buf;
-        int neg = 0;
-        if (*q == '-') {
-            neg = 1;
-            q++;
-        }
-        uint64_t acc = 0;
-        int ok = 1;
-        for (; *q; q++) {
-            uint64_t d = (uint64_t)(*q - '0');
-            if (acc > (UINT64_MAX - d) / 10) {
-                ok = 0;
-                break;
-            }
-            acc = acc * 10 + d;
-        }
-        if (ok && !neg && acc <= (uint64_t)INT64_MAX) {
-            j->is_int = 1;
-            j->integer = (int64_t)acc;
-        } else if (ok && neg && acc <= (uint64_t)INT64_MAX + 1u) {
-            j->is_int = 1;
-            j->integer = acc == (uint64_t)INT64_MAX + 1u ? INT64_MIN : -(int64_t)acc;
-        }
-    }
-    if (buf != tmp)
-        free(buf);
-    p->pos = i;
-    return 0;
-}
-
-static int cmp_keyptr(const void *a, const void *b)
-{
-    return strcmp(*(char *const *)a, *(char *const *)b);
-}
-
-static int jparse_value(jparser *p, mg_json *j, int depth);
-
-static int jgrow(jparser *p, mg_json *j, size_t *cap, int with_keys)
-{
-    if (j->len < *cap)
-        return 0;
-    size_t nc = *cap ? *cap * 2 : 4;
-    mg_json *it = realloc(j->items, nc * sizeof *it);
-    if (!it)
-        return jfail(p, "out of memory");
-    j->items = it;
-    if (with_keys) {
-        char **k = realloc(j->keys, nc * sizeof *k);
-        if (!k)
-            return jfail(p, "out of memory");
-        j->keys = k;
-    }
-    *cap = nc;
-    return 0;
-}
-
-static int jparse_container(jparser *p, mg_json *j, int depth, int is_obj)
-{
-    char close = is_obj ? '}' : ']';
-    j->type = is_obj ? MG_JSON_OBJECT : MG_JSON_ARRAY;
-    size_t cap = 0;
-    p->pos++;
-    jskip_ws(p);
-    if (p->pos < p->len && p->s[p->pos] == close) {
-        p->pos++;
-        return 0;
-    }
-    for (;;) {
-        if (jgrow(p, j, &cap, is_obj))
-            return -1;
-        char *key = NULL;
-        if (is_obj) {
-            jskip_ws(p);
-            if (p->pos >= p->len || p->s[p->pos] != '"')
-                return jfail(p, "expected a string key");
-            if (jparse_string(p, &key, NULL))
-                return -1;
-            jskip_ws(p);
-            if (p->pos >= p->len || p->s[p->pos] != ':') {
-                free(key);
-                return jfail(p, "expected ':'");
-            }
-            p->pos++;
-        }
-        mg_json *item = &j->items[j->len];
-        memset(item, 0, sizeof *item);
-        if (is_obj)
-            j->keys[j->len] = key;
-        j->len++; /* counted now so that it is freed on failure */
-        if (jparse_value(p, item, depth + 1))
-            return -1;
-        jskip_ws(p);
-        if (p->pos >= p->len)
-            return jfail(p, "unexpected end inside %s", is_obj ? "object" : "array");
-        char c = p->s[p->pos];
-        if (c == ',') {
-            p->pos++;
-            continue;
-        }
-        if (c == close) {
-            p->pos++;
-            break;
-        }
-        return jfail(p, "expected ',' or '%c'", close);
-    }
-    if (is_obj && j->len > 1) {
-        char **sorted = malloc(j->len * sizeof *sorted);
-        if (!sorted)
-            return jfail(p, "out of memory");
-        memcpy(sorted, j->keys, j->len * sizeof *sorted);
-        qsort(sorted, j->len, sizeof *sorted, cmp_keyptr);
-        for (size_t i = 1; i < j->len; i++)
-            if (strcmp(sorted[i - 1], sorted[i]) == 0) {
-                jfail(p, "duplicate key \"%.60s\"", sorted[i]);
-                free(sorted);
-                return -1;
-            }
-        free(sorted);
-    }
-    return 0;
-}
-
-static int jparse_lit(jparser *p, const char *lit)
-{
-    size_t n = strlen(lit);
-    if (p->len - p->pos < n || memcmp(p->s + p->pos, lit, n) != 0)
-        return jfail(p, "unexpected character");
-    p->pos += n;
-    return 0;
-}
-
-static int jparse_value(jparser *p, mg_json *j, int depth)
-{
-    if (depth > MG_JSON_MAX_DEPTH)
-        return jfail(p, "nesting deeper than %d", MG_JSON_MAX_DEPTH);
-    jskip_ws(p);
-    if (p->pos >= p->len)
-        return jfail(p, "unexpected end of input");
-    char c = p->s[p->pos];
-    switch (c) {
-    case '{':
-        return jparse_container(p, j, depth, 1);
-    case '[':
-        return jparse_container(p, j, depth, 0);
-    case '"':
-        j->type = MG_JSON_STRING;
-        return jparse_string(p, &j->str, &j->len);
-    case 't':
-        j->type = MG_JSON_BOOL;
-        j->boolean = 1;
-        return jparse_lit(p, "true");
-    case 'f':
-        j->type = MG_JSON_BOOL;
-        return jparse_lit(p, "false");
-    case 'n':
-        j->type = MG_JSON_NULL;
-        return jparse_lit(p, "null");
-    default:
-        if (c == '-' || (c >= '0' && c <= '9'))
-            return jparse_number(p, j);
-        if ((unsigned char)c >= 0x20 && (unsigned char)c < 0x7f)
-            return jfail(p, "unexpected character '%c'", c);
-        return jfail(p, "unexpected byte 0x%02X", (unsigned char)c);
-    }
-}
-
-mg_status mg_json_parse(const char *text, size_t len, mg_json **out, mg_error *err)
-{
-    if (!out || (!text && len > 0))
-        return mg_fail(err, MG_ERR_ARG, "mg_json_parse: bad argument");
-    *out = NULL;
-    mg_json *j = calloc(1, sizeof *j);
-    if (!j)
-        return mg_fail(err, MG_ERR_NOMEM, "out of memory");
-    jparser p = {text, len, 0, err, 0};
-    if (jparse_value(&p, j, 0)) {
-        mg_json_free(j);
-        return MG_ERR_FORMAT;
-    }
-    jskip_ws(&p);
-    if (p.pos != len) {
-        jfail(&p, "trailing characters after the value");
-        mg_json_free(j);
-        return MG_ERR_FORMAT;
-    }
-    *out = j;
-    return 0;
-}
-
-const mg_json *mg_json_get(const mg_json *j, const char *key)
-{
-    if (!j || !key || j->type != MG_JSON_OBJECT)
-        return NULL;
-    for (size_t i = 0; i < j->len; i++)
-        if (strcmp(j->keys[i], key) == 0)
-            return &j->items[i];
-    return NULL;
-}
-
-size_t mg_json_quote(const char *s, char *out, size_t outlen)
-{
-    size_t n = 0;
-    char esc[8];
-#define PUTC(ch)                          \
-    do {                                  \
-        if (out && n + 1 < outlen)        \
-            out[n] = (ch);                \
-        n++;                              \
-    } while (0)
-    PUTC('"');
-    for (const unsigned char *q = (const unsigned char *)(s ? s : ""); *q; q++) {
-        const char *e = NULL;
-        switch (*q) {
-        case '"': e = "\\\""; break;
-        case '\\': e = "\\\\"; break;
-        case '\n': e = "\\n"; break;
-        case '\r': e = "\\r"; break;
-        case '\t': e = "\\t"; break;
-        case '\b': e = "\\b"; break;
-        case '\f': e = "\\f"; break;
-        default:
-            if (*q < 0x20) {
-                snprintf(esc, sizeof esc, "\\u%04x", *q);
-                e = esc;
-            }
-        }
-        if (e) {
-            for (; *e; e++)
-                PUTC(*e);
-        } else {
-            PUTC((char)*q);
-        }
-    }
-    PUTC('"');
-#undef PUTC
-    if (out && outlen > 0)
-        out[n < outlen ? n : outlen - 1] = '\0';
-    return n;
 }
 
 /* ================================================================ dtypes */
@@ -588,7 +108,7 @@ static void shape_str(const int64_t *shape, int ndim, char *out, size_t outlen)
 /* ================================================================ reading */
 
 struct mg_st_file {
-    mg_json *hdr;           /* owns the name / metadata strings */
+    json_t *hdr;            /* owns the name / metadata strings */
     const char *checksums;  /* __metadata__[MG_ST_CHECKSUM_KEY] (not listed as metadata) */
     int checksummed;        /* every tensor's CRC-32 was in the metadata and matched */
     unsigned char *data;    /* byte buffer (malloc'ed, so 16-aligned) */
@@ -603,7 +123,7 @@ void mg_st_free(mg_st_file *f)
 {
     if (!f)
         return;
-    mg_json_free(f->hdr);
+    json_decref(f->hdr);
     free(f->data);
     free(f->t);
     free(f->mkey);
@@ -632,41 +152,170 @@ static mg_status verify_checksums(mg_st_file *f, mg_error *err)
 {
     const char *cs = f->checksums;
     if (!cs)
-        return 0;
-    mg_json *j = NULL;
+        return MG_OK;
+    json_t *j = NULL;
     mg_error e;
-    if (mg_json_parse(cs, strlen(cs), &j, &e) || j->type != MG_JSON_OBJECT) {
-        mg_json_free(j);
+    if (mg_json_parse(cs, strlen(cs), &j, &e) || !json_is_object(j)) {
+        json_decref(j);
         return mg_fail(err, MG_ERR_FORMAT, "the checksum table (metadata '%s') is corrupt%s%s",
                        MG_ST_CHECKSUM_KEY, j ? "" : ": ", j ? "" : e.message);
     }
     mg_status rc = MG_OK;
-    if (j->len != f->nt)
-        rc = mg_fail(err, MG_ERR_FORMAT, "the checksum table lists %zu tensors, the file has %zu", j->len,
-                     f->nt);
+    if (json_object_size(j) != f->nt)
+        rc = mg_fail(err, MG_ERR_FORMAT, "the checksum table lists %zu tensors, the file has %zu",
+                     json_object_size(j), f->nt);
     for (size_t k = 0; !rc && k < f->nt; k++) {
         const mg_st_tensor *x = &f->t[k];
-        const mg_json *v = mg_json_get(j, x->name);
+        const json_t *v = json_object_get(j, x->name);
+        const char *hex = json_string_value(v);
         char *end = NULL;
-        unsigned long want = v && v->type == MG_JSON_STRING && strlen(v->str) == 8
-                                 ? strtoul(v->str, &end, 16) : 0;
+        unsigned long want = hex && strlen(hex) == 8 ? strtoul(hex, &end, 16) : 0;
         if (!end || *end)
             rc = mg_fail(err, MG_ERR_FORMAT, "the checksum table has no valid entry for tensor '%.60s'",
                          x->name);
         else if ((uint32_t)want != mg_st_crc32(x->data, x->nbytes))
-            rc = mg_fail(err, MG_ERR_FORMAT, 
+            rc = mg_fail(err, MG_ERR_FORMAT,
                          "tensor '%.60s' fails its checksum (CRC-32 %08x, recorded %08lx): the "
                          "file is corrupt", x->name, (unsigned)mg_st_crc32(x->data, x->nbytes), want);
     }
-    mg_json_free(j);
-    f->checksummed = rc == 0;
+    json_decref(j);
+    f->checksummed = rc == MG_OK;
     return rc;
+}
+
+/* __metadata__: string values only; the checksum table is kept apart. */
+static mg_status read_metadata(mg_st_file *f, json_t *meta, mg_error *err)
+{
+    if (!json_is_object(meta))
+        return mg_fail(err, MG_ERR_FORMAT, "safetensors header: __metadata__ is not an object");
+    const size_t n = json_object_size(meta);
+    f->mkey = calloc(n ? n : 1, sizeof *f->mkey);
+    f->mval = calloc(n ? n : 1, sizeof *f->mval);
+    if (!f->mkey || !f->mval)
+        return mg_fail(err, MG_ERR_NOMEM, "out of memory");
+    const char *key;
+    json_t *v;
+    json_object_foreach(meta, key, v) {
+        if (!json_is_string(v))
+            return mg_fail(err, MG_ERR_FORMAT,
+                           "safetensors header: __metadata__ value of '%.60s' is not a string", key);
+        if (strcmp(key, MG_ST_CHECKSUM_KEY) == 0) {
+            f->checksums = json_string_value(v);
+            continue;
+        }
+        f->mkey[f->nmeta] = key;
+        f->mval[f->nmeta] = json_string_value(v);
+        f->nmeta++;
+    }
+    return MG_OK;
+}
+
+/* A non-negative JSON integer, or -1. */
+static int64_t nonneg_int(const json_t *v)
+{
+    return json_is_integer(v) && json_integer_value(v) >= 0 ? (int64_t)json_integer_value(v) : -1;
+}
+
+/* One tensor entry {"dtype", "shape", "data_offsets"} into *x and its byte
+ * span, checked against a data buffer of dlen bytes. */
+static mg_status read_tensor(const char *name, json_t *e, size_t dlen, mg_st_tensor *x,
+                             span64 *span, mg_error *err)
+{
+    if (!json_is_object(e))
+        return mg_fail(err, MG_ERR_FORMAT, "tensor '%.60s': entry is not an object", name);
+    const json_t *jd = NULL, *js = NULL, *jo = NULL;
+    const char *key;
+    json_t *v;
+    json_object_foreach(e, key, v) {
+        if (strcmp(key, "dtype") == 0)
+            jd = v;
+        else if (strcmp(key, "shape") == 0)
+            js = v;
+        else if (strcmp(key, "data_offsets") == 0)
+            jo = v;
+        else
+            return mg_fail(err, MG_ERR_FORMAT, "tensor '%.60s': unexpected field '%.40s'", name, key);
+    }
+    if (!jd || !js || !jo)
+        return mg_fail(err, MG_ERR_FORMAT, "tensor '%.60s': missing %s", name,
+                       !jd ? "dtype" : !js ? "shape" : "data_offsets");
+    x->name = name;
+    if (!json_is_string(jd) || mg_st_dtype_parse(json_string_value(jd), &x->dtype))
+        return mg_fail(err, MG_ERR_FORMAT, "tensor '%.60s': unknown dtype %s%.20s%s", name,
+                       json_is_string(jd) ? "'" : "(not a string)",
+                       json_is_string(jd) ? json_string_value(jd) : "", json_is_string(jd) ? "'" : "");
+    if (!json_is_array(js))
+        return mg_fail(err, MG_ERR_FORMAT, "tensor '%.60s': shape is not an array", name);
+    if (json_array_size(js) > MG_ST_MAX_DIMS)
+        return mg_fail(err, MG_ERR_FORMAT, "tensor '%.60s': %zu dimensions, more than the %d supported",
+                       name, json_array_size(js), MG_ST_MAX_DIMS);
+    x->ndim = (int)json_array_size(js);
+    for (size_t d = 0; d < json_array_size(js); d++) {
+        x->shape[d] = nonneg_int(json_array_get(js, d));
+        if (x->shape[d] < 0)
+            return mg_fail(err, MG_ERR_FORMAT, "tensor '%.60s': shape[%zu] is not a non-negative integer",
+                           name, d);
+    }
+    if (!json_is_array(jo) || json_array_size(jo) != 2)
+        return mg_fail(err, MG_ERR_FORMAT, "tensor '%.60s': data_offsets is not a [begin, end] pair", name);
+    int64_t off[2];
+    for (int k = 0; k < 2; k++) {
+        off[k] = nonneg_int(json_array_get(jo, (size_t)k));
+        if (off[k] < 0)
+            return mg_fail(err, MG_ERR_FORMAT,
+                           "tensor '%.60s': data_offsets[%d] is not a non-negative integer", name, k);
+    }
+    const uint64_t b = (uint64_t)off[0], en = (uint64_t)off[1];
+    if (b > en)
+        return mg_fail(err, MG_ERR_FORMAT, "tensor '%.60s': data_offsets [%llu, %llu] reversed", name,
+                       (unsigned long long)b, (unsigned long long)en);
+    if (en > dlen)
+        return mg_fail(err, MG_ERR_FORMAT,
+                       "tensor '%.60s': data_offsets [%llu, %llu] beyond the %zu-byte data buffer "
+                       "(truncated file?)",
+                       name, (unsigned long long)b, (unsigned long long)en, dlen);
+    uint64_t nb;
+    char shp[160];
+    shape_str(x->shape, x->ndim, shp, sizeof shp);
+    if (mg_st_nbytes(x->shape, x->ndim, mg_st_dtype_size(x->dtype), &nb))
+        return mg_fail(err, MG_ERR_FORMAT, "tensor '%.60s': shape %s overflows", name, shp);
+    if (nb != en - b)
+        return mg_fail(err, MG_ERR_FORMAT, "tensor '%.60s': %s %s needs %llu bytes but data_offsets span %llu",
+                       name, mg_st_dtype_name(x->dtype), shp, (unsigned long long)nb,
+                       (unsigned long long)(en - b));
+    x->nbytes = (size_t)nb;
+    span->begin = b;
+    span->end = en;
+    return MG_OK;
+}
+
+/* The spans sp[0..n) (sorted) must tile [0, dlen) exactly. */
+static mg_status check_tiling(const mg_st_file *f, const span64 *sp, size_t n, size_t dlen, mg_error *err)
+{
+    uint64_t at = 0;
+    for (size_t k = 0; k < n; k++) {
+        const char *nm = f->t[sp[k].idx].name;
+        if (sp[k].begin < at)
+            return mg_fail(err, MG_ERR_FORMAT, "tensor '%.60s': data_offsets [%llu, %llu] overlap another tensor",
+                           nm, (unsigned long long)sp[k].begin, (unsigned long long)sp[k].end);
+        if (sp[k].begin > at)
+            return mg_fail(err, MG_ERR_FORMAT,
+                           "tensor '%.60s': data_offsets begin at %llu, leaving a hole after byte %llu", nm,
+                           (unsigned long long)sp[k].begin, (unsigned long long)at);
+        at = sp[k].end;
+    }
+    if (at != dlen)
+        return mg_fail(err, MG_ERR_FORMAT,
+                       "data buffer has %zu bytes but the tensors cover %llu (trailing garbage or "
+                       "truncation)",
+                       dlen, (unsigned long long)at);
+    return MG_OK;
 }
 
 /* Validate the header (text hdr[0..hlen)) against a byte buffer of dlen
  * bytes; takes ownership of data on success and failure. */
 static mg_status st_build(const char *hdr, size_t hlen, unsigned char *data, size_t dlen,
-                    mg_st_file **out, mg_error *err)
+                          mg_st_file **out, mg_error *err)
 {
     *out = NULL;
     mg_st_file *f = calloc(1, sizeof *f);
@@ -677,199 +326,62 @@ static mg_status st_build(const char *hdr, size_t hlen, unsigned char *data, siz
     f->data = data;
     f->data_len = dlen;
     span64 *sp = NULL;
-    mg_error e2;
+    mg_status rc;
+    mg_error e;
     if (hlen == 0 || hdr[0] != '{') {
-        mg_fail(err, MG_ERR_FORMAT, "not a safetensors file: header does not start with '{'");
+        rc = mg_fail(err, MG_ERR_FORMAT, "not a safetensors file: header does not start with '{'");
         goto fail;
     }
-    if (mg_json_parse(hdr, hlen, &f->hdr, &e2)) {
-        mg_fail(err, e2.status, "safetensors header: %s", e2.message);
+    if ((rc = mg_json_parse(hdr, hlen, &f->hdr, &e))) {
+        rc = mg_fail(err, rc, "safetensors header: %s", e.message);
         goto fail;
     }
-    const mg_json *h = f->hdr;
-    if (h->type != MG_JSON_OBJECT) {
-        mg_fail(err, MG_ERR_FORMAT, "safetensors header: not a JSON object");
+    if (!json_is_object(f->hdr)) {
+        rc = mg_fail(err, MG_ERR_FORMAT, "safetensors header: not a JSON object");
         goto fail;
     }
-    f->t = calloc(h->len ? h->len : 1, sizeof *f->t);
-    sp = calloc(h->len ? h->len : 1, sizeof *sp);
+    const size_t n = json_object_size(f->hdr);
+    f->t = calloc(n ? n : 1, sizeof *f->t);
+    sp = calloc(n ? n : 1, sizeof *sp);
     if (!f->t || !sp) {
-        mg_fail(err, MG_ERR_NOMEM, "out of memory");
+        rc = mg_fail(err, MG_ERR_NOMEM, "out of memory");
         goto fail;
     }
-    for (size_t i = 0; i < h->len; i++) {
-        const char *name = h->keys[i];
-        const mg_json *e = &h->items[i];
+    const char *name;
+    json_t *v;
+    json_object_foreach(f->hdr, name, v) {
         if (strcmp(name, "__metadata__") == 0) {
-            if (e->type != MG_JSON_OBJECT) {
-                mg_fail(err, MG_ERR_FORMAT, "safetensors header: __metadata__ is not an object");
+            if ((rc = read_metadata(f, v, err)))
                 goto fail;
-            }
-            f->mkey = calloc(e->len ? e->len : 1, sizeof *f->mkey);
-            f->mval = calloc(e->len ? e->len : 1, sizeof *f->mval);
-            if (!f->mkey || !f->mval) {
-                mg_fail(err, MG_ERR_NOMEM, "out of memory");
-                goto fail;
-            }
-            for (size_t k = 0; k < e->len; k++) {
-                if (e->items[k].type != MG_JSON_STRING) {
-                    mg_fail(err, MG_ERR_FORMAT, 
-                            "safetensors header: __metadata__ value of '%.60s' is not a string",
-                            e->keys[k]);
-                    goto fail;
-                }
-                if (strcmp(e->keys[k], MG_ST_CHECKSUM_KEY) == 0) {
-                    f->checksums = e->items[k].str;
-                    continue;
-                }
-                f->mkey[f->nmeta] = e->keys[k];
-                f->mval[f->nmeta] = e->items[k].str;
-                f->nmeta++;
-            }
             continue;
         }
-        if (e->type != MG_JSON_OBJECT) {
-            mg_fail(err, MG_ERR_FORMAT, "tensor '%.60s': entry is not an object", name);
-            goto fail;
-        }
-        const mg_json *jd = NULL, *js = NULL, *jo = NULL;
-        for (size_t k = 0; k < e->len; k++) {
-            if (strcmp(e->keys[k], "dtype") == 0)
-                jd = &e->items[k];
-            else if (strcmp(e->keys[k], "shape") == 0)
-                js = &e->items[k];
-            else if (strcmp(e->keys[k], "data_offsets") == 0)
-                jo = &e->items[k];
-            else {
-                mg_fail(err, MG_ERR_FORMAT, "tensor '%.60s': unexpected field '%.40s'", name,
-                        e->keys[k]);
-                goto fail;
-            }
-        }
-        if (!jd || !js || !jo) {
-            mg_fail(err, MG_ERR_FORMAT, "tensor '%.60s': missing %s", name,
-                    !jd ? "dtype" : !js ? "shape" : "data_offsets");
-            goto fail;
-        }
         mg_st_tensor *x = &f->t[f->nt];
-        x->name = name;
-        if (jd->type != MG_JSON_STRING || mg_st_dtype_parse(jd->str, &x->dtype)) {
-            mg_fail(err, MG_ERR_FORMAT, "tensor '%.60s': unknown dtype %s%.20s%s", name,
-                    jd->type == MG_JSON_STRING ? "'" : "(not a string)",
-                    jd->type == MG_JSON_STRING ? jd->str : "",
-                    jd->type == MG_JSON_STRING ? "'" : "");
+        if ((rc = read_tensor(name, v, dlen, x, &sp[f->nt], err)))
             goto fail;
-        }
-        if (js->type != MG_JSON_ARRAY) {
-            mg_fail(err, MG_ERR_FORMAT, "tensor '%.60s': shape is not an array", name);
-            goto fail;
-        }
-        if (js->len > MG_ST_MAX_DIMS) {
-            mg_fail(err, MG_ERR_FORMAT, "tensor '%.60s': %zu dimensions, more than the %d supported",
-                    name, js->len, MG_ST_MAX_DIMS);
-            goto fail;
-        }
-        x->ndim = (int)js->len;
-        for (size_t d = 0; d < js->len; d++) {
-            const mg_json *v = &js->items[d];
-            if (v->type != MG_JSON_NUMBER || !v->is_int || v->integer < 0) {
-                mg_fail(err, MG_ERR_FORMAT, "tensor '%.60s': shape[%zu] is not a non-negative integer",
-                        name, d);
-                goto fail;
-            }
-            x->shape[d] = v->integer;
-        }
-        if (jo->type != MG_JSON_ARRAY || jo->len != 2) {
-            mg_fail(err, MG_ERR_FORMAT, "tensor '%.60s': data_offsets is not a [begin, end] pair", name);
-            goto fail;
-        }
-        for (int k = 0; k < 2; k++) {
-            const mg_json *v = &jo->items[k];
-            if (v->type != MG_JSON_NUMBER || !v->is_int || v->integer < 0) {
-                mg_fail(err, MG_ERR_FORMAT, 
-                        "tensor '%.60s': data_offsets[%d] is not a non-negative integer", name, k);
-                goto fail;
-            }
-        }
-        uint64_t b = (uint64_t)jo->items[0].integer, en = (uint64_t)jo->items[1].integer;
-        if (b > en) {
-            mg_fail(err, MG_ERR_FORMAT, "tensor '%.60s': data_offsets [%llu, %llu] reversed", name,
-                    (unsigned long long)b, (unsigned long long)en);
-            goto fail;
-        }
-        if (en > dlen) {
-            mg_fail(err, MG_ERR_FORMAT, 
-                    "tensor '%.60s': data_offsets [%llu, %llu] beyond the %zu-byte data buffer "
-                    "(truncated file?)",
-                    name, (unsigned long long)b, (unsigned long long)en, dlen);
-            goto fail;
-        }
-        uint64_t nb;
-        char shp[160];
-        shape_str(x->shape, x->ndim, shp, sizeof shp);
-        if (mg_st_nbytes(x->shape, x->ndim, mg_st_dtype_size(x->dtype), &nb)) {
-            mg_fail(err, MG_ERR_FORMAT, "tensor '%.60s': shape %s overflows", name, shp);
-            goto fail;
-        }
-        if (nb != en - b) {
-            mg_fail(err, MG_ERR_FORMAT, 
-                    "tensor '%.60s': %s %s needs %llu bytes but data_offsets span %llu", name,
-                    mg_st_dtype_name(x->dtype), shp, (unsigned long long)nb,
-                    (unsigned long long)(en - b));
-            goto fail;
-        }
-        x->data = data + b;
-        x->nbytes = (size_t)nb;
-        sp[f->nt].begin = b;
-        sp[f->nt].end = en;
+        x->data = data + sp[f->nt].begin;
         sp[f->nt].idx = f->nt;
         f->nt++;
     }
     qsort(sp, f->nt, sizeof *sp, cmp_span);
-    uint64_t at = 0;
-    for (size_t k = 0; k < f->nt; k++) {
-        const char *nm = f->t[sp[k].idx].name;
-        if (sp[k].begin < at) {
-            mg_fail(err, MG_ERR_FORMAT, "tensor '%.60s': data_offsets [%llu, %llu] overlap another tensor",
-                    nm, (unsigned long long)sp[k].begin, (unsigned long long)sp[k].end);
-            goto fail;
-        }
-        if (sp[k].begin > at) {
-            mg_fail(err, MG_ERR_FORMAT, 
-                    "tensor '%.60s': data_offsets begin at %llu, leaving a hole after byte %llu",
-                    nm, (unsigned long long)sp[k].begin, (unsigned long long)at);
-            goto fail;
-        }
-        at = sp[k].end;
-    }
-    if (at != dlen) {
-        mg_fail(err, MG_ERR_FORMAT, 
-                "data buffer has %zu bytes but the tensors cover %llu (trailing garbage or "
-                "truncation)",
-                dlen, (unsigned long long)at);
-        goto fail;
-    }
-    if (verify_checksums(f, err))
+    if ((rc = check_tiling(f, sp, f->nt, dlen, err)) || (rc = verify_checksums(f, err)))
         goto fail;
     /* reorder tensors by offset */
-    {
-        mg_st_tensor *sorted = calloc(f->nt ? f->nt : 1, sizeof *sorted);
-        if (!sorted) {
-            mg_fail(err, MG_ERR_NOMEM, "out of memory");
-            goto fail;
-        }
-        for (size_t k = 0; k < f->nt; k++)
-            sorted[k] = f->t[sp[k].idx];
-        free(f->t);
-        f->t = sorted;
+    mg_st_tensor *sorted = calloc(f->nt ? f->nt : 1, sizeof *sorted);
+    if (!sorted) {
+        rc = mg_fail(err, MG_ERR_NOMEM, "out of memory");
+        goto fail;
     }
+    for (size_t k = 0; k < f->nt; k++)
+        sorted[k] = f->t[sp[k].idx];
+    free(f->t);
+    f->t = sorted;
     free(sp);
     *out = f;
-    return 0;
+    return MG_OK;
 fail:
     free(sp);
     mg_st_free(f);
-    return -1;
+    return rc;
 }
 
 static uint64_t rd_le64(const unsigned char *b)

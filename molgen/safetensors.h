@@ -1,6 +1,6 @@
 /* molgen safetensors: write / read checkpoint files in the safetensors format
- * (https://github.com/huggingface/safetensors), plus the minimal JSON parser
- * it needs (also usable for config JSON stored in the metadata).
+ * (https://github.com/huggingface/safetensors); the header JSON goes through
+ * json.h (jansson).
  *
  * File layout: 8-byte little-endian u64 N, then N bytes of UTF-8 JSON
  *   {"name":{"dtype":"F32","shape":[2,3],"data_offsets":[begin,end]}, ...,
@@ -16,9 +16,9 @@
  * and accepts files without them (mg_st_checksummed says which). The table
  * is the format's own: mg_st_meta and mg_st_meta_at do not list it.
  *
- * Errors: 0 on success, -1 on failure with a one-line message in err[errlen]
- * (err may be NULL). Nothing aborts, exits or prints; a truncated, corrupt or
- * foreign file is an error, never a crash.
+ * Errors: errors.h (MG_ERR_FORMAT for a truncated, corrupt or foreign file,
+ * MG_ERR_IO, MG_ERR_NOMEM, MG_ERR_ARG). Nothing aborts, exits or prints; a bad
+ * file is an error, never a crash.
  */
 #ifndef MG_SAFETENSORS_H
 #define MG_SAFETENSORS_H
@@ -133,42 +133,6 @@ size_t mg_st_meta_count(const mg_st_file *f);
 /* i-th pair (file order); returns 0, or -1 if i is out of range. */
 int mg_st_meta_at(const mg_st_file *f, size_t i, const char **key,
                   const char **value);
-
-/* ------------------------------------------------------------ JSON */
-
-/* A minimal JSON DOM: objects, arrays, strings (escapes incl. \uXXXX and
- * surrogate pairs decoded to UTF-8; \u0000 rejected), numbers, true, false,
- * null. Nesting depth <= MG_JSON_MAX_DEPTH; duplicate object keys are an
- * error; trailing non-whitespace after the value is an error. */
-#define MG_JSON_MAX_DEPTH 64
-
-typedef enum {
-    MG_JSON_NULL, MG_JSON_BOOL, MG_JSON_NUMBER, MG_JSON_STRING,
-    MG_JSON_ARRAY, MG_JSON_OBJECT
-} mg_json_type;
-
-typedef struct mg_json mg_json;
-struct mg_json {
-    mg_json_type type;
-    int boolean;        /* BOOL */
-    double number;      /* NUMBER */
-    int is_int;         /* NUMBER written without '.', 'e' and fits int64 */
-    int64_t integer;    /* NUMBER with is_int */
-    char *str;          /* STRING: decoded, NUL-terminated */
-    size_t len;         /* STRING: bytes; ARRAY / OBJECT: element count */
-    mg_json *items;     /* ARRAY / OBJECT: len values */
-    char **keys;        /* OBJECT: len keys (decoded, NUL-terminated) */
-};
-
-mg_status mg_json_parse(const char *text, size_t len, mg_json **out, mg_error *err);
-void mg_json_free(mg_json *j); /* NULL fine */
-/* Member of an object (NULL if j is not an object or has no such key). */
-const mg_json *mg_json_get(const mg_json *j, const char *key);
-
-/* Write s as a JSON string literal (with quotes and escapes) into
- * out[outlen], NUL-terminated and truncated if needed; returns the length it
- * needs (excluding the NUL), like snprintf. */
-size_t mg_json_quote(const char *s, char *out, size_t outlen);
 
 #ifdef __cplusplus
 }

@@ -3,6 +3,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "safetensors.h"
 #include "errors.h"
+#include "json.h"
 #include "st_internal.h"
 
 #include <errno.h>
@@ -12,60 +13,10 @@
 #include <string.h>
 #include <unistd.h>
 
-typedef struct {
-    char *s;
-    size_t n, cap;
-    int oom;
-} sbuf;
-
-static void sb_put(sbuf *b, const char *s, size_t n)
+/* The inputs mg_st_write documents: names, dtypes, shapes, data, keys. */
+static mg_status check_inputs(const mg_st_tensor *t, size_t nt, const mg_st_kv *meta, size_t nmeta,
+                              mg_error *err)
 {
-    if (b->oom)
-        return;
-    if (b->n + n + 1 > b->cap) {
-        size_t nc = b->cap ? b->cap : 256;
-        while (nc < b->n + n + 1)
-            nc *= 2;
-        char *q = realloc(b->s, nc);
-        if (!q) {
-            b->oom = 1;
-            return;
-        }
-        b->s = q;
-        b->cap = nc;
-    }
-    memcpy(b->s + b->n, s, n);
-    b->n += n;
-    b->s[b->n] = '\0';
-}
-
-static void sb_str(sbuf *b, const char *s)
-{
-    sb_put(b, s, strlen(s));
-}
-
-static void sb_quote(sbuf *b, const char *s)
-{
-    size_t n = mg_json_quote(s, NULL, 0);
-    char *q = malloc(n + 1);
-    if (!q) {
-        b->oom = 1;
-        return;
-    }
-    mg_json_quote(s, q, n + 1);
-    sb_put(b, q, n);
-    free(q);
-}
-
-/* Validates the inputs, computes the layout order and builds the padded
- * header. On success: *hdr (malloc'ed, *hlen bytes, 8 + hlen multiple of 8),
- * *order (malloc'ed nt indices), *data_len. */
-static mg_status build_header(const mg_st_tensor *t, size_t nt, const mg_st_kv *meta, size_t nmeta,
-                        char **hdr, size_t *hlen, size_t **order, uint64_t *data_len,
-                        mg_error *err)
-{
-    *hdr = NULL;
-    *order = NULL;
     if (!mg_st_host_le())
         return mg_fail(err, MG_ERR_ARG, "safetensors writer: big-endian hosts are not supported");
     if ((nt > 0 && !t) || (nmeta > 0 && !meta))
@@ -100,6 +51,79 @@ static mg_status build_header(const mg_st_tensor *t, size_t nt, const mg_st_kv *
             if (strcmp(meta[k].key, meta[i].key) == 0)
                 return mg_fail(err, MG_ERR_ARG, "duplicate metadata key '%s'", meta[i].key);
     }
+    return MG_OK;
+}
+
+static uint64_t nbytes_of(const mg_st_tensor *x)
+{
+    uint64_t nb = 0;
+    mg_st_nbytes(x->shape, x->ndim, mg_st_dtype_size(x->dtype), &nb);
+    return nb;
+}
+
+/* The header object: __metadata__ (the caller's pairs, then the checksum
+ * table: {"name":"8 hex digits", ...} in layout order, held in a string so
+ * that any safetensors reader still opens the file), then the tensors in
+ * layout order ord[0..nt). NULL when out of memory or a string is not UTF-8
+ * (*bad names it). */
+static json_t *header_json(const mg_st_tensor *t, size_t nt, const size_t *ord, const mg_st_kv *meta,
+                           size_t nmeta, const char **bad)
+{
+    json_t *h = json_object(), *md = json_object(), *cs = json_object();
+    int ok = h && md && cs;
+    for (size_t k = 0; ok && k < nt; k++) {
+        const mg_st_tensor *x = &t[ord[k]];
+        char hex[16];
+        snprintf(hex, sizeof hex, "%08x", (unsigned)mg_st_crc32(x->data, (size_t)nbytes_of(x)));
+        if (mg_json_put(cs, x->name, json_string(hex)))
+            ok = 0, *bad = x->name;
+    }
+    for (size_t i = 0; ok && i < nmeta; i++)
+        if (mg_json_put(md, meta[i].key, json_string(meta[i].value)))
+            ok = 0, *bad = meta[i].key;
+    char *cstext = ok ? mg_json_dump(cs, 17) : NULL;
+    ok = ok && cstext && !mg_json_put(md, MG_ST_CHECKSUM_KEY, json_string(cstext)) &&
+         !json_object_set(h, "__metadata__", md);
+    free(cstext);
+    uint64_t off = 0;
+    for (size_t k = 0; ok && k < nt; k++) {
+        const mg_st_tensor *x = &t[ord[k]];
+        const uint64_t nb = nbytes_of(x);
+        json_t *e = json_object(), *shape = json_array();
+        for (int d = 0; e && shape && d < x->ndim; d++)
+            if (json_array_append_new(shape, json_integer(x->shape[d])))
+                ok = 0;
+        ok = ok && e && shape && !mg_json_put(e, "dtype", json_string(mg_st_dtype_name(x->dtype))) &&
+             !json_object_set(e, "shape", shape) &&
+             !mg_json_put(e, "data_offsets", json_pack("[II]", (json_int_t)off, (json_int_t)(off + nb)));
+        json_decref(shape);
+        if (ok && mg_json_put(h, x->name, e))
+            ok = 0, *bad = x->name;
+        else if (!ok)
+            json_decref(e);
+        off += nb;
+    }
+    json_decref(md);
+    json_decref(cs);
+    if (!ok) {
+        json_decref(h);
+        return NULL;
+    }
+    return h;
+}
+
+/* Validates the inputs, computes the layout order and builds the padded
+ * header. On success: *hdr (malloc'ed, *hlen bytes, 8 + hlen multiple of 8),
+ * *order (malloc'ed nt indices), *data_len. */
+static mg_status build_header(const mg_st_tensor *t, size_t nt, const mg_st_kv *meta, size_t nmeta,
+                              char **hdr, size_t *hlen, size_t **order, uint64_t *data_len,
+                              mg_error *err)
+{
+    *hdr = NULL;
+    *order = NULL;
+    mg_status rc = check_inputs(t, nt, meta, nmeta, err);
+    if (rc)
+        return rc;
     size_t *ord = malloc((nt ? nt : 1) * sizeof *ord);
     if (!ord)
         return mg_fail(err, MG_ERR_NOMEM, "out of memory");
@@ -112,73 +136,29 @@ static mg_status build_header(const mg_st_tensor *t, size_t nt, const mg_st_kv *
         }
         ord[j] = i;
     }
-    /* the checksums: a JSON object {"name":"8 hex digits", ...} in tensor
-     * order, stored as the string value of __metadata__[MG_ST_CHECKSUM_KEY]
-     * (metadata values are strings, so other readers still open the file) */
-    sbuf cs = {0};
-    char num[64];
-    sb_str(&cs, "{");
-    for (size_t k = 0; k < nt; k++) {
-        const mg_st_tensor *x = &t[ord[k]];
-        uint64_t nb = 0;
-        mg_st_nbytes(x->shape, x->ndim, mg_st_dtype_size(x->dtype), &nb);
-        if (k)
-            sb_str(&cs, ",");
-        sb_quote(&cs, x->name);
-        snprintf(num, sizeof num, ":\"%08x\"", (unsigned)mg_st_crc32(x->data, (size_t)nb));
-        sb_str(&cs, num);
-    }
-    sb_str(&cs, "}");
-    sbuf b = {0};
-    sb_str(&b, "{\"__metadata__\":{");
-    for (size_t i = 0; i < nmeta; i++) {
-        sb_quote(&b, meta[i].key);
-        sb_str(&b, ":");
-        sb_quote(&b, meta[i].value);
-        sb_str(&b, ",");
-    }
-    sb_quote(&b, MG_ST_CHECKSUM_KEY);
-    sb_str(&b, ":");
-    if (!cs.oom)
-        sb_quote(&b, cs.s);
-    sb_str(&b, "}");
-    b.oom |= cs.oom;
-    free(cs.s);
-    int first = 0;
-    uint64_t off = 0;
-    for (size_t k = 0; k < nt; k++) {
-        const mg_st_tensor *x = &t[ord[k]];
-        uint64_t nb = 0;
-        mg_st_nbytes(x->shape, x->ndim, mg_st_dtype_size(x->dtype), &nb);
-        if (!first)
-            sb_str(&b, ",");
-        first = 0;
-        sb_quote(&b, x->name);
-        sb_str(&b, ":{\"dtype\":\"");
-        sb_str(&b, mg_st_dtype_name(x->dtype));
-        sb_str(&b, "\",\"shape\":[");
-        for (int d = 0; d < x->ndim; d++) {
-            snprintf(num, sizeof num, "%s%lld", d ? "," : "", (long long)x->shape[d]);
-            sb_str(&b, num);
-        }
-        snprintf(num, sizeof num, "],\"data_offsets\":[%llu,%llu]}", (unsigned long long)off,
-                 (unsigned long long)(off + nb));
-        sb_str(&b, num);
-        off += nb;
-    }
-    sb_str(&b, "}");
-    while (!b.oom && (8 + b.n) % 8 != 0)
-        sb_str(&b, " ");
-    if (b.oom) {
-        free(b.s);
+    const char *bad = NULL;
+    json_t *h = header_json(t, nt, ord, meta, nmeta, &bad);
+    char *text = h ? mg_json_dump(h, 17) : NULL;
+    json_decref(h);
+    const size_t n = text ? strlen(text) : 0, padded = n + (8 - (8 + n) % 8) % 8;
+    char *b = text ? realloc(text, padded + 1) : NULL;
+    if (!b) {
+        free(text);
         free(ord);
+        if (bad)
+            return mg_fail(err, MG_ERR_ARG, "'%.60s' (or its value) is not valid UTF-8", bad);
         return mg_fail(err, MG_ERR_NOMEM, "out of memory");
     }
-    *hdr = b.s;
-    *hlen = b.n;
+    memset(b + n, ' ', padded - n);
+    b[padded] = '\0';
+    uint64_t total = 0;
+    for (size_t k = 0; k < nt; k++)
+        total += nbytes_of(&t[k]);
+    *hdr = b;
+    *hlen = padded;
     *order = ord;
-    *data_len = off;
-    return 0;
+    *data_len = total;
+    return MG_OK;
 }
 
 static void le64(unsigned char out[8], uint64_t v)

@@ -7,7 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "safetensors.h" /* mg_json_* */
+#include "json.h"
+#include "util.h"
 
 static const char *const k_specials[MG_NUM_SPECIAL] = {"<pad>", "<bos>", "<eos>"};
 
@@ -48,6 +49,8 @@ int mg_token_len(const char *s)
         if (s[i] != ']' || i == 1) /* unclosed, or "[]" */
             return -1;
         if (i + 1 > MG_TOKEN_MAX)
+            return -1;
+        if (!mg_utf8_valid(s + 1, (size_t)(i - 1))) /* a vocabulary is JSON: UTF-8 */
             return -1;
         return i + 1;
     }
@@ -463,21 +466,14 @@ char *mg_vocab_to_json(const mg_vocab *v)
 {
     if (!v)
         return NULL;
-    size_t need = 3;
-    for (int i = 0; i < v->n; i++)
-        need += mg_json_quote(v->tok[i], NULL, 0) + 1;
-    char *s = malloc(need);
-    if (!s)
-        return NULL;
-    size_t pos = 0;
-    s[pos++] = '[';
-    for (int i = 0; i < v->n; i++) {
-        if (i)
-            s[pos++] = ',';
-        pos += mg_json_quote(v->tok[i], s + pos, need - pos);
-    }
-    s[pos++] = ']';
-    s[pos] = '\0';
+    json_t *a = json_array();
+    for (int i = 0; a && i < v->n; i++)
+        if (json_array_append_new(a, json_string(v->tok[i]))) {
+            json_decref(a);
+            return NULL;
+        }
+    char *s = mg_json_dump(a, 17);
+    json_decref(a);
     return s;
 }
 
@@ -487,50 +483,52 @@ mg_status mg_vocab_from_json(const char *json, size_t len, mg_vocab **out,
     if (!out || !json)
         return mg_fail(err, MG_ERR_ARG, "mg_vocab_from_json: bad argument");
     *out = NULL;
-    mg_json *j = NULL;
+    json_t *j = NULL;
     mg_error e2;
     if (mg_json_parse(json, len, &j, &e2))
         return mg_fail(err, e2.status, "vocab JSON: %s", e2.message);
     mg_status rc = MG_OK;
     mg_vocab *v = NULL;
-    if (j->type != MG_JSON_ARRAY) {
+    if (!json_is_array(j)) {
         rc = mg_fail(err, MG_ERR_FORMAT, "vocab JSON: not an array");
         goto done;
     }
-    if (j->len < MG_NUM_SPECIAL || j->len > MG_VOCAB_MAX) {
-        rc = mg_fail(err, MG_ERR_FORMAT, "vocab JSON: %zu entries", j->len);
+    const size_t n = json_array_size(j);
+    if (n < MG_NUM_SPECIAL || n > MG_VOCAB_MAX) {
+        rc = mg_fail(err, MG_ERR_FORMAT, "vocab JSON: %zu entries", n);
         goto done;
     }
-    for (size_t i = 0; i < j->len; i++) {
-        const mg_json *e = &j->items[i];
-        if (e->type != MG_JSON_STRING) {
+    for (size_t i = 0; i < n; i++) {
+        const json_t *e = json_array_get(j, i);
+        if (!json_is_string(e)) {
             rc = mg_fail(err, MG_ERR_FORMAT, "vocab JSON: entry %zu is not a string", i);
             goto done;
         }
+        const char *str = json_string_value(e);
         if (i < MG_NUM_SPECIAL) {
-            if (strcmp(e->str, k_specials[i]) != 0) {
-                rc = mg_fail(err, MG_ERR_FORMAT, 
-                             "vocab JSON: entry %zu is '%.40s', expected '%s'", i, e->str,
+            if (strcmp(str, k_specials[i]) != 0) {
+                rc = mg_fail(err, MG_ERR_FORMAT,
+                             "vocab JSON: entry %zu is '%.40s', expected '%s'", i, str,
                              k_specials[i]);
                 goto done;
             }
         } else {
-            int l = mg_token_len(e->str);
-            if (l <= 0 || (size_t)l != e->len || is_special(e->str)) {
-                rc = mg_fail(err, MG_ERR_FORMAT, 
+            int l = mg_token_len(str);
+            if (l <= 0 || (size_t)l != json_string_length(e) || is_special(str)) {
+                rc = mg_fail(err, MG_ERR_FORMAT,
                              "vocab JSON: entry %zu '%.40s' is not exactly one SMILES token", i,
-                             e->str);
+                             str);
                 goto done;
             }
         }
     }
-    v = vocab_alloc((int)j->len);
+    v = vocab_alloc((int)n);
     if (!v) {
         rc = mg_fail(err, MG_ERR_NOMEM, "out of memory");
         goto done;
     }
-    for (size_t i = 0; i < j->len; i++)
-        strcpy(v->tok[i], j->items[i].str);
+    for (size_t i = 0; i < n; i++)
+        strcpy(v->tok[i], json_string_value(json_array_get(j, i)));
     build_order(v);
     for (int i = 1; i < v->n; i++)
         if (strcmp(v->tok[v->order[i - 1]], v->tok[v->order[i]]) == 0) {
@@ -542,7 +540,7 @@ mg_status mg_vocab_from_json(const char *json, size_t len, mg_vocab **out,
         }
     *out = v;
 done:
-    mg_json_free(j);
+    json_decref(j);
     return rc;
 }
 

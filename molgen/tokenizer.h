@@ -5,7 +5,8 @@
  *
  *   (\[[^\]]+]|<|Br?|Cl?|N|O|S|P|F|I|b|c|n|o|s|p|\(|\)|\.|=|#|-|\+|\\|\/|:|~|@|\?|>|\*|\$|\%[0-9]{2}|[0-9])
  *
- * i.e. a bracket atom ("[nH]", "[C@@H]", "[NH3+]") is one token; "Cl" and
+ * i.e. a bracket atom ("[nH]", "[C@@H]", "[NH3+]") is one token (its bytes
+ * must be valid UTF-8: a vocabulary is stored as JSON); "Cl" and
  * "Br" are one token; "%10".."%99" are one token; every other token is a
  * single character. Unlike the Python findall(), a character that starts no
  * token is an error (with its 0-based byte position), never silently dropped.

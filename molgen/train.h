@@ -1,5 +1,7 @@
-/* molgen train: the training loop (data -> model -> AdamW), validation,
- * progress display, checkpoints and bit-exact resume.
+/* molgen train: the training engine (data -> model -> AdamW), validation,
+ * checkpoints and bit-exact resume. No argv and no printing: the settings
+ * come in an mg_train_config (train_settings.h declares every one), what a
+ * run has to say goes to the config's log callbacks (cmd_train.c draws it).
  *
  * A run: load the SMILES file (data.h), build the vocabulary (or take the
  * checkpoint's), split off val_frac for validation (seeded), check the model
@@ -7,97 +9,89 @@
  * epoch) -> forward -> backward -> clip -> AdamW. Each batch is trimmed to
  * its longest row (pure padding columns are never computed).
  *
- * Checkpoint = model file (model.h: parameters + "config" + "vocab") plus
- *   tensors  "optim.m", "optim.v"  F32 [num_params]
- *   metadata "format"="molgen", "optim" (mg_adamw_config JSON incl. the
- *            schedule's total_steps), "train" (JSON: step, seed, batch_size,
- *            val_frac, max_tokens, csv_column, data path, data rows and hash,
- *            val_every, val_max, ckpt_every, val_loss), "step".
- * Resume restores all of it; the batch stream is re-positioned with
- * mg_batcher_seek(step) and the dropout seed of step s is a hash of
- * (seed, s), so a resumed run continues bit for bit as if never stopped
- * (same thread count). Checkpoints are written atomically (mg_st_write).
+ * Checkpoints (checkpoint.h) keep the model, optimizer, the settings marked
+ * CKPT / CKPT_NEW / MODEL / OPTIM and the step. Resume restores all of it;
+ * the batch stream is re-positioned with mg_batcher_seek(step) and the
+ * dropout seed of step s is a hash of (seed, s), so a resumed run continues
+ * bit for bit as if never stopped (same thread count).
  *
  * Stopping: after total steps, at the time limit, at stop_after, or when
  * mg_train_request_stop() was called (the SIGINT/SIGTERM handler does): in
  * every case a checkpoint is written first.
  *
- * Errors: 0 or -1 with a one-line message in err[errlen]. Progress goes to
- * the config's log stream (stderr by default); nothing else is printed. */
+ * Errors: errors.h. */
 #ifndef MG_TRAIN_H
 #define MG_TRAIN_H
 
 #include <stddef.h>
 #include <stdint.h>
 
-#include "errors.h"
-#include <stdio.h>
+#include <jansson.h>
 
+#include "errors.h"
 #include "model.h"
 #include "optim.h"
+#include "train_settings.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* Default token limit per molecule: longer lines are skipped and counted
- * like every other bad line, so that one runaway line cannot set the context
- * length (MOSES molecules have at most 57 tokens). */
-#define MG_MAX_TOKENS_DEFAULT 256
-/* Longest --time-limit (a year, in seconds): larger values would overflow
- * the step estimates' float -> int64 conversions. */
-#define MG_TIME_LIMIT_MAX 3.2e7
+/* What a run reports while it trains, through mg_train_log.progress: after
+ * every step (the caller decides how often to draw it). */
+typedef struct {
+    int64_t step;          /* steps done */
+    int64_t total_steps;   /* the schedule's; 0 while a time-limited one is sized */
+    double loss;           /* training loss, smoothed (EMA 0.9) */
+    double val_loss;       /* the last validation (NAN: none yet) */
+    double tokens_per_sec; /* non-pad target tokens per second of timed steps */
+    double elapsed;        /* seconds since the run started */
+    double eta;            /* seconds left (NAN: not known yet) */
+    int last;              /* 1 on the run's last step */
+} mg_train_progress;
+
+/* Callbacks (any may be NULL): message gets every line a run has to say
+ * (the data report, the model, validations, notes, the end; no trailing
+ * newline; the data report spans several lines); progress as above. */
+typedef struct {
+    void (*message)(void *user, const char *text);
+    void (*progress)(void *user, const mg_train_progress *p);
+    void *user;
+} mg_train_log;
+
+/* The settings' C types (kind column of train_settings.h). */
+#define MG_CTYPE_STR const char *
+#define MG_CTYPE_INT int
+#define MG_CTYPE_I64 int64_t
+#define MG_CTYPE_U64 uint64_t
+#define MG_CTYPE_F64 double
+#define MG_CTYPE_F32 float
+#define MG_CTYPE_FLAG int
+/* A field of its own for RUN and CKPT settings; MODEL and OPTIM ones set a
+ * member of model / optim. */
+#define MG_DECL_RUN(ctype, field) ctype field;
+#define MG_DECL_CKPT(ctype, field) ctype field;
+#define MG_DECL_CKPT_NEW(ctype, field) ctype field;
+#define MG_DECL_MODEL(ctype, field)
+#define MG_DECL_OPTIM(ctype, field)
+#define MG_TRAIN_DECL(key, field, kind, cli, arg, def, lo, hi, bounds, save, group, help) \
+    MG_DECL_##save(MG_CTYPE_##kind, field)
 
 typedef struct {
-    /* data */
-    const char *data_path;  /* .smi or .csv (required for a fresh run; on
-                               resume NULL means the checkpoint's path) */
-    const char *csv_column; /* NULL: "smiles" */
-    double val_frac;        /* 0.05 */
-    int max_tokens;         /* MG_MAX_TOKENS_DEFAULT; longer molecules are
-                               skipped and counted; 0: no limit */
-
-    /* model: n_layer, d_model, n_head, dropout, no_causal_mask are used;
-     * ctx_len 0 = the longest molecule + 1 (BOS + tokens); vocab_size is
-     * always the data's. Ignored on resume (the checkpoint's). */
+    /* model: vocab_size is always the data's. optim: eps is the default's,
+     * total_steps comes from steps (or the time-limit estimate). */
     mg_model_config model;
-    /* optimizer; total_steps is replaced by `steps` (or the time-limit
-     * estimate). Ignored on resume, except total_steps when steps > 0. */
     mg_adamw_config optim;
-
-    int batch_size;         /* 32 */
-    int64_t steps;          /* total optimizer steps of the schedule, counted
-                               from step 0 (a resumed run continues to it);
-                               0: the checkpoint's on resume, else estimated
-                               from time_limit after 10 timed steps and
-                               re-sized every 2% of the run from the mean
-                               step time (load changes), so the cosine ends
-                               at the limit; such a run is not reproducible */
-    double time_limit;      /* seconds for this process's run; 0: none;
-                               at most MG_TIME_LIMIT_MAX */
-    int64_t stop_after;     /* stop once this many steps are done (0: never):
-                               an interruption at a chosen step, for tests */
-    int val_every;          /* steps between validations (0: only at the end;
-                               -1: auto, about 10 per run and for a time-
-                               limited run at most 5% of its time) */
-    int val_max;            /* validation molecules evaluated (0: all) */
-    int ckpt_every;         /* steps between periodic checkpoints (0: none) */
-    uint64_t seed;          /* init, split, shuffle and dropout */
-    int skip_guard;         /* 1: do not run the causal-leak guard */
-
-    const char *out_path;    /* checkpoint written periodically and at the end */
-    const char *resume_path; /* NULL: fresh run */
-
-    FILE *log;       /* progress and messages; NULL: stderr */
-    int progress;    /* 1: a progress line (\r-updated on a terminal, one
-                        line every ~10 s otherwise); 0: validation lines only */
-    int quiet;       /* 1: print nothing at all */
+    MG_TRAIN_SETTINGS(MG_TRAIN_DECL)
+    mg_train_log log;
 } mg_train_config;
 
-/* Defaults: model mg_model_config_default, optimizer mg_adamw_config_default
- * (lr 2e-3 ...), batch 32, val_frac 0.05, max_tokens MG_MAX_TOKENS_DEFAULT,
- * val_every -1 (auto), val_max 2000, ckpt_every 1000, seed 1, progress 1. */
+/* Every setting at its default (train_settings.h; model and optimizer:
+ * mg_model_config_default, mg_adamw_config_default), no callbacks. */
 void mg_train_config_default(mg_train_config *c);
+/* Every setting within its range (a resumed run also checks the ones it
+ * takes from the checkpoint when it reads them). */
+mg_status mg_train_config_check(const mg_train_config *c, mg_error *err);
 
 typedef enum {
     MG_STOP_DONE = 0,       /* reached total steps */
@@ -140,7 +134,54 @@ int mg_train_stop_signal(void);
  * *model and, if non-NULL, *opt (initialised here; free with mg_adamw_free)
  * and *step. */
 mg_status mg_checkpoint_load(const char *path, mg_model **model, mg_adamw *opt, int64_t *step,
-                       mg_error *err);
+                             mg_error *err);
+
+/* ------------------------------------------------------------ the table */
+
+/* The lines of train_settings.h as data, for the code that treats them
+ * alike (the command line, --help, the checkpoint's "train" JSON). */
+typedef enum { MG_KIND_STR, MG_KIND_INT, MG_KIND_I64, MG_KIND_U64, MG_KIND_F64, MG_KIND_F32, MG_KIND_FLAG } mg_setting_kind;
+typedef enum { MG_SAVE_RUN, MG_SAVE_CKPT, MG_SAVE_CKPT_NEW, MG_SAVE_MODEL, MG_SAVE_OPTIM } mg_setting_save;
+enum { MG_CLOSED, MG_OPEN_HI, MG_OPEN_LO, MG_OPEN };
+
+typedef struct {
+    const char *key, *cli, *arg, *group, *help;
+    mg_setting_kind kind;
+    mg_setting_save save;
+    double lo, hi;          /* the range of F64 / F32 values */
+    int64_t ilo, ihi;       /* the range of INT / I64 values */
+    int bounds;             /* MG_CLOSED ... */
+    int flag_default;       /* a FLAG's default (the option sets the opposite) */
+    size_t offset;          /* of the value in mg_train_config */
+} mg_setting;
+
+extern const mg_setting MG_TRAIN_SETTING[];
+extern const size_t MG_TRAIN_NUM_SETTINGS;
+/* The same count as a constant expression. */
+#define MG_TRAIN_COUNT_ONE(...) +1
+enum { MG_TRAIN_SETTING_COUNT = 0 MG_TRAIN_SETTINGS(MG_TRAIN_COUNT_ONE) };
+
+/* NULL if no setting has that key. */
+const mg_setting *mg_setting_find(const char *key);
+/* Parses a command-line value (decimal integers; finite reals; STR as is,
+ * kept by pointer) into c and checks its range; a FLAG takes NULL and gets
+ * the opposite of its default. MG_ERR_ARG "bad value 'x' for --cli (an
+ * integer in [0, 10])". */
+mg_status mg_setting_parse(const mg_setting *s, const char *text, mg_train_config *c, mg_error *err);
+/* dst's value of s = src's. */
+void mg_setting_copy(const mg_setting *s, mg_train_config *dst, const mg_train_config *src);
+/* The value in c within its range? MG_ERR_ARG "key N is not in [lo, hi]". */
+mg_status mg_setting_check(const mg_setting *s, const mg_train_config *c, mg_error *err);
+/* The value as text ("0.05", "(none)" for a NULL string). */
+void mg_setting_format(const mg_setting *s, const mg_train_config *c, char *out, size_t n);
+/* The range as text ("an integer in [1, 1024]", "a number in [0, 1)",
+ * "a decimal integer in [0, 2^64)", "text"). */
+void mg_setting_range(const mg_setting *s, char *out, size_t n);
+/* The value as a JSON value (a new reference; NULL when out of memory or a
+ * string is not UTF-8), and back (type and range checked; a string is kept
+ * by pointer into v). */
+json_t *mg_setting_to_json(const mg_setting *s, const mg_train_config *c);
+mg_status mg_setting_from_json(const mg_setting *s, const json_t *v, mg_train_config *c, mg_error *err);
 
 #ifdef __cplusplus
 }

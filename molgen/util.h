@@ -12,6 +12,7 @@
 #ifndef MG_UTIL_H
 #define MG_UTIL_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -27,6 +28,17 @@ static inline uint64_t mg_mix64(uint64_t z) {
 static inline uint64_t mg_splitmix64(uint64_t *state) { return mg_mix64(*state += 0x9E3779B97F4A7C15ull); }
 
 double mg_now_s(void);
+
+/* 1 if s[0..n) is valid UTF-8 (no overlong forms, surrogates or code
+ * points past U+10FFFF: what JSON, and so jansson, accepts). */
+int mg_utf8_valid(const char *s, size_t n);
+
+/* s seconds as "42s", "3m07s", "1h02m"; "?" when negative, NaN or absurd. */
+void mg_fmt_duration(double s, char *out, size_t n);
+
+/* molgen's default thread count: ATTN_NUM_THREADS when set to 1..1024,
+ * else every core (omp_get_num_procs). Read at every call. */
+int mg_default_threads(void);
 
 #ifdef __cplusplus
 }

@@ -4,8 +4,9 @@
  *   - mg_token_len at each position against an independent oracle, the
  *     MolGPT regex of tokenizer.h compiled by POSIX regcomp (ERE, anchored;
  *     for these alternatives leftmost-longest and Python's leftmost-first
- *     pick the same match), with the documented differences: no match, "[]"
- *     and bracket atoms over MG_TOKEN_MAX bytes are -1;
+ *     pick the same match), with the documented differences: no match, "[]",
+ *     bracket atoms over MG_TOKEN_MAX bytes and bracket atoms that are not
+ *     UTF-8 (jansson's json_stringn decides) are -1;
  *   - mg_tokenize: the spans tile the line exactly; on an error the position
  *     is the first byte that starts no token and *ntok the tokens before it;
  *     a too small capacity gives MG_ERR_TOO_LONG with the full count;
@@ -22,6 +23,7 @@
  *     a checkpoint's "vocab" metadata holds): accepted ones round-trip and
  *     hold only specials and single tokens; rejected ones give a message.
  */
+#include <jansson.h>
 #include <regex.h>
 
 #include "fuzz_util.h"
@@ -45,6 +47,12 @@ static int oracle_token_len(const char *s)
     int len = (int)m[0].rm_eo;
     if (s[0] == '[' && len > MG_TOKEN_MAX)
         return -1;
+    if (s[0] == '[') {
+        json_t *j = json_stringn(s + 1, (size_t)len - 2);
+        json_decref(j);
+        if (!j)
+            return -1;
+    }
     return len;
 }
 

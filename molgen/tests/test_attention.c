@@ -238,7 +238,7 @@ static void test_cmd(void) {
         return;
     }
     const char *toks[] = {"C", "c", "1", "2", "(", ")", "O", "N", "=", "n"};
-    mg_error err;
+    mg_error err = {0};
     char model[256], out[256], path[300];
     mg_vocab *v = NULL;
     mg_model *m = NULL;

@@ -45,7 +45,7 @@ static void test_smi_file(void)
                       "CC(=O)OCCCCCCCCCCCCCCC\n" /* 8 long: 22 tokens */
                       "C[nH]1\n"                /* 9 */
                       "Cl/C=C\\Br");             /* 10, no final newline */
-    mg_error err;
+    mg_error err = {0};
     mg_report rep;
     mg_smiles_list list;
     CHECK(mg_read_smiles(g_smi, NULL, &list, &rep, &err) == 0);
@@ -183,7 +183,7 @@ static void test_csv_file(void)
                       "5,,3\n"               /* empty field */
                       "6, CC(N)=O ,2\n"      /* trimmed */
                       "7,\"unterminated,1\n");
-    mg_error err;
+    mg_error err = {0};
     mg_report rep;
     mg_smiles_list list;
     CHECK(mg_read_smiles(g_csv, "smiles", &list, &rep, &err) == 0);
@@ -246,7 +246,7 @@ static void test_split_and_batches(void)
     mg_vocab *v = NULL;
     mg_dataset all;
     mg_report rep;
-    mg_error err;
+    mg_error err = {0};
     if (mg_dataset_load(path, &o, NULL, &v, &all, &rep, &err) != 0) {
         fprintf(stderr, "load %s: %s (set MOLGEN_SHARED_DATA)\n", path, err.message);
         tu_fail++;
@@ -420,7 +420,7 @@ static void test_big_corpus(void)
     mg_vocab *v = NULL;
     mg_dataset d;
     mg_report rep;
-    mg_error err;
+    mg_error err = {0};
     clock_t t0 = clock();
     CHECK(mg_dataset_load(path, &o, NULL, &v, &d, &rep, &err) == 0);
     double sec = (double)(clock() - t0) / CLOCKS_PER_SEC;

@@ -50,7 +50,7 @@ static mg_model_config tiny_config(void) {
  * path (attention, LayerNorm gains, biases) carries O(1) signal. */
 static mg_model *make_model(const mg_model_config *c, uint64_t seed) {
     mg_model *m = NULL;
-    mg_error err;
+    mg_error err = {0};
     if (mg_model_create(c, &m, &err)) {
         fprintf(stderr, "create: %s\n", err.message);
         exit(2);
@@ -79,7 +79,7 @@ static void make_batch(int B, int T, int V, const int *lens, int32_t *ids, int64
 static double loss_at(mg_model *m, const int32_t *ids, const int64_t *len, int B, int T,
                       int training, uint64_t seed) {
     float loss;
-    mg_error err;
+    mg_error err = {0};
     if (mg_model_forward(m, ids, len, B, T, training, seed, &loss, NULL, &err)) {
         fprintf(stderr, "forward: %s\n", err.message);
         exit(2);
@@ -100,7 +100,7 @@ static void gradcheck(const char *label, const mg_model_config *c, int training,
     int32_t ids[32 * 16];
     int64_t len[32];
     make_batch(B, T, c->vocab_size, lens, ids, len);
-    mg_error err;
+    mg_error err = {0};
     float loss;
     int64_t ntok;
     const uint64_t seed = 99;
@@ -161,7 +161,7 @@ static void gradcheck(const char *label, const mg_model_config *c, int training,
 
 /* The guard passes the causal model and catches the one without the mask. */
 static void test_guard(void) {
-    mg_error err;
+    mg_error err = {0};
     mg_model_config c = tiny_config();
     mg_model *m = make_model(&c, 1);
     CHECK(mg_model_causal_guard(m, 5, &err) == 0, "causal model flagged: %s", err.message);
@@ -201,7 +201,7 @@ static void test_padding_and_inference(void) {
     memcpy(ids2, ids, sizeof ids);
     for (int b = 0; b < B; b++)
         for (int t = lens[b]; t < T; t++) ids2[b * T + t] = (int32_t)(rnd() % (uint64_t)V);
-    mg_error err;
+    mg_error err = {0};
     float l1, l2;
     CHECK(mg_model_forward(m, ids, len, B, T, 0, 0, &l1, NULL, &err) == 0, "%s", err.message);
     const size_t P = mg_model_num_params(m);
@@ -270,7 +270,7 @@ static void test_padding_and_inference(void) {
 }
 
 static void test_config_and_files(void) {
-    mg_error err;
+    mg_error err = {0};
     char js[512];
     mg_model_config c = tiny_config(), r;
     c.dropout = 0.1f;

@@ -38,7 +38,7 @@ static const char *TOKENS[] = {"C", "c", "N", "O", "(", ")", "1", "2", "=", "n",
 #define NTOK ((int)(sizeof TOKENS / sizeof *TOKENS))
 
 static mg_model *make_model(mg_vocab **vocab, int ctx, float scale) {
-    mg_error err;
+    mg_error err = {0};
     if (mg_vocab_from_tokens(TOKENS, NTOK, vocab, &err)) {
         fprintf(stderr, "vocab: %s\n", err.message);
         return NULL;
@@ -75,7 +75,7 @@ static mg_model *make_model(mg_vocab **vocab, int ctx, float scale) {
 /* ---------------------------------------------------------------- KV vs naive */
 
 static void test_kv_vs_naive(mg_model *m) {
-    mg_error err;
+    mg_error err = {0};
     const mg_model_config *c = mg_model_get_config(m);
     const int B = 3, V = c->vocab_size, ctx = c->ctx_len;
     mg_decoder *nv = NULL, *kv = NULL;
@@ -284,7 +284,7 @@ static void test_token_choice(void) {
     CHECK(mg_sample_token(bad, V, &s, &r) == 5, "single finite logit");
 
     /* settings */
-    mg_error err;
+    mg_error err = {0};
     mg_sampling_default(&s);
     CHECK(mg_sampling_check(&s, &err) == 0, "%s", err.message);
     s.temperature = -1.0f;
@@ -319,7 +319,7 @@ static int same_samples(const mg_samples *a, const mg_samples *b) {
 }
 
 static void test_sample(mg_model *m, const mg_vocab *v) {
-    mg_error err;
+    mg_error err = {0};
     mg_sample_opts o;
     mg_sample_opts_default(&o);
     o.n = 21;
@@ -434,7 +434,7 @@ static void test_cmd(mg_model *m, const mg_vocab *v) {
         CHECK(0, "mkdtemp");
         return;
     }
-    mg_error err;
+    mg_error err = {0};
     char model[300], out1[300], out2[300];
     snprintf(model, sizeof model, "%s/m.safetensors", dir);
     snprintf(out1, sizeof out1, "%s/sub/a.smi", dir);
@@ -517,7 +517,7 @@ int main(void) {
     attn_set_num_threads(1, NULL);
     mg_model *m2 = make_model(&v2, 10, 1.0f);
     if (m2) {
-        mg_error err;
+        mg_error err = {0};
         mg_decoder *a = NULL, *b = NULL;
         const int V = mg_model_get_config(m2)->vocab_size;
         float la[64], lb[64];

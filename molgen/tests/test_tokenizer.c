@@ -13,7 +13,7 @@ static void expect_tokens(const char *s, const char *expected)
 {
     mg_span sp[256];
     int n = -1;
-    mg_error err;
+    mg_error err = {0};
     int rc = mg_tokenize(s, sp, 256, &n, NULL, &err);
     if (rc != 0) {
         fprintf(stderr, "tokenize(%s) failed: %s\n", s, err.message);
@@ -35,7 +35,7 @@ static void expect_error(const char *s, int code, int pos, const char *needle)
 {
     mg_span sp[64];
     int n = -1, ep = -1;
-    mg_error err;
+    mg_error err = {0};
     int rc = mg_tokenize(s, sp, 64, &n, &ep, &err);
     if (rc != code || (code == MG_ERR_TOKEN && ep != pos) ||
         (needle && !strstr(err.message, needle))) {
@@ -84,6 +84,11 @@ static void test_scanner(void)
     expect_error("Ca", MG_ERR_TOKEN, 1, "'a'");
     expect_error("c1ccccc1\n", MG_ERR_TOKEN, 8, "\\x0A");
     expect_error("CC\xc3\xa9", MG_ERR_TOKEN, 2, "\\xC3");
+    /* a bracket atom must be UTF-8 (a vocabulary is JSON); "[\xc3\xa9]" is */
+    expect_error("C[\xff]C", MG_ERR_TOKEN, 1, "position 1");
+    expect_error("C[C\xc3]", MG_ERR_TOKEN, 1, "position 1");
+    expect_error("C[\xed\xa0\x80]", MG_ERR_TOKEN, 1, "position 1"); /* a surrogate */
+    CHECK(mg_token_len("[\xc3\xa9]") == 4);
     expect_error("C[CCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCCC]", MG_ERR_TOKEN, 1, NULL);
 
     CHECK(mg_token_len("") == 0);
@@ -99,7 +104,7 @@ static void test_vocab_basic(void)
 {
     const char *smi[] = {"CC(=O)O", "c1ccccc1Cl", "[NH3+]CC[O-]", "C%10CC%10"};
     mg_vocab *v = NULL;
-    mg_error err;
+    mg_error err = {0};
     CHECK(mg_vocab_build(smi, 4, &v, &err) == 0);
     if (!v)
         return;
@@ -260,7 +265,7 @@ static void test_corpus(const char *file, int expect_vocab, const char *expect_t
     size_t bad = 0, maxtok = 0;
     for (size_t i = 0; i < n; i++) {
         int nt = 0;
-        mg_error err;
+        mg_error err = {0};
         int rc = mg_tokenize(lines[i], sp, 512, &nt, NULL, &err);
         if (rc != 0) {
             if (bad++ < 5)
@@ -287,7 +292,7 @@ static void test_corpus(const char *file, int expect_vocab, const char *expect_t
     }
     CHECK(bad == 0);
     mg_vocab *v = NULL;
-    mg_error err;
+    mg_error err = {0};
     CHECK(mg_vocab_build((const char *const *)lines, n, &v, &err) == 0);
     if (v) {
         int vs = mg_vocab_size(v);

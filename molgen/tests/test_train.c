@@ -100,7 +100,7 @@ static void test_optim(void) {
     oc.grad_clip = 0.5f;
     const mg_optim_span spans[2] = {{0, 4, 1}, {4, 6, 0}};
     mg_adamw o;
-    mg_error err;
+    mg_error err = {0};
     CHECK(mg_adamw_init(&o, &oc, N, spans, 2, &err) == 0, "%s", err.message);
     const mg_optim_span gap[2] = {{0, 4, 1}, {5, 5, 0}};
     mg_adamw bad;
@@ -164,7 +164,7 @@ static int files_equal_params(const char *a, const char *b, const char *what) {
     mg_model *ma = NULL, *mb = NULL;
     mg_adamw oa, ob;
     int64_t sa = -1, sb = -2;
-    mg_error err;
+    mg_error err = {0};
     int ok = 1;
     if (mg_checkpoint_load(a, &ma, &oa, &sa, &err)) {
         fprintf(stderr, "%s: %s\n", what, err.message);
@@ -217,7 +217,7 @@ static void test_learns(void) {
     c.val_max = 0; /* all 100 validation molecules */
     c.ckpt_every = 0;
     mg_train_result r;
-    mg_error err;
+    mg_error err = {0};
     int rc = mg_train_run(&c, &r, &err);
     CHECK(rc == 0, "train: %s", err.message);
     if (rc) return;
@@ -242,7 +242,7 @@ static void test_resume(void) {
     path_in_tmp(half, sizeof half, "half.safetensors");
     path_in_tmp(resumed, sizeof resumed, "resumed.safetensors");
     const int64_t N = SANITIZED ? 12 : 24;
-    mg_error err;
+    mg_error err = {0};
     mg_train_result r;
 
     mg_train_config c = small_config(straight);
@@ -305,7 +305,7 @@ static void test_signal(int sig) {
     signal(SIGALRM, send_signal);
     alarm(1);
     mg_train_result r;
-    mg_error err;
+    mg_error err = {0};
     int rc = mg_train_run(&c, &r, &err);
     alarm(0);
     signal(SIGINT, SIG_DFL);
@@ -342,7 +342,7 @@ static void expect_resume_error(const char *path, const char *needle, const char
     c.resume_path = path;
     c.data_path = NULL;
     mg_train_result r;
-    mg_error err;
+    mg_error err = {0};
     int rc = mg_train_run(&c, &r, &err);
     CHECK(rc != 0, "%s: resumed from a bad checkpoint", what);
     CHECK(strstr(err.message, needle) != NULL && strchr(err.message, '\n') == NULL, "%s: message '%s' lacks '%s'", what, err.message,
@@ -358,7 +358,7 @@ static void test_bad_checkpoints(void) {
     mg_train_config c = small_config(good);
     c.steps = 3;
     mg_train_result r;
-    mg_error err;
+    mg_error err = {0};
     CHECK(mg_train_run(&c, &r, &err) == 0, "%s", err.message);
     FILE *f = fopen(good, "rb");
     if (!f) {
