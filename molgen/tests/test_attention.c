@@ -18,7 +18,6 @@
 #include <unistd.h>
 
 #include "attention.h"
-#include "attn.h"
 #include "commands.h"
 #include "model.h"
 #include "tokenizer.h"
@@ -291,7 +290,6 @@ static void test_cmd(void) {
 }
 
 int main(void) {
-    attn_set_num_threads(1, NULL);
     test_ring_pairs();
     test_stats();
     test_svg();

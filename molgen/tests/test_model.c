@@ -25,7 +25,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "attn.h"
 #include "model.h"
 #include "tokenizer.h"
 
@@ -46,6 +45,9 @@ static mg_model_config tiny_config(void) {
     return c;
 }
 
+/* Threads of the models make_model builds (0: molgen's default). */
+static int g_threads;
+
 /* Init, then perturb every parameter by U(-0.5, 0.5) * scale so that every
  * path (attention, LayerNorm gains, biases) carries O(1) signal. */
 static mg_model *make_model(const mg_model_config *c, uint64_t seed) {
@@ -56,6 +58,7 @@ static mg_model *make_model(const mg_model_config *c, uint64_t seed) {
         exit(2);
     }
     mg_model_init(m, seed);
+    mg_model_set_threads(m, g_threads);
     float *p = mg_model_params(m);
     for (size_t i = 0; i < mg_model_num_params(m); i++) p[i] += (float)(urand() - 0.5) * 0.6f;
     return m;
@@ -350,7 +353,7 @@ int main(int argc, char **argv) {
     test_padding_and_inference();
     test_config_and_files();
     /* Thread-count independence is not promised, but 1 thread must work. */
-    attn_set_num_threads(1, NULL);
+    g_threads = 1;
     c = tiny_config();
     gradcheck("tiny, 1 thread", &c, 0, 3);
     printf("test_model: %d checks passed, %d failed\n", tu_pass, tu_fail);

@@ -21,7 +21,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "attn.h"
 #include "commands.h"
 #include "bench.h"
 #include "model.h"
@@ -498,15 +497,15 @@ static void test_bench(void) {
 }
 
 int main(void) {
-    attn_set_num_threads(2, NULL);
     mg_vocab *v = NULL;
     mg_model *m = make_model(&v, 24, 8.0f);
     CHECK(m != NULL, "model");
     if (m) {
+        mg_model_set_threads(m, 2);
         test_kv_vs_naive(m);
         /* the rest on one thread: on a busy 2-core machine, spinning OpenMP
          * and OpenBLAS pools make many tiny parallel steps very slow */
-        attn_set_num_threads(1, NULL);
+        mg_model_set_threads(m, 1);
         test_token_choice();
         test_sample(m, v);
         test_cmd(m, v);
@@ -514,9 +513,9 @@ int main(void) {
     }
     /* A model as initialised (small logits) too, with 1 thread. */
     mg_vocab *v2 = NULL;
-    attn_set_num_threads(1, NULL);
     mg_model *m2 = make_model(&v2, 10, 1.0f);
     if (m2) {
+        mg_model_set_threads(m2, 1);
         mg_error err = {0};
         mg_decoder *a = NULL, *b = NULL;
         const int V = mg_model_get_config(m2)->vocab_size;
