@@ -245,7 +245,9 @@ ATTN_API attn_status attn_mha_weights_from_buffer(const attn_mha_config *c, floa
 ATTN_API attn_status attn_mha_init(const attn_mha_config *c, const attn_mha_weights *w,
                           uint64_t seed, attn_error *err);
 
-/* Floats of activation cache the backward needs for a call of this shape. */
+/* Floats of activation cache the backward needs for a call of this shape:
+ * B * (2*Lq*E + 2*Lk*E + H*Lq), B times the count for one batch row (so a
+ * caller may run batch rows in chunks, each at its row's offset). */
 ATTN_API attn_status attn_mha_cache_size(const attn_mha_config *c, int64_t B, int64_t Lq,
                                 int64_t Lk, size_t *count, attn_error *err);
 

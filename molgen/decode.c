@@ -12,21 +12,21 @@
 
 
 typedef struct {
-    const float *ln1_w, *ln1_b, *in_w, *in_b, *out_w, *out_b;
-    const float *ln2_w, *ln2_b, *fc_w, *fc_b, *proj_w, *proj_b;
-    float *k, *v; /* caches [B, ctx, d] */
+    const float *ln1_w, *ln1_b, *ln2_w, *ln2_b, *fc_w, *fc_b, *proj_w, *proj_b;
+    attn_mha_weights w; /* views of attn.in_proj_* / attn.out_proj.* */
+    attn_mha_kv kv;     /* the block's KV cache (libattn's layout, in kvmem) */
 } kv_layer;
 
 struct mg_kv_decoder {
     mg_model *m;
     int B, n;
-    int *pos;         /* [B] next position of each row */
-    int64_t *klen;    /* [B] key lengths of the current step */
     int N, d, H, V, ctx;
+    attn_mha_config cfg;
     const float *tok_emb, *pos_emb, *lnf_w, *lnf_b, *head_w, *head_b;
     kv_layer *layers;
+    void *kvmem;                /* every block's KV cache, one allocation */
     float *mem;                 /* everything below, one allocation */
-    float *x, *h, *qkv, *att, *tmp, *fc;
+    float *x, *h, *att, *tmp, *fc;
 };
 
 static const float *param(mg_model *m, const char *name, size_t numel, mg_error *err,
@@ -67,46 +67,63 @@ mg_status mg_kv_new(mg_model *m, int B, mg_kv_decoder **out, mg_error *err) {
     d->head_w = param(m, "head.weight", V * D, err, &bad);
     d->head_b = param(m, "head.bias", V, err, &bad);
     d->layers = calloc((size_t)d->N, sizeof *d->layers);
-    d->pos = calloc((size_t)B, sizeof *d->pos);
-    d->klen = calloc((size_t)B, sizeof *d->klen);
-    const size_t cache = (size_t)B * (size_t)d->ctx * D;
-    const size_t total = 2 * cache * (size_t)d->N + (size_t)B * (D * 4 + 3 * D + F);
-    d->mem = calloc(total, sizeof(float)); /* zeroed: keys past a row's length are finite */
-    if (!d->layers || !d->mem || !d->pos || !d->klen) {
+    d->cfg = (attn_mha_config){d->d, d->H, 0, 0, 1};
+    /* one KV cache per block: ctx_len positions per row, one per step,
+     * scratch for the model's threads */
+    attn_mha_kv_shape ks = {B, d->ctx, 1, mg_model_threads(m)};
+    size_t kvbytes = 0;
+    attn_error aerr;
+    if (attn_mha_kv_bytes(&d->cfg, &ks, &kvbytes, &aerr)) {
         mg_kv_free(d);
-        return mg_fail(err, MG_ERR_NOMEM, "decode: out of memory (%zu floats)", total);
+        return mg_fail(err, MG_ERR_ARG, "decode: KV cache: %s", aerr.message);
     }
-    float *p = d->mem;
+    const size_t total = (size_t)B * (D * 4 + F);
+    d->mem = calloc(total, sizeof(float));
+    d->kvmem = malloc(kvbytes * (size_t)d->N);
+    if (!d->layers || !d->mem || !d->kvmem) {
+        mg_kv_free(d);
+        return mg_fail(err, MG_ERR_NOMEM, "decode: out of memory (%zu floats, %zu bytes of KV cache)",
+                       total, kvbytes * (size_t)d->N);
+    }
     for (int l = 0; l < d->N && !bad; l++) {
         kv_layer *L = &d->layers[l];
         char name[96];
-#define P(field, suffix, numel)                                               \
+#define P(lhs, suffix, numel)                                                 \
     do {                                                                      \
         snprintf(name, sizeof name, "blocks.%d.%s", l, suffix);               \
-        L->field = param(m, name, numel, err, &bad);                  \
+        lhs = param(m, name, numel, err, &bad);                               \
     } while (0)
-        P(ln1_w, "ln1.weight", D);
-        P(ln1_b, "ln1.bias", D);
+        const float *in_w, *in_b, *out_w, *out_b;
+        P(L->ln1_w, "ln1.weight", D);
+        P(L->ln1_b, "ln1.bias", D);
         P(in_w, "attn.in_proj_weight", 3 * D * D);
         P(in_b, "attn.in_proj_bias", 3 * D);
         P(out_w, "attn.out_proj.weight", D * D);
         P(out_b, "attn.out_proj.bias", D);
-        P(ln2_w, "ln2.weight", D);
-        P(ln2_b, "ln2.bias", D);
-        P(fc_w, "mlp.fc.weight", F * D);
-        P(fc_b, "mlp.fc.bias", F);
-        P(proj_w, "mlp.proj.weight", D * F);
-        P(proj_b, "mlp.proj.bias", D);
+        P(L->ln2_w, "ln2.weight", D);
+        P(L->ln2_b, "ln2.bias", D);
+        P(L->fc_w, "mlp.fc.weight", F * D);
+        P(L->fc_b, "mlp.fc.bias", F);
+        P(L->proj_w, "mlp.proj.weight", D * F);
+        P(L->proj_b, "mlp.proj.bias", D);
 #undef P
-        L->k = p;
-        p += cache;
-        L->v = p;
-        p += cache;
+        if (bad) break;
+        /* PyTorch's layout: in_proj stacks q, k, v (libattn reads them
+         * through these pointers and never writes them) */
+        float *iw = (float *)in_w, *ib = (float *)in_b;
+        L->w = (attn_mha_weights){iw, iw + D * D, iw + 2 * D * D, (float *)out_w,
+                                  ib, ib + D, ib + 2 * D, (float *)out_b};
+        if (attn_mha_kv_init(&d->cfg, &ks, (char *)d->kvmem + (size_t)l * kvbytes, kvbytes, &L->kv,
+                             &aerr)) {
+            mg_kv_free(d);
+            return mg_fail(err, MG_ERR_ARG, "decode: KV cache: %s", aerr.message);
+        }
     }
     if (bad) {
         mg_kv_free(d);
         return MG_ERR_FORMAT;
     }
+    float *p = d->mem;
     d->x = p;
     p += (size_t)B * D;
     d->h = p;
@@ -115,8 +132,6 @@ mg_status mg_kv_new(mg_model *m, int B, mg_kv_decoder **out, mg_error *err) {
     p += (size_t)B * D;
     d->tmp = p;
     p += (size_t)B * D;
-    d->qkv = p;
-    p += (size_t)B * 3 * D;
     d->fc = p;
     d->n = 0;
     *out = d;
@@ -127,9 +142,13 @@ void mg_kv_free(mg_kv_decoder *d) {
     if (!d) return;
     free(d->layers);
     free(d->mem);
-    free(d->pos);
-    free(d->klen);
+    free(d->kvmem);
     free(d);
+}
+
+/* Row r's positions in every block's cache: from 0 (same in all blocks). */
+static void restart(mg_kv_decoder *d, int r) {
+    for (int l = 0; l < d->N; l++) d->layers[l].kv.len[r] = 0;
 }
 
 mg_status mg_kv_reset(mg_kv_decoder *d, int n, mg_error *err) {
@@ -137,7 +156,7 @@ mg_status mg_kv_reset(mg_kv_decoder *d, int n, mg_error *err) {
     if (n < 1 || n > d->B)
         return mg_fail(err, MG_ERR_ARG, "decode: %d rows, need 1..%d", n, d->B);
     d->n = n;
-    for (int r = 0; r < n; r++) d->pos[r] = 0;
+    for (int r = 0; r < n; r++) restart(d, r);
     return 0;
 }
 
@@ -145,24 +164,24 @@ mg_status mg_kv_restart_row(mg_kv_decoder *d, int r, mg_error *err) {
     if (!d) return mg_fail(err, MG_ERR_ARG, "decode: decoder is NULL");
     if (r < 0 || r >= d->n)
         return mg_fail(err, MG_ERR_ARG, "decode: row %d is outside [0, %d)", r, d->n);
-    d->pos[r] = 0;
+    restart(d, r);
     return 0;
 }
 
-int mg_kv_pos(const mg_kv_decoder *d, int r) { return d && r >= 0 && r < d->n ? d->pos[r] : 0; }
+int mg_kv_pos(const mg_kv_decoder *d, int r) {
+    return d && r >= 0 && r < d->n && d->N > 0 ? (int)d->layers[0].kv.len[r] : 0;
+}
 
 mg_status mg_kv_step(mg_kv_decoder *d, const int32_t *tok, float *logits, mg_error *err) {
     if (!d || !tok || !logits)
         return mg_fail(err, MG_ERR_ARG, "decode: decoder, tokens and logits must be non-NULL");
     if (d->n < 1) return mg_fail(err, MG_ERR_ARG, "decode: step before reset");
-    const int n = d->n, D = d->d, F = 4 * D, H = d->H, Dh = D / H, ctx = d->ctx;
-    int maxpos = 0;
+    const int n = d->n, D = d->d, F = 4 * D, ctx = d->ctx;
     for (int b = 0; b < n; b++) {
-        if (d->pos[b] >= ctx)
+        const int pos = mg_kv_pos(d, b);
+        if (pos >= ctx)
             return mg_fail(err, MG_ERR_ARG, "decode: row %d: position %d is past ctx_len %d",
-                        b, d->pos[b], ctx);
-        if (d->pos[b] > maxpos) maxpos = d->pos[b];
-        d->klen[b] = d->pos[b] + 1;
+                        b, pos, ctx);
     }
     const int nt = mg_model_threads(d->m);
 
@@ -170,37 +189,25 @@ mg_status mg_kv_step(mg_kv_decoder *d, const int32_t *tok, float *logits, mg_err
         if (tok[b] < 0 || tok[b] >= d->V)
             return mg_fail(err, MG_ERR_ARG, "decode: token[%d] = %d is outside [0, %d)", b,
                         (int)tok[b], d->V);
-        const float *te = d->tok_emb + (size_t)tok[b] * D, *pe = d->pos_emb + (size_t)d->pos[b] * D;
+        const float *te = d->tok_emb + (size_t)tok[b] * D;
+        const float *pe = d->pos_emb + (size_t)mg_kv_pos(d, b) * D;
         float *x = d->x + (size_t)b * D;
         for (int c = 0; c < D; c++) x[c] = te[c] + pe[c];
     }
     attn_sdpa_params ap;
     memset(&ap, 0, sizeof ap);
-    ap.causal = 1;
-    ap.key_lengths = d->klen;
     ap.num_threads = nt;
     attn_error aerr;
     for (int l = 0; l < d->N; l++) {
-        const kv_layer *L = &d->layers[l];
+        kv_layer *L = &d->layers[l];
         mg_layernorm_forward(d->h, NULL, NULL, d->x, L->ln1_w, L->ln1_b, n, D, nt);
-        mg_matmul_forward(d->qkv, d->h, L->in_w, L->in_b, n, D, 3 * D, nt);
-        for (int b = 0; b < n; b++) {
-            const float *row = d->qkv + (size_t)b * 3 * D;
-            const size_t at = ((size_t)b * ctx + (size_t)d->pos[b]) * D;
-            memcpy(L->k + at, row + D, (size_t)D * sizeof(float));
-            memcpy(L->v + at, row + 2 * D, (size_t)D * sizeof(float));
-        }
-        /* q [n, H, 1, Dh] inside qkv; K, V [n, H, maxpos+1, Dh] inside the
-         * cache, row b's keys cut at pos[b] + 1 by key_lengths */
-        attn_tensor q = {d->qkv, {n, H, 1, Dh}, {3 * (int64_t)D, Dh, 3 * (int64_t)D, 1}};
-        attn_tensor k = {L->k, {n, H, maxpos + 1, Dh}, {(int64_t)ctx * D, Dh, D, 1}};
-        attn_tensor v = {L->v, {n, H, maxpos + 1, Dh}, {(int64_t)ctx * D, Dh, D, 1}};
-        attn_tensor o = {d->att, {n, H, 1, Dh}, {D, Dh, D, 1}};
-        if (attn_sdpa_forward(&q, &k, &v, &ap, &o, NULL, NULL, NULL, &aerr))
+        /* libattn's incremental step: projections, the new keys and values
+         * into the block's cache, the decode kernel over each row's cached
+         * positions, the output projection */
+        if (attn_mha_step(&d->cfg, &L->w, &L->kv, n, 1, d->h, &ap, d->att, &aerr))
             return mg_fail(err, MG_ERR_ARG, "decode: block %d attention: %s", l,
                         aerr.message);
-        mg_matmul_forward(d->tmp, d->att, L->out_w, L->out_b, n, D, D, nt);
-        for (size_t i = 0; i < (size_t)n * D; i++) d->x[i] = d->x[i] + d->tmp[i];
+        for (size_t i = 0; i < (size_t)n * D; i++) d->x[i] = d->x[i] + d->att[i];
         mg_layernorm_forward(d->h, NULL, NULL, d->x, L->ln2_w, L->ln2_b, n, D, nt);
         mg_matmul_forward(d->fc, d->h, L->fc_w, L->fc_b, n, D, F, nt);
         mg_gelu_forward(d->fc, d->fc, (int64_t)n * F, nt);
@@ -209,6 +216,5 @@ mg_status mg_kv_step(mg_kv_decoder *d, const int32_t *tok, float *logits, mg_err
     }
     mg_layernorm_forward(d->h, NULL, NULL, d->x, d->lnf_w, d->lnf_b, n, D, nt);
     mg_matmul_forward(logits, d->h, d->head_w, d->head_b, n, D, d->V, nt);
-    for (int b = 0; b < n; b++) d->pos[b]++;
     return 0;
 }

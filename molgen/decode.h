@@ -2,20 +2,20 @@
  *
  * Each step takes one token per row at that row's position pos, runs it
  * through the network with the keys and values of positions 0..pos-1 kept
- * from earlier steps (per layer, [B, ctx_len, d] each, in the packed
- * [B, L, H, Dh] layout), and returns the logits [n, V] predicting position
- * pos + 1. Attention is libattn's decode path: attn_sdpa_forward with
- * Lq = 1 against strided views of the cache (Lk = the largest pos + 1,
- * key_lengths = pos + 1 per row, causal: the query is the last position, so
- * it sees every cached key of its row). Rows may be at different positions,
- * and a row can restart at 0 while the others continue (continuous
- * batching). The logits equal mg_model_logits' at the same position up to
- * fp32 rounding.
+ * from earlier steps, and returns the logits [n, V] predicting position
+ * pos + 1. Each block's attention is libattn's incremental step
+ * (attn_mha_step): it appends the position's key and value to the block's
+ * KV cache (attn_mha_kv, ctx_len positions per row, libattn's layout, one
+ * allocation made by mg_kv_new; nothing is allocated per step) and attends
+ * over the row's cached positions through the fused decode kernel. Rows may
+ * be at different positions, and a row can restart at 0 while the others
+ * continue (continuous batching). The logits equal mg_model_logits' at the
+ * same position up to fp32 rounding.
  *
  * The layer math (LayerNorm, linear, GELU-tanh) is layers.h's, the same
  * functions the training model uses.
  *
- * Conventions as model.h: 0 or a negative code with a message in err.
+ * Errors: an mg_status with its message in err (errors.h).
  */
 #ifndef MG_DECODE_H
 #define MG_DECODE_H

@@ -3,6 +3,7 @@
 
 #include <cblas.h>
 #include <math.h>
+#include <pthread.h>
 #include <string.h>
 #ifdef _OPENMP
 #include <omp.h>
@@ -114,12 +115,29 @@ void mg_thread_range(int64_t n, int64_t *lo, int64_t *hi) {
     *hi = n * (id + 1) / nth;
 }
 
+/* OpenBLAS single-threaded inside those regions, with no per-call setting
+ * (libattn's policy, attn.h "Threads and OpenBLAS"): OpenBLAS's pthread
+ * build keeps a process-wide count, set to 1 once; its OpenMP build runs
+ * single-threaded inside an active region, and for a team of one the
+ * region's own thread-count ICV is set to 1 (it ends with the region). */
+static pthread_once_t g_blas_once = PTHREAD_ONCE_INIT;
+static void blas_pthread_build_single(void) {
+    if (openblas_get_parallel() == 1) openblas_set_num_threads(1);
+}
+static void blas_once(void) { pthread_once(&g_blas_once, blas_pthread_build_single); }
+static inline void blas_region_single(void) {
+#ifdef _OPENMP
+    omp_set_num_threads(1);
+#endif
+}
+
 /* out [R, OC] = inp [R, IC] wᵀ + bias;  w [OC, IC], bias [OC] (may be NULL). */
 void mg_matmul_forward(float *out, const float *inp, const float *w, const float *bias,
                        int64_t R, int IC, int OC, int nt) {
-    openblas_set_num_threads(1);
+    blas_once();
 #pragma omp parallel num_threads(nt)
     {
+        blas_region_single();
         int64_t r0, r1;
         mg_thread_range(R, &r0, &r1);
         if (r1 > r0) {
@@ -135,9 +153,10 @@ void mg_matmul_forward(float *out, const float *inp, const float *w, const float
  * dw [OC, IC] += doutᵀ inp;  dbias [OC] += column sums of dout. */
 void mg_matmul_backward(float *dinp, float *dw, float *dbias, const float *dout,
                         const float *inp, const float *w, int64_t R, int IC, int OC, int nt) {
-    openblas_set_num_threads(1);
+    blas_once();
 #pragma omp parallel num_threads(nt)
     {
+        blas_region_single();
         int64_t r0, r1, c0, c1;
         mg_thread_range(R, &r0, &r1);
         mg_thread_range(OC, &c0, &c1);

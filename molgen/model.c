@@ -433,6 +433,15 @@ void mg_model_init(mg_model *m, uint64_t seed) {
 
 /* Make room for R = B*L rows, B batch rows and `slots` blocks. Keeps the
  * buffers when they are already large enough. */
+/* Floats of attention cache per position (attn_mha_cache_size of one row
+ * and one position; a call's count is that times B·L for self-attention,
+ * which forward_core checks). */
+static size_t attn_cache_per_row(const mg_model *m) {
+    size_t n = 0;
+    attn_mha_cache_size(&m->mha, 1, 1, 1, &n, NULL);
+    return n;
+}
+
 static mg_status ensure_acts(mg_model *m, size_t R, size_t B, size_t slots, mg_error *err) {
     if (R <= m->cap_rows && B <= m->cap_b && slots <= m->cap_slots) return 0;
     if (R < m->cap_rows) R = m->cap_rows;
@@ -440,12 +449,12 @@ static mg_status ensure_acts(mg_model *m, size_t R, size_t B, size_t slots, mg_e
     if (slots < m->cap_slots) slots = m->cap_slots;
     free_acts(m);
     const size_t d = (size_t)m->cfg.d_model, F = 4 * d, V = (size_t)m->cfg.vocab_size;
-    const size_t H = (size_t)m->cfg.n_head;
     const int drop = m->cfg.dropout > 0.0f;
-    /* Floats per row: per block x, ln1, attn cache (4d + H), x_mid, ln2
-     * (5d + 4d + H), fc, gelu (2F), 4 LayerNorm stats, 2 dropout masks;
-     * plus the shared ones. */
-    const size_t per_block = 8 * d + H + 2 * F + 4 + (drop ? 2 * d : 0);
+    /* Floats per row: per block x, ln1, attn cache (A: libattn's count for
+     * one position), x_mid, ln2 (4d + A), fc, gelu (2F), 4 LayerNorm stats,
+     * 2 dropout masks; plus the shared ones. */
+    const size_t A = attn_cache_per_row(m);
+    const size_t per_block = 4 * d + A + 2 * F + 4 + (drop ? 2 * d : 0);
     const size_t shared = (drop ? d : 0) + d /* x_final */ + d + 2 /* lnf */ + V /* probs */ +
                           1 /* row_loss */ + 4 * d /* scratch dx dln dbranch */ + F /* dfc */;
     const size_t total = R * (slots * per_block + shared);
@@ -474,7 +483,7 @@ static mg_status ensure_acts(mg_model *m, size_t R, size_t B, size_t slots, mg_e
         CARVE(a->ln1, R * d);
         CARVE(a->ln1_mean, R);
         CARVE(a->ln1_rstd, R);
-        CARVE(a->attn_cache, R * (4 * d + H));
+        CARVE(a->attn_cache, R * A);
         CARVE(a->x_mid, R * d);
         CARVE(a->ln2, R * d);
         CARVE(a->ln2_mean, R);
@@ -708,7 +717,7 @@ static mg_status attention_forward(mg_model *m, int layer, int B, int L, const f
                              float *cache, float *weights, int training, uint64_t seed, int nt,
                              mg_error *err) {
     const int64_t d = m->cfg.d_model, H = m->cfg.n_head;
-    const int64_t row = (int64_t)L * d, cache_row = 4 * (int64_t)L * d + H * L;
+    const int64_t row = (int64_t)L * d, cache_row = (int64_t)attn_cache_per_row(m) * L;
     const int nch = (B + ATTN_CHUNK - 1) / ATTN_CHUNK;
     attn_mha_weights w;
     attn_mha_weights_from_buffer(&m->mha, m->p.blocks[layer].attn, &w, NULL);
@@ -736,8 +745,8 @@ static mg_status attention_forward(mg_model *m, int layer, int B, int L, const f
 static mg_status attention_backward(mg_model *m, int layer, int B, int L, const float *in,
                               const float *dout, float *din, const float *cache, int training,
                               uint64_t seed, int nt, mg_error *err) {
-    const int64_t d = m->cfg.d_model, H = m->cfg.n_head;
-    const int64_t row = (int64_t)L * d, cache_row = 4 * (int64_t)L * d + H * L;
+    const int64_t d = m->cfg.d_model;
+    const int64_t row = (int64_t)L * d, cache_row = (int64_t)attn_cache_per_row(m) * L;
     const int nch = (B + ATTN_CHUNK - 1) / ATTN_CHUNK;
     const size_t P = m->mha_count;
     attn_mha_weights w;
@@ -786,7 +795,7 @@ static mg_status forward_core(mg_model *m, int B, int L, int64_t Rv, int keep, i
     attn_error aerr;
     if (attn_mha_cache_size(&m->mha, B, L, L, &cache_need, &aerr))
         return mg_fail(err, MG_ERR_ARG, "attention: %s", aerr.message);
-    if (cache_need > (size_t)R * (4 * (size_t)d + (size_t)m->cfg.n_head))
+    if (cache_need > (size_t)R * attn_cache_per_row(m))
         return mg_fail(err, MG_ERR_ARG, "attention cache larger than planned (%zu floats)",
                     cache_need);
 
