@@ -10,6 +10,9 @@ JOBS ?= $(shell nproc)
 PREFIX ?= /usr/local
 DEPS = tools/deps.sh
 export OPENBLAS_CORETYPE ?= Haswell
+# idle OpenMP threads sleep instead of spinning: on a loaded 2-core machine the
+# spinning starved the working threads (README, "OMP_WAIT_POLICY")
+export OMP_WAIT_POLICY ?= PASSIVE
 
 .PHONY: all deps build build-asan run demo test test-c test-asan test-python test-fuzz install clean
 

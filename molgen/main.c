@@ -5,7 +5,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "attn.h"
 #include "commands.h"
@@ -28,21 +27,12 @@ static void usage(FILE *f) {
     fprintf(f, "usage: molgen <command> [options]   (molgen <command> --help)\n\ncommands:\n");
     for (size_t i = 0; i < sizeof COMMANDS / sizeof COMMANDS[0]; i++)
         if (COMMANDS[i].summary) fprintf(f, "  %-10s %s\n", COMMANDS[i].name, COMMANDS[i].summary);
-    fprintf(f, "\nenvironment: ATTN_NUM_THREADS (threads), MOLGEN_SHARED_DATA (data folder)\n");
+    fprintf(f, "\nenvironment: ATTN_NUM_THREADS (threads), MOLGEN_SHARED_DATA (data folder),\n"
+               "  OMP_WAIT_POLICY=PASSIVE (idle OpenMP threads sleep instead of spinning: much faster\n"
+               "  on a loaded machine; make and the main job set it)\n");
 }
 
 int main(int argc, char **argv) {
-    /* libgomp's idle threads spin by default, and OpenBLAS (the pthread build)
-     * keeps its own threads: on a 2-core machine the spinning starves the
-     * threads doing work (measured: 1.5-2x slower training). libgomp reads
-     * OMP_WAIT_POLICY only at start-up, so set it and run ourselves again
-     * once; an explicit OMP_WAIT_POLICY is respected. */
-    if (!getenv("OMP_WAIT_POLICY") && !getenv("MOLGEN_NO_REEXEC")) {
-        setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
-        setenv("MOLGEN_NO_REEXEC", "1", 1);
-        execv("/proc/self/exe", argv);
-        /* exec failed: carry on with the default policy */
-    }
     /* Past a file-size limit (ulimit -f) a write must fail with EFBIG so that
      * the normal error path runs (temporary removed, the previous checkpoint
      * intact) instead of SIGXFSZ killing the process silently. */

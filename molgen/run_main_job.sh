@@ -13,8 +13,10 @@
 # build/molgen/molgen), TRAIN_SECONDS (default 120), MAIN_JOB_N (molecules per
 # model, default 1000), MAIN_JOB_OUT (default out/main_job), MAIN_JOB_SHIPPED
 # (default models/molgen-moses.safetensors), MAIN_JOB_MAX_REF (2000),
-# ATTN_NUM_THREADS.
+# ATTN_NUM_THREADS, OMP_WAIT_POLICY (default PASSIVE: idle OpenMP threads sleep;
+# see README, "OMP_WAIT_POLICY").
 set -euo pipefail
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 cd "$(dirname "$0")/.."
 
 PYTHON=${PYTHON:-/usr/bin/python3}

@@ -15,7 +15,7 @@
 #include "mg_test.h"
 
 static uint64_t g_rng = 0x1234567ULL;
-static uint64_t rnd(void) { return mg_test_splitmix64(&g_rng); }
+static uint64_t rnd(void) { return mg_splitmix64(&g_rng); }
 
 /* ================================================================ JSON */
 

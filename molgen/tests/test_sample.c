@@ -30,7 +30,7 @@
 #include "mg_test.h"
 
 static uint64_t rs = 777;
-static uint64_t rnd(void) { return mg_test_splitmix64(&rs); }
+static uint64_t rnd(void) { return mg_splitmix64(&rs); }
 static double urand(void) { return (double)(rnd() >> 11) * 0x1.0p-53; }
 
 static const char *TOKENS[] = {"C", "c", "N", "O", "(", ")", "1", "2", "=", "n", "Cl", "[nH]"};

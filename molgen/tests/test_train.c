@@ -424,9 +424,7 @@ static void test_bad_checkpoints(void) {
     remove(bad);
 }
 
-int main(int argc, char **argv) {
-    (void)argc;
-    mg_test_passive_wait(argv);
+int main(void) {
     snprintf(tmpdir, sizeof tmpdir, "/tmp/molgen_test_train_%d", (int)getpid());
     char cmd[400];
     snprintf(cmd, sizeof cmd, "mkdir -p %s", tmpdir);
