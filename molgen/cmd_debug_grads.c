@@ -21,7 +21,8 @@ static const char DEBUG_GRADS_USAGE[] =
     "compares them with PyTorch autograd.\n"
     "  --model FILE    use this model / checkpoint as is (no init, no perturbation)\n"
     "  --layers N (2)  --d-model N (16)  --heads N (2)  --ctx-len N (8)  --vocab N (10)\n"
-    "  --batch N (3)  --seed N (1)  --perturb X (0.6)  --threads N\n";
+    "  --batch N (3)  --seed N (1)  --perturb X (0.6)  --threads N\n"
+    "  --label-smoothing X (0)  the training loss's (then a training-mode forward)\n";
 
 int cmd_debug_grads(int argc, char **argv) {
     mg_grad_dump_opts g;
@@ -29,16 +30,17 @@ int cmd_debug_grads(int argc, char **argv) {
     mg_model_config mc = g.model;
     long long B = g.batch, threads = 0, ll;
     uint64_t seed = g.seed;
-    double perturb = g.perturb;
+    double perturb = g.perturb, ls = 0;
     const char *out = NULL, *model_path = NULL;
-    enum { O_OUT = 1, O_MODEL, O_LAYERS, O_DMODEL, O_HEADS, O_CTX, O_VOCAB, O_BATCH, O_THREADS, O_SEED, O_PERTURB };
+    enum { O_OUT = 1, O_MODEL, O_LAYERS, O_DMODEL, O_HEADS, O_CTX, O_VOCAB, O_BATCH, O_THREADS, O_SEED, O_PERTURB, O_LS };
     static const struct option opts[] = {
         {"out", required_argument, NULL, O_OUT},       {"model", required_argument, NULL, O_MODEL},
         {"layers", required_argument, NULL, O_LAYERS}, {"d-model", required_argument, NULL, O_DMODEL},
         {"heads", required_argument, NULL, O_HEADS},   {"ctx-len", required_argument, NULL, O_CTX},
         {"vocab", required_argument, NULL, O_VOCAB},   {"batch", required_argument, NULL, O_BATCH},
         {"threads", required_argument, NULL, O_THREADS}, {"seed", required_argument, NULL, O_SEED},
-        {"perturb", required_argument, NULL, O_PERTURB}, {"help", no_argument, NULL, 'h'},
+        {"perturb", required_argument, NULL, O_PERTURB}, {"label-smoothing", required_argument, NULL, O_LS},
+        {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0}};
     const char *v;
     int o;
@@ -59,6 +61,7 @@ int cmd_debug_grads(int argc, char **argv) {
         case O_THREADS: ok = mg_cli_int(v, 1, MG_MAX_THREADS, &threads); break;
         case O_SEED: ok = mg_cli_u64(v, &seed); break;
         case O_PERTURB: ok = mg_cli_double(v, &perturb) && perturb >= 0; break;
+        case O_LS: ok = mg_cli_double(v, &ls) && ls >= 0 && ls < 1; break;
         }
         if (!ok) return mg_cli_bad_value("debug-grads", argv, v);
     }
@@ -73,6 +76,7 @@ int cmd_debug_grads(int argc, char **argv) {
     g.seed = seed;
     g.perturb = perturb;
     g.threads = (int)threads;
+    g.label_smoothing = (float)ls;
     mg_grad_dump_result r;
     mg_error err;
     if (mg_grad_dump(&g, &r, &err)) {

@@ -46,6 +46,10 @@ mg_status mg_grad_dump(const mg_grad_dump_opts *o, mg_grad_dump_result *r, mg_er
         }
     }
     mg_model_set_threads(m, o->threads);
+    if ((rc = mg_model_set_label_smoothing(m, o->label_smoothing, err))) {
+        mg_model_free(m);
+        return rc;
+    }
     const int T = mc.ctx_len + 1, V = mc.vocab_size;
     int32_t *ids = malloc((size_t)B * T * sizeof(int32_t));
     int64_t *len = malloc((size_t)B * sizeof(int64_t));
@@ -68,7 +72,7 @@ mg_status mg_grad_dump(const mg_grad_dump_opts *o, mg_grad_dump_result *r, mg_er
     }
     float loss;
     int64_t ntok;
-    if ((rc = mg_model_forward(m, ids, len, (int)B, T, 0, 0, &loss, &ntok, err)) ||
+    if ((rc = mg_model_forward(m, ids, len, (int)B, T, o->label_smoothing > 0, 0, &loss, &ntok, err)) ||
         (rc = mg_model_backward(m, err)))
         goto out;
     mg_model_st_tensors(m, t, nt);
@@ -89,12 +93,15 @@ mg_status mg_grad_dump(const mg_grad_dump_opts *o, mg_grad_dump_result *r, mg_er
     t[2 * nt + 1].ndim = 1;
     t[2 * nt + 1].shape[0] = B;
     t[2 * nt + 1].data = len;
-    char cfg[512], ls[64], ns[32];
+    char cfg[512], ls[64], ns[32], eps[32];
     mg_model_config_to_json(&mc, cfg, sizeof cfg);
     snprintf(ls, sizeof ls, "%.9g", (double)loss);
     snprintf(ns, sizeof ns, "%" PRId64, ntok);
-    const mg_st_kv meta[] = {{"format", "molgen-debug-grads"}, {"config", cfg}, {"loss", ls}, {"ntok", ns}};
-    if ((rc = mg_st_write(o->out, t, 2 * nt + 2, meta, 4, err))) goto out;
+    snprintf(eps, sizeof eps, "%.9g", (double)o->label_smoothing);
+    const mg_st_kv meta[] = {{"format", "molgen-debug-grads"}, {"config", cfg},
+                             {"loss", ls},                       {"ntok", ns},
+                             {"label_smoothing", eps}};
+    if ((rc = mg_st_write(o->out, t, 2 * nt + 2, meta, sizeof meta / sizeof meta[0], err))) goto out;
     r->loss = loss;
     r->ntok = ntok;
     r->params = P;

@@ -186,6 +186,7 @@ typedef struct {
 struct mg_model {
     mg_model_config cfg;
     int nt;              /* OpenMP threads of every parallel loop (mg_model_set_threads) */
+    float label_smoothing; /* of the training loss (mg_model_set_label_smoothing) */
     attn_mha_config mha; /* {d, H, 0, 0, bias 1} */
     size_t mha_count;    /* floats of one block's packed attention parameters */
     size_t num_params;
@@ -378,6 +379,13 @@ void mg_model_free(mg_model *m) {
 
 const mg_model_config *mg_model_get_config(const mg_model *m) { return &m->cfg; }
 void mg_model_set_threads(mg_model *m, int n) { m->nt = n > 0 ? n : mg_default_threads(); }
+
+mg_status mg_model_set_label_smoothing(mg_model *m, float eps, mg_error *err) {
+    if (!(eps >= 0.0f && eps < 1.0f))
+        return mg_fail(err, MG_ERR_ARG, "label smoothing %g must be in [0, 1)", (double)eps);
+    m->label_smoothing = eps;
+    return MG_OK;
+}
 int mg_model_threads(const mg_model *m) { return m->nt; }
 size_t mg_model_num_params(const mg_model *m) { return m->num_params; }
 float *mg_model_params(mg_model *m) { return m->params; }
@@ -642,17 +650,21 @@ static void mul_inplace(float *x, const float *mask, int64_t N, int nt) {
 /* Softmax cross-entropy over the Rv valid rows; target of row r is
  * targets[rows[r]]. logits [Rv, V] -> probs [Rv, V] (probs may alias
  * logits), row_loss [Rv]; returns the sum of the losses (double, fixed
- * order). */
+ * order). With label smoothing eps > 0 the target distribution is
+ * (1 - eps) onehot + eps / V (PyTorch's cross_entropy(label_smoothing)):
+ * row loss (1 - eps)(lse - z_t) + eps (lse - mean_v z_v). */
 static double crossentropy_forward(float *probs, float *row_loss, const float *logits,
                                    const int32_t *targets, const int64_t *rows, int64_t Rv, int V,
-                                   int nt) {
+                                   float eps, int nt) {
 #pragma omp parallel for num_threads(nt) schedule(static)
     for (int64_t r = 0; r < Rv; r++) {
         const float *lg = logits + r * V;
         float *pr = probs + r * V;
         const float target_logit = lg[targets[rows[r]]]; /* before probs overwrite logits */
-        float mx = -INFINITY;
+        float mx = -INFINITY, zsum = 0.0f;
         for (int v = 0; v < V; v++) mx = lg[v] > mx ? lg[v] : mx;
+        if (eps > 0.0f)
+            for (int v = 0; v < V; v++) zsum += lg[v];
         float sum = 0.0f;
         for (int v = 0; v < V; v++) {
             pr[v] = expf(lg[v] - mx);
@@ -660,22 +672,31 @@ static double crossentropy_forward(float *probs, float *row_loss, const float *l
         }
         const float inv = 1.0f / sum;
         for (int v = 0; v < V; v++) pr[v] *= inv;
-        row_loss[r] = mx + logf(sum) - target_logit;
+        const float lse = mx + logf(sum);
+        row_loss[r] = eps > 0.0f ? (1.0f - eps) * (lse - target_logit) + eps * (lse - zsum / (float)V)
+                                 : lse - target_logit;
     }
     double total = 0.0;
     for (int64_t r = 0; r < Rv; r++) total += row_loss[r];
     return total;
 }
 
-/* dlogits [Rv, V] = (probs - onehot(target)) / ntok, in place over probs. */
+/* dlogits [Rv, V] = (probs - target distribution) / ntok, in place over
+ * probs; the distribution is onehot(target), or with label smoothing eps
+ * (1 - eps) onehot + eps / V. */
 static void crossentropy_backward(float *probs, const int32_t *targets, const int64_t *rows,
-                                  int64_t Rv, int V, int64_t ntok, int nt) {
-    const float inv = 1.0f / (float)ntok;
+                                  int64_t Rv, int V, int64_t ntok, float eps, int nt) {
+    const float inv = 1.0f / (float)ntok, off = eps / (float)V;
 #pragma omp parallel for num_threads(nt) schedule(static)
     for (int64_t r = 0; r < Rv; r++) {
         float *pr = probs + r * V;
-        pr[targets[rows[r]]] -= 1.0f;
-        for (int v = 0; v < V; v++) pr[v] *= inv;
+        if (eps > 0.0f) {
+            pr[targets[rows[r]]] -= 1.0f - eps;
+            for (int v = 0; v < V; v++) pr[v] = (pr[v] - off) * inv;
+        } else {
+            pr[targets[rows[r]]] -= 1.0f;
+            for (int v = 0; v < V; v++) pr[v] *= inv;
+        }
     }
 }
 
@@ -875,7 +896,8 @@ mg_status mg_model_forward(mg_model *m, const int32_t *ids, const int64_t *lengt
     rc = forward_core(m, B, L, Rv, 1, training, dropout_seed, m->probs, NULL, err);
     if (rc) return rc;
     const double total = crossentropy_forward(m->probs, m->row_loss, m->probs, m->targets,
-                                              m->rows, Rv, V, threads_now(m));
+                                              m->rows, Rv, V, training ? m->label_smoothing : 0.0f,
+                                              threads_now(m));
     *loss = (float)(total / (double)count);
     if (ntok) *ntok = count;
     m->have_forward = 1;
@@ -904,7 +926,8 @@ mg_status mg_model_backward(mg_model *m, mg_error *err) {
 
     /* Every buffer holds the Rv valid rows, except around attention. */
     float *dlogits = m->probs; /* [Rv, V] */
-    crossentropy_backward(dlogits, m->targets, m->rows, Rv, V, m->ntok, nt);
+    crossentropy_backward(dlogits, m->targets, m->rows, Rv, V, m->ntok,
+                          m->training ? m->label_smoothing : 0.0f, nt);
     mg_matmul_backward(m->dln, m->g.head_w, m->g.head_b, dlogits, m->lnf, m->p.head_w, Rv, d, V, nt);
     memset(m->dx, 0, (size_t)Rv * d * sizeof(float));
     mg_layernorm_backward(m->dx, m->g.lnf_w, m->g.lnf_b, m->dln, m->x_final, m->p.lnf_w, m->lnf_mean,

@@ -126,6 +126,11 @@ const mg_model_config *mg_model_get_config(const mg_model *m);
  * starts with. molgen's own count: libattn's global count is not read. */
 void mg_model_set_threads(mg_model *m, int n);
 int mg_model_threads(const mg_model *m);
+/* Label smoothing eps in [0, 1) of the training loss (forwards with
+ * training != 0): the target distribution is (1 - eps) onehot + eps / V over
+ * all V ids, as PyTorch's cross_entropy(label_smoothing=eps). Evaluation
+ * forwards and mg_model_logits are unaffected. A new model has 0. */
+mg_status mg_model_set_label_smoothing(mg_model *m, float eps, mg_error *err);
 size_t mg_model_num_params(const mg_model *m);
 float *mg_model_params(mg_model *m);  /* [num_params] */
 float *mg_model_grads(mg_model *m);   /* [num_params], same layout */
@@ -137,7 +142,8 @@ const mg_param_info *mg_model_find_tensor(const mg_model *m, const char *name);
  *   ids     [B, T]  rows BOS t1 .. tk EOS PAD.. (data.h layout), T - 1 <= ctx_len
  *   lengths [B]     k + 2, in [2, T]
  * input = ids[:, 0:T-1], target = ids[:, 1:T]; the loss is the mean
- * cross-entropy over the positions t < lengths[b] - 1 (the non-pad targets),
+ * cross-entropy (label-smoothed in training, mg_model_set_label_smoothing)
+ * over the positions t < lengths[b] - 1 (the non-pad targets),
  * *ntok (may be NULL) their number; attention uses causal masking and
  * key_lengths = lengths - 1. training != 0 turns dropout on (when
  * cfg.dropout > 0) with masks drawn from dropout_seed. The activations are

@@ -231,6 +231,7 @@ static mg_status build(run *r, mg_error *err) {
         r->ck.opt.cfg.total_steps = c->steps;
     }
     mg_model_set_threads(r->ck.model, c->threads);
+    if ((rc = mg_model_set_label_smoothing(r->ck.model, r->s.label_smoothing, err))) return rc;
     r->ck.opt.threads = c->threads;
     mg_adamw *opt = &r->ck.opt;
     /* A time-limited run stopped before its schedule was sized (the first

@@ -107,6 +107,8 @@
       "AdamW's first-moment decay")                                                                \
     X(beta2, optim.beta2, F32, "beta2", "X", 0, 0, 1, MG_OPEN_HI, OPTIM, MG_GROUP_OPTIM,            \
       "AdamW's second-moment decay")                                                               \
+    X(label_smoothing, label_smoothing, F32, "label-smoothing", "X", 0, 0, 1, MG_OPEN_HI, CKPT_NEW, \
+      MG_GROUP_OPTIM, "training loss against (1 - X) the target + X spread over all tokens")      \
     X(seed, seed, U64, "seed", "N", 1, 0, 0, MG_CLOSED, CKPT, MG_GROUP_RUN,                         \
       "init, split, shuffle and dropout seed, decimal in [0, 2^64)")                               \
     X(threads, threads, INT, "threads", "N", 0, 0, MG_MAX_THREADS, MG_CLOSED, RUN, MG_GROUP_RUN,   \
