@@ -307,7 +307,10 @@ static void point_views(const mg_model *m, float *base, model_params *v) {
     v->head_b = base + t[i++].offset;
 }
 
-mg_status mg_model_create(const mg_model_config *c, mg_model **out, mg_error *err) {
+/* mg_model_create, refusing (MG_ERR_FORMAT) a config of more than
+ * max_params parameters before allocating them: a file's config that asks
+ * for more than the file holds is corrupt, not a reason to allocate. */
+static mg_status create(const mg_model_config *c, size_t max_params, mg_model **out, mg_error *err) {
     if (!out) return mg_fail(err, MG_ERR_ARG, "output pointer is NULL");
     *out = NULL;
     mg_status rc = mg_model_config_check(c, err);
@@ -334,6 +337,12 @@ mg_status mg_model_create(const mg_model_config *c, mg_model **out, mg_error *er
         return mg_fail(err, MG_ERR_NOMEM, "out of memory for the model tables");
     }
     build_table(m);
+    if (m->num_params > max_params) {
+        const size_t n = m->num_params;
+        mg_model_free(m);
+        return mg_fail(err, MG_ERR_FORMAT, "the config asks for %zu parameters, the file holds %zu floats", n,
+                       max_params);
+    }
     m->params = calloc(m->num_params, sizeof(float));
     m->grads = calloc(m->num_params, sizeof(float));
     if (!m->params || !m->grads) {
@@ -345,6 +354,10 @@ mg_status mg_model_create(const mg_model_config *c, mg_model **out, mg_error *er
     point_views(m, m->grads, &m->g);
     *out = m;
     return 0;
+}
+
+mg_status mg_model_create(const mg_model_config *c, mg_model **out, mg_error *err) {
+    return create(c, SIZE_MAX, out, err);
 }
 
 static void free_acts(mg_model *m) {
@@ -1081,8 +1094,10 @@ mg_status mg_model_from_st(const mg_st_file *f, mg_model **out, mg_error *err) {
     mg_model_config c;
     mg_status rc = mg_model_config_from_json(cj, &c, err);
     if (rc) return rc;
+    size_t floats = 0; /* what the file holds: every parameter must be among it */
+    for (size_t i = 0; i < mg_st_count(f); i++) floats += mg_st_at(f, i)->nbytes / sizeof(float);
     mg_model *m = NULL;
-    if ((rc = mg_model_create(&c, &m, err))) return rc;
+    if ((rc = create(&c, floats, &m, err))) return rc;
     for (size_t i = 0; i < m->num_tensors; i++) {
         const mg_param_info *p = &m->tensors[i];
         float *w = m->params + p->offset;

@@ -329,6 +329,16 @@ static void test_config_and_files(void) {
     m2 = NULL;
     CHECK(mg_model_load(path, &m2, NULL, NULL, &err) != 0 && !m2, "truncated file loaded");
     printf("truncated model file: %s\n", err.message);
+    /* A config that asks for more parameters than the file holds (here 5.5e13,
+     * the fuzzer's regression input) is refused before any allocation. */
+    const char *huge = "{\"n_layer\":1024,\"d_model\":65536,\"n_head\":1,\"ctx_len\":8,\"vocab_size\":10}";
+    const mg_st_kv meta[] = {{"format", "molgen"}, {"config", huge}};
+    CHECK(mg_st_write(path, NULL, 0, meta, 2, &err) == 0, "%s", err.message);
+    m2 = NULL;
+    const mg_status hrc = mg_model_load(path, &m2, NULL, NULL, &err);
+    CHECK(hrc == MG_ERR_FORMAT && !m2 && strstr(err.message, "asks for"), "huge config: %d %s", (int)hrc,
+          err.message);
+    printf("huge config: %s\n", err.message);
     remove(path);
     mg_vocab_free(v);
     mg_model_free(m);
