@@ -95,7 +95,10 @@ ATTN_API const char *attn_status_name(attn_status s);
  *     construction: no call reads state another call writes, except the
  *     thread count itself (atomic).
  *   - Results are bitwise identical for any thread count and do not depend
- *     on how many callers run at once. */
+ *     on how many callers run at once. (For the products this rests on
+ *     cutting rows only where OpenBLAS's micro-tiles are cut anyway; the
+ *     library measures that row step once at init, and with one thread, or
+ *     where it finds none, a product is one sgemm call.) */
 
 #define ATTN_MAX_THREADS 1024
 

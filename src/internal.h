@@ -128,9 +128,11 @@ attn_status attn_sdpa_reference_backward(const attn_problem *pr, const attn_tens
                                          attn_error *err);
 
 /* Row-major C[M,N] = alpha * op(A) op(B) + beta * C through the BLAS, on
- * `threads` threads of the library's own team: rows of C split evenly, one
- * single-threaded sgemm per thread (attn.h, "Threads and OpenBLAS"). Each
- * element is the same sum whatever the split. ta/tb nonzero: transpose. */
+ * `threads` threads of the library's own team: rows of C cut at multiples of
+ * attn_sgemm_row_step(), one single-threaded sgemm per thread (attn.h,
+ * "Threads and OpenBLAS"); one call with one thread. Bitwise the same C for
+ * any thread count (gemm.c). ta/tb nonzero: transpose. */
+int64_t attn_sgemm_row_step(void); /* measured once; 0: products are never split */
 void attn_sgemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
                 const float *A, int64_t lda, const float *B, int64_t ldb,
                 float beta, float *C, int64_t ldc, int threads);
