@@ -45,11 +45,11 @@ typedef struct {
  * or (data != NULL) on its batches in order, each cut to its longest row;
  * rates in target tokens/s. runs <= 64. */
 mg_status mg_bench_train(mg_model *m, int B, int steps, int warmup, int runs, mg_batcher *data,
-                   mg_bench_result *r, mg_error *err);
+                         mg_bench_result *r, mg_error *err);
 /* Sampling: mg_sample of n molecules (batch rows, seed 1) per run; rates in
  * molecules/s, tok_rate in tokens/s, extra tokens per molecule. */
 mg_status mg_bench_sample(mg_model *m, const mg_vocab *v, mg_decode_kind kind, int n, int batch,
-                    int warmup, int runs, mg_bench_result *r, mg_error *err);
+                          int warmup, int runs, mg_bench_result *r, mg_error *err);
 
 #ifdef __cplusplus
 }

@@ -258,7 +258,7 @@ static int read_line(FILE *f, char **buf, size_t *cap, size_t *len, int *toolong
 #define CSV_MAX_FIELDS 4096
 
 mg_status mg_read_smiles(const char *path, const char *csv_column, mg_smiles_list *out,
-                   mg_report *rep, mg_error *err)
+                         mg_report *rep, mg_error *err)
 {
     mg_report dummy;
     if (!rep)
@@ -416,7 +416,7 @@ void mg_dataset_free(mg_dataset *d)
 }
 
 mg_status mg_encode_row(const mg_vocab *v, const char *smiles, int T, int32_t *seq, int64_t *length,
-                  mg_error *err)
+                        mg_error *err)
 {
     if (!v || !smiles || !seq || T < 2)
         return mg_fail(err, MG_ERR_ARG, "mg_encode_row: bad argument (T = %d)", T);
@@ -457,8 +457,8 @@ static int ds_alloc(mg_dataset *d, size_t n, int T, size_t blob_bytes)
 enum { ST_OK = 0, ST_BAD_CHAR, ST_UNKNOWN, ST_TOO_LONG, ST_EMPTY };
 
 mg_status mg_dataset_from_list(const mg_smiles_list *list, const char *where, const mg_load_opts *opts,
-                         const mg_vocab *vocab, mg_vocab **vocab_out, mg_dataset *out,
-                         mg_report *rep, mg_error *err)
+                               const mg_vocab *vocab, mg_vocab **vocab_out, mg_dataset *out,
+                               mg_report *rep, mg_error *err)
 {
     mg_report dummy;
     if (!rep) {
@@ -607,7 +607,7 @@ done:
 }
 
 mg_status mg_dataset_load(const char *path, const mg_load_opts *opts, const mg_vocab *vocab,
-                    mg_vocab **vocab_out, mg_dataset *out, mg_report *rep, mg_error *err)
+                          mg_vocab **vocab_out, mg_dataset *out, mg_report *rep, mg_error *err)
 {
     mg_report local;
     if (!rep)
@@ -671,7 +671,7 @@ static int ds_subset(const mg_dataset *src, const unsigned char *pick, unsigned 
 }
 
 mg_status mg_dataset_split(const mg_dataset *all, double val_frac, uint64_t seed, mg_dataset *train,
-                     mg_dataset *val, mg_error *err)
+                           mg_dataset *val, mg_error *err)
 {
     if (!all || !train || !val)
         return mg_fail(err, MG_ERR_ARG, "mg_dataset_split: bad argument");
@@ -735,7 +735,7 @@ static void make_perm(mg_batcher *b, uint64_t epoch)
 }
 
 mg_status mg_batcher_new(const mg_dataset *d, int B, uint64_t seed, int shuffle, mg_batcher **out,
-                   mg_error *err)
+                         mg_error *err)
 {
     if (!out)
         return mg_fail(err, MG_ERR_ARG, "mg_batcher_new: bad argument");

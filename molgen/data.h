@@ -76,7 +76,7 @@ typedef struct {
  * rep may be NULL; if given it is zeroed and receives lines/records and
  * "other" skips (e.g. csv rows missing the column). */
 mg_status mg_read_smiles(const char *path, const char *csv_column,
-                   mg_smiles_list *out, mg_report *rep, mg_error *err);
+                         mg_smiles_list *out, mg_report *rep, mg_error *err);
 void mg_smiles_list_free(mg_smiles_list *l); /* zeroes it; NULL fine */
 
 /* ------------------------------------------------------------ dataset */
@@ -111,16 +111,16 @@ typedef struct {
  * rep (may be NULL) is zeroed and filled. Zero kept molecules is an error.
  * The dataset must be released with mg_dataset_free. */
 mg_status mg_dataset_load(const char *path, const mg_load_opts *opts,
-                    const mg_vocab *vocab, mg_vocab **vocab_out,
-                    mg_dataset *out, mg_report *rep, mg_error *err);
+                          const mg_vocab *vocab, mg_vocab **vocab_out,
+                          mg_dataset *out, mg_report *rep, mg_error *err);
 
 /* Same from an in-memory list (line numbers taken from it; "where" names the
  * source in report messages, e.g. the file name). rep (may be NULL) is NOT
  * zeroed: counts and messages are added to it (kept is set). */
 mg_status mg_dataset_from_list(const mg_smiles_list *list, const char *where,
-                         const mg_load_opts *opts, const mg_vocab *vocab,
-                         mg_vocab **vocab_out, mg_dataset *out,
-                         mg_report *rep, mg_error *err);
+                               const mg_load_opts *opts, const mg_vocab *vocab,
+                               mg_vocab **vocab_out, mg_dataset *out,
+                               mg_report *rep, mg_error *err);
 
 void mg_dataset_free(mg_dataset *d); /* zeroes it; NULL fine */
 
@@ -128,7 +128,7 @@ void mg_dataset_free(mg_dataset *d); /* zeroes it; NULL fine */
  * *length = k + 2. Errors as mg_vocab_encode (MG_ERR_TOO_LONG if
  * k + 2 > T). */
 mg_status mg_encode_row(const mg_vocab *v, const char *smiles, int T, int32_t *seq,
-                  int64_t *length, mg_error *err);
+                        int64_t *length, mg_error *err);
 
 /* Deterministic split: a seeded shuffle (splitmix64 + Fisher-Yates) of the
  * row indices; the first round(n * val_frac) (at most n - 1) go to
@@ -136,7 +136,7 @@ mg_status mg_encode_row(const mg_vocab *v, const char *smiles, int T, int32_t *s
  * and T. val_frac in [0, 1). A part may be empty (n == 0, pointers NULL).
  * Both must be freed. */
 mg_status mg_dataset_split(const mg_dataset *all, double val_frac, uint64_t seed,
-                     mg_dataset *train, mg_dataset *val, mg_error *err);
+                           mg_dataset *train, mg_dataset *val, mg_error *err);
 
 /* ------------------------------------------------------------ PRNG */
 
@@ -152,7 +152,7 @@ typedef struct mg_batcher mg_batcher; /* opaque */
  * (seed, e) (shuffle == 0: file order every epoch); the last n % B rows of a
  * permutation are dropped so every batch is full. Requires 1 <= B <= d->n. */
 mg_status mg_batcher_new(const mg_dataset *d, int B, uint64_t seed, int shuffle,
-                   mg_batcher **out, mg_error *err);
+                         mg_batcher **out, mg_error *err);
 void mg_batcher_free(mg_batcher *b);
 
 /* Fill the next batch: ids[B*T], lengths[B], rows[B] (the dataset row

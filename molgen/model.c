@@ -748,8 +748,8 @@ static void keep_first_error(int *failed, char *msg, size_t n, const char *text)
  * chunks of ATTN_CHUNK batch rows (see ATTN_CHUNK). cache: B rows of
  * attn_mha_cache_size, chunk by chunk; weights [B, H, L, L] or NULL. */
 static mg_status attention_forward(mg_model *m, int layer, int B, int L, const float *in, float *out,
-                             float *cache, float *weights, int training, uint64_t seed, int nt,
-                             mg_error *err) {
+                                   float *cache, float *weights, int training, uint64_t seed, int nt,
+                                   mg_error *err) {
     const int64_t d = m->cfg.d_model, H = m->cfg.n_head;
     const int64_t row = (int64_t)L * d, cache_row = (int64_t)attn_cache_per_row(m) * L;
     const int nch = (B + ATTN_CHUNK - 1) / ATTN_CHUNK;
@@ -777,8 +777,8 @@ static mg_status attention_forward(mg_model *m, int layer, int B, int L, const f
  * zero or hold what to add to); the weight gradients of each chunk go to
  * attn_gbuf and are summed into the block's gradients in chunk order. */
 static mg_status attention_backward(mg_model *m, int layer, int B, int L, const float *in,
-                              const float *dout, float *din, const float *cache, int training,
-                              uint64_t seed, int nt, mg_error *err) {
+                                    const float *dout, float *din, const float *cache, int training,
+                                    uint64_t seed, int nt, mg_error *err) {
     const int64_t d = m->cfg.d_model;
     const int64_t row = (int64_t)L * d, cache_row = (int64_t)attn_cache_per_row(m) * L;
     const int nch = (B + ATTN_CHUNK - 1) / ATTN_CHUNK;
@@ -819,7 +819,7 @@ static mg_status attention_backward(mg_model *m, int layer, int B, int L, const 
  * in place. Logits [Rv, V] go to `logits`; attention probabilities to
  * attn_weights [N, B, H, L, L] if given. */
 static mg_status forward_core(mg_model *m, int B, int L, int64_t Rv, int keep, int training,
-                        uint64_t seed, float *logits, float *attn_weights, mg_error *err) {
+                              uint64_t seed, float *logits, float *attn_weights, mg_error *err) {
     const int nt = threads_now(m);
     const int N = m->cfg.n_layer, d = m->cfg.d_model, F = 4 * d, V = m->cfg.vocab_size;
     const int64_t R = (int64_t)B * L;
@@ -875,7 +875,7 @@ static mg_status forward_core(mg_model *m, int B, int L, int64_t Rv, int keep, i
 }
 
 mg_status mg_model_forward(mg_model *m, const int32_t *ids, const int64_t *lengths, int B, int T,
-                     int training, uint64_t dropout_seed, float *loss, int64_t *ntok, mg_error *err) {
+                           int training, uint64_t dropout_seed, float *loss, int64_t *ntok, mg_error *err) {
     if (!m || !ids || !lengths || !loss)
         return mg_fail(err, MG_ERR_ARG, "model, ids, lengths and loss must be non-NULL");
     m->have_forward = 0;
@@ -983,7 +983,7 @@ mg_status mg_model_backward(mg_model *m, mg_error *err) {
 /* ------------------------------------------------------------ inference */
 
 mg_status mg_model_logits(mg_model *m, const int32_t *ids, const int64_t *lengths, int B, int L,
-                    float *logits, float *attn_weights, mg_error *err) {
+                          float *logits, float *attn_weights, mg_error *err) {
     if (!m || !ids || !logits)
         return mg_fail(err, MG_ERR_ARG, "model, ids and logits must be non-NULL");
     if (B < 1 || L < 1 || L > m->cfg.ctx_len)

@@ -149,8 +149,8 @@ const mg_param_info *mg_model_find_tensor(const mg_model *m, const char *name);
  * cfg.dropout > 0) with masks drawn from dropout_seed. The activations are
  * kept for mg_model_backward. */
 mg_status mg_model_forward(mg_model *m, const int32_t *ids, const int64_t *lengths,
-                     int B, int T, int training, uint64_t dropout_seed,
-                     float *loss, int64_t *ntok, mg_error *err);
+                           int B, int T, int training, uint64_t dropout_seed,
+                           float *loss, int64_t *ntok, mg_error *err);
 
 /* Gradients of the last mg_model_forward's loss into mg_model_grads
  * (OVERWRITTEN, not accumulated). Fails if there was no forward since. */
@@ -166,8 +166,8 @@ mg_status mg_model_backward(mg_model *m, mg_error *err);
  *                 probabilities per head (rows of padded queries included).
  * Position t's logits predict token t + 1. */
 mg_status mg_model_logits(mg_model *m, const int32_t *ids, const int64_t *lengths,
-                    int B, int L, float *logits, float *attn_weights,
-                    mg_error *err);
+                          int B, int L, float *logits, float *attn_weights,
+                          mg_error *err);
 
 /* Causal-leak guard: random token rows of length ctx_len; for several cut
  * points t, re-draws every token after t and checks that the logits of
@@ -192,13 +192,13 @@ mg_status mg_model_from_st(const mg_st_file *f, mg_model **out, mg_error *err);
 /* Write a model file: parameters + metadata format=molgen, config, vocab
  * (vocab may be NULL: no "vocab" key). Atomic (mg_st_write). */
 mg_status mg_model_save(const mg_model *m, const mg_vocab *vocab, const char *path,
-                  mg_error *err);
+                        mg_error *err);
 /* Load a model file or a training checkpoint; *vocab (may be NULL) gets the
  * stored vocabulary (an error if the file has none); *checksummed (may be
  * NULL) is 1 when the file carried tensor checksums (verified), 0 for a file
  * written before molgen stored them. Every message starts with the path. */
 mg_status mg_model_load(const char *path, mg_model **out, mg_vocab **vocab, int *checksummed,
-                  mg_error *err);
+                        mg_error *err);
 
 #ifdef __cplusplus
 }

@@ -123,7 +123,7 @@ float mg_lr_at(const mg_adamw_config *c, int64_t s) {
 }
 
 mg_status mg_adamw_init(mg_adamw *o, const mg_adamw_config *c, size_t n, const mg_optim_span *spans,
-                  size_t nspans, mg_error *err) {
+                        size_t nspans, mg_error *err) {
     mg_status rc_;
     if (!o) return mg_fail(err, MG_ERR_ARG, "optimizer is NULL");
     memset(o, 0, sizeof *o);
@@ -204,7 +204,7 @@ MG_CLONES static void adamw_update(float *p, float *g, float *m, float *v, int64
 }
 
 mg_status mg_adamw_step(mg_adamw *o, float *params, float *grads, float *grad_norm, float *lr_used,
-                  mg_error *err) {
+                        mg_error *err) {
     if (!o || !o->m || !params || !grads) return mg_fail(err, MG_ERR_ARG, "optimizer not initialised or NULL buffers");
     const int nt = o->threads > 0 ? o->threads : mg_default_threads();
     const double norm = sqrt(sum_squares(grads, o->n, nt));

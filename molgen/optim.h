@@ -74,7 +74,7 @@ typedef struct {
 /* Allocate for n parameters with zero moments and step 0. The spans must
  * cover [0, n) exactly, in order, without overlap. */
 mg_status mg_adamw_init(mg_adamw *o, const mg_adamw_config *c, size_t n,
-                  const mg_optim_span *spans, size_t nspans, mg_error *err);
+                        const mg_optim_span *spans, size_t nspans, mg_error *err);
 void mg_adamw_free(mg_adamw *o); /* zeroes it; NULL fine */
 
 /* One update of params [n] from grads [n] (grads are scaled in place when
@@ -82,7 +82,7 @@ void mg_adamw_free(mg_adamw *o); /* zeroes it; NULL fine */
  * (may be NULL): the learning rate of this step. A non-finite norm is an
  * error (-1, nothing updated, step unchanged). */
 mg_status mg_adamw_step(mg_adamw *o, float *params, float *grads, float *grad_norm,
-                  float *lr_used, mg_error *err);
+                        float *lr_used, mg_error *err);
 
 #ifdef __cplusplus
 }

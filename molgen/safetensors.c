@@ -501,7 +501,7 @@ const mg_st_tensor *mg_st_find(const mg_st_file *f, const char *name)
 }
 
 static mg_status check_tensor(const mg_st_file *f, const char *name, mg_st_dtype dtype, int ndim,
-                        const int64_t *shape, const mg_st_tensor **out, mg_error *err)
+                              const int64_t *shape, const mg_st_tensor **out, mg_error *err)
 {
     const mg_st_tensor *x = mg_st_find(f, name);
     if (!x)
@@ -527,7 +527,7 @@ static mg_status check_tensor(const mg_st_file *f, const char *name, mg_st_dtype
 }
 
 mg_status mg_st_get(const mg_st_file *f, const char *name, mg_st_dtype dtype, int ndim,
-              const int64_t *shape, const void **data, mg_error *err)
+                    const int64_t *shape, const void **data, mg_error *err)
 {
     mg_status rc_;
     const mg_st_tensor *x;
@@ -545,7 +545,7 @@ mg_status mg_st_get(const mg_st_file *f, const char *name, mg_st_dtype dtype, in
 }
 
 mg_status mg_st_copy(const mg_st_file *f, const char *name, mg_st_dtype dtype, int ndim,
-               const int64_t *shape, void *dst, size_t dst_bytes, mg_error *err)
+                     const int64_t *shape, void *dst, size_t dst_bytes, mg_error *err)
 {
     mg_status rc_;
     const mg_st_tensor *x;

@@ -79,12 +79,12 @@ typedef struct {
  * element size (stable), so every tensor's data is aligned to its element
  * size in the file and in a buffer loaded at an 8-aligned address. */
 mg_status mg_st_write(const char *path, const mg_st_tensor *t, size_t nt,
-                const mg_st_kv *meta, size_t nmeta, mg_error *err);
+                      const mg_st_kv *meta, size_t nmeta, mg_error *err);
 
 /* Same, into a malloc'ed memory buffer (*out, *outlen; caller frees). */
 mg_status mg_st_serialize(const mg_st_tensor *t, size_t nt, const mg_st_kv *meta,
-                    size_t nmeta, unsigned char **out, size_t *outlen,
-                    mg_error *err);
+                          size_t nmeta, unsigned char **out, size_t *outlen,
+                          mg_error *err);
 
 /* ------------------------------------------------------------ reading */
 
@@ -112,12 +112,12 @@ const mg_st_tensor *mg_st_find(const mg_st_file *f, const char *name);
  * files written by mg_st_write). Errors name the tensor and both shapes /
  * dtypes, e.g. "tensor 'wte': shape [26,128] expected [30,128]". */
 mg_status mg_st_get(const mg_st_file *f, const char *name, mg_st_dtype dtype,
-              int ndim, const int64_t *shape, const void **data, mg_error *err);
+                    int ndim, const int64_t *shape, const void **data, mg_error *err);
 /* As mg_st_get, but copies the bytes into dst[dst_bytes] (must be exactly the
  * tensor's size): safe for any alignment. */
 mg_status mg_st_copy(const mg_st_file *f, const char *name, mg_st_dtype dtype,
-               int ndim, const int64_t *shape, void *dst, size_t dst_bytes,
-               mg_error *err);
+                     int ndim, const int64_t *shape, void *dst, size_t dst_bytes,
+                     mg_error *err);
 
 /* 1 if the file carried checksums for its tensors (all verified at load), 0
  * for a file written without them (an older molgen, another writer). */

@@ -168,7 +168,7 @@ static void le64(unsigned char out[8], uint64_t v)
 }
 
 mg_status mg_st_serialize(const mg_st_tensor *t, size_t nt, const mg_st_kv *meta, size_t nmeta,
-                    unsigned char **out, size_t *outlen, mg_error *err)
+                          unsigned char **out, size_t *outlen, mg_error *err)
 {
     mg_status rc_;
     if (!out || !outlen)
@@ -206,7 +206,7 @@ mg_status mg_st_serialize(const mg_st_tensor *t, size_t nt, const mg_st_kv *meta
 }
 
 mg_status mg_st_write(const char *path, const mg_st_tensor *t, size_t nt, const mg_st_kv *meta,
-                size_t nmeta, mg_error *err)
+                      size_t nmeta, mg_error *err)
 {
     mg_status rc_;
     if (!path || !path[0])

@@ -289,7 +289,7 @@ void mg_samples_free(mg_samples *s) {
 }
 
 mg_status mg_sample(mg_model *m, const mg_vocab *v, const mg_sample_opts *o, mg_samples *out,
-              mg_error *err) {
+                    mg_error *err) {
     if (!m || !v || !o || !out)
         return mg_fail(err, MG_ERR_ARG, "model, vocab, options and out must be non-NULL");
     memset(out, 0, sizeof *out);

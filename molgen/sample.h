@@ -134,7 +134,7 @@ typedef struct {
 
 /* Generate o->n molecules. */
 mg_status mg_sample(mg_model *m, const mg_vocab *v, const mg_sample_opts *o, mg_samples *out,
-              mg_error *err);
+                    mg_error *err);
 void mg_samples_free(mg_samples *s); /* zeroes it; NULL fine */
 
 #ifdef __cplusplus

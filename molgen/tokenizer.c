@@ -76,7 +76,7 @@ int mg_token_len(const char *s)
 }
 
 mg_status mg_tokenize(const char *smiles, mg_span *spans, int cap, int *ntok,
-                int *errpos, mg_error *err)
+                      int *errpos, mg_error *err)
 {
     int n = 0;
     if (ntok)
@@ -192,7 +192,7 @@ static int is_special(const char *t)
 }
 
 mg_status mg_vocab_from_tokens(const char *const *tokens, size_t n, mg_vocab **out,
-                         mg_error *err)
+                               mg_error *err)
 {
     if (!out || (n > 0 && !tokens))
         return mg_fail(err, MG_ERR_ARG, "mg_vocab_from_tokens: bad argument");
@@ -307,7 +307,7 @@ static int tokset_add(tokset *s, const char *t, int len)
 }
 
 mg_status mg_vocab_build(const char *const *smiles, size_t n, mg_vocab **out,
-                   mg_error *err)
+                         mg_error *err)
 {
     if (!out || (n > 0 && !smiles))
         return mg_fail(err, MG_ERR_ARG, "mg_vocab_build: bad argument");
@@ -390,7 +390,7 @@ int mg_vocab_lookup(const mg_vocab *v, const char *tok, int len)
 }
 
 mg_status mg_vocab_encode(const mg_vocab *v, const char *smiles, int32_t *ids,
-                    int cap, int *n, mg_error *err)
+                          int cap, int *n, mg_error *err)
 {
     if (n)
         *n = 0;
@@ -478,7 +478,7 @@ char *mg_vocab_to_json(const mg_vocab *v)
 }
 
 mg_status mg_vocab_from_json(const char *json, size_t len, mg_vocab **out,
-                       mg_error *err)
+                             mg_error *err)
 {
     if (!out || !json)
         return mg_fail(err, MG_ERR_ARG, "mg_vocab_from_json: bad argument");
