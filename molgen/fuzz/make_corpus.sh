@@ -3,6 +3,7 @@
 # (what is committed there came from this script; regression inputs that
 # fuzzing found are kept beside them as regress_*). Run from anywhere:
 #   MOLGEN=build/molgen/molgen molgen/fuzz/make_corpus.sh
+# (CORPUS_DIR=DIR writes elsewhere, e.g. to compare with the committed one).
 # Sources:
 #   - SMILES: lines of data/moses_20k.smi (by line number), plus hand-written
 #     edge cases of the SMILES grammar (edge_*: charges, chirality, isotopes,
@@ -24,7 +25,7 @@ molgen=$(realpath "${MOLGEN:-$root/build/molgen/molgen}")
 py=${PYTHON:-/usr/bin/python3}
 export OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-Haswell}
 [ -x "$molgen" ] || { echo "make_corpus.sh: no molgen binary at $molgen (build it, or set MOLGEN)" >&2; exit 1; }
-c=$here/corpus
+c=${CORPUS_DIR:-$here/corpus}
 smi=$root/data/moses_20k.smi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
