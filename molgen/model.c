@@ -1111,7 +1111,7 @@ mg_status mg_model_from_st(const mg_st_file *f, mg_model **out, mg_error *err) {
                 mg_fail(err, MG_ERR_NUMERIC, "tensor '%s' holds a non-finite value (%g at "
                         "element %zu): the model is corrupt", p->name, (double)w[k], k);
                 mg_model_free(m);
-                return MG_ERR_FORMAT;
+                return MG_ERR_NUMERIC;
             }
     }
     *out = m;
