@@ -15,24 +15,13 @@ import zlib
 
 import pytest
 
+from molgen_bin import molgen_binary  # noqa: E402
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 DATA20K = os.path.join(REPO, "data", "moses_20k.smi")
 TINY = ["--layers", "1", "--d-model", "16", "--heads", "2", "--batch-size", "8",
         "--no-progress", "--val-every", "0", "--threads", "1"]
-
-
-def molgen_binary():
-    cands = []
-    if os.environ.get("MOLGEN_BIN"):
-        cands.append(os.environ["MOLGEN_BIN"])
-    if os.environ.get("ATTN_LIBRARY"):
-        cands.append(os.path.join(os.path.dirname(os.environ["ATTN_LIBRARY"]), "molgen", "molgen"))
-    cands.append(os.path.join(REPO, "build", "molgen", "molgen"))
-    for c in cands:
-        if os.path.isfile(c) and os.access(c, os.X_OK):
-            return c
-    pytest.fail("molgen binary not found (tried %s); build it or set MOLGEN_BIN" % cands)
 
 
 def run(args, timeout=120, fsize=None, cwd=None):

@@ -32,22 +32,11 @@ torch = pytest.importorskip("torch")
 import torch.nn.functional as F  # noqa: E402
 import torch_model as tm  # noqa: E402
 
+from molgen_bin import molgen_binary  # noqa: E402
+
 LOSS_TOL = 1e-5
 GRAD_TOL = 1e-4
 DATA20K = os.path.join(REPO, "data", "moses_20k.smi")
-
-
-def molgen_binary():
-    cands = []
-    if os.environ.get("MOLGEN_BIN"):
-        cands.append(os.environ["MOLGEN_BIN"])
-    if os.environ.get("ATTN_LIBRARY"):
-        cands.append(os.path.join(os.path.dirname(os.environ["ATTN_LIBRARY"]), "molgen", "molgen"))
-    cands.append(os.path.join(REPO, "build", "molgen", "molgen"))
-    for c in cands:
-        if os.path.isfile(c) and os.access(c, os.X_OK):
-            return c
-    pytest.fail("molgen binary not found (tried %s); build it or set MOLGEN_BIN" % cands)
 
 
 def run(args):
