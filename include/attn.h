@@ -337,8 +337,9 @@ ATTN_API attn_status attn_mha_kv_init(const attn_mha_config *c, const attn_mha_k
  * attends over all of row b's cached positions through the fused path (its
  * decode kernel for Lq <= 4). out equals attn_mha_forward's rows at those
  * positions for the whole prefix with p.causal = 1, up to fp32 rounding
- * (summation order; a step over an empty cache that appends the whole
- * sequence gives the forward's result bitwise).
+ * (summation order). With w_q, w_k, w_v (and their biases) stacked as
+ * attn_mha_weights_from_buffer lays them out, the three projections are one
+ * product over [3E, E].
  * p: may be NULL; scale (use_scale), impl and num_threads are used as in
  * attn_mha_forward. Masks, dropout and p->causal are not taken (the cache
  * lengths and causality are the step's mask): a mask, a window or

@@ -284,7 +284,8 @@ attn_status attn_mha_backward(const attn_mha_config *c, const attn_mha_weights *
  * 64-byte aligned:
  *   len, klen [batch] int64    (positions held; a step's key lengths)
  *   k, v      [batch, max_len, E]
- *   qp, kn, vn, ao [batch, max_step, E]   (a step's projections, attention out)
+ *   qp, kn, vn, ao [batch, max_step, E]   (a step's projections, attention out;
+ *                  qp..vn also hold the stacked projection's [rows, 3E])
  *   ws        the fused forward's scratch for the largest step
  * The step writes the new keys and values into k, v at each row's positions
  * and runs the fused forward on strided views of the cache. */
@@ -474,14 +475,28 @@ attn_status attn_mha_step(const attn_mha_config *c, const attn_mha_weights *w, a
     float *Vn = (float *)(base + lay.vn), *Ao = (float *)(base + lay.ao);
     float *ws = (float *)(base + lay.ws);
 
-    project(x, rows, E, w->w_q, w->b_q, E, Qp, threads);
-    project(x, rows, E, w->w_k, w->b_k, E, Kn, threads);
-    project(x, rows, E, w->w_v, w->b_v, E, Vn, threads);
+    /* The projections: one product over PyTorch's stacked in_proj [3E, E]
+     * when w_q, w_k, w_v (and the biases) are stacked, as
+     * attn_mha_weights_from_buffer lays them out, into rows of 3E (qp, kn,
+     * vn are contiguous in the layout); else three products into rows of E.
+     * One product is one parallel region instead of three (in a decode
+     * step, where the products are small, the regions' wake-ups show). */
+    const int stacked = w->w_k == w->w_q + E * E && w->w_v == w->w_k + E * E &&
+                        (!c->bias || (w->b_k == w->b_q + E && w->b_v == w->b_k + E));
+    const int64_t ld = stacked ? 3 * E : E;
+    if (stacked) {
+        project(x, rows, E, w->w_q, w->b_q, 3 * E, Qp, threads);
+        Kn = Qp + E, Vn = Qp + 2 * E;
+    } else {
+        project(x, rows, E, w->w_q, w->b_q, E, Qp, threads);
+        project(x, rows, E, w->w_k, w->b_k, E, Kn, threads);
+        project(x, rows, E, w->w_v, w->b_v, E, Vn, threads);
+    }
     int64_t Lk = 0;
     int uniform = 1;
     for (int64_t b = 0; b < n; b++) {
         for (int64_t i = 0; i < Lq; i++) {
-            const size_t at = (size_t)((b * T + kv->len[b] + i) * E), from = (size_t)((b * Lq + i) * E);
+            const size_t at = (size_t)((b * T + kv->len[b] + i) * E), from = (size_t)((b * Lq + i) * ld);
             memcpy(kv->k + at, Kn + from, (size_t)E * sizeof(float));
             memcpy(kv->v + at, Vn + from, (size_t)E * sizeof(float));
         }
@@ -503,7 +518,7 @@ attn_status attn_mha_step(const attn_mha_config *c, const attn_mha_weights *w, a
     for (int64_t r = 0; r < calls && !s; r++) {
         const int64_t lk = calls == 1 ? Lk : klen[r], off = r * T * E;
         sp.key_lengths = calls == 1 ? klen : NULL;
-        attn_tensor tq = attn_tensor_blhd(Qp + r * Lq * E, nb, H, Lq, Dh);
+        attn_tensor tq = {Qp + r * Lq * ld, {nb, H, Lq, Dh}, {Lq * ld, Dh, ld, 1}};
         attn_tensor to = attn_tensor_blhd(Ao + r * Lq * E, nb, H, Lq, Dh);
         attn_tensor tk = {kv->k + off, {nb, H, lk, Dh}, {T * E, Dh, E, 1}};
         attn_tensor tv = {kv->v + off, {nb, H, lk, Dh}, {T * E, Dh, E, 1}};

@@ -338,7 +338,9 @@ static int64_t dec_bwd_scratch(const attn_problem *pr, int64_t dkp, int64_t dvp)
  * pdq: this item's partial dQ rows [Lq] of [dkp] (in the shared array). */
 typedef struct {
     int64_t b, h, ch, c0, c1, ldq, ldg, lds;
-    float *qr, *gr, *orow, *sc, *dv_i, *ls, *gk, *gv, *kt, *vt, *pdq;
+    float *qr, *gr, *orow, *sc, *dv_i, *ls, *gk, *gv, *kt, *vt;
+    float *pdq; /* row i's partial dQ: pdq + i * pdq_ld */
+    int64_t pdq_ld;
 } dbitem;
 
 static void dec_bwd_item_init(const kctx *c, const attn_fused_call *call, float *w, float *pdq_all,
@@ -353,7 +355,8 @@ static void dec_bwd_item_init(const kctx *c, const attn_fused_call *call, float 
     t->orow = carve(&w, Lq * t->ldg), t->sc = carve(&w, Lq * t->lds);
     t->dv_i = carve(&w, Lq), t->ls = carve(&w, Lq);
     t->gk = carve(&w, dkp), t->gv = carve(&w, dvp), t->kt = carve(&w, dkp), t->vt = carve(&w, dvp);
-    t->pdq = pdq_all; /* row i, chunk ch: pdq + ((bh * Lq + i) * nch + ch) * dkp */
+    t->pdq = pdq_all + (bh * Lq * nch + t->ch) * dkp; /* [rows][nch][dkp]: row bh·Lq + i, chunk ch */
+    t->pdq_ld = nch * dkp;
     for (int64_t i = 0; i < Lq; i++) {
         copy_row(t->qr + i * t->ldq, row_of(c->q, t->b, t->h, i), c->q->stride[3], pr->Dk, dkp);
         copy_row(t->gr + i * t->ldg, row_of(call->dout, t->b, t->h, i), call->dout->stride[3],
@@ -362,7 +365,7 @@ static void dec_bwd_item_init(const kctx *c, const attn_fused_call *call, float 
                  pr->Dv, dvp);
         t->dv_i[i] = dec_vdot(t->gr + i * t->ldg, t->orow + i * t->ldg, pr->Dv);
         t->ls[i] = call->lse_in[bh * Lq + i];
-        memset(t->pdq + ((bh * Lq + i) * nch + t->ch) * dkp, 0, (size_t)dkp * sizeof(float));
+        memset(t->pdq + i * t->pdq_ld, 0, (size_t)dkp * sizeof(float));
     }
 }
 
@@ -392,7 +395,6 @@ static void dec_bwd_key(const kctx *c, const attn_fused_call *call, const dbitem
                         int64_t j) {
     const attn_problem *pr = c->pr;
     const int64_t Lq = pr->Lq, Dk = pr->Dk, Dv = pr->Dv, dkp = c->dkp, dvp = c->dvp;
-    const int64_t C = dec_chunk(pr->Lk), nch = (pr->Lk + C - 1) / C, bh = t->b * pr->H + t->h;
     const float *kr = row_of(c->k, t->b, t->h, j), *vr = row_of(c->v, t->b, t->h, j);
     if (c->k->stride[3] != 1) {
         copy_row(t->kt, kr, c->k->stride[3], Dk, dkp);
@@ -423,7 +425,7 @@ static void dec_bwd_key(const kctx *c, const attn_fused_call *call, const dbitem
                 v_store(t->gv + d, v_fma(pv, v_load(g + d), v_load(t->gv + d)));
         }
         const vf dsv = v_set1(ds);
-        float *dq = t->pdq + ((bh * Lq + i) * nch + t->ch) * dkp;
+        float *dq = t->pdq + i * t->pdq_ld;
         int64_t d = 0;
         for (; d + VL <= Dk; d += VL) {
             v_store(t->gk + d, v_fma(dsv, v_load(q + d), v_load(t->gk + d)));

@@ -158,11 +158,11 @@ static void gemm_kb(const tile_prod *t, int acc, float alpha, int mode, int64_t 
         return;
     }
     if (mode == TILE_BLAS && gemm_blas(t, acc, alpha)) return;
+    tile_prod sub = *t; /* the micro-tile: only A, B, C move */
     for (int64_t n0 = 0; n0 < t->nvec; n0 += UKR_NV) {
         const int nv = (int)imin(UKR_NV, t->nvec - n0);
         for (int64_t m0 = 0; m0 < t->M; m0 += UKR_MR) {
             const int mr = (int)imin(UKR_MR, t->M - m0);
-            tile_prod sub = *t;
             sub.A = t->A + m0 * t->ars;
             sub.B = t->B + n0 * VL;
             sub.C = t->C + m0 * t->ldc + n0 * VL;

@@ -71,7 +71,7 @@ static int run(const char *title, const char *const *tokens, int L, int causal, 
 int main(void) {
     static const char *const sentence[] = {"The", "cat", "sat", "down"};
     static const char *const ethanol[] = {"C", "C", "O"};
-    printf("attn %s demo: scaled dot-product self-attention\n\n", ATTN_VERSION);
+    printf("attn %s demo: scaled dot-product self-attention\n\n", attn_version());
     if (run("sentence \"The cat sat down\"", sentence, 4, 0, 42)) return 1;
     if (run("SMILES \"CCO\" (ethanol)", ethanol, 3, 1, 7)) return 1;
     return 0;

@@ -652,8 +652,7 @@ class MultiheadAttention:
         state.lengths[r] .. + T - 1; rows may be at different positions);
         returns the layer's output there, what forward(x_all, x_all, x_all,
         is_causal=True) gives at those positions for each row's whole
-        prefix x_all (up to float32 rounding; bitwise for a first step that
-        takes the whole sequence). Appends the positions' keys and values to
+        prefix x_all (up to float32 rounding). Appends the positions' keys and values to
         state (lengths += T).
 
         x: [n, T, E] when batch_first, else [T, n, E]; unbatched [T, E]
