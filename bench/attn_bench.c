@@ -40,9 +40,9 @@ typedef struct {
 } bcase;
 
 static const bcase kSuite[] = {
-    {32, 8, 64, 64, 32, 0},       {32, 8, 128, 128, 32, 1},     {4, 8, 512, 512, 64, 1},
-    {1, 8, 1024, 1024, 64, 0},    {1, 8, 2048, 2048, 64, 1},    {1, 8, 4096, 4096, 64, 0},
-    {1, 8, 16384, 16384, 64, 1},  {16, 8, 1, 2048, 64, 0},
+    {32, 8, 64, 64, 32, 0},      {32, 8, 128, 128, 32, 1},  {4, 8, 512, 512, 64, 1},
+    {1, 8, 1024, 1024, 64, 0},   {1, 8, 2048, 2048, 64, 1}, {1, 8, 4096, 4096, 64, 0},
+    {1, 8, 16384, 16384, 64, 1}, {16, 8, 1, 2048, 64, 0},
 };
 #define REF_MAX_CELLS (2048LL * 2048LL)
 
@@ -75,9 +75,9 @@ static double peak_rss_mb(void) {
  * w on one thread: a register-resident loop, no memory traffic (12 chains
  * cover 2 FMA units x 4-6 cycles latency). Spelled out so that the
  * accumulators live in registers at any optimisation level. */
-#define FMA12(fma)                                                                           \
-    a0 = fma(a0, x, y), a1 = fma(a1, x, y), a2 = fma(a2, x, y), a3 = fma(a3, x, y);          \
-    a4 = fma(a4, x, y), a5 = fma(a5, x, y), a6 = fma(a6, x, y), a7 = fma(a7, x, y);          \
+#define FMA12(fma)                                                                                 \
+    a0 = fma(a0, x, y), a1 = fma(a1, x, y), a2 = fma(a2, x, y), a3 = fma(a3, x, y);                \
+    a4 = fma(a4, x, y), a5 = fma(a5, x, y), a6 = fma(a6, x, y), a7 = fma(a7, x, y);                \
     a8 = fma(a8, x, y), a9 = fma(a9, x, y), a10 = fma(a10, x, y), a11 = fma(a11, x, y)
 #if defined(__x86_64__) && defined(__GNUC__)
 __attribute__((target("avx512f"))) static double fma_loop_avx512(long iters) {
@@ -86,9 +86,7 @@ __attribute__((target("avx512f"))) static double fma_loop_avx512(long iters) {
            a3 = _mm512_set1_ps(3.f), a4 = _mm512_set1_ps(4.f), a5 = _mm512_set1_ps(5.f),
            a6 = _mm512_set1_ps(6.f), a7 = _mm512_set1_ps(7.f), a8 = _mm512_set1_ps(8.f),
            a9 = _mm512_set1_ps(9.f), a10 = _mm512_set1_ps(10.f), a11 = _mm512_set1_ps(11.f);
-    for (long it = 0; it < iters; it++) {
-        FMA12(_mm512_fmadd_ps);
-    }
+    for (long it = 0; it < iters; it++) { FMA12(_mm512_fmadd_ps); }
     __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),
                              _mm512_add_ps(_mm512_add_ps(a4, a5), _mm512_add_ps(a6, a7)));
     s = _mm512_add_ps(s, _mm512_add_ps(_mm512_add_ps(a8, a9), _mm512_add_ps(a10, a11)));
@@ -102,9 +100,7 @@ __attribute__((target("avx2,fma"))) static double fma_loop_avx2(long iters) {
            a3 = _mm256_set1_ps(3.f), a4 = _mm256_set1_ps(4.f), a5 = _mm256_set1_ps(5.f),
            a6 = _mm256_set1_ps(6.f), a7 = _mm256_set1_ps(7.f), a8 = _mm256_set1_ps(8.f),
            a9 = _mm256_set1_ps(9.f), a10 = _mm256_set1_ps(10.f), a11 = _mm256_set1_ps(11.f);
-    for (long it = 0; it < iters; it++) {
-        FMA12(_mm256_fmadd_ps);
-    }
+    for (long it = 0; it < iters; it++) { FMA12(_mm256_fmadd_ps); }
     __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)),
                              _mm256_add_ps(_mm256_add_ps(a4, a5), _mm256_add_ps(a6, a7)));
     s = _mm256_add_ps(s, _mm256_add_ps(_mm256_add_ps(a8, a9), _mm256_add_ps(a10, a11)));
@@ -119,9 +115,7 @@ static double fma_loop_scalar(long iters) {
     const float x = 0.999999f, y = 1e-7f;
     float a0 = 0.f, a1 = 1.f, a2 = 2.f, a3 = 3.f, a4 = 4.f, a5 = 5.f, a6 = 6.f, a7 = 7.f, a8 = 8.f,
           a9 = 9.f, a10 = 10.f, a11 = 11.f;
-    for (long it = 0; it < iters; it++) {
-        FMA12(fmaf);
-    }
+    for (long it = 0; it < iters; it++) { FMA12(fmaf); }
     volatile float sink = a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7 + a8 + a9 + a10 + a11;
     (void)sink;
     return (double)iters * 12 * 2;
@@ -131,7 +125,8 @@ static const char *g_peak_isa = "scalar";
 static double fma_loop(long iters) {
 #if defined(__x86_64__) && defined(__GNUC__)
     if (__builtin_cpu_supports("avx512f")) return fma_loop_avx512(iters);
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return fma_loop_avx2(iters);
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        return fma_loop_avx2(iters);
 #endif
     return fma_loop_scalar(iters);
 }
@@ -139,9 +134,9 @@ static double fma_loop(long iters) {
 /* GFLOP/s of all threads running the loop at once, best of 3 (~1 s). */
 static double measure_peak(int threads) {
 #if defined(__x86_64__) && defined(__GNUC__)
-    g_peak_isa = __builtin_cpu_supports("avx512f") ? "avx512"
+    g_peak_isa = __builtin_cpu_supports("avx512f")                                 ? "avx512"
                  : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? "avx2"
-                                                                                    : "scalar";
+                                                                                   : "scalar";
 #endif
     long iters = 1 << 20;
     double best = 0.0;
@@ -297,18 +292,20 @@ static int parse_case(const char *s, bcase *c) {
     char cz[16] = {0};
     if (sscanf(s, "%lld,%lld,%lld,%lld,%lld,%15s", &b, &h, &lq, &lk, &d, cz) != 6) return 0;
     if (b <= 0 || h <= 0 || lq <= 0 || lk <= 0 || d <= 0) return 0;
-    if (!strcmp(cz, "1") || !strcmp(cz, "yes") || !strcmp(cz, "true")) c->causal = 1;
-    else if (!strcmp(cz, "0") || !strcmp(cz, "no") || !strcmp(cz, "false")) c->causal = 0;
-    else return 0;
+    if (!strcmp(cz, "1") || !strcmp(cz, "yes") || !strcmp(cz, "true"))
+        c->causal = 1;
+    else if (!strcmp(cz, "0") || !strcmp(cz, "no") || !strcmp(cz, "false"))
+        c->causal = 0;
+    else
+        return 0;
     c->B = b, c->H = h, c->Lq = lq, c->Lk = lk, c->D = d;
     return 1;
 }
 
 static void usage(void) {
-    fprintf(stderr,
-            "usage: attn-bench [--threads N] [--impl reference|fused] [--reps N] [--json]\n"
-            "                  [--clock wall|cpu] [--tile-gemm own|blas]\n"
-            "                  [--case B,H,Lq,Lk,D,causal]...   (causal: 0/1 or no/yes)\n");
+    fprintf(stderr, "usage: attn-bench [--threads N] [--impl reference|fused] [--reps N] [--json]\n"
+                    "                  [--clock wall|cpu] [--tile-gemm own|blas]\n"
+                    "                  [--case B,H,Lq,Lk,D,causal]...   (causal: 0/1 or no/yes)\n");
 }
 
 int main(int argc, char **argv) {
@@ -325,13 +322,18 @@ int main(int argc, char **argv) {
             if (threads < 1) return usage(), 2;
         } else if (!strcmp(a, "--clock") && i + 1 < argc) {
             const char *v = argv[++i];
-            if (!strcmp(v, "cpu")) g_cpu_clock = 1;
-            else if (!strcmp(v, "wall")) g_cpu_clock = 0;
-            else return usage(), 2;
+            if (!strcmp(v, "cpu"))
+                g_cpu_clock = 1;
+            else if (!strcmp(v, "wall"))
+                g_cpu_clock = 0;
+            else
+                return usage(), 2;
         } else if (!strcmp(a, "--tile-gemm") && i + 1 < argc) {
             const char *v = argv[++i];
-            if (!strcmp(v, "blas")) attn_test_fused_blas(1);
-            else if (strcmp(v, "own")) return usage(), 2;
+            if (!strcmp(v, "blas"))
+                attn_test_fused_blas(1);
+            else if (strcmp(v, "own"))
+                return usage(), 2;
         } else if (!strcmp(a, "--reps") && i + 1 < argc) {
             reps = atoi(argv[++i]);
             if (reps < 1) return usage(), 2;
@@ -339,9 +341,12 @@ int main(int argc, char **argv) {
             const char *v = argv[++i];
             if (!forced) want_ref = want_fused = 0;
             forced = 1;
-            if (!strcmp(v, "reference")) want_ref = 1;
-            else if (!strcmp(v, "fused")) want_fused = 1;
-            else return usage(), 2;
+            if (!strcmp(v, "reference"))
+                want_ref = 1;
+            else if (!strcmp(v, "fused"))
+                want_fused = 1;
+            else
+                return usage(), 2;
         } else if (!strcmp(a, "--case") && i + 1 < argc) {
             cases = realloc(cases, (ncases + 1) * sizeof *cases);
             if (!parse_case(argv[++i], &cases[ncases])) {
@@ -362,13 +367,14 @@ int main(int argc, char **argv) {
     g_threads = threads;
     const double peak = measure_peak(threads);
     if (json)
-        printf("{\"peak_gflops\": %.2f, \"peak_isa\": \"%s\", \"threads\": %d, \"clock\": \"%s\"}\n",
-               peak, g_peak_isa, threads, g_cpu_clock ? "cpu" : "wall");
+        printf(
+            "{\"peak_gflops\": %.2f, \"peak_isa\": \"%s\", \"threads\": %d, \"clock\": \"%s\"}\n",
+            peak, g_peak_isa, threads, g_cpu_clock ? "cpu" : "wall");
     else
         printf("threads %d, measured fp32 FMA peak %.1f GFLOP/s (%s), %s clock\n"
                "%-9s %-3s %5s %3s %6s %6s %4s %-6s %10s %9s %7s %9s\n",
-               threads, peak, g_peak_isa, g_cpu_clock ? "cpu-time" : "wall", "impl", "op", "B", "H", "Lq", "Lk", "D", "causal",
-               "ms", "GFLOP/s", "peak", "rss_MB");
+               threads, peak, g_peak_isa, g_cpu_clock ? "cpu-time" : "wall", "impl", "op", "B", "H",
+               "Lq", "Lk", "D", "causal", "ms", "GFLOP/s", "peak", "rss_MB");
     int rc = 0;
     for (size_t i = 0; i < ncases; i++) {
         const bcase *c = &cases[i];

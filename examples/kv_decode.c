@@ -28,7 +28,8 @@ int main(void) {
     /* the cache: B rows of up to L positions, one position per step */
     attn_mha_kv_shape shape = {.batch = B, .max_len = L, .max_step = 1};
     size_t bytes;
-    if (attn_mha_kv_bytes(&cfg, &shape, &bytes, &err)) return fprintf(stderr, "%s\n", err.message), 1;
+    if (attn_mha_kv_bytes(&cfg, &shape, &bytes, &err))
+        return fprintf(stderr, "%s\n", err.message), 1;
     void *mem = malloc(bytes);
     attn_mha_kv kv;
     if (attn_mha_kv_init(&cfg, &shape, mem, bytes, &kv, &err))

@@ -202,19 +202,18 @@ typedef struct {
  *                           the backward needs it.
  *   info    optional: the path that ran and why. */
 ATTN_API attn_status attn_sdpa_forward(const attn_tensor *q, const attn_tensor *k,
-                              const attn_tensor *v, const attn_sdpa_params *p,
-                              attn_tensor *out, float *weights, float *lse,
-                              attn_sdpa_info *info, attn_error *err);
+                                       const attn_tensor *v, const attn_sdpa_params *p,
+                                       attn_tensor *out, float *weights, float *lse,
+                                       attn_sdpa_info *info, attn_error *err);
 
 /* Gradients of attn_sdpa_forward, from the saved out and lse and grad_out
  * (same shape as out). dq, dk, dv have the shapes of q, k, v and are
  * OVERWRITTEN. p must equal the forward's (same masks, seed and offset). */
 ATTN_API attn_status attn_sdpa_backward(const attn_tensor *q, const attn_tensor *k,
-                               const attn_tensor *v, const attn_tensor *out,
-                               const float *lse, const attn_tensor *grad_out,
-                               const attn_sdpa_params *p, attn_tensor *dq,
-                               attn_tensor *dk, attn_tensor *dv,
-                               attn_sdpa_info *info, attn_error *err);
+                                        const attn_tensor *v, const attn_tensor *out,
+                                        const float *lse, const attn_tensor *grad_out,
+                                        const attn_sdpa_params *p, attn_tensor *dq, attn_tensor *dk,
+                                        attn_tensor *dv, attn_sdpa_info *info, attn_error *err);
 
 /* -------------------------------------------------- multi-head attention */
 
@@ -229,10 +228,10 @@ typedef struct {
 /* Parameters in torch.nn.MultiheadAttention's layout (y = x Wᵀ + b),
  * caller-owned. in_proj_weight [3E, E] is w_q, w_k, w_v stacked. */
 typedef struct {
-    float *w_q; /* [E, E]    */
-    float *w_k; /* [E, kdim] */
-    float *w_v; /* [E, vdim] */
-    float *w_o; /* [E, E]    */
+    float *w_q;                   /* [E, E]    */
+    float *w_k;                   /* [E, kdim] */
+    float *w_v;                   /* [E, vdim] */
+    float *w_o;                   /* [E, E]    */
     float *b_q, *b_k, *b_v, *b_o; /* [E] each; NULL when !bias */
 } attn_mha_weights;
 
@@ -241,18 +240,18 @@ typedef struct {
 ATTN_API attn_status attn_mha_param_count(const attn_mha_config *c, size_t *count, attn_error *err);
 /* Point w at a packed buffer of attn_mha_param_count floats in that order. */
 ATTN_API attn_status attn_mha_weights_from_buffer(const attn_mha_config *c, float *buffer,
-                                         attn_mha_weights *w, attn_error *err);
+                                                  attn_mha_weights *w, attn_error *err);
 /* PyTorch's init: Xavier-uniform in-projection (over [3E, E] when
  * kdim == vdim == E, else each of w_q, w_k, w_v), out-projection
  * U(-1/sqrt(E), 1/sqrt(E)), zero biases. Deterministic in seed. */
 ATTN_API attn_status attn_mha_init(const attn_mha_config *c, const attn_mha_weights *w,
-                          uint64_t seed, attn_error *err);
+                                   uint64_t seed, attn_error *err);
 
 /* Floats of activation cache the backward needs for a call of this shape:
  * B * (2*Lq*E + 2*Lk*E + H*Lq), B times the count for one batch row (so a
  * caller may run batch rows in chunks, each at its row's offset). */
 ATTN_API attn_status attn_mha_cache_size(const attn_mha_config *c, int64_t B, int64_t Lq,
-                                int64_t Lk, size_t *count, attn_error *err);
+                                         int64_t Lk, size_t *count, attn_error *err);
 
 typedef enum {
     ATTN_WEIGHTS_NONE = 0,
@@ -270,11 +269,10 @@ typedef enum {
  *   cache: NULL for inference, else attn_mha_cache_size floats that the
  *          backward reads. */
 ATTN_API attn_status attn_mha_forward(const attn_mha_config *c, const attn_mha_weights *w,
-                             int64_t B, int64_t Lq, int64_t Lk,
-                             const float *query, const float *key,
-                             const float *value, const attn_sdpa_params *p,
-                             float *out, attn_weights_mode mode, float *weights,
-                             float *cache, attn_error *err);
+                                      int64_t B, int64_t Lq, int64_t Lk, const float *query,
+                                      const float *key, const float *value,
+                                      const attn_sdpa_params *p, float *out, attn_weights_mode mode,
+                                      float *weights, float *cache, attn_error *err);
 
 /* Backward of attn_mha_forward from its cache. All gradients ACCUMULATE
  * (+=) into the caller's buffers, like PyTorch's .grad: zero them first.
@@ -284,12 +282,11 @@ ATTN_API attn_status attn_mha_forward(const attn_mha_config *c, const attn_mha_w
  * gets the sum. Any of d_query, d_key, d_value may be NULL (not needed).
  * g has the layout of w (g->b_* NULL when !bias). */
 ATTN_API attn_status attn_mha_backward(const attn_mha_config *c, const attn_mha_weights *w,
-                              int64_t B, int64_t Lq, int64_t Lk,
-                              const float *query, const float *key,
-                              const float *value, const attn_sdpa_params *p,
-                              const float *cache, const float *grad_out,
-                              float *d_query, float *d_key, float *d_value,
-                              const attn_mha_weights *g, attn_error *err);
+                                       int64_t B, int64_t Lq, int64_t Lk, const float *query,
+                                       const float *key, const float *value,
+                                       const attn_sdpa_params *p, const float *cache,
+                                       const float *grad_out, float *d_query, float *d_key,
+                                       float *d_value, const attn_mha_weights *g, attn_error *err);
 
 /* ------------------------------------------- incremental decoding (KV cache) */
 
@@ -310,8 +307,8 @@ typedef struct {
  * (0: row b starts a new sequence, the others keep theirs). The other
  * fields are the library's. */
 typedef struct {
-    int64_t *len;     /* [batch] positions held by each row, in [0, max_len] */
-    float *k, *v;     /* [batch, max_len, E] each: position t of row b at
+    int64_t *len; /* [batch] positions held by each row, in [0, max_len] */
+    float *k, *v; /* [batch, max_len, E] each: position t of row b at
                        * (b * max_len + t) * E, the packed [B, L, H, E/H] layout */
     int64_t batch, max_len, max_step, embed_dim, num_heads;
     int threads;
@@ -326,8 +323,7 @@ ATTN_API attn_status attn_mha_kv_bytes(const attn_mha_config *c, const attn_mha_
 /* Lay out kv in mem (bytes >= attn_mha_kv_bytes for (c, s); any alignment)
  * with every row empty (len 0). */
 ATTN_API attn_status attn_mha_kv_init(const attn_mha_config *c, const attn_mha_kv_shape *s,
-                                      void *mem, size_t bytes, attn_mha_kv *kv,
-                                      attn_error *err);
+                                      void *mem, size_t bytes, attn_mha_kv *kv, attn_error *err);
 
 /* One incremental step of causal self-attention for rows 0..n-1 of kv:
  *   x   [n, Lq, E] the inputs at each row's next Lq positions

@@ -96,8 +96,9 @@ void mg_head_stats_compute(const float *w, int L, int first, const int *ring_key
 
 /* viridis at 0, 1/8, ..., 1 */
 static const unsigned char VIRIDIS[9][3] = {
-    {0x44, 0x01, 0x54}, {0x47, 0x2d, 0x7b}, {0x3b, 0x52, 0x8b}, {0x2c, 0x72, 0x8e}, {0x21, 0x91, 0x8c},
-    {0x28, 0xae, 0x80}, {0x5e, 0xc9, 0x62}, {0xad, 0xdc, 0x30}, {0xfd, 0xe7, 0x25}};
+    {0x44, 0x01, 0x54}, {0x47, 0x2d, 0x7b}, {0x3b, 0x52, 0x8b},
+    {0x2c, 0x72, 0x8e}, {0x21, 0x91, 0x8c}, {0x28, 0xae, 0x80},
+    {0x5e, 0xc9, 0x62}, {0xad, 0xdc, 0x30}, {0xfd, 0xe7, 0x25}};
 
 /* Colour of a weight: viridis of sqrt(w), so that the small weights of a
  * spread-out head stay visible (uniform attention over 36 keys is 0.03). */
@@ -127,8 +128,7 @@ static void xml_text(FILE *f, const char *s) {
 }
 
 int mg_attention_svg(FILE *f, const float *weights, int n_layer, int n_head, int L,
-                     const char *const *labels, const char *title,
-                     const mg_head_stats *stats) {
+                     const char *const *labels, const char *title, const mg_head_stats *stats) {
     if (!f || !weights || n_layer < 1 || n_head < 1 || L < 1 || !labels) return -1;
     double cell = 480.0 / L;
     if (cell > 16) cell = 16;
@@ -153,50 +153,63 @@ int mg_attention_svg(FILE *f, const float *weights, int n_layer, int n_head, int
             W, Hh, W, Hh);
     fprintf(f, "<text x=\"%.1f\" y=\"22\" font-size=\"16\" font-weight=\"bold\">", left);
     xml_text(f, title ? title : "attention");
-    fprintf(f, "</text>\n<text x=\"%.1f\" y=\"40\" font-size=\"11\" fill=\"#444\">"
-               "rows: query (attending) token, columns: key token; grey: masked (future); "
-               "hover a cell for its value</text>\n", left);
+    fprintf(f,
+            "</text>\n<text x=\"%.1f\" y=\"40\" font-size=\"11\" fill=\"#444\">"
+            "rows: query (attending) token, columns: key token; grey: masked (future); "
+            "hover a cell for its value</text>\n",
+            left);
     char col[8];
     for (int l = 0; l < n_layer; l++) {
         for (int h = 0; h < n_head; h++) {
             const float *w = weights + ((size_t)l * n_head + h) * (size_t)L * L;
             const double px = left + h * panel_w, py = top + l * panel_h;
             const double mx = px + lab_w, my = py + head_h;
-            fprintf(f, "<g>\n<text x=\"%.1f\" y=\"%.1f\" font-size=\"12\" font-weight=\"bold\">"
-                       "layer %d head %d</text>\n", mx, py + 12, l, h);
+            fprintf(f,
+                    "<g>\n<text x=\"%.1f\" y=\"%.1f\" font-size=\"12\" font-weight=\"bold\">"
+                    "layer %d head %d</text>\n",
+                    mx, py + 12, l, h);
             if (stats) {
                 const mg_head_stats *s = &stats[l * n_head + h];
                 char ring[16];
-                if (s->ring_n) snprintf(ring, sizeof ring, "%.2f", s->ring);
-                else snprintf(ring, sizeof ring, "-");
-                fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"10\" fill=\"#333\">%s: dist "
-                           "%.2f prev %.2f ring %s</text>\n",
+                if (s->ring_n)
+                    snprintf(ring, sizeof ring, "%.2f", s->ring);
+                else
+                    snprintf(ring, sizeof ring, "-");
+                fprintf(f,
+                        "<text x=\"%.1f\" y=\"%.1f\" font-size=\"10\" fill=\"#333\">%s: dist "
+                        "%.2f prev %.2f ring %s</text>\n",
                         mx, py + 25, s->label, s->mean_dist, s->prev, ring);
             }
-            fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"#eeeeee\"/>\n",
-                    mx, my, mat, mat);
+            fprintf(
+                f,
+                "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"#eeeeee\"/>\n",
+                mx, my, mat, mat);
             for (int i = 0; i < L; i++)
                 for (int j = 0; j < L; j++) {
                     if (j > i && w[(size_t)i * L + j] == 0.0f) continue; /* masked: background */
                     const double x = w[(size_t)i * L + j];
                     colour(x, col);
-                    fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.2f\" height=\"%.2f\" fill=\"%s\">"
-                               "<title>",
-                            mx + j * cell, my + i * cell, cell, cell, col);
+                    fprintf(
+                        f,
+                        "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.2f\" height=\"%.2f\" fill=\"%s\">"
+                        "<title>",
+                        mx + j * cell, my + i * cell, cell, cell, col);
                     xml_text(f, labels[i] ? labels[i] : "?");
                     fprintf(f, " (%d) -&gt; ", i);
                     xml_text(f, labels[j] ? labels[j] : "?");
                     fprintf(f, " (%d): %.4f</title></rect>\n", j, x);
                 }
             for (int i = 0; i < L; i++) {
-                fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"%.1f\" text-anchor=\"end\" "
-                           "dominant-baseline=\"middle\">",
+                fprintf(f,
+                        "<text x=\"%.1f\" y=\"%.1f\" font-size=\"%.1f\" text-anchor=\"end\" "
+                        "dominant-baseline=\"middle\">",
                         mx - 3, my + (i + 0.5) * cell, font);
                 xml_text(f, labels[i] ? labels[i] : "?");
                 fputs("</text>\n", f);
                 const double tx = mx + (i + 0.5) * cell, ty = my + mat + 3;
-                fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"%.1f\" "
-                           "transform=\"rotate(90 %.1f %.1f)\" dominant-baseline=\"middle\">",
+                fprintf(f,
+                        "<text x=\"%.1f\" y=\"%.1f\" font-size=\"%.1f\" "
+                        "transform=\"rotate(90 %.1f %.1f)\" dominant-baseline=\"middle\">",
                         tx, ty, font, tx, ty);
                 xml_text(f, labels[i] ? labels[i] : "?");
                 fputs("</text>\n", f);
@@ -206,8 +219,9 @@ int mg_attention_svg(FILE *f, const float *weights, int n_layer, int n_head, int
     }
     /* colour scale */
     const double bx = left + n_head * panel_w + 20, by = top + 20, bh = 200;
-    fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\">weight</text>\n"
-               "<text x=\"%.1f\" y=\"%.1f\" font-size=\"9\" fill=\"#444\">(sqrt scale)</text>\n",
+    fprintf(f,
+            "<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\">weight</text>\n"
+            "<text x=\"%.1f\" y=\"%.1f\" font-size=\"9\" fill=\"#444\">(sqrt scale)</text>\n",
             bx, by - 18, bx, by - 6);
     for (int k = 0; k < 100; k++) {
         const double t = 1.0 - (k + 0.5) / 100.0; /* position on the bar = sqrt(w) */
@@ -217,11 +231,15 @@ int mg_attention_svg(FILE *f, const float *weights, int n_layer, int n_head, int
     }
     static const double ticks[] = {0.0, 0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0};
     for (size_t k = 0; k < sizeof ticks / sizeof *ticks; k++)
-        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"10\" dominant-baseline=\"middle\">%g</text>\n",
-                bx + 20, by + bh - sqrt(ticks[k]) * bh, ticks[k]);
-    fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"16\" height=\"10\" fill=\"#eeeeee\"/>"
-               "<text x=\"%.1f\" y=\"%.1f\" font-size=\"10\" dominant-baseline=\"middle\">masked</text>\n",
-            bx, by + bh + 14, bx + 20, by + bh + 19);
+        fprintf(
+            f,
+            "<text x=\"%.1f\" y=\"%.1f\" font-size=\"10\" dominant-baseline=\"middle\">%g</text>\n",
+            bx + 20, by + bh - sqrt(ticks[k]) * bh, ticks[k]);
+    fprintf(
+        f,
+        "<rect x=\"%.1f\" y=\"%.1f\" width=\"16\" height=\"10\" fill=\"#eeeeee\"/>"
+        "<text x=\"%.1f\" y=\"%.1f\" font-size=\"10\" dominant-baseline=\"middle\">masked</text>\n",
+        bx, by + bh + 14, bx + 20, by + bh + 19);
     fputs("</svg>\n", f);
     return ferror(f) ? -1 : 0;
 }
@@ -233,11 +251,11 @@ int mg_attention_tsv(FILE *f, const mg_head_stats *stats, int n_layer, int n_hea
     for (int i = 0; i < n_layer * n_head; i++) {
         const mg_head_stats *s = &stats[i];
         if (s->ring_n)
-            fprintf(f, "%d\t%d\t%.4f\t%.4f\t%.4f\t%.4f\t%.4f\t%s\n", i / n_head, i % n_head, s->mean_dist,
-                    s->prev, s->ring, s->bos, s->peak, s->label);
+            fprintf(f, "%d\t%d\t%.4f\t%.4f\t%.4f\t%.4f\t%.4f\t%s\n", i / n_head, i % n_head,
+                    s->mean_dist, s->prev, s->ring, s->bos, s->peak, s->label);
         else
-            fprintf(f, "%d\t%d\t%.4f\t%.4f\t-\t%.4f\t%.4f\t%s\n", i / n_head, i % n_head, s->mean_dist,
-                    s->prev, s->bos, s->peak, s->label);
+            fprintf(f, "%d\t%d\t%.4f\t%.4f\t-\t%.4f\t%.4f\t%s\n", i / n_head, i % n_head,
+                    s->mean_dist, s->prev, s->bos, s->peak, s->label);
     }
     return ferror(f) ? -1 : 0;
 }
@@ -252,16 +270,18 @@ void mg_attention_map_free(mg_attention_map *a) {
     memset(a, 0, sizeof *a);
 }
 
-mg_status mg_attention_compute(mg_model *m, const mg_vocab *v, const char *smiles, mg_attention_map *out,
-                               mg_error *err) {
+mg_status mg_attention_compute(mg_model *m, const mg_vocab *v, const char *smiles,
+                               mg_attention_map *out, mg_error *err) {
     if (!m || !v || !smiles || !out) return mg_fail(err, MG_ERR_ARG, "attention: NULL argument");
     memset(out, 0, sizeof *out);
     const mg_model_config *c = mg_model_get_config(m);
     const int N = c->n_layer, H = c->n_head, ctx = c->ctx_len;
     char cut[96];
     const size_t slen = strlen(smiles);
-    if (slen > 72) snprintf(cut, sizeof cut, "%.60s... (%zu chars)", smiles, slen);
-    else snprintf(cut, sizeof cut, "%s", smiles);
+    if (slen > 72)
+        snprintf(cut, sizeof cut, "%.60s... (%zu chars)", smiles, slen);
+    else
+        snprintf(cut, sizeof cut, "%s", smiles);
     int k = 0;
     int32_t *ids = malloc((size_t)(ctx + 1) * sizeof *ids);
     float *logits = NULL;
@@ -271,8 +291,9 @@ mg_status mg_attention_compute(mg_model *m, const mg_vocab *v, const char *smile
     if (!ids) return mg_fail(err, MG_ERR_NOMEM, "out of memory");
     rc = mg_vocab_encode(v, smiles, ids + 1, ctx, &k, &e);
     if (rc == MG_ERR_TOO_LONG || (rc == MG_OK && k + 1 > ctx)) {
-        rc = mg_fail(err, MG_ERR_TOO_LONG, "'%s' has %d tokens; the model takes at most %d (ctx_len %d minus BOS)",
-                     cut, k, ctx - 1, ctx);
+        rc = mg_fail(err, MG_ERR_TOO_LONG,
+                     "'%s' has %d tokens; the model takes at most %d (ctx_len %d minus BOS)", cut,
+                     k, ctx - 1, ctx);
         goto done;
     }
     if (rc) {
@@ -306,7 +327,8 @@ mg_status mg_attention_compute(mg_model *m, const mg_vocab *v, const char *smile
     for (int i = 0; i < k; i++) ring_key[i + 1] = pair[i] >= 0 ? pair[i] + 1 : -1;
     for (int l = 0; l < N; l++)
         for (int h = 0; h < H; h++)
-            mg_head_stats_compute(out->weights + ((size_t)l * H + h) * L * L, L, 1, ring_key, &out->stats[l * H + h]);
+            mg_head_stats_compute(out->weights + ((size_t)l * H + h) * L * L, L, 1, ring_key,
+                                  &out->stats[l * H + h]);
 done:
     free(ids);
     free(logits);
@@ -315,4 +337,3 @@ done:
     if (rc) mg_attention_map_free(out);
     return rc;
 }
-

@@ -52,12 +52,12 @@ int mg_ring_pairs(const char *const *tokens, int n, int *pair);
 typedef struct {
     double mean_dist;
     double prev;
-    double ring;  /* NAN when ring_n == 0 */
-    int ring_n;   /* closing-digit queries averaged */
+    double ring; /* NAN when ring_n == 0 */
+    int ring_n;  /* closing-digit queries averaged */
     double bos;
     double peak, peak_uniform;
     double dist_uniform; /* mean distance of uniform causal attention */
-    int rows;     /* query rows averaged */
+    int rows;            /* query rows averaged */
     const char *label;
 } mg_head_stats;
 
@@ -65,8 +65,7 @@ typedef struct {
  * over the rows first..L-1 (first >= 0; first = 1 skips BOS). ring_key [L]
  * (may be NULL: no ring closures): for a query position i, the position of
  * its opening ring digit, or -1. */
-void mg_head_stats_compute(const float *w, int L, int first, const int *ring_key,
-                           mg_head_stats *s);
+void mg_head_stats_compute(const float *w, int L, int first, const int *ring_key, mg_head_stats *s);
 /* The label rule above (also stored by mg_head_stats_compute). */
 const char *mg_head_label(const mg_head_stats *s);
 
@@ -97,8 +96,8 @@ typedef struct {
  * vocabulary cannot encode, MG_ERR_TOO_LONG when it has more tokens than
  * ctx_len - 1 ("'S' has K tokens; the model takes at most ..."), MG_ERR_ARG
  * for an empty one. smiles is echoed cut to 72 characters. */
-mg_status mg_attention_compute(mg_model *m, const mg_vocab *v, const char *smiles, mg_attention_map *out,
-                               mg_error *err);
+mg_status mg_attention_compute(mg_model *m, const mg_vocab *v, const char *smiles,
+                               mg_attention_map *out, mg_error *err);
 void mg_attention_map_free(mg_attention_map *a); /* zeroes it; NULL fine */
 
 #ifdef __cplusplus

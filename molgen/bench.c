@@ -30,8 +30,9 @@ double mg_median(double *x, int n) {
 }
 
 /* The MOSES vocabulary (moses_176k.smi's 24 tokens). */
-const char *const MG_MOSES_TOKENS[] = {"#", "(", ")", "-", "1", "2", "3", "4", "5", "6", "=", "Br",
-                                     "C", "Cl", "F", "N", "O", "S", "[H]", "[nH]", "c", "n", "o", "s"};
+const char *const MG_MOSES_TOKENS[] = {"#", "(", ")",   "-",    "1", "2",  "3", "4",
+                                       "5", "6", "=",   "Br",   "C", "Cl", "F", "N",
+                                       "O", "S", "[H]", "[nH]", "c", "n",  "o", "s"};
 
 static void finish(mg_bench_result *r) {
     double tmp[64];
@@ -45,7 +46,7 @@ static void finish(mg_bench_result *r) {
  * real molecules in file order, each cut to its longest row as molgen train
  * does, counting the real targets. */
 mg_status mg_bench_train(mg_model *m, int B, int steps, int warmup, int runs, mg_batcher *data,
-                       mg_bench_result *r, mg_error *err) {
+                         mg_bench_result *r, mg_error *err) {
     const mg_model_config *c = mg_model_get_config(m);
     const int T = c->ctx_len + 1, V = c->vocab_size;
     mg_status rc = MG_ERR_ARG; /* every failure path sets it */
@@ -68,7 +69,8 @@ mg_status mg_bench_train(mg_model *m, int B, int steps, int warmup, int runs, mg
     for (int b = 0; b < B; b++) {
         ids[(size_t)b * T] = MG_BOS;
         for (int t = 1; t < T - 1; t++)
-            ids[(size_t)b * T + t] = (int32_t)(MG_NUM_SPECIAL + mg_splitmix64(&s) % (uint64_t)(V - MG_NUM_SPECIAL));
+            ids[(size_t)b * T + t] =
+                (int32_t)(MG_NUM_SPECIAL + mg_splitmix64(&s) % (uint64_t)(V - MG_NUM_SPECIAL));
         ids[(size_t)b * T + T - 1] = MG_EOS;
         len[b] = T;
     }
@@ -85,8 +87,8 @@ mg_status mg_bench_train(mg_model *m, int B, int steps, int warmup, int runs, mg
                 Tb = mg_trim_batch(full, len, B, T, ids);
             }
             if ((rc = mg_model_forward(m, ids, len, B, Tb, 1, (uint64_t)step, &loss, &ntok, err) ||
-                mg_model_backward(m, err) ||
-                mg_adamw_step(&opt, mg_model_params(m), mg_model_grads(m), NULL, NULL, err)))
+                      mg_model_backward(m, err) ||
+                      mg_adamw_step(&opt, mg_model_params(m), mg_model_grads(m), NULL, NULL, err)))
                 goto done;
             tokens += ntok;
         }
@@ -106,7 +108,7 @@ done:
 }
 
 mg_status mg_bench_sample(mg_model *m, const mg_vocab *v, mg_decode_kind kind, int n, int batch,
-                        int warmup, int runs, mg_bench_result *r, mg_error *err) {
+                          int warmup, int runs, mg_bench_result *r, mg_error *err) {
     mg_status rc_;
     mg_sample_opts o;
     mg_sample_opts_default(&o);

@@ -12,7 +12,8 @@
 #include "json.h"
 #include "safetensors.h"
 
-mg_status mg_ckpt_optimizer(const mg_model *m, const mg_adamw_config *c, mg_adamw *opt, mg_error *err) {
+mg_status mg_ckpt_optimizer(const mg_model *m, const mg_adamw_config *c, mg_adamw *opt,
+                            mg_error *err) {
     const size_t nt = mg_model_num_tensors(m);
     mg_optim_span *spans = malloc(nt * sizeof *spans);
     if (!spans) {
@@ -30,7 +31,9 @@ mg_status mg_ckpt_optimizer(const mg_model *m, const mg_adamw_config *c, mg_adam
     return rc;
 }
 
-static int saved_in_train(const mg_setting *s) { return s->save == MG_SAVE_CKPT || s->save == MG_SAVE_CKPT_NEW; }
+static int saved_in_train(const mg_setting *s) {
+    return s->save == MG_SAVE_CKPT || s->save == MG_SAVE_CKPT_NEW;
+}
 
 /* The "train" metadata: the saved settings, then the state. */
 static char *train_json(const mg_train_config *settings, const mg_train_state *st) {
@@ -39,12 +42,14 @@ static char *train_json(const mg_train_config *settings, const mg_train_state *s
     int ok = j != NULL;
     for (size_t i = 0; ok && i < MG_TRAIN_NUM_SETTINGS; i++)
         if (saved_in_train(&MG_TRAIN_SETTING[i]))
-            ok = !mg_json_put(j, MG_TRAIN_SETTING[i].key, mg_setting_to_json(&MG_TRAIN_SETTING[i], settings));
+            ok = !mg_json_put(j, MG_TRAIN_SETTING[i].key,
+                              mg_setting_to_json(&MG_TRAIN_SETTING[i], settings));
     snprintf(buf, sizeof buf, "%016" PRIx64, st->data_hash);
-    ok = ok && !mg_json_put(j, "step", json_integer((json_int_t)st->step)) &&
-         !mg_json_put(j, "data_rows", json_integer((json_int_t)st->data_rows)) &&
-         !mg_json_put(j, "data_hash", json_string(buf)) &&
-         !mg_json_put(j, "val_loss", isfinite(st->val_loss) ? json_real(st->val_loss) : json_null());
+    ok =
+        ok && !mg_json_put(j, "step", json_integer((json_int_t)st->step)) &&
+        !mg_json_put(j, "data_rows", json_integer((json_int_t)st->data_rows)) &&
+        !mg_json_put(j, "data_hash", json_string(buf)) &&
+        !mg_json_put(j, "val_loss", isfinite(st->val_loss) ? json_real(st->val_loss) : json_null());
     char *s = ok ? mg_json_dump(j, 17) : NULL;
     json_decref(j);
     return s;
@@ -55,7 +60,8 @@ static mg_status train_from_json(const char *text, mg_ckpt *ck, mg_error *err) {
     if (mg_json_parse(text, strlen(text), &ck->train_json, &e))
         return mg_fail(err, e.status, "checkpoint \"train\" metadata: %s", e.message);
     const json_t *j = ck->train_json;
-    if (!json_is_object(j)) return mg_fail(err, MG_ERR_FORMAT, "checkpoint \"train\" metadata is not an object");
+    if (!json_is_object(j))
+        return mg_fail(err, MG_ERR_FORMAT, "checkpoint \"train\" metadata is not an object");
     mg_train_config_default(&ck->settings);
     for (size_t i = 0; i < MG_TRAIN_NUM_SETTINGS; i++) {
         const mg_setting *s = &MG_TRAIN_SETTING[i];
@@ -65,15 +71,20 @@ static mg_status train_from_json(const char *text, mg_ckpt *ck, mg_error *err) {
             return mg_fail(err, e.status, "checkpoint \"train\" metadata: %s", e.message);
     }
     if (!ck->settings.data_path || !ck->settings.csv_column)
-        return mg_fail(err, MG_ERR_FORMAT, "checkpoint \"train\" metadata: \"%s\" missing or not a string",
+        return mg_fail(err, MG_ERR_FORMAT,
+                       "checkpoint \"train\" metadata: \"%s\" missing or not a string",
                        ck->settings.data_path ? "csv_column" : "data");
     const json_t *step = json_object_get(j, "step"), *rows = json_object_get(j, "data_rows");
     const char *hash = json_string_value(json_object_get(j, "data_hash"));
     if (!json_is_integer(step) || json_integer_value(step) < 0)
-        return mg_fail(err, MG_ERR_FORMAT, "checkpoint \"train\" metadata: \"step\" missing or out of range");
+        return mg_fail(err, MG_ERR_FORMAT,
+                       "checkpoint \"train\" metadata: \"step\" missing or out of range");
     if (!json_is_integer(rows) || json_integer_value(rows) < 0)
-        return mg_fail(err, MG_ERR_FORMAT, "checkpoint \"train\" metadata: \"data_rows\" missing or out of range");
-    if (!hash) return mg_fail(err, MG_ERR_FORMAT, "checkpoint \"train\" metadata: \"data_hash\" missing or not a string");
+        return mg_fail(err, MG_ERR_FORMAT,
+                       "checkpoint \"train\" metadata: \"data_rows\" missing or out of range");
+    if (!hash)
+        return mg_fail(err, MG_ERR_FORMAT,
+                       "checkpoint \"train\" metadata: \"data_hash\" missing or not a string");
     ck->state.step = json_integer_value(step);
     ck->state.data_rows = (uint64_t)json_integer_value(rows);
     ck->state.data_hash = strtoull(hash, NULL, 16);
@@ -83,13 +94,15 @@ static mg_status train_from_json(const char *text, mg_ckpt *ck, mg_error *err) {
      * draws other batches, so it cannot continue such a run as promised. */
     const json_t *bk = json_object_get(j, "bucket");
     if (bk && !(json_is_number(bk) && json_number_value(bk) == 0))
-        return mg_fail(err, MG_ERR_FORMAT, "checkpoint was trained with length-bucketed batches, which this "
-                                           "molgen no longer makes: it cannot be resumed bit for bit");
+        return mg_fail(err, MG_ERR_FORMAT,
+                       "checkpoint was trained with length-bucketed batches, which this "
+                       "molgen no longer makes: it cannot be resumed bit for bit");
     return MG_OK;
 }
 
-mg_status mg_ckpt_save(const char *path, const mg_model *m, const mg_vocab *vocab, const mg_adamw *opt,
-                       const mg_train_config *settings, const mg_train_state *state, mg_error *err) {
+mg_status mg_ckpt_save(const char *path, const mg_model *m, const mg_vocab *vocab,
+                       const mg_adamw *opt, const mg_train_config *settings,
+                       const mg_train_state *state, mg_error *err) {
     const size_t nt = mg_model_num_tensors(m);
     mg_st_tensor *t = calloc(nt + 2, sizeof *t);
     char *vj = mg_vocab_to_json(vocab), *tj = train_json(settings, state);
@@ -140,14 +153,20 @@ mg_status mg_ckpt_load(const char *path, mg_ckpt *ck, mg_error *err) {
     mg_status rc = mg_st_load(path, &f, &e);
     if (rc) return mg_fail(err, rc, "checkpoint: %s", e.message); /* e.message names the path */
     const char *fmt = mg_st_meta(f, "format");
-    const char *oj = mg_st_meta(f, "optim"), *tj = mg_st_meta(f, "train"), *vj = mg_st_meta(f, "vocab");
+    const char *oj = mg_st_meta(f, "optim"), *tj = mg_st_meta(f, "train"),
+               *vj = mg_st_meta(f, "vocab");
     mg_adamw_config oc;
     if (!fmt || strcmp(fmt, "molgen")) {
-        rc = mg_fail(err, MG_ERR_FORMAT, "checkpoint %s: not a molgen file (metadata \"format\" missing)", path);
+        rc = mg_fail(err, MG_ERR_FORMAT,
+                     "checkpoint %s: not a molgen file (metadata \"format\" missing)", path);
     } else if (!oj || !tj || !vj) {
         rc = mg_fail(err, MG_ERR_FORMAT,
                      "checkpoint %s: a model file without training state (no \"%s\" metadata): "
-                     "cannot resume from it", path, !oj ? "optim" : !tj ? "train" : "vocab");
+                     "cannot resume from it",
+                     path,
+                     !oj   ? "optim"
+                     : !tj ? "train"
+                           : "vocab");
     } else if ((rc = mg_model_from_st(f, &ck->model, &e))) {
         rc = mg_fail(err, rc, "checkpoint %s: %s", path, e.message);
     } else if ((rc = mg_vocab_from_json(vj, strlen(vj), &ck->vocab, &e))) {
@@ -155,13 +174,15 @@ mg_status mg_ckpt_load(const char *path, mg_ckpt *ck, mg_error *err) {
     } else if (mg_vocab_size(ck->vocab) != mg_model_get_config(ck->model)->vocab_size) {
         rc = mg_fail(err, MG_ERR_FORMAT, "checkpoint %s: vocab has %d tokens, the model %d", path,
                      mg_vocab_size(ck->vocab), mg_model_get_config(ck->model)->vocab_size);
-    } else if ((rc = mg_adamw_config_from_json(oj, &oc, &e)) || (rc = train_from_json(tj, ck, &e)) ||
+    } else if ((rc = mg_adamw_config_from_json(oj, &oc, &e)) ||
+               (rc = train_from_json(tj, ck, &e)) ||
                (rc = mg_ckpt_optimizer(ck->model, &oc, &ck->opt, &e))) {
         rc = mg_fail(err, rc, "checkpoint %s: %s", path, e.message);
     } else {
         const size_t P = mg_model_num_params(ck->model);
         const int64_t shape[1] = {(int64_t)P};
-        if ((rc = mg_st_copy(f, "optim.m", MG_ST_F32, 1, shape, ck->opt.m, P * sizeof(float), &e)) ||
+        if ((rc =
+                 mg_st_copy(f, "optim.m", MG_ST_F32, 1, shape, ck->opt.m, P * sizeof(float), &e)) ||
             (rc = mg_st_copy(f, "optim.v", MG_ST_F32, 1, shape, ck->opt.v, P * sizeof(float), &e)))
             rc = mg_fail(err, rc, "checkpoint %s: %s", path, e.message);
         ck->opt.step = ck->state.step;
@@ -171,7 +192,8 @@ mg_status mg_ckpt_load(const char *path, mg_ckpt *ck, mg_error *err) {
     return rc;
 }
 
-mg_status mg_checkpoint_load(const char *path, mg_model **model, mg_adamw *opt, int64_t *step, mg_error *err) {
+mg_status mg_checkpoint_load(const char *path, mg_model **model, mg_adamw *opt, int64_t *step,
+                             mg_error *err) {
     if (!path || !model) return mg_fail(err, MG_ERR_ARG, "path or model pointer is NULL");
     mg_ckpt ck;
     const mg_status rc = mg_ckpt_load(path, &ck, err);

@@ -29,10 +29,10 @@ extern "C" {
 
 /* Where a run stands, besides its settings, model and optimizer. */
 typedef struct {
-    int64_t step;        /* optimizer steps done */
-    uint64_t data_rows;  /* molecules kept from the data file */
-    uint64_t data_hash;  /* FNV-1a of their ids and lengths: the same data on resume */
-    double val_loss;     /* the last validation loss (NAN: none) */
+    int64_t step;       /* optimizer steps done */
+    uint64_t data_rows; /* molecules kept from the data file */
+    uint64_t data_hash; /* FNV-1a of their ids and lengths: the same data on resume */
+    double val_loss;    /* the last validation loss (NAN: none) */
 } mg_train_state;
 
 /* Everything a checkpoint holds. settings has the saved settings (CKPT,
@@ -47,14 +47,16 @@ typedef struct {
     json_t *train_json;
 } mg_ckpt;
 
-mg_status mg_ckpt_save(const char *path, const mg_model *m, const mg_vocab *vocab, const mg_adamw *opt,
-                       const mg_train_config *settings, const mg_train_state *state, mg_error *err);
+mg_status mg_ckpt_save(const char *path, const mg_model *m, const mg_vocab *vocab,
+                       const mg_adamw *opt, const mg_train_config *settings,
+                       const mg_train_state *state, mg_error *err);
 mg_status mg_ckpt_load(const char *path, mg_ckpt *ck, mg_error *err);
 void mg_ckpt_free(mg_ckpt *c);
 
 /* An AdamW for m's parameters (mg_adamw_init with the model's tensors as
  * spans, weight decay on its weight matrices). */
-mg_status mg_ckpt_optimizer(const mg_model *m, const mg_adamw_config *c, mg_adamw *opt, mg_error *err);
+mg_status mg_ckpt_optimizer(const mg_model *m, const mg_adamw_config *c, mg_adamw *opt,
+                            mg_error *err);
 
 #ifdef __cplusplus
 }

@@ -18,8 +18,8 @@ void mg_cli_begin(void) {
     opterr = 0;
 }
 
-int mg_cli_next(const char *cmd, int argc, char **argv, const char *shorts, const struct option *opts,
-                const char **value) {
+int mg_cli_next(const char *cmd, int argc, char **argv, const char *shorts,
+                const struct option *opts, const char **value) {
     char optstring[64];
     snprintf(optstring, sizeof optstring, "+:%s", shorts ? shorts : "");
     const int before = optind < 1 ? 1 : optind;
@@ -28,7 +28,8 @@ int mg_cli_next(const char *cmd, int argc, char **argv, const char *shorts, cons
     *value = optarg;
     if (c == -1) {
         if (optind < argc) {
-            fprintf(stderr, "molgen %s: unexpected argument '%s' (see molgen %s --help)\n", cmd, argv[optind], cmd);
+            fprintf(stderr, "molgen %s: unexpected argument '%s' (see molgen %s --help)\n", cmd,
+                    argv[optind], cmd);
             return -2;
         }
         return -1;
@@ -41,14 +42,17 @@ int mg_cli_next(const char *cmd, int argc, char **argv, const char *shorts, cons
         return -2;
     }
     if (c == ':') {
-        fprintf(stderr, "molgen %s: option %s needs a value (see molgen %s --help)\n", cmd, argv[optind - 1], cmd);
+        fprintf(stderr, "molgen %s: option %s needs a value (see molgen %s --help)\n", cmd,
+                argv[optind - 1], cmd);
         return -2;
     }
     if (li >= 0) { /* getopt_long takes unique prefixes; molgen wants the whole name */
         const size_t n = strlen(opts[li].name);
-        if (strncmp(arg, "--", 2) || strncmp(arg + 2, opts[li].name, n) || (arg[2 + n] && arg[2 + n] != '=')) {
+        if (strncmp(arg, "--", 2) || strncmp(arg + 2, opts[li].name, n) ||
+            (arg[2 + n] && arg[2 + n] != '=')) {
             const size_t k = strcspn(arg, "=");
-            fprintf(stderr, "molgen %s: unknown option '%.*s' (see molgen %s --help)\n", cmd, (int)k, arg, cmd);
+            fprintf(stderr, "molgen %s: unknown option '%.*s' (see molgen %s --help)\n", cmd,
+                    (int)k, arg, cmd);
             return -2;
         }
     }
@@ -62,8 +66,10 @@ int mg_cli_bad_value(const char *cmd, char **argv, const char *value) {
     int len = (int)strlen(opt);
     if (opt != value) {
         const char *eq = strchr(opt, '=');
-        if (eq && eq + 1 == value) len = (int)(eq - opt);
-        else opt = argv[optind - 2], len = (int)strlen(opt);
+        if (eq && eq + 1 == value)
+            len = (int)(eq - opt);
+        else
+            opt = argv[optind - 2], len = (int)strlen(opt);
     } else {
         opt = argv[optind - 2];
         len = (int)strlen(opt);
@@ -112,16 +118,15 @@ mg_status mg_cli_mkdir_p(const char *dir, mg_error *err) {
     char buf[4096];
     size_t n = strlen(dir);
     if (n == 0) return 0;
-    if (n >= sizeof buf) {
-        return mg_fail(err, MG_ERR_ARG, "path too long: %s", dir);
-    }
+    if (n >= sizeof buf) { return mg_fail(err, MG_ERR_ARG, "path too long: %s", dir); }
     memcpy(buf, dir, n + 1);
     for (size_t i = 1; i <= n; i++) {
         if (buf[i] == '/' || buf[i] == '\0') {
             char c = buf[i];
             buf[i] = '\0';
             if (mkdir(buf, 0777) != 0 && errno != EEXIST) {
-                return mg_fail(err, MG_ERR_IO, "cannot create directory %s: %s", buf, strerror(errno));
+                return mg_fail(err, MG_ERR_IO, "cannot create directory %s: %s", buf,
+                               strerror(errno));
             }
             buf[i] = c;
         }
@@ -138,9 +143,7 @@ mg_status mg_cli_mkdir_parent(const char *path, mg_error *err) {
     if (!slash || slash == path) return 0;
     char buf[4096];
     size_t n = (size_t)(slash - path);
-    if (n >= sizeof buf) {
-        return mg_fail(err, MG_ERR_ARG, "path too long: %s", path);
-    }
+    if (n >= sizeof buf) { return mg_fail(err, MG_ERR_ARG, "path too long: %s", path); }
     memcpy(buf, path, n);
     buf[n] = '\0';
     return mg_cli_mkdir_p(buf, err);
@@ -157,23 +160,21 @@ const char *mg_cli_cut(const char *s, char *buf, size_t n) {
 /* A file can be created in dir: create and remove a probe. */
 static mg_status probe_dir(const char *dir, const char *what, mg_error *err) {
     char probe[4200];
-    if (snprintf(probe, sizeof probe, "%s/.molgen-probe.XXXXXX", *dir ? dir : ".") >= (int)sizeof probe) {
+    if (snprintf(probe, sizeof probe, "%s/.molgen-probe.XXXXXX", *dir ? dir : ".") >=
+        (int)sizeof probe) {
         return mg_fail(err, MG_ERR_ARG, "%s: path too long", what);
     }
     int fd = mkstemp(probe);
-    if (fd < 0) {
-        return mg_fail(err, MG_ERR_IO, "cannot write %s: %s", what, strerror(errno));
-    }
+    if (fd < 0) { return mg_fail(err, MG_ERR_IO, "cannot write %s: %s", what, strerror(errno)); }
     close(fd);
     unlink(probe);
     return 0;
 }
 
-mg_status mg_cli_check_output(const char *path, const char *const *inputs, size_t n_inputs, mg_error *err) {
+mg_status mg_cli_check_output(const char *path, const char *const *inputs, size_t n_inputs,
+                              mg_error *err) {
     mg_status rc_;
-    if (!path || !*path) {
-        return mg_fail(err, MG_ERR_ARG, "the output path is empty");
-    }
+    if (!path || !*path) { return mg_fail(err, MG_ERR_ARG, "the output path is empty"); }
     struct stat out;
     const int exists = stat(path, &out) == 0;
     if (exists && S_ISDIR(out.st_mode)) {
@@ -181,25 +182,28 @@ mg_status mg_cli_check_output(const char *path, const char *const *inputs, size_
     }
     for (size_t i = 0; exists && i < n_inputs; i++) {
         struct stat in;
-        if (inputs[i] && stat(inputs[i], &in) == 0 && in.st_dev == out.st_dev && in.st_ino == out.st_ino) {
-            return mg_fail(err, MG_ERR_ARG, "output %s is the input %s (same file): refusing to overwrite it",
-                         path, inputs[i]);
+        if (inputs[i] && stat(inputs[i], &in) == 0 && in.st_dev == out.st_dev &&
+            in.st_ino == out.st_ino) {
+            return mg_fail(err, MG_ERR_ARG,
+                           "output %s is the input %s (same file): refusing to overwrite it", path,
+                           inputs[i]);
         }
     }
     if ((rc_ = mg_cli_mkdir_parent(path, err))) return rc_;
     char dir[4096];
     const char *slash = strrchr(path, '/');
-    if (!slash) snprintf(dir, sizeof dir, ".");
-    else if (slash == path) snprintf(dir, sizeof dir, "/");
-    else snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+    if (!slash)
+        snprintf(dir, sizeof dir, ".");
+    else if (slash == path)
+        snprintf(dir, sizeof dir, "/");
+    else
+        snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
     return probe_dir(dir, path, err);
 }
 
 mg_status mg_cli_check_output_dir(const char *dir, mg_error *err) {
     mg_status rc_;
-    if (!dir || !*dir) {
-        return mg_fail(err, MG_ERR_ARG, "the output directory is empty");
-    }
+    if (!dir || !*dir) { return mg_fail(err, MG_ERR_ARG, "the output directory is empty"); }
     if ((rc_ = mg_cli_mkdir_p(dir, err))) return rc_;
     return probe_dir(dir, dir, err);
 }
@@ -232,7 +236,8 @@ mg_status mg_cli_atomic_commit(FILE *f, const char *tmp, const char *path, mg_er
     return 0;
 }
 
-mg_status mg_cli_atomic_commit_if(FILE *f, int write_rc, const char *tmp, const char *path, mg_error *err) {
+mg_status mg_cli_atomic_commit_if(FILE *f, int write_rc, const char *tmp, const char *path,
+                                  mg_error *err) {
     if (!write_rc) return mg_cli_atomic_commit(f, tmp, path, err);
     fclose(f);
     unlink(tmp);
@@ -247,7 +252,9 @@ int mg_cli_load_model(const char *cmd, const char *path, struct mg_model **m, st
         return -1;
     }
     if (!checksummed)
-        fprintf(stderr, "molgen %s: note: %s has no tensor checksums (written before molgen stored "
-                "them): loaded without an integrity check\n", cmd, path);
+        fprintf(stderr,
+                "molgen %s: note: %s has no tensor checksums (written before molgen stored "
+                "them): loaded without an integrity check\n",
+                cmd, path);
     return 0;
 }

@@ -25,15 +25,15 @@ extern "C" {
  * "... unexpected argument 'x'" (each with "(see molgen CMD --help)") to
  * stderr; the caller then exits with status 2. */
 void mg_cli_begin(void);
-int mg_cli_next(const char *cmd, int argc, char **argv, const char *shorts, const struct option *opts,
-                const char **value);
+int mg_cli_next(const char *cmd, int argc, char **argv, const char *shorts,
+                const struct option *opts, const char **value);
 /* After mg_cli_next returned an option whose value does not parse: prints
  * "molgen CMD: bad value 'V' for --opt (see molgen CMD --help)" and returns 2. */
 int mg_cli_bad_value(const char *cmd, char **argv, const char *value);
 
 /* Whole-string parses; return 1 on success, 0 on junk / out of range. */
 int mg_cli_int(const char *s, long long lo, long long hi, long long *out);
-int mg_cli_u64(const char *s, uint64_t *out); /* decimal digits only */
+int mg_cli_u64(const char *s, uint64_t *out);  /* decimal digits only */
 int mg_cli_double(const char *s, double *out); /* finite only */
 
 /* s for echoing in a message: as is when shorter than n, else cut to its
@@ -45,7 +45,8 @@ const char *mg_cli_cut(const char *s, char *buf, size_t n);
  * any of inputs[0..n_inputs) (NULL entries skipped), and its directory
  * (created when missing) takes a new file: a probe file is created there
  * and removed. Returns 0, or -1 with a message. */
-mg_status mg_cli_check_output(const char *path, const char *const *inputs, size_t n_inputs, mg_error *err);
+mg_status mg_cli_check_output(const char *path, const char *const *inputs, size_t n_inputs,
+                              mg_error *err);
 /* The same for an output directory: not empty, created when missing, a
  * probe file can be created in it. */
 mg_status mg_cli_check_output_dir(const char *dir, mg_error *err);
@@ -58,7 +59,8 @@ FILE *mg_cli_atomic_open(const char *path, char *tmp, size_t tmplen, mg_error *e
 mg_status mg_cli_atomic_commit(FILE *f, const char *tmp, const char *path, mg_error *err);
 /* mg_cli_atomic_commit when the writer succeeded (write_rc 0); else closes
  * and removes the temporary: "error writing PATH (nothing written)". */
-mg_status mg_cli_atomic_commit_if(FILE *f, int write_rc, const char *tmp, const char *path, mg_error *err);
+mg_status mg_cli_atomic_commit_if(FILE *f, int write_rc, const char *tmp, const char *path,
+                                  mg_error *err);
 
 /* Loads a model for command `cmd` (model.h's mg_model_load): on an error
  * prints "molgen CMD: <reason>" and returns -1; a file without checksums

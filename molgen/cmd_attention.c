@@ -48,13 +48,15 @@ int cmd_attention(int argc, char **argv) {
         case O_SMILES: smiles = val; break;
         case O_OUT: out_dir = val; break;
         case O_THREADS:
-            if (!mg_cli_int(val, 1, MG_MAX_THREADS, &ll)) return mg_cli_bad_value("attention", argv, val);
+            if (!mg_cli_int(val, 1, MG_MAX_THREADS, &ll))
+                return mg_cli_bad_value("attention", argv, val);
             threads = (int)ll;
             break;
         }
     }
     if (!model_path || !smiles) {
-        fprintf(stderr, "molgen attention: --model FILE and --smiles S are required (see molgen attention --help)\n");
+        fprintf(stderr, "molgen attention: --model FILE and --smiles S are required (see molgen "
+                        "attention --help)\n");
         return 2;
     }
     /* both outputs are checked before any work, and never replace the model */
@@ -86,10 +88,12 @@ int cmd_attention(int argc, char **argv) {
     }
     const int N = a.n_layer, H = a.n_head;
     char title[1024], tmp[4200];
-    snprintf(title, sizeof title, "attention of %.700s (%d tokens), model %d layers x %d heads", smiles, a.k, N, H);
+    snprintf(title, sizeof title, "attention of %.700s (%d tokens), model %d layers x %d heads",
+             smiles, a.k, N, H);
     FILE *f = mg_cli_atomic_open(svg_path, tmp, sizeof tmp, &err);
-    if (!f || mg_cli_atomic_commit_if(f, mg_attention_svg(f, a.weights, N, H, a.L, a.labels, title, a.stats), tmp,
-                                      svg_path, &err)) {
+    if (!f || mg_cli_atomic_commit_if(
+                  f, mg_attention_svg(f, a.weights, N, H, a.L, a.labels, title, a.stats), tmp,
+                  svg_path, &err)) {
         fprintf(stderr, "molgen attention: %s\n", err.message);
         goto done;
     }
@@ -104,10 +108,12 @@ int cmd_attention(int argc, char **argv) {
     for (int i = 0; i < N * H; i++) {
         const mg_head_stats *s = &a.stats[i];
         char ring[16];
-        if (s->ring_n) snprintf(ring, sizeof ring, "%6.3f", s->ring);
-        else snprintf(ring, sizeof ring, "%6s", "-");
-        printf("%5d %4d  %9.2f  %5.3f %s  %5.3f  %5.3f  %s\n", i / H, i % H, s->mean_dist, s->prev, ring,
-               s->bos, s->peak, s->label);
+        if (s->ring_n)
+            snprintf(ring, sizeof ring, "%6.3f", s->ring);
+        else
+            snprintf(ring, sizeof ring, "%6s", "-");
+        printf("%5d %4d  %9.2f  %5.3f %s  %5.3f  %5.3f  %s\n", i / H, i % H, s->mean_dist, s->prev,
+               ring, s->bos, s->peak, s->label);
     }
     printf("attention map: %s\n", svg_path);
     printf("per-head table: %s\n", tsv_path);

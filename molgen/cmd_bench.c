@@ -50,9 +50,10 @@ int cmd_bench(int argc, char **argv) {
     static const struct {
         const char *name;
         long long lo, hi;
-    } ints[] = {{"batch", 1, 1 << 24},    {"ctx", 2, 4096},        {"runs", 1, 64},
-                {"warmup", 0, 100},       {"steps", 1, 1 << 24},   {"sample-n", 1, 1 << 24},
-                {"naive-n", 0, 1 << 24},  {"threads", 1, MG_MAX_THREADS}};
+    } ints[] = {{"batch", 1, 1 << 24},   {"ctx", 2, 4096},
+                {"runs", 1, 64},         {"warmup", 0, 100},
+                {"steps", 1, 1 << 24},   {"sample-n", 1, 1 << 24},
+                {"naive-n", 0, 1 << 24}, {"threads", 1, MG_MAX_THREADS}};
     int *const targets[] = {&batch, &ctx, &runs, &warmup, &steps, &sample_n, &naive_n, &threads};
     enum { NI = sizeof ints / sizeof ints[0] };
     struct option opts[NI + 8] = {{"molgpt", no_argument, NULL, O_MOLGPT},
@@ -62,7 +63,8 @@ int cmd_bench(int argc, char **argv) {
                                   {"model", required_argument, NULL, O_MODEL},
                                   {"data", required_argument, NULL, O_DATA},
                                   {"help", no_argument, NULL, 'h'}};
-    for (int i = 0; i < NI; i++) opts[7 + i] = (struct option){ints[i].name, required_argument, NULL, O_INT + i};
+    for (int i = 0; i < NI; i++)
+        opts[7 + i] = (struct option){ints[i].name, required_argument, NULL, O_INT + i};
     opts[7 + NI] = (struct option){NULL, 0, NULL, 0};
     const char *val;
     int o;
@@ -94,8 +96,10 @@ int cmd_bench(int argc, char **argv) {
             return 1;
         }
         mg_model_config c;
-        if (molgpt) mg_model_config_molgpt(&c);
-        else mg_model_config_default(&c);
+        if (molgpt)
+            mg_model_config_molgpt(&c);
+        else
+            mg_model_config_default(&c);
         c.ctx_len = ctx;
         c.vocab_size = mg_vocab_size(v);
         if (mg_model_create(&c, &m, &err)) {
@@ -141,8 +145,8 @@ int cmd_bench(int argc, char **argv) {
         if (!json)
             printf("sampling kv    (%d molecules, batch %d): %10.1f molecules/s  [%.1f .. %.1f], "
                    "%.0f tokens/s, %.1f tokens/molecule\n",
-                   sample_n, sample_n < batch ? sample_n : batch, kv.median, kv.lo, kv.hi, kv.tok_rate,
-                   kv.extra);
+                   sample_n, sample_n < batch ? sample_n : batch, kv.median, kv.lo, kv.hi,
+                   kv.tok_rate, kv.extra);
         if (naive_n > 0) {
             if (mg_bench_sample(m, v, MG_DECODE_NAIVE, naive_n, batch, warmup, runs, &nv, &err)) {
                 fprintf(stderr, "molgen bench: sampling (naive): %s\n", err.message);
@@ -150,12 +154,14 @@ int cmd_bench(int argc, char **argv) {
                 goto done;
             }
             if (!json)
-                printf("sampling naive (%d molecules, batch %d): %10.1f molecules/s  [%.1f .. %.1f], "
-                       "%.0f tokens/s, %.1f tokens/molecule\n",
-                       naive_n, naive_n < batch ? naive_n : batch, nv.median, nv.lo, nv.hi, nv.tok_rate,
-                       nv.extra);
+                printf(
+                    "sampling naive (%d molecules, batch %d): %10.1f molecules/s  [%.1f .. %.1f], "
+                    "%.0f tokens/s, %.1f tokens/molecule\n",
+                    naive_n, naive_n < batch ? naive_n : batch, nv.median, nv.lo, nv.hi,
+                    nv.tok_rate, nv.extra);
             if (!json && nv.median > 0)
-                printf("KV cache speed-up over naive: %.1fx (molecules/s)\n", kv.median / nv.median);
+                printf("KV cache speed-up over naive: %.1fx (molecules/s)\n",
+                       kv.median / nv.median);
         }
     }
     if (do_train) {
@@ -169,12 +175,14 @@ int cmd_bench(int argc, char **argv) {
                    "[%.0f .. %.0f]\n",
                    batch, data_path, steps, tr.median, tr.lo, tr.hi);
         else if (!json)
-            printf("training (batch %d x %d positions, fwd+bwd+AdamW, %d steps/run): %10.0f tokens/s  "
-                   "[%.0f .. %.0f]\n",
-                   batch, c->ctx_len, steps, tr.median, tr.lo, tr.hi);
+            printf(
+                "training (batch %d x %d positions, fwd+bwd+AdamW, %d steps/run): %10.0f tokens/s  "
+                "[%.0f .. %.0f]\n",
+                batch, c->ctx_len, steps, tr.median, tr.lo, tr.hi);
     }
     if (!json) {
-        printf("(medians of %d runs after %d warm-up run%s)\n", runs, warmup, warmup == 1 ? "" : "s");
+        printf("(medians of %d runs after %d warm-up run%s)\n", runs, warmup,
+               warmup == 1 ? "" : "s");
     } else {
         printf("{\"config\":\"%s\",\"n_layer\":%d,\"d_model\":%d,\"n_head\":%d,\"ctx_len\":%d,"
                "\"vocab_size\":%d,\"dropout\":%g,\"params\":%zu,\"threads\":%d,\"batch\":%d,"
@@ -183,9 +191,10 @@ int cmd_bench(int argc, char **argv) {
                c->vocab_size, (double)c->dropout, mg_model_num_params(m), mg_model_threads(m),
                batch, runs, warmup);
         if (do_train)
-            printf(",\"train\":{\"tokens_per_s\":%.1f,\"min\":%.1f,\"max\":%.1f,\"steps_per_run\":%d,"
-                   "\"positions\":%d,\"data\":\"%s\"}",
-                   tr.median, tr.lo, tr.hi, steps, c->ctx_len, data_path ? data_path : "");
+            printf(
+                ",\"train\":{\"tokens_per_s\":%.1f,\"min\":%.1f,\"max\":%.1f,\"steps_per_run\":%d,"
+                "\"positions\":%d,\"data\":\"%s\"}",
+                tr.median, tr.lo, tr.hi, steps, c->ctx_len, data_path ? data_path : "");
         if (do_sample) {
             printf(",\"sample_kv\":{\"molecules_per_s\":%.2f,\"min\":%.2f,\"max\":%.2f,"
                    "\"tokens_per_s\":%.1f,\"tokens_per_molecule\":%.2f,\"n\":%d}",

@@ -32,16 +32,34 @@ int cmd_debug_grads(int argc, char **argv) {
     uint64_t seed = g.seed;
     double perturb = g.perturb, ls = 0;
     const char *out = NULL, *model_path = NULL;
-    enum { O_OUT = 1, O_MODEL, O_LAYERS, O_DMODEL, O_HEADS, O_CTX, O_VOCAB, O_BATCH, O_THREADS, O_SEED, O_PERTURB, O_LS };
-    static const struct option opts[] = {
-        {"out", required_argument, NULL, O_OUT},       {"model", required_argument, NULL, O_MODEL},
-        {"layers", required_argument, NULL, O_LAYERS}, {"d-model", required_argument, NULL, O_DMODEL},
-        {"heads", required_argument, NULL, O_HEADS},   {"ctx-len", required_argument, NULL, O_CTX},
-        {"vocab", required_argument, NULL, O_VOCAB},   {"batch", required_argument, NULL, O_BATCH},
-        {"threads", required_argument, NULL, O_THREADS}, {"seed", required_argument, NULL, O_SEED},
-        {"perturb", required_argument, NULL, O_PERTURB}, {"label-smoothing", required_argument, NULL, O_LS},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0}};
+    enum {
+        O_OUT = 1,
+        O_MODEL,
+        O_LAYERS,
+        O_DMODEL,
+        O_HEADS,
+        O_CTX,
+        O_VOCAB,
+        O_BATCH,
+        O_THREADS,
+        O_SEED,
+        O_PERTURB,
+        O_LS
+    };
+    static const struct option opts[] = {{"out", required_argument, NULL, O_OUT},
+                                         {"model", required_argument, NULL, O_MODEL},
+                                         {"layers", required_argument, NULL, O_LAYERS},
+                                         {"d-model", required_argument, NULL, O_DMODEL},
+                                         {"heads", required_argument, NULL, O_HEADS},
+                                         {"ctx-len", required_argument, NULL, O_CTX},
+                                         {"vocab", required_argument, NULL, O_VOCAB},
+                                         {"batch", required_argument, NULL, O_BATCH},
+                                         {"threads", required_argument, NULL, O_THREADS},
+                                         {"seed", required_argument, NULL, O_SEED},
+                                         {"perturb", required_argument, NULL, O_PERTURB},
+                                         {"label-smoothing", required_argument, NULL, O_LS},
+                                         {"help", no_argument, NULL, 'h'},
+                                         {NULL, 0, NULL, 0}};
     const char *v;
     int o;
     mg_cli_begin();
@@ -52,11 +70,26 @@ int cmd_debug_grads(int argc, char **argv) {
         case 'h': fputs(DEBUG_GRADS_USAGE, stdout); return 0;
         case O_OUT: out = v; break;
         case O_MODEL: model_path = v; break;
-        case O_LAYERS: ok = mg_cli_int(v, 1, 64, &ll); mc.n_layer = (int)ll; break;
-        case O_DMODEL: ok = mg_cli_int(v, 1, 4096, &ll); mc.d_model = (int)ll; break;
-        case O_HEADS: ok = mg_cli_int(v, 1, 4096, &ll); mc.n_head = (int)ll; break;
-        case O_CTX: ok = mg_cli_int(v, 1, 4096, &ll); mc.ctx_len = (int)ll; break;
-        case O_VOCAB: ok = mg_cli_int(v, 4, 100000, &ll); mc.vocab_size = (int)ll; break;
+        case O_LAYERS:
+            ok = mg_cli_int(v, 1, 64, &ll);
+            mc.n_layer = (int)ll;
+            break;
+        case O_DMODEL:
+            ok = mg_cli_int(v, 1, 4096, &ll);
+            mc.d_model = (int)ll;
+            break;
+        case O_HEADS:
+            ok = mg_cli_int(v, 1, 4096, &ll);
+            mc.n_head = (int)ll;
+            break;
+        case O_CTX:
+            ok = mg_cli_int(v, 1, 4096, &ll);
+            mc.ctx_len = (int)ll;
+            break;
+        case O_VOCAB:
+            ok = mg_cli_int(v, 4, 100000, &ll);
+            mc.vocab_size = (int)ll;
+            break;
         case O_BATCH: ok = mg_cli_int(v, 1, 100000, &B); break;
         case O_THREADS: ok = mg_cli_int(v, 1, MG_MAX_THREADS, &threads); break;
         case O_SEED: ok = mg_cli_u64(v, &seed); break;
@@ -83,6 +116,7 @@ int cmd_debug_grads(int argc, char **argv) {
         fprintf(stderr, "molgen debug-grads: %s\n", err.message);
         return 1;
     }
-    printf("%s loss %.9g over %" PRId64 " tokens, %zu parameters\n", out, (double)r.loss, r.ntok, r.params);
+    printf("%s loss %.9g over %" PRId64 " tokens, %zu parameters\n", out, (double)r.loss, r.ntok,
+           r.params);
     return 0;
 }

@@ -39,14 +39,19 @@ int cmd_sample(int argc, char **argv) {
     int threads = 0;
     mg_error err;
     enum { O_MODEL = 1, O_OUT, O_N, O_SEED, O_TEMP, O_TOPK, O_TOPP, O_BATCH, O_THREADS, O_DECODE };
-    static const struct option opts[] = {
-        {"model", required_argument, NULL, O_MODEL},   {"out", required_argument, NULL, O_OUT},
-        {"n", required_argument, NULL, O_N},           {"num", required_argument, NULL, O_N},
-        {"seed", required_argument, NULL, O_SEED},     {"temperature", required_argument, NULL, O_TEMP},
-        {"top-k", required_argument, NULL, O_TOPK},    {"top-p", required_argument, NULL, O_TOPP},
-        {"batch", required_argument, NULL, O_BATCH},   {"threads", required_argument, NULL, O_THREADS},
-        {"decode", required_argument, NULL, O_DECODE}, {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0}};
+    static const struct option opts[] = {{"model", required_argument, NULL, O_MODEL},
+                                         {"out", required_argument, NULL, O_OUT},
+                                         {"n", required_argument, NULL, O_N},
+                                         {"num", required_argument, NULL, O_N},
+                                         {"seed", required_argument, NULL, O_SEED},
+                                         {"temperature", required_argument, NULL, O_TEMP},
+                                         {"top-k", required_argument, NULL, O_TOPK},
+                                         {"top-p", required_argument, NULL, O_TOPP},
+                                         {"batch", required_argument, NULL, O_BATCH},
+                                         {"threads", required_argument, NULL, O_THREADS},
+                                         {"decode", required_argument, NULL, O_DECODE},
+                                         {"help", no_argument, NULL, 'h'},
+                                         {NULL, 0, NULL, 0}};
     const char *val;
     int c;
     mg_cli_begin();
@@ -61,17 +66,41 @@ int cmd_sample(int argc, char **argv) {
         case O_MODEL: model_path = val; break;
         case O_OUT: out_path = val; break;
         case 'n':
-        case O_N: ok = mg_cli_int(val, 1, 100000000, &ll); o.n = (size_t)ll; break;
-        case O_SEED: ok = mg_cli_u64(val, &u); o.seed = u; break;
-        case O_TEMP: ok = mg_cli_double(val, &dv) && dv >= 0 && dv <= 1e6; o.sampling.temperature = (float)dv; break;
-        case O_TOPK: ok = mg_cli_int(val, 0, 1 << 30, &ll); o.sampling.top_k = (int)ll; break;
-        case O_TOPP: ok = mg_cli_double(val, &dv) && dv > 0 && dv <= 1; o.sampling.top_p = (float)dv; break;
-        case O_BATCH: ok = mg_cli_int(val, 1, 1 << 20, &ll); o.batch = (int)ll; break;
-        case O_THREADS: ok = mg_cli_int(val, 1, MG_MAX_THREADS, &ll); threads = (int)ll; break;
+        case O_N:
+            ok = mg_cli_int(val, 1, 100000000, &ll);
+            o.n = (size_t)ll;
+            break;
+        case O_SEED:
+            ok = mg_cli_u64(val, &u);
+            o.seed = u;
+            break;
+        case O_TEMP:
+            ok = mg_cli_double(val, &dv) && dv >= 0 && dv <= 1e6;
+            o.sampling.temperature = (float)dv;
+            break;
+        case O_TOPK:
+            ok = mg_cli_int(val, 0, 1 << 30, &ll);
+            o.sampling.top_k = (int)ll;
+            break;
+        case O_TOPP:
+            ok = mg_cli_double(val, &dv) && dv > 0 && dv <= 1;
+            o.sampling.top_p = (float)dv;
+            break;
+        case O_BATCH:
+            ok = mg_cli_int(val, 1, 1 << 20, &ll);
+            o.batch = (int)ll;
+            break;
+        case O_THREADS:
+            ok = mg_cli_int(val, 1, MG_MAX_THREADS, &ll);
+            threads = (int)ll;
+            break;
         case O_DECODE:
-            if (!strcmp(val, "kv")) o.kind = MG_DECODE_KV;
-            else if (!strcmp(val, "naive")) o.kind = MG_DECODE_NAIVE;
-            else ok = 0;
+            if (!strcmp(val, "kv"))
+                o.kind = MG_DECODE_KV;
+            else if (!strcmp(val, "naive"))
+                o.kind = MG_DECODE_NAIVE;
+            else
+                ok = 0;
             break;
         }
         if (!ok) return mg_cli_bad_value("sample", argv, val);
@@ -110,8 +139,10 @@ int cmd_sample(int argc, char **argv) {
     size_t valid = 0, empty = 0;
     for (size_t i = 0; i < s.n; i++) {
         fprintf(f, "%s\n", s.smiles[i]);
-        if (!s.smiles[i][0]) empty++;
-        else if (mg_smiles_syntax_ok(s.smiles[i], NULL, 0)) valid++;
+        if (!s.smiles[i][0])
+            empty++;
+        else if (mg_smiles_syntax_ok(s.smiles[i], NULL, 0))
+            valid++;
     }
     if (mg_cli_atomic_commit(f, tmp, out_path, &err)) {
         fprintf(stderr, "molgen sample: %s\n", err.message);
@@ -122,9 +153,10 @@ int cmd_sample(int argc, char **argv) {
     fprintf(stderr,
             "sampled %zu molecules in %.2f s: %.1f molecules/s, %.0f tokens/s (%s decoding, "
             "batch %d, %d threads)\n",
-            s.n, s.seconds, (double)s.n / secs, (double)s.tokens / secs, mg_decode_kind_name(o.kind),
-            o.batch, threads > 0 ? threads : mg_default_threads());
-    fprintf(stderr, "syntax-valid %.4f (%zu/%zu; grammar check, not RDKit); empty %zu; no EOS %zu\n",
+            s.n, s.seconds, (double)s.n / secs, (double)s.tokens / secs,
+            mg_decode_kind_name(o.kind), o.batch, threads > 0 ? threads : mg_default_threads());
+    fprintf(stderr,
+            "syntax-valid %.4f (%zu/%zu; grammar check, not RDKit); empty %zu; no EOS %zu\n",
             s.n ? (double)valid / (double)s.n : 0.0, valid, s.n, empty, s.truncated);
     printf("%s\n", out_path);
     mg_samples_free(&s);

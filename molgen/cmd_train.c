@@ -64,10 +64,11 @@ static void usage(FILE *f) {
             group = s->group;
             fprintf(f, "%s:\n", group);
             if (!strcmp(group, MG_GROUP_MODEL))
-                help_option(f, "preset", "NAME",
-                            "default (4 layers, d_model 128, 4 heads, dropout 0) or molgpt (8 layers, "
-                            "d_model 256, 8 heads, dropout 0.1), then the options below, whatever their "
-                            "order");
+                help_option(
+                    f, "preset", "NAME",
+                    "default (4 layers, d_model 128, 4 heads, dropout 0) or molgpt (8 layers, "
+                    "d_model 256, 8 heads, dropout 0.1), then the options below, whatever their "
+                    "order");
         }
         char text[1024], def[64], range[96];
         mg_setting_format(s, &d, def, sizeof def);
@@ -125,10 +126,14 @@ static void on_progress(void *user, const mg_train_progress *p) {
     char el[32], eta[32], vl[32], tot[32], line[256];
     mg_fmt_duration(p->elapsed, el, sizeof el);
     mg_fmt_duration(p->eta, eta, sizeof eta);
-    if (isnan(p->val_loss)) snprintf(vl, sizeof vl, "-");
-    else snprintf(vl, sizeof vl, "%.4f", p->val_loss);
-    if (p->total_steps > 0) snprintf(tot, sizeof tot, "%lld", (long long)p->total_steps);
-    else snprintf(tot, sizeof tot, "?");
+    if (isnan(p->val_loss))
+        snprintf(vl, sizeof vl, "-");
+    else
+        snprintf(vl, sizeof vl, "%.4f", p->val_loss);
+    if (p->total_steps > 0)
+        snprintf(tot, sizeof tot, "%lld", (long long)p->total_steps);
+    else
+        snprintf(tot, sizeof tot, "?");
     snprintf(line, sizeof line, "step %lld/%s | loss %.4f | val %s | %.1fk tok/s | %s | ETA %s",
              (long long)p->step, tot, p->loss, vl, p->tokens_per_sec / 1e3, el, eta);
     if (d->tty) {
@@ -143,13 +148,13 @@ static void on_progress(void *user, const mg_train_progress *p) {
 /* The summary line: where the checkpoint is and how the run went. */
 static void print_summary(const char *out, const mg_train_result *r) {
     static const char *const why[] = {"done", "time_limit", "signal", "stop_after"};
-    json_t *j = json_pack("{ss,sI,sI,sf,sf,sf,sf,sf,sf,ss,sI}", "out", out, "step", (json_int_t)r->step,
-                          "total_steps", (json_int_t)r->total_steps, "train_loss", r->train_loss, "val_loss",
-                          isnan(r->val_loss) ? -1.0 : r->val_loss, "first_val_loss",
-                          isnan(r->first_val_loss) ? -1.0 : r->first_val_loss, "unigram_entropy",
-                          r->unigram_entropy, "tokens_per_sec", round(10 * r->tokens_per_sec) / 10, "seconds",
-                          round(10 * r->seconds) / 10, "stop", why[r->stop], "skipped_lines",
-                          (json_int_t)r->skipped);
+    json_t *j = json_pack(
+        "{ss,sI,sI,sf,sf,sf,sf,sf,sf,ss,sI}", "out", out, "step", (json_int_t)r->step,
+        "total_steps", (json_int_t)r->total_steps, "train_loss", r->train_loss, "val_loss",
+        isnan(r->val_loss) ? -1.0 : r->val_loss, "first_val_loss",
+        isnan(r->first_val_loss) ? -1.0 : r->first_val_loss, "unigram_entropy", r->unigram_entropy,
+        "tokens_per_sec", round(10 * r->tokens_per_sec) / 10, "seconds",
+        round(10 * r->seconds) / 10, "stop", why[r->stop], "skipped_lines", (json_int_t)r->skipped);
     char *s = mg_json_dump(j, 6);
     json_decref(j);
     printf("%s\n", s ? s : "{}");
@@ -167,8 +172,8 @@ int cmd_train(int argc, char **argv) {
     size_t k = 0;
     for (size_t i = 0; i < MG_TRAIN_NUM_SETTINGS; i++, k++) {
         const mg_setting *s = &MG_TRAIN_SETTING[i];
-        opts[k] = (struct option){s->cli, s->kind == MG_KIND_FLAG ? no_argument : required_argument, NULL,
-                                  MG_OPT_SETTING + (int)i};
+        opts[k] = (struct option){s->cli, s->kind == MG_KIND_FLAG ? no_argument : required_argument,
+                                  NULL, MG_OPT_SETTING + (int)i};
         given[i] = NULL;
         is_given[i] = 0;
     }
@@ -184,7 +189,8 @@ int cmd_train(int argc, char **argv) {
             usage(stdout);
             return 0;
         }
-        if (o == MG_OPT_PRESET) preset = v;
+        if (o == MG_OPT_PRESET)
+            preset = v;
         else {
             given[o - MG_OPT_SETTING] = v; /* the last one wins */
             is_given[o - MG_OPT_SETTING] = 1;
@@ -193,18 +199,22 @@ int cmd_train(int argc, char **argv) {
     /* the preset first, then every setting given, whatever the order */
     mg_train_config c;
     mg_train_config_default(&c);
-    if (!strcmp(preset, "molgpt")) mg_model_config_molgpt(&c.model);
+    if (!strcmp(preset, "molgpt"))
+        mg_model_config_molgpt(&c.model);
     else if (strcmp(preset, "default")) {
         char msg[160], cut[96];
-        snprintf(msg, sizeof msg, "unknown preset '%s' (default or molgpt)", mg_cli_cut(preset, cut, sizeof cut));
+        snprintf(msg, sizeof msg, "unknown preset '%s' (default or molgpt)",
+                 mg_cli_cut(preset, cut, sizeof cut));
         return usage_error(msg);
     }
     mg_error e;
     for (size_t i = 0; i < MG_TRAIN_NUM_SETTINGS; i++)
-        if (is_given[i] && mg_setting_parse(&MG_TRAIN_SETTING[i], given[i], &c, &e)) return usage_error(e.message);
+        if (is_given[i] && mg_setting_parse(&MG_TRAIN_SETTING[i], given[i], &c, &e))
+            return usage_error(e.message);
     if (c.model.d_model % c.model.n_head) {
         char msg[128];
-        snprintf(msg, sizeof msg, "--heads %d does not divide --d-model %d", c.model.n_head, c.model.d_model);
+        snprintf(msg, sizeof msg, "--heads %d does not divide --d-model %d", c.model.n_head,
+                 c.model.d_model);
         return usage_error(msg);
     }
     if (!c.resume_path && c.steps == 0 && c.time_limit <= 0)
@@ -229,7 +239,8 @@ int cmd_train(int argc, char **argv) {
     }
     int stale = mg_st_remove_stale_temps(c.out_path);
     if (stale > 0 && !c.quiet)
-        fprintf(stderr, "removed %d stale temporary file(s) of %s left by killed runs\n", stale, c.out_path);
+        fprintf(stderr, "removed %d stale temporary file(s) of %s left by killed runs\n", stale,
+                c.out_path);
     display d = {stderr, c.quiet, c.progress, isatty(fileno(stderr)), 0, -1e300};
     c.log = (mg_train_log){on_message, on_progress, &d};
     mg_train_install_signal_handlers();
@@ -244,6 +255,7 @@ int cmd_train(int argc, char **argv) {
         return 1;
     }
     print_summary(c.out_path, &r);
-    if (r.stop == MG_STOP_SIGNAL) return 128 + (mg_train_stop_signal() ? mg_train_stop_signal() : SIGINT);
+    if (r.stop == MG_STOP_SIGNAL)
+        return 128 + (mg_train_stop_signal() ? mg_train_stop_signal() : SIGINT);
     return 0;
 }

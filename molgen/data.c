@@ -13,10 +13,8 @@
 #include <sys/stat.h>
 
 static void rep_msg(mg_report *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void rep_msg(mg_report *r, const char *fmt, ...)
-{
-    if (!r || r->nmsg >= MG_REPORT_MSGS)
-        return;
+static void rep_msg(mg_report *r, const char *fmt, ...) {
+    if (!r || r->nmsg >= MG_REPORT_MSGS) return;
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(r->msg[r->nmsg], MG_REPORT_MSGLEN, fmt, ap);
@@ -24,31 +22,25 @@ static void rep_msg(mg_report *r, const char *fmt, ...)
     r->nmsg++;
 }
 
-char *mg_report_format(const mg_report *r, char *out, size_t outlen)
-{
-    if (!out || outlen == 0)
-        return out;
+char *mg_report_format(const mg_report *r, char *out, size_t outlen) {
+    if (!out || outlen == 0) return out;
     out[0] = '\0';
-    if (!r)
-        return out;
+    if (!r) return out;
     size_t o = 0;
-#define APP(...)                                                        \
-    do {                                                                \
-        if (o < outlen) {                                               \
-            int w_ = snprintf(out + o, outlen - o, __VA_ARGS__);        \
-            if (w_ > 0)                                                 \
-                o += (size_t)w_;                                        \
-        }                                                               \
+#define APP(...)                                                                                   \
+    do {                                                                                           \
+        if (o < outlen) {                                                                          \
+            int w_ = snprintf(out + o, outlen - o, __VA_ARGS__);                                   \
+            if (w_ > 0) o += (size_t)w_;                                                           \
+        }                                                                                          \
     } while (0)
     APP("read %ld lines, %ld records, kept %ld, skipped %ld", r->lines, r->records, r->kept,
         r->skipped);
     if (r->skipped)
         APP(" (%ld bad character, %ld unknown token, %ld too long, %ld other)", r->bad_char,
             r->unknown_token, r->too_long, r->other);
-    for (int i = 0; i < r->nmsg; i++)
-        APP("\n  %s", r->msg[i]);
-    if (r->skipped > r->nmsg && r->nmsg > 0)
-        APP("\n  ... and %ld more", r->skipped - r->nmsg);
+    for (int i = 0; i < r->nmsg; i++) APP("\n  %s", r->msg[i]);
+    if (r->skipped > r->nmsg && r->nmsg > 0) APP("\n  ... and %ld more", r->skipped - r->nmsg);
 #undef APP
     return out;
 }
@@ -63,27 +55,22 @@ typedef struct {
     size_t n, cap;
 } list_builder;
 
-static int lb_add(list_builder *b, const char *s, size_t len, long line)
-{
+static int lb_add(list_builder *b, const char *s, size_t len, long line) {
     if (b->n == b->cap) {
         size_t nc = b->cap ? b->cap * 2 : 1024;
         size_t *o = realloc(b->off, nc * sizeof *o);
-        if (!o)
-            return -1;
+        if (!o) return -1;
         b->off = o;
         long *l = realloc(b->line, nc * sizeof *l);
-        if (!l)
-            return -1;
+        if (!l) return -1;
         b->line = l;
         b->cap = nc;
     }
     if (b->blen + len + 1 > b->bcap) {
         size_t nc = b->bcap ? b->bcap : 65536;
-        while (nc < b->blen + len + 1)
-            nc *= 2;
+        while (nc < b->blen + len + 1) nc *= 2;
         char *q = realloc(b->blob, nc);
-        if (!q)
-            return -1;
+        if (!q) return -1;
         b->blob = q;
         b->bcap = nc;
     }
@@ -96,22 +83,18 @@ static int lb_add(list_builder *b, const char *s, size_t len, long line)
     return 0;
 }
 
-static void lb_free(list_builder *b)
-{
+static void lb_free(list_builder *b) {
     free(b->blob);
     free(b->off);
     free(b->line);
     memset(b, 0, sizeof *b);
 }
 
-static int lb_finish(list_builder *b, mg_smiles_list *out)
-{
+static int lb_finish(list_builder *b, mg_smiles_list *out) {
     memset(out, 0, sizeof *out);
     out->smiles = malloc((b->n ? b->n : 1) * sizeof *out->smiles);
-    if (!out->smiles)
-        return -1;
-    for (size_t i = 0; i < b->n; i++)
-        out->smiles[i] = b->blob + b->off[i];
+    if (!out->smiles) return -1;
+    for (size_t i = 0; i < b->n; i++) out->smiles[i] = b->blob + b->off[i];
     out->n = b->n;
     out->line = b->line;
     out->blob_ = b->blob;
@@ -129,43 +112,35 @@ static int lb_finish(list_builder *b, mg_smiles_list *out)
     return 0;
 }
 
-void mg_smiles_list_free(mg_smiles_list *l)
-{
-    if (!l)
-        return;
+void mg_smiles_list_free(mg_smiles_list *l) {
+    if (!l) return;
     free(l->smiles);
     free(l->line);
     free(l->blob_);
     memset(l, 0, sizeof *l);
 }
 
-static int ends_with_ci(const char *s, const char *suffix)
-{
+static int ends_with_ci(const char *s, const char *suffix) {
     size_t a = strlen(s), b = strlen(suffix);
-    if (a < b)
-        return 0;
+    if (a < b) return 0;
     for (size_t i = 0; i < b; i++)
-        if (tolower((unsigned char)s[a - b + i]) != tolower((unsigned char)suffix[i]))
-            return 0;
+        if (tolower((unsigned char)s[a - b + i]) != tolower((unsigned char)suffix[i])) return 0;
     return 1;
 }
 
 /* Split one CSV line into fields (in place). Quoted fields: "a,b" and "" for
  * a quote. Unquoted fields are trimmed. Returns the field count (<= cap) or
  * -1 for an unterminated quote. */
-static int csv_split(char *line, char **fields, int cap)
-{
+static int csv_split(char *line, char **fields, int cap) {
     int nf = 0;
     char *p = line;
     for (;;) {
-        while (*p == ' ' || *p == '\t')
-            p++;
+        while (*p == ' ' || *p == '\t') p++;
         char *start, *w;
         if (*p == '"') {
             start = w = ++p;
             for (;;) {
-                if (*p == '\0')
-                    return -1;
+                if (*p == '\0') return -1;
                 if (*p == '"') {
                     if (p[1] == '"') {
                         *w++ = '"';
@@ -177,33 +152,26 @@ static int csv_split(char *line, char **fields, int cap)
                 }
                 *w++ = *p++;
             }
-            while (*p && *p != ',')
-                p++; /* ignore junk between the closing quote and ',' */
+            while (*p && *p != ',') p++; /* ignore junk between the closing quote and ',' */
         } else {
             start = p;
-            while (*p && *p != ',')
-                p++;
+            while (*p && *p != ',') p++;
             w = p;
-            while (w > start && (w[-1] == ' ' || w[-1] == '\t'))
-                w--;
+            while (w > start && (w[-1] == ' ' || w[-1] == '\t')) w--;
         }
         char sep = *p;
         *w = '\0';
-        if (nf < cap)
-            fields[nf] = start;
+        if (nf < cap) fields[nf] = start;
         nf++;
-        if (sep != ',')
-            break;
+        if (sep != ',') break;
         p++;
     }
     return nf < cap ? nf : cap;
 }
 
-static int strcaseeq(const char *a, const char *b)
-{
+static int strcaseeq(const char *a, const char *b) {
     for (; *a && *b; a++, b++)
-        if (tolower((unsigned char)*a) != tolower((unsigned char)*b))
-            return 0;
+        if (tolower((unsigned char)*a) != tolower((unsigned char)*b)) return 0;
     return *a == *b;
 }
 
@@ -212,19 +180,16 @@ static int strcaseeq(const char *a, const char *b)
  * than MG_MAX_LINE_BYTES is read to its end but not kept (*toolong = 1,
  * *len = its length), so memory stays bounded whatever the input. Returns 1
  * for a line, 0 at end of file, -1 when out of memory. */
-static int read_line(FILE *f, char **buf, size_t *cap, size_t *len, int *toolong)
-{
+static int read_line(FILE *f, char **buf, size_t *cap, size_t *len, int *toolong) {
     size_t n = 0;
     int c = EOF, any = 0;
     *toolong = 0;
     while ((c = getc_unlocked(f)) != EOF) {
         any = 1;
-        if (c == '\n')
-            break;
+        if (c == '\n') break;
         if (c == '\r') {
             int d = getc_unlocked(f);
-            if (d != '\n' && d != EOF)
-                ungetc(d, f);
+            if (d != '\n' && d != EOF) ungetc(d, f);
             break;
         }
         if (n >= MG_MAX_LINE_BYTES) {
@@ -235,19 +200,16 @@ static int read_line(FILE *f, char **buf, size_t *cap, size_t *len, int *toolong
         if (n + 1 >= *cap) {
             size_t nc = *cap ? *cap * 2 : 256;
             char *q = realloc(*buf, nc);
-            if (!q)
-                return -1;
+            if (!q) return -1;
             *buf = q;
             *cap = nc;
         }
         (*buf)[n++] = (char)c;
     }
-    if (!any)
-        return 0;
+    if (!any) return 0;
     if (!*buf) {
         *buf = malloc(1);
-        if (!*buf)
-            return -1;
+        if (!*buf) return -1;
         *cap = 1;
     }
     (*buf)[*toolong ? 0 : n] = '\0';
@@ -258,18 +220,14 @@ static int read_line(FILE *f, char **buf, size_t *cap, size_t *len, int *toolong
 #define CSV_MAX_FIELDS 4096
 
 mg_status mg_read_smiles(const char *path, const char *csv_column, mg_smiles_list *out,
-                         mg_report *rep, mg_error *err)
-{
+                         mg_report *rep, mg_error *err) {
     mg_report dummy;
-    if (!rep)
-        rep = &dummy;
+    if (!rep) rep = &dummy;
     memset(rep, 0, sizeof *rep);
-    if (!path || !out)
-        return mg_fail(err, MG_ERR_ARG, "mg_read_smiles: bad argument");
+    if (!path || !out) return mg_fail(err, MG_ERR_ARG, "mg_read_smiles: bad argument");
     memset(out, 0, sizeof *out);
     FILE *f = fopen(path, "r");
-    if (!f)
-        return mg_fail(err, MG_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+    if (!f) return mg_fail(err, MG_ERR_IO, "cannot open %s: %s", path, strerror(errno));
     /* a device or a pipe (/dev/zero, /dev/urandom) may never end */
     struct stat st;
     if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
@@ -299,8 +257,8 @@ mg_status mg_read_smiles(const char *path, const char *csv_column, mg_smiles_lis
             rep->records++;
             rep->too_long++;
             rep->skipped++;
-            rep_msg(rep, "%s:%ld: line of %zu bytes, longer than the %d-byte limit", path, lineno, n,
-                    MG_MAX_LINE_BYTES);
+            rep_msg(rep, "%s:%ld: line of %zu bytes, longer than the %d-byte limit", path, lineno,
+                    n, MG_MAX_LINE_BYTES);
             continue;
         }
         if (n != strlen(line)) {
@@ -316,14 +274,11 @@ mg_status mg_read_smiles(const char *path, const char *csv_column, mg_smiles_lis
             n -= 3;
         }
         const char *p = line;
-        while (*p && isspace((unsigned char)*p))
-            p++;
+        while (*p && isspace((unsigned char)*p)) p++;
         if (!csv) {
-            if (*p == '\0' || *p == '#')
-                continue;
+            if (*p == '\0' || *p == '#') continue;
             const char *e = p;
-            while (*e && !isspace((unsigned char)*e))
-                e++;
+            while (*e && !isspace((unsigned char)*e)) e++;
             rep->records++;
             if (lb_add(&b, p, (size_t)(e - p), lineno)) {
                 rc = mg_fail(err, MG_ERR_NOMEM, "out of memory");
@@ -332,13 +287,12 @@ mg_status mg_read_smiles(const char *path, const char *csv_column, mg_smiles_lis
             continue;
         }
         /* CSV */
-        if (*p == '\0')
-            continue;
+        if (*p == '\0') continue;
         int nf = csv_split(line, fields, CSV_MAX_FIELDS);
         if (colidx < 0) { /* header row */
             if (nf < 0) {
-                rc = mg_fail(err, MG_ERR_FORMAT, "%s:%ld: unterminated quote in header",
-                             path, lineno);
+                rc = mg_fail(err, MG_ERR_FORMAT, "%s:%ld: unterminated quote in header", path,
+                             lineno);
                 goto done;
             }
             for (int i = 0; i < nf; i++)
@@ -347,8 +301,8 @@ mg_status mg_read_smiles(const char *path, const char *csv_column, mg_smiles_lis
                     break;
                 }
             if (colidx < 0) {
-                rc = mg_fail(err, MG_ERR_FORMAT, "%s:%ld: no column named '%s' in the header",
-                             path, lineno, col);
+                rc = mg_fail(err, MG_ERR_FORMAT, "%s:%ld: no column named '%s' in the header", path,
+                             lineno, col);
                 goto done;
             }
             continue;
@@ -391,8 +345,7 @@ mg_status mg_read_smiles(const char *path, const char *csv_column, mg_smiles_lis
         rc = mg_fail(err, MG_ERR_FORMAT, "%s: empty CSV file (no header row)", path);
         goto done;
     }
-    if (lb_finish(&b, out))
-        rc = mg_fail(err, MG_ERR_NOMEM, "out of memory");
+    if (lb_finish(&b, out)) rc = mg_fail(err, MG_ERR_NOMEM, "out of memory");
 done:
     free(line);
     free(fields);
@@ -403,10 +356,8 @@ done:
 
 /* ------------------------------------------------------------ dataset */
 
-void mg_dataset_free(mg_dataset *d)
-{
-    if (!d)
-        return;
+void mg_dataset_free(mg_dataset *d) {
+    if (!d) return;
     free(d->ids);
     free(d->lengths);
     free(d->smiles);
@@ -416,28 +367,23 @@ void mg_dataset_free(mg_dataset *d)
 }
 
 mg_status mg_encode_row(const mg_vocab *v, const char *smiles, int T, int32_t *seq, int64_t *length,
-                        mg_error *err)
-{
+                        mg_error *err) {
     if (!v || !smiles || !seq || T < 2)
         return mg_fail(err, MG_ERR_ARG, "mg_encode_row: bad argument (T = %d)", T);
     int k = 0;
     mg_status rc = mg_vocab_encode(v, smiles, seq + 1, T - 2, &k, err);
     if (rc == MG_ERR_TOO_LONG)
         return mg_fail(err, MG_ERR_TOO_LONG, "%d tokens, more than T - 2 = %d", k, T - 2);
-    if (rc)
-        return rc;
+    if (rc) return rc;
     seq[0] = MG_BOS;
     seq[k + 1] = MG_EOS;
-    for (int i = k + 2; i < T; i++)
-        seq[i] = MG_PAD;
-    if (length)
-        *length = k + 2;
+    for (int i = k + 2; i < T; i++) seq[i] = MG_PAD;
+    if (length) *length = k + 2;
     return 0;
 }
 
 /* Allocate d for n rows of T ids and blob_bytes of strings. */
-static int ds_alloc(mg_dataset *d, size_t n, int T, size_t blob_bytes)
-{
+static int ds_alloc(mg_dataset *d, size_t n, int T, size_t blob_bytes) {
     memset(d, 0, sizeof *d);
     size_t rows = n ? n : 1;
     d->ids = malloc(rows * (size_t)(T > 0 ? T : 1) * sizeof *d->ids);
@@ -456,10 +402,10 @@ static int ds_alloc(mg_dataset *d, size_t n, int T, size_t blob_bytes)
 
 enum { ST_OK = 0, ST_BAD_CHAR, ST_UNKNOWN, ST_TOO_LONG, ST_EMPTY };
 
-mg_status mg_dataset_from_list(const mg_smiles_list *list, const char *where, const mg_load_opts *opts,
-                               const mg_vocab *vocab, mg_vocab **vocab_out, mg_dataset *out,
-                               mg_report *rep, mg_error *err)
-{
+mg_status mg_dataset_from_list(const mg_smiles_list *list, const char *where,
+                               const mg_load_opts *opts, const mg_vocab *vocab,
+                               mg_vocab **vocab_out, mg_dataset *out, mg_report *rep,
+                               mg_error *err) {
     mg_report dummy;
     if (!rep) {
         rep = &dummy;
@@ -468,13 +414,14 @@ mg_status mg_dataset_from_list(const mg_smiles_list *list, const char *where, co
     if (!list || !out || (!vocab && !vocab_out))
         return mg_fail(err, MG_ERR_ARG, "mg_dataset_from_list: bad argument");
     memset(out, 0, sizeof *out);
-    if (!where)
-        where = "(input)";
+    if (!where) where = "(input)";
     int T = opts ? opts->T : 0;
     int maxtok = opts ? opts->max_tokens : 0;
     if (T < 0 || maxtok < 0 || T == 1 || T == 2)
-        return mg_fail(err, MG_ERR_ARG, "bad options: T = %d (need 0 or >= 3), "
-                       "max_tokens = %d", T, maxtok);
+        return mg_fail(err, MG_ERR_ARG,
+                       "bad options: T = %d (need 0 or >= 3), "
+                       "max_tokens = %d",
+                       T, maxtok);
     size_t n = list->n;
     unsigned char *status = calloc(n ? n : 1, 1);
     int *ntok = calloc(n ? n : 1, sizeof *ntok);
@@ -484,10 +431,8 @@ mg_status mg_dataset_from_list(const mg_smiles_list *list, const char *where, co
         return mg_fail(err, MG_ERR_NOMEM, "out of memory");
     }
     int limit = INT32_MAX; /* max tokens allowed */
-    if (maxtok > 0)
-        limit = maxtok;
-    if (T > 0 && T - 2 < limit)
-        limit = T - 2;
+    if (maxtok > 0) limit = maxtok;
+    if (T > 0 && T - 2 < limit) limit = T - 2;
     size_t kept = 0, blob = 0;
     int maxk = 0;
     mg_error msg;
@@ -498,32 +443,29 @@ mg_status mg_dataset_from_list(const mg_smiles_list *list, const char *where, co
         int st = ST_OK;
         for (;;) {
             int l = mg_token_len(s + pos);
-            if (l == 0)
-                break;
+            if (l == 0) break;
             if (l < 0) {
                 st = ST_BAD_CHAR;
                 break;
             }
             if (vocab && mg_vocab_lookup(vocab, s + pos, l) < MG_NUM_SPECIAL) {
                 st = ST_UNKNOWN;
-                snprintf(msg.message, sizeof msg.message, "unknown token '%.*s' at position %d", l, s + pos, pos);
+                snprintf(msg.message, sizeof msg.message, "unknown token '%.*s' at position %d", l,
+                         s + pos, pos);
                 break;
             }
             k++;
             pos += l;
         }
-        if (st == ST_OK && k == 0)
-            st = ST_EMPTY;
-        if (st == ST_OK && k > limit)
-            st = ST_TOO_LONG;
+        if (st == ST_OK && k == 0) st = ST_EMPTY;
+        if (st == ST_OK && k > limit) st = ST_TOO_LONG;
         status[i] = (unsigned char)st;
         ntok[i] = k;
         switch (st) {
         case ST_OK:
             kept++;
             blob += strlen(s) + 1;
-            if (k > maxk)
-                maxk = k;
+            if (k > maxk) maxk = k;
             break;
         case ST_BAD_CHAR:
             mg_tokenize(s, NULL, 0, NULL, NULL, &msg);
@@ -543,8 +485,7 @@ mg_status mg_dataset_from_list(const mg_smiles_list *list, const char *where, co
             rep_msg(rep, "%s:%ld: empty SMILES", where, ln);
             break;
         }
-        if (st != ST_OK)
-            rep->skipped++;
+        if (st != ST_OK) rep->skipped++;
     }
     rep->kept = (long)kept;
     mg_status rc = MG_OK;
@@ -554,8 +495,7 @@ mg_status mg_dataset_from_list(const mg_smiles_list *list, const char *where, co
                      where, n, rep->skipped);
         goto done;
     }
-    if (T == 0)
-        T = maxk + 2;
+    if (T == 0) T = maxk + 2;
     if (!vocab) {
         const char **ok = malloc(kept * sizeof *ok);
         if (!ok) {
@@ -564,12 +504,10 @@ mg_status mg_dataset_from_list(const mg_smiles_list *list, const char *where, co
         }
         size_t m = 0;
         for (size_t i = 0; i < n; i++)
-            if (status[i] == ST_OK)
-                ok[m++] = list->smiles[i];
+            if (status[i] == ST_OK) ok[m++] = list->smiles[i];
         rc = mg_vocab_build(ok, m, &built, err);
         free(ok);
-        if (rc)
-            goto done;
+        if (rc) goto done;
         vocab = built;
     }
     if (ds_alloc(out, kept, T, blob)) {
@@ -578,8 +516,7 @@ mg_status mg_dataset_from_list(const mg_smiles_list *list, const char *where, co
     }
     size_t r = 0, bo = 0;
     for (size_t i = 0; i < n; i++) {
-        if (status[i] != ST_OK)
-            continue;
+        if (status[i] != ST_OK) continue;
         const char *s = list->smiles[i];
         int64_t len;
         rc = mg_encode_row(vocab, s, T, out->ids + r * (size_t)T, &len, err);
@@ -607,17 +544,13 @@ done:
 }
 
 mg_status mg_dataset_load(const char *path, const mg_load_opts *opts, const mg_vocab *vocab,
-                          mg_vocab **vocab_out, mg_dataset *out, mg_report *rep, mg_error *err)
-{
+                          mg_vocab **vocab_out, mg_dataset *out, mg_report *rep, mg_error *err) {
     mg_report local;
-    if (!rep)
-        rep = &local;
-    if (out)
-        memset(out, 0, sizeof *out);
+    if (!rep) rep = &local;
+    if (out) memset(out, 0, sizeof *out);
     mg_smiles_list list;
     mg_status rc = mg_read_smiles(path, opts ? opts->csv_column : NULL, &list, rep, err);
-    if (rc)
-        return rc;
+    if (rc) return rc;
     rc = mg_dataset_from_list(&list, path, opts, vocab, vocab_out, out, rep, err);
     mg_smiles_list_free(&list);
     return rc;
@@ -625,10 +558,8 @@ mg_status mg_dataset_load(const char *path, const mg_load_opts *opts, const mg_v
 
 /* ------------------------------------------------------------ PRNG + split */
 
-void mg_shuffle_indices(size_t *idx, size_t n, uint64_t *state)
-{
-    if (!idx || n < 2)
-        return;
+void mg_shuffle_indices(size_t *idx, size_t n, uint64_t *state) {
+    if (!idx || n < 2) return;
     for (size_t i = n - 1; i > 0; i--) {
         size_t j = (size_t)(mg_splitmix64(state) % (uint64_t)(i + 1));
         size_t t = idx[i];
@@ -639,8 +570,7 @@ void mg_shuffle_indices(size_t *idx, size_t n, uint64_t *state)
 
 /* dst = rows of src where pick[i] == want, in order. */
 static int ds_subset(const mg_dataset *src, const unsigned char *pick, unsigned char want,
-                     mg_dataset *dst)
-{
+                     mg_dataset *dst) {
     size_t m = 0, blob = 0;
     for (size_t i = 0; i < src->n; i++)
         if (pick[i] == want) {
@@ -652,12 +582,10 @@ static int ds_subset(const mg_dataset *src, const unsigned char *pick, unsigned 
         dst->T = src->T;
         return 0;
     }
-    if (ds_alloc(dst, m, src->T, blob))
-        return -1;
+    if (ds_alloc(dst, m, src->T, blob)) return -1;
     size_t r = 0, bo = 0, T = (size_t)src->T;
     for (size_t i = 0; i < src->n; i++) {
-        if (pick[i] != want)
-            continue;
+        if (pick[i] != want) continue;
         memcpy(dst->ids + r * T, src->ids + i * T, T * sizeof *dst->ids);
         dst->lengths[r] = src->lengths[i];
         dst->line[r] = src->line[i];
@@ -671,18 +599,15 @@ static int ds_subset(const mg_dataset *src, const unsigned char *pick, unsigned 
 }
 
 mg_status mg_dataset_split(const mg_dataset *all, double val_frac, uint64_t seed, mg_dataset *train,
-                           mg_dataset *val, mg_error *err)
-{
-    if (!all || !train || !val)
-        return mg_fail(err, MG_ERR_ARG, "mg_dataset_split: bad argument");
+                           mg_dataset *val, mg_error *err) {
+    if (!all || !train || !val) return mg_fail(err, MG_ERR_ARG, "mg_dataset_split: bad argument");
     memset(train, 0, sizeof *train);
     memset(val, 0, sizeof *val);
     if (!(val_frac >= 0.0 && val_frac < 1.0))
         return mg_fail(err, MG_ERR_ARG, "validation fraction %g outside [0, 1)", val_frac);
     size_t n = all->n;
     size_t nval = (size_t)floor((double)n * val_frac + 0.5);
-    if (nval >= n && n > 0)
-        nval = n - 1;
+    if (nval >= n && n > 0) nval = n - 1;
     size_t *idx = malloc((n ? n : 1) * sizeof *idx);
     unsigned char *pick = calloc(n ? n : 1, 1);
     if (!idx || !pick) {
@@ -690,12 +615,10 @@ mg_status mg_dataset_split(const mg_dataset *all, double val_frac, uint64_t seed
         free(pick);
         return mg_fail(err, MG_ERR_NOMEM, "out of memory");
     }
-    for (size_t i = 0; i < n; i++)
-        idx[i] = i;
+    for (size_t i = 0; i < n; i++) idx[i] = i;
     uint64_t st = seed;
     mg_shuffle_indices(idx, n, &st);
-    for (size_t i = 0; i < nval; i++)
-        pick[idx[i]] = 1;
+    for (size_t i = 0; i < nval; i++) pick[idx[i]] = 1;
     mg_status rc = MG_OK;
     if (ds_subset(all, pick, 0, train) || ds_subset(all, pick, 1, val)) {
         mg_dataset_free(train);
@@ -721,10 +644,8 @@ struct mg_batcher {
     size_t *perm;
 };
 
-static void make_perm(mg_batcher *b, uint64_t epoch)
-{
-    for (size_t i = 0; i < b->d->n; i++)
-        b->perm[i] = i;
+static void make_perm(mg_batcher *b, uint64_t epoch) {
+    for (size_t i = 0; i < b->d->n; i++) b->perm[i] = i;
     if (b->shuffle) {
         uint64_t st = b->seed ^ (0xD1B54A32D192ED03ULL * (epoch + 1));
         mg_splitmix64(&st);
@@ -735,19 +656,15 @@ static void make_perm(mg_batcher *b, uint64_t epoch)
 }
 
 mg_status mg_batcher_new(const mg_dataset *d, int B, uint64_t seed, int shuffle, mg_batcher **out,
-                         mg_error *err)
-{
-    if (!out)
-        return mg_fail(err, MG_ERR_ARG, "mg_batcher_new: bad argument");
+                         mg_error *err) {
+    if (!out) return mg_fail(err, MG_ERR_ARG, "mg_batcher_new: bad argument");
     *out = NULL;
-    if (!d || d->n == 0)
-        return mg_fail(err, MG_ERR_ARG, "mg_batcher_new: empty dataset");
+    if (!d || d->n == 0) return mg_fail(err, MG_ERR_ARG, "mg_batcher_new: empty dataset");
     if (B < 1 || (size_t)B > d->n)
-        return mg_fail(err, MG_ERR_ARG, 
-                       "batch size %d outside [1, %zu] (the dataset size)", B, d->n);
+        return mg_fail(err, MG_ERR_ARG, "batch size %d outside [1, %zu] (the dataset size)", B,
+                       d->n);
     mg_batcher *b = calloc(1, sizeof *b);
-    if (!b)
-        return mg_fail(err, MG_ERR_NOMEM, "out of memory");
+    if (!b) return mg_fail(err, MG_ERR_NOMEM, "out of memory");
     b->perm = malloc(d->n * sizeof *b->perm);
     if (!b->perm) {
         free(b);
@@ -762,61 +679,43 @@ mg_status mg_batcher_new(const mg_dataset *d, int B, uint64_t seed, int shuffle,
     return 0;
 }
 
-void mg_batcher_free(mg_batcher *b)
-{
-    if (!b)
-        return;
+void mg_batcher_free(mg_batcher *b) {
+    if (!b) return;
     free(b->perm);
     free(b);
 }
 
-int mg_batcher_next(mg_batcher *b, int32_t *ids, int64_t *lengths, size_t *rows)
-{
-    if (!b)
-        return MG_ERR_ARG;
+int mg_batcher_next(mg_batcher *b, int32_t *ids, int64_t *lengths, size_t *rows) {
+    if (!b) return MG_ERR_ARG;
     uint64_t epoch = b->step / b->per_epoch;
     size_t pos = (size_t)(b->step % b->per_epoch) * (size_t)b->B;
-    if (!b->have_perm || b->perm_epoch != epoch)
-        make_perm(b, epoch);
+    if (!b->have_perm || b->perm_epoch != epoch) make_perm(b, epoch);
     size_t T = (size_t)b->d->T;
     for (int i = 0; i < b->B; i++) {
         size_t r = b->perm[pos + (size_t)i];
-        if (ids)
-            memcpy(ids + (size_t)i * T, b->d->ids + r * T, T * sizeof *ids);
-        if (lengths)
-            lengths[i] = b->d->lengths[r];
-        if (rows)
-            rows[i] = r;
+        if (ids) memcpy(ids + (size_t)i * T, b->d->ids + r * T, T * sizeof *ids);
+        if (lengths) lengths[i] = b->d->lengths[r];
+        if (rows) rows[i] = r;
     }
     b->step++;
     return 0;
 }
 
-uint64_t mg_batcher_per_epoch(const mg_batcher *b)
-{
-    return b ? b->per_epoch : 0;
-}
+uint64_t mg_batcher_per_epoch(const mg_batcher *b) { return b ? b->per_epoch : 0; }
 
-uint64_t mg_batcher_epoch(const mg_batcher *b)
-{
-    return b ? b->step / b->per_epoch : 0;
-}
+uint64_t mg_batcher_epoch(const mg_batcher *b) { return b ? b->step / b->per_epoch : 0; }
 
-uint64_t mg_batcher_step(const mg_batcher *b)
-{
-    return b ? b->step : 0;
-}
+uint64_t mg_batcher_step(const mg_batcher *b) { return b ? b->step : 0; }
 
-void mg_batcher_seek(mg_batcher *b, uint64_t k)
-{
-    if (b)
-        b->step = k;
+void mg_batcher_seek(mg_batcher *b, uint64_t k) {
+    if (b) b->step = k;
 }
 
 int mg_trim_batch(const int32_t *ids, const int64_t *lengths, int B, int T, int32_t *out) {
     int Tb = 2;
     for (int b = 0; b < B; b++)
         if (lengths[b] > Tb) Tb = (int)lengths[b];
-    for (int b = 0; b < B; b++) memcpy(out + (size_t)b * Tb, ids + (size_t)b * T, (size_t)Tb * sizeof(int32_t));
+    for (int b = 0; b < B; b++)
+        memcpy(out + (size_t)b * Tb, ids + (size_t)b * T, (size_t)Tb * sizeof(int32_t));
     return Tb;
 }

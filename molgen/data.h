@@ -27,22 +27,22 @@ extern "C" {
 
 /* ------------------------------------------------------------ report */
 
-#define MG_REPORT_MSGS 8        /* messages kept verbatim */
+#define MG_REPORT_MSGS 8            /* messages kept verbatim */
 #define MG_MAX_LINE_BYTES (1 << 20) /* longer input lines are skipped */
 #define MG_REPORT_MSGLEN 256
 
 /* What a load skipped. Never silent: every skipped line is counted, and the
  * first MG_REPORT_MSGS are kept as "file:line: reason". */
 typedef struct {
-    long lines;           /* physical lines read (header included) */
-    long records;         /* candidate molecules (non-blank, non-comment) */
-    long kept;            /* molecules in the dataset */
-    long skipped;         /* = bad_char + unknown_token + too_long + other */
-    long bad_char;        /* does not tokenise */
-    long unknown_token;   /* token not in the fixed vocabulary */
-    long too_long;        /* k + 2 > T */
-    long other;           /* e.g. csv row without the column, empty field */
-    int nmsg;             /* messages stored (<= MG_REPORT_MSGS) */
+    long lines;         /* physical lines read (header included) */
+    long records;       /* candidate molecules (non-blank, non-comment) */
+    long kept;          /* molecules in the dataset */
+    long skipped;       /* = bad_char + unknown_token + too_long + other */
+    long bad_char;      /* does not tokenise */
+    long unknown_token; /* token not in the fixed vocabulary */
+    long too_long;      /* k + 2 > T */
+    long other;         /* e.g. csv row without the column, empty field */
+    int nmsg;           /* messages stored (<= MG_REPORT_MSGS) */
     char msg[MG_REPORT_MSGS][MG_REPORT_MSGLEN];
 } mg_report;
 
@@ -75,19 +75,19 @@ typedef struct {
  * too long without being held in memory; out of memory is an error.
  * rep may be NULL; if given it is zeroed and receives lines/records and
  * "other" skips (e.g. csv rows missing the column). */
-mg_status mg_read_smiles(const char *path, const char *csv_column,
-                         mg_smiles_list *out, mg_report *rep, mg_error *err);
+mg_status mg_read_smiles(const char *path, const char *csv_column, mg_smiles_list *out,
+                         mg_report *rep, mg_error *err);
 void mg_smiles_list_free(mg_smiles_list *l); /* zeroes it; NULL fine */
 
 /* ------------------------------------------------------------ dataset */
 
 typedef struct {
-    size_t n;            /* molecules (rows) */
-    int T;               /* ids per row (context length incl. BOS/EOS) */
-    int32_t *ids;        /* n*T, row-major */
-    int64_t *lengths;    /* n: k + 2 (BOS + k tokens + EOS), <= T */
-    char **smiles;       /* n source strings (owned) */
-    long *line;          /* n source line numbers (1-based) */
+    size_t n;         /* molecules (rows) */
+    int T;            /* ids per row (context length incl. BOS/EOS) */
+    int32_t *ids;     /* n*T, row-major */
+    int64_t *lengths; /* n: k + 2 (BOS + k tokens + EOS), <= T */
+    char **smiles;    /* n source strings (owned) */
+    long *line;       /* n source line numbers (1-based) */
     /* private: */
     char *blob_;
 } mg_dataset;
@@ -110,33 +110,32 @@ typedef struct {
  *   skipped too; *vocab_out (may be NULL) is left untouched.
  * rep (may be NULL) is zeroed and filled. Zero kept molecules is an error.
  * The dataset must be released with mg_dataset_free. */
-mg_status mg_dataset_load(const char *path, const mg_load_opts *opts,
-                          const mg_vocab *vocab, mg_vocab **vocab_out,
-                          mg_dataset *out, mg_report *rep, mg_error *err);
+mg_status mg_dataset_load(const char *path, const mg_load_opts *opts, const mg_vocab *vocab,
+                          mg_vocab **vocab_out, mg_dataset *out, mg_report *rep, mg_error *err);
 
 /* Same from an in-memory list (line numbers taken from it; "where" names the
  * source in report messages, e.g. the file name). rep (may be NULL) is NOT
  * zeroed: counts and messages are added to it (kept is set). */
 mg_status mg_dataset_from_list(const mg_smiles_list *list, const char *where,
                                const mg_load_opts *opts, const mg_vocab *vocab,
-                               mg_vocab **vocab_out, mg_dataset *out,
-                               mg_report *rep, mg_error *err);
+                               mg_vocab **vocab_out, mg_dataset *out, mg_report *rep,
+                               mg_error *err);
 
 void mg_dataset_free(mg_dataset *d); /* zeroes it; NULL fine */
 
 /* Encode one SMILES as a row: seq[0..T) = BOS tokens EOS PAD...,
  * *length = k + 2. Errors as mg_vocab_encode (MG_ERR_TOO_LONG if
  * k + 2 > T). */
-mg_status mg_encode_row(const mg_vocab *v, const char *smiles, int T, int32_t *seq,
-                        int64_t *length, mg_error *err);
+mg_status mg_encode_row(const mg_vocab *v, const char *smiles, int T, int32_t *seq, int64_t *length,
+                        mg_error *err);
 
 /* Deterministic split: a seeded shuffle (splitmix64 + Fisher-Yates) of the
  * row indices; the first round(n * val_frac) (at most n - 1) go to
  * validation, the rest to training; each part keeps the original file order
  * and T. val_frac in [0, 1). A part may be empty (n == 0, pointers NULL).
  * Both must be freed. */
-mg_status mg_dataset_split(const mg_dataset *all, double val_frac, uint64_t seed,
-                           mg_dataset *train, mg_dataset *val, mg_error *err);
+mg_status mg_dataset_split(const mg_dataset *all, double val_frac, uint64_t seed, mg_dataset *train,
+                           mg_dataset *val, mg_error *err);
 
 /* ------------------------------------------------------------ PRNG */
 
@@ -151,14 +150,13 @@ typedef struct mg_batcher mg_batcher; /* opaque */
  * the batcher). Epoch e visits the rows in a permutation that depends only on
  * (seed, e) (shuffle == 0: file order every epoch); the last n % B rows of a
  * permutation are dropped so every batch is full. Requires 1 <= B <= d->n. */
-mg_status mg_batcher_new(const mg_dataset *d, int B, uint64_t seed, int shuffle,
-                         mg_batcher **out, mg_error *err);
+mg_status mg_batcher_new(const mg_dataset *d, int B, uint64_t seed, int shuffle, mg_batcher **out,
+                         mg_error *err);
 void mg_batcher_free(mg_batcher *b);
 
 /* Fill the next batch: ids[B*T], lengths[B], rows[B] (the dataset row
  * indices; may be NULL). Returns 0. */
-int mg_batcher_next(mg_batcher *b, int32_t *ids, int64_t *lengths,
-                    size_t *rows);
+int mg_batcher_next(mg_batcher *b, int32_t *ids, int64_t *lengths, size_t *rows);
 
 /* Copy a batch ids [B, T] into a compact out [B, Tb], Tb the longest of
  * lengths [B] (at least 2); returns Tb. */

@@ -10,7 +10,6 @@
 #include "attn.h"
 #include "layers.h"
 
-
 typedef struct {
     const float *ln1_w, *ln1_b, *ln2_w, *ln2_b, *fc_w, *fc_b, *proj_w, *proj_b;
     attn_mha_weights w; /* views of attn.in_proj_* / attn.out_proj.* */
@@ -24,17 +23,16 @@ struct mg_kv_decoder {
     attn_mha_config cfg;
     const float *tok_emb, *pos_emb, *lnf_w, *lnf_b, *head_w, *head_b;
     kv_layer *layers;
-    void *kvmem;                /* every block's KV cache, one allocation */
-    float *mem;                 /* everything below, one allocation */
+    void *kvmem; /* every block's KV cache, one allocation */
+    float *mem;  /* everything below, one allocation */
     float *x, *h, *att, *tmp, *fc;
 };
 
-static const float *param(mg_model *m, const char *name, size_t numel, mg_error *err,
-                          int *bad) {
+static const float *param(mg_model *m, const char *name, size_t numel, mg_error *err, int *bad) {
     const mg_param_info *t = mg_model_find_tensor(m, name);
     if (!t || t->numel != numel) {
-        if (!*bad) mg_fail(err, MG_ERR_ARG, "decode: model has no tensor '%s' of %zu floats",
-                        name, numel);
+        if (!*bad)
+            mg_fail(err, MG_ERR_ARG, "decode: model has no tensor '%s' of %zu floats", name, numel);
         *bad = 1;
         return NULL;
     }
@@ -47,8 +45,8 @@ mg_status mg_kv_new(mg_model *m, int B, mg_kv_decoder **out, mg_error *err) {
     const mg_model_config *c = mg_model_get_config(m);
     if (B < 1) return mg_fail(err, MG_ERR_ARG, "decode: batch %d < 1", B);
     if (c->no_causal_mask)
-        return mg_fail(err, MG_ERR_ARG, 
-                    "decode: a KV cache needs a causal model (this one has no causal mask)");
+        return mg_fail(err, MG_ERR_ARG,
+                       "decode: a KV cache needs a causal model (this one has no causal mask)");
     mg_kv_decoder *d = calloc(1, sizeof *d);
     if (!d) return mg_fail(err, MG_ERR_NOMEM, "decode: out of memory");
     d->m = m;
@@ -82,16 +80,17 @@ mg_status mg_kv_new(mg_model *m, int B, mg_kv_decoder **out, mg_error *err) {
     d->kvmem = malloc(kvbytes * (size_t)d->N);
     if (!d->layers || !d->mem || !d->kvmem) {
         mg_kv_free(d);
-        return mg_fail(err, MG_ERR_NOMEM, "decode: out of memory (%zu floats, %zu bytes of KV cache)",
-                       total, kvbytes * (size_t)d->N);
+        return mg_fail(err, MG_ERR_NOMEM,
+                       "decode: out of memory (%zu floats, %zu bytes of KV cache)", total,
+                       kvbytes * (size_t)d->N);
     }
     for (int l = 0; l < d->N && !bad; l++) {
         kv_layer *L = &d->layers[l];
         char name[96];
-#define P(lhs, suffix, numel)                                                 \
-    do {                                                                      \
-        snprintf(name, sizeof name, "blocks.%d.%s", l, suffix);               \
-        lhs = param(m, name, numel, err, &bad);                               \
+#define P(lhs, suffix, numel)                                                                      \
+    do {                                                                                           \
+        snprintf(name, sizeof name, "blocks.%d.%s", l, suffix);                                    \
+        lhs = param(m, name, numel, err, &bad);                                                    \
     } while (0)
         const float *in_w, *in_b, *out_w, *out_b;
         P(L->ln1_w, "ln1.weight", D);
@@ -112,7 +111,7 @@ mg_status mg_kv_new(mg_model *m, int B, mg_kv_decoder **out, mg_error *err) {
          * through these pointers and never writes them) */
         float *iw = (float *)in_w, *ib = (float *)in_b;
         L->w = (attn_mha_weights){iw, iw + D * D, iw + 2 * D * D, (float *)out_w,
-                                  ib, ib + D, ib + 2 * D, (float *)out_b};
+                                  ib, ib + D,     ib + 2 * D,     (float *)out_b};
         if (attn_mha_kv_init(&d->cfg, &ks, (char *)d->kvmem + (size_t)l * kvbytes, kvbytes, &L->kv,
                              &aerr)) {
             mg_kv_free(d);
@@ -153,8 +152,7 @@ static void restart(mg_kv_decoder *d, int r) {
 
 mg_status mg_kv_reset(mg_kv_decoder *d, int n, mg_error *err) {
     if (!d) return mg_fail(err, MG_ERR_ARG, "decode: decoder is NULL");
-    if (n < 1 || n > d->B)
-        return mg_fail(err, MG_ERR_ARG, "decode: %d rows, need 1..%d", n, d->B);
+    if (n < 1 || n > d->B) return mg_fail(err, MG_ERR_ARG, "decode: %d rows, need 1..%d", n, d->B);
     d->n = n;
     for (int r = 0; r < n; r++) restart(d, r);
     return 0;
@@ -180,15 +178,15 @@ mg_status mg_kv_step(mg_kv_decoder *d, const int32_t *tok, float *logits, mg_err
     for (int b = 0; b < n; b++) {
         const int pos = mg_kv_pos(d, b);
         if (pos >= ctx)
-            return mg_fail(err, MG_ERR_ARG, "decode: row %d: position %d is past ctx_len %d",
-                        b, pos, ctx);
+            return mg_fail(err, MG_ERR_ARG, "decode: row %d: position %d is past ctx_len %d", b,
+                           pos, ctx);
     }
     const int nt = mg_model_threads(d->m);
 
     for (int b = 0; b < n; b++) {
         if (tok[b] < 0 || tok[b] >= d->V)
             return mg_fail(err, MG_ERR_ARG, "decode: token[%d] = %d is outside [0, %d)", b,
-                        (int)tok[b], d->V);
+                           (int)tok[b], d->V);
         const float *te = d->tok_emb + (size_t)tok[b] * D;
         const float *pe = d->pos_emb + (size_t)mg_kv_pos(d, b) * D;
         float *x = d->x + (size_t)b * D;
@@ -205,8 +203,7 @@ mg_status mg_kv_step(mg_kv_decoder *d, const int32_t *tok, float *logits, mg_err
          * into the block's cache, the decode kernel over each row's cached
          * positions, the output projection */
         if (attn_mha_step(&d->cfg, &L->w, &L->kv, n, 1, d->h, &ap, d->att, &aerr))
-            return mg_fail(err, MG_ERR_ARG, "decode: block %d attention: %s", l,
-                        aerr.message);
+            return mg_fail(err, MG_ERR_ARG, "decode: block %d attention: %s", l, aerr.message);
         for (size_t i = 0; i < (size_t)n * D; i++) d->x[i] = d->x[i] + d->att[i];
         mg_layernorm_forward(d->h, NULL, NULL, d->x, L->ln2_w, L->ln2_b, n, D, nt);
         mg_matmul_forward(d->fc, d->h, L->fc_w, L->fc_b, n, D, F, nt);

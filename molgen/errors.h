@@ -44,7 +44,8 @@ const char *mg_status_name(mg_status s);
 /* Formats the printf-style message into err (when non-NULL; truncated to
  * fit), sets err->status and returns s, so a caller can write
  * `return mg_fail(err, MG_ERR_ARG, "bad %d", x);`. */
-mg_status mg_fail(mg_error *err, mg_status s, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+mg_status mg_fail(mg_error *err, mg_status s, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 #ifdef __cplusplus
 }

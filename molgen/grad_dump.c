@@ -22,7 +22,8 @@ void mg_grad_dump_opts_default(mg_grad_dump_opts *o) {
 }
 
 mg_status mg_grad_dump(const mg_grad_dump_opts *o, mg_grad_dump_result *r, mg_error *err) {
-    if (!o || !r || !o->out) return mg_fail(err, MG_ERR_ARG, "grad dump: NULL options, result or output");
+    if (!o || !r || !o->out)
+        return mg_fail(err, MG_ERR_ARG, "grad dump: NULL options, result or output");
     memset(r, 0, sizeof *r);
     mg_model *m = NULL;
     mg_model_config mc = o->model;
@@ -55,7 +56,7 @@ mg_status mg_grad_dump(const mg_grad_dump_opts *o, mg_grad_dump_result *r, mg_er
     int64_t *len = malloc((size_t)B * sizeof(int64_t));
     const size_t nt = mg_model_num_tensors(m), P = mg_model_num_params(m);
     mg_st_tensor *t = calloc(2 * nt + 2, sizeof *t);
-    char (*names)[80] = calloc(nt, sizeof *names);
+    char(*names)[80] = calloc(nt, sizeof *names);
     rc = MG_OK;
     if (!ids || !len || !t || !names) {
         rc = mg_fail(err, MG_ERR_NOMEM, "out of memory");
@@ -64,15 +65,19 @@ mg_status mg_grad_dump(const mg_grad_dump_opts *o, mg_grad_dump_result *r, mg_er
     for (long long b = 0; b < B; b++) {
         len[b] = b == 0 ? T : 2 + (int64_t)(mg_splitmix64(&s) % (uint64_t)(T - 1));
         for (int k = 0; k < T; k++) {
-            int32_t id = k == 0 ? MG_BOS
-                         : k < len[b] - 1 ? (int32_t)(MG_NUM_SPECIAL + mg_splitmix64(&s) % (uint64_t)(V - MG_NUM_SPECIAL))
-                         : k == len[b] - 1 ? MG_EOS : MG_PAD;
+            int32_t id =
+                k == 0 ? MG_BOS
+                : k < len[b] - 1
+                    ? (int32_t)(MG_NUM_SPECIAL + mg_splitmix64(&s) % (uint64_t)(V - MG_NUM_SPECIAL))
+                : k == len[b] - 1 ? MG_EOS
+                                  : MG_PAD;
             ids[b * T + k] = id;
         }
     }
     float loss;
     int64_t ntok;
-    if ((rc = mg_model_forward(m, ids, len, (int)B, T, o->label_smoothing > 0, 0, &loss, &ntok, err)) ||
+    if ((rc = mg_model_forward(m, ids, len, (int)B, T, o->label_smoothing > 0, 0, &loss, &ntok,
+                               err)) ||
         (rc = mg_model_backward(m, err)))
         goto out;
     mg_model_st_tensors(m, t, nt);
@@ -98,10 +103,13 @@ mg_status mg_grad_dump(const mg_grad_dump_opts *o, mg_grad_dump_result *r, mg_er
     snprintf(ls, sizeof ls, "%.9g", (double)loss);
     snprintf(ns, sizeof ns, "%" PRId64, ntok);
     snprintf(eps, sizeof eps, "%.9g", (double)o->label_smoothing);
-    const mg_st_kv meta[] = {{"format", "molgen-debug-grads"}, {"config", cfg},
-                             {"loss", ls},                       {"ntok", ns},
+    const mg_st_kv meta[] = {{"format", "molgen-debug-grads"},
+                             {"config", cfg},
+                             {"loss", ls},
+                             {"ntok", ns},
                              {"label_smoothing", eps}};
-    if ((rc = mg_st_write(o->out, t, 2 * nt + 2, meta, sizeof meta / sizeof meta[0], err))) goto out;
+    if ((rc = mg_st_write(o->out, t, 2 * nt + 2, meta, sizeof meta / sizeof meta[0], err)))
+        goto out;
     r->loss = loss;
     r->ntok = ntok;
     r->params = P;

@@ -28,8 +28,8 @@ typedef struct {
     int64_t batch;
     uint64_t seed;
     double perturb;
-    int threads;            /* 0: molgen's default */
-    float label_smoothing;  /* > 0: the forward runs in training mode with it
+    int threads;           /* 0: molgen's default */
+    float label_smoothing; /* > 0: the forward runs in training mode with it
                                (dropout must be 0 for the oracle) */
     const char *out;
 } mg_grad_dump_opts;

@@ -37,14 +37,17 @@ mg_status mg_json_parse(const char *text, size_t len, json_t **out, mg_error *er
     json_t *j = json_loadb(text ? text : "", len, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY, &je);
     if (!j) {
         if (json_error_code(&je) == json_error_stack_overflow)
-            return mg_fail(err, MG_ERR_FORMAT, "JSON error at byte %d: nesting deeper than %d levels",
-                           je.position, MG_JSON_MAX_DEPTH);
-        return mg_fail(err, json_error_code(&je) == json_error_out_of_memory ? MG_ERR_NOMEM : MG_ERR_FORMAT,
-                       "JSON error at byte %d: %s", je.position, je.text);
+            return mg_fail(err, MG_ERR_FORMAT,
+                           "JSON error at byte %d: nesting deeper than %d levels", je.position,
+                           MG_JSON_MAX_DEPTH);
+        return mg_fail(
+            err, json_error_code(&je) == json_error_out_of_memory ? MG_ERR_NOMEM : MG_ERR_FORMAT,
+            "JSON error at byte %d: %s", je.position, je.text);
     }
     if (depth_of(j) > MG_JSON_MAX_DEPTH + 1) { /* the outermost container is depth 0 */
         json_decref(j);
-        return mg_fail(err, MG_ERR_FORMAT, "JSON error: nesting deeper than %d levels", MG_JSON_MAX_DEPTH);
+        return mg_fail(err, MG_ERR_FORMAT, "JSON error: nesting deeper than %d levels",
+                       MG_JSON_MAX_DEPTH);
     }
     *out = j;
     return MG_OK;
@@ -55,7 +58,9 @@ static size_t dump_flags(int real_digits) {
     return JSON_COMPACT | JSON_ENCODE_ANY | JSON_REAL_PRECISION(p);
 }
 
-char *mg_json_dump(const json_t *j, int real_digits) { return j ? json_dumps(j, dump_flags(real_digits)) : NULL; }
+char *mg_json_dump(const json_t *j, int real_digits) {
+    return j ? json_dumps(j, dump_flags(real_digits)) : NULL;
+}
 
 int mg_json_dump_to(const json_t *j, int real_digits, char *out, size_t outlen) {
     char *s = mg_json_dump(j, real_digits);

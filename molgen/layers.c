@@ -15,8 +15,8 @@
 
 /* LayerNorm forward of rows [r0, r1). */
 MG_CLONES static void layernorm_forward_rows(float *out, float *mean, float *rstd, const float *inp,
-                                             const float *w, const float *b, int64_t r0,
-                                             int64_t r1, int C) {
+                                             const float *w, const float *b, int64_t r0, int64_t r1,
+                                             int C) {
     for (int64_t r = r0; r < r1; r++) {
         const float *x = inp + r * C;
         float sum = 0.0f;
@@ -35,8 +35,8 @@ MG_CLONES static void layernorm_forward_rows(float *out, float *mean, float *rst
 }
 
 /* out [R, C] = (inp - mean) * rstd * w + b;  mean, rstd [R] kept unless NULL. */
-void mg_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
-                          const float *w, const float *b, int64_t R, int C, int nt) {
+void mg_layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *w,
+                          const float *b, int64_t R, int C, int nt) {
 #pragma omp parallel num_threads(nt)
     {
         int64_t r0, r1;
@@ -47,8 +47,8 @@ void mg_layernorm_forward(float *out, float *mean, float *rstd, const float *inp
 
 /* d(inp) of rows [r0, r1), added to dinp. */
 MG_CLONES static void layernorm_backward_rows(float *dinp, const float *dout, const float *inp,
-                                              const float *w, const float *mean,
-                                              const float *rstd, int64_t r0, int64_t r1, int C) {
+                                              const float *w, const float *mean, const float *rstd,
+                                              int64_t r0, int64_t r1, int C) {
     for (int64_t r = r0; r < r1; r++) {
         const float *g = dout + r * C, *x = inp + r * C;
         const float m = mean[r], s = rstd[r];
@@ -86,9 +86,9 @@ MG_CLONES static void layernorm_backward_params(float *dw, float *db, const floa
 /* dinp [R, C] += LayerNorm backward of dout; dw, db [C] +=.
  * dinp is split over rows; dw/db over channel ranges (each sums its channels
  * over all rows in row order), in one parallel region. */
-void mg_layernorm_backward(float *dinp, float *dw, float *db, const float *dout,
-                           const float *inp, const float *w, const float *mean,
-                           const float *rstd, int64_t R, int C, int nt) {
+void mg_layernorm_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp,
+                           const float *w, const float *mean, const float *rstd, int64_t R, int C,
+                           int nt) {
 #pragma omp parallel num_threads(nt)
     {
         int64_t r0, r1, c0, c1;
@@ -132,8 +132,8 @@ static inline void blas_region_single(void) {
 }
 
 /* out [R, OC] = inp [R, IC] wᵀ + bias;  w [OC, IC], bias [OC] (may be NULL). */
-void mg_matmul_forward(float *out, const float *inp, const float *w, const float *bias,
-                       int64_t R, int IC, int OC, int nt) {
+void mg_matmul_forward(float *out, const float *inp, const float *w, const float *bias, int64_t R,
+                       int IC, int OC, int nt) {
     blas_once();
 #pragma omp parallel num_threads(nt)
     {
@@ -142,7 +142,8 @@ void mg_matmul_forward(float *out, const float *inp, const float *w, const float
         mg_thread_range(R, &r0, &r1);
         if (r1 > r0) {
             if (bias)
-                for (int64_t r = r0; r < r1; r++) memcpy(out + r * OC, bias, (size_t)OC * sizeof(float));
+                for (int64_t r = r0; r < r1; r++)
+                    memcpy(out + r * OC, bias, (size_t)OC * sizeof(float));
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)(r1 - r0), OC, IC, 1.0f,
                         inp + r0 * IC, IC, w, IC, bias ? 1.0f : 0.0f, out + r0 * OC, OC);
         }
@@ -151,8 +152,8 @@ void mg_matmul_forward(float *out, const float *inp, const float *w, const float
 
 /* dinp [R, IC] = dout [R, OC] w (overwritten; skipped if NULL);
  * dw [OC, IC] += doutᵀ inp;  dbias [OC] += column sums of dout. */
-void mg_matmul_backward(float *dinp, float *dw, float *dbias, const float *dout,
-                        const float *inp, const float *w, int64_t R, int IC, int OC, int nt) {
+void mg_matmul_backward(float *dinp, float *dw, float *dbias, const float *dout, const float *inp,
+                        const float *w, int64_t R, int IC, int OC, int nt) {
     blas_once();
 #pragma omp parallel num_threads(nt)
     {
@@ -184,7 +185,7 @@ void mg_matmul_backward(float *dinp, float *dw, float *dbias, const float *dout,
  * with an integer min, then t = e^-|z| in (0, 1] by Cody-Waite reduction
  * x = n ln2 + r and Cephes' degree-6 polynomial for e^r (relative error
  * < 2e-7), and sigmoid = 1/(1+t) for z >= 0, t/(1+t) for z < 0. */
-static inline float exp_nonpos(float x) { /* x in [-87, 0] */
+static inline float exp_nonpos(float x) {                                   /* x in [-87, 0] */
     const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* round(x/ln2) */
     const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
     float p = 1.9875691500e-4f;

@@ -27,9 +27,10 @@ static void usage(FILE *f) {
     fprintf(f, "usage: molgen <command> [options]   (molgen <command> --help)\n\ncommands:\n");
     for (size_t i = 0; i < sizeof COMMANDS / sizeof COMMANDS[0]; i++)
         if (COMMANDS[i].summary) fprintf(f, "  %-10s %s\n", COMMANDS[i].name, COMMANDS[i].summary);
-    fprintf(f, "\nenvironment: ATTN_NUM_THREADS (threads), MOLGEN_SHARED_DATA (data folder),\n"
-               "  OMP_WAIT_POLICY=PASSIVE (idle OpenMP threads sleep instead of spinning: much faster\n"
-               "  on a loaded machine; make and the main job set it)\n");
+    fprintf(
+        f, "\nenvironment: ATTN_NUM_THREADS (threads), MOLGEN_SHARED_DATA (data folder),\n"
+           "  OMP_WAIT_POLICY=PASSIVE (idle OpenMP threads sleep instead of spinning: much faster\n"
+           "  on a loaded machine; make and the main job set it)\n");
 }
 
 int main(int argc, char **argv) {
@@ -38,7 +39,8 @@ int main(int argc, char **argv) {
      * intact) instead of SIGXFSZ killing the process silently. */
     signal(SIGXFSZ, SIG_IGN);
     if (argc < 2) {
-        fprintf(stderr, "molgen: no command given (train, sample, attention or bench; molgen --help)\n");
+        fprintf(stderr,
+                "molgen: no command given (train, sample, attention or bench; molgen --help)\n");
         return 2;
     }
     if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {

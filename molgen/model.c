@@ -27,7 +27,6 @@
 #include <omp.h>
 #endif
 
-
 /* ------------------------------------------------------------ config */
 
 void mg_model_config_default(mg_model_config *c) {
@@ -52,8 +51,8 @@ mg_status mg_model_config_check(const mg_model_config *c, mg_error *err) {
     if (c->d_model < 1 || c->d_model > 65536)
         return mg_fail(err, MG_ERR_ARG, "d_model %d must be in [1, 65536]", c->d_model);
     if (c->n_head < 1 || c->d_model % c->n_head)
-        return mg_fail(err, MG_ERR_ARG, "n_head %d must be >= 1 and divide d_model %d",
-                    c->n_head, c->d_model);
+        return mg_fail(err, MG_ERR_ARG, "n_head %d must be >= 1 and divide d_model %d", c->n_head,
+                       c->d_model);
     if (c->ctx_len < 1 || c->ctx_len > 65536)
         return mg_fail(err, MG_ERR_ARG, "ctx_len %d must be in [1, 65536]", c->ctx_len);
     if (c->vocab_size < 1 || c->vocab_size > (1 << 24))
@@ -94,7 +93,8 @@ mg_status mg_model_config_from_json(const char *json, mg_model_config *c, mg_err
         for (int q = 0; q < 5; q++) {
             if (strcmp(k, ints[q])) continue;
             known = 1;
-            if (!json_is_integer(v) || json_integer_value(v) < INT32_MIN || json_integer_value(v) > INT32_MAX) {
+            if (!json_is_integer(v) || json_integer_value(v) < INT32_MIN ||
+                json_integer_value(v) > INT32_MAX) {
                 rc = mg_fail(err, MG_ERR_FORMAT, "model config: \"%s\" must be an integer", k);
                 goto done;
             }
@@ -185,17 +185,17 @@ typedef struct {
 
 struct mg_model {
     mg_model_config cfg;
-    int nt;              /* OpenMP threads of every parallel loop (mg_model_set_threads) */
+    int nt;                /* OpenMP threads of every parallel loop (mg_model_set_threads) */
     float label_smoothing; /* of the training loss (mg_model_set_label_smoothing) */
-    attn_mha_config mha; /* {d, H, 0, 0, bias 1} */
-    size_t mha_count;    /* floats of one block's packed attention parameters */
+    attn_mha_config mha;   /* {d, H, 0, 0, bias 1} */
+    size_t mha_count;      /* floats of one block's packed attention parameters */
     size_t num_params;
-    float *params;       /* [num_params] */
-    float *grads;        /* [num_params] */
+    float *params; /* [num_params] */
+    float *grads;  /* [num_params] */
     size_t num_tensors;
-    mg_param_info *tensors;      /* [num_tensors] */
-    char (*names)[NAME_LEN];     /* [num_tensors] */
-    model_params p, g;           /* views into params and grads */
+    mg_param_info *tensors;  /* [num_tensors] */
+    char (*names)[NAME_LEN]; /* [num_tensors] */
+    model_params p, g;       /* views into params and grads */
 
     /* Activations, sized for up to cap_rows rows (R = B*L), cap_b batch rows
      * and cap_slots blocks (n_layer after a training forward, else 1). The
@@ -204,25 +204,25 @@ struct mg_model {
      * dln and dfc, which take the padded layout. */
     float *act_mem;
     size_t cap_rows, cap_b, cap_slots;
-    block_acts *acts;  /* [cap_slots] */
-    float *emb_drop;   /* [B, L, d] embedding dropout multipliers (dropout only) */
-    float *x_final;    /* [B, L, d] output of the last block (training layout) */
-    float *lnf;        /* [B, L, d] */
-    float *lnf_mean;   /* [B, L] */
-    float *lnf_rstd;   /* [B, L] */
-    float *probs;      /* [B, L, V] softmax; the backward turns it into dlogits */
-    float *row_loss;   /* [B, L] */
-    float *scratch;    /* [B, L, d] attention / MLP branch output */
-    float *dx;         /* [B, L, d] gradient of the residual stream */
-    float *dln;        /* [B, L, d] gradient of a LayerNorm output */
-    float *dbranch;    /* [B, L, d] gradient of a branch output */
-    float *dfc;        /* [B, L, F] gradient of the MLP hidden layer */
-    float *attn_gbuf;  /* [ceil(B / ATTN_CHUNK), mha_count] per-chunk attention
+    block_acts *acts; /* [cap_slots] */
+    float *emb_drop;  /* [B, L, d] embedding dropout multipliers (dropout only) */
+    float *x_final;   /* [B, L, d] output of the last block (training layout) */
+    float *lnf;       /* [B, L, d] */
+    float *lnf_mean;  /* [B, L] */
+    float *lnf_rstd;  /* [B, L] */
+    float *probs;     /* [B, L, V] softmax; the backward turns it into dlogits */
+    float *row_loss;  /* [B, L] */
+    float *scratch;   /* [B, L, d] attention / MLP branch output */
+    float *dx;        /* [B, L, d] gradient of the residual stream */
+    float *dln;       /* [B, L, d] gradient of a LayerNorm output */
+    float *dbranch;   /* [B, L, d] gradient of a branch output */
+    float *dfc;       /* [B, L, F] gradient of the MLP hidden layer */
+    float *attn_gbuf; /* [ceil(B / ATTN_CHUNK), mha_count] per-chunk attention
                           weight gradients, summed in chunk order */
-    int32_t *inputs;   /* [B, L] */
-    int32_t *targets;  /* [B, L] */
-    int64_t *key_len;  /* [B] valid input positions per row */
-    int64_t *rows;     /* [Rv] padded row b*L + t of each valid position */
+    int32_t *inputs;  /* [B, L] */
+    int32_t *targets; /* [B, L] */
+    int64_t *key_len; /* [B] valid input positions per row */
+    int64_t *rows;    /* [Rv] padded row b*L + t of each valid position */
 
     /* The last forward, for the backward. */
     int have_forward;
@@ -256,10 +256,10 @@ static void build_table(mg_model *m) {
     add_tensor(m, "tok_emb.weight", 2, V, d, 0, &off);
     add_tensor(m, "pos_emb.weight", 2, T, d, 0, &off);
     for (int l = 0; l < m->cfg.n_layer; l++) {
-#define BLOCK_TENSOR(suffix, ndim, s0, s1, decay)                   \
-    do {                                                            \
-        snprintf(name, sizeof name, "blocks.%d.%s", l, suffix);     \
-        add_tensor(m, name, ndim, s0, s1, decay, &off);             \
+#define BLOCK_TENSOR(suffix, ndim, s0, s1, decay)                                                  \
+    do {                                                                                           \
+        snprintf(name, sizeof name, "blocks.%d.%s", l, suffix);                                    \
+        add_tensor(m, name, ndim, s0, s1, decay, &off);                                            \
     } while (0)
         BLOCK_TENSOR("ln1.weight", 1, d, 0, 0);
         BLOCK_TENSOR("ln1.bias", 1, d, 0, 0);
@@ -310,7 +310,8 @@ static void point_views(const mg_model *m, float *base, model_params *v) {
 /* mg_model_create, refusing (MG_ERR_FORMAT) a config of more than
  * max_params parameters before allocating them: a file's config that asks
  * for more than the file holds is corrupt, not a reason to allocate. */
-static mg_status create(const mg_model_config *c, size_t max_params, mg_model **out, mg_error *err) {
+static mg_status create(const mg_model_config *c, size_t max_params, mg_model **out,
+                        mg_error *err) {
     if (!out) return mg_fail(err, MG_ERR_ARG, "output pointer is NULL");
     *out = NULL;
     mg_status rc = mg_model_config_check(c, err);
@@ -340,7 +341,8 @@ static mg_status create(const mg_model_config *c, size_t max_params, mg_model **
     if (m->num_params > max_params) {
         const size_t n = m->num_params;
         mg_model_free(m);
-        return mg_fail(err, MG_ERR_FORMAT, "the config asks for %zu parameters, the file holds %zu floats", n,
+        return mg_fail(err, MG_ERR_FORMAT,
+                       "the config asks for %zu parameters, the file holds %zu floats", n,
                        max_params);
     }
     m->params = calloc(m->num_params, sizeof(float));
@@ -418,7 +420,9 @@ const mg_param_info *mg_model_find_tensor(const mg_model *m, const char *name) {
 /* ------------------------------------------------------------ init */
 
 /* Uniform in (0, 1): 53 random bits, never 0. */
-static double uniform01(uint64_t *s) { return ((double)(mg_splitmix64(s) >> 11) + 0.5) * 0x1.0p-53; }
+static double uniform01(uint64_t *s) {
+    return ((double)(mg_splitmix64(s) >> 11) + 0.5) * 0x1.0p-53;
+}
 
 static void fill_normal(float *x, size_t n, double std, uint64_t *s) {
     for (size_t i = 0; i < n; i += 2) { /* Box-Muller, two values per pair */
@@ -489,14 +493,14 @@ static mg_status ensure_acts(mg_model *m, size_t R, size_t B, size_t slots, mg_e
     if (!m->act_mem || !m->acts || !m->inputs || !m->targets || !m->key_len || !m->rows ||
         !m->attn_gbuf) {
         free_acts(m);
-        return mg_fail(err, MG_ERR_NOMEM, 
-                    "out of memory for activations (%zu rows, %zu floats)", R, total);
+        return mg_fail(err, MG_ERR_NOMEM, "out of memory for activations (%zu rows, %zu floats)", R,
+                       total);
     }
     float *p = m->act_mem;
-#define CARVE(ptr, n) \
-    do {              \
-        (ptr) = p;    \
-        p += (n);     \
+#define CARVE(ptr, n)                                                                              \
+    do {                                                                                           \
+        (ptr) = p;                                                                                 \
+        p += (n);                                                                                  \
     } while (0)
     for (size_t s = 0; s < slots; s++) {
         block_acts *a = &m->acts[s];
@@ -634,8 +638,8 @@ static void residual_forward(float *out, const float *a, const float *branch, co
 /* The residual's backward: d(a) is dout itself (the stream's gradient flows
  * on unchanged); d(branch) [N] = dout * mask, written to dbranch and
  * returned, or dout itself when there is no mask (nothing to copy). */
-static const float *residual_branch_backward(float *dbranch, const float *dout,
-                                             const float *mask, int64_t N, int nt) {
+static const float *residual_branch_backward(float *dbranch, const float *dout, const float *mask,
+                                             int64_t N, int nt) {
     if (!mask) return dout;
 #pragma omp parallel for num_threads(nt) schedule(static)
     for (int64_t i = 0; i < N; i++) dbranch[i] = dout[i] * mask[i];
@@ -686,8 +690,9 @@ static double crossentropy_forward(float *probs, float *row_loss, const float *l
         const float inv = 1.0f / sum;
         for (int v = 0; v < V; v++) pr[v] *= inv;
         const float lse = mx + logf(sum);
-        row_loss[r] = eps > 0.0f ? (1.0f - eps) * (lse - target_logit) + eps * (lse - zsum / (float)V)
-                                 : lse - target_logit;
+        row_loss[r] = eps > 0.0f
+                          ? (1.0f - eps) * (lse - target_logit) + eps * (lse - zsum / (float)V)
+                          : lse - target_logit;
     }
     double total = 0.0;
     for (int64_t r = 0; r < Rv; r++) total += row_loss[r];
@@ -747,9 +752,9 @@ static void keep_first_error(int *failed, char *msg, size_t n, const char *text)
 /* Self-attention of block `layer`: out [B, L, d] = MHA(in [B, L, d]), in
  * chunks of ATTN_CHUNK batch rows (see ATTN_CHUNK). cache: B rows of
  * attn_mha_cache_size, chunk by chunk; weights [B, H, L, L] or NULL. */
-static mg_status attention_forward(mg_model *m, int layer, int B, int L, const float *in, float *out,
-                                   float *cache, float *weights, int training, uint64_t seed, int nt,
-                                   mg_error *err) {
+static mg_status attention_forward(mg_model *m, int layer, int B, int L, const float *in,
+                                   float *out, float *cache, float *weights, int training,
+                                   uint64_t seed, int nt, mg_error *err) {
     const int64_t d = m->cfg.d_model, H = m->cfg.n_head;
     const int64_t row = (int64_t)L * d, cache_row = (int64_t)attn_cache_per_row(m) * L;
     const int nch = (B + ATTN_CHUNK - 1) / ATTN_CHUNK;
@@ -831,7 +836,7 @@ static mg_status forward_core(mg_model *m, int B, int L, int64_t Rv, int keep, i
         return mg_fail(err, MG_ERR_ARG, "attention: %s", aerr.message);
     if (cache_need > (size_t)R * attn_cache_per_row(m))
         return mg_fail(err, MG_ERR_ARG, "attention cache larger than planned (%zu floats)",
-                    cache_need);
+                       cache_need);
 
     float *x = m->acts[0].x; /* [Rv, d] the residual stream */
     encoder_forward(x, m->inputs, m->p.tok_emb, m->p.pos_emb, m->rows, Rv, L, d, nt);
@@ -875,14 +880,15 @@ static mg_status forward_core(mg_model *m, int B, int L, int64_t Rv, int keep, i
 }
 
 mg_status mg_model_forward(mg_model *m, const int32_t *ids, const int64_t *lengths, int B, int T,
-                           int training, uint64_t dropout_seed, float *loss, int64_t *ntok, mg_error *err) {
+                           int training, uint64_t dropout_seed, float *loss, int64_t *ntok,
+                           mg_error *err) {
     if (!m || !ids || !lengths || !loss)
         return mg_fail(err, MG_ERR_ARG, "model, ids, lengths and loss must be non-NULL");
     m->have_forward = 0;
     const int V = m->cfg.vocab_size;
     if (B < 1 || T < 2 || T - 1 > m->cfg.ctx_len)
         return mg_fail(err, MG_ERR_ARG, "batch %d x %d: need B >= 1 and 2 <= T <= ctx_len + 1 = %d",
-                    B, T, m->cfg.ctx_len + 1);
+                       B, T, m->cfg.ctx_len + 1);
     const int L = T - 1;
     const int64_t R = (int64_t)B * L;
     mg_status rc = ensure_acts(m, (size_t)R, (size_t)B, (size_t)m->cfg.n_layer, err);
@@ -891,14 +897,14 @@ mg_status mg_model_forward(mg_model *m, const int32_t *ids, const int64_t *lengt
     for (int b = 0; b < B; b++) {
         if (lengths[b] < 2 || lengths[b] > T)
             return mg_fail(err, MG_ERR_ARG, "lengths[%d] = %lld is outside [2, %d]", b,
-                        (long long)lengths[b], T);
+                           (long long)lengths[b], T);
         m->key_len[b] = lengths[b] - 1;
         count += lengths[b] - 1;
         for (int t = 0; t < T; t++) {
             int32_t id = ids[(int64_t)b * T + t];
             if (id < 0 || id >= V)
                 return mg_fail(err, MG_ERR_ARG, "ids[%d][%d] = %d is outside [0, %d)", b, t,
-                            (int)id, V);
+                               (int)id, V);
             if (t < L) m->inputs[(int64_t)b * L + t] = id;
             if (t > 0) m->targets[(int64_t)b * L + t - 1] = id;
         }
@@ -908,9 +914,9 @@ mg_status mg_model_forward(mg_model *m, const int32_t *ids, const int64_t *lengt
      * place row by row. */
     rc = forward_core(m, B, L, Rv, 1, training, dropout_seed, m->probs, NULL, err);
     if (rc) return rc;
-    const double total = crossentropy_forward(m->probs, m->row_loss, m->probs, m->targets,
-                                              m->rows, Rv, V, training ? m->label_smoothing : 0.0f,
-                                              threads_now(m));
+    const double total =
+        crossentropy_forward(m->probs, m->row_loss, m->probs, m->targets, m->rows, Rv, V,
+                             training ? m->label_smoothing : 0.0f, threads_now(m));
     *loss = (float)(total / (double)count);
     if (ntok) *ntok = count;
     m->have_forward = 1;
@@ -928,7 +934,8 @@ mg_status mg_model_forward(mg_model *m, const int32_t *ids, const int64_t *lengt
 mg_status mg_model_backward(mg_model *m, mg_error *err) {
     if (!m) return mg_fail(err, MG_ERR_ARG, "model is NULL");
     if (!m->have_forward)
-        return mg_fail(err, MG_ERR_STATE, "backward without a forward (call mg_model_forward first)");
+        return mg_fail(err, MG_ERR_STATE,
+                       "backward without a forward (call mg_model_forward first)");
     m->have_forward = 0; /* dlogits overwrite the probabilities */
     const int nt = threads_now(m);
     const int B = m->B, L = m->L, N = m->cfg.n_layer, d = m->cfg.d_model, F = 4 * d;
@@ -941,10 +948,11 @@ mg_status mg_model_backward(mg_model *m, mg_error *err) {
     float *dlogits = m->probs; /* [Rv, V] */
     crossentropy_backward(dlogits, m->targets, m->rows, Rv, V, m->ntok,
                           m->training ? m->label_smoothing : 0.0f, nt);
-    mg_matmul_backward(m->dln, m->g.head_w, m->g.head_b, dlogits, m->lnf, m->p.head_w, Rv, d, V, nt);
+    mg_matmul_backward(m->dln, m->g.head_w, m->g.head_b, dlogits, m->lnf, m->p.head_w, Rv, d, V,
+                       nt);
     memset(m->dx, 0, (size_t)Rv * d * sizeof(float));
-    mg_layernorm_backward(m->dx, m->g.lnf_w, m->g.lnf_b, m->dln, m->x_final, m->p.lnf_w, m->lnf_mean,
-                       m->lnf_rstd, Rv, d, nt);
+    mg_layernorm_backward(m->dx, m->g.lnf_w, m->g.lnf_b, m->dln, m->x_final, m->p.lnf_w,
+                          m->lnf_mean, m->lnf_rstd, Rv, d, nt);
 
     for (int l = N - 1; l >= 0; l--) {
         /* m->dx holds the gradient of block l's output. */
@@ -959,21 +967,22 @@ mg_status mg_model_backward(mg_model *m, mg_error *err) {
         mg_gelu_backward(m->dfc, a->fc, m->dfc, Rv * F, nt);
         mg_matmul_backward(m->dln, bg->fc_w, bg->fc_b, m->dfc, a->ln2, bp->fc_w, Rv, d, F, nt);
         mg_layernorm_backward(m->dx, bg->ln2_w, bg->ln2_b, m->dln, a->x_mid, bp->ln2_w, a->ln2_mean,
-                           a->ln2_rstd, Rv, d, nt);
+                              a->ln2_rstd, Rv, d, nt);
 
         /* Attention branch: x_mid = x + drop(MHA(ln1(x))), in the padded
          * layout: d(branch) [B, L, d] goes to dfc (free here), d(ln1)
          * [B, L, d] to dln, then back to the valid rows. */
-        scatter_rows(m->dfc,
-                     residual_branch_backward(m->dbranch, m->dx, drop ? a->drop_attn : NULL, Rv * d, nt),
-                     m->key_len, B, L, d);
+        scatter_rows(
+            m->dfc,
+            residual_branch_backward(m->dbranch, m->dx, drop ? a->drop_attn : NULL, Rv * d, nt),
+            m->key_len, B, L, d);
         memset(m->dln, 0, (size_t)R * d * sizeof(float));
-        mg_status rc = attention_backward(m, l, B, L, a->ln1, m->dfc, m->dln, a->attn_cache, m->training,
-                                    m->seed, nt, err);
+        mg_status rc = attention_backward(m, l, B, L, a->ln1, m->dfc, m->dln, a->attn_cache,
+                                          m->training, m->seed, nt, err);
         if (rc) return rc;
         gather_rows_inplace(m->dln, m->rows, Rv, d);
         mg_layernorm_backward(m->dx, bg->ln1_w, bg->ln1_b, m->dln, a->x, bp->ln1_w, a->ln1_mean,
-                           a->ln1_rstd, Rv, d, nt);
+                              a->ln1_rstd, Rv, d, nt);
     }
     if (drop) mul_inplace(m->dx, m->emb_drop, Rv * d, nt);
     encoder_backward(m->g.tok_emb, m->g.pos_emb, m->dx, m->inputs, m->rows, Rv, L, d, nt);
@@ -987,8 +996,8 @@ mg_status mg_model_logits(mg_model *m, const int32_t *ids, const int64_t *length
     if (!m || !ids || !logits)
         return mg_fail(err, MG_ERR_ARG, "model, ids and logits must be non-NULL");
     if (B < 1 || L < 1 || L > m->cfg.ctx_len)
-        return mg_fail(err, MG_ERR_ARG, "batch %d x %d: need B >= 1 and 1 <= L <= ctx_len %d",
-                    B, L, m->cfg.ctx_len);
+        return mg_fail(err, MG_ERR_ARG, "batch %d x %d: need B >= 1 and 1 <= L <= ctx_len %d", B, L,
+                       m->cfg.ctx_len);
     m->have_forward = 0;
     const int64_t R = (int64_t)B * L;
     mg_status rc = ensure_acts(m, (size_t)R, (size_t)B, 1, err);
@@ -997,13 +1006,13 @@ mg_status mg_model_logits(mg_model *m, const int32_t *ids, const int64_t *length
         int64_t kl = lengths ? lengths[b] : L;
         if (kl < 1 || kl > L)
             return mg_fail(err, MG_ERR_ARG, "lengths[%d] = %lld is outside [1, %d]", b,
-                        (long long)kl, L);
+                           (long long)kl, L);
         m->key_len[b] = kl;
     }
     for (int64_t r = 0; r < R; r++) {
         if (ids[r] < 0 || ids[r] >= m->cfg.vocab_size)
             return mg_fail(err, MG_ERR_ARG, "ids[%lld][%lld] = %d is outside [0, %d)",
-                        (long long)(r / L), (long long)(r % L), (int)ids[r], m->cfg.vocab_size);
+                           (long long)(r / L), (long long)(r % L), (int)ids[r], m->cfg.vocab_size);
         m->inputs[r] = ids[r];
     }
     const int64_t Rv = valid_rows(m->rows, m->key_len, B, L);
@@ -1053,10 +1062,10 @@ mg_status mg_model_causal_guard(mg_model *m, uint64_t seed, mg_error *err) {
                     }
                 }
         if (worst > 1e-6) {
-            rc = mg_fail(err, MG_ERR_LEAK, 
-                      "causal leak: logits at position %d changed by %.2e when the tokens after "
-                      "position %d changed",
-                      worst_pos, worst, t);
+            rc = mg_fail(err, MG_ERR_LEAK,
+                         "causal leak: logits at position %d changed by %.2e when the tokens after "
+                         "position %d changed",
+                         worst_pos, worst, t);
             goto done;
         }
     }
@@ -1101,15 +1110,18 @@ mg_status mg_model_from_st(const mg_st_file *f, mg_model **out, mg_error *err) {
     for (size_t i = 0; i < m->num_tensors; i++) {
         const mg_param_info *p = &m->tensors[i];
         float *w = m->params + p->offset;
-        if (mg_st_copy(f, p->name, MG_ST_F32, p->ndim, p->shape, w, p->numel * sizeof(float), err)) {
+        if (mg_st_copy(f, p->name, MG_ST_F32, p->ndim, p->shape, w, p->numel * sizeof(float),
+                       err)) {
             mg_model_free(m);
             return MG_ERR_FORMAT;
         }
         /* an Inf or NaN weight samples garbage; refuse it by name */
         for (size_t k = 0; k < p->numel; k++)
             if (!isfinite(w[k])) {
-                mg_fail(err, MG_ERR_NUMERIC, "tensor '%s' holds a non-finite value (%g at "
-                        "element %zu): the model is corrupt", p->name, (double)w[k], k);
+                mg_fail(err, MG_ERR_NUMERIC,
+                        "tensor '%s' holds a non-finite value (%g at "
+                        "element %zu): the model is corrupt",
+                        p->name, (double)w[k], k);
                 mg_model_free(m);
                 return MG_ERR_NUMERIC;
             }
@@ -1137,7 +1149,8 @@ mg_status mg_model_save(const mg_model *m, const mg_vocab *vocab, const char *pa
     return rc;
 }
 
-mg_status mg_model_load(const char *path, mg_model **out, mg_vocab **vocab, int *checksummed, mg_error *err) {
+mg_status mg_model_load(const char *path, mg_model **out, mg_vocab **vocab, int *checksummed,
+                        mg_error *err) {
     if (!path || !out) return mg_fail(err, MG_ERR_ARG, "path or output pointer is NULL");
     *out = NULL;
     if (vocab) *vocab = NULL;
@@ -1159,7 +1172,7 @@ mg_status mg_model_load(const char *path, mg_model **out, mg_vocab **vocab, int 
             rc = mg_fail(err, e.status, "%s: vocab: %s", path, e.message);
         } else if (mg_vocab_size(*vocab) != m->cfg.vocab_size) {
             rc = mg_fail(err, MG_ERR_FORMAT, "%s: vocab has %d tokens but the model %d", path,
-                      mg_vocab_size(*vocab), m->cfg.vocab_size);
+                         mg_vocab_size(*vocab), m->cfg.vocab_size);
         }
         if (rc) {
             mg_vocab_free(*vocab);

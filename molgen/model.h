@@ -104,10 +104,10 @@ mg_status mg_model_config_from_json(const char *json, mg_model_config *c, mg_err
 /* One named parameter tensor: params[offset .. offset + numel). */
 typedef struct {
     const char *name;
-    int ndim;          /* 1 or 2 */
+    int ndim; /* 1 or 2 */
     int64_t shape[2];
     size_t offset, numel;
-    int decay;         /* 1: a linear layer's weight matrix (AdamW decays it);
+    int decay; /* 1: a linear layer's weight matrix (AdamW decays it);
                           0: biases, LayerNorm, embeddings */
 } mg_param_info;
 
@@ -132,8 +132,8 @@ int mg_model_threads(const mg_model *m);
  * forwards and mg_model_logits are unaffected. A new model has 0. */
 mg_status mg_model_set_label_smoothing(mg_model *m, float eps, mg_error *err);
 size_t mg_model_num_params(const mg_model *m);
-float *mg_model_params(mg_model *m);  /* [num_params] */
-float *mg_model_grads(mg_model *m);   /* [num_params], same layout */
+float *mg_model_params(mg_model *m); /* [num_params] */
+float *mg_model_grads(mg_model *m);  /* [num_params], same layout */
 size_t mg_model_num_tensors(const mg_model *m);
 const mg_param_info *mg_model_tensor(const mg_model *m, size_t i);
 const mg_param_info *mg_model_find_tensor(const mg_model *m, const char *name);
@@ -148,9 +148,9 @@ const mg_param_info *mg_model_find_tensor(const mg_model *m, const char *name);
  * key_lengths = lengths - 1. training != 0 turns dropout on (when
  * cfg.dropout > 0) with masks drawn from dropout_seed. The activations are
  * kept for mg_model_backward. */
-mg_status mg_model_forward(mg_model *m, const int32_t *ids, const int64_t *lengths,
-                           int B, int T, int training, uint64_t dropout_seed,
-                           float *loss, int64_t *ntok, mg_error *err);
+mg_status mg_model_forward(mg_model *m, const int32_t *ids, const int64_t *lengths, int B, int T,
+                           int training, uint64_t dropout_seed, float *loss, int64_t *ntok,
+                           mg_error *err);
 
 /* Gradients of the last mg_model_forward's loss into mg_model_grads
  * (OVERWRITTEN, not accumulated). Fails if there was no forward since. */
@@ -165,9 +165,8 @@ mg_status mg_model_backward(mg_model *m, mg_error *err);
  *   attn_weights  optional [n_layer, B, H, L, L]: each block's attention
  *                 probabilities per head (rows of padded queries included).
  * Position t's logits predict token t + 1. */
-mg_status mg_model_logits(mg_model *m, const int32_t *ids, const int64_t *lengths,
-                          int B, int L, float *logits, float *attn_weights,
-                          mg_error *err);
+mg_status mg_model_logits(mg_model *m, const int32_t *ids, const int64_t *lengths, int B, int L,
+                          float *logits, float *attn_weights, mg_error *err);
 
 /* Causal-leak guard: random token rows of length ctx_len; for several cut
  * points t, re-draws every token after t and checks that the logits of
@@ -191,8 +190,7 @@ mg_status mg_model_from_st(const mg_st_file *f, mg_model **out, mg_error *err);
 
 /* Write a model file: parameters + metadata format=molgen, config, vocab
  * (vocab may be NULL: no "vocab" key). Atomic (mg_st_write). */
-mg_status mg_model_save(const mg_model *m, const mg_vocab *vocab, const char *path,
-                        mg_error *err);
+mg_status mg_model_save(const mg_model *m, const mg_vocab *vocab, const char *path, mg_error *err);
 /* Load a model file or a training checkpoint; *vocab (may be NULL) gets the
  * stored vocabulary (an error if the file has none); *checksummed (may be
  * NULL) is 1 when the file carried tensor checksums (verified), 0 for a file

@@ -32,27 +32,31 @@ void mg_adamw_config_default(mg_adamw_config *c) {
 
 mg_status mg_adamw_config_check(const mg_adamw_config *c, mg_error *err) {
     if (!c) return mg_fail(err, MG_ERR_ARG, "optimizer config is NULL");
-    if (!(c->lr > 0.0f && c->lr < 10.0f)) return mg_fail(err, MG_ERR_ARG, "lr %g must be in (0, 10)", (double)c->lr);
+    if (!(c->lr > 0.0f && c->lr < 10.0f))
+        return mg_fail(err, MG_ERR_ARG, "lr %g must be in (0, 10)", (double)c->lr);
     if (!(c->min_lr_frac >= 0.0f && c->min_lr_frac <= 1.0f))
         return mg_fail(err, MG_ERR_ARG, "min_lr_frac %g must be in [0, 1]", (double)c->min_lr_frac);
     if (c->warmup_steps < 0) return mg_fail(err, MG_ERR_ARG, "warmup_steps must be >= 0");
     if (c->total_steps < 1) return mg_fail(err, MG_ERR_ARG, "total_steps must be >= 1");
     if (!(c->beta1 >= 0.0f && c->beta1 < 1.0f) || !(c->beta2 >= 0.0f && c->beta2 < 1.0f))
-        return mg_fail(err, MG_ERR_ARG, "betas (%g, %g) must be in [0, 1)", (double)c->beta1, (double)c->beta2);
+        return mg_fail(err, MG_ERR_ARG, "betas (%g, %g) must be in [0, 1)", (double)c->beta1,
+                       (double)c->beta2);
     if (!(c->eps > 0.0f)) return mg_fail(err, MG_ERR_ARG, "eps must be > 0");
     if (!(c->weight_decay >= 0.0f && c->weight_decay < 1.0f))
-        return mg_fail(err, MG_ERR_ARG, "weight_decay %g must be in [0, 1)", (double)c->weight_decay);
+        return mg_fail(err, MG_ERR_ARG, "weight_decay %g must be in [0, 1)",
+                       (double)c->weight_decay);
     if (!(c->grad_clip >= 0.0f))
-        return mg_fail(err, MG_ERR_ARG, "grad_clip %g must be >= 0 (0 = off)", (double)c->grad_clip);
+        return mg_fail(err, MG_ERR_ARG, "grad_clip %g must be >= 0 (0 = off)",
+                       (double)c->grad_clip);
     return 0;
 }
 
 int mg_adamw_config_to_json(const mg_adamw_config *c, char *out, size_t outlen) {
     json_t *j = json_pack("{sf,sf,sI,sI,sf,sf,sf,sf,sf}", "lr", (double)c->lr, "min_lr_frac",
                           (double)c->min_lr_frac, "warmup_steps", (json_int_t)c->warmup_steps,
-                          "total_steps", (json_int_t)c->total_steps, "beta1", (double)c->beta1, "beta2",
-                          (double)c->beta2, "eps", (double)c->eps, "weight_decay", (double)c->weight_decay,
-                          "grad_clip", (double)c->grad_clip);
+                          "total_steps", (json_int_t)c->total_steps, "beta1", (double)c->beta1,
+                          "beta2", (double)c->beta2, "eps", (double)c->eps, "weight_decay",
+                          (double)c->weight_decay, "grad_clip", (double)c->grad_clip);
     const int n = mg_json_dump_to(j, 9, out, outlen);
     json_decref(j);
     return n;
@@ -64,8 +68,9 @@ mg_status mg_adamw_config_from_json(const char *json, mg_adamw_config *c, mg_err
     mg_error jerr;
     if (mg_json_parse(json, strlen(json), &j, &jerr))
         return mg_fail(err, jerr.status, "optimizer config JSON: %s", jerr.message);
-    static const char *const keys[] = {"lr", "min_lr_frac", "warmup_steps", "total_steps", "beta1",
-                                       "beta2", "eps", "weight_decay", "grad_clip"};
+    static const char *const keys[] = {"lr",          "min_lr_frac",  "warmup_steps",
+                                       "total_steps", "beta1",        "beta2",
+                                       "eps",         "weight_decay", "grad_clip"};
     double val[9];
     mg_status rc = MG_OK;
     if (!json_is_object(j)) {
@@ -85,10 +90,12 @@ mg_status mg_adamw_config_from_json(const char *json, mg_adamw_config *c, mg_err
     for (int k = 0; k < 9; k++) {
         v = json_object_get(j, keys[k]);
         if (!json_is_number(v)) {
-            rc = mg_fail(err, MG_ERR_FORMAT, "optimizer config: \"%s\" missing or not a number", keys[k]);
+            rc = mg_fail(err, MG_ERR_FORMAT, "optimizer config: \"%s\" missing or not a number",
+                         keys[k]);
             goto done;
         }
-        if ((k == 2 || k == 3) && (!json_is_integer(v) || json_integer_value(v) < 0)) { /* step counts */
+        if ((k == 2 || k == 3) &&
+            (!json_is_integer(v) || json_integer_value(v) < 0)) { /* step counts */
             rc = mg_fail(err, MG_ERR_FORMAT, "optimizer config: \"%s\" must be an integer >= 0",
                          keys[k]);
             goto done;
@@ -119,7 +126,8 @@ float mg_lr_at(const mg_adamw_config *c, int64_t s) {
     if (span < 1) span = 1;
     double prog = (double)(s - c->warmup_steps) / (double)span;
     if (prog > 1.0) prog = 1.0;
-    return (float)(floor_lr + ((double)c->lr - floor_lr) * 0.5 * (1.0 + cos(3.141592653589793 * prog)));
+    return (float)(floor_lr +
+                   ((double)c->lr - floor_lr) * 0.5 * (1.0 + cos(3.141592653589793 * prog)));
 }
 
 mg_status mg_adamw_init(mg_adamw *o, const mg_adamw_config *c, size_t n, const mg_optim_span *spans,
@@ -132,8 +140,9 @@ mg_status mg_adamw_init(mg_adamw *o, const mg_adamw_config *c, size_t n, const m
     size_t at = 0;
     for (size_t i = 0; i < nspans; i++) {
         if (spans[i].offset != at || spans[i].numel == 0)
-            return mg_fail(err, MG_ERR_ARG, "span %zu starts at %zu, expected %zu (spans must tile the buffer)",
-                        i, spans[i].offset, at);
+            return mg_fail(err, MG_ERR_ARG,
+                           "span %zu starts at %zu, expected %zu (spans must tile the buffer)", i,
+                           spans[i].offset, at);
         at += spans[i].numel;
     }
     if (at != n) return mg_fail(err, MG_ERR_ARG, "spans cover %zu parameters, not %zu", at, n);
@@ -144,7 +153,8 @@ mg_status mg_adamw_init(mg_adamw *o, const mg_adamw_config *c, size_t n, const m
     o->spans = malloc(nspans * sizeof *spans);
     if (!o->m || !o->v || !o->spans) {
         mg_adamw_free(o);
-        return mg_fail(err, MG_ERR_NOMEM, "out of memory for the optimizer state (%zu parameters)", n);
+        return mg_fail(err, MG_ERR_NOMEM, "out of memory for the optimizer state (%zu parameters)",
+                       n);
     }
     memcpy(o->spans, spans, nspans * sizeof *spans);
     o->nspans = nspans;
@@ -175,7 +185,8 @@ static double sum_squares(const float *g, size_t n, int nt) {
     double *part = malloc(nch * sizeof(double));
     double total = 0.0;
     if (!part) { /* serial fallback, same order */
-        for (size_t c = 0; c < nch; c++) total += chunk_squares(g, c * CH, c * CH + CH < n ? c * CH + CH : n);
+        for (size_t c = 0; c < nch; c++)
+            total += chunk_squares(g, c * CH, c * CH + CH < n ? c * CH + CH : n);
         return total;
     }
 #pragma omp parallel for num_threads(nt) schedule(static)
@@ -205,17 +216,19 @@ MG_CLONES static void adamw_update(float *p, float *g, float *m, float *v, int64
 
 mg_status mg_adamw_step(mg_adamw *o, float *params, float *grads, float *grad_norm, float *lr_used,
                         mg_error *err) {
-    if (!o || !o->m || !params || !grads) return mg_fail(err, MG_ERR_ARG, "optimizer not initialised or NULL buffers");
+    if (!o || !o->m || !params || !grads)
+        return mg_fail(err, MG_ERR_ARG, "optimizer not initialised or NULL buffers");
     const int nt = o->threads > 0 ? o->threads : mg_default_threads();
     const double norm = sqrt(sum_squares(grads, o->n, nt));
     if (grad_norm) *grad_norm = (float)norm;
     if (!isfinite(norm))
         return mg_fail(err, MG_ERR_NUMERIC, "gradient norm is %g at step %lld (diverged?)", norm,
-                    (long long)o->step);
+                       (long long)o->step);
     const float lr = mg_lr_at(&o->cfg, o->step);
     if (lr_used) *lr_used = lr;
-    const float scale =
-        (o->cfg.grad_clip > 0.0f && norm > o->cfg.grad_clip) ? (float)(o->cfg.grad_clip / norm) : 1.0f;
+    const float scale = (o->cfg.grad_clip > 0.0f && norm > o->cfg.grad_clip)
+                            ? (float)(o->cfg.grad_clip / norm)
+                            : 1.0f;
     const int64_t t = o->step + 1;
     const float b1 = o->cfg.beta1, b2 = o->cfg.beta2, eps = o->cfg.eps;
     const float bc1 = (float)(1.0 - pow((double)b1, (double)t));

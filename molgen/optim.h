@@ -33,13 +33,13 @@ extern "C" {
 #endif
 
 typedef struct {
-    float lr;            /* peak learning rate */
-    float min_lr_frac;   /* floor = lr * min_lr_frac, in [0, 1] */
+    float lr;          /* peak learning rate */
+    float min_lr_frac; /* floor = lr * min_lr_frac, in [0, 1] */
     int64_t warmup_steps;
     int64_t total_steps; /* the cosine reaches the floor here */
     float beta1, beta2, eps;
     float weight_decay;
-    float grad_clip;     /* <= 0: no clipping */
+    float grad_clip; /* <= 0: no clipping */
 } mg_adamw_config;
 
 /* lr 2e-3, floor 0.1, warm-up 100, total 1000, betas (0.9, 0.95), eps 1e-8,
@@ -62,27 +62,27 @@ typedef struct {
 
 typedef struct {
     mg_adamw_config cfg;
-    size_t n;           /* parameters */
-    float *m, *v;       /* [n] first and second moments */
-    int64_t step;       /* steps taken so far */
+    size_t n;     /* parameters */
+    float *m, *v; /* [n] first and second moments */
+    int64_t step; /* steps taken so far */
     mg_optim_span *spans;
     size_t nspans;
-    int threads;        /* of mg_adamw_step; 0 (as mg_adamw_init leaves it):
+    int threads; /* of mg_adamw_step; 0 (as mg_adamw_init leaves it):
                            mg_default_threads() */
 } mg_adamw;
 
 /* Allocate for n parameters with zero moments and step 0. The spans must
  * cover [0, n) exactly, in order, without overlap. */
-mg_status mg_adamw_init(mg_adamw *o, const mg_adamw_config *c, size_t n,
-                        const mg_optim_span *spans, size_t nspans, mg_error *err);
+mg_status mg_adamw_init(mg_adamw *o, const mg_adamw_config *c, size_t n, const mg_optim_span *spans,
+                        size_t nspans, mg_error *err);
 void mg_adamw_free(mg_adamw *o); /* zeroes it; NULL fine */
 
 /* One update of params [n] from grads [n] (grads are scaled in place when
  * clipped). *grad_norm (may be NULL): the norm before clipping; *lr_used
  * (may be NULL): the learning rate of this step. A non-finite norm is an
  * error (-1, nothing updated, step unchanged). */
-mg_status mg_adamw_step(mg_adamw *o, float *params, float *grads, float *grad_norm,
-                        float *lr_used, mg_error *err);
+mg_status mg_adamw_step(mg_adamw *o, float *params, float *grads, float *grad_norm, float *lr_used,
+                        mg_error *err);
 
 #ifdef __cplusplus
 }

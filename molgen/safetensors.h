@@ -40,10 +40,21 @@ extern "C" {
 #define MG_ST_CHECKSUM_KEY "crc32"
 
 typedef enum {
-    MG_ST_BOOL, MG_ST_U8, MG_ST_I8, MG_ST_F8_E5M2, MG_ST_F8_E4M3,
-    MG_ST_I16, MG_ST_U16, MG_ST_F16, MG_ST_BF16,
-    MG_ST_I32, MG_ST_U32, MG_ST_F32,
-    MG_ST_F64, MG_ST_I64, MG_ST_U64,
+    MG_ST_BOOL,
+    MG_ST_U8,
+    MG_ST_I8,
+    MG_ST_F8_E5M2,
+    MG_ST_F8_E4M3,
+    MG_ST_I16,
+    MG_ST_U16,
+    MG_ST_F16,
+    MG_ST_BF16,
+    MG_ST_I32,
+    MG_ST_U32,
+    MG_ST_F32,
+    MG_ST_F64,
+    MG_ST_I64,
+    MG_ST_U64,
     MG_ST_NUM_DTYPES
 } mg_st_dtype;
 
@@ -58,10 +69,10 @@ int mg_st_dtype_parse(const char *name, mg_st_dtype *dt);
 typedef struct {
     const char *name;
     mg_st_dtype dtype;
-    int ndim;                      /* 0 (scalar) .. MG_ST_MAX_DIMS */
+    int ndim; /* 0 (scalar) .. MG_ST_MAX_DIMS */
     int64_t shape[MG_ST_MAX_DIMS];
-    const void *data;              /* prod(shape) * dtype_size bytes */
-    size_t nbytes;                 /* reading: byte size; writing: ignored */
+    const void *data; /* prod(shape) * dtype_size bytes */
+    size_t nbytes;    /* reading: byte size; writing: ignored */
 } mg_st_tensor;
 
 typedef struct {
@@ -78,13 +89,12 @@ typedef struct {
  * "__metadata__"; metadata keys unique. Tensors are laid out by descending
  * element size (stable), so every tensor's data is aligned to its element
  * size in the file and in a buffer loaded at an 8-aligned address. */
-mg_status mg_st_write(const char *path, const mg_st_tensor *t, size_t nt,
-                      const mg_st_kv *meta, size_t nmeta, mg_error *err);
+mg_status mg_st_write(const char *path, const mg_st_tensor *t, size_t nt, const mg_st_kv *meta,
+                      size_t nmeta, mg_error *err);
 
 /* Same, into a malloc'ed memory buffer (*out, *outlen; caller frees). */
-mg_status mg_st_serialize(const mg_st_tensor *t, size_t nt, const mg_st_kv *meta,
-                          size_t nmeta, unsigned char **out, size_t *outlen,
-                          mg_error *err);
+mg_status mg_st_serialize(const mg_st_tensor *t, size_t nt, const mg_st_kv *meta, size_t nmeta,
+                          unsigned char **out, size_t *outlen, mg_error *err);
 
 /* ------------------------------------------------------------ reading */
 
@@ -111,13 +121,12 @@ const mg_st_tensor *mg_st_find(const mg_st_file *f, const char *name);
  * *data points at its bytes (owned by f; aligned to the element size for
  * files written by mg_st_write). Errors name the tensor and both shapes /
  * dtypes, e.g. "tensor 'wte': shape [26,128] expected [30,128]". */
-mg_status mg_st_get(const mg_st_file *f, const char *name, mg_st_dtype dtype,
-                    int ndim, const int64_t *shape, const void **data, mg_error *err);
+mg_status mg_st_get(const mg_st_file *f, const char *name, mg_st_dtype dtype, int ndim,
+                    const int64_t *shape, const void **data, mg_error *err);
 /* As mg_st_get, but copies the bytes into dst[dst_bytes] (must be exactly the
  * tensor's size): safe for any alignment. */
-mg_status mg_st_copy(const mg_st_file *f, const char *name, mg_st_dtype dtype,
-                     int ndim, const int64_t *shape, void *dst, size_t dst_bytes,
-                     mg_error *err);
+mg_status mg_st_copy(const mg_st_file *f, const char *name, mg_st_dtype dtype, int ndim,
+                     const int64_t *shape, void *dst, size_t dst_bytes, mg_error *err);
 
 /* 1 if the file carried checksums for its tensors (all verified at load), 0
  * for a file written without them (an older molgen, another writer). */
@@ -131,8 +140,7 @@ int mg_st_remove_stale_temps(const char *path);
 const char *mg_st_meta(const mg_st_file *f, const char *key);
 size_t mg_st_meta_count(const mg_st_file *f);
 /* i-th pair (file order); returns 0, or -1 if i is out of range. */
-int mg_st_meta_at(const mg_st_file *f, size_t i, const char **key,
-                  const char **value);
+int mg_st_meta_at(const mg_st_file *f, size_t i, const char **key, const char **value);
 
 #ifdef __cplusplus
 }

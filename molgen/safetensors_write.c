@@ -15,23 +15,22 @@
 
 /* The inputs mg_st_write documents: names, dtypes, shapes, data, keys. */
 static mg_status check_inputs(const mg_st_tensor *t, size_t nt, const mg_st_kv *meta, size_t nmeta,
-                              mg_error *err)
-{
+                              mg_error *err) {
     if (!mg_st_host_le())
         return mg_fail(err, MG_ERR_ARG, "safetensors writer: big-endian hosts are not supported");
     if ((nt > 0 && !t) || (nmeta > 0 && !meta))
         return mg_fail(err, MG_ERR_ARG, "safetensors writer: bad argument");
     for (size_t i = 0; i < nt; i++) {
         const mg_st_tensor *x = &t[i];
-        if (!x->name || !x->name[0])
-            return mg_fail(err, MG_ERR_ARG, "tensor %zu: empty name", i);
+        if (!x->name || !x->name[0]) return mg_fail(err, MG_ERR_ARG, "tensor %zu: empty name", i);
         if (strcmp(x->name, "__metadata__") == 0)
             return mg_fail(err, MG_ERR_ARG, "tensor %zu: the name __metadata__ is reserved", i);
         if (!mg_st_dtype_name(x->dtype))
-            return mg_fail(err, MG_ERR_ARG, "tensor '%s': invalid dtype %d", x->name, (int)x->dtype);
+            return mg_fail(err, MG_ERR_ARG, "tensor '%s': invalid dtype %d", x->name,
+                           (int)x->dtype);
         if (x->ndim < 0 || x->ndim > MG_ST_MAX_DIMS)
-            return mg_fail(err, MG_ERR_ARG, "tensor '%s': ndim %d outside [0, %d]", x->name, x->ndim,
-                           MG_ST_MAX_DIMS);
+            return mg_fail(err, MG_ERR_ARG, "tensor '%s': ndim %d outside [0, %d]", x->name,
+                           x->ndim, MG_ST_MAX_DIMS);
         uint64_t nb;
         if (mg_st_nbytes(x->shape, x->ndim, mg_st_dtype_size(x->dtype), &nb))
             return mg_fail(err, MG_ERR_ARG, "tensor '%s': negative or overflowing shape", x->name);
@@ -54,8 +53,7 @@ static mg_status check_inputs(const mg_st_tensor *t, size_t nt, const mg_st_kv *
     return MG_OK;
 }
 
-static uint64_t nbytes_of(const mg_st_tensor *x)
-{
+static uint64_t nbytes_of(const mg_st_tensor *x) {
     uint64_t nb = 0;
     mg_st_nbytes(x->shape, x->ndim, mg_st_dtype_size(x->dtype), &nb);
     return nb;
@@ -66,21 +64,18 @@ static uint64_t nbytes_of(const mg_st_tensor *x)
  * that any safetensors reader still opens the file), then the tensors in
  * layout order ord[0..nt). NULL when out of memory or a string is not UTF-8
  * (*bad names it). */
-static json_t *header_json(const mg_st_tensor *t, size_t nt, const size_t *ord, const mg_st_kv *meta,
-                           size_t nmeta, const char **bad)
-{
+static json_t *header_json(const mg_st_tensor *t, size_t nt, const size_t *ord,
+                           const mg_st_kv *meta, size_t nmeta, const char **bad) {
     json_t *h = json_object(), *md = json_object(), *cs = json_object();
     int ok = h && md && cs;
     for (size_t k = 0; ok && k < nt; k++) {
         const mg_st_tensor *x = &t[ord[k]];
         char hex[16];
         snprintf(hex, sizeof hex, "%08x", (unsigned)mg_st_crc32(x->data, (size_t)nbytes_of(x)));
-        if (mg_json_put(cs, x->name, json_string(hex)))
-            ok = 0, *bad = x->name;
+        if (mg_json_put(cs, x->name, json_string(hex))) ok = 0, *bad = x->name;
     }
     for (size_t i = 0; ok && i < nmeta; i++)
-        if (mg_json_put(md, meta[i].key, json_string(meta[i].value)))
-            ok = 0, *bad = meta[i].key;
+        if (mg_json_put(md, meta[i].key, json_string(meta[i].value))) ok = 0, *bad = meta[i].key;
     char *cstext = ok ? mg_json_dump(cs, 17) : NULL;
     ok = ok && cstext && !mg_json_put(md, MG_ST_CHECKSUM_KEY, json_string(cstext)) &&
          !json_object_set(h, "__metadata__", md);
@@ -91,11 +86,12 @@ static json_t *header_json(const mg_st_tensor *t, size_t nt, const size_t *ord, 
         const uint64_t nb = nbytes_of(x);
         json_t *e = json_object(), *shape = json_array();
         for (int d = 0; e && shape && d < x->ndim; d++)
-            if (json_array_append_new(shape, json_integer(x->shape[d])))
-                ok = 0;
-        ok = ok && e && shape && !mg_json_put(e, "dtype", json_string(mg_st_dtype_name(x->dtype))) &&
+            if (json_array_append_new(shape, json_integer(x->shape[d]))) ok = 0;
+        ok = ok && e && shape &&
+             !mg_json_put(e, "dtype", json_string(mg_st_dtype_name(x->dtype))) &&
              !json_object_set(e, "shape", shape) &&
-             !mg_json_put(e, "data_offsets", json_pack("[II]", (json_int_t)off, (json_int_t)(off + nb)));
+             !mg_json_put(e, "data_offsets",
+                          json_pack("[II]", (json_int_t)off, (json_int_t)(off + nb)));
         json_decref(shape);
         if (ok && mg_json_put(h, x->name, e))
             ok = 0, *bad = x->name;
@@ -117,16 +113,13 @@ static json_t *header_json(const mg_st_tensor *t, size_t nt, const size_t *ord, 
  * *order (malloc'ed nt indices), *data_len. */
 static mg_status build_header(const mg_st_tensor *t, size_t nt, const mg_st_kv *meta, size_t nmeta,
                               char **hdr, size_t *hlen, size_t **order, uint64_t *data_len,
-                              mg_error *err)
-{
+                              mg_error *err) {
     *hdr = NULL;
     *order = NULL;
     mg_status rc = check_inputs(t, nt, meta, nmeta, err);
-    if (rc)
-        return rc;
+    if (rc) return rc;
     size_t *ord = malloc((nt ? nt : 1) * sizeof *ord);
-    if (!ord)
-        return mg_fail(err, MG_ERR_NOMEM, "out of memory");
+    if (!ord) return mg_fail(err, MG_ERR_NOMEM, "out of memory");
     /* stable insertion sort by descending element size */
     for (size_t i = 0; i < nt; i++) {
         size_t j = i;
@@ -145,15 +138,13 @@ static mg_status build_header(const mg_st_tensor *t, size_t nt, const mg_st_kv *
     if (!b) {
         free(text);
         free(ord);
-        if (bad)
-            return mg_fail(err, MG_ERR_ARG, "'%.60s' (or its value) is not valid UTF-8", bad);
+        if (bad) return mg_fail(err, MG_ERR_ARG, "'%.60s' (or its value) is not valid UTF-8", bad);
         return mg_fail(err, MG_ERR_NOMEM, "out of memory");
     }
     memset(b + n, ' ', padded - n);
     b[padded] = '\0';
     uint64_t total = 0;
-    for (size_t k = 0; k < nt; k++)
-        total += nbytes_of(&t[k]);
+    for (size_t k = 0; k < nt; k++) total += nbytes_of(&t[k]);
     *hdr = b;
     *hlen = padded;
     *order = ord;
@@ -161,25 +152,20 @@ static mg_status build_header(const mg_st_tensor *t, size_t nt, const mg_st_kv *
     return MG_OK;
 }
 
-static void le64(unsigned char out[8], uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        out[i] = (unsigned char)(v >> (8 * i));
+static void le64(unsigned char out[8], uint64_t v) {
+    for (int i = 0; i < 8; i++) out[i] = (unsigned char)(v >> (8 * i));
 }
 
 mg_status mg_st_serialize(const mg_st_tensor *t, size_t nt, const mg_st_kv *meta, size_t nmeta,
-                          unsigned char **out, size_t *outlen, mg_error *err)
-{
+                          unsigned char **out, size_t *outlen, mg_error *err) {
     mg_status rc_;
-    if (!out || !outlen)
-        return mg_fail(err, MG_ERR_ARG, "mg_st_serialize: bad argument");
+    if (!out || !outlen) return mg_fail(err, MG_ERR_ARG, "mg_st_serialize: bad argument");
     *out = NULL;
     *outlen = 0;
     char *hdr;
     size_t hlen, *ord;
     uint64_t dlen;
-    if ((rc_ = build_header(t, nt, meta, nmeta, &hdr, &hlen, &ord, &dlen, err)))
-        return rc_;
+    if ((rc_ = build_header(t, nt, meta, nmeta, &hdr, &hlen, &ord, &dlen, err))) return rc_;
     size_t total = 8 + hlen + (size_t)dlen;
     unsigned char *buf = malloc(total ? total : 1);
     if (!buf) {
@@ -194,8 +180,7 @@ mg_status mg_st_serialize(const mg_st_tensor *t, size_t nt, const mg_st_kv *meta
         const mg_st_tensor *x = &t[ord[k]];
         uint64_t nb = 0;
         mg_st_nbytes(x->shape, x->ndim, mg_st_dtype_size(x->dtype), &nb);
-        if (nb)
-            memcpy(buf + o, x->data, (size_t)nb);
+        if (nb) memcpy(buf + o, x->data, (size_t)nb);
         o += (size_t)nb;
     }
     free(hdr);
@@ -206,16 +191,13 @@ mg_status mg_st_serialize(const mg_st_tensor *t, size_t nt, const mg_st_kv *meta
 }
 
 mg_status mg_st_write(const char *path, const mg_st_tensor *t, size_t nt, const mg_st_kv *meta,
-                      size_t nmeta, mg_error *err)
-{
+                      size_t nmeta, mg_error *err) {
     mg_status rc_;
-    if (!path || !path[0])
-        return mg_fail(err, MG_ERR_ARG, "mg_st_write: empty path");
+    if (!path || !path[0]) return mg_fail(err, MG_ERR_ARG, "mg_st_write: empty path");
     char *hdr;
     size_t hlen, *ord;
     uint64_t dlen;
-    if ((rc_ = build_header(t, nt, meta, nmeta, &hdr, &hlen, &ord, &dlen, err)))
-        return rc_;
+    if ((rc_ = build_header(t, nt, meta, nmeta, &hdr, &hlen, &ord, &dlen, err))) return rc_;
     size_t plen = strlen(path);
     char *tmp = malloc(plen + 40);
     if (!tmp) {
@@ -237,8 +219,7 @@ mg_status mg_st_write(const char *path, const mg_st_tensor *t, size_t nt, const 
         const mg_st_tensor *x = &t[ord[k]];
         uint64_t nb = 0;
         mg_st_nbytes(x->shape, x->ndim, mg_st_dtype_size(x->dtype), &nb);
-        if (nb && fwrite(x->data, 1, (size_t)nb, f) != (size_t)nb)
-            ok = 0;
+        if (nb && fwrite(x->data, 1, (size_t)nb, f) != (size_t)nb) ok = 0;
     }
     if (!ok || fflush(f) != 0) {
         int e = errno;
@@ -272,8 +253,7 @@ mg_status mg_st_write(const char *path, const mg_st_tensor *t, size_t nt, const 
         char *dir;
         if (!slash) {
             dir = malloc(2);
-            if (dir)
-                strcpy(dir, ".");
+            if (dir) strcpy(dir, ".");
         } else {
             size_t dl = slash == path ? 1 : (size_t)(slash - path);
             dir = malloc(dl + 1);

@@ -57,7 +57,7 @@ mg_status mg_sampling_check(const mg_sampling *s, mg_error *err) {
     if (!s) return mg_fail(err, MG_ERR_ARG, "sampling settings are NULL");
     if (!(s->temperature >= 0.0f) || !isfinite(s->temperature))
         return mg_fail(err, MG_ERR_ARG, "temperature %g: need a finite value >= 0",
-                    (double)s->temperature);
+                       (double)s->temperature);
     if (s->top_k < 0) return mg_fail(err, MG_ERR_ARG, "top-k %d: need >= 0", s->top_k);
     if (!(s->top_p > 0.0f && s->top_p <= 1.0f))
         return mg_fail(err, MG_ERR_ARG, "top-p %g: need 0 < top-p <= 1", (double)s->top_p);
@@ -155,7 +155,7 @@ struct mg_decoder {
     mg_decode_kind kind;
     mg_model *m;
     int B, n, V, ctx;
-    int *pos;        /* [B] (naive) */
+    int *pos; /* [B] (naive) */
     mg_kv_decoder *kv;
     /* naive */
     int32_t *hist;   /* [B, ctx] tokens so far */
@@ -243,8 +243,8 @@ mg_status mg_decoder_step(mg_decoder *d, const int32_t *tok, float *logits, mg_e
     int L = 0;
     for (int b = 0; b < n; b++) {
         if (d->pos[b] >= ctx)
-            return mg_fail(err, MG_ERR_ARG, "decoder: row %d: position %d is past ctx_len %d",
-                        b, d->pos[b], ctx);
+            return mg_fail(err, MG_ERR_ARG, "decoder: row %d: position %d is past ctx_len %d", b,
+                           d->pos[b], ctx);
         if (d->pos[b] + 1 > L) L = d->pos[b] + 1;
     }
     /* rows shorter than L are key-padded: with the causal mask their
@@ -299,8 +299,8 @@ mg_status mg_sample(mg_model *m, const mg_vocab *v, const mg_sample_opts *o, mg_
     const mg_model_config *c = mg_model_get_config(m);
     const int V = c->vocab_size, ctx = c->ctx_len;
     if (mg_vocab_size(v) != V)
-        return mg_fail(err, MG_ERR_ARG, "vocabulary has %d tokens, the model %d",
-                    mg_vocab_size(v), V);
+        return mg_fail(err, MG_ERR_ARG, "vocabulary has %d tokens, the model %d", mg_vocab_size(v),
+                       V);
     if (V <= MG_NUM_SPECIAL)
         return mg_fail(err, MG_ERR_ARG, "vocabulary of %d tokens has no data tokens", V);
     const size_t n = o->n;
@@ -366,8 +366,8 @@ mg_status mg_sample(mg_model *m, const mg_vocab *v, const mg_sample_opts *o, mg_
             const size_t k = mol[r];
             int t = mg_sample_token(logits + (size_t)r * V, V, &o->sampling, &rng[r]);
             if (t < 0) {
-                rc = mg_fail(err, MG_ERR_NUMERIC, 
-                          "molecule %zu position %d: the logits are not finite", k, len[r] + 1);
+                rc = mg_fail(err, MG_ERR_NUMERIC,
+                             "molecule %zu position %d: the logits are not finite", k, len[r] + 1);
                 goto done;
             }
             int finished = 0;

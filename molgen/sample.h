@@ -110,8 +110,8 @@ int mg_decoder_pos(const mg_decoder *d, int r);
 /* ------------------------------------------------------------ sampling */
 
 typedef struct {
-    size_t n;              /* molecules to generate */
-    int batch;             /* rows decoded together (slots), >= 1 */
+    size_t n;  /* molecules to generate */
+    int batch; /* rows decoded together (slots), >= 1 */
     mg_decode_kind kind;
     mg_sampling sampling;
     uint64_t seed;
@@ -122,12 +122,12 @@ void mg_sample_opts_default(mg_sample_opts *o);
 
 typedef struct {
     size_t n;
-    char **smiles;          /* n decoded strings (owned; "" if EOS came first) */
-    int *ntok;              /* n: tokens before EOS (or ctx_len if truncated) */
-    unsigned char *ended;   /* n: 1 ended by EOS, 0 truncated at ctx_len */
-    size_t truncated;       /* molecules without EOS */
-    int64_t tokens;         /* sum of ntok (+1 per EOS) */
-    double seconds;         /* wall time of the generation */
+    char **smiles;        /* n decoded strings (owned; "" if EOS came first) */
+    int *ntok;            /* n: tokens before EOS (or ctx_len if truncated) */
+    unsigned char *ended; /* n: 1 ended by EOS, 0 truncated at ctx_len */
+    size_t truncated;     /* molecules without EOS */
+    int64_t tokens;       /* sum of ntok (+1 per EOS) */
+    double seconds;       /* wall time of the generation */
     /* private: */
     char *blob_;
 } mg_samples;

@@ -10,8 +10,7 @@
 
 /* Writes the reason into why[n] (when given) and returns 0 (not valid). */
 static int reject(char *why, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int reject(char *why, size_t n, const char *fmt, ...)
-{
+static int reject(char *why, size_t n, const char *fmt, ...) {
     if (why && n > 0) {
         va_list ap;
         va_start(ap, fmt);
@@ -31,39 +30,31 @@ static const char *const k_elements[] = {
     "Pa", "U",  "Np", "Pu", "Am", "Cm", "Bk", "Cf", "Es", "Fm", "Md", "No", "Lr", "Rf", "Db",
     "Sg", "Bh", "Hs", "Mt", "Ds", "Rg", "Cn", "Nh", "Fl", "Mc", "Lv", "Ts", "Og"};
 
-static int is_element(const char *s, int len)
-{
+static int is_element(const char *s, int len) {
     for (size_t i = 0; i < sizeof k_elements / sizeof *k_elements; i++)
         if ((int)strlen(k_elements[i]) == len && strncmp(k_elements[i], s, (size_t)len) == 0)
             return 1;
     return 0;
 }
 
-static int is_digit(char c)
-{
-    return c >= '0' && c <= '9';
-}
+static int is_digit(char c) { return c >= '0' && c <= '9'; }
 
 /* Validate the inside of a bracket atom s[0..len) (without the brackets).
  * Returns 1 or 0 with a reason (pos = offset of the '[' in the SMILES). */
-static int bracket_ok(const char *s, int len, int pos, char *why, size_t n)
-{
+static int bracket_ok(const char *s, int len, int pos, char *why, size_t n) {
     int i = 0;
     while (i < len && is_digit(s[i])) /* isotope */
         i++;
     /* symbol */
-    if (i >= len)
-        return reject(why, n, "position %d: bracket atom without an element symbol", pos);
+    if (i >= len) return reject(why, n, "position %d: bracket atom without an element symbol", pos);
     static const char *const arom2[] = {"se", "as", "te"};
     int sym = 0;
     if (s[i] == '*') {
         sym = 1;
     } else if (s[i] >= 'a' && s[i] <= 'z') {
         for (size_t k = 0; k < 3; k++)
-            if (i + 1 < len && strncmp(s + i, arom2[k], 2) == 0)
-                sym = 2;
-        if (!sym && strchr("bcnops", s[i]))
-            sym = 1;
+            if (i + 1 < len && strncmp(s + i, arom2[k], 2) == 0) sym = 2;
+        if (!sym && strchr("bcnops", s[i])) sym = 1;
     } else if (s[i] >= 'A' && s[i] <= 'Z') {
         if (i + 1 < len && s[i + 1] >= 'a' && s[i + 1] <= 'z' && is_element(s + i, 2))
             sym = 2;
@@ -71,7 +62,8 @@ static int bracket_ok(const char *s, int len, int pos, char *why, size_t n)
             sym = 1;
     }
     if (!sym)
-        return reject(why, n, "position %d: bad element symbol in bracket atom [%.*s]", pos, len, s);
+        return reject(why, n, "position %d: bad element symbol in bracket atom [%.*s]", pos, len,
+                      s);
     i += sym;
     /* chirality */
     if (i < len && s[i] == '@') {
@@ -85,8 +77,7 @@ static int bracket_ok(const char *s, int len, int pos, char *why, size_t n)
             } k_chir[] = {{"TH", 2}, {"AL", 2}, {"SP", 3}, {"TB", 20}, {"OH", 30}};
             int found = -1;
             for (int k = 0; k < 5; k++)
-                if (strncmp(s + i, k_chir[k].cls, 2) == 0)
-                    found = k;
+                if (strncmp(s + i, k_chir[k].cls, 2) == 0) found = k;
             if (found >= 0) {
                 i += 2;
                 int v = 0, nd = 0;
@@ -103,8 +94,7 @@ static int bracket_ok(const char *s, int len, int pos, char *why, size_t n)
     /* hydrogen count */
     if (i < len && s[i] == 'H') {
         i++;
-        if (i < len && is_digit(s[i]))
-            i++;
+        if (i < len && is_digit(s[i])) i++;
     }
     /* charge */
     if (i < len && (s[i] == '+' || s[i] == '-')) {
@@ -128,12 +118,11 @@ static int bracket_ok(const char *s, int len, int pos, char *why, size_t n)
             nd++;
         }
         if (nd == 0)
-            return reject(why, n, "position %d: ':' without a class number in [%.*s]", pos, len,
-                        s);
+            return reject(why, n, "position %d: ':' without a class number in [%.*s]", pos, len, s);
     }
     if (i != len)
         return reject(why, n, "position %d: unexpected '%c' in bracket atom [%.*s]", pos + 1 + i,
-                    s[i], len, s);
+                      s[i], len, s);
     return 1;
 }
 
@@ -158,10 +147,8 @@ typedef struct {
 
 /* Unbracketed aliphatic organic-subset atoms: the largest valence RDKit
  * 2022.09 accepts for a neutral atom written without brackets. */
-static int organic_maxval(const char *t, int len)
-{
-    if (len == 2)
-        return t[0] == 'C' ? 1 /* Cl */ : 1 /* Br */;
+static int organic_maxval(const char *t, int len) {
+    if (len == 2) return t[0] == 'C' ? 1 /* Cl */ : 1 /* Br */;
     switch (t[0]) {
     case 'B': return 3;
     case 'C': return 4;
@@ -177,45 +164,39 @@ static int organic_maxval(const char *t, int len)
 
 /* t[0..len) is the inside of a bracket atom: after the isotope, a lowercase
  * symbol (c, n, o, p, s, se, as, te, b) is aromatic. */
-static int bracket_aromatic(const char *t, int len)
-{
+static int bracket_aromatic(const char *t, int len) {
     int i = 0;
-    while (i < len && is_digit(t[i]))
-        i++;
+    while (i < len && is_digit(t[i])) i++;
     return i < len && t[i] >= 'a' && t[i] <= 'z';
 }
 
 /* t[0..len) is the inside of a bracket atom: is its element el ('O' or
  * 'N'; the aromatic form counts; "Os", "Na", "Nb" ... do not)? */
-static int bracket_is(const char *t, int len, char el)
-{
+static int bracket_is(const char *t, int len, char el) {
     int i = 0;
-    while (i < len && is_digit(t[i]))
-        i++;
-    if (i >= len || (t[i] != el && t[i] != el - 'A' + 'a'))
-        return 0;
-    if (t[i] == el && i + 1 < len && t[i + 1] >= 'a' && t[i + 1] <= 'z')
-        return 0;
+    while (i < len && is_digit(t[i])) i++;
+    if (i >= len || (t[i] != el && t[i] != el - 'A' + 'a')) return 0;
+    if (t[i] == el && i + 1 < len && t[i + 1] >= 'a' && t[i + 1] <= 'z') return 0;
     return 1;
 }
 
-static int bond_order2(char sym)
-{
+static int bond_order2(char sym) {
     switch (sym) {
     case '=': return 4;
     case '#': return 6;
     case '$': return 8;
-    case '-': case '/': case '\\': return 2;
+    case '-':
+    case '/':
+    case '\\': return 2;
     case ':': return 0; /* RDKit accepts "CS:Clc1ccccc1": count nothing */
-    default: return 2; /* implicit: single, or aromatic (>= 1) */
+    default: return 2;  /* implicit: single, or aromatic (>= 1) */
     }
 }
 
 /* Atoms on a cycle: those with an incident bond that is not a bridge
  * (iterative Tarjan low-link; the graph has no parallel edges). Sets
  * inring[a] = 1. Returns 0, or -1 on out-of-memory. */
-static int ring_atoms(int natoms, const bondrec *bonds, int nbonds, unsigned char *inring)
-{
+static int ring_atoms(int natoms, const bondrec *bonds, int nbonds, unsigned char *inring) {
     int *deg = calloc((size_t)natoms + 1, sizeof *deg);
     int *adj = malloc(((size_t)nbonds * 2 + 1) * sizeof *adj); /* edge ids */
     int *disc = malloc(((size_t)natoms + 1) * sizeof *disc);
@@ -232,10 +213,8 @@ static int ring_atoms(int natoms, const bondrec *bonds, int nbonds, unsigned cha
         deg[bonds[e].a + 1]++;
         deg[bonds[e].b + 1]++;
     }
-    for (int a = 0; a < natoms; a++)
-        deg[a + 1] += deg[a]; /* deg[a] = start of a's edges */
-    for (int a = 0; a < natoms; a++)
-        iter[a] = deg[a];
+    for (int a = 0; a < natoms; a++) deg[a + 1] += deg[a]; /* deg[a] = start of a's edges */
+    for (int a = 0; a < natoms; a++) iter[a] = deg[a];
     for (int e = 0; e < nbonds; e++) {
         adj[iter[bonds[e].a]++] = e;
         adj[iter[bonds[e].b]++] = e;
@@ -246,8 +225,7 @@ static int ring_atoms(int natoms, const bondrec *bonds, int nbonds, unsigned cha
     }
     int time = 0;
     for (int r = 0; r < natoms; r++) {
-        if (disc[r] >= 0)
-            continue;
+        if (disc[r] >= 0) continue;
         int top = 0;
         stk[top++] = r;
         disc[r] = low[r] = time++;
@@ -256,8 +234,7 @@ static int ring_atoms(int natoms, const bondrec *bonds, int nbonds, unsigned cha
             int u = stk[top - 1];
             if (iter[u] < deg[u + 1]) {
                 int e = adj[iter[u]++];
-                if (e == pedge[u])
-                    continue;
+                if (e == pedge[u]) continue;
                 int v = bonds[e].a == u ? bonds[e].b : bonds[e].a;
                 if (disc[v] < 0) {
                     disc[v] = low[v] = time++;
@@ -271,8 +248,7 @@ static int ring_atoms(int natoms, const bondrec *bonds, int nbonds, unsigned cha
                 if (pedge[u] >= 0) {
                     int e = pedge[u];
                     int p = bonds[e].a == u ? bonds[e].b : bonds[e].a;
-                    if (low[u] < low[p])
-                        low[p] = low[u];
+                    if (low[u] < low[p]) low[p] = low[u];
                     if (low[u] <= disc[p]) { /* tree edge p-u is not a bridge */
                         inring[u] = 1;
                         inring[p] = 1;
@@ -294,12 +270,9 @@ out:
     return rc;
 }
 
-int mg_smiles_syntax_ok(const char *smiles, char *why, size_t n)
-{
-    if (!smiles)
-        return reject(why, n, "NULL string");
-    if (!smiles[0])
-        return reject(why, n, "empty string");
+int mg_smiles_syntax_ok(const char *smiles, char *why, size_t n) {
+    if (!smiles) return reject(why, n, "NULL string");
+    if (!smiles[0]) return reject(why, n, "empty string");
     {
         mg_error e;
         int ntok = 0;
@@ -320,11 +293,10 @@ int mg_smiles_syntax_ok(const char *smiles, char *why, size_t n)
     }
     int ring_atom[100], ring_pos[100];
     char ring_sym[100];
-    for (int d = 0; d < 100; d++)
-        ring_atom[d] = -1;
+    for (int d = 0; d < 100; d++) ring_atom[d] = -1;
     int nring_open = 0;
     int sp = 0, nbonds = 0, natoms = 0;
-    int cur = -1;            /* the atom new atoms / ring bonds attach to */
+    int cur = -1; /* the atom new atoms / ring bonds attach to */
     int prev = P_NONE;
     int bond_after_open = 0; /* the pending bond came right after '(' */
     char bsym = 0;           /* pending bond symbol, 0 = implicit */
@@ -332,8 +304,7 @@ int mg_smiles_syntax_ok(const char *smiles, char *why, size_t n)
     int pos = 0;
     for (;;) {
         int l = mg_token_len(smiles + pos);
-        if (l == 0)
-            break;
+        if (l == 0) break;
         const char *t = smiles + pos;
         char c = t[0];
         if (c == '[' || (l == 2 && (c == 'C' || c == 'B')) || strchr("BCNOSPFIbcnosp*", c)) {
@@ -412,19 +383,18 @@ int mg_smiles_syntax_ok(const char *smiles, char *why, size_t n)
                 int partner = ring_atom[d];
                 if (partner == cur) {
                     ok = reject(why, n, "position %d: ring closure %d closes on its own atom", pos,
-                              d);
+                                d);
                     break;
                 }
                 for (int k = 0; k < nbonds; k++)
                     if ((bonds[k].a == cur && bonds[k].b == partner) ||
                         (bonds[k].a == partner && bonds[k].b == cur)) {
                         ok = reject(why, n,
-                                  "position %d: ring closure %d duplicates an existing bond", pos,
-                                  d);
+                                    "position %d: ring closure %d duplicates an existing bond", pos,
+                                    d);
                         break;
                     }
-                if (!ok)
-                    break;
+                if (!ok) break;
                 /* the bond symbol may be written at either end; when both
                  * are written RDKit uses one of them: count the smaller */
                 int o1 = bond_order2(bsym);
@@ -491,9 +461,9 @@ int mg_smiles_syntax_ok(const char *smiles, char *why, size_t n)
         else if (nring_open > 0) {
             int first = -1;
             for (int d = 0; d < 100; d++)
-                if (ring_atom[d] >= 0 && (first < 0 || ring_pos[d] < ring_pos[first]))
-                    first = d;
-            ok = reject(why, n, "position %d: ring closure %d never closed", ring_pos[first], first);
+                if (ring_atom[d] >= 0 && (first < 0 || ring_pos[d] < ring_pos[first])) first = d;
+            ok =
+                reject(why, n, "position %d: ring closure %d never closed", ring_pos[first], first);
         }
     }
     if (ok) { /* valence lower bound of unbracketed atoms */
@@ -516,10 +486,11 @@ int mg_smiles_syntax_ok(const char *smiles, char *why, size_t n)
             for (int a = 0; a < natoms && ok; a++) {
                 int mv = dbl_o[a] ? atoms[a].maxval_o : atoms[a].maxval;
                 if (mv && val2[a] > 2 * mv)
-                    ok = reject(why, n, "position %d: %.*s has %d bonds' worth of valence, more "
-                              "than %d",
-                              atoms[a].pos, atoms[a].len, smiles + atoms[a].pos,
-                              (val2[a] + 1) / 2, mv);
+                    ok = reject(why, n,
+                                "position %d: %.*s has %d bonds' worth of valence, more "
+                                "than %d",
+                                atoms[a].pos, atoms[a].len, smiles + atoms[a].pos,
+                                (val2[a] + 1) / 2, mv);
             }
         }
         free(val2);
@@ -527,15 +498,14 @@ int mg_smiles_syntax_ok(const char *smiles, char *why, size_t n)
     }
     if (ok) { /* aromatic atoms must be on a ring */
         int any = 0;
-        for (int a = 0; a < natoms; a++)
-            any |= atoms[a].aromatic;
+        for (int a = 0; a < natoms; a++) any |= atoms[a].aromatic;
         if (any) {
             if (ring_atoms(natoms, bonds, nbonds, inring) != 0)
                 ok = reject(why, n, "out of memory");
             for (int a = 0; a < natoms && ok; a++)
                 if (atoms[a].aromatic && !inring[a])
                     ok = reject(why, n, "position %d: aromatic atom %.*s is not in a ring",
-                              atoms[a].pos, atoms[a].len, smiles + atoms[a].pos);
+                                atoms[a].pos, atoms[a].len, smiles + atoms[a].pos);
         }
     }
     free(stack);

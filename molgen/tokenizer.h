@@ -66,8 +66,8 @@ typedef struct {
  * MG_ERR_TOO_LONG: more than cap tokens; *ntok = the full token count if
  *   the whole string tokenises (so the caller can report the length), spans
  *   holds the first cap. spans may be NULL with cap 0 to just count. */
-mg_status mg_tokenize(const char *smiles, mg_span *spans, int cap, int *ntok,
-                      int *errpos, mg_error *err);
+mg_status mg_tokenize(const char *smiles, mg_span *spans, int cap, int *ntok, int *errpos,
+                      mg_error *err);
 
 /* ------------------------------------------------------------ vocabulary */
 
@@ -76,13 +76,11 @@ typedef struct mg_vocab mg_vocab; /* opaque, immutable once built */
 /* Build from n SMILES strings: every distinct token, sorted by strcmp, after
  * the three specials. Fails (MG_ERR_TOKEN, message "smiles[i] position P:
  * ...") if any string does not tokenise. */
-mg_status mg_vocab_build(const char *const *smiles, size_t n, mg_vocab **out,
-                         mg_error *err);
+mg_status mg_vocab_build(const char *const *smiles, size_t n, mg_vocab **out, mg_error *err);
 
 /* Build from a list of data tokens (duplicates removed, sorted; the three
  * specials must NOT be in the list). Each must be exactly one token. */
-mg_status mg_vocab_from_tokens(const char *const *tokens, size_t n, mg_vocab **out,
-                               mg_error *err);
+mg_status mg_vocab_from_tokens(const char *const *tokens, size_t n, mg_vocab **out, mg_error *err);
 
 void mg_vocab_free(mg_vocab *v); /* NULL is fine */
 
@@ -100,8 +98,8 @@ int mg_vocab_lookup(const mg_vocab *v, const char *tok, int len);
 /* Tokenise + look up (no BOS/EOS added): ids[0..*n). Errors as mg_tokenize,
  * plus MG_ERR_UNKNOWN_TOKEN: "unknown token '[Se]' at position P". With
  * MG_ERR_TOO_LONG, *n = full count as in mg_tokenize. */
-mg_status mg_vocab_encode(const mg_vocab *v, const char *smiles, int32_t *ids,
-                          int cap, int *n, mg_error *err);
+mg_status mg_vocab_encode(const mg_vocab *v, const char *smiles, int32_t *ids, int cap, int *n,
+                          mg_error *err);
 
 /* Decode ids[0..n) into out[outlen] (NUL-terminated): BOS and PAD are
  * skipped, decoding stops at the first EOS; *len (may be NULL) = the string
@@ -118,8 +116,7 @@ char *mg_vocab_to_json(const mg_vocab *v);
 /* Parse what mg_vocab_to_json wrote. Checks: a JSON array of strings, the
  * first three are exactly the specials, no duplicates, every other entry is
  * exactly one SMILES token. Ids are positions in the array (order kept). */
-mg_status mg_vocab_from_json(const char *json, size_t len, mg_vocab **out,
-                             mg_error *err);
+mg_status mg_vocab_from_json(const char *json, size_t len, mg_vocab **out, mg_error *err);
 
 /* 1 if a and b have the same tokens in the same order, else 0. */
 int mg_vocab_equal(const mg_vocab *a, const mg_vocab *b);

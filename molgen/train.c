@@ -55,7 +55,8 @@ static uint64_t step_seed(uint64_t seed, int64_t s) {
 static uint64_t dataset_hash(const mg_dataset *d) {
     uint64_t h = 0xcbf29ce484222325ull;
     const unsigned char *p = (const unsigned char *)d->ids;
-    for (size_t i = 0; i < d->n * (size_t)d->T * sizeof(int32_t); i++) h = (h ^ p[i]) * 0x100000001b3ull;
+    for (size_t i = 0; i < d->n * (size_t)d->T * sizeof(int32_t); i++)
+        h = (h ^ p[i]) * 0x100000001b3ull;
     p = (const unsigned char *)d->lengths;
     for (size_t i = 0; i < d->n * sizeof(int64_t); i++) h = (h ^ p[i]) * 0x100000001b3ull;
     return h;
@@ -90,15 +91,15 @@ typedef struct {
     const mg_train_config *c; /* as given: the RUN settings */
     mg_train_config s;        /* in force: c, with the checkpoint's saved ones on resume */
     int resuming;
-    mg_ckpt ck;               /* model, vocab, optimizer (and what a resume read) */
+    mg_ckpt ck; /* model, vocab, optimizer (and what a resume read) */
     mg_train_state st;
     mg_dataset all, train, val;
-    size_t nv;                /* validation molecules used */
+    size_t nv; /* validation molecules used */
     mg_batcher *batcher;
-    int32_t *bids, *bbuf;     /* [B, T] a batch, and the same trimmed */
-    int64_t *blen;            /* [B] */
+    int32_t *bids, *bbuf; /* [B, T] a batch, and the same trimmed */
+    int64_t *blen;        /* [B] */
     mg_train_result res;
-    double t0, t_val;         /* run start; the last validation's duration */
+    double t0, t_val; /* run start; the last validation's duration */
     double step_time, timed_tokens, loss_ema;
     int64_t timed_steps, start_step;
     int total_known, time_sized;
@@ -131,7 +132,9 @@ static void run_free(run *r) {
 static mg_status check_utf8(const char *what, const char *s, mg_error *err) {
     json_t *j = s ? json_string(s) : NULL;
     json_decref(j);
-    if (s && !j) return mg_fail(err, MG_ERR_ARG, "%s is not valid UTF-8 (checkpoints store it as JSON)", what);
+    if (s && !j)
+        return mg_fail(err, MG_ERR_ARG, "%s is not valid UTF-8 (checkpoints store it as JSON)",
+                       what);
     return MG_OK;
 }
 
@@ -144,18 +147,20 @@ static mg_status setup(run *r, mg_error *err) {
     if (r->resuming) {
         if ((rc = mg_ckpt_load(c->resume_path, &r->ck, err))) return rc;
         for (size_t i = 0; i < MG_TRAIN_NUM_SETTINGS; i++)
-            if (MG_TRAIN_SETTING[i].save == MG_SAVE_CKPT || MG_TRAIN_SETTING[i].save == MG_SAVE_CKPT_NEW)
+            if (MG_TRAIN_SETTING[i].save == MG_SAVE_CKPT ||
+                MG_TRAIN_SETTING[i].save == MG_SAVE_CKPT_NEW)
                 mg_setting_copy(&MG_TRAIN_SETTING[i], &r->s, &r->ck.settings);
         r->s.model = *mg_model_get_config(r->ck.model);
         r->s.optim = r->ck.opt.cfg;
         if (c->data_path) r->s.data_path = c->data_path; /* the content is checked by its hash */
         r->st = r->ck.state;
         if (c->steps > 0 && c->steps < r->st.step)
-            return mg_fail(err, MG_ERR_ARG,
-                           "%s is at step %" PRId64 " of a %" PRId64 "-step schedule: --steps %" PRId64
-                           " is behind it (give more steps than the checkpoint has done, or none to "
-                           "finish its schedule)",
-                           c->resume_path, r->st.step, r->ck.opt.cfg.total_steps, c->steps);
+            return mg_fail(
+                err, MG_ERR_ARG,
+                "%s is at step %" PRId64 " of a %" PRId64 "-step schedule: --steps %" PRId64
+                " is behind it (give more steps than the checkpoint has done, or none to "
+                "finish its schedule)",
+                c->resume_path, r->st.step, r->ck.opt.cfg.total_steps, c->steps);
         say(r, "resuming from %s at step %" PRId64, c->resume_path, r->st.step);
     } else {
         if (!c->data_path) return mg_fail(err, MG_ERR_ARG, "no data file given");
@@ -165,7 +170,8 @@ static mg_status setup(run *r, mg_error *err) {
         r->st.val_loss = NAN;
     }
     if (!c->out_path) return mg_fail(err, MG_ERR_ARG, "no output path given");
-    if ((rc = check_utf8("the data path", r->s.data_path, err)) || (rc = check_utf8("the CSV column", r->s.csv_column, err)))
+    if ((rc = check_utf8("the data path", r->s.data_path, err)) ||
+        (rc = check_utf8("the CSV column", r->s.csv_column, err)))
         return rc;
     return MG_OK;
 }
@@ -177,7 +183,9 @@ static mg_status load_data(run *r, mg_error *err) {
     memset(&lo, 0, sizeof lo);
     lo.csv_column = r->s.csv_column;
     lo.max_tokens = r->s.max_tokens;
-    lo.T = r->resuming ? r->s.model.ctx_len + 1 : r->s.model.ctx_len > 0 ? r->s.model.ctx_len + 1 : 0;
+    lo.T = r->resuming              ? r->s.model.ctx_len + 1
+           : r->s.model.ctx_len > 0 ? r->s.model.ctx_len + 1
+                                    : 0;
     mg_report rep;
     mg_vocab *built = NULL;
     mg_error e;
@@ -194,15 +202,18 @@ static mg_status load_data(run *r, mg_error *err) {
     if (r->resuming && ((uint64_t)r->all.n != r->st.data_rows || h != r->st.data_hash))
         return mg_fail(err, MG_ERR_MISMATCH,
                        "data %s differs from the checkpoint's (%zu molecules vs %" PRIu64
-                       "%s): resume needs the same data", r->s.data_path, r->all.n, r->st.data_rows,
-                       (uint64_t)r->all.n == r->st.data_rows ? ", same count but different content" : "");
+                       "%s): resume needs the same data",
+                       r->s.data_path, r->all.n, r->st.data_rows,
+                       (uint64_t)r->all.n == r->st.data_rows ? ", same count but different content"
+                                                             : "");
     r->st.data_rows = r->all.n;
     r->st.data_hash = h;
     if ((rc = mg_dataset_split(&r->all, r->s.val_frac, r->s.seed, &r->train, &r->val, &e)))
         return mg_fail(err, rc, "%s", e.message);
     if (r->train.n < (size_t)r->s.batch_size)
-        return mg_fail(err, MG_ERR_ARG, "training split has %zu molecules, fewer than the batch size %d",
-                       r->train.n, r->s.batch_size);
+        return mg_fail(err, MG_ERR_ARG,
+                       "training split has %zu molecules, fewer than the batch size %d", r->train.n,
+                       r->s.batch_size);
     r->res.n_train = r->train.n;
     r->res.n_val = r->val.n;
     r->nv = (r->s.val_max > 0 && (size_t)r->s.val_max < r->val.n) ? (size_t)r->s.val_max : r->val.n;
@@ -219,15 +230,16 @@ static mg_status build(run *r, mg_error *err) {
         mg_model_config mc = r->s.model;
         mc.vocab_size = mg_vocab_size(r->ck.vocab);
         mc.ctx_len = r->all.T - 1;
-        if ((rc = mg_model_create(&mc, &r->ck.model, &e))) return mg_fail(err, rc, "model: %s", e.message);
+        if ((rc = mg_model_create(&mc, &r->ck.model, &e)))
+            return mg_fail(err, rc, "model: %s", e.message);
         mg_model_init(r->ck.model, r->s.seed);
         mg_adamw_config oc = r->s.optim;
         oc.total_steps = c->steps > 0 ? c->steps : MG_STEPS_UNSIZED; /* estimated later */
         if ((rc = mg_ckpt_optimizer(r->ck.model, &oc, &r->ck.opt, &e)))
             return mg_fail(err, rc, "optimizer: %s", e.message);
     } else if (c->steps > 0 && c->steps != r->ck.opt.cfg.total_steps) {
-        say(r, "note: schedule length changed from %" PRId64 " to %" PRId64 " steps", r->ck.opt.cfg.total_steps,
-            c->steps);
+        say(r, "note: schedule length changed from %" PRId64 " to %" PRId64 " steps",
+            r->ck.opt.cfg.total_steps, c->steps);
         r->ck.opt.cfg.total_steps = c->steps;
     }
     mg_model_set_threads(r->ck.model, c->threads);
@@ -240,11 +252,13 @@ static mg_status build(run *r, mg_error *err) {
     if (!r->total_known && c->time_limit <= 0)
         return mg_fail(err, MG_ERR_ARG,
                        "%s stopped before its schedule length was known: resume with --steps N or "
-                       "--time-limit SECONDS", c->resume_path);
+                       "--time-limit SECONDS",
+                       c->resume_path);
     if (r->total_known && r->s.val_every < 0) r->s.val_every = auto_val_every(opt->cfg.total_steps);
     if (r->total_known && opt->cfg.warmup_steps > opt->cfg.total_steps / 2 && !r->resuming) {
         opt->cfg.warmup_steps = opt->cfg.total_steps / 10 > 1 ? opt->cfg.total_steps / 10 : 1;
-        say(r, "note: warm-up shortened to %" PRId64 " steps (a tenth of the run)", opt->cfg.warmup_steps);
+        say(r, "note: warm-up shortened to %" PRId64 " steps (a tenth of the run)",
+            opt->cfg.warmup_steps);
     }
     const mg_model_config *mc = mg_model_get_config(r->ck.model);
     r->res.vocab_size = mc->vocab_size;
@@ -254,16 +268,19 @@ static mg_status build(run *r, mg_error *err) {
         "model: %d layers, d_model %d, %d heads, ctx %d, vocab %d, dropout %g: %zu parameters; "
         "%zu train / %zu validation molecules; batch %d; %d thread(s)",
         mc->n_layer, mc->d_model, mc->n_head, mc->ctx_len, mc->vocab_size, (double)mc->dropout,
-        mg_model_num_params(r->ck.model), r->train.n, r->val.n, r->s.batch_size, mg_model_threads(r->ck.model));
+        mg_model_num_params(r->ck.model), r->train.n, r->val.n, r->s.batch_size,
+        mg_model_threads(r->ck.model));
     if (!c->skip_guard && (rc = mg_model_causal_guard(r->ck.model, r->s.seed, &e)))
         return mg_fail(err, rc, "causal-leak guard failed: %s", e.message);
     const int B = r->s.batch_size, T = r->all.T;
-    if ((rc = mg_batcher_new(&r->train, B, r->s.seed, 1, &r->batcher, &e))) return mg_fail(err, rc, "%s", e.message);
+    if ((rc = mg_batcher_new(&r->train, B, r->s.seed, 1, &r->batcher, &e)))
+        return mg_fail(err, rc, "%s", e.message);
     mg_batcher_seek(r->batcher, (uint64_t)r->st.step);
     r->bids = malloc((size_t)B * T * sizeof(int32_t));
     r->bbuf = malloc((size_t)B * T * sizeof(int32_t));
     r->blen = malloc((size_t)B * sizeof(int64_t));
-    if (!r->bids || !r->bbuf || !r->blen) return mg_fail(err, MG_ERR_NOMEM, "out of memory for batches");
+    if (!r->bids || !r->bbuf || !r->blen)
+        return mg_fail(err, MG_ERR_NOMEM, "out of memory for batches");
     return MG_OK;
 }
 
@@ -306,7 +323,8 @@ static void size_schedule(run *r) {
     if (r->time_sized && step % (oc->total_steps / 50 > CAL ? oc->total_steps / 50 : CAL) == 0) {
         const int64_t vals_left =
             r->s.val_every > 0 && r->nv > 0 ? (oc->total_steps - step) / r->s.val_every : 0;
-        const double budget = 0.97 * (limit - (mg_now_s() - r->t0) - r->t_val) - (double)vals_left * r->t_val;
+        const double budget =
+            0.97 * (limit - (mg_now_s() - r->t0) - r->t_val) - (double)vals_left * r->t_val;
         int64_t more = budget > 0 ? (int64_t)(budget / avg_step(r)) : 0;
         oc->total_steps = step + (more > 1 ? more : 1);
     }
@@ -333,11 +351,13 @@ static void size_schedule(run *r) {
         const int64_t k = n_vals > 0 ? (oc->total_steps - step) / n_vals : 0;
         r->s.val_every = n_vals > 0 ? (int)(k < 1 ? 1 : k > INT32_MAX ? INT32_MAX : k) : 0;
     }
-    say(r, "schedule: %" PRId64 " steps fit in the time limit (%.0f ms/step), warm-up %" PRId64, oc->total_steps,
-        1e3 * avg, oc->warmup_steps);
+    say(r, "schedule: %" PRId64 " steps fit in the time limit (%.0f ms/step), warm-up %" PRId64,
+        oc->total_steps, 1e3 * avg, oc->warmup_steps);
 }
 
-static double tok_rate(const run *r) { return r->step_time > 0 ? r->timed_tokens / r->step_time : 0.0; }
+static double tok_rate(const run *r) {
+    return r->step_time > 0 ? r->timed_tokens / r->step_time : 0.0;
+}
 
 /* The progress callback after a step that took dt seconds. */
 static void report_progress(const run *r, double dt, int last) {
@@ -350,8 +370,10 @@ static void report_progress(const run *r, double dt, int last) {
         double tl = r->c->time_limit - (t - r->t0);
         if (!(left <= tl)) left = tl > 0 ? tl : 0;
     }
-    const mg_train_progress p = {r->st.step, r->total_known ? total : 0, r->loss_ema, r->res.val_loss,
-                                 tok_rate(r),  t - r->t0,                 left,        last};
+    const mg_train_progress p = {r->st.step,  r->total_known ? total : 0,
+                                 r->loss_ema, r->res.val_loss,
+                                 tok_rate(r), t - r->t0,
+                                 left,        last};
     r->c->log.progress(r->c->log.user, &p);
 }
 
@@ -384,10 +406,11 @@ static mg_status loop(run *r, mg_stop_reason *why, double *last_val_at, mg_error
         float loss, gnorm, lr;
         int64_t ntok;
         mg_error e;
-        if ((rc = mg_model_forward(model, r->bbuf, r->blen, B, Tb, 1, step_seed(r->s.seed, r->st.step), &loss,
-                                   &ntok, &e)) ||
+        if ((rc = mg_model_forward(model, r->bbuf, r->blen, B, Tb, 1,
+                                   step_seed(r->s.seed, r->st.step), &loss, &ntok, &e)) ||
             (rc = mg_model_backward(model, &e)) ||
-            (rc = mg_adamw_step(opt, mg_model_params(model), mg_model_grads(model), &gnorm, &lr, &e)))
+            (rc = mg_adamw_step(opt, mg_model_params(model), mg_model_grads(model), &gnorm, &lr,
+                                &e)))
             return mg_fail(err, rc, "step %" PRId64 ": %s", r->st.step, e.message);
         r->st.step++;
         const double dt = mg_now_s() - ts0;
@@ -406,13 +429,16 @@ static mg_status loop(run *r, mg_stop_reason *why, double *last_val_at, mg_error
             *last_val_at = (double)r->st.step;
             char el[32];
             mg_fmt_duration(mg_now_s() - r->t0, el, sizeof el);
-            say(r, "step %" PRId64 "/%" PRId64 ": train loss %.4f, val loss %.4f, lr %.2e, %.0f tok/s, %s", r->st.step,
-                r->total_known ? opt->cfg.total_steps : (int64_t)0, r->loss_ema, r->res.val_loss, (double)lr,
-                tok_rate(r), el);
+            say(r,
+                "step %" PRId64 "/%" PRId64
+                ": train loss %.4f, val loss %.4f, lr %.2e, %.0f tok/s, %s",
+                r->st.step, r->total_known ? opt->cfg.total_steps : (int64_t)0, r->loss_ema,
+                r->res.val_loss, (double)lr, tok_rate(r), el);
         }
         if (r->s.ckpt_every > 0 && r->st.step % r->s.ckpt_every == 0 && !last) {
             r->st.val_loss = r->res.val_loss;
-            if ((rc = mg_ckpt_save(r->c->out_path, model, r->ck.vocab, opt, &r->s, &r->st, err))) return rc;
+            if ((rc = mg_ckpt_save(r->c->out_path, model, r->ck.vocab, opt, &r->s, &r->st, err)))
+                return rc;
         }
         report_progress(r, dt, last);
     }
@@ -434,8 +460,8 @@ mg_status mg_train_run(const mg_train_config *c, mg_train_result *result, mg_err
         rc = validate(&r, &r.res.first_val_loss, err);
         r.res.val_loss = r.res.first_val_loss;
         if (!rc)
-            say(&r, "step %" PRId64 ": val loss %.4f (%zu molecules; unigram entropy %.4f)", r.st.step,
-                r.res.first_val_loss, r.nv, r.res.unigram_entropy);
+            say(&r, "step %" PRId64 ": val loss %.4f (%zu molecules; unigram entropy %.4f)",
+                r.st.step, r.res.first_val_loss, r.nv, r.res.unigram_entropy);
     }
     mg_stop_reason why = MG_STOP_DONE;
     double last_val_at = -1;
@@ -453,12 +479,15 @@ mg_status mg_train_run(const mg_train_config *c, mg_train_result *result, mg_err
         r.res.stop = why;
         r.res.seconds = mg_now_s() - r.t0;
         r.res.tokens_per_sec = tok_rate(&r);
-        static const char *const what[] = {"finished", "time limit reached", "interrupted", "stopped as asked"};
+        static const char *const what[] = {"finished", "time limit reached", "interrupted",
+                                           "stopped as asked"};
         char el[32];
         mg_fmt_duration(r.res.seconds, el, sizeof el);
-        say(&r, "%s at step %" PRId64 "/%" PRId64 ": train loss %.4f, val loss %.4f, %.0f tok/s, %s; checkpoint %s",
-            what[why], r.st.step, r.ck.opt.cfg.total_steps, r.loss_ema, r.res.val_loss, r.res.tokens_per_sec, el,
-            c->out_path);
+        say(&r,
+            "%s at step %" PRId64 "/%" PRId64
+            ": train loss %.4f, val loss %.4f, %.0f tok/s, %s; checkpoint %s",
+            what[why], r.st.step, r.ck.opt.cfg.total_steps, r.loss_ema, r.res.val_loss,
+            r.res.tokens_per_sec, el, c->out_path);
     }
     if (result) *result = r.res;
     run_free(&r);

@@ -74,7 +74,7 @@ typedef struct {
 #define MG_DECL_CKPT_NEW(ctype, field) ctype field;
 #define MG_DECL_MODEL(ctype, field)
 #define MG_DECL_OPTIM(ctype, field)
-#define MG_TRAIN_DECL(key, field, kind, cli, arg, def, lo, hi, bounds, save, group, help) \
+#define MG_TRAIN_DECL(key, field, kind, cli, arg, def, lo, hi, bounds, save, group, help)          \
     MG_DECL_##save(MG_CTYPE_##kind, field)
 
 typedef struct {
@@ -94,10 +94,10 @@ void mg_train_config_default(mg_train_config *c);
 mg_status mg_train_config_check(const mg_train_config *c, mg_error *err);
 
 typedef enum {
-    MG_STOP_DONE = 0,       /* reached total steps */
-    MG_STOP_TIME = 1,       /* time limit */
-    MG_STOP_SIGNAL = 2,     /* mg_train_request_stop (SIGINT / SIGTERM) */
-    MG_STOP_AFTER = 3       /* stop_after */
+    MG_STOP_DONE = 0,   /* reached total steps */
+    MG_STOP_TIME = 1,   /* time limit */
+    MG_STOP_SIGNAL = 2, /* mg_train_request_stop (SIGINT / SIGTERM) */
+    MG_STOP_AFTER = 3   /* stop_after */
 } mg_stop_reason;
 
 typedef struct {
@@ -113,8 +113,8 @@ typedef struct {
     double seconds;         /* wall time of this run */
     int64_t tokens;         /* non-pad target tokens trained on in this run */
     mg_stop_reason stop;
-    long skipped;           /* data lines skipped at load */
-    size_t n_train, n_val;  /* molecules */
+    long skipped;          /* data lines skipped at load */
+    size_t n_train, n_val; /* molecules */
     int vocab_size, ctx_len;
 } mg_train_result;
 
@@ -140,19 +140,33 @@ mg_status mg_checkpoint_load(const char *path, mg_model **model, mg_adamw *opt, 
 
 /* The lines of train_settings.h as data, for the code that treats them
  * alike (the command line, --help, the checkpoint's "train" JSON). */
-typedef enum { MG_KIND_STR, MG_KIND_INT, MG_KIND_I64, MG_KIND_U64, MG_KIND_F64, MG_KIND_F32, MG_KIND_FLAG } mg_setting_kind;
-typedef enum { MG_SAVE_RUN, MG_SAVE_CKPT, MG_SAVE_CKPT_NEW, MG_SAVE_MODEL, MG_SAVE_OPTIM } mg_setting_save;
+typedef enum {
+    MG_KIND_STR,
+    MG_KIND_INT,
+    MG_KIND_I64,
+    MG_KIND_U64,
+    MG_KIND_F64,
+    MG_KIND_F32,
+    MG_KIND_FLAG
+} mg_setting_kind;
+typedef enum {
+    MG_SAVE_RUN,
+    MG_SAVE_CKPT,
+    MG_SAVE_CKPT_NEW,
+    MG_SAVE_MODEL,
+    MG_SAVE_OPTIM
+} mg_setting_save;
 enum { MG_CLOSED, MG_OPEN_HI, MG_OPEN_LO, MG_OPEN };
 
 typedef struct {
     const char *key, *cli, *arg, *group, *help;
     mg_setting_kind kind;
     mg_setting_save save;
-    double lo, hi;          /* the range of F64 / F32 values */
-    int64_t ilo, ihi;       /* the range of INT / I64 values */
-    int bounds;             /* MG_CLOSED ... */
-    int flag_default;       /* a FLAG's default (the option sets the opposite) */
-    size_t offset;          /* of the value in mg_train_config */
+    double lo, hi;    /* the range of F64 / F32 values */
+    int64_t ilo, ihi; /* the range of INT / I64 values */
+    int bounds;       /* MG_CLOSED ... */
+    int flag_default; /* a FLAG's default (the option sets the opposite) */
+    size_t offset;    /* of the value in mg_train_config */
 } mg_setting;
 
 extern const mg_setting MG_TRAIN_SETTING[];
@@ -167,7 +181,8 @@ const mg_setting *mg_setting_find(const char *key);
  * kept by pointer) into c and checks its range; a FLAG takes NULL and gets
  * the opposite of its default. MG_ERR_ARG "bad value 'x' for --cli (an
  * integer in [0, 10])". */
-mg_status mg_setting_parse(const mg_setting *s, const char *text, mg_train_config *c, mg_error *err);
+mg_status mg_setting_parse(const mg_setting *s, const char *text, mg_train_config *c,
+                           mg_error *err);
 /* dst's value of s = src's. */
 void mg_setting_copy(const mg_setting *s, mg_train_config *dst, const mg_train_config *src);
 /* The value in c within its range? MG_ERR_ARG "key N is not in [lo, hi]". */
@@ -181,7 +196,8 @@ void mg_setting_range(const mg_setting *s, char *out, size_t n);
  * string is not UTF-8), and back (type and range checked; a string is kept
  * by pointer into v). */
 json_t *mg_setting_to_json(const mg_setting *s, const mg_train_config *c);
-mg_status mg_setting_from_json(const mg_setting *s, const json_t *v, mg_train_config *c, mg_error *err);
+mg_status mg_setting_from_json(const mg_setting *s, const json_t *v, mg_train_config *c,
+                               mg_error *err);
 
 #ifdef __cplusplus
 }

@@ -27,9 +27,20 @@
 #define MG_FLAGDEF_F64(x) 0
 #define MG_FLAGDEF_F32(x) 0
 #define MG_FLAGDEF_FLAG(x) (x)
-#define MG_SETTING_ROW(key, field, kind, cli, arg, def, lo, hi, bounds, save, group, help)          \
-    {#key, cli, arg, group, help, MG_KIND_##kind, MG_SAVE_##save, (double)(lo), (double)(hi),       \
-     MG_ILIM_##kind(lo), MG_ILIM_##kind(hi), bounds, MG_FLAGDEF_##kind(def),                       \
+#define MG_SETTING_ROW(key, field, kind, cli, arg, def, lo, hi, bounds, save, group, help)         \
+    {#key,                                                                                         \
+     cli,                                                                                          \
+     arg,                                                                                          \
+     group,                                                                                        \
+     help,                                                                                         \
+     MG_KIND_##kind,                                                                               \
+     MG_SAVE_##save,                                                                               \
+     (double)(lo),                                                                                 \
+     (double)(hi),                                                                                 \
+     MG_ILIM_##kind(lo),                                                                           \
+     MG_ILIM_##kind(hi),                                                                           \
+     bounds,                                                                                       \
+     MG_FLAGDEF_##kind(def),                                                                       \
      offsetof(mg_train_config, field)},
 
 const mg_setting MG_TRAIN_SETTING[] = {MG_TRAIN_SETTINGS(MG_SETTING_ROW)};
@@ -41,7 +52,7 @@ const size_t MG_TRAIN_NUM_SETTINGS = sizeof MG_TRAIN_SETTING / sizeof MG_TRAIN_S
 #define MG_DEF_CKPT_NEW(field, def) c->field = def;
 #define MG_DEF_MODEL(field, def)
 #define MG_DEF_OPTIM(field, def)
-#define MG_SETTING_DEFAULT(key, field, kind, cli, arg, def, lo, hi, bounds, save, group, help) \
+#define MG_SETTING_DEFAULT(key, field, kind, cli, arg, def, lo, hi, bounds, save, group, help)     \
     MG_DEF_##save(field, def)
 
 void mg_train_config_default(mg_train_config *c) {
@@ -83,21 +94,12 @@ void mg_setting_range(const mg_setting *s, char *out, size_t n) {
     bounds_text(s, b, sizeof b);
     switch (s->kind) {
     case MG_KIND_INT:
-    case MG_KIND_I64:
-        snprintf(out, n, "an integer %s%s", b[0] == '>' ? "" : "in ", b);
-        break;
-    case MG_KIND_U64:
-        snprintf(out, n, "a decimal integer in [0, 2^64)");
-        break;
+    case MG_KIND_I64: snprintf(out, n, "an integer %s%s", b[0] == '>' ? "" : "in ", b); break;
+    case MG_KIND_U64: snprintf(out, n, "a decimal integer in [0, 2^64)"); break;
     case MG_KIND_F64:
-    case MG_KIND_F32:
-        snprintf(out, n, "a number in %s", b);
-        break;
-    case MG_KIND_FLAG:
-        snprintf(out, n, "no value");
-        break;
-    default:
-        snprintf(out, n, "text");
+    case MG_KIND_F32: snprintf(out, n, "a number in %s", b); break;
+    case MG_KIND_FLAG: snprintf(out, n, "no value"); break;
+    default: snprintf(out, n, "text");
     }
 }
 
@@ -105,12 +107,9 @@ void mg_setting_range(const mg_setting *s, char *out, size_t n) {
 static int64_t int_of(const mg_setting *s, const mg_train_config *c) {
     switch (s->kind) {
     case MG_KIND_INT:
-    case MG_KIND_FLAG:
-        return *AT_C(int, s, c);
-    case MG_KIND_I64:
-        return *AT_C(int64_t, s, c);
-    default:
-        return 0;
+    case MG_KIND_FLAG: return *AT_C(int, s, c);
+    case MG_KIND_I64: return *AT_C(int64_t, s, c);
+    default: return 0;
     }
 }
 
@@ -127,7 +126,8 @@ mg_status mg_setting_check(const mg_setting *s, const mg_train_config *c, mg_err
     case MG_KIND_FLAG: {
         const int64_t v = int_of(s, c);
         if (v < s->ilo || v > s->ihi)
-            return mg_fail(err, MG_ERR_ARG, "%s %" PRId64 " is not %s%s", s->key, v, b[0] == '>' ? "" : "in ", b);
+            return mg_fail(err, MG_ERR_ARG, "%s %" PRId64 " is not %s%s", s->key, v,
+                           b[0] == '>' ? "" : "in ", b);
         return MG_OK;
     }
     case MG_KIND_F64:
@@ -135,19 +135,21 @@ mg_status mg_setting_check(const mg_setting *s, const mg_train_config *c, mg_err
         if (!real_in(s, real_of(s, c)))
             return mg_fail(err, MG_ERR_ARG, "%s %g is not in %s", s->key, real_of(s, c), b);
         return MG_OK;
-    default:
-        return MG_OK;
+    default: return MG_OK;
     }
 }
 
 /* s for echoing in a message: cut to 60 characters + "... (LEN chars)". */
 static void echo(const char *s, char *out, size_t n) {
     const size_t len = strlen(s);
-    if (len <= 72) snprintf(out, n, "%s", s);
-    else snprintf(out, n, "%.60s... (%zu chars)", s, len);
+    if (len <= 72)
+        snprintf(out, n, "%s", s);
+    else
+        snprintf(out, n, "%.60s... (%zu chars)", s, len);
 }
 
-mg_status mg_setting_parse(const mg_setting *s, const char *text, mg_train_config *c, mg_error *err) {
+mg_status mg_setting_parse(const mg_setting *s, const char *text, mg_train_config *c,
+                           mg_error *err) {
     if (s->kind == MG_KIND_FLAG) {
         *AT(int, s, c) = !s->flag_default;
         return MG_OK;
@@ -191,15 +193,10 @@ void mg_setting_format(const mg_setting *s, const mg_train_config *c, char *out,
         snprintf(out, n, "%s", v ? v : "(none)");
         break;
     }
-    case MG_KIND_U64:
-        snprintf(out, n, "%" PRIu64, *AT_C(uint64_t, s, c));
-        break;
+    case MG_KIND_U64: snprintf(out, n, "%" PRIu64, *AT_C(uint64_t, s, c)); break;
     case MG_KIND_F64:
-    case MG_KIND_F32:
-        snprintf(out, n, "%g", real_of(s, c));
-        break;
-    default:
-        snprintf(out, n, "%" PRId64, int_of(s, c));
+    case MG_KIND_F32: snprintf(out, n, "%g", real_of(s, c)); break;
+    default: snprintf(out, n, "%" PRId64, int_of(s, c));
     }
 }
 
@@ -214,16 +211,14 @@ json_t *mg_setting_to_json(const mg_setting *s, const mg_train_config *c) {
         snprintf(buf, sizeof buf, "%" PRIu64, *AT_C(uint64_t, s, c));
         return json_string(buf);
     case MG_KIND_F64:
-    case MG_KIND_F32:
-        return json_real(real_of(s, c));
-    case MG_KIND_FLAG:
-        return json_boolean(*AT_C(int, s, c));
-    default:
-        return json_integer((json_int_t)int_of(s, c));
+    case MG_KIND_F32: return json_real(real_of(s, c));
+    case MG_KIND_FLAG: return json_boolean(*AT_C(int, s, c));
+    default: return json_integer((json_int_t)int_of(s, c));
     }
 }
 
-mg_status mg_setting_from_json(const mg_setting *s, const json_t *v, mg_train_config *c, mg_error *err) {
+mg_status mg_setting_from_json(const mg_setting *s, const json_t *v, mg_train_config *c,
+                               mg_error *err) {
     int ok = 0;
     switch (s->kind) {
     case MG_KIND_STR:
@@ -243,8 +238,10 @@ mg_status mg_setting_from_json(const mg_setting *s, const json_t *v, mg_train_co
     case MG_KIND_F64:
     case MG_KIND_F32:
         if ((ok = json_is_number(v) && real_in(s, json_number_value(v)))) {
-            if (s->kind == MG_KIND_F64) *AT(double, s, c) = json_number_value(v);
-            else *AT(float, s, c) = (float)json_number_value(v);
+            if (s->kind == MG_KIND_F64)
+                *AT(double, s, c) = json_number_value(v);
+            else
+                *AT(float, s, c) = (float)json_number_value(v);
         }
         break;
     case MG_KIND_FLAG:
@@ -253,8 +250,10 @@ mg_status mg_setting_from_json(const mg_setting *s, const json_t *v, mg_train_co
     default: {
         const json_int_t x = json_integer_value(v);
         if ((ok = json_is_integer(v) && x >= s->ilo && x <= s->ihi)) {
-            if (s->kind == MG_KIND_INT) *AT(int, s, c) = (int)x;
-            else *AT(int64_t, s, c) = (int64_t)x;
+            if (s->kind == MG_KIND_INT)
+                *AT(int, s, c) = (int)x;
+            else
+                *AT(int64_t, s, c) = (int64_t)x;
         }
     }
     }
@@ -263,10 +262,11 @@ mg_status mg_setting_from_json(const mg_setting *s, const json_t *v, mg_train_co
 }
 
 void mg_setting_copy(const mg_setting *s, mg_train_config *dst, const mg_train_config *src) {
-    static const size_t size[] = {[MG_KIND_STR] = sizeof(const char *), [MG_KIND_INT] = sizeof(int),
-                                  [MG_KIND_I64] = sizeof(int64_t),      [MG_KIND_U64] = sizeof(uint64_t),
-                                  [MG_KIND_F64] = sizeof(double),       [MG_KIND_F32] = sizeof(float),
-                                  [MG_KIND_FLAG] = sizeof(int)};
+    static const size_t size[] = {
+        [MG_KIND_STR] = sizeof(const char *), [MG_KIND_INT] = sizeof(int),
+        [MG_KIND_I64] = sizeof(int64_t),      [MG_KIND_U64] = sizeof(uint64_t),
+        [MG_KIND_F64] = sizeof(double),       [MG_KIND_F32] = sizeof(float),
+        [MG_KIND_FLAG] = sizeof(int)};
     memcpy((char *)dst + s->offset, (const char *)src + s->offset, size[s->kind]);
 }
 

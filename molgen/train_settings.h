@@ -58,79 +58,81 @@
 #define MG_TRAIN_SETTINGS(X)                                                                       \
     X(data, data_path, STR, "data", "FILE", NULL, 0, 0, MG_CLOSED, CKPT, MG_GROUP_DATA,            \
       ".smi (first field per line) or .csv (see --csv-column); default "                           \
-      "$MOLGEN_SHARED_DATA/moses_176k.smi when that is set, else data/moses_20k.smi; with "       \
+      "$MOLGEN_SHARED_DATA/moses_176k.smi when that is set, else data/moses_20k.smi; with "        \
       "--resume it replaces the checkpoint's path (the content must be the same)")                 \
-    X(csv_column, csv_column, STR, "csv-column", "NAME", "smiles", 0, 0, MG_CLOSED, CKPT,           \
+    X(csv_column, csv_column, STR, "csv-column", "NAME", "smiles", 0, 0, MG_CLOSED, CKPT,          \
       MG_GROUP_DATA, "CSV column with the SMILES")                                                 \
-    X(out, out_path, STR, "out", "FILE", NULL, 0, 0, MG_CLOSED, RUN, MG_GROUP_DATA,                 \
+    X(out, out_path, STR, "out", "FILE", NULL, 0, 0, MG_CLOSED, RUN, MG_GROUP_DATA,                \
       "checkpoint written periodically and at the end, atomically (default "                       \
       "out/model.safetensors, or the --resume file)")                                              \
-    X(resume, resume_path, STR, "resume", "FILE", NULL, 0, 0, MG_CLOSED, RUN, MG_GROUP_DATA,        \
-      "continue a checkpoint bit for bit: its model, optimizer, data split and every setting "    \
+    X(resume, resume_path, STR, "resume", "FILE", NULL, 0, 0, MG_CLOSED, RUN, MG_GROUP_DATA,       \
+      "continue a checkpoint bit for bit: its model, optimizer, data split and every setting "     \
       "it keeps")                                                                                  \
     X(max_tokens, max_tokens, INT, "max-tokens", "N", MG_MAX_TOKENS_DEFAULT, 0, 1000000,           \
       MG_CLOSED, CKPT, MG_GROUP_DATA,                                                              \
       "skip molecules longer than N tokens (0 = no limit); skipped lines are reported as "         \
       "file:line")                                                                                 \
-    X(val_frac, val_frac, F64, "val-frac", "X", 0.05, 0, 1, MG_OPEN_HI, CKPT, MG_GROUP_DATA,        \
+    X(val_frac, val_frac, F64, "val-frac", "X", 0.05, 0, 1, MG_OPEN_HI, CKPT, MG_GROUP_DATA,       \
       "validation fraction, split by seed")                                                        \
     X(steps, steps, I64, "steps", "N", 0, 0, MG_STEPS_MAX, MG_CLOSED, RUN, MG_GROUP_LENGTH,        \
       "optimizer steps of the schedule (total, from step 0; 0 = the checkpoint's, or sized from "  \
       "the time limit)")                                                                           \
     X(time_limit, time_limit, F64, "time-limit", "SEC", 0, 0, MG_TIME_LIMIT_MAX, MG_CLOSED, RUN,   \
       MG_GROUP_LENGTH,                                                                             \
-      "wall-clock limit in seconds for this run (0 = none); without --steps the schedule length " \
+      "wall-clock limit in seconds for this run (0 = none); without --steps the schedule length "  \
       "is estimated from 10 timed steps")                                                          \
-    X(n_layer, model.n_layer, INT, "layers", "N", 0, 1, 1024, MG_CLOSED, MODEL, MG_GROUP_MODEL,     \
+    X(n_layer, model.n_layer, INT, "layers", "N", 0, 1, 1024, MG_CLOSED, MODEL, MG_GROUP_MODEL,    \
       "transformer blocks")                                                                        \
-    X(d_model, model.d_model, INT, "d-model", "N", 0, 1, 65536, MG_CLOSED, MODEL, MG_GROUP_MODEL,   \
+    X(d_model, model.d_model, INT, "d-model", "N", 0, 1, 65536, MG_CLOSED, MODEL, MG_GROUP_MODEL,  \
       "width of the residual stream")                                                              \
-    X(n_head, model.n_head, INT, "heads", "N", 0, 1, 65536, MG_CLOSED, MODEL, MG_GROUP_MODEL,       \
+    X(n_head, model.n_head, INT, "heads", "N", 0, 1, 65536, MG_CLOSED, MODEL, MG_GROUP_MODEL,      \
       "attention heads (they divide --d-model)")                                                   \
-    X(ctx_len, model.ctx_len, INT, "ctx-len", "N", 0, 0, 65536, MG_CLOSED, MODEL, MG_GROUP_MODEL,   \
+    X(ctx_len, model.ctx_len, INT, "ctx-len", "N", 0, 0, 65536, MG_CLOSED, MODEL, MG_GROUP_MODEL,  \
       "positions (0 = the longest molecule + 1)")                                                  \
-    X(dropout, model.dropout, F32, "dropout", "X", 0, 0, 1, MG_OPEN_HI, MODEL, MG_GROUP_MODEL,      \
+    X(dropout, model.dropout, F32, "dropout", "X", 0, 0, 1, MG_OPEN_HI, MODEL, MG_GROUP_MODEL,     \
       "embedding, residual and attention dropout")                                                 \
     X(batch_size, batch_size, INT, "batch-size", "N", 32, 1, 1 << 20, MG_CLOSED, CKPT,             \
       MG_GROUP_OPTIM, "molecules per step")                                                        \
-    X(lr, optim.lr, F32, "lr", "X", 0, 0, 10, MG_OPEN, OPTIM, MG_GROUP_OPTIM,                       \
+    X(lr, optim.lr, F32, "lr", "X", 0, 0, 10, MG_OPEN, OPTIM, MG_GROUP_OPTIM,                      \
       "peak learning rate")                                                                        \
-    X(min_lr_frac, optim.min_lr_frac, F32, "min-lr-frac", "X", 0, 0, 1, MG_CLOSED, OPTIM,           \
+    X(min_lr_frac, optim.min_lr_frac, F32, "min-lr-frac", "X", 0, 0, 1, MG_CLOSED, OPTIM,          \
       MG_GROUP_OPTIM, "final learning rate as a fraction of the peak")                             \
     X(warmup_steps, optim.warmup_steps, I64, "warmup", "N", 0, 0, MG_STEPS_MAX, MG_CLOSED, OPTIM,  \
       MG_GROUP_OPTIM, "linear warm-up steps (shortened to a tenth of a short run)")                \
-    X(weight_decay, optim.weight_decay, F32, "weight-decay", "X", 0, 0, 1, MG_OPEN_HI, OPTIM,       \
+    X(weight_decay, optim.weight_decay, F32, "weight-decay", "X", 0, 0, 1, MG_OPEN_HI, OPTIM,      \
       MG_GROUP_OPTIM, "decoupled weight decay of the weight matrices")                             \
-    X(grad_clip, optim.grad_clip, F32, "grad-clip", "X", 0, 0, 1e30, MG_CLOSED, OPTIM,              \
+    X(grad_clip, optim.grad_clip, F32, "grad-clip", "X", 0, 0, 1e30, MG_CLOSED, OPTIM,             \
       MG_GROUP_OPTIM, "global gradient-norm clip (0 = off)")                                       \
-    X(beta1, optim.beta1, F32, "beta1", "X", 0, 0, 1, MG_OPEN_HI, OPTIM, MG_GROUP_OPTIM,            \
+    X(beta1, optim.beta1, F32, "beta1", "X", 0, 0, 1, MG_OPEN_HI, OPTIM, MG_GROUP_OPTIM,           \
       "AdamW's first-moment decay")                                                                \
-    X(beta2, optim.beta2, F32, "beta2", "X", 0, 0, 1, MG_OPEN_HI, OPTIM, MG_GROUP_OPTIM,            \
+    X(beta2, optim.beta2, F32, "beta2", "X", 0, 0, 1, MG_OPEN_HI, OPTIM, MG_GROUP_OPTIM,           \
       "AdamW's second-moment decay")                                                               \
-    X(label_smoothing, label_smoothing, F32, "label-smoothing", "X", 0, 0, 1, MG_OPEN_HI, CKPT_NEW, \
-      MG_GROUP_OPTIM, "training loss against (1 - X) the target + X spread over all tokens")      \
-    X(seed, seed, U64, "seed", "N", 1, 0, 0, MG_CLOSED, CKPT, MG_GROUP_RUN,                         \
+    X(label_smoothing, label_smoothing, F32, "label-smoothing", "X", 0, 0, 1, MG_OPEN_HI,          \
+      CKPT_NEW, MG_GROUP_OPTIM,                                                                    \
+      "training loss against (1 - X) the target + X spread over all tokens")                       \
+    X(seed, seed, U64, "seed", "N", 1, 0, 0, MG_CLOSED, CKPT, MG_GROUP_RUN,                        \
       "init, split, shuffle and dropout seed, decimal in [0, 2^64)")                               \
     X(threads, threads, INT, "threads", "N", 0, 0, MG_MAX_THREADS, MG_CLOSED, RUN, MG_GROUP_RUN,   \
-      "threads (0 = ATTN_NUM_THREADS, else all cores); --resume continues bit for bit with the "  \
+      "threads (0 = ATTN_NUM_THREADS, else all cores); --resume continues bit for bit with the "   \
       "same count")                                                                                \
-    X(val_every, val_every, INT, "val-every", "N", -1, -1, INT32_MAX, MG_CLOSED, CKPT, MG_GROUP_RUN, \
+    X(val_every, val_every, INT, "val-every", "N", -1, -1, INT32_MAX, MG_CLOSED, CKPT,             \
+      MG_GROUP_RUN,                                                                                \
       "validation every N steps (0 = at the end only; -1 = about 10 per run, at most 5% of a "     \
       "time-limited run)")                                                                         \
-    X(val_max, val_max, INT, "val-max", "N", 2000, 0, INT32_MAX, MG_CLOSED, CKPT, MG_GROUP_RUN,     \
+    X(val_max, val_max, INT, "val-max", "N", 2000, 0, INT32_MAX, MG_CLOSED, CKPT, MG_GROUP_RUN,    \
       "validation molecules used (0 = all)")                                                       \
-    X(ckpt_every, ckpt_every, INT, "ckpt-every", "N", 1000, 0, INT32_MAX, MG_CLOSED, CKPT,          \
+    X(ckpt_every, ckpt_every, INT, "ckpt-every", "N", 1000, 0, INT32_MAX, MG_CLOSED, CKPT,         \
       MG_GROUP_RUN, "periodic checkpoint every N steps (0 = off)")                                 \
-    X(progress, progress, FLAG, "no-progress", "", 1, 0, 1, MG_CLOSED, RUN, MG_GROUP_RUN,           \
+    X(progress, progress, FLAG, "no-progress", "", 1, 0, 1, MG_CLOSED, RUN, MG_GROUP_RUN,          \
       "no progress line (validation lines only)")                                                  \
-    X(quiet, quiet, FLAG, "quiet", "", 0, 0, 1, MG_CLOSED, RUN, MG_GROUP_RUN,                       \
+    X(quiet, quiet, FLAG, "quiet", "", 0, 0, 1, MG_CLOSED, RUN, MG_GROUP_RUN,                      \
       "print nothing on stderr except errors")                                                     \
     X(stop_after, stop_after, I64, "stop-after", "N", 0, 0, MG_STEPS_MAX, MG_CLOSED, RUN,          \
       MG_GROUP_TEST, "stop (and checkpoint) once N steps are done (0 = never)")                    \
-    X(no_causal_mask, model.no_causal_mask, FLAG, "debug-no-causal-mask", "", 0, 0, 1, MG_CLOSED,   \
+    X(no_causal_mask, model.no_causal_mask, FLAG, "debug-no-causal-mask", "", 0, 0, 1, MG_CLOSED,  \
       MODEL, MG_GROUP_TEST,                                                                        \
       "build attention WITHOUT the causal mask: the causal-leak guard must refuse to train it")    \
-    X(skip_guard, skip_guard, FLAG, "no-guard", "", 0, 0, 1, MG_CLOSED, RUN, MG_GROUP_TEST,         \
+    X(skip_guard, skip_guard, FLAG, "no-guard", "", 0, 0, 1, MG_CLOSED, RUN, MG_GROUP_TEST,        \
       "skip the causal-leak guard")
 
 #endif /* MG_TRAIN_SETTINGS_H */

@@ -21,9 +21,12 @@ void mg_fmt_duration(double s, char *out, size_t n) {
         return;
     }
     long t = (long)(s + 0.5);
-    if (t >= 3600) snprintf(out, n, "%ldh%02ldm", t / 3600, (t / 60) % 60);
-    else if (t >= 60) snprintf(out, n, "%ldm%02lds", t / 60, t % 60);
-    else snprintf(out, n, "%lds", t);
+    if (t >= 3600)
+        snprintf(out, n, "%ldh%02ldm", t / 3600, (t / 60) % 60);
+    else if (t >= 60)
+        snprintf(out, n, "%ldm%02lds", t / 60, t % 60);
+    else
+        snprintf(out, n, "%lds", t);
 }
 
 int mg_default_threads(void) {
@@ -47,10 +50,14 @@ int mg_utf8_valid(const char *s, size_t n) {
         if (c < 0x80) continue;
         int more;
         unsigned lo = 0x80, hi = 0xBF; /* the allowed range of the second byte */
-        if (c >= 0xC2 && c <= 0xDF) more = 1;
-        else if (c >= 0xE0 && c <= 0xEF) more = 2, lo = c == 0xE0 ? 0xA0 : 0x80, hi = c == 0xED ? 0x9F : 0xBF;
-        else if (c >= 0xF0 && c <= 0xF4) more = 3, lo = c == 0xF0 ? 0x90 : 0x80, hi = c == 0xF4 ? 0x8F : 0xBF;
-        else return 0;
+        if (c >= 0xC2 && c <= 0xDF)
+            more = 1;
+        else if (c >= 0xE0 && c <= 0xEF)
+            more = 2, lo = c == 0xE0 ? 0xA0 : 0x80, hi = c == 0xED ? 0x9F : 0xBF;
+        else if (c >= 0xF0 && c <= 0xF4)
+            more = 3, lo = c == 0xF0 ? 0x90 : 0x80, hi = c == 0xF4 ? 0x8F : 0xBF;
+        else
+            return 0;
         if (end - p < more || *p < lo || *p > hi) return 0;
         for (int k = 0; k < more; k++, p++)
             if ((*p & 0xC0) != 0x80) return 0;

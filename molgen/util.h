@@ -25,7 +25,9 @@ static inline uint64_t mg_mix64(uint64_t z) {
     return z ^ (z >> 31);
 }
 
-static inline uint64_t mg_splitmix64(uint64_t *state) { return mg_mix64(*state += 0x9E3779B97F4A7C15ull); }
+static inline uint64_t mg_splitmix64(uint64_t *state) {
+    return mg_mix64(*state += 0x9E3779B97F4A7C15ull);
+}
 
 double mg_now_s(void);
 

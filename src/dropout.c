@@ -19,8 +19,7 @@ uint64_t attn_dropout_key(uint64_t seed, uint64_t offset) {
     return splitmix64(splitmix64(seed) ^ offset);
 }
 
-void attn_philox_block(uint64_t key, int64_t b, int64_t h, int64_t i, int64_t c,
-                       uint32_t out[4]) {
+void attn_philox_block(uint64_t key, int64_t b, int64_t h, int64_t i, int64_t c, uint32_t out[4]) {
     uint32_t c0 = (uint32_t)c, c1 = (uint32_t)i, c2 = (uint32_t)h, c3 = (uint32_t)b;
     uint32_t k0 = (uint32_t)key, k1 = (uint32_t)(key >> 32);
     for (int r = 0; r < 10; r++) {

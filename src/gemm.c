@@ -39,8 +39,8 @@ static int cuts_exact(int64_t G, int ta, int tb, int64_t K, float *mem) {
     for (int64_t cut = G; cut <= 2 * G; cut += G) {
         const int64_t r[3] = {0, cut, M};
         for (int p = 0; p < 2; p++)
-            cblas_sgemm(CblasRowMajor, oa, ob, (blasint)(r[p + 1] - r[p]), (blasint)N, (blasint)K, 1.0f,
-                        ta ? A + r[p] : A + r[p] * lda, (blasint)lda, B, (blasint)ldb, 0.0f,
+            cblas_sgemm(CblasRowMajor, oa, ob, (blasint)(r[p + 1] - r[p]), (blasint)N, (blasint)K,
+                        1.0f, ta ? A + r[p] : A + r[p] * lda, (blasint)lda, B, (blasint)ldb, 0.0f,
                         Ccut + r[p] * N, (blasint)N);
         if (memcmp(C, Ccut, (size_t)(M * N) * sizeof(float)) != 0) return 0;
     }
@@ -96,8 +96,8 @@ void attn_sgemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, co
         const int64_t r1 = nth == 1 ? M : (id + 1 == nth ? M : blocks * (id + 1) / nth * G);
         if (r1 > r0)
             cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans,
-                        tb ? CblasTrans : CblasNoTrans, (blasint)(r1 - r0), (blasint)N,
-                        (blasint)K, alpha, ta ? A + r0 : A + r0 * lda, (blasint)lda, B,
-                        (blasint)ldb, beta, C + r0 * ldc, (blasint)ldc);
+                        tb ? CblasTrans : CblasNoTrans, (blasint)(r1 - r0), (blasint)N, (blasint)K,
+                        alpha, ta ? A + r0 : A + r0 * lda, (blasint)lda, B, (blasint)ldb, beta,
+                        C + r0 * ldc, (blasint)ldc);
     }
 }

@@ -65,12 +65,14 @@ typedef struct {
     const int64_t *key_lengths; /* [B] or NULL */
     int use_window;
     int64_t window_left, window_right; /* ATTN_UNBOUNDED = no limit */
-    const uint8_t *bmask; int64_t bms[4]; /* bool mask and its strides */
-    const float *amask; int64_t ams[4];   /* additive mask and its strides */
-    int dropout;                          /* nonzero: apply dropout */
-    uint32_t drop_threshold;              /* drop iff philox word < this */
-    float keep_scale;                     /* 1 / (1 - p) */
-    uint64_t drop_key;                    /* Philox key from (seed, offset) */
+    const uint8_t *bmask;
+    int64_t bms[4]; /* bool mask and its strides */
+    const float *amask;
+    int64_t ams[4];          /* additive mask and its strides */
+    int dropout;             /* nonzero: apply dropout */
+    uint32_t drop_threshold; /* drop iff philox word < this */
+    float keep_scale;        /* 1 / (1 - p) */
+    uint64_t drop_key;       /* Philox key from (seed, offset) */
     int threads;
 } attn_problem;
 
@@ -83,19 +85,17 @@ attn_status attn_sdpa_forward_ws(const attn_tensor *q, const attn_tensor *k, con
 
 /* Validate q, k, v, out (and for the backward, grad/dq/dk/dv when non-NULL
  * are checked by the caller with attn_check_same_shape) and fill pr. */
-attn_status attn_sdpa_check(const attn_tensor *q, const attn_tensor *k,
-                            const attn_tensor *v, const attn_tensor *out,
-                            const attn_sdpa_params *p,
-                            attn_problem *pr, attn_error *err);
+attn_status attn_sdpa_check(const attn_tensor *q, const attn_tensor *k, const attn_tensor *v,
+                            const attn_tensor *out, const attn_sdpa_params *p, attn_problem *pr,
+                            attn_error *err);
 attn_status attn_check_tensor(const attn_tensor *t, const char *name, attn_error *err);
-attn_status attn_check_same_shape(const attn_tensor *t, const attn_tensor *like,
-                                  const char *name, const char *like_name,
-                                  attn_error *err);
+attn_status attn_check_same_shape(const attn_tensor *t, const attn_tensor *like, const char *name,
+                                  const char *like_name, attn_error *err);
 
 /* Keys [*lo, *hi) that the structural masks (causal, key padding, window)
  * leave visible to query i of batch b; *lo >= *hi when none. */
-static inline void attn_row_range(const attn_problem *pr, int64_t b, int64_t i,
-                                  int64_t *lo, int64_t *hi) {
+static inline void attn_row_range(const attn_problem *pr, int64_t b, int64_t i, int64_t *lo,
+                                  int64_t *hi) {
     int64_t l = 0, h = pr->Lk;
     int64_t ia = i + pr->Lk - pr->Lq; /* the query's absolute position */
     if (pr->causal && ia + 1 < h) h = ia + 1;
@@ -111,8 +111,7 @@ static inline void attn_row_range(const attn_problem *pr, int64_t b, int64_t i,
 
 /* Philox-4x32-10 block for dropout: the four words decide keys 4c..4c+3 of
  * row (b, h, i). Same inputs, same words, on any thread or tile. */
-void attn_philox_block(uint64_t key, int64_t b, int64_t h, int64_t i, int64_t c,
-                       uint32_t out[4]);
+void attn_philox_block(uint64_t key, int64_t b, int64_t h, int64_t i, int64_t c, uint32_t out[4]);
 uint64_t attn_dropout_key(uint64_t seed, uint64_t offset);
 
 /* Kernels. They trust a validated problem. */
@@ -123,9 +122,8 @@ attn_status attn_sdpa_reference_forward(const attn_problem *pr, const attn_tenso
 attn_status attn_sdpa_reference_backward(const attn_problem *pr, const attn_tensor *q,
                                          const attn_tensor *k, const attn_tensor *v,
                                          const attn_tensor *out, const float *lse,
-                                         const attn_tensor *dout, attn_tensor *dq,
-                                         attn_tensor *dk, attn_tensor *dv,
-                                         attn_error *err);
+                                         const attn_tensor *dout, attn_tensor *dq, attn_tensor *dk,
+                                         attn_tensor *dv, attn_error *err);
 
 /* Row-major C[M,N] = alpha * op(A) op(B) + beta * C through the BLAS, on
  * `threads` threads of the library's own team: rows of C cut at multiples of
@@ -133,18 +131,18 @@ attn_status attn_sdpa_reference_backward(const attn_problem *pr, const attn_tens
  * "Threads and OpenBLAS"); one call with one thread. Bitwise the same C for
  * any thread count (gemm.c). ta/tb nonzero: transpose. */
 int64_t attn_sgemm_row_step(void); /* measured once; 0: products are never split */
-void attn_sgemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
-                const float *A, int64_t lda, const float *B, int64_t ldb,
-                float beta, float *C, int64_t ldc, int threads);
+void attn_sgemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+                int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc,
+                int threads);
 
 /* ---------------------------------------------------------------- fused path
  * Tiled online-softmax kernels (sdpa_fused*.c). One algorithm, compiled for
  * AVX-512F, AVX2+FMA and portable C, chosen at run time. */
 
-#define ATTN_FUSED_QTILE 64       /* query rows per block */
-#define ATTN_FUSED_KTILE 96       /* keys per tile */
-#define FUSED_DECODE_MAXLQ 4      /* Lq at or below this: decode kernel */
-#define FUSED_DECODE_CHUNK 256    /* decode key chunk (doubled until <= 64 chunks) */
+#define ATTN_FUSED_QTILE 64    /* query rows per block */
+#define ATTN_FUSED_KTILE 96    /* keys per tile */
+#define FUSED_DECODE_MAXLQ 4   /* Lq at or below this: decode kernel */
+#define FUSED_DECODE_CHUNK 256 /* decode key chunk (doubled until <= 64 chunks) */
 
 typedef enum { ATTN_ISA_PORTABLE = 0, ATTN_ISA_AVX2 = 1, ATTN_ISA_AVX512 = 2 } attn_isa;
 
@@ -156,9 +154,9 @@ typedef struct {
     const float *lse_in;                /* backward input */
     const attn_tensor *dout;            /* backward */
     attn_tensor *dq, *dk, *dv;          /* backward outputs */
-    int blas; /* nonzero: tile products through OpenBLAS sgemm (measurement only) */
-    float *ws;          /* forward scratch given by the caller (64-byte aligned), */
-    int64_t ws_floats;  /* or NULL: the kernel allocates it */
+    int blas;          /* nonzero: tile products through OpenBLAS sgemm (measurement only) */
+    float *ws;         /* forward scratch given by the caller (64-byte aligned), */
+    int64_t ws_floats; /* or NULL: the kernel allocates it */
 } attn_fused_call;
 
 /* Per instruction set: the kernels, and the scratch floats the forward of
@@ -189,13 +187,13 @@ void attn_sdpa_fused_describe(const attn_problem *pr, int backward, char *buf, s
 /* ws: scratch of ws_floats (>= attn_fused_forward_scratch(pr), 64-byte
  * aligned), or NULL to allocate it in the call. */
 attn_status attn_sdpa_fused_forward(const attn_problem *pr, const attn_tensor *q,
-                                    const attn_tensor *k, const attn_tensor *v,
-                                    attn_tensor *out, float *weights, float *lse,
-                                    float *ws, int64_t ws_floats, attn_error *err);
+                                    const attn_tensor *k, const attn_tensor *v, attn_tensor *out,
+                                    float *weights, float *lse, float *ws, int64_t ws_floats,
+                                    attn_error *err);
 attn_status attn_sdpa_fused_backward(const attn_problem *pr, const attn_tensor *q,
                                      const attn_tensor *k, const attn_tensor *v,
                                      const attn_tensor *out, const float *lse,
-                                     const attn_tensor *dout, attn_tensor *dq,
-                                     attn_tensor *dk, attn_tensor *dv, attn_error *err);
+                                     const attn_tensor *dout, attn_tensor *dq, attn_tensor *dk,
+                                     attn_tensor *dv, attn_error *err);
 
 #endif

@@ -25,7 +25,8 @@ static attn_status check_config(const attn_mha_config *c, mha_dims *d, attn_erro
         return attn_fail(err, ATTN_ERR_SHAPE, "embed_dim %lld is not divisible by num_heads %lld",
                          (long long)c->embed_dim, (long long)c->num_heads);
     if (c->kdim < 0 || c->vdim < 0)
-        return attn_fail(err, ATTN_ERR_SHAPE, "kdim (%lld) and vdim (%lld) must be >= 0 (0: embed_dim)",
+        return attn_fail(err, ATTN_ERR_SHAPE,
+                         "kdim (%lld) and vdim (%lld) must be >= 0 (0: embed_dim)",
                          (long long)c->kdim, (long long)c->vdim);
     d->E = c->embed_dim;
     d->H = c->num_heads;
@@ -46,8 +47,8 @@ attn_status attn_mha_param_count(const attn_mha_config *c, size_t *count, attn_e
     return attn_ok(err);
 }
 
-attn_status attn_mha_weights_from_buffer(const attn_mha_config *c, float *buf,
-                                         attn_mha_weights *w, attn_error *err) {
+attn_status attn_mha_weights_from_buffer(const attn_mha_config *c, float *buf, attn_mha_weights *w,
+                                         attn_error *err) {
     mha_dims d = {0};
     attn_status s = check_config(c, &d, err);
     if (s) return s;
@@ -185,7 +186,8 @@ attn_status attn_mha_forward(const attn_mha_config *c, const attn_mha_weights *w
     if (!query || !key || !value || !out)
         return attn_fail(err, ATTN_ERR_NULL, "query, key, value and out must be non-NULL");
     if (mode != ATTN_WEIGHTS_NONE && mode != ATTN_WEIGHTS_PER_HEAD && mode != ATTN_WEIGHTS_AVERAGE)
-        return attn_fail(err, ATTN_ERR_ARG, "weights mode %d is not an attn_weights_mode", (int)mode);
+        return attn_fail(err, ATTN_ERR_ARG, "weights mode %d is not an attn_weights_mode",
+                         (int)mode);
     if (mode != ATTN_WEIGHTS_NONE && !weights)
         return attn_fail(err, ATTN_ERR_NULL, "weights buffer is NULL but weights were requested");
     const int64_t E = d.E, H = d.H;
@@ -197,19 +199,23 @@ attn_status attn_mha_forward(const attn_mha_config *c, const attn_mha_weights *w
     attn_mha_cache_size(c, B, Lq, Lk, &ncache, NULL);
     float *buf = cache;
     if (!buf && !(buf = malloc(ncache * sizeof(float))))
-        return attn_fail(err, ATTN_ERR_NOMEM, "out of memory for %zu floats of activations", ncache);
+        return attn_fail(err, ATTN_ERR_NOMEM, "out of memory for %zu floats of activations",
+                         ncache);
     float *Qp = buf, *Kp = Qp + B * Lq * E, *Vp = Kp + B * Lk * E, *Ao = Vp + B * Lk * E;
     float *lse = Ao + B * Lq * E;
     float *wtmp = NULL; /* [B, H, Lq, Lk] per-head weights before averaging */
-    if (mode == ATTN_WEIGHTS_AVERAGE && !(wtmp = malloc((size_t)(B * H * Lq * Lk) * sizeof(float)))) {
+    if (mode == ATTN_WEIGHTS_AVERAGE &&
+        !(wtmp = malloc((size_t)(B * H * Lq * Lk) * sizeof(float)))) {
         if (!cache) free(buf);
         return attn_fail(err, ATTN_ERR_NOMEM, "out of memory for per-head weights");
     }
     project(query, B * Lq, E, w->w_q, w->b_q, E, Qp, threads);
     project(key, B * Lk, d.kdim, w->w_k, w->b_k, E, Kp, threads);
     project(value, B * Lk, d.vdim, w->w_v, w->b_v, E, Vp, threads);
-    attn_tensor tq = attn_tensor_blhd(Qp, B, H, Lq, d.Dh), tk = attn_tensor_blhd(Kp, B, H, Lk, d.Dh),
-                tv = attn_tensor_blhd(Vp, B, H, Lk, d.Dh), to = attn_tensor_blhd(Ao, B, H, Lq, d.Dh);
+    attn_tensor tq = attn_tensor_blhd(Qp, B, H, Lq, d.Dh),
+                tk = attn_tensor_blhd(Kp, B, H, Lk, d.Dh),
+                tv = attn_tensor_blhd(Vp, B, H, Lk, d.Dh),
+                to = attn_tensor_blhd(Ao, B, H, Lq, d.Dh);
     float *wout = mode == ATTN_WEIGHTS_PER_HEAD ? weights : wtmp;
     s = attn_sdpa_forward(&tq, &tk, &tv, p, &to, wout, lse, NULL, err);
     if (!s) {
@@ -232,8 +238,8 @@ attn_status attn_mha_forward(const attn_mha_config *c, const attn_mha_weights *w
 attn_status attn_mha_backward(const attn_mha_config *c, const attn_mha_weights *w, int64_t B,
                               int64_t Lq, int64_t Lk, const float *query, const float *key,
                               const float *value, const attn_sdpa_params *p, const float *cache,
-                              const float *grad_out, float *d_query, float *d_key,
-                              float *d_value, const attn_mha_weights *g, attn_error *err) {
+                              const float *grad_out, float *d_query, float *d_key, float *d_value,
+                              const attn_mha_weights *g, attn_error *err) {
     mha_dims d = {0};
     attn_status s = check_config(c, &d, err);
     if (s || (s = check_weights(c, w, "weights", err)) || (s = check_weights(c, g, "grads", err)) ||
@@ -242,7 +248,8 @@ attn_status attn_mha_backward(const attn_mha_config *c, const attn_mha_weights *
     if (!query || !key || !value || !grad_out)
         return attn_fail(err, ATTN_ERR_NULL, "query, key, value and grad_out must be non-NULL");
     if (!cache)
-        return attn_fail(err, ATTN_ERR_STATE, "cache is NULL: run attn_mha_forward with a cache first");
+        return attn_fail(err, ATTN_ERR_STATE,
+                         "cache is NULL: run attn_mha_forward with a cache first");
     const int64_t E = d.E, H = d.H;
     if (p && (p->num_threads < 0 || p->num_threads > ATTN_MAX_THREADS))
         return attn_fail(err, ATTN_ERR_ARG, "num_threads must be in [0, %d], got %d",
@@ -252,7 +259,8 @@ attn_status attn_mha_backward(const attn_mha_config *c, const attn_mha_weights *
     const float *lse = Ao + B * Lq * E;
     /* Scratch: dAo [B, Lq, E], dQp [B, Lq, E], dKp, dVp [B, Lk, E], then
      * project_backward's [max(E, B*max(Lq, Lk)) * max(E, kdim, vdim)]. */
-    const int64_t widest = d.E > d.kdim ? (d.E > d.vdim ? d.E : d.vdim) : (d.kdim > d.vdim ? d.kdim : d.vdim);
+    const int64_t widest =
+        d.E > d.kdim ? (d.E > d.vdim ? d.E : d.vdim) : (d.kdim > d.vdim ? d.kdim : d.vdim);
     const int64_t rows = B * (Lq > Lk ? Lq : Lk);
     float *tmp = malloc((size_t)(2 * B * Lq * E + 2 * B * Lk * E + (rows > E ? rows : E) * widest) *
                         sizeof(float));
@@ -266,13 +274,18 @@ attn_status attn_mha_backward(const attn_mha_config *c, const attn_mha_weights *
                 tk = attn_tensor_blhd((float *)Kp, B, H, Lk, d.Dh),
                 tv = attn_tensor_blhd((float *)Vp, B, H, Lk, d.Dh),
                 to = attn_tensor_blhd((float *)Ao, B, H, Lq, d.Dh),
-                tdo = attn_tensor_blhd(dAo, B, H, Lq, d.Dh), tdq = attn_tensor_blhd(dQp, B, H, Lq, d.Dh),
-                tdk = attn_tensor_blhd(dKp, B, H, Lk, d.Dh), tdv = attn_tensor_blhd(dVp, B, H, Lk, d.Dh);
+                tdo = attn_tensor_blhd(dAo, B, H, Lq, d.Dh),
+                tdq = attn_tensor_blhd(dQp, B, H, Lq, d.Dh),
+                tdk = attn_tensor_blhd(dKp, B, H, Lk, d.Dh),
+                tdv = attn_tensor_blhd(dVp, B, H, Lk, d.Dh);
     s = attn_sdpa_backward(&tq, &tk, &tv, &to, lse, &tdo, p, &tdq, &tdk, &tdv, NULL, err);
     if (!s) {
-        project_backward(query, B * Lq, E, w->w_q, E, dQp, g->w_q, g->b_q, d_query, scratch, threads);
-        project_backward(key, B * Lk, d.kdim, w->w_k, E, dKp, g->w_k, g->b_k, d_key, scratch, threads);
-        project_backward(value, B * Lk, d.vdim, w->w_v, E, dVp, g->w_v, g->b_v, d_value, scratch, threads);
+        project_backward(query, B * Lq, E, w->w_q, E, dQp, g->w_q, g->b_q, d_query, scratch,
+                         threads);
+        project_backward(key, B * Lk, d.kdim, w->w_k, E, dKp, g->w_k, g->b_k, d_key, scratch,
+                         threads);
+        project_backward(value, B * Lk, d.vdim, w->w_v, E, dVp, g->w_v, g->b_v, d_value, scratch,
+                         threads);
     }
     free(tmp);
     return s ? s : attn_ok(err);
@@ -345,8 +358,9 @@ static attn_status kv_plan(const attn_mha_config *c, const attn_mha_kv_shape *s,
     if ((st = check_call(d, s->batch, s->max_step, s->max_step, err))) return st;
     if (!attn_mul64(s->batch, s->max_len, &cache) || !attn_mul64(cache, d->E, &cache) ||
         (uint64_t)cache > SIZE_MAX / 8 / sizeof(float))
-        return attn_fail(err, ATTN_ERR_OVERFLOW, "kv cache of %lld x %lld x %lld floats is too large",
-                         (long long)s->batch, (long long)s->max_len, (long long)d->E);
+        return attn_fail(err, ATTN_ERR_OVERFLOW,
+                         "kv cache of %lld x %lld x %lld floats is too large", (long long)s->batch,
+                         (long long)s->max_len, (long long)d->E);
     step = s->batch * s->max_step * d->E; /* < 2^31 by check_call */
     lay->ws_floats = kv_scratch_bound(d, s, *threads);
     const size_t rows = up64((size_t)s->batch * sizeof(int64_t));
@@ -382,8 +396,9 @@ attn_status attn_mha_kv_init(const attn_mha_config *c, const attn_mha_kv_shape *
     if (st) return st;
     if (!mem || !kv) return attn_fail(err, ATTN_ERR_NULL, "mem and kv must be non-NULL");
     if (bytes < lay.total)
-        return attn_fail(err, ATTN_ERR_NOMEM, "kv cache memory of %zu bytes, needs %zu (attn_mha_kv_bytes)",
-                         bytes, lay.total);
+        return attn_fail(err, ATTN_ERR_NOMEM,
+                         "kv cache memory of %zu bytes, needs %zu (attn_mha_kv_bytes)", bytes,
+                         lay.total);
     char *base = (char *)mem + (64 - (uintptr_t)mem % 64) % 64;
     memset(kv, 0, sizeof *kv);
     kv->len = (int64_t *)(base + lay.len);
@@ -427,8 +442,10 @@ static attn_status step_check(const attn_mha_config *c, const attn_mha_weights *
                              "the step takes no masks or window (its mask is the cache lengths "
                              "and causality)");
         if (p->training && p->dropout_p != 0.0f)
-            return attn_fail(err, ATTN_ERR_ARG, "the step takes no dropout (training with "
-                                                "dropout_p %g)", (double)p->dropout_p);
+            return attn_fail(err, ATTN_ERR_ARG,
+                             "the step takes no dropout (training with "
+                             "dropout_p %g)",
+                             (double)p->dropout_p);
         if (p->impl == ATTN_IMPL_REFERENCE)
             return attn_fail(err, ATTN_ERR_ARG,
                              "the step runs the fused path only (the reference path allocates); "
@@ -496,7 +513,8 @@ attn_status attn_mha_step(const attn_mha_config *c, const attn_mha_weights *w, a
     int uniform = 1;
     for (int64_t b = 0; b < n; b++) {
         for (int64_t i = 0; i < Lq; i++) {
-            const size_t at = (size_t)((b * T + kv->len[b] + i) * E), from = (size_t)((b * Lq + i) * ld);
+            const size_t at = (size_t)((b * T + kv->len[b] + i) * E),
+                         from = (size_t)((b * Lq + i) * ld);
             memcpy(kv->k + at, Kn + from, (size_t)E * sizeof(float));
             memcpy(kv->v + at, Vn + from, (size_t)E * sizeof(float));
         }

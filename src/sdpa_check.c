@@ -20,19 +20,19 @@ attn_status attn_check_tensor(const attn_tensor *t, const char *name, attn_error
             return attn_fail(err, ATTN_ERR_OVERFLOW, "%s: stride %s = INT64_MIN overflows", name,
                              kDimName[d]);
         int64_t s = t->stride[d] < 0 ? -t->stride[d] : t->stride[d], reach;
-        if (!attn_mul64(t->dim[d] - 1, s, &reach) ||
-            !attn_add64(span, reach, &span) || !attn_mul64(count, t->dim[d], &count))
+        if (!attn_mul64(t->dim[d] - 1, s, &reach) || !attn_add64(span, reach, &span) ||
+            !attn_mul64(count, t->dim[d], &count))
             return attn_fail(err, ATTN_ERR_OVERFLOW, "%s: shape [%lld, %lld, %lld, %lld] overflows",
-                             name, (long long)t->dim[0], (long long)t->dim[1],
-                             (long long)t->dim[2], (long long)t->dim[3]);
+                             name, (long long)t->dim[0], (long long)t->dim[1], (long long)t->dim[2],
+                             (long long)t->dim[3]);
     }
     if ((uint64_t)span >= SIZE_MAX / sizeof(float) || (uint64_t)count >= SIZE_MAX / sizeof(float))
         return attn_fail(err, ATTN_ERR_OVERFLOW, "%s: size in bytes overflows size_t", name);
     return ATTN_OK;
 }
 
-attn_status attn_check_same_shape(const attn_tensor *t, const attn_tensor *like,
-                                  const char *name, const char *like_name, attn_error *err) {
+attn_status attn_check_same_shape(const attn_tensor *t, const attn_tensor *like, const char *name,
+                                  const char *like_name, attn_error *err) {
     attn_status s = attn_check_tensor(t, name, err);
     if (s) return s;
     for (int d = 0; d < 4; d++)
@@ -52,19 +52,20 @@ static attn_status check_mask(const attn_mask *m, const char *name, const attn_p
             return attn_fail(err, ATTN_ERR_MASK,
                              "%s of shape [%lld, %lld, %lld, %lld] does not broadcast to "
                              "[B=%lld, H=%lld, Lq=%lld, Lk=%lld] (dims 0-1 may be 1)",
-                             name, (long long)m->dim[0], (long long)m->dim[1],
-                             (long long)m->dim[2], (long long)m->dim[3], (long long)pr->B,
-                             (long long)pr->H, (long long)pr->Lq, (long long)pr->Lk);
+                             name, (long long)m->dim[0], (long long)m->dim[1], (long long)m->dim[2],
+                             (long long)m->dim[3], (long long)pr->B, (long long)pr->H,
+                             (long long)pr->Lq, (long long)pr->Lk);
         strides[d] = m->dim[d] == 1 ? 0 : m->stride[d];
     }
-    attn_tensor probe = {(float *)(uintptr_t)m->data, {m->dim[0], m->dim[1], m->dim[2], m->dim[3]},
+    attn_tensor probe = {(float *)(uintptr_t)m->data,
+                         {m->dim[0], m->dim[1], m->dim[2], m->dim[3]},
                          {strides[0], strides[1], strides[2], strides[3]}};
     return attn_check_tensor(&probe, name, err);
 }
 
 attn_status attn_sdpa_check(const attn_tensor *q, const attn_tensor *k, const attn_tensor *v,
-                            const attn_tensor *out, const attn_sdpa_params *p,
-                            attn_problem *pr, attn_error *err) {
+                            const attn_tensor *out, const attn_sdpa_params *p, attn_problem *pr,
+                            attn_error *err) {
     static const attn_sdpa_params defaults;
     if (!p) p = &defaults;
     attn_status s;
@@ -97,9 +98,8 @@ attn_status attn_sdpa_check(const attn_tensor *q, const attn_tensor *k, const at
     if (!attn_mul64(pr->B, pr->H, &bh) || !attn_mul64(bh, pr->Lq, &rows) ||
         !attn_mul64(rows, pr->Lk, &cells) || (uint64_t)cells >= SIZE_MAX / sizeof(float) ||
         (uint64_t)cells >= (uint64_t)INT64_MAX / sizeof(float))
-        return attn_fail(err, ATTN_ERR_OVERFLOW,
-                         "B*H*Lq*Lk = %lld*%lld*%lld*%lld overflows", (long long)pr->B,
-                         (long long)pr->H, (long long)pr->Lq, (long long)pr->Lk);
+        return attn_fail(err, ATTN_ERR_OVERFLOW, "B*H*Lq*Lk = %lld*%lld*%lld*%lld overflows",
+                         (long long)pr->B, (long long)pr->H, (long long)pr->Lq, (long long)pr->Lk);
     if (pr->Lq > UINT32_MAX || pr->Lk / 4 > UINT32_MAX || pr->H > UINT32_MAX || pr->B > UINT32_MAX)
         return attn_fail(err, ATTN_ERR_OVERFLOW, "a dimension exceeds 2^32");
 
@@ -116,8 +116,9 @@ attn_status attn_sdpa_check(const attn_tensor *q, const attn_tensor *k, const at
     if (p->key_lengths) {
         for (int64_t b = 0; b < pr->B; b++)
             if (p->key_lengths[b] < 0 || p->key_lengths[b] > pr->Lk)
-                return attn_fail(err, ATTN_ERR_MASK, "key_lengths[%lld] = %lld outside [0, Lk=%lld]",
-                                 (long long)b, (long long)p->key_lengths[b], (long long)pr->Lk);
+                return attn_fail(err, ATTN_ERR_MASK,
+                                 "key_lengths[%lld] = %lld outside [0, Lk=%lld]", (long long)b,
+                                 (long long)p->key_lengths[b], (long long)pr->Lk);
         pr->key_lengths = p->key_lengths;
     }
     if (p->use_window) {

@@ -25,9 +25,12 @@ int attn_isa_from_env(const char *e) {
     attn_isa best = isa_detect();
     if (e && *e) {
         attn_isa want = best;
-        if (strcmp(e, "portable") == 0) want = ATTN_ISA_PORTABLE;
-        else if (strcmp(e, "avx2") == 0) want = ATTN_ISA_AVX2;
-        else if (strcmp(e, "avx512") == 0) want = ATTN_ISA_AVX512;
+        if (strcmp(e, "portable") == 0)
+            want = ATTN_ISA_PORTABLE;
+        else if (strcmp(e, "avx2") == 0)
+            want = ATTN_ISA_AVX2;
+        else if (strcmp(e, "avx512") == 0)
+            want = ATTN_ISA_AVX512;
         if (want < best) best = want;
     }
     return (int)best;
@@ -75,8 +78,9 @@ void attn_sdpa_fused_describe(const attn_problem *pr, int backward, char *buf, s
     if (!backward && pr->Lq <= FUSED_DECODE_MAXLQ) {
         int64_t C = FUSED_DECODE_CHUNK;
         while (pr->Lk > 64 * C) C *= 2;
-        snprintf(buf, n, "fused path: %s kernels, decode (Lq=%lld): keys split in %lld-key chunks%s",
-                 isa, (long long)pr->Lq, (long long)C, gemm);
+        snprintf(buf, n,
+                 "fused path: %s kernels, decode (Lq=%lld): keys split in %lld-key chunks%s", isa,
+                 (long long)pr->Lq, (long long)C, gemm);
     } else if (backward) {
         snprintf(buf, n, "fused path: %s kernels, %dx%d tiles, backward %s%s", isa,
                  ATTN_FUSED_QTILE, ATTN_FUSED_KTILE,
@@ -108,9 +112,9 @@ int64_t attn_fused_forward_scratch(const attn_problem *pr) {
 }
 
 attn_status attn_sdpa_fused_forward(const attn_problem *pr, const attn_tensor *q,
-                                    const attn_tensor *k, const attn_tensor *v,
-                                    attn_tensor *out, float *weights, float *lse,
-                                    float *ws, int64_t ws_floats, attn_error *err) {
+                                    const attn_tensor *k, const attn_tensor *v, attn_tensor *out,
+                                    float *weights, float *lse, float *ws, int64_t ws_floats,
+                                    attn_error *err) {
     attn_fused_call c;
     memset(&c, 0, sizeof c);
     c.pr = pr, c.q = q, c.k = k, c.v = v, c.out = out, c.weights = weights, c.lse = lse;
@@ -131,8 +135,8 @@ attn_status attn_sdpa_fused_forward(const attn_problem *pr, const attn_tensor *q
 attn_status attn_sdpa_fused_backward(const attn_problem *pr, const attn_tensor *q,
                                      const attn_tensor *k, const attn_tensor *v,
                                      const attn_tensor *out, const float *lse,
-                                     const attn_tensor *dout, attn_tensor *dq,
-                                     attn_tensor *dk, attn_tensor *dv, attn_error *err) {
+                                     const attn_tensor *dout, attn_tensor *dq, attn_tensor *dk,
+                                     attn_tensor *dv, attn_error *err) {
     attn_fused_call c;
     memset(&c, 0, sizeof c);
     c.pr = pr, c.q = q, c.k = k, c.v = v, c.out = out, c.lse_in = lse, c.dout = dout;

@@ -106,16 +106,16 @@ static void bwd_tile(const kctx *c, const qblock *qb, const bws *w, int64_t b, i
     const int64_t nq = qb->nq, nqv = qb->nqv, nvq = nqv / VL;
     const attn_tensor *K = c->k, *V = c->v;
     float *S = w->S, *dP = w->dP, *Z = w->Z;
-    const int safe = !(qb->finite && rows_finite(K, b, h, j0, nk, Dk) &&
-                       rows_finite(V, b, h, j0, nk, Dv));
+    const int safe =
+        !(qb->finite && rows_finite(K, b, h, j0, nk, Dk) && rows_finite(V, b, h, j0, nk, Dv));
     const int mode = safe ? TILE_SAFE : c->mode;
 
-    const tile_prod ts = {nk, nvq, Dk, row_of(K, b, h, j0), K->stride[2], K->stride[3], qb->qt, nqv,
-                          S, nqv};
+    const tile_prod ts = {nk,  nvq, Dk, row_of(K, b, h, j0), K->stride[2], K->stride[3], qb->qt,
+                          nqv, S,   nqv};
     gemm_d(&ts, pr->scale, c->mode);
     mask_tile(pr, S, nqv, b, h, qb->i0, nq, j0, nk);
-    const tile_prod tp = {nk, nvq, Dv, row_of(V, b, h, j0), V->stride[2], V->stride[3], qb->dot, nqv,
-                          dP, nqv};
+    const tile_prod tp = {nk,  nvq, Dv, row_of(V, b, h, j0), V->stride[2], V->stride[3], qb->dot,
+                          nqv, dP,  nqv};
     gemm_d(&tp, 1.0f, c->mode);
     if (pr->dropout) dropout_tile(pr, Z, nqv, b, h, qb->i0, nq, j0, nk, 0);
     const vf sc = v_set1(pr->scale);
@@ -245,8 +245,9 @@ static attn_status bwd_backward(const kctx *c, const attn_fused_call *call, attn
     s.accn = one ? pr->Lk : KGROUP * FK;
     s.per = s.tile + rup(s.accn * c->dkp, 16) + rup(s.accn * c->dvp, 16);
     s.ws = falloc(pr->threads * s.per);
-    if (!s.ws) return attn_fail(err, ATTN_ERR_NOMEM, "out of memory for %d x %lld scratch floats",
-                                pr->threads, (long long)s.per);
+    if (!s.ws)
+        return attn_fail(err, ATTN_ERR_NOMEM, "out of memory for %d x %lld scratch floats",
+                         pr->threads, (long long)s.per);
     if (one)
         bwd_one_pass(c, call, &bc, &s);
     else

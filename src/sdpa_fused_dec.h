@@ -36,10 +36,10 @@ static inline float dec_dot(const kctx *c, const float *qr, const float *kr, flo
 static void dec_scores(const kctx *c, const float *qr, float *tmp, int64_t b, int64_t h, int64_t i,
                        int64_t a, int64_t e, float *s) {
     const attn_problem *pr = c->pr;
-    const uint8_t *bm = pr->bmask ? pr->bmask + b * pr->bms[0] + h * pr->bms[1] + i * pr->bms[2]
-                                  : NULL;
-    const float *am = pr->amask ? pr->amask + b * pr->ams[0] + h * pr->ams[1] + i * pr->ams[2]
-                                : NULL;
+    const uint8_t *bm =
+        pr->bmask ? pr->bmask + b * pr->bms[0] + h * pr->bms[1] + i * pr->bms[2] : NULL;
+    const float *am =
+        pr->amask ? pr->amask + b * pr->ams[0] + h * pr->ams[1] + i * pr->ams[2] : NULL;
     for (int64_t j = a; j < e; j++) {
         if (bm && !bm[j * pr->bms[3]]) {
             s[j - a] = -INFINITY;
@@ -86,8 +86,7 @@ static void dec_pv(const kctx *c, int64_t b, int64_t h, int64_t a, int64_t n, co
         const vf pv = v_set1(p);
         int64_t d = 0;
         for (; d + VL <= Dv; d += VL) v_store(acc + d, v_fma(pv, v_load(vr + d), v_load(acc + d)));
-        if (d < Dv)
-            v_store(acc + d, v_fma(pv, v_load_n(vr + d, (int)(Dv - d)), v_load(acc + d)));
+        if (d < Dv) v_store(acc + d, v_fma(pv, v_load_n(vr + d, (int)(Dv - d)), v_load(acc + d)));
     }
 }
 
@@ -355,7 +354,8 @@ static void dec_bwd_item_init(const kctx *c, const attn_fused_call *call, float 
     t->orow = carve(&w, Lq * t->ldg), t->sc = carve(&w, Lq * t->lds);
     t->dv_i = carve(&w, Lq), t->ls = carve(&w, Lq);
     t->gk = carve(&w, dkp), t->gv = carve(&w, dvp), t->kt = carve(&w, dkp), t->vt = carve(&w, dvp);
-    t->pdq = pdq_all + (bh * Lq * nch + t->ch) * dkp; /* [rows][nch][dkp]: row bh·Lq + i, chunk ch */
+    t->pdq =
+        pdq_all + (bh * Lq * nch + t->ch) * dkp; /* [rows][nch][dkp]: row bh·Lq + i, chunk ch */
     t->pdq_ld = nch * dkp;
     for (int64_t i = 0; i < Lq; i++) {
         copy_row(t->qr + i * t->ldq, row_of(c->q, t->b, t->h, i), c->q->stride[3], pr->Dk, dkp);

@@ -41,8 +41,9 @@ static void fwd_block_init(const kctx *c, float *ws, int64_t b, int64_t h, int64
 static void fwd_scores(const kctx *c, const fblock *f, int64_t j0, int64_t nk) {
     const attn_problem *pr = c->pr;
     const attn_tensor *K = c->k;
-    const tile_prod t = {nk, f->nvq, pr->Dk, row_of(K, f->b, f->h, j0), K->stride[2], K->stride[3],
-                         f->qt, f->nqv, f->S, f->nqv};
+    const tile_prod t = {nk,           f->nvq,       pr->Dk, row_of(K, f->b, f->h, j0),
+                         K->stride[2], K->stride[3], f->qt,  f->nqv,
+                         f->S,         f->nqv};
     gemm_d(&t, pr->scale, c->mode);
     mask_tile(pr, f->S, f->nqv, f->b, f->h, f->i0, f->nq, j0, nk);
 }
@@ -188,8 +189,9 @@ static attn_status fwd_forward(const kctx *c, const attn_fused_call *call, attn_
     const int nt = pr->threads;
     const int64_t per = fwd_scratch(pr, c->dvp);
     float *ws = call->ws ? call->ws : falloc(nt * per);
-    if (!ws) return attn_fail(err, ATTN_ERR_NOMEM, "out of memory for %d x %lld scratch floats",
-                              nt, (long long)per);
+    if (!ws)
+        return attn_fail(err, ATTN_ERR_NOMEM, "out of memory for %d x %lld scratch floats", nt,
+                         (long long)per);
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
     for (int64_t it = 0; it < items; it++) {
         /* Last blocks of a head first: under a causal mask they are the

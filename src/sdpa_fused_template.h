@@ -99,7 +99,7 @@ static inline float *carve(float **p, int64_t n) {
 typedef struct {
     const attn_problem *pr;
     const attn_tensor *q, *k, *v;
-    int64_t dkp, dvp; /* head sizes rounded up to VL */
+    int64_t dkp, dvp;   /* head sizes rounded up to VL */
     int k_rows, v_rows; /* K / V rows usable in place as a B operand */
     int mode;           /* tile products of finite tiles: TILE_OWN or TILE_BLAS */
 } kctx;
@@ -140,12 +140,10 @@ static void mask_tile(const attn_problem *pr, float *S, int64_t ld, int64_t b, i
     if (pr->amask || pr->bmask) {
         for (int64_t i = 0; i < nq; i++) {
             const int64_t ig = i0 + i;
-            const float *am = pr->amask ? pr->amask + b * pr->ams[0] + h * pr->ams[1] +
-                                              ig * pr->ams[2]
-                                        : NULL;
-            const uint8_t *bm = pr->bmask ? pr->bmask + b * pr->bms[0] + h * pr->bms[1] +
-                                                ig * pr->bms[2]
-                                          : NULL;
+            const float *am =
+                pr->amask ? pr->amask + b * pr->ams[0] + h * pr->ams[1] + ig * pr->ams[2] : NULL;
+            const uint8_t *bm =
+                pr->bmask ? pr->bmask + b * pr->bms[0] + h * pr->bms[1] + ig * pr->bms[2] : NULL;
             for (int64_t j = 0; j < nk; j++) {
                 float *s = S + j * ld + i;
                 if (bm && !bm[(j0 + j) * pr->bms[3]])
@@ -222,9 +220,8 @@ static void pack_transposed(float *dst, int64_t ld, const attn_tensor *t, int64_
 
 /* B operand of key rows [j0, j0 + nk) of K or V: in place when the rows are
  * contiguous and D is a multiple of VL, else packed into buf. */
-static const float *key_rows(const attn_tensor *t, int in_place, int64_t b, int64_t h,
-                             int64_t j0, int64_t nk, int64_t D, int64_t Dp, float *buf,
-                             int64_t *ld) {
+static const float *key_rows(const attn_tensor *t, int in_place, int64_t b, int64_t h, int64_t j0,
+                             int64_t nk, int64_t D, int64_t Dp, float *buf, int64_t *ld) {
     if (in_place) {
         *ld = t->stride[2];
         return row_of(t, b, h, j0);
@@ -259,8 +256,8 @@ static int rows_finite(const attn_tensor *t, int64_t b, int64_t h, int64_t l0, i
 
 static const float kNegInf = -INFINITY;
 
-static void write_rows(const attn_tensor *t, int64_t b, int64_t h, int64_t l0, int64_t n,
-                       int64_t D, const float *src, int64_t ld) {
+static void write_rows(const attn_tensor *t, int64_t b, int64_t h, int64_t l0, int64_t n, int64_t D,
+                       const float *src, int64_t ld) {
     const int64_t sd = t->stride[3];
     for (int64_t i = 0; i < n; i++) {
         float *r = row_mut(t, b, h, l0 + i);

@@ -33,9 +33,8 @@ enum {
 #ifndef UKR_KB
 #define UKR_KB 32 /* K block of the products over d (S, dP) */
 #endif
-static inline __attribute__((always_inline)) void ukr_body(const int MR, const int NV,
-                                                           const tile_prod *t, int acc,
-                                                           float alpha, int64_t kb) {
+static inline __attribute__((always_inline)) void
+ukr_body(const int MR, const int NV, const tile_prod *t, int acc, float alpha, int64_t kb) {
     const int64_t K = t->K, ars = t->ars, aks = t->aks, ldb = t->ldb, ldc = t->ldc;
     const float *A = t->A, *B = t->B;
     float *C = t->C;
@@ -47,30 +46,31 @@ static inline __attribute__((always_inline)) void ukr_body(const int MR, const i
         vf c[6][4];
         UNROLL for (int r = 0; r < MR; r++) UNROLL for (int v = 0; v < NV; v++) c[r][v] = v_zero();
         if (acc && k0 == 0) {
-            UNROLL for (int r = 0; r < MR; r++) UNROLL for (int v = 0; v < NV; v++)
-                c[r][v] = v_load(C + r * ldc + v * VL);
+            UNROLL for (int r = 0; r < MR; r++) UNROLL for (int v = 0; v < NV; v++) c[r][v] =
+                v_load(C + r * ldc + v * VL);
         }
         for (int64_t k = k0; k < k1; k++) {
             vf b[4];
             UNROLL for (int v = 0; v < NV; v++) b[v] = v_load(B + v * VL);
             B += ldb;
             const int64_t o = k * aks;
-#define UKR_ROW(r, ap)                                                                       \
-    if (MR > r) {                                                                            \
-        const vf ar = v_set1(ap[o]);                                                         \
-        UNROLL for (int v = 0; v < NV; v++) c[r][v] = v_fma(ar, b[v], c[r][v]);              \
+#define UKR_ROW(r, ap)                                                                             \
+    if (MR > r) {                                                                                  \
+        const vf ar = v_set1(ap[o]);                                                               \
+        UNROLL for (int v = 0; v < NV; v++) c[r][v] = v_fma(ar, b[v], c[r][v]);                    \
     }
-            UKR_ROW(0, a0) UKR_ROW(1, a1) UKR_ROW(2, a2) UKR_ROW(3, a3) UKR_ROW(4, a4) UKR_ROW(5, a5)
+            UKR_ROW(0, a0)
+            UKR_ROW(1, a1) UKR_ROW(2, a2) UKR_ROW(3, a3) UKR_ROW(4, a4) UKR_ROW(5, a5)
 #undef UKR_ROW
         }
         if (k0 > 0) {
-            UNROLL for (int r = 0; r < MR; r++) UNROLL for (int v = 0; v < NV; v++)
-                c[r][v] = v_add(v_load(C + r * ldc + v * VL), c[r][v]);
+            UNROLL for (int r = 0; r < MR; r++) UNROLL for (int v = 0; v < NV; v++) c[r][v] =
+                v_add(v_load(C + r * ldc + v * VL), c[r][v]);
         }
         if (!acc && k1 == K) {
             const vf al = v_set1(alpha);
-            UNROLL for (int r = 0; r < MR; r++) UNROLL for (int v = 0; v < NV; v++)
-                c[r][v] = v_mul(c[r][v], al);
+            UNROLL for (int r = 0; r < MR; r++) UNROLL for (int v = 0; v < NV; v++) c[r][v] =
+                v_mul(c[r][v], al);
         }
         UNROLL for (int r = 0; r < MR; r++) UNROLL for (int v = 0; v < NV; v++)
             v_store(C + r * ldc + v * VL, c[r][v]);
@@ -79,9 +79,9 @@ static inline __attribute__((always_inline)) void ukr_body(const int MR, const i
 }
 
 typedef void (*ukr_fn)(const tile_prod *, int, float, int64_t);
-#define UKR_DEF(MR, NV)                                                                      \
-    static void ukr_##MR##_##NV(const tile_prod *t, int acc, float alpha, int64_t kb) {      \
-        ukr_body(MR, NV, t, acc, alpha, kb);                                                 \
+#define UKR_DEF(MR, NV)                                                                            \
+    static void ukr_##MR##_##NV(const tile_prod *t, int acc, float alpha, int64_t kb) {            \
+        ukr_body(MR, NV, t, acc, alpha, kb);                                                       \
     }
 #define UKR_DEF_ROW(MR) UKR_DEF(MR, 1) UKR_DEF(MR, 2) UKR_DEF(MR, 3) UKR_DEF(MR, 4)
 UKR_DEF_ROW(1)
@@ -90,7 +90,8 @@ UKR_DEF_ROW(3)
 UKR_DEF_ROW(4)
 UKR_DEF_ROW(5)
 UKR_DEF_ROW(6)
-#define UKR_ROWFN(MR) {ukr_##MR##_1, ukr_##MR##_2, ukr_##MR##_3, ukr_##MR##_4}
+#define UKR_ROWFN(MR)                                                                              \
+    { ukr_##MR##_1, ukr_##MR##_2, ukr_##MR##_3, ukr_##MR##_4 }
 static const ukr_fn ukr_tab[6][4] = {UKR_ROWFN(1), UKR_ROWFN(2), UKR_ROWFN(3),
                                      UKR_ROWFN(4), UKR_ROWFN(5), UKR_ROWFN(6)};
 

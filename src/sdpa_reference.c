@@ -50,7 +50,8 @@ static inline float score(const attn_problem *pr, const attn_tensor *q, const at
     if (pr->bmask && !pr->bmask[b * pr->bms[0] + h * pr->bms[1] + i * pr->bms[2] + j * pr->bms[3]])
         return -INFINITY;
     float s = pr->scale * dot(at(q, b, h, i), q->stride[3], at(k, b, h, j), k->stride[3], pr->Dk);
-    if (pr->amask) s += pr->amask[b * pr->ams[0] + h * pr->ams[1] + i * pr->ams[2] + j * pr->ams[3]];
+    if (pr->amask)
+        s += pr->amask[b * pr->ams[0] + h * pr->ams[1] + i * pr->ams[2] + j * pr->ams[3]];
     return s;
 }
 
@@ -70,7 +71,9 @@ attn_status attn_sdpa_reference_forward(const attn_problem *pr, const attn_tenso
     float *scratch = NULL; /* [threads, Lk] score rows when weights are not wanted */
     if (!weights) {
         scratch = malloc((size_t)nt * (size_t)Lk * sizeof(float));
-        if (!scratch) return attn_fail(err, ATTN_ERR_NOMEM, "out of memory for %d x %lld scores", nt, (long long)Lk);
+        if (!scratch)
+            return attn_fail(err, ATTN_ERR_NOMEM, "out of memory for %d x %lld scores", nt,
+                             (long long)Lk);
     }
     const int64_t rows = B * H * Lq;
 #pragma omp parallel for num_threads(nt) schedule(static)
@@ -96,12 +99,14 @@ attn_status attn_sdpa_reference_forward(const attn_problem *pr, const attn_tenso
         }
         if (nan || m == INFINITY) { /* poisoned row: NaN out, weights and lse */
             for (int64_t d = 0; d < Dv; d++) o[d * so] = NAN;
-            if (weights) for (int64_t j = lo; j < hi; j++) s[j] = NAN;
+            if (weights)
+                for (int64_t j = lo; j < hi; j++) s[j] = NAN;
             if (lse) lse[r] = NAN;
             continue;
         }
         if (m == -INFINITY) { /* no visible key: zeros, lse -inf */
-            if (weights) for (int64_t j = lo; j < hi; j++) s[j] = 0.0f;
+            if (weights)
+                for (int64_t j = lo; j < hi; j++) s[j] = 0.0f;
             if (lse) lse[r] = -INFINITY;
             continue;
         }
@@ -126,12 +131,13 @@ attn_status attn_sdpa_reference_forward(const attn_problem *pr, const attn_tenso
 attn_status attn_sdpa_reference_backward(const attn_problem *pr, const attn_tensor *q,
                                          const attn_tensor *k, const attn_tensor *v,
                                          const attn_tensor *out, const float *lse,
-                                         const attn_tensor *dout, attn_tensor *dq,
-                                         attn_tensor *dk, attn_tensor *dv, attn_error *err) {
+                                         const attn_tensor *dout, attn_tensor *dq, attn_tensor *dk,
+                                         attn_tensor *dv, attn_error *err) {
     (void)err;
     const int64_t B = pr->B, H = pr->H, Lq = pr->Lq, Lk = pr->Lk, Dk = pr->Dk, Dv = pr->Dv;
     const int64_t sq = q->stride[3], sk = k->stride[3], sv = v->stride[3], so = out->stride[3];
-    const int64_t sdo = dout->stride[3], sdq = dq->stride[3], sdk = dk->stride[3], sdv = dv->stride[3];
+    const int64_t sdo = dout->stride[3], sdq = dq->stride[3], sdk = dk->stride[3],
+                  sdv = dv->stride[3];
     /* One (b, h) per task: its dK, dV rows are written by that thread only. */
 #pragma omp parallel for num_threads(pr->threads) schedule(dynamic, 1)
     for (int64_t bh = 0; bh < B * H; bh++) {

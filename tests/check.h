@@ -13,18 +13,18 @@
 
 static int tu_pass, tu_fail;
 
-#define TU_CHECK_(cond, has_msg, ...)                                                     \
-    do {                                                                                  \
-        if (cond) {                                                                       \
-            tu_pass++;                                                                    \
-        } else {                                                                          \
-            if (tu_fail++ < 40) {                                                         \
-                fprintf(stderr, "%s:%d: CHECK(%s) failed%s", __FILE__, __LINE__, #cond,  \
-                        (has_msg) ? ": " : "");                                           \
-                fprintf(stderr, __VA_ARGS__);                                             \
-                fputc('\n', stderr);                                                      \
-            }                                                                             \
-        }                                                                                 \
+#define TU_CHECK_(cond, has_msg, ...)                                                              \
+    do {                                                                                           \
+        if (cond) {                                                                                \
+            tu_pass++;                                                                             \
+        } else {                                                                                   \
+            if (tu_fail++ < 40) {                                                                  \
+                fprintf(stderr, "%s:%d: CHECK(%s) failed%s", __FILE__, __LINE__, #cond,            \
+                        (has_msg) ? ": " : "");                                                    \
+                fprintf(stderr, __VA_ARGS__);                                                      \
+                fputc('\n', stderr);                                                               \
+            }                                                                                      \
+        }                                                                                          \
     } while (0)
 #define TU_CHECK1_(cond) TU_CHECK_(cond, 0, "%s", "")
 #define TU_CHECKM_(cond, ...) TU_CHECK_(cond, 1, __VA_ARGS__)

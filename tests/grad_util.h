@@ -27,8 +27,8 @@ typedef struct {
     size_t n;
 } gu_view;
 
-static inline gu_view gu_make_view(int lay, int64_t B, int64_t H, int64_t L, int64_t D, float fill)
-{
+static inline gu_view gu_make_view(int lay, int64_t B, int64_t H, int64_t L, int64_t D,
+                                   float fill) {
     gu_view v;
     int64_t *dim = v.t.dim, *st = v.t.stride;
     dim[0] = B, dim[1] = H, dim[2] = L, dim[3] = D;
@@ -42,20 +42,16 @@ static inline gu_view gu_make_view(int lay, int64_t B, int64_t H, int64_t L, int
     case GU_INNER2: /* every other float, heads outermost */
         st[3] = 2, st[2] = 2 * D + 1, st[0] = L * st[2], st[1] = B * st[0];
         break;
-    default:
-        st[3] = 1, st[2] = D, st[1] = L * D, st[0] = H * L * D;
-        break;
+    default: st[3] = 1, st[2] = D, st[1] = L * D, st[0] = H * L * D; break;
     }
     v.n = tu_span(dim, st);
     v.buf = tu_malloc(v.n * sizeof(float));
-    for (size_t i = 0; i < v.n; i++)
-        v.buf[i] = fill;
+    for (size_t i = 0; i < v.n; i++) v.buf[i] = fill;
     v.t.data = v.buf;
     return v;
 }
 
-static inline void gu_fill_view(gu_view *v, tu_rng *r, float lo, float hi)
-{
+static inline void gu_fill_view(gu_view *v, tu_rng *r, float lo, float hi) {
     const attn_tensor *t = &v->t;
     for (int64_t b = 0; b < t->dim[0]; b++)
         for (int64_t h = 0; h < t->dim[1]; h++)
@@ -65,19 +61,16 @@ static inline void gu_fill_view(gu_view *v, tu_rng *r, float lo, float hi)
 }
 
 /* Number of buffer floats outside the view that no longer hold `fill`. */
-static inline size_t gu_gaps_touched(const gu_view *v, float fill)
-{
+static inline size_t gu_gaps_touched(const gu_view *v, float fill) {
     unsigned char *in = tu_malloc(v->n);
     memset(in, 0, v->n);
     const attn_tensor *t = &v->t;
     for (int64_t b = 0; b < t->dim[0]; b++)
         for (int64_t h = 0; h < t->dim[1]; h++)
             for (int64_t l = 0; l < t->dim[2]; l++)
-                for (int64_t d = 0; d < t->dim[3]; d++)
-                    in[tu_off(t, b, h, l, d)] = 1;
+                for (int64_t d = 0; d < t->dim[3]; d++) in[tu_off(t, b, h, l, d)] = 1;
     size_t bad = 0;
-    for (size_t i = 0; i < v->n; i++)
-        bad += !in[i] && memcmp(&v->buf[i], &fill, sizeof fill) != 0;
+    for (size_t i = 0; i < v->n; i++) bad += !in[i] && memcmp(&v->buf[i], &fill, sizeof fill) != 0;
     free(in);
     return bad;
 }
@@ -88,8 +81,7 @@ typedef struct {
     int64_t B, H, Lq, Lk, Dk, Dv;
 } gu_dims;
 
-static inline double gu_scale(const attn_sdpa_params *p, int64_t Dk)
-{
+static inline double gu_scale(const attn_sdpa_params *p, int64_t Dk) {
     return p->use_scale ? (double)p->scale : 1.0 / sqrt((double)Dk);
 }
 
@@ -98,8 +90,7 @@ static inline double gu_scale(const attn_sdpa_params *p, int64_t Dk)
  * visible (P all 0). */
 static inline int gu_row_softmax(const gu_dims *d, const double *q, const double *k,
                                  const attn_sdpa_params *p, int64_t b, int64_t h, int64_t i,
-                                 double *P)
-{
+                                 double *P) {
     const int64_t bh = b * d->H + h;
     const double scale = gu_scale(p, d->Dk);
     const double *qi = q + (bh * d->Lq + i) * d->Dk;
@@ -107,25 +98,20 @@ static inline int gu_row_softmax(const gu_dims *d, const double *q, const double
     int any = 0;
     for (int64_t j = 0; j < d->Lk; j++) {
         P[j] = -INFINITY;
-        if (!ref_visible(p, b, h, i, j, d->Lq, d->Lk))
-            continue;
+        if (!ref_visible(p, b, h, i, j, d->Lq, d->Lk)) continue;
         const double *kj = k + (bh * d->Lk + j) * d->Dk;
         double s = 0.0;
-        for (int64_t x = 0; x < d->Dk; x++)
-            s += qi[x] * kj[x];
+        for (int64_t x = 0; x < d->Dk; x++) s += qi[x] * kj[x];
         s *= scale;
         if (p->add_mask)
             s += (double)((const float *)p->add_mask->data)[ref_mask_off(p->add_mask, b, h, i, j)];
-        if (s == -INFINITY)
-            continue;
+        if (s == -INFINITY) continue;
         P[j] = s;
         any = 1;
-        if (s > m)
-            m = s;
+        if (s > m) m = s;
     }
     if (!any) {
-        for (int64_t j = 0; j < d->Lk; j++)
-            P[j] = 0.0;
+        for (int64_t j = 0; j < d->Lk; j++) P[j] = 0.0;
         return 0;
     }
     double sum = 0.0;
@@ -133,33 +119,27 @@ static inline int gu_row_softmax(const gu_dims *d, const double *q, const double
         P[j] = P[j] == -INFINITY ? 0.0 : exp(P[j] - m);
         sum += P[j];
     }
-    for (int64_t j = 0; j < d->Lk; j++)
-        P[j] /= sum;
+    for (int64_t j = 0; j < d->Lk; j++) P[j] /= sum;
     return 1;
 }
 
 /* O = (P ∘ mult) V with contiguous [B,H,L,D] doubles; mult [B,H,Lq,Lk] or
  * NULL (no dropout). */
 static inline void gu_sdpa_fwd(const gu_dims *d, const double *q, const double *k, const double *v,
-                               const attn_sdpa_params *p, const double *mult, double *out)
-{
+                               const attn_sdpa_params *p, const double *mult, double *out) {
     double *P = tu_malloc((size_t)d->Lk * sizeof(double));
     for (int64_t b = 0; b < d->B; b++)
         for (int64_t h = 0; h < d->H; h++)
             for (int64_t i = 0; i < d->Lq; i++) {
                 const int64_t bh = b * d->H + h, row = bh * d->Lq + i;
                 double *o = out + row * d->Dv;
-                for (int64_t x = 0; x < d->Dv; x++)
-                    o[x] = 0.0;
-                if (!gu_row_softmax(d, q, k, p, b, h, i, P))
-                    continue;
+                for (int64_t x = 0; x < d->Dv; x++) o[x] = 0.0;
+                if (!gu_row_softmax(d, q, k, p, b, h, i, P)) continue;
                 for (int64_t j = 0; j < d->Lk; j++) {
                     const double w = P[j] * (mult ? mult[row * d->Lk + j] : 1.0);
-                    if (w == 0.0)
-                        continue;
+                    if (w == 0.0) continue;
                     const double *vj = v + (bh * d->Lk + j) * d->Dv;
-                    for (int64_t x = 0; x < d->Dv; x++)
-                        o[x] += w * vj[x];
+                    for (int64_t x = 0; x < d->Dv; x++) o[x] += w * vj[x];
                 }
             }
     free(P);
@@ -171,8 +151,7 @@ static inline void gu_sdpa_fwd(const gu_dims *d, const double *q, const double *
  *   dQ_i = scale Σ_j dS_ij K_j,  dK_j = scale Σ_i dS_ij Q_i. */
 static inline void gu_sdpa_bwd(const gu_dims *d, const double *q, const double *k, const double *v,
                                const double *dout, const attn_sdpa_params *p, const double *mult,
-                               double *dq, double *dk, double *dv)
-{
+                               double *dq, double *dk, double *dv) {
     const double scale = gu_scale(p, d->Dk);
     memset(dq, 0, (size_t)(d->B * d->H * d->Lq * d->Dk) * sizeof(double));
     memset(dk, 0, (size_t)(d->B * d->H * d->Lk * d->Dk) * sizeof(double));
@@ -183,14 +162,12 @@ static inline void gu_sdpa_bwd(const gu_dims *d, const double *q, const double *
         for (int64_t h = 0; h < d->H; h++)
             for (int64_t i = 0; i < d->Lq; i++) {
                 const int64_t bh = b * d->H + h, row = bh * d->Lq + i;
-                if (!gu_row_softmax(d, q, k, p, b, h, i, P))
-                    continue;
+                if (!gu_row_softmax(d, q, k, p, b, h, i, P)) continue;
                 const double *go = dout + row * d->Dv, *qi = q + row * d->Dk;
                 double Di = 0.0;
                 for (int64_t j = 0; j < d->Lk; j++) {
                     dP[j] = 0.0;
-                    if (P[j] == 0.0)
-                        continue;
+                    if (P[j] == 0.0) continue;
                     const double m = mult ? mult[row * d->Lk + j] : 1.0;
                     const double *vj = v + (bh * d->Lk + j) * d->Dv;
                     double *gv = dv + (bh * d->Lk + j) * d->Dv;
@@ -204,8 +181,7 @@ static inline void gu_sdpa_bwd(const gu_dims *d, const double *q, const double *
                 }
                 double *gq = dq + row * d->Dk;
                 for (int64_t j = 0; j < d->Lk; j++) {
-                    if (P[j] == 0.0)
-                        continue;
+                    if (P[j] == 0.0) continue;
                     const double ds = scale * P[j] * (dP[j] - Di);
                     const double *kj = k + (bh * d->Lk + j) * d->Dk;
                     double *gk = dk + (bh * d->Lk + j) * d->Dk;
@@ -226,8 +202,7 @@ static inline void gu_sdpa_bwd(const gu_dims *d, const double *q, const double *
  * dq = 0 only by cancellation (P = 1, dS = dP - dP): not structural. */
 static inline void gu_structural_zeros(const gu_dims *d, const double *q, const double *k,
                                        const attn_sdpa_params *p, const double *mult,
-                                       unsigned char *rq, unsigned char *rk, unsigned char *rv)
-{
+                                       unsigned char *rq, unsigned char *rk, unsigned char *rv) {
     double *P = tu_malloc((size_t)d->Lk * sizeof(double));
     memset(rk, 1, (size_t)(d->B * d->H * d->Lk));
     memset(rv, 1, (size_t)(d->B * d->H * d->Lk));
@@ -239,8 +214,7 @@ static inline void gu_structural_zeros(const gu_dims *d, const double *q, const 
                 for (int64_t j = 0; j < d->Lk; j++)
                     if (P[j] > 0.0) {
                         rk[bh * d->Lk + j] = 0;
-                        if (!mult || mult[row * d->Lk + j] != 0.0)
-                            rv[bh * d->Lk + j] = 0;
+                        if (!mult || mult[row * d->Lk + j] != 0.0) rv[bh * d->Lk + j] = 0;
                     }
             }
     free(P);
@@ -249,23 +223,18 @@ static inline void gu_structural_zeros(const gu_dims *d, const double *q, const 
 /* got[rows, D] must be exactly 0 (and not NaN) on every row flagged in z;
  * returns the number of offending elements, *count the flagged elements. */
 static inline size_t gu_rows_not_zero(const float *got, const unsigned char *z, size_t rows,
-                                      int64_t D, size_t *count)
-{
+                                      int64_t D, size_t *count) {
     size_t bad = 0, c = 0;
     for (size_t r = 0; r < rows; r++)
         if (z[r])
-            for (int64_t x = 0; x < D; x++, c++)
-                bad += got[r * (size_t)D + (size_t)x] != 0.0f;
-    if (count)
-        *count = c;
+            for (int64_t x = 0; x < D; x++, c++) bad += got[r * (size_t)D + (size_t)x] != 0.0f;
+    if (count) *count = c;
     return bad;
 }
 
-static inline double gu_dot(const double *a, const double *b, size_t n)
-{
+static inline double gu_dot(const double *a, const double *b, size_t n) {
     double s = 0.0;
-    for (size_t i = 0; i < n; i++)
-        s += a[i] * b[i];
+    for (size_t i = 0; i < n; i++) s += a[i] * b[i];
     return s;
 }
 
@@ -278,8 +247,7 @@ typedef double (*gu_loss_fn)(void *ctx);
  * x[n] (step 1: all), compared with grad[n]; returns max |fd - grad|. x is
  * restored. */
 static inline double gu_fd_maxerr(double *x, size_t n, size_t step, const double *grad, double h,
-                                  gu_loss_fn loss, void *ctx)
-{
+                                  gu_loss_fn loss, void *ctx) {
     double worst = 0.0;
     for (size_t i = 0; i < n; i += step) {
         const double x0 = x[i];
@@ -295,27 +263,22 @@ static inline double gu_fd_maxerr(double *x, size_t n, size_t step, const double
     return worst;
 }
 
-static inline double gu_maxabs_d(const double *x, size_t n)
-{
+static inline double gu_maxabs_d(const double *x, size_t n) {
     double m = 0.0;
     for (size_t i = 0; i < n; i++)
-        if (fabs(x[i]) > m)
-            m = fabs(x[i]);
+        if (fabs(x[i]) > m) m = fabs(x[i]);
     return m;
 }
 
 /* max |got - want| / max|want| (max|want| floored at `floor`); NaN or inf
  * in got gives +inf. */
-static inline double gu_relerr(const float *got, const double *want, size_t n, double floor)
-{
+static inline double gu_relerr(const float *got, const double *want, size_t n, double floor) {
     double s = gu_maxabs_d(want, n);
-    if (s < floor)
-        s = floor;
+    if (s < floor) s = floor;
     double m = 0.0;
     for (size_t i = 0; i < n; i++) {
         double e = isfinite(got[i]) ? fabs((double)got[i] - want[i]) : INFINITY;
-        if (e > m)
-            m = e;
+        if (e > m) m = e;
     }
     return m / s;
 }
@@ -330,8 +293,8 @@ static inline double gu_relerr(const float *got, const double *want, size_t n, d
  * whose out/weights ratio is neither 0 nor the keep scale (should be 0), or
  * -1 when the forward fails. */
 static inline long gu_dropout_mult(int64_t B, int64_t H, int64_t Lq, int64_t Lk,
-                                   const attn_sdpa_params *p, double *mult, unsigned char *visible)
-{
+                                   const attn_sdpa_params *p, double *mult,
+                                   unsigned char *visible) {
     const size_t nq = (size_t)(B * H * Lq), nk = (size_t)(B * H * Lk), nw = nq * (size_t)Lk;
     float *q = tu_malloc(nq * sizeof(float)), *k = tu_malloc(nk * sizeof(float));
     float *v = tu_malloc(nk * (size_t)Lk * sizeof(float)), *o = tu_malloc(nw * sizeof(float));
@@ -340,8 +303,7 @@ static inline long gu_dropout_mult(int64_t B, int64_t H, int64_t Lq, int64_t Lk,
     memset(k, 0, nk * sizeof(float));
     memset(v, 0, nk * (size_t)Lk * sizeof(float));
     for (int64_t bh = 0; bh < B * H; bh++)
-        for (int64_t j = 0; j < Lk; j++)
-            v[(bh * Lk + j) * Lk + j] = 1.0f;
+        for (int64_t j = 0; j < Lk; j++) v[(bh * Lk + j) * Lk + j] = 1.0f;
     attn_tensor tq = attn_tensor_bhld(q, B, H, Lq, 1), tk = attn_tensor_bhld(k, B, H, Lk, 1),
                 tv = attn_tensor_bhld(v, B, H, Lk, Lk), to = attn_tensor_bhld(o, B, H, Lq, Lk);
     attn_sdpa_params pp = *p;
@@ -368,8 +330,7 @@ static inline long gu_dropout_mult(int64_t B, int64_t H, int64_t Lq, int64_t Lk,
                 bad++;
             }
             mult[x] = m;
-            if (visible)
-                visible[x] = w[x] > 0.0f;
+            if (visible) visible[x] = w[x] > 0.0f;
         }
     }
     free(q), free(k), free(v), free(o), free(w);

@@ -6,10 +6,10 @@
  * scale without use_scale is refused with a message naming use_scale. */
 #include "testutil.h"
 
-
 static void test_version(void) {
     char want[32];
-    snprintf(want, sizeof want, "%d.%d.%d", ATTN_VERSION_MAJOR, ATTN_VERSION_MINOR, ATTN_VERSION_PATCH);
+    snprintf(want, sizeof want, "%d.%d.%d", ATTN_VERSION_MAJOR, ATTN_VERSION_MINOR,
+             ATTN_VERSION_PATCH);
     CHECK(strcmp(attn_version(), ATTN_VERSION) == 0, "attn_version() %s, header %s", attn_version(),
           ATTN_VERSION);
     CHECK(strcmp(want, ATTN_VERSION) == 0, "ATTN_VERSION %s vs its parts %s", ATTN_VERSION, want);
@@ -23,11 +23,14 @@ static void test_version(void) {
 static void zero_scale_case(int64_t Lq, int64_t Lk, attn_impl impl) {
     enum { B = 2, H = 2, D = 5 };
     const size_t nq = (size_t)(B * H * Lq * D), nk = (size_t)(B * H * Lk * D);
-    float *q = tu_malloc(nq * 4), *k = tu_malloc(nk * 4), *v = tu_malloc(nk * 4), *o = tu_malloc(nq * 4);
+    float *q = tu_malloc(nq * 4), *k = tu_malloc(nk * 4), *v = tu_malloc(nk * 4),
+          *o = tu_malloc(nq * 4);
     float *w = tu_malloc((size_t)(B * H * Lq * Lk) * 4), *lse = tu_malloc((size_t)(B * H * Lq) * 4);
-    float *g = tu_malloc(nq * 4), *dq = tu_malloc(nq * 4), *dk = tu_malloc(nk * 4), *dv = tu_malloc(nk * 4);
+    float *g = tu_malloc(nq * 4), *dq = tu_malloc(nq * 4), *dk = tu_malloc(nk * 4),
+          *dv = tu_malloc(nk * 4);
     tu_rng r = tu_seed((uint64_t)(Lq * 131 + Lk + impl));
-    tu_fill(&r, q, nq, -3, 3), tu_fill(&r, k, nk, -3, 3), tu_fill(&r, v, nk, -1, 1), tu_fill(&r, g, nq, -1, 1);
+    tu_fill(&r, q, nq, -3, 3), tu_fill(&r, k, nk, -3, 3), tu_fill(&r, v, nk, -1, 1),
+        tu_fill(&r, g, nq, -1, 1);
     attn_tensor tq = attn_tensor_bhld(q, B, H, Lq, D), tk = attn_tensor_bhld(k, B, H, Lk, D),
                 tv = attn_tensor_bhld(v, B, H, Lk, D), to = attn_tensor_bhld(o, B, H, Lq, D),
                 tg = attn_tensor_bhld(g, B, H, Lq, D), tdq = attn_tensor_bhld(dq, B, H, Lq, D),
@@ -35,8 +38,10 @@ static void zero_scale_case(int64_t Lq, int64_t Lk, attn_impl impl) {
     attn_sdpa_params p = {0};
     p.use_scale = 1, p.scale = 0.0f, p.causal = 1, p.impl = impl;
     attn_error err;
-    CHECK(attn_sdpa_forward(&tq, &tk, &tv, &p, &to, w, lse, NULL, &err) == ATTN_OK, "%s", err.message);
-    CHECK(attn_sdpa_backward(&tq, &tk, &tv, &to, lse, &tg, &p, &tdq, &tdk, &tdv, NULL, &err) == ATTN_OK,
+    CHECK(attn_sdpa_forward(&tq, &tk, &tv, &p, &to, w, lse, NULL, &err) == ATTN_OK, "%s",
+          err.message);
+    CHECK(attn_sdpa_backward(&tq, &tk, &tv, &to, lse, &tg, &p, &tdq, &tdk, &tdv, NULL, &err) ==
+              ATTN_OK,
           "%s", err.message);
     double worst_w = 0, worst_o = 0, dq_max = 0;
     for (int64_t bh = 0; bh < B * H; bh++)
@@ -52,7 +57,8 @@ static void zero_scale_case(int64_t Lq, int64_t Lk, attn_impl impl) {
                 for (int64_t j = 0; j < n; j++) mean += v[(bh * Lk + j) * D + d];
                 const double e = fabs(o[(bh * Lq + i) * D + d] - mean / (double)n);
                 worst_o = e > worst_o ? e : worst_o;
-                dq_max = fabs(dq[(bh * Lq + i) * D + d]) > dq_max ? fabs(dq[(bh * Lq + i) * D + d]) : dq_max;
+                dq_max = fabs(dq[(bh * Lq + i) * D + d]) > dq_max ? fabs(dq[(bh * Lq + i) * D + d])
+                                                                  : dq_max;
             }
         }
     /* uniform weights are 1/n rounded once (2^-24 relative) and the mean a
@@ -63,7 +69,8 @@ static void zero_scale_case(int64_t Lq, int64_t Lk, attn_impl impl) {
 
     /* the 0.1 spelling: a scale without use_scale */
     p.use_scale = 0, p.scale = 0.5f;
-    CHECK_ERR(attn_sdpa_forward(&tq, &tk, &tv, &p, &to, NULL, NULL, NULL, &err), ATTN_ERR_ARG, &err);
+    CHECK_ERR(attn_sdpa_forward(&tq, &tk, &tv, &p, &to, NULL, NULL, NULL, &err), ATTN_ERR_ARG,
+              &err);
     CHECK(strstr(err.message, "use_scale") != NULL, "message '%s'", err.message);
     CHECK_ERR(attn_sdpa_backward(&tq, &tk, &tv, &to, lse, &tg, &p, &tdq, &tdk, &tdv, NULL, &err),
               ATTN_ERR_ARG, &err);
@@ -88,8 +95,9 @@ static void test_scale_field(void) {
     attn_sdpa_params p = {0};
     p.scale = 2.0f;
     attn_error err;
-    CHECK_ERR(attn_mha_forward(&c, &w, 2, 3, 3, x, x, x, &p, y, ATTN_WEIGHTS_NONE, NULL, NULL, &err),
-              ATTN_ERR_ARG, &err);
+    CHECK_ERR(
+        attn_mha_forward(&c, &w, 2, 3, 3, x, x, x, &p, y, ATTN_WEIGHTS_NONE, NULL, NULL, &err),
+        ATTN_ERR_ARG, &err);
     p.use_scale = 1, p.scale = 0.0f;
     CHECK(attn_mha_forward(&c, &w, 2, 3, 3, x, x, x, &p, y, ATTN_WEIGHTS_NONE, NULL, NULL, &err) ==
               ATTN_OK,

@@ -35,8 +35,7 @@ typedef struct {
 } sdpa_run;
 
 static sdpa_run sr_make(int64_t B, int64_t H, int64_t Lq, int64_t Lk, int64_t Dk, int64_t Dv,
-                        uint64_t seed)
-{
+                        uint64_t seed) {
     sdpa_run s = {B, H, Lq, Lk, Dk, Dv, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
     const size_t nq = (size_t)(B * H * Lq * Dk), nk = (size_t)(B * H * Lk * Dk),
                  nv = (size_t)(B * H * Lk * Dv), no = (size_t)(B * H * Lq * Dv);
@@ -53,15 +52,13 @@ static sdpa_run sr_make(int64_t B, int64_t H, int64_t Lq, int64_t Lk, int64_t Dk
     return s;
 }
 
-static void sr_free(sdpa_run *s)
-{
+static void sr_free(sdpa_run *s) {
     free(s->q), free(s->k), free(s->v), free(s->go), free(s->out), free(s->w), free(s->lse);
     free(s->dq), free(s->dk), free(s->dv);
 }
 
 /* Forward (with weights and lse) and backward. */
-static attn_status sr_call(sdpa_run *s, const attn_sdpa_params *p, const char *what)
-{
+static attn_status sr_call(sdpa_run *s, const attn_sdpa_params *p, const char *what) {
     attn_tensor tq = attn_tensor_bhld(s->q, s->B, s->H, s->Lq, s->Dk),
                 tk = attn_tensor_bhld(s->k, s->B, s->H, s->Lk, s->Dk),
                 tv = attn_tensor_bhld(s->v, s->B, s->H, s->Lk, s->Dv),
@@ -73,8 +70,7 @@ static attn_status sr_call(sdpa_run *s, const attn_sdpa_params *p, const char *w
     attn_error err;
     attn_status st = attn_sdpa_forward(&tq, &tk, &tv, p, &to, s->w, s->lse, NULL, &err);
     CHECK(st == ATTN_OK, "%s: forward: %s", what, err.message);
-    if (st)
-        return st;
+    if (st) return st;
     st = attn_sdpa_backward(&tq, &tk, &tv, &to, s->lse, &tg, p, &tdq, &tdk, &tdv, NULL, &err);
     CHECK(st == ATTN_OK, "%s: backward: %s", what, err.message);
     return st;
@@ -83,23 +79,23 @@ static attn_status sr_call(sdpa_run *s, const attn_sdpa_params *p, const char *w
 static size_t sr_nout(const sdpa_run *s) { return (size_t)(s->B * s->H * s->Lq * s->Dv); }
 
 /* Bitwise comparison of every result of two runs of the same shape. */
-static int sr_same(const sdpa_run *a, const sdpa_run *b)
-{
-    const size_t nq = (size_t)(a->B * a->H * a->Lq * a->Dk), nk = (size_t)(a->B * a->H * a->Lk * a->Dk),
-                 nv = (size_t)(a->B * a->H * a->Lk * a->Dv), nw = (size_t)(a->B * a->H * a->Lq * a->Lk),
-                 nl = (size_t)(a->B * a->H * a->Lq);
+static int sr_same(const sdpa_run *a, const sdpa_run *b) {
+    const size_t nq = (size_t)(a->B * a->H * a->Lq * a->Dk),
+                 nk = (size_t)(a->B * a->H * a->Lk * a->Dk),
+                 nv = (size_t)(a->B * a->H * a->Lk * a->Dv),
+                 nw = (size_t)(a->B * a->H * a->Lq * a->Lk), nl = (size_t)(a->B * a->H * a->Lq);
     return !memcmp(a->out, b->out, sr_nout(a) * sizeof(float)) &&
            !memcmp(a->w, b->w, nw * sizeof(float)) && !memcmp(a->lse, b->lse, nl * sizeof(float)) &&
            !memcmp(a->dq, b->dq, nq * sizeof(float)) && !memcmp(a->dk, b->dk, nk * sizeof(float)) &&
            !memcmp(a->dv, b->dv, nv * sizeof(float));
 }
 
-static void sr_copy_results(sdpa_run *dst, const sdpa_run *src)
-{
+static void sr_copy_results(sdpa_run *dst, const sdpa_run *src) {
     const size_t nq = (size_t)(src->B * src->H * src->Lq * src->Dk),
                  nk = (size_t)(src->B * src->H * src->Lk * src->Dk),
                  nv = (size_t)(src->B * src->H * src->Lk * src->Dv),
-                 nw = (size_t)(src->B * src->H * src->Lq * src->Lk), nl = (size_t)(src->B * src->H * src->Lq);
+                 nw = (size_t)(src->B * src->H * src->Lq * src->Lk),
+                 nl = (size_t)(src->B * src->H * src->Lq);
     memcpy(dst->out, src->out, sr_nout(src) * sizeof(float));
     memcpy(dst->w, src->w, nw * sizeof(float));
     memcpy(dst->lse, src->lse, nl * sizeof(float));
@@ -110,8 +106,7 @@ static void sr_copy_results(sdpa_run *dst, const sdpa_run *src)
 
 /* ------------------------------------------------------------ determinism */
 
-static void test_determinism(void)
-{
+static void test_determinism(void) {
     enum { B = 2, H = 3, LQ = 19, LK = 27, DK = 8, DV = 6 };
     const int64_t lens[B] = {LK, 13};
     for (int ii = 0; ii < 2; ii++) {
@@ -169,7 +164,8 @@ static void test_determinism(void)
             diff += (m[pairs[t][0]][x] == 0.0) != (m[pairs[t][1]][x] == 0.0);
         const double z = ((double)diff / (double)n - want) / sd;
         const uint64_t *a = so[pairs[t][0]], *b = so[pairs[t][1]];
-        printf("  masks (seed %#llx, offset %llu) vs (%#llx, %llu): disagree %.4f (independent: %.4f), "
+        printf("  masks (seed %#llx, offset %llu) vs (%#llx, %llu): disagree %.4f (independent: "
+               "%.4f), "
                "z = %+.2f\n",
                (unsigned long long)a[0], (unsigned long long)a[1], (unsigned long long)b[0],
                (unsigned long long)b[1], (double)diff / (double)n, want, z);
@@ -179,8 +175,7 @@ static void test_determinism(void)
               (unsigned long long)a[0], (unsigned long long)a[1], (unsigned long long)b[0],
               (unsigned long long)b[1], (double)diff / (double)n, want, z);
     }
-    for (int t = 0; t < NM; t++)
-        free(m[t]);
+    for (int t = 0; t < NM; t++) free(m[t]);
 }
 
 /* ------------------------------------------------------------ threads */
@@ -189,8 +184,7 @@ typedef struct {
     float *out, *w, *dx, *dk, *dv, *g;
 } mha_res;
 
-static void test_threads(void)
-{
+static void test_threads(void) {
     enum { B = 2, H = 3, LQ = 21, LK = 33, DK = 16, DV = 8 };
     const int64_t lens[B] = {LK, 17};
     for (int ii = 0; ii < 2; ii++) {
@@ -225,8 +219,8 @@ static void test_threads(void)
         float *wb = tu_malloc(np * sizeof(float));
         tu_rng r = tu_seed(9);
         tu_fill(&r, wb, np, -0.4f, 0.4f);
-        const size_t nq = (size_t)(B * LQ * E), nk = (size_t)(B * LK * KD), nv = (size_t)(B * LK * VD),
-                     nw = (size_t)(B * NH * LQ * LK);
+        const size_t nq = (size_t)(B * LQ * E), nk = (size_t)(B * LK * KD),
+                     nv = (size_t)(B * LK * VD), nw = (size_t)(B * NH * LQ * LK);
         float *xq = tu_malloc(nq * sizeof(float)), *xk = tu_malloc(nk * sizeof(float)),
               *xv = tu_malloc(nv * sizeof(float)), *G = tu_malloc(nq * sizeof(float)),
               *cache = tu_malloc(nc * sizeof(float));
@@ -252,9 +246,12 @@ static void test_threads(void)
         }
         for (int t = 2; t <= 3; t++) {
             const mha_res *a = &res[0], *b = &res[t - 1];
-            CHECK(!memcmp(a->out, b->out, nq * sizeof(float)) && !memcmp(a->w, b->w, nw * sizeof(float)) &&
-                      !memcmp(a->dx, b->dx, nq * sizeof(float)) && !memcmp(a->dk, b->dk, nk * sizeof(float)) &&
-                      !memcmp(a->dv, b->dv, nv * sizeof(float)) && !memcmp(a->g, b->g, np * sizeof(float)),
+            CHECK(!memcmp(a->out, b->out, nq * sizeof(float)) &&
+                      !memcmp(a->w, b->w, nw * sizeof(float)) &&
+                      !memcmp(a->dx, b->dx, nq * sizeof(float)) &&
+                      !memcmp(a->dk, b->dk, nk * sizeof(float)) &&
+                      !memcmp(a->dv, b->dv, nv * sizeof(float)) &&
+                      !memcmp(a->g, b->g, np * sizeof(float)),
                   "%s: MHA with dropout, %d threads differ from 1", iname(p.impl), t);
         }
         for (int t = 0; t < 3; t++)
@@ -271,13 +268,11 @@ static void test_threads(void)
  * sqrt(p(1-p)/n). Also per Philox word (j % 4) and for key pairs inside a
  * block (j, j+1 with j % 4 == 0) and across blocks (j % 4 == 3), whose
  * both-kept rate must be (1-p)². */
-static double zscore(size_t hits, size_t n, double prob)
-{
+static double zscore(size_t hits, size_t n, double prob) {
     return ((double)hits / (double)n - prob) / sqrt(prob * (1.0 - prob) / (double)n);
 }
 
-static void test_keep_rate(void)
-{
+static void test_keep_rate(void) {
     /* n = B·H·Lq·Lk = 524288; reading the mask costs n·Lk, so Lk is short. */
     enum { B = 4, H = 8, LQ = 512, L = 32 };
     const size_t n = (size_t)B * H * LQ * L;
@@ -290,7 +285,8 @@ static void test_keep_rate(void)
         p.seed = 31337 + (uint64_t)t;
         p.offset = 0;
         p.impl = ATTN_IMPL_AUTO;
-        CHECK(gu_dropout_mult(B, H, LQ, L, &p, m, NULL) == 0, "keep-rate mask read-back p=%g", (double)ps[t]);
+        CHECK(gu_dropout_mult(B, H, LQ, L, &p, m, NULL) == 0, "keep-rate mask read-back p=%g",
+              (double)ps[t]);
         const double keep = 1.0 - (double)ps[t];
         size_t kept = 0, word[4] = {0, 0, 0, 0}, in_pair = 0, across = 0, n_in = 0, n_across = 0;
         for (size_t x = 0; x < n; x++) {
@@ -309,14 +305,16 @@ static void test_keep_rate(void)
         const double z = zscore(kept, n, keep);
         double zw = 0.0;
         for (int w = 0; w < 4; w++)
-            if (fabs(zscore(word[w], n / 4, keep)) > fabs(zw))
-                zw = zscore(word[w], n / 4, keep);
-        const double zin = zscore(in_pair, n_in, keep * keep), zac = zscore(across, n_across, keep * keep);
+            if (fabs(zscore(word[w], n / 4, keep)) > fabs(zw)) zw = zscore(word[w], n / 4, keep);
+        const double zin = zscore(in_pair, n_in, keep * keep),
+                     zac = zscore(across, n_across, keep * keep);
         printf("  p=%.1f: keep rate %.5f over %zu (want %.5f) z = %+.2f; worst word z = %+.2f; "
                "pair-in-block z = %+.2f, pair-across z = %+.2f\n",
                (double)ps[t], (double)kept / (double)n, n, keep, z, zw, zin, zac);
-        CHECK(fabs(z) <= 4.0, "p=%g: keep rate %.5f, z = %.2f", (double)ps[t], (double)kept / (double)n, z);
-        CHECK(fabs(zw) <= 4.0, "p=%g: a Philox word's keep rate is off, z = %.2f", (double)ps[t], zw);
+        CHECK(fabs(z) <= 4.0, "p=%g: keep rate %.5f, z = %.2f", (double)ps[t],
+              (double)kept / (double)n, z);
+        CHECK(fabs(zw) <= 4.0, "p=%g: a Philox word's keep rate is off, z = %.2f", (double)ps[t],
+              zw);
         CHECK(fabs(zin) <= 4.0 && fabs(zac) <= 4.0, "p=%g: key pairs correlated: z %.2f / %.2f",
               (double)ps[t], zin, zac);
     }
@@ -333,8 +331,7 @@ static void test_keep_rate(void)
  * independent, also the aggregate Σ z_e² ~ chi²(n) <= n + 4 sqrt(2n). An
  * element with sd_e = 0 (no randomness reaches it) must equal ref. */
 static void expect_stats(const char *what, const double *sum, const double *sum2, const float *ref,
-                         size_t n, int N, int chi2)
-{
+                         size_t n, int N, int chi2) {
     double zmax = 0.0, chi = 0.0;
     size_t dof = 0, fixed_bad = 0;
     for (size_t e = 0; e < n; e++) {
@@ -348,22 +345,23 @@ static void expect_stats(const char *what, const double *sum, const double *sum2
         const double z = (mean - (double)ref[e]) / se;
         chi += z * z;
         dof++;
-        if (fabs(z) > zmax)
-            zmax = fabs(z);
+        if (fabs(z) > zmax) zmax = fabs(z);
     }
     printf("  E[%s] over %d seeds: %zu random elements, max|z| %.2f", what, N, dof, zmax);
     if (chi2)
-        printf(", chi2 %.1f (dof %zu, bound %.1f)", chi, dof, (double)dof + 4.0 * sqrt(2.0 * (double)dof));
+        printf(", chi2 %.1f (dof %zu, bound %.1f)", chi, dof,
+               (double)dof + 4.0 * sqrt(2.0 * (double)dof));
     printf("\n");
     CHECK(dof > n / 2, "%s: only %zu of %zu elements vary with the seed", what, dof, n);
     CHECK(zmax <= 5.0, "%s: mean over seeds off the no-dropout value, max|z| = %.2f", what, zmax);
-    CHECK(fixed_bad == 0, "%s: %zu seed-independent elements differ from no-dropout", what, fixed_bad);
+    CHECK(fixed_bad == 0, "%s: %zu seed-independent elements differ from no-dropout", what,
+          fixed_bad);
     if (chi2)
-        CHECK(chi <= (double)dof + 4.0 * sqrt(2.0 * (double)dof), "%s: chi2 %.1f for %zu dof", what, chi, dof);
+        CHECK(chi <= (double)dof + 4.0 * sqrt(2.0 * (double)dof), "%s: chi2 %.1f for %zu dof", what,
+              chi, dof);
 }
 
-static void test_expectation(void)
-{
+static void test_expectation(void) {
     enum { B = 1, H = 2, LQ = 16, LK = 24, DK = 8, DV = 1, N = 400 };
     for (int ii = 0; ii < 2; ii++) {
         attn_sdpa_params p = {0};
@@ -373,8 +371,8 @@ static void test_expectation(void)
         sr_call(&ref, &p, "expectation ref");
         p.training = 1;
         p.dropout_p = 0.5f;
-        const size_t no = sr_nout(&ref), nq = (size_t)(B * H * LQ * DK), nk = (size_t)(B * H * LK * DK),
-                     nv = (size_t)(B * H * LK * DV);
+        const size_t no = sr_nout(&ref), nq = (size_t)(B * H * LQ * DK),
+                     nk = (size_t)(B * H * LK * DK), nv = (size_t)(B * H * LK * DV);
         const size_t n = no + nq + nk + nv;
         double *sum = calloc(n, sizeof(double)), *sum2 = calloc(n, sizeof(double));
         for (int t = 0; t < N; t++) {
@@ -402,8 +400,7 @@ static void test_expectation(void)
 
 /* ------------------------------------------------------------ no-ops */
 
-static void test_noop(void)
-{
+static void test_noop(void) {
     enum { B = 2, H = 2, LQ = 9, LK = 14, DK = 8, DV = 5 };
     const int64_t lens[B] = {14, 6};
     for (int ii = 0; ii < 2; ii++) {
@@ -444,7 +441,8 @@ static void test_noop(void)
         size_t np, nc;
         attn_mha_param_count(&c, &np, NULL);
         attn_mha_cache_size(&c, B, LQ, LQ, &nc, NULL);
-        float *wb = tu_malloc(np * sizeof(float)), *x = tu_malloc((size_t)(B * LQ * E) * sizeof(float));
+        float *wb = tu_malloc(np * sizeof(float)),
+              *x = tu_malloc((size_t)(B * LQ * E) * sizeof(float));
         tu_rng r = tu_seed(12);
         tu_fill(&r, wb, np, -0.5f, 0.5f);
         tu_fill(&r, x, (size_t)(B * LQ * E), -1, 1);
@@ -458,8 +456,8 @@ static void test_noop(void)
         pm[1].seed = 3;
         for (int t = 0; t < 2; t++) {
             o[t] = tu_malloc((size_t)(B * LQ * E) * sizeof(float));
-            CHECK(attn_mha_forward(&c, &w, B, LQ, LQ, x, x, x, &pm[t], o[t], ATTN_WEIGHTS_NONE, NULL,
-                                   cache, NULL) == ATTN_OK,
+            CHECK(attn_mha_forward(&c, &w, B, LQ, LQ, x, x, x, &pm[t], o[t], ATTN_WEIGHTS_NONE,
+                                   NULL, cache, NULL) == ATTN_OK,
                   "mha noop forward");
         }
         CHECK(!memcmp(o[0], o[1], (size_t)(B * LQ * E) * sizeof(float)),
@@ -470,8 +468,7 @@ static void test_noop(void)
 
 /* ------------------------------------------------------------ invalid p */
 
-static void test_invalid(void)
-{
+static void test_invalid(void) {
     enum { B = 1, H = 2, L = 5, D = 4 };
     const float bad[] = {-0.1f, 1.0f, 1.5f, NAN, INFINITY, -INFINITY, -1e-30f};
     sdpa_run s = sr_make(B, H, L, L, D, D, 4);
@@ -488,8 +485,8 @@ static void test_invalid(void)
     attn_mha_param_count(&c, &np, NULL);
     attn_mha_cache_size(&c, B, L, L, &nc, NULL);
     float *wb = calloc(np, sizeof(float)), *gb = calloc(np, sizeof(float)),
-          *x = calloc((size_t)(B * L * E), sizeof(float)), *y = calloc((size_t)(B * L * E), sizeof(float)),
-          *cache = calloc(nc, sizeof(float));
+          *x = calloc((size_t)(B * L * E), sizeof(float)),
+          *y = calloc((size_t)(B * L * E), sizeof(float)), *cache = calloc(nc, sizeof(float));
     attn_mha_weights w, g;
     attn_mha_weights_from_buffer(&c, wb, &w, NULL);
     attn_mha_weights_from_buffer(&c, gb, &g, NULL);
@@ -501,13 +498,16 @@ static void test_invalid(void)
         p.dropout_p = bad[t];
         attn_error err;
         memset(&err, 0, sizeof err);
-        CHECK_ERR(attn_sdpa_forward(&tq, &tk, &tv, &p, &to, NULL, s.lse, NULL, &err), ATTN_ERR_ARG, &err);
+        CHECK_ERR(attn_sdpa_forward(&tq, &tk, &tv, &p, &to, NULL, s.lse, NULL, &err), ATTN_ERR_ARG,
+                  &err);
         memset(&err, 0, sizeof err);
-        CHECK_ERR(attn_sdpa_backward(&tq, &tk, &tv, &to, s.lse, &tg, &p, &tdq, &tdk, &tdv, NULL, &err),
-                  ATTN_ERR_ARG, &err);
+        CHECK_ERR(
+            attn_sdpa_backward(&tq, &tk, &tv, &to, s.lse, &tg, &p, &tdq, &tdk, &tdv, NULL, &err),
+            ATTN_ERR_ARG, &err);
         memset(&err, 0, sizeof err);
-        CHECK_ERR(attn_mha_forward(&c, &w, B, L, L, x, x, x, &p, y, ATTN_WEIGHTS_NONE, NULL, cache, &err),
-                  ATTN_ERR_ARG, &err);
+        CHECK_ERR(
+            attn_mha_forward(&c, &w, B, L, L, x, x, x, &p, y, ATTN_WEIGHTS_NONE, NULL, cache, &err),
+            ATTN_ERR_ARG, &err);
         memset(&err, 0, sizeof err);
         CHECK_ERR(attn_mha_backward(&c, &w, B, L, L, x, x, x, &p, cache, y, x, x, x, &g, &err),
                   ATTN_ERR_ARG, &err);
@@ -530,8 +530,7 @@ static void test_invalid(void)
  * rebuilt from its weights and the mask read at Dv = Lk), fewer batches or
  * heads, fewer keys (Lk not a multiple of 4), fewer queries, causal
  * masking on, and either path. Sizes cross 64-wide tiles. */
-static void test_tiling(void)
-{
+static void test_tiling(void) {
     enum { B = 2, H = 3, LQ = 70, LK = 150 };
     const size_t n = (size_t)(B * H * LQ * LK);
     attn_sdpa_params p = {0};
@@ -553,8 +552,7 @@ static void test_tiling(void)
         CHECK(gu_dropout_mult(B, H, LQ, LK, &a, m, vis) == 0, "tiling: auto mask");
         size_t diff = 0, seen = 0;
         for (size_t x = 0; x < n; x++)
-            if (vis[x])
-                seen++, diff += m[x] != full[x];
+            if (vis[x]) seen++, diff += m[x] != full[x];
         CHECK(diff == 0 && seen > n / 3, "tiling: AUTO%s mask differs from REFERENCE in %zu of %zu",
               variant ? " causal" : "", diff, seen);
     }
@@ -575,7 +573,8 @@ static void test_tiling(void)
                         for (int64_t j = 0; j < K2; j++)
                             diff += m2[((b * H2 + h) * Q2 + i) * K2 + j] !=
                                     full[((b * H + h) * LQ + i) * LK + j];
-            CHECK(diff == 0, "%s: mask of a [%lld,%lld,%lld,%lld] call differs from the full call in %zu",
+            CHECK(diff == 0,
+                  "%s: mask of a [%lld,%lld,%lld,%lld] call differs from the full call in %zu",
                   iname(a.impl), (long long)B2, (long long)H2, (long long)Q2, (long long)K2, diff);
         }
         free(m2);
@@ -610,8 +609,7 @@ static void test_tiling(void)
 /* ------------------------------------------------------------ generator */
 
 /* Philox-4x32-10, written from Salmon et al. (SC'11) / Random123. */
-static void philox(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4])
-{
+static void philox(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]) {
     uint32_t c0 = ctr[0], c1 = ctr[1], c2 = ctr[2], c3 = ctr[3], k0 = key[0], k1 = key[1];
     for (int r = 0; r < 10; r++) {
         if (r) {
@@ -626,8 +624,7 @@ static void philox(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]
 }
 
 /* Mirror of src/dropout.c's key derivation (not part of the header). */
-static uint64_t splitmix_step(uint64_t z)
-{
+static uint64_t splitmix_step(uint64_t z) {
     z += 0x9E3779B97F4A7C15ull;
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
@@ -635,13 +632,11 @@ static uint64_t splitmix_step(uint64_t z)
 }
 
 /* attn.h: key = splitmix64(splitmix64(seed) ^ offset). */
-static uint64_t key_of(uint64_t seed, uint64_t offset)
-{
+static uint64_t key_of(uint64_t seed, uint64_t offset) {
     return splitmix_step(splitmix_step(seed) ^ offset);
 }
 
-static void test_generator(void)
-{
+static void test_generator(void) {
     /* Random123 known-answer vectors for philox4x32_10. */
     const uint32_t kat[3][10] = {
         {0, 0, 0, 0, 0, 0, 0x6627e8d5u, 0xe169c58du, 0xbc57ac4cu, 0x9b00dbd8u},
@@ -653,8 +648,8 @@ static void test_generator(void)
     for (int t = 0; t < 3; t++) {
         uint32_t o[4];
         philox(kat[t], kat[t] + 4, o);
-        CHECK(!memcmp(o, kat[t] + 6, sizeof o), "philox KAT %d: %08x %08x %08x %08x", t, o[0], o[1], o[2],
-              o[3]);
+        CHECK(!memcmp(o, kat[t] + 6, sizeof o), "philox KAT %d: %08x %08x %08x %08x", t, o[0], o[1],
+              o[2], o[3]);
     }
     enum { B = 2, H = 3, LQ = 9, LK = 23 };
     const float ps[2] = {0.3f, 0.77f};
@@ -677,7 +672,8 @@ static void test_generator(void)
                 for (int64_t h = 0; h < H; h++)
                     for (int64_t i = 0; i < LQ; i++)
                         for (int64_t j = 0; j < LK; j++) {
-                            const uint32_t ctr[4] = {(uint32_t)(j / 4), (uint32_t)i, (uint32_t)h, (uint32_t)b};
+                            const uint32_t ctr[4] = {(uint32_t)(j / 4), (uint32_t)i, (uint32_t)h,
+                                                     (uint32_t)b};
                             uint32_t w[4];
                             philox(ctr, k, w);
                             const int keep = w[j % 4] >= thr;
@@ -690,8 +686,7 @@ static void test_generator(void)
     free(m);
 }
 
-int main(void)
-{
+int main(void) {
     attn_set_num_threads(2, NULL);
     test_generator();
     test_determinism();

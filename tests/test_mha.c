@@ -18,13 +18,11 @@ static double g_err_out, g_err_w;
 
 /* y[n, o] = sum_i x[n, i] W[o, i] + b[o]   (W is [out, in], PyTorch layout) */
 static void linear(const double *x, int64_t n, int64_t in, const float *W, const float *b,
-                   int64_t out, double *y)
-{
+                   int64_t out, double *y) {
     for (int64_t r = 0; r < n; r++)
         for (int64_t o = 0; o < out; o++) {
             double acc = b ? (double)b[o] : 0.0;
-            for (int64_t i = 0; i < in; i++)
-                acc += x[r * in + i] * (double)W[o * in + i];
+            for (int64_t i = 0; i < in; i++) acc += x[r * in + i] * (double)W[o * in + i];
             y[r * out + o] = acc;
         }
 }
@@ -32,13 +30,11 @@ static void linear(const double *x, int64_t n, int64_t in, const float *W, const
 /* fp64 MHA. out [B, Lq, E]; weights [B, H, Lq, Lk] (per head, always). */
 static void ref_mha(const attn_mha_config *c, const attn_mha_weights *w, int64_t B, int64_t Lq,
                     int64_t Lk, const float *query, const float *key, const float *value,
-                    const attn_sdpa_params *p, double *out, double *weights)
-{
+                    const attn_sdpa_params *p, double *out, double *weights) {
     const int64_t E = c->embed_dim, H = c->num_heads, hd = E / H;
     const int64_t kd = c->kdim ? c->kdim : E, vd = c->vdim ? c->vdim : E;
     attn_sdpa_params none = {0};
-    if (!p)
-        p = &none;
+    if (!p) p = &none;
     double *xq = tu_doubles(query, (size_t)(B * Lq * E));
     double *xk = tu_doubles(key, (size_t)(B * Lk * kd));
     double *xv = tu_doubles(value, (size_t)(B * Lk * vd));
@@ -72,8 +68,7 @@ typedef struct {
 } mha_case;
 
 static void run_mha(const mha_case *mc, const attn_sdpa_params *p, attn_weights_mode mode,
-                    attn_impl impl, uint64_t seed)
-{
+                    attn_impl impl, uint64_t seed) {
     const int64_t E = mc->E, H = mc->H, B = mc->B, Lq = mc->Lq, Lk = mc->Lk;
     attn_mha_config c = {E, H, mc->kdim, mc->vdim, mc->bias};
     const int64_t kd = c.kdim ? c.kdim : E, vd = c.vdim ? c.vdim : E;
@@ -112,43 +107,36 @@ static void run_mha(const mha_case *mc, const attn_sdpa_params *p, attn_weights_
         for (int64_t b = 0; b < B; b++)
             for (int64_t ij = 0; ij < Lq * Lk; ij++) {
                 double s = 0.0;
-                for (int64_t h = 0; h < H; h++)
-                    s += rw[(b * H + h) * Lq * Lk + ij];
+                for (int64_t h = 0; h < H; h++) s += rw[(b * H + h) * Lq * Lk + ij];
                 rw[b * Lq * Lk + ij] = s / (double)H;
             }
     }
 
     attn_sdpa_params pp = {0}, *pu = NULL;
     if (p || impl != ATTN_IMPL_AUTO) {
-        if (p)
-            pp = *p;
+        if (p) pp = *p;
         pp.impl = impl;
         pu = &pp;
     }
     float *out = tu_malloc(nO * sizeof(float));
     float *wts = mode == ATTN_WEIGHTS_NONE ? NULL : tu_malloc(nW * sizeof(float));
-    for (size_t i = 0; i < nO; i++)
-        out[i] = NAN;
-    for (size_t i = 0; wts && i < nW; i++)
-        wts[i] = NAN;
+    for (size_t i = 0; i < nO; i++) out[i] = NAN;
+    for (size_t i = 0; wts && i < nW; i++) wts[i] = NAN;
     st = attn_mha_forward(&c, &w, B, Lq, Lk, query, key, value, pu, out, mode, wts, NULL, &err);
     CHECK(st == ATTN_OK, "%s: mha_forward: %s %s", mc->name, attn_status_name(st), err.message);
     if (st == ATTN_OK) {
         double omax = 1.0;
         for (size_t i = 0; i < nO; i++)
-            if (fabs(ro[i]) > omax)
-                omax = fabs(ro[i]);
+            if (fabs(ro[i]) > omax) omax = fabs(ro[i]);
         double eo = tu_maxdiff(out, ro, nO) / omax;
         CHECK(eo <= TOL_OUT, "%s (mode %d, impl %d): max|out err|/max|out| = %.3g", mc->name,
               (int)mode, (int)impl, eo);
-        if (eo > g_err_out)
-            g_err_out = eo;
+        if (eo > g_err_out) g_err_out = eo;
         if (wts) {
             double ew = tu_maxdiff(wts, rw, nW);
-            CHECK(ew <= TOL_W, "%s (mode %d, impl %d): max|weight err| = %.3g", mc->name,
-                  (int)mode, (int)impl, ew);
-            if (ew > g_err_w)
-                g_err_w = ew;
+            CHECK(ew <= TOL_W, "%s (mode %d, impl %d): max|weight err| = %.3g", mc->name, (int)mode,
+                  (int)impl, ew);
+            if (ew > g_err_w) g_err_w = ew;
         }
 
         /* A training cache must not change the output (bitwise). */
@@ -159,20 +147,18 @@ static void run_mha(const mha_case *mc, const attn_sdpa_params *p, attn_weights_
         if (st == ATTN_OK) {
             float *cache = tu_malloc(nc * sizeof(float));
             float *out2 = tu_malloc(nO * sizeof(float));
-            st = attn_mha_forward(&c, &w, B, Lq, Lk, query, key, value, pu, out2,
-                                  ATTN_WEIGHTS_NONE, NULL, cache, &err);
+            st = attn_mha_forward(&c, &w, B, Lq, Lk, query, key, value, pu, out2, ATTN_WEIGHTS_NONE,
+                                  NULL, cache, &err);
             CHECK(st == ATTN_OK && memcmp(out, out2, nO * sizeof(float)) == 0,
                   "%s: forward with a cache differs from inference (%s)", mc->name, err.message);
             free(cache), free(out2);
         }
     }
     free(out), free(wts), free(ro), free(rw), free(params), free(query);
-    if (!mc->self)
-        free(key), free(value);
+    if (!mc->self) free(key), free(value);
 }
 
-static void test_forward(void)
-{
+static void test_forward(void) {
     const mha_case cases[] = {
         /* name, E, H, kdim, vdim, bias, B, Lq, Lk, self */
         {"self, bias", 16, 4, 0, 0, 1, 2, 11, 11, 1},
@@ -195,8 +181,7 @@ static void test_forward(void)
 
         /* causal + key padding, both paths, both weight modes. */
         int64_t l3[3];
-        for (int b = 0; b < 3; b++)
-            l3[b] = lens[b] < mc->Lk ? lens[b] : mc->Lk;
+        for (int b = 0; b < 3; b++) l3[b] = lens[b] < mc->Lk ? lens[b] : mc->Lk;
         attn_sdpa_params p = {0};
         p.causal = 1;
         p.key_lengths = l3;
@@ -222,29 +207,23 @@ static void test_forward(void)
 
 /* ------------------------------------------------------------ init */
 
-static double maxabs_n(const float *x, size_t n, int *nonfinite)
-{
+static double maxabs_n(const float *x, size_t n, int *nonfinite) {
     double m = 0.0;
     for (size_t i = 0; i < n; i++) {
-        if (!isfinite(x[i]))
-            *nonfinite = 1;
-        if (fabs((double)x[i]) > m)
-            m = fabs((double)x[i]);
+        if (!isfinite(x[i])) *nonfinite = 1;
+        if (fabs((double)x[i]) > m) m = fabs((double)x[i]);
     }
     return m;
 }
 
-static int all_zero(const float *x, size_t n)
-{
+static int all_zero(const float *x, size_t n) {
     for (size_t i = 0; i < n; i++)
-        if (x[i] != 0.0f)
-            return 0;
+        if (x[i] != 0.0f) return 0;
     return 1;
 }
 
 /* One config: layout of the packed buffer, bounds, determinism. */
-static void check_init(int64_t E, int64_t H, int64_t kdim, int64_t vdim, int bias)
-{
+static void check_init(int64_t E, int64_t H, int64_t kdim, int64_t vdim, int bias) {
     attn_mha_config c = {E, H, kdim, vdim, bias};
     const int64_t kd = kdim ? kdim : E, vd = vdim ? vdim : E;
     attn_error err;
@@ -252,10 +231,10 @@ static void check_init(int64_t E, int64_t H, int64_t kdim, int64_t vdim, int bia
     size_t np = 0;
     attn_status st = attn_mha_param_count(&c, &np, &err);
     const size_t want = (size_t)(2 * E * E + E * kd + E * vd + (bias ? 4 * E : 0));
-    CHECK(st == ATTN_OK && np == want, "param_count E=%lld kdim=%lld vdim=%lld bias=%d: %zu, want %zu",
-          (long long)E, (long long)kd, (long long)vd, bias, np, want);
-    if (st != ATTN_OK || np != want)
-        return;
+    CHECK(st == ATTN_OK && np == want,
+          "param_count E=%lld kdim=%lld vdim=%lld bias=%d: %zu, want %zu", (long long)E,
+          (long long)kd, (long long)vd, bias, np, want);
+    if (st != ATTN_OK || np != want) return;
 
     /* Order w_q, w_k, w_v, b_q, b_k, b_v, w_o, b_o. */
     float *buf = tu_malloc(np * sizeof(float));
@@ -274,8 +253,7 @@ static void check_init(int64_t E, int64_t H, int64_t kdim, int64_t vdim, int bia
         CHECK(!w.b_q && !w.b_k && !w.b_v && !w.b_o && w.w_o == b0,
               "weights_from_buffer: without bias b_* must be NULL and w_o follow w_v");
 
-    for (size_t i = 0; i < np; i++)
-        buf[i] = NAN; /* every parameter must be written */
+    for (size_t i = 0; i < np; i++) buf[i] = NAN; /* every parameter must be written */
     st = attn_mha_init(&c, &w, 7, &err);
     CHECK(st == ATTN_OK, "init: %s", err.message);
     int nonfinite = 0;
@@ -307,8 +285,7 @@ static void check_init(int64_t E, int64_t H, int64_t kdim, int64_t vdim, int bia
     CHECK(mv <= av * up && mv > 0.75 * av, "init w_v: max|w| %.4f, Xavier bound %.4f", mv, av);
     CHECK(mo <= bo * up && mo > 0.75 * bo, "init w_o: max|w| %.4f, bound 1/sqrt(E) %.4f", mo, bo);
     double mean = 0.0;
-    for (int64_t i = 0; i < E * E; i++)
-        mean += w.w_q[i];
+    for (int64_t i = 0; i < E * E; i++) mean += w.w_q[i];
     mean /= (double)(E * E); /* sd of the mean: a / sqrt(3 E^2) */
     CHECK(fabs(mean) < 4.0 * aq / sqrt(3.0 * (double)(E * E)), "init w_q: mean %.4f", mean);
 
@@ -321,15 +298,13 @@ static void check_init(int64_t E, int64_t H, int64_t kdim, int64_t vdim, int bia
           "init not deterministic in seed");
     st = attn_mha_init(&c, &w2, 8, &err);
     size_t same = 0;
-    for (size_t i = 0; i < np; i++)
-        same += buf[i] == buf2[i] && buf[i] != 0.0f;
+    for (size_t i = 0; i < np; i++) same += buf[i] == buf2[i] && buf[i] != 0.0f;
     CHECK(st == ATTN_OK && same < np / 50, "init: seeds 7 and 8 share %zu of %zu weights", same,
           np);
     free(buf), free(buf2);
 }
 
-static void test_init(void)
-{
+static void test_init(void) {
     check_init(16, 4, 0, 0, 1);
     check_init(16, 4, 16, 16, 0); /* explicit kdim == vdim == E: stacked bound */
     check_init(16, 2, 8, 24, 1);
@@ -337,8 +312,7 @@ static void test_init(void)
     check_init(64, 4, 0, 0, 1);
 }
 
-int main(void)
-{
+int main(void) {
     test_forward();
     test_init();
     printf("test_mha: max error vs fp64 oracle: out %.3g (rel. to max|out|), weights %.3g\n",

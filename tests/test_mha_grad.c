@@ -49,36 +49,28 @@ typedef struct {
     double *Qp, *Kp, *Vp, *Ao, *qh, *kh, *vh, *oh, *out;
 } mha64;
 
-static size_t pcount(const mcfg *c, int i)
-{
+static size_t pcount(const mcfg *c, int i) {
     switch (i) {
     case P_WQ:
-    case P_WO:
-        return (size_t)(c->E * c->E);
-    case P_WK:
-        return (size_t)(c->E * c->kd);
-    case P_WV:
-        return (size_t)(c->E * c->vd);
-    default:
-        return c->bias ? (size_t)c->E : 0;
+    case P_WO: return (size_t)(c->E * c->E);
+    case P_WK: return (size_t)(c->E * c->kd);
+    case P_WV: return (size_t)(c->E * c->vd);
+    default: return c->bias ? (size_t)c->E : 0;
     }
 }
 
 /* Y[rows, E] = X[rows, in] Wᵀ + b. */
 static void proj64(const double *X, int64_t rows, int64_t in, const double *W, const double *b,
-                   int64_t E, double *Y)
-{
+                   int64_t E, double *Y) {
     for (int64_t r = 0; r < rows; r++)
         for (int64_t e = 0; e < E; e++) {
             double s = b ? b[e] : 0.0;
-            for (int64_t x = 0; x < in; x++)
-                s += X[r * in + x] * W[e * in + x];
+            for (int64_t x = 0; x < in; x++) s += X[r * in + x] * W[e * in + x];
             Y[r * E + e] = s;
         }
 }
 
-static double mha64_loss(void *ctx)
-{
+static double mha64_loss(void *ctx) {
     mha64 *m = ctx;
     const int64_t E = m->c.E, H = m->c.H, Dh = E / H, B = m->B, Lq = m->Lq, Lk = m->Lk;
     proj64(m->xq, B * Lq, E, m->w[P_WQ], m->w[P_BQ], E, m->Qp);
@@ -95,8 +87,7 @@ static double mha64_loss(void *ctx)
 }
 
 /* fp64 FD gradient of every element of x[n]. */
-static double *fd_grad(mha64 *m, double *x, size_t n)
-{
+static double *fd_grad(mha64 *m, double *x, size_t n) {
     double *g = tu_malloc(n * sizeof(double));
     for (size_t i = 0; i < n; i++) {
         const double x0 = x[i];
@@ -126,8 +117,7 @@ typedef struct {
     attn_mha_weights w;
 } params;
 
-static params make_params(const attn_mha_config *c)
-{
+static params make_params(const attn_mha_config *c) {
     params p;
     attn_mha_param_count(c, &p.n, NULL);
     p.buf = tu_malloc(p.n * sizeof(float));
@@ -136,8 +126,7 @@ static params make_params(const attn_mha_config *c)
     return p;
 }
 
-static float *pptr(const attn_mha_weights *w, int i)
-{
+static float *pptr(const attn_mha_weights *w, int i) {
     float *const a[NPARAM] = {w->w_q, w->w_k, w->w_v, w->w_o, w->b_q, w->b_k, w->b_v, w->b_o};
     return a[i];
 }
@@ -150,8 +139,7 @@ typedef struct {
     size_t nq, nk, nv, no, ncache;
 } libcall;
 
-static libcall lib_setup(const mcase *mc)
-{
+static libcall lib_setup(const mcase *mc) {
     libcall L;
     memset(&L, 0, sizeof L);
     L.c = (attn_mha_config){mc->c.E, mc->c.H, mc->c.kd == mc->c.E ? 0 : mc->c.kd,
@@ -192,15 +180,13 @@ static libcall lib_setup(const mcase *mc)
     return L;
 }
 
-static void lib_free(libcall *L, int self)
-{
-    free(L->w.buf), free(L->g.buf), free(L->xq), free(L->G), free(L->cache), free(L->out), free(L->dq);
-    if (!self)
-        free(L->xk), free(L->xv), free(L->dk), free(L->dv);
+static void lib_free(libcall *L, int self) {
+    free(L->w.buf), free(L->g.buf), free(L->xq), free(L->G), free(L->cache), free(L->out),
+        free(L->dq);
+    if (!self) free(L->xk), free(L->xv), free(L->dk), free(L->dv);
 }
 
-static attn_status lib_forward(const mcase *mc, libcall *L, const attn_sdpa_params *p)
-{
+static attn_status lib_forward(const mcase *mc, libcall *L, const attn_sdpa_params *p) {
     attn_error err;
     attn_status s = attn_mha_forward(&L->c, &L->w.w, mc->B, mc->Lq, mc->Lk, L->xq, L->xk, L->xv, p,
                                      L->out, ATTN_WEIGHTS_NONE, NULL, L->cache, &err);
@@ -209,8 +195,7 @@ static attn_status lib_forward(const mcase *mc, libcall *L, const attn_sdpa_para
 }
 
 static attn_status lib_backward(const mcase *mc, libcall *L, const attn_sdpa_params *p, float *dq,
-                                float *dk, float *dv, const attn_mha_weights *g)
-{
+                                float *dk, float *dv, const attn_mha_weights *g) {
     attn_error err;
     attn_status s = attn_mha_backward(&L->c, &L->w.w, mc->B, mc->Lq, mc->Lk, L->xq, L->xk, L->xv, p,
                                       L->cache, L->G, dq, dk, dv, g, &err);
@@ -220,8 +205,7 @@ static attn_status lib_backward(const mcase *mc, libcall *L, const attn_sdpa_par
 
 /* ------------------------------------------------------------ FD check */
 
-static void check_case(const mcase *mc, const attn_sdpa_params *p0, attn_impl impl)
-{
+static void check_case(const mcase *mc, const attn_sdpa_params *p0, attn_impl impl) {
     attn_sdpa_params p = *p0;
     p.impl = impl;
     const char *in = impl == ATTN_IMPL_REFERENCE ? "REFERENCE" : "AUTO";
@@ -273,7 +257,8 @@ static void check_case(const mcase *mc, const attn_sdpa_params *p0, attn_impl im
         double *x;
         size_t cnt;
         const float *got;
-    } ins[3] = {{"d_query", m.xq, L.nq, L.dq}, {"d_key", m.xk, L.nk, L.dk}, {"d_value", m.xv, L.nv, L.dv}};
+    } ins[3] = {
+        {"d_query", m.xq, L.nq, L.dq}, {"d_key", m.xk, L.nk, L.dk}, {"d_value", m.xv, L.nv, L.dv}};
     for (int i = 0; i < (mc->self ? 1 : 3); i++) {
         double *fd = fd_grad(&m, ins[i].x, ins[i].cnt);
         const double e = gu_relerr(ins[i].got, fd, ins[i].cnt, 1e-30);
@@ -287,7 +272,8 @@ static void check_case(const mcase *mc, const attn_sdpa_params *p0, attn_impl im
     for (int i = 0; i < NPARAM; i++) {
         const size_t n = pcount(&mc->c, i);
         if (!n) {
-            CHECK(pptr(&L.g.w, i) == NULL, "%s: grad %s should be NULL without bias", mc->name, pname[i]);
+            CHECK(pptr(&L.g.w, i) == NULL, "%s: grad %s should be NULL without bias", mc->name,
+                  pname[i]);
             continue;
         }
         double *fd = fd_grad(&m, m.w[i], n);
@@ -315,26 +301,21 @@ static void check_case(const mcase *mc, const attn_sdpa_params *p0, attn_impl im
     }
     printf("\n");
     free(fd_wk);
-    if (worst > g_worst)
-        g_worst = worst;
+    if (worst > g_worst) g_worst = worst;
 
     free(m.Qp), free(m.Kp), free(m.Vp), free(m.Ao), free(m.qh), free(m.kh), free(m.vh), free(m.oh);
     free(m.out), free(G), free(mult), free(m.xq);
-    if (!mc->self)
-        free(m.xk), free(m.xv);
-    for (int i = 0; i < NPARAM; i++)
-        free(m.w[i]);
+    if (!mc->self) free(m.xk), free(m.xv);
+    for (int i = 0; i < NPARAM; i++) free(m.w[i]);
     lib_free(&L, mc->self);
 }
 
-static void check_both(const mcase *mc, const attn_sdpa_params *p)
-{
+static void check_both(const mcase *mc, const attn_sdpa_params *p) {
     check_case(mc, p, ATTN_IMPL_REFERENCE);
     check_case(mc, p, ATTN_IMPL_AUTO);
 }
 
-static void test_fd(void)
-{
+static void test_fd(void) {
     attn_sdpa_params p = {0};
     mcase self_b = {"self-attn, bias", {8, 2, 8, 8, 1}, 2, 5, 5, 1, 101};
     check_both(&self_b, &p);
@@ -389,14 +370,12 @@ static void test_fd(void)
 
 /* ------------------------------------------------------------ accumulation */
 
-static int bits_eq(const float *a, const float *b, size_t n)
-{
+static int bits_eq(const float *a, const float *b, size_t n) {
     return memcmp(a, b, n * sizeof(float)) == 0;
 }
 
 /* a == b + b bitwise over n floats. */
-static size_t twice_mismatch(const float *a, const float *b, size_t n)
-{
+static size_t twice_mismatch(const float *a, const float *b, size_t n) {
     size_t bad = 0;
     for (size_t i = 0; i < n; i++) {
         const float t = b[i] + b[i];
@@ -405,8 +384,7 @@ static size_t twice_mismatch(const float *a, const float *b, size_t n)
     return bad;
 }
 
-static void test_accumulate(const mcase *mc, const attn_sdpa_params *p0, attn_impl impl)
-{
+static void test_accumulate(const mcase *mc, const attn_sdpa_params *p0, attn_impl impl) {
     attn_sdpa_params p = *p0;
     p.impl = impl;
     const char *in = impl == ATTN_IMPL_REFERENCE ? "REFERENCE" : "AUTO";
@@ -428,8 +406,7 @@ static void test_accumulate(const mcase *mc, const attn_sdpa_params *p0, attn_im
     lib_backward(mc, &L, &p, L.dq, L.dk, L.dv, &L.g.w);
     for (int i = 0; i < NPARAM; i++) {
         const size_t n = pcount(&mc->c, i);
-        if (!n)
-            continue;
+        if (!n) continue;
         const size_t off = (size_t)(pptr(&L.g.w, i) - L.g.buf);
         const size_t bad = twice_mismatch(pptr(&L.g.w, i), g1 + off, n);
         CHECK(bad == 0, "%s/%s: second backward: grad %s is not bitwise x + x (%zu of %zu differ)",
@@ -443,13 +420,15 @@ static void test_accumulate(const mcase *mc, const attn_sdpa_params *p0, attn_im
             e = fmax(e, fabs((double)L.dq[i] - 2.0 * (double)q1[i]));
             s = fmax(s, fabs((double)q1[i]));
         }
-        CHECK(e / s <= 1e-6, "%s/%s: second backward: shared d_x not ~2x (%.3g)", mc->name, in, e / s);
+        CHECK(e / s <= 1e-6, "%s/%s: second backward: shared d_x not ~2x (%.3g)", mc->name, in,
+              e / s);
     } else {
         const size_t bq = twice_mismatch(L.dq, q1, L.nq), bk = twice_mismatch(L.dk, k1, L.nk),
                      bv = twice_mismatch(L.dv, v1, L.nv);
-        CHECK(bq + bk + bv == 0,
-              "%s/%s: second backward: d_query/d_key/d_value not bitwise x + x (%zu/%zu/%zu differ)",
-              mc->name, in, bq, bk, bv);
+        CHECK(
+            bq + bk + bv == 0,
+            "%s/%s: second backward: d_query/d_key/d_value not bitwise x + x (%zu/%zu/%zu differ)",
+            mc->name, in, bq, bk, bv);
     }
 
     /* Onto nonzero buffers: g0 + x up to fp32 rounding of the sums. */
@@ -471,7 +450,8 @@ static void test_accumulate(const mcase *mc, const attn_sdpa_params *p0, attn_im
         for (size_t i = 0; i < L.nv; i++)
             e = fmax(e, fabs((double)d0[i] - ((double)d0init[i] + (double)v1[i])) /
                             (1.0 + fabs((double)v1[i])));
-        CHECK(e <= 1e-6, "%s/%s: backward onto nonzero buffers is not g0 + g (%.3g)", mc->name, in, e);
+        CHECK(e <= 1e-6, "%s/%s: backward onto nonzero buffers is not g0 + g (%.3g)", mc->name, in,
+              e);
     }
 
     /* NULL input gradients: allowed, everything else bitwise unchanged. */
@@ -485,10 +465,13 @@ static void test_accumulate(const mcase *mc, const attn_sdpa_params *p0, attn_im
             memset(c, 0, L.nv * sizeof(float));
             attn_status s = lib_backward(mc, &L, &p, which == 0 ? NULL : a, which == 1 ? NULL : b,
                                          which == 2 ? NULL : c, &gn.w);
-            CHECK(s == ATTN_OK && bits_eq(gn.buf, g1, g0.n) && (which == 0 || bits_eq(a, q1, L.nq)) &&
+            CHECK(s == ATTN_OK && bits_eq(gn.buf, g1, g0.n) &&
+                      (which == 0 || bits_eq(a, q1, L.nq)) &&
                       (which == 1 || bits_eq(b, k1, L.nk)) && (which == 2 || bits_eq(c, v1, L.nv)),
                   "%s/%s: backward with d_%s NULL changes other gradients", mc->name, in,
-                  which == 0 ? "query" : which == 1 ? "key" : "value");
+                  which == 0   ? "query"
+                  : which == 1 ? "key"
+                               : "value");
             free(gn.buf), free(a), free(b), free(c);
         }
     }
@@ -497,8 +480,7 @@ static void test_accumulate(const mcase *mc, const attn_sdpa_params *p0, attn_im
     lib_free(&L, mc->self);
 }
 
-static void test_accumulation(void)
-{
+static void test_accumulation(void) {
     attn_sdpa_params p = {0};
     p.causal = 1;
     const int64_t lens[2] = {6, 3};
@@ -511,7 +493,8 @@ static void test_accumulation(void)
      * GEMM with beta = 1 that adds K-block partial sums into the caller's
      * buffer one at a time is not x + x there. */
     mcase wideE = {"accumulate cross E=384 (K-blocked dX)", {384, 2, 384, 384, 0}, 1, 8, 8, 0, 204};
-    mcase longL = {"accumulate cross B*L=1024 (K-blocked dW)", {16, 2, 16, 16, 0}, 2, 512, 512, 0, 205};
+    mcase longL = {
+        "accumulate cross B*L=1024 (K-blocked dW)", {16, 2, 16, 16, 0}, 2, 512, 512, 0, 205};
     const attn_impl impls[2] = {ATTN_IMPL_REFERENCE, ATTN_IMPL_AUTO};
     for (int i = 0; i < 2; i++) {
         test_accumulate(&cross, &p, impls[i]);
@@ -523,8 +506,7 @@ static void test_accumulation(void)
     test_accumulate(&longL, &p, ATTN_IMPL_AUTO);
 }
 
-int main(void)
-{
+int main(void) {
     attn_set_num_threads(1, NULL); /* many tiny calls: no fork/join each */
     test_fd();
     /* Once more with two threads (BLAS and the SDPA kernels split work). */

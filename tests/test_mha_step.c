@@ -27,7 +27,8 @@ static float xs[B * L * E]; /* row b's sequence: xs[b][t][:] */
 /* fp64 causal MHA of one sequence x [n, E] (bias on) into y [n, E]. */
 static void oracle(const attn_mha_weights *w, const float *x, int64_t n, double *y) {
     double *q = tu_malloc((size_t)(3 * n * E) * sizeof(double)), *k = q + n * E, *v = k + n * E;
-    double *o = tu_malloc((size_t)(n * E) * sizeof(double)), *p = tu_malloc((size_t)n * sizeof(double));
+    double *o = tu_malloc((size_t)(n * E) * sizeof(double)),
+           *p = tu_malloc((size_t)n * sizeof(double));
     const float *W[3] = {w->w_q, w->w_k, w->w_v}, *bias[3] = {w->b_q, w->b_k, w->b_v};
     double *P[3] = {q, k, v};
     for (int m = 0; m < 3; m++)
@@ -73,13 +74,15 @@ static attn_mha_config g_cfg = {E, NH, 0, 0, 1};
 static attn_mha_weights g_w;
 static double g_worst_step, g_worst_fwd;
 
-static void *new_kv(attn_mha_kv *kv, int64_t batch, int64_t max_len, int64_t max_step, int threads) {
+static void *new_kv(attn_mha_kv *kv, int64_t batch, int64_t max_len, int64_t max_step,
+                    int threads) {
     attn_mha_kv_shape s = {batch, max_len, max_step, threads};
     size_t bytes = 0;
     attn_error err;
     CHECK(attn_mha_kv_bytes(&g_cfg, &s, &bytes, &err) == ATTN_OK, "kv_bytes: %s", err.message);
     void *mem = tu_malloc(bytes);
-    CHECK(attn_mha_kv_init(&g_cfg, &s, mem, bytes, kv, &err) == ATTN_OK, "kv_init: %s", err.message);
+    CHECK(attn_mha_kv_init(&g_cfg, &s, mem, bytes, kv, &err) == ATTN_OK, "kv_init: %s",
+          err.message);
     return mem;
 }
 
@@ -125,7 +128,8 @@ static void run_chunks(const int *chunks, int nchunks, const int *late, int thre
                 kv.len[r] = 0;
                 continue;
             }
-            memcpy(ys + ((size_t)r * L + pos[r]) * E, y + r * lq * E, (size_t)lq * E * sizeof(float));
+            memcpy(ys + ((size_t)r * L + pos[r]) * E, y + r * lq * E,
+                   (size_t)lq * E * sizeof(float));
             pos[r] += lq;
             CHECK(kv.len[r] == pos[r], "row %d: len %lld after the step, want %d", r,
                   (long long)kv.len[r], pos[r]);
@@ -198,7 +202,8 @@ static void test_against_forward(void) {
     check_rows("one-step prefill", ys, want);
     /* weights in buffers of their own: three products, not the stacked one */
     attn_mha_weights w3 = g_w;
-    float *const parts[8] = {g_w.w_q, g_w.w_k, g_w.w_v, g_w.w_o, g_w.b_q, g_w.b_k, g_w.b_v, g_w.b_o};
+    float *const parts[8] = {g_w.w_q, g_w.w_k, g_w.w_v, g_w.w_o,
+                             g_w.b_q, g_w.b_k, g_w.b_v, g_w.b_o};
     float **dst[8] = {&w3.w_q, &w3.w_k, &w3.w_v, &w3.w_o, &w3.b_q, &w3.b_k, &w3.b_v, &w3.b_o};
     float *sep[8];
     for (int i = 0; i < 8; i++) {
@@ -240,7 +245,8 @@ static void test_refusals(void) {
     CHECK_ERR(attn_mha_step(&g_cfg, &g_w, &kv, 0, 1, x, NULL, y, &err), ATTN_ERR_SHAPE, &err);
     CHECK_ERR(attn_mha_step(&g_cfg, &g_w, &kv, 1, 3, x, NULL, y, &err), ATTN_ERR_SHAPE, &err);
     CHECK_ERR(attn_mha_step(&g_cfg, &g_w, &kv, 1, 0, x, NULL, y, &err), ATTN_ERR_SHAPE, &err);
-    attn_mha_config other = {2 * E, NH, 0, 0, 1}, cross = {E, NH, E / 2, 0, 1}, heads = {E, 2, 0, 0, 1};
+    attn_mha_config other = {2 * E, NH, 0, 0, 1}, cross = {E, NH, E / 2, 0, 1},
+                    heads = {E, 2, 0, 0, 1};
     CHECK_ERR(attn_mha_step(&other, &g_w, &kv, 1, 1, x, NULL, y, &err), ATTN_ERR_SHAPE, &err);
     CHECK_ERR(attn_mha_step(&cross, &g_w, &kv, 1, 1, x, NULL, y, &err), ATTN_ERR_SHAPE, &err);
     CHECK_ERR(attn_mha_step(&heads, &g_w, &kv, 1, 1, x, NULL, y, &err), ATTN_ERR_SHAPE, &err);
@@ -285,7 +291,8 @@ static void test_refusals(void) {
     /* sizing and init */
     attn_mha_kv_shape s = {2, 4, 2, 1};
     size_t bytes = 0;
-    CHECK(attn_mha_kv_bytes(&g_cfg, &s, &bytes, &err) == ATTN_OK && bytes > 2 * 2 * 4 * E * sizeof(float),
+    CHECK(attn_mha_kv_bytes(&g_cfg, &s, &bytes, &err) == ATTN_OK &&
+              bytes > 2 * 2 * 4 * E * sizeof(float),
           "kv_bytes %zu", bytes);
     char *small = tu_malloc(bytes + 1);
     CHECK_ERR(attn_mha_kv_init(&g_cfg, &s, small, bytes - 1, &kv, &err), ATTN_ERR_NOMEM, &err);
@@ -295,8 +302,8 @@ static void test_refusals(void) {
           "unaligned block: %s", err.message);
     p = (attn_sdpa_params){0};
     p.num_threads = 1;
-    CHECK(attn_mha_step(&g_cfg, &g_w, &kv, 2, 2, x, &p, y, &err) == ATTN_OK, "unaligned block step: %s",
-          err.message);
+    CHECK(attn_mha_step(&g_cfg, &g_w, &kv, 2, 2, x, &p, y, &err) == ATTN_OK,
+          "unaligned block step: %s", err.message);
     CHECK_ERR(attn_mha_kv_init(&g_cfg, &s, NULL, bytes, &kv, &err), ATTN_ERR_NULL, &err);
     CHECK_ERR(attn_mha_kv_bytes(&g_cfg, &s, NULL, &err), ATTN_ERR_NULL, &err);
     CHECK_ERR(attn_mha_kv_bytes(&g_cfg, NULL, &bytes, &err), ATTN_ERR_NULL, &err);

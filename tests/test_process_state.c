@@ -41,11 +41,11 @@ static void work(int threads, results *r) {
     attn_mha_cache_size(&c, B, L, L, &nc, NULL);
     float *cache = tu_malloc(nc * sizeof(float));
     attn_error err;
-    CHECK(attn_mha_forward(&c, &w, B, L, L, x, x, x, &p, r->y, ATTN_WEIGHTS_NONE, NULL, cache, &err) ==
-              ATTN_OK,
+    CHECK(attn_mha_forward(&c, &w, B, L, L, x, x, x, &p, r->y, ATTN_WEIGHTS_NONE, NULL, cache,
+                           &err) == ATTN_OK,
           "forward: %s", err.message);
-    CHECK(attn_mha_backward(&c, &w, B, L, L, x, x, x, &p, cache, dy, r->dx, r->dx, r->dx, &gw, &err) ==
-              ATTN_OK,
+    CHECK(attn_mha_backward(&c, &w, B, L, L, x, x, x, &p, cache, dy, r->dx, r->dx, r->dx, &gw,
+                            &err) == ATTN_OK,
           "backward: %s", err.message);
     free(cache);
     attn_mha_kv_shape s = {B, L, 1, threads};
@@ -59,7 +59,8 @@ static void work(int threads, results *r) {
     for (int t = 0; t < L; t++) {
         float xt[B * E], yt[B * E];
         for (int b = 0; b < B; b++) memcpy(xt + b * E, x + (b * L + t) * E, E * sizeof(float));
-        CHECK(attn_mha_step(&c, &w, &kv, B, 1, xt, &ps, yt, &err) == ATTN_OK, "step: %s", err.message);
+        CHECK(attn_mha_step(&c, &w, &kv, B, 1, xt, &ps, yt, &err) == ATTN_OK, "step: %s",
+              err.message);
         for (int b = 0; b < B; b++) memcpy(r->ys + (b * L + t) * E, yt + b * E, E * sizeof(float));
     }
     free(mem);
@@ -73,7 +74,8 @@ static void test_state_untouched(void) {
     for (int t = 1; t <= 3; t++) {
         work(t, r);
         CHECK(omp_get_max_threads() == omp_before && openblas_get_num_threads() == blas_before,
-              "after calls with %d threads: omp_get_max_threads %d (was %d), OpenBLAS threads %d (was %d)",
+              "after calls with %d threads: omp_get_max_threads %d (was %d), OpenBLAS threads %d "
+              "(was %d)",
               t, omp_get_max_threads(), omp_before, openblas_get_num_threads(), blas_before);
     }
     /* the SDPA entry points and the fused path's BLAS hook too */
@@ -90,8 +92,8 @@ static void test_state_untouched(void) {
             attn_sdpa_params p = {0};
             p.impl = (attn_impl)impl, p.num_threads = 1 + blas;
             CHECK(attn_sdpa_forward(&t, &t, &t, &p, &to, NULL, lse, NULL, NULL) == ATTN_OK &&
-                      attn_sdpa_backward(&t, &t, &t, &to, lse, &t, &p, &tdq, &tdk, &tdv, NULL, NULL) ==
-                          ATTN_OK,
+                      attn_sdpa_backward(&t, &t, &t, &to, lse, &t, &p, &tdq, &tdk, &tdv, NULL,
+                                         NULL) == ATTN_OK,
                   "sdpa impl %d", impl);
             CHECK(omp_get_max_threads() == omp_before && openblas_get_num_threads() == blas_before,
                   "after SDPA (impl %d, BLAS tiles %d): omp %d, OpenBLAS %d", impl, blas,
@@ -128,11 +130,12 @@ static void test_sgemm(void) {
                     worst = e > worst ? e : worst;
                 }
             /* K = 33 products of |x| < 1: fp32 rounding is below 33 * 2^-24 * 33 */
-            CHECK(worst < 1e-4, "sgemm M %lld trans %d%d: %.3g from fp64", (long long)M, ta, tb, worst);
+            CHECK(worst < 1e-4, "sgemm M %lld trans %d%d: %.3g from fp64", (long long)M, ta, tb,
+                  worst);
             for (int t = 2; t <= 3; t++) {
                 attn_sgemm(ta, tb, M, N, K, 1.0f, A, lda, Bm, ldb, 0.0f, C2, N, t);
-                CHECK(memcmp(C1, C2, (size_t)(M * N) * 4) == 0, "sgemm M %lld trans %d%d: %d threads differ",
-                      (long long)M, ta, tb, t);
+                CHECK(memcmp(C1, C2, (size_t)(M * N) * 4) == 0,
+                      "sgemm M %lld trans %d%d: %d threads differ", (long long)M, ta, tb, t);
             }
             free(A), free(Bm), free(C1), free(C2);
         }
@@ -155,7 +158,8 @@ static void test_concurrent(void) {
     job *jobs = tu_malloc(2 * sizeof *jobs);
     jobs[0].threads = 1, jobs[1].threads = 2;
     pthread_t th[2];
-    for (int i = 0; i < 2; i++) CHECK(pthread_create(&th[i], NULL, run_job, &jobs[i]) == 0, "pthread_create");
+    for (int i = 0; i < 2; i++)
+        CHECK(pthread_create(&th[i], NULL, run_job, &jobs[i]) == 0, "pthread_create");
     for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
     for (int i = 0; i < 2; i++)
         CHECK(memcmp(&jobs[i].r, alone, sizeof *alone) == 0,

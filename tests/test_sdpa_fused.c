@@ -76,9 +76,9 @@ static void accuracy(int qi, double ef, double er, const char *what, const shape
     const double ratio = ef / (er > FLOOR ? er : FLOOR);
     if (ratio > g_ratio[qi] && isfinite(ratio)) g_ratio[qi] = ratio;
     if (getenv("RATIO_LOG") && ratio > 1.5)
-        printf("ratio %.3f %s [%s] %s B%lld H%lld Lq%lld Lk%lld Dk%lld Dv%lld\n", ratio, what, g_isa, s->name,
-               (long long)s->B, (long long)s->H, (long long)s->Lq, (long long)s->Lk, (long long)s->Dk,
-               (long long)s->Dv);
+        printf("ratio %.3f %s [%s] %s B%lld H%lld Lq%lld Lk%lld Dk%lld Dv%lld\n", ratio, what,
+               g_isa, s->name, (long long)s->B, (long long)s->H, (long long)s->Lq, (long long)s->Lk,
+               (long long)s->Dk, (long long)s->Dv);
     if (ef > g_err_f[qi] && isfinite(ef)) g_err_f[qi] = ef;
     if (er > g_err_r[qi] && isfinite(er)) g_err_r[qi] = er;
 }
@@ -101,7 +101,7 @@ static double finite_diff(const float *a, const double *b, size_t n, double scal
     for (size_t i = 0; i < n; i++) {
         if (isnan(a[i]) || isnan(b[i])) continue;
         double e = (isinf(a[i]) || isinf(b[i])) ? (a[i] == b[i] ? 0.0 : INFINITY)
-                                                 : fabs((double)a[i] - b[i]) / scale;
+                                                : fabs((double)a[i] - b[i]) / scale;
         if (e > m) m = e;
     }
     return m;
@@ -146,7 +146,8 @@ static int run_path(const shape *s, const attn_sdpa_params *p0, attn_impl impl, 
     CHECK(info.impl == impl, "[%s] %s: info.impl %d, wanted %d", g_isa, s->name, (int)info.impl,
           (int)impl);
     if (impl == ATTN_IMPL_FUSED)
-        CHECK(strncmp(info.reason, "fused path: ", 12) == 0, "[%s] reason '%s'", g_isa, info.reason);
+        CHECK(strncmp(info.reason, "fused path: ", 12) == 0, "[%s] reason '%s'", g_isa,
+              info.reason);
     else
         CHECK(strcmp(info.reason, "reference path: requested by the caller") == 0,
               "[%s] reason '%s'", g_isa, info.reason);
@@ -159,7 +160,9 @@ static int run_path(const shape *s, const attn_sdpa_params *p0, attn_impl impl, 
     return st == ATTN_OK;
 }
 
-static int same_bits(const void *a, const void *b, size_t bytes) { return memcmp(a, b, bytes) == 0; }
+static int same_bits(const void *a, const void *b, size_t bytes) {
+    return memcmp(a, b, bytes) == 0;
+}
 
 static void run_case(const shape *s, const attn_sdpa_params *p, uint64_t seed, prep_fn prep) {
     const int64_t B = s->B, H = s->H, Lq = s->Lq, Lk = s->Lk, Dk = s->Dk, Dv = s->Dv;
@@ -167,8 +170,10 @@ static void run_case(const shape *s, const attn_sdpa_params *p, uint64_t seed, p
                  nQ = (size_t)(B * H * Lq * Dk), nK = (size_t)(B * H * Lk * Dk),
                  nV = (size_t)(B * H * Lk * Dv);
     tu_rng rng = tu_seed(seed);
-    gu_view q = gu_make_view(s->lay_q, B, H, Lq, Dk, 0.0f), k = gu_make_view(s->lay_k, B, H, Lk, Dk, 0.0f),
-            v = gu_make_view(s->lay_v, B, H, Lk, Dv, 0.0f), go = gu_make_view(s->lay_o, B, H, Lq, Dv, 0.0f);
+    gu_view q = gu_make_view(s->lay_q, B, H, Lq, Dk, 0.0f),
+            k = gu_make_view(s->lay_k, B, H, Lk, Dk, 0.0f),
+            v = gu_make_view(s->lay_v, B, H, Lk, Dv, 0.0f),
+            go = gu_make_view(s->lay_o, B, H, Lq, Dv, 0.0f);
     const float amp = s->amp > 0 ? s->amp : 1.0f;
     gu_fill_view(&q, &rng, -amp, amp);
     gu_fill_view(&k, &rng, -amp, amp);
@@ -198,7 +203,8 @@ static void run_case(const shape *s, const attn_sdpa_params *p, uint64_t seed, p
                   "[%s] %s: backward with %d threads differs from 1 thread", g_isa, s->name, t + 2);
         }
         CHECK(gu_gaps_touched(&f1.o, SENT) + gu_gaps_touched(&f1.dq, SENT) +
-                      gu_gaps_touched(&f1.dk, SENT) + gu_gaps_touched(&f1.dv, SENT) == 0,
+                      gu_gaps_touched(&f1.dk, SENT) + gu_gaps_touched(&f1.dv, SENT) ==
+                  0,
               "[%s] %s: fused path wrote outside a view", g_isa, s->name);
         /* out and lse do not depend on whether weights are wanted */
         gu_view o2 = gu_make_view(s->lay_o, B, H, Lq, Dv, SENT);
@@ -228,7 +234,8 @@ static void run_case(const shape *s, const attn_sdpa_params *p, uint64_t seed, p
             attn_sdpa_params pr = *p;
             pr.impl = ATTN_IMPL_REFERENCE;
             mult = tu_malloc(nW * sizeof(double));
-            CHECK(gu_dropout_mult(B, H, Lq, Lk, &pr, mult, NULL) == 0, "%s: mask read-back", s->name);
+            CHECK(gu_dropout_mult(B, H, Lq, Lk, &pr, mult, NULL) == 0, "%s: mask read-back",
+                  s->name);
             gu_sdpa_fwd(&d, qd, kd, vd, p, mult, ro);
         }
         const double vmax = tu_maxabs(v.buf, v.n) > 0 ? tu_maxabs(v.buf, v.n) : 1.0;
@@ -238,7 +245,8 @@ static void run_case(const shape *s, const attn_sdpa_params *p, uint64_t seed, p
         accuracy(Q_LSE, tu_maxreldiff1(f1.lse, rl, nL), tu_maxreldiff1(ref.lse, rl, nL), "lse", s);
         if (drop) { /* same mask as the reference: fused within the bound of it */
             double *rfd = tu_doubles(rfo, nO);
-            const double e_fr = tu_maxdiff(fo, rfd, nO) / vmax, e_r = tu_maxdiff(rfo, ro, nO) / vmax;
+            const double e_fr = tu_maxdiff(fo, rfd, nO) / vmax,
+                         e_r = tu_maxdiff(rfo, ro, nO) / vmax;
             CHECK(e_fr <= 3.0 * e_r + FLOOR, "[%s] %s: dropout out differs from reference by %.3g",
                   g_isa, s->name, e_fr);
             free(rfd);
@@ -249,9 +257,12 @@ static void run_case(const shape *s, const attn_sdpa_params *p, uint64_t seed, p
         gu_sdpa_bwd(&d, qd, kd, vd, god, p, mult, aq, ak, av);
         float *fq = tu_gather(&f1.dq.t), *fk = tu_gather(&f1.dk.t), *fv = tu_gather(&f1.dv.t);
         float *rq = tu_gather(&ref.dq.t), *rk = tu_gather(&ref.dk.t), *rv = tu_gather(&ref.dv.t);
-        accuracy(Q_DQ, relerr_nf(fq, aq, nQ, GRAD_SCALE), relerr_nf(rq, aq, nQ, GRAD_SCALE), "dq", s);
-        accuracy(Q_DK, relerr_nf(fk, ak, nK, GRAD_SCALE), relerr_nf(rk, ak, nK, GRAD_SCALE), "dk", s);
-        accuracy(Q_DV, relerr_nf(fv, av, nV, GRAD_SCALE), relerr_nf(rv, av, nV, GRAD_SCALE), "dv", s);
+        accuracy(Q_DQ, relerr_nf(fq, aq, nQ, GRAD_SCALE), relerr_nf(rq, aq, nQ, GRAD_SCALE), "dq",
+                 s);
+        accuracy(Q_DK, relerr_nf(fk, ak, nK, GRAD_SCALE), relerr_nf(rk, ak, nK, GRAD_SCALE), "dk",
+                 s);
+        accuracy(Q_DV, relerr_nf(fv, av, nV, GRAD_SCALE), relerr_nf(rv, av, nV, GRAD_SCALE), "dv",
+                 s);
         /* Structural zeros: a row that sees no key has dq exactly 0; a key
          * that no row sees has dk and dv exactly 0 (never NaN, never a
          * rounding residue). */
@@ -262,14 +273,18 @@ static void run_case(const shape *s, const attn_sdpa_params *p, uint64_t seed, p
         for (int64_t bh = 0; bh < B * H; bh++)
             for (int64_t j = 0; j < Lk; j++) {
                 int seen = 0;
-                for (int64_t i = 0; i < Lq && !seen; i++) seen = rw[(size_t)((bh * Lq + i) * Lk + j)] != 0.0;
+                for (int64_t i = 0; i < Lq && !seen; i++)
+                    seen = rw[(size_t)((bh * Lq + i) * Lk + j)] != 0.0;
                 if (seen) continue;
-                for (int64_t x = 0; x < Dk; x++) bad += fk[(size_t)((bh * Lk + j) * Dk + x)] != 0.0f;
-                for (int64_t x = 0; x < Dv; x++) bad += fv[(size_t)((bh * Lk + j) * Dv + x)] != 0.0f;
+                for (int64_t x = 0; x < Dk; x++)
+                    bad += fk[(size_t)((bh * Lk + j) * Dk + x)] != 0.0f;
+                for (int64_t x = 0; x < Dv; x++)
+                    bad += fv[(size_t)((bh * Lk + j) * Dv + x)] != 0.0f;
             }
         CHECK(bad == 0, "[%s] %s: %zu structurally zero gradient entries are not exactly 0", g_isa,
               s->name, bad);
-        free(qd), free(kd), free(vd), free(god), free(ro), free(rw), free(rl), free(mult), free(empty);
+        free(qd), free(kd), free(vd), free(god), free(ro), free(rw), free(rl), free(mult),
+            free(empty);
         free(fo), free(rfo), free(aq), free(ak), free(av);
         free(fq), free(fk), free(fv), free(rq), free(rk), free(rv);
     }
@@ -288,8 +303,8 @@ typedef struct {
 /* Mask of dims [mB, mH, Lq, Lk] (mB in {1, B}, mH in {1, H}), stored
  * row-major or key-major; bool keeps with probability keep, additive values
  * in [-2, 1] with a fraction -inf; `dead_rows` rows fully removed. */
-static mask_buf make_mask(int is_bool, int key_major, int64_t mB, int64_t mH, int64_t Lq, int64_t Lk,
-                          tu_rng *r, double keep, int dead_rows) {
+static mask_buf make_mask(int is_bool, int key_major, int64_t mB, int64_t mH, int64_t Lq,
+                          int64_t Lk, tu_rng *r, double keep, int dead_rows) {
     mask_buf mb;
     const size_t n = (size_t)(mB * mH * Lq * Lk);
     mb.buf = tu_malloc(n * (is_bool ? 1 : sizeof(float)));
@@ -311,7 +326,8 @@ static mask_buf make_mask(int is_bool, int key_major, int64_t mB, int64_t mH, in
                     if (is_bool)
                         ((uint8_t *)mb.buf)[off] = (uint8_t)kept;
                     else
-                        ((float *)mb.buf)[off] = kept ? (float)(-2.0 + 3.0 * tu_unif(r)) : -INFINITY;
+                        ((float *)mb.buf)[off] =
+                            kept ? (float)(-2.0 + 3.0 * tu_unif(r)) : -INFINITY;
                 }
             }
     return mb;
@@ -331,11 +347,13 @@ static void prep_large(gu_view *q, gu_view *k, gu_view *v, tu_rng *r) {
                     q->buf[tu_off(tq, b, h, l, d)] = (float)(tu_unif(r) < 0.5 ? -mag : mag);
                 }
             for (int64_t l = 0; l < tk->dim[2]; l++)
-                for (int64_t d = 0; d < tk->dim[3]; d++) k->buf[tu_off(tk, b, h, l, d)] = (float)tu_int(r, 0, 2);
+                for (int64_t d = 0; d < tk->dim[3]; d++)
+                    k->buf[tu_off(tk, b, h, l, d)] = (float)tu_int(r, 0, 2);
         }
 }
 
-static shape sh(const char *name, int64_t B, int64_t H, int64_t Lq, int64_t Lk, int64_t Dk, int64_t Dv) {
+static shape sh(const char *name, int64_t B, int64_t H, int64_t Lq, int64_t Lk, int64_t Dk,
+                int64_t Dv) {
     shape s = {name, B, H, Lq, Lk, Dk, Dv, GU_BHLD, GU_BHLD, GU_BHLD, GU_BHLD, 1.0f};
     return s;
 }
@@ -412,8 +430,10 @@ static void random_params(tu_rng *r, const shape *s, attn_sdpa_params *p, int64_
         const int dead = (int)tu_int(r, 0, 2);
         mask_buf *m = kind ? mb : ma;
         *m = make_mask(kind, key_major, mB, mH, s->Lq, s->Lk, r, kind ? 0.8 : 0.9, dead);
-        if (kind) p->bool_mask = &m->m;
-        else p->add_mask = &m->m;
+        if (kind)
+            p->bool_mask = &m->m;
+        else
+            p->add_mask = &m->m;
     }
     if (allow_dropout && tu_unif(r) < 0.25) {
         p->training = 1;
@@ -425,7 +445,8 @@ static void random_params(tu_rng *r, const shape *s, attn_sdpa_params *p, int64_
 }
 
 static void test_random(int iters, uint64_t seed) {
-    static const int64_t dims[] = {1, 2, 3, 5, 8, 15, 16, 17, 31, 32, 33, 48, 64, 65, 100, 128, 256};
+    static const int64_t dims[] = {1,  2,  3,  5,  8,  15,  16,  17, 31,
+                                   32, 33, 48, 64, 65, 100, 128, 256};
     static const int64_t lens_q[] = {1, 2, 3, 4, 5, 9, 16, 17, 31, 63, 64, 65, 100, 129, 150};
     static const int64_t lens_k[] = {1, 2, 7, 33, 63, 64, 65, 100, 127, 128, 129, 200, 300, 520};
     tu_rng r = tu_seed(seed);
@@ -439,10 +460,14 @@ static void test_random(int iters, uint64_t seed) {
         shape s = sh("random", B, H, Lq, Lk, Dk, Dv);
         /* keep the fp64 work bounded */
         while ((double)s.B * s.H * s.Lq * s.Lk * (double)(s.Dk + s.Dv) > 3e6) {
-            if (s.Dk > 8) s.Dk /= 2;
-            else if (s.Dv > 8) s.Dv /= 2;
-            else if (s.Lk > 16) s.Lk /= 2;
-            else s.Lq = (s.Lq + 1) / 2;
+            if (s.Dk > 8)
+                s.Dk /= 2;
+            else if (s.Dv > 8)
+                s.Dv /= 2;
+            else if (s.Lk > 16)
+                s.Lk /= 2;
+            else
+                s.Lq = (s.Lq + 1) / 2;
         }
         if (tu_unif(&r) < 0.3) s.Lq = s.Lk; /* self-attention shapes */
         s.lay_q = (int)tu_int(&r, 0, GU_LAYOUTS - 1);
@@ -460,7 +485,8 @@ static void test_random(int iters, uint64_t seed) {
 
 /* Every mask alone and all together, block and decode shapes. */
 static void test_masks(int nshapes) {
-    const shape shapes[] = {sh("masks block", 2, 2, 90, 130, 16, 24), sh("masks decode", 2, 2, 3, 600, 16, 24),
+    const shape shapes[] = {sh("masks block", 2, 2, 90, 130, 16, 24),
+                            sh("masks decode", 2, 2, 3, 600, 16, 24),
                             sh("masks Lq>Lk", 1, 2, 150, 70, 8, 8)};
     for (int si = 0; si < nshapes; si++) {
         const shape *s = &shapes[si];
@@ -498,7 +524,8 @@ static void test_masks(int nshapes) {
 }
 
 static void test_dropout(void) {
-    const shape shapes[] = {sh("dropout block", 2, 2, 70, 100, 32, 16), sh("dropout decode", 2, 3, 1, 700, 32, 16),
+    const shape shapes[] = {sh("dropout block", 2, 2, 70, 100, 32, 16),
+                            sh("dropout decode", 2, 3, 1, 700, 32, 16),
                             sh("dropout odd", 1, 1, 33, 9, 5, 3)};
     for (int si = 0; si < 3; si++)
         for (int c = 0; c < 2; c++) {
@@ -582,7 +609,8 @@ static void run_nonfinite(const shape *s, const attn_sdpa_params *p, uint64_t se
 }
 
 static void test_nonfinite(void) {
-    const shape blk = sh("NaN query row", 2, 2, 70, 90, 12, 10), dec = sh("NaN query row decode", 2, 2, 2, 300, 12, 10);
+    const shape blk = sh("NaN query row", 2, 2, 70, 90, 12, 10),
+                dec = sh("NaN query row decode", 2, 2, 2, 300, 12, 10);
     attn_sdpa_params p = {0};
     run_nonfinite(&blk, &p, 800, prep_nan_q);
     run_nonfinite(&dec, &p, 801, prep_nan_q);
@@ -688,7 +716,8 @@ int main(void) {
         test_nonfinite();
         test_random(full ? 36 : 10, 0xF00D + (uint64_t)i);
         if (full) test_blas_mode();
-        printf("test_sdpa_fused: %s kernels: %d cases (%d checks so far)\n", isas[i], g_cases - before, tu_pass + tu_fail);
+        printf("test_sdpa_fused: %s kernels: %d cases (%d checks so far)\n", isas[i],
+               g_cases - before, tu_pass + tu_fail);
     }
     unsetenv("ATTN_FUSED_ISA");
     attn_test_reload_env();

@@ -37,10 +37,7 @@ static double g_worst_lib, g_worst_fd;
 
 #define FD_SAMPLES 48
 /* Odd stride so the samples walk across rows and columns. */
-static size_t fd_step(size_t n)
-{
-    return n <= 2 * FD_SAMPLES ? 1 : (n / FD_SAMPLES) | 1;
-}
+static size_t fd_step(size_t n) { return n <= 2 * FD_SAMPLES ? 1 : (n / FD_SAMPLES) | 1; }
 
 typedef struct {
     gu_dims d;
@@ -48,8 +45,7 @@ typedef struct {
     const attn_sdpa_params *p;
 } fd_ctx;
 
-static double fd_loss(void *c)
-{
+static double fd_loss(void *c) {
     fd_ctx *x = c;
     const gu_dims *d = &x->d;
     gu_sdpa_fwd(d, x->q, x->k, x->v, x->p, x->mult, x->out);
@@ -59,20 +55,18 @@ static double fd_loss(void *c)
 typedef struct {
     const char *name;
     gu_dims d;
-    int lay;            /* layout of every tensor, GU_* */
-    float lo, hi;       /* uniform range of q and k */
+    int lay;      /* layout of every tensor, GU_* */
+    float lo, hi; /* uniform range of q and k */
     uint64_t seed;
 } gcase;
 
-static const char *impl_name(attn_impl i)
-{
+static const char *impl_name(attn_impl i) {
     return i == ATTN_IMPL_REFERENCE ? "REFERENCE" : "AUTO";
 }
 
 /* One case on one path. FD runs once per case (on the REFERENCE pass): the
  * analytic gradient does not depend on the path. */
-static void run_impl(const gcase *c, const attn_sdpa_params *p0, attn_impl impl)
-{
+static void run_impl(const gcase *c, const attn_sdpa_params *p0, attn_impl impl) {
     const gu_dims d = c->d;
     const int64_t B = d.B, H = d.H, Lq = d.Lq, Lk = d.Lk, Dk = d.Dk, Dv = d.Dv;
     const size_t nq = (size_t)(B * H * Lq * Dk), nk = (size_t)(B * H * Lk * Dk),
@@ -83,14 +77,17 @@ static void run_impl(const gcase *c, const attn_sdpa_params *p0, attn_impl impl)
     const char *in = impl_name(impl);
 
     tu_rng r = tu_seed(c->seed);
-    gu_view q = gu_make_view(c->lay, B, H, Lq, Dk, 0.0f), k = gu_make_view(c->lay, B, H, Lk, Dk, 0.0f),
-            v = gu_make_view(c->lay, B, H, Lk, Dv, 0.0f), go = gu_make_view(c->lay, B, H, Lq, Dv, 0.0f),
+    gu_view q = gu_make_view(c->lay, B, H, Lq, Dk, 0.0f),
+            k = gu_make_view(c->lay, B, H, Lk, Dk, 0.0f),
+            v = gu_make_view(c->lay, B, H, Lk, Dv, 0.0f),
+            go = gu_make_view(c->lay, B, H, Lq, Dv, 0.0f),
             o = gu_make_view(c->lay, B, H, Lq, Dv, SENTINEL);
     gu_fill_view(&q, &r, c->lo, c->hi);
     gu_fill_view(&k, &r, c->lo, c->hi);
     gu_fill_view(&v, &r, -1.0f, 1.0f);
     gu_fill_view(&go, &r, -1.0f, 1.0f);
-    gu_view gq = gu_make_view(c->lay, B, H, Lq, Dk, SENTINEL), gk = gu_make_view(c->lay, B, H, Lk, Dk, SENTINEL),
+    gu_view gq = gu_make_view(c->lay, B, H, Lq, Dk, SENTINEL),
+            gk = gu_make_view(c->lay, B, H, Lk, Dk, SENTINEL),
             gv = gu_make_view(c->lay, B, H, Lk, Dv, SENTINEL);
     float *lse = tu_malloc(nl * sizeof(float));
 
@@ -107,7 +104,8 @@ static void run_impl(const gcase *c, const attn_sdpa_params *p0, attn_impl impl)
     attn_sdpa_info info;
     attn_status s = attn_sdpa_forward(&q.t, &k.t, &v.t, &p, &o.t, NULL, lse, &info, &err);
     CHECK(s == ATTN_OK, "%s/%s: forward %s: %s", c->name, in, attn_status_name(s), err.message);
-    s = attn_sdpa_backward(&q.t, &k.t, &v.t, &o.t, lse, &go.t, &p, &gq.t, &gk.t, &gv.t, &info, &err);
+    s = attn_sdpa_backward(&q.t, &k.t, &v.t, &o.t, lse, &go.t, &p, &gq.t, &gk.t, &gv.t, &info,
+                           &err);
     CHECK(s == ATTN_OK, "%s/%s: backward %s: %s", c->name, in, attn_status_name(s), err.message);
     if (impl == ATTN_IMPL_REFERENCE)
         CHECK(info.impl == ATTN_IMPL_REFERENCE, "%s: info.impl %d", c->name, (int)info.impl);
@@ -125,8 +123,7 @@ static void run_impl(const gcase *c, const attn_sdpa_params *p0, attn_impl impl)
                *rl = tu_malloc(nl * sizeof(double));
         ref_sdpa(B, H, Lq, Lk, Dk, Dv, qd, kd, vd, &p, ro, rw, rl, NULL);
         double e = 0.0;
-        for (size_t i = 0; i < no; i++)
-            e = fmax(e, fabs(ro[i] - ao[i]));
+        for (size_t i = 0; i < no; i++) e = fmax(e, fabs(ro[i] - ao[i]));
         CHECK(e <= 1e-12, "%s: fp64 forward vs ref_oracle: %.3g", c->name, e);
         free(ro), free(rw), free(rl);
     }
@@ -139,7 +136,8 @@ static void run_impl(const gcase *c, const attn_sdpa_params *p0, attn_impl impl)
      * row with one visible key: P = 1, dS = dP - dP) keeps the fp32
      * rounding of the terms that cancel, which are of the size of the
      * case's other gradients. */
-    const double floor = 0.1 * fmax(gu_maxabs_d(aq, nq), fmax(gu_maxabs_d(ak, nk), gu_maxabs_d(av, nv)));
+    const double floor =
+        0.1 * fmax(gu_maxabs_d(aq, nq), fmax(gu_maxabs_d(ak, nk), gu_maxabs_d(av, nv)));
     const double eq = gu_relerr(fq, aq, nq, floor), ek = gu_relerr(fk, ak, nk, floor),
                  ev = gu_relerr(fv, av, nv, floor);
     CHECK(eq <= TOL_LIB && ek <= TOL_LIB && ev <= TOL_LIB,
@@ -152,15 +150,16 @@ static void run_impl(const gcase *c, const attn_sdpa_params *p0, attn_impl impl)
     const size_t bz = gu_rows_not_zero(fq, rq, nl, Dk, &zq) +
                       gu_rows_not_zero(fk, rk, (size_t)(B * H * Lk), Dk, &zk) +
                       gu_rows_not_zero(fv, rv, (size_t)(B * H * Lk), Dv, &zv);
-    CHECK(bz == 0, "%s/%s: %zu structurally-zero gradient entries (no term reaches them) are not exactly 0",
+    CHECK(bz == 0,
+          "%s/%s: %zu structurally-zero gradient entries (no term reaches them) are not exactly 0",
           c->name, in, bz);
     free(rq), free(rk), free(rv);
     CHECK(gu_gaps_touched(&gq, SENTINEL) + gu_gaps_touched(&gk, SENTINEL) +
-                  gu_gaps_touched(&gv, SENTINEL) == 0,
+                  gu_gaps_touched(&gv, SENTINEL) ==
+              0,
           "%s/%s: backward wrote outside the dq/dk/dv views", c->name, in);
     double el = fmax(eq, fmax(ek, ev));
-    if (el > g_worst_lib)
-        g_worst_lib = el;
+    if (el > g_worst_lib) g_worst_lib = el;
 
     double efd = -1.0;
     if (impl == ATTN_IMPL_REFERENCE) {
@@ -175,14 +174,12 @@ static void run_impl(const gcase *c, const attn_sdpa_params *p0, attn_impl impl)
         efd = fmax(fq_, fmax(fk_, fv_));
         CHECK(efd <= TOL_FD, "%s: fp64 analytic vs FD: dq %.3g dk %.3g dv %.3g (tol %g)", c->name,
               fq_, fk_, fv_, TOL_FD);
-        if (efd > g_worst_fd)
-            g_worst_fd = efd;
+        if (efd > g_worst_fd) g_worst_fd = efd;
         free(x.out);
     }
     printf("  %-34s %-9s (%s) lib-vs-fp64 dq %.2e dk %.2e dv %.2e", c->name, in,
            info.impl == ATTN_IMPL_FUSED ? "fused" : "ref", eq, ek, ev);
-    if (efd >= 0)
-        printf(" | fp64-vs-FD %.2e", efd);
+    if (efd >= 0) printf(" | fp64-vs-FD %.2e", efd);
     printf(" | structural zeros %zu/%zu/%zu\n", zq, zk, zv);
 
     free(og), free(fq), free(fk), free(fv), free(lse), free(mult);
@@ -191,15 +188,13 @@ static void run_impl(const gcase *c, const attn_sdpa_params *p0, attn_impl impl)
     free(gq.buf), free(gk.buf), free(gv.buf);
 }
 
-static void run(const gcase *c, const attn_sdpa_params *p)
-{
+static void run(const gcase *c, const attn_sdpa_params *p) {
     run_impl(c, p, ATTN_IMPL_REFERENCE);
     run_impl(c, p, ATTN_IMPL_AUTO);
 }
 
 static gcase mk(const char *name, int64_t B, int64_t H, int64_t Lq, int64_t Lk, int64_t Dk,
-                int64_t Dv, uint64_t seed)
-{
+                int64_t Dv, uint64_t seed) {
     gcase c = {name, {B, H, Lq, Lk, Dk, Dv}, GU_BHLD, -1.0f, 1.0f, seed};
     return c;
 }
@@ -209,16 +204,13 @@ static gcase mk(const char *name, int64_t B, int64_t H, int64_t Lq, int64_t Lk, 
 /* A bool mask [mB, mH, Lq, Lk] (contiguous) with about `frac` zeros; rows
  * listed in `empty_rows` (row index i, -1 terminated) are cleared for every
  * (b, h) so they see no key. */
-static uint8_t *bool_buf(tu_rng *r, size_t n, double frac)
-{
+static uint8_t *bool_buf(tu_rng *r, size_t n, double frac) {
     uint8_t *m = tu_malloc(n);
-    for (size_t i = 0; i < n; i++)
-        m[i] = tu_unif(r) < frac ? 0 : (uint8_t)(1 + (tu_next(r) & 127));
+    for (size_t i = 0; i < n; i++) m[i] = tu_unif(r) < frac ? 0 : (uint8_t)(1 + (tu_next(r) & 127));
     return m;
 }
 
-static float *add_buf(tu_rng *r, size_t n, double frac_inf)
-{
+static float *add_buf(tu_rng *r, size_t n, double frac_inf) {
     float *m = tu_malloc(n * sizeof(float));
     for (size_t i = 0; i < n; i++)
         m[i] = tu_unif(r) < frac_inf ? -INFINITY : (float)(4.0 * tu_unif(r) - 2.0);
@@ -227,8 +219,7 @@ static float *add_buf(tu_rng *r, size_t n, double frac_inf)
 
 /* ------------------------------------------------------------ tests */
 
-static void test_plain(void)
-{
+static void test_plain(void) {
     attn_sdpa_params p = {0};
     gcase c1 = mk("plain Lq<Lk Dv!=Dk", 2, 2, 5, 7, 6, 4, 11);
     gcase c2 = mk("plain Lq>Lk", 1, 2, 7, 4, 3, 5, 12);
@@ -251,8 +242,7 @@ static void test_plain(void)
     run(&c8, &p);
 }
 
-static void test_layouts(void)
-{
+static void test_layouts(void) {
     attn_sdpa_params p = {0};
     p.causal = 1;
     const char *names[GU_LAYOUTS] = {"causal bhld", "causal blhd (packed) views",
@@ -264,8 +254,7 @@ static void test_layouts(void)
     }
 }
 
-static void test_causal(void)
-{
+static void test_causal(void) {
     attn_sdpa_params p = {0};
     p.causal = 1;
     gcase c1 = mk("causal square", 2, 2, 6, 6, 4, 4, 31);
@@ -278,8 +267,7 @@ static void test_causal(void)
     run(&c4, &p);
 }
 
-static void test_key_padding(void)
-{
+static void test_key_padding(void) {
     attn_sdpa_params p = {0};
     const int64_t lens[3] = {7, 0, 3}; /* full, empty batch, partial */
     p.key_lengths = lens;
@@ -292,8 +280,7 @@ static void test_key_padding(void)
     run(&c2, &p);
 }
 
-static void test_window(void)
-{
+static void test_window(void) {
     struct {
         const char *name;
         int64_t left, right, Lq, Lk;
@@ -317,8 +304,7 @@ static void test_window(void)
     }
 }
 
-static void test_bool_mask(void)
-{
+static void test_bool_mask(void) {
     enum { B = 2, H = 2, LQ = 5, LK = 7 };
     tu_rng r = tu_seed(61);
     /* [1, H, Lq, Lk] contiguous, row 2 of head 1 fully masked. */
@@ -345,14 +331,12 @@ static void test_bool_mask(void)
     free(m1), free(m2), free(m3);
 }
 
-static void test_add_mask(void)
-{
+static void test_add_mask(void) {
     enum { B = 2, H = 2, LQ = 5, LK = 6 };
     tu_rng r = tu_seed(71);
     /* [B, 1, Lq, Lk] with -inf entries and one all -inf row. */
     float *a1 = add_buf(&r, B * LQ * LK, 0.25);
-    for (int j = 0; j < LK; j++)
-        a1[(1 * LQ + 3) * LK + j] = -INFINITY;
+    for (int j = 0; j < LK; j++) a1[(1 * LQ + 3) * LK + j] = -INFINITY;
     attn_mask am1 = {a1, {B, 1, LQ, LK}, {LQ * LK, 0, LK, 1}};
     attn_sdpa_params p = {0};
     p.add_mask = &am1;
@@ -375,8 +359,7 @@ static void test_add_mask(void)
 }
 
 /* Every mask at once, Lq < Lk, with strided views. */
-static void test_combined(void)
-{
+static void test_combined(void) {
     enum { B = 3, H = 2, LQ = 5, LK = 8 };
     tu_rng r = tu_seed(81);
     uint8_t *bm = bool_buf(&r, H * LQ * LK, 0.2);
@@ -402,8 +385,7 @@ static void test_combined(void)
 
 /* Dropout (training, p = 0.3): the same chain, with the library's keep mask
  * read back by the identity trick and applied in fp64. */
-static void test_dropout(void)
-{
+static void test_dropout(void) {
     attn_sdpa_params p = {0};
     p.training = 1;
     p.dropout_p = 0.3f;
@@ -448,8 +430,7 @@ static void test_dropout(void)
  * 2; picked from B*H and the thread count, see src/sdpa_fused.c), the
  * split-key decode forward (Lq <= 4, Lk > 256) feeding the
  * backward, with masks and dropout. */
-static void test_tiles(void)
-{
+static void test_tiles(void) {
     attn_sdpa_params p = {0};
     p.causal = 1;
     gcase c1 = mk("tiles 70x150 causal, BH=1", 1, 1, 70, 150, 8, 5, 101);
@@ -491,8 +472,7 @@ static void test_tiles(void)
     run(&c6, &p6);
 }
 
-int main(void)
-{
+int main(void) {
     /* One thread for the many tiny calls (a fork/join per call is slow on
      * a loaded machine); two for the multi-tile cases, where the fused
      * backward's two-pass split needs more than one thread. */

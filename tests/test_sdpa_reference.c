@@ -35,9 +35,8 @@ typedef struct {
     void *buf;
 } mask_buf;
 
-static mask_buf make_mask(int is_bool, int variant, int64_t B, int64_t H, int64_t mB,
-                          int64_t mH, int64_t Lq, int64_t Lk, tu_rng *r, double p_drop)
-{
+static mask_buf make_mask(int is_bool, int variant, int64_t B, int64_t H, int64_t mB, int64_t mH,
+                          int64_t Lq, int64_t Lk, tu_rng *r, double p_drop) {
     mask_buf mb;
     int64_t *dim = mb.m.dim, *st = mb.m.stride;
     dim[0] = mB, dim[1] = mH, dim[2] = Lq, dim[3] = Lk;
@@ -48,12 +47,9 @@ static mask_buf make_mask(int is_bool, int variant, int64_t B, int64_t H, int64_
         st[1] = mH == 1 ? 0 : Lq * Lk;
         st[0] = mB == 1 ? 0 : mH * Lq * Lk;
     } else if (variant == MV_DIM1_GARBAGE) {
-        if (mH == 1)
-            st[1] = (int64_t)1 << 40;
-        if (mB == 1)
-            st[0] = (int64_t)1 << 41;
-        if (mH == 1 && mB != 1)
-            st[0] = Lq * Lk;
+        if (mH == 1) st[1] = (int64_t)1 << 40;
+        if (mB == 1) st[0] = (int64_t)1 << 41;
+        if (mH == 1 && mB != 1) st[0] = Lq * Lk;
     } else if (variant == MV_TRANSPOSED) {
         st[2] = 1, st[3] = Lq;
     } else if (variant == MV_KEYONLY) {
@@ -90,8 +86,7 @@ typedef struct {
 typedef void (*prep_fn)(gu_view *q, gu_view *k, gu_view *v, tu_rng *r);
 
 static void run_case(const shape *s, const attn_sdpa_params *p0, attn_impl impl, uint64_t seed,
-                     prep_fn prep)
-{
+                     prep_fn prep) {
     const int64_t B = s->B, H = s->H, Lq = s->Lq, Lk = s->Lk, Dk = s->Dk, Dv = s->Dv;
     tu_rng r = tu_seed(seed);
     gu_view q = gu_make_view(s->lay_q, B, H, Lq, Dk, 0.0f);
@@ -101,8 +96,7 @@ static void run_case(const shape *s, const attn_sdpa_params *p0, attn_impl impl,
     gu_fill_view(&q, &r, s->in_lo, s->in_hi);
     gu_fill_view(&k, &r, s->in_lo, s->in_hi);
     gu_fill_view(&v, &r, -1.0f, 1.0f);
-    if (prep)
-        prep(&q, &k, &v, &r);
+    if (prep) prep(&q, &k, &v, &r);
 
     /* Copies to prove the inputs are read only. */
     float *q0 = tu_malloc(q.n * sizeof(float)), *k0 = tu_malloc(k.n * sizeof(float)),
@@ -120,10 +114,8 @@ static void run_case(const shape *s, const attn_sdpa_params *p0, attn_impl impl,
     ref_sdpa(B, H, Lq, Lk, Dk, Dv, qd, kd, vd, p0, ro, rw, rl, empty);
 
     float *w = tu_malloc(nW * sizeof(float)), *lse = tu_malloc(nL * sizeof(float));
-    for (size_t i = 0; i < nW; i++)
-        w[i] = NAN; /* sentinels: every entry must be written */
-    for (size_t i = 0; i < nL; i++)
-        lse[i] = NAN;
+    for (size_t i = 0; i < nW; i++) w[i] = NAN; /* sentinels: every entry must be written */
+    for (size_t i = 0; i < nL; i++) lse[i] = NAN;
 
     attn_sdpa_params p = *p0;
     p.impl = impl;
@@ -135,14 +127,12 @@ static void run_case(const shape *s, const attn_sdpa_params *p0, attn_impl impl,
         attn_error err;
         memset(&info, 0, sizeof info);
         memset(&err, 0, sizeof err);
-        for (size_t i = 0; i < o.n; i++)
-            o.buf[i] = 1234.5f;
+        for (size_t i = 0; i < o.n; i++) o.buf[i] = 1234.5f;
         attn_status st = attn_sdpa_forward(&q.t, &k.t, &v.t, &p, &o.t, with_wl ? w : NULL,
                                            with_wl ? lse : NULL, &info, &err);
         CHECK(st == ATTN_OK, "%s/%s%s: status %s: %s", s->name, iname,
               with_wl ? "" : " (no weights)", attn_status_name(st), err.message);
-        if (st != ATTN_OK)
-            break;
+        if (st != ATTN_OK) break;
         g_cases++;
         CHECK(info.reason[0] != '\0', "%s: empty info.reason", s->name);
         if (impl == ATTN_IMPL_REFERENCE)
@@ -153,22 +143,19 @@ static void run_case(const shape *s, const attn_sdpa_params *p0, attn_impl impl,
         CHECK(eo <= TOL_OUT, "%s/%s [%s q, %s k, %s v, %s out]%s: max|out err|/max|V| = %.3g",
               s->name, iname, gu_lay_name[s->lay_q], gu_lay_name[s->lay_k], gu_lay_name[s->lay_v],
               gu_lay_name[s->lay_o], with_wl ? "" : " (no weights)", eo);
-        if (eo > g_err_out)
-            g_err_out = eo;
+        if (eo > g_err_out) g_err_out = eo;
 
         /* Empty rows: exactly 0, never NaN. */
         int empty_ok = 1;
         for (size_t row = 0; row < nL; row++)
             if (empty[row])
                 for (int64_t d = 0; d < Dv; d++)
-                    if (og[row * (size_t)Dv + (size_t)d] != 0.0f)
-                        empty_ok = 0;
+                    if (og[row * (size_t)Dv + (size_t)d] != 0.0f) empty_ok = 0;
         CHECK(empty_ok, "%s/%s: an empty row's output is not exactly 0", s->name, iname);
 
         /* Bytes outside the out view (padding) stay untouched: count them. */
         size_t untouched = 0;
-        for (size_t i = 0; i < o.n; i++)
-            untouched += o.buf[i] == 1234.5f;
+        for (size_t i = 0; i < o.n; i++) untouched += o.buf[i] == 1234.5f;
         CHECK(untouched >= o.n - nO, "%s/%s: writes outside the out view", s->name, iname);
         free(og);
 
@@ -177,18 +164,14 @@ static void run_case(const shape *s, const attn_sdpa_params *p0, attn_impl impl,
             double el = tu_maxreldiff1(lse, rl, nL);
             CHECK(ew <= TOL_W, "%s/%s: max|weight err| = %.3g", s->name, iname, ew);
             CHECK(el <= TOL_LSE, "%s/%s: max|lse err| = %.3g", s->name, iname, el);
-            if (ew > g_err_w && isfinite(ew))
-                g_err_w = ew;
-            if (el > g_err_lse && isfinite(el))
-                g_err_lse = el;
+            if (ew > g_err_w && isfinite(ew)) g_err_w = ew;
+            if (el > g_err_lse && isfinite(el)) g_err_lse = el;
             int eok = 1;
             for (size_t row = 0; row < nL; row++)
                 if (empty[row]) {
-                    if (!(isinf(lse[row]) && lse[row] < 0))
-                        eok = 0;
+                    if (!(isinf(lse[row]) && lse[row] < 0)) eok = 0;
                     for (int64_t j = 0; j < Lk; j++)
-                        if (w[row * (size_t)Lk + (size_t)j] != 0.0f)
-                            eok = 0;
+                        if (w[row * (size_t)Lk + (size_t)j] != 0.0f) eok = 0;
                 }
             CHECK(eok, "%s/%s: empty row without weights 0 and lse -inf", s->name, iname);
         }
@@ -203,33 +186,26 @@ static void run_case(const shape *s, const attn_sdpa_params *p0, attn_impl impl,
     free(q.buf), free(k.buf), free(v.buf), free(o.buf);
 }
 
-static void run_both(const shape *s, const attn_sdpa_params *p, uint64_t seed, prep_fn prep)
-{
+static void run_both(const shape *s, const attn_sdpa_params *p, uint64_t seed, prep_fn prep) {
     run_case(s, p, ATTN_IMPL_REFERENCE, seed, prep);
     run_case(s, p, ATTN_IMPL_AUTO, seed, prep);
 }
 
 static shape sh(const char *name, int64_t B, int64_t H, int64_t Lq, int64_t Lk, int64_t Dk,
-                int64_t Dv)
-{
+                int64_t Dv) {
     shape s = {name, B, H, Lq, Lk, Dk, Dv, GU_BHLD, GU_BHLD, GU_BHLD, GU_BHLD, -1.0f, 1.0f};
     return s;
 }
 
 /* ------------------------------------------------------------ tests */
 
-static void test_shapes(void)
-{
+static void test_shapes(void) {
     attn_sdpa_params p = {0};
     const shape cases[] = {
-        sh("basic", 2, 3, 17, 17, 16, 16),
-        sh("lq<lk, dv!=dk", 2, 2, 5, 29, 8, 24),
-        sh("lq>lk", 1, 2, 31, 7, 12, 5),
-        sh("L=1", 1, 1, 1, 1, 1, 1),
-        sh("Lq=1 decode", 3, 2, 1, 33, 16, 16),
-        sh("Lk=1", 2, 1, 19, 1, 7, 3),
-        sh("D=1", 2, 2, 9, 11, 1, 1),
-        sh("odd", 1, 3, 63, 61, 31, 17),
+        sh("basic", 2, 3, 17, 17, 16, 16),      sh("lq<lk, dv!=dk", 2, 2, 5, 29, 8, 24),
+        sh("lq>lk", 1, 2, 31, 7, 12, 5),        sh("L=1", 1, 1, 1, 1, 1, 1),
+        sh("Lq=1 decode", 3, 2, 1, 33, 16, 16), sh("Lk=1", 2, 1, 19, 1, 7, 3),
+        sh("D=1", 2, 2, 9, 11, 1, 1),           sh("odd", 1, 3, 63, 61, 31, 17),
         sh("long", 1, 1, 64, 64, 32, 32),
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
@@ -245,8 +221,7 @@ static void test_shapes(void)
         }
 }
 
-static void test_scale(void)
-{
+static void test_scale(void) {
     const float scales[] = {0.37f, 1.0f, -0.5f, 3.0f, 1e-3f};
     for (size_t i = 0; i < sizeof scales / sizeof scales[0]; i++) {
         attn_sdpa_params p = {0};
@@ -256,8 +231,7 @@ static void test_scale(void)
     }
 }
 
-static void test_causal(void)
-{
+static void test_causal(void) {
     attn_sdpa_params p = {0};
     p.causal = 1;
     shape s1 = sh("causal square", 2, 2, 23, 23, 8, 8);
@@ -270,8 +244,7 @@ static void test_causal(void)
     run_both(&s4, &p, 404, NULL);
 }
 
-static void test_key_padding(void)
-{
+static void test_key_padding(void) {
     const int64_t lens[3] = {0, 9, 20}; /* empty, partial, full */
     attn_sdpa_params p = {0};
     p.key_lengths = lens;
@@ -283,11 +256,11 @@ static void test_key_padding(void)
     run_both(&s2, &p, 502, NULL);
 }
 
-static void test_window(void)
-{
+static void test_window(void) {
     /* {left, right}, ATTN_UNBOUNDED = no limit on that side. */
-    const int64_t wins[][2] = {{2, 1},  {0, 0},  {ATTN_UNBOUNDED, 0}, {3, ATTN_UNBOUNDED},
-                               {ATTN_UNBOUNDED, ATTN_UNBOUNDED},     {0, 5}, {40, 40}};
+    const int64_t wins[][2] = {
+        {2, 1}, {0, 0},  {ATTN_UNBOUNDED, 0}, {3, ATTN_UNBOUNDED}, {ATTN_UNBOUNDED, ATTN_UNBOUNDED},
+        {0, 5}, {40, 40}};
     const int64_t lq[] = {16, 5, 25};
     const int64_t lk[] = {16, 21, 9};
     for (size_t w = 0; w < sizeof wins / sizeof wins[0]; w++)
@@ -307,8 +280,7 @@ static void test_window(void)
 }
 
 /* Bool and additive masks in every broadcast shape and storage variant. */
-static void test_masks(void)
-{
+static void test_masks(void) {
     const int64_t B = 2, H = 3, Lq = 9, Lk = 14;
     uint64_t seed = 700;
     for (int is_bool = 0; is_bool < 2; is_bool++)
@@ -329,8 +301,7 @@ static void test_masks(void)
 }
 
 /* Rows that see no key, by each mechanism; output 0, weights 0, lse -inf. */
-static void test_empty_rows(void)
-{
+static void test_empty_rows(void) {
     const int64_t B = 2, H = 2, Lq = 6, Lk = 8;
     tu_rng r = tu_seed(801);
     shape s = sh("empty rows", B, H, Lq, Lk, 8, 8);
@@ -376,8 +347,7 @@ static void test_empty_rows(void)
 /* Logits of +-1e4: integer q in +-[500, 2500], k in {1, 2} and the default
  * scale 1/sqrt(4) = 0.5 make every score an exact fp32 integer, so only the softmax's stability is
  * measured (a naive exp overflows to inf, or underflows to an empty row). */
-static void prep_large(gu_view *q, gu_view *k, gu_view *v, tu_rng *r)
-{
+static void prep_large(gu_view *q, gu_view *k, gu_view *v, tu_rng *r) {
     (void)v;
     const attn_tensor *tq = &q->t, *tk = &k->t;
     for (int64_t b = 0; b < tq->dim[0]; b++)
@@ -397,27 +367,21 @@ static void prep_large(gu_view *q, gu_view *k, gu_view *v, tu_rng *r)
 /* Keys that take part in no row may hold garbage: NaN in K and V beyond
  * key_lengths, and in key 2, which the bool mask removes from every row. */
 static const int64_t nan_lens[2] = {4, 7};
-static void prep_nan_keys(gu_view *q, gu_view *k, gu_view *v, tu_rng *r)
-{
+static void prep_nan_keys(gu_view *q, gu_view *k, gu_view *v, tu_rng *r) {
     (void)q, (void)r;
     for (int64_t b = 0; b < k->t.dim[0]; b++)
         for (int64_t h = 0; h < k->t.dim[1]; h++)
             for (int64_t j = 0; j < k->t.dim[2]; j++) {
-                if (j < nan_lens[b] && j != 2)
-                    continue;
-                for (int64_t d = 0; d < k->t.dim[3]; d++)
-                    k->buf[tu_off(&k->t, b, h, j, d)] = NAN;
-                for (int64_t d = 0; d < v->t.dim[3]; d++)
-                    v->buf[tu_off(&v->t, b, h, j, d)] = NAN;
+                if (j < nan_lens[b] && j != 2) continue;
+                for (int64_t d = 0; d < k->t.dim[3]; d++) k->buf[tu_off(&k->t, b, h, j, d)] = NAN;
+                for (int64_t d = 0; d < v->t.dim[3]; d++) v->buf[tu_off(&v->t, b, h, j, d)] = NAN;
             }
 }
 
-static void test_garbage_in_removed_keys(void)
-{
+static void test_garbage_in_removed_keys(void) {
     const int64_t Lq = 5, Lk = 9;
     uint8_t bm[5 * 9];
-    for (int64_t i = 0; i < Lq * Lk; i++)
-        bm[i] = i % Lk != 2;
+    for (int64_t i = 0; i < Lq * Lk; i++) bm[i] = i % Lk != 2;
     attn_mask m = {bm, {1, 1, Lq, Lk}, {0, 0, Lk, 1}};
     attn_sdpa_params p = {0};
     p.key_lengths = nan_lens;
@@ -428,8 +392,7 @@ static void test_garbage_in_removed_keys(void)
     run_both(&s, &p, 1202, prep_nan_keys);
 }
 
-static void test_large_logits(void)
-{
+static void test_large_logits(void) {
     attn_sdpa_params p = {0};
     shape s = sh("logits +-1e4", 2, 2, 10, 12, 4, 8);
     run_both(&s, &p, 901, prep_large);
@@ -448,14 +411,12 @@ static void test_large_logits(void)
 
 /* NaN in one element of one query row: that row's output, weights and lse
  * are NaN (the oracle says so), every other row is exact. */
-static void prep_nan(gu_view *q, gu_view *k, gu_view *v, tu_rng *r)
-{
+static void prep_nan(gu_view *q, gu_view *k, gu_view *v, tu_rng *r) {
     (void)k, (void)v, (void)r;
     q->buf[tu_off(&q->t, 1, 0, 3, 2)] = NAN;
 }
 
-static void test_nan_row(void)
-{
+static void test_nan_row(void) {
     attn_sdpa_params p = {0};
     shape s = sh("NaN query row", 2, 2, 7, 9, 5, 6);
     run_both(&s, &p, 1001, prep_nan);
@@ -464,8 +425,7 @@ static void test_nan_row(void)
 }
 
 /* Random shapes, layouts and mask combinations. */
-static void test_random(void)
-{
+static void test_random(void) {
     tu_rng r = tu_seed(0xC0FFEE);
     for (int it = 0; it < 60; it++) {
         shape s = sh("random", tu_int(&r, 1, 3), tu_int(&r, 1, 3), tu_int(&r, 1, 40),
@@ -479,8 +439,7 @@ static void test_random(void)
         mask_buf mb = {{0}, NULL}, ma = {{0}, NULL};
         p.causal = tu_unif(&r) < 0.4;
         if (tu_unif(&r) < 0.4) {
-            for (int b = 0; b < s.B; b++)
-                lens[b] = tu_int(&r, 0, s.Lk);
+            for (int b = 0; b < s.B; b++) lens[b] = tu_int(&r, 0, s.Lk);
             p.key_lengths = lens;
         }
         if (tu_unif(&r) < 0.4) {
@@ -490,18 +449,17 @@ static void test_random(void)
         }
         if (tu_unif(&r) < 0.4) {
             mb = make_mask(1, (int)tu_int(&r, 0, MV_COUNT - 1), s.B, s.H,
-                           tu_unif(&r) < 0.5 ? 1 : s.B, tu_unif(&r) < 0.5 ? 1 : s.H, s.Lq,
-                           s.Lk, &r, 0.2);
+                           tu_unif(&r) < 0.5 ? 1 : s.B, tu_unif(&r) < 0.5 ? 1 : s.H, s.Lq, s.Lk, &r,
+                           0.2);
             p.bool_mask = &mb.m;
         }
         if (tu_unif(&r) < 0.4) {
             ma = make_mask(0, (int)tu_int(&r, 0, MV_COUNT - 1), s.B, s.H,
-                           tu_unif(&r) < 0.5 ? 1 : s.B, tu_unif(&r) < 0.5 ? 1 : s.H, s.Lq,
-                           s.Lk, &r, 0.1);
+                           tu_unif(&r) < 0.5 ? 1 : s.B, tu_unif(&r) < 0.5 ? 1 : s.H, s.Lq, s.Lk, &r,
+                           0.1);
             p.add_mask = &ma.m;
         }
-        if (tu_unif(&r) < 0.2)
-            p.use_scale = 1, p.scale = (float)(tu_unif(&r) * 0.8 + 0.05);
+        if (tu_unif(&r) < 0.2) p.use_scale = 1, p.scale = (float)(tu_unif(&r) * 0.8 + 0.05);
         run_both(&s, &p, 2000 + (uint64_t)it, NULL);
         free(mb.buf);
         free(ma.buf);
@@ -509,8 +467,7 @@ static void test_random(void)
 }
 
 /* Dropout is inactive unless training: p = 0.5 without training is exact. */
-static void test_dropout_inactive(void)
-{
+static void test_dropout_inactive(void) {
     attn_sdpa_params p = {0};
     p.dropout_p = 0.5f;
     p.seed = 42;
@@ -518,8 +475,7 @@ static void test_dropout_inactive(void)
     run_both(&s, &p, 1101, NULL);
 }
 
-int main(void)
-{
+int main(void) {
     test_shapes();
     test_scale();
     test_causal();

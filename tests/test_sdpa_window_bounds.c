@@ -10,8 +10,7 @@
 enum { B = 2, H = 2, D = 8 };
 
 static void one(int64_t Lq, int64_t Lk, int64_t left, int64_t right, int64_t uleft,
-                int64_t uright)
-{
+                int64_t uright) {
     const size_t nq = (size_t)(B * H * Lq * D), nk = (size_t)(B * H * Lk * D),
                  nw = (size_t)(B * H * Lq * Lk), nl = (size_t)(B * H * Lq);
     float *q = tu_malloc(nq * sizeof(float)), *k = tu_malloc(nk * sizeof(float)),
@@ -41,13 +40,11 @@ static void one(int64_t Lq, int64_t Lk, int64_t left, int64_t right, int64_t ule
                      memcmp(l[0], l[1], nl * sizeof(float)) == 0;
     CHECK(same, "Lq=%lld Lk=%lld: window (%lld, %lld) differs from (%lld, %lld)", (long long)Lq,
           (long long)Lk, (long long)left, (long long)right, (long long)uleft, (long long)uright);
-    for (int t = 0; t < 2; t++)
-        free(o[t]), free(w[t]), free(l[t]);
+    for (int t = 0; t < 2; t++) free(o[t]), free(w[t]), free(l[t]);
     free(q), free(k), free(v);
 }
 
-int main(void)
-{
+int main(void) {
     const int64_t U = ATTN_UNBOUNDED, M = INT64_MAX;
     const int64_t lens[][2] = {{6, 6}, {3, 9}, {9, 3}};
     for (int i = 0; i < 3; i++) {

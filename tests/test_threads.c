@@ -3,7 +3,7 @@
  * REFERENCE and AUTO paths (out, weights, lse, also without weights so the
  * per-thread scratch is used) and the MHA layer (out, weights). */
 #define _POSIX_C_SOURCE 200809L /* setenv */
-#include "internal.h" /* attn_test_reload_env: the library reads the environment once */
+#include "internal.h"           /* attn_test_reload_env: the library reads the environment once */
 #include "testutil.h"
 
 enum { B = 2, H = 3, LQ = 37, LK = 45, DK = 24, DV = 20 };
@@ -19,8 +19,7 @@ static float xq[B * LQ * E], xk[B * LK * KD], xv[B * LK * VD], mask[H * LQ * LK]
 static float params[E * (2 * E + KD + VD) + 4 * E];
 
 /* threads > 0: global setting; threads < 0: per call (-threads), global 1. */
-static void run(int threads, attn_impl impl, results *r)
-{
+static void run(int threads, attn_impl impl, results *r) {
     attn_error err;
     const int per_call = threads < 0;
     attn_set_num_threads(per_call ? 1 : threads, NULL);
@@ -45,12 +44,12 @@ static void run(int threads, attn_impl impl, results *r)
     attn_mha_weights w;
     attn_mha_weights_from_buffer(&c, params, &w, NULL);
     p.add_mask = NULL;
-    s = attn_mha_forward(&c, &w, B, LQ, LK, xq, xk, xv, &p, r->mha, ATTN_WEIGHTS_PER_HEAD,
-                         r->mha_w, NULL, &err);
+    s = attn_mha_forward(&c, &w, B, LQ, LK, xq, xk, xv, &p, r->mha, ATTN_WEIGHTS_PER_HEAD, r->mha_w,
+                         NULL, &err);
     CHECK(s == ATTN_OK, "threads %d: mha %s", threads, err.message);
     float tmp[B * LQ * E];
-    s = attn_mha_forward(&c, &w, B, LQ, LK, xq, xk, xv, &p, tmp, ATTN_WEIGHTS_AVERAGE,
-                         r->mha_avg, NULL, &err);
+    s = attn_mha_forward(&c, &w, B, LQ, LK, xq, xk, xv, &p, tmp, ATTN_WEIGHTS_AVERAGE, r->mha_avg,
+                         NULL, &err);
     CHECK(s == ATTN_OK && memcmp(tmp, r->mha, sizeof tmp) == 0,
           "threads %d: mha output depends on the weights mode", threads);
 }
@@ -59,8 +58,7 @@ static results res[2][6];
 
 /* attn_set_num_threads wins over ATTN_NUM_THREADS; 0 falls back to it, and
  * an unusable value falls back to all cores. */
-static void test_env(void)
-{
+static void test_env(void) {
     attn_set_num_threads(0, NULL);
     const int cores = attn_get_num_threads();
     CHECK(cores >= 1, "default thread count %d", cores);
@@ -80,8 +78,7 @@ static void test_env(void)
     attn_test_reload_env();
 }
 
-int main(void)
-{
+int main(void) {
     tu_rng r = tu_seed(77);
     tu_fill(&r, q, sizeof q / sizeof(float), -1, 1);
     tu_fill(&r, k, sizeof k / sizeof(float), -1, 1);

@@ -6,8 +6,7 @@
 
 static attn_error ge; /* reset by fresh() before each call */
 
-static attn_error *fresh(void)
-{
+static attn_error *fresh(void) {
     memset(&ge, 0, sizeof ge);
     return &ge;
 }
@@ -21,21 +20,18 @@ static float qbuf[B * H * LQ * DK], kbuf[B * H * LK * DK], vbuf[B * H * LK * DV]
     obuf[B * H * LQ * DV], wbuf[B * H * LQ * LK], lbuf[B * H * LQ];
 static attn_tensor tq, tk, tv, to;
 
-static void reset_views(void)
-{
+static void reset_views(void) {
     tq = attn_tensor_bhld(qbuf, B, H, LQ, DK);
     tk = attn_tensor_bhld(kbuf, B, H, LK, DK);
     tv = attn_tensor_bhld(vbuf, B, H, LK, DV);
     to = attn_tensor_bhld(obuf, B, H, LQ, DV);
 }
 
-static attn_status fwd(const attn_sdpa_params *p)
-{
+static attn_status fwd(const attn_sdpa_params *p) {
     return attn_sdpa_forward(&tq, &tk, &tv, p, &to, wbuf, lbuf, NULL, fresh());
 }
 
-static void test_sdpa_null(void)
-{
+static void test_sdpa_null(void) {
     attn_sdpa_params p = {0};
     reset_views();
     EXPECT(attn_sdpa_forward(NULL, &tk, &tv, &p, &to, NULL, NULL, NULL, fresh()), ATTN_ERR_NULL);
@@ -73,8 +69,7 @@ static void test_sdpa_null(void)
     EXPECT(fwd(&p), ATTN_ERR_NULL);
 }
 
-static void test_sdpa_shape(void)
-{
+static void test_sdpa_shape(void) {
     attn_sdpa_params p = {0};
     attn_tensor *views[4] = {&tq, &tk, &tv, &to};
     /* Zero and negative sizes in every dim of every tensor. */
@@ -90,8 +85,8 @@ static void test_sdpa_shape(void)
         int t, d;
         int64_t n;
     } mm[] = {
-        {1, 0, 1}, {1, 1, 1}, {1, 3, DK + 1}, /* k vs q: B, H, Dk */
-        {2, 0, 1}, {2, 1, 1}, {2, 2, LK - 1}, /* v vs k: B, H, Lk */
+        {1, 0, 1}, {1, 1, 1}, {1, 3, DK + 1},                 /* k vs q: B, H, Dk */
+        {2, 0, 1}, {2, 1, 1}, {2, 2, LK - 1},                 /* v vs k: B, H, Lk */
         {3, 0, 1}, {3, 1, 1}, {3, 2, LQ - 1}, {3, 3, DV - 1}, /* out vs [B,H,Lq,Dv] */
     };
     for (size_t i = 0; i < sizeof mm / sizeof mm[0]; i++) {
@@ -103,8 +98,7 @@ static void test_sdpa_shape(void)
 }
 
 /* Huge sizes over 1-float buffers: must fail before any access. */
-static void test_sdpa_overflow(void)
-{
+static void test_sdpa_overflow(void) {
     static float one[1];
     attn_sdpa_params p = {0};
     const int64_t big = INT64_MAX / 2;
@@ -123,7 +117,8 @@ static void test_sdpa_overflow(void)
     EXPECT(attn_sdpa_forward(&sm, &sm, &sm, &p, &so, NULL, NULL, NULL, fresh()), ATTN_ERR_OVERFLOW);
     attn_tensor sm1 = {one, {1, 1, 1, 1}, {INT64_MIN, 1, 1, 1}};
     attn_tensor so1 = {one, {1, 1, 1, 1}, {1, 1, 1, 1}};
-    EXPECT(attn_sdpa_forward(&sm1, &sm1, &sm1, &p, &so1, NULL, NULL, NULL, fresh()), ATTN_ERR_OVERFLOW);
+    EXPECT(attn_sdpa_forward(&sm1, &sm1, &sm1, &p, &so1, NULL, NULL, NULL, fresh()),
+           ATTN_ERR_OVERFLOW);
     /* Tensors fit (2^32 elements each) but B*H*Lq*Lk = 2^64 does not. */
     const int64_t L = (int64_t)1 << 32;
     attn_tensor l = {one, {1, 1, L, 1}, {0, 0, 1, 1}};
@@ -143,14 +138,14 @@ static void test_sdpa_overflow(void)
     EXPECT(fwd(&p), ATTN_ERR_OVERFLOW);
 }
 
-static void test_sdpa_masks(void)
-{
+static void test_sdpa_masks(void) {
     static uint8_t bm[B * H * LQ * LK];
     static float am[B * H * LQ * LK];
     reset_views();
     /* dims that do not broadcast to [B, H, Lq, Lk]; dims 2-3 never broadcast. */
-    const int64_t bad[][4] = {{3, H, LQ, LK}, {B, 2, LQ, LK}, {B, H, LQ + 1, LK},
-                              {B, H, LQ, LK - 1}, {1, 1, 1, LK}, {1, 1, LQ, 1}, {0, H, LQ, LK}};
+    const int64_t bad[][4] = {{3, H, LQ, LK},     {B, 2, LQ, LK}, {B, H, LQ + 1, LK},
+                              {B, H, LQ, LK - 1}, {1, 1, 1, LK},  {1, 1, LQ, 1},
+                              {0, H, LQ, LK}};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
         for (int which = 0; which < 2; which++) {
             attn_mask m = {which ? (const void *)am : (const void *)bm,
@@ -177,8 +172,7 @@ static void test_sdpa_masks(void)
     CHECK(fwd(&p) == ATTN_OK, "key_lengths {0, Lk} rejected: %s", ge.message);
 }
 
-static void test_sdpa_args(void)
-{
+static void test_sdpa_args(void) {
     reset_views();
     /* dropout_p outside [0, 1) or NaN (with training on). */
     const float drops[] = {-0.1f, 1.0f, 1.5f, NAN, INFINITY, -INFINITY};
@@ -226,8 +220,7 @@ static void test_sdpa_args(void)
 
 /* ------------------------------------------------------------ threads, names */
 
-static void test_threads_and_names(void)
-{
+static void test_threads_and_names(void) {
     EXPECT(attn_set_num_threads(-1, fresh()), ATTN_ERR_ARG);
     EXPECT(attn_set_num_threads(-1000, fresh()), ATTN_ERR_ARG);
     CHECK(attn_set_num_threads(3, fresh()) == ATTN_OK && attn_get_num_threads() == 3,
@@ -235,9 +228,9 @@ static void test_threads_and_names(void)
     CHECK(attn_set_num_threads(0, fresh()) == ATTN_OK && attn_get_num_threads() >= 1,
           "set_num_threads(0): get %d", attn_get_num_threads());
 
-    static const char *names[] = {"ATTN_OK",      "ATTN_ERR_NULL", "ATTN_ERR_SHAPE",
+    static const char *names[] = {"ATTN_OK",           "ATTN_ERR_NULL", "ATTN_ERR_SHAPE",
                                   "ATTN_ERR_OVERFLOW", "ATTN_ERR_MASK", "ATTN_ERR_ARG",
-                                  "ATTN_ERR_NOMEM", "ATTN_ERR_STATE"};
+                                  "ATTN_ERR_NOMEM",    "ATTN_ERR_STATE"};
     for (int s = 0; s < 8; s++) {
         const char *n = attn_status_name((attn_status)s);
         CHECK(n && strcmp(n, names[s]) == 0, "attn_status_name(%d) = %s", s, n ? n : "(null)");
@@ -248,8 +241,7 @@ static void test_threads_and_names(void)
 
 /* ------------------------------------------------------------ MHA */
 
-static void test_mha(void)
-{
+static void test_mha(void) {
     enum { E = 8, NH = 2, MB = 2, MLQ = 3, MLK = 4 };
     attn_mha_config c = {E, NH, 0, 0, 1};
     static float params[4 * E * E + 4 * E], x[MB * MLK * E], y[MB * MLQ * E],
@@ -265,7 +257,7 @@ static void test_mha(void)
     tu_fill(&r, x, sizeof x / sizeof(float), -1, 1);
 
     /* Config errors, through every function that takes a config. */
-    attn_mha_config bad[] = {{0, 1, 0, 0, 0}, {8, 0, 0, 0, 0}, {-8, 2, 0, 0, 0}, {8, -2, 0, 0, 0},
+    attn_mha_config bad[] = {{0, 1, 0, 0, 0}, {8, 0, 0, 0, 0},  {-8, 2, 0, 0, 0}, {8, -2, 0, 0, 0},
                              {8, 3, 0, 0, 0}, {8, 2, -1, 0, 0}, {8, 2, 0, -5, 0}};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         size_t cnt;
@@ -280,8 +272,8 @@ static void test_mha(void)
     EXPECT(attn_mha_param_count(&nd, &cnt, fresh()), ATTN_ERR_SHAPE);
     CHECK(strstr(ge.message, "divisible") || strstr(ge.message, "num_heads"),
           "E %% H message does not mention it: \"%s\"", ge.message);
-    EXPECT(attn_mha_forward(&nd, &w, MB, MLQ, MLK, x, x, x, NULL, y, ATTN_WEIGHTS_NONE, NULL,
-                            NULL, fresh()),
+    EXPECT(attn_mha_forward(&nd, &w, MB, MLQ, MLK, x, x, x, NULL, y, ATTN_WEIGHTS_NONE, NULL, NULL,
+                            fresh()),
            ATTN_ERR_SHAPE);
     /* Oversized embedding. */
     attn_mha_config huge = {(int64_t)1 << 40, 1, 0, 0, 0};
@@ -294,8 +286,8 @@ static void test_mha(void)
     EXPECT(attn_mha_weights_from_buffer(&c, params, NULL, fresh()), ATTN_ERR_NULL);
     EXPECT(attn_mha_init(&c, NULL, 1, fresh()), ATTN_ERR_NULL);
     EXPECT(attn_mha_cache_size(&c, MB, MLQ, MLK, NULL, fresh()), ATTN_ERR_NULL);
-#define MHA(cfg, wp, b, lq, lk, q, k, v, p, o, mode, wt)                                        \
-    attn_mha_forward((cfg), (wp), (b), (lq), (lk), (q), (k), (v), (p), (o), (mode), (wt), NULL, \
+#define MHA(cfg, wp, b, lq, lk, q, k, v, p, o, mode, wt)                                           \
+    attn_mha_forward((cfg), (wp), (b), (lq), (lk), (q), (k), (v), (p), (o), (mode), (wt), NULL,    \
                      fresh())
     EXPECT(MHA(NULL, &w, MB, MLQ, MLK, x, x, x, NULL, y, ATTN_WEIGHTS_NONE, NULL), ATTN_ERR_NULL);
     EXPECT(MHA(&c, NULL, MB, MLQ, MLK, x, x, x, NULL, y, ATTN_WEIGHTS_NONE, NULL), ATTN_ERR_NULL);
@@ -303,10 +295,8 @@ static void test_mha(void)
     EXPECT(MHA(&c, &w, MB, MLQ, MLK, x, NULL, x, NULL, y, ATTN_WEIGHTS_NONE, NULL), ATTN_ERR_NULL);
     EXPECT(MHA(&c, &w, MB, MLQ, MLK, x, x, NULL, NULL, y, ATTN_WEIGHTS_NONE, NULL), ATTN_ERR_NULL);
     EXPECT(MHA(&c, &w, MB, MLQ, MLK, x, x, x, NULL, NULL, ATTN_WEIGHTS_NONE, NULL), ATTN_ERR_NULL);
-    EXPECT(MHA(&c, &w, MB, MLQ, MLK, x, x, x, NULL, y, ATTN_WEIGHTS_PER_HEAD, NULL),
-           ATTN_ERR_NULL);
-    EXPECT(MHA(&c, &w, MB, MLQ, MLK, x, x, x, NULL, y, ATTN_WEIGHTS_AVERAGE, NULL),
-           ATTN_ERR_NULL);
+    EXPECT(MHA(&c, &w, MB, MLQ, MLK, x, x, x, NULL, y, ATTN_WEIGHTS_PER_HEAD, NULL), ATTN_ERR_NULL);
+    EXPECT(MHA(&c, &w, MB, MLQ, MLK, x, x, x, NULL, y, ATTN_WEIGHTS_AVERAGE, NULL), ATTN_ERR_NULL);
     attn_mha_weights wn = w;
     wn.w_k = NULL;
     EXPECT(MHA(&c, &wn, MB, MLQ, MLK, x, x, x, NULL, y, ATTN_WEIGHTS_NONE, NULL), ATTN_ERR_NULL);
@@ -314,11 +304,10 @@ static void test_mha(void)
     EXPECT(MHA(&c, &wn, MB, MLQ, MLK, x, x, x, NULL, y, ATTN_WEIGHTS_NONE, NULL), ATTN_ERR_NULL);
 
     /* Sizes. */
-    const int64_t sz[][3] = {{0, MLQ, MLK}, {MB, 0, MLK}, {MB, MLQ, 0}, {-1, MLQ, MLK},
-                             {MB, -2, MLK}, {MB, MLQ, -3}};
+    const int64_t sz[][3] = {{0, MLQ, MLK},  {MB, 0, MLK},  {MB, MLQ, 0},
+                             {-1, MLQ, MLK}, {MB, -2, MLK}, {MB, MLQ, -3}};
     for (size_t i = 0; i < sizeof sz / sizeof sz[0]; i++) {
-        EXPECT(MHA(&c, &w, sz[i][0], sz[i][1], sz[i][2], x, x, x, NULL, y, ATTN_WEIGHTS_NONE,
-                   NULL),
+        EXPECT(MHA(&c, &w, sz[i][0], sz[i][1], sz[i][2], x, x, x, NULL, y, ATTN_WEIGHTS_NONE, NULL),
                ATTN_ERR_SHAPE);
         EXPECT(attn_mha_cache_size(&c, sz[i][0], sz[i][1], sz[i][2], &cnt, fresh()),
                ATTN_ERR_SHAPE);
@@ -327,10 +316,9 @@ static void test_mha(void)
     const int64_t big = INT64_MAX / 2;
     EXPECT(MHA(&c, &w, big, MLQ, MLK, x, x, x, NULL, y, ATTN_WEIGHTS_NONE, NULL),
            ATTN_ERR_OVERFLOW);
-    EXPECT(MHA(&c, &w, MB, big, MLK, x, x, x, NULL, y, ATTN_WEIGHTS_NONE, NULL),
-           ATTN_ERR_OVERFLOW);
-    EXPECT(MHA(&c, &w, (int64_t)1 << 20, (int64_t)1 << 20, 1, x, x, x, NULL, y,
-               ATTN_WEIGHTS_NONE, NULL),
+    EXPECT(MHA(&c, &w, MB, big, MLK, x, x, x, NULL, y, ATTN_WEIGHTS_NONE, NULL), ATTN_ERR_OVERFLOW);
+    EXPECT(MHA(&c, &w, (int64_t)1 << 20, (int64_t)1 << 20, 1, x, x, x, NULL, y, ATTN_WEIGHTS_NONE,
+               NULL),
            ATTN_ERR_OVERFLOW);
     EXPECT(attn_mha_cache_size(&c, big, big, big, &cnt, fresh()), ATTN_ERR_OVERFLOW);
 
@@ -362,8 +350,7 @@ static void test_mha(void)
            ATTN_ERR_STATE);
 }
 
-int main(void)
-{
+int main(void) {
     test_sdpa_null();
     test_sdpa_shape();
     test_sdpa_overflow();

@@ -45,7 +45,8 @@ static int run(const char *title, const char *const *tokens, int L, int causal, 
     printf("== %s: X [%d x %d], W_Q, W_K, W_V [%d x %d]%s\n", title, L, D_MODEL, D_MODEL, D_K,
            causal ? ", causal mask" : "");
     printf("Q, K, V shapes: [%d x %d] each (batch 1, 1 head)\n", L, D_K);
-    attn_tensor q = attn_tensor_bhld(QKV[0], 1, 1, L, D_K), k = attn_tensor_bhld(QKV[1], 1, 1, L, D_K),
+    attn_tensor q = attn_tensor_bhld(QKV[0], 1, 1, L, D_K),
+                k = attn_tensor_bhld(QKV[1], 1, 1, L, D_K),
                 v = attn_tensor_bhld(QKV[2], 1, 1, L, D_K);
     float O[MAX_L * D_K], P[MAX_L * MAX_L], lse[MAX_L], S[MAX_L * MAX_L];
     attn_tensor o = attn_tensor_bhld(O, 1, 1, L, D_K);
@@ -60,7 +61,8 @@ static int run(const char *title, const char *const *tokens, int L, int causal, 
     /* The scaled scores Q Kᵀ / sqrt(d_k) are recovered from the weights and
      * the row log-sum-exp: s_ij = log P_ij + lse_i (masked: -inf). */
     for (int i = 0; i < L; i++)
-        for (int j = 0; j < L; j++) S[i * L + j] = P[i * L + j] > 0 ? logf(P[i * L + j]) + lse[i] : -INFINITY;
+        for (int j = 0; j < L; j++)
+            S[i * L + j] = P[i * L + j] > 0 ? logf(P[i * L + j]) + lse[i] : -INFINITY;
     print_matrix("scaled scores Q Kᵀ / sqrt(d_k)", S, L, L, tokens);
     print_matrix("weights softmax(scores), rows sum to 1", P, L, L, tokens);
     print_matrix("output weights · V", O, L, D_K, tokens);

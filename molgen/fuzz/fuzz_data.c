@@ -33,31 +33,28 @@
 static char g_dir[256], g_smi[300], g_csv[300];
 static mg_vocab *g_fixed;
 
-static void cleanup(void)
-{
+static void cleanup(void) {
     unlink(g_smi);
     unlink(g_csv);
     rmdir(g_dir);
 }
 
-static void setup(void)
-{
+static void setup(void) {
     const char *base = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : getenv("TMPDIR");
     snprintf(g_dir, sizeof g_dir, "%s/molgen_fuzz_data.XXXXXX", base ? base : "/tmp");
     FZ_CHECK(mkdtemp(g_dir) != NULL, "mkdtemp %s", g_dir);
     snprintf(g_smi, sizeof g_smi, "%s/in.smi", g_dir);
     snprintf(g_csv, sizeof g_csv, "%s/in.csv", g_dir);
     atexit(cleanup);
-    static const char *const moses[] = {"#", "(", ")", "-", "1", "2", "3", "4", "5", "6", "=", "Br",
-                                        "C", "Cl", "F", "N", "O", "S", "[H]", "[nH]", "c", "n", "o",
-                                        "s"};
+    static const char *const moses[] = {"#", "(", ")",   "-",    "1", "2",  "3", "4",
+                                        "5", "6", "=",   "Br",   "C", "Cl", "F", "N",
+                                        "O", "S", "[H]", "[nH]", "c", "n",  "o", "s"};
     mg_error err = {0};
     FZ_CHECK(mg_vocab_from_tokens(moses, sizeof moses / sizeof *moses, &g_fixed, &err) == MG_OK,
              "fixed vocabulary: %s", err.message);
 }
 
-static void write_file(const char *path, const uint8_t *p, size_t n)
-{
+static void write_file(const char *path, const uint8_t *p, size_t n) {
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
     FZ_CHECK(fd >= 0, "cannot create %s", path);
     while (n > 0) {
@@ -69,12 +66,12 @@ static void write_file(const char *path, const uint8_t *p, size_t n)
     close(fd);
 }
 
-static void check_report(const mg_report *r, const char *path, mg_status rc)
-{
+static void check_report(const mg_report *r, const char *path, mg_status rc) {
     FZ_CHECK(r->skipped == r->bad_char + r->unknown_token + r->too_long + r->other,
              "skipped %ld != %ld + %ld + %ld + %ld", r->skipped, r->bad_char, r->unknown_token,
              r->too_long, r->other);
-    FZ_CHECK(r->lines >= r->records && r->records >= 0, "lines %ld records %ld", r->lines, r->records);
+    FZ_CHECK(r->lines >= r->records && r->records >= 0, "lines %ld records %ld", r->lines,
+             r->records);
     if (rc == 0)
         FZ_CHECK(r->records == r->kept + r->skipped, "records %ld != kept %ld + skipped %ld",
                  r->records, r->kept, r->skipped);
@@ -91,8 +88,7 @@ static void check_report(const mg_report *r, const char *path, mg_status rc)
 }
 
 static void check_rows(const mg_dataset *d, const mg_vocab *v, const mg_report *r, int T,
-                       int maxtok, int built)
-{
+                       int maxtok, int built) {
     int nv = mg_vocab_size(v);
     FZ_CHECK(d->n == (size_t)r->kept && d->n >= 1, "%zu rows, %ld kept", d->n, r->kept);
     FZ_CHECK(T == 0 ? d->T >= 3 : d->T == T, "T %d (asked %d)", d->T, T);
@@ -117,7 +113,8 @@ static void check_rows(const mg_dataset *d, const mg_vocab *v, const mg_report *
                                        NULL, NULL);
         FZ_CHECK(rc == MG_OK && !strcmp(dec, d->smiles[i]),
                  "row %zu decodes to '%.80s', source '%.80s'", i, dec, d->smiles[i]);
-        FZ_CHECK(d->line[i] >= 1 && d->line[i] <= r->lines && (i == 0 || d->line[i] > d->line[i - 1]),
+        FZ_CHECK(d->line[i] >= 1 && d->line[i] <= r->lines &&
+                     (i == 0 || d->line[i] > d->line[i - 1]),
                  "row %zu: line %ld", i, d->line[i]);
     }
     if (built)
@@ -129,13 +126,11 @@ static void check_rows(const mg_dataset *d, const mg_vocab *v, const mg_report *
 }
 
 /* Rows of part are rows of all (same ids), in file order. */
-static void check_part(const mg_dataset *all, const mg_dataset *part, unsigned char *seen)
-{
+static void check_part(const mg_dataset *all, const mg_dataset *part, unsigned char *seen) {
     FZ_CHECK(part->n == 0 || part->T == all->T, "part T %d", part->T);
     size_t j = 0;
     for (size_t i = 0; i < part->n; i++) {
-        while (j < all->n && all->line[j] != part->line[i])
-            j++;
+        while (j < all->n && all->line[j] != part->line[i]) j++;
         FZ_CHECK(j < all->n && !seen[j], "part row %zu (line %ld) not a fresh row in file order", i,
                  part->line[i]);
         seen[j] = 1;
@@ -147,8 +142,7 @@ static void check_part(const mg_dataset *all, const mg_dataset *part, unsigned c
     }
 }
 
-static void check_split_and_batches(const mg_dataset *d, uint64_t seed)
-{
+static void check_split_and_batches(const mg_dataset *d, uint64_t seed) {
     mg_dataset tr, va;
     mg_error err = {0};
     mg_status rc = mg_dataset_split(d, 0.3, seed, &tr, &va, &err);
@@ -177,14 +171,14 @@ static void check_split_and_batches(const mg_dataset *d, uint64_t seed)
                          !memcmp(ids + (size_t)k * tr.T, tr.ids + rows[k] * (size_t)tr.T,
                                  (size_t)tr.T * sizeof *ids),
                      "batch row %d is not dataset row %zu", k, rows[k]);
-            if (len[k] > longest)
-                longest = len[k];
+            if (len[k] > longest) longest = len[k];
         }
         int Tb = mg_trim_batch(ids, len, B, tr.T, trim);
         FZ_CHECK(Tb == longest, "trimmed to %d, longest row %lld", Tb, (long long)longest);
         for (int k = 0; k < B; k++)
-            FZ_CHECK(!memcmp(trim + (size_t)k * Tb, ids + (size_t)k * tr.T, (size_t)Tb * sizeof *ids),
-                     "trimmed row %d", k);
+            FZ_CHECK(
+                !memcmp(trim + (size_t)k * Tb, ids + (size_t)k * tr.T, (size_t)Tb * sizeof *ids),
+                "trimmed row %d", k);
     }
     free(ids);
     free(trim);
@@ -193,12 +187,9 @@ static void check_split_and_batches(const mg_dataset *d, uint64_t seed)
     mg_dataset_free(&va);
 }
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
-{
-    if (!g_fixed)
-        setup();
-    if (size < 1)
-        return 0;
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    if (!g_fixed) setup();
+    if (size < 1) return 0;
     static const int k_T[4] = {0, 8, 24, 64}, k_max[4] = {0, 3, 12, 40};
     unsigned mode = data[0];
     const char *path = (mode & 1) ? g_csv : g_smi;

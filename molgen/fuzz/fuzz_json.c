@@ -20,16 +20,14 @@
 #include "tokenizer.h"
 
 /* Depth of nesting, the outermost container being 0 (-1 for a scalar). */
-static int depth(const json_t *j)
-{
+static int depth(const json_t *j) {
     int d = -1;
     if (json_is_array(j)) {
         size_t i;
         const json_t *v;
         json_array_foreach(j, i, v) {
             const int k = depth(v);
-            if (k > d)
-                d = k;
+            if (k > d) d = k;
         }
         return d + 1;
     }
@@ -38,8 +36,7 @@ static int depth(const json_t *j)
         const json_t *v;
         json_object_foreach((json_t *)j, key, v) {
             const int k = depth(v);
-            if (k > d)
-                d = k;
+            if (k > d) d = k;
         }
         return d + 1;
     }
@@ -48,8 +45,7 @@ static int depth(const json_t *j)
     return -1;
 }
 
-static void check_string(const uint8_t *data, size_t size)
-{
+static void check_string(const uint8_t *data, size_t size) {
     char *s = fz_cstr(data, size);
     json_t *str = json_string(s);
     if (str) { /* UTF-8 */
@@ -62,15 +58,18 @@ static void check_string(const uint8_t *data, size_t size)
         if (need > 4) { /* truncated: NUL-terminated, a prefix of the full one */
             char *t = malloc((size_t)need / 2 + 1);
             FZ_CHECK(t != NULL, "out of memory");
-            FZ_CHECK(mg_json_dump_to(str, 17, t, (size_t)need / 2 + 1) == need, "truncated dump length");
-            FZ_CHECK(strlen(t) == (size_t)need / 2 && !memcmp(t, q, (size_t)need / 2), "truncated dump content");
+            FZ_CHECK(mg_json_dump_to(str, 17, t, (size_t)need / 2 + 1) == need,
+                     "truncated dump length");
+            FZ_CHECK(strlen(t) == (size_t)need / 2 && !memcmp(t, q, (size_t)need / 2),
+                     "truncated dump content");
             free(t);
         }
         json_t *j = NULL;
         mg_error err = {0};
-        FZ_CHECK(mg_json_parse(q, (size_t)need, &j, &err) == MG_OK, "a written string does not parse: %s",
-                 err.message);
-        FZ_CHECK(json_is_string(j) && !strcmp(json_string_value(j), s), "a written string parses to another");
+        FZ_CHECK(mg_json_parse(q, (size_t)need, &j, &err) == MG_OK,
+                 "a written string does not parse: %s", err.message);
+        FZ_CHECK(json_is_string(j) && !strcmp(json_string_value(j), s),
+                 "a written string parses to another");
         json_decref(j);
         free(q);
         json_decref(str);
@@ -78,13 +77,13 @@ static void check_string(const uint8_t *data, size_t size)
     free(s);
 }
 
-static void check_vocab(const uint8_t *data, size_t size)
-{
+static void check_vocab(const uint8_t *data, size_t size) {
     mg_vocab *v = NULL;
     mg_error err = {0};
     const mg_status rc = mg_vocab_from_json((const char *)data, size, &v, &err);
     if (rc != MG_OK) {
-        FZ_CHECK(v == NULL && fz_err_ok(&err, rc), "vocab refused without its status and a message");
+        FZ_CHECK(v == NULL && fz_err_ok(&err, rc),
+                 "vocab refused without its status and a message");
         return;
     }
     char *back = mg_vocab_to_json(v);
@@ -97,8 +96,7 @@ static void check_vocab(const uint8_t *data, size_t size)
     mg_vocab_free(v);
 }
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
-{
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     json_t *j = NULL;
     mg_error err = {0};
     mg_status rc = mg_json_parse((const char *)data, size, &j, &err);
@@ -115,7 +113,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         FZ_CHECK(text != NULL, "an accepted value does not write back");
         json_t *k = NULL;
         rc = mg_json_parse(text, strlen(text), &k, &err);
-        FZ_CHECK(rc == MG_OK, "the value written back does not parse: %s\n  %.300s", err.message, text);
+        FZ_CHECK(rc == MG_OK, "the value written back does not parse: %s\n  %.300s", err.message,
+                 text);
         FZ_CHECK(json_equal(j, k), "round trip differs:\n  %.300s", text);
         json_decref(k);
         free(text);

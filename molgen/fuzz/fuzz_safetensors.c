@@ -21,17 +21,14 @@
 #include "safetensors.h"
 #include "tokenizer.h"
 
-static uint64_t le64(const uint8_t *b)
-{
+static uint64_t le64(const uint8_t *b) {
     uint64_t v = 0;
-    for (int i = 7; i >= 0; i--)
-        v = (v << 8) | b[i];
+    for (int i = 7; i >= 0; i--) v = (v << 8) | b[i];
     return v;
 }
 
 /* Metadata keys the writer owns (refused as user metadata). */
-static int reserved_key(const char *k)
-{
+static int reserved_key(const char *k) {
 #ifdef MG_ST_CHECKSUM_KEY
     return strcmp(k, MG_ST_CHECKSUM_KEY) == 0;
 #else
@@ -41,8 +38,7 @@ static int reserved_key(const char *k)
 }
 
 static void check_tensor(const mg_st_file *f, const mg_st_tensor *t, const uint8_t *buf,
-                         size_t buflen, size_t at)
-{
+                         size_t buflen, size_t at) {
     FZ_CHECK(t->name && strcmp(t->name, "__metadata__") != 0, "bad name");
     size_t es = mg_st_dtype_size(t->dtype);
     FZ_CHECK(es > 0 && mg_st_dtype_name(t->dtype), "dtype %d", (int)t->dtype);
@@ -88,13 +84,11 @@ static void check_tensor(const mg_st_file *f, const mg_st_tensor *t, const uint8
         shp[t->ndim] = 1;
         err = (mg_error){0};
         rc = mg_st_get(f, t->name, t->dtype, t->ndim + 1, shp, &p, &err);
-        FZ_CHECK(rc != 0 && fz_err_ok(&err, rc), "rank %d accepted for '%s'", t->ndim + 1,
-                 t->name);
+        FZ_CHECK(rc != 0 && fz_err_ok(&err, rc), "rank %d accepted for '%s'", t->ndim + 1, t->name);
     }
 }
 
-static void check_meta(const mg_st_file *f)
-{
+static void check_meta(const mg_st_file *f) {
     size_t nm = mg_st_meta_count(f);
     for (size_t i = 0; i < nm; i++) {
         const char *k = NULL, *v = NULL;
@@ -112,8 +106,7 @@ static void check_meta(const mg_st_file *f)
     FZ_CHECK(mg_st_meta_at(f, nm, NULL, NULL) == -1, "meta index %zu past the end", nm);
 }
 
-static void check_roundtrip(const mg_st_file *f)
-{
+static void check_roundtrip(const mg_st_file *f) {
     size_t nt = mg_st_count(f), nm = mg_st_meta_count(f);
     mg_st_tensor *t = calloc(nt ? nt : 1, sizeof *t);
     mg_st_kv *kv = calloc(nm ? nm : 1, sizeof *kv);
@@ -126,8 +119,7 @@ static void check_roundtrip(const mg_st_file *f)
     size_t m = 0;
     for (size_t i = 0; i < nm; i++) {
         mg_st_meta_at(f, i, &kv[m].key, &kv[m].value);
-        if (!reserved_key(kv[m].key))
-            m++;
+        if (!reserved_key(kv[m].key)) m++;
     }
     unsigned char *out = NULL;
     size_t outlen = 0;
@@ -174,27 +166,23 @@ size_t LLVMFuzzerMutate(uint8_t *data, size_t size, size_t max_size);
  * breaks that size, so without this the parser rarely sees a changed header
  * (measured: coverage and features reached in equal time, README). The other
  * half are libFuzzer's own, which also exercise the size checks. */
-size_t LLVMFuzzerCustomMutator(uint8_t *data, size_t size, size_t max_size, unsigned int seed)
-{
+size_t LLVMFuzzerCustomMutator(uint8_t *data, size_t size, size_t max_size, unsigned int seed) {
     if (seed % 2 == 0 || size < 8 || le64(data) == 0 || le64(data) > size - 8)
         return LLVMFuzzerMutate(data, size, max_size);
     uint64_t n = le64(data);
     size_t dlen = size - 8 - (size_t)n;
-    if (max_size < 8 + dlen + 1)
-        return LLVMFuzzerMutate(data, size, max_size);
+    if (max_size < 8 + dlen + 1) return LLVMFuzzerMutate(data, size, max_size);
     uint8_t *tail = malloc(dlen ? dlen : 1);
     FZ_CHECK(tail != NULL, "out of memory");
     memcpy(tail, data + 8 + n, dlen);
     size_t nh = LLVMFuzzerMutate(data + 8, (size_t)n, max_size - 8 - dlen);
     memcpy(data + 8 + nh, tail, dlen);
     free(tail);
-    for (int i = 0; i < 8; i++)
-        data[i] = (uint8_t)((uint64_t)nh >> (8 * i));
+    for (int i = 0; i < 8; i++) data[i] = (uint8_t)((uint64_t)nh >> (8 * i));
     return 8 + nh + dlen;
 }
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
-{
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     mg_st_file *f = NULL;
     mg_error err = {0};
     mg_status rc = mg_st_parse(data, size, &f, &err);

@@ -15,8 +15,7 @@
 #include "smiles_check.h"
 #include "tokenizer.h"
 
-static void check_one(const char *s)
-{
+static void check_one(const char *s) {
     size_t len = strlen(s);
     char why[512];
     memset(why, 'x', sizeof why);
@@ -62,8 +61,7 @@ static void check_one(const char *s)
     }
 }
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
-{
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     char *s = fz_cstr(data, size);
     check_one(s);
     size_t len = strlen(s);

@@ -29,35 +29,30 @@
 #include "fuzz_util.h"
 #include "tokenizer.h"
 
-#define MOLGPT_ERE                                                                          \
-    "^(\\[[^]]+]|<|Br?|Cl?|N|O|S|P|F|I|b|c|n|o|s|p|\\(|\\)|\\.|=|#|-|\\+|\\\\|/|:|~|@|\\?|>|" \
+#define MOLGPT_ERE                                                                                 \
+    "^(\\[[^]]+]|<|Br?|Cl?|N|O|S|P|F|I|b|c|n|o|s|p|\\(|\\)|\\.|=|#|-|\\+|\\\\|/|:|~|@|\\?|>|"      \
     "\\*|\\$|%[0-9]{2}|[0-9])"
 
 static regex_t g_re;
 static int g_re_ready;
 
 /* The oracle's token length at s (s non-empty, NUL-terminated). */
-static int oracle_token_len(const char *s)
-{
+static int oracle_token_len(const char *s) {
     regmatch_t m[1];
-    if (regexec(&g_re, s, 1, m, 0) != 0)
-        return -1;
+    if (regexec(&g_re, s, 1, m, 0) != 0) return -1;
     FZ_CHECK(m[0].rm_so == 0 && m[0].rm_eo > 0, "anchored match at %d..%d", (int)m[0].rm_so,
              (int)m[0].rm_eo);
     int len = (int)m[0].rm_eo;
-    if (s[0] == '[' && len > MG_TOKEN_MAX)
-        return -1;
+    if (s[0] == '[' && len > MG_TOKEN_MAX) return -1;
     if (s[0] == '[') {
         json_t *j = json_stringn(s + 1, (size_t)len - 2);
         json_decref(j);
-        if (!j)
-            return -1;
+        if (!j) return -1;
     }
     return len;
 }
 
-static void check_line(const char *s, mg_span *spans, int cap)
-{
+static void check_line(const char *s, mg_span *spans, int cap) {
     int len = (int)strlen(s);
     int ntok = -1, errpos = -1;
     mg_error err = {0};
@@ -72,8 +67,7 @@ static void check_line(const char *s, mg_span *spans, int cap)
         int want = oracle_token_len(s + pos);
         FZ_CHECK(l == want, "mg_token_len at %d of '%.80s' is %d, the regex says %d", pos, s, l,
                  want);
-        if (l < 0)
-            break;
+        if (l < 0) break;
         FZ_CHECK(spans[k].start == pos && spans[k].len == l,
                  "span %d is (%d, %d), expected (%d, %d)", k, spans[k].start, spans[k].len, pos, l);
         k++;
@@ -90,26 +84,25 @@ static void check_line(const char *s, mg_span *spans, int cap)
         }
     } else {
         FZ_CHECK(rc == MG_ERR_TOKEN && errpos == pos && ntok == k && fz_err_ok(&err, rc),
-                 "untokenisable at %d: rc %d errpos %d ntok %d (want %d) '%s'", pos, rc, errpos, ntok,
-                 k, err.message);
+                 "untokenisable at %d: rc %d errpos %d ntok %d (want %d) '%s'", pos, rc, errpos,
+                 ntok, k, err.message);
     }
 }
 
-static void check_vocab_roundtrip(const mg_vocab *v)
-{
+static void check_vocab_roundtrip(const mg_vocab *v) {
     char *js = mg_vocab_to_json(v);
     FZ_CHECK(js != NULL, "mg_vocab_to_json failed");
     mg_vocab *w = NULL;
     mg_error err = {0};
     mg_status rc = mg_vocab_from_json(js, strlen(js), &w, &err);
-    FZ_CHECK(rc == 0 && mg_vocab_equal(v, w), "vocab JSON does not round-trip: %s (%.200s)", err.message, js);
+    FZ_CHECK(rc == 0 && mg_vocab_equal(v, w), "vocab JSON does not round-trip: %s (%.200s)",
+             err.message, js);
     mg_vocab_free(w);
     free(js);
 }
 
 static void check_vocab(const char *const *lines, size_t n, mg_span *spans, int cap,
-                        size_t input_size)
-{
+                        size_t input_size) {
     mg_vocab *v = NULL;
     mg_error err = {0};
     mg_status rc = mg_vocab_build(lines, n, &v, &err);
@@ -122,7 +115,8 @@ static void check_vocab(const char *const *lines, size_t n, mg_span *spans, int 
     FZ_CHECK(rc == 0, "mg_vocab_build of %zu tokenisable lines: %d %s", n, rc, err.message);
     int nv = mg_vocab_size(v);
     FZ_CHECK(nv >= MG_NUM_SPECIAL, "vocab size %d", nv);
-    FZ_CHECK(!strcmp(mg_vocab_token(v, MG_PAD), "<pad>") && !strcmp(mg_vocab_token(v, MG_BOS), "<bos>") &&
+    FZ_CHECK(!strcmp(mg_vocab_token(v, MG_PAD), "<pad>") &&
+                 !strcmp(mg_vocab_token(v, MG_BOS), "<bos>") &&
                  !strcmp(mg_vocab_token(v, MG_EOS), "<eos>"),
              "specials");
     FZ_CHECK(mg_vocab_token(v, -1) == NULL && mg_vocab_token(v, nv) == NULL, "ids out of range");
@@ -130,8 +124,8 @@ static void check_vocab(const char *const *lines, size_t n, mg_span *spans, int 
         const char *t = mg_vocab_token(v, id);
         FZ_CHECK(mg_vocab_lookup(v, t, -1) == id, "lookup of '%s' is not %d", t, id);
         if (id > MG_NUM_SPECIAL)
-            FZ_CHECK(strcmp(mg_vocab_token(v, id - 1), t) < 0, "ids %d, %d not in strcmp order", id - 1,
-                     id);
+            FZ_CHECK(strcmp(mg_vocab_token(v, id - 1), t) < 0, "ids %d, %d not in strcmp order",
+                     id - 1, id);
     }
     /* The same tokens listed again (each twice) give the same vocabulary. */
     const char **toks = malloc(2 * (size_t)nv * sizeof *toks);
@@ -143,7 +137,8 @@ static void check_vocab(const char *const *lines, size_t n, mg_span *spans, int 
     }
     mg_vocab *w = NULL;
     rc = mg_vocab_from_tokens(toks, (size_t)nt, &w, &err);
-    FZ_CHECK(rc == 0 && mg_vocab_equal(v, w), "mg_vocab_from_tokens differs: %d %s", rc, err.message);
+    FZ_CHECK(rc == 0 && mg_vocab_equal(v, w), "mg_vocab_from_tokens differs: %d %s", rc,
+             err.message);
     mg_vocab_free(w);
     free(toks);
     check_vocab_roundtrip(v);
@@ -158,7 +153,8 @@ static void check_vocab(const char *const *lines, size_t n, mg_span *spans, int 
         FZ_CHECK(rc == 0, "line %zu no longer tokenises", i);
         int k = -1;
         rc = mg_vocab_encode(v, s, ids, ntok, &k, &err);
-        FZ_CHECK(rc == 0 && k == ntok, "encode: rc %d, %d ids for %d tokens: %s", rc, k, ntok, err.message);
+        FZ_CHECK(rc == 0 && k == ntok, "encode: rc %d, %d ids for %d tokens: %s", rc, k, ntok,
+                 err.message);
         for (int j = 0; j < k; j++) {
             const char *t = mg_vocab_token(v, ids[j]);
             FZ_CHECK(ids[j] >= MG_NUM_SPECIAL && t && (int)strlen(t) == spans[j].len &&
@@ -199,8 +195,7 @@ static void check_vocab(const char *const *lines, size_t n, mg_span *spans, int 
  * mg_vocab_build over all lines and mg_vocab_from_tokens with each line as
  * one token. */
 static void check_errors(const char *const *all, size_t nall, const char *first, mg_span *spans,
-                         int cap)
-{
+                         int cap) {
     mg_error err = {0};
     mg_vocab *v = NULL;
     mg_status rc = mg_vocab_build(&first, 1, &v, &err);
@@ -215,28 +210,25 @@ static void check_errors(const char *const *all, size_t nall, const char *first,
         const char *s = all[i];
         int ntok = 0, errpos = -1;
         mg_status trc = mg_tokenize(s, spans, cap, &ntok, &errpos, NULL);
-        if (trc != 0 && bad_line < 0)
-            bad_line = (int)i;
+        if (trc != 0 && bad_line < 0) bad_line = (int)i;
         int l = mg_token_len(s);
-        all_single &= l > 0 && s[l] == '\0' && strcmp(s, "<pad>") && strcmp(s, "<bos>") &&
-                      strcmp(s, "<eos>");
+        all_single &=
+            l > 0 && s[l] == '\0' && strcmp(s, "<pad>") && strcmp(s, "<bos>") && strcmp(s, "<eos>");
         mg_status want = MG_OK; /* expected: the first unknown token, or the bad character */
         for (int k = 0; k < ntok && want == 0; k++) {
             int known = 0;
             for (int q = 0; q < nf && !known; q++)
                 known = fs[q].len == spans[k].len &&
                         !memcmp(first + fs[q].start, s + spans[k].start, (size_t)spans[k].len);
-            if (!known)
-                want = MG_ERR_UNKNOWN_TOKEN;
+            if (!known) want = MG_ERR_UNKNOWN_TOKEN;
         }
-        if (want == 0 && trc == MG_ERR_TOKEN)
-            want = MG_ERR_TOKEN;
+        if (want == 0 && trc == MG_ERR_TOKEN) want = MG_ERR_TOKEN;
         int n = -1;
         err = (mg_error){0};
         rc = mg_vocab_encode(v, s, ids, cap, &n, &err);
         FZ_CHECK(rc == want && (rc == 0 || fz_err_ok(&err, rc)),
-                 "encode '%.80s' with the vocabulary of '%.80s': %d, expected %d (%s)", s, first, rc,
-                 want, err.message);
+                 "encode '%.80s' with the vocabulary of '%.80s': %d, expected %d (%s)", s, first,
+                 rc, want, err.message);
     }
     mg_vocab_free(v);
     v = NULL;
@@ -262,8 +254,7 @@ static void check_errors(const char *const *all, size_t nall, const char *first,
     free(ids);
 }
 
-static void check_vocab_json(const uint8_t *data, size_t size)
-{
+static void check_vocab_json(const uint8_t *data, size_t size) {
     mg_vocab *v = NULL;
     mg_error err = {0};
     mg_status rc = mg_vocab_from_json((const char *)data, size, &v, &err);
@@ -281,8 +272,7 @@ static void check_vocab_json(const uint8_t *data, size_t size)
     mg_vocab_free(v);
 }
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
-{
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (!g_re_ready) {
         FZ_CHECK(regcomp(&g_re, MOLGPT_ERE, REG_EXTENDED) == 0, "regcomp");
         g_re_ready = 1;
@@ -297,22 +287,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     char *p = text, *end = text + size;
     for (;;) {
         char *e = p;
-        while (e < end && *e != '\n' && *e != '\0')
-            e++;
+        while (e < end && *e != '\n' && *e != '\0') e++;
         int last = e == end;
         *e = '\0';
         check_line(p, spans, cap);
         all[nall++] = p;
         int ntok = 0;
-        if (mg_tokenize(p, spans, cap, &ntok, NULL, NULL) == 0)
-            lines[ngood++] = p;
-        if (last)
-            break;
+        if (mg_tokenize(p, spans, cap, &ntok, NULL, NULL) == 0) lines[ngood++] = p;
+        if (last) break;
         p = e + 1;
     }
     check_vocab(lines, ngood, spans, cap, size);
-    if (ngood > 0)
-        check_errors(all, nall, lines[0], spans, cap);
+    if (ngood > 0) check_errors(all, nall, lines[0], spans, cap);
     check_vocab_json(data, size);
     free(lines);
     free(all);

@@ -20,5 +20,4 @@ static inline const char *mg_test_data_dir(void) {
     return (d && d[0]) ? d : "../shared/data";
 }
 
-
 #endif /* MG_TEST_H */

@@ -43,8 +43,9 @@ static void test_ring_pairs(void) {
     CHECK(mg_is_ring_label("1", -1) && mg_is_ring_label("0", -1) && mg_is_ring_label("%10", -1) &&
               mg_is_ring_label("%99", 3),
           "labels");
-    CHECK(!mg_is_ring_label("C", -1) && !mg_is_ring_label("%1", -1) && !mg_is_ring_label("[nH]", -1) &&
-              !mg_is_ring_label("[13C]", -1) && !mg_is_ring_label("", -1) && !mg_is_ring_label("%1a", -1),
+    CHECK(!mg_is_ring_label("C", -1) && !mg_is_ring_label("%1", -1) &&
+              !mg_is_ring_label("[nH]", -1) && !mg_is_ring_label("[13C]", -1) &&
+              !mg_is_ring_label("", -1) && !mg_is_ring_label("%1a", -1),
           "non-labels");
     int pair[128];
     struct {
@@ -124,8 +125,10 @@ static void test_stats(void) {
     dist /= L - 1;
     prev /= L - 1;
     mg_head_stats_compute(w, L, 1, NULL, &s);
-    CHECK(NEAR(s.mean_dist, dist) && NEAR(dist, L / 4.0), "uniform: distance %g expected %g", s.mean_dist, dist);
-    CHECK(NEAR(s.prev, prev) && NEAR(s.bos, prev), "uniform: prev %g bos %g expected %g", s.prev, s.bos, prev);
+    CHECK(NEAR(s.mean_dist, dist) && NEAR(dist, L / 4.0), "uniform: distance %g expected %g",
+          s.mean_dist, dist);
+    CHECK(NEAR(s.prev, prev) && NEAR(s.bos, prev), "uniform: prev %g bos %g expected %g", s.prev,
+          s.bos, prev);
     CHECK(NEAR(s.peak, prev) && NEAR(s.peak_uniform, prev), "uniform: peak %g", s.peak);
     CHECK(NEAR(s.dist_uniform, dist), "uniform: dist_uniform %g", s.dist_uniform);
     CHECK(!strcmp(s.label, "diffuse"), "uniform label %s", s.label);
@@ -135,14 +138,16 @@ static void test_stats(void) {
     w[0] = 1;
     for (int i = 1; i < L; i++) w[i * L + i - 1] = 0.45f, w[i * L + i] = 0.55f;
     mg_head_stats_compute(w, L, 1, NULL, &s);
-    CHECK(NEAR(s.prev, 0.45) && NEAR(s.mean_dist, 0.45), "prev 0.45: prev %g dist %g", s.prev, s.mean_dist);
+    CHECK(NEAR(s.prev, 0.45) && NEAR(s.mean_dist, 0.45), "prev 0.45: prev %g dist %g", s.prev,
+          s.mean_dist);
     CHECK(!strcmp(s.label, "previous-token"), "prev 0.45 label %s", s.label);
 
     /* everything on BOS: distance mean(i) = L/2, label BOS-sink */
     memset(w, 0, sizeof w);
     for (int i = 0; i < L; i++) w[i * L] = 1;
     mg_head_stats_compute(w, L, 1, NULL, &s);
-    CHECK(NEAR(s.mean_dist, L / 2.0) && NEAR(s.bos, 1.0), "BOS: dist %g bos %g", s.mean_dist, s.bos);
+    CHECK(NEAR(s.mean_dist, L / 2.0) && NEAR(s.bos, 1.0), "BOS: dist %g bos %g", s.mean_dist,
+          s.bos);
     CHECK(!strcmp(s.label, "BOS-sink"), "BOS label %s", s.label);
 
     /* far back: row i on key max(0, i-4) except the first rows -> long-range */
@@ -159,7 +164,8 @@ static void test_stats(void) {
     const int far_key[L] = {0, 1, 2, 0, 1, 2, 1};
     for (int i = 1; i < L; i++) w[i * L + far_key[i]] = 1;
     mg_head_stats_compute(w, L, 1, NULL, &s);
-    CHECK(NEAR(s.mean_dist, 14.0 / 6.0) && NEAR(s.bos, 1.0 / 6) && NEAR(s.prev, 0.0), "far2: %g", s.mean_dist);
+    CHECK(NEAR(s.mean_dist, 14.0 / 6.0) && NEAR(s.bos, 1.0 / 6) && NEAR(s.prev, 0.0), "far2: %g",
+          s.mean_dist);
     CHECK(!strcmp(s.label, "long-range"), "far2 label %s", s.label);
 
     /* ring closure: BOS c 1 c c c c c 1 (positions 0..8), the closing '1' at
@@ -193,7 +199,7 @@ static void test_stats(void) {
     float *w3 = calloc((size_t)L3 * L3, sizeof *w3);
     for (int i = 0; i < L3; i++) w3[i * L3] = 1;
     w3[9 * L3] = 0;
-    w3[9 * L3 + 2] = 1.0f;  /* closing 1 (position 9) -> opening 1 (position 2) */
+    w3[9 * L3 + 2] = 1.0f; /* closing 1 (position 9) -> opening 1 (position 2) */
     w3[10 * L3] = 0.5f;
     w3[10 * L3 + 5] = 0.5f; /* closing 2 (position 10) -> opening 2 (position 5) */
     mg_head_stats_compute(w3, L3, 1, key3, &s);
@@ -268,10 +274,12 @@ static void test_cmd(void) {
         fclose(f);
         CHECK(lines == 1 + 2 * 2, "tsv lines %d", lines);
     }
-    fprintf(stderr, "(an error about an unknown token and a too-long molecule are expected next)\n");
+    fprintf(stderr,
+            "(an error about an unknown token and a too-long molecule are expected next)\n");
     char *argv2[] = {"attention", "--model", model, "--smiles", "c1ccccc1Cl", "--out", out, NULL};
     CHECK(cmd_attention(7, argv2) != 0, "unknown token accepted");
-    char *argv3[] = {"attention", "--model", model, "--smiles", "CCCCCCCCCCCCCCCCCCCC", "--out", out, NULL};
+    char *argv3[] = {"attention", "--model", model, "--smiles", "CCCCCCCCCCCCCCCCCCCC",
+                     "--out",     out,       NULL};
     CHECK(cmd_attention(7, argv3) != 0, "too long accepted");
     char *argv4[] = {"attention", "--model", model, NULL};
     CHECK(cmd_attention(3, argv4) == 2, "missing --smiles");

@@ -11,8 +11,7 @@
 
 #include "mg_test.h"
 
-static void write_file(const char *path, const char *text)
-{
+static void write_file(const char *path, const char *text) {
     FILE *f = fopen(path, "wb");
     if (!f) {
         fprintf(stderr, "cannot write %s\n", path);
@@ -23,28 +22,25 @@ static void write_file(const char *path, const char *text)
     fclose(f);
 }
 
-static int has_msg(const mg_report *r, const char *needle)
-{
+static int has_msg(const mg_report *r, const char *needle) {
     for (int i = 0; i < r->nmsg; i++)
-        if (strstr(r->msg[i], needle))
-            return 1;
+        if (strstr(r->msg[i], needle)) return 1;
     return 0;
 }
 
 static char g_smi[512], g_csv[512], g_tmp[512];
 
-static void test_smi_file(void)
-{
+static void test_smi_file(void) {
     write_file(g_smi, "# a comment line\n"
-                      "CCO ethanol\n"           /* 2 */
-                      "\n"                      /* 3 blank */
-                      "   \t\n"                 /* 4 blank */
+                      "CCO ethanol\n"             /* 2 */
+                      "\n"                        /* 3 blank */
+                      "   \t\n"                   /* 4 blank */
                       "c1ccccc1\t benzene 42\r\n" /* 5 CRLF */
-                      "  # indented comment\n"  /* 6 */
-                      "CCXC\n"                  /* 7 bad char */
-                      "CC(=O)OCCCCCCCCCCCCCCC\n" /* 8 long: 22 tokens */
-                      "C[nH]1\n"                /* 9 */
-                      "Cl/C=C\\Br");             /* 10, no final newline */
+                      "  # indented comment\n"    /* 6 */
+                      "CCXC\n"                    /* 7 bad char */
+                      "CC(=O)OCCCCCCCCCCCCCCC\n"  /* 8 long: 22 tokens */
+                      "C[nH]1\n"                  /* 9 */
+                      "Cl/C=C\\Br");              /* 10, no final newline */
     mg_error err = {0};
     mg_report rep;
     mg_smiles_list list;
@@ -70,24 +66,20 @@ static void test_smi_file(void)
     char want[600];
     snprintf(want, sizeof want, "%s:7: cannot tokenise: position 2: cannot tokenise 'X'", g_smi);
     CHECK(has_msg(&rep, want));
-    if (!has_msg(&rep, want))
-        fprintf(stderr, "got: %s\nwant: %s\n", rep.msg[0], want);
+    if (!has_msg(&rep, want)) fprintf(stderr, "got: %s\nwant: %s\n", rep.msg[0], want);
     CHECK(v != NULL);
     if (v && d.n == 5) {
         /* row layout: BOS tokens EOS PAD..., lengths = k + 2 */
         CHECK(d.lengths[0] == 5); /* CCO */
         const int32_t *r0 = d.ids;
         CHECK(r0[0] == MG_BOS && r0[4] == MG_EOS);
-        for (int i = 5; i < d.T; i++)
-            CHECK(r0[i] == MG_PAD);
+        for (int i = 5; i < d.T; i++) CHECK(r0[i] == MG_PAD);
         for (size_t r = 0; r < d.n; r++) {
             const int32_t *row = d.ids + r * (size_t)d.T;
             char out[128];
             CHECK(row[0] == MG_BOS && row[d.lengths[r] - 1] == MG_EOS);
-            for (int i = 1; i < d.lengths[r] - 1; i++)
-                CHECK(row[i] >= MG_NUM_SPECIAL);
-            for (int i = (int)d.lengths[r]; i < d.T; i++)
-                CHECK(row[i] == MG_PAD);
+            for (int i = 1; i < d.lengths[r] - 1; i++) CHECK(row[i] >= MG_NUM_SPECIAL);
+            for (int i = (int)d.lengths[r]; i < d.T; i++) CHECK(row[i] == MG_PAD);
             CHECK(mg_vocab_decode(v, row, d.T, out, sizeof out, NULL, &err) == 0);
             CHECK(strcmp(out, d.smiles[r]) == 0);
         }
@@ -146,8 +138,7 @@ static void test_smi_file(void)
 
     /* more than MG_REPORT_MSGS problems: all counted, first few kept */
     FILE *f = fopen(g_tmp, "w");
-    for (int i = 0; i < 50; i++)
-        fprintf(f, "%s\n", i % 2 ? "CC" : "C?X");
+    for (int i = 0; i < 50; i++) fprintf(f, "%s\n", i % 2 ? "CC" : "C?X");
     fclose(f);
     CHECK(mg_dataset_load(g_tmp, &o, NULL, &v2, &d, &rep, &err) == 0);
     CHECK(d.n == 25 && rep.bad_char == 25 && rep.nmsg == MG_REPORT_MSGS);
@@ -172,16 +163,15 @@ static void test_smi_file(void)
     mg_vocab_free(v);
 }
 
-static void test_csv_file(void)
-{
+static void test_csv_file(void) {
     write_file(g_csv, "id,\"SMILES\", score\n"
                       "1,CCO,0.5\n"
                       "2,\"c1ccccc1\",0.7\n"
                       "\n"
-                      "3,\"C\"\"O\",1\n"     /* quote inside: C"O -> bad char */
-                      "4\n"                  /* too few fields */
-                      "5,,3\n"               /* empty field */
-                      "6, CC(N)=O ,2\n"      /* trimmed */
+                      "3,\"C\"\"O\",1\n" /* quote inside: C"O -> bad char */
+                      "4\n"              /* too few fields */
+                      "5,,3\n"           /* empty field */
+                      "6, CC(N)=O ,2\n"  /* trimmed */
                       "7,\"unterminated,1\n");
     mg_error err = {0};
     mg_report rep;
@@ -227,10 +217,8 @@ static void test_csv_file(void)
     mg_smiles_list_free(&list);
 }
 
-static int same_dataset(const mg_dataset *a, const mg_dataset *b)
-{
-    if (a->n != b->n || a->T != b->T)
-        return 0;
+static int same_dataset(const mg_dataset *a, const mg_dataset *b) {
+    if (a->n != b->n || a->T != b->T) return 0;
     for (size_t i = 0; i < a->n; i++)
         if (a->line[i] != b->line[i] || strcmp(a->smiles[i], b->smiles[i]) != 0 ||
             a->lengths[i] != b->lengths[i])
@@ -238,8 +226,7 @@ static int same_dataset(const mg_dataset *a, const mg_dataset *b)
     return a->n == 0 || memcmp(a->ids, b->ids, a->n * (size_t)a->T * sizeof *a->ids) == 0;
 }
 
-static void test_split_and_batches(void)
-{
+static void test_split_and_batches(void) {
     char path[1024];
     snprintf(path, sizeof path, "%s/moses_train5k.smi", mg_test_data_dir());
     mg_load_opts o = {.T = 64};
@@ -265,17 +252,14 @@ static void test_split_and_batches(void)
     unsigned char *seen = calloc(all.n + 2, 1);
     for (size_t i = 0; i < tr.n; i++) {
         seen[tr.line[i]]++;
-        if (i)
-            CHECK(tr.line[i] > tr.line[i - 1]);
+        if (i) CHECK(tr.line[i] > tr.line[i - 1]);
     }
     for (size_t i = 0; i < va.n; i++) {
         seen[va.line[i]]++;
-        if (i)
-            CHECK(va.line[i] > va.line[i - 1]);
+        if (i) CHECK(va.line[i] > va.line[i - 1]);
     }
     size_t once = 0;
-    for (size_t i = 1; i <= all.n; i++)
-        once += seen[i] == 1;
+    for (size_t i = 1; i <= all.n; i++) once += seen[i] == 1;
     CHECK(once == all.n);
     free(seen);
     /* validation rows are the same bytes as in the full set */
@@ -306,8 +290,7 @@ static void test_split_and_batches(void)
     CHECK(mg_splitmix64(&s) == 0xE220A8397B1DCDAFULL);
     CHECK(mg_splitmix64(&s) == 0x6E789E6AA1B965F4ULL);
     size_t idx[100];
-    for (size_t i = 0; i < 100; i++)
-        idx[i] = i;
+    for (size_t i = 0; i < 100; i++) idx[i] = i;
     s = 7;
     mg_shuffle_indices(idx, 100, &s);
     int cnt[100] = {0};
@@ -316,8 +299,7 @@ static void test_split_and_batches(void)
         cnt[idx[i]]++;
         fixed += idx[i] == i;
     }
-    for (size_t i = 0; i < 100; i++)
-        CHECK(cnt[i] == 1);
+    for (size_t i = 0; i < 100; i++) CHECK(cnt[i] == 1);
     CHECK(fixed < 10);
 
     /* batches */
@@ -345,8 +327,7 @@ static void test_split_and_batches(void)
             CHECK(memcmp(rows1, rows2, sizeof rows1) == 0);
             CHECK(memcmp(ids1, ids2, (size_t)B * 64 * sizeof *ids1) == 0);
             CHECK(memcmp(len1, len2, sizeof len1) == 0);
-            if (memcmp(rows1, rows3, sizeof rows1) != 0)
-                differs_b3 = 1;
+            if (memcmp(rows1, rows3, sizeof rows1) != 0) differs_b3 = 1;
             for (int i = 0; i < B; i++) {
                 CHECK(rows1[i] < tr.n);
                 CHECK(len1[i] == tr.lengths[rows1[i]]);
@@ -357,10 +338,8 @@ static void test_split_and_batches(void)
                     used[rows1[i]] = 1;
                 }
             }
-            if (k == pe)
-                memcpy(first_rows_epoch1, rows1, sizeof rows1);
-            if (k == 5)
-                memcpy(saved_rows, rows1, sizeof rows1);
+            if (k == pe) memcpy(first_rows_epoch1, rows1, sizeof rows1);
+            if (k == 5) memcpy(saved_rows, rows1, sizeof rows1);
         }
         CHECK(differs_b3);
         /* epoch 1 is a different permutation from epoch 0 */
@@ -412,8 +391,7 @@ static void test_split_and_batches(void)
     mg_vocab_free(v);
 }
 
-static void test_big_corpus(void)
-{
+static void test_big_corpus(void) {
     char path[1024];
     snprintf(path, sizeof path, "%s/moses_176k.smi", mg_test_data_dir());
     mg_load_opts o = {0};
@@ -439,11 +417,9 @@ static void test_big_corpus(void)
     mg_vocab_free(v);
 }
 
-int main(void)
-{
+int main(void) {
     const char *t = getenv("TMPDIR");
-    if (!t || !t[0])
-        t = "/tmp";
+    if (!t || !t[0]) t = "/tmp";
     snprintf(g_smi, sizeof g_smi, "%s/mg_data_test_%ld.smi", t, (long)getpid());
     snprintf(g_csv, sizeof g_csv, "%s/mg_data_test_%ld.CSV", t, (long)getpid());
     snprintf(g_tmp, sizeof g_tmp, "%s/mg_data_test_%ld_b.smi", t, (long)getpid());

@@ -70,10 +70,14 @@ static void make_batch(int B, int T, int V, const int *lens, int32_t *ids, int64
         lengths[b] = lens[b];
         for (int t = 0; t < T; t++) {
             int32_t id;
-            if (t == 0) id = MG_BOS;
-            else if (t < lens[b] - 1) id = (int32_t)(MG_NUM_SPECIAL + rnd() % (uint64_t)(V - MG_NUM_SPECIAL));
-            else if (t == lens[b] - 1) id = MG_EOS;
-            else id = MG_PAD;
+            if (t == 0)
+                id = MG_BOS;
+            else if (t < lens[b] - 1)
+                id = (int32_t)(MG_NUM_SPECIAL + rnd() % (uint64_t)(V - MG_NUM_SPECIAL));
+            else if (t == lens[b] - 1)
+                id = MG_EOS;
+            else
+                id = MG_PAD;
             ids[b * T + t] = id;
         }
     }
@@ -107,8 +111,8 @@ static void gradcheck(const char *label, const mg_model_config *c, int training,
     float loss;
     int64_t ntok;
     const uint64_t seed = 99;
-    CHECK(mg_model_forward(m, ids, len, B, T, training, seed, &loss, &ntok, &err) == 0,
-          "%s", err.message);
+    CHECK(mg_model_forward(m, ids, len, B, T, training, seed, &loss, &ntok, &err) == 0, "%s",
+          err.message);
     CHECK(ntok == expect_ntok, "ntok %lld", (long long)ntok);
     CHECK(mg_model_backward(m, &err) == 0, "%s", err.message);
     CHECK(mg_model_backward(m, &err) != 0, "a second backward must fail");
@@ -154,7 +158,8 @@ static void gradcheck(const char *label, const mg_model_config *c, int training,
          * too, as L = ctx_len here). */
         CHECK(nonzero, "%s %s: all sampled gradients are zero", label, t->name);
     }
-    CHECK(max_err <= 2e-3 * max_g, "%s: max error %.3e vs max gradient %.3e", label, max_err, max_g);
+    CHECK(max_err <= 2e-3 * max_g, "%s: max error %.3e vs max gradient %.3e", label, max_err,
+          max_g);
     printf("gradcheck %-22s %d elements: max |g - fd| = %.3e, max |fd| = %.3e, normalised %.3e, "
            "max rel (|fd| > 1e-2) %.3e\n",
            label, checked, max_err, max_g, max_err / max_g, max_rel);
@@ -231,7 +236,8 @@ static void test_padding_and_inference(void) {
             kl[b] = len[b] - 1;
             for (int t = 0; t < L; t++) in[b * L + t] = ids[b * T + t];
         }
-        CHECK(mg_model_logits(m, in, pass ? NULL : kl, B, L, lg, NULL, &err) == 0, "%s", err.message);
+        CHECK(mg_model_logits(m, in, pass ? NULL : kl, B, L, lg, NULL, &err) == 0, "%s",
+              err.message);
         double sum = 0;
         int n = 0;
         for (int b = 0; b < B; b++)
@@ -243,7 +249,8 @@ static void test_padding_and_inference(void) {
                 sum += mx + log(se) - r[ids[b * T + t + 1]];
                 n++;
             }
-        CHECK(fabs(sum / n - l1) <= 1e-5 * fabs(l1), "logits loss %.9g vs forward %.9g", sum / n, l1);
+        CHECK(fabs(sum / n - l1) <= 1e-5 * fabs(l1), "logits loss %.9g vs forward %.9g", sum / n,
+              l1);
         free(lg);
     }
     /* Dropout: training differs from eval, is reproducible for a seed, and
@@ -282,7 +289,9 @@ static void test_config_and_files(void) {
     CHECK(memcmp(&c, &r, sizeof c) == 0, "config JSON round trip: %s", js);
     CHECK(mg_model_config_from_json("{\"n_layer\":2}", &r, &err) != 0, "missing keys");
     CHECK(mg_model_config_from_json("{\"n_layer\":2,\"d_model\":15,\"n_head\":2,\"ctx_len\":8,"
-                                    "\"vocab_size\":10}", &r, &err) != 0, "d %% H");
+                                    "\"vocab_size\":10}",
+                                    &r, &err) != 0,
+          "d %% H");
     mg_model_config_molgpt(&c);
     c.ctx_len = 54;
     c.vocab_size = 26;
@@ -295,7 +304,8 @@ static void test_config_and_files(void) {
         CHECK(t && t->shape[0] == 256 && t->shape[1] == 1024, "proj shape");
         /* 8 * 12 d^2 + 8 * 13 d + 2 V d + ctx d + 2 d + V */
         size_t expect = 8 * (12 * 256 * 256 + 13 * 256) + 2 * 26 * 256 + 54 * 256 + 2 * 256 + 26;
-        CHECK(mg_model_num_params(big) == expect, "params %zu vs %zu", mg_model_num_params(big), expect);
+        CHECK(mg_model_num_params(big) == expect, "params %zu vs %zu", mg_model_num_params(big),
+              expect);
         mg_model_free(big);
     }
 
@@ -331,13 +341,14 @@ static void test_config_and_files(void) {
     printf("truncated model file: %s\n", err.message);
     /* A config that asks for more parameters than the file holds (here 5.5e13,
      * the fuzzer's regression input) is refused before any allocation. */
-    const char *huge = "{\"n_layer\":1024,\"d_model\":65536,\"n_head\":1,\"ctx_len\":8,\"vocab_size\":10}";
+    const char *huge =
+        "{\"n_layer\":1024,\"d_model\":65536,\"n_head\":1,\"ctx_len\":8,\"vocab_size\":10}";
     const mg_st_kv meta[] = {{"format", "molgen"}, {"config", huge}};
     CHECK(mg_st_write(path, NULL, 0, meta, 2, &err) == 0, "%s", err.message);
     m2 = NULL;
     const mg_status hrc = mg_model_load(path, &m2, NULL, NULL, &err);
-    CHECK(hrc == MG_ERR_FORMAT && !m2 && strstr(err.message, "asks for"), "huge config: %d %s", (int)hrc,
-          err.message);
+    CHECK(hrc == MG_ERR_FORMAT && !m2 && strstr(err.message, "asks for"), "huge config: %d %s",
+          (int)hrc, err.message);
     printf("huge config: %s\n", err.message);
     remove(path);
     mg_vocab_free(v);

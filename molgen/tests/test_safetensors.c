@@ -22,8 +22,7 @@ static uint64_t rnd(void) { return mg_splitmix64(&g_rng); }
 /* molgen's JSON rules on jansson (json.h): what parses, what is refused and
  * with which message. The needles are jansson's wording (molgen kept its own
  * parser before: its messages differed, the verdicts are the same). */
-static void json_ok(const char *s)
-{
+static void json_ok(const char *s) {
     json_t *j = NULL;
     mg_error err = {0};
     if (mg_json_parse(s, strlen(s), &j, &err) != 0 || !j) {
@@ -33,8 +32,7 @@ static void json_ok(const char *s)
     json_decref(j);
 }
 
-static void json_bad(const char *s, const char *needle)
-{
+static void json_bad(const char *s, const char *needle) {
     json_t *j = (json_t *)1;
     mg_error err = {0};
     if (mg_json_parse(s, strlen(s), &j, &err) == 0 || j != NULL || err.status != MG_ERR_FORMAT ||
@@ -42,13 +40,11 @@ static void json_bad(const char *s, const char *needle)
         fprintf(stderr, "JSON should fail: %s (got '%s', want '%s')\n", s, err.message,
                 needle ? needle : "");
         tu_fail++;
-        if (j && j != (json_t *)1)
-            json_decref(j);
+        if (j && j != (json_t *)1) json_decref(j);
     }
 }
 
-static void test_json(void)
-{
+static void test_json(void) {
     json_t *j = NULL;
     mg_error err = {0};
     const char *doc = " {\"a\": [1, -2, 3.5, 1e3, -0, 9223372036854775807, -9223372036854775808],"
@@ -60,13 +56,20 @@ static void test_json(void)
         const json_t *a = json_object_get(j, "a");
         CHECK(json_is_array(a) && json_array_size(a) == 7);
         if (json_array_size(a) == 7) {
-            CHECK(json_is_integer(json_array_get(a, 0)) && json_integer_value(json_array_get(a, 0)) == 1);
-            CHECK(json_is_integer(json_array_get(a, 1)) && json_integer_value(json_array_get(a, 1)) == -2);
-            CHECK(json_is_real(json_array_get(a, 2)) && json_real_value(json_array_get(a, 2)) == 3.5);
-            CHECK(json_is_real(json_array_get(a, 3)) && json_real_value(json_array_get(a, 3)) == 1000.0);
-            CHECK(json_is_integer(json_array_get(a, 4)) && json_integer_value(json_array_get(a, 4)) == 0);
-            CHECK(json_is_integer(json_array_get(a, 5)) && json_integer_value(json_array_get(a, 5)) == INT64_MAX);
-            CHECK(json_is_integer(json_array_get(a, 6)) && json_integer_value(json_array_get(a, 6)) == INT64_MIN);
+            CHECK(json_is_integer(json_array_get(a, 0)) &&
+                  json_integer_value(json_array_get(a, 0)) == 1);
+            CHECK(json_is_integer(json_array_get(a, 1)) &&
+                  json_integer_value(json_array_get(a, 1)) == -2);
+            CHECK(json_is_real(json_array_get(a, 2)) &&
+                  json_real_value(json_array_get(a, 2)) == 3.5);
+            CHECK(json_is_real(json_array_get(a, 3)) &&
+                  json_real_value(json_array_get(a, 3)) == 1000.0);
+            CHECK(json_is_integer(json_array_get(a, 4)) &&
+                  json_integer_value(json_array_get(a, 4)) == 0);
+            CHECK(json_is_integer(json_array_get(a, 5)) &&
+                  json_integer_value(json_array_get(a, 5)) == INT64_MAX);
+            CHECK(json_is_integer(json_array_get(a, 6)) &&
+                  json_integer_value(json_array_get(a, 6)) == INT64_MIN);
         }
         const json_t *s = json_object_get(j, "s");
         CHECK(json_is_string(s));
@@ -85,8 +88,10 @@ static void test_json(void)
         }
         CHECK(json_is_true(json_object_get(j, "t")) && json_is_false(json_object_get(j, "f")));
         CHECK(json_is_null(json_object_get(j, "n")));
-        CHECK(json_is_object(json_object_get(j, "o")) && json_object_size(json_object_get(j, "o")) == 0);
-        CHECK(json_is_array(json_object_get(j, "e")) && json_array_size(json_object_get(j, "e")) == 0);
+        CHECK(json_is_object(json_object_get(j, "o")) &&
+              json_object_size(json_object_get(j, "o")) == 0);
+        CHECK(json_is_array(json_object_get(j, "e")) &&
+              json_array_size(json_object_get(j, "e")) == 0);
         CHECK(json_object_get(j, "zz") == NULL);
         CHECK(json_object_get(a, "a") == NULL);
         json_decref(j);
@@ -160,8 +165,7 @@ static void test_json(void)
     CHECK(json_string("\xff") == NULL);
 }
 
-static void fuzz_json(void)
-{
+static void fuzz_json(void) {
     static const char alphabet[] = "{}[]\":,0123456789-+.eEtrufalsn \\u\"ab\t\n";
     char buf[256];
     int ok = 0;
@@ -173,8 +177,7 @@ static void fuzz_json(void)
         }
         json_t *j = NULL;
         mg_error err = {0};
-        if (mg_json_parse(buf, n, &j, &err) == 0)
-            ok++;
+        if (mg_json_parse(buf, n, &j, &err) == 0) ok++;
         json_decref(j);
     }
     /* mutations of a valid document */
@@ -184,12 +187,10 @@ static void fuzz_json(void)
     for (int it = 0; it < 20000; it++) {
         memcpy(buf, doc, dl);
         int flips = 1 + (int)(rnd() % 4);
-        for (int f = 0; f < flips; f++)
-            buf[rnd() % dl] = (char)(rnd() & 0xff);
+        for (int f = 0; f < flips; f++) buf[rnd() % dl] = (char)(rnd() & 0xff);
         size_t n = dl - (size_t)(rnd() % 8);
         json_t *j = NULL;
-        if (mg_json_parse(buf, n, &j, NULL) == 0)
-            ok++;
+        if (mg_json_parse(buf, n, &j, NULL) == 0) ok++;
         json_decref(j);
     }
     printf("json fuzz: %d of 40000 random inputs parsed (no crash)\n", ok);
@@ -197,8 +198,7 @@ static void fuzz_json(void)
 
 /* ================================================================ files */
 
-static const char *tmp_dir(void)
-{
+static const char *tmp_dir(void) {
     const char *t = getenv("TMPDIR");
     return (t && t[0]) ? t : "/tmp";
 }
@@ -208,8 +208,7 @@ static float f32_val(size_t i) { return (float)sin(0.1 * (double)i) * 3.0f + (fl
 static int64_t i64_val(size_t i) { return (int64_t)i * (int64_t)i * 1000003LL - 7; }
 static double f64_val(size_t i) { return 1.0 / (double)(i + 1); }
 
-static void test_round_trip(void)
-{
+static void test_round_trip(void) {
     float w[12], w4[12];
     int64_t ids[5];
     double dd[8];
@@ -219,12 +218,9 @@ static void test_round_trip(void)
         w[i] = f32_val(i);
         w4[i] = -f32_val(i + 100);
     }
-    for (size_t i = 0; i < 5; i++)
-        ids[i] = i64_val(i);
-    for (size_t i = 0; i < 8; i++)
-        dd[i] = f64_val(i);
-    for (size_t i = 0; i < 7; i++)
-        bytes[i] = (uint8_t)(i * 37 + 1);
+    for (size_t i = 0; i < 5; i++) ids[i] = i64_val(i);
+    for (size_t i = 0; i < 8; i++) dd[i] = f64_val(i);
+    for (size_t i = 0; i < 7; i++) bytes[i] = (uint8_t)(i * 37 + 1);
     mg_st_tensor t[] = {
         {.name = "bytes", .dtype = MG_ST_U8, .ndim = 1, .shape = {7}, .data = bytes},
         {.name = "w", .dtype = MG_ST_F32, .ndim = 2, .shape = {3, 4}, .data = w},
@@ -233,8 +229,11 @@ static void test_round_trip(void)
         {.name = "empty", .dtype = MG_ST_F32, .ndim = 2, .shape = {0, 3}, .data = NULL},
         {.name = "d", .dtype = MG_ST_F64, .ndim = 3, .shape = {2, 2, 2}, .data = dd},
         {.name = "blk.0.w4", .dtype = MG_ST_F32, .ndim = 4, .shape = {2, 1, 3, 2}, .data = w4},
-        {.name = "name with \"quotes\" \\ and \xc3\xa9", .dtype = MG_ST_F32, .ndim = 1,
-         .shape = {1}, .data = w},
+        {.name = "name with \"quotes\" \\ and \xc3\xa9",
+         .dtype = MG_ST_F32,
+         .ndim = 1,
+         .shape = {1},
+         .data = w},
     };
     size_t nt = sizeof t / sizeof *t;
     mg_st_kv meta[] = {
@@ -248,8 +247,7 @@ static void test_round_trip(void)
     snprintf(path, sizeof path, "%s/mg_st_test_%ld.safetensors", tmp_dir(), (long)getpid());
     mg_error err = {0};
     CHECK(mg_st_write(path, t, nt, meta, nm, &err) == 0);
-    if (err.message[0])
-        fprintf(stderr, "write: %s\n", err.message);
+    if (err.message[0]) fprintf(stderr, "write: %s\n", err.message);
     /* no temporary left behind */
     char tmp[600];
     snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
@@ -268,8 +266,7 @@ static void test_round_trip(void)
         CHECK(fread(raw, 1, rawlen, f) == rawlen);
         fclose(f);
         uint64_t n = 0;
-        for (int i = 7; i >= 0; i--)
-            n = (n << 8) | raw[i];
+        for (int i = 7; i >= 0; i--) n = (n << 8) | raw[i];
         CHECK((8 + n) % 8 == 0);
         CHECK(raw[8] == '{');
         CHECK(8 + n <= rawlen);
@@ -292,49 +289,42 @@ static void test_round_trip(void)
     }
     CHECK(mg_st_count(st) == nt);
     /* layout: descending element size, stable */
-    const char *order[] = {"ids", "d", "w", "step", "empty", "blk.0.w4",
-                           "name with \"quotes\" \\ and \xc3\xa9", "bytes"};
+    const char *order[] = {
+        "ids",  "d", "w", "step", "empty", "blk.0.w4", "name with \"quotes\" \\ and \xc3\xa9",
+        "bytes"};
     for (size_t i = 0; i < nt; i++) {
         const mg_st_tensor *x = mg_st_at(st, i);
         CHECK(x && strcmp(x->name, order[i]) == 0);
-        if (x && x->nbytes)
-            CHECK(((uintptr_t)x->data) % mg_st_dtype_size(x->dtype) == 0);
+        if (x && x->nbytes) CHECK(((uintptr_t)x->data) % mg_st_dtype_size(x->dtype) == 0);
     }
     CHECK(mg_st_at(st, nt) == NULL);
     for (size_t i = 0; i < nt; i++) {
         const mg_st_tensor *x = mg_st_find(st, t[i].name);
         CHECK(x != NULL);
-        if (!x)
-            continue;
+        if (!x) continue;
         CHECK(x->dtype == t[i].dtype && x->ndim == t[i].ndim);
-        for (int d = 0; d < x->ndim; d++)
-            CHECK(x->shape[d] == t[i].shape[d]);
+        for (int d = 0; d < x->ndim; d++) CHECK(x->shape[d] == t[i].shape[d]);
         size_t nb = mg_st_dtype_size(x->dtype);
-        for (int d = 0; d < x->ndim; d++)
-            nb *= (size_t)x->shape[d];
+        for (int d = 0; d < x->ndim; d++) nb *= (size_t)x->shape[d];
         CHECK(x->nbytes == nb);
-        if (nb)
-            CHECK(memcmp(x->data, t[i].data, nb) == 0);
+        if (nb) CHECK(memcmp(x->data, t[i].data, nb) == 0);
     }
     /* values by formula through the typed accessors */
     const void *p = NULL;
     int64_t sw[2] = {3, 4};
     CHECK(mg_st_get(st, "w", MG_ST_F32, 2, sw, &p, &err) == 0);
     if (p)
-        for (size_t i = 0; i < 12; i++)
-            CHECK(((const float *)p)[i] == f32_val(i));
+        for (size_t i = 0; i < 12; i++) CHECK(((const float *)p)[i] == f32_val(i));
     int64_t si[1] = {5};
     CHECK(mg_st_get(st, "ids", MG_ST_I64, 1, si, &p, &err) == 0);
     if (p)
-        for (size_t i = 0; i < 5; i++)
-            CHECK(((const int64_t *)p)[i] == i64_val(i));
+        for (size_t i = 0; i < 5; i++) CHECK(((const int64_t *)p)[i] == i64_val(i));
     CHECK(mg_st_get(st, "step", MG_ST_I32, 0, NULL, &p, &err) == 0);
     CHECK(p && *(const int32_t *)p == -42);
     double dcopy[8];
     int64_t sd[3] = {2, 2, 2};
     CHECK(mg_st_copy(st, "d", MG_ST_F64, 3, sd, dcopy, sizeof dcopy, &err) == 0);
-    for (size_t i = 0; i < 8; i++)
-        CHECK(dcopy[i] == f64_val(i));
+    for (size_t i = 0; i < 8; i++) CHECK(dcopy[i] == f64_val(i));
     /* mismatches are clear errors */
     CHECK(mg_st_get(st, "w", MG_ST_F64, 2, sw, &p, &err) != 0 && p == NULL);
     CHECK(strstr(err.message, "dtype F32, expected F64") != NULL);
@@ -375,8 +365,7 @@ static void test_round_trip(void)
         for (int it = 0; it < 5000; it++) {
             memcpy(buf, raw, rawlen);
             int flips = 1 + (int)(rnd() % 3);
-            for (int k = 0; k < flips; k++)
-                buf[rnd() % rawlen] ^= (unsigned char)(1 + rnd() % 255);
+            for (int k = 0; k < flips; k++) buf[rnd() % rawlen] ^= (unsigned char)(1 + rnd() % 255);
             size_t len = (rnd() % 4 == 0) ? (size_t)(rnd() % rawlen) : rawlen;
             mg_st_file *g = NULL;
             if (mg_st_parse(buf, len, &g, NULL) == 0) {
@@ -385,8 +374,7 @@ static void test_round_trip(void)
                 for (size_t i = 0; i < mg_st_count(g); i++) {
                     const mg_st_tensor *x = mg_st_at(g, i);
                     volatile unsigned char s = 0;
-                    for (size_t b = 0; b < x->nbytes; b++)
-                        s ^= ((const unsigned char *)x->data)[b];
+                    for (size_t b = 0; b < x->nbytes; b++) s ^= ((const unsigned char *)x->data)[b];
                     (void)s;
                 }
                 mg_st_free(g);
@@ -436,13 +424,11 @@ static void test_round_trip(void)
 }
 
 /* Build "N + header + data" in memory and expect parse to fail with needle. */
-static void expect_bad(const char *hdr, size_t dlen, const char *needle)
-{
+static void expect_bad(const char *hdr, size_t dlen, const char *needle) {
     size_t hl = strlen(hdr);
     size_t len = 8 + hl + dlen;
     unsigned char *b = calloc(1, len);
-    for (int i = 0; i < 8; i++)
-        b[i] = (unsigned char)((uint64_t)hl >> (8 * i));
+    for (int i = 0; i < 8; i++) b[i] = (unsigned char)((uint64_t)hl >> (8 * i));
     memcpy(b + 8, hdr, hl);
     mg_st_file *f = (mg_st_file *)1;
     mg_error err = {0};
@@ -451,19 +437,16 @@ static void expect_bad(const char *hdr, size_t dlen, const char *needle)
         fprintf(stderr, "should reject (want '%s'): %s\n  got rc=%d err='%s'\n",
                 needle ? needle : "", hdr, rc, err.message);
         tu_fail++;
-        if (rc == 0)
-            mg_st_free(f);
+        if (rc == 0) mg_st_free(f);
     }
     free(b);
 }
 
-static void expect_good(const char *hdr, size_t dlen)
-{
+static void expect_good(const char *hdr, size_t dlen) {
     size_t hl = strlen(hdr);
     size_t len = 8 + hl + dlen;
     unsigned char *b = calloc(1, len);
-    for (int i = 0; i < 8; i++)
-        b[i] = (unsigned char)((uint64_t)hl >> (8 * i));
+    for (int i = 0; i < 8; i++) b[i] = (unsigned char)((uint64_t)hl >> (8 * i));
     memcpy(b + 8, hdr, hl);
     mg_st_file *f = NULL;
     mg_error err = {0};
@@ -477,8 +460,7 @@ static void expect_good(const char *hdr, size_t dlen)
 
 #define T4 "{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}"
 
-static void test_corruption(void)
-{
+static void test_corruption(void) {
     mg_error err = {0};
     mg_st_file *f = NULL;
     /* shorter than 8 bytes */
@@ -495,8 +477,9 @@ static void test_corruption(void)
     unsigned char h3[16] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, '{', '}'};
     CHECK(mg_st_parse(h3, 10, &f, &err) != 0 && strstr(err.message, "absurd"));
     /* foreign files */
-    const unsigned char png[] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n', 0, 0, 0, 13,
-                                 'I', 'H', 'D', 'R', 0, 0, 0, 1, 0, 0, 0, 1, 8, 2, 0, 0, 0};
+    const unsigned char png[] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n', 0, 0,
+                                 0,    13,  'I', 'H', 'D',  'R',  0,    0,    0, 1,
+                                 0,    0,   0,   1,   8,    2,    0,    0,    0};
     CHECK(mg_st_parse(png, sizeof png, &f, &err) != 0 && f == NULL);
     const char *txt = "Hello, this is a text file, not a checkpoint.\nSecond line.\n";
     CHECK(mg_st_parse(txt, strlen(txt), &f, &err) != 0 && f == NULL);
@@ -542,8 +525,9 @@ static void test_corruption(void)
     expect_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":[4611686018427387904,4611686018427387904],"
                "\"data_offsets\":[0,4]}}",
                4, "overflows");
-    expect_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":[99999999999999999999],\"data_offsets\":[0,4]}}",
-               4, "too big integer");
+    expect_bad(
+        "{\"a\":{\"dtype\":\"F32\",\"shape\":[99999999999999999999],\"data_offsets\":[0,4]}}", 4,
+        "too big integer");
     /* coverage of the byte buffer */
     expect_bad("{\"a\":" T4 ",\"b\":" T4 "}", 4, "overlap");
     expect_bad("{\"a\":" T4 ",\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,12]}}", 12,
@@ -565,8 +549,7 @@ static void test_corruption(void)
     expect_good("{\"a\":" T4 "}\n\t ", 4);
     expect_good("{\"a\":{\"data_offsets\":[0,4],\"shape\":[],\"dtype\":\"I32\"}}", 4);
     expect_good("{\"z\":{\"dtype\":\"F32\",\"shape\":[0,5],\"data_offsets\":[0,0]}}", 0);
-    expect_good("{\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]},\"a\":" T4 "}",
-                8);
+    expect_good("{\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]},\"a\":" T4 "}", 8);
     expect_good("{\"__metadata__\":{},\"a\":{\"dtype\":\"BF16\",\"shape\":[2],"
                 "\"data_offsets\":[0,4]}}",
                 4);
@@ -594,17 +577,14 @@ static void test_corruption(void)
     unsigned char buf[512];
     for (int it = 0; it < 20000; it++) {
         size_t len = (size_t)(rnd() % sizeof buf);
-        for (size_t i = 0; i < len; i++)
-            buf[i] = (unsigned char)rnd();
+        for (size_t i = 0; i < len; i++) buf[i] = (unsigned char)rnd();
         if (len >= 8 && (rnd() & 1)) {
             uint64_t n = rnd() % (len - 7);
-            for (int i = 0; i < 8; i++)
-                buf[i] = (unsigned char)(n >> (8 * i));
+            for (int i = 0; i < 8; i++) buf[i] = (unsigned char)(n >> (8 * i));
             buf[8] = '{';
         }
         mg_st_file *g = NULL;
-        if (mg_st_parse(buf, len, &g, NULL) == 0)
-            ok++;
+        if (mg_st_parse(buf, len, &g, NULL) == 0) ok++;
         mg_st_free(g);
     }
     printf("garbage fuzz: %d of 20000 random buffers parsed (no crash)\n", ok);
@@ -623,22 +603,17 @@ static void test_corruption(void)
  *   MOLGEN_ST_EXPORT=path  write a file of formula-valued tensors there;
  *   MOLGEN_ST_IMPORT=path  load a file written by the Python side and check
  *                          the same formula values and metadata. */
-static void interop(void)
-{
+static void interop(void) {
     const char *exp = getenv("MOLGEN_ST_EXPORT");
     const char *imp = getenv("MOLGEN_ST_IMPORT");
     float f32[6];
     int64_t i64[4];
     double f64[3];
     uint8_t u8[5];
-    for (size_t i = 0; i < 6; i++)
-        f32[i] = f32_val(i);
-    for (size_t i = 0; i < 4; i++)
-        i64[i] = i64_val(i);
-    for (size_t i = 0; i < 3; i++)
-        f64[i] = f64_val(i);
-    for (size_t i = 0; i < 5; i++)
-        u8[i] = (uint8_t)(i * 37 + 1);
+    for (size_t i = 0; i < 6; i++) f32[i] = f32_val(i);
+    for (size_t i = 0; i < 4; i++) i64[i] = i64_val(i);
+    for (size_t i = 0; i < 3; i++) f64[i] = f64_val(i);
+    for (size_t i = 0; i < 5; i++) u8[i] = (uint8_t)(i * 37 + 1);
     mg_error err = {0};
     if (exp && exp[0]) {
         mg_st_tensor t[] = {
@@ -677,8 +652,7 @@ static void interop(void)
     }
 }
 
-int main(void)
-{
+int main(void) {
     test_json();
     fuzz_json();
     test_round_trip();

@@ -63,9 +63,12 @@ static mg_model *make_model(mg_vocab **vocab, int ctx, float scale) {
         int is_ln = strstr(t->name, "ln") != NULL;
         for (size_t j = 0; j < t->numel; j++) {
             float *x = p + t->offset + j;
-            if (is_ln) *x += (float)(0.2 * (urand() - 0.5));
-            else if (t->ndim == 2) *x *= scale;
-            else *x = (float)(0.1 * (urand() - 0.5));
+            if (is_ln)
+                *x += (float)(0.2 * (urand() - 0.5));
+            else if (t->ndim == 2)
+                *x *= scale;
+            else
+                *x = (float)(0.1 * (urand() - 0.5));
         }
     }
     return m;
@@ -105,9 +108,11 @@ static void test_kv_vs_naive(mg_model *m) {
                     break;
                 }
             }
-            for (int r = 0; r < rows; r++) tok[r] = (int32_t)(MG_NUM_SPECIAL + rnd() % (uint64_t)(V - MG_NUM_SPECIAL));
+            for (int r = 0; r < rows; r++)
+                tok[r] = (int32_t)(MG_NUM_SPECIAL + rnd() % (uint64_t)(V - MG_NUM_SPECIAL));
         }
-        printf("kv vs naive, %d rows x %d steps: max relative logit difference %.2e (|logit| up to %.2f)\n",
+        printf("kv vs naive, %d rows x %d steps: max relative logit difference %.2e (|logit| up to "
+               "%.2f)\n",
                rows, ctx, worst, maxabs);
         CHECK(maxabs > 0.5, "logits too small (%g) for a meaningful comparison", maxabs);
         /* past ctx_len */
@@ -124,13 +129,15 @@ static void test_kv_vs_naive(mg_model *m) {
         mg_decoder *solo = NULL;
         CHECK(mg_decoder_new(m, MG_DECODE_NAIVE, 1, &solo, &err) == 0, "%s", err.message);
         float *one = malloc((size_t)V * sizeof *one);
-        CHECK(mg_decoder_reset(nv, R, &err) == 0 && mg_decoder_reset(kv, R, &err) == 0, "%s", err.message);
+        CHECK(mg_decoder_reset(nv, R, &err) == 0 && mg_decoder_reset(kv, R, &err) == 0, "%s",
+              err.message);
         for (int r = 0; r < R; r++) tok[r] = MG_BOS;
         double worst = 0, worst_solo = 0;
         int restarts = 0, solo_checked = 0;
         for (int step = 0; step < STEPS; step++) {
             for (int r = 0; r < R; r++) seq[r][len[r]] = tok[r];
-            CHECK(mg_decoder_step(nv, tok, a, &err) == 0, "naive staggered %d: %s", step, err.message);
+            CHECK(mg_decoder_step(nv, tok, a, &err) == 0, "naive staggered %d: %s", step,
+                  err.message);
             CHECK(mg_decoder_step(kv, tok, b, &err) == 0, "kv staggered %d: %s", step, err.message);
             for (int i = 0; i < R * V; i++) {
                 double rel = fabs((double)b[i] - a[i]) / fmax(1.0, fabs((double)a[i]));
@@ -153,19 +160,22 @@ static void test_kv_vs_naive(mg_model *m) {
                 if (len[r] >= ctx || rnd() % 9 == 0) {
                     CHECK(mg_decoder_restart_row(nv, r, &err) == 0, "%s", err.message);
                     CHECK(mg_decoder_restart_row(kv, r, &err) == 0, "%s", err.message);
-                    CHECK(mg_decoder_pos(kv, r) == 0 && mg_decoder_pos(nv, r) == 0, "pos after restart");
+                    CHECK(mg_decoder_pos(kv, r) == 0 && mg_decoder_pos(nv, r) == 0,
+                          "pos after restart");
                     len[r] = 0;
                     tok[r] = MG_BOS;
                     restarts++;
                 }
-                CHECK(mg_decoder_pos(kv, r) == len[r] && mg_decoder_pos(nv, r) == len[r], "row %d pos", r);
+                CHECK(mg_decoder_pos(kv, r) == len[r] && mg_decoder_pos(nv, r) == len[r],
+                      "row %d pos", r);
             }
         }
         CHECK(worst <= 1e-5, "staggered kv vs naive: %.2e", worst);
         CHECK(worst_solo <= 1e-5, "staggered row vs alone: %.2e", worst_solo);
-        CHECK(restarts >= 5 && solo_checked >= 5, "restarts %d, solo checks %d", restarts, solo_checked);
-        printf("staggered rows, %d steps, %d restarts: kv vs naive %.2e, row vs alone %.2e\n", STEPS,
-               restarts, worst, worst_solo);
+        CHECK(restarts >= 5 && solo_checked >= 5, "restarts %d, solo checks %d", restarts,
+              solo_checked);
+        printf("staggered rows, %d steps, %d restarts: kv vs naive %.2e, row vs alone %.2e\n",
+               STEPS, restarts, worst, worst_solo);
         CHECK(mg_decoder_restart_row(kv, R, &err) != 0, "restart of row n accepted");
         free(one);
         mg_decoder_free(solo);
@@ -273,7 +283,8 @@ static void test_token_choice(void) {
         int t = mg_sample_token(lg, V, &s, &r);
         if (t >= 0) seen[t]++;
     }
-    for (int i = 2; i < V; i++) CHECK(seen[i] > 700 && seen[i] < 1300, "T=100 id %d drawn %d/7000", i, seen[i]);
+    for (int i = 2; i < V; i++)
+        CHECK(seen[i] > 700 && seen[i] < 1300, "T=100 id %d drawn %d/7000", i, seen[i]);
 
     /* non-finite */
     float bad[V];
@@ -439,11 +450,14 @@ static void test_cmd(mg_model *m, const mg_vocab *v) {
     snprintf(out1, sizeof out1, "%s/sub/a.smi", dir);
     snprintf(out2, sizeof out2, "%s/b.smi", dir);
     CHECK(mg_model_save(m, v, model, &err) == 0, "%s", err.message);
-    char *a1[] = {"sample", "--model", model, "-n", "13", "--seed", "5", "--out", out1,
-                  "--batch", "4", "--top-k", "5", "--top-p", "0.9", "--temperature", "0.8", NULL};
+    char *a1[] = {"sample", "--model", model, "-n",      "13", "--seed",  "5",   "--out",
+                  out1,     "--batch", "4",   "--top-k", "5",  "--top-p", "0.9", "--temperature",
+                  "0.8",    NULL};
     CHECK(cmd_sample((int)(sizeof a1 / sizeof *a1) - 1, a1) == 0, "cmd_sample failed");
-    char *a2[] = {"sample", "--model", model, "-n", "13", "--seed=5", "--out", out2, "--batch", "13",
-                  "--top-k", "5", "--top-p", "0.9", "--temperature", "0.8", "--decode", "naive", NULL};
+    char *a2[] = {"sample",   "--model",  model,     "-n",      "13",
+                  "--seed=5", "--out",    out2,      "--batch", "13",
+                  "--top-k",  "5",        "--top-p", "0.9",     "--temperature",
+                  "0.8",      "--decode", "naive",   NULL};
     CHECK(cmd_sample((int)(sizeof a2 / sizeof *a2) - 1, a2) == 0, "cmd_sample (naive) failed");
     char *t1 = slurp(out1), *t2 = slurp(out2);
     CHECK(t1 && t2, "outputs missing");
@@ -489,8 +503,9 @@ static void test_bench(void) {
           "median");
     /* one thread: OpenMP + OpenBLAS thread pools spinning on a busy 2-core
      * machine make tiny parallel steps very slow */
-    char *args[] = {"bench", "--threads", "1", "--runs", "1", "--warmup", "0", "--steps", "1", "--sample-n", "3",
-                    "--naive-n", "2", "--batch", "2", "--ctx", "6", "--json", NULL};
+    char *args[] = {"bench", "--threads",  "1", "--runs",    "1", "--warmup", "0", "--steps",
+                    "1",     "--sample-n", "3", "--naive-n", "2", "--batch",  "2", "--ctx",
+                    "6",     "--json",     NULL};
     CHECK(cmd_bench((int)(sizeof args / sizeof *args) - 1, args) == 0, "cmd_bench smoke run");
     char *bad[] = {"bench", "--runs", "0", NULL};
     CHECK(cmd_bench(3, bad) == 2, "--runs 0 accepted");

@@ -10,8 +10,7 @@
 
 #include "mg_test.h"
 
-static void test_corpus(const char *file)
-{
+static void test_corpus(const char *file) {
     char path[1024];
     snprintf(path, sizeof path, "%s/%s", mg_test_data_dir(), file);
     FILE *f = fopen(path, "r");
@@ -25,11 +24,9 @@ static void test_corpus(const char *file)
     while (fgets(buf, sizeof buf, f)) {
         line++;
         size_t l = strlen(buf);
-        while (l && (buf[l - 1] == '\n' || buf[l - 1] == '\r'))
-            buf[--l] = '\0';
+        while (l && (buf[l - 1] == '\n' || buf[l - 1] == '\r')) buf[--l] = '\0';
         if (!mg_smiles_syntax_ok(buf, why, sizeof why)) {
-            if (bad++ < 5)
-                fprintf(stderr, "%s:%ld: %s rejected: %s\n", file, line, buf, why);
+            if (bad++ < 5) fprintf(stderr, "%s:%ld: %s rejected: %s\n", file, line, buf, why);
         }
     }
     fclose(f);
@@ -39,25 +36,114 @@ static void test_corpus(const char *file)
 }
 
 static const char *const k_valid[] = {
-    "C", "CC", "c1ccccc1", "C1CCC1C", "C(C)(C)C", "C(=O)", "C(-C)", "CC(=O)O",
-    "[C@@H](F)(Cl)Br", "[2H]C", "[13CH4]", "[C@H2]", "[se]1cccc1", "[te]1cccc1",
-    "C=1CC1", "C1CC=1", "C=1CCC=1", "C=1CCC#1", "C-1CC-1", "C-1-CC1", "C/1=C/CCC\\1",
-    "C\\1CC/1", "C%10CC%10", "C%99CC%99", "C$C", "C#C", "C:C", "C=C=C", "*C", "[*]C",
-    "C1.C1", "C(C)1CC1", "C(C)=1CC1", "C(C)(C)1CC1", "C1(C)(C)CC1", "C(C1)C1", "C1(CC1)C",
-    "C12(C)CC1C2", "C1CC2CC1C2", "C1C(C1)", "[N+2]", "[N++]", "[Fe+3]", "[Fe+10]",
-    "[nH]1cccc1", "[nH+]1ccccc1", "[O-][N+](=O)C", "[C:1]", "[CH3:12]", "[CH+:1]",
-    "[C@TH1H](F)(Cl)Br", "[CH-2]", "[H+]", "[HH]", "[OH3+]", "[N@@+]", "[C]",
-    "C/C=C/C", "F/C=C\\F", "C1=CC=CC=C1", "[Cl-].[Na+]", "CC.CC", "[999C]", "[1000C]",
-    "C1CC[C]1", "Cl/C=C\\Br", "OC(=O)C1CC1", "c1ccc2ccccc2c1", "C12CC1C2",
-    "N1CC2CCC1C2", "CC(C)(C)c1ccc(O)cc1", "C1CCCCC1C1CCCCC1", "C(/F)=C/F",
-    "C1CC1.C1CC1", "CC(C.C)", "CC(C.C)C", "O=C1CCC(=O)N1",
-    "C$C", "C=C=C=C", "O=c1cccccc1", "c1ccc2c(c1)cccc2", "N#N", "CS(=O)(=O)C",
-    "OP(=O)(O)O", "FC(F)(F)F", "IC(I)(I)I", "O=I(=O)C", "[nH]1cccc1=O" /* syntax only */,
-    "C1C2C3C1C23", "CN(=O)=O", "C=N(=O)C", "CN(=O)(C)C", "O=n1ccccc1", "OCl(=O)(=O)=O",
-    "CI(=O)=O", "O=N(=O)c1ccccc1", "CN(=O)=[O]", "Co1CCCCC1", "c1ccccc#1",
-    "COc1cc#c(CC)cc1", "Cn1(C)CCCC1", "CN(#N)C", "CN=N#N", "CS:Clc1ccccc1",
+    "C",
+    "CC",
+    "c1ccccc1",
+    "C1CCC1C",
+    "C(C)(C)C",
+    "C(=O)",
+    "C(-C)",
+    "CC(=O)O",
+    "[C@@H](F)(Cl)Br",
+    "[2H]C",
+    "[13CH4]",
+    "[C@H2]",
+    "[se]1cccc1",
+    "[te]1cccc1",
+    "C=1CC1",
+    "C1CC=1",
+    "C=1CCC=1",
+    "C=1CCC#1",
+    "C-1CC-1",
+    "C-1-CC1",
+    "C/1=C/CCC\\1",
+    "C\\1CC/1",
+    "C%10CC%10",
+    "C%99CC%99",
+    "C$C",
+    "C#C",
+    "C:C",
+    "C=C=C",
+    "*C",
+    "[*]C",
+    "C1.C1",
+    "C(C)1CC1",
+    "C(C)=1CC1",
+    "C(C)(C)1CC1",
+    "C1(C)(C)CC1",
+    "C(C1)C1",
+    "C1(CC1)C",
+    "C12(C)CC1C2",
+    "C1CC2CC1C2",
+    "C1C(C1)",
+    "[N+2]",
+    "[N++]",
+    "[Fe+3]",
+    "[Fe+10]",
+    "[nH]1cccc1",
+    "[nH+]1ccccc1",
+    "[O-][N+](=O)C",
+    "[C:1]",
+    "[CH3:12]",
+    "[CH+:1]",
+    "[C@TH1H](F)(Cl)Br",
+    "[CH-2]",
+    "[H+]",
+    "[HH]",
+    "[OH3+]",
+    "[N@@+]",
+    "[C]",
+    "C/C=C/C",
+    "F/C=C\\F",
+    "C1=CC=CC=C1",
+    "[Cl-].[Na+]",
+    "CC.CC",
+    "[999C]",
+    "[1000C]",
+    "C1CC[C]1",
+    "Cl/C=C\\Br",
+    "OC(=O)C1CC1",
+    "c1ccc2ccccc2c1",
+    "C12CC1C2",
+    "N1CC2CCC1C2",
+    "CC(C)(C)c1ccc(O)cc1",
+    "C1CCCCC1C1CCCCC1",
+    "C(/F)=C/F",
+    "C1CC1.C1CC1",
+    "CC(C.C)",
+    "CC(C.C)C",
+    "O=C1CCC(=O)N1",
+    "C$C",
+    "C=C=C=C",
+    "O=c1cccccc1",
+    "c1ccc2c(c1)cccc2",
+    "N#N",
+    "CS(=O)(=O)C",
+    "OP(=O)(O)O",
+    "FC(F)(F)F",
+    "IC(I)(I)I",
+    "O=I(=O)C",
+    "[nH]1cccc1=O" /* syntax only */,
+    "C1C2C3C1C23",
+    "CN(=O)=O",
+    "C=N(=O)C",
+    "CN(=O)(C)C",
+    "O=n1ccccc1",
+    "OCl(=O)(=O)=O",
+    "CI(=O)=O",
+    "O=N(=O)c1ccccc1",
+    "CN(=O)=[O]",
+    "Co1CCCCC1",
+    "c1ccccc#1",
+    "COc1cc#c(CC)cc1",
+    "Cn1(C)CCCC1",
+    "CN(#N)C",
+    "CN=N#N",
+    "CS:Clc1ccccc1",
     /* not checked (RDKit rejects for valence in brackets / kekulisation) */
-    "[CH5]", "c1cccc1", "c1ccccc1=O",
+    "[CH5]",
+    "c1cccc1",
+    "c1ccccc1=O",
 };
 
 static const struct {
@@ -144,8 +230,7 @@ static const struct {
     {"c1ccccc1.o", "not in a ring"},
 };
 
-static void test_cases(void)
-{
+static void test_cases(void) {
     char why[256];
     for (size_t i = 0; i < sizeof k_valid / sizeof *k_valid; i++) {
         why[0] = '\0';
@@ -158,8 +243,8 @@ static void test_cases(void)
         why[0] = '\0';
         int ok = mg_smiles_syntax_ok(k_invalid[i].smi, why, sizeof why);
         if (ok || !strstr(why, k_invalid[i].why)) {
-            fprintf(stderr, "invalid SMILES \"%s\": ok=%d why='%s' (want '%s')\n",
-                    k_invalid[i].smi, ok, why, k_invalid[i].why);
+            fprintf(stderr, "invalid SMILES \"%s\": ok=%d why='%s' (want '%s')\n", k_invalid[i].smi,
+                    ok, why, k_invalid[i].why);
             tu_fail++;
         }
     }
@@ -182,8 +267,7 @@ static void test_cases(void)
         s[o++] = '(';
         s[o++] = 'C';
     }
-    for (size_t i = 0; i < n; i++)
-        s[o++] = ')';
+    for (size_t i = 0; i < n; i++) s[o++] = ')';
     s[o] = '\0';
     CHECK(mg_smiles_syntax_ok(s, why, sizeof why));
     s[o - 1] = '\0';
@@ -191,8 +275,7 @@ static void test_cases(void)
     free(s);
 }
 
-int main(void)
-{
+int main(void) {
     test_cases();
     test_corpus("moses_176k.smi");
     test_corpus("moses_train5k.smi");

@@ -9,8 +9,7 @@
 #include "mg_test.h"
 
 /* Tokenise s and compare with the expected space-separated token list. */
-static void expect_tokens(const char *s, const char *expected)
-{
+static void expect_tokens(const char *s, const char *expected) {
     mg_span sp[256];
     int n = -1;
     mg_error err = {0};
@@ -31,22 +30,21 @@ static void expect_tokens(const char *s, const char *expected)
     }
 }
 
-static void expect_error(const char *s, int code, int pos, const char *needle)
-{
+static void expect_error(const char *s, int code, int pos, const char *needle) {
     mg_span sp[64];
     int n = -1, ep = -1;
     mg_error err = {0};
     int rc = mg_tokenize(s, sp, 64, &n, &ep, &err);
     if (rc != code || (code == MG_ERR_TOKEN && ep != pos) ||
         (needle && !strstr(err.message, needle))) {
-        fprintf(stderr, "tokenize(\"%s\"): rc %d pos %d err.message '%s'; expected rc %d pos %d '%s'\n",
-                s, rc, ep, err.message, code, pos, needle ? needle : "");
+        fprintf(stderr,
+                "tokenize(\"%s\"): rc %d pos %d err.message '%s'; expected rc %d pos %d '%s'\n", s,
+                rc, ep, err.message, code, pos, needle ? needle : "");
         tu_fail++;
     }
 }
 
-static void test_scanner(void)
-{
+static void test_scanner(void) {
     expect_tokens("CC(=O)Nc1ccc(Cl)cc1Br", "C C ( = O ) N c 1 c c c ( Cl ) c c 1 Br");
     expect_tokens("[nH]1cccc1", "[nH] 1 c c c c 1");
     expect_tokens("C[C@@H](N)C(=O)[O-]", "C [C@@H] ( N ) C ( = O ) [O-]");
@@ -57,7 +55,7 @@ static void test_scanner(void)
     expect_tokens("C#N.O", "C # N . O");
     expect_tokens("BrB", "Br B");
     expect_tokens("ClC", "Cl C");
-    expect_tokens("CCl", "C Cl");     /* "Cl" wins over "C" + "l" */
+    expect_tokens("CCl", "C Cl"); /* "Cl" wins over "C" + "l" */
     expect_tokens("Bc", "B c");
     expect_tokens("*C$C~C", "* C $ C ~ C");
     expect_tokens("<>?@+-:", "< > ? @ + - :");
@@ -100,17 +98,15 @@ static void test_scanner(void)
     CHECK(mg_token_len(NULL) == -1);
 }
 
-static void test_vocab_basic(void)
-{
+static void test_vocab_basic(void) {
     const char *smi[] = {"CC(=O)O", "c1ccccc1Cl", "[NH3+]CC[O-]", "C%10CC%10"};
     mg_vocab *v = NULL;
     mg_error err = {0};
     CHECK(mg_vocab_build(smi, 4, &v, &err) == 0);
-    if (!v)
-        return;
+    if (!v) return;
     /* data tokens: % ( ) = 1 C Cl O [NH3+] [O-] c -- sorted by strcmp */
-    const char *expect[] = {"<pad>", "<bos>", "<eos>", "%10", "(", ")", "1", "=",
-                            "C", "Cl", "O", "[NH3+]", "[O-]", "c"};
+    const char *expect[] = {"<pad>", "<bos>", "<eos>", "%10", "(",      ")",    "1",
+                            "=",     "C",     "Cl",    "O",   "[NH3+]", "[O-]", "c"};
     int ne = (int)(sizeof expect / sizeof *expect);
     CHECK(mg_vocab_size(v) == ne);
     for (int i = 0; i < ne && i < mg_vocab_size(v); i++) {
@@ -137,7 +133,8 @@ static void test_vocab_basic(void)
     CHECK(mg_vocab_decode(v, framed, 6, out, sizeof out, &dl, &err) == 0 && dl == 2);
     CHECK(strcmp(out, "CO") == 0);
     int32_t padded[] = {MG_PAD, 8, MG_PAD, 9};
-    CHECK(mg_vocab_decode(v, padded, 4, out, sizeof out, &dl, NULL) == 0 && dl == 3 && !strcmp(out, "CCl"));
+    CHECK(mg_vocab_decode(v, padded, 4, out, sizeof out, &dl, NULL) == 0 && dl == 3 &&
+          !strcmp(out, "CCl"));
     int32_t bad[] = {8, 99};
     CHECK(mg_vocab_decode(v, bad, 2, out, sizeof out, NULL, &err) == MG_ERR_ARG);
     CHECK(strstr(err.message, "99") != NULL);
@@ -154,7 +151,10 @@ static void test_vocab_basic(void)
     char *js = mg_vocab_to_json(v);
     CHECK(js != NULL);
     if (js) {
-        { const char *pre = "[\"<pad>\",\"<bos>\",\"<eos>\",\"%10\",\"(\""; CHECK(strncmp(js, pre, strlen(pre)) == 0); }
+        {
+            const char *pre = "[\"<pad>\",\"<bos>\",\"<eos>\",\"%10\",\"(\"";
+            CHECK(strncmp(js, pre, strlen(pre)) == 0);
+        }
         mg_vocab *w = NULL;
         CHECK(mg_vocab_from_json(js, strlen(js), &w, &err) == 0);
         CHECK(w && mg_vocab_equal(v, w));
@@ -204,8 +204,7 @@ static void test_vocab_basic(void)
             fprintf(stderr, "bad vocab JSON %zu accepted: %s\n", i, bad_js[i]);
             tu_fail++;
         }
-        if (rc == 0)
-            mg_vocab_free(w);
+        if (rc == 0) mg_vocab_free(w);
     }
     const char *bad_tok[] = {"C", "<bos>"};
     mg_vocab *w = NULL;
@@ -223,8 +222,7 @@ static void test_vocab_basic(void)
 }
 
 /* Read all lines of a corpus: a malloc'ed array of malloc'ed strings. */
-static char **read_lines(const char *path, size_t *n)
-{
+static char **read_lines(const char *path, size_t *n) {
     FILE *f = fopen(path, "r");
     *n = 0;
     if (!f) {
@@ -237,8 +235,7 @@ static char **read_lines(const char *path, size_t *n)
     char buf[4096];
     while (fgets(buf, sizeof buf, f)) {
         size_t l = strlen(buf);
-        while (l && (buf[l - 1] == '\n' || buf[l - 1] == '\r'))
-            buf[--l] = '\0';
+        while (l && (buf[l - 1] == '\n' || buf[l - 1] == '\r')) buf[--l] = '\0';
         if (*n == cap) {
             cap *= 2;
             v = realloc(v, cap * sizeof *v);
@@ -251,14 +248,12 @@ static char **read_lines(const char *path, size_t *n)
     return v;
 }
 
-static void test_corpus(const char *file, int expect_vocab, const char *expect_tokens_list)
-{
+static void test_corpus(const char *file, int expect_vocab, const char *expect_tokens_list) {
     char path[1024];
     snprintf(path, sizeof path, "%s/%s", mg_test_data_dir(), file);
     size_t n;
     char **lines = read_lines(path, &n);
-    if (!lines)
-        return;
+    if (!lines) return;
     CHECK(n > 1000);
     mg_span sp[512];
     char buf[4096];
@@ -268,27 +263,23 @@ static void test_corpus(const char *file, int expect_vocab, const char *expect_t
         mg_error err = {0};
         int rc = mg_tokenize(lines[i], sp, 512, &nt, NULL, &err);
         if (rc != 0) {
-            if (bad++ < 5)
-                fprintf(stderr, "%s:%zu: %s\n", file, i + 1, err.message);
+            if (bad++ < 5) fprintf(stderr, "%s:%zu: %s\n", file, i + 1, err.message);
             continue;
         }
         /* spans are contiguous and the concatenation is the input */
         size_t o = 0;
         int pos = 0;
         for (int k = 0; k < nt; k++) {
-            if (sp[k].start != pos || sp[k].len <= 0)
-                bad++;
+            if (sp[k].start != pos || sp[k].len <= 0) bad++;
             memcpy(buf + o, lines[i] + sp[k].start, (size_t)sp[k].len);
             o += (size_t)sp[k].len;
             pos += sp[k].len;
         }
         buf[o] = '\0';
         if (strcmp(buf, lines[i]) != 0) {
-            if (bad++ < 5)
-                fprintf(stderr, "%s:%zu: round trip gives %s\n", file, i + 1, buf);
+            if (bad++ < 5) fprintf(stderr, "%s:%zu: round trip gives %s\n", file, i + 1, buf);
         }
-        if ((size_t)nt > maxtok)
-            maxtok = (size_t)nt;
+        if ((size_t)nt > maxtok) maxtok = (size_t)nt;
     }
     CHECK(bad == 0);
     mg_vocab *v = NULL;
@@ -296,10 +287,9 @@ static void test_corpus(const char *file, int expect_vocab, const char *expect_t
     CHECK(mg_vocab_build((const char *const *)lines, n, &v, &err) == 0);
     if (v) {
         int vs = mg_vocab_size(v);
-        printf("%s: %zu molecules, max %zu tokens, %d data tokens (+3 specials)\n", file, n,
-               maxtok, vs - MG_NUM_SPECIAL);
-        if (expect_vocab > 0)
-            CHECK(vs - MG_NUM_SPECIAL == expect_vocab);
+        printf("%s: %zu molecules, max %zu tokens, %d data tokens (+3 specials)\n", file, n, maxtok,
+               vs - MG_NUM_SPECIAL);
+        if (expect_vocab > 0) CHECK(vs - MG_NUM_SPECIAL == expect_vocab);
         if (expect_tokens_list) {
             char got[1024] = "";
             size_t o = 0;
@@ -325,20 +315,17 @@ static void test_corpus(const char *file, int expect_vocab, const char *expect_t
         CHECK(badrt == 0);
         mg_vocab_free(v);
     }
-    for (size_t i = 0; i < n; i++)
-        free(lines[i]);
+    for (size_t i = 0; i < n; i++) free(lines[i]);
     free(lines);
 }
 
-int main(void)
-{
+int main(void) {
     test_scanner();
     test_vocab_basic();
     /* ../shared/data/README.md lists the MolGPT-regex vocabulary of
      * moses_176k: 24 tokens (Python's re.findall with the same regex agrees;
      * zinc250k_24k has 47 by both, the README says 46). */
-    test_corpus("moses_176k.smi", 24,
-                "# ( ) - 1 2 3 4 5 6 = Br C Cl F N O S [H] [nH] c n o s");
+    test_corpus("moses_176k.smi", 24, "# ( ) - 1 2 3 4 5 6 = Br C Cl F N O S [H] [nH] c n o s");
     test_corpus("moses_train5k.smi", 0, NULL);
     test_corpus("zinc250k_24k.smi", 47,
                 "# ( ) - / 1 2 3 4 5 6 = Br C Cl F I N O P S [C@@H] [C@@] [C@H] [C@] [N+] [N-] "

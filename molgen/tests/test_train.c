@@ -46,7 +46,9 @@
 static char tmpdir[256];
 static char data1k[300];
 
-static void path_in_tmp(char *out, size_t n, const char *name) { snprintf(out, n, "%s/%s", tmpdir, name); }
+static void path_in_tmp(char *out, size_t n, const char *name) {
+    snprintf(out, n, "%s/%s", tmpdir, name);
+}
 
 /* The first `count` lines of moses_train5k.smi into dst. */
 static int make_subset(const char *dst, int count) {
@@ -90,7 +92,8 @@ static void test_optim(void) {
     CHECK(fabsf(mg_lr_at(&oc, 110) - 0.1f) < 1e-7f, "lr(110) %g", (double)mg_lr_at(&oc, 110));
     CHECK(fabsf(mg_lr_at(&oc, 500) - 0.1f) < 1e-7f, "lr(500) %g", (double)mg_lr_at(&oc, 500));
     for (int64_t k = 11; k < 110; k++)
-        CHECK(mg_lr_at(&oc, k) < mg_lr_at(&oc, k - 1), "cosine not decreasing at %lld", (long long)k);
+        CHECK(mg_lr_at(&oc, k) < mg_lr_at(&oc, k - 1), "cosine not decreasing at %lld",
+              (long long)k);
 
     enum { N = 10 };
     mg_adamw_config_default(&oc);
@@ -128,7 +131,8 @@ static void test_optim(void) {
         }
         float gn, lr_used;
         CHECK(mg_adamw_step(&o, p, g, &gn, &lr_used, &err) == 0, "%s", err.message);
-        CHECK(fabs(gn - norm) <= 1e-6 * norm && lr_used == (float)lr, "norm %g vs %g", (double)gn, norm);
+        CHECK(fabs(gn - norm) <= 1e-6 * norm && lr_used == (float)lr, "norm %g vs %g", (double)gn,
+              norm);
     }
     double worst = 0;
     for (int i = 0; i < N; i++) worst = fmax(worst, fabs(p[i] - rp[i]));
@@ -230,9 +234,10 @@ static void test_learns(void) {
     CHECK(r.unigram_entropy > 1.5 && r.unigram_entropy < 3.5, "entropy %g", r.unigram_entropy);
     CHECK(r.val_loss < factor * r.unigram_entropy, "val loss %.4f not below %.2f x entropy %.4f",
           r.val_loss, factor, r.unigram_entropy);
-    CHECK(r.val_loss < r.first_val_loss - 1.0, "val loss %.4f vs initial %.4f", r.val_loss, r.first_val_loss);
-    CHECK(r.skipped == 0 && r.n_train == 900 && r.n_val == 100, "split %zu/%zu skipped %ld", r.n_train,
-          r.n_val, r.skipped);
+    CHECK(r.val_loss < r.first_val_loss - 1.0, "val loss %.4f vs initial %.4f", r.val_loss,
+          r.first_val_loss);
+    CHECK(r.skipped == 0 && r.n_train == 900 && r.n_val == 100, "split %zu/%zu skipped %ld",
+          r.n_train, r.n_val, r.skipped);
     remove(out);
 }
 
@@ -311,11 +316,13 @@ static void test_signal(int sig) {
     signal(SIGINT, SIG_DFL);
     signal(SIGTERM, SIG_DFL);
     CHECK(rc == 0, "%s: %s", name, err.message);
-    CHECK(r.stop == MG_STOP_SIGNAL, "%s: stop reason %d after %.1f s", name, (int)r.stop, r.seconds);
+    CHECK(r.stop == MG_STOP_SIGNAL, "%s: stop reason %d after %.1f s", name, (int)r.stop,
+          r.seconds);
     mg_model *m = NULL;
     int64_t step = -1;
     CHECK(mg_checkpoint_load(out, &m, NULL, &step, &err) == 0, "%s", err.message);
-    CHECK(step == r.step && step > 0, "checkpoint step %lld vs %lld", (long long)step, (long long)r.step);
+    CHECK(step == r.step && step > 0, "checkpoint step %lld vs %lld", (long long)step,
+          (long long)r.step);
     printf("%s after 1 s: stopped at step %lld, checkpoint at step %lld\n", name, (long long)r.step,
            (long long)step);
     mg_model_free(m);
@@ -324,7 +331,8 @@ static void test_signal(int sig) {
     rcfg.resume_path = out;
     rcfg.data_path = NULL;
     rcfg.stop_after = step + 2;
-    CHECK(mg_train_run(&rcfg, &r, &err) == 0 && r.step == step + 2, "resume after signal: %s", err.message);
+    CHECK(mg_train_run(&rcfg, &r, &err) == 0 && r.step == step + 2, "resume after signal: %s",
+          err.message);
     remove(out);
 }
 
@@ -345,8 +353,8 @@ static void expect_resume_error(const char *path, const char *needle, const char
     mg_error err = {0};
     int rc = mg_train_run(&c, &r, &err);
     CHECK(rc != 0, "%s: resumed from a bad checkpoint", what);
-    CHECK(strstr(err.message, needle) != NULL && strchr(err.message, '\n') == NULL, "%s: message '%s' lacks '%s'", what, err.message,
-          needle);
+    CHECK(strstr(err.message, needle) != NULL && strchr(err.message, '\n') == NULL,
+          "%s: message '%s' lacks '%s'", what, err.message, needle);
     printf("%-28s -> %s\n", what, err.message);
     CHECK(access(out, F_OK) != 0, "%s: wrote an output", what);
 }
@@ -382,7 +390,8 @@ static void test_bad_checkpoints(void) {
     write_bytes(bad, cp, (size_t)n);
     expect_resume_error(bad, bad, "corrupt header");
     free(cp);
-    expect_resume_error("/nonexistent/ckpt.safetensors", "/nonexistent/ckpt.safetensors", "missing file");
+    expect_resume_error("/nonexistent/ckpt.safetensors", "/nonexistent/ckpt.safetensors",
+                        "missing file");
 
     /* a model file (no optimizer state) cannot be resumed */
     mg_model *m = NULL;
@@ -399,7 +408,8 @@ static void test_bad_checkpoints(void) {
     mg_train_config rc = small_config(bad);
     rc.resume_path = good;
     rc.data_path = other;
-    CHECK(mg_train_run(&rc, &r, &err) != 0 && strstr(err.message, "differs"), "changed data: %s", err.message);
+    CHECK(mg_train_run(&rc, &r, &err) != 0 && strstr(err.message, "differs"), "changed data: %s",
+          err.message);
     printf("%-28s -> %s\n", "different data", err.message);
     remove(other);
 
@@ -407,7 +417,8 @@ static void test_bad_checkpoints(void) {
     mg_train_config lc = small_config(bad);
     lc.steps = 3;
     lc.model.no_causal_mask = 1;
-    CHECK(mg_train_run(&lc, &r, &err) != 0 && strstr(err.message, "causal leak"), "leaky model: %s", err.message);
+    CHECK(mg_train_run(&lc, &r, &err) != 0 && strstr(err.message, "causal leak"), "leaky model: %s",
+          err.message);
     printf("%-28s -> %s\n", "model without causal mask", err.message);
 
     /* bad configurations */
@@ -415,10 +426,12 @@ static void test_bad_checkpoints(void) {
     CHECK(mg_train_run(&bc, &r, &err) != 0, "no steps and no time limit accepted");
     bc.steps = 3;
     bc.batch_size = 5000;
-    CHECK(mg_train_run(&bc, &r, &err) != 0 && strstr(err.message, "batch"), "huge batch: %s", err.message);
+    CHECK(mg_train_run(&bc, &r, &err) != 0 && strstr(err.message, "batch"), "huge batch: %s",
+          err.message);
     bc.batch_size = 8;
     bc.data_path = "/nonexistent.smi";
-    CHECK(mg_train_run(&bc, &r, &err) != 0 && strstr(err.message, "nonexistent"), "missing data: %s", err.message);
+    CHECK(mg_train_run(&bc, &r, &err) != 0 && strstr(err.message, "nonexistent"),
+          "missing data: %s", err.message);
     free(buf);
     remove(good);
     remove(bad);
