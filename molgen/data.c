@@ -117,6 +117,7 @@ void mg_smiles_list_free(mg_smiles_list *l) {
     free(l->smiles);
     free(l->line);
     free(l->blob_);
+    free(l->flaw);
     memset(l, 0, sizeof *l);
 }
 
@@ -219,37 +220,48 @@ static int read_line(FILE *f, char **buf, size_t *cap, size_t *len, int *toolong
 
 #define CSV_MAX_FIELDS 4096
 
-mg_status mg_read_smiles(const char *path, const char *csv_column, mg_smiles_list *out,
-                         mg_report *rep, mg_error *err) {
-    mg_report dummy;
-    if (!rep) rep = &dummy;
-    memset(rep, 0, sizeof *rep);
-    if (!path || !out) return mg_fail(err, MG_ERR_ARG, "mg_read_smiles: bad argument");
-    memset(out, 0, sizeof *out);
-    FILE *f = fopen(path, "r");
-    if (!f) return mg_fail(err, MG_ERR_IO, "cannot open %s: %s", path, strerror(errno));
-    /* a device or a pipe (/dev/zero, /dev/urandom) may never end */
-    struct stat st;
-    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
-        fclose(f);
-        return mg_fail(err, MG_ERR_IO, "%s: not a regular file", path);
-    }
-    int csv = ends_with_ci(path, ".csv");
+/* The reader of mg_read_smiles and mg_read_records: records of f in order.
+ * keep == 0: records the reader cannot give a SMILES for are skipped and
+ * counted in rep; keep == 1: every line after a CSV header except .smi
+ * comments is a record, flawed ones with "" and their MG_REC_* code in
+ * out->flaw. */
+static mg_status read_stream(FILE *f, const char *path, int csv, const char *csv_column, int keep,
+                             mg_smiles_list *out, mg_report *rep, mg_error *err) {
     const char *col = csv_column ? csv_column : "smiles";
     int colidx = -1;
     char **fields = NULL;
     if (csv) {
         fields = malloc(CSV_MAX_FIELDS * sizeof *fields);
-        if (!fields) {
-            fclose(f);
-            return mg_fail(err, MG_ERR_NOMEM, "out of memory");
-        }
+        if (!fields) return mg_fail(err, MG_ERR_NOMEM, "out of memory");
     }
     list_builder b = {0};
+    unsigned char *flaw = NULL; /* [b.cap] with keep */
+    size_t flaw_cap = 0;
     char *line = NULL;
     size_t lcap = 0, n = 0;
     long lineno = 0;
     int rc = 0, got, toolong;
+/* A record of the line: the SMILES s[0..len) (code MG_REC_OK) or a flawed
+ * one (its code; kept as "" with keep, else counted in rep->other). */
+#define RECORD(code, s, len)                                                                       \
+    do {                                                                                           \
+        if ((code) != MG_REC_OK && !keep) break;                                                   \
+        if (keep && b.n == flaw_cap) {                                                             \
+            const size_t nc_ = flaw_cap ? 2 * flaw_cap : 1024;                                     \
+            unsigned char *q_ = realloc(flaw, nc_);                                                \
+            if (!q_) {                                                                             \
+                rc = mg_fail(err, MG_ERR_NOMEM, "out of memory");                                  \
+                goto done;                                                                         \
+            }                                                                                      \
+            flaw = q_;                                                                             \
+            flaw_cap = nc_;                                                                        \
+        }                                                                                          \
+        if (keep) flaw[b.n] = (unsigned char)(code);                                               \
+        if (lb_add(&b, (s), (len), lineno)) {                                                      \
+            rc = mg_fail(err, MG_ERR_NOMEM, "out of memory");                                      \
+            goto done;                                                                             \
+        }                                                                                          \
+    } while (0)
     while ((got = read_line(f, &line, &lcap, &n, &toolong)) > 0) {
         lineno++;
         rep->lines++;
@@ -259,6 +271,7 @@ mg_status mg_read_smiles(const char *path, const char *csv_column, mg_smiles_lis
             rep->skipped++;
             rep_msg(rep, "%s:%ld: line of %zu bytes, longer than the %d-byte limit", path, lineno,
                     n, MG_MAX_LINE_BYTES);
+            RECORD(MG_REC_LINE_TOO_LONG, "", 0);
             continue;
         }
         if (n != strlen(line)) {
@@ -266,6 +279,7 @@ mg_status mg_read_smiles(const char *path, const char *csv_column, mg_smiles_lis
             rep->other++;
             rep->skipped++;
             rep_msg(rep, "%s:%ld: NUL byte in line", path, lineno);
+            RECORD(MG_REC_NUL, "", 0);
             continue;
         }
         if (lineno == 1 && n >= 3 && (unsigned char)line[0] == 0xEF &&
@@ -276,18 +290,15 @@ mg_status mg_read_smiles(const char *path, const char *csv_column, mg_smiles_lis
         const char *p = line;
         while (*p && isspace((unsigned char)*p)) p++;
         if (!csv) {
-            if (*p == '\0' || *p == '#') continue;
+            if (*p == '#' || (*p == '\0' && !keep)) continue;
             const char *e = p;
             while (*e && !isspace((unsigned char)*e)) e++;
             rep->records++;
-            if (lb_add(&b, p, (size_t)(e - p), lineno)) {
-                rc = mg_fail(err, MG_ERR_NOMEM, "out of memory");
-                goto done;
-            }
+            RECORD(MG_REC_OK, p, (size_t)(e - p));
             continue;
         }
         /* CSV */
-        if (*p == '\0') continue;
+        if (*p == '\0' && (colidx < 0 || !keep)) continue;
         int nf = csv_split(line, fields, CSV_MAX_FIELDS);
         if (colidx < 0) { /* header row */
             if (nf < 0) {
@@ -312,6 +323,7 @@ mg_status mg_read_smiles(const char *path, const char *csv_column, mg_smiles_lis
             rep->other++;
             rep->skipped++;
             rep_msg(rep, "%s:%ld: unterminated quote", path, lineno);
+            RECORD(MG_REC_BAD_CSV, "", 0);
             continue;
         }
         if (nf <= colidx) {
@@ -319,20 +331,19 @@ mg_status mg_read_smiles(const char *path, const char *csv_column, mg_smiles_lis
             rep->skipped++;
             rep_msg(rep, "%s:%ld: only %d fields, column '%s' is field %d", path, lineno, nf, col,
                     colidx + 1);
+            RECORD(MG_REC_BAD_CSV, "", 0);
             continue;
         }
         const char *v = fields[colidx];
-        if (!*v) {
+        if (!*v && !keep) {
             rep->other++;
             rep->skipped++;
             rep_msg(rep, "%s:%ld: empty '%s' field", path, lineno, col);
             continue;
         }
-        if (lb_add(&b, v, strlen(v), lineno)) {
-            rc = mg_fail(err, MG_ERR_NOMEM, "out of memory");
-            goto done;
-        }
+        RECORD(MG_REC_OK, v, strlen(v));
     }
+#undef RECORD
     if (got < 0) {
         rc = mg_fail(err, MG_ERR_NOMEM, "%s:%ld: out of memory", path, lineno + 1);
         goto done;
@@ -345,12 +356,67 @@ mg_status mg_read_smiles(const char *path, const char *csv_column, mg_smiles_lis
         rc = mg_fail(err, MG_ERR_FORMAT, "%s: empty CSV file (no header row)", path);
         goto done;
     }
-    if (lb_finish(&b, out)) rc = mg_fail(err, MG_ERR_NOMEM, "out of memory");
+    if (keep && !flaw && !(flaw = malloc(1))) {
+        rc = mg_fail(err, MG_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    if (lb_finish(&b, out)) {
+        rc = mg_fail(err, MG_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    out->flaw = flaw;
+    flaw = NULL;
 done:
     free(line);
     free(fields);
-    fclose(f);
+    free(flaw);
     lb_free(&b);
+    return rc;
+}
+
+/* path opened for reading, refused unless a regular file (a device or a
+ * pipe such as /dev/zero or /dev/urandom may never end). */
+static FILE *open_regular(const char *path, mg_error *err) {
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        mg_fail(err, MG_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+        return NULL;
+    }
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
+        fclose(f);
+        mg_fail(err, MG_ERR_IO, "%s: not a regular file", path);
+        return NULL;
+    }
+    return f;
+}
+
+mg_status mg_read_smiles(const char *path, const char *csv_column, mg_smiles_list *out,
+                         mg_report *rep, mg_error *err) {
+    mg_report dummy;
+    if (!rep) rep = &dummy;
+    memset(rep, 0, sizeof *rep);
+    if (!path || !out) return mg_fail(err, MG_ERR_ARG, "mg_read_smiles: bad argument");
+    memset(out, 0, sizeof *out);
+    FILE *f = open_regular(path, err);
+    if (!f) return err ? err->status : MG_ERR_IO;
+    const mg_status rc = read_stream(f, path, ends_with_ci(path, ".csv"), csv_column, 0, out, rep,
+                                     err);
+    fclose(f);
+    return rc;
+}
+
+mg_status mg_read_records(FILE *f, const char *path, int csv, const char *csv_column,
+                          mg_smiles_list *out, mg_report *rep, mg_error *err) {
+    mg_report dummy;
+    if (!rep) rep = &dummy;
+    memset(rep, 0, sizeof *rep);
+    if (!path || !out) return mg_fail(err, MG_ERR_ARG, "mg_read_records: bad argument");
+    memset(out, 0, sizeof *out);
+    FILE *own = f ? NULL : open_regular(path, err);
+    if (!f && !own) return err ? err->status : MG_ERR_IO;
+    const mg_status rc = read_stream(f ? f : own, path, csv, csv_column, 1, out, rep, err);
+    if (own) fclose(own);
     return rc;
 }
 

@@ -15,6 +15,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "errors.h"
 
@@ -58,6 +59,7 @@ typedef struct {
     size_t n;
     char **smiles; /* n NUL-terminated strings */
     long *line;    /* n line numbers */
+    unsigned char *flaw; /* mg_read_records: n MG_REC_* codes; NULL otherwise */
     /* private: */
     char *blob_;
     size_t cap_;
@@ -78,6 +80,24 @@ typedef struct {
 mg_status mg_read_smiles(const char *path, const char *csv_column, mg_smiles_list *out,
                          mg_report *rep, mg_error *err);
 void mg_smiles_list_free(mg_smiles_list *l); /* zeroes it; NULL fine */
+
+/* Why mg_read_records could not give a record's SMILES (it is "" then). */
+enum {
+    MG_REC_OK = 0,
+    MG_REC_LINE_TOO_LONG = 1, /* longer than MG_MAX_LINE_BYTES */
+    MG_REC_NUL = 2,           /* a NUL byte in the line */
+    MG_REC_BAD_CSV = 3        /* an unterminated quote, or fewer fields than the column */
+};
+
+/* For a tool that must answer for every input line (molgen score): like
+ * mg_read_smiles, but every line is a record except a CSV header and .smi
+ * comments; blank lines and empty CSV fields are records with SMILES "",
+ * lines the reader cannot use are records with "" and their code in
+ * out->flaw (rep still counts and names them). f: an open stream (a pipe
+ * is fine), or NULL to open path (a regular file); path names the input in
+ * messages; csv: the format (mg_read_smiles decides it by extension). */
+mg_status mg_read_records(FILE *f, const char *path, int csv, const char *csv_column,
+                          mg_smiles_list *out, mg_report *rep, mg_error *err);
 
 /* ------------------------------------------------------------ dataset */
 

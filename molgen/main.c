@@ -18,6 +18,7 @@ typedef struct {
 static const command COMMANDS[] = {
     {"train", cmd_train, "train the model on a SMILES file (checkpoints, resume)"},
     {"sample", cmd_sample, "generate molecules from a trained model"},
+    {"score", cmd_score, "negative log-likelihood of given molecules under a model"},
     {"attention", cmd_attention, "draw a trained model's attention maps for a molecule"},
     {"bench", cmd_bench, "training tokens/s and sampling molecules/s"},
     {"debug-grads", cmd_debug_grads, NULL},
@@ -40,7 +41,7 @@ int main(int argc, char **argv) {
     signal(SIGXFSZ, SIG_IGN);
     if (argc < 2) {
         fprintf(stderr,
-                "molgen: no command given (train, sample, attention or bench; molgen --help)\n");
+                "molgen: no command given (train, sample, score, attention or bench; molgen --help)\n");
         return 2;
     }
     if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {

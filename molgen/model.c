@@ -929,6 +929,19 @@ mg_status mg_model_forward(mg_model *m, const int32_t *ids, const int64_t *lengt
     return 0;
 }
 
+mg_status mg_model_sequence_nll(mg_model *m, const int32_t *ids, const int64_t *lengths, int B,
+                                int T, double *nll, mg_error *err) {
+    if (!nll) return mg_fail(err, MG_ERR_ARG, "nll must be non-NULL");
+    float loss;
+    const mg_status rc = mg_model_forward(m, ids, lengths, B, T, 0, 0, &loss, NULL, err);
+    if (rc) return rc;
+    /* row_loss [Rv] in the valid rows' order: each molecule's targets in
+     * position order, molecules in batch order */
+    for (int b = 0; b < B; b++) nll[b] = 0.0;
+    for (int64_t r = 0; r < m->Rv; r++) nll[m->rows[r] / m->L] += (double)m->row_loss[r];
+    return MG_OK;
+}
+
 /* ------------------------------------------------------------ backward */
 
 mg_status mg_model_backward(mg_model *m, mg_error *err) {

@@ -152,6 +152,15 @@ mg_status mg_model_forward(mg_model *m, const int32_t *ids, const int64_t *lengt
                            int training, uint64_t dropout_seed, float *loss, int64_t *ntok,
                            mg_error *err);
 
+/* Evaluation forward (no dropout, no label smoothing) of the same rows, and
+ * per row the summed cross-entropy of its targets in nats: nll [B] (double;
+ * positions t < lengths[b] - 1, i.e. every token after BOS up to and
+ * including EOS, the targets the training loss averages over). For a batch
+ * of one, nll[0] / (lengths[0] - 1) is mg_model_forward's evaluation loss
+ * up to its float rounding. */
+mg_status mg_model_sequence_nll(mg_model *m, const int32_t *ids, const int64_t *lengths, int B,
+                                int T, double *nll, mg_error *err);
+
 /* Gradients of the last mg_model_forward's loss into mg_model_grads
  * (OVERWRITTEN, not accumulated). Fails if there was no forward since. */
 mg_status mg_model_backward(mg_model *m, mg_error *err);

@@ -1,0 +1,219 @@
+/* `molgen score`: a SMILES file (or stdin) -> mg_score_molecules (score.h)
+ * -> one CSV row per input record (or stdout), in input order. */
+#define _POSIX_C_SOURCE 200809L
+#include <ctype.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+
+#include "cli_util.h"
+#include "commands.h"
+#include "data.h"
+#include "safetensors.h"
+#include "score.h"
+#include "train_settings.h" /* MG_MAX_THREADS */
+#include "util.h"
+
+static const char *SCORE_USAGE =
+    "usage: molgen score --model FILE --smiles FILE|- [--out FILE.csv|-]\n"
+    "                    [--csv-column NAME] [--threads N] [--batch N] [--quiet]\n"
+    "Negative log-likelihood of given molecules under a trained model: one CSV row\n"
+    "per input record, in input order:\n"
+    "  line,smiles,nll,nll_per_token,tokens,status\n"
+    "nll: summed over the targets in nats; tokens: the targets, the SMILES tokens\n"
+    "plus EOS (what training averages its loss over), so nll_per_token is the\n"
+    "model's training loss on that molecule alone (no dropout). status: ok, empty,\n"
+    "bad_char, unknown_token (not in the model's vocabulary), too_long (more\n"
+    "targets than the model's context) or bad_line; nll is empty unless ok.\n"
+    "  --model FILE       model or checkpoint (.safetensors) with its vocabulary\n"
+    "  --smiles FILE|-    .smi (first field of each line; blank lines are records,\n"
+    "                     status empty; '#' lines are comments) or .csv (a header\n"
+    "                     row, see --csv-column); - reads stdin (.smi unless\n"
+    "                     --csv-column is given)\n"
+    "  --out FILE|-       output CSV, written atomically (default -: stdout)\n"
+    "  --csv-column NAME  CSV column with the SMILES (default smiles)\n"
+    "  --threads N        threads (default: ATTN_NUM_THREADS or all cores)\n"
+    "  --batch N          molecules a thread takes at a time (default 16); neither\n"
+    "                     this nor --threads changes any result: each molecule is\n"
+    "                     its own forward\n"
+    "  --quiet            no summary on stderr\n"
+    "The summary (counts per status, the first bad rows as file:line, molecules/s)\n"
+    "goes to stderr; a bad row is reported, never an error.\n";
+
+/* A CSV field: as is, or quoted ("" for a quote) when it holds a comma, a
+ * quote, whitespace or other control characters. */
+static void csv_field(FILE *f, const char *s) {
+    int quote = 0;
+    for (const char *p = s; *p && !quote; p++)
+        quote = *p == ',' || *p == '"' || isspace((unsigned char)*p) || iscntrl((unsigned char)*p);
+    if (!quote) {
+        fputs(s, f);
+        return;
+    }
+    fputc('"', f);
+    for (const char *p = s; *p; p++) {
+        if (*p == '"') fputc('"', f);
+        fputc(*p, f);
+    }
+    fputc('"', f);
+}
+
+static int write_rows(FILE *f, const mg_smiles_list *l, const mg_score *sc) {
+    fputs("line,smiles,nll,nll_per_token,tokens,status\n", f);
+    for (size_t i = 0; i < l->n; i++) {
+        fprintf(f, "%ld,", l->line[i]);
+        csv_field(f, l->smiles[i]);
+        if (sc[i].status == MG_SCORE_OK)
+            fprintf(f, ",%.6f,%.6f,%d,ok\n", sc[i].nll, sc[i].nll / sc[i].tokens, sc[i].tokens);
+        else if (sc[i].tokens > 0)
+            fprintf(f, ",,,%d,%s\n", sc[i].tokens, mg_score_status_name(sc[i].status));
+        else
+            fprintf(f, ",,,,%s\n", mg_score_status_name(sc[i].status));
+    }
+    return ferror(f) ? -1 : 0;
+}
+
+typedef struct {
+    int on;
+    double t0, last;
+} progress_state;
+
+/* A line every 10 s on stderr for long inputs. */
+static void on_progress(void *user, size_t done, size_t n) {
+    progress_state *p = user;
+    const double t = mg_now_s();
+    if (!p->on || t - p->last < 10.0) return; /* a short run: the summary says it */
+    p->last = t;
+    fprintf(stderr, "scored %zu/%zu molecules, %.0f molecules/s\n", done, n,
+            (double)done / (t - p->t0 > 1e-9 ? t - p->t0 : 1e-9));
+}
+
+int cmd_score(int argc, char **argv) {
+    const char *model_path = NULL, *smiles_path = NULL, *out_path = "-", *column = NULL;
+    int threads = 0, batch = 16, quiet = 0;
+    enum { O_MODEL = 1, O_SMILES, O_OUT, O_COLUMN, O_THREADS, O_BATCH, O_QUIET };
+    static const struct option opts[] = {{"model", required_argument, NULL, O_MODEL},
+                                         {"smiles", required_argument, NULL, O_SMILES},
+                                         {"out", required_argument, NULL, O_OUT},
+                                         {"csv-column", required_argument, NULL, O_COLUMN},
+                                         {"threads", required_argument, NULL, O_THREADS},
+                                         {"batch", required_argument, NULL, O_BATCH},
+                                         {"quiet", no_argument, NULL, O_QUIET},
+                                         {"help", no_argument, NULL, 'h'},
+                                         {NULL, 0, NULL, 0}};
+    const char *val;
+    int c;
+    mg_cli_begin();
+    while ((c = mg_cli_next("score", argc, argv, "h", opts, &val)) != -1) {
+        int ok = 1;
+        long long ll = 0;
+        switch (c) {
+        case -2: return 2;
+        case 'h': fputs(SCORE_USAGE, stdout); return 0;
+        case O_MODEL: model_path = val; break;
+        case O_SMILES: smiles_path = val; break;
+        case O_OUT: out_path = val; break;
+        case O_COLUMN: column = val; break;
+        case O_THREADS:
+            ok = mg_cli_int(val, 1, MG_MAX_THREADS, &ll);
+            threads = (int)ll;
+            break;
+        case O_BATCH:
+            ok = mg_cli_int(val, 1, 1 << 20, &ll);
+            batch = (int)ll;
+            break;
+        case O_QUIET: quiet = 1; break;
+        }
+        if (!ok) return mg_cli_bad_value("score", argv, val);
+    }
+    if (!model_path || !smiles_path) {
+        fprintf(stderr, "molgen score: --model FILE and --smiles FILE are required (see molgen "
+                        "score --help)\n");
+        return 2;
+    }
+    const int from_stdin = !strcmp(smiles_path, "-"), to_stdout = !strcmp(out_path, "-");
+    mg_error err;
+    if (!to_stdout) {
+        const char *inputs[] = {model_path, from_stdin ? NULL : smiles_path};
+        if (mg_cli_check_output(out_path, inputs, 2, &err)) {
+            fprintf(stderr, "molgen score: --out: %s\n", err.message);
+            return 1;
+        }
+        mg_st_remove_stale_temps(out_path);
+    }
+    mg_model *m = NULL;
+    mg_vocab *v = NULL;
+    if (mg_cli_load_model("score", model_path, &m, &v)) return 1;
+    const char *name = from_stdin ? "(stdin)" : smiles_path;
+    size_t nl = strlen(smiles_path);
+    const int csv = column != NULL || (nl >= 4 && !strcasecmp(smiles_path + nl - 4, ".csv"));
+    mg_smiles_list l;
+    mg_report rep;
+    if (mg_read_records(from_stdin ? stdin : NULL, name, csv, column, &l, &rep, &err)) {
+        fprintf(stderr, "molgen score: %s\n", err.message);
+        mg_model_free(m);
+        mg_vocab_free(v);
+        return 1;
+    }
+    mg_score *sc = calloc(l.n ? l.n : 1, sizeof *sc);
+    progress_state ps = {!quiet, mg_now_s(), 0};
+    ps.last = ps.t0;
+    mg_score_opts so = {threads > 0 ? threads : mg_default_threads(), batch, on_progress, &ps};
+    int rc = 0;
+    if (!sc) {
+        fprintf(stderr, "molgen score: out of memory\n");
+        rc = 1;
+    } else if (mg_score_molecules(m, v, (const char *const *)l.smiles, l.flaw, l.n, &so, sc,
+                                  &err)) {
+        fprintf(stderr, "molgen score: %s\n", err.message);
+        rc = 1;
+    }
+    const double secs = mg_now_s() - ps.t0;
+    if (!rc && to_stdout) {
+        if (write_rows(stdout, &l, sc) || fflush(stdout)) {
+            fprintf(stderr, "molgen score: error writing stdout\n");
+            rc = 1;
+        }
+    } else if (!rc) {
+        char tmp[4200];
+        FILE *f = mg_cli_atomic_open(out_path, tmp, sizeof tmp, &err);
+        if (!f || mg_cli_atomic_commit_if(f, write_rows(f, &l, sc), tmp, out_path, &err)) {
+            fprintf(stderr, "molgen score: %s\n", err.message);
+            rc = 1;
+        }
+    }
+    if (!rc && !quiet) {
+        size_t count[MG_SCORE_BAD_LINE + 1] = {0}, shown = 0;
+        double nll = 0.0;
+        long tok = 0;
+        for (size_t i = 0; i < l.n; i++) {
+            count[sc[i].status]++;
+            if (sc[i].status == MG_SCORE_OK) {
+                nll += sc[i].nll;
+                tok += sc[i].tokens;
+            } else if (shown < MG_REPORT_MSGS) {
+                char why[256];
+                mg_score_reason(m, v, l.smiles[i], l.flaw ? l.flaw[i] : 0, why, sizeof why);
+                fprintf(stderr, "%s:%ld: %s: %s\n", name, l.line[i],
+                        mg_score_status_name(sc[i].status), why);
+                shown++;
+            }
+        }
+        if (l.n - count[MG_SCORE_OK] > shown)
+            fprintf(stderr, "... and %zu more\n", l.n - count[MG_SCORE_OK] - shown);
+        fprintf(stderr, "scored %zu molecules: ok %zu", l.n, count[MG_SCORE_OK]);
+        for (int s = 1; s <= MG_SCORE_BAD_LINE; s++)
+            if (count[s]) fprintf(stderr, ", %s %zu", mg_score_status_name(s), count[s]);
+        fprintf(stderr, "; mean NLL %.4f nats per token; %.0f molecules/s (%d threads)%s%s\n",
+                tok ? nll / (double)tok : NAN, (double)l.n / (secs > 1e-9 ? secs : 1e-9),
+                so.threads, to_stdout ? "" : "; ", to_stdout ? "" : out_path);
+    }
+    free(sc);
+    mg_smiles_list_free(&l);
+    mg_model_free(m);
+    mg_vocab_free(v);
+    return rc;
+}

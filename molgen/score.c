@@ -1,0 +1,143 @@
+/* molgen score: see score.h. */
+#define _POSIX_C_SOURCE 200809L
+#include "score.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "data.h"
+
+/* Molecules between two progress calls (each block is one parallel region). */
+#define SCORE_BLOCK 4096
+
+const char *mg_score_status_name(mg_score_status s) {
+    static const char *const names[] = {"ok",           "empty",    "bad_char",
+                                        "unknown_token", "too_long", "bad_line"};
+    return (unsigned)s < sizeof names / sizeof names[0] ? names[s] : "?";
+}
+
+/* Encodes s as BOS tokens EOS into seq [ctx_len + 1]: the status, *len
+ * (k + 2), *tokens (k + 1 when known), the reason into e. */
+static mg_score_status encode(const mg_model *m, const mg_vocab *v, const char *s,
+                              unsigned char flaw, int32_t *seq, int64_t *len, int *tokens,
+                              mg_error *e) {
+    const int T = mg_model_get_config(m)->ctx_len + 1;
+    *tokens = 0;
+    e->message[0] = '\0';
+    if (flaw) {
+        snprintf(e->message, sizeof e->message, "%s",
+                 flaw == MG_REC_LINE_TOO_LONG ? "line longer than the reader's limit"
+                 : flaw == MG_REC_NUL         ? "NUL byte in line"
+                                              : "CSV row without the SMILES column");
+        return MG_SCORE_BAD_LINE;
+    }
+    if (!s[0]) return MG_SCORE_EMPTY;
+    const mg_status rc = mg_encode_row(v, s, T, seq, len, e);
+    if (rc == MG_ERR_TOO_LONG) {
+        int k = 0;
+        mg_tokenize(s, NULL, 0, &k, NULL, NULL);
+        *tokens = k + 1;
+        snprintf(e->message, sizeof e->message, "%d targets, more than the model's context %d",
+                 k + 1, T - 1);
+        return MG_SCORE_TOO_LONG;
+    }
+    if (rc == MG_ERR_UNKNOWN_TOKEN) return MG_SCORE_UNKNOWN_TOKEN;
+    if (rc) return MG_SCORE_BAD_CHAR;
+    *tokens = (int)*len - 1;
+    return MG_SCORE_OK;
+}
+
+void mg_score_reason(const mg_model *m, const mg_vocab *v, const char *s, unsigned char flaw,
+                     char *out, size_t n) {
+    const int T = mg_model_get_config(m)->ctx_len + 1;
+    int32_t *seq = malloc((size_t)T * sizeof *seq);
+    int64_t len;
+    int tokens;
+    mg_error e;
+    if (!seq) {
+        snprintf(out, n, "out of memory");
+        return;
+    }
+    const mg_score_status st = encode(m, v, s, flaw, seq, &len, &tokens, &e);
+    snprintf(out, n, "%s", st == MG_SCORE_OK ? "" : st == MG_SCORE_EMPTY ? "empty SMILES" : e.message);
+    free(seq);
+}
+
+mg_status mg_score_molecules(mg_model *m, const mg_vocab *v, const char *const *smiles,
+                             const unsigned char *flaw, size_t n, const mg_score_opts *o,
+                             mg_score *out, mg_error *err) {
+    if (!m || !v || (n && (!smiles || !out)))
+        return mg_fail(err, MG_ERR_ARG, "mg_score_molecules: model, vocab, smiles and out needed");
+    if (mg_vocab_size(v) != mg_model_get_config(m)->vocab_size)
+        return mg_fail(err, MG_ERR_MISMATCH, "vocabulary of %d tokens for a model of %d",
+                       mg_vocab_size(v), mg_model_get_config(m)->vocab_size);
+    int nt = o && o->threads > 0 ? o->threads : mg_model_threads(m);
+    const int batch = o && o->batch > 0 ? o->batch : 16;
+    if ((size_t)nt > n) nt = n > 0 ? (int)n : 1;
+    const mg_model_config *cfg = mg_model_get_config(m);
+    const int T = cfg->ctx_len + 1;
+    /* replica 0 is m itself (one thread while it scores) */
+    mg_model **rep = calloc((size_t)nt, sizeof *rep);
+    int32_t *seq = malloc((size_t)nt * (size_t)T * sizeof *seq);
+    if (!rep || !seq) {
+        free(rep);
+        free(seq);
+        return mg_fail(err, MG_ERR_NOMEM, "out of memory");
+    }
+    const int m_threads = mg_model_threads(m);
+    mg_status rc = MG_OK;
+    rep[0] = m;
+    for (int t = 1; t < nt && !rc; t++) {
+        mg_error e;
+        if ((rc = mg_model_create(cfg, &rep[t], &e)))
+            rc = mg_fail(err, rc, "model copy for thread %d: %s", t, e.message);
+        else
+            memcpy(mg_model_params(rep[t]), mg_model_params(m),
+                   mg_model_num_params(m) * sizeof(float));
+    }
+    for (int t = 0; t < nt && !rc; t++) mg_model_set_threads(rep[t], 1);
+    mg_status failed = MG_OK;
+    char msg[sizeof err->message] = "";
+    for (size_t b0 = 0; b0 < n && !rc; b0 += SCORE_BLOCK) {
+        const size_t b1 = n - b0 < SCORE_BLOCK ? n : b0 + SCORE_BLOCK;
+#pragma omp parallel num_threads(nt)
+        {
+            int id = 0;
+#ifdef _OPENMP
+            id = omp_get_thread_num();
+#endif
+            mg_model *r = rep[id];
+            int32_t *s = seq + (size_t)id * T;
+#pragma omp for schedule(dynamic, batch)
+            for (size_t i = b0; i < b1; i++) {
+                mg_score *sc = &out[i];
+                int64_t len = 0;
+                mg_error e;
+                sc->nll = NAN;
+                sc->status =
+                    encode(r, v, smiles[i], flaw ? flaw[i] : 0, s, &len, &sc->tokens, &e);
+                if (sc->status != MG_SCORE_OK) continue;
+                const mg_status frc = mg_model_sequence_nll(r, s, &len, 1, (int)len, &sc->nll, &e);
+                if (frc) {
+#pragma omp critical(mg_score_error)
+                    if (!failed) {
+                        failed = frc;
+                        snprintf(msg, sizeof msg, "molecule %zu: %s", i, e.message);
+                    }
+                }
+            }
+        }
+        if (failed) rc = mg_fail(err, failed, "%s", msg);
+        if (!rc && o && o->progress) o->progress(o->user, b1, n);
+    }
+    mg_model_set_threads(m, m_threads);
+    for (int t = 1; t < nt; t++) mg_model_free(rep[t]);
+    free(rep);
+    free(seq);
+    return rc;
+}
