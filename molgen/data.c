@@ -400,8 +400,8 @@ mg_status mg_read_smiles(const char *path, const char *csv_column, mg_smiles_lis
     memset(out, 0, sizeof *out);
     FILE *f = open_regular(path, err);
     if (!f) return err ? err->status : MG_ERR_IO;
-    const mg_status rc = read_stream(f, path, ends_with_ci(path, ".csv"), csv_column, 0, out, rep,
-                                     err);
+    const mg_status rc =
+        read_stream(f, path, ends_with_ci(path, ".csv"), csv_column, 0, out, rep, err);
     fclose(f);
     return rc;
 }

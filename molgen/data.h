@@ -57,8 +57,8 @@ char *mg_report_format(const mg_report *r, char *out, size_t outlen);
 /* A list of SMILES strings with their source line numbers (1-based). */
 typedef struct {
     size_t n;
-    char **smiles; /* n NUL-terminated strings */
-    long *line;    /* n line numbers */
+    char **smiles;       /* n NUL-terminated strings */
+    long *line;          /* n line numbers */
     unsigned char *flaw; /* mg_read_records: n MG_REC_* codes; NULL otherwise */
     /* private: */
     char *blob_;

@@ -40,8 +40,9 @@ int main(int argc, char **argv) {
      * intact) instead of SIGXFSZ killing the process silently. */
     signal(SIGXFSZ, SIG_IGN);
     if (argc < 2) {
-        fprintf(stderr,
-                "molgen: no command given (train, sample, score, attention or bench; molgen --help)\n");
+        fprintf(
+            stderr,
+            "molgen: no command given (train, sample, score, attention or bench; molgen --help)\n");
         return 2;
     }
     if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {

@@ -16,8 +16,8 @@
 #define SCORE_BLOCK 4096
 
 const char *mg_score_status_name(mg_score_status s) {
-    static const char *const names[] = {"ok",           "empty",    "bad_char",
-                                        "unknown_token", "too_long", "bad_line"};
+    static const char *const names[] = {"ok",       "empty",   "bad_char", "unknown_token",
+                                        "too_long", "bad_line"};
     return (unsigned)s < sizeof names / sizeof names[0] ? names[s] : "?";
 }
 
@@ -64,7 +64,10 @@ void mg_score_reason(const mg_model *m, const mg_vocab *v, const char *s, unsign
         return;
     }
     const mg_score_status st = encode(m, v, s, flaw, seq, &len, &tokens, &e);
-    snprintf(out, n, "%s", st == MG_SCORE_OK ? "" : st == MG_SCORE_EMPTY ? "empty SMILES" : e.message);
+    snprintf(out, n, "%s",
+             st == MG_SCORE_OK      ? ""
+             : st == MG_SCORE_EMPTY ? "empty SMILES"
+                                    : e.message);
     free(seq);
 }
 
@@ -119,8 +122,7 @@ mg_status mg_score_molecules(mg_model *m, const mg_vocab *v, const char *const *
                 int64_t len = 0;
                 mg_error e;
                 sc->nll = NAN;
-                sc->status =
-                    encode(r, v, smiles[i], flaw ? flaw[i] : 0, s, &len, &sc->tokens, &e);
+                sc->status = encode(r, v, smiles[i], flaw ? flaw[i] : 0, s, &len, &sc->tokens, &e);
                 if (sc->status != MG_SCORE_OK) continue;
                 const mg_status frc = mg_model_sequence_nll(r, s, &len, 1, (int)len, &sc->nll, &e);
                 if (frc) {

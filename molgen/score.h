@@ -50,8 +50,8 @@ typedef enum {
 const char *mg_score_status_name(mg_score_status s);
 
 typedef struct {
-    double nll;             /* summed NLL in nats (NAN unless ok) */
-    int tokens;             /* targets: k + 1 (also for too_long; 0 when unknown) */
+    double nll; /* summed NLL in nats (NAN unless ok) */
+    int tokens; /* targets: k + 1 (also for too_long; 0 when unknown) */
     mg_score_status status;
 } mg_score;
 

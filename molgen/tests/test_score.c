@@ -58,8 +58,9 @@ int main(void) {
     memset(over, 'C', (size_t)ctx);
     over[ctx] = '\0';
     const char *extra[] = {"", "CC[Se]C", "c1ccX", over, exact, "CCO"};
-    const mg_score_status want[] = {MG_SCORE_EMPTY,    MG_SCORE_UNKNOWN_TOKEN, MG_SCORE_BAD_CHAR,
-                                    MG_SCORE_TOO_LONG, MG_SCORE_OK,            MG_SCORE_OK};
+    const mg_score_status want[] = {MG_SCORE_EMPTY,    MG_SCORE_UNKNOWN_TOKEN,
+                                    MG_SCORE_BAD_CHAR, MG_SCORE_TOO_LONG,
+                                    MG_SCORE_OK,       MG_SCORE_OK};
     enum { NX = sizeof extra / sizeof extra[0], N = NMOL + NX };
     const char *smi[N];
     for (int i = 0; i < NMOL; i++) smi[i] = data.smiles[i];
