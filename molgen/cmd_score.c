@@ -85,7 +85,7 @@ typedef struct {
 static void on_progress(void *user, size_t done, size_t n) {
     progress_state *p = user;
     const double t = mg_now_s();
-    if (!p->on || t - p->last < 10.0) return; /* a short run: the summary says it */
+    if (!p->on || t - p->last < 10.0 || done == n) return; /* the summary ends it */
     p->last = t;
     fprintf(stderr, "scored %zu/%zu molecules, %.0f molecules/s\n", done, n,
             (double)done / (t - p->t0 > 1e-9 ? t - p->t0 : 1e-9));
