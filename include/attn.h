@@ -45,9 +45,9 @@ extern "C" {
  * differ when a program runs against another build than it was compiled
  * with (the struct layouts here are the ABI; the soname changes with them). */
 #define ATTN_VERSION_MAJOR 0
-#define ATTN_VERSION_MINOR 2
+#define ATTN_VERSION_MINOR 3
 #define ATTN_VERSION_PATCH 0
-#define ATTN_VERSION "0.2.0"
+#define ATTN_VERSION "0.3.0"
 ATTN_API const char *attn_version(void);
 
 /* ---------------------------------------------------------------- errors */
@@ -214,6 +214,44 @@ ATTN_API attn_status attn_sdpa_backward(const attn_tensor *q, const attn_tensor 
                                         const float *lse, const attn_tensor *grad_out,
                                         const attn_sdpa_params *p, attn_tensor *dq, attn_tensor *dk,
                                         attn_tensor *dv, attn_sdpa_info *info, attn_error *err);
+
+/* ------------------------------------ packed variable-length attention */
+
+/* Several sequences packed back to back (FlashAttention's cu_seqlens), each
+ * attending only within itself, at a cost of Σ Lq_s·Lk_s (tiles never cross
+ * a sequence boundary), not total_q·total_k.
+ *   q   [1, H, total_q, Dk]   k [1, H, total_k, Dk]   v [1, H, total_k, Dv]
+ *   out [1, H, total_q, Dv]   strided views as for attn_sdpa_forward; the
+ *       packed rows [total, H, D] are attn_tensor_blhd(data, 1, H, total, D).
+ *   batch >= 1 sequences; sequence s holds query rows cu_seqlens_q[s] ..
+ *       cu_seqlens_q[s+1] - 1 and key rows cu_seqlens_k[s] ..
+ *       cu_seqlens_k[s+1] - 1. Both arrays are int64 [batch + 1]: 0 first,
+ *       non-decreasing (empty sequences allowed), total_q / total_k last.
+ *       cu_seqlens_k NULL: the same as cu_seqlens_q (self-attention).
+ *   p   as for attn_sdpa_forward, each sequence being batch row s of a padded
+ *       call with Lq = Lq_s, Lk = Lk_s (causal and window as there: the
+ *       queries are the last Lq_s of its keys when Lq_s < Lk_s). key_lengths,
+ *       bool_mask and add_mask are refused (ATTN_ERR_ARG). Dropout: element
+ *       (s, h, i, j), i and j counted within the sequence, is decided by the
+ *       padded call's counter for (b = s, h, i, j): the same mask as
+ *       attn_sdpa_forward on the padded batch with the same seed and offset.
+ *   weights optional: sequence s's [H, Lq_s, Lk_s] block, contiguous, the
+ *       blocks back to back (Σ_s H·Lq_s·Lk_s floats).
+ *   lse optional: [H, total_q], contiguous; the backward needs it.
+ * A query row of a sequence without keys gets 0 and lse -inf. */
+ATTN_API attn_status attn_sdpa_varlen_forward(
+    const attn_tensor *q, const attn_tensor *k, const attn_tensor *v, int64_t batch,
+    const int64_t *cu_seqlens_q, const int64_t *cu_seqlens_k, const attn_sdpa_params *p,
+    attn_tensor *out, float *weights, float *lse, attn_sdpa_info *info, attn_error *err);
+
+/* Gradients of attn_sdpa_varlen_forward from its out and lse; dq, dk, dv
+ * (the shapes of q, k, v) are OVERWRITTEN. Same batch, lengths and p as the
+ * forward. */
+ATTN_API attn_status attn_sdpa_varlen_backward(
+    const attn_tensor *q, const attn_tensor *k, const attn_tensor *v, const attn_tensor *out,
+    const float *lse, const attn_tensor *grad_out, int64_t batch, const int64_t *cu_seqlens_q,
+    const int64_t *cu_seqlens_k, const attn_sdpa_params *p, attn_tensor *dq, attn_tensor *dk,
+    attn_tensor *dv, attn_sdpa_info *info, attn_error *err);
 
 /* -------------------------------------------------- multi-head attention */
 

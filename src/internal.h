@@ -73,8 +73,31 @@ typedef struct {
     uint32_t drop_threshold; /* drop iff philox word < this */
     float keep_scale;        /* 1 / (1 - p) */
     uint64_t drop_key;       /* Philox key from (seed, offset) */
+    int64_t drop_b0; /* dropout counter's batch word is b + drop_b0 (varlen: the sequence) */
     int threads;
 } attn_problem;
+
+/* A validated packed variable-length call (attn_sdpa_varlen_*): n sequences,
+ * sequence s on query rows [cu_q[s], cu_q[s+1]) and key rows [cu_k[s],
+ * cu_k[s+1]) of the packed [1, H, total, D] tensors; weights_at[s] is the
+ * offset of its [H, Lq_s, Lk_s] weights block (weights_at[n]: all of them). */
+typedef struct {
+    int64_t n;
+    const int64_t *cu_q, *cu_k;
+    int64_t *weights_at; /* [n + 1], owned: attn_varlen_free */
+} attn_varlen;
+
+/* Validate a varlen call (the padded checks on the packed tensors, then the
+ * cumulative lengths) into pr (the packed problem, B = 1) and vl. */
+attn_status attn_varlen_check(const attn_tensor *q, const attn_tensor *k, const attn_tensor *v,
+                              const attn_tensor *out, int64_t batch, const int64_t *cu_seqlens_q,
+                              const int64_t *cu_seqlens_k, const attn_sdpa_params *p,
+                              attn_problem *pr, attn_varlen *vl, attn_error *err);
+void attn_varlen_free(attn_varlen *vl);
+/* Sequence s of a varlen call as a padded problem of one batch row (its
+ * dropout counters those of batch row s) and the views of its rows. */
+void attn_varlen_seq(const attn_problem *pr, const attn_varlen *vl, int64_t s, attn_problem *sub);
+attn_tensor attn_varlen_rows(const attn_tensor *t, int64_t row0, int64_t n);
 
 /* attn_sdpa_forward with the fused path's scratch given (ws, ws_floats as
  * for attn_sdpa_fused_forward; NULL: allocated in the call). */
@@ -125,6 +148,18 @@ attn_status attn_sdpa_reference_backward(const attn_problem *pr, const attn_tens
                                          const attn_tensor *dout, attn_tensor *dq, attn_tensor *dk,
                                          attn_tensor *dv, attn_error *err);
 
+/* The varlen reference: attn_sdpa_reference_* per sequence (lse [H, total_q]). */
+attn_status attn_varlen_reference_forward(const attn_problem *pr, const attn_varlen *vl,
+                                          const attn_tensor *q, const attn_tensor *k,
+                                          const attn_tensor *v, attn_tensor *out, float *weights,
+                                          float *lse, attn_error *err);
+attn_status attn_varlen_reference_backward(const attn_problem *pr, const attn_varlen *vl,
+                                           const attn_tensor *q, const attn_tensor *k,
+                                           const attn_tensor *v, const attn_tensor *out,
+                                           const float *lse, const attn_tensor *dout,
+                                           attn_tensor *dq, attn_tensor *dk, attn_tensor *dv,
+                                           attn_error *err);
+
 /* Row-major C[M,N] = alpha * op(A) op(B) + beta * C through the BLAS, on
  * `threads` threads of the library's own team: rows of C cut at multiples of
  * attn_sgemm_row_step(), one single-threaded sgemm per thread (attn.h,
@@ -154,9 +189,10 @@ typedef struct {
     const float *lse_in;                /* backward input */
     const attn_tensor *dout;            /* backward */
     attn_tensor *dq, *dk, *dv;          /* backward outputs */
-    int blas;          /* nonzero: tile products through OpenBLAS sgemm (measurement only) */
-    float *ws;         /* forward scratch given by the caller (64-byte aligned), */
-    int64_t ws_floats; /* or NULL: the kernel allocates it */
+    int blas;              /* nonzero: tile products through OpenBLAS sgemm (measurement only) */
+    float *ws;             /* forward scratch given by the caller (64-byte aligned), */
+    int64_t ws_floats;     /* or NULL: the kernel allocates it */
+    const attn_varlen *vl; /* non-NULL: a packed varlen call (pr is the packed problem) */
 } attn_fused_call;
 
 /* Per instruction set: the kernels, and the scratch floats the forward of
@@ -182,7 +218,11 @@ const char *attn_isa_name(attn_isa isa);
 /* Nonzero: the backward runs one pass per (b, h); else two passes. */
 int attn_fused_bwd_one_pass(const attn_problem *pr);
 /* Describe the fused path for pr in buf (for attn_sdpa_info.reason). */
-void attn_sdpa_fused_describe(const attn_problem *pr, int backward, char *buf, size_t n);
+void attn_sdpa_fused_describe(const attn_problem *pr, const attn_varlen *vl, int backward,
+                              char *buf, size_t n);
+/* Nonzero: the varlen backward runs one pass per (sequence, head): the
+ * largest item is at most a third of a thread's share of the work. */
+int attn_fused_varlen_one_pass(const attn_problem *pr, const attn_varlen *vl);
 
 /* ws: scratch of ws_floats (>= attn_fused_forward_scratch(pr), 64-byte
  * aligned), or NULL to allocate it in the call. */
@@ -195,5 +235,9 @@ attn_status attn_sdpa_fused_backward(const attn_problem *pr, const attn_tensor *
                                      const attn_tensor *out, const float *lse,
                                      const attn_tensor *dout, attn_tensor *dq, attn_tensor *dk,
                                      attn_tensor *dv, attn_error *err);
+/* The packed varlen forward / backward: every (sequence, head, query block)
+ * in one parallel region, tiles planned per sequence (cost Σ Lq_s·Lk_s);
+ * lse [H, total_q], weights as attn_varlen.weights_at lays them out. */
+attn_status attn_sdpa_fused_varlen(const attn_fused_call *c, int backward, attn_error *err);
 
 #endif

@@ -17,13 +17,13 @@ static void report(attn_sdpa_info *info, const char *op, attn_impl impl, const c
  * ATTN_IMPL_AUTO and ATTN_IMPL_FUSED take the fused path, which supports
  * every call the validation accepts (all masks, dropout, weights, strides,
  * any sizes); ATTN_IMPL_REFERENCE takes the reference path. */
-static attn_impl choose(const attn_problem *pr, attn_impl requested, int backward, char *reason,
-                        size_t n) {
+static attn_impl choose(const attn_problem *pr, const attn_varlen *vl, attn_impl requested,
+                        int backward, char *reason, size_t n) {
     if (requested == ATTN_IMPL_REFERENCE) {
         snprintf(reason, n, "reference path: requested by the caller");
         return ATTN_IMPL_REFERENCE;
     }
-    attn_sdpa_fused_describe(pr, backward, reason, n);
+    attn_sdpa_fused_describe(pr, vl, backward, reason, n);
     return ATTN_IMPL_FUSED;
 }
 
@@ -42,12 +42,26 @@ attn_status attn_sdpa_forward_ws(const attn_tensor *q, const attn_tensor *k, con
     attn_status s = attn_sdpa_check(q, k, v, out, p, &pr, err);
     if (s) return s;
     char reason[160];
-    attn_impl impl = choose(&pr, p ? p->impl : ATTN_IMPL_AUTO, 0, reason, sizeof reason);
+    attn_impl impl = choose(&pr, NULL, p ? p->impl : ATTN_IMPL_AUTO, 0, reason, sizeof reason);
     report(info, "forward", impl, reason);
     s = impl == ATTN_IMPL_FUSED
             ? attn_sdpa_fused_forward(&pr, q, k, v, out, weights, lse, ws, ws_floats, err)
             : attn_sdpa_reference_forward(&pr, q, k, v, out, weights, lse, err);
     return s ? s : attn_ok(err);
+}
+
+/* grad_out like out, dq, dk, dv like q, k, v. */
+static attn_status check_grads(const attn_tensor *out, const attn_tensor *grad_out,
+                               const attn_tensor *q, const attn_tensor *k, const attn_tensor *v,
+                               const attn_tensor *dq, const attn_tensor *dk, const attn_tensor *dv,
+                               attn_error *err) {
+    attn_status s;
+    if ((s = attn_check_same_shape(grad_out, out, "grad_out", "out", err)) ||
+        (s = attn_check_same_shape(dq, q, "dq", "q", err)) ||
+        (s = attn_check_same_shape(dk, k, "dk", "k", err)) ||
+        (s = attn_check_same_shape(dv, v, "dv", "v", err)))
+        return s;
+    return ATTN_OK;
 }
 
 attn_status attn_sdpa_backward(const attn_tensor *q, const attn_tensor *k, const attn_tensor *v,
@@ -60,16 +74,75 @@ attn_status attn_sdpa_backward(const attn_tensor *q, const attn_tensor *k, const
     attn_status s = attn_sdpa_check(q, k, v, out, p, &pr, err);
     if (s) return s;
     if (!lse) return attn_fail(err, ATTN_ERR_NULL, "lse is NULL (save it in the forward)");
-    if ((s = attn_check_same_shape(grad_out, out, "grad_out", "out", err)) ||
-        (s = attn_check_same_shape(dq, q, "dq", "q", err)) ||
-        (s = attn_check_same_shape(dk, k, "dk", "k", err)) ||
-        (s = attn_check_same_shape(dv, v, "dv", "v", err)))
-        return s;
+    if ((s = check_grads(out, grad_out, q, k, v, dq, dk, dv, err))) return s;
     char reason[160];
-    attn_impl impl = choose(&pr, p ? p->impl : ATTN_IMPL_AUTO, 1, reason, sizeof reason);
+    attn_impl impl = choose(&pr, NULL, p ? p->impl : ATTN_IMPL_AUTO, 1, reason, sizeof reason);
     report(info, "backward", impl, reason);
     s = impl == ATTN_IMPL_FUSED
             ? attn_sdpa_fused_backward(&pr, q, k, v, out, lse, grad_out, dq, dk, dv, err)
             : attn_sdpa_reference_backward(&pr, q, k, v, out, lse, grad_out, dq, dk, dv, err);
+    return s ? s : attn_ok(err);
+}
+
+attn_status attn_sdpa_varlen_forward(const attn_tensor *q, const attn_tensor *k,
+                                     const attn_tensor *v, int64_t batch,
+                                     const int64_t *cu_seqlens_q, const int64_t *cu_seqlens_k,
+                                     const attn_sdpa_params *p, attn_tensor *out, float *weights,
+                                     float *lse, attn_sdpa_info *info, attn_error *err) {
+    if (!out) return attn_fail(err, ATTN_ERR_NULL, "out is NULL");
+    attn_problem pr;
+    attn_varlen vl;
+    attn_status s =
+        attn_varlen_check(q, k, v, out, batch, cu_seqlens_q, cu_seqlens_k, p, &pr, &vl, err);
+    if (s) return s;
+    char reason[160];
+    attn_impl impl = choose(&pr, &vl, p ? p->impl : ATTN_IMPL_AUTO, 0, reason, sizeof reason);
+    report(info, "varlen forward", impl, reason);
+    if (impl == ATTN_IMPL_FUSED) {
+        attn_fused_call c;
+        memset(&c, 0, sizeof c);
+        c.pr = &pr, c.q = q, c.k = k, c.v = v, c.out = out, c.weights = weights, c.lse = lse;
+        c.blas = attn_fused_blas_on(), c.vl = &vl;
+        s = attn_sdpa_fused_varlen(&c, 0, err);
+    } else {
+        s = attn_varlen_reference_forward(&pr, &vl, q, k, v, out, weights, lse, err);
+    }
+    attn_varlen_free(&vl);
+    return s ? s : attn_ok(err);
+}
+
+attn_status attn_sdpa_varlen_backward(const attn_tensor *q, const attn_tensor *k,
+                                      const attn_tensor *v, const attn_tensor *out,
+                                      const float *lse, const attn_tensor *grad_out, int64_t batch,
+                                      const int64_t *cu_seqlens_q, const int64_t *cu_seqlens_k,
+                                      const attn_sdpa_params *p, attn_tensor *dq, attn_tensor *dk,
+                                      attn_tensor *dv, attn_sdpa_info *info, attn_error *err) {
+    if (!out) return attn_fail(err, ATTN_ERR_NULL, "out is NULL");
+    attn_problem pr;
+    attn_varlen vl;
+    attn_status s =
+        attn_varlen_check(q, k, v, out, batch, cu_seqlens_q, cu_seqlens_k, p, &pr, &vl, err);
+    if (s) return s;
+    if (!lse)
+        s = attn_fail(err, ATTN_ERR_NULL, "lse is NULL (save it in the forward)");
+    else
+        s = check_grads(out, grad_out, q, k, v, dq, dk, dv, err);
+    if (s) {
+        attn_varlen_free(&vl);
+        return s;
+    }
+    char reason[160];
+    attn_impl impl = choose(&pr, &vl, p ? p->impl : ATTN_IMPL_AUTO, 1, reason, sizeof reason);
+    report(info, "varlen backward", impl, reason);
+    if (impl == ATTN_IMPL_FUSED) {
+        attn_fused_call c;
+        memset(&c, 0, sizeof c);
+        c.pr = &pr, c.q = q, c.k = k, c.v = v, c.out = out, c.lse_in = lse, c.dout = grad_out;
+        c.dq = dq, c.dk = dk, c.dv = dv, c.blas = attn_fused_blas_on(), c.vl = &vl;
+        s = attn_sdpa_fused_varlen(&c, 1, err);
+    } else {
+        s = attn_varlen_reference_backward(&pr, &vl, q, k, v, out, lse, grad_out, dq, dk, dv, err);
+    }
+    attn_varlen_free(&vl);
     return s ? s : attn_ok(err);
 }

@@ -72,10 +72,31 @@ int attn_fused_blas_on(void) {
     return on;
 }
 
-void attn_sdpa_fused_describe(const attn_problem *pr, int backward, char *buf, size_t n) {
+int attn_fused_varlen_one_pass(const attn_problem *pr, const attn_varlen *vl) {
+    if (pr->threads <= 1) return 1;
+    double total = 0, largest = 0; /* Lq·Lk per (sequence, head) */
+    for (int64_t s = 0; s < vl->n; s++) {
+        const double w =
+            (double)(vl->cu_q[s + 1] - vl->cu_q[s]) * (double)(vl->cu_k[s + 1] - vl->cu_k[s]);
+        total += w * (double)pr->H;
+        largest = w > largest ? w : largest;
+    }
+    return largest * 3.0 * pr->threads <= total;
+}
+
+void attn_sdpa_fused_describe(const attn_problem *pr, const attn_varlen *vl, int backward,
+                              char *buf, size_t n) {
     const char *isa = attn_isa_name(attn_fused_isa());
     const char *gemm = attn_fused_blas_on() ? ", tile products via OpenBLAS" : "";
-    if (!backward && pr->Lq <= FUSED_DECODE_MAXLQ) {
+    if (vl) {
+        snprintf(buf, n,
+                 "fused path: %s kernels, %dx%d tiles per sequence (varlen, %lld sequences)%s%s",
+                 isa, ATTN_FUSED_QTILE, ATTN_FUSED_KTILE, (long long)vl->n,
+                 !backward                            ? ""
+                 : attn_fused_varlen_one_pass(pr, vl) ? ", backward one pass per head"
+                                                      : ", backward two passes",
+                 gemm);
+    } else if (!backward && pr->Lq <= FUSED_DECODE_MAXLQ) {
         int64_t C = FUSED_DECODE_CHUNK;
         while (pr->Lk > 64 * C) C *= 2;
         snprintf(buf, n,
@@ -148,5 +169,19 @@ attn_status attn_sdpa_fused_backward(const attn_problem *pr, const attn_tensor *
     case ATTN_ISA_AVX2: return attn_fused_backward_avx2(&c, err);
 #endif
     default: return attn_fused_backward_portable(&c, err);
+    }
+}
+
+attn_status attn_sdpa_fused_varlen(const attn_fused_call *c, int backward, attn_error *err) {
+    switch (attn_fused_isa()) {
+#if defined(__x86_64__)
+    case ATTN_ISA_AVX512:
+        return backward ? attn_fused_backward_avx512(c, err) : attn_fused_forward_avx512(c, err);
+    case ATTN_ISA_AVX2:
+        return backward ? attn_fused_backward_avx2(c, err) : attn_fused_forward_avx2(c, err);
+#endif
+    default:
+        return backward ? attn_fused_backward_portable(c, err)
+                        : attn_fused_forward_portable(c, err);
     }
 }

@@ -3,7 +3,8 @@
  * log-sum-exp; one pass per (b, h) or two (see attn_fused_bwd_one_pass). */
 typedef struct {
     const attn_tensor *out, *dout;
-    const float *lse;
+    const float *lse; /* row (b, h) at (b * H + h) * lse_ld */
+    int64_t lse_ld;
 } bctx;
 
 /* A prepared query block: Qᵀ, Q rows, dOᵀ, dO rows, lse and D lanes. */
@@ -76,7 +77,7 @@ static void prep_qblock(const kctx *c, const bctx *bc, const bws *w, int64_t b, 
         qb->dor = w->dor;
         qb->lddor = dvp;
     }
-    const float *lse = bc->lse + (b * pr->H + h) * pr->Lq + i0;
+    const float *lse = bc->lse + (b * pr->H + h) * bc->lse_ld + i0;
     for (int64_t i = 0; i < nq; i++) qb->lsev[i] = lse[i];
     for (int64_t i = nq; i < nqv; i++) qb->lsev[i] = 0.0f;
     /* D_i = dO_i · O_i as one FMA chain over d, the arithmetic of the dP
@@ -238,7 +239,7 @@ static void bwd_two_pass(const kctx *c, const attn_fused_call *call, const bctx 
 
 static attn_status bwd_backward(const kctx *c, const attn_fused_call *call, attn_error *err) {
     const attn_problem *pr = c->pr;
-    const bctx bc = {call->out, call->dout, call->lse_in};
+    const bctx bc = {call->out, call->dout, call->lse_in, pr->Lq};
     const int one = attn_fused_bwd_one_pass(pr);
     bscratch s;
     s.tile = bwd_tile_scratch(pr, c->dkp, c->dvp);

@@ -129,7 +129,7 @@ static void dec_partial(const kctx *c, float *ws, int64_t b, int64_t h, int64_t 
         for (int64_t j = 0; j < n; j++) {
             if (s[j] == 0.0f) continue;
             uint32_t w[4];
-            attn_philox_block(pr->drop_key, b, h, i, (a + j) >> 2, w);
+            attn_philox_block(pr->drop_key, b + pr->drop_b0, h, i, (a + j) >> 2, w);
             s[j] = w[(a + j) & 3] < pr->drop_threshold ? 0.0f : s[j] * pr->keep_scale;
         }
     }
@@ -412,7 +412,7 @@ static void dec_bwd_key(const kctx *c, const attn_fused_call *call, const dbitem
         float z = 1.0f;
         if (pr->dropout) {
             uint32_t wd[4];
-            attn_philox_block(pr->drop_key, t->b, t->h, i, j >> 2, wd);
+            attn_philox_block(pr->drop_key, t->b + pr->drop_b0, t->h, i, j >> 2, wd);
             z = wd[j & 3] < pr->drop_threshold ? 0.0f : pr->keep_scale;
         }
         const float *g = t->gr + i * t->ldg, *q = t->qr + i * t->ldq;

@@ -8,6 +8,7 @@
  *   sdpa_fused_fwd.h   the forward (Lq > FUSED_DECODE_MAXLQ)
  *   sdpa_fused_dec.h   the decode forward and backward (Lq <= it)
  *   sdpa_fused_bwd.h   the backward
+ *   sdpa_fused_varlen.h  packed variable-length calls, over the blocks above
  * and here the shared helpers (masks, packing) and the entry points.
  *
  * Layout ("transposed scores"): a tile of scores is stored as Sᵀ, keys as
@@ -176,7 +177,7 @@ static void dropout_tile(const attn_problem *pr, float *Z, int64_t ld, int64_t b
         while (j < j1) {
             uint32_t w[4];
             const int64_t c = j >> 2, je = imin(j1, (c + 1) * 4);
-            attn_philox_block(pr->drop_key, b, h, i0 + i, c, w);
+            attn_philox_block(pr->drop_key, b + pr->drop_b0, h, i0 + i, c, w);
             for (; j < je; j++) {
                 const float mult = w[j & 3] < pr->drop_threshold ? 0.0f : pr->keep_scale;
                 float *z = Z + (j - j0) * ld + i;
@@ -285,12 +286,14 @@ static void make_ctx(kctx *c, const attn_fused_call *call) {
 #include "sdpa_fused_fwd.h"
 #include "sdpa_fused_dec.h"
 #include "sdpa_fused_bwd.h"
+#include "sdpa_fused_varlen.h"
 
 /* ------------------------------------------------------------ entry points */
 
 attn_status FN(attn_fused_forward_)(const attn_fused_call *call, attn_error *err) {
     kctx c;
     make_ctx(&c, call);
+    if (call->vl) return vl_forward(&c, call, err);
     if (call->pr->Lq <= FUSED_DECODE_MAXLQ) return dec_forward(&c, call, err);
     return fwd_forward(&c, call, err);
 }
@@ -304,6 +307,7 @@ int64_t FN(attn_fused_forward_scratch_)(const attn_problem *pr) {
 attn_status FN(attn_fused_backward_)(const attn_fused_call *call, attn_error *err) {
     kctx c;
     make_ctx(&c, call);
+    if (call->vl) return vl_backward(&c, call, err);
     if (call->pr->Lq <= FUSED_DECODE_MAXLQ) return dec_backward(&c, call, err);
     return bwd_backward(&c, call, err);
 }

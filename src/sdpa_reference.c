@@ -58,7 +58,7 @@ static inline float score(const attn_problem *pr, const attn_tensor *q, const at
 /* Dropout multiplier of (b, h, i, j): 0 or 1/(1-p). */
 static inline float drop_mult(const attn_problem *pr, int64_t b, int64_t h, int64_t i, int64_t j) {
     uint32_t w[4];
-    attn_philox_block(pr->drop_key, b, h, i, j >> 2, w);
+    attn_philox_block(pr->drop_key, b + pr->drop_b0, h, i, j >> 2, w);
     return w[j & 3] < pr->drop_threshold ? 0.0f : pr->keep_scale;
 }
 
@@ -70,7 +70,7 @@ attn_status attn_sdpa_reference_forward(const attn_problem *pr, const attn_tenso
     const int nt = pr->threads;
     float *scratch = NULL; /* [threads, Lk] score rows when weights are not wanted */
     if (!weights) {
-        scratch = malloc((size_t)nt * (size_t)Lk * sizeof(float));
+        scratch = malloc((size_t)nt * (size_t)(Lk > 0 ? Lk : 1) * sizeof(float));
         if (!scratch)
             return attn_fail(err, ATTN_ERR_NOMEM, "out of memory for %d x %lld scores", nt,
                              (long long)Lk);

@@ -124,7 +124,7 @@ STRUCTS = {
 
 # The library version these declarations mirror (attn.h's ATTN_VERSION);
 # _load refuses a library that reports another (its structs may differ).
-ABI_VERSION = "0.2.0"
+ABI_VERSION = "0.3.0"
 
 # ---------------------------------------------------------------- loading
 
