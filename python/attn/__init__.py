@@ -12,6 +12,14 @@ A ctypes binding over libattn (include/attn.h), with PyTorch's interfaces:
                                            window=None, seed=0, offset=0)
         -> (dq, dk, dv): gradients of the forward with the same arguments
            (the same seed and offset give the same dropout mask)
+    attn.scaled_dot_product_attention_varlen(q, k, v, cu_seqlens_q,
+                                             cu_seqlens_k=None, dropout_p=0.0,
+                                             is_causal=False, scale=None, *,
+                                             window=None, need_weights=False,
+                                             seed=0, offset=0)
+        sequences packed back to back (q (total_q, H, E), FlashAttention's
+        cu_seqlens), each attending only within itself; ..._varlen_grad
+        -> (dq, dk, dv) as for the padded call
     attn.MultiheadAttention(embed_dim, num_heads, dropout=0.0, bias=True,
                             kdim=None, vdim=None, batch_first=True, seed=0)
         mha(query, key, value, ...) -> (out, weights)
@@ -62,12 +70,16 @@ from . import _lib
 from ._lib import (ATTN_UNBOUNDED, AttnError, AttnMemoryError, AttnStateError,
                    library_path)
 from .functional import (last_path, scaled_dot_product_attention,
-                         scaled_dot_product_attention_grad)
+                         scaled_dot_product_attention_grad,
+                         scaled_dot_product_attention_varlen,
+                         scaled_dot_product_attention_varlen_grad)
 from .mha import IncrementalState, MultiheadAttention
 
 __version__ = _lib.ABI_VERSION  # the library's attn_version(), checked at import
 
 __all__ = ["scaled_dot_product_attention", "scaled_dot_product_attention_grad",
+           "scaled_dot_product_attention_varlen",
+           "scaled_dot_product_attention_varlen_grad",
            "MultiheadAttention", "IncrementalState", "last_path",
            "set_num_threads", "get_num_threads", "AttnError",
            "AttnMemoryError", "AttnStateError", "ATTN_UNBOUNDED",

@@ -201,6 +201,15 @@ def _load():
        c_float_p, P(attn_tensor), P(attn_sdpa_params),
        P(attn_tensor), P(attn_tensor), P(attn_tensor), P(attn_sdpa_info),
        err_p)
+    fn("attn_sdpa_varlen_forward", status,
+       P(attn_tensor), P(attn_tensor), P(attn_tensor), ctypes.c_int64,
+       c_int64_p, c_int64_p, P(attn_sdpa_params), P(attn_tensor), c_float_p,
+       c_float_p, P(attn_sdpa_info), err_p)
+    fn("attn_sdpa_varlen_backward", status,
+       P(attn_tensor), P(attn_tensor), P(attn_tensor), P(attn_tensor),
+       c_float_p, P(attn_tensor), ctypes.c_int64, c_int64_p, c_int64_p,
+       P(attn_sdpa_params), P(attn_tensor), P(attn_tensor), P(attn_tensor),
+       P(attn_sdpa_info), err_p)
     fn("attn_mha_param_count", status, P(attn_mha_config),
        P(ctypes.c_size_t), err_p)
     fn("attn_mha_weights_from_buffer", status, P(attn_mha_config), c_float_p,

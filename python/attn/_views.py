@@ -126,6 +126,30 @@ def tensor_view(x, name):
     return a, t
 
 
+def packed_view(x, name):
+    """(array kept alive, attn_tensor [1, H, T, D]) for packed rows
+    (T, H, D), read in place when float32 with usable strides, else an
+    aligned contiguous copy."""
+    a = as_float_array(x, name, min_ndim=0)
+    if a.ndim != 3:
+        raise ValueError("%s must have shape (total, H, D), got shape %s"
+                         % (name, a.shape))
+    st = _elem_strides(a) if a.dtype == _F32 else None
+    if st is None:
+        a = c_array(a)
+        st = _elem_strides(a)
+    T, H, D = (int(n) for n in a.shape)
+    if min(T, H, D) == 0:
+        raise _lib.AttnError(_lib.ATTN_ERR_SHAPE, "%s of shape %s: total, H "
+                             "and D must be >= 1" % (name, a.shape))
+    dims = (1, H, T, D)
+    t = _lib.attn_tensor()
+    t.data = a.ctypes.data_as(_lib.c_float_p)
+    t.dim[:] = dims
+    t.stride[:] = _natural(dims, (0, st[1], st[0], st[2]))
+    return a, t
+
+
 def out_tensor(shape):
     a = np.empty(shape, dtype=np.float32)
     dims, strides = _to_4d(a)

@@ -7,8 +7,8 @@ import numpy as np
 
 from . import _lib
 from ._views import (as_float_array, as_numpy, as_ranged_int,
-                     int64_arg, mask_array, mask_view, out_tensor, tensor_view,
-                     uint64_arg)
+                     int64_arg, mask_array, mask_view, out_tensor, packed_view,
+                     tensor_view, uint64_arg)
 
 _last = threading.local()
 _FLT_MAX = float(np.finfo(np.float32).max)
@@ -310,3 +310,142 @@ def scaled_dot_product_attention_grad(grad_out, query, key, value,
     _set_path(info, c.note)
     return (_result(c, "q", dq, c.shapes[0]), _result(c, "k", dk, c.shapes[1]),
             _result(c, "v", dv, c.shapes[2]))
+
+
+# ------------------------------------------------ packed variable-length
+
+
+def _cu_array(x, name):
+    """A private int64 copy of cumulative lengths (1-D integers)."""
+    a = as_numpy(x)
+    if a.ndim != 1 or (a.dtype.kind not in "iu" and
+                       not (a.size == 0 and a.dtype.kind == "f")):
+        raise ValueError("%s must be a 1-D array of integers (batch + 1 "
+                         "cumulative lengths), got shape %s, dtype %s"
+                         % (name, a.shape, a.dtype))
+    if a.dtype.kind == "u" and a.size and int(a.max()) > 2**63 - 1:
+        raise _lib.AttnError(_lib.ATTN_ERR_OVERFLOW, "%s: %d does not fit "
+                             "in int64" % (name, int(a.max())))
+    return np.array(a, dtype=np.int64, order="C")
+
+
+def _varlen_prepare(query, key, value, cu_seqlens_q, cu_seqlens_k, dropout_p,
+                    is_causal, scale, window, seed, offset, impl, num_threads):
+    c = _Call()
+    c.q, c.tq = packed_view(query, "query")
+    c.k, c.tk = packed_view(key, "key")
+    c.v, c.tv = packed_view(value, "value")
+    c.cq = _cu_array(cu_seqlens_q, "cu_seqlens_q")
+    c.ck = None if cu_seqlens_k is None else _cu_array(cu_seqlens_k,
+                                                        "cu_seqlens_k")
+    if c.ck is not None and c.ck.shape != c.cq.shape:
+        raise ValueError("cu_seqlens_k has %d entries, cu_seqlens_q %d: one "
+                         "per sequence and one more" % (c.ck.size, c.cq.size))
+    c.batch = c.cq.size - 1  # < 1 is refused by the library, which says so
+    c.p = build_params(scale=scale, is_causal=is_causal, window=window,
+                       dropout_p=dropout_p, seed=seed, offset=offset,
+                       impl=impl, num_threads=num_threads)
+    return c
+
+
+def _cu_ptr(a):
+    return None if a is None else a.ctypes.data_as(_lib.c_int64_p)
+
+
+def _varlen_forward(c, out_t, weights, lse):
+    info = _lib.attn_sdpa_info()
+    err = _lib.attn_error()
+    st = _lib.lib.attn_sdpa_varlen_forward(
+        ctypes.byref(c.tq), ctypes.byref(c.tk), ctypes.byref(c.tv), c.batch,
+        _cu_ptr(c.cq), _cu_ptr(c.ck), ctypes.byref(c.p), ctypes.byref(out_t),
+        _lib.float_ptr(weights), _lib.float_ptr(lse), ctypes.byref(info),
+        ctypes.byref(err))
+    _lib.check(st, err)
+    _set_path(info)
+
+
+def scaled_dot_product_attention_varlen(query, key, value, cu_seqlens_q,
+                                        cu_seqlens_k=None, dropout_p=0.0,
+                                        is_causal=False, scale=None, *,
+                                        window=None, need_weights=False,
+                                        seed=0, offset=0, impl=None,
+                                        num_threads=0):
+    """Attention over sequences packed back to back (FlashAttention's
+    varlen layout): query (total_q, H, E), key (total_k, H, E), value
+    (total_k, H, Ev); sequence s holds query rows cu_seqlens_q[s] ..
+    cu_seqlens_q[s+1] - 1 and key rows cu_seqlens_k[s] .. cu_seqlens_k[s+1]
+    - 1 (cu_seqlens_k None: cu_seqlens_q) and attends only within itself.
+    cu_seqlens_*: batch + 1 integers, 0 first, non-decreasing (empty
+    sequences allowed), the total last. Returns out (total_q, H, Ev)
+    float32, or (out, weights) with weights a list of batch arrays
+    (H, Lq_s, Lk_s) when need_weights.
+
+    is_causal, scale, window, dropout_p, seed, offset, impl, num_threads
+    act on each sequence as scaled_dot_product_attention does on one batch
+    element (causal bottom-right aligned when Lq_s < Lk_s); the dropout mask
+    of sequence s is that of batch element s of the padded call with the
+    same seed and offset. The cost is Σ Lq_s·Lk_s, not total_q·total_k.
+    """
+    c = _varlen_prepare(query, key, value, cu_seqlens_q, cu_seqlens_k,
+                        dropout_p, is_causal, scale, window, seed, offset,
+                        impl, num_threads)
+    Tq, H, Tk = c.q.shape[0], c.q.shape[1], c.k.shape[0]
+    out = np.empty((Tq, H, c.v.shape[2]), np.float32)
+    _, tout = packed_view(out, "out")
+    weights = None
+    if need_weights:
+        ck = c.cq if c.ck is None else c.ck
+        lq = [max(int(b) - int(a), 0) for a, b in zip(c.cq[:-1], c.cq[1:])]
+        lk = [max(int(b) - int(a), 0) for a, b in zip(ck[:-1], ck[1:])]
+        # (lengths the library refuses never reach a write: bounded by the
+        # packed sizes, which hold every valid batch)
+        n = min(sum(H * a * b for a, b in zip(lq, lk)), H * Tq * Tk)
+        weights = np.empty(max(n, 1), np.float32)
+    _varlen_forward(c, tout, weights, None)
+    if not need_weights:
+        return out
+    blocks, at = [], 0
+    for a, b in zip(lq, lk):
+        blocks.append(weights[at:at + H * a * b].reshape(H, a, b))
+        at += H * a * b
+    return out, blocks
+
+
+def scaled_dot_product_attention_varlen_grad(grad_out, query, key, value,
+                                             cu_seqlens_q, cu_seqlens_k=None,
+                                             dropout_p=0.0, is_causal=False,
+                                             scale=None, *, window=None,
+                                             seed=0, offset=0, impl=None,
+                                             num_threads=0):
+    """Gradients of scaled_dot_product_attention_varlen with the same
+    arguments: (dq, dk, dv), float32 (total, H, E) like query, key, value.
+    grad_out has the output's shape (total_q, H, Ev). The forward runs again
+    here (keeping the log-sum-exp), then attn_sdpa_varlen_backward; the same
+    seed and offset give the same dropout mask."""
+    c = _varlen_prepare(query, key, value, cu_seqlens_q, cu_seqlens_k,
+                        dropout_p, is_causal, scale, window, seed, offset,
+                        impl, num_threads)
+    Tq, H = c.q.shape[0], c.q.shape[1]
+    out_shape = (Tq, H, c.v.shape[2])
+    g = as_float_array(grad_out, "grad_out")
+    if g.shape != out_shape:
+        raise ValueError("grad_out must have the shape of the output %s, got %s"
+                         % (out_shape, g.shape))
+    g, tg = packed_view(g, "grad_out")
+    out = np.empty(out_shape, np.float32)
+    _, tout = packed_view(out, "out")
+    lse = np.empty((H, Tq), np.float32)
+    _varlen_forward(c, tout, None, lse)
+    grads = [np.empty(a.shape, np.float32) for a in (c.q, c.k, c.v)]
+    tds = [packed_view(a, "grad")[1] for a in grads]
+    info = _lib.attn_sdpa_info()
+    err = _lib.attn_error()
+    st = _lib.lib.attn_sdpa_varlen_backward(
+        ctypes.byref(c.tq), ctypes.byref(c.tk), ctypes.byref(c.tv),
+        ctypes.byref(tout), _lib.float_ptr(lse), ctypes.byref(tg), c.batch,
+        _cu_ptr(c.cq), _cu_ptr(c.ck), ctypes.byref(c.p), ctypes.byref(tds[0]),
+        ctypes.byref(tds[1]), ctypes.byref(tds[2]), ctypes.byref(info),
+        ctypes.byref(err))
+    _lib.check(st, err)
+    _set_path(info)
+    return tuple(grads)
