@@ -2,6 +2,7 @@
  * shapes, for the fused and the reference path.
  *
  *   attn-bench [--threads N] [--impl reference|fused] [--case B,H,Lq,Lk,D,causal]...
+ *              [--varlen N,H,Lmin,Lmax,D,causal]...
  *              [--reps N] [--json] [--clock wall|cpu] [--tile-gemm own|blas]
  *
  * --tile-gemm blas runs the fused path's tile products through OpenBLAS
@@ -17,7 +18,16 @@
  * loop, ~1 s). rss_mb is the process's peak RSS so far (getrusage), so it
  * only bounds a case's own footprint when the case runs alone or first.
  * Without --impl both paths run, but the reference path is skipped when
- * Lq·Lk > 2048·2048 (it would take minutes); --impl reference forces it. */
+ * Lq·Lk > 2048·2048 (it would take minutes); --impl reference forces it.
+ *
+ * A varlen case (--varlen; without --case and --varlen the suite ends with
+ * 64,8,20,57,32,causal, a molgen batch) packs N self-attention sequences of
+ * lengths drawn uniformly from [Lmin, Lmax] (fixed seed) back to back and
+ * times attn_sdpa_varlen_forward/backward on them against
+ * attn_sdpa_forward/backward on the same data padded to [N, Lmax] with
+ * key_lengths (molgen's way today), packed and padded calls interleaved,
+ * median of each. GFLOP/s and peak_frac count the useful work of both,
+ * 4·H·Σ Lᵢ²·D (fwd) and 10·H·Σ Lᵢ²·D (bwd), so speedup is padded / packed. */
 #define _POSIX_C_SOURCE 200809L
 #include "attn.h"
 #include "internal.h" /* attn_test_fused_blas */
@@ -287,17 +297,160 @@ static int run_case(const bcase *c, attn_impl impl, int threads, int reps, doubl
     return 0;
 }
 
+/* ------------------------------------------------------------ varlen */
+
+typedef struct {
+    int64_t N, H, Lmin, Lmax, D;
+    int causal;
+} vcase;
+
+static const vcase kVarlenSuite[] = {{64, 8, 20, 57, 32, 1}};
+
+/* The packed or the padded call of a varlen case. */
+typedef struct {
+    attn_tensor q, k, v, o, go, dq, dk, dv;
+    float *lse;
+    int64_t batch, *cu; /* packed: batch sequences at cu */
+    int packed;
+    attn_sdpa_params p;
+} vcall;
+
+static attn_status vcall_fwd(vcall *c, attn_error *err) {
+    if (c->packed)
+        return attn_sdpa_varlen_forward(&c->q, &c->k, &c->v, c->batch, c->cu, NULL, &c->p, &c->o,
+                                        NULL, c->lse, NULL, err);
+    return attn_sdpa_forward(&c->q, &c->k, &c->v, &c->p, &c->o, NULL, c->lse, NULL, err);
+}
+static attn_status vcall_bwd(vcall *c, attn_error *err) {
+    if (c->packed)
+        return attn_sdpa_varlen_backward(&c->q, &c->k, &c->v, &c->o, c->lse, &c->go, c->batch,
+                                         c->cu, NULL, &c->p, &c->dq, &c->dk, &c->dv, NULL, err);
+    return attn_sdpa_backward(&c->q, &c->k, &c->v, &c->o, c->lse, &c->go, &c->p, &c->dq, &c->dk,
+                              &c->dv, NULL, err);
+}
+
+static int run_varlen(const vcase *vc, attn_impl impl, int threads, int reps, double peak,
+                      int json) {
+    const int64_t N = vc->N, H = vc->H, D = vc->D, Lmax = vc->Lmax, row = H * D;
+    int64_t *cu = malloc((size_t)(N + 1) * sizeof *cu), *len = malloc((size_t)N * sizeof *len);
+    unsigned s = 12345u;
+    cu[0] = 0;
+    double sq = 0; /* Σ Lᵢ² */
+    for (int64_t i = 0; i < N; i++) {
+        s = s * 1664525u + 1013904223u;
+        len[i] = vc->Lmin + (int64_t)((s >> 8) % (unsigned)(vc->Lmax - vc->Lmin + 1));
+        cu[i + 1] = cu[i] + len[i];
+        sq += (double)len[i] * (double)len[i];
+    }
+    const int64_t T = cu[N];
+    /* q (= k = v), grad_out, out, dq, dk, dv: packed [T, H, D] and padded
+     * [N, Lmax, H, D] holding the same rows (padding rows: other values) */
+    float *bp[6], *bd[6];
+    for (int i = 0; i < 6; i++) {
+        bp[i] = alloc_fill((size_t)(T * row), (unsigned)i + 1);
+        bd[i] = alloc_fill((size_t)(N * Lmax * row), 99);
+        if (i < 2)
+            for (int64_t b = 0; b < N; b++)
+                memcpy(bd[i] + b * Lmax * row, bp[i] + cu[b] * row,
+                       (size_t)(len[b] * row) * sizeof(float));
+    }
+    vcall pk, pd;
+    memset(&pk, 0, sizeof pk);
+    memset(&pd, 0, sizeof pd);
+    vcall *calls[2] = {&pk, &pd};
+    for (int c = 0; c < 2; c++) {
+        float **b = c ? bd : bp;
+        const int64_t B = c ? N : 1, L = c ? Lmax : T;
+        vcall *x = calls[c];
+        x->q = x->k = x->v = attn_tensor_blhd(b[0], B, H, L, D);
+        x->go = attn_tensor_blhd(b[1], B, H, L, D), x->o = attn_tensor_blhd(b[2], B, H, L, D);
+        x->dq = attn_tensor_blhd(b[3], B, H, L, D), x->dk = attn_tensor_blhd(b[4], B, H, L, D);
+        x->dv = attn_tensor_blhd(b[5], B, H, L, D);
+        x->lse = alloc_fill((size_t)(B * H * L), 8);
+        x->p.causal = vc->causal, x->p.impl = impl, x->p.num_threads = threads;
+    }
+    pk.packed = 1, pk.batch = N, pk.cu = cu;
+    pd.p.key_lengths = len;
+    attn_error err;
+    /* warm-up: each call once; its time sizes the run */
+    double worst = 0;
+    for (int c = 0; c < 2; c++) {
+        const double t0 = now_s();
+        if (vcall_fwd(calls[c], &err) || vcall_bwd(calls[c], &err)) {
+            fprintf(stderr, "attn-bench: varlen case failed: %s\n", err.message);
+            return 1;
+        }
+        if (now_s() - t0 > worst) worst = now_s() - t0;
+    }
+    const int n = runs_for(worst / 2, reps);
+    double *ts[4]; /* fwd packed, fwd padded, bwd packed, bwd padded */
+    for (int i = 0; i < 4; i++) ts[i] = malloc((size_t)n * sizeof(double));
+    for (int r = 0; r < n; r++)
+        for (int c = 0; c < 2; c++) {
+            double t0 = timer_s();
+            vcall_fwd(calls[c], &err);
+            ts[c][r] = timer_s() - t0;
+            t0 = timer_s();
+            vcall_bwd(calls[c], &err);
+            ts[2 + c][r] = timer_s() - t0;
+        }
+    const char *iname = impl == ATTN_IMPL_REFERENCE ? "reference" : "fused";
+    for (int op = 0; op < 2; op++) {
+        double med[2];
+        for (int c = 0; c < 2; c++) {
+            qsort(ts[2 * op + c], (size_t)n, sizeof(double), cmp_double);
+            med[c] = ts[2 * op + c][n / 2];
+        }
+        const double gf = (op ? 10.0 : 4.0) * (double)H * sq * (double)D / med[0] / 1e9;
+        const char *ops = op ? "bwd" : "fwd";
+        if (json)
+            printf("{\"impl\": \"%s\", \"op\": \"%s\", \"varlen\": true, \"N\": %lld, \"H\": %lld, "
+                   "\"Lmin\": %lld, \"Lmax\": %lld, \"D\": %lld, \"causal\": %s, \"tokens\": %lld, "
+                   "\"packed_ms\": %.3f, \"padded_ms\": %.3f, \"speedup\": %.3f, \"gflops\": %.2f, "
+                   "\"peak_frac\": %.4f, \"runs\": %d}\n",
+                   iname, ops, (long long)N, (long long)H, (long long)vc->Lmin, (long long)Lmax,
+                   (long long)D, vc->causal ? "true" : "false", (long long)T, 1e3 * med[0],
+                   1e3 * med[1], med[1] / med[0], gf, gf / peak, n);
+        else
+            printf("%-9s %-3s varlen N %lld H %lld L %lld..%lld D %lld %s, %lld tokens: packed "
+                   "%.3f ms (%.1f GFLOP/s, %.1f%% of peak), padded to %lld: %.3f ms, %.2fx\n",
+                   iname, ops, (long long)N, (long long)H, (long long)vc->Lmin, (long long)Lmax,
+                   (long long)D, vc->causal ? "causal" : "full", (long long)T, 1e3 * med[0], gf,
+                   100.0 * gf / peak, (long long)Lmax, 1e3 * med[1], med[1] / med[0]);
+    }
+    fflush(stdout);
+    for (int i = 0; i < 4; i++) free(ts[i]);
+    for (int i = 0; i < 6; i++) free(bp[i]), free(bd[i]);
+    free(pk.lse), free(pd.lse), free(cu), free(len);
+    return 0;
+}
+
+static int parse_causal(const char *cz, int *causal) {
+    if (!strcmp(cz, "1") || !strcmp(cz, "yes") || !strcmp(cz, "true"))
+        *causal = 1;
+    else if (!strcmp(cz, "0") || !strcmp(cz, "no") || !strcmp(cz, "false"))
+        *causal = 0;
+    else
+        return 0;
+    return 1;
+}
+
+static int parse_varlen(const char *s, vcase *c) {
+    long long n, h, lo, hi, d;
+    char cz[16] = {0};
+    if (sscanf(s, "%lld,%lld,%lld,%lld,%lld,%15s", &n, &h, &lo, &hi, &d, cz) != 6) return 0;
+    if (n <= 0 || h <= 0 || lo <= 0 || hi < lo || d <= 0 || n > 100000 || hi > 100000 || h > 4096 ||
+        d > 4096 || !parse_causal(cz, &c->causal))
+        return 0;
+    c->N = n, c->H = h, c->Lmin = lo, c->Lmax = hi, c->D = d;
+    return 1;
+}
+
 static int parse_case(const char *s, bcase *c) {
     long long b, h, lq, lk, d;
     char cz[16] = {0};
     if (sscanf(s, "%lld,%lld,%lld,%lld,%lld,%15s", &b, &h, &lq, &lk, &d, cz) != 6) return 0;
-    if (b <= 0 || h <= 0 || lq <= 0 || lk <= 0 || d <= 0) return 0;
-    if (!strcmp(cz, "1") || !strcmp(cz, "yes") || !strcmp(cz, "true"))
-        c->causal = 1;
-    else if (!strcmp(cz, "0") || !strcmp(cz, "no") || !strcmp(cz, "false"))
-        c->causal = 0;
-    else
-        return 0;
+    if (b <= 0 || h <= 0 || lq <= 0 || lk <= 0 || d <= 0 || !parse_causal(cz, &c->causal)) return 0;
     c->B = b, c->H = h, c->Lq = lq, c->Lk = lk, c->D = d;
     return 1;
 }
@@ -305,14 +458,16 @@ static int parse_case(const char *s, bcase *c) {
 static void usage(void) {
     fprintf(stderr, "usage: attn-bench [--threads N] [--impl reference|fused] [--reps N] [--json]\n"
                     "                  [--clock wall|cpu] [--tile-gemm own|blas]\n"
-                    "                  [--case B,H,Lq,Lk,D,causal]...   (causal: 0/1 or no/yes)\n");
+                    "                  [--case B,H,Lq,Lk,D,causal]...   (causal: 0/1 or no/yes)\n"
+                    "                  [--varlen N,H,Lmin,Lmax,D,causal]...\n");
 }
 
 int main(int argc, char **argv) {
     int threads = attn_get_num_threads(), json = 0, reps = 5, want_ref = 1, want_fused = 1,
         forced = 0;
     bcase *cases = NULL;
-    size_t ncases = 0;
+    vcase *vcases = NULL;
+    size_t ncases = 0, nvar = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--json")) {
@@ -354,14 +509,24 @@ int main(int argc, char **argv) {
                 return usage(), 2;
             }
             ncases++;
+        } else if (!strcmp(a, "--varlen") && i + 1 < argc) {
+            vcases = realloc(vcases, (nvar + 1) * sizeof *vcases);
+            if (!parse_varlen(argv[++i], &vcases[nvar])) {
+                fprintf(stderr, "attn-bench: bad --varlen '%s'\n", argv[i]);
+                return usage(), 2;
+            }
+            nvar++;
         } else {
             return usage(), 2;
         }
     }
-    if (!ncases) {
+    if (!ncases && !nvar) {
         ncases = sizeof kSuite / sizeof kSuite[0];
         cases = malloc(sizeof kSuite);
         memcpy(cases, kSuite, sizeof kSuite);
+        nvar = sizeof kVarlenSuite / sizeof kVarlenSuite[0];
+        vcases = malloc(sizeof kVarlenSuite);
+        memcpy(vcases, kVarlenSuite, sizeof kVarlenSuite);
     }
     attn_set_num_threads(threads, NULL);
     g_threads = threads;
@@ -394,6 +559,10 @@ int main(int argc, char **argv) {
             rc |= run_case(c, ATTN_IMPL_REFERENCE, threads, reps, peak, json);
         }
     }
-    free(cases);
+    for (size_t i = 0; i < nvar; i++) {
+        if (want_fused) rc |= run_varlen(&vcases[i], ATTN_IMPL_FUSED, threads, reps, peak, json);
+        if (want_ref) rc |= run_varlen(&vcases[i], ATTN_IMPL_REFERENCE, threads, reps, peak, json);
+    }
+    free(cases), free(vcases);
     return rc;
 }
