@@ -283,6 +283,14 @@ static inline double gu_relerr(const float *got, const double *want, size_t n, d
     return m / s;
 }
 
+/* Like gu_relerr, but non-finite values must match (tu_maxdiff): max
+ * |got - want| / max(max|want|, floor). */
+static inline double gu_relerr_nf(const float *got, const double *want, size_t n, double floor) {
+    double m = 0.0;
+    for (size_t i = 0; i < n; i++) m = fmax(m, fabs(want[i]));
+    return tu_maxdiff(got, want, n) / fmax(m, floor);
+}
+
 /* ------------------------------------------------------------ dropout mask */
 
 /* The library's dropout multipliers for a call of shape (B, H, Lq, Lk) with

@@ -31,14 +31,6 @@
 
 #include <stdlib.h>
 
-/* Non-finite values must match (tu_maxdiff): max |got - want| /
- * max(max|want|, floor). */
-static double relerr_nf(const float *got, const double *want, size_t n, double floor) {
-    double m = 0.0;
-    for (size_t i = 0; i < n; i++) m = fmax(m, fabs(want[i]));
-    return tu_maxdiff(got, want, n) / fmax(m, floor);
-}
-
 #define FLOOR (4.0 / 16777216.0)
 /* Gradients are compared relative to max(max|fp64 grad|, GRAD_SCALE): where
  * the fp64 gradient is identically 0 (e.g. every row sees one key) the
@@ -257,12 +249,12 @@ static void run_case(const shape *s, const attn_sdpa_params *p, uint64_t seed, p
         gu_sdpa_bwd(&d, qd, kd, vd, god, p, mult, aq, ak, av);
         float *fq = tu_gather(&f1.dq.t), *fk = tu_gather(&f1.dk.t), *fv = tu_gather(&f1.dv.t);
         float *rq = tu_gather(&ref.dq.t), *rk = tu_gather(&ref.dk.t), *rv = tu_gather(&ref.dv.t);
-        accuracy(Q_DQ, relerr_nf(fq, aq, nQ, GRAD_SCALE), relerr_nf(rq, aq, nQ, GRAD_SCALE), "dq",
-                 s);
-        accuracy(Q_DK, relerr_nf(fk, ak, nK, GRAD_SCALE), relerr_nf(rk, ak, nK, GRAD_SCALE), "dk",
-                 s);
-        accuracy(Q_DV, relerr_nf(fv, av, nV, GRAD_SCALE), relerr_nf(rv, av, nV, GRAD_SCALE), "dv",
-                 s);
+        accuracy(Q_DQ, gu_relerr_nf(fq, aq, nQ, GRAD_SCALE), gu_relerr_nf(rq, aq, nQ, GRAD_SCALE),
+                 "dq", s);
+        accuracy(Q_DK, gu_relerr_nf(fk, ak, nK, GRAD_SCALE), gu_relerr_nf(rk, ak, nK, GRAD_SCALE),
+                 "dk", s);
+        accuracy(Q_DV, gu_relerr_nf(fv, av, nV, GRAD_SCALE), gu_relerr_nf(rv, av, nV, GRAD_SCALE),
+                 "dv", s);
         /* Structural zeros: a row that sees no key has dq exactly 0; a key
          * that no row sees has dk and dv exactly 0 (never NaN, never a
          * rounding residue). */

@@ -115,12 +115,6 @@ static void put_rows(double *dst, int64_t T, const double *src, int64_t H, int64
         memcpy(dst + (h * T + r0) * D, src + h * n * D, (size_t)(n * D) * sizeof(double));
 }
 
-static double relerr_nf(const float *got, const double *want, size_t n, double floor) {
-    double m = 0.0;
-    for (size_t i = 0; i < n; i++) m = fmax(m, fabs(want[i]));
-    return tu_maxdiff(got, want, n) / fmax(m, floor);
-}
-
 static void bound(double ef, double er, const char *what, const vcase *c) {
     CHECK(ef <= 2.0 * er + FLOOR, "[%s] %s: %s fused error %.3g > 2 x reference %.3g + floor",
           g_isa, c->name, what, ef, er);
@@ -294,9 +288,12 @@ static void run_case(const vcase *c, uint64_t seed) {
         bound(tu_maxdiff(f1.w, w64, (size_t)pl.nw), tu_maxdiff(ref.w, w64, (size_t)pl.nw),
               "weights", c);
         bound(tu_maxreldiff1(f1.lse, l64, nL), tu_maxreldiff1(ref.lse, l64, nL), "lse", c);
-        bound(relerr_nf(fq, dq64, nQ, GRAD_SCALE), relerr_nf(rq, dq64, nQ, GRAD_SCALE), "dq", c);
-        bound(relerr_nf(fk, dk64, nK, GRAD_SCALE), relerr_nf(rk, dk64, nK, GRAD_SCALE), "dk", c);
-        bound(relerr_nf(fv, dv64, nV, GRAD_SCALE), relerr_nf(rv, dv64, nV, GRAD_SCALE), "dv", c);
+        bound(gu_relerr_nf(fq, dq64, nQ, GRAD_SCALE), gu_relerr_nf(rq, dq64, nQ, GRAD_SCALE), "dq",
+              c);
+        bound(gu_relerr_nf(fk, dk64, nK, GRAD_SCALE), gu_relerr_nf(rk, dk64, nK, GRAD_SCALE), "dk",
+              c);
+        bound(gu_relerr_nf(fv, dv64, nV, GRAD_SCALE), gu_relerr_nf(rv, dv64, nV, GRAD_SCALE), "dv",
+              c);
         /* the reference itself: a few fp32 roundings from fp64 */
         CHECK(tu_maxdiff(ro, o64, nO) / vmax < 1e-5, "%s: reference out off fp64", c->name);
         /* a row without keys: out and dq exactly 0, lse -inf */
