@@ -30,18 +30,29 @@ static const char *const k_elements[] = {
     "Pa", "U",  "Np", "Pu", "Am", "Cm", "Bk", "Cf", "Es", "Fm", "Md", "No", "Lr", "Rf", "Db",
     "Sg", "Bh", "Hs", "Mt", "Ds", "Rg", "Cn", "Nh", "Fl", "Mc", "Lv", "Ts", "Og"};
 
-static int is_element(const char *s, int len) {
+/* Atomic number of the element symbol s[0..len), 0 if none. */
+static int element_z(const char *s, int len) {
     for (size_t i = 0; i < sizeof k_elements / sizeof *k_elements; i++)
         if ((int)strlen(k_elements[i]) == len && strncmp(k_elements[i], s, (size_t)len) == 0)
-            return 1;
+            return (int)i + 1;
     return 0;
 }
 
 static int is_digit(char c) { return c >= '0' && c <= '9'; }
 
-/* Validate the inside of a bracket atom s[0..len) (without the brackets).
- * Returns 1 or 0 with a reason (pos = offset of the '[' in the SMILES). */
-static int bracket_ok(const char *s, int len, int pos, char *why, size_t n) {
+/* What the valence rules need of a bracket atom. */
+typedef struct {
+    int z;      /* atomic number; 0 for '*' */
+    int hcount; /* explicit hydrogens */
+    int charge;
+    int aromatic; /* lowercase symbol: c n o p s se as te b */
+} bracket_info;
+
+/* Validate the inside of a bracket atom s[0..len) (without the brackets)
+ * and fill *bi. Returns 1 or 0 with a reason (pos = offset of the '[' in the
+ * SMILES). */
+static int bracket_ok(const char *s, int len, int pos, char *why, size_t n, bracket_info *bi) {
+    memset(bi, 0, sizeof *bi);
     int i = 0;
     while (i < len && is_digit(s[i])) /* isotope */
         i++;
@@ -56,14 +67,19 @@ static int bracket_ok(const char *s, int len, int pos, char *why, size_t n) {
             if (i + 1 < len && strncmp(s + i, arom2[k], 2) == 0) sym = 2;
         if (!sym && strchr("bcnops", s[i])) sym = 1;
     } else if (s[i] >= 'A' && s[i] <= 'Z') {
-        if (i + 1 < len && s[i + 1] >= 'a' && s[i + 1] <= 'z' && is_element(s + i, 2))
+        if (i + 1 < len && s[i + 1] >= 'a' && s[i + 1] <= 'z' && element_z(s + i, 2))
             sym = 2;
-        else if (is_element(s + i, 1))
+        else if (element_z(s + i, 1))
             sym = 1;
     }
     if (!sym)
         return reject(why, n, "position %d: bad element symbol in bracket atom [%.*s]", pos, len,
                       s);
+    if (s[i] != '*') {
+        char el[2] = {(char)(s[i] >= 'a' ? s[i] - 'a' + 'A' : s[i]), sym == 2 ? s[i + 1] : 0};
+        bi->z = element_z(el, sym);
+        bi->aromatic = s[i] >= 'a' && s[i] <= 'z';
+    }
     i += sym;
     /* chirality */
     if (i < len && s[i] == '@') {
@@ -94,20 +110,26 @@ static int bracket_ok(const char *s, int len, int pos, char *why, size_t n) {
     /* hydrogen count */
     if (i < len && s[i] == 'H') {
         i++;
-        if (i < len && is_digit(s[i])) i++;
+        bi->hcount = 1;
+        if (i < len && is_digit(s[i])) bi->hcount = s[i++] - '0';
     }
     /* charge */
     if (i < len && (s[i] == '+' || s[i] == '-')) {
         char sign = s[i++];
+        int q = 1;
         if (i < len && s[i] == sign) {
             i++; /* "++" / "--" */
+            q = 2;
         } else {
-            int nd = 0;
+            int nd = 0, v = 0;
             while (i < len && is_digit(s[i]) && nd < 2) {
+                v = v * 10 + (s[i] - '0');
                 i++;
                 nd++;
             }
+            if (nd) q = v;
         }
+        bi->charge = sign == '+' ? q : -q;
     }
     /* atom class */
     if (i < len && s[i] == ':') {
@@ -143,6 +165,14 @@ typedef struct {
     int maxval_o; /* max valence with a multiple bond to O (or, for N, to N):
                      RDKit's clean-up accepts nitro / N-oxide / azide /
                      diazonium N up to 5 and perhalic X(=O)(=O)(=O)O up to 7 */
+    int val2;     /* twice the bond orders so far, ring bonds once closed */
+    int dbl_o;    /* has a multiple bond to O (N: or to N) */
+    /* the masks' running counts (levels SYNTAX and VALENCE): */
+    int res2;     /* twice the orders of the ring bonds opened here, not closed yet */
+    int deg;      /* neighbours so far, open ring bonds and explicit H included */
+    int limit2;   /* VALENCE: twice the largest valence incl. H, 0 = unchecked */
+    int maxdeg;   /* VALENCE: most neighbours (aromatic atoms: 3), 0 = unchecked */
+    int h2;       /* twice the bracket H count */
 } atomrec;
 
 /* Unbracketed aliphatic organic-subset atoms: the largest valence RDKit
@@ -160,24 +190,6 @@ static int organic_maxval(const char *t, int len) {
     case 'I': return 5;
     default: return 0; /* '*' */
     }
-}
-
-/* t[0..len) is the inside of a bracket atom: after the isotope, a lowercase
- * symbol (c, n, o, p, s, se, as, te, b) is aromatic. */
-static int bracket_aromatic(const char *t, int len) {
-    int i = 0;
-    while (i < len && is_digit(t[i])) i++;
-    return i < len && t[i] >= 'a' && t[i] <= 'z';
-}
-
-/* t[0..len) is the inside of a bracket atom: is its element el ('O' or
- * 'N'; the aromatic form counts; "Os", "Na", "Nb" ... do not)? */
-static int bracket_is(const char *t, int len, char el) {
-    int i = 0;
-    while (i < len && is_digit(t[i])) i++;
-    if (i >= len || (t[i] != el && t[i] != el - 'A' + 'a')) return 0;
-    if (t[i] == el && i + 1 < len && t[i + 1] >= 'a' && t[i + 1] <= 'z') return 0;
-    return 1;
 }
 
 static int bond_order2(char sym) {
@@ -270,247 +282,422 @@ out:
     return rc;
 }
 
+/* ------------------------------------------------------------ the parser */
+
+struct mg_smiles_state {
+    mg_constrain level;
+    int cap; /* atoms, bonds and branch depth it can hold (one per token at most) */
+    int pos; /* bytes consumed: positions in messages */
+    int ntok;
+    int prev;
+    int cur; /* the atom new atoms / ring bonds attach to */
+    int sp, natoms, nbonds, nring_open;
+    int bond_after_open; /* the pending bond came right after '(' */
+    char bsym;           /* pending bond symbol, 0 = implicit */
+    int ring_atom[100], ring_pos[100];
+    char ring_sym[100];
+    int *stack; /* branch points */
+    bondrec *bonds;
+    atomrec *atoms;
+    unsigned char *inring; /* scratch of the end check */
+    const char *src;       /* the whole string when known: atoms named in messages */
+};
+
+const char *mg_constrain_name(mg_constrain c) {
+    switch (c) {
+    case MG_CONSTRAIN_NONE: return "none";
+    case MG_CONSTRAIN_SYNTAX: return "syntax";
+    case MG_CONSTRAIN_VALENCE: return "valence";
+    }
+    return "?";
+}
+
+int mg_constrain_parse(const char *s, mg_constrain *out) {
+    for (int c = MG_CONSTRAIN_NONE; c <= MG_CONSTRAIN_VALENCE; c++)
+        if (s && !strcmp(s, mg_constrain_name((mg_constrain)c))) {
+            *out = (mg_constrain)c;
+            return 1;
+        }
+    return 0;
+}
+
+mg_status mg_smiles_state_new(int cap, mg_constrain level, mg_smiles_state **out, mg_error *err) {
+    if (!out) return mg_fail(err, MG_ERR_ARG, "smiles state: out is NULL");
+    *out = NULL;
+    if (cap < 1 || cap > (1 << 24))
+        return mg_fail(err, MG_ERR_ARG, "smiles state: capacity %d outside [1, 2^24]", cap);
+    if (level < MG_CONSTRAIN_NONE || level > MG_CONSTRAIN_VALENCE)
+        return mg_fail(err, MG_ERR_ARG, "smiles state: unknown level %d", (int)level);
+    mg_smiles_state *s = calloc(1, sizeof *s);
+    if (s) {
+        s->stack = malloc((size_t)(cap + 1) * sizeof *s->stack);
+        s->bonds = malloc((size_t)(cap + 1) * sizeof *s->bonds);
+        s->atoms = malloc((size_t)(cap + 1) * sizeof *s->atoms);
+        s->inring = malloc((size_t)cap + 1);
+    }
+    if (!s || !s->stack || !s->bonds || !s->atoms || !s->inring) {
+        mg_smiles_state_free(s);
+        return mg_fail(err, MG_ERR_NOMEM, "smiles state: out of memory for %d tokens", cap);
+    }
+    s->cap = cap;
+    s->level = level;
+    mg_smiles_state_reset(s);
+    *out = s;
+    return 0;
+}
+
+void mg_smiles_state_free(mg_smiles_state *s) {
+    if (!s) return;
+    free(s->stack);
+    free(s->bonds);
+    free(s->atoms);
+    free(s->inring);
+    free(s);
+}
+
+void mg_smiles_state_reset(mg_smiles_state *s) {
+    s->pos = s->ntok = 0;
+    s->prev = P_NONE;
+    s->cur = -1;
+    s->sp = s->natoms = s->nbonds = s->nring_open = 0;
+    s->bond_after_open = 0;
+    s->bsym = 0;
+    s->src = NULL;
+    for (int d = 0; d < 100; d++) s->ring_atom[d] = -1;
+}
+
+void mg_smiles_state_copy(mg_smiles_state *dst, const mg_smiles_state *src) {
+    int *stack = dst->stack;
+    bondrec *bonds = dst->bonds;
+    atomrec *atoms = dst->atoms;
+    unsigned char *inring = dst->inring;
+    const int cap = dst->cap;
+    memcpy(dst, src, sizeof *dst);
+    dst->stack = stack;
+    dst->bonds = bonds;
+    dst->atoms = atoms;
+    dst->inring = inring;
+    dst->cap = cap;
+    memcpy(stack, src->stack, (size_t)src->sp * sizeof *stack);
+    memcpy(bonds, src->bonds, (size_t)src->nbonds * sizeof *bonds);
+    memcpy(atoms, src->atoms, (size_t)src->natoms * sizeof *atoms);
+}
+
+int mg_smiles_state_tokens(const mg_smiles_state *s) { return s ? s->ntok : 0; }
+
+/* Twice the order a bond symbol stands for at this level: ':' counts nothing
+ * for the post-hoc lower bound, as single for VALENCE. */
+static int order2_at(const mg_smiles_state *s, char sym) {
+    if (sym == ':' && s->level == MG_CONSTRAIN_VALENCE) return 2;
+    return bond_order2(sym);
+}
+
+/* Largest valence of the element with atomic number z in RDKit's default
+ * valence lists (the subset molecules are made of), 0 = unchecked. */
+static int element_maxval(int z) {
+    switch (z) {
+    case 1: return 1;  /* H */
+    case 5: return 3;  /* B */
+    case 6: return 4;  /* C */
+    case 7: return 3;  /* N */
+    case 8: return 2;  /* O */
+    case 9: return 1;  /* F */
+    case 13: return 3; /* Al */
+    case 14: return 4; /* Si */
+    case 15: return 5; /* P */
+    case 16: return 6; /* S */
+    case 17: return 1; /* Cl */
+    case 32: return 4; /* Ge */
+    case 33: return 5; /* As */
+    case 34: return 6; /* Se */
+    case 35: return 1; /* Br */
+    case 52: return 6; /* Te */
+    case 53: return 5; /* I */
+    default: return 0;
+    }
+}
+
+/* VALENCE limits of a new atom (twice the valence and the neighbour count).
+ * Bracket atoms: the valence of the isoelectronic neutral element (N+ as C,
+ * O- as F, C- as N, S+ as P: RDKit's rule for charged atoms), explicit H
+ * included. Aromatic atoms: bonds inside the ring count as single, so c may
+ * carry one more single (or one exocyclic double: pyridone's C=O), n one
+ * more single (pyrrole's N-R); at most 3 neighbours. */
+static void valence_limits(atomrec *a, const char *t, const bracket_info *bi) {
+    a->limit2 = a->maxdeg = a->h2 = 0;
+    if (t[0] == '[') {
+        int mv = element_maxval(bi->z - bi->charge);
+        if (bi->z == 0 || bi->z - bi->charge < 1) mv = 0;
+        a->limit2 = 2 * mv;
+        a->h2 = 2 * bi->hcount;
+        a->deg = bi->hcount;
+    } else if (a->aromatic) {
+        switch (t[0]) {
+        case 'c': a->limit2 = 8; break;
+        case 'n': a->limit2 = 6; break;
+        case 'o': a->limit2 = 4; break;
+        case 's': a->limit2 = 8; break;
+        case 'p': a->limit2 = 6; break;
+        case 'b': a->limit2 = 6; break;
+        default: break;
+        }
+    } /* unbracketed aliphatic atoms: maxval / maxval_o, as SYNTAX */
+    if (a->aromatic) a->maxdeg = 3;
+}
+
+/* The mask's valence rule for atom a (levels SYNTAX and VALENCE): its bonds,
+ * the ring bonds it opened and `extra` (twice a bond about to be made) must
+ * fit. SYNTAX: the post-hoc bound of unbracketed aliphatic atoms, with the
+ * raised limit only once the multiple bond to O is there. VALENCE: also
+ * the limits of valence_limits. */
+static int fits(const mg_smiles_state *s, const atomrec *a, int extra, int extra_deg) {
+    if (s->level == MG_CONSTRAIN_NONE) return 1;
+    const int v = a->val2 + a->res2 + extra;
+    const int mv = a->dbl_o ? a->maxval_o : a->maxval;
+    if (mv && v > 2 * mv) return 0;
+    if (s->level == MG_CONSTRAIN_VALENCE) {
+        if (a->limit2 && v + a->h2 > a->limit2) return 0;
+        if (a->maxdeg && a->deg + extra_deg > a->maxdeg) return 0;
+    }
+    return 1;
+}
+
+/* A bond of twice-order o2 between atoms x and y. */
+static void add_bond(mg_smiles_state *s, int x, int y, int o2) {
+    s->bonds[s->nbonds].a = x;
+    s->bonds[s->nbonds].b = y;
+    s->bonds[s->nbonds].order2 = o2;
+    s->nbonds++;
+    atomrec *ax = &s->atoms[x], *ay = &s->atoms[y];
+    ax->val2 += o2;
+    ay->val2 += o2;
+    ax->deg++;
+    ay->deg++;
+    if (o2 >= 4) {
+        ax->dbl_o |= ay->oxygen || (ax->nitrogen && ay->nitrogen);
+        ay->dbl_o |= ax->oxygen || (ax->nitrogen && ay->nitrogen);
+    }
+}
+
+int mg_smiles_state_push(mg_smiles_state *s, const char *t, int l, char *why, size_t n) {
+    if (!s || !t || l < 1) return reject(why, n, "no token");
+    if (s->ntok >= s->cap) return reject(why, n, "position %d: more than %d tokens", s->pos, s->cap);
+    const int pos = s->pos;
+    const int mask = s->level != MG_CONSTRAIN_NONE;
+    char c = t[0];
+    if (c == '[' || (l == 2 && (c == 'C' || c == 'B')) ||
+        (l == 1 && strchr("BCNOSPFIbcnosp*", c))) {
+        bracket_info bi = {0};
+        if (c == '[' && !bracket_ok(t + 1, l - 2, pos, why, n, &bi)) return 0;
+        atomrec *a = &s->atoms[s->natoms];
+        memset(a, 0, sizeof *a);
+        a->pos = pos;
+        a->len = l;
+        if (c == '[') {
+            a->maxval = 0;
+            a->aromatic = bi.aromatic;
+            a->oxygen = bi.z == 8;
+            a->nitrogen = bi.z == 7;
+        } else {
+            a->aromatic = c >= 'a' && c <= 'z';
+            /* RDKit is lenient with lowercase atoms ("Co1CCCCC1" and
+             * "c1ccccc#1" parse), so only uppercase ones are checked */
+            a->maxval = a->aromatic ? 0 : organic_maxval(t, l);
+            a->oxygen = c == 'O' || c == 'o';
+            a->nitrogen = c == 'N' || c == 'n';
+        }
+        a->maxval_o = a->maxval;
+        if (c == 'N')
+            a->maxval_o = 5;
+        else if (l == 2 || c == 'I') /* Cl, Br, I */
+            a->maxval_o = 7;
+        if (s->level == MG_CONSTRAIN_VALENCE) valence_limits(a, t, &bi);
+        int a_id = s->natoms++;
+        if (s->prev != P_NONE && s->prev != P_DOT) {
+            const int o2 = order2_at(s, s->bsym);
+            if (mask && (!fits(s, &s->atoms[s->cur], o2, 1) || !fits(s, a, o2, 1)))
+                return reject(why, n, "position %d: %.*s: bond exceeds a valence", pos, l, t);
+            add_bond(s, s->cur, a_id, o2);
+            if (mask && (!fits(s, &s->atoms[s->cur], 0, 0) || !fits(s, a, 0, 0)))
+                return reject(why, n, "position %d: %.*s: bond exceeds a valence", pos, l, t);
+        } else if (mask && !fits(s, a, 0, 0)) {
+            return reject(why, n, "position %d: %.*s: exceeds its valence", pos, l, t);
+        }
+        s->cur = a_id;
+        s->prev = P_ATOM;
+        s->bond_after_open = 0;
+        s->bsym = 0;
+    } else if (l == 1 && strchr("-=#$:/\\", c)) {
+        if (s->prev == P_NONE) return reject(why, n, "position %d: starts with a bond '%c'", pos, c);
+        if (s->prev == P_BOND) return reject(why, n, "position %d: two bonds in a row", pos);
+        if (s->prev == P_DOT) return reject(why, n, "position %d: bond '%c' after '.'", pos, c);
+        if (mask && !fits(s, &s->atoms[s->cur], order2_at(s, c), 1))
+            return reject(why, n, "position %d: bond '%c' exceeds a valence", pos, c);
+        s->bond_after_open = s->prev == P_OPEN;
+        s->prev = P_BOND;
+        s->bsym = c;
+    } else if ((l == 1 && is_digit(c)) || (l == 3 && c == '%')) {
+        int d = c == '%' ? (t[1] - '0') * 10 + (t[2] - '0') : c - '0';
+        if (c == '%' && d < 10)
+            return reject(why, n, "position %d: ring label '%.3s' (use a single digit)", pos, t);
+        if (s->prev == P_NONE) return reject(why, n, "position %d: starts with ring closure %d", pos, d);
+        if (s->prev == P_OPEN || s->prev == P_DOT || (s->prev == P_BOND && s->bond_after_open))
+            return reject(why, n, "position %d: ring closure %d not after an atom", pos, d);
+        atomrec *ac = &s->atoms[s->cur];
+        if (s->ring_atom[d] < 0) {
+            const int o2 = order2_at(s, s->bsym);
+            if (mask && !fits(s, ac, o2, 1))
+                return reject(why, n, "position %d: ring bond %d exceeds a valence", pos, d);
+            s->ring_atom[d] = s->cur;
+            s->ring_pos[d] = pos;
+            s->ring_sym[d] = s->bsym;
+            s->nring_open++;
+            ac->res2 += o2;
+            ac->deg++;
+        } else {
+            int partner = s->ring_atom[d];
+            if (partner == s->cur)
+                return reject(why, n, "position %d: ring closure %d closes on its own atom", pos, d);
+            for (int k = 0; k < s->nbonds; k++)
+                if ((s->bonds[k].a == s->cur && s->bonds[k].b == partner) ||
+                    (s->bonds[k].a == partner && s->bonds[k].b == s->cur))
+                    return reject(why, n,
+                                  "position %d: ring closure %d duplicates an existing bond", pos,
+                                  d);
+            const char sym_open = s->ring_sym[d];
+            if (mask && s->bsym && sym_open && s->bsym != sym_open)
+                return reject(why, n, "position %d: ring closure %d: bond '%c' disagrees with '%c'",
+                              pos, d, s->bsym, sym_open);
+            /* the bond symbol may be written at either end; when both
+             * are written RDKit uses one of them: count the smaller */
+            int o1 = order2_at(s, s->bsym);
+            int o2 = order2_at(s, sym_open);
+            int order2 = o1;
+            if (!s->bsym)
+                order2 = o2;
+            else if (sym_open && o2 < o1)
+                order2 = o2;
+            atomrec *ap = &s->atoms[partner];
+            ap->res2 -= o2; /* the opening end's reservation becomes the bond */
+            ap->deg--;
+            if (mask && (!fits(s, ac, order2, 1) || !fits(s, ap, order2, 1)))
+                return reject(why, n, "position %d: ring bond %d exceeds a valence", pos, d);
+            add_bond(s, s->cur, partner, order2);
+            if (mask && (!fits(s, ac, 0, 0) || !fits(s, ap, 0, 0)))
+                return reject(why, n, "position %d: ring bond %d exceeds a valence", pos, d);
+            s->ring_atom[d] = -1;
+            s->nring_open--;
+        }
+        s->prev = P_RING;
+        s->bsym = 0;
+    } else if (l == 1 && c == '(') {
+        if (s->prev != P_ATOM && s->prev != P_RING && s->prev != P_CLOSE)
+            return reject(why, n, "position %d: '(' not after an atom", pos);
+        if (mask && !fits(s, &s->atoms[s->cur], 2, 1))
+            return reject(why, n, "position %d: a branch exceeds a valence", pos);
+        s->stack[s->sp++] = s->cur;
+        s->prev = P_OPEN;
+    } else if (l == 1 && c == ')') {
+        if (s->sp == 0) return reject(why, n, "position %d: ')' without '('", pos);
+        if (s->prev == P_OPEN) return reject(why, n, "position %d: empty branch '()'", pos);
+        if (s->prev == P_BOND) return reject(why, n, "position %d: bond before ')'", pos);
+        s->cur = s->stack[--s->sp];
+        s->prev = P_CLOSE;
+    } else if (l == 1 && c == '.') {
+        if (s->prev == P_NONE) return reject(why, n, "position %d: starts with '.'", pos);
+        if (s->prev == P_BOND || s->prev == P_DOT || s->prev == P_OPEN)
+            return reject(why, n, "position %d: '.' not after an atom", pos);
+        s->prev = P_DOT;
+    } else {
+        return reject(why, n, "position %d: '%c' is not SMILES outside a bracket atom", pos, c);
+    }
+    s->pos += l;
+    s->ntok++;
+    return 1;
+}
+
+int mg_smiles_state_end(mg_smiles_state *s, char *why, size_t n) {
+    const int pos = s->pos;
+    if (s->ntok == 0) return reject(why, n, "empty string");
+    if (s->prev == P_BOND) return reject(why, n, "position %d: ends with a bond", pos);
+    if (s->prev == P_DOT) return reject(why, n, "position %d: ends with '.'", pos);
+    if (s->sp > 0) return reject(why, n, "position %d: %d unclosed '('", pos, s->sp);
+    if (s->nring_open > 0) {
+        int first = -1;
+        for (int d = 0; d < 100; d++)
+            if (s->ring_atom[d] >= 0 && (first < 0 || s->ring_pos[d] < s->ring_pos[first]))
+                first = d;
+        return reject(why, n, "position %d: ring closure %d never closed", s->ring_pos[first],
+                      first);
+    }
+    /* valence lower bound of unbracketed atoms */
+    for (int a = 0; a < s->natoms; a++) {
+        const atomrec *r = &s->atoms[a];
+        int mv = r->dbl_o ? r->maxval_o : r->maxval;
+        if (mv && r->val2 > 2 * mv)
+            return reject(why, n,
+                          "position %d: %.*s has %d bonds' worth of valence, more than %d", r->pos,
+                          s->src ? r->len : 4, s->src ? s->src + r->pos : "atom", (r->val2 + 1) / 2,
+                          mv);
+    }
+    /* aromatic atoms must be on a ring */
+    int any = 0;
+    for (int a = 0; a < s->natoms; a++) any |= s->atoms[a].aromatic;
+    if (any) {
+        memset(s->inring, 0, (size_t)s->natoms);
+        if (ring_atoms(s->natoms, s->bonds, s->nbonds, s->inring) != 0)
+            return reject(why, n, "out of memory");
+        for (int a = 0; a < s->natoms; a++)
+            if (s->atoms[a].aromatic && !s->inring[a])
+                return reject(why, n, "position %d: aromatic atom %.*s is not in a ring",
+                              s->atoms[a].pos, s->src ? s->atoms[a].len : 0,
+                              s->src ? s->src + s->atoms[a].pos : "");
+    }
+    return 1;
+}
+
+int mg_smiles_state_viable(const mg_smiles_state *s) {
+    if (s->nring_open == 0) return 1;
+    /* an open ring closes on a new atom chained to cur, or to an atom a ')'
+     * gets back to: one of them needs room for a single bond */
+    if (s->prev == P_BOND || s->prev == P_OPEN) return 1;
+    if (fits(s, &s->atoms[s->cur], 2, 1)) return 1;
+    for (int k = 0; k < s->sp; k++)
+        if (fits(s, &s->atoms[s->stack[k]], 2, 1)) return 1;
+    return 0;
+}
+
+int mg_smiles_state_min_tokens(const mg_smiles_state *s) {
+    int m = s->sp + s->nring_open;
+    if (s->prev == P_BOND || s->prev == P_OPEN || s->prev == P_DOT) m++;
+    if (s->nring_open > 0) m += 2; /* at most two atoms to close them on */
+    return m;
+}
+
 int mg_smiles_syntax_ok(const char *smiles, char *why, size_t n) {
     if (!smiles) return reject(why, n, "NULL string");
     if (!smiles[0]) return reject(why, n, "empty string");
+    int ntok = 0;
     {
         mg_error e;
-        int ntok = 0;
         if (mg_tokenize(smiles, NULL, 0, &ntok, NULL, &e) == MG_ERR_TOKEN)
             return reject(why, n, "%s", e.message);
     }
-    size_t slen = strlen(smiles);
-    int *stack = malloc((slen + 1) * sizeof *stack);     /* branch points */
-    bondrec *bonds = malloc((slen + 1) * sizeof *bonds); /* bonds so far */
-    atomrec *atoms = malloc((slen + 1) * sizeof *atoms);
-    unsigned char *inring = calloc(slen + 1, 1);
-    if (!stack || !bonds || !atoms || !inring) {
-        free(stack);
-        free(bonds);
-        free(atoms);
-        free(inring);
+    mg_smiles_state *s = NULL;
+    if (mg_smiles_state_new(ntok > 0 ? ntok : 1, MG_CONSTRAIN_NONE, &s, NULL))
         return reject(why, n, "out of memory");
-    }
-    int ring_atom[100], ring_pos[100];
-    char ring_sym[100];
-    for (int d = 0; d < 100; d++) ring_atom[d] = -1;
-    int nring_open = 0;
-    int sp = 0, nbonds = 0, natoms = 0;
-    int cur = -1; /* the atom new atoms / ring bonds attach to */
-    int prev = P_NONE;
-    int bond_after_open = 0; /* the pending bond came right after '(' */
-    char bsym = 0;           /* pending bond symbol, 0 = implicit */
+    s->src = smiles;
     int ok = 1;
-    int pos = 0;
-    for (;;) {
+    for (int pos = 0;;) {
         int l = mg_token_len(smiles + pos);
         if (l == 0) break;
-        const char *t = smiles + pos;
-        char c = t[0];
-        if (c == '[' || (l == 2 && (c == 'C' || c == 'B')) || strchr("BCNOSPFIbcnosp*", c)) {
-            /* atom */
-            if (c == '[' && !bracket_ok(t + 1, l - 2, pos, why, n)) {
-                ok = 0;
-                break;
-            }
-            int a = natoms++;
-            atoms[a].pos = pos;
-            atoms[a].len = l;
-            if (c == '[') {
-                atoms[a].maxval = 0;
-                atoms[a].aromatic = bracket_aromatic(t + 1, l - 2);
-                atoms[a].oxygen = bracket_is(t + 1, l - 2, 'O');
-                atoms[a].nitrogen = bracket_is(t + 1, l - 2, 'N');
-            } else {
-                atoms[a].aromatic = c >= 'a' && c <= 'z';
-                /* RDKit is lenient with lowercase atoms ("Co1CCCCC1" and
-                 * "c1ccccc#1" parse), so only uppercase ones are checked */
-                atoms[a].maxval = atoms[a].aromatic ? 0 : organic_maxval(t, l);
-                atoms[a].oxygen = c == 'O' || c == 'o';
-                atoms[a].nitrogen = c == 'N' || c == 'n';
-            }
-            atoms[a].maxval_o = atoms[a].maxval;
-            if (c == 'N')
-                atoms[a].maxval_o = 5;
-            else if (l == 2 || c == 'I') /* Cl, Br, I */
-                atoms[a].maxval_o = 7;
-            if (prev != P_NONE && prev != P_DOT) {
-                bonds[nbonds].a = cur;
-                bonds[nbonds].b = a;
-                bonds[nbonds].order2 = bond_order2(bsym);
-                nbonds++;
-            }
-            cur = a;
-            prev = P_ATOM;
-            bond_after_open = 0;
-            bsym = 0;
-        } else if (strchr("-=#$:/\\", c)) {
-            if (prev == P_NONE) {
-                ok = reject(why, n, "position %d: starts with a bond '%c'", pos, c);
-                break;
-            }
-            if (prev == P_BOND) {
-                ok = reject(why, n, "position %d: two bonds in a row", pos);
-                break;
-            }
-            if (prev == P_DOT) {
-                ok = reject(why, n, "position %d: bond '%c' after '.'", pos, c);
-                break;
-            }
-            bond_after_open = prev == P_OPEN;
-            prev = P_BOND;
-            bsym = c;
-        } else if (is_digit(c) || c == '%') {
-            int d = c == '%' ? (t[1] - '0') * 10 + (t[2] - '0') : c - '0';
-            if (c == '%' && d < 10) {
-                ok = reject(why, n, "position %d: ring label '%.3s' (use a single digit)", pos, t);
-                break;
-            }
-            if (prev == P_NONE) {
-                ok = reject(why, n, "position %d: starts with ring closure %d", pos, d);
-                break;
-            }
-            if (prev == P_OPEN || prev == P_DOT || (prev == P_BOND && bond_after_open)) {
-                ok = reject(why, n, "position %d: ring closure %d not after an atom", pos, d);
-                break;
-            }
-            if (ring_atom[d] < 0) {
-                ring_atom[d] = cur;
-                ring_pos[d] = pos;
-                ring_sym[d] = bsym;
-                nring_open++;
-            } else {
-                int partner = ring_atom[d];
-                if (partner == cur) {
-                    ok = reject(why, n, "position %d: ring closure %d closes on its own atom", pos,
-                                d);
-                    break;
-                }
-                for (int k = 0; k < nbonds; k++)
-                    if ((bonds[k].a == cur && bonds[k].b == partner) ||
-                        (bonds[k].a == partner && bonds[k].b == cur)) {
-                        ok = reject(why, n,
-                                    "position %d: ring closure %d duplicates an existing bond", pos,
-                                    d);
-                        break;
-                    }
-                if (!ok) break;
-                /* the bond symbol may be written at either end; when both
-                 * are written RDKit uses one of them: count the smaller */
-                int o1 = bond_order2(bsym);
-                int o2 = bond_order2(ring_sym[d]);
-                int order2 = o1;
-                if (!bsym)
-                    order2 = o2;
-                else if (ring_sym[d] && o2 < o1)
-                    order2 = o2;
-                bonds[nbonds].a = cur;
-                bonds[nbonds].b = partner;
-                bonds[nbonds].order2 = order2;
-                nbonds++;
-                ring_atom[d] = -1;
-                nring_open--;
-            }
-            prev = P_RING;
-            bsym = 0;
-        } else if (c == '(') {
-            if (prev != P_ATOM && prev != P_RING && prev != P_CLOSE) {
-                ok = reject(why, n, "position %d: '(' not after an atom", pos);
-                break;
-            }
-            stack[sp++] = cur;
-            prev = P_OPEN;
-        } else if (c == ')') {
-            if (sp == 0) {
-                ok = reject(why, n, "position %d: ')' without '('", pos);
-                break;
-            }
-            if (prev == P_OPEN) {
-                ok = reject(why, n, "position %d: empty branch '()'", pos);
-                break;
-            }
-            if (prev == P_BOND) {
-                ok = reject(why, n, "position %d: bond before ')'", pos);
-                break;
-            }
-            cur = stack[--sp];
-            prev = P_CLOSE;
-        } else if (c == '.') {
-            if (prev == P_NONE) {
-                ok = reject(why, n, "position %d: starts with '.'", pos);
-                break;
-            }
-            if (prev == P_BOND || prev == P_DOT || prev == P_OPEN) {
-                ok = reject(why, n, "position %d: '.' not after an atom", pos);
-                break;
-            }
-            prev = P_DOT;
-        } else {
-            ok = reject(why, n, "position %d: '%c' is not SMILES outside a bracket atom", pos, c);
+        if (!mg_smiles_state_push(s, smiles + pos, l, why, n)) {
+            ok = 0;
             break;
         }
         pos += l;
     }
-    if (ok) {
-        if (prev == P_BOND)
-            ok = reject(why, n, "position %d: ends with a bond", pos);
-        else if (prev == P_DOT)
-            ok = reject(why, n, "position %d: ends with '.'", pos);
-        else if (sp > 0)
-            ok = reject(why, n, "position %d: %d unclosed '('", pos, sp);
-        else if (nring_open > 0) {
-            int first = -1;
-            for (int d = 0; d < 100; d++)
-                if (ring_atom[d] >= 0 && (first < 0 || ring_pos[d] < ring_pos[first])) first = d;
-            ok =
-                reject(why, n, "position %d: ring closure %d never closed", ring_pos[first], first);
-        }
-    }
-    if (ok) { /* valence lower bound of unbracketed atoms */
-        int *val2 = calloc((size_t)natoms + 1, sizeof *val2);
-        unsigned char *dbl_o = calloc((size_t)natoms + 1, 1);
-        if (!val2 || !dbl_o) {
-            ok = reject(why, n, "out of memory");
-        } else {
-            for (int k = 0; k < nbonds; k++) {
-                int x = bonds[k].a, y = bonds[k].b;
-                val2[x] += bonds[k].order2;
-                val2[y] += bonds[k].order2;
-                if (bonds[k].order2 >= 4) {
-                    dbl_o[x] |= (unsigned char)(atoms[y].oxygen ||
-                                                (atoms[x].nitrogen && atoms[y].nitrogen));
-                    dbl_o[y] |= (unsigned char)(atoms[x].oxygen ||
-                                                (atoms[x].nitrogen && atoms[y].nitrogen));
-                }
-            }
-            for (int a = 0; a < natoms && ok; a++) {
-                int mv = dbl_o[a] ? atoms[a].maxval_o : atoms[a].maxval;
-                if (mv && val2[a] > 2 * mv)
-                    ok = reject(why, n,
-                                "position %d: %.*s has %d bonds' worth of valence, more "
-                                "than %d",
-                                atoms[a].pos, atoms[a].len, smiles + atoms[a].pos,
-                                (val2[a] + 1) / 2, mv);
-            }
-        }
-        free(val2);
-        free(dbl_o);
-    }
-    if (ok) { /* aromatic atoms must be on a ring */
-        int any = 0;
-        for (int a = 0; a < natoms; a++) any |= atoms[a].aromatic;
-        if (any) {
-            if (ring_atoms(natoms, bonds, nbonds, inring) != 0)
-                ok = reject(why, n, "out of memory");
-            for (int a = 0; a < natoms && ok; a++)
-                if (atoms[a].aromatic && !inring[a])
-                    ok = reject(why, n, "position %d: aromatic atom %.*s is not in a ring",
-                                atoms[a].pos, atoms[a].len, smiles + atoms[a].pos);
-        }
-    }
-    free(stack);
-    free(bonds);
-    free(atoms);
-    free(inring);
+    if (ok) ok = mg_smiles_state_end(s, why, n);
+    mg_smiles_state_free(s);
     return ok;
 }

@@ -40,6 +40,8 @@
 
 #include <stddef.h>
 
+#include "errors.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -48,6 +50,63 @@ extern "C" {
  * be NULL) gets a one-line reason with the 0-based byte position, e.g.
  * "position 4: ring closure 1 never closed". */
 int mg_smiles_syntax_ok(const char *smiles, char *why, size_t n);
+
+/* ------------------------------------------------------------ incremental
+ * The parser behind mg_smiles_syntax_ok, one token at a time: the check
+ * above is new + push of every token + end. Constrained sampling
+ * (constrain.h) asks the same parser whether a token may come next.
+ *
+ * Levels:
+ *   MG_CONSTRAIN_NONE     exactly the checks above (valence at the end).
+ *   MG_CONSTRAIN_SYNTAX   the same rules, checked on every bond as it is
+ *                         made, with what the token commits the atom to: a
+ *                         bond symbol, '(' and an opened ring bond count
+ *                         against the valence of the atom they start at
+ *                         (a multiple bond to O raises N / Cl / Br / I only
+ *                         once it is there: a little stricter than the
+ *                         check above on hypervalent halogens); a bond
+ *                         symbol at a ring closure must agree with the one
+ *                         at its opening.
+ *   MG_CONSTRAIN_VALENCE  also bracket atoms (the valence of the
+ *                         isoelectronic neutral element, H count included:
+ *                         [NH+] as C, [O-] as F, [nH] as N) and aromatic
+ *                         atoms (bonds counted as single: c 4, n 3, o 2,
+ *                         s 4, p 3, b 3; at most 3 neighbours); ':' counts
+ *                         as a single bond. */
+typedef enum {
+    MG_CONSTRAIN_NONE = 0,
+    MG_CONSTRAIN_SYNTAX = 1,
+    MG_CONSTRAIN_VALENCE = 2
+} mg_constrain;
+
+/* "none" / "syntax" / "valence"; parse returns 1 and sets *out, or 0. */
+const char *mg_constrain_name(mg_constrain c);
+int mg_constrain_parse(const char *s, mg_constrain *out);
+
+typedef struct mg_smiles_state mg_smiles_state;
+
+/* A parser for strings of at most cap tokens (MG_ERR_ARG, MG_ERR_NOMEM). */
+mg_status mg_smiles_state_new(int cap, mg_constrain level, mg_smiles_state **out, mg_error *err);
+void mg_smiles_state_free(mg_smiles_state *s); /* NULL fine */
+/* Back to the empty string. */
+void mg_smiles_state_reset(mg_smiles_state *s);
+/* dst (same capacity or more) becomes a copy of src. */
+void mg_smiles_state_copy(mg_smiles_state *dst, const mg_smiles_state *src);
+/* Append the token t[0..l): 1 if the rules allow it (the state advances),
+ * 0 with a reason in why[n] if not (the state is then unusable until reset
+ * or copied over). */
+int mg_smiles_state_push(mg_smiles_state *s, const char *t, int l, char *why, size_t n);
+/* 1 if the string so far may end here (every end check passes), else 0
+ * with a reason. */
+int mg_smiles_state_end(mg_smiles_state *s, char *why, size_t n);
+/* Levels SYNTAX / VALENCE: 0 if the open ring bonds can no longer close
+ * (neither the current atom nor an atom a ')' returns to has room for
+ * one more bond), 1 otherwise. */
+int mg_smiles_state_viable(const mg_smiles_state *s);
+/* Tokens pushed so far, and an estimate of the tokens still needed before
+ * the string can end (closing branches and rings, an atom after a bond). */
+int mg_smiles_state_tokens(const mg_smiles_state *s);
+int mg_smiles_state_min_tokens(const mg_smiles_state *s);
 
 #ifdef __cplusplus
 }
