@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "cli_util.h"
+#include "json.h"
 #include "commands.h"
 #include "safetensors.h"
 #include "sample.h"
@@ -16,6 +17,7 @@ static const char *SAMPLE_USAGE =
     "usage: molgen sample --model FILE [-n N] [--seed S] [--out FILE]\n"
     "                     [--temperature T] [--top-k K] [--top-p P]\n"
     "                     [--batch B] [--threads N] [--decode kv|naive]\n"
+    "                     [--constrain none|syntax|valence]\n"
     "Generate SMILES from a trained model; writes one molecule per line.\n"
     "  --model FILE       model or checkpoint (.safetensors) with its vocabulary\n"
     "  -n N               molecules to generate (default 1000)\n"
@@ -28,9 +30,48 @@ static const char *SAMPLE_USAGE =
     "  --threads N        threads (default: ATTN_NUM_THREADS or all cores)\n"
     "  --decode kv|naive  KV-cache incremental decoding (default) or re-running the\n"
     "                     whole prefix every step (MolGPT's way; slower)\n"
+    "  --constrain MODE   none (default): the model's distribution as it is;\n"
+    "                     syntax: mask tokens after which the string cannot pass\n"
+    "                     molgen's SMILES check (brackets, bonds, branches, ring\n"
+    "                     closures, EOS, unbracketed valences); valence: also the\n"
+    "                     valences of bracket and aromatic atoms. The model's\n"
+    "                     probabilities are renormalised over the allowed tokens\n"
+    "Writes FILE.json beside the output: the model, seed, sampling settings and\n"
+    "constrain mode (molgen/metrics.py reports it).\n"
     "Prints the output path on stdout; molecules/s and the syntax-valid fraction\n"
     "(molgen's SMILES grammar check, not RDKit) on stderr. An empty line is a\n"
     "molecule that ended at once; a molecule without EOS by ctx_len is kept.\n";
+
+/* FILE.json beside the samples: what made them, for molgen/metrics.py. */
+static mg_status write_meta(const char *path, const char *model_path, const mg_sample_opts *o,
+                            int threads, const mg_samples *s, mg_error *err) {
+    json_t *j = json_object();
+    char seed[24];
+    snprintf(seed, sizeof seed, "%llu", (unsigned long long)o->seed);
+    int bad = !j;
+    bad = bad || mg_json_put(j, "model", json_string(model_path));
+    bad = bad || mg_json_put(j, "n", json_integer((json_int_t)s->n));
+    bad = bad || mg_json_put(j, "seed", json_string(seed));
+    bad = bad || mg_json_put(j, "temperature", json_real(o->sampling.temperature));
+    bad = bad || mg_json_put(j, "top_k", json_integer(o->sampling.top_k));
+    bad = bad || mg_json_put(j, "top_p", json_real(o->sampling.top_p));
+    bad = bad || mg_json_put(j, "constrain", json_string(mg_constrain_name(o->constrain)));
+    bad = bad || mg_json_put(j, "decode", json_string(mg_decode_kind_name(o->kind)));
+    bad = bad || mg_json_put(j, "threads", json_integer(threads > 0 ? threads : mg_default_threads()));
+    bad = bad || mg_json_put(j, "no_eos", json_integer((json_int_t)s->truncated));
+    char *text = bad ? NULL : mg_json_dump(j, 9);
+    json_decref(j);
+    if (!text) return mg_fail(err, MG_ERR_NOMEM, "%s: cannot serialise (model path not UTF-8?)", path);
+    char tmp[4300];
+    FILE *f = mg_cli_atomic_open(path, tmp, sizeof tmp, err);
+    if (!f) {
+        free(text);
+        return err ? err->status : MG_ERR_IO;
+    }
+    int wrc = fprintf(f, "%s\n", text) < 0;
+    free(text);
+    return mg_cli_atomic_commit_if(f, wrc, tmp, path, err);
+}
 
 int cmd_sample(int argc, char **argv) {
     const char *model_path = NULL, *out_path = "out/samples.smi";
@@ -38,7 +79,8 @@ int cmd_sample(int argc, char **argv) {
     mg_sample_opts_default(&o);
     int threads = 0;
     mg_error err;
-    enum { O_MODEL = 1, O_OUT, O_N, O_SEED, O_TEMP, O_TOPK, O_TOPP, O_BATCH, O_THREADS, O_DECODE };
+    enum { O_MODEL = 1, O_OUT, O_N, O_SEED, O_TEMP, O_TOPK, O_TOPP, O_BATCH, O_THREADS, O_DECODE,
+           O_CONSTRAIN };
     static const struct option opts[] = {{"model", required_argument, NULL, O_MODEL},
                                          {"out", required_argument, NULL, O_OUT},
                                          {"n", required_argument, NULL, O_N},
@@ -50,6 +92,7 @@ int cmd_sample(int argc, char **argv) {
                                          {"batch", required_argument, NULL, O_BATCH},
                                          {"threads", required_argument, NULL, O_THREADS},
                                          {"decode", required_argument, NULL, O_DECODE},
+                                         {"constrain", required_argument, NULL, O_CONSTRAIN},
                                          {"help", no_argument, NULL, 'h'},
                                          {NULL, 0, NULL, 0}};
     const char *val;
@@ -102,6 +145,7 @@ int cmd_sample(int argc, char **argv) {
             else
                 ok = 0;
             break;
+        case O_CONSTRAIN: ok = mg_constrain_parse(val, &o.constrain); break;
         }
         if (!ok) return mg_cli_bad_value("sample", argv, val);
     }
@@ -111,7 +155,13 @@ int cmd_sample(int argc, char **argv) {
     }
     /* the output is checked before any work, and never replaces the model */
     const char *inputs[] = {model_path};
-    if (mg_cli_check_output(out_path, inputs, 1, &err)) {
+    char meta_path[4200];
+    if ((size_t)snprintf(meta_path, sizeof meta_path, "%s.json", out_path) >= sizeof meta_path) {
+        fprintf(stderr, "molgen sample: --out: path too long\n");
+        return 1;
+    }
+    if (mg_cli_check_output(out_path, inputs, 1, &err) ||
+        mg_cli_check_output(meta_path, inputs, 1, &err)) {
         fprintf(stderr, "molgen sample: --out: %s\n", err.message);
         return 1;
     }
@@ -144,7 +194,8 @@ int cmd_sample(int argc, char **argv) {
         else if (mg_smiles_syntax_ok(s.smiles[i], NULL, 0))
             valid++;
     }
-    if (mg_cli_atomic_commit(f, tmp, out_path, &err)) {
+    if (mg_cli_atomic_commit(f, tmp, out_path, &err) ||
+        write_meta(meta_path, model_path, &o, threads, &s, &err)) {
         fprintf(stderr, "molgen sample: %s\n", err.message);
         mg_samples_free(&s);
         return 1;
@@ -156,8 +207,10 @@ int cmd_sample(int argc, char **argv) {
             s.n, s.seconds, (double)s.n / secs, (double)s.tokens / secs,
             mg_decode_kind_name(o.kind), o.batch, threads > 0 ? threads : mg_default_threads());
     fprintf(stderr,
-            "syntax-valid %.4f (%zu/%zu; grammar check, not RDKit); empty %zu; no EOS %zu\n",
-            s.n ? (double)valid / (double)s.n : 0.0, valid, s.n, empty, s.truncated);
+            "syntax-valid %.4f (%zu/%zu; grammar check, not RDKit); empty %zu; no EOS %zu; "
+            "constrain %s\n",
+            s.n ? (double)valid / (double)s.n : 0.0, valid, s.n, empty, s.truncated,
+            mg_constrain_name(o.constrain));
     printf("%s\n", out_path);
     mg_samples_free(&s);
     return rc;

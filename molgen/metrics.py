@@ -45,6 +45,9 @@ SNN, Frag, Scaf and W1 use at most --max-gen random valid samples and at most
 --max-ref random reference molecules (default 10,000 each; MOSES uses the
 whole sets, so Scaf in particular is not directly comparable to published
 numbers unless both limits cover the whole sets).
+Sampling: the settings that made the samples (molgen sample's SAMPLES.json
+sidecar: --constrain mode, temperature, top-k/p, seed, model) are printed
+first and kept in the JSON as "sampling" (null when there is no sidecar).
 Not computed: FCD (Frechet ChemNet Distance): it needs the trained ChemNet
 weights, which are not available offline; the output says so.
 """
@@ -741,8 +744,31 @@ def _fmt_filters(res):
     return out + ')'
 
 
+def read_sampling_meta(samples_path):
+    """The sidecar `molgen sample` writes beside its output (SAMPLES.json:
+    model, seed, temperature, top_k, top_p, constrain, ...), or None."""
+    p = samples_path + '.json'
+    if not os.path.isfile(p):
+        return None
+    try:
+        with open(p) as f:
+            meta = json.load(f)
+    except (OSError, ValueError) as e:
+        sys.stderr.write('metrics.py: %s: unreadable sampling sidecar (%s); ignored\n' % (p, e))
+        return None
+    return meta if isinstance(meta, dict) else None
+
+
+def _fmt_sampling(meta):
+    if not meta:
+        return 'unknown (no SAMPLES.json from molgen sample beside the samples)'
+    return 'constrain %s, temperature %s, top-k %s, top-p %s, seed %s, model %s' % tuple(
+        meta.get(k, '?') for k in ('constrain', 'temperature', 'top_k', 'top_p', 'seed', 'model'))
+
+
 def format_table(res):
     rows = [
+        ('sampling', _fmt_sampling(res.get('sampling'))),
         ('samples', str(res['n_samples'])),
         ('valid', '%s  (%d / %d)' % (_fmt(res['validity']), res['n_valid'], res['n_samples'])),
         ('unique@1k', _fmt(res.get('unique@1k'))),
@@ -824,6 +850,8 @@ def main(argv=None):
                           seed=args.seed, jobs=args.jobs, log=log,
                           ref_filters=not args.no_ref_filters)
     res['files'] = {'samples': args.samples, 'train': args.train, 'ref': args.ref}
+    # which sampler settings (constrain mode included) made the samples
+    res['sampling'] = read_sampling_meta(args.samples)
     print(format_table(res))
     if args.json:
         with open(args.json, 'w') as f:

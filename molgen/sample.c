@@ -14,6 +14,7 @@
 
 #include "attn.h"
 #include "cli_util.h"
+#include "constrain.h"
 #include "safetensors.h"
 #include "decode.h"
 #include "smiles_check.h"
@@ -319,6 +320,7 @@ mg_status mg_sample(mg_model *m, const mg_vocab *v, const mg_sample_opts *o, mg_
     const size_t slen = (size_t)ctx * (MG_TOKEN_MAX + 1) + 1;
     char *sbuf = malloc(slen);
     mg_decoder *dec = NULL;
+    mg_token_mask *mask = NULL;
     if (!out->smiles || !out->ntok || !out->ended || !gen || !tok || !len || !active || !logits ||
         !rng || !mol || !sbuf) {
         rc = mg_fail(err, MG_ERR_NOMEM, "out of memory for %zu molecules", n);
@@ -327,6 +329,10 @@ mg_status mg_sample(mg_model *m, const mg_vocab *v, const mg_sample_opts *o, mg_
     if (n == 0) goto done;
     rc = mg_decoder_new(m, o->kind, B, &dec, err);
     if (rc) goto done;
+    if (o->constrain != MG_CONSTRAIN_NONE) {
+        rc = mg_token_mask_new(v, B, ctx, o->constrain, &mask, err);
+        if (rc) goto done;
+    }
     /* KV decoding uses continuous batching: slot r holds molecule mol[r];
      * when it ends, the next molecule starts in that slot at position 0.
      * The naive decoder runs batch by batch instead (a refilled slot would
@@ -350,6 +356,7 @@ mg_status mg_sample(mg_model *m, const mg_vocab *v, const mg_sample_opts *o, mg_
                 if (!active[r]) continue;
                 mol[r] = next;
                 mg_rng_seed(&rng[r], o->seed, (uint64_t)next);
+                if (mask) mg_token_mask_reset_row(mask, r);
                 next++;
                 live++;
             }
@@ -364,6 +371,14 @@ mg_status mg_sample(mg_model *m, const mg_vocab *v, const mg_sample_opts *o, mg_
                 continue;
             }
             const size_t k = mol[r];
+            if (mask && mg_token_mask_apply(mask, r, logits + (size_t)r * V) == 0) {
+                mg_token_mask_prefix(mask, r, sbuf, slen);
+                rc = mg_fail(err, MG_ERR_STATE,
+                             "molecule %zu position %d: no token can follow '%s' under "
+                             "--constrain %s",
+                             k, len[r] + 1, sbuf, mg_constrain_name(o->constrain));
+                goto done;
+            }
             int t = mg_sample_token(logits + (size_t)r * V, V, &o->sampling, &rng[r]);
             if (t < 0) {
                 rc = mg_fail(err, MG_ERR_NUMERIC,
@@ -375,6 +390,10 @@ mg_status mg_sample(mg_model *m, const mg_vocab *v, const mg_sample_opts *o, mg_
                 out->ended[k] = 1;
                 finished = 1;
             } else {
+                if (mask) {
+                    rc = mg_token_mask_push(mask, r, t, err);
+                    if (rc) goto done;
+                }
                 gen[(size_t)r * ctx + len[r]++] = t;
                 tok[r] = t;
                 finished = len[r] >= ctx; /* no position left for the next token */
@@ -400,6 +419,7 @@ mg_status mg_sample(mg_model *m, const mg_vocab *v, const mg_sample_opts *o, mg_
             if (refill && next < n) {
                 mol[r] = next;
                 mg_rng_seed(&rng[r], o->seed, (uint64_t)next);
+                if (mask) mg_token_mask_reset_row(mask, r);
                 next++;
             } else {
                 active[r] = 0;
@@ -410,6 +430,7 @@ mg_status mg_sample(mg_model *m, const mg_vocab *v, const mg_sample_opts *o, mg_
     out->seconds = mg_now_s() - t0;
 done:
     mg_decoder_free(dec);
+    mg_token_mask_free(mask);
     free(gen);
     free(tok);
     free(len);

@@ -26,6 +26,13 @@
  * other molecules' lengths; with the same seed and thread count the output
  * is identical.
  *
+ * Constrained sampling (opts.constrain, constrain.h): before each draw the
+ * logits of tokens that cannot lead to a string passing the level's rules
+ * are set to -inf; the draw itself (and its one uniform from the
+ * molecule's stream) is unchanged, so unconstrained output is bitwise what
+ * it was, and no allowed token means MG_ERR_STATE with the molecule's
+ * prefix.
+ *
  * Generation stops at EOS or when a row has ctx_len tokens after BOS (the
  * longest the model has positions for); such a molecule is kept as
  * generated and counted in truncated.
@@ -41,6 +48,7 @@
 #include "errors.h"
 
 #include "model.h"
+#include "smiles_check.h" /* mg_constrain */
 #include "tokenizer.h"
 
 #ifdef __cplusplus
@@ -115,9 +123,12 @@ typedef struct {
     mg_decode_kind kind;
     mg_sampling sampling;
     uint64_t seed;
+    mg_constrain constrain; /* NONE: the model's distribution as it is;
+                               SYNTAX / VALENCE: renormalised over the tokens
+                               the mask allows (constrain.h) */
 } mg_sample_opts;
 
-/* n 1000, batch 64, KV cache, default sampling, seed 0. */
+/* n 1000, batch 64, KV cache, default sampling, seed 0, unconstrained. */
 void mg_sample_opts_default(mg_sample_opts *o);
 
 typedef struct {

@@ -173,6 +173,9 @@ typedef struct {
     int limit2;   /* VALENCE: twice the largest valence incl. H, 0 = unchecked */
     int maxdeg;   /* VALENCE: most neighbours (aromatic atoms: 3), 0 = unchecked */
     int h2;       /* twice the bracket H count */
+    int parent;   /* the atom it bonded to when it came (-1: first of a fragment) */
+    int depth;    /* atoms above it through parent */
+    int cyc;      /* on a cycle of the bonds so far (tree paths of the closures) */
 } atomrec;
 
 /* Unbracketed aliphatic organic-subset atoms: the largest valence RDKit
@@ -299,7 +302,7 @@ struct mg_smiles_state {
     int *stack; /* branch points */
     bondrec *bonds;
     atomrec *atoms;
-    unsigned char *inring; /* scratch of the end check */
+    unsigned char *inring; /* scratch of the end check and of viable */
     const char *src;       /* the whole string when known: atoms named in messages */
 };
 
@@ -453,7 +456,10 @@ static void valence_limits(atomrec *a, const char *t, const bracket_info *bi) {
 static int fits(const mg_smiles_state *s, const atomrec *a, int extra, int extra_deg) {
     if (s->level == MG_CONSTRAIN_NONE) return 1;
     const int v = a->val2 + a->res2 + extra;
-    const int mv = a->dbl_o ? a->maxval_o : a->maxval;
+    /* VALENCE keeps N at 3 and halogens at 1 even with a multiple bond to O:
+     * RDKit's clean-up charges N(=O)=O and X(=O)(=O)(=O)O but refuses the
+     * valences between (C-N(=O)-C: "Explicit valence for atom N, 4") */
+    const int mv = a->dbl_o && s->level != MG_CONSTRAIN_VALENCE ? a->maxval_o : a->maxval;
     if (mv && v > 2 * mv) return 0;
     if (s->level == MG_CONSTRAIN_VALENCE) {
         if (a->limit2 && v + a->h2 > a->limit2) return 0;
@@ -477,6 +483,35 @@ static void add_bond(mg_smiles_state *s, int x, int y, int o2) {
         ax->dbl_o |= ay->oxygen || (ax->nitrogen && ay->nitrogen);
         ay->dbl_o |= ax->oxygen || (ax->nitrogen && ay->nitrogen);
     }
+}
+
+/* Marks the atoms on the tree path between atoms u and v (through parent;
+ * nothing when they are in different fragments): m[z] = 1, or with m NULL
+ * their cyc flags. */
+static void mark_path(mg_smiles_state *s, int u, int v, unsigned char *m) {
+    int x = u, y = v;
+    while (x >= 0 && y >= 0 && x != y) {
+        if (s->atoms[x].depth >= s->atoms[y].depth)
+            x = s->atoms[x].parent;
+        else
+            y = s->atoms[y].parent;
+    }
+    if (x < 0 || y < 0) return;
+    for (int pass = 0; pass < 2; pass++)
+        for (int z = pass ? v : u;; z = s->atoms[z].parent) {
+            if (m)
+                m[z] = 1;
+            else
+                s->atoms[z].cyc = 1;
+            if (z == x) break;
+        }
+}
+
+/* Aromatic atoms not on a cycle yet. */
+static int pending_aromatic(const mg_smiles_state *s) {
+    int k = 0;
+    for (int a = 0; a < s->natoms; a++) k += s->atoms[a].aromatic && !s->atoms[a].cyc;
+    return k;
 }
 
 int mg_smiles_state_push(mg_smiles_state *s, const char *t, int l, char *why, size_t n) {
@@ -513,7 +548,10 @@ int mg_smiles_state_push(mg_smiles_state *s, const char *t, int l, char *why, si
             a->maxval_o = 7;
         if (s->level == MG_CONSTRAIN_VALENCE) valence_limits(a, t, &bi);
         int a_id = s->natoms++;
+        a->parent = -1;
         if (s->prev != P_NONE && s->prev != P_DOT) {
+            a->parent = s->cur;
+            a->depth = s->atoms[s->cur].depth + 1;
             const int o2 = order2_at(s, s->bsym);
             if (mask && (!fits(s, &s->atoms[s->cur], o2, 1) || !fits(s, a, o2, 1)))
                 return reject(why, n, "position %d: %.*s: bond exceeds a valence", pos, l, t);
@@ -583,6 +621,7 @@ int mg_smiles_state_push(mg_smiles_state *s, const char *t, int l, char *why, si
             if (mask && (!fits(s, ac, order2, 1) || !fits(s, ap, order2, 1)))
                 return reject(why, n, "position %d: ring bond %d exceeds a valence", pos, d);
             add_bond(s, s->cur, partner, order2);
+            if (mask) mark_path(s, s->cur, partner, NULL);
             if (mask && (!fits(s, ac, 0, 0) || !fits(s, ap, 0, 0)))
                 return reject(why, n, "position %d: ring bond %d exceeds a valence", pos, d);
             s->ring_atom[d] = -1;
@@ -656,21 +695,83 @@ int mg_smiles_state_end(mg_smiles_state *s, char *why, size_t n) {
     return 1;
 }
 
-int mg_smiles_state_viable(const mg_smiles_state *s) {
-    if (s->nring_open == 0) return 1;
-    /* an open ring closes on a new atom chained to cur, or to an atom a ')'
-     * gets back to: one of them needs room for a single bond */
-    if (s->prev == P_BOND || s->prev == P_OPEN) return 1;
-    if (fits(s, &s->atoms[s->cur], 2, 1)) return 1;
-    for (int k = 0; k < s->sp; k++)
-        if (fits(s, &s->atoms[s->stack[k]], 2, 1)) return 1;
+int mg_smiles_state_viable(mg_smiles_state *s) {
+    if (s->cur < 0) return 1;
+    /* after a bond symbol or '(' the next atom X bonds to cur: X is an
+     * attach point with room, cur must keep room for that bond as well */
+    const int pend = s->prev == P_BOND || s->prev == P_OPEN;
+    const int pend2 = s->prev == P_BOND ? order2_at(s, s->bsym) : pend ? 2 : 0;
+    const int cur_room = fits(s, &s->atoms[s->cur], pend2 + 2, pend + 1);
+    if (s->nring_open > 0 && !pend && s->prev != P_DOT) {
+        /* an open ring closes on a new atom chained to cur, or to an atom a
+         * ')' gets back to: one of them needs room for a single bond */
+        int room = cur_room;
+        for (int k = 0; k < s->sp && !room; k++)
+            room = s->stack[k] != s->cur && fits(s, &s->atoms[s->stack[k]], 2, 1);
+        if (!room) return 0;
+    }
+    if (!pending_aromatic(s)) return 1;
+    /* an aromatic atom off every cycle can still get on one only through the
+     * atoms new bonds attach to (cur and the branch points, when they have
+     * room for one more bond; X) and the open ring bonds: it must be one of
+     * them or on the tree path from an open ring's atom to one of them */
+    unsigned char *m = s->inring;
+    memset(m, 0, (size_t)s->natoms);
+    for (int k = 0; k <= s->sp; k++) {
+        const int a = k < s->sp ? s->stack[k] : s->cur;
+        /* after '(' cur is the top of the stack too: its room is cur_room;
+         * a new ring through a itself takes two bonds (the ring bond and the
+         * way to its other end), one closing an open ring takes one */
+        const int room = a == s->cur ? cur_room : fits(s, &s->atoms[a], 2, 1);
+        const int room2 = a == s->cur ? fits(s, &s->atoms[a], pend2 + 4, pend + 2)
+                                      : fits(s, &s->atoms[a], 4, 2);
+        const int via_x = k == s->sp && pend; /* a ring bond at X passes through cur */
+        if (room2) m[a] = 1;
+        if (!room && !via_x) continue;
+        for (int d = 0; d < 100; d++)
+            if (s->ring_atom[d] >= 0) mark_path(s, s->ring_atom[d], a, m);
+    }
+    for (int a = 0; a < s->natoms; a++)
+        if (s->atoms[a].aromatic && !s->atoms[a].cyc && !m[a]) return 0;
+    return 1;
+}
+
+static int bonded(const mg_smiles_state *s, int x, int y) {
+    for (int k = 0; k < s->nbonds; k++)
+        if ((s->bonds[k].a == x && s->bonds[k].b == y) || (s->bonds[k].a == y && s->bonds[k].b == x))
+            return 1;
     return 0;
 }
 
+/* The shortest ending it knows: an atom after a bond, '(' or '.'; one ')' per
+ * open branch; one digit per open ring, on cur when it may close them all
+ * (distinct partners, none cur or bonded to it, room for the bonds), else
+ * on a chain of new atoms (as many as the most rings one atom opened, one
+ * more when that atom is cur: a ring bond may not double a bond); for an
+ * aromatic atom off every cycle a ring through cur (digit, two atoms,
+ * digit). An estimate, not a bound: the mask drops it when it leaves no
+ * token. */
 int mg_smiles_state_min_tokens(const mg_smiles_state *s) {
     int m = s->sp + s->nring_open;
-    if (s->prev == P_BOND || s->prev == P_OPEN || s->prev == P_DOT) m++;
-    if (s->nring_open > 0) m += 2; /* at most two atoms to close them on */
+    const int pend = s->prev == P_BOND || s->prev == P_OPEN || s->prev == P_DOT;
+    if (s->nring_open > 0) {
+        int chain = 0, all_close = !pend, need2 = 0;
+        for (int d = 0; d < 100; d++) {
+            const int o = s->ring_atom[d];
+            if (o < 0) continue;
+            int mult = 0;
+            for (int e = 0; e < 100; e++) mult += s->ring_atom[e] == o;
+            const int on_cur = s->prev != P_DOT && o == s->cur;
+            if (mult + on_cur > chain) chain = mult + on_cur;
+            if (mult > 1 || o == s->cur || bonded(s, o, s->cur)) all_close = 0;
+            need2 += order2_at(s, s->ring_sym[d]);
+        }
+        if (all_close && !fits(s, &s->atoms[s->cur], need2, s->nring_open)) all_close = 0;
+        if (!all_close) m += chain > pend ? chain : pend;
+    } else {
+        m += pend;
+        if (s->level != MG_CONSTRAIN_NONE && pending_aromatic(s)) m += 4;
+    }
     return m;
 }
 

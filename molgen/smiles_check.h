@@ -72,7 +72,9 @@ int mg_smiles_syntax_ok(const char *smiles, char *why, size_t n);
  *                         [NH+] as C, [O-] as F, [nH] as N) and aromatic
  *                         atoms (bonds counted as single: c 4, n 3, o 2,
  *                         s 4, p 3, b 3; at most 3 neighbours); ':' counts
- *                         as a single bond. */
+ *                         as a single bond; unbracketed N stays at 3 and
+ *                         Cl / Br at 1 with a multiple bond to O (RDKit
+ *                         refuses C-N(=O)-C; nitro is [N+](=O)[O-]). */
 typedef enum {
     MG_CONSTRAIN_NONE = 0,
     MG_CONSTRAIN_SYNTAX = 1,
@@ -99,10 +101,13 @@ int mg_smiles_state_push(mg_smiles_state *s, const char *t, int l, char *why, si
 /* 1 if the string so far may end here (every end check passes), else 0
  * with a reason. */
 int mg_smiles_state_end(mg_smiles_state *s, char *why, size_t n);
-/* Levels SYNTAX / VALENCE: 0 if the open ring bonds can no longer close
- * (neither the current atom nor an atom a ')' returns to has room for
- * one more bond), 1 otherwise. */
-int mg_smiles_state_viable(const mg_smiles_state *s);
+/* Levels SYNTAX / VALENCE: 0 if the string can no longer end well: open
+ * ring bonds that cannot close (neither the current atom nor an atom a ')'
+ * returns to has room for one more bond), or an aromatic atom off every
+ * cycle that no future ring bond can put on one (it is neither an atom new
+ * bonds attach to nor on the tree path from an open ring bond's atom to
+ * one); 1 otherwise. */
+int mg_smiles_state_viable(mg_smiles_state *s);
 /* Tokens pushed so far, and an estimate of the tokens still needed before
  * the string can end (closing branches and rings, an atom after a bond). */
 int mg_smiles_state_tokens(const mg_smiles_state *s);
