@@ -445,3 +445,24 @@ def test_missing_filter_files_say_not_computed(tmp_path, monkeypatch):
     assert r['Filters'] is None and 'cannot read' in r['not_computed']['Filters']
     assert any(n.startswith('Filters not computed: cannot read') for n in r['notes'])
     assert r['validity'] == 1.0
+
+
+def test_sampling_sidecar_is_reported(tmp_path):
+    """molgen sample's SAMPLES.json (its constrain mode) is printed and kept
+    in the JSON; without it the output says the mode is unknown."""
+    s = _write(tmp_path / 's.smi', ['CCO', 'c1ccccc1O'])
+    for meta in (None, {'constrain': 'valence', 'temperature': 1.0, 'top_k': 0, 'top_p': 1.0,
+                        'seed': '7', 'model': 'm.safetensors'}):
+        side = tmp_path / 's.smi.json'
+        if meta:
+            side.write_text(json.dumps(meta))
+        out = tmp_path / 'm.json'
+        p = subprocess.run([sys.executable, SCRIPT, s, '--json', str(out), '--jobs', '1', '-q'],
+                           capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, p.stderr
+        j = json.loads(out.read_text())
+        line = [l for l in p.stdout.splitlines() if l.startswith('sampling')][0]
+        if meta:
+            assert j['sampling'] == meta and 'constrain valence' in line
+        else:
+            assert j['sampling'] is None and 'unknown' in line

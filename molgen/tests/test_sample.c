@@ -10,7 +10,12 @@
  *     and KV vs naive), different seeds differ, top-k = 1 equals greedy
  *     (temperature 0) equals a hand-written argmax loop on the naive
  *     decoder;
- *   - errors: bad settings, step before reset / past ctx_len.
+ *   - errors: bad settings, step before reset / past ctx_len;
+ *   - constrained sampling (--constrain syntax / valence) on a wild model
+ *     (weights scaled up, most unconstrained strings broken): every
+ *     molecule that ends passes mg_smiles_syntax_ok, the output does not
+ *     depend on batch size or decoder, and a vocabulary that allows no
+ *     first token is MG_ERR_STATE with a message, not NaN.
  * The model is small with random weights scaled up so that logits are O(1)
  * and attention is far from uniform. */
 #define _POSIX_C_SOURCE 200809L
@@ -22,6 +27,8 @@
 #include <unistd.h>
 
 #include "commands.h"
+#include "constrain.h"
+#include "smiles_check.h"
 #include "bench.h"
 #include "model.h"
 #include "sample.h"
@@ -511,6 +518,107 @@ static void test_bench(void) {
     CHECK(cmd_bench(3, bad) == 2, "--runs 0 accepted");
 }
 
+/* ---------------------------------------------------------------- constrained */
+
+static const char *WILD_TOKENS[] = {"C", "c", "N", "O", "(", ")", "1", "2", "3", "=", "#",
+                                    "n", "o", "s", "S", "F", "Cl", "-", "[nH]", "[NH+]", "[O-]"};
+
+static void test_constrained(void) {
+    mg_error err = {0};
+    mg_vocab *v = NULL;
+    CHECK(!mg_vocab_from_tokens(WILD_TOKENS, sizeof WILD_TOKENS / sizeof *WILD_TOKENS, &v, &err),
+          "%s", err.message);
+    mg_model_config c;
+    mg_model_config_default(&c);
+    c.n_layer = 1;
+    c.d_model = 32;
+    c.n_head = 2;
+    c.ctx_len = 64;
+    c.vocab_size = mg_vocab_size(v);
+    mg_model *m = NULL;
+    CHECK(!mg_model_create(&c, &m, &err), "%s", err.message);
+    if (!m || !v) return;
+    mg_model_init(m, 7);
+    float *p = mg_model_params(m);
+    for (size_t i = 0; i < mg_model_num_tensors(m); i++) {
+        const mg_param_info *t = mg_model_tensor(m, i);
+        if (t->ndim == 2)
+            for (size_t j = 0; j < t->numel; j++) p[t->offset + j] *= 3.0f;
+    }
+    mg_model_set_threads(m, 1);
+    mg_sample_opts o;
+    mg_sample_opts_default(&o);
+    o.n = 1500;
+    o.seed = 5;
+    for (int level = MG_CONSTRAIN_NONE; level <= MG_CONSTRAIN_VALENCE; level++) {
+        o.constrain = (mg_constrain)level;
+        o.batch = 64;
+        o.kind = MG_DECODE_KV;
+        mg_samples s, s2;
+        CHECK(!mg_sample(m, v, &o, &s, &err), "%s", err.message);
+        size_t ok = 0, ended = 0, bad_ended = 0;
+        char why[256];
+        for (size_t i = 0; i < s.n; i++) {
+            const int good = mg_smiles_syntax_ok(s.smiles[i], why, sizeof why);
+            ok += good;
+            ended += s.ended[i];
+            if (s.ended[i] && !good && level != MG_CONSTRAIN_NONE && bad_ended++ < 3)
+                fprintf(stderr, "constrain %s emitted '%s': %s\n",
+                        mg_constrain_name((mg_constrain)level), s.smiles[i], why);
+        }
+        printf("constrain %-7s: %zu/%zu pass the SMILES check, %zu without EOS by ctx_len\n",
+               mg_constrain_name((mg_constrain)level), ok, s.n, s.n - ended);
+        if (level == MG_CONSTRAIN_NONE) {
+            /* the oracle can fail: the wild model breaks most strings */
+            CHECK(ok < s.n / 2, "unconstrained: %zu/%zu pass", ok, s.n);
+        } else {
+            CHECK(bad_ended == 0, "%zu molecules ended with a syntax error", bad_ended);
+            CHECK(s.n - ended <= s.n / 50, "%zu of %zu without EOS", s.n - ended, s.n);
+            /* a molecule's own stream: batch size and decoder change nothing */
+            o.batch = 7;
+            o.kind = MG_DECODE_NAIVE;
+            o.n = 200;
+            CHECK(!mg_sample(m, v, &o, &s2, &err), "%s", err.message);
+            int same = 1;
+            for (size_t i = 0; i < s2.n; i++) same &= !strcmp(s.smiles[i], s2.smiles[i]);
+            CHECK(same, "constrain %s: batch 7 naive differs from batch 64 kv",
+                  mg_constrain_name((mg_constrain)level));
+            mg_samples_free(&s2);
+            o.n = 1500;
+        }
+        mg_samples_free(&s);
+    }
+    mg_model_free(m);
+    mg_vocab_free(v);
+
+    /* nothing can start a string of "(" and ")": a clear error, no NaN */
+    static const char *BRANCHES[] = {"(", ")"};
+    CHECK(!mg_vocab_from_tokens(BRANCHES, 2, &v, &err), "%s", err.message);
+    c.vocab_size = mg_vocab_size(v);
+    c.ctx_len = 8;
+    CHECK(!mg_model_create(&c, &m, &err), "%s", err.message);
+    if (!m || !v) return;
+    mg_model_init(m, 1);
+    mg_model_set_threads(m, 1);
+    o.n = 3;
+    o.constrain = MG_CONSTRAIN_SYNTAX;
+    mg_samples s;
+    mg_status rc = mg_sample(m, v, &o, &s, &err);
+    CHECK(rc == MG_ERR_STATE && strstr(err.message, "no token can follow"), "rc %d: %s", (int)rc,
+          err.message);
+    float lg[8] = {0, 0, 0, 0, 0};
+    mg_token_mask *mask = NULL;
+    CHECK(!mg_token_mask_new(v, 1, 8, MG_CONSTRAIN_VALENCE, &mask, &err), "%s", err.message);
+    if (mask) {
+        CHECK(mg_token_mask_apply(mask, 0, lg) == 0, "a token allowed before any atom");
+        for (int t = 0; t < mg_vocab_size(v); t++) CHECK(lg[t] == -INFINITY, "logit %d kept", t);
+    }
+    mg_token_mask_free(mask);
+    CHECK(mg_token_mask_new(v, 1, 8, MG_CONSTRAIN_NONE, &mask, &err) == MG_ERR_ARG, "NONE mask");
+    mg_model_free(m);
+    mg_vocab_free(v);
+}
+
 int main(void) {
     mg_vocab *v = NULL;
     mg_model *m = make_model(&v, 24, 8.0f);
@@ -525,6 +633,7 @@ int main(void) {
         test_sample(m, v);
         test_cmd(m, v);
         test_bench();
+        test_constrained();
     }
     /* A model as initialised (small logits) too, with 1 thread. */
     mg_vocab *v2 = NULL;
