@@ -30,6 +30,7 @@
  * 4·H·Σ Lᵢ²·D (fwd) and 10·H·Σ Lᵢ²·D (bwd), so speedup is padded / packed. */
 #define _POSIX_C_SOURCE 200809L
 #include "attn.h"
+#include "fma_peak.h"
 #include "internal.h" /* attn_test_fused_blas */
 
 #include <math.h>
@@ -39,10 +40,6 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <time.h>
-
-#if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
-#endif
 
 typedef struct {
     int64_t B, H, Lq, Lk, D;
@@ -77,96 +74,6 @@ static double peak_rss_mb(void) {
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     return (double)ru.ru_maxrss / 1024.0; /* Linux: kilobytes */
-}
-
-/* ------------------------------------------------------------ FMA peak */
-
-/* FLOPs of `iters` iterations of 12 independent FMA chains of vector width
- * w on one thread: a register-resident loop, no memory traffic (12 chains
- * cover 2 FMA units x 4-6 cycles latency). Spelled out so that the
- * accumulators live in registers at any optimisation level. */
-#define FMA12(fma)                                                                                 \
-    a0 = fma(a0, x, y), a1 = fma(a1, x, y), a2 = fma(a2, x, y), a3 = fma(a3, x, y);                \
-    a4 = fma(a4, x, y), a5 = fma(a5, x, y), a6 = fma(a6, x, y), a7 = fma(a7, x, y);                \
-    a8 = fma(a8, x, y), a9 = fma(a9, x, y), a10 = fma(a10, x, y), a11 = fma(a11, x, y)
-#if defined(__x86_64__) && defined(__GNUC__)
-__attribute__((target("avx512f"))) static double fma_loop_avx512(long iters) {
-    const __m512 x = _mm512_set1_ps(0.999999f), y = _mm512_set1_ps(1e-7f);
-    __m512 a0 = _mm512_set1_ps(0.f), a1 = _mm512_set1_ps(1.f), a2 = _mm512_set1_ps(2.f),
-           a3 = _mm512_set1_ps(3.f), a4 = _mm512_set1_ps(4.f), a5 = _mm512_set1_ps(5.f),
-           a6 = _mm512_set1_ps(6.f), a7 = _mm512_set1_ps(7.f), a8 = _mm512_set1_ps(8.f),
-           a9 = _mm512_set1_ps(9.f), a10 = _mm512_set1_ps(10.f), a11 = _mm512_set1_ps(11.f);
-    for (long it = 0; it < iters; it++) { FMA12(_mm512_fmadd_ps); }
-    __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),
-                             _mm512_add_ps(_mm512_add_ps(a4, a5), _mm512_add_ps(a6, a7)));
-    s = _mm512_add_ps(s, _mm512_add_ps(_mm512_add_ps(a8, a9), _mm512_add_ps(a10, a11)));
-    volatile float sink = _mm512_reduce_add_ps(s);
-    (void)sink;
-    return (double)iters * 12 * 16 * 2;
-}
-__attribute__((target("avx2,fma"))) static double fma_loop_avx2(long iters) {
-    const __m256 x = _mm256_set1_ps(0.999999f), y = _mm256_set1_ps(1e-7f);
-    __m256 a0 = _mm256_set1_ps(0.f), a1 = _mm256_set1_ps(1.f), a2 = _mm256_set1_ps(2.f),
-           a3 = _mm256_set1_ps(3.f), a4 = _mm256_set1_ps(4.f), a5 = _mm256_set1_ps(5.f),
-           a6 = _mm256_set1_ps(6.f), a7 = _mm256_set1_ps(7.f), a8 = _mm256_set1_ps(8.f),
-           a9 = _mm256_set1_ps(9.f), a10 = _mm256_set1_ps(10.f), a11 = _mm256_set1_ps(11.f);
-    for (long it = 0; it < iters; it++) { FMA12(_mm256_fmadd_ps); }
-    __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)),
-                             _mm256_add_ps(_mm256_add_ps(a4, a5), _mm256_add_ps(a6, a7)));
-    s = _mm256_add_ps(s, _mm256_add_ps(_mm256_add_ps(a8, a9), _mm256_add_ps(a10, a11)));
-    float t[8];
-    _mm256_storeu_ps(t, s);
-    volatile float sink = t[0] + t[7];
-    (void)sink;
-    return (double)iters * 12 * 8 * 2;
-}
-#endif
-static double fma_loop_scalar(long iters) {
-    const float x = 0.999999f, y = 1e-7f;
-    float a0 = 0.f, a1 = 1.f, a2 = 2.f, a3 = 3.f, a4 = 4.f, a5 = 5.f, a6 = 6.f, a7 = 7.f, a8 = 8.f,
-          a9 = 9.f, a10 = 10.f, a11 = 11.f;
-    for (long it = 0; it < iters; it++) { FMA12(fmaf); }
-    volatile float sink = a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7 + a8 + a9 + a10 + a11;
-    (void)sink;
-    return (double)iters * 12 * 2;
-}
-
-static const char *g_peak_isa = "scalar";
-static double fma_loop(long iters) {
-#if defined(__x86_64__) && defined(__GNUC__)
-    if (__builtin_cpu_supports("avx512f")) return fma_loop_avx512(iters);
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-        return fma_loop_avx2(iters);
-#endif
-    return fma_loop_scalar(iters);
-}
-
-/* GFLOP/s of all threads running the loop at once, best of 3 (~1 s). */
-static double measure_peak(int threads) {
-#if defined(__x86_64__) && defined(__GNUC__)
-    g_peak_isa = __builtin_cpu_supports("avx512f")                                 ? "avx512"
-                 : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? "avx2"
-                                                                                   : "scalar";
-#endif
-    long iters = 1 << 20;
-    double best = 0.0;
-    for (;;) { /* size the loop to ~0.3 s */
-        double t0 = now_s(), fl = fma_loop(iters), dt = now_s() - t0;
-        (void)fl;
-        if (dt > 0.05) {
-            iters = (long)((double)iters * 0.3 / dt);
-            break;
-        }
-        iters *= 4;
-    }
-    for (int rep = 0; rep < 3; rep++) {
-        double flops = 0.0, t0 = timer_s();
-#pragma omp parallel num_threads(threads) reduction(+ : flops)
-        flops += fma_loop(iters);
-        double g = flops / (timer_s() - t0) / 1e9;
-        if (g > best) best = g;
-    }
-    return best;
 }
 
 /* ------------------------------------------------------------ timing */
@@ -530,15 +437,16 @@ int main(int argc, char **argv) {
     }
     attn_set_num_threads(threads, NULL);
     g_threads = threads;
-    const double peak = measure_peak(threads);
+    const char *peak_isa;
+    const double peak = fma_peak_gflops(threads, timer_s, &peak_isa);
     if (json)
         printf(
             "{\"peak_gflops\": %.2f, \"peak_isa\": \"%s\", \"threads\": %d, \"clock\": \"%s\"}\n",
-            peak, g_peak_isa, threads, g_cpu_clock ? "cpu" : "wall");
+            peak, peak_isa, threads, g_cpu_clock ? "cpu" : "wall");
     else
         printf("threads %d, measured fp32 FMA peak %.1f GFLOP/s (%s), %s clock\n"
                "%-9s %-3s %5s %3s %6s %6s %4s %-6s %10s %9s %7s %9s\n",
-               threads, peak, g_peak_isa, g_cpu_clock ? "cpu-time" : "wall", "impl", "op", "B", "H",
+               threads, peak, peak_isa, g_cpu_clock ? "cpu-time" : "wall", "impl", "op", "B", "H",
                "Lq", "Lk", "D", "causal", "ms", "GFLOP/s", "peak", "rss_MB");
     int rc = 0;
     for (size_t i = 0; i < ncases; i++) {

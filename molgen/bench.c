@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include "cli_util.h"
+#include "fma_peak.h"
 #include "data.h"
 #include "model.h"
 #include "optim.h"
@@ -41,6 +42,19 @@ static void finish(mg_bench_result *r) {
     r->lo = tmp[0];
     r->hi = tmp[r->runs - 1];
 }
+
+double mg_train_step_flops(const mg_model_config *c, const int64_t *lengths, int B) {
+    const double d = c->d_model, matmul = 12.0 * c->n_layer * d * d + (double)c->vocab_size * d;
+    double pos = 0, pairs = 0;
+    for (int b = 0; b < B; b++) {
+        const double L = (double)(lengths[b] - 1);
+        pos += L;
+        pairs += c->no_causal_mask ? L * L : L * (L + 1) / 2;
+    }
+    return 6.0 * matmul * pos + 12.0 * c->n_layer * d * pairs;
+}
+
+double mg_bench_peak(int threads, const char **isa) { return fma_peak_gflops(threads, NULL, isa); }
 
 /* Training steps on random full rows, or (data != NULL) on its batches of
  * real molecules in file order, each cut to its longest row as molgen train
@@ -76,8 +90,10 @@ mg_status mg_bench_train(mg_model *m, int B, int steps, int warmup, int runs, mg
     }
     int64_t step = 0;
     float loss = 0;
+    double flop_rate[64];
     for (int run = -warmup; run < runs; run++) {
         int64_t tokens = 0;
+        double flops = 0;
         const double t0 = mg_now_s();
         for (int k = 0; k < steps; k++, step++) {
             int64_t ntok = 0;
@@ -91,13 +107,18 @@ mg_status mg_bench_train(mg_model *m, int B, int steps, int warmup, int runs, mg
                       mg_adamw_step(&opt, mg_model_params(m), mg_model_grads(m), NULL, NULL, err)))
                 goto done;
             tokens += ntok;
+            flops += mg_train_step_flops(c, len, B);
         }
         const double dt = mg_now_s() - t0;
-        if (run >= 0) r->rate[run] = (double)tokens / (dt > 0 ? dt : 1e-9);
+        if (run >= 0) {
+            r->rate[run] = (double)tokens / (dt > 0 ? dt : 1e-9);
+            flop_rate[run] = flops / (dt > 0 ? dt : 1e-9);
+        }
     }
     r->runs = runs;
     r->extra = loss;
     finish(r);
+    r->flop_rate = mg_median(flop_rate, runs);
     rc = 0;
 done:
     mg_adamw_free(&opt);

@@ -37,9 +37,27 @@ typedef struct {
     double rate[64]; /* per timed run */
     int runs;
     double median, lo, hi;
-    double extra;    /* sampling: mean tokens per molecule; training: loss */
-    double tok_rate; /* sampling: tokens/s (median run's) */
+    double extra;     /* sampling: mean tokens per molecule; training: loss */
+    double tok_rate;  /* sampling: tokens/s (median run's) */
+    double flop_rate; /* training: median of the runs' FLOP/s (mg_train_step_flops) */
 } mg_bench_result;
+
+/* FLOPs of one training step (forward + backward, AdamW not counted) of a
+ * model of config c on B rows of lengths[b] - 1 input positions (data.h
+ * rows: lengths[b] = tokens + 2), the count MFU divides by the peak:
+ *   6 x the matmul weights per position, 6 (12 n_layer d^2 + V d) (in_proj,
+ *       out_proj, mlp fc and proj, head; 2 per weight forward, 4 backward;
+ *       embeddings and biases are not matmuls), plus
+ *   12 n_layer d per causally visible (query, key) pair, L (L + 1) / 2 in a
+ *       row of L positions (L^2 for the debug no_causal_mask config;
+ *       Q Kᵀ and P V forward, their four products
+ *       backward; the backward's recomputation of Q Kᵀ is not counted). */
+double mg_train_step_flops(const mg_model_config *c, const int64_t *lengths, int B);
+
+/* The fp32 FMA peak in GFLOP/s measured on `threads` threads (about 1 s;
+ * the loop attn-bench measures, bench/fma_peak.h); *isa its instruction
+ * set. */
+double mg_bench_peak(int threads, const char **isa);
 
 /* Training: runs x steps full optimizer steps (B rows) on random full rows,
  * or (data != NULL) on its batches in order, each cut to its longest row;

@@ -22,7 +22,10 @@ static const char *BENCH_USAGE =
     "                    [--threads N] [--data FILE] [--no-train] [--no-sample] [--json]\n"
     "Throughput of training (tokens/s of forward+backward+AdamW steps) and of\n"
     "sampling (molecules/s, KV-cache and naive decoding); medians of R timed\n"
-    "runs after W warm-up runs.\n"
+    "runs after W warm-up runs. Training also reports its FLOP rate and mfu: the\n"
+    "step's FLOPs (6 x matmul weights per position + 12 n_layer d_model per\n"
+    "causally visible query-key pair) over the fp32 FMA peak measured at start-up\n"
+    "on the same threads (attn-bench's loop, about 1 s).\n"
     "  --molgpt        MolGPT's architecture (8 layers, d 256, 8 heads, dropout 0.1)\n"
     "                  instead of the default (4 layers, d 128, 4 heads)\n"
     "  --model FILE    benchmark this trained model instead (its config and vocab)\n"
@@ -164,7 +167,10 @@ int cmd_bench(int argc, char **argv) {
                        kv.median / nv.median);
         }
     }
+    double peak = 0;
+    const char *peak_isa = "";
     if (do_train) {
+        peak = mg_bench_peak(mg_model_threads(m), &peak_isa);
         rc = mg_bench_train(m, batch, steps, warmup, runs, bat, &tr, &err);
         if (rc) {
             fprintf(stderr, "molgen bench: training: %s\n", err.message);
@@ -179,6 +185,11 @@ int cmd_bench(int argc, char **argv) {
                 "training (batch %d x %d positions, fwd+bwd+AdamW, %d steps/run): %10.0f tokens/s  "
                 "[%.0f .. %.0f]\n",
                 batch, c->ctx_len, steps, tr.median, tr.lo, tr.hi);
+        if (!json)
+            printf("training FLOP rate %.2f GFLOP/s, mfu %.1f%% of the measured fp32 FMA peak "
+                   "%.1f GFLOP/s (%s, %d threads)\n",
+                   tr.flop_rate / 1e9, 100.0 * tr.flop_rate / 1e9 / peak, peak, peak_isa,
+                   mg_model_threads(m));
     }
     if (!json) {
         printf("(medians of %d runs after %d warm-up run%s)\n", runs, warmup,
@@ -193,8 +204,10 @@ int cmd_bench(int argc, char **argv) {
         if (do_train)
             printf(
                 ",\"train\":{\"tokens_per_s\":%.1f,\"min\":%.1f,\"max\":%.1f,\"steps_per_run\":%d,"
-                "\"positions\":%d,\"data\":\"%s\"}",
-                tr.median, tr.lo, tr.hi, steps, c->ctx_len, data_path ? data_path : "");
+                "\"positions\":%d,\"data\":\"%s\",\"gflops\":%.4f,\"mfu\":%.5f,"
+                "\"peak_gflops\":%.2f,\"peak_isa\":\"%s\"}",
+                tr.median, tr.lo, tr.hi, steps, c->ctx_len, data_path ? data_path : "",
+                tr.flop_rate / 1e9, tr.flop_rate / 1e9 / peak, peak, peak_isa);
         if (do_sample) {
             printf(",\"sample_kv\":{\"molecules_per_s\":%.2f,\"min\":%.2f,\"max\":%.2f,"
                    "\"tokens_per_s\":%.1f,\"tokens_per_molecule\":%.2f,\"n\":%d}",
