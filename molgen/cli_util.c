@@ -1,6 +1,7 @@
 /* molgen CLI helpers (see cli_util.h). */
 #define _POSIX_C_SOURCE 200809L
 #include "cli_util.h"
+#include "dist.h"
 #include "model.h"
 
 #include <errno.h>
@@ -247,14 +248,47 @@ mg_status mg_cli_atomic_commit_if(FILE *f, int write_rc, const char *tmp, const 
 int mg_cli_load_model(const char *cmd, const char *path, struct mg_model **m, struct mg_vocab **v) {
     mg_error err;
     int checksummed = 0;
-    if (mg_model_load(path, m, v, &checksummed, &err)) {
-        fprintf(stderr, "molgen %s: %s\n", cmd, err.message);
+    mg_dist *world = mg_dist_world();
+    mg_status rc = mg_dist_agree(world, mg_model_load(path, m, v, &checksummed, &err), &err);
+    if (rc) {
+        mg_cli_report(cmd, rc, &err);
+        mg_model_free(*m);
+        *m = NULL;
+        if (v) {
+            mg_vocab_free(*v);
+            *v = NULL;
+        }
         return -1;
     }
-    if (!checksummed)
+    if (!checksummed && world->rank == 0)
         fprintf(stderr,
                 "molgen %s: note: %s has no tensor checksums (written before molgen stored "
                 "them): loaded without an integrity check\n",
                 cmd, path);
     return 0;
+}
+
+int mg_cli_check_output_ranks(const char *cmd, const char *path, const char *const *inputs,
+                              size_t n_inputs) {
+    mg_dist *world = mg_dist_world();
+    mg_error err;
+    mg_status rc = MG_OK;
+    if (world->rank == 0) {
+        rc = mg_cli_check_output(path, inputs, n_inputs, &err);
+        if (rc)
+            fprintf(stderr, "molgen %s: --out: %s\n", cmd, err.message);
+        else
+            mg_st_remove_stale_temps(path);
+    }
+    return mg_dist_agree(world, rc, &err) ? -1 : 0;
+}
+
+void mg_cli_report(const char *cmd, mg_status rc, const mg_error *err) {
+    const mg_dist *world = mg_dist_world();
+    if (rc == MG_ERR_PEER) return;
+    if (world->size > 1)
+        fprintf(stderr, "molgen %s: rank %d of %d: %s\n", cmd, world->rank, world->size,
+                err->message);
+    else
+        fprintf(stderr, "molgen %s: %s\n", cmd, err->message);
 }

@@ -64,10 +64,21 @@ mg_status mg_cli_atomic_commit_if(FILE *f, int write_rc, const char *tmp, const 
 
 /* Loads a model for command `cmd` (model.h's mg_model_load): on an error
  * prints "molgen CMD: <reason>" and returns -1; a file without checksums
- * loads with a one-line note on stderr. */
+ * loads with a one-line note on stderr. Under mpirun (dist.h) every rank
+ * loads it and all return -1 when one failed, which alone says why. */
 struct mg_model;
 struct mg_vocab;
 int mg_cli_load_model(const char *cmd, const char *path, struct mg_model **m, struct mg_vocab **v);
+
+/* Under mpirun (dist.h) the output is rank 0's: rank 0 checks path
+ * (mg_cli_check_output, then removes stale temporaries) and prints
+ * "molgen CMD: --out: <reason>"; every rank returns its verdict, 0 or -1.
+ * Alone: the same for this process. Collective. */
+int mg_cli_check_output_ranks(const char *cmd, const char *path, const char *const *inputs,
+                              size_t n_inputs);
+/* "molgen CMD: <message>" on stderr, "molgen CMD: rank K of N: <message>"
+ * under mpirun; nothing for MG_ERR_PEER (the failed rank says why). */
+void mg_cli_report(const char *cmd, mg_status rc, const mg_error *err);
 
 /* mkdir -p of path's parent directory (nothing for a bare file name).
  * Returns 0, or -1 with a message. */

@@ -7,6 +7,7 @@
 #include "cli_util.h"
 #include "json.h"
 #include "commands.h"
+#include "dist.h"
 #include "safetensors.h"
 #include "sample.h"
 #include "smiles_check.h"
@@ -38,6 +39,8 @@ static const char *SAMPLE_USAGE =
     "                     probabilities are renormalised over the allowed tokens\n"
     "Writes FILE.json beside the output: the model, seed, sampling settings and\n"
     "constrain mode (molgen/metrics.py reports it).\n"
+    "Under mpirun -np N the molecules are split over the ranks by index; rank 0\n"
+    "writes them in order: the file is the one a single process writes.\n"
     "Prints the output path on stdout; molecules/s and the syntax-valid fraction\n"
     "(molgen's SMILES grammar check, not RDKit) on stderr. An empty line is a\n"
     "molecule that ended at once; a molecule without EOS by ctx_len is kept.\n";
@@ -153,30 +156,35 @@ int cmd_sample(int argc, char **argv) {
         fprintf(stderr, "molgen sample: --model FILE is required (see molgen sample --help)\n");
         return 2;
     }
-    /* the output is checked before any work, and never replaces the model */
+    /* the output is checked before any work, and never replaces the model;
+     * under mpirun rank 0 writes it, and a failure on any rank is every
+     * rank's (reported once, by the lowest failed rank) */
+    mg_dist *world = mg_dist_world();
     const char *inputs[] = {model_path};
     char meta_path[4200];
     if ((size_t)snprintf(meta_path, sizeof meta_path, "%s.json", out_path) >= sizeof meta_path) {
         fprintf(stderr, "molgen sample: --out: path too long\n");
         return 1;
     }
-    if (mg_cli_check_output(out_path, inputs, 1, &err) ||
-        mg_cli_check_output(meta_path, inputs, 1, &err)) {
-        fprintf(stderr, "molgen sample: --out: %s\n", err.message);
+    if (mg_cli_check_output_ranks("sample", out_path, inputs, 1) ||
+        mg_cli_check_output_ranks("sample", meta_path, inputs, 1))
         return 1;
-    }
-    mg_st_remove_stale_temps(out_path);
     mg_model *m = NULL;
     mg_vocab *v = NULL;
     if (mg_cli_load_model("sample", model_path, &m, &v)) return 1;
     mg_model_set_threads(m, threads);
+    o.dist = world;
     mg_samples s;
     mg_status rc = mg_sample(m, v, &o, &s, &err);
     mg_model_free(m);
     mg_vocab_free(v);
     if (rc) {
-        fprintf(stderr, "molgen sample: %s\n", err.message);
+        mg_cli_report("sample", rc, &err);
         return 1;
+    }
+    if (world->rank) { /* rank 0 writes them all */
+        mg_samples_free(&s);
+        return 0;
     }
     rc = 0;
     char tmp[4200];
@@ -203,9 +211,10 @@ int cmd_sample(int argc, char **argv) {
     const double secs = s.seconds > 0 ? s.seconds : 1e-9;
     fprintf(stderr,
             "sampled %zu molecules in %.2f s: %.1f molecules/s, %.0f tokens/s (%s decoding, "
-            "batch %d, %d threads)\n",
+            "batch %d, %d threads%s)\n",
             s.n, s.seconds, (double)s.n / secs, (double)s.tokens / secs,
-            mg_decode_kind_name(o.kind), o.batch, threads > 0 ? threads : mg_default_threads());
+            mg_decode_kind_name(o.kind), o.batch, threads > 0 ? threads : mg_default_threads(),
+            world->size > 1 ? " on each of the MPI ranks" : "");
     fprintf(stderr,
             "syntax-valid %.4f (%zu/%zu; grammar check, not RDKit); empty %zu; no EOS %zu; "
             "constrain %s\n",

@@ -12,6 +12,7 @@
 #include "cli_util.h"
 #include "commands.h"
 #include "data.h"
+#include "dist.h"
 #include "safetensors.h"
 #include "score.h"
 #include "train_settings.h" /* MG_MAX_THREADS */
@@ -136,13 +137,18 @@ int cmd_score(int argc, char **argv) {
     }
     const int from_stdin = !strcmp(smiles_path, "-"), to_stdout = !strcmp(out_path, "-");
     mg_error err;
+    /* under mpirun every rank reads the input and scores its part; rank 0
+     * writes every row (mpirun gives stdin to rank 0 only) */
+    mg_dist *world = mg_dist_world();
+    if (from_stdin && world->size > 1) {
+        if (world->rank == 0)
+            fprintf(stderr, "molgen score: --smiles - (stdin) does not run as several MPI ranks: "
+                            "give a file\n");
+        return 2;
+    }
     if (!to_stdout) {
         const char *inputs[] = {model_path, from_stdin ? NULL : smiles_path};
-        if (mg_cli_check_output(out_path, inputs, 2, &err)) {
-            fprintf(stderr, "molgen score: --out: %s\n", err.message);
-            return 1;
-        }
-        mg_st_remove_stale_temps(out_path);
+        if (mg_cli_check_output_ranks("score", out_path, inputs, 2)) return 1;
     }
     mg_model *m = NULL;
     mg_vocab *v = NULL;
@@ -151,9 +157,12 @@ int cmd_score(int argc, char **argv) {
     size_t nl = strlen(smiles_path);
     const int csv = column != NULL || (nl >= 4 && !strcasecmp(smiles_path + nl - 4, ".csv"));
     mg_smiles_list l;
+    memset(&l, 0, sizeof l);
     mg_report rep;
-    if (mg_read_records(from_stdin ? stdin : NULL, name, csv, column, &l, &rep, &err)) {
-        fprintf(stderr, "molgen score: %s\n", err.message);
+    mg_status lrc = mg_read_records(from_stdin ? stdin : NULL, name, csv, column, &l, &rep, &err);
+    if ((lrc = mg_dist_agree(world, lrc, &err))) {
+        mg_cli_report("score", lrc, &err);
+        mg_smiles_list_free(&l);
         mg_model_free(m);
         mg_vocab_free(v);
         return 1;
@@ -161,23 +170,24 @@ int cmd_score(int argc, char **argv) {
     mg_score *sc = calloc(l.n ? l.n : 1, sizeof *sc);
     progress_state ps = {!quiet, mg_now_s(), 0};
     ps.last = ps.t0;
-    mg_score_opts so = {threads > 0 ? threads : mg_default_threads(), batch, on_progress, &ps};
+    mg_score_opts so = {threads > 0 ? threads : mg_default_threads(), batch, on_progress, &ps,
+                        world};
+    mg_status src = sc ? MG_OK : mg_fail(&err, MG_ERR_NOMEM, "out of memory");
+    if (!(src = mg_dist_agree(world, src, &err)))
+        src = mg_score_molecules(m, v, (const char *const *)l.smiles, l.flaw, l.n, &so, sc, &err);
     int rc = 0;
-    if (!sc) {
-        fprintf(stderr, "molgen score: out of memory\n");
-        rc = 1;
-    } else if (mg_score_molecules(m, v, (const char *const *)l.smiles, l.flaw, l.n, &so, sc,
-                                  &err)) {
-        fprintf(stderr, "molgen score: %s\n", err.message);
+    if (src) {
+        mg_cli_report("score", src, &err);
         rc = 1;
     }
+    const int writer = world->rank == 0; /* rank 0 writes and reports */
     const double secs = mg_now_s() - ps.t0;
-    if (!rc && to_stdout) {
+    if (!rc && writer && to_stdout) {
         if (write_rows(stdout, &l, sc) || fflush(stdout)) {
             fprintf(stderr, "molgen score: error writing stdout\n");
             rc = 1;
         }
-    } else if (!rc) {
+    } else if (!rc && writer) {
         char tmp[4200];
         FILE *f = mg_cli_atomic_open(out_path, tmp, sizeof tmp, &err);
         if (!f || mg_cli_atomic_commit_if(f, write_rows(f, &l, sc), tmp, out_path, &err)) {
@@ -185,7 +195,7 @@ int cmd_score(int argc, char **argv) {
             rc = 1;
         }
     }
-    if (!rc && !quiet) {
+    if (!rc && !quiet && writer) {
         size_t count[MG_SCORE_BAD_LINE + 1] = {0}, shown = 0;
         double nll = 0.0;
         long tok = 0;

@@ -12,6 +12,7 @@
 
 #include "cli_util.h"
 #include "commands.h"
+#include "dist.h"
 #include "json.h"
 #include "safetensors.h"
 #include "train.h"
@@ -148,6 +149,9 @@ static void on_progress(void *user, const mg_train_progress *p) {
 /* The summary line: where the checkpoint is and how the run went. */
 static void print_summary(const char *out, const mg_train_result *r) {
     static const char *const why[] = {"done", "time_limit", "signal", "stop_after"};
+    json_t *ranks = r->ranks > 1 ? json_pack("{si,sf}", "ranks", r->ranks, "comm_ms_per_step",
+                                             round(1e4 * r->comm_per_step) / 10)
+                                 : NULL;
     json_t *j = json_pack(
         "{ss,sI,sI,sf,sf,sf,sf,sf,sf,ss,sI}", "out", out, "step", (json_int_t)r->step,
         "total_steps", (json_int_t)r->total_steps, "train_loss", r->train_loss, "val_loss",
@@ -155,6 +159,8 @@ static void print_summary(const char *out, const mg_train_result *r) {
         isnan(r->first_val_loss) ? -1.0 : r->first_val_loss, "unigram_entropy", r->unigram_entropy,
         "tokens_per_sec", round(10 * r->tokens_per_sec) / 10, "seconds",
         round(10 * r->seconds) / 10, "stop", why[r->stop], "skipped_lines", (json_int_t)r->skipped);
+    if (ranks) json_object_update(j, ranks);
+    json_decref(ranks);
     char *s = mg_json_dump(j, 6);
     json_decref(j);
     printf("%s\n", s ? s : "{}");
@@ -232,16 +238,19 @@ int cmd_train(int argc, char **argv) {
     }
     /* every output is checked before any work (a run is never lost at its
      * first checkpoint), and never overwrites the data */
+    /* under mpirun: rank 0 writes, so rank 0 checks; every rank learns */
+    mg_dist *world = mg_dist_world();
+    const int rank0 = world->rank == 0;
     const char *inputs[] = {c.data_path};
-    if (mg_cli_check_output(c.out_path, inputs, 1, &e)) {
-        fprintf(stderr, "molgen train: --out: %s\n", e.message);
-        return 1;
-    }
-    int stale = mg_st_remove_stale_temps(c.out_path);
+    mg_status crc = rank0 ? mg_cli_check_output(c.out_path, inputs, 1, &e) : MG_OK;
+    if (crc) fprintf(stderr, "molgen train: --out: %s\n", e.message);
+    if (mg_dist_agree(world, crc, &e)) return 1;
+    int stale = rank0 ? mg_st_remove_stale_temps(c.out_path) : 0;
     if (stale > 0 && !c.quiet)
         fprintf(stderr, "removed %d stale temporary file(s) of %s left by killed runs\n", stale,
                 c.out_path);
     display d = {stderr, c.quiet, c.progress, isatty(fileno(stderr)), 0, -1e300};
+    c.dist = world;
     c.log = (mg_train_log){on_message, on_progress, &d};
     mg_train_install_signal_handlers();
     mg_train_result r;
@@ -250,11 +259,11 @@ int cmd_train(int argc, char **argv) {
         fputc('\n', d.f);
         d.line_open = 0;
     }
-    if (rc) {
-        fprintf(stderr, "molgen train: %s\n", e.message);
+    if (rc) { /* a failed rank says why; the others stop quietly */
+        mg_cli_report("train", rc, &e);
         return 1;
     }
-    print_summary(c.out_path, &r);
+    if (rank0) print_summary(c.out_path, &r);
     if (r.stop == MG_STOP_SIGNAL)
         return 128 + (mg_train_stop_signal() ? mg_train_stop_signal() : SIGINT);
     return 0;

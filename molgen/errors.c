@@ -6,9 +6,9 @@
 
 const char *mg_status_name(mg_status s) {
     static const char *const names[] = {
-        "MG_OK",         "MG_ERR_ARG",   "MG_ERR_NOMEM",         "MG_ERR_IO",
-        "MG_ERR_FORMAT", "MG_ERR_TOKEN", "MG_ERR_UNKNOWN_TOKEN", "MG_ERR_TOO_LONG",
-        "MG_ERR_LEAK",   "MG_ERR_STATE", "MG_ERR_NUMERIC",       "MG_ERR_MISMATCH"};
+        "MG_OK",          "MG_ERR_ARG",           "MG_ERR_NOMEM",    "MG_ERR_IO",   "MG_ERR_FORMAT",
+        "MG_ERR_TOKEN",   "MG_ERR_UNKNOWN_TOKEN", "MG_ERR_TOO_LONG", "MG_ERR_LEAK", "MG_ERR_STATE",
+        "MG_ERR_NUMERIC", "MG_ERR_MISMATCH",      "MG_ERR_PEER"};
     return (unsigned)s < sizeof names / sizeof names[0] ? names[s] : "MG_ERR_?";
 }
 

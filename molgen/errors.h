@@ -29,7 +29,8 @@ typedef enum {
     MG_ERR_LEAK = 8,          /* the causal-leak guard saw the future change the past */
     MG_ERR_STATE = 9,         /* call order (a backward without a forward) */
     MG_ERR_NUMERIC = 10,      /* non-finite values (diverged gradients, NaN logits) */
-    MG_ERR_MISMATCH = 11      /* inputs that do not belong together (resume on other data) */
+    MG_ERR_MISMATCH = 11,     /* inputs that do not belong together (resume on other data) */
+    MG_ERR_PEER = 12 /* another rank of the MPI job failed (dist.h; its message is its own) */
 } mg_status;
 
 /* Caller-owned error report; pass NULL when only the status matters. */

@@ -8,6 +8,7 @@
 
 #include "attn.h"
 #include "commands.h"
+#include "dist.h"
 
 typedef struct {
     const char *name;
@@ -34,6 +35,35 @@ static void usage(FILE *f) {
            "  on a loaded machine; make and the main job set it)\n");
 }
 
+/* The commands that split their work over the ranks of `mpirun -np N`
+ * (dist.h); the others refuse to run as several ranks. */
+static const char *const RANKED[] = {"train", "sample", "score"};
+
+static int run_command(const command *c, int argc, char **argv) {
+    mg_error e;
+    if (mg_dist_init(&argc, &argv,
+                     &e)) { /* no MPI to agree with: rank 0 (by mpirun's word) says it */
+        const char *rank = getenv("OMPI_COMM_WORLD_RANK");
+        if (!rank || !strcmp(rank, "0")) fprintf(stderr, "molgen %s: %s\n", c->name, e.message);
+        return 1;
+    }
+    int ranked = 0;
+    for (size_t i = 0; i < sizeof RANKED / sizeof RANKED[0]; i++)
+        ranked |= !strcmp(c->name, RANKED[i]);
+    int rc;
+    if (mg_dist_world()->size > 1 && !ranked) {
+        if (mg_dist_world()->rank == 0)
+            fprintf(stderr,
+                    "molgen %s: does not run as several MPI ranks (train, sample, score do)\n",
+                    c->name);
+        rc = 2;
+    } else {
+        rc = c->run(argc - 1, argv + 1);
+    }
+    mg_dist_finalize();
+    return rc;
+}
+
 int main(int argc, char **argv) {
     /* Past a file-size limit (ulimit -f) a write must fail with EFBIG so that
      * the normal error path runs (temporary removed, the previous checkpoint
@@ -54,7 +84,7 @@ int main(int argc, char **argv) {
         return 0;
     }
     for (size_t i = 0; i < sizeof COMMANDS / sizeof COMMANDS[0]; i++)
-        if (!strcmp(argv[1], COMMANDS[i].name)) return COMMANDS[i].run(argc - 1, argv + 1);
+        if (!strcmp(argv[1], COMMANDS[i].name)) return run_command(&COMMANDS[i], argc, argv);
     fprintf(stderr, "molgen: unknown command '%s' (molgen --help lists them)\n", argv[1]);
     return 2;
 }

@@ -289,10 +289,9 @@ void mg_samples_free(mg_samples *s) {
     memset(s, 0, sizeof *s);
 }
 
-mg_status mg_sample(mg_model *m, const mg_vocab *v, const mg_sample_opts *o, mg_samples *out,
-                    mg_error *err) {
-    if (!m || !v || !o || !out)
-        return mg_fail(err, MG_ERR_ARG, "model, vocab, options and out must be non-NULL");
+/* Molecules first .. first + n - 1 of o (streams first + k) into out. */
+static mg_status sample_part(mg_model *m, const mg_vocab *v, const mg_sample_opts *o, size_t first,
+                             size_t n, mg_samples *out, mg_error *err) {
     memset(out, 0, sizeof *out);
     mg_status rc = mg_sampling_check(&o->sampling, err);
     if (rc) return rc;
@@ -304,7 +303,6 @@ mg_status mg_sample(mg_model *m, const mg_vocab *v, const mg_sample_opts *o, mg_
                        V);
     if (V <= MG_NUM_SPECIAL)
         return mg_fail(err, MG_ERR_ARG, "vocabulary of %d tokens has no data tokens", V);
-    const size_t n = o->n;
     const int B = (size_t)o->batch < n ? o->batch : (int)(n ? n : 1);
     out->n = n;
     out->smiles = calloc(n ? n : 1, sizeof *out->smiles);
@@ -355,7 +353,7 @@ mg_status mg_sample(mg_model *m, const mg_vocab *v, const mg_sample_opts *o, mg_
                 active[r] = next < n;
                 if (!active[r]) continue;
                 mol[r] = next;
-                mg_rng_seed(&rng[r], o->seed, (uint64_t)next);
+                mg_rng_seed(&rng[r], o->seed, (uint64_t)(first + next));
                 if (mask) mg_token_mask_reset_row(mask, r);
                 next++;
                 live++;
@@ -382,7 +380,8 @@ mg_status mg_sample(mg_model *m, const mg_vocab *v, const mg_sample_opts *o, mg_
             int t = mg_sample_token(logits + (size_t)r * V, V, &o->sampling, &rng[r]);
             if (t < 0) {
                 rc = mg_fail(err, MG_ERR_NUMERIC,
-                             "molecule %zu position %d: the logits are not finite", k, len[r] + 1);
+                             "molecule %zu position %d: the logits are not finite", first + k,
+                             len[r] + 1);
                 goto done;
             }
             int finished = 0;
@@ -418,7 +417,7 @@ mg_status mg_sample(mg_model *m, const mg_vocab *v, const mg_sample_opts *o, mg_
             len[r] = 0;
             if (refill && next < n) {
                 mol[r] = next;
-                mg_rng_seed(&rng[r], o->seed, (uint64_t)next);
+                mg_rng_seed(&rng[r], o->seed, (uint64_t)(first + next));
                 if (mask) mg_token_mask_reset_row(mask, r);
                 next++;
             } else {
@@ -440,5 +439,77 @@ done:
     free(mol);
     free(sbuf);
     if (rc) mg_samples_free(out);
+    return rc;
+}
+
+/* Rank 0's out = every rank's part, in rank order. A molecule travels as
+ * [ended: 1 byte][ntok: int32][SMILES, NUL]. */
+static mg_status gather_parts(mg_dist *d, const mg_samples *part, size_t n, mg_samples *out,
+                              mg_error *err) {
+    memset(out, 0, sizeof *out);
+    size_t bytes = 0;
+    for (size_t i = 0; i < part->n; i++) bytes += 1 + sizeof(int32_t) + strlen(part->smiles[i]) + 1;
+    char *buf = malloc(bytes ? bytes : 1), *p = buf;
+    mg_status rc = buf ? MG_OK : mg_fail(err, MG_ERR_NOMEM, "out of memory");
+    for (size_t i = 0; !rc && i < part->n; i++) {
+        const int32_t t = part->ntok[i];
+        const size_t sl = strlen(part->smiles[i]) + 1;
+        *p++ = (char)part->ended[i];
+        memcpy(p, &t, sizeof t);
+        p += sizeof t;
+        memcpy(p, part->smiles[i], sl);
+        p += sl;
+    }
+    void *all = NULL;
+    size_t all_n = 0;
+    if (!(rc = mg_dist_agree(d, rc, err))) rc = mg_dist_gather(d, buf, bytes, &all, &all_n, err);
+    free(buf);
+    if (rc || d->rank) return rc;
+    out->n = n;
+    out->smiles = calloc(n ? n : 1, sizeof *out->smiles);
+    out->ntok = calloc(n ? n : 1, sizeof *out->ntok);
+    out->ended = calloc(n ? n : 1, sizeof *out->ended);
+    if (!out->smiles || !out->ntok || !out->ended) rc = mg_fail(err, MG_ERR_NOMEM, "out of memory");
+    const char *q = all, *end = q + all_n;
+    for (size_t k = 0; !rc && k < n; k++) {
+        const size_t sl = q + 1 + sizeof(int32_t) < end
+                              ? strnlen(q + 1 + sizeof(int32_t), (size_t)(end - q) - 5) + 1
+                              : 0;
+        if (!sl || q + 1 + sizeof(int32_t) + sl > end) {
+            rc = mg_fail(err, MG_ERR_STATE, "the ranks sent %zu molecules, not %zu", k, n);
+            break;
+        }
+        int32_t t;
+        out->ended[k] = (unsigned char)*q;
+        memcpy(&t, q + 1, sizeof t);
+        out->ntok[k] = t;
+        if (!(out->smiles[k] = malloc(sl))) {
+            rc = mg_fail(err, MG_ERR_NOMEM, "out of memory");
+            break;
+        }
+        memcpy(out->smiles[k], q + 1 + sizeof t, sl);
+        out->tokens += t + (out->ended[k] ? 1 : 0);
+        if (!out->ended[k]) out->truncated++;
+        q += 1 + sizeof t + sl;
+    }
+    free(all);
+    if (rc) mg_samples_free(out);
+    return rc;
+}
+
+mg_status mg_sample(mg_model *m, const mg_vocab *v, const mg_sample_opts *o, mg_samples *out,
+                    mg_error *err) {
+    if (!m || !v || !o || !out)
+        return mg_fail(err, MG_ERR_ARG, "model, vocab, options and out must be non-NULL");
+    mg_dist *d = o->dist;
+    if (!d || d->size <= 1) return sample_part(m, v, o, 0, o->n, out, err);
+    const double t0 = mg_now_s();
+    size_t i0, i1;
+    mg_dist_range(o->n, d->rank, d->size, &i0, &i1);
+    mg_samples part;
+    mg_status rc = mg_dist_agree(d, sample_part(m, v, o, i0, i1 - i0, &part, err), err);
+    if (!rc) rc = gather_parts(d, &part, o->n, out, err);
+    mg_samples_free(&part);
+    if (!rc) out->seconds = mg_now_s() - t0;
     return rc;
 }

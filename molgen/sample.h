@@ -45,6 +45,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "dist.h"
 #include "errors.h"
 
 #include "model.h"
@@ -126,6 +127,10 @@ typedef struct {
     mg_constrain constrain; /* NONE: the model's distribution as it is;
                                SYNTAX / VALENCE: renormalised over the tokens
                                the mask allows (constrain.h) */
+    /* The ranks sampling together (NULL: alone): each rank generates its
+     * consecutive part (mg_dist_range; molecule k always from stream k), rank 0
+     * gets all n in order, the other ranks none (out->n 0). Collective. */
+    mg_dist *dist;
 } mg_sample_opts;
 
 /* n 1000, batch 64, KV cache, default sampling, seed 0, unconstrained. */

@@ -71,9 +71,10 @@ void mg_score_reason(const mg_model *m, const mg_vocab *v, const char *s, unsign
     free(seq);
 }
 
-mg_status mg_score_molecules(mg_model *m, const mg_vocab *v, const char *const *smiles,
-                             const unsigned char *flaw, size_t n, const mg_score_opts *o,
-                             mg_score *out, mg_error *err) {
+/* Molecules [0, n) of these arrays, in this process. */
+static mg_status score_part(mg_model *m, const mg_vocab *v, const char *const *smiles,
+                            const unsigned char *flaw, size_t n, const mg_score_opts *o,
+                            mg_score *out, mg_error *err) {
     if (!m || !v || (n && (!smiles || !out)))
         return mg_fail(err, MG_ERR_ARG, "mg_score_molecules: model, vocab, smiles and out needed");
     if (mg_vocab_size(v) != mg_model_get_config(m)->vocab_size)
@@ -142,4 +143,40 @@ mg_status mg_score_molecules(mg_model *m, const mg_vocab *v, const char *const *
     free(rep);
     free(seq);
     return rc;
+}
+
+/* Rank 0's progress: its part of `of` molecules as a share of all n. */
+typedef struct {
+    const mg_score_opts *o;
+    size_t n, part;
+} scaled_progress;
+
+static void progress_scaled(void *user, size_t done, size_t part) {
+    const scaled_progress *p = user;
+    (void)part;
+    p->o->progress(p->o->user, (size_t)((double)done * (double)p->n / (double)p->part), p->n);
+}
+
+mg_status mg_score_molecules(mg_model *m, const mg_vocab *v, const char *const *smiles,
+                             const unsigned char *flaw, size_t n, const mg_score_opts *o,
+                             mg_score *out, mg_error *err) {
+    mg_dist *d = o ? o->dist : NULL;
+    if (!d || d->size <= 1) return score_part(m, v, smiles, flaw, n, o, out, err);
+    size_t i0, i1;
+    mg_dist_range(n, d->rank, d->size, &i0, &i1);
+    mg_score_opts po = *o;
+    scaled_progress sp = {o, n, i1 - i0};
+    po.dist = NULL;
+    po.progress = d->rank == 0 && o->progress && i1 > i0 ? progress_scaled : NULL;
+    po.user = &sp;
+    mg_status rc = score_part(m, v, smiles ? smiles + i0 : NULL, flaw ? flaw + i0 : NULL, i1 - i0,
+                              &po, out ? out + i0 : NULL, err);
+    void *all = NULL;
+    size_t all_n = 0;
+    if ((rc = mg_dist_agree(d, rc, err)) ||
+        (rc = mg_dist_gather(d, out + i0, (i1 - i0) * sizeof *out, &all, &all_n, err)))
+        return rc;
+    if (d->rank == 0) memcpy(out, all, n * sizeof *out); /* the parts in rank order: [0, n) */
+    free(all);
+    return MG_OK;
 }

@@ -29,6 +29,7 @@
 
 #include <stddef.h>
 
+#include "dist.h"
 #include "errors.h"
 #include "model.h"
 #include "tokenizer.h"
@@ -61,6 +62,12 @@ typedef struct {
     /* progress (may be NULL): called between blocks of molecules */
     void (*progress)(void *user, size_t done, size_t n);
     void *user;
+    /* The ranks scoring together (NULL: alone): each rank scores its
+     * consecutive part (mg_dist_range) and rank 0 gets all n results in out (the
+     * other ranks only their own part); every rank passes the whole list.
+     * The results are those of one process (each molecule its own forward).
+     * progress: rank 0's, its part scaled to n. Collective. */
+    mg_dist *dist;
 } mg_score_opts;
 
 /* Why molecule s has the status it gets (mg_score_one's reason, e.g.

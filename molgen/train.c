@@ -103,11 +103,16 @@ typedef struct {
     double step_time, timed_tokens, loss_ema;
     int64_t timed_steps, start_step;
     int total_known, time_sized;
+    mg_dist *d, alone; /* the ranks (alone: c->dist was NULL) */
+    size_t b0, b1;     /* this rank's rows of every global batch */
+    double comm_time;  /* seconds in the ranks' collectives during timed steps */
+    FILE *loss_log;    /* --loss-log (rank 0) */
+    size_t *brows;     /* [B] the batch's dataset rows (for the loss log) */
 } run;
 
 static void say(const run *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void say(const run *r, const char *fmt, ...) {
-    if (!r->c->log.message) return;
+    if (!r->c->log.message || r->d->rank) return;
     char line[4608];
     va_list ap;
     va_start(ap, fmt);
@@ -117,9 +122,11 @@ static void say(const run *r, const char *fmt, ...) {
 }
 
 static void run_free(run *r) {
+    if (r->loss_log) fclose(r->loss_log);
     free(r->bids);
     free(r->bbuf);
     free(r->blen);
+    free(r->brows);
     mg_batcher_free(r->batcher);
     mg_dataset_free(&r->train);
     mg_dataset_free(&r->val);
@@ -273,13 +280,20 @@ static mg_status build(run *r, mg_error *err) {
     if (!c->skip_guard && (rc = mg_model_causal_guard(r->ck.model, r->s.seed, &e)))
         return mg_fail(err, rc, "causal-leak guard failed: %s", e.message);
     const int B = r->s.batch_size, T = r->all.T;
+    if (B < r->d->size)
+        return mg_fail(err, MG_ERR_ARG, "batch size %d is smaller than the %d ranks", B,
+                       r->d->size);
+    mg_dist_range((size_t)B, r->d->rank, r->d->size, &r->b0, &r->b1);
     if ((rc = mg_batcher_new(&r->train, B, r->s.seed, 1, &r->batcher, &e)))
         return mg_fail(err, rc, "%s", e.message);
     mg_batcher_seek(r->batcher, (uint64_t)r->st.step);
+    if (c->loss_log && r->d->rank == 0 && !(r->loss_log = fopen(c->loss_log, "a")))
+        return mg_fail(err, MG_ERR_IO, "cannot open the loss log %s", c->loss_log);
     r->bids = malloc((size_t)B * T * sizeof(int32_t));
     r->bbuf = malloc((size_t)B * T * sizeof(int32_t));
     r->blen = malloc((size_t)B * sizeof(int64_t));
-    if (!r->bids || !r->bbuf || !r->blen)
+    r->brows = malloc((size_t)B * sizeof(size_t));
+    if (!r->bids || !r->bbuf || !r->blen || !r->brows)
         return mg_fail(err, MG_ERR_NOMEM, "out of memory for batches");
     return MG_OK;
 }
@@ -292,20 +306,27 @@ static mg_status validate(run *r, double *loss, mg_error *err) {
     const mg_dataset *val = &r->val;
     double sum = 0.0;
     int64_t count = 0;
-    for (size_t r0 = 0; r0 < r->nv; r0 += (size_t)B) {
-        int nb = (int)((r->nv - r0) < (size_t)B ? (r->nv - r0) : (size_t)B);
-        const int32_t *ids = val->ids + r0 * (size_t)val->T;
-        const int64_t *len = val->lengths + r0;
-        int Tb = mg_trim_batch(ids, len, nb, val->T, r->bbuf);
+    mg_status rc = MG_OK;
+    for (size_t r0 = 0; r0 < r->nv && !rc; r0 += (size_t)B) {
+        const size_t nb = (r->nv - r0) < (size_t)B ? (r->nv - r0) : (size_t)B;
+        size_t i0, i1; /* this rank's rows of the batch (none when nb < ranks) */
+        mg_dist_range(nb, r->d->rank, r->d->size, &i0, &i1);
+        if (i1 == i0) continue;
+        const int32_t *ids = val->ids + (r0 + i0) * (size_t)val->T;
+        const int64_t *len = val->lengths + r0 + i0;
+        int Tb = mg_trim_batch(ids, len, (int)(i1 - i0), val->T, r->bbuf);
         float l;
         int64_t nt;
         mg_error e;
-        const mg_status rc = mg_model_forward(r->ck.model, r->bbuf, len, nb, Tb, 0, 0, &l, &nt, &e);
-        if (rc) return mg_fail(err, rc, "validation: %s", e.message);
+        rc = mg_model_forward(r->ck.model, r->bbuf, len, (int)(i1 - i0), Tb, 0, 0, &l, &nt, &e);
+        if (rc) mg_fail(err, rc, "validation: %s", e.message);
         sum += (double)l * (double)nt;
         count += nt;
     }
-    *loss = count ? sum / (double)count : NAN;
+    if ((rc = mg_dist_agree(r->d, rc, err))) return rc;
+    double sc[2] = {sum, (double)count};
+    mg_dist_sum_f64(r->d, sc, 2);
+    *loss = sc[1] > 0 ? sc[0] / sc[1] : NAN;
     r->t_val = mg_now_s() - tv;
     return MG_OK;
 }
@@ -361,7 +382,7 @@ static double tok_rate(const run *r) {
 
 /* The progress callback after a step that took dt seconds. */
 static void report_progress(const run *r, double dt, int last) {
-    if (!r->c->log.progress) return;
+    if (!r->c->log.progress || r->d->rank) return;
     const double t = mg_now_s();
     const int64_t total = r->ck.opt.cfg.total_steps;
     const double avg = r->timed_steps ? avg_step(r) : dt;
@@ -388,33 +409,115 @@ static int stop_reason(const run *r) {
     return -1;
 }
 
+/* stop_reason as rank 0 sees it (its clock decides the time limit), or
+ * MG_STOP_SIGNAL when a signal reached any rank. */
+static int agreed_stop(const run *r) {
+    const int stop = stop_reason(r);
+    if (r->d->size <= 1) return stop;
+    int64_t v[2] = {r->d->rank == 0 ? stop : INT64_MIN, g_stop_signal};
+    mg_dist_max_i64(r->d, v, 2);
+    if (v[1] && !g_stop_signal) g_stop_signal = (sig_atomic_t)v[1];
+    return v[0] < 0 && v[1] ? MG_STOP_SIGNAL : (int)v[0];
+}
+
+/* A schedule sized from the time limit is rank 0's (the others' clocks
+ * differ): its length, warm-up and validation interval go to every rank. */
+static void share_schedule(run *r) {
+    if (r->d->size <= 1) return;
+    mg_adamw_config *oc = &r->ck.opt.cfg;
+    int64_t v[5] = {oc->total_steps, oc->warmup_steps, r->s.val_every, r->total_known,
+                    r->time_sized};
+    if (r->d->rank)
+        for (int i = 0; i < 5; i++) v[i] = INT64_MIN;
+    mg_dist_max_i64(r->d, v, 5);
+    oc->total_steps = v[0];
+    oc->warmup_steps = v[1];
+    r->s.val_every = (int)v[2];
+    r->total_known = (int)v[3];
+    r->time_sized = (int)v[4];
+}
+
+/* A hash of the parameters' bits: the ranks' copies are checked equal. */
+static uint64_t params_hash(mg_model *m) {
+    const uint32_t *p = (const uint32_t *)mg_model_params(m);
+    uint64_t h = 0x243F6A8885A308D3ull;
+    for (size_t i = 0; i < mg_model_num_params(m); i++) h = mg_mix64(h ^ p[i]) + i;
+    return h;
+}
+
+/* Ranks that must hold the same thing: rank 0 says what differs, the
+ * others MG_ERR_PEER. */
+static mg_status same_on_ranks(run *r, uint64_t x, const char *what, mg_error *err) {
+    if (mg_dist_same_u64(r->d, x)) return MG_OK;
+    if (r->d->rank) return mg_fail(err, MG_ERR_PEER, "rank 0 failed");
+    return mg_fail(err, MG_ERR_MISMATCH, "the %d ranks hold different %s", r->d->size, what);
+}
+
+/* The checkpoint, from rank 0, of parameters every rank holds. */
+static mg_status save(run *r, mg_error *err) {
+    mg_status rc = same_on_ranks(r, params_hash(r->ck.model), "parameters", err);
+    if (!rc && r->d->rank == 0)
+        rc = mg_ckpt_save(r->c->out_path, r->ck.model, r->ck.vocab, &r->ck.opt, &r->s, &r->st, err);
+    return mg_dist_agree(r->d, rc, err);
+}
+
+/* This rank's rows of a global batch -> forward (dropout seed: the step's,
+ * mixed with the rank on ranks > 0, so the ranks' masks differ) -> backward
+ * -> the gradients and loss of the global batch: each rank's gradient of
+ * its mean loss weighted by its share of the batch's target tokens, summed. */
+static mg_status step_grads(run *r, float *loss, int64_t *ntok, mg_error *err) {
+    mg_model *model = r->ck.model;
+    const int T = r->all.T, nb = (int)(r->b1 - r->b0);
+    const int32_t *ids = r->bids + r->b0 * (size_t)T;
+    const int64_t *len = r->blen + r->b0;
+    const int Tb = mg_trim_batch(ids, len, nb, T, r->bbuf);
+    uint64_t seed = step_seed(r->s.seed, r->st.step);
+    if (r->d->rank) seed = mg_mix64(seed ^ (0xC2B2AE3D27D4EB4Full * (uint64_t)r->d->rank));
+    mg_status rc = mg_model_forward(model, r->bbuf, len, nb, Tb, 1, seed, loss, ntok, err);
+    if (!rc) rc = mg_model_backward(model, err);
+    if (r->d->size <= 1 || (rc = mg_dist_agree(r->d, rc, err))) return rc;
+    double lt[2] = {(double)*loss * (double)*ntok, (double)*ntok};
+    mg_dist_sum_f64(r->d, lt, 2);
+    const float w = (float)((double)*ntok / lt[1]);
+    float *g = mg_model_grads(model);
+    const size_t n = mg_model_num_params(model);
+    for (size_t i = 0; i < n; i++) g[i] *= w;
+    mg_dist_sum_f32(r->d, g, n);
+    *loss = (float)(lt[0] / lt[1]);
+    *ntok = (int64_t)lt[1];
+    return MG_OK;
+}
+
 /* Steps until a stop; validations and periodic checkpoints in between. */
 static mg_status loop(run *r, mg_stop_reason *why, double *last_val_at, mg_error *err) {
     mg_model *model = r->ck.model;
     mg_adamw *opt = &r->ck.opt;
-    const int B = r->s.batch_size, T = r->all.T;
     mg_status rc;
     for (;;) {
-        const int stop = stop_reason(r);
+        const int stop = agreed_stop(r);
         if (stop >= 0) {
             *why = (mg_stop_reason)stop;
             return MG_OK;
         }
-        const double ts0 = mg_now_s();
-        mg_batcher_next(r->batcher, r->bids, r->blen, NULL);
-        const int Tb = mg_trim_batch(r->bids, r->blen, B, T, r->bbuf);
+        const double ts0 = mg_now_s(), comm0 = r->d->comm_s;
+        mg_batcher_next(r->batcher, r->bids, r->blen, r->brows);
         float loss, gnorm, lr;
         int64_t ntok;
         mg_error e;
-        if ((rc = mg_model_forward(model, r->bbuf, r->blen, B, Tb, 1,
-                                   step_seed(r->s.seed, r->st.step), &loss, &ntok, &e)) ||
-            (rc = mg_model_backward(model, &e)) ||
+        if ((rc = step_grads(r, &loss, &ntok, &e)) ||
             (rc = mg_adamw_step(opt, mg_model_params(model), mg_model_grads(model), &gnorm, &lr,
                                 &e)))
             return mg_fail(err, rc, "step %" PRId64 ": %s", r->st.step, e.message);
         r->st.step++;
         const double dt = mg_now_s() - ts0;
+        if (r->loss_log) {
+            uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a of the batch's row numbers */
+            for (int i = 0; i < r->s.batch_size; i++) h = (h ^ r->brows[i]) * 0x100000001b3ull;
+            fprintf(r->loss_log, "%" PRId64 " %.9g %" PRId64 " %.9g %016" PRIx64 "\n", r->st.step,
+                    (double)loss, ntok, (double)gnorm, h);
+        }
         if (r->st.step - r->start_step > 1) { /* the first step warms caches: not timed */
+            r->comm_time += r->d->comm_s - comm0;
             r->step_time += dt;
             r->timed_tokens += (double)ntok;
             r->timed_steps++;
@@ -423,6 +526,7 @@ static mg_status loop(run *r, mg_stop_reason *why, double *last_val_at, mg_error
         r->res.train_loss = loss;
         r->loss_ema = isnan(r->loss_ema) ? loss : 0.9 * r->loss_ema + 0.1 * loss;
         size_schedule(r);
+        share_schedule(r);
         const int last = r->total_known && r->st.step >= opt->cfg.total_steps;
         if (r->s.val_every > 0 && r->nv > 0 && r->st.step % r->s.val_every == 0) {
             if ((rc = validate(r, &r->res.val_loss, err))) return rc;
@@ -437,8 +541,7 @@ static mg_status loop(run *r, mg_stop_reason *why, double *last_val_at, mg_error
         }
         if (r->s.ckpt_every > 0 && r->st.step % r->s.ckpt_every == 0 && !last) {
             r->st.val_loss = r->res.val_loss;
-            if ((rc = mg_ckpt_save(r->c->out_path, model, r->ck.vocab, opt, &r->s, &r->st, err)))
-                return rc;
+            if ((rc = save(r, err))) return rc;
         }
         report_progress(r, dt, last);
     }
@@ -451,11 +554,18 @@ mg_status mg_train_run(const mg_train_config *c, mg_train_result *result, mg_err
     r.c = c;
     r.resuming = c->resume_path != NULL;
     r.t0 = mg_now_s();
+    r.alone = (mg_dist){0, 1, 0.0};
+    r.d = c->dist ? c->dist : &r.alone;
     r.res.val_loss = r.res.first_val_loss = r.loss_ema = NAN;
     g_stop_signal = 0;
-    mg_status rc = setup(&r, err);
-    if (!rc) rc = load_data(&r, err);
-    if (!rc) rc = build(&r, err);
+    /* the ranks agree after each phase (one failing ends them all) and then
+     * check that they read the same data and built the same model */
+    mg_status rc = mg_dist_agree(r.d, setup(&r, err), err);
+    if (!rc) rc = mg_dist_agree(r.d, load_data(&r, err), err);
+    if (!rc) rc = mg_dist_agree(r.d, build(&r, err), err);
+    if (!rc)
+        rc = same_on_ranks(&r, r.st.data_hash, "data (a different file on some machine?)", err);
+    if (!rc) rc = same_on_ranks(&r, params_hash(r.ck.model), "initial parameters", err);
     if (!rc && r.nv > 0) { /* the initial validation also times one pass */
         rc = validate(&r, &r.res.first_val_loss, err);
         r.res.val_loss = r.res.first_val_loss;
@@ -471,7 +581,7 @@ mg_status mg_train_run(const mg_train_config *c, mg_train_result *result, mg_err
         rc = validate(&r, &r.res.val_loss, err);
     if (!rc) {
         r.st.val_loss = r.res.val_loss;
-        rc = mg_ckpt_save(c->out_path, r.ck.model, r.ck.vocab, &r.ck.opt, &r.s, &r.st, err);
+        rc = save(&r, err);
     }
     if (!rc) {
         r.res.step = r.st.step;
@@ -479,6 +589,8 @@ mg_status mg_train_run(const mg_train_config *c, mg_train_result *result, mg_err
         r.res.stop = why;
         r.res.seconds = mg_now_s() - r.t0;
         r.res.tokens_per_sec = tok_rate(&r);
+        r.res.ranks = r.d->size;
+        r.res.comm_per_step = r.timed_steps ? r.comm_time / (double)r.timed_steps : 0.0;
         static const char *const what[] = {"finished", "time limit reached", "interrupted",
                                            "stopped as asked"};
         char el[32];
@@ -488,6 +600,14 @@ mg_status mg_train_run(const mg_train_config *c, mg_train_result *result, mg_err
             ": train loss %.4f, val loss %.4f, %.0f tok/s, %s; checkpoint %s",
             what[why], r.st.step, r.ck.opt.cfg.total_steps, r.loss_ema, r.res.val_loss,
             r.res.tokens_per_sec, el, c->out_path);
+        if (r.d->size > 1)
+            say(&r,
+                "%d ranks, batch %d split %zu..%zu rows per rank; %.2f ms/step in communication "
+                "(%.1f%% of %.1f ms/step)",
+                r.d->size, r.s.batch_size, (size_t)r.s.batch_size / (size_t)r.d->size,
+                ((size_t)r.s.batch_size + (size_t)r.d->size - 1) / (size_t)r.d->size,
+                1e3 * r.res.comm_per_step, r.timed_steps ? 100.0 * r.comm_time / r.step_time : 0.0,
+                r.timed_steps ? 1e3 * avg_step(&r) : 0.0);
     }
     if (result) *result = r.res;
     run_free(&r);

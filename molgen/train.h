@@ -13,7 +13,9 @@
  * CKPT / CKPT_NEW / MODEL / OPTIM and the step. Resume restores all of it;
  * the batch stream is re-positioned with mg_batcher_seek(step) and the
  * dropout seed of step s is a hash of (seed, s), so a resumed run continues
- * bit for bit as if never stopped (same thread count).
+ * bit for bit as if never stopped (same thread count, same number of
+ * ranks; with another number of ranks it continues from the same step with
+ * the same batches, the sums of the gradients in another order).
  *
  * Stopping: after total steps, at the time limit, at stop_after, or when
  * mg_train_request_stop() was called (the SIGINT/SIGTERM handler does): in
@@ -28,6 +30,7 @@
 
 #include <jansson.h>
 
+#include "dist.h"
 #include "errors.h"
 #include "model.h"
 #include "optim.h"
@@ -84,6 +87,15 @@ typedef struct {
     mg_adamw_config optim;
     MG_TRAIN_SETTINGS(MG_TRAIN_DECL)
     mg_train_log log;
+    /* The ranks training together (NULL: this process alone). Every rank
+     * runs mg_train_run with the same config; each global batch is split
+     * by index (consecutive rows in rank order, mg_dist_range), the gradients summed
+     * (weighted by the ranks' target tokens: the gradient of the global
+     * mean loss), so every rank takes the same AdamW step on the same
+     * parameters; validation is split the same way; messages, progress and
+     * checkpoints come from rank 0. A failure on any rank ends every rank's
+     * run (MG_ERR_PEER on the others). */
+    mg_dist *dist;
 } mg_train_config;
 
 /* Every setting at its default (train_settings.h; model and optimizer:
@@ -116,6 +128,8 @@ typedef struct {
     long skipped;          /* data lines skipped at load */
     size_t n_train, n_val; /* molecules */
     int vocab_size, ctx_len;
+    int ranks;            /* of the job (1 alone) */
+    double comm_per_step; /* seconds per timed step in the ranks' sums (0 alone) */
 } mg_train_result;
 
 /* Run training as configured. result may be NULL. */

@@ -133,6 +133,9 @@
       MODEL, MG_GROUP_TEST,                                                                        \
       "build attention WITHOUT the causal mask: the causal-leak guard must refuse to train it")    \
     X(skip_guard, skip_guard, FLAG, "no-guard", "", 0, 0, 1, MG_CLOSED, RUN, MG_GROUP_TEST,        \
-      "skip the causal-leak guard")
+      "skip the causal-leak guard")                                                                \
+    X(loss_log, loss_log, STR, "loss-log", "FILE", NULL, 0, 0, MG_CLOSED, RUN, MG_GROUP_TEST,      \
+      "append one line per step to FILE: step, loss, target tokens, gradient norm, a hash of "     \
+      "the batch's rows")
 
 #endif /* MG_TRAIN_SETTINGS_H */

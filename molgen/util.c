@@ -36,9 +36,15 @@ int mg_default_threads(void) {
         long v = strtol(env, &end, 10);
         if (*end == '\0' && v >= 1 && v <= 1024) return (int)v;
     }
+    /* under mpirun the machine's cores are shared by its ranks */
+    const char *local = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+    long ranks = local ? strtol(local, NULL, 10) : 1;
+    if (ranks < 1) ranks = 1;
 #ifdef _OPENMP
-    return omp_get_num_procs();
+    const long n = omp_get_num_procs() / ranks;
+    return n > 1 ? (int)n : 1;
 #else
+    (void)ranks;
     return 1;
 #endif
 }

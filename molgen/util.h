@@ -39,7 +39,8 @@ int mg_utf8_valid(const char *s, size_t n);
 void mg_fmt_duration(double s, char *out, size_t n);
 
 /* molgen's default thread count: ATTN_NUM_THREADS when set to 1..1024,
- * else every core (omp_get_num_procs). Read at every call. */
+ * else every core (omp_get_num_procs), divided among the ranks that mpirun
+ * started on this machine (OMPI_COMM_WORLD_LOCAL_SIZE). Read at every call. */
 int mg_default_threads(void);
 
 #ifdef __cplusplus
