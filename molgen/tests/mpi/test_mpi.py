@@ -161,12 +161,14 @@ def model(data, tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("ranks,n,batch", [(2, 203, 64), (3, 203, 7), (3, 2, 64)])
-def test_sample_same_file(model, tmp_path, ranks, n, batch):
+@pytest.mark.parametrize("ranks,n,batch,more", [(2, 203, 64, []), (3, 203, 7, []), (3, 2, 64, []),
+                                                (3, 101, 16, ["--constrain", "valence"])])
+def test_sample_same_file(model, tmp_path, ranks, n, batch, more):
     """The molecules split by index (3 ranks: uneven; 2 molecules: a rank
-    with none) make the single process's file, byte for byte."""
+    with none; constrained sampling too) make the single process's file,
+    byte for byte."""
     ref, out = str(tmp_path / "one.smi"), str(tmp_path / "many.smi")
-    common = ["sample", "--model", model, "-n", str(n), "--seed", "11", "--threads", "1"]
+    common = ["sample", "--model", model, "-n", str(n), "--seed", "11", "--threads", "1"] + more
     ok(subprocess.run([molgen_binary()] + common + ["--out", ref], capture_output=True,
                       text=True, timeout=120, env=ENV))
     p = ok(subprocess.run(MPI + ["-np", str(ranks), molgen_binary()] + common
