@@ -9,9 +9,9 @@
 # communication ms/step (the ranks' collectives, waits included), then the
 # medians and the speed-ups over 1r1t.
 # Then the all-reduce alone (bench/mpi_allreduce.c) of the model's gradient
-# size. MPIRUN_ARGS (default "--mca mpi_yield_when_idle 1": a rank waiting in
-# a collective yields its core instead of spinning, which on a machine shared
-# with other work measured 2-3x faster all-reduces) go to mpirun.
+# size. MPIRUN_ARGS (default none) go to mpirun, e.g. "--mca
+# mpi_yield_when_idle 1" (a waiting rank yields its core: faster all-reduces
+# alone on a loaded machine, slower training there; README, "Scaling").
 # Usage: bench/mpi_scaling.sh [BUILD_DIR]   (default build; env ROUNDS=5
 #   STEPS=60 BATCH=32 DATA=data/moses_20k.smi MODEL_ARGS="" MPIRUN_ARGS=...)
 set -euo pipefail
@@ -27,7 +27,7 @@ unset ATTN_NUM_THREADS
 [ -x "$molgen" ] || { echo "mpi_scaling: no $molgen (build first)" >&2; exit 2; }
 command -v mpirun >/dev/null || { echo "mpi_scaling: no mpirun (apt-get install openmpi-bin)" >&2; exit 2; }
 # shellcheck disable=SC2206
-mpirun_args=(${MPIRUN_ARGS---mca mpi_yield_when_idle 1})
+mpirun_args=(${MPIRUN_ARGS:-})
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 # shellcheck disable=SC2206

@@ -42,7 +42,8 @@ static const char *SCORE_USAGE =
     "                     its own forward\n"
     "  --quiet            no summary on stderr\n"
     "The summary (counts per status, the first bad rows as file:line, molecules/s)\n"
-    "goes to stderr; a bad row is reported, never an error.\n";
+    "goes to stderr; a bad row is reported, never an error. Under mpirun -np N the\n"
+    "input is split over the ranks and rank 0 writes every row in input order.\n";
 
 /* A CSV field: as is, or quoted ("" for a quote) when it holds a comma, a
  * quote, whitespace or other control characters. */

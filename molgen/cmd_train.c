@@ -56,7 +56,9 @@ static void usage(FILE *f) {
     mg_train_config_default(&d);
     fputs("usage: molgen train [options]\n"
           "Train the SMILES transformer; writes a checkpoint (safetensors) that `molgen\n"
-          "sample` reads and `--resume` continues bit for bit (same thread count).\n",
+          "sample` reads and `--resume` continues bit for bit (same thread count).\n"
+          "Under mpirun -np N each batch is split over the ranks, their gradients summed:\n"
+          "the same training, N times the compute (rank 0 reports and checkpoints).\n",
           f);
     const char *group = "";
     for (size_t i = 0; i < MG_TRAIN_NUM_SETTINGS; i++) {
