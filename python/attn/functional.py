@@ -436,6 +436,12 @@ def scaled_dot_product_attention_varlen_grad(grad_out, query, key, value,
     _, tout = packed_view(out, "out")
     lse = np.empty((H, Tq), np.float32)
     _varlen_forward(c, tout, None, lse)
+    return _varlen_backward(c, tout, lse, tg)
+
+
+def _varlen_backward(c, tout, lse, tg):
+    """(dq, dk, dv) of a _varlen_prepare call from the forward's out view,
+    its lse (H, total_q) and grad_out's view."""
     grads = [np.empty(a.shape, np.float32) for a in (c.q, c.k, c.v)]
     tds = [packed_view(a, "grad")[1] for a in grads]
     info = _lib.attn_sdpa_info()

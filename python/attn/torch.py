@@ -4,6 +4,9 @@
     out = attn.torch.scaled_dot_product_attention(q, k, v, attn_mask=None,
               dropout_p=0.0, is_causal=False, scale=None, *,
               key_padding_lengths=None, window=None, seed=None, offset=0)
+    out = attn.torch.scaled_dot_product_attention_varlen(q, k, v, cu_seqlens_q,
+              cu_seqlens_k=None, dropout_p=0.0, is_causal=False, scale=None, *,
+              window=None, seed=None, offset=0)     # packed (total, H, E) rows
     mha = attn.torch.MultiheadAttention(embed_dim, num_heads, dropout=0.0,
               bias=True, add_bias_kv=False, add_zero_attn=False, kdim=None,
               vdim=None, batch_first=False)      # torch.nn.MultiheadAttention's
@@ -47,11 +50,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import _lib
-from ._views import mask_array, mask_view, out_tensor, tensor_view
-from .functional import _forward, _prepare, _result, _set_path, build_params
+from ._views import mask_array, mask_view, out_tensor, packed_view, tensor_view
+from .functional import (_forward, _prepare, _result, _set_path, _varlen_backward,
+                         _varlen_forward, _varlen_prepare, build_params)
 
-__all__ = ["scaled_dot_product_attention", "MultiheadAttention",
-           "UnsupportedError"]
+__all__ = ["scaled_dot_product_attention", "scaled_dot_product_attention_varlen",
+           "MultiheadAttention", "UnsupportedError"]
 
 
 class UnsupportedError(NotImplementedError):
@@ -253,6 +257,72 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None,
     o.offset = offset
     o.num_threads = torch.get_num_threads()
     return _SDPAFunction.apply(query, key, value, attn_mask, o)
+
+
+class _VarlenOptions:
+    __slots__ = ("cu_q", "cu_k", "dropout_p", "is_causal", "scale", "window",
+                 "seed", "offset", "num_threads")
+
+
+class _VarlenFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, query, key, value, o):
+        c = _varlen_prepare(_np(query), _np(key), _np(value), o.cu_q, o.cu_k,
+                            o.dropout_p, o.is_causal, o.scale, o.window, o.seed,
+                            o.offset, None, o.num_threads)
+        Tq, H = c.q.shape[0], c.q.shape[1]
+        out_np = np.empty((Tq, H, c.v.shape[2]), np.float32)
+        _, c.tout = packed_view(out_np, "out")
+        lse_np = np.empty((H, Tq), np.float32)
+        _varlen_forward(c, c.tout, None, lse_np)
+        out, lse = torch.from_numpy(out_np), torch.from_numpy(lse_np)
+        ctx.call = c
+        ctx.save_for_backward(query, key, value, out, lse)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        query, key, value, _, lse = ctx.saved_tensors
+        need = ctx.needs_input_grad[:3]
+        if grad_out is None or not any(need):
+            grads = tuple(torch.zeros_like(t) if n else None
+                          for t, n in zip((query, key, value), need))
+            return _maybe_refuse(grads, (query, key, value)) + (None,)
+        if grad_out.dtype != torch.float32:
+            grad_out = grad_out.float()
+        g, tg = packed_view(_np(grad_out), "grad_out")
+        dq, dk, dv = _varlen_backward(ctx.call, ctx.call.tout, lse.numpy(), tg)
+        grads = tuple(torch.from_numpy(a) if n else None
+                      for a, n in zip((dq, dk, dv), need))
+        return _maybe_refuse(grads, (query, key, value)) + (None,)
+
+
+def scaled_dot_product_attention_varlen(query, key, value, cu_seqlens_q,
+                                        cu_seqlens_k=None, dropout_p=0.0,
+                                        is_causal=False, scale=None, *,
+                                        window=None, seed=None, offset=0):
+    """attn.scaled_dot_product_attention_varlen with torch autograd: query
+    (total_q, H, E), key (total_k, H, E), value (total_k, H, Ev), CPU
+    float32 tensors; returns (total_q, H, Ev). cu_seqlens_q / cu_seqlens_k
+    (None: the same) are integer tensors or sequences of batch + 1 entries
+    (no gradient). seed None draws one from torch's default generator."""
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        _check_tensor(t, name)
+    o = _VarlenOptions()
+
+    def cu(x):
+        if isinstance(x, torch.Tensor):
+            x = x.detach().cpu().numpy()
+        return None if x is None else np.array(x, copy=True)
+    o.cu_q, o.cu_k = cu(cu_seqlens_q), cu(cu_seqlens_k)
+    o.dropout_p = _check_dropout(dropout_p, "dropout_p")
+    o.is_causal = bool(is_causal)
+    o.scale = scale
+    o.window = window
+    o.seed = _draw_seed() if (seed is None and o.dropout_p > 0) else (seed or 0)
+    o.offset = offset
+    o.num_threads = torch.get_num_threads()
+    return _VarlenFunction.apply(query, key, value, o)
 
 
 # ---------------------------------------------------------------- MHA

@@ -161,3 +161,35 @@ def test_bad_arguments():
         attn.scaled_dot_product_attention_varlen_grad(q[:9], q, q, q, cu)
     with pytest.raises(attn.AttnError, match="dropout_p"):
         attn.scaled_dot_product_attention_varlen(q, q, q, cu, dropout_p=1.0)
+
+
+def test_torch_autograd():
+    """attn.torch's varlen through autograd: the functional gradients
+    bitwise, and PyTorch's float64 autograd sequence by sequence."""
+    import attn.torch as at
+    rng = np.random.default_rng(9)
+    lens, H, D = [12, 0, 40, 5], 2, 8
+    q, cu, qs = _pack(rng, lens, H, D)
+    k, _, ks = _pack(rng, lens, H, D)
+    v, _, vs = _pack(rng, lens, H, D)
+    g, _, gs = _pack(rng, lens, H, D)
+    tq, tk, tv = (torch.from_numpy(a.copy()).requires_grad_(True) for a in (q, k, v))
+    out = at.scaled_dot_product_attention_varlen(tq, tk, tv, torch.from_numpy(cu),
+                                                 is_causal=True)
+    out.backward(torch.from_numpy(g))
+    ref = attn.scaled_dot_product_attention_varlen_grad(g, q, k, v, cu, is_causal=True)
+    for t, r in zip((tq, tk, tv), ref):
+        assert t.grad.numpy().tobytes() == r.tobytes()
+    np.testing.assert_array_equal(
+        out.detach().numpy(), attn.scaled_dot_product_attention_varlen(q, k, v, cu,
+                                                                       is_causal=True))
+    for s in range(len(lens)):
+        if lens[s] == 0:
+            continue
+        keep = structural_keep((H,), lens[s], lens[s], causal=True)
+        o64, rq, rk, rv = torch_sdpa_grad(qs[s], ks[s], vs[s], gs[s], keep=keep)
+        rows = slice(cu[s], cu[s + 1])
+        check_close("varlen/torch/out", out.detach().numpy()[rows].transpose(1, 0, 2), o64)
+        for name, t, r in (("dq", tq, rq), ("dk", tk, rk), ("dv", tv, rv)):
+            check_grad("varlen", "torch autograd", name,
+                       t.grad.numpy()[rows].transpose(1, 0, 2), r)
