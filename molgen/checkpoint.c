@@ -127,10 +127,13 @@ mg_status mg_ckpt_save(const char *path, const mg_model *m, const mg_vocab *voca
     mg_model_config_to_json(mg_model_get_config(m), cfg, sizeof cfg);
     mg_adamw_config_to_json(&opt->cfg, ocfg, sizeof ocfg);
     snprintf(step, sizeof step, "%" PRId64, state->step);
+    const char *cond = mg_model_condition_meta(m); /* a conditional model's (condition.h) */
     const mg_st_kv meta[] = {{"format", "molgen"}, {"config", cfg}, {"vocab", vj},
-                             {"optim", ocfg},      {"train", tj},   {"step", step}};
+                             {"optim", ocfg},      {"train", tj},   {"step", step},
+                             {"condition", cond}};
     mg_error e;
-    const mg_status rc = mg_st_write(path, t, nt + 2, meta, sizeof meta / sizeof meta[0], &e);
+    const mg_status rc =
+        mg_st_write(path, t, nt + 2, meta, sizeof meta / sizeof meta[0] - !cond, &e);
     free(t);
     free(vj);
     free(tj);

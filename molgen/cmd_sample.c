@@ -1,5 +1,6 @@
 /* `molgen sample`: options -> mg_sample (sample.h) -> one SMILES per line. */
 #define _POSIX_C_SOURCE 200809L
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -7,6 +8,7 @@
 #include "cli_util.h"
 #include "json.h"
 #include "commands.h"
+#include "condition.h"
 #include "dist.h"
 #include "safetensors.h"
 #include "sample.h"
@@ -19,6 +21,7 @@ static const char *SAMPLE_USAGE =
     "                     [--temperature T] [--top-k K] [--top-p P]\n"
     "                     [--batch B] [--threads N] [--decode kv|naive]\n"
     "                     [--constrain none|syntax|valence]\n"
+    "                     [--condition NAME=VALUE,...]\n"
     "Generate SMILES from a trained model; writes one molecule per line.\n"
     "  --model FILE       model or checkpoint (.safetensors) with its vocabulary\n"
     "  -n N               molecules to generate (default 1000)\n"
@@ -37,8 +40,12 @@ static const char *SAMPLE_USAGE =
     "                     closures, EOS, unbracketed valences); valence: also the\n"
     "                     valences of bracket and aromatic atoms. The model's\n"
     "                     probabilities are renormalised over the allowed tokens\n"
+    "  --condition NAME=VALUE,...  a conditional model's requested property values\n"
+    "                     (any subset of the conditions it was trained on, in their\n"
+    "                     units, within their training range; the others are drawn\n"
+    "                     as in the data)\n"
     "Writes FILE.json beside the output: the model, seed, sampling settings and\n"
-    "constrain mode (molgen/metrics.py reports it).\n"
+    "constrain mode and condition (molgen/metrics.py reports it).\n"
     "Under mpirun -np N the molecules are split over the ranks by index; rank 0\n"
     "writes them in order: the file is the one a single process writes.\n"
     "Prints the output path on stdout; molecules/s and the syntax-valid fraction\n"
@@ -47,7 +54,7 @@ static const char *SAMPLE_USAGE =
 
 /* FILE.json beside the samples: what made them, for molgen/metrics.py. */
 static mg_status write_meta(const char *path, const char *model_path, const mg_sample_opts *o,
-                            int threads, const mg_samples *s, mg_error *err) {
+                            const char *cond, int threads, const mg_samples *s, mg_error *err) {
     json_t *j = json_object();
     char seed[24];
     snprintf(seed, sizeof seed, "%llu", (unsigned long long)o->seed);
@@ -60,6 +67,7 @@ static mg_status write_meta(const char *path, const char *model_path, const mg_s
     bad = bad || mg_json_put(j, "top_p", json_real(o->sampling.top_p));
     bad = bad || mg_json_put(j, "constrain", json_string(mg_constrain_name(o->constrain)));
     bad = bad || mg_json_put(j, "decode", json_string(mg_decode_kind_name(o->kind)));
+    bad = bad || mg_json_put(j, "condition", cond ? json_string(cond) : json_null());
     bad = bad || mg_json_put(j, "threads", json_integer(threads > 0 ? threads : mg_default_threads()));
     bad = bad || mg_json_put(j, "no_eos", json_integer((json_int_t)s->truncated));
     char *text = bad ? NULL : mg_json_dump(j, 9);
@@ -76,14 +84,45 @@ static mg_status write_meta(const char *path, const char *model_path, const mg_s
     return mg_cli_atomic_commit_if(f, wrc, tmp, path, err);
 }
 
+/* --condition: the request checked against the model's conditions
+ * (condition.h) and set on it; says what is conditioned. */
+static int set_conditions(mg_model *m, const char *model_path, const char *text) {
+    const char *meta = mg_model_condition_meta(m);
+    if (!meta) {
+        fprintf(stderr, "molgen sample: --condition: %s is an unconditional model\n", model_path);
+        return 1;
+    }
+    mg_cond_info ci;
+    mg_error err;
+    float v[MG_COND_MAX];
+    char warn[2048];
+    if (mg_cond_info_from_json(meta, &ci, &err) ||
+        mg_cond_request(&ci, text, v, warn, sizeof warn, &err) ||
+        mg_model_set_conditions(m, v, 1, &err)) {
+        fprintf(stderr, "molgen sample: --condition: %s\n", err.message);
+        mg_cond_info_free(&ci);
+        return 1;
+    }
+    if (warn[0]) fprintf(stderr, "molgen sample: %s\n", warn);
+    char rest[1024] = "";
+    for (int k = 0; k < ci.K; k++)
+        if (isnan(v[k]))
+            snprintf(rest + strlen(rest), sizeof rest - strlen(rest), "%s%s", rest[0] ? ", " : "",
+                     ci.names[k]);
+    fprintf(stderr, "conditioned on %s; drawn as in the data: %s\n", text,
+            rest[0] ? rest : "(none)");
+    mg_cond_info_free(&ci);
+    return 0;
+}
+
 int cmd_sample(int argc, char **argv) {
-    const char *model_path = NULL, *out_path = "out/samples.smi";
+    const char *model_path = NULL, *out_path = "out/samples.smi", *cond_text = NULL;
     mg_sample_opts o;
     mg_sample_opts_default(&o);
     int threads = 0;
     mg_error err;
     enum { O_MODEL = 1, O_OUT, O_N, O_SEED, O_TEMP, O_TOPK, O_TOPP, O_BATCH, O_THREADS, O_DECODE,
-           O_CONSTRAIN };
+           O_CONSTRAIN, O_COND };
     static const struct option opts[] = {{"model", required_argument, NULL, O_MODEL},
                                          {"out", required_argument, NULL, O_OUT},
                                          {"n", required_argument, NULL, O_N},
@@ -96,6 +135,7 @@ int cmd_sample(int argc, char **argv) {
                                          {"threads", required_argument, NULL, O_THREADS},
                                          {"decode", required_argument, NULL, O_DECODE},
                                          {"constrain", required_argument, NULL, O_CONSTRAIN},
+                                         {"condition", required_argument, NULL, O_COND},
                                          {"help", no_argument, NULL, 'h'},
                                          {NULL, 0, NULL, 0}};
     const char *val;
@@ -140,6 +180,7 @@ int cmd_sample(int argc, char **argv) {
             ok = mg_cli_int(val, 1, MG_MAX_THREADS, &ll);
             threads = (int)ll;
             break;
+        case O_COND: cond_text = val; break;
         case O_DECODE:
             if (!strcmp(val, "kv"))
                 o.kind = MG_DECODE_KV;
@@ -174,6 +215,11 @@ int cmd_sample(int argc, char **argv) {
     if (mg_cli_load_model("sample", model_path, &m, &v)) return 1;
     mg_model_set_threads(m, threads);
     o.dist = world;
+    if (cond_text && set_conditions(m, model_path, cond_text)) {
+        mg_model_free(m);
+        mg_vocab_free(v);
+        return 2;
+    }
     mg_samples s;
     mg_status rc = mg_sample(m, v, &o, &s, &err);
     mg_model_free(m);
@@ -203,7 +249,7 @@ int cmd_sample(int argc, char **argv) {
             valid++;
     }
     if (mg_cli_atomic_commit(f, tmp, out_path, &err) ||
-        write_meta(meta_path, model_path, &o, threads, &s, &err)) {
+        write_meta(meta_path, model_path, &o, cond_text, threads, &s, &err)) {
         fprintf(stderr, "molgen sample: %s\n", err.message);
         mg_samples_free(&s);
         return 1;

@@ -182,6 +182,7 @@ mg_status mg_kv_step(mg_kv_decoder *d, const int32_t *tok, float *logits, mg_err
                            pos, ctx);
     }
     const int nt = mg_model_threads(d->m);
+    const mg_model_config *cc = mg_model_get_config(d->m);
 
     for (int b = 0; b < n; b++) {
         if (tok[b] < 0 || tok[b] >= d->V)
@@ -191,6 +192,11 @@ mg_status mg_kv_step(mg_kv_decoder *d, const int32_t *tok, float *logits, mg_err
         const float *pe = d->pos_emb + (size_t)mg_kv_pos(d, b) * D;
         float *x = d->x + (size_t)b * D;
         for (int c = 0; c < D; c++) x[c] = te[c] + pe[c];
+        if (cc->n_cond > 0 && (!cc->cond_bos || mg_kv_pos(d, b) == 0)) { /* condition.h */
+            float *e = d->tmp + (size_t)b * D;
+            mg_model_condition_embedding(d->m, b, e);
+            for (int c = 0; c < D; c++) x[c] += e[c];
+        }
     }
     attn_sdpa_params ap;
     memset(&ap, 0, sizeof ap);

@@ -3,7 +3,8 @@
 
 Usage:
     /usr/bin/python3 molgen/metrics.py SAMPLES.smi --train TRAIN.smi --ref REF.smi \
-        [--json out.json] [--max-ref N] [--max-gen N] [--seed S] [--jobs J]
+        [--json out.json] [--max-ref N] [--max-gen N] [--seed S] [--jobs J] \
+        [--condition logp=2.5,qed=0.8,...] [--scaffold SMILES]
 
 Needs RDKit and numpy (Debian's /usr/bin/python3 has both; a python3 without
 RDKit gets a one-line message and exit status 2). scipy is used for the
@@ -48,6 +49,16 @@ numbers unless both limits cover the whole sets).
 Sampling: the settings that made the samples (molgen sample's SAMPLES.json
 sidecar: --constrain mode, temperature, top-k/p, seed, model) are printed
 first and kept in the JSON as "sampling" (null when there is no sidecar).
+Conditional generation (molgen sample --condition / a requested scaffold):
+  --condition NAME=VALUE,...  for each requested property (props.py's logp,
+               qed, sas, tpsa, mw, computed as props.py does) over the valid
+               samples: MAD = mean |p - target| and SD = the standard
+               deviation of p - target (MolGPT's definitions).
+  --scaffold S the share of valid samples whose Bemis-Murcko scaffold
+               (props.py's murcko_scaffold, canonical SMILES) is exactly S's,
+               and the mean Tanimoto similarity (Morgan r=2, 1024 bits) of
+               the samples' scaffolds to S's (an acyclic sample's empty
+               scaffold counts as 0).
 Not computed: FCD (Frechet ChemNet Distance): it needs the trained ChemNet
 weights, which are not available offline; the output says so.
 """
@@ -88,22 +99,21 @@ def _require_deps():
         sys.exit(2)
 
 
-_SA = None  # sascorer module, False if unavailable
+def _props():
+    """molgen/props.py (beside this file): the property functions."""
+    d = os.path.dirname(os.path.abspath(__file__))
+    if d not in sys.path:
+        sys.path.insert(0, d)
+    import props
+    return props
 
 
 def _sascorer():
-    global _SA
-    if _SA is None:
-        try:
-            from rdkit.Chem import RDConfig
-            d = os.path.join(RDConfig.RDContribDir, 'SA_Score')
-            if d not in sys.path:
-                sys.path.append(d)
-            import sascorer  # type: ignore
-            _SA = sascorer
-        except Exception:
-            _SA = False
-    return _SA
+    """RDKit Contrib's sascorer module, or False if unavailable."""
+    try:
+        return _props().sascorer()
+    except Exception:
+        return False
 
 
 def _quiet_rdkit():
@@ -185,6 +195,99 @@ def _features(smi):
     props = (float(Crippen.MolLogP(m)), float(sa.calculateScore(m)) if sa else float('nan'),
              float(QED.qed(m)), float(Descriptors.MolWt(m)))
     return _fp_bits(m), frags, _scaffold(m), props
+
+
+def parse_condition(text):
+    """'logp=2.5,qed=0.8' -> {'logp': 2.5, 'qed': 0.8} (props.py's names)."""
+    props = _props()
+    out = {}
+    for part in text.split(','):
+        name, eq, val = part.partition('=')
+        name = name.strip()
+        if not eq or name not in props.PROPERTIES:
+            raise ValueError("--condition: '%s' is not NAME=VALUE with NAME one of %s"
+                             % (part, ', '.join(props.PROPERTIES)))
+        if name in out:
+            raise ValueError('--condition: %s given twice' % name)
+        try:
+            v = float(val)
+        except ValueError:
+            v = float('nan')
+        if not math.isfinite(v):
+            raise ValueError("--condition: %s: '%s' is not a finite number" % (name, val))
+        out[name] = v
+    return out
+
+
+def _cond_many(chunk):
+    """(properties, scaffold SMILES) of each valid canonical SMILES."""
+    _quiet_rdkit()
+    from rdkit import Chem
+    props = _props()
+    res = []
+    for smi in chunk:
+        m = Chem.MolFromSmiles(smi)
+        res.append((props.properties(m), props.murcko_scaffold(m)))
+    return res
+
+
+def _scaffold_fp(smi):
+    from rdkit import Chem
+    m = Chem.MolFromSmiles(smi) if smi else None
+    if m is None or m.GetNumAtoms() == 0:
+        return None
+    from rdkit.Chem import AllChem
+    return AllChem.GetMorganFingerprintAsBitVect(m, 2, nBits=1024)
+
+
+def condition_metrics(valid, targets=None, scaffold=None, jobs=1):
+    """MAD / SD of each target property and scaffold matches over the valid
+    (canonical) samples; see the module's docstring."""
+    import numpy as np
+    from rdkit import Chem, DataStructs
+    props = _props()
+    mapper = _Mapper(jobs)
+    try:
+        feats = _flat(mapper.map(_cond_many, list(valid)))
+    finally:
+        mapper.close()
+    out = {'n_valid': len(valid)}
+    if targets:
+        out['properties'] = {}
+        for name, t in targets.items():
+            dev = np.array([f[0][name] - t for f in feats], dtype=np.float64)
+            out['properties'][name] = {
+                'target': t, 'MAD': float(np.mean(np.abs(dev))) if len(dev) else None,
+                'SD': float(np.std(dev)) if len(dev) else None,
+                'mean': float(np.mean(dev) + t) if len(dev) else None}
+    if scaffold is not None:
+        m = Chem.MolFromSmiles(scaffold)
+        if m is None:
+            raise ValueError('--scaffold: RDKit cannot parse %s' % scaffold)
+        want = props.murcko_scaffold(m)
+        want_fp = _scaffold_fp(want)
+        exact = sum(1 for f in feats if f[1] == want)
+        sims = []
+        for f in feats:
+            fp = _scaffold_fp(f[1])
+            sims.append(DataStructs.TanimotoSimilarity(want_fp, fp) if fp is not None and
+                        want_fp is not None else 0.0)
+        out['scaffold'] = {'requested': scaffold, 'murcko': want,
+                           'exact_share': exact / len(feats) if feats else None,
+                           'mean_tanimoto': float(np.mean(sims)) if sims else None}
+    return out
+
+
+def format_condition(c):
+    lines = []
+    for name, r in (c.get('properties') or {}).items():
+        lines.append('%-10s  target %g: MAD %s, SD %s (mean %s; %d valid)' % (
+            name, r['target'], _fmt(r['MAD']), _fmt(r['SD']), _fmt(r['mean']), c['n_valid']))
+    s = c.get('scaffold')
+    if s:
+        lines.append('scaffold    %s: exact %s, mean Tanimoto %s (%d valid)' % (
+            s['murcko'], _fmt(s['exact_share']), _fmt(s['mean_tanimoto']), c['n_valid']))
+    return '\n'.join(lines)
 
 
 def _without_ref_metrics(res):
@@ -829,9 +932,18 @@ def main(argv=None):
                     help='do not compute Filters of the reference (it depends on the reference '
                          'and --max-ref/--seed only: one run of several on the same reference '
                          'is enough)')
+    ap.add_argument('--condition', help='NAME=VALUE,... requested properties (logp, qed, '
+                    'sas, tpsa, mw): MAD and SD of the valid samples from each')
+    ap.add_argument('--scaffold', help='requested scaffold SMILES: share of valid samples '
+                    'with exactly its Murcko scaffold, mean scaffold Tanimoto')
     ap.add_argument('-q', '--quiet', action='store_true', help='no progress lines')
     args = ap.parse_args(argv)
     _require_deps()
+    try:
+        targets = parse_condition(args.condition) if args.condition else None
+    except ValueError as e:
+        sys.stderr.write('metrics.py: %s\n' % e)
+        return 2
     for p in (args.samples, args.train, args.ref):
         if p is not None and not os.path.isfile(p):
             sys.stderr.write('metrics.py: no such file: %s\n' % p)
@@ -852,7 +964,16 @@ def main(argv=None):
     res['files'] = {'samples': args.samples, 'train': args.train, 'ref': args.ref}
     # which sampler settings (constrain mode included) made the samples
     res['sampling'] = read_sampling_meta(args.samples)
+    if targets or args.scaffold is not None:
+        valid = [c for c in _flat(_Mapper(1).map(_canon_many, samples)) if c is not None]
+        try:
+            res['condition'] = condition_metrics(valid, targets, args.scaffold, args.jobs)
+        except ValueError as e:
+            sys.stderr.write('metrics.py: %s\n' % e)
+            return 2
     print(format_table(res))
+    if res.get('condition'):
+        print(format_condition(res['condition']))
     if args.json:
         with open(args.json, 'w') as f:
             json.dump(_nan_to_none(res), f, indent=2, sort_keys=True)

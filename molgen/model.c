@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "attn.h"
+#include "condition.h"
 #include "json.h"
 #include "layers.h"
 #include "util.h"
@@ -59,6 +60,9 @@ mg_status mg_model_config_check(const mg_model_config *c, mg_error *err) {
         return mg_fail(err, MG_ERR_ARG, "vocab_size %d must be in [1, 2^24]", c->vocab_size);
     if (!(c->dropout >= 0.0f && c->dropout < 1.0f))
         return mg_fail(err, MG_ERR_ARG, "dropout %g must be in [0, 1)", (double)c->dropout);
+    if (c->n_cond < 0 || c->n_cond > MG_COND_MAX || (c->cond_bos != 0 && c->cond_bos != 1))
+        return mg_fail(err, MG_ERR_ARG, "n_cond %d must be in [0, %d] and cond_bos 0 or 1",
+                       c->n_cond, MG_COND_MAX);
     return 0;
 }
 
@@ -66,6 +70,10 @@ int mg_model_config_to_json(const mg_model_config *c, char *out, size_t outlen) 
     json_t *j = json_pack("{si,si,si,si,si,sf,sb}", "n_layer", c->n_layer, "d_model", c->d_model,
                           "n_head", c->n_head, "ctx_len", c->ctx_len, "vocab_size", c->vocab_size,
                           "dropout", (double)c->dropout, "causal", !c->no_causal_mask);
+    if (j && c->n_cond > 0) {
+        mg_json_put(j, "n_cond", json_integer(c->n_cond));
+        mg_json_put(j, "cond_bos", json_boolean(c->cond_bos));
+    }
     const int n = mg_json_dump_to(j, 9, out, outlen);
     json_decref(j);
     return n;
@@ -114,6 +122,22 @@ mg_status mg_model_config_from_json(const char *json, mg_model_config *c, mg_err
                 goto done;
             }
             r.no_causal_mask = !json_is_true(v);
+        } else if (!strcmp(k, "n_cond")) {
+            known = 1;
+            if (!json_is_integer(v) || json_integer_value(v) < 1 ||
+                json_integer_value(v) > MG_COND_MAX) {
+                rc = mg_fail(err, MG_ERR_FORMAT, "model config: \"n_cond\" must be in [1, %d]",
+                             MG_COND_MAX);
+                goto done;
+            }
+            r.n_cond = (int)json_integer_value(v);
+        } else if (!strcmp(k, "cond_bos")) {
+            known = 1;
+            if (!json_is_boolean(v)) {
+                rc = mg_fail(err, MG_ERR_FORMAT, "model config: \"cond_bos\" must be true or false");
+                goto done;
+            }
+            r.cond_bos = json_is_true(v);
         }
         if (!known) {
             rc = mg_fail(err, MG_ERR_FORMAT, "model config: unknown key \"%s\"", k);
@@ -153,6 +177,8 @@ typedef struct {
     float *lnf_w, *lnf_b; /* [d] */
     float *head_w;        /* [V, d] */
     float *head_b;        /* [V] */
+    float *cond_w;        /* [K, d] (conditional models only) */
+    float *cond_m;        /* [K, d] */
 } model_params;
 
 /* Activations of one block for one forward. Training keeps n_layer of these
@@ -196,6 +222,12 @@ struct mg_model {
     mg_param_info *tensors;  /* [num_tensors] */
     char (*names)[NAME_LEN]; /* [num_tensors] */
     model_params p, g;       /* views into params and grads */
+    /* Conditioning (condition.h): the values set for the next forwards
+     * [cond_n, K] (cond_n 0: none given), the forward's per-row embeddings
+     * [B, d], and the file's "condition" metadata. */
+    float *cond_vals, *cond_emb;
+    int cond_n, cond_emb_rows;
+    char *cond_meta;
 
     /* Activations, sized for up to cap_rows rows (R = B*L), cap_b batch rows
      * and cap_slots blocks (n_layer after a training forward, else 1). The
@@ -279,6 +311,10 @@ static void build_table(mg_model *m) {
     add_tensor(m, "ln_f.bias", 1, d, 0, 0, &off);
     add_tensor(m, "head.weight", 2, V, d, 1, &off);
     add_tensor(m, "head.bias", 1, V, 0, 0, &off);
+    if (m->cfg.n_cond > 0) {
+        add_tensor(m, "cond.weight", 2, m->cfg.n_cond, d, 0, &off);
+        add_tensor(m, "cond.missing", 2, m->cfg.n_cond, d, 0, &off);
+    }
     m->num_params = off;
 }
 
@@ -305,6 +341,8 @@ static void point_views(const mg_model *m, float *base, model_params *v) {
     v->lnf_b = base + t[i++].offset;
     v->head_w = base + t[i++].offset;
     v->head_b = base + t[i++].offset;
+    v->cond_w = m->cfg.n_cond > 0 ? base + t[i++].offset : NULL;
+    v->cond_m = m->cfg.n_cond > 0 ? base + t[i++].offset : NULL;
 }
 
 /* mg_model_create, refusing (MG_ERR_FORMAT) a config of more than
@@ -328,7 +366,7 @@ static mg_status create(const mg_model_config *c, size_t max_params, mg_model **
         mg_model_free(m);
         return mg_fail(err, MG_ERR_ARG, "attention config: %s", aerr.message);
     }
-    const size_t nt = 6 + 12 * (size_t)c->n_layer;
+    const size_t nt = 6 + 12 * (size_t)c->n_layer + 2;
     m->tensors = calloc(nt, sizeof *m->tensors);
     m->names = calloc(nt, sizeof *m->names);
     m->p.blocks = calloc((size_t)c->n_layer, sizeof(block_params));
@@ -389,6 +427,9 @@ void mg_model_free(mg_model *m) {
     free(m->names);
     free(m->p.blocks);
     free(m->g.blocks);
+    free(m->cond_vals);
+    free(m->cond_emb);
+    free(m->cond_meta);
     free(m);
 }
 
@@ -402,6 +443,51 @@ mg_status mg_model_set_label_smoothing(mg_model *m, float eps, mg_error *err) {
     return MG_OK;
 }
 int mg_model_threads(const mg_model *m) { return m->nt; }
+
+mg_status mg_model_set_conditions(mg_model *m, const float *values, int n, mg_error *err) {
+    const int K = m->cfg.n_cond;
+    if (!values || n == 0) {
+        m->cond_n = 0;
+        return MG_OK;
+    }
+    if (K == 0) return mg_fail(err, MG_ERR_ARG, "conditions given to an unconditional model");
+    if (n < 0) return mg_fail(err, MG_ERR_ARG, "%d condition rows", n);
+    float *v = realloc(m->cond_vals, (size_t)n * K * sizeof(float));
+    if (!v) return mg_fail(err, MG_ERR_NOMEM, "out of memory for %d condition rows", n);
+    m->cond_vals = v;
+    for (size_t i = 0; i < (size_t)n * K; i++) {
+        if (!isnan(values[i]) && !isfinite(values[i]))
+            return mg_fail(err, MG_ERR_ARG, "condition value %zu is not finite", i);
+        v[i] = values[i];
+    }
+    m->cond_n = n;
+    return MG_OK;
+}
+
+void mg_model_condition_embedding(const mg_model *m, int r, float *out) {
+    const int K = m->cfg.n_cond, d = m->cfg.d_model;
+    memset(out, 0, (size_t)d * sizeof(float));
+    const float *v = m->cond_n == 1 ? m->cond_vals
+                     : r < m->cond_n ? m->cond_vals + (size_t)r * K
+                                     : NULL;
+    for (int k = 0; k < K; k++) {
+        const float x = v ? v[k] : NAN;
+        const float *w = isnan(x) ? m->p.cond_m + (size_t)k * d : m->p.cond_w + (size_t)k * d;
+        const float a = isnan(x) ? 1.0f : x;
+        for (int c = 0; c < d; c++) out[c] += a * w[c];
+    }
+}
+
+mg_status mg_model_set_condition_meta(mg_model *m, const char *json, mg_error *err) {
+    char *s = json ? malloc(strlen(json) + 1) : NULL;
+    if (json && !s) return mg_fail(err, MG_ERR_NOMEM, "out of memory");
+    if (s) memcpy(s, json, strlen(json) + 1);
+    free(m->cond_meta);
+    m->cond_meta = s;
+    return MG_OK;
+}
+
+const char *mg_model_condition_meta(const mg_model *m) { return m->cond_meta; }
 size_t mg_model_num_params(const mg_model *m) { return m->num_params; }
 float *mg_model_params(mg_model *m) { return m->params; }
 float *mg_model_grads(mg_model *m) { return m->grads; }
@@ -817,6 +903,53 @@ static mg_status attention_backward(mg_model *m, int layer, int B, int L, const 
     }
     return 0;
 }
+/* Conditioning (condition.h): e_b = row b's condition embedding, added to
+ * x [Rv, d] at the positions it goes to (every one, or t = 0 with
+ * cond_bos). e [B, d] is kept in cond_emb. */
+static mg_status cond_forward(mg_model *m, float *x, int B, int L, int64_t Rv, mg_error *err) {
+    const int d = m->cfg.d_model;
+    if (m->cond_n != 0 && m->cond_n != 1 && m->cond_n != B)
+        return mg_fail(err, MG_ERR_ARG, "conditions were set for %d rows, the batch has %d",
+                       m->cond_n, B);
+    if (m->cond_emb_rows < B) {
+        float *e = realloc(m->cond_emb, (size_t)B * d * sizeof(float));
+        if (!e) return mg_fail(err, MG_ERR_NOMEM, "out of memory for condition embeddings");
+        m->cond_emb = e;
+        m->cond_emb_rows = B;
+    }
+    for (int b = 0; b < B; b++) mg_model_condition_embedding(m, b, m->cond_emb + (size_t)b * d);
+    for (int64_t r = 0; r < Rv; r++) {
+        const int64_t p = m->rows[r];
+        if (m->cfg.cond_bos && p % L != 0) continue;
+        const float *e = m->cond_emb + (p / L) * d;
+        for (int c = 0; c < d; c++) x[r * d + c] += e[c];
+    }
+    return MG_OK;
+}
+
+/* Its backward from dx [Rv, d] (the embedding output's gradient): de_b
+ * summed over row b's positions (into cond_emb), then d cond.weight[k] +=
+ * v_bk de_b where v_bk is given, d cond.missing[k] += de_b where not. */
+static void cond_backward(mg_model *m, const float *dx, int B, int L, int64_t Rv) {
+    const int d = m->cfg.d_model, K = m->cfg.n_cond;
+    float *de = m->cond_emb;
+    memset(de, 0, (size_t)B * d * sizeof(float));
+    for (int64_t r = 0; r < Rv; r++) {
+        const int64_t p = m->rows[r];
+        if (m->cfg.cond_bos && p % L != 0) continue;
+        float *g = de + (p / L) * d;
+        for (int c = 0; c < d; c++) g[c] += dx[r * d + c];
+    }
+    for (int b = 0; b < B; b++) {
+        const float *v = m->cond_n ? m->cond_vals + (size_t)(m->cond_n == 1 ? 0 : b) * K : NULL;
+        for (int k = 0; k < K; k++) {
+            const float x = v ? v[k] : NAN;
+            float *g = isnan(x) ? m->g.cond_m + (size_t)k * d : m->g.cond_w + (size_t)k * d;
+            const float a = isnan(x) ? 1.0f : x;
+            for (int c = 0; c < d; c++) g[c] += a * de[(size_t)b * d + c];
+        }
+    }
+}
 
 /* The network on m->inputs [B, L] and m->key_len [B], over the Rv valid
  * positions m->rows. keep != 0: one activation slot per block (for the
@@ -840,6 +973,10 @@ static mg_status forward_core(mg_model *m, int B, int L, int64_t Rv, int keep, i
 
     float *x = m->acts[0].x; /* [Rv, d] the residual stream */
     encoder_forward(x, m->inputs, m->p.tok_emb, m->p.pos_emb, m->rows, Rv, L, d, nt);
+    if (m->cfg.n_cond > 0) {
+        const mg_status rc = cond_forward(m, x, B, L, Rv, err);
+        if (rc) return rc;
+    }
     if (drop) {
         dropout_mask(m->emb_drop, Rv * d, p_drop, seed, 0, nt);
         mul_inplace(x, m->emb_drop, Rv * d, nt);
@@ -999,6 +1136,7 @@ mg_status mg_model_backward(mg_model *m, mg_error *err) {
     }
     if (drop) mul_inplace(m->dx, m->emb_drop, Rv * d, nt);
     encoder_backward(m->g.tok_emb, m->g.pos_emb, m->dx, m->inputs, m->rows, Rv, L, d, nt);
+    if (m->cfg.n_cond > 0) cond_backward(m, m->dx, B, L, Rv);
     return 0;
 }
 
@@ -1139,6 +1277,21 @@ mg_status mg_model_from_st(const mg_st_file *f, mg_model **out, mg_error *err) {
                 return MG_ERR_NUMERIC;
             }
     }
+    if (c.n_cond > 0) { /* the names and normalisation belong to the weights */
+        mg_cond_info ci;
+        mg_error e;
+        const char *meta = mg_st_meta(f, "condition");
+        if ((rc = mg_cond_info_from_json(meta, &ci, &e)) ||
+            (ci.K != c.n_cond &&
+             (rc = mg_fail(&e, MG_ERR_FORMAT, "condition metadata names %d conditions, the "
+                           "config %d", ci.K, c.n_cond))) ||
+            (rc = mg_model_set_condition_meta(m, meta, &e))) {
+            mg_cond_info_free(&ci);
+            mg_model_free(m);
+            return mg_fail(err, rc == MG_ERR_NOMEM ? rc : MG_ERR_FORMAT, "%s", e.message);
+        }
+        mg_cond_info_free(&ci);
+    }
     *out = m;
     return 0;
 }
@@ -1155,8 +1308,10 @@ mg_status mg_model_save(const mg_model *m, const mg_vocab *vocab, const char *pa
     }
     mg_model_config_to_json(&m->cfg, cfg, sizeof cfg);
     mg_model_st_tensors(m, t, m->num_tensors);
-    mg_st_kv meta[3] = {{"format", "molgen"}, {"config", cfg}, {"vocab", vj}};
-    mg_status rc = mg_st_write(path, t, m->num_tensors, meta, vj ? 3 : 2, err);
+    mg_st_kv meta[4] = {{"format", "molgen"}, {"config", cfg}, {"vocab", vj}};
+    size_t nm = vj ? 3 : 2;
+    if (m->cond_meta) meta[nm++] = (mg_st_kv){"condition", m->cond_meta};
+    mg_status rc = mg_st_write(path, t, m->num_tensors, meta, nm, err);
     free(t);
     free(vj);
     return rc;

@@ -25,6 +25,7 @@
  *   blocks.{i}.mlp.fc.weight [4d, d]  blocks.{i}.mlp.fc.bias [4d]
  *   blocks.{i}.mlp.proj.weight [d, 4d] blocks.{i}.mlp.proj.bias [d]
  *   ln_f.weight [d]  ln_f.bias [d]    head.weight [V, d]  head.bias [V]
+ *   cond.weight [K, d]  cond.missing [K, d]     (conditional models only)
  * The four attention tensors of a block are contiguous in
  * attn_mha_weights_from_buffer's order; the gradients buffer has the same
  * layout. Checkpoints are safetensors files with these names (F32), plus the
@@ -82,6 +83,12 @@ typedef struct {
      * tests can show mg_model_causal_guard catching the leak. Stored in the
      * config JSON as "causal": false. */
     int no_causal_mask;
+    /* Conditioning (condition.h): K conditions (0: an unconditional model,
+     * whose files and numbers are those of molgen before conditioning), and
+     * where their embedding is added: 0 every position, 1 position 0 only.
+     * In the config JSON as "n_cond" and "cond_bos" when K > 0. */
+    int n_cond;
+    int cond_bos;
 } mg_model_config;
 
 /* Default architecture for this project's 2-core machines: 4 layers,
@@ -131,6 +138,18 @@ int mg_model_threads(const mg_model *m);
  * all V ids, as PyTorch's cross_entropy(label_smoothing=eps). Evaluation
  * forwards and mg_model_logits are unaffected. A new model has 0. */
 mg_status mg_model_set_label_smoothing(mg_model *m, float eps, mg_error *err);
+/* Conditions of the next forwards / logits of a conditional model:
+ * values [n, K] normalised (condition.h), NaN = not given; n = 1 applies
+ * to every row, else a forward's B must equal n. values NULL or n = 0:
+ * none given (every row takes the missing embeddings), as a new model. */
+mg_status mg_model_set_conditions(mg_model *m, const float *values, int n, mg_error *err);
+/* Row r's condition embedding [d] (condition.h) under the conditions set;
+ * zero for an unconditional model. For the KV decoder. */
+void mg_model_condition_embedding(const mg_model *m, int r, float *out);
+/* The "condition" metadata (mg_cond_info JSON) a conditional model's file
+ * carries: set before saving (copied), NULL for an unconditional model. */
+mg_status mg_model_set_condition_meta(mg_model *m, const char *json, mg_error *err);
+const char *mg_model_condition_meta(const mg_model *m);
 size_t mg_model_num_params(const mg_model *m);
 float *mg_model_params(mg_model *m); /* [num_params] */
 float *mg_model_grads(mg_model *m);  /* [num_params], same layout */

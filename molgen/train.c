@@ -11,8 +11,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "checkpoint.h"
+#include "condition.h"
 #include "data.h"
 #include "json.h"
 #include "util.h"
@@ -98,6 +100,10 @@ typedef struct {
     mg_batcher *batcher;
     int32_t *bids, *bbuf; /* [B, T] a batch, and the same trimmed */
     int64_t *blen;        /* [B] */
+    /* conditioning (condition.h; K = cond.K, 0 without): the normalised
+     * values of the training and validation rows [n, K], a batch's [B, K] */
+    mg_cond_info cond;
+    float *cv_train, *cv_val, *bcond;
     mg_train_result res;
     double t0, t_val; /* run start; the last validation's duration */
     double step_time, timed_tokens, loss_ema;
@@ -107,7 +113,7 @@ typedef struct {
     size_t b0, b1;     /* this rank's rows of every global batch */
     double comm_time;  /* seconds in the ranks' collectives during timed steps */
     FILE *loss_log;    /* --loss-log (rank 0) */
-    size_t *brows;     /* [B] the batch's dataset rows (for the loss log) */
+    size_t *brows;     /* [B] the batch's dataset rows (for the loss log and the conditions) */
 } run;
 
 static void say(const run *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -127,6 +133,10 @@ static void run_free(run *r) {
     free(r->bbuf);
     free(r->blen);
     free(r->brows);
+    free(r->cv_train);
+    free(r->cv_val);
+    free(r->bcond);
+    mg_cond_info_free(&r->cond);
     mg_batcher_free(r->batcher);
     mg_dataset_free(&r->train);
     mg_dataset_free(&r->val);
@@ -227,6 +237,63 @@ static mg_status load_data(run *r, mg_error *err) {
     return MG_OK;
 }
 
+/* The conditions (condition.h): their columns' values for the training and
+ * validation rows, normalised by the training rows' statistics (a resumed
+ * run: by the checkpoint's). */
+static mg_status load_conditions(run *r, mg_error *err) {
+    mg_status rc;
+    const char *path = r->s.data_path;
+    const size_t pl = strlen(path);
+    if (!r->s.condition) {
+        if (r->s.model.cond_bos && !r->resuming)
+            return mg_fail(err, MG_ERR_ARG, "--condition-prefix needs --condition");
+        return MG_OK;
+    }
+    if (pl < 4 || strcasecmp(path + pl - 4, ".csv"))
+        return mg_fail(err, MG_ERR_ARG,
+                       "--condition needs a .csv data file with those columns (%s is not one; "
+                       "molgen/props.py writes one)",
+                       path);
+    if ((rc = check_utf8("the condition list", r->s.condition, err)) ||
+        (rc = mg_cond_parse_names(r->s.condition, &r->cond, err)))
+        return rc;
+    for (int k = 0; k < r->cond.K; k++)
+        if (!strcasecmp(r->cond.names[k], r->s.csv_column))
+            return mg_fail(err, MG_ERR_ARG, "condition '%s' is the SMILES column",
+                           r->cond.names[k]);
+    size_t miss_t = 0, miss_v = 0;
+    if ((rc = mg_cond_read(path, &r->cond, &r->train, &r->cv_train, &miss_t, err)) ||
+        (rc = mg_cond_read(path, &r->cond, &r->val, &r->cv_val, &miss_v, err)))
+        return rc;
+    if (r->resuming) {
+        mg_cond_info saved;
+        if ((rc = mg_cond_info_from_json(mg_model_condition_meta(r->ck.model), &saved, err)))
+            return rc;
+        int same = saved.K == r->cond.K;
+        for (int k = 0; same && k < saved.K; k++) same = !strcmp(saved.names[k], r->cond.names[k]);
+        mg_cond_info_free(&r->cond);
+        r->cond = saved;
+        if (!same)
+            return mg_fail(err, MG_ERR_MISMATCH,
+                           "the checkpoint's conditions differ from its model's");
+    } else if ((rc = mg_cond_stats(&r->cond, r->cv_train, r->train.n, err))) {
+        return rc;
+    }
+    mg_cond_normalise(&r->cond, r->cv_train, r->train.n);
+    mg_cond_normalise(&r->cond, r->cv_val, r->val.n);
+    char line[4096] = "";
+    for (int k = 0; k < r->cond.K; k++)
+        snprintf(line + strlen(line), sizeof line - strlen(line),
+                 "%s%s (mean %.4g, std %.4g, range [%.4g, %.4g])", k ? ", " : "",
+                 r->cond.names[k], r->cond.mean[k], r->cond.std[k], r->cond.min[k],
+                 r->cond.max[k]);
+    say(r, "conditions: %s; %zu missing value(s) count as dropped; each dropped with p = %g",
+        line, miss_t + miss_v, r->s.condition_drop);
+    r->bcond = malloc((size_t)r->s.batch_size * r->cond.K * sizeof(float));
+    if (!r->bcond) return mg_fail(err, MG_ERR_NOMEM, "out of memory");
+    return MG_OK;
+}
+
 /* A fresh model and optimizer, or the checkpoint's with this run's schedule
  * length; the causal-leak guard; the batch stream and its buffers. */
 static mg_status build(run *r, mg_error *err) {
@@ -237,9 +304,17 @@ static mg_status build(run *r, mg_error *err) {
         mg_model_config mc = r->s.model;
         mc.vocab_size = mg_vocab_size(r->ck.vocab);
         mc.ctx_len = r->all.T - 1;
+        mc.n_cond = r->cond.K;
         if ((rc = mg_model_create(&mc, &r->ck.model, &e)))
             return mg_fail(err, rc, "model: %s", e.message);
         mg_model_init(r->ck.model, r->s.seed);
+        if (r->cond.K > 0) {
+            char *cj = mg_cond_info_to_json(&r->cond);
+            rc = cj ? mg_model_set_condition_meta(r->ck.model, cj, &e)
+                    : mg_fail(&e, MG_ERR_NOMEM, "out of memory");
+            free(cj);
+            if (rc) return mg_fail(err, rc, "model: %s", e.message);
+        }
         mg_adamw_config oc = r->s.optim;
         oc.total_steps = c->steps > 0 ? c->steps : MG_STEPS_UNSIZED; /* estimated later */
         if ((rc = mg_ckpt_optimizer(r->ck.model, &oc, &r->ck.opt, &e)))
@@ -318,7 +393,10 @@ static mg_status validate(run *r, double *loss, mg_error *err) {
         float l;
         int64_t nt;
         mg_error e;
-        rc = mg_model_forward(r->ck.model, r->bbuf, len, (int)(i1 - i0), Tb, 0, 0, &l, &nt, &e);
+        rc = r->cond.K ? mg_model_set_conditions(
+                             r->ck.model, r->cv_val + (r0 + i0) * (size_t)r->cond.K, (int)(i1 - i0), &e)
+                       : MG_OK;
+        if (!rc) rc = mg_model_forward(r->ck.model, r->bbuf, len, (int)(i1 - i0), Tb, 0, 0, &l, &nt, &e);
         if (rc) mg_fail(err, rc, "validation: %s", e.message);
         sum += (double)l * (double)nt;
         count += nt;
@@ -473,7 +551,13 @@ static mg_status step_grads(run *r, float *loss, int64_t *ntok, mg_error *err) {
     const int Tb = mg_trim_batch(ids, len, nb, T, r->bbuf);
     uint64_t seed = step_seed(r->s.seed, r->st.step);
     if (r->d->rank) seed = mg_mix64(seed ^ (0xC2B2AE3D27D4EB4Full * (uint64_t)r->d->rank));
-    mg_status rc = mg_model_forward(model, r->bbuf, len, nb, Tb, 1, seed, loss, ntok, err);
+    mg_status rc = MG_OK;
+    if (r->cond.K) { /* the whole batch's drops (hash of seed, step, row, k), this rank's rows */
+        mg_cond_batch(r->cv_train, r->cond.K, r->brows, r->s.batch_size, r->s.condition_drop,
+                      ~step_seed(r->s.seed, r->st.step), r->bcond);
+        rc = mg_model_set_conditions(model, r->bcond + r->b0 * (size_t)r->cond.K, nb, err);
+    }
+    if (!rc) rc = mg_model_forward(model, r->bbuf, len, nb, Tb, 1, seed, loss, ntok, err);
     if (!rc) rc = mg_model_backward(model, err);
     if (r->d->size <= 1 || (rc = mg_dist_agree(r->d, rc, err))) return rc;
     double lt[2] = {(double)*loss * (double)*ntok, (double)*ntok};
@@ -562,6 +646,7 @@ mg_status mg_train_run(const mg_train_config *c, mg_train_result *result, mg_err
      * check that they read the same data and built the same model */
     mg_status rc = mg_dist_agree(r.d, setup(&r, err), err);
     if (!rc) rc = mg_dist_agree(r.d, load_data(&r, err), err);
+    if (!rc) rc = mg_dist_agree(r.d, load_conditions(&r, err), err);
     if (!rc) rc = mg_dist_agree(r.d, build(&r, err), err);
     if (!rc)
         rc = same_on_ranks(&r, r.st.data_hash, "data (a different file on some machine?)", err);

@@ -62,6 +62,14 @@
       "--resume it replaces the checkpoint's path (the content must be the same)")                 \
     X(csv_column, csv_column, STR, "csv-column", "NAME", "smiles", 0, 0, MG_CLOSED, CKPT,          \
       MG_GROUP_DATA, "CSV column with the SMILES")                                                 \
+    X(condition, condition, STR, "condition", "NAMES", NULL, 0, 0, MG_CLOSED, CKPT_NEW,            \
+      MG_GROUP_DATA,                                                                               \
+      "numeric CSV columns (comma-separated, e.g. logp,qed) that condition the model, each "       \
+      "normalised by its training mean and std (molgen sample --condition name=value)")            \
+    X(condition_drop, condition_drop, F64, "condition-drop", "X", 0.2, 0, 1, MG_CLOSED, CKPT_NEW,  \
+      MG_GROUP_DATA,                                                                               \
+      "probability of dropping each condition of a row in training (its missing embedding), so "   \
+      "that any subset can be given when sampling")                                                \
     X(out, out_path, STR, "out", "FILE", NULL, 0, 0, MG_CLOSED, RUN, MG_GROUP_DATA,                \
       "checkpoint written periodically and at the end, atomically (default "                       \
       "out/model.safetensors, or the --resume file)")                                              \
@@ -91,6 +99,10 @@
       "positions (0 = the longest molecule + 1)")                                                  \
     X(dropout, model.dropout, F32, "dropout", "X", 0, 0, 1, MG_OPEN_HI, MODEL, MG_GROUP_MODEL,     \
       "embedding, residual and attention dropout")                                                 \
+    X(cond_bos, model.cond_bos, FLAG, "condition-prefix", "", 0, 0, 1, MG_CLOSED, MODEL,           \
+      MG_GROUP_MODEL,                                                                              \
+      "add the condition embedding at the first position only (MolGPT's prefix) instead of "       \
+      "every position")                                                                            \
     X(batch_size, batch_size, INT, "batch-size", "N", 32, 1, 1 << 20, MG_CLOSED, CKPT,             \
       MG_GROUP_OPTIM, "molecules per step")                                                        \
     X(lr, optim.lr, F32, "lr", "X", 0, 0, 10, MG_OPEN, OPTIM, MG_GROUP_OPTIM,                      \

@@ -108,6 +108,13 @@ static void gradcheck(const char *label, const mg_model_config *c, int training,
     int64_t len[32];
     make_batch(B, T, c->vocab_size, lens, ids, len);
     mg_error err = {0};
+    if (c->n_cond > 0) { /* row b: condition k given unless (b + k) % 3 == 1 */
+        float cv[32 * 4];
+        for (int b = 0; b < B; b++)
+            for (int k = 0; k < c->n_cond; k++)
+                cv[b * c->n_cond + k] = (b + k) % 3 == 1 ? NAN : (float)(urand() * 4.0 - 2.0);
+        CHECK(mg_model_set_conditions(m, cv, B, &err) == 0, "%s", err.message);
+    }
     float loss;
     int64_t ntok;
     const uint64_t seed = 99;
@@ -368,6 +375,14 @@ int main(void) {
     c.ctx_len = 6;
     c.vocab_size = 5;
     gradcheck("1 layer, 3 heads", &c, 0, 3);
+    c = tiny_config(); /* conditioning (condition.h): cond.weight and cond.missing */
+    c.n_cond = 3;
+    gradcheck("3 conditions", &c, 0, 3);
+    c.dropout = 0.2f;
+    gradcheck("3 conditions + dropout", &c, 1, 19);
+    c.dropout = 0.0f;
+    c.cond_bos = 1;
+    gradcheck("3 conditions at BOS", &c, 0, 3);
     test_guard();
     test_padding_and_inference();
     test_config_and_files();

@@ -1,0 +1,324 @@
+/* molgen conditioning: names, statistics, data columns, batches and
+ * sampling requests (see condition.h; the embedding itself is model.c's). */
+#define _POSIX_C_SOURCE 200809L
+#include "condition.h"
+
+#include <ctype.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "json.h"
+#include "util.h"
+
+void mg_cond_info_free(mg_cond_info *c) {
+    if (!c) return;
+    for (int k = 0; k < c->K && k < MG_COND_MAX; k++) free(c->names[k]);
+    memset(c, 0, sizeof *c);
+}
+
+static json_t *num_array(const double *x, int K) {
+    json_t *a = json_array();
+    for (int k = 0; a && k < K; k++)
+        if (json_array_append_new(a, json_real(x[k]))) {
+            json_decref(a);
+            return NULL;
+        }
+    return a;
+}
+
+char *mg_cond_info_to_json(const mg_cond_info *c) {
+    json_t *j = json_object(), *names = json_array();
+    int ok = j && names;
+    for (int k = 0; ok && k < c->K; k++) {
+        json_t *s = json_string(c->names[k]);
+        ok = s && !json_array_append_new(names, s);
+    }
+    ok = ok && !mg_json_put(j, "names", names);
+    if (!ok) json_decref(names);
+    ok = ok && !mg_json_put(j, "mean", num_array(c->mean, c->K)) &&
+         !mg_json_put(j, "std", num_array(c->std, c->K)) &&
+         !mg_json_put(j, "min", num_array(c->min, c->K)) &&
+         !mg_json_put(j, "max", num_array(c->max, c->K)) &&
+         !mg_json_put(j, "p01", num_array(c->p01, c->K)) &&
+         !mg_json_put(j, "p99", num_array(c->p99, c->K));
+    char *s = ok ? mg_json_dump(j, 17) : NULL;
+    json_decref(j);
+    return s;
+}
+
+mg_status mg_cond_info_from_json(const char *json, mg_cond_info *c, mg_error *err) {
+    memset(c, 0, sizeof *c);
+    json_t *j = NULL;
+    mg_error e;
+    if (!json) return mg_fail(err, MG_ERR_FORMAT, "condition metadata missing");
+    if (mg_json_parse(json, strlen(json), &j, &e))
+        return mg_fail(err, e.status, "condition metadata: %s", e.message);
+    mg_status rc = MG_OK;
+    const json_t *names = json_object_get(j, "names");
+    if (!json_is_object(j) || !json_is_array(names) || json_array_size(names) < 1 ||
+        json_array_size(names) > MG_COND_MAX) {
+        rc = mg_fail(err, MG_ERR_FORMAT,
+                     "condition metadata: \"names\" must be an array of 1 to %d names",
+                     MG_COND_MAX);
+        goto done;
+    }
+    const int K = (int)json_array_size(names);
+    for (int k = 0; k < K; k++) {
+        const char *s = json_string_value(json_array_get(names, k));
+        if (!s || !*s) {
+            rc = mg_fail(err, MG_ERR_FORMAT, "condition metadata: name %d is not a string", k);
+            goto done;
+        }
+        for (int q = 0; q < k; q++)
+            if (!strcmp(c->names[q], s)) {
+                rc = mg_fail(err, MG_ERR_FORMAT, "condition metadata: '%s' twice", s);
+                goto done;
+            }
+        if (!(c->names[k] = strdup(s))) {
+            rc = mg_fail(err, MG_ERR_NOMEM, "out of memory");
+            goto done;
+        }
+        c->K = k + 1;
+    }
+    static const char *const keys[] = {"mean", "std", "min", "max", "p01", "p99"};
+    double *dst[] = {c->mean, c->std, c->min, c->max, c->p01, c->p99};
+    for (int q = 0; q < 6; q++) {
+        const json_t *a = json_object_get(j, keys[q]);
+        if (!json_is_array(a) || (int)json_array_size(a) != K) {
+            rc = mg_fail(err, MG_ERR_FORMAT, "condition metadata: \"%s\" must be %d numbers",
+                         keys[q], K);
+            goto done;
+        }
+        for (int k = 0; k < K; k++) {
+            const json_t *v = json_array_get(a, k);
+            dst[q][k] = json_is_number(v) ? json_number_value(v) : NAN;
+            if (!isfinite(dst[q][k])) {
+                rc = mg_fail(err, MG_ERR_FORMAT, "condition metadata: \"%s\"[%d] is not a number",
+                             keys[q], k);
+                goto done;
+            }
+        }
+    }
+    for (int k = 0; k < K; k++)
+        if (!(c->std[k] > 0) || c->min[k] > c->max[k]) {
+            rc = mg_fail(err, MG_ERR_FORMAT,
+                         "condition metadata: '%s' has std %g and range [%g, %g]", c->names[k],
+                         c->std[k], c->min[k], c->max[k]);
+            goto done;
+        }
+done:
+    json_decref(j);
+    if (rc) mg_cond_info_free(c);
+    return rc;
+}
+
+mg_status mg_cond_parse_names(const char *list, mg_cond_info *c, mg_error *err) {
+    memset(c, 0, sizeof *c);
+    if (!list || !*list) return mg_fail(err, MG_ERR_ARG, "no condition names given");
+    const char *p = list;
+    for (;;) {
+        while (*p == ' ') p++;
+        const char *e = p;
+        while (*e && *e != ',') e++;
+        const char *end = e;
+        while (end > p && end[-1] == ' ') end--;
+        if (end == p) {
+            mg_cond_info_free(c);
+            return mg_fail(err, MG_ERR_ARG, "condition list '%s' has an empty name", list);
+        }
+        if (c->K >= MG_COND_MAX) {
+            mg_cond_info_free(c);
+            return mg_fail(err, MG_ERR_ARG, "more than %d conditions in '%s'", MG_COND_MAX, list);
+        }
+        char *name = strndup(p, (size_t)(end - p));
+        if (!name) {
+            mg_cond_info_free(c);
+            return mg_fail(err, MG_ERR_NOMEM, "out of memory");
+        }
+        for (int q = 0; q < c->K; q++)
+            if (!strcmp(c->names[q], name)) {
+                mg_fail(err, MG_ERR_ARG, "condition '%s' is named twice", name);
+                free(name);
+                mg_cond_info_free(c);
+                return MG_ERR_ARG;
+            }
+        c->names[c->K++] = name;
+        if (!*e) break;
+        p = e + 1;
+    }
+    return MG_OK;
+}
+
+/* A finite number filling the whole field (surrounding blanks allowed). */
+static int parse_value(const char *s, double *out) {
+    char *end;
+    while (isspace((unsigned char)*s)) s++;
+    if (!*s) return 0;
+    const double v = strtod(s, &end);
+    while (isspace((unsigned char)*end)) end++;
+    if (*end || !isfinite(v)) return 0;
+    *out = v;
+    return 1;
+}
+
+mg_status mg_cond_read(const char *path, const mg_cond_info *c, const mg_dataset *d, float **values,
+                       size_t *missing, mg_error *err) {
+    *values = NULL;
+    if (missing) *missing = 0;
+    const int K = c->K;
+    long max_line = 0;
+    for (size_t i = 0; i < d->n; i++)
+        if (d->line[i] > max_line) max_line = d->line[i];
+    /* by_line [max_line + 1]: a column's value on each line of the file */
+    float *by_line = malloc(((size_t)max_line + 1) * sizeof(float));
+    float *v = malloc((d->n ? d->n : 1) * (size_t)K * sizeof(float));
+    if (!by_line || !v) {
+        free(by_line);
+        free(v);
+        return mg_fail(err, MG_ERR_NOMEM, "out of memory for the condition values");
+    }
+    size_t miss = 0;
+    for (int k = 0; k < K; k++) {
+        mg_smiles_list col;
+        mg_error e;
+        mg_status rc = mg_read_smiles(path, c->names[k], &col, NULL, &e);
+        if (rc) {
+            free(by_line);
+            free(v);
+            return mg_fail(err, rc, "condition '%s': %s", c->names[k], e.message);
+        }
+        for (long l = 0; l <= max_line; l++) by_line[l] = NAN;
+        for (size_t i = 0; i < col.n; i++) {
+            double x;
+            if (col.line[i] >= 0 && col.line[i] <= max_line && parse_value(col.smiles[i], &x))
+                by_line[col.line[i]] = (float)x;
+        }
+        mg_smiles_list_free(&col);
+        for (size_t i = 0; i < d->n; i++) {
+            v[i * K + k] = by_line[d->line[i]];
+            miss += isnan(v[i * K + k]);
+        }
+    }
+    free(by_line);
+    *values = v;
+    if (missing) *missing = miss;
+    return MG_OK;
+}
+
+static int cmp_float(const void *a, const void *b) {
+    const float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+mg_status mg_cond_stats(mg_cond_info *c, const float *values, size_t n, mg_error *err) {
+    const int K = c->K;
+    float *col = malloc((n ? n : 1) * sizeof(float));
+    if (!col) return mg_fail(err, MG_ERR_NOMEM, "out of memory");
+    for (int k = 0; k < K; k++) {
+        size_t m = 0;
+        double sum = 0.0;
+        for (size_t i = 0; i < n; i++)
+            if (!isnan(values[i * K + k])) {
+                col[m++] = values[i * K + k];
+                sum += values[i * K + k];
+            }
+        if (m < 2) {
+            free(col);
+            return mg_fail(err, MG_ERR_ARG,
+                           "condition '%s': %zu training rows have a value, need at least 2",
+                           c->names[k], m);
+        }
+        const double mean = sum / (double)m;
+        double ss = 0.0;
+        for (size_t i = 0; i < m; i++) ss += ((double)col[i] - mean) * ((double)col[i] - mean);
+        qsort(col, m, sizeof(float), cmp_float);
+        c->mean[k] = mean;
+        c->std[k] = sqrt(ss / (double)(m - 1));
+        c->min[k] = col[0];
+        c->max[k] = col[m - 1];
+        c->p01[k] = col[(size_t)(0.01 * (double)(m - 1))];
+        c->p99[k] = col[(size_t)(0.99 * (double)(m - 1) + 0.5)];
+        if (!(c->std[k] > 0)) {
+            free(col);
+            return mg_fail(err, MG_ERR_ARG, "condition '%s' is constant (%g) in the training rows",
+                           c->names[k], c->min[k]);
+        }
+    }
+    free(col);
+    return MG_OK;
+}
+
+void mg_cond_normalise(const mg_cond_info *c, float *values, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        for (int k = 0; k < c->K; k++) {
+            float *x = &values[i * c->K + k];
+            if (!isnan(*x)) *x = (float)(((double)*x - c->mean[k]) / c->std[k]);
+        }
+}
+
+void mg_cond_batch(const float *values, int K, const size_t *rows, int B, double drop,
+                   uint64_t seed, float *out) {
+    /* dropped when the top 53 bits of the hash, as a fraction, are < drop */
+    for (int b = 0; b < B; b++)
+        for (int k = 0; k < K; k++) {
+            const uint64_t z = mg_mix64(seed ^ (0x9E3779B97F4A7C15ull * ((uint64_t)b * K + k + 1)));
+            const double u = (double)(z >> 11) * 0x1.0p-53;
+            out[(size_t)b * K + k] = u < drop ? NAN : values[rows[b] * (size_t)K + (size_t)k];
+        }
+}
+
+mg_status mg_cond_request(const mg_cond_info *c, const char *text, float *out, char *warn,
+                          size_t warnlen, mg_error *err) {
+    if (warn && warnlen) warn[0] = '\0';
+    for (int k = 0; k < c->K; k++) out[k] = NAN;
+    char known[1024] = "";
+    for (int k = 0; k < c->K; k++)
+        snprintf(known + strlen(known), sizeof known - strlen(known), "%s%s", k ? ", " : "",
+                 c->names[k]);
+    const char *p = text;
+    if (!p || !*p) return mg_fail(err, MG_ERR_ARG, "empty condition (give name=value,...)");
+    for (;;) {
+        const char *e = p;
+        while (*e && *e != ',') e++;
+        const char *eq = memchr(p, '=', (size_t)(e - p));
+        if (!eq)
+            return mg_fail(err, MG_ERR_ARG, "condition '%.*s' is not name=value", (int)(e - p), p);
+        const char *n0 = p, *n1 = eq;
+        while (n0 < n1 && *n0 == ' ') n0++;
+        while (n1 > n0 && n1[-1] == ' ') n1--;
+        int k = -1;
+        for (int q = 0; q < c->K; q++)
+            if (strlen(c->names[q]) == (size_t)(n1 - n0) &&
+                !strncmp(c->names[q], n0, (size_t)(n1 - n0)))
+                k = q;
+        if (k < 0)
+            return mg_fail(err, MG_ERR_ARG,
+                           "the model was not trained on a condition '%.*s' (it knows: %s)",
+                           (int)(n1 - n0), n0, known);
+        if (!isnan(out[k]))
+            return mg_fail(err, MG_ERR_ARG, "condition '%s' is given twice", c->names[k]);
+        char num[64];
+        const size_t nl = (size_t)(e - eq - 1);
+        double x;
+        if (nl >= sizeof num ||
+            (memcpy(num, eq + 1, nl), num[nl] = '\0', !parse_value(num, &x)))
+            return mg_fail(err, MG_ERR_ARG, "condition %s: '%.*s' is not a finite number",
+                           c->names[k], (int)(e - eq - 1), eq + 1);
+        if (x < c->min[k] || x > c->max[k])
+            return mg_fail(err, MG_ERR_ARG,
+                           "condition %s=%g is outside the training range [%g, %g] of the model "
+                           "(it cannot extrapolate there)",
+                           c->names[k], x, c->min[k], c->max[k]);
+        if ((x < c->p01[k] || x > c->p99[k]) && warn && warnlen)
+            snprintf(warn + strlen(warn), warnlen - strlen(warn),
+                     "%swarning: %s=%g is rare in the training data (98%% of it lies in [%g, "
+                     "%g]): expect a larger deviation",
+                     warn[0] ? "\n" : "", c->names[k], x, c->p01[k], c->p99[k]);
+        out[k] = (float)((x - c->mean[k]) / c->std[k]);
+        if (!*e) break;
+        p = e + 1;
+    }
+    return MG_OK;
+}
