@@ -106,7 +106,7 @@ static mg_status score_part(mg_model *m, const mg_vocab *v, const char *const *s
     }
     for (int t = 0; t < nt && !rc; t++) mg_model_set_threads(rep[t], 1);
     mg_status failed = MG_OK;
-    char msg[sizeof err->message] = "";
+    char msg[sizeof err->message + 32] = ""; /* "molecule N: " + the message */
     for (size_t b0 = 0; b0 < n && !rc; b0 += SCORE_BLOCK) {
         const size_t b1 = n - b0 < SCORE_BLOCK ? n : b0 + SCORE_BLOCK;
 #pragma omp parallel num_threads(nt)
