@@ -25,6 +25,7 @@ mg_status mg_ckpt_optimizer(const mg_model *m, const mg_adamw_config *c, mg_adam
         spans[i].offset = pi->offset;
         spans[i].numel = pi->numel;
         spans[i].decay = pi->decay;
+        spans[i].frozen = pi->offset + pi->numel <= mg_model_frozen_params(m);
     }
     const mg_status rc = mg_adamw_init(opt, c, mg_model_num_params(m), spans, nt, err);
     free(spans);
@@ -50,6 +51,8 @@ static char *train_json(const mg_train_config *settings, const mg_train_state *s
         !mg_json_put(j, "data_rows", json_integer((json_int_t)st->data_rows)) &&
         !mg_json_put(j, "data_hash", json_string(buf)) &&
         !mg_json_put(j, "val_loss", isfinite(st->val_loss) ? json_real(st->val_loss) : json_null());
+    snprintf(buf, sizeof buf, "%08" PRIx32, st->init_crc32);
+    ok = ok && (!settings->init_path || !mg_json_put(j, "init_crc32", json_string(buf)));
     char *s = ok ? mg_json_dump(j, 17) : NULL;
     json_decref(j);
     return s;
@@ -90,6 +93,12 @@ static mg_status train_from_json(const char *text, mg_ckpt *ck, mg_error *err) {
     ck->state.data_hash = strtoull(hash, NULL, 16);
     const json_t *vl = json_object_get(j, "val_loss");
     ck->state.val_loss = json_is_number(vl) ? json_number_value(vl) : NAN;
+    const char *crc = json_string_value(json_object_get(j, "init_crc32"));
+    if (ck->settings.init_path &&
+        (!crc || strlen(crc) != 8 || strspn(crc, "0123456789abcdef") != 8))
+        return mg_fail(err, MG_ERR_FORMAT,
+                       "checkpoint \"train\" metadata: \"init_crc32\" missing or not 8 hex digits");
+    ck->state.init_crc32 = crc ? (uint32_t)strtoul(crc, NULL, 16) : 0;
     /* Written by molgen versions that bucketed batches by length: this one
      * draws other batches, so it cannot continue such a run as promised. */
     const json_t *bk = json_object_get(j, "bucket");
@@ -179,6 +188,7 @@ mg_status mg_ckpt_load(const char *path, mg_ckpt *ck, mg_error *err) {
                      mg_vocab_size(ck->vocab), mg_model_get_config(ck->model)->vocab_size);
     } else if ((rc = mg_adamw_config_from_json(oj, &oc, &e)) ||
                (rc = train_from_json(tj, ck, &e)) ||
+               (rc = mg_model_set_frozen(ck->model, ck->settings.freeze, &e)) ||
                (rc = mg_ckpt_optimizer(ck->model, &oc, &ck->opt, &e))) {
         rc = mg_fail(err, rc, "checkpoint %s: %s", path, e.message);
     } else {

@@ -6,7 +6,9 @@
  *   metadata "format"="molgen", "optim" (mg_adamw_config JSON incl. the
  *            schedule's total_steps), "train" (JSON: the CKPT and CKPT_NEW
  *            settings of train_settings.h under their keys, and the run's
- *            state: step, data_rows, data_hash, val_loss), "step".
+ *            state: step, data_rows, data_hash, val_loss, and for a run
+ *            initialised from a model (--init, kept under "init")
+ *            init_crc32), "step".
  * Written atomically (mg_st_write). Files of every earlier molgen that wrote
  * "train" load: a CKPT_NEW setting they lack takes its default. */
 #ifndef MG_CHECKPOINT_H
@@ -29,10 +31,12 @@ extern "C" {
 
 /* Where a run stands, besides its settings, model and optimizer. */
 typedef struct {
-    int64_t step;       /* optimizer steps done */
-    uint64_t data_rows; /* molecules kept from the data file */
-    uint64_t data_hash; /* FNV-1a of their ids and lengths: the same data on resume */
-    double val_loss;    /* the last validation loss (NAN: none) */
+    int64_t step;        /* optimizer steps done */
+    uint64_t data_rows;  /* molecules kept from the data file */
+    uint64_t data_hash;  /* FNV-1a of their ids and lengths: the same data on resume */
+    double val_loss;     /* the last validation loss (NAN: none) */
+    uint32_t init_crc32; /* with settings.init (fine-tuning): the CRC-32 of MODEL's parameters,
+                            F32 in the tensor table's order (model.h) */
 } mg_train_state;
 
 /* Everything a checkpoint holds. settings has the saved settings (CKPT,
@@ -54,7 +58,8 @@ mg_status mg_ckpt_load(const char *path, mg_ckpt *ck, mg_error *err);
 void mg_ckpt_free(mg_ckpt *c);
 
 /* An AdamW for m's parameters (mg_adamw_init with the model's tensors as
- * spans, weight decay on its weight matrices). */
+ * spans, weight decay on its weight matrices, the tensors of m's frozen
+ * prefix (mg_model_frozen_params) frozen). */
 mg_status mg_ckpt_optimizer(const mg_model *m, const mg_adamw_config *c, mg_adamw *opt,
                             mg_error *err);
 

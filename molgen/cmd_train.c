@@ -149,7 +149,7 @@ static void on_progress(void *user, const mg_train_progress *p) {
 }
 
 /* The summary line: where the checkpoint is and how the run went. */
-static void print_summary(const char *out, const mg_train_result *r) {
+static void print_summary(const char *out, const char *init, const mg_train_result *r) {
     static const char *const why[] = {"done", "time_limit", "signal", "stop_after"};
     json_t *ranks = r->ranks > 1 ? json_pack("{si,sf}", "ranks", r->ranks, "comm_ms_per_step",
                                              round(1e4 * r->comm_per_step) / 10)
@@ -163,6 +163,7 @@ static void print_summary(const char *out, const mg_train_result *r) {
         round(10 * r->seconds) / 10, "stop", why[r->stop], "skipped_lines", (json_int_t)r->skipped);
     if (ranks) json_object_update(j, ranks);
     json_decref(ranks);
+    if (j && init) mg_json_put(j, "init", json_string(init));
     char *s = mg_json_dump(j, 6);
     json_decref(j);
     printf("%s\n", s ? s : "{}");
@@ -189,6 +190,7 @@ int cmd_train(int argc, char **argv) {
     opts[k++] = (struct option){"help", no_argument, NULL, MG_OPT_HELP};
     opts[k] = (struct option){NULL, 0, NULL, 0};
     const char *preset = "default", *v;
+    int preset_given = 0;
     int o;
     mg_cli_begin();
     while ((o = mg_cli_next("train", argc, argv, "h", opts, &v)) != -1) {
@@ -197,9 +199,10 @@ int cmd_train(int argc, char **argv) {
             usage(stdout);
             return 0;
         }
-        if (o == MG_OPT_PRESET)
+        if (o == MG_OPT_PRESET) {
             preset = v;
-        else {
+            preset_given = 1;
+        } else {
             given[o - MG_OPT_SETTING] = v; /* the last one wins */
             is_given[o - MG_OPT_SETTING] = 1;
         }
@@ -216,10 +219,14 @@ int cmd_train(int argc, char **argv) {
         return usage_error(msg);
     }
     mg_error e;
-    for (size_t i = 0; i < MG_TRAIN_NUM_SETTINGS; i++)
+    for (size_t i = 0; i < MG_TRAIN_NUM_SETTINGS; i++) {
         if (is_given[i] && mg_setting_parse(&MG_TRAIN_SETTING[i], given[i], &c, &e))
             return usage_error(e.message);
-    if (c.model.d_model % c.model.n_head) {
+        c.given[i] = (unsigned char)is_given[i];
+    }
+    if (c.init_path && preset_given)
+        return usage_error("--preset with --init: a fine-tuned model keeps MODEL's shape");
+    if (!c.init_path && c.model.d_model % c.model.n_head) {
         char msg[128];
         snprintf(msg, sizeof msg, "--heads %d does not divide --d-model %d", c.model.n_head,
                  c.model.d_model);
@@ -243,8 +250,8 @@ int cmd_train(int argc, char **argv) {
     /* under mpirun: rank 0 writes, so rank 0 checks; every rank learns */
     mg_dist *world = mg_dist_world();
     const int rank0 = world->rank == 0;
-    const char *inputs[] = {c.data_path};
-    mg_status crc = rank0 ? mg_cli_check_output(c.out_path, inputs, 1, &e) : MG_OK;
+    const char *inputs[] = {c.data_path, c.init_path};
+    mg_status crc = rank0 ? mg_cli_check_output(c.out_path, inputs, 2, &e) : MG_OK;
     if (crc) fprintf(stderr, "molgen train: --out: %s\n", e.message);
     if (mg_dist_agree(world, crc, &e)) return 1;
     int stale = rank0 ? mg_st_remove_stale_temps(c.out_path) : 0;
@@ -265,7 +272,7 @@ int cmd_train(int argc, char **argv) {
         mg_cli_report("train", rc, &e);
         return 1;
     }
-    if (rank0) print_summary(c.out_path, &r);
+    if (rank0) print_summary(c.out_path, c.init_path, &r);
     if (r.stop == MG_STOP_SIGNAL)
         return 128 + (mg_train_stop_signal() ? mg_train_stop_signal() : SIGINT);
     return 0;

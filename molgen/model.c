@@ -213,8 +213,9 @@ struct mg_model {
     mg_model_config cfg;
     int nt;                /* OpenMP threads of every parallel loop (mg_model_set_threads) */
     float label_smoothing; /* of the training loss (mg_model_set_label_smoothing) */
-    attn_mha_config mha;   /* {d, H, 0, 0, bias 1} */
-    size_t mha_count;      /* floats of one block's packed attention parameters */
+    int frozen;          /* embeddings + blocks [0, frozen) get no gradient (mg_model_set_frozen) */
+    attn_mha_config mha; /* {d, H, 0, 0, bias 1} */
+    size_t mha_count;    /* floats of one block's packed attention parameters */
     size_t num_params;
     float *params; /* [num_params] */
     float *grads;  /* [num_params] */
@@ -488,6 +489,26 @@ mg_status mg_model_set_condition_meta(mg_model *m, const char *json, mg_error *e
 }
 
 const char *mg_model_condition_meta(const mg_model *m) { return m->cond_meta; }
+
+mg_status mg_model_set_frozen(mg_model *m, int n_blocks, mg_error *err) {
+    if (n_blocks < 0 || n_blocks > m->cfg.n_layer)
+        return mg_fail(err, MG_ERR_ARG, "cannot freeze %d blocks of a %d-block model", n_blocks,
+                       m->cfg.n_layer);
+    m->frozen = n_blocks;
+    return MG_OK;
+}
+
+int mg_model_frozen(const mg_model *m) { return m->frozen; }
+
+size_t mg_model_frozen_params(const mg_model *m) {
+    if (m->frozen == 0) return 0;
+    char name[NAME_LEN];
+    if (m->frozen < m->cfg.n_layer)
+        snprintf(name, sizeof name, "blocks.%d.ln1.weight", m->frozen);
+    else
+        snprintf(name, sizeof name, "ln_f.weight");
+    return mg_model_find_tensor(m, name)->offset; /* the table's order: a prefix */
+}
 size_t mg_model_num_params(const mg_model *m) { return m->num_params; }
 float *mg_model_params(mg_model *m) { return m->params; }
 float *mg_model_grads(mg_model *m) { return m->grads; }
@@ -1104,7 +1125,9 @@ mg_status mg_model_backward(mg_model *m, mg_error *err) {
     mg_layernorm_backward(m->dx, m->g.lnf_w, m->g.lnf_b, m->dln, m->x_final, m->p.lnf_w,
                           m->lnf_mean, m->lnf_rstd, Rv, d, nt);
 
-    for (int l = N - 1; l >= 0; l--) {
+    /* Frozen blocks and the embeddings below them need no gradient: the
+     * backward stops at the first trained block's input. */
+    for (int l = N - 1; l >= m->frozen; l--) {
         /* m->dx holds the gradient of block l's output. */
         const block_acts *a = &m->acts[l];
         const block_params *bp = &m->p.blocks[l];
@@ -1134,6 +1157,7 @@ mg_status mg_model_backward(mg_model *m, mg_error *err) {
         mg_layernorm_backward(m->dx, bg->ln1_w, bg->ln1_b, m->dln, a->x, bp->ln1_w, a->ln1_mean,
                               a->ln1_rstd, Rv, d, nt);
     }
+    if (m->frozen > 0) return 0;
     if (drop) mul_inplace(m->dx, m->emb_drop, Rv * d, nt);
     encoder_backward(m->g.tok_emb, m->g.pos_emb, m->dx, m->inputs, m->rows, Rv, L, d, nt);
     if (m->cfg.n_cond > 0) cond_backward(m, m->dx, B, L, Rv);

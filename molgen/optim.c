@@ -238,6 +238,7 @@ mg_status mg_adamw_step(mg_adamw *o, float *params, float *grads, float *grad_no
 #pragma omp parallel num_threads(nt)
     for (size_t s = 0; s < o->nspans; s++) {
         const mg_optim_span *sp = &o->spans[s];
+        if (sp->frozen) continue;
         const float wd = sp->decay ? lr * o->cfg.weight_decay : 0.0f;
         float *p = params + sp->offset, *g = grads + sp->offset;
         float *m = o->m + sp->offset, *v = o->v + sp->offset;

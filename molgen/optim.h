@@ -8,6 +8,10 @@
  *   v    = beta2 v + (1 - beta2) g²
  *   p   -= lr * (m / (1 - beta1^t)) / (sqrt(v / (1 - beta2^t)) + eps)
  *
+ * Spans marked frozen are skipped: no update, no decay, their moments
+ * untouched (molgen train --freeze; their gradients are 0, so the clipping
+ * norm is the trained parameters' alone).
+ *
  * Weight decay applies only to the spans marked decay (the model marks the
  * weight matrices of its linear layers: attention in/out projections, MLP,
  * output head); biases, LayerNorm gains/biases and the embeddings are not
@@ -58,6 +62,7 @@ float mg_lr_at(const mg_adamw_config *c, int64_t s);
 typedef struct {
     size_t offset, numel;
     int decay;
+    int frozen; /* 1: never updated (no decay, moments stay as they are) */
 } mg_optim_span;
 
 typedef struct {

@@ -13,6 +13,8 @@
 #include <string.h>
 #include <strings.h>
 
+#include <zlib.h>
+
 #include "checkpoint.h"
 #include "condition.h"
 #include "data.h"
@@ -93,7 +95,8 @@ typedef struct {
     const mg_train_config *c; /* as given: the RUN settings */
     mg_train_config s;        /* in force: c, with the checkpoint's saved ones on resume */
     int resuming;
-    mg_ckpt ck; /* model, vocab, optimizer (and what a resume read) */
+    mg_model *init; /* --init: MODEL (its vocabulary is ck.vocab) */
+    mg_ckpt ck;     /* model, vocab, optimizer (and what a resume read) */
     mg_train_state st;
     mg_dataset all, train, val;
     size_t nv; /* validation molecules used */
@@ -141,6 +144,7 @@ static void run_free(run *r) {
     mg_dataset_free(&r->train);
     mg_dataset_free(&r->val);
     mg_dataset_free(&r->all);
+    mg_model_free(r->init);
     mg_ckpt_free(&r->ck);
 }
 
@@ -155,6 +159,55 @@ static mg_status check_utf8(const char *what, const char *s, mg_error *err) {
     return MG_OK;
 }
 
+/* CRC-32 (zlib's) of m's parameters, F32 in the tensor table's order. */
+static uint32_t params_crc32(mg_model *m) {
+    const unsigned char *p = (const unsigned char *)mg_model_params(m);
+    size_t left = mg_model_num_params(m) * sizeof(float);
+    uLong crc = crc32(0L, Z_NULL, 0);
+    while (left > 0) { /* zlib takes a uInt length */
+        const uInt k = left > (1u << 30) ? (1u << 30) : (uInt)left;
+        crc = crc32(crc, p, k);
+        p += k;
+        left -= k;
+    }
+    return (uint32_t)crc;
+}
+
+/* --init: MODEL's configuration (and vocabulary, in ck.vocab) for this run;
+ * a model setting given on the command line must be MODEL's (the dropout
+ * may differ: a regulariser, not the shape). */
+static mg_status setup_init(run *r, mg_error *err) {
+    const mg_train_config *c = r->c;
+    mg_error e;
+    mg_status rc = mg_model_load(c->init_path, &r->init, &r->ck.vocab, NULL, &e);
+    if (rc) return mg_fail(err, rc, "--init: %s", e.message);
+    const mg_model_config *im = mg_model_get_config(r->init);
+    for (size_t i = 0; i < MG_TRAIN_NUM_SETTINGS; i++) {
+        const mg_setting *s = &MG_TRAIN_SETTING[i];
+        if (s->save != MG_SAVE_MODEL || !c->given[i] || !strcmp(s->key, "dropout")) continue;
+        mg_train_config mine = *c;
+        mine.model = *im;
+        char want[64], got[64];
+        mg_setting_format(s, &mine, want, sizeof want);
+        mg_setting_format(s, c, got, sizeof got);
+        if (strcmp(want, got))
+            return mg_fail(err, MG_ERR_ARG,
+                           "--%s %s conflicts with --init %s, whose %s is %s (a fine-tuned model "
+                           "keeps MODEL's shape: leave --%s out)",
+                           s->cli, got, c->init_path, s->key, want, s->cli);
+    }
+    const float dropout = r->s.model.dropout;
+    r->s.model = *im;
+    if (c->given[mg_setting_find("dropout") - MG_TRAIN_SETTING]) r->s.model.dropout = dropout;
+    r->st.init_crc32 = params_crc32(r->init);
+    say(r,
+        "fine-tuning from %s (parameters' CRC-32 %08" PRIx32 "): %d layers, d_model %d, %d heads, "
+        "ctx %d, vocabulary of %d tokens; fresh optimizer and schedule",
+        c->init_path, r->st.init_crc32, im->n_layer, im->d_model, im->n_head, im->ctx_len,
+        im->vocab_size);
+    return MG_OK;
+}
+
 /* The settings in force: a fresh run's own, or the checkpoint's. */
 static mg_status setup(run *r, mg_error *err) {
     const mg_train_config *c = r->c;
@@ -162,6 +215,10 @@ static mg_status setup(run *r, mg_error *err) {
     if (rc) return rc;
     r->s = *c;
     if (r->resuming) {
+        if (c->init_path)
+            return mg_fail(err, MG_ERR_ARG,
+                           "--init and --resume together: --resume continues a run (a fine-tuning "
+                           "one too, from its checkpoint), --init starts one");
         if ((rc = mg_ckpt_load(c->resume_path, &r->ck, err))) return rc;
         for (size_t i = 0; i < MG_TRAIN_NUM_SETTINGS; i++)
             if (MG_TRAIN_SETTING[i].save == MG_SAVE_CKPT ||
@@ -181,6 +238,7 @@ static mg_status setup(run *r, mg_error *err) {
         say(r, "resuming from %s at step %" PRId64, c->resume_path, r->st.step);
     } else {
         if (!c->data_path) return mg_fail(err, MG_ERR_ARG, "no data file given");
+        if (c->init_path && (rc = setup_init(r, err))) return rc;
         if (c->steps == 0 && c->time_limit <= 0)
             return mg_fail(err, MG_ERR_ARG, "give a number of steps or a time limit");
         if (!c->csv_column) r->s.csv_column = "smiles";
@@ -188,6 +246,7 @@ static mg_status setup(run *r, mg_error *err) {
     }
     if (!c->out_path) return mg_fail(err, MG_ERR_ARG, "no output path given");
     if ((rc = check_utf8("the data path", r->s.data_path, err)) ||
+        (rc = check_utf8("the --init path", r->s.init_path, err)) ||
         (rc = check_utf8("the CSV column", r->s.csv_column, err)))
         return rc;
     return MG_OK;
@@ -200,16 +259,24 @@ static mg_status load_data(run *r, mg_error *err) {
     memset(&lo, 0, sizeof lo);
     lo.csv_column = r->s.csv_column;
     lo.max_tokens = r->s.max_tokens;
-    lo.T = r->resuming              ? r->s.model.ctx_len + 1
-           : r->s.model.ctx_len > 0 ? r->s.model.ctx_len + 1
-                                    : 0;
+    const int fixed = r->resuming || r->init; /* the vocabulary and context are given */
+    lo.T = fixed || r->s.model.ctx_len > 0 ? r->s.model.ctx_len + 1 : 0;
     mg_report rep;
     mg_vocab *built = NULL;
     mg_error e;
-    mg_status rc = mg_dataset_load(r->s.data_path, &lo, r->resuming ? r->ck.vocab : NULL,
-                                   r->resuming ? NULL : &built, &r->all, &rep, &e);
+    mg_status rc = mg_dataset_load(r->s.data_path, &lo, fixed ? r->ck.vocab : NULL,
+                                   fixed ? NULL : &built, &r->all, &rep, &e);
+    if (rc && r->init && rep.records > 0 && rep.kept == 0) {
+        char msg[4096];
+        mg_report_format(&rep, msg, sizeof msg);
+        return mg_fail(err, rc,
+                       "data %s: no molecule fits --init %s (its vocabulary of %d tokens, "
+                       "context %d): %s",
+                       r->s.data_path, r->c->init_path, mg_vocab_size(r->ck.vocab),
+                       r->s.model.ctx_len, msg);
+    }
     if (rc) return mg_fail(err, rc, "%s", e.message);
-    if (!r->resuming) r->ck.vocab = built;
+    if (!fixed) r->ck.vocab = built;
     r->res.skipped = rep.skipped;
     char msg[4096];
     mg_report_format(&rep, msg, sizeof msg);
@@ -307,7 +374,11 @@ static mg_status build(run *r, mg_error *err) {
         mc.n_cond = r->cond.K;
         if ((rc = mg_model_create(&mc, &r->ck.model, &e)))
             return mg_fail(err, rc, "model: %s", e.message);
-        mg_model_init(r->ck.model, r->s.seed);
+        if (r->init) /* the same table, so the same layout */
+            memcpy(mg_model_params(r->ck.model), mg_model_params(r->init),
+                   mg_model_num_params(r->init) * sizeof(float));
+        else
+            mg_model_init(r->ck.model, r->s.seed);
         if (r->cond.K > 0) {
             char *cj = mg_cond_info_to_json(&r->cond);
             rc = cj ? mg_model_set_condition_meta(r->ck.model, cj, &e)
@@ -315,6 +386,8 @@ static mg_status build(run *r, mg_error *err) {
             free(cj);
             if (rc) return mg_fail(err, rc, "model: %s", e.message);
         }
+        if ((rc = mg_model_set_frozen(r->ck.model, r->s.freeze, &e)))
+            return mg_fail(err, rc, "--freeze: %s", e.message);
         mg_adamw_config oc = r->s.optim;
         oc.total_steps = c->steps > 0 ? c->steps : MG_STEPS_UNSIZED; /* estimated later */
         if ((rc = mg_ckpt_optimizer(r->ck.model, &oc, &r->ck.opt, &e)))
@@ -343,6 +416,11 @@ static mg_status build(run *r, mg_error *err) {
             opt->cfg.warmup_steps);
     }
     const mg_model_config *mc = mg_model_get_config(r->ck.model);
+    if (r->s.freeze > 0)
+        say(r,
+            "frozen: the embeddings and blocks 0-%d (%zu of %zu parameters: no update, no "
+            "gradient)",
+            r->s.freeze - 1, mg_model_frozen_params(r->ck.model), mg_model_num_params(r->ck.model));
     r->res.vocab_size = mc->vocab_size;
     r->res.ctx_len = mc->ctx_len;
     r->res.unigram_entropy = unigram_entropy(&r->train, mc->vocab_size);

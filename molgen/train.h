@@ -80,12 +80,20 @@ typedef struct {
 #define MG_TRAIN_DECL(key, field, kind, cli, arg, def, lo, hi, bounds, save, group, help)          \
     MG_DECL_##save(MG_CTYPE_##kind, field)
 
+/* The number of settings as a constant expression. */
+#define MG_TRAIN_COUNT_ONE(...) +1
+enum { MG_TRAIN_SETTING_COUNT = 0 MG_TRAIN_SETTINGS(MG_TRAIN_COUNT_ONE) };
+
 typedef struct {
     /* model: vocab_size is always the data's. optim: eps is the default's,
      * total_steps comes from steps (or the time-limit estimate). */
     mg_model_config model;
     mg_adamw_config optim;
     MG_TRAIN_SETTINGS(MG_TRAIN_DECL)
+    /* 1: the setting of that index of MG_TRAIN_SETTING was given (the
+     * command line marks them; all 0 by default). With --init a MODEL
+     * setting given must equal MODEL's (dropout excepted). */
+    unsigned char given[MG_TRAIN_SETTING_COUNT];
     mg_train_log log;
     /* The ranks training together (NULL: this process alone). Every rank
      * runs mg_train_run with the same config; each global batch is split
@@ -185,9 +193,6 @@ typedef struct {
 
 extern const mg_setting MG_TRAIN_SETTING[];
 extern const size_t MG_TRAIN_NUM_SETTINGS;
-/* The same count as a constant expression. */
-#define MG_TRAIN_COUNT_ONE(...) +1
-enum { MG_TRAIN_SETTING_COUNT = 0 MG_TRAIN_SETTINGS(MG_TRAIN_COUNT_ONE) };
 
 /* NULL if no setting has that key. */
 const mg_setting *mg_setting_find(const char *key);

@@ -76,6 +76,11 @@
     X(resume, resume_path, STR, "resume", "FILE", NULL, 0, 0, MG_CLOSED, RUN, MG_GROUP_DATA,       \
       "continue a checkpoint bit for bit: its model, optimizer, data split and every setting "     \
       "it keeps")                                                                                  \
+    X(init, init_path, STR, "init", "MODEL", NULL, 0, 0, MG_CLOSED, CKPT_NEW, MG_GROUP_DATA,       \
+      "fine-tune: start from MODEL's weights, configuration and vocabulary (a model file or a "    \
+      "checkpoint) with a fresh optimizer and schedule; data lines with other tokens or longer "   \
+      "than its context are skipped and reported; model options must agree with MODEL's "         \
+      "(--dropout may differ)")                                                                    \
     X(max_tokens, max_tokens, INT, "max-tokens", "N", MG_MAX_TOKENS_DEFAULT, 0, 1000000,           \
       MG_CLOSED, CKPT, MG_GROUP_DATA,                                                              \
       "skip molecules longer than N tokens (0 = no limit); skipped lines are reported as "         \
@@ -122,6 +127,9 @@
     X(label_smoothing, label_smoothing, F32, "label-smoothing", "X", 0, 0, 1, MG_OPEN_HI,          \
       CKPT_NEW, MG_GROUP_OPTIM,                                                                    \
       "training loss against (1 - X) the target + X spread over all tokens")                       \
+    X(freeze, freeze, INT, "freeze", "N", 0, 0, 1024, MG_CLOSED, CKPT_NEW, MG_GROUP_OPTIM,         \
+      "keep the embeddings and the first N blocks fixed: no update and no gradient work for them " \
+      "(for --init; at most the model's layers)")                                                  \
     X(seed, seed, U64, "seed", "N", 1, 0, 0, MG_CLOSED, CKPT, MG_GROUP_RUN,                        \
       "init, split, shuffle and dropout seed, decimal in [0, 2^64)")                               \
     X(threads, threads, INT, "threads", "N", 0, 0, MG_MAX_THREADS, MG_CLOSED, RUN, MG_GROUP_RUN,   \

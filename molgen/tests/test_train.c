@@ -16,7 +16,17 @@
  *    the checkpoint resumes.
  * 4. Corrupt / truncated / foreign checkpoints, a model file without
  *    optimizer state, changed data, and a model without the causal mask are
- *    clear errors. */
+ *    clear errors.
+ * 5. Fine-tuning (--init): at step 0 the weights are the init's bitwise and
+ *    the checkpoint records the init's path and the CRC-32 (zlib's, here an
+ *    independent call) of its parameters; with --freeze 1 the embeddings
+ *    and block 0 are bitwise unchanged after steps (and their AdamW moments
+ *    0) while every other tensor changed; the frozen backward gives 0 for the
+ *    frozen prefix and the full backward's gradient bitwise elsewhere; data
+ *    lines with tokens outside the init's vocabulary or longer than its
+ *    context are skipped and counted, all of them skipped is an error; a
+ *    model setting other than the init's is refused, the same value is not;
+ *    --resume of a fine-tuning checkpoint continues bit for bit. */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
 #include <signal.h>
@@ -26,8 +36,12 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <jansson.h>
+#include <zlib.h>
+
 #include "model.h"
 #include "optim.h"
+#include "safetensors.h"
 #include "train.h"
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -101,11 +115,11 @@ static void test_optim(void) {
     oc.warmup_steps = 2;
     oc.total_steps = 6;
     oc.grad_clip = 0.5f;
-    const mg_optim_span spans[2] = {{0, 4, 1}, {4, 6, 0}};
+    const mg_optim_span spans[2] = {{0, 4, 1, 0}, {4, 6, 0, 0}};
     mg_adamw o;
     mg_error err = {0};
     CHECK(mg_adamw_init(&o, &oc, N, spans, 2, &err) == 0, "%s", err.message);
-    const mg_optim_span gap[2] = {{0, 4, 1}, {5, 5, 0}};
+    const mg_optim_span gap[2] = {{0, 4, 1, 0}, {5, 5, 0, 0}};
     mg_adamw bad;
     CHECK(mg_adamw_init(&bad, &oc, N, gap, 2, &err) != 0, "spans with a gap accepted");
     float p[N], g[N];
@@ -437,6 +451,197 @@ static void test_bad_checkpoints(void) {
     remove(bad);
 }
 
+/* ------------------------------------------------------------ fine-tuning */
+
+/* A message callback that asks the run to stop at its "model:" line: the
+ * run then checkpoints before its first step. */
+static void stop_at_model_line(void *user, const char *text) {
+    (void)user;
+    if (!strncmp(text, "model:", 6)) mg_train_request_stop(SIGINT);
+}
+
+/* The checkpoint's "train" metadata, parsed (NULL on failure). */
+static json_t *train_meta(const char *path) {
+    mg_st_file *f = NULL;
+    mg_error err;
+    if (mg_st_load(path, &f, &err)) return NULL;
+    const char *t = mg_st_meta(f, "train");
+    json_t *j = t ? json_loads(t, 0, NULL) : NULL;
+    mg_st_free(f);
+    return j;
+}
+
+static mg_train_config finetune_config(const char *init, const char *out) {
+    mg_train_config c = small_config(out);
+    c.init_path = init;
+    c.model.n_layer = 5; /* not given: ignored, the init's shape is used */
+    c.optim.lr = 1e-3f;
+    c.steps = 6;
+    return c;
+}
+
+static void test_finetune(void) {
+    char init[300], out[300], half[300], resumed[300], vdata[300], bad[300];
+    path_in_tmp(init, sizeof init, "init.safetensors");
+    path_in_tmp(out, sizeof out, "ft.safetensors");
+    path_in_tmp(half, sizeof half, "ft_half.safetensors");
+    path_in_tmp(resumed, sizeof resumed, "ft_resumed.safetensors");
+    path_in_tmp(vdata, sizeof vdata, "ft_data.smi");
+    path_in_tmp(bad, sizeof bad, "ft_bad.smi");
+    mg_train_result r;
+    mg_error err = {0};
+    mg_train_config ic = small_config(init);
+    ic.steps = 8;
+    CHECK(mg_train_run(&ic, &r, &err) == 0, "init run: %s", err.message);
+    mg_model *im = NULL;
+    CHECK(mg_checkpoint_load(init, &im, NULL, NULL, &err) == 0, "%s", err.message);
+    if (!im) return;
+    const size_t P = mg_model_num_params(im);
+    const float *ip = mg_model_params(im);
+    const uint32_t crc = (uint32_t)crc32(0L, (const Bytef *)ip, (uInt)(P * sizeof(float)));
+
+    /* data: 200 molecules of the init's data plus lines it cannot take */
+    FILE *in = fopen(data1k, "r"), *o = fopen(vdata, "w");
+    char line[4096];
+    for (int i = 0; i < 200 && in && o && fgets(line, sizeof line, in); i++) fputs(line, o);
+    const int ctx = mg_model_get_config(im)->ctx_len;
+    if (o) {
+        fputs("CC[Se]CC\nc1cc[Te]cc1\n", o);
+        for (int i = 0; i < ctx + 3; i++) fputc('C', o); /* longer than the context */
+        fputc('\n', o);
+        fclose(o);
+    }
+    if (in) fclose(in);
+
+    /* step 0: the init's weights, and the metadata */
+    mg_train_config c = finetune_config(init, out);
+    c.data_path = vdata;
+    c.log.message = stop_at_model_line;
+    CHECK(mg_train_run(&c, &r, &err) == 0 && r.step == 0 && r.stop == MG_STOP_SIGNAL,
+          "step-0 run: %s (step %lld)", err.message, (long long)r.step);
+    CHECK(r.skipped == 3, "%ld lines skipped, want 3", r.skipped);
+    mg_model *fm = NULL;
+    mg_adamw fo;
+    CHECK(mg_checkpoint_load(out, &fm, &fo, NULL, &err) == 0, "%s", err.message);
+    if (fm) {
+        CHECK(mg_model_num_params(fm) == P && !memcmp(mg_model_params(fm), ip, P * sizeof(float)),
+              "fine-tuning checkpoint at step 0 differs from the init");
+        mg_model_free(fm);
+        mg_adamw_free(&fo);
+    }
+    json_t *j = train_meta(out);
+    const char *jinit = json_string_value(json_object_get(j, "init"));
+    const char *jcrc = json_string_value(json_object_get(j, "init_crc32"));
+    char want[16];
+    snprintf(want, sizeof want, "%08x", (unsigned)crc);
+    CHECK(jinit && !strcmp(jinit, init), "train.init = %s", jinit ? jinit : "(none)");
+    CHECK(jcrc && !strcmp(jcrc, want), "train.init_crc32 = %s, zlib says %s", jcrc ? jcrc : "-",
+          want);
+    json_decref(j);
+
+    /* --freeze 1: the prefix bitwise fixed, everything else trained */
+    c.log.message = NULL;
+    c.freeze = 1;
+    CHECK(mg_train_run(&c, &r, &err) == 0 && r.step == 6, "freeze run: %s", err.message);
+    fm = NULL;
+    CHECK(mg_checkpoint_load(out, &fm, &fo, NULL, &err) == 0, "%s", err.message);
+    if (fm) {
+        CHECK(mg_model_frozen(fm) == 1, "checkpoint's model frozen %d", mg_model_frozen(fm));
+        const size_t F = mg_model_frozen_params(fm);
+        const mg_param_info *b1 = mg_model_find_tensor(fm, "blocks.1.ln1.weight");
+        CHECK(b1 && F == b1->offset && F > 0, "frozen prefix %zu", F);
+        CHECK(!memcmp(mg_model_params(fm), ip, F * sizeof(float)), "frozen parameters changed");
+        int mv_zero = 1;
+        for (size_t i = 0; i < F; i++) mv_zero &= fo.m[i] == 0.0f && fo.v[i] == 0.0f;
+        CHECK(mv_zero, "AdamW moments of frozen parameters are not 0");
+        int changed = 0, trained = 0;
+        for (size_t t = 0; t < mg_model_num_tensors(fm); t++) {
+            const mg_param_info *pi = mg_model_tensor(fm, t);
+            if (pi->offset < F) continue;
+            trained++;
+            changed += memcmp(mg_model_params(fm) + pi->offset, ip + pi->offset,
+                              pi->numel * sizeof(float)) != 0;
+        }
+        CHECK(changed == trained && trained > 0, "%d of %d trained tensors changed", changed,
+              trained);
+        printf("fine-tuning --freeze 1: %zu of %zu parameters bitwise fixed, %d of %d other "
+               "tensors changed\n",
+               F, P, changed, trained);
+
+        /* the frozen backward: 0 below, the full backward's bits above */
+        int32_t ids[2 * 8] = {1, 4, 5, 6, 2, 0, 0, 0, 1, 7, 4, 4, 4, 6, 5, 2};
+        const int64_t len[2] = {5, 8};
+        float loss;
+        float *full = malloc(P * sizeof(float));
+        mg_model_set_frozen(fm, 0, &err);
+        CHECK(mg_model_forward(fm, ids, len, 2, 8, 0, 0, &loss, NULL, &err) == 0 &&
+                  mg_model_backward(fm, &err) == 0,
+              "%s", err.message);
+        memcpy(full, mg_model_grads(fm), P * sizeof(float));
+        mg_model_set_frozen(fm, 1, &err);
+        CHECK(mg_model_forward(fm, ids, len, 2, 8, 0, 0, &loss, NULL, &err) == 0 &&
+                  mg_model_backward(fm, &err) == 0,
+              "%s", err.message);
+        int zero = 1;
+        for (size_t i = 0; i < F; i++) zero &= mg_model_grads(fm)[i] == 0.0f;
+        CHECK(zero, "frozen gradients are not 0");
+        CHECK(!memcmp(mg_model_grads(fm) + F, full + F, (P - F) * sizeof(float)),
+              "trained gradients differ from the full backward's");
+        CHECK(mg_model_set_frozen(fm, 3, &err) != 0, "froze 3 blocks of a 2-block model");
+        free(full);
+        mg_model_free(fm);
+        mg_adamw_free(&fo);
+    }
+
+    /* resume of a fine-tuning run: bit for bit */
+    mg_train_config sc = finetune_config(init, half);
+    sc.data_path = vdata;
+    sc.freeze = 1;
+    sc.stop_after = 3;
+    CHECK(mg_train_run(&sc, &r, &err) == 0 && r.step == 3, "first half: %s", err.message);
+    mg_train_config rc = small_config(resumed);
+    rc.resume_path = half;
+    rc.data_path = NULL;
+    CHECK(mg_train_run(&rc, &r, &err) == 0 && r.step == 6, "resume: %s", err.message);
+    CHECK(files_equal_params(out, resumed, "fine-tuning resume equality"),
+          "straight and resumed fine-tuning runs differ");
+    j = train_meta(resumed);
+    jcrc = json_string_value(json_object_get(j, "init_crc32"));
+    CHECK(jcrc && !strcmp(jcrc, want) && json_integer_value(json_object_get(j, "freeze")) == 1,
+          "resumed checkpoint lost init_crc32 / freeze");
+    json_decref(j);
+    rc.init_path = init;
+    CHECK(mg_train_run(&rc, &r, &err) != 0 && strstr(err.message, "--init and --resume"),
+          "--init with --resume: %s", err.message);
+
+    /* a model setting other than the init's: refused; the same value: fine */
+    mg_train_config gc = finetune_config(init, out);
+    gc.data_path = vdata;
+    const size_t il = (size_t)(mg_setting_find("n_layer") - MG_TRAIN_SETTING);
+    gc.given[il] = 1;
+    gc.model.n_layer = 3;
+    CHECK(mg_train_run(&gc, &r, &err) != 0 && strstr(err.message, "--layers 3 conflicts"),
+          "conflicting --layers: %s", err.message);
+    printf("%-28s -> %s\n", "conflicting shape", err.message);
+    gc.model.n_layer = mg_model_get_config(im)->n_layer;
+    gc.steps = 1;
+    CHECK(mg_train_run(&gc, &r, &err) == 0, "agreeing --layers refused: %s", err.message);
+
+    /* every line outside the vocabulary: a clear error */
+    write_bytes(bad, "CC[Se]CC\nc1cc[Te]cc1\n", 21);
+    gc.data_path = bad;
+    CHECK(mg_train_run(&gc, &r, &err) != 0 && strstr(err.message, "no molecule fits") &&
+              strstr(err.message, ":2: unknown token '[Te]'"),
+          "all lines skipped: %s", err.message);
+    mg_model_free(im);
+    remove(init);
+    remove(out);
+    remove(half);
+    remove(resumed);
+    remove(vdata);
+    remove(bad);
+}
+
 int main(void) {
     snprintf(tmpdir, sizeof tmpdir, "/tmp/molgen_test_train_%d", (int)getpid());
     char cmd[400];
@@ -450,6 +655,7 @@ int main(void) {
     test_signal(SIGINT);
     test_signal(SIGTERM);
     test_bad_checkpoints();
+    test_finetune();
     remove(data1k);
     rmdir(tmpdir);
     printf("test_train: %d checks passed, %d failed\n", tu_pass, tu_fail);
