@@ -20,7 +20,10 @@
  *     and decodes back to its source string; line numbers increase; a built
  *     vocabulary has no token that no kept molecule uses;
  *   - the split partitions the rows (file order kept in both parts), and
- *     batches hold dataset rows, trimmed to their longest row.
+ *     batches hold dataset rows, trimmed to their longest row;
+ *   - mg_read_records (molgen score's reader) on the same file: every record
+ *     mg_read_smiles keeps, in order with its line, among at least as many
+ *     records; flawed ones "" with a valid code; the same report.
  */
 #define _GNU_SOURCE
 #include <fcntl.h>
@@ -187,6 +190,34 @@ static void check_split_and_batches(const mg_dataset *d, uint64_t seed) {
     mg_dataset_free(&va);
 }
 
+/* mg_read_records against mg_read_smiles on the same file. */
+static void check_records(const char *path, int csv, const char *column) {
+    mg_smiles_list a, b;
+    mg_report ra, rb;
+    mg_error err = {0};
+    const mg_status rca = mg_read_smiles(path, column, &a, &ra, &err);
+    const mg_status rcb = mg_read_records(NULL, path, csv, column, &b, &rb, &err);
+    FZ_CHECK(rca == rcb, "mg_read_smiles %d, mg_read_records %d", rca, rcb);
+    if (rca == MG_OK && rcb == MG_OK) {
+        FZ_CHECK(b.flaw != NULL && b.n >= a.n, "%zu records for %zu molecules", b.n, a.n);
+        FZ_CHECK(rb.too_long == ra.too_long && rb.lines == ra.lines, "reports differ");
+        size_t j = 0;
+        for (size_t i = 0; i < b.n; i++) {
+            FZ_CHECK(b.flaw[i] <= MG_REC_BAD_CSV && (b.flaw[i] == MG_REC_OK || !b.smiles[i][0]),
+                     "record %zu: flaw %d '%.40s'", i, b.flaw[i], b.smiles[i]);
+            FZ_CHECK(i == 0 || b.line[i] > b.line[i - 1], "record %zu: line %ld", i, b.line[i]);
+            if (j < a.n && b.line[i] == a.line[j]) {
+                FZ_CHECK(!strcmp(a.smiles[j], b.smiles[i]), "line %ld: '%.40s' vs '%.40s'",
+                         a.line[j], a.smiles[j], b.smiles[i]);
+                j++;
+            }
+        }
+        FZ_CHECK(j == a.n, "%zu of %zu molecules among the records", j, a.n);
+    }
+    mg_smiles_list_free(&a);
+    mg_smiles_list_free(&b);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (!g_fixed) setup();
     if (size < 1) return 0;
@@ -202,6 +233,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     mg_dataset d;
     mg_report r;
     mg_error err = {0};
+    check_records(path, mode & 1, o.csv_column);
     mg_status rc = mg_dataset_load(path, &o, fixed, &built, &d, &r, &err);
     check_report(&r, path, rc);
     if (rc != 0) {
