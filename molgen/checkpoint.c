@@ -25,7 +25,7 @@ mg_status mg_ckpt_optimizer(const mg_model *m, const mg_adamw_config *c, mg_adam
         spans[i].offset = pi->offset;
         spans[i].numel = pi->numel;
         spans[i].decay = pi->decay;
-        spans[i].frozen = pi->offset + pi->numel <= mg_model_frozen_params(m);
+        spans[i].frozen = mg_model_tensor_frozen(m, i);
     }
     const mg_status rc = mg_adamw_init(opt, c, mg_model_num_params(m), spans, nt, err);
     free(spans);

@@ -58,8 +58,8 @@ mg_status mg_ckpt_load(const char *path, mg_ckpt *ck, mg_error *err);
 void mg_ckpt_free(mg_ckpt *c);
 
 /* An AdamW for m's parameters (mg_adamw_init with the model's tensors as
- * spans, weight decay on its weight matrices, the tensors of m's frozen
- * prefix (mg_model_frozen_params) frozen). */
+ * spans, weight decay on its weight matrices, m's frozen tensors
+ * (mg_model_tensor_frozen) frozen). */
 mg_status mg_ckpt_optimizer(const mg_model *m, const mg_adamw_config *c, mg_adamw *opt,
                             mg_error *err);
 

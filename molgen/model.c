@@ -134,7 +134,8 @@ mg_status mg_model_config_from_json(const char *json, mg_model_config *c, mg_err
         } else if (!strcmp(k, "cond_bos")) {
             known = 1;
             if (!json_is_boolean(v)) {
-                rc = mg_fail(err, MG_ERR_FORMAT, "model config: \"cond_bos\" must be true or false");
+                rc =
+                    mg_fail(err, MG_ERR_FORMAT, "model config: \"cond_bos\" must be true or false");
                 goto done;
             }
             r.cond_bos = json_is_true(v);
@@ -468,7 +469,7 @@ mg_status mg_model_set_conditions(mg_model *m, const float *values, int n, mg_er
 void mg_model_condition_embedding(const mg_model *m, int r, float *out) {
     const int K = m->cfg.n_cond, d = m->cfg.d_model;
     memset(out, 0, (size_t)d * sizeof(float));
-    const float *v = m->cond_n == 1 ? m->cond_vals
+    const float *v = m->cond_n == 1  ? m->cond_vals
                      : r < m->cond_n ? m->cond_vals + (size_t)r * K
                                      : NULL;
     for (int k = 0; k < K; k++) {
@@ -500,14 +501,24 @@ mg_status mg_model_set_frozen(mg_model *m, int n_blocks, mg_error *err) {
 
 int mg_model_frozen(const mg_model *m) { return m->frozen; }
 
-size_t mg_model_frozen_params(const mg_model *m) {
-    if (m->frozen == 0) return 0;
+int mg_model_tensor_frozen(const mg_model *m, size_t i) {
+    if (m->frozen == 0 || i >= m->num_tensors) return 0;
     char name[NAME_LEN];
     if (m->frozen < m->cfg.n_layer)
         snprintf(name, sizeof name, "blocks.%d.ln1.weight", m->frozen);
     else
         snprintf(name, sizeof name, "ln_f.weight");
-    return mg_model_find_tensor(m, name)->offset; /* the table's order: a prefix */
+    /* the table's order: embeddings, blocks 0.., then the rest; the
+     * condition embeddings (last) sit at the input like tok_emb */
+    return m->tensors[i].offset < mg_model_find_tensor(m, name)->offset ||
+           !strncmp(m->tensors[i].name, "cond.", 5);
+}
+
+size_t mg_model_frozen_params(const mg_model *m) {
+    size_t n = 0;
+    for (size_t i = 0; i < m->num_tensors; i++)
+        if (mg_model_tensor_frozen(m, i)) n += m->tensors[i].numel;
+    return n;
 }
 size_t mg_model_num_params(const mg_model *m) { return m->num_params; }
 float *mg_model_params(mg_model *m) { return m->params; }
@@ -1306,9 +1317,10 @@ mg_status mg_model_from_st(const mg_st_file *f, mg_model **out, mg_error *err) {
         mg_error e;
         const char *meta = mg_st_meta(f, "condition");
         if ((rc = mg_cond_info_from_json(meta, &ci, &e)) ||
-            (ci.K != c.n_cond &&
-             (rc = mg_fail(&e, MG_ERR_FORMAT, "condition metadata names %d conditions, the "
-                           "config %d", ci.K, c.n_cond))) ||
+            (ci.K != c.n_cond && (rc = mg_fail(&e, MG_ERR_FORMAT,
+                                               "condition metadata names %d conditions, the "
+                                               "config %d",
+                                               ci.K, c.n_cond))) ||
             (rc = mg_model_set_condition_meta(m, meta, &e))) {
             mg_cond_info_free(&ci);
             mg_model_free(m);

@@ -150,13 +150,15 @@ void mg_model_condition_embedding(const mg_model *m, int r, float *out);
  * carries: set before saving (copied), NULL for an unconditional model. */
 mg_status mg_model_set_condition_meta(mg_model *m, const char *json, mg_error *err);
 const char *mg_model_condition_meta(const mg_model *m);
-/* Freeze the embeddings (tok_emb, pos_emb) and blocks [0, n_blocks)
- * (0 <= n_blocks <= n_layer; 0, a new model's, freezes nothing): the
- * backward leaves their gradients 0 and does no work for them (it stops at
- * block n_blocks' input). In the tensor table's order they are a prefix of
- * the parameters: mg_model_frozen_params of them. */
+/* Freeze the embeddings (tok_emb, pos_emb and a conditional model's
+ * cond.*) and blocks [0, n_blocks) (0 <= n_blocks <= n_layer; 0, a new
+ * model's, freezes nothing): the backward leaves their gradients 0 and does
+ * no work for them (it stops at block n_blocks' input).
+ * mg_model_tensor_frozen: is tensor i one of them; mg_model_frozen_params:
+ * how many parameters they hold. */
 mg_status mg_model_set_frozen(mg_model *m, int n_blocks, mg_error *err);
 int mg_model_frozen(const mg_model *m);
+int mg_model_tensor_frozen(const mg_model *m, size_t i);
 size_t mg_model_frozen_params(const mg_model *m);
 size_t mg_model_num_params(const mg_model *m);
 float *mg_model_params(mg_model *m); /* [num_params] */

@@ -182,6 +182,11 @@ static mg_status setup_init(run *r, mg_error *err) {
     mg_status rc = mg_model_load(c->init_path, &r->init, &r->ck.vocab, NULL, &e);
     if (rc) return mg_fail(err, rc, "--init: %s", e.message);
     const mg_model_config *im = mg_model_get_config(r->init);
+    if (im->n_cond > 0 || c->condition)
+        return mg_fail(err, MG_ERR_ARG,
+                       "--init %s: fine-tuning %s is not supported (its conditions' statistics "
+                       "would have to come from MODEL)",
+                       c->init_path, im->n_cond > 0 ? "a conditional model" : "with --condition");
     for (size_t i = 0; i < MG_TRAIN_NUM_SETTINGS; i++) {
         const mg_setting *s = &MG_TRAIN_SETTING[i];
         if (s->save != MG_SAVE_MODEL || !c->given[i] || !strcmp(s->key, "dropout")) continue;
@@ -351,11 +356,10 @@ static mg_status load_conditions(run *r, mg_error *err) {
     char line[4096] = "";
     for (int k = 0; k < r->cond.K; k++)
         snprintf(line + strlen(line), sizeof line - strlen(line),
-                 "%s%s (mean %.4g, std %.4g, range [%.4g, %.4g])", k ? ", " : "",
-                 r->cond.names[k], r->cond.mean[k], r->cond.std[k], r->cond.min[k],
-                 r->cond.max[k]);
-    say(r, "conditions: %s; %zu missing value(s) count as dropped; each dropped with p = %g",
-        line, miss_t + miss_v, r->s.condition_drop);
+                 "%s%s (mean %.4g, std %.4g, range [%.4g, %.4g])", k ? ", " : "", r->cond.names[k],
+                 r->cond.mean[k], r->cond.std[k], r->cond.min[k], r->cond.max[k]);
+    say(r, "conditions: %s; %zu missing value(s) count as dropped; each dropped with p = %g", line,
+        miss_t + miss_v, r->s.condition_drop);
     r->bcond = malloc((size_t)r->s.batch_size * r->cond.K * sizeof(float));
     if (!r->bcond) return mg_fail(err, MG_ERR_NOMEM, "out of memory");
     return MG_OK;
@@ -471,10 +475,12 @@ static mg_status validate(run *r, double *loss, mg_error *err) {
         float l;
         int64_t nt;
         mg_error e;
-        rc = r->cond.K ? mg_model_set_conditions(
-                             r->ck.model, r->cv_val + (r0 + i0) * (size_t)r->cond.K, (int)(i1 - i0), &e)
-                       : MG_OK;
-        if (!rc) rc = mg_model_forward(r->ck.model, r->bbuf, len, (int)(i1 - i0), Tb, 0, 0, &l, &nt, &e);
+        rc = r->cond.K
+                 ? mg_model_set_conditions(r->ck.model, r->cv_val + (r0 + i0) * (size_t)r->cond.K,
+                                           (int)(i1 - i0), &e)
+                 : MG_OK;
+        if (!rc)
+            rc = mg_model_forward(r->ck.model, r->bbuf, len, (int)(i1 - i0), Tb, 0, 0, &l, &nt, &e);
         if (rc) mg_fail(err, rc, "validation: %s", e.message);
         sum += (double)l * (double)nt;
         count += nt;

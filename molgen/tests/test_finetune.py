@@ -90,6 +90,8 @@ def test_refusals(init):
     (d / "alien.smi").write_text("C[Se]C\nC[Te]C\n")
     p = train(["--init", path, "--data", str(d / "alien.smi"), "--steps", "2", "--out", out])
     assert p.returncode == 1 and b"no molecule fits --init" in p.stderr
+    p = train(["--init", path, "--data", DATA, "--steps", "2", "--condition", "logp", "--out", out])
+    assert p.returncode == 1 and b"fine-tuning with --condition is not supported" in p.stderr
     p = train(["--init", path, "--data", DATA, "--steps", "2", "--out", path])
     assert p.returncode == 1 and b"refusing to overwrite" in p.stderr
     assert not os.path.exists(out)

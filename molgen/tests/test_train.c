@@ -550,6 +550,10 @@ static void test_finetune(void) {
         const size_t F = mg_model_frozen_params(fm);
         const mg_param_info *b1 = mg_model_find_tensor(fm, "blocks.1.ln1.weight");
         CHECK(b1 && F == b1->offset && F > 0, "frozen prefix %zu", F);
+        int prefix = 1; /* an unconditional model's frozen tensors: a prefix */
+        for (size_t t = 0; t < mg_model_num_tensors(fm); t++)
+            prefix &= mg_model_tensor_frozen(fm, t) == (mg_model_tensor(fm, t)->offset < F);
+        CHECK(prefix, "frozen tensors are not the prefix of %zu parameters", F);
         CHECK(!memcmp(mg_model_params(fm), ip, F * sizeof(float)), "frozen parameters changed");
         int mv_zero = 1;
         for (size_t i = 0; i < F; i++) mv_zero &= fo.m[i] == 0.0f && fo.v[i] == 0.0f;
