@@ -132,6 +132,22 @@ def test_train_equals_one_process(data, tmp_path, ranks):
     assert abs(s1["first_val_loss"] - sn["first_val_loss"]) < 1e-6 * s1["first_val_loss"]
 
 
+def test_conditional_train_equals_one_process(data, tmp_path):
+    """A conditional model (--condition, dropped conditions) at 3 ranks: each
+    rank's rows get their own conditions and drops, so it trains like one
+    process too."""
+    csv = tmp_path / "c.csv"
+    mols = open(data).read().split()
+    csv.write_text("smiles,n\n" + "".join("%s,%d\n" % (m, len(m)) for m in mols))
+    args = ["train", "--data", str(csv), "--condition", "n", "--condition-drop", "0.2",
+            "--steps", "100", "--val-every", "50"] + TINY
+    one, many = str(tmp_path / "one"), str(tmp_path / "many")
+    ok(alone(args + ["--out", one + ".st", "--loss-log", one + ".log"]))
+    ok(mpirun(3, args + ["--out", many + ".st", "--loss-log", many + ".log"]))
+    same_training(one + ".log", many + ".log", 100)
+    same_params(one + ".st", many + ".st")
+
+
 def test_resume(data, tmp_path):
     """Stopped at step 40 and resumed: with the same 2 ranks bit for bit the
     uninterrupted 2-rank run; with 1 process the same batches from step 41
