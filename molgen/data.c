@@ -420,6 +420,75 @@ mg_status mg_read_records(FILE *f, const char *path, int csv, const char *csv_co
     return rc;
 }
 
+/* ------------------------------------------------------------ augmentation */
+
+mg_status mg_augment_read(const char *path, mg_smiles_list *out, long *data_lines, mg_error *err) {
+    if (!path || !out || !data_lines) return mg_fail(err, MG_ERR_ARG, "mg_augment_read: bad argument");
+    memset(out, 0, sizeof *out);
+    *data_lines = 0;
+    FILE *f = open_regular(path, err);
+    if (!f) return err ? err->status : MG_ERR_IO;
+    list_builder b;
+    memset(&b, 0, sizeof b);
+    char *buf = NULL;
+    size_t cap = 0, len = 0;
+    int toolong = 0;
+    long lineno = 0, want = -1;
+    mg_status rc = 0;
+    int got;
+    while ((got = read_line(f, &buf, &cap, &len, &toolong)) == 1) {
+        lineno++;
+        if (toolong) {
+            rc = mg_fail(err, MG_ERR_FORMAT, "%s:%ld: line longer than %d bytes", path, lineno,
+                         MG_MAX_LINE_BYTES);
+            break;
+        }
+        if (lineno == 1) {
+            const char *l = strstr(buf, " lines=");
+            char *end = NULL;
+            if (strncmp(buf, MG_AUGMENT_MAGIC " ", strlen(MG_AUGMENT_MAGIC) + 1) == 0 && l)
+                want = strtol(l + 7, &end, 10);
+            if (want < 0 || !end || (*end && *end != ' ')) {
+                rc = mg_fail(err, MG_ERR_FORMAT,
+                             "%s: not a randomized-SMILES file (its first line must be '%s ... "
+                             "lines=N ...'; make one with tools/randomize_smiles.py)",
+                             path, MG_AUGMENT_MAGIC);
+                break;
+            }
+            continue;
+        }
+        if (lineno - 1 > want) {
+            rc = mg_fail(err, MG_ERR_FORMAT, "%s:%ld: more lines than the header's lines=%ld",
+                         path, lineno, want);
+            break;
+        }
+        for (char *p = buf; *p;) { /* the copies of data line lineno - 1 */
+            while (*p == ' ' || *p == '\t') p++;
+            char *q = p;
+            while (*q && *q != ' ' && *q != '\t') q++;
+            if (q > p && lb_add(&b, p, (size_t)(q - p), lineno - 1)) {
+                rc = mg_fail(err, MG_ERR_NOMEM, "%s: out of memory", path);
+                break;
+            }
+            p = q;
+        }
+        if (rc) break;
+    }
+    if (got < 0 && !rc) rc = mg_fail(err, MG_ERR_NOMEM, "%s: out of memory", path);
+    if (!rc && ferror(f)) rc = mg_fail(err, MG_ERR_IO, "%s: read error", path);
+    if (!rc && lineno == 0)
+        rc = mg_fail(err, MG_ERR_FORMAT, "%s: empty, not a randomized-SMILES file", path);
+    if (!rc && lineno - 1 != want)
+        rc = mg_fail(err, MG_ERR_FORMAT, "%s: %ld lines of copies, the header says lines=%ld (cut short?)",
+                     path, lineno - 1, want);
+    free(buf);
+    fclose(f);
+    if (!rc && lb_finish(&b, out)) rc = mg_fail(err, MG_ERR_NOMEM, "%s: out of memory", path);
+    lb_free(&b);
+    if (!rc) *data_lines = want;
+    return rc;
+}
+
 /* ------------------------------------------------------------ dataset */
 
 void mg_dataset_free(mg_dataset *d) {

@@ -99,6 +99,19 @@ enum {
 mg_status mg_read_records(FILE *f, const char *path, int csv, const char *csv_column,
                           mg_smiles_list *out, mg_report *rep, mg_error *err);
 
+/* ------------------------------------------------------------ augmentation */
+
+/* A file of randomized SMILES (tools/randomize_smiles.py): the header
+ * "#molgen-augment v1 k=K seed=S lines=N source=NAME", then N lines, line
+ * i + 1 holding the space-separated copies of line i of the data file
+ * (none when the data line is blank, a comment or not a molecule). */
+#define MG_AUGMENT_MAGIC "#molgen-augment v1"
+
+/* Every copy in file order; out->line[j] is the DATA line (1-based) copy j
+ * belongs to; *data_lines = N. MG_ERR_FORMAT for a missing / bad header or
+ * a line count other than N; MG_ERR_IO, MG_ERR_NOMEM. */
+mg_status mg_augment_read(const char *path, mg_smiles_list *out, long *data_lines, mg_error *err);
+
 /* ------------------------------------------------------------ dataset */
 
 typedef struct {

@@ -4,6 +4,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "train.h"
 
+#include <errno.h>
 #include <inttypes.h>
 #include <math.h>
 #include <signal.h>
@@ -99,6 +100,13 @@ typedef struct {
     mg_ckpt ck;     /* model, vocab, optimizer (and what a resume read) */
     mg_train_state st;
     mg_dataset all, train, val;
+    /* --augment randomized: the copies of data line l are aug_copy[aug_first[l] ..
+     * aug_first[l + 1]) (those the vocabulary and context take) */
+    mg_smiles_list aug;
+    const char **aug_copy;
+    size_t *aug_first;
+    long aug_lines;
+    FILE *dump; /* --debug-dump-rows (rank 0) */
     size_t nv; /* validation molecules used */
     mg_batcher *batcher;
     int32_t *bids, *bbuf; /* [B, T] a batch, and the same trimmed */
@@ -132,6 +140,10 @@ static void say(const run *r, const char *fmt, ...) {
 
 static void run_free(run *r) {
     if (r->loss_log) fclose(r->loss_log);
+    if (r->dump) fclose(r->dump);
+    mg_smiles_list_free(&r->aug);
+    free(r->aug_copy);
+    free(r->aug_first);
     free(r->bids);
     free(r->bbuf);
     free(r->blen);
@@ -232,6 +244,7 @@ static mg_status setup(run *r, mg_error *err) {
         r->s.model = *mg_model_get_config(r->ck.model);
         r->s.optim = r->ck.opt.cfg;
         if (c->data_path) r->s.data_path = c->data_path; /* the content is checked by its hash */
+        if (c->augment_file) r->s.augment_file = c->augment_file; /* so is this one's */
         r->st = r->ck.state;
         if (c->steps > 0 && c->steps < r->st.step)
             return mg_fail(
@@ -250,11 +263,148 @@ static mg_status setup(run *r, mg_error *err) {
         r->st.val_loss = NAN;
     }
     if (!c->out_path) return mg_fail(err, MG_ERR_ARG, "no output path given");
+    if (strcmp(r->s.augment, "none") && strcmp(r->s.augment, "randomized"))
+        return mg_fail(err, MG_ERR_ARG, "--augment %s: need none or randomized", r->s.augment);
+    if (!strcmp(r->s.augment, "randomized") && r->s.condition)
+        return mg_fail(err, MG_ERR_ARG,
+                       "--augment randomized works on .smi data; it is not supported with "
+                       "--condition");
+    if (!strcmp(r->s.augment, "randomized") && !r->s.augment_file)
+        return mg_fail(err, MG_ERR_ARG,
+                       "--augment randomized needs --augment-file FILE (make it with "
+                       "/usr/bin/python3 tools/randomize_smiles.py DATA FILE)");
+    if (r->s.augment_file && (rc = check_utf8("the augment file path", r->s.augment_file, err)))
+        return rc;
     if ((rc = check_utf8("the data path", r->s.data_path, err)) ||
         (rc = check_utf8("the --init path", r->s.init_path, err)) ||
         (rc = check_utf8("the CSV column", r->s.csv_column, err)))
         return rc;
     return MG_OK;
+}
+
+/* FNV-1a over the copies in use (0 without augmentation): a changed
+ * augment file fails a resume like a changed data file. */
+static uint64_t augment_hash(const run *r) {
+    if (!r->aug_first) return 0;
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t j = 0; j < r->aug_first[r->aug_lines + 1]; j++)
+        for (const unsigned char *p = (const unsigned char *)r->aug_copy[j];; p++) {
+            h = (h ^ *p) * 0x100000001b3ull; /* the NUL too: separates copies */
+            if (!*p) break;
+        }
+    return h;
+}
+
+/* --augment randomized: the data and its copies (mg_augment_read). A fresh
+ * run builds the vocabulary from both and sizes the context for the longest
+ * of either; a resumed or --init one keeps its model's. Copies the vocabulary or
+ * context cannot take, or longer than --max-tokens, are dropped and
+ * counted. Then the dataset from the data with that vocabulary and T. */
+static mg_status load_augmented(run *r, mg_load_opts *lo, mg_vocab **built, mg_report *rep,
+                                mg_error *e) {
+    const int fixed = r->resuming || r->init; /* the vocabulary and context are given */
+    mg_smiles_list list;
+    mg_status rc = mg_read_smiles(r->s.data_path, r->s.csv_column, &list, rep, e);
+    if (rc) return rc;
+    if ((rc = mg_augment_read(r->s.augment_file, &r->aug, &r->aug_lines, e))) goto out;
+    if (r->aug_lines != rep->lines) {
+        rc = mg_fail(e, MG_ERR_MISMATCH,
+                     "%s covers %ld lines, the data %s has %ld: it was made for another file",
+                     r->s.augment_file, r->aug_lines, r->s.data_path, rep->lines);
+        goto out;
+    }
+    mg_vocab *v = NULL;
+    int T = lo->T;
+    if (fixed) {
+        v = r->ck.vocab;
+    } else { /* the data's own vocabulary and length first */
+        mg_dataset tmp;
+        mg_report rtmp = *rep;
+        if ((rc = mg_dataset_from_list(&list, r->s.data_path, lo, NULL, &v, &tmp, &rtmp, e)))
+            goto out;
+        if (!T) T = tmp.T;
+        mg_dataset_free(&tmp);
+    }
+    const int cap = 1 << 16;
+    int32_t *ids = malloc((size_t)cap * sizeof *ids);
+    r->aug_copy = malloc((r->aug.n ? r->aug.n : 1) * sizeof *r->aug_copy);
+    r->aug_first = calloc((size_t)r->aug_lines + 2, sizeof *r->aug_first);
+    if (!ids || !r->aug_copy || !r->aug_first) {
+        free(ids);
+        if (!fixed) mg_vocab_free(v);
+        rc = mg_fail(e, MG_ERR_NOMEM, "out of memory for %zu copies", r->aug.n);
+        goto out;
+    }
+    size_t kept = 0, dropped = 0;
+    int longest = 0;
+    for (size_t j = 0; j < r->aug.n && !rc; j++) {
+        const char *c = r->aug.smiles[j];
+        int n = 0;
+        mg_error ee;
+        mg_status erc = mg_vocab_encode(v, c, ids, cap, &n, &ee);
+        if (erc == MG_ERR_UNKNOWN_TOKEN && !fixed) { /* a token only copies have */
+            int nt = 0, nv = mg_vocab_size(v);
+            mg_span *sp = malloc((size_t)cap * sizeof *sp);
+            const char **toks = malloc(((size_t)nv + (size_t)cap) * sizeof *toks);
+            char *txt = malloc(strlen(c) + (size_t)cap);
+            if (!sp || !toks || !txt || mg_tokenize(c, sp, cap, &nt, NULL, &ee)) {
+                erc = MG_ERR_TOKEN;
+            } else {
+                int m = 0;
+                for (int id = MG_NUM_SPECIAL; id < nv; id++) toks[m++] = mg_vocab_token(v, id);
+                char *w = txt;
+                for (int k = 0; k < nt; k++) {
+                    memcpy(w, c + sp[k].start, (size_t)sp[k].len);
+                    w[sp[k].len] = '\0';
+                    toks[m++] = w;
+                    w += sp[k].len + 1;
+                }
+                mg_vocab *nvoc = NULL;
+                if ((rc = mg_vocab_from_tokens(toks, (size_t)m, &nvoc, e)) == 0) {
+                    mg_vocab_free(v);
+                    v = nvoc;
+                    erc = mg_vocab_encode(v, c, ids, cap, &n, &ee);
+                }
+            }
+            free(sp);
+            free(toks);
+            free(txt);
+        }
+        if (rc) break;
+        if (erc || (lo->max_tokens > 0 && n > lo->max_tokens) ||
+            (fixed || lo->T ? n + 2 > T : 0)) {
+            dropped++;
+            continue;
+        }
+        if (n > longest) longest = n;
+        r->aug_copy[kept++] = c;
+        r->aug_first[r->aug.line[j] + 1] = kept; /* lines ascend: the end of line's range */
+    }
+    free(ids);
+    if (rc) {
+        if (!fixed) mg_vocab_free(v);
+        goto out;
+    }
+    for (long l = 1; l <= r->aug_lines + 1; l++) /* lines without copies: empty ranges */
+        if (r->aug_first[l] < r->aug_first[l - 1]) r->aug_first[l] = r->aug_first[l - 1];
+    if (!fixed && !lo->T && longest + 2 > T) T = longest + 2;
+    say(r, "augment %s: %zu randomized copies of %ld lines kept, %zu dropped (tokens outside the "
+           "vocabulary or longer than the context / --max-tokens)",
+        r->s.augment_file, kept, r->aug_lines, dropped);
+    mg_load_opts lo2 = *lo;
+    lo2.T = T;
+    mg_report r2 = *rep;
+    rc = mg_dataset_from_list(&list, r->s.data_path, &lo2, v, NULL, &r->all, &r2, e);
+    *rep = r2;
+    if (!fixed) {
+        if (rc)
+            mg_vocab_free(v);
+        else
+            *built = v;
+    }
+out:
+    mg_smiles_list_free(&list);
+    return rc;
 }
 
 /* The data file -> all (checked against the checkpoint on resume) -> the
@@ -269,8 +419,10 @@ static mg_status load_data(run *r, mg_error *err) {
     mg_report rep;
     mg_vocab *built = NULL;
     mg_error e;
-    mg_status rc = mg_dataset_load(r->s.data_path, &lo, fixed ? r->ck.vocab : NULL,
-                                   fixed ? NULL : &built, &r->all, &rep, &e);
+    mg_status rc = strcmp(r->s.augment, "randomized")
+                       ? mg_dataset_load(r->s.data_path, &lo, fixed ? r->ck.vocab : NULL,
+                                         fixed ? NULL : &built, &r->all, &rep, &e)
+                       : load_augmented(r, &lo, &built, &rep, &e);
     if (rc && r->init && rep.records > 0 && rep.kept == 0) {
         char msg[4096];
         mg_report_format(&rep, msg, sizeof msg);
@@ -287,7 +439,7 @@ static mg_status load_data(run *r, mg_error *err) {
     mg_report_format(&rep, msg, sizeof msg);
     say(r, "data %s: %s", r->s.data_path, msg);
     if (rep.skipped > 0) say(r, "warning: %ld line(s) skipped (see above)", rep.skipped);
-    const uint64_t h = dataset_hash(&r->all);
+    const uint64_t h = dataset_hash(&r->all) ^ augment_hash(r);
     if (r->resuming && ((uint64_t)r->all.n != r->st.data_rows || h != r->st.data_hash))
         return mg_fail(err, MG_ERR_MISMATCH,
                        "data %s differs from the checkpoint's (%zu molecules vs %" PRIu64
@@ -452,6 +604,45 @@ static mg_status build(run *r, mg_error *err) {
     r->brows = malloc((size_t)B * sizeof(size_t));
     if (!r->bids || !r->bbuf || !r->blen || !r->brows)
         return mg_fail(err, MG_ERR_NOMEM, "out of memory for batches");
+    return MG_OK;
+}
+
+/* --augment randomized: each row of the batch just drawn becomes one of its
+ * molecule's copies, picked by (seed, step, slot) alone, so a resumed run
+ * draws the same ones. */
+static mg_status augment_batch(run *r, mg_error *err) {
+    const int B = r->s.batch_size, T = r->all.T;
+    const uint64_t k = step_seed(r->s.seed, r->st.step) ^ 0xA0761D6478BD642Full;
+    for (int i = 0; i < B; i++) {
+        const long l = r->train.line[r->brows[i]];
+        if (l < 1 || l > r->aug_lines) continue;
+        const size_t a = r->aug_first[l], n = r->aug_first[l + 1] - a;
+        if (n == 0) continue;
+        const char *c = r->aug_copy[a + mg_mix64(k + 0x9E3779B97F4A7C15ull * (uint64_t)(i + 1)) % n];
+        mg_error e;
+        mg_status rc = mg_encode_row(r->ck.vocab, c, T, r->bids + (size_t)i * T, &r->blen[i], &e);
+        if (rc) return mg_fail(err, rc, "augment copy '%s': %s", c, e.message);
+    }
+    return MG_OK;
+}
+
+/* --debug-dump-rows: the batch's rows as they are trained, one per line. */
+static mg_status dump_batch(run *r, mg_error *err) {
+    const int B = r->s.batch_size, T = r->all.T;
+    if (!r->dump && !(r->dump = fopen(r->c->dump_rows, "a")))
+        return mg_fail(err, MG_ERR_IO, "--debug-dump-rows %s: %s", r->c->dump_rows,
+                       strerror(errno));
+    char s[4096];
+    for (int i = 0; i < B; i++) {
+        mg_error e;
+        mg_status rc = mg_vocab_decode(r->ck.vocab, r->bids + (size_t)i * T, (int)r->blen[i], s,
+                                       sizeof s, NULL, &e);
+        if (rc) return mg_fail(err, rc, "--debug-dump-rows: %s", e.message);
+        fprintf(r->dump, "%" PRId64 "\t%ld\t%s\n", r->st.step, r->train.line[r->brows[i]], s);
+    }
+    if (fflush(r->dump))
+        return mg_fail(err, MG_ERR_IO, "--debug-dump-rows %s: %s", r->c->dump_rows,
+                       strerror(errno));
     return MG_OK;
 }
 
@@ -669,6 +860,8 @@ static mg_status loop(run *r, mg_stop_reason *why, double *last_val_at, mg_error
         }
         const double ts0 = mg_now_s(), comm0 = r->d->comm_s;
         mg_batcher_next(r->batcher, r->bids, r->blen, r->brows);
+        if (r->aug_first && (rc = augment_batch(r, err))) return rc;
+        if (r->c->dump_rows && r->d->rank == 0 && (rc = dump_batch(r, err))) return rc;
         float loss, gnorm, lr;
         int64_t ntok;
         mg_error e;

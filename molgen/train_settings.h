@@ -70,6 +70,16 @@
       MG_GROUP_DATA,                                                                               \
       "probability of dropping each condition of a row in training (its missing embedding), so "   \
       "that any subset can be given when sampling")                                                \
+    X(augment, augment, STR, "augment", "none|randomized", "none", 0, 0, MG_CLOSED, CKPT_NEW,      \
+      MG_GROUP_DATA,                                                                               \
+      "randomized: each time a molecule is drawn, train on one of its random SMILES from "         \
+      "--augment-file (chosen by seed, step and batch slot); validation stays on the data as "     \
+      "written")                                                                                   \
+    X(augment_file, augment_file, STR, "augment-file", "FILE", NULL, 0, 0, MG_CLOSED, CKPT_NEW,    \
+      MG_GROUP_DATA,                                                                               \
+      "randomized copies of each data line, made by tools/randomize_smiles.py DATA FILE; the "     \
+      "vocabulary and context cover them; with --resume it replaces the checkpoint's path (the "   \
+      "content must be the same)")                                                                 \
     X(out, out_path, STR, "out", "FILE", NULL, 0, 0, MG_CLOSED, RUN, MG_GROUP_DATA,                \
       "checkpoint written periodically and at the end, atomically (default "                       \
       "out/model.safetensors, or the --resume file)")                                              \
@@ -149,6 +159,9 @@
       "print nothing on stderr except errors")                                                     \
     X(stop_after, stop_after, I64, "stop-after", "N", 0, 0, MG_STEPS_MAX, MG_CLOSED, RUN,          \
       MG_GROUP_TEST, "stop (and checkpoint) once N steps are done (0 = never)")                    \
+    X(dump_rows, dump_rows, STR, "debug-dump-rows", "FILE", NULL, 0, 0, MG_CLOSED, RUN,            \
+      MG_GROUP_TEST,                                                                               \
+      "append every training row as trained (step, data line, SMILES; tab-separated) to FILE")     \
     X(no_causal_mask, model.no_causal_mask, FLAG, "debug-no-causal-mask", "", 0, 0, 1, MG_CLOSED,  \
       MODEL, MG_GROUP_TEST,                                                                        \
       "build attention WITHOUT the causal mask: the causal-leak guard must refuse to train it")    \
