@@ -244,3 +244,30 @@ def test_metrics_condition(tmp_path):
                           "--condition", "foo=1", "-q"], capture_output=True, text=True,
                          timeout=60)
     assert bad.returncode == 2 and "foo=1" in bad.stderr
+
+
+def test_cond_svg(tmp_path):
+    """cond_svg.py: well-formed SVG, one curve per series, the MAD it prints
+    equal to RDKit's."""
+    import xml.etree.ElementTree as ET
+    from rdkit import Chem
+    from rdkit.Chem import Crippen
+    data = tmp_path / "d.csv"
+    data.write_text("smiles,logp\n" + "".join("x,%g\n" % (0.1 * i) for i in range(50)))
+    s = tmp_path / "s.smi"
+    s.write_text("\n".join(MOLS + ["C1CC"]) + "\n")
+    out = str(tmp_path / "p.svg")
+    p = subprocess.run([sys.executable, os.path.join(MOLGEN_DIR, "cond_svg.py"), "--data",
+                        str(data), "--out", out, "logp=2:%s" % s, "logp=3:%s" % s],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    root = ET.parse(out).getroot()
+    ns = "{http://www.w3.org/2000/svg}"
+    assert len(root.findall(ns + "polyline")) == 2
+    texts = [t.text for t in root.iter(ns + "text")]
+    mad = np.mean([abs(Crippen.MolLogP(Chem.MolFromSmiles(m)) - 2) for m in MOLS])
+    assert "logp = 2: MAD %.3f (5 valid)" % mad in texts, texts
+    bad = subprocess.run([sys.executable, os.path.join(MOLGEN_DIR, "cond_svg.py"), "--data",
+                          str(data), "--out", out, "qed=2:%s" % s], capture_output=True,
+                         text=True, timeout=60)
+    assert bad.returncode == 2 and "no column qed" in bad.stderr
