@@ -21,7 +21,7 @@ static const char *SAMPLE_USAGE =
     "                     [--temperature T] [--top-k K] [--top-p P]\n"
     "                     [--batch B] [--threads N] [--decode kv|naive]\n"
     "                     [--constrain none|syntax|valence]\n"
-    "                     [--condition NAME=VALUE,...]\n"
+    "                     [--condition NAME=VALUE,...] [--guidance W]\n"
     "Generate SMILES from a trained model; writes one molecule per line.\n"
     "  --model FILE       model or checkpoint (.safetensors) with its vocabulary\n"
     "  -n N               molecules to generate (default 1000)\n"
@@ -44,6 +44,10 @@ static const char *SAMPLE_USAGE =
     "                     (any subset of the conditions it was trained on, in their\n"
     "                     units, within their training range; the others are drawn\n"
     "                     as in the data)\n"
+    "  --guidance W       with --condition: classifier-free guidance, the logits\n"
+    "                     u + W (c - u) of the conditional c and the unconditional u\n"
+    "                     (0 or 1: plain conditional sampling, the default; > 1\n"
+    "                     decodes every molecule twice)\n"
     "Writes FILE.json beside the output: the model, seed, sampling settings and\n"
     "constrain mode and condition (molgen/metrics.py reports it).\n"
     "Under mpirun -np N the molecules are split over the ranks by index; rank 0\n"
@@ -68,6 +72,7 @@ static mg_status write_meta(const char *path, const char *model_path, const mg_s
     bad = bad || mg_json_put(j, "constrain", json_string(mg_constrain_name(o->constrain)));
     bad = bad || mg_json_put(j, "decode", json_string(mg_decode_kind_name(o->kind)));
     bad = bad || mg_json_put(j, "condition", cond ? json_string(cond) : json_null());
+    bad = bad || mg_json_put(j, "guidance", json_real(o->guidance));
     bad = bad || mg_json_put(j, "threads", json_integer(threads > 0 ? threads : mg_default_threads()));
     bad = bad || mg_json_put(j, "no_eos", json_integer((json_int_t)s->truncated));
     char *text = bad ? NULL : mg_json_dump(j, 9);
@@ -85,8 +90,8 @@ static mg_status write_meta(const char *path, const char *model_path, const mg_s
 }
 
 /* --condition: the request checked against the model's conditions
- * (condition.h) and set on it; says what is conditioned. */
-static int set_conditions(mg_model *m, const char *model_path, const char *text) {
+ * (condition.h) into v [n_cond]; says what is conditioned. */
+static int parse_conditions(const mg_model *m, const char *model_path, const char *text, float *v) {
     const char *meta = mg_model_condition_meta(m);
     if (!meta) {
         fprintf(stderr, "molgen sample: --condition: %s is an unconditional model\n", model_path);
@@ -94,11 +99,9 @@ static int set_conditions(mg_model *m, const char *model_path, const char *text)
     }
     mg_cond_info ci;
     mg_error err;
-    float v[MG_COND_MAX];
     char warn[2048];
     if (mg_cond_info_from_json(meta, &ci, &err) ||
-        mg_cond_request(&ci, text, v, warn, sizeof warn, &err) ||
-        mg_model_set_conditions(m, v, 1, &err)) {
+        mg_cond_request(&ci, text, v, warn, sizeof warn, &err)) {
         fprintf(stderr, "molgen sample: --condition: %s\n", err.message);
         mg_cond_info_free(&ci);
         return 1;
@@ -122,7 +125,7 @@ int cmd_sample(int argc, char **argv) {
     int threads = 0;
     mg_error err;
     enum { O_MODEL = 1, O_OUT, O_N, O_SEED, O_TEMP, O_TOPK, O_TOPP, O_BATCH, O_THREADS, O_DECODE,
-           O_CONSTRAIN, O_COND };
+           O_CONSTRAIN, O_COND, O_GUIDE };
     static const struct option opts[] = {{"model", required_argument, NULL, O_MODEL},
                                          {"out", required_argument, NULL, O_OUT},
                                          {"n", required_argument, NULL, O_N},
@@ -136,6 +139,7 @@ int cmd_sample(int argc, char **argv) {
                                          {"decode", required_argument, NULL, O_DECODE},
                                          {"constrain", required_argument, NULL, O_CONSTRAIN},
                                          {"condition", required_argument, NULL, O_COND},
+                                         {"guidance", required_argument, NULL, O_GUIDE},
                                          {"help", no_argument, NULL, 'h'},
                                          {NULL, 0, NULL, 0}};
     const char *val;
@@ -181,6 +185,10 @@ int cmd_sample(int argc, char **argv) {
             threads = (int)ll;
             break;
         case O_COND: cond_text = val; break;
+        case O_GUIDE:
+            ok = mg_cli_double(val, &dv) && dv >= 0 && dv <= 100;
+            o.guidance = (float)dv;
+            break;
         case O_DECODE:
             if (!strcmp(val, "kv"))
                 o.kind = MG_DECODE_KV;
@@ -215,11 +223,19 @@ int cmd_sample(int argc, char **argv) {
     if (mg_cli_load_model("sample", model_path, &m, &v)) return 1;
     mg_model_set_threads(m, threads);
     o.dist = world;
-    if (cond_text && set_conditions(m, model_path, cond_text)) {
+    float cv[MG_COND_MAX];
+    if (o.guidance != 0.0f && !cond_text) {
+        fprintf(stderr, "molgen sample: --guidance needs --condition\n");
         mg_model_free(m);
         mg_vocab_free(v);
         return 2;
     }
+    if (cond_text && parse_conditions(m, model_path, cond_text, cv)) {
+        mg_model_free(m);
+        mg_vocab_free(v);
+        return 2;
+    }
+    o.condition = cond_text ? cv : NULL;
     mg_samples s;
     mg_status rc = mg_sample(m, v, &o, &s, &err);
     mg_model_free(m);

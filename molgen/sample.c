@@ -304,15 +304,29 @@ static mg_status sample_part(mg_model *m, const mg_vocab *v, const mg_sample_opt
     if (V <= MG_NUM_SPECIAL)
         return mg_fail(err, MG_ERR_ARG, "vocabulary of %d tokens has no data tokens", V);
     const int B = (size_t)o->batch < n ? o->batch : (int)(n ? n : 1);
+    const int K = c->n_cond;
+    if (!isfinite(o->guidance))
+        return mg_fail(err, MG_ERR_ARG, "guidance %g is not finite", (double)o->guidance);
+    if (o->condition && K == 0)
+        return mg_fail(err, MG_ERR_ARG, "a condition given to an unconditional model");
+    /* guidance: rows B..2B-1 decode the same tokens with no condition given */
+    const int guide = o->condition && o->guidance != 0.0f && o->guidance != 1.0f;
+    const int DB = guide ? 2 * B : B;
+    float *cond_rows = K ? malloc((size_t)DB * K * sizeof(float)) : NULL;
+    if (K && !cond_rows) return mg_fail(err, MG_ERR_NOMEM, "out of memory");
+    for (int r = 0; r < DB * K; r++) cond_rows[r] = o->condition && r < B * K ? o->condition[r % K] : NAN;
+    rc = K ? mg_model_set_conditions(m, cond_rows, DB, err) : MG_OK;
+    free(cond_rows);
+    if (rc) return rc;
     out->n = n;
     out->smiles = calloc(n ? n : 1, sizeof *out->smiles);
     out->ntok = calloc(n ? n : 1, sizeof *out->ntok);
     out->ended = calloc(n ? n : 1, sizeof *out->ended);
     int32_t *gen = malloc((size_t)B * (size_t)ctx * sizeof *gen);
-    int32_t *tok = malloc((size_t)B * sizeof *tok);
+    int32_t *tok = malloc((size_t)DB * sizeof *tok);
     int *len = malloc((size_t)B * sizeof *len);
     unsigned char *active = malloc((size_t)B);
-    float *logits = malloc((size_t)B * (size_t)V * sizeof *logits);
+    float *logits = malloc((size_t)DB * (size_t)V * sizeof *logits);
     mg_rng *rng = malloc((size_t)B * sizeof *rng);
     size_t *mol = malloc((size_t)B * sizeof *mol);
     const size_t slen = (size_t)ctx * (MG_TOKEN_MAX + 1) + 1;
@@ -325,7 +339,7 @@ static mg_status sample_part(mg_model *m, const mg_vocab *v, const mg_sample_opt
         goto done;
     }
     if (n == 0) goto done;
-    rc = mg_decoder_new(m, o->kind, B, &dec, err);
+    rc = mg_decoder_new(m, o->kind, DB, &dec, err);
     if (rc) goto done;
     if (o->constrain != MG_CONSTRAIN_NONE) {
         rc = mg_token_mask_new(v, B, ctx, o->constrain, &mask, err);
@@ -345,7 +359,7 @@ static mg_status sample_part(mg_model *m, const mg_vocab *v, const mg_sample_opt
     for (;;) {
         if (live == 0) {
             if (next >= n) break;
-            rc = mg_decoder_reset(dec, B, err);
+            rc = mg_decoder_reset(dec, DB, err);
             if (rc) goto done;
             for (int r = 0; r < B; r++) {
                 tok[r] = MG_BOS;
@@ -359,12 +373,18 @@ static mg_status sample_part(mg_model *m, const mg_vocab *v, const mg_sample_opt
                 live++;
             }
         }
+        if (guide) memcpy(tok + B, tok, (size_t)B * sizeof *tok);
         rc = mg_decoder_step(dec, tok, logits, err);
         if (rc) goto done;
+        if (guide) /* c = row r's logits, u = row B + r's: u + w (c - u) */
+            for (size_t i = 0; i < (size_t)B * V; i++)
+                logits[i] = logits[(size_t)B * V + i] +
+                            o->guidance * (logits[i] - logits[(size_t)B * V + i]);
         for (int r = 0; r < B; r++) {
             if (!active[r]) {
                 tok[r] = MG_BOS;
                 rc = mg_decoder_restart_row(dec, r, err);
+                if (!rc && guide) rc = mg_decoder_restart_row(dec, B + r, err);
                 if (rc) goto done;
                 continue;
             }
@@ -412,6 +432,7 @@ static mg_status sample_part(mg_model *m, const mg_vocab *v, const mg_sample_opt
             out->tokens += len[r] + (out->ended[k] ? 1 : 0);
             if (!out->ended[k]) out->truncated++;
             rc = mg_decoder_restart_row(dec, r, err);
+            if (!rc && guide) rc = mg_decoder_restart_row(dec, B + r, err);
             if (rc) goto done;
             tok[r] = MG_BOS;
             len[r] = 0;

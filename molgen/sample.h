@@ -127,6 +127,13 @@ typedef struct {
     mg_constrain constrain; /* NONE: the model's distribution as it is;
                                SYNTAX / VALENCE: renormalised over the tokens
                                the mask allows (constrain.h) */
+    /* A conditional model's request (condition.h): condition [n_cond]
+     * normalised values (NaN: not given), NULL: none (the missing
+     * embeddings). guidance w: 0 or 1 samples from the conditional logits
+     * c; otherwise classifier-free guidance, u + w (c - u) with u the
+     * logits with no condition given (each row decoded twice). */
+    const float *condition;
+    float guidance;
     /* The ranks sampling together (NULL: alone): each rank generates its
      * consecutive part (mg_dist_range; molecule k always from stream k), rank 0
      * gets all n in order, the other ranks none (out->n 0). Collective. */

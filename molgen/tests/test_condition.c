@@ -14,6 +14,7 @@
 #include "condition.h"
 #include "decode.h"
 #include "model.h"
+#include "sample.h"
 
 #include "mg_test.h"
 
@@ -258,6 +259,60 @@ static void test_files(void) {
     mg_model_free(um);
 }
 
+/* Classifier-free guidance in mg_sample (greedy) against a greedy loop over
+ * mg_model_logits with the mixing done here: u + w (c - u). */
+static void test_guidance(void) {
+    mg_model *m = cond_model(0);
+    mg_error err;
+    const char *toks[6] = {"C", "N", "O", "c", "1", "("};
+    mg_vocab *voc = NULL;
+    CHECK(mg_vocab_from_tokens(toks, 6, &voc, &err) == 0, "%s", err.message);
+    const float cv[2] = {1.0f, -0.5f}, none[2] = {NAN, NAN};
+    const float w = 2.5f;
+    const int L = 10, V = 9;
+    int32_t ids[11] = {MG_BOS}; /* BOS + up to ctx_len generated tokens */
+    float lc[10 * 9], lu[10 * 9], mix[9];
+    int n = 1;
+    char want[64] = "";
+    for (; n <= L; n++) { /* the first n ids predict ids[n] */
+        CHECK(mg_model_set_conditions(m, cv, 1, &err) == 0 &&
+                  mg_model_logits(m, ids, NULL, 1, n, lc, NULL, &err) == 0 &&
+                  mg_model_set_conditions(m, none, 1, &err) == 0 &&
+                  mg_model_logits(m, ids, NULL, 1, n, lu, NULL, &err) == 0,
+              "%s", err.message);
+        for (int v = 0; v < V; v++) {
+            const float u = lu[(n - 1) * V + v], c = lc[(n - 1) * V + v];
+            mix[v] = u + w * (c - u);
+        }
+        ids[n] = mg_argmax_token(mix, V);
+        if (ids[n] == MG_EOS) break;
+    } /* n - 1 tokens before EOS, or ctx_len of them */
+    CHECK(mg_vocab_decode(voc, ids + 1, n - 1, want, sizeof want, NULL, &err) == 0, "%s",
+          err.message);
+    for (int kind = 0; kind < 2; kind++) {
+        mg_sample_opts o;
+        mg_sample_opts_default(&o);
+        o.n = 3;
+        o.batch = 2;
+        o.kind = kind ? MG_DECODE_KV : MG_DECODE_NAIVE;
+        o.sampling.temperature = 0;
+        o.condition = cv;
+        o.guidance = w;
+        mg_samples s;
+        CHECK(mg_sample(m, voc, &o, &s, &err) == 0, "%s", err.message);
+        for (size_t i = 0; i < s.n; i++)
+            CHECK(!strcmp(s.smiles[i], want), "%s decoding, guided greedy molecule %zu: '%s', the "
+                  "oracle's '%s'", mg_decode_kind_name(o.kind), i, s.smiles[i], want);
+        mg_samples_free(&s);
+        o.guidance = 1.0f; /* plain conditional: differs here */
+        CHECK(mg_sample(m, voc, &o, &s, &err) == 0, "%s", err.message);
+        if (kind) printf("guided greedy molecule '%s', unguided '%s'\n", want, s.smiles[0]);
+        mg_samples_free(&s);
+    }
+    mg_vocab_free(voc);
+    mg_model_free(m);
+}
+
 int main(void) {
     test_names();
     test_stats_and_json();
@@ -266,6 +321,7 @@ int main(void) {
     test_decoder(0);
     test_decoder(1);
     test_files();
+    test_guidance();
     printf("test_condition: %d checks passed, %d failed\n", tu_pass, tu_fail);
     return tu_fail ? 1 : 0;
 }
