@@ -90,11 +90,15 @@ static mg_status write_meta(const char *path, const char *model_path, const mg_s
 }
 
 /* --condition: the request checked against the model's conditions
- * (condition.h) into v [n_cond]; says what is conditioned. */
-static int parse_conditions(const mg_model *m, const char *model_path, const char *text, float *v) {
+ * (condition.h) into v [n_cond]; says what is conditioned (unless quiet:
+ * under mpirun every rank fails alike, and rank 0 alone speaks). */
+static int parse_conditions(const mg_model *m, const char *model_path, const char *text, float *v,
+                            int quiet) {
     const char *meta = mg_model_condition_meta(m);
     if (!meta) {
-        fprintf(stderr, "molgen sample: --condition: %s is an unconditional model\n", model_path);
+        if (!quiet)
+            fprintf(stderr, "molgen sample: --condition: %s is an unconditional model\n",
+                    model_path);
         return 1;
     }
     mg_cond_info ci;
@@ -102,18 +106,19 @@ static int parse_conditions(const mg_model *m, const char *model_path, const cha
     char warn[2048];
     if (mg_cond_info_from_json(meta, &ci, &err) ||
         mg_cond_request(&ci, text, v, warn, sizeof warn, &err)) {
-        fprintf(stderr, "molgen sample: --condition: %s\n", err.message);
+        if (!quiet) fprintf(stderr, "molgen sample: --condition: %s\n", err.message);
         mg_cond_info_free(&ci);
         return 1;
     }
-    if (warn[0]) fprintf(stderr, "molgen sample: %s\n", warn);
+    if (warn[0] && !quiet) fprintf(stderr, "molgen sample: %s\n", warn);
     char rest[1024] = "";
     for (int k = 0; k < ci.K; k++)
         if (isnan(v[k]))
             snprintf(rest + strlen(rest), sizeof rest - strlen(rest), "%s%s", rest[0] ? ", " : "",
                      ci.names[k]);
-    fprintf(stderr, "conditioned on %s; drawn as in the data: %s\n", text,
-            rest[0] ? rest : "(none)");
+    if (!quiet)
+        fprintf(stderr, "conditioned on %s; drawn as in the data: %s\n", text,
+                rest[0] ? rest : "(none)");
     mg_cond_info_free(&ci);
     return 0;
 }
@@ -225,12 +230,12 @@ int cmd_sample(int argc, char **argv) {
     o.dist = world;
     float cv[MG_COND_MAX];
     if (o.guidance != 0.0f && !cond_text) {
-        fprintf(stderr, "molgen sample: --guidance needs --condition\n");
+        if (!world->rank) fprintf(stderr, "molgen sample: --guidance needs --condition\n");
         mg_model_free(m);
         mg_vocab_free(v);
         return 2;
     }
-    if (cond_text && parse_conditions(m, model_path, cond_text, cv)) {
+    if (cond_text && parse_conditions(m, model_path, cond_text, cv, world->rank != 0)) {
         mg_model_free(m);
         mg_vocab_free(v);
         return 2;

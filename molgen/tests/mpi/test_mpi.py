@@ -195,6 +195,27 @@ def test_sample_same_file(model, tmp_path, ranks, n, batch, more):
     assert p.stdout.strip() == out  # rank 0 alone prints
 
 
+def test_conditional_sample_same_file(data, tmp_path):
+    """A conditional model sampled with --condition and --guidance (every
+    row decoded twice) at 3 ranks: the single process's file, byte for
+    byte; a refused condition is said once."""
+    csv = tmp_path / "c.csv"
+    mols = open(data).read().split()
+    csv.write_text("smiles,n\n" + "".join("%s,%d\n" % (m, len(m)) for m in mols))
+    model = str(tmp_path / "c.st")
+    ok(alone(["train", "--data", str(csv), "--condition", "n", "--steps", "40", "--val-every",
+              "0", "--out", model] + TINY))
+    ref, out = str(tmp_path / "one.smi"), str(tmp_path / "many.smi")
+    common = ["sample", "--model", model, "-n", "61", "--seed", "3", "--threads", "1",
+              "--condition", "n=40", "--guidance", "2"]
+    ok(alone(common + ["--out", ref]))
+    ok(mpirun(3, common + ["--batch", "8", "--out", out]))
+    assert open(ref, "rb").read() == open(out, "rb").read()
+    p = mpirun(3, ["sample", "--model", model, "-n", "5", "--condition", "x=1", "--out", out])
+    assert p.returncode != 0
+    assert p.stderr.count("not trained on a condition 'x'") == 1, p.stderr
+
+
 @pytest.mark.parametrize("ranks", [2, 3])
 def test_score_same_file(model, data, tmp_path, ranks):
     """The input split over the ranks (3: uneven), the rows in input order:
