@@ -73,11 +73,13 @@ static mg_status write_meta(const char *path, const char *model_path, const mg_s
     bad = bad || mg_json_put(j, "decode", json_string(mg_decode_kind_name(o->kind)));
     bad = bad || mg_json_put(j, "condition", cond ? json_string(cond) : json_null());
     bad = bad || mg_json_put(j, "guidance", json_real(o->guidance));
-    bad = bad || mg_json_put(j, "threads", json_integer(threads > 0 ? threads : mg_default_threads()));
+    bad = bad ||
+          mg_json_put(j, "threads", json_integer(threads > 0 ? threads : mg_default_threads()));
     bad = bad || mg_json_put(j, "no_eos", json_integer((json_int_t)s->truncated));
     char *text = bad ? NULL : mg_json_dump(j, 9);
     json_decref(j);
-    if (!text) return mg_fail(err, MG_ERR_NOMEM, "%s: cannot serialise (model path not UTF-8?)", path);
+    if (!text)
+        return mg_fail(err, MG_ERR_NOMEM, "%s: cannot serialise (model path not UTF-8?)", path);
     char tmp[4300];
     FILE *f = mg_cli_atomic_open(path, tmp, sizeof tmp, err);
     if (!f) {

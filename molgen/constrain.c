@@ -9,15 +9,16 @@
 struct mg_token_mask {
     const mg_vocab *v;
     int V, rows, ctx;
-    mg_smiles_state **row;   /* rows parsers */
-    mg_smiles_state *trial;  /* scratch: a row's parser plus one candidate */
-    int32_t *ids;            /* [rows, ctx] tokens so far (messages) */
-    long overlong;           /* steps where only the length estimate was dropped */
+    mg_smiles_state **row;  /* rows parsers */
+    mg_smiles_state *trial; /* scratch: a row's parser plus one candidate */
+    int32_t *ids;           /* [rows, ctx] tokens so far (messages) */
+    long overlong;          /* steps where only the length estimate was dropped */
 };
 
 mg_status mg_token_mask_new(const mg_vocab *v, int rows, int ctx, mg_constrain level,
                             mg_token_mask **out, mg_error *err) {
-    if (!v || !out) return mg_fail(err, MG_ERR_ARG, "token mask: vocabulary and out must be non-NULL");
+    if (!v || !out)
+        return mg_fail(err, MG_ERR_ARG, "token mask: vocabulary and out must be non-NULL");
     *out = NULL;
     if (level != MG_CONSTRAIN_SYNTAX && level != MG_CONSTRAIN_VALENCE)
         return mg_fail(err, MG_ERR_ARG, "token mask: level '%s' masks nothing",

@@ -423,7 +423,8 @@ mg_status mg_read_records(FILE *f, const char *path, int csv, const char *csv_co
 /* ------------------------------------------------------------ augmentation */
 
 mg_status mg_augment_read(const char *path, mg_smiles_list *out, long *data_lines, mg_error *err) {
-    if (!path || !out || !data_lines) return mg_fail(err, MG_ERR_ARG, "mg_augment_read: bad argument");
+    if (!path || !out || !data_lines)
+        return mg_fail(err, MG_ERR_ARG, "mg_augment_read: bad argument");
     memset(out, 0, sizeof *out);
     *data_lines = 0;
     FILE *f = open_regular(path, err);
@@ -458,8 +459,8 @@ mg_status mg_augment_read(const char *path, mg_smiles_list *out, long *data_line
             continue;
         }
         if (lineno - 1 > want) {
-            rc = mg_fail(err, MG_ERR_FORMAT, "%s:%ld: more lines than the header's lines=%ld",
-                         path, lineno, want);
+            rc = mg_fail(err, MG_ERR_FORMAT, "%s:%ld: more lines than the header's lines=%ld", path,
+                         lineno, want);
             break;
         }
         for (char *p = buf; *p;) { /* the copies of data line lineno - 1 */
@@ -479,8 +480,9 @@ mg_status mg_augment_read(const char *path, mg_smiles_list *out, long *data_line
     if (!rc && lineno == 0)
         rc = mg_fail(err, MG_ERR_FORMAT, "%s: empty, not a randomized-SMILES file", path);
     if (!rc && lineno - 1 != want)
-        rc = mg_fail(err, MG_ERR_FORMAT, "%s: %ld lines of copies, the header says lines=%ld (cut short?)",
-                     path, lineno - 1, want);
+        rc = mg_fail(err, MG_ERR_FORMAT,
+                     "%s: %ld lines of copies, the header says lines=%ld (cut short?)", path,
+                     lineno - 1, want);
     free(buf);
     fclose(f);
     if (!rc && lb_finish(&b, out)) rc = mg_fail(err, MG_ERR_NOMEM, "%s: out of memory", path);

@@ -168,14 +168,14 @@ typedef struct {
     int val2;     /* twice the bond orders so far, ring bonds once closed */
     int dbl_o;    /* has a multiple bond to O (N: or to N) */
     /* the masks' running counts (levels SYNTAX and VALENCE): */
-    int res2;     /* twice the orders of the ring bonds opened here, not closed yet */
-    int deg;      /* neighbours so far, open ring bonds and explicit H included */
-    int limit2;   /* VALENCE: twice the largest valence incl. H, 0 = unchecked */
-    int maxdeg;   /* VALENCE: most neighbours (aromatic atoms: 3), 0 = unchecked */
-    int h2;       /* twice the bracket H count */
-    int parent;   /* the atom it bonded to when it came (-1: first of a fragment) */
-    int depth;    /* atoms above it through parent */
-    int cyc;      /* on a cycle of the bonds so far (tree paths of the closures) */
+    int res2;   /* twice the orders of the ring bonds opened here, not closed yet */
+    int deg;    /* neighbours so far, open ring bonds and explicit H included */
+    int limit2; /* VALENCE: twice the largest valence incl. H, 0 = unchecked */
+    int maxdeg; /* VALENCE: most neighbours (aromatic atoms: 3), 0 = unchecked */
+    int h2;     /* twice the bracket H count */
+    int parent; /* the atom it bonded to when it came (-1: first of a fragment) */
+    int depth;  /* atoms above it through parent */
+    int cyc;    /* on a cycle of the bonds so far (tree paths of the closures) */
 } atomrec;
 
 /* Unbracketed aliphatic organic-subset atoms: the largest valence RDKit
@@ -516,7 +516,8 @@ static int pending_aromatic(const mg_smiles_state *s) {
 
 int mg_smiles_state_push(mg_smiles_state *s, const char *t, int l, char *why, size_t n) {
     if (!s || !t || l < 1) return reject(why, n, "no token");
-    if (s->ntok >= s->cap) return reject(why, n, "position %d: more than %d tokens", s->pos, s->cap);
+    if (s->ntok >= s->cap)
+        return reject(why, n, "position %d: more than %d tokens", s->pos, s->cap);
     const int pos = s->pos;
     const int mask = s->level != MG_CONSTRAIN_NONE;
     char c = t[0];
@@ -566,7 +567,8 @@ int mg_smiles_state_push(mg_smiles_state *s, const char *t, int l, char *why, si
         s->bond_after_open = 0;
         s->bsym = 0;
     } else if (l == 1 && strchr("-=#$:/\\", c)) {
-        if (s->prev == P_NONE) return reject(why, n, "position %d: starts with a bond '%c'", pos, c);
+        if (s->prev == P_NONE)
+            return reject(why, n, "position %d: starts with a bond '%c'", pos, c);
         if (s->prev == P_BOND) return reject(why, n, "position %d: two bonds in a row", pos);
         if (s->prev == P_DOT) return reject(why, n, "position %d: bond '%c' after '.'", pos, c);
         if (mask && !fits(s, &s->atoms[s->cur], order2_at(s, c), 1))
@@ -578,7 +580,8 @@ int mg_smiles_state_push(mg_smiles_state *s, const char *t, int l, char *why, si
         int d = c == '%' ? (t[1] - '0') * 10 + (t[2] - '0') : c - '0';
         if (c == '%' && d < 10)
             return reject(why, n, "position %d: ring label '%.3s' (use a single digit)", pos, t);
-        if (s->prev == P_NONE) return reject(why, n, "position %d: starts with ring closure %d", pos, d);
+        if (s->prev == P_NONE)
+            return reject(why, n, "position %d: starts with ring closure %d", pos, d);
         if (s->prev == P_OPEN || s->prev == P_DOT || (s->prev == P_BOND && s->bond_after_open))
             return reject(why, n, "position %d: ring closure %d not after an atom", pos, d);
         atomrec *ac = &s->atoms[s->cur];
@@ -595,13 +598,13 @@ int mg_smiles_state_push(mg_smiles_state *s, const char *t, int l, char *why, si
         } else {
             int partner = s->ring_atom[d];
             if (partner == s->cur)
-                return reject(why, n, "position %d: ring closure %d closes on its own atom", pos, d);
+                return reject(why, n, "position %d: ring closure %d closes on its own atom", pos,
+                              d);
             for (int k = 0; k < s->nbonds; k++)
                 if ((s->bonds[k].a == s->cur && s->bonds[k].b == partner) ||
                     (s->bonds[k].a == partner && s->bonds[k].b == s->cur))
-                    return reject(why, n,
-                                  "position %d: ring closure %d duplicates an existing bond", pos,
-                                  d);
+                    return reject(
+                        why, n, "position %d: ring closure %d duplicates an existing bond", pos, d);
             const char sym_open = s->ring_sym[d];
             if (mask && s->bsym && sym_open && s->bsym != sym_open)
                 return reject(why, n, "position %d: ring closure %d: bond '%c' disagrees with '%c'",
@@ -674,10 +677,9 @@ int mg_smiles_state_end(mg_smiles_state *s, char *why, size_t n) {
         const atomrec *r = &s->atoms[a];
         int mv = r->dbl_o ? r->maxval_o : r->maxval;
         if (mv && r->val2 > 2 * mv)
-            return reject(why, n,
-                          "position %d: %.*s has %d bonds' worth of valence, more than %d", r->pos,
-                          s->src ? r->len : 4, s->src ? s->src + r->pos : "atom", (r->val2 + 1) / 2,
-                          mv);
+            return reject(why, n, "position %d: %.*s has %d bonds' worth of valence, more than %d",
+                          r->pos, s->src ? r->len : 4, s->src ? s->src + r->pos : "atom",
+                          (r->val2 + 1) / 2, mv);
     }
     /* aromatic atoms must be on a ring */
     int any = 0;
@@ -723,8 +725,8 @@ int mg_smiles_state_viable(mg_smiles_state *s) {
          * a new ring through a itself takes two bonds (the ring bond and the
          * way to its other end), one closing an open ring takes one */
         const int room = a == s->cur ? cur_room : fits(s, &s->atoms[a], 2, 1);
-        const int room2 = a == s->cur ? fits(s, &s->atoms[a], pend2 + 4, pend + 2)
-                                      : fits(s, &s->atoms[a], 4, 2);
+        const int room2 =
+            a == s->cur ? fits(s, &s->atoms[a], pend2 + 4, pend + 2) : fits(s, &s->atoms[a], 4, 2);
         const int via_x = k == s->sp && pend; /* a ring bond at X passes through cur */
         if (room2) m[a] = 1;
         if (!room && !via_x) continue;
@@ -738,7 +740,8 @@ int mg_smiles_state_viable(mg_smiles_state *s) {
 
 static int bonded(const mg_smiles_state *s, int x, int y) {
     for (int k = 0; k < s->nbonds; k++)
-        if ((s->bonds[k].a == x && s->bonds[k].b == y) || (s->bonds[k].a == y && s->bonds[k].b == x))
+        if ((s->bonds[k].a == x && s->bonds[k].b == y) ||
+            (s->bonds[k].a == y && s->bonds[k].b == x))
             return 1;
     return 0;
 }

@@ -107,7 +107,7 @@ typedef struct {
     size_t *aug_first;
     long aug_lines;
     FILE *dump; /* --debug-dump-rows (rank 0) */
-    size_t nv; /* validation molecules used */
+    size_t nv;  /* validation molecules used */
     mg_batcher *batcher;
     int32_t *bids, *bbuf; /* [B, T] a batch, and the same trimmed */
     int64_t *blen;        /* [B] */
@@ -371,8 +371,7 @@ static mg_status load_augmented(run *r, mg_load_opts *lo, mg_vocab **built, mg_r
             free(txt);
         }
         if (rc) break;
-        if (erc || (lo->max_tokens > 0 && n > lo->max_tokens) ||
-            (fixed || lo->T ? n + 2 > T : 0)) {
+        if (erc || (lo->max_tokens > 0 && n > lo->max_tokens) || (fixed || lo->T ? n + 2 > T : 0)) {
             dropped++;
             continue;
         }
@@ -388,8 +387,9 @@ static mg_status load_augmented(run *r, mg_load_opts *lo, mg_vocab **built, mg_r
     for (long l = 1; l <= r->aug_lines + 1; l++) /* lines without copies: empty ranges */
         if (r->aug_first[l] < r->aug_first[l - 1]) r->aug_first[l] = r->aug_first[l - 1];
     if (!fixed && !lo->T && longest + 2 > T) T = longest + 2;
-    say(r, "augment %s: %zu randomized copies of %ld lines kept, %zu dropped (tokens outside the "
-           "vocabulary or longer than the context / --max-tokens)",
+    say(r,
+        "augment %s: %zu randomized copies of %ld lines kept, %zu dropped (tokens outside the "
+        "vocabulary or longer than the context / --max-tokens)",
         r->s.augment_file, kept, r->aug_lines, dropped);
     mg_load_opts lo2 = *lo;
     lo2.T = T;
@@ -618,7 +618,8 @@ static mg_status augment_batch(run *r, mg_error *err) {
         if (l < 1 || l > r->aug_lines) continue;
         const size_t a = r->aug_first[l], n = r->aug_first[l + 1] - a;
         if (n == 0) continue;
-        const char *c = r->aug_copy[a + mg_mix64(k + 0x9E3779B97F4A7C15ull * (uint64_t)(i + 1)) % n];
+        const char *c =
+            r->aug_copy[a + mg_mix64(k + 0x9E3779B97F4A7C15ull * (uint64_t)(i + 1)) % n];
         mg_error e;
         mg_status rc = mg_encode_row(r->ck.vocab, c, T, r->bids + (size_t)i * T, &r->blen[i], &e);
         if (rc) return mg_fail(err, rc, "augment copy '%s': %s", c, e.message);

@@ -520,7 +520,7 @@ static void test_bench(void) {
 
 /* ---------------------------------------------------------------- constrained */
 
-static const char *WILD_TOKENS[] = {"C", "c", "N", "O", "(", ")", "1", "2", "3", "=", "#",
+static const char *WILD_TOKENS[] = {"C", "c", "N", "O", "(", ")",  "1", "2",    "3",     "=",   "#",
                                     "n", "o", "s", "S", "F", "Cl", "-", "[nH]", "[NH+]", "[O-]"};
 
 static void test_constrained(void) {
