@@ -4,6 +4,7 @@
 #include "condition.h"
 
 #include <ctype.h>
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -151,14 +152,15 @@ mg_status mg_cond_parse_names(const char *list, mg_cond_info *c, mg_error *err) 
     return MG_OK;
 }
 
-/* A finite number filling the whole field (surrounding blanks allowed). */
+/* A number filling the whole field (surrounding blanks allowed) that is
+ * finite as a float (values are stored as float: 1e39 would become inf). */
 static int parse_value(const char *s, double *out) {
     char *end;
     while (isspace((unsigned char)*s)) s++;
     if (!*s) return 0;
     const double v = strtod(s, &end);
     while (isspace((unsigned char)*end)) end++;
-    if (*end || !isfinite(v)) return 0;
+    if (*end || !(fabs(v) <= FLT_MAX)) return 0;
     *out = v;
     return 1;
 }

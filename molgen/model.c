@@ -454,14 +454,16 @@ mg_status mg_model_set_conditions(mg_model *m, const float *values, int n, mg_er
     }
     if (K == 0) return mg_fail(err, MG_ERR_ARG, "conditions given to an unconditional model");
     if (n < 0) return mg_fail(err, MG_ERR_ARG, "%d condition rows", n);
-    float *v = realloc(m->cond_vals, (size_t)n * K * sizeof(float));
-    if (!v) return mg_fail(err, MG_ERR_NOMEM, "out of memory for %d condition rows", n);
-    m->cond_vals = v;
-    for (size_t i = 0; i < (size_t)n * K; i++) {
+    for (size_t i = 0; i < (size_t)n * K; i++) /* checked first: a refusal keeps the old rows */
         if (!isnan(values[i]) && !isfinite(values[i]))
             return mg_fail(err, MG_ERR_ARG, "condition value %zu is not finite", i);
-        v[i] = values[i];
+    float *v = realloc(m->cond_vals, (size_t)n * K * sizeof(float));
+    if (!v) {
+        m->cond_n = 0; /* the old buffer may have been smaller than cond_n rows */
+        return mg_fail(err, MG_ERR_NOMEM, "out of memory for %d condition rows", n);
     }
+    m->cond_vals = v;
+    memcpy(v, values, (size_t)n * K * sizeof(float));
     m->cond_n = n;
     return MG_OK;
 }

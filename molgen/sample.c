@@ -394,7 +394,7 @@ static mg_status sample_part(mg_model *m, const mg_vocab *v, const mg_sample_opt
                 rc = mg_fail(err, MG_ERR_STATE,
                              "molecule %zu position %d: no token can follow '%s' under "
                              "--constrain %s",
-                             k, len[r] + 1, sbuf, mg_constrain_name(o->constrain));
+                             first + k, len[r] + 1, sbuf, mg_constrain_name(o->constrain));
                 goto done;
             }
             int t = mg_sample_token(logits + (size_t)r * V, V, &o->sampling, &rng[r]);

@@ -673,7 +673,10 @@ static mg_status validate(run *r, double *loss, mg_error *err) {
                  : MG_OK;
         if (!rc)
             rc = mg_model_forward(r->ck.model, r->bbuf, len, (int)(i1 - i0), Tb, 0, 0, &l, &nt, &e);
-        if (rc) mg_fail(err, rc, "validation: %s", e.message);
+        if (rc) {
+            mg_fail(err, rc, "validation: %s", e.message);
+            break;
+        }
         sum += (double)l * (double)nt;
         count += nt;
     }
@@ -862,7 +865,10 @@ static mg_status loop(run *r, mg_stop_reason *why, double *last_val_at, mg_error
         const double ts0 = mg_now_s(), comm0 = r->d->comm_s;
         mg_batcher_next(r->batcher, r->bids, r->blen, r->brows);
         if (r->aug_first && (rc = augment_batch(r, err))) return rc;
-        if (r->c->dump_rows && r->d->rank == 0 && (rc = dump_batch(r, err))) return rc;
+        if (r->c->dump_rows) { /* rank 0 writes; every rank learns whether it could */
+            rc = r->d->rank == 0 ? dump_batch(r, err) : MG_OK;
+            if ((rc = mg_dist_agree(r->d, rc, err))) return rc;
+        }
         float loss, gnorm, lr;
         int64_t ntok;
         mg_error e;

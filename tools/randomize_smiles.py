@@ -17,6 +17,7 @@ i's copies). Written atomically (a temporary file renamed over OUT).
 """
 import argparse
 import os
+import re
 import sys
 import time
 from multiprocessing import Pool
@@ -62,7 +63,12 @@ def main(argv=None):
         return 2
     try:
         with open(a.data) as f:
-            lines = [(l.split() or [''])[0] for l in f.read().splitlines()]
+            # molgen's reader ends lines at \n, \r\n or a lone \r (not at
+            # the other breaks str.splitlines knows: form feed, U+2028 ...)
+            text = re.split(r'\r\n|\r|\n', f.read())
+            if text and text[-1] == '':
+                text.pop()
+            lines = [(l.split() or [''])[0] for l in text]
     except (OSError, UnicodeDecodeError) as e:
         sys.stderr.write('randomize_smiles.py: %s: %s\n' % (a.data, e))
         return 1

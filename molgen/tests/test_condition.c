@@ -209,8 +209,17 @@ static void test_decoder(int cond_bos) {
     float lg2[2 * 10 * 9];
     CHECK(mg_model_logits(m, two, NULL, 2, L, lg2, NULL, &err) == MG_ERR_ARG,
           "3 condition rows for a batch of 2 accepted");
+    /* a refused set keeps the rows before it: a forward of those 3 rows
+     * gives the logits it gave before the refusal (it read past a shrunk
+     * buffer once: ASan) */
+    int32_t three[30];
+    for (int b = 0; b < 3; b++) memcpy(three + 10 * b, ids, sizeof ids);
+    float lg3[3 * 10 * 9], lg3b[3 * 10 * 9];
+    CHECK(mg_model_logits(m, three, NULL, 3, L, lg3, NULL, &err) == 0, "%s", err.message);
     const float inf[2] = {INFINITY, 0};
     CHECK(mg_model_set_conditions(m, inf, 1, &err) == MG_ERR_ARG, "an infinite value accepted");
+    CHECK(mg_model_logits(m, three, NULL, 3, L, lg3b, NULL, &err) == 0, "%s", err.message);
+    CHECK(!memcmp(lg3, lg3b, sizeof lg3), "a refused condition set changed the rows before it");
     mg_model_free(m);
 }
 

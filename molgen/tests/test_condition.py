@@ -140,12 +140,13 @@ def test_normalisation_in_checkpoint(tmp_path):
     with open(csv, "w") as f:
         f.write("smiles,x,y\n")
         for i, (m, x, y) in enumerate(zip(mols, xs, ys)):
-            f.write("%s,%s,%.6f\n" % (m, "" if i == 7 else "%.6f" % x, y))
+            # row 7 empty, row 11 beyond float range (would be inf): both missing
+            f.write("%s,%s,%.6f\n" % (m, {7: "", 11: "1e39"}.get(i, "%.6f" % x), y))
     model = str(tmp_path / "m.safetensors")
     p = run(["train", "--data", str(csv), "--condition", "x,y", "--val-frac", "0", "--layers", "1",
              "--d-model", "16", "--heads", "2", "--steps", "2", "--batch-size", "8", "--out", model,
              "--threads", "1", "--no-progress"])
-    assert "1 missing value(s)" in p.stderr
+    assert "2 missing value(s)" in p.stderr
     h, _ = load_st(model)
     meta = json.loads(h["__metadata__"]["condition"])
     assert meta["names"] == ["x", "y"]
@@ -153,7 +154,7 @@ def test_normalisation_in_checkpoint(tmp_path):
     assert cfg["n_cond"] == 2 and cfg["cond_bos"] is False
     assert h["cond.weight"]["shape"] == [2, 16] and h["cond.missing"]["shape"] == [2, 16]
     for k, col in enumerate((xs, ys)):
-        v = np.array([float("%.6f" % c) for i, c in enumerate(col) if not (k == 0 and i == 7)],
+        v = np.array([float("%.6f" % c) for i, c in enumerate(col) if not (k == 0 and i in (7, 11))],
                      dtype=np.float32).astype(np.float64)
         assert meta["mean"][k] == pytest.approx(v.mean(), rel=1e-6)
         assert meta["std"][k] == pytest.approx(v.std(ddof=1), rel=1e-6)

@@ -262,6 +262,18 @@ def test_bad_data_on_one_rank(data, tmp_path):
         assert not os.path.exists(out)
 
 
+def test_rank0_only_output_fails(data, tmp_path):
+    """A file only rank 0 writes (--debug-dump-rows) cannot be opened: every
+    rank stops with one message (it hung in the all-reduce once)."""
+    out = str(tmp_path / "o.st")
+    p = mpirun(2, ["train", "--data", data, "--steps", "3", "--out", out,
+                   "--debug-dump-rows", str(tmp_path / "no" / "dir" / "rows.txt")] + TINY,
+               timeout=60)
+    assert p.returncode != 0
+    mine = molgen_lines(p.stderr, "train")
+    assert len(mine) == 1 and "rank 0 of 2" in mine[0], p.stderr
+
+
 def test_full_disk_on_rank0(data, tmp_path):
     """Rank 0 cannot write the checkpoint (its file-size limit, set for
     rank 0 alone): every rank stops, one message, the previous checkpoint
