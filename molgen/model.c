@@ -214,6 +214,7 @@ struct mg_model {
     mg_model_config cfg;
     int nt;                /* OpenMP threads of every parallel loop (mg_model_set_threads) */
     float label_smoothing; /* of the training loss (mg_model_set_label_smoothing) */
+    int64_t row0;          /* global index of batch row 0 (mg_model_set_batch_row0) */
     int frozen;          /* embeddings + blocks [0, frozen) get no gradient (mg_model_set_frozen) */
     attn_mha_config mha; /* {d, H, 0, 0, bias 1} */
     size_t mha_count;    /* floats of one block's packed attention parameters */
@@ -263,6 +264,7 @@ struct mg_model {
     int B, L, training;
     int64_t Rv; /* valid positions */
     uint64_t seed;
+    int64_t fwd_row0; /* row0 of the forward (its dropout masks) */
     int64_t ntok;
 };
 
@@ -445,6 +447,13 @@ mg_status mg_model_set_label_smoothing(mg_model *m, float eps, mg_error *err) {
     return MG_OK;
 }
 int mg_model_threads(const mg_model *m) { return m->nt; }
+
+mg_status mg_model_set_batch_row0(mg_model *m, int64_t row0, mg_error *err) {
+    if (row0 < 0 || row0 >= ((int64_t)1 << 31))
+        return mg_fail(err, MG_ERR_ARG, "batch row0 %lld must be in [0, 2^31)", (long long)row0);
+    m->row0 = row0;
+    return MG_OK;
+}
 
 mg_status mg_model_set_conditions(mg_model *m, const float *values, int n, mg_error *err) {
     const int K = m->cfg.n_cond;
@@ -766,17 +775,25 @@ static const float *residual_branch_backward(float *dbranch, const float *dout, 
     return dbranch;
 }
 
-/* Dropout multipliers mask [N]: 0 with probability p, else 1/(1-p), from a
- * counter-based hash of (seed, site, i): independent of threads. */
-static void dropout_mask(float *mask, int64_t N, float p, uint64_t seed, uint64_t site, int nt) {
+/* Dropout multipliers mask [Rv, d] of the valid positions rows[r] = b*L + t:
+ * 0 with probability p, else 1/(1-p), from a counter-based hash of (seed,
+ * site, element i = ((row0 + b) * ctx_len + t) * d + c), i.e. of the global
+ * batch row, not of the padded length L, the split of the batch over ranks
+ * (row0) or the threads. */
+static void dropout_mask(float *mask, const int64_t *rows, int64_t Rv, int L, int64_t row0,
+                         int ctx_len, int d, float p, uint64_t seed, uint64_t site, int nt) {
     uint64_t ks = seed ^ (0xA0761D6478BD642Full * (site + 1));
     const uint64_t key = mg_splitmix64(&ks);
     const uint32_t thr = (uint32_t)fmin((double)p * 4294967296.0, 4294967295.0);
     const float keep = 1.0f / (1.0f - p);
 #pragma omp parallel for num_threads(nt) schedule(static)
-    for (int64_t i = 0; i < N; i++) {
-        const uint64_t z = mg_mix64(key + (uint64_t)i * 0x9E3779B97F4A7C15ull);
-        mask[i] = (uint32_t)(z >> 32) < thr ? 0.0f : keep;
+    for (int64_t r = 0; r < Rv; r++) {
+        const uint64_t b = (uint64_t)(rows[r] / L), t = (uint64_t)(rows[r] % L);
+        const uint64_t i0 = (((uint64_t)row0 + b) * (uint64_t)ctx_len + t) * (uint64_t)d;
+        for (int c = 0; c < d; c++) {
+            const uint64_t z = mg_mix64(key + (i0 + (uint64_t)c) * 0x9E3779B97F4A7C15ull);
+            mask[r * d + c] = (uint32_t)(z >> 32) < thr ? 0.0f : keep;
+        }
     }
 }
 static void mul_inplace(float *x, const float *mask, int64_t N, int nt) {
@@ -843,9 +860,9 @@ static void crossentropy_backward(float *probs, const int32_t *targets, const in
 static int threads_now(const mg_model *m) { return m->nt; }
 
 /* Parameters of the attention call of block `layer` on the chunk of batch
- * rows starting at b0: its key lengths, one thread, and a dropout stream of
- * its own (offset = layer + b0 * 2^20: libattn's Philox counters restart at
- * b = 0 in every call). */
+ * rows starting at b0: its key lengths, one thread, and dropout keyed by
+ * (seed, offset = layer) with the chunk's global first row as libattn's
+ * dropout_row0, so a row's mask is that of its global batch row. */
 static attn_sdpa_params attn_params(const mg_model *m, int layer, int b0, int training,
                                     uint64_t seed) {
     attn_sdpa_params p;
@@ -855,7 +872,8 @@ static attn_sdpa_params attn_params(const mg_model *m, int layer, int b0, int tr
     p.dropout_p = training ? m->cfg.dropout : 0.0f;
     p.training = training && m->cfg.dropout > 0.0f;
     p.seed = seed;
-    p.offset = (uint64_t)layer + ((uint64_t)b0 << 20);
+    p.offset = (uint64_t)layer;
+    p.dropout_row0 = p.training ? m->fwd_row0 + b0 : 0;
     p.num_threads = 1;
     return p;
 }
@@ -1012,7 +1030,8 @@ static mg_status forward_core(mg_model *m, int B, int L, int64_t Rv, int keep, i
         if (rc) return rc;
     }
     if (drop) {
-        dropout_mask(m->emb_drop, Rv * d, p_drop, seed, 0, nt);
+        dropout_mask(m->emb_drop, m->rows, Rv, L, m->fwd_row0, m->cfg.ctx_len, d, p_drop, seed, 0,
+                     nt);
         mul_inplace(x, m->emb_drop, Rv * d, nt);
     }
     for (int l = 0; l < N; l++) {
@@ -1032,7 +1051,9 @@ static mg_status forward_core(mg_model *m, int B, int L, int64_t Rv, int keep, i
         int rc = attention_forward(m, l, B, L, a->ln1, m->scratch, a->attn_cache, wts, training,
                                    seed, nt, err);
         if (rc) return rc;
-        if (drop) dropout_mask(a->drop_attn, Rv * d, p_drop, seed, 1 + 2 * (uint64_t)l, nt);
+        if (drop)
+            dropout_mask(a->drop_attn, m->rows, Rv, L, m->fwd_row0, m->cfg.ctx_len, d, p_drop, seed,
+                         1 + 2 * (uint64_t)l, nt);
         residual_gather_forward(a->x_mid, in, m->scratch, drop ? a->drop_attn : NULL, m->rows, Rv,
                                 d, nt);
 
@@ -1041,7 +1062,9 @@ static mg_status forward_core(mg_model *m, int B, int L, int64_t Rv, int keep, i
         mg_matmul_forward(a->fc, a->ln2, bp->fc_w, bp->fc_b, Rv, d, F, nt);
         mg_gelu_forward(a->gelu, a->fc, Rv * F, nt);
         mg_matmul_forward(m->scratch, a->gelu, bp->proj_w, bp->proj_b, Rv, F, d, nt);
-        if (drop) dropout_mask(a->drop_mlp, Rv * d, p_drop, seed, 2 + 2 * (uint64_t)l, nt);
+        if (drop)
+            dropout_mask(a->drop_mlp, m->rows, Rv, L, m->fwd_row0, m->cfg.ctx_len, d, p_drop, seed,
+                         2 + 2 * (uint64_t)l, nt);
         residual_forward(out, a->x_mid, m->scratch, drop ? a->drop_mlp : NULL, Rv * d, nt);
     }
     const float *xf = keep ? m->x_final : m->acts[0].x;
@@ -1081,6 +1104,7 @@ mg_status mg_model_forward(mg_model *m, const int32_t *ids, const int64_t *lengt
         }
     }
     const int64_t Rv = valid_rows(m->rows, m->key_len, B, L);
+    m->fwd_row0 = m->row0;
     /* The logits go where the probabilities will be: softmax is done in
      * place row by row. */
     rc = forward_core(m, B, L, Rv, 1, training, dropout_seed, m->probs, NULL, err);

@@ -41,9 +41,13 @@
  *
  * Dropout (training only, probability cfg.dropout for all three kinds):
  * embedding output, both residual branches, and attention weights (libattn's
- * Philox dropout with seed = the forward's dropout seed and offset = block
- * index + 2^20 * first batch row of the attention chunk). Embedding/residual
- * masks come from a counter-based hash of (seed, site, element).
+ * Philox dropout with seed = the forward's dropout seed, offset = block
+ * index and dropout_row0 = the global batch row of the attention chunk's
+ * first row, mg_model_set_batch_row0). Embedding/residual masks come from a
+ * counter-based hash of (seed, site, element ((global row) * ctx_len +
+ * position) * d_model + feature). Every mask is thus a function of (seed,
+ * global row, position, feature): not of the padded length, the ranks or
+ * the threads.
  *
  * Threads: mg_model_threads() OpenMP threads (the model's own setting). OpenBLAS runs
  * single-threaded inside them (each thread multiplies a slice of the rows),
@@ -138,6 +142,12 @@ int mg_model_threads(const mg_model *m);
  * all V ids, as PyTorch's cross_entropy(label_smoothing=eps). Evaluation
  * forwards and mg_model_logits are unaffected. A new model has 0. */
 mg_status mg_model_set_label_smoothing(mg_model *m, float eps, mg_error *err);
+/* Global index row0 in [0, 2^31) of batch row 0 of the next training
+ * forwards: row b's dropout masks are those of global row row0 + b, so a
+ * global batch split over the ranks of an mpirun job (each rank's rows from
+ * its first global index) drops what one process with the whole batch
+ * drops. A new model has 0. */
+mg_status mg_model_set_batch_row0(mg_model *m, int64_t row0, mg_error *err);
 /* Conditions of the next forwards / logits of a conditional model:
  * values [n, K] normalised (condition.h), NaN = not given; n = 1 applies
  * to every row, else a forward's B must equal n. values NULL or n = 0:

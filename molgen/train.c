@@ -819,7 +819,8 @@ static mg_status save(run *r, mg_error *err) {
 }
 
 /* This rank's rows of a global batch -> forward (dropout seed: the step's,
- * mixed with the rank on ranks > 0, so the ranks' masks differ) -> backward
+ * every rank; the masks are those of the rows' global indices b0.., so they
+ * do not depend on the number of ranks) -> backward
  * -> the gradients and loss of the global batch: each rank's gradient of
  * its mean loss weighted by its share of the batch's target tokens, summed. */
 static mg_status step_grads(run *r, float *loss, int64_t *ntok, mg_error *err) {
@@ -828,10 +829,10 @@ static mg_status step_grads(run *r, float *loss, int64_t *ntok, mg_error *err) {
     const int32_t *ids = r->bids + r->b0 * (size_t)T;
     const int64_t *len = r->blen + r->b0;
     const int Tb = mg_trim_batch(ids, len, nb, T, r->bbuf);
-    uint64_t seed = step_seed(r->s.seed, r->st.step);
-    if (r->d->rank) seed = mg_mix64(seed ^ (0xC2B2AE3D27D4EB4Full * (uint64_t)r->d->rank));
-    mg_status rc = MG_OK;
-    if (r->cond.K) { /* the whole batch's drops (hash of seed, step, row, k), this rank's rows */
+    const uint64_t seed = step_seed(r->s.seed, r->st.step);
+    mg_status rc = mg_model_set_batch_row0(model, r->b0, err);
+    /* conditions: the whole batch's drops (hash of seed, step, row, k), this rank's rows */
+    if (!rc && r->cond.K) {
         mg_cond_batch(r->cv_train, r->cond.K, r->brows, r->s.batch_size, r->s.condition_drop,
                       ~step_seed(r->s.seed, r->st.step), r->bcond);
         rc = mg_model_set_conditions(model, r->bcond + r->b0 * (size_t)r->cond.K, nb, err);

@@ -73,7 +73,7 @@ typedef struct {
     uint32_t drop_threshold; /* drop iff philox word < this */
     float keep_scale;        /* 1 / (1 - p) */
     uint64_t drop_key;       /* Philox key from (seed, offset) */
-    int64_t drop_b0; /* dropout counter's batch word is b + drop_b0 (varlen: the sequence) */
+    int64_t drop_b0; /* dropout counter's batch word b + drop_b0 (dropout_row0; varlen: + seq) */
     int threads;
 } attn_problem;
 

@@ -151,6 +151,12 @@ attn_status attn_sdpa_check(const attn_tensor *q, const attn_tensor *k, const at
         pr->drop_threshold = t >= 4294967295.0 ? UINT32_MAX : (uint32_t)t;
         pr->keep_scale = 1.0f / (1.0f - p->dropout_p);
         pr->drop_key = attn_dropout_key(p->seed, p->offset);
+        if (p->dropout_row0 < 0 || p->dropout_row0 > ((int64_t)1 << 32) - pr->B)
+            return attn_fail(err, ATTN_ERR_ARG,
+                             "dropout_row0 %lld: need 0 <= dropout_row0 and dropout_row0 + B "
+                             "(%lld) <= 2^32",
+                             (long long)p->dropout_row0, (long long)pr->B);
+        pr->drop_b0 = p->dropout_row0;
     }
     if (p->impl != ATTN_IMPL_AUTO && p->impl != ATTN_IMPL_REFERENCE && p->impl != ATTN_IMPL_FUSED)
         return attn_fail(err, ATTN_ERR_ARG, "impl %d is not an attn_impl value", (int)p->impl);

@@ -52,6 +52,9 @@ attn_status attn_varlen_check(const attn_tensor *q, const attn_tensor *k, const 
     if (batch < 1 || batch > (int64_t)UINT32_MAX)
         return attn_fail(err, ATTN_ERR_SHAPE, "varlen: batch = %lld must be in [1, 2^32)",
                          (long long)batch);
+    if (pr->drop_b0 > ((int64_t)1 << 32) - batch)
+        return attn_fail(err, ATTN_ERR_ARG, "varlen: dropout_row0 %lld + batch %lld exceeds 2^32",
+                         (long long)pr->drop_b0, (long long)batch);
     if ((s = check_cu(cu_seqlens_q, "cu_seqlens_q", batch, pr->Lq, err)) ||
         (s = check_cu(cu_seqlens_k ? cu_seqlens_k : cu_seqlens_q,
                       cu_seqlens_k ? "cu_seqlens_k" : "cu_seqlens_k (NULL: cu_seqlens_q)", batch,
@@ -91,7 +94,7 @@ void attn_varlen_seq(const attn_problem *pr, const attn_varlen *vl, int64_t s, a
     sub->B = 1;
     sub->Lq = vl->cu_q[s + 1] - vl->cu_q[s];
     sub->Lk = vl->cu_k[s + 1] - vl->cu_k[s];
-    sub->drop_b0 = s;
+    sub->drop_b0 = pr->drop_b0 + s;
 }
 
 attn_tensor attn_varlen_rows(const attn_tensor *t, int64_t row0, int64_t n) {

@@ -17,7 +17,7 @@
  *    of the call or on the path (tiling), where the same indices exist;
  *  - the documented generator: Philox-4x32-10 (checked against the
  *    Random123 known-answer vectors), counter (j/4, i, h, b), word j%4,
- *    drop iff word < p·2^32. The key derivation from (seed, offset) is not
+ *    drop iff word < p·2^32; with dropout_row0 the batch word is row0 + b. The key derivation from (seed, offset) is not
  *    in the header; the replica below mirrors src/dropout.c and pins it.
  * Masks are read through the public API with the identity trick
  * (grad_util.h): forward with V = I gives out = P ∘ mult. */
@@ -512,6 +512,22 @@ static void test_invalid(void) {
         CHECK_ERR(attn_mha_backward(&c, &w, B, L, L, x, x, x, &p, cache, y, x, x, x, &g, &err),
                   ATTN_ERR_ARG, &err);
     }
+    /* dropout_row0 outside [0, 2^32 - B] (the counter's batch word would wrap) */
+    const int64_t bad_row0[2] = {-1, ((int64_t)1 << 32) - B + 1};
+    for (int t = 0; t < 2; t++) {
+        attn_sdpa_params p = {0};
+        p.training = 1;
+        p.dropout_p = 0.5f;
+        p.dropout_row0 = bad_row0[t];
+        attn_error err;
+        memset(&err, 0, sizeof err);
+        CHECK_ERR(attn_sdpa_forward(&tq, &tk, &tv, &p, &to, NULL, s.lse, NULL, &err), ATTN_ERR_ARG,
+                  &err);
+        memset(&err, 0, sizeof err);
+        CHECK_ERR(
+            attn_mha_forward(&c, &w, B, L, L, x, x, x, &p, y, ATTN_WEIGHTS_NONE, NULL, cache, &err),
+            ATTN_ERR_ARG, &err);
+    }
     /* The largest float below 1 is accepted. */
     attn_sdpa_params p = {0};
     p.training = 1;
@@ -652,14 +668,17 @@ static void test_generator(void) {
               o[2], o[3]);
     }
     enum { B = 2, H = 3, LQ = 9, LK = 23 };
-    const float ps[2] = {0.3f, 0.77f};
+    const float ps[3] = {0.3f, 0.77f, 0.5f};
+    /* dropout_row0 0, 1 and the largest allowed (the batch word 2^32 - 1 last) */
+    const int64_t row0[3] = {0, 1, ((int64_t)1 << 32) - B};
     double *m = tu_malloc((size_t)(B * H * LQ * LK) * sizeof(double));
-    for (int t = 0; t < 2; t++) {
+    for (int t = 0; t < 3; t++) {
         attn_sdpa_params p = {0};
         p.training = 1;
         p.dropout_p = ps[t];
         p.seed = 0x123456789abcdefull + (uint64_t)t;
         p.offset = 1000 + (uint64_t)t;
+        p.dropout_row0 = row0[t];
         for (int ii = 0; ii < 2; ii++) {
             p.impl = kImpls[ii];
             CHECK(gu_dropout_mult(B, H, LQ, LK, &p, m, NULL) == 0, "generator: mask read-back");
@@ -673,14 +692,16 @@ static void test_generator(void) {
                     for (int64_t i = 0; i < LQ; i++)
                         for (int64_t j = 0; j < LK; j++) {
                             const uint32_t ctr[4] = {(uint32_t)(j / 4), (uint32_t)i, (uint32_t)h,
-                                                     (uint32_t)b};
+                                                     (uint32_t)(b + row0[t])};
                             uint32_t w[4];
                             philox(ctr, k, w);
                             const int keep = w[j % 4] >= thr;
                             diff += keep != (m[((b * H + h) * LQ + i) * LK + j] != 0.0);
                         }
-            CHECK(diff == 0, "%s p=%g: %zu keep decisions differ from Philox(counter (j/4,i,h,b))",
-                  iname(p.impl), (double)ps[t], diff);
+            CHECK(diff == 0,
+                  "%s p=%g row0=%lld: %zu keep decisions differ from Philox(counter "
+                  "(j/4,i,h,row0+b))",
+                  iname(p.impl), (double)ps[t], (long long)row0[t], diff);
         }
     }
     free(m);

@@ -12,7 +12,7 @@
  *     edge) and within the fp64 bound for the decode kernel (maxL <= 4);
  *   - dropout: the keep mask is read from the PADDED reference path
  *     (gu_dropout_mult over [N, H, maxLq, maxLk]): a varlen call that used
- *     other counters than batch row s would be off by O(1);
+ *     other counters than batch row s (+ dropout_row0) would be off by O(1);
  *   - 1, 2 and 3 threads bitwise identical (with unequal sequences this also
  *     compares the backward's one-pass and two-pass schemes), nothing
  *     written outside the views, empty sequences (Lq or Lk 0), every layout;
@@ -364,8 +364,8 @@ static void test_fixed(int full) {
     }
     {
         const int64_t lq[] = {10, 70, 0}, lk[] = {33, 5, 4};
-        vcase c = mk("cross lengths, dropout", 1, 8, 12, GU_BLHD, 0, 3, lq, lk);
-        c.p.dropout_p = 0.5f, c.p.training = 1, c.p.seed = 3;
+        vcase c = mk("cross lengths, dropout, dropout_row0 5", 1, 8, 12, GU_BLHD, 0, 3, lq, lk);
+        c.p.dropout_p = 0.5f, c.p.training = 1, c.p.seed = 3, c.p.dropout_row0 = 5;
         run_case(&c, 8);
     }
     {

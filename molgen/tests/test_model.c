@@ -274,6 +274,49 @@ static void test_padding_and_inference(void) {
     mg_model_forward(md, ids, len, B, T, 1, 2, &t2, NULL, &err);
     CHECK(e0 == l1, "eval with dropout config %.9g vs %.9g", e0, l1);
     CHECK(t1 == t1b && t1 != e0 && t1 != t2, "dropout losses %g %g %g %g", e0, t1, t1b, t2);
+    /* The masks are those of the global batch row (mg_model_set_batch_row0):
+     * the batch as row 0 alone and rows 1..2 at row0 = 1 gives the whole
+     * batch's token-weighted loss and gradient (the mean's decomposition);
+     * rows 1..2 at row0 = 0 draw other masks. */
+    {
+        float lf, la, lb, lx;
+        int64_t nf, na, nb, nx;
+        float *gf = malloc(P * sizeof(float)), *ga = malloc(P * sizeof(float));
+        CHECK(mg_model_forward(md, ids, len, B, T, 1, 5, &lf, &nf, &err) == 0 &&
+                  mg_model_backward(md, &err) == 0,
+              "%s", err.message);
+        memcpy(gf, mg_model_grads(md), P * sizeof(float));
+        CHECK(mg_model_forward(md, ids, len, 1, T, 1, 5, &la, &na, &err) == 0 &&
+                  mg_model_backward(md, &err) == 0,
+              "%s", err.message);
+        memcpy(ga, mg_model_grads(md), P * sizeof(float));
+        CHECK(mg_model_set_batch_row0(md, 1, &err) == 0, "%s", err.message);
+        CHECK(mg_model_forward(md, ids + T, len + 1, B - 1, T, 1, 5, &lb, &nb, &err) == 0 &&
+                  mg_model_backward(md, &err) == 0,
+              "%s", err.message);
+        const float *gb = mg_model_grads(md);
+        const double whole = (double)la * na + (double)lb * nb;
+        CHECK(na + nb == nf && fabs(whole / nf - lf) <= 1e-6 * lf,
+              "split at row 1: loss %.9g vs whole batch %.9g", whole / nf, lf);
+        double worst = 0, gmax = 0;
+        for (size_t i = 0; i < P; i++) {
+            const double gs = ((double)ga[i] * na + (double)gb[i] * nb) / nf;
+            worst = fmax(worst, fabs(gs - gf[i]));
+            gmax = fmax(gmax, fabs(gf[i]));
+        }
+        CHECK(worst <= 1e-5 * gmax, "split at row 1: gradient off by %.3g (max %.3g)", worst, gmax);
+        CHECK(mg_model_forward(md, ids + T, len + 1, B - 1, T, 1, 5, &lx, &nx, &err) == 0, "%s",
+              err.message);
+        CHECK(mg_model_set_batch_row0(md, 0, &err) == 0, "%s", err.message);
+        float l0;
+        CHECK(mg_model_forward(md, ids + T, len + 1, B - 1, T, 1, 5, &l0, &nx, &err) == 0, "%s",
+              err.message);
+        CHECK(l0 != lx, "rows 1..2 at row0 0 and 1 drew the same masks (%.9g)", l0);
+        CHECK(mg_model_set_batch_row0(md, -1, &err) == MG_ERR_ARG, "row0 -1 accepted");
+        CHECK(mg_model_set_batch_row0(md, (int64_t)1 << 31, &err) == MG_ERR_ARG,
+              "row0 2^31 accepted");
+        free(gf), free(ga);
+    }
     mg_model_free(md);
 
     /* Bad inputs are errors, not crashes. */

@@ -68,6 +68,7 @@ class attn_sdpa_params(ctypes.Structure):
                 ("training", ctypes.c_int),
                 ("seed", ctypes.c_uint64),
                 ("offset", ctypes.c_uint64),
+                ("dropout_row0", ctypes.c_int64),
                 ("impl", ctypes.c_int),
                 ("num_threads", ctypes.c_int)]
 

@@ -132,6 +132,21 @@ def test_train_equals_one_process(data, tmp_path, ranks):
     assert abs(s1["first_val_loss"] - sn["first_val_loss"]) < 1e-6 * s1["first_val_loss"]
 
 
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_dropout_train_equals_one_process(data, tmp_path, ranks):
+    """With dropout 0.1 (embedding, residual and attention) too: every mask
+    is a function of the global batch row, so N ranks drop what one process
+    with the whole batch drops (3 ranks: 6 + 5 + 5 rows, attention chunks
+    that start off the single process's multiples of 8)."""
+    args = ["train", "--data", data, "--steps", "100", "--val-every", "50",
+            "--dropout", "0.1"] + TINY
+    one, many = str(tmp_path / "one"), str(tmp_path / "many")
+    ok(alone(args + ["--out", one + ".st", "--loss-log", one + ".log"]))
+    ok(mpirun(ranks, args + ["--out", many + ".st", "--loss-log", many + ".log"]))
+    same_training(one + ".log", many + ".log", 100)
+    same_params(one + ".st", many + ".st")
+
+
 def test_conditional_train_equals_one_process(data, tmp_path):
     """A conditional model (--condition, dropped conditions) at 3 ranks: each
     rank's rows get their own conditions and drops, so it trains like one
