@@ -4,7 +4,7 @@ causal mask over each row's whole prefix (the oracle; PyTorch has no
 incremental method), and against attn's own causal forward."""
 import numpy as np
 import pytest
-import torch
+torch = pytest.importorskip("torch", reason="PyTorch (Debian python3-torch) is the oracle here")
 
 import attn
 from _oracle import check_close, rand

@@ -3,7 +3,7 @@ against PyTorch's math path and autograd (float64) and against attn's
 padded path (key_padding_lengths, same seed: the same dropout mask)."""
 import numpy as np
 import pytest
-import torch
+torch = pytest.importorskip("torch", reason="PyTorch (Debian python3-torch) is the oracle here")
 
 import attn
 from _oracle import (check_close, check_grad, rand, structural_keep,
