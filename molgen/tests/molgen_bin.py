@@ -1,11 +1,28 @@
-"""The molgen binary the Python tests drive: $MOLGEN_BIN, else
-<dir of $ATTN_LIBRARY>/molgen/molgen (set by `make test-python`), else
-build/molgen/molgen."""
+"""What the Python tests of molgen share: the binary they drive
+($MOLGEN_BIN, else <dir of $ATTN_LIBRARY>/molgen/molgen (set by `make
+test-python`), else build/molgen/molgen) and small data files cut from the
+shipped sample data/moses_20k.smi."""
 import os
 
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DATA20K = os.path.join(REPO, "data", "moses_20k.smi")
+
+
+def first_molecules(n):
+    """The first n SMILES of data/moses_20k.smi."""
+    with open(DATA20K) as f:
+        return [next(f).split()[0] for _ in range(n)]
+
+
+def write_molecules(directory, n, name="mols.smi"):
+    """first_molecules(n), one per line, in directory/name: (path, mols)."""
+    mols = first_molecules(n)
+    path = os.path.join(str(directory), name)
+    with open(path, "w") as f:
+        f.write("\n".join(mols) + "\n")
+    return path, mols
 
 
 def molgen_binary():

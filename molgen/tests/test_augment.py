@@ -16,13 +16,12 @@ import sys
 
 import pytest
 
-from molgen_bin import molgen_binary  # noqa: E402
+from molgen_bin import molgen_binary, write_molecules  # noqa: E402
 
 Chem = pytest.importorskip("rdkit.Chem")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
-DATA20K = os.path.join(REPO, "data", "moses_20k.smi")
 TOOL = os.path.join(REPO, "tools", "randomize_smiles.py")
 TINY = ["--layers", "1", "--d-model", "16", "--heads", "2", "--batch-size", "8",
         "--no-progress", "--val-every", "0", "--threads", "1", "--quiet"]
@@ -49,10 +48,8 @@ def randomize(data, out, k=4, seed=1):
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     d = tmp_path_factory.mktemp("aug")
-    with open(DATA20K) as f:
-        mols = [next(f).split()[0] for _ in range(300)]
+    _, mols = write_molecules(d, 300)
     smi = d / "mols.smi"
-    smi.write_text("\n".join(mols) + "\n")
     aug = d / "mols.aug"
     lines = randomize(smi, aug)
     return smi, aug, mols, lines

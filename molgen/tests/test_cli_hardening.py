@@ -15,11 +15,10 @@ import zlib
 
 import pytest
 
-from molgen_bin import molgen_binary  # noqa: E402
+from molgen_bin import molgen_binary, write_molecules  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
-DATA20K = os.path.join(REPO, "data", "moses_20k.smi")
 TINY = ["--layers", "1", "--d-model", "16", "--heads", "2", "--batch-size", "8",
         "--no-progress", "--val-every", "0", "--threads", "1"]
 
@@ -48,12 +47,7 @@ def one_error_line(p):
 @pytest.fixture(scope="module")
 def smiles(tmp_path_factory):
     """The first 300 molecules of the shipped sample."""
-    d = tmp_path_factory.mktemp("data")
-    with open(DATA20K) as f:
-        mols = [next(f).split()[0] for _ in range(300)]
-    path = d / "mols.smi"
-    path.write_text("\n".join(mols) + "\n")
-    return str(path), mols
+    return write_molecules(tmp_path_factory.mktemp("data"), 300)
 
 
 @pytest.fixture(scope="module")

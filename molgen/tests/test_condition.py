@@ -33,7 +33,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 MOLGEN_DIR = os.path.dirname(HERE)
 REPO = os.path.dirname(MOLGEN_DIR)
 sys.path.insert(0, MOLGEN_DIR)
-from molgen_bin import molgen_binary  # noqa: E402
+from molgen_bin import first_molecules, molgen_binary  # noqa: E402
 
 SHIPPED = os.path.join(REPO, "models", "molgen-moses.safetensors")
 ENV = dict(os.environ, OPENBLAS_CORETYPE=os.environ.get("OPENBLAS_CORETYPE", "Haswell"),
@@ -126,14 +126,9 @@ def test_obeys_a_synthetic_condition(tmp_path, prefix, decode, constrain):
     assert 0.25 <= share[None] <= 0.75, share
 
 
-def moses_rows(n):
-    with open(os.path.join(REPO, "data", "moses_20k.smi")) as f:
-        return [next(f).split()[0] for _ in range(n)]
-
-
 def test_normalisation_in_checkpoint(tmp_path):
     r = random.Random(3)
-    mols = moses_rows(200)
+    mols = first_molecules(200)
     xs = [r.gauss(3.0, 2.0) for _ in mols]
     ys = [r.uniform(0, 1) for _ in mols]
     csv = tmp_path / "c.csv"

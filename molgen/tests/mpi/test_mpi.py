@@ -18,11 +18,10 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
-from molgen_bin import molgen_binary  # noqa: E402
+from molgen_bin import molgen_binary, write_molecules  # noqa: E402
 from torch_model import load_safetensors  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
-DATA20K = os.path.join(REPO, "data", "moses_20k.smi")
 MPIRUN = shutil.which("mpirun")
 pytestmark = pytest.mark.skipif(MPIRUN is None, reason="mpirun not installed (openmpi-bin)")
 MPI = [MPIRUN or "mpirun", "--oversubscribe", "--allow-run-as-root"]
@@ -77,12 +76,7 @@ def molgen_lines(stderr, cmd):
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    d = tmp_path_factory.mktemp("mpi")
-    with open(DATA20K) as f:
-        mols = [next(f).split()[0] for _ in range(2000)]
-    path = d / "mols.smi"
-    path.write_text("\n".join(mols) + "\n")
-    return str(path)
+    return write_molecules(tmp_path_factory.mktemp("mpi"), 2000)[0]
 
 
 def same_training(a, b, steps):
