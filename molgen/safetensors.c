@@ -5,6 +5,7 @@
 #include "errors.h"
 #include "json.h"
 #include "st_internal.h"
+#include "util.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -16,18 +17,12 @@
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include <zlib.h>
 
 int mg_st_host_le(void) {
     const uint16_t x = 1;
     unsigned char b;
     memcpy(&b, &x, 1);
     return b == 1;
-}
-
-/* CRC-32 (zlib's, the same as Python's zlib.crc32) of n bytes. */
-uint32_t mg_st_crc32(const void *p, size_t n) {
-    return (uint32_t)crc32_z(crc32_z(0L, Z_NULL, 0), (const Bytef *)p, n);
 }
 
 /* ================================================================ dtypes */
@@ -146,11 +141,11 @@ static mg_status verify_checksums(mg_st_file *f, mg_error *err) {
         if (!end || *end)
             rc = mg_fail(err, MG_ERR_FORMAT,
                          "the checksum table has no valid entry for tensor '%.60s'", x->name);
-        else if ((uint32_t)want != mg_st_crc32(x->data, x->nbytes))
+        else if ((uint32_t)want != mg_crc32(x->data, x->nbytes))
             rc = mg_fail(err, MG_ERR_FORMAT,
                          "tensor '%.60s' fails its checksum (CRC-32 %08x, recorded %08lx): the "
                          "file is corrupt",
-                         x->name, (unsigned)mg_st_crc32(x->data, x->nbytes), want);
+                         x->name, (unsigned)mg_crc32(x->data, x->nbytes), want);
     }
     json_decref(j);
     f->checksummed = rc == MG_OK;

@@ -5,6 +5,7 @@
 #include "errors.h"
 #include "json.h"
 #include "st_internal.h"
+#include "util.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -71,7 +72,7 @@ static json_t *header_json(const mg_st_tensor *t, size_t nt, const size_t *ord,
     for (size_t k = 0; ok && k < nt; k++) {
         const mg_st_tensor *x = &t[ord[k]];
         char hex[16];
-        snprintf(hex, sizeof hex, "%08x", (unsigned)mg_st_crc32(x->data, (size_t)nbytes_of(x)));
+        snprintf(hex, sizeof hex, "%08x", (unsigned)mg_crc32(x->data, (size_t)nbytes_of(x)));
         if (mg_json_put(cs, x->name, json_string(hex))) ok = 0, *bad = x->name;
     }
     for (size_t i = 0; ok && i < nmeta; i++)

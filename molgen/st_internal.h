@@ -10,7 +10,5 @@
 int mg_st_host_le(void);
 /* *out = prod(shape) * elsize; -1 on a negative dimension or overflow. */
 int mg_st_nbytes(const int64_t *shape, int ndim, size_t elsize, uint64_t *out);
-/* CRC-32 (zlib's, the same as Python's zlib.crc32) of n bytes. */
-uint32_t mg_st_crc32(const void *p, size_t n);
 
 #endif /* MG_ST_INTERNAL_H */

@@ -14,7 +14,6 @@
 #include <string.h>
 #include <strings.h>
 
-#include <zlib.h>
 
 #include "checkpoint.h"
 #include "condition.h"
@@ -171,20 +170,6 @@ static mg_status check_utf8(const char *what, const char *s, mg_error *err) {
     return MG_OK;
 }
 
-/* CRC-32 (zlib's) of m's parameters, F32 in the tensor table's order. */
-static uint32_t params_crc32(mg_model *m) {
-    const unsigned char *p = (const unsigned char *)mg_model_params(m);
-    size_t left = mg_model_num_params(m) * sizeof(float);
-    uLong crc = crc32(0L, Z_NULL, 0);
-    while (left > 0) { /* zlib takes a uInt length */
-        const uInt k = left > (1u << 30) ? (1u << 30) : (uInt)left;
-        crc = crc32(crc, p, k);
-        p += k;
-        left -= k;
-    }
-    return (uint32_t)crc;
-}
-
 /* --init: MODEL's configuration (and vocabulary, in ck.vocab) for this run;
  * a model setting given on the command line must be MODEL's (the dropout
  * may differ: a regulariser, not the shape). */
@@ -216,7 +201,8 @@ static mg_status setup_init(run *r, mg_error *err) {
     const float dropout = r->s.model.dropout;
     r->s.model = *im;
     if (c->given[mg_setting_find("dropout") - MG_TRAIN_SETTING]) r->s.model.dropout = dropout;
-    r->st.init_crc32 = params_crc32(r->init);
+    /* CRC-32 of MODEL's parameters, F32 in the tensor table's order */
+    r->st.init_crc32 = mg_crc32(mg_model_params(r->init), mg_model_num_params(r->init) * sizeof(float));
     say(r,
         "fine-tuning from %s (parameters' CRC-32 %08" PRIx32 "): %d layers, d_model %d, %d heads, "
         "ctx %d, vocabulary of %d tokens; fresh optimizer and schedule",

@@ -5,6 +5,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
+
+#include <zlib.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -13,6 +15,10 @@ double mg_now_s(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+uint32_t mg_crc32(const void *p, size_t n) {
+    return (uint32_t)crc32_z(crc32_z(0L, Z_NULL, 0), (const Bytef *)p, n);
 }
 
 void mg_fmt_duration(double s, char *out, size_t n) {

@@ -7,8 +7,10 @@
  *   mg_mix64       its finalizer alone: a counter-based hash of z (the
  *                  dropout masks and the per-step dropout seeds hash a
  *                  counter instead of advancing a state);
- *   mg_now_s       monotonic wall clock in seconds.
- * Inline, so the dropout loops that hash every element keep their speed. */
+ *   mg_now_s       monotonic wall clock in seconds;
+ *   mg_crc32       zlib's CRC-32 (checkpoint checksums).
+ * The two hashes are inline, so the dropout loops that hash every element
+ * keep their speed. */
 #ifndef MG_UTIL_H
 #define MG_UTIL_H
 
@@ -30,6 +32,10 @@ static inline uint64_t mg_splitmix64(uint64_t *state) {
 }
 
 double mg_now_s(void);
+
+/* CRC-32 (zlib's, the same as Python's zlib.crc32) of n bytes: the
+ * checkpoint tensors' checksums and --init's record of its model. */
+uint32_t mg_crc32(const void *p, size_t n);
 
 /* 1 if s[0..n) is valid UTF-8 (no overlong forms, surrogates or code
  * points past U+10FFFF: what JSON, and so jansson, accepts). */
