@@ -57,13 +57,8 @@ static uint64_t step_seed(uint64_t seed, int64_t s) {
 /* FNV-1a over the dataset's ids and lengths: detects a changed data file on
  * resume. */
 static uint64_t dataset_hash(const mg_dataset *d) {
-    uint64_t h = 0xcbf29ce484222325ull;
-    const unsigned char *p = (const unsigned char *)d->ids;
-    for (size_t i = 0; i < d->n * (size_t)d->T * sizeof(int32_t); i++)
-        h = (h ^ p[i]) * 0x100000001b3ull;
-    p = (const unsigned char *)d->lengths;
-    for (size_t i = 0; i < d->n * sizeof(int64_t); i++) h = (h ^ p[i]) * 0x100000001b3ull;
-    return h;
+    const uint64_t h = mg_fnv1a(MG_FNV1A_INIT, d->ids, d->n * (size_t)d->T * sizeof(int32_t));
+    return mg_fnv1a(h, d->lengths, d->n * sizeof(int64_t));
 }
 
 /* Entropy (nats) of the target-token distribution of d: every token after
@@ -272,12 +267,9 @@ static mg_status setup(run *r, mg_error *err) {
  * augment file fails a resume like a changed data file. */
 static uint64_t augment_hash(const run *r) {
     if (!r->aug_first) return 0;
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (size_t j = 0; j < r->aug_first[r->aug_lines + 1]; j++)
-        for (const unsigned char *p = (const unsigned char *)r->aug_copy[j];; p++) {
-            h = (h ^ *p) * 0x100000001b3ull; /* the NUL too: separates copies */
-            if (!*p) break;
-        }
+    uint64_t h = MG_FNV1A_INIT;
+    for (size_t j = 0; j < r->aug_first[r->aug_lines + 1]; j++) /* the NUL too: separates copies */
+        h = mg_fnv1a(h, r->aug_copy[j], strlen(r->aug_copy[j]) + 1);
     return h;
 }
 
@@ -866,8 +858,8 @@ static mg_status loop(run *r, mg_stop_reason *why, double *last_val_at, mg_error
         r->st.step++;
         const double dt = mg_now_s() - ts0;
         if (r->loss_log) {
-            uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a of the batch's row numbers */
-            for (int i = 0; i < r->s.batch_size; i++) h = (h ^ r->brows[i]) * 0x100000001b3ull;
+            const uint64_t h = /* the batch's row numbers */
+                mg_fnv1a(MG_FNV1A_INIT, r->brows, (size_t)r->s.batch_size * sizeof r->brows[0]);
             fprintf(r->loss_log, "%" PRId64 " %.9g %" PRId64 " %.9g %016" PRIx64 "\n", r->st.step,
                     (double)loss, ntok, (double)gnorm, h);
         }

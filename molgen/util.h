@@ -7,9 +7,10 @@
  *   mg_mix64       its finalizer alone: a counter-based hash of z (the
  *                  dropout masks and the per-step dropout seeds hash a
  *                  counter instead of advancing a state);
+ *   mg_fnv1a       FNV-1a of a byte range (data fingerprints);
  *   mg_now_s       monotonic wall clock in seconds;
  *   mg_crc32       zlib's CRC-32 (checkpoint checksums).
- * The two hashes are inline, so the dropout loops that hash every element
+ * The hashes are inline, so the dropout loops that hash every element
  * keep their speed. */
 #ifndef MG_UTIL_H
 #define MG_UTIL_H
@@ -29,6 +30,16 @@ static inline uint64_t mg_mix64(uint64_t z) {
 
 static inline uint64_t mg_splitmix64(uint64_t *state) {
     return mg_mix64(*state += 0x9E3779B97F4A7C15ull);
+}
+
+/* FNV-1a, 64 bit, of n bytes, continuing from h (start: MG_FNV1A_INIT):
+ * fingerprints of data, augmentation copies and batches, compared across
+ * runs (resume) and ranks. */
+#define MG_FNV1A_INIT 0xcbf29ce484222325ull
+static inline uint64_t mg_fnv1a(uint64_t h, const void *p, size_t n) {
+    const unsigned char *b = (const unsigned char *)p;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
+    return h;
 }
 
 double mg_now_s(void);
