@@ -22,6 +22,7 @@ static const char *SAMPLE_USAGE =
     "                     [--batch B] [--threads N] [--decode kv|naive]\n"
     "                     [--constrain none|syntax|valence]\n"
     "                     [--condition NAME=VALUE,...] [--guidance W]\n"
+    "                     [--scaffold SMILES]\n"
     "Generate SMILES from a trained model; writes one molecule per line.\n"
     "  --model FILE       model or checkpoint (.safetensors) with its vocabulary\n"
     "  -n N               molecules to generate (default 1000)\n"
@@ -48,8 +49,11 @@ static const char *SAMPLE_USAGE =
     "                     u + W (c - u) of the conditional c and the unconditional u\n"
     "                     (0 or 1: plain conditional sampling, the default; > 1\n"
     "                     decodes every molecule twice)\n"
+    "  --scaffold SMILES  a scaffold model's (train --scaffold-column) prefix: the\n"
+    "                     molecules are generated on this Murcko scaffold, written as\n"
+    "                     molgen/props.py writes it (RDKit's canonical SMILES)\n"
     "Writes FILE.json beside the output: the model, seed, sampling settings and\n"
-    "constrain mode and condition (molgen/metrics.py reports it).\n"
+    "constrain mode, condition and scaffold (molgen/metrics.py reports it).\n"
     "Under mpirun -np N the molecules are split over the ranks by index; rank 0\n"
     "writes them in order: the file is the one a single process writes.\n"
     "Prints the output path on stdout; molecules/s and the syntax-valid fraction\n"
@@ -58,7 +62,8 @@ static const char *SAMPLE_USAGE =
 
 /* FILE.json beside the samples: what made them, for molgen/metrics.py. */
 static mg_status write_meta(const char *path, const char *model_path, const mg_sample_opts *o,
-                            const char *cond, int threads, const mg_samples *s, mg_error *err) {
+                            const char *cond, const char *scaffold, int threads,
+                            const mg_samples *s, mg_error *err) {
     json_t *j = json_object();
     char seed[24];
     snprintf(seed, sizeof seed, "%llu", (unsigned long long)o->seed);
@@ -73,6 +78,7 @@ static mg_status write_meta(const char *path, const char *model_path, const mg_s
     bad = bad || mg_json_put(j, "decode", json_string(mg_decode_kind_name(o->kind)));
     bad = bad || mg_json_put(j, "condition", cond ? json_string(cond) : json_null());
     bad = bad || mg_json_put(j, "guidance", json_real(o->guidance));
+    bad = bad || mg_json_put(j, "scaffold", scaffold ? json_string(scaffold) : json_null());
     bad = bad ||
           mg_json_put(j, "threads", json_integer(threads > 0 ? threads : mg_default_threads()));
     bad = bad || mg_json_put(j, "no_eos", json_integer((json_int_t)s->truncated));
@@ -125,14 +131,55 @@ static int parse_conditions(const mg_model *m, const char *model_path, const cha
     return 0;
 }
 
+/* --scaffold: S encoded with the model's vocabulary into ids [cap], *n
+ * tokens; refused for a model without scaffolds, a token outside the
+ * vocabulary or a scaffold with no room left; a warning when it is longer
+ * than any the model was trained on. */
+static int parse_scaffold(const mg_model *m, const mg_vocab *v, const char *model_path,
+                          const char *text, int32_t *ids, int cap, int *n, int quiet) {
+    const mg_model_config *c = mg_model_get_config(m);
+    mg_error err;
+    if (!c->scaffold) {
+        if (!quiet)
+            fprintf(stderr,
+                    "molgen sample: --scaffold: %s was not trained with scaffolds (molgen train "
+                    "--scaffold-column)\n",
+                    model_path);
+        return 1;
+    }
+    if (mg_vocab_encode(v, text, ids, cap, n, &err) || *n == 0 || *n + 2 >= c->ctx_len) {
+        if (!quiet) {
+            if (*n == 0)
+                fprintf(stderr, "molgen sample: --scaffold: an empty scaffold\n");
+            else if (err.status == MG_ERR_TOO_LONG || *n + 2 >= c->ctx_len)
+                fprintf(stderr,
+                        "molgen sample: --scaffold '%s': %d tokens leave no room in the model's "
+                        "%d positions (it was trained on scaffolds of up to %d)\n",
+                        text, *n, c->ctx_len, c->scaffold);
+            else
+                fprintf(stderr, "molgen sample: --scaffold '%s': %s (the model's vocabulary)\n",
+                        text, err.message);
+        }
+        return 1;
+    }
+    if (*n > c->scaffold && !quiet)
+        fprintf(stderr,
+                "molgen sample: warning: --scaffold has %d tokens, more than any the model was "
+                "trained on (%d)\n",
+                *n, c->scaffold);
+    if (!quiet) fprintf(stderr, "scaffold %s (%d tokens)\n", text, *n);
+    return 0;
+}
+
 int cmd_sample(int argc, char **argv) {
     const char *model_path = NULL, *out_path = "out/samples.smi", *cond_text = NULL;
+    const char *scaffold_text = NULL;
     mg_sample_opts o;
     mg_sample_opts_default(&o);
     int threads = 0;
     mg_error err;
     enum { O_MODEL = 1, O_OUT, O_N, O_SEED, O_TEMP, O_TOPK, O_TOPP, O_BATCH, O_THREADS, O_DECODE,
-           O_CONSTRAIN, O_COND, O_GUIDE };
+           O_CONSTRAIN, O_COND, O_GUIDE, O_SCAFFOLD };
     static const struct option opts[] = {{"model", required_argument, NULL, O_MODEL},
                                          {"out", required_argument, NULL, O_OUT},
                                          {"n", required_argument, NULL, O_N},
@@ -147,6 +194,7 @@ int cmd_sample(int argc, char **argv) {
                                          {"constrain", required_argument, NULL, O_CONSTRAIN},
                                          {"condition", required_argument, NULL, O_COND},
                                          {"guidance", required_argument, NULL, O_GUIDE},
+                                         {"scaffold", required_argument, NULL, O_SCAFFOLD},
                                          {"help", no_argument, NULL, 'h'},
                                          {NULL, 0, NULL, 0}};
     const char *val;
@@ -192,6 +240,7 @@ int cmd_sample(int argc, char **argv) {
             threads = (int)ll;
             break;
         case O_COND: cond_text = val; break;
+        case O_SCAFFOLD: scaffold_text = val; break;
         case O_GUIDE:
             ok = mg_cli_double(val, &dv) && dv >= 0 && dv <= 100;
             o.guidance = (float)dv;
@@ -243,6 +292,14 @@ int cmd_sample(int argc, char **argv) {
         return 2;
     }
     o.condition = cond_text ? cv : NULL;
+    int32_t scaf[1024];
+    if (scaffold_text && parse_scaffold(m, v, model_path, scaffold_text, scaf, 1024,
+                                        &o.scaffold_len, world->rank != 0)) {
+        mg_model_free(m);
+        mg_vocab_free(v);
+        return 2;
+    }
+    o.scaffold = scaffold_text ? scaf : NULL;
     mg_samples s;
     mg_status rc = mg_sample(m, v, &o, &s, &err);
     mg_model_free(m);
@@ -272,7 +329,7 @@ int cmd_sample(int argc, char **argv) {
             valid++;
     }
     if (mg_cli_atomic_commit(f, tmp, out_path, &err) ||
-        write_meta(meta_path, model_path, &o, cond_text, threads, &s, &err)) {
+        write_meta(meta_path, model_path, &o, cond_text, scaffold_text, threads, &s, &err)) {
         fprintf(stderr, "molgen sample: %s\n", err.message);
         mg_samples_free(&s);
         return 1;

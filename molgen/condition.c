@@ -271,6 +271,101 @@ void mg_cond_batch(const float *values, int K, const size_t *rows, int B, double
         }
 }
 
+mg_status mg_scaffold_read(const char *path, const char *column, const mg_vocab *v,
+                           const mg_dataset *d, int max_tokens, size_t **first, int32_t **toks,
+                           int *longest, size_t *missing, size_t *bad, char *note, size_t notelen,
+                           mg_error *err) {
+    *first = NULL;
+    *toks = NULL;
+    *longest = 0;
+    *missing = *bad = 0;
+    if (notelen) note[0] = '\0';
+    mg_smiles_list col;
+    mg_error e;
+    mg_status rc = mg_read_smiles(path, column, &col, NULL, &e);
+    if (rc) return mg_fail(err, rc, "scaffold column '%s': %s", column, e.message);
+    long max_line = 0;
+    for (size_t i = 0; i < d->n; i++)
+        if (d->line[i] > max_line) max_line = d->line[i];
+    /* by_line [max_line + 1]: the column's entry on each line, or SIZE_MAX */
+    size_t *by_line = malloc(((size_t)max_line + 1) * sizeof *by_line);
+    size_t *f = malloc((d->n + 1) * sizeof *f);
+    const int cap = max_tokens > 0 ? max_tokens : 1;
+    int32_t *t = NULL, *one = malloc((size_t)cap * sizeof *one);
+    size_t nt = 0, tcap = 0;
+    if (!by_line || !f || !one) {
+        rc = mg_fail(err, MG_ERR_NOMEM, "out of memory for the scaffolds");
+        goto out;
+    }
+    for (long l = 0; l <= max_line; l++) by_line[l] = SIZE_MAX;
+    for (size_t i = 0; i < col.n; i++)
+        if (col.line[i] >= 0 && col.line[i] <= max_line) by_line[col.line[i]] = i;
+    for (size_t i = 0; i < d->n; i++) {
+        f[i] = nt;
+        const size_t j = by_line[d->line[i]];
+        int n = 0;
+        if (j == SIZE_MAX || !col.smiles[j][0]) {
+            (*missing)++;
+            continue;
+        }
+        if (mg_vocab_encode(v, col.smiles[j], one, cap, &n, &e) || n == 0) {
+            (*missing)++;
+            if ((*bad)++ == 0 && notelen)
+                snprintf(note, notelen, "%s:%ld: scaffold '%.200s': %s", path, d->line[i],
+                         col.smiles[j], n == 0 ? "no tokens" : e.message);
+            continue;
+        }
+        if (nt + (size_t)n > tcap) {
+            const size_t nc = tcap ? 2 * tcap + (size_t)n : 4096;
+            int32_t *g = realloc(t, nc * sizeof *t);
+            if (!g) {
+                rc = mg_fail(err, MG_ERR_NOMEM, "out of memory for the scaffolds");
+                goto out;
+            }
+            t = g;
+            tcap = nc;
+        }
+        memcpy(t + nt, one, (size_t)n * sizeof *one);
+        nt += (size_t)n;
+        if (n > *longest) *longest = n;
+    }
+    f[d->n] = nt;
+out:
+    mg_smiles_list_free(&col);
+    free(by_line);
+    free(one);
+    if (rc) {
+        free(f);
+        free(t);
+        return rc;
+    }
+    *first = f;
+    *toks = t ? t : malloc(sizeof *t);
+    if (!*toks) {
+        free(f);
+        *first = NULL;
+        return mg_fail(err, MG_ERR_NOMEM, "out of memory for the scaffolds");
+    }
+    return MG_OK;
+}
+
+void mg_scaffold_row(const int32_t *ids, int64_t len, const int32_t *scaf, int m, int b,
+                     double drop, uint64_t seed, int Tw, int32_t *out, int64_t *out_len,
+                     int64_t *prefix) {
+    const uint64_t z = mg_mix64(seed ^ (0xD1B54A32D192ED03ull * ((uint64_t)b + 1)));
+    const int keep = m == 0 || (double)(z >> 11) * 0x1.0p-53 < drop || m + len + 1 > Tw;
+    int64_t p = 0;
+    if (!keep) { /* BOS s1 .. sm, then the row from its BOS */
+        out[0] = MG_BOS;
+        memcpy(out + 1, scaf, (size_t)m * sizeof *out);
+        p = m + 1;
+    }
+    memcpy(out + p, ids, (size_t)len * sizeof *out);
+    for (int64_t t = p + len; t < Tw; t++) out[t] = MG_PAD;
+    *out_len = p + len;
+    *prefix = p;
+}
+
 mg_status mg_cond_request(const mg_cond_info *c, const char *text, float *out, char *warn,
                           size_t warnlen, mg_error *err) {
     if (warn && warnlen) warn[0] = '\0';

@@ -89,6 +89,36 @@ void mg_cond_batch(const float *values, int K, const size_t *rows, int B, double
 mg_status mg_cond_request(const mg_cond_info *c, const char *text, float *out, char *warn,
                           size_t warnlen, mg_error *err);
 
+/* ------------------------------------------------------------ scaffolds
+ *
+ * Scaffold conditioning (MolGPT's): a row of a scaffold model that trains
+ * with its molecule's scaffold is
+ *     BOS s1 .. sm BOS t1 .. tk EOS PAD..       length m + k + 3
+ * (the scaffold's tokens, a second BOS where the molecule starts), and the
+ * m + 1 targets s1 .. sm BOS are a loss prefix (mg_model_set_loss_prefix):
+ * inputs only. The model config's "scaffold" S is the longest scaffold
+ * trained on (ctx_len = the molecules' context + S + 1). */
+
+/* The scaffolds of a dataset's rows from the CSV column `column` of
+ * `path`, matched by line (as mg_cond_read), encoded with v: row i's tokens
+ * are toks[first[i] .. first[i + 1]) (first [d->n + 1], toks, malloc'ed;
+ * none for an empty field, an acyclic molecule's "", or a scaffold that does
+ * not encode or has more than max_tokens tokens). *longest: the most tokens
+ * of a row; *missing rows without one, of which *bad did not encode (with
+ * the first such line's message in note[notelen], "" when none). */
+mg_status mg_scaffold_read(const char *path, const char *column, const mg_vocab *v,
+                           const mg_dataset *d, int max_tokens, size_t **first, int32_t **toks,
+                           int *longest, size_t *missing, size_t *bad, char *note, size_t notelen,
+                           mg_error *err);
+
+/* Row b of a batch with its scaffold prefix, or kept as it is: ids [T]
+ * (data.h layout, length len) into out [Tw] (Tw >= m + len + 1),
+ * *out_len and *prefix (m + 1, or 0 when kept: no scaffold, m == 0, or
+ * the hash of (seed, b) falls below drop). */
+void mg_scaffold_row(const int32_t *ids, int64_t len, const int32_t *scaf, int m, int b,
+                     double drop, uint64_t seed, int Tw, int32_t *out, int64_t *out_len,
+                     int64_t *prefix);
+
 #ifdef __cplusplus
 }
 #endif

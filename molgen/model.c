@@ -63,6 +63,9 @@ mg_status mg_model_config_check(const mg_model_config *c, mg_error *err) {
     if (c->n_cond < 0 || c->n_cond > MG_COND_MAX || (c->cond_bos != 0 && c->cond_bos != 1))
         return mg_fail(err, MG_ERR_ARG, "n_cond %d must be in [0, %d] and cond_bos 0 or 1",
                        c->n_cond, MG_COND_MAX);
+    if (c->scaffold < 0 || (c->scaffold > 0 && c->scaffold + 1 >= c->ctx_len))
+        return mg_fail(err, MG_ERR_ARG, "scaffold %d must be in [0, ctx_len %d - 1)", c->scaffold,
+                       c->ctx_len);
     return 0;
 }
 
@@ -74,6 +77,7 @@ int mg_model_config_to_json(const mg_model_config *c, char *out, size_t outlen) 
         mg_json_put(j, "n_cond", json_integer(c->n_cond));
         mg_json_put(j, "cond_bos", json_boolean(c->cond_bos));
     }
+    if (j && c->scaffold > 0) mg_json_put(j, "scaffold", json_integer(c->scaffold));
     const int n = mg_json_dump_to(j, 9, out, outlen);
     json_decref(j);
     return n;
@@ -139,6 +143,15 @@ mg_status mg_model_config_from_json(const char *json, mg_model_config *c, mg_err
                 goto done;
             }
             r.cond_bos = json_is_true(v);
+        } else if (!strcmp(k, "scaffold")) {
+            known = 1;
+            if (!json_is_integer(v) || json_integer_value(v) < 1 ||
+                json_integer_value(v) > 65536) {
+                rc = mg_fail(err, MG_ERR_FORMAT,
+                             "model config: \"scaffold\" must be an integer in [1, 65536]");
+                goto done;
+            }
+            r.scaffold = (int)json_integer_value(v);
         }
         if (!known) {
             rc = mg_fail(err, MG_ERR_FORMAT, "model config: unknown key \"%s\"", k);
@@ -231,6 +244,10 @@ struct mg_model {
     float *cond_vals, *cond_emb;
     int cond_n, cond_emb_rows;
     char *cond_meta;
+    /* Loss prefixes of the next forwards [lp_n] (mg_model_set_loss_prefix;
+     * lp_n 0: none). */
+    int64_t *loss_prefix;
+    int lp_n;
 
     /* Activations, sized for up to cap_rows rows (R = B*L), cap_b batch rows
      * and cap_slots blocks (n_layer after a training forward, else 1). The
@@ -434,6 +451,7 @@ void mg_model_free(mg_model *m) {
     free(m->cond_vals);
     free(m->cond_emb);
     free(m->cond_meta);
+    free(m->loss_prefix);
     free(m);
 }
 
@@ -474,6 +492,27 @@ mg_status mg_model_set_conditions(mg_model *m, const float *values, int n, mg_er
     m->cond_vals = v;
     memcpy(v, values, (size_t)n * K * sizeof(float));
     m->cond_n = n;
+    return MG_OK;
+}
+
+mg_status mg_model_set_loss_prefix(mg_model *m, const int64_t *prefix, int n, mg_error *err) {
+    if (!prefix || n == 0) {
+        m->lp_n = 0;
+        return MG_OK;
+    }
+    if (n < 0) return mg_fail(err, MG_ERR_ARG, "%d loss prefix rows", n);
+    for (int b = 0; b < n; b++) /* checked first: a refusal keeps the old rows */
+        if (prefix[b] < 0)
+            return mg_fail(err, MG_ERR_ARG, "loss prefix of row %d is %lld < 0", b,
+                           (long long)prefix[b]);
+    int64_t *v = realloc(m->loss_prefix, (size_t)n * sizeof *v);
+    if (!v) {
+        m->lp_n = 0;
+        return mg_fail(err, MG_ERR_NOMEM, "out of memory for %d loss prefix rows", n);
+    }
+    m->loss_prefix = v;
+    memcpy(v, prefix, (size_t)n * sizeof *v);
+    m->lp_n = n;
     return MG_OK;
 }
 
@@ -802,7 +841,8 @@ static void mul_inplace(float *x, const float *mask, int64_t N, int nt) {
 }
 
 /* Softmax cross-entropy over the Rv valid rows; target of row r is
- * targets[rows[r]]. logits [Rv, V] -> probs [Rv, V] (probs may alias
+ * targets[rows[r]], -1 for a position of a loss prefix (row_loss 0, no
+ * gradient). logits [Rv, V] -> probs [Rv, V] (probs may alias
  * logits), row_loss [Rv]; returns the sum of the losses (double, fixed
  * order). With label smoothing eps > 0 the target distribution is
  * (1 - eps) onehot + eps / V (PyTorch's cross_entropy(label_smoothing)):
@@ -814,7 +854,12 @@ static double crossentropy_forward(float *probs, float *row_loss, const float *l
     for (int64_t r = 0; r < Rv; r++) {
         const float *lg = logits + r * V;
         float *pr = probs + r * V;
-        const float target_logit = lg[targets[rows[r]]]; /* before probs overwrite logits */
+        const int32_t tg = targets[rows[r]];
+        if (tg < 0) {
+            row_loss[r] = 0.0f;
+            continue;
+        }
+        const float target_logit = lg[tg]; /* before probs overwrite logits */
         float mx = -INFINITY, zsum = 0.0f;
         for (int v = 0; v < V; v++) mx = lg[v] > mx ? lg[v] : mx;
         if (eps > 0.0f)
@@ -845,7 +890,9 @@ static void crossentropy_backward(float *probs, const int32_t *targets, const in
 #pragma omp parallel for num_threads(nt) schedule(static)
     for (int64_t r = 0; r < Rv; r++) {
         float *pr = probs + r * V;
-        if (eps > 0.0f) {
+        if (targets[rows[r]] < 0) {
+            memset(pr, 0, (size_t)V * sizeof(float));
+        } else if (eps > 0.0f) {
             pr[targets[rows[r]]] -= 1.0f - eps;
             for (int v = 0; v < V; v++) pr[v] = (pr[v] - off) * inv;
         } else {
@@ -1101,6 +1148,20 @@ mg_status mg_model_forward(mg_model *m, const int32_t *ids, const int64_t *lengt
                                (int)id, V);
             if (t < L) m->inputs[(int64_t)b * L + t] = id;
             if (t > 0) m->targets[(int64_t)b * L + t - 1] = id;
+        }
+    }
+    if (m->lp_n) { /* the loss prefixes' targets carry no loss */
+        if (m->lp_n != B)
+            return mg_fail(err, MG_ERR_ARG, "%d loss prefix rows set for a batch of %d", m->lp_n,
+                           B);
+        for (int b = 0; b < B; b++) {
+            const int64_t p = m->loss_prefix[b];
+            if (p >= lengths[b] - 1)
+                return mg_fail(err, MG_ERR_ARG,
+                               "row %d: loss prefix %lld leaves no target of its %lld", b,
+                               (long long)p, (long long)(lengths[b] - 1));
+            for (int64_t t = 0; t < p; t++) m->targets[(int64_t)b * L + t] = -1;
+            count -= p;
         }
     }
     const int64_t Rv = valid_rows(m->rows, m->key_len, B, L);

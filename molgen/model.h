@@ -93,6 +93,11 @@ typedef struct {
      * In the config JSON as "n_cond" and "cond_bos" when K > 0. */
     int n_cond;
     int cond_bos;
+    /* S > 0: trained with scaffold prefixes of up to S tokens (BOS scaffold
+     * BOS molecule EOS, the prefix without loss: condition.h), so that
+     * sampling may be given a scaffold; ctx_len covers the prefix. No
+     * tensor of its own. In the config JSON as "scaffold": S when S > 0. */
+    int scaffold;
 } mg_model_config;
 
 /* Default architecture for this project's 2-core machines: 4 layers,
@@ -153,6 +158,12 @@ mg_status mg_model_set_batch_row0(mg_model *m, int64_t row0, mg_error *err);
  * to every row, else a forward's B must equal n. values NULL or n = 0:
  * none given (every row takes the missing embeddings), as a new model. */
 mg_status mg_model_set_conditions(mg_model *m, const float *values, int n, mg_error *err);
+/* Loss prefixes of the next forwards: prefix [n], row b's first
+ * prefix[b] targets (those of input positions 0 .. prefix[b] - 1: a
+ * scaffold prefix, data.h) are inputs only, with no loss and no gradient,
+ * and not counted in ntok; prefix[b] < lengths[b] - 1 at the forward. n
+ * must equal the forward's B; NULL or n = 0: none, as a new model. */
+mg_status mg_model_set_loss_prefix(mg_model *m, const int64_t *prefix, int n, mg_error *err);
 /* Row r's condition embedding [d] (condition.h) under the conditions set;
  * zero for an unconditional model. For the KV decoder. */
 void mg_model_condition_embedding(const mg_model *m, int r, float *out);
@@ -182,8 +193,9 @@ const mg_param_info *mg_model_find_tensor(const mg_model *m, const char *name);
  *   lengths [B]     k + 2, in [2, T]
  * input = ids[:, 0:T-1], target = ids[:, 1:T]; the loss is the mean
  * cross-entropy (label-smoothed in training, mg_model_set_label_smoothing)
- * over the positions t < lengths[b] - 1 (the non-pad targets),
- * *ntok (may be NULL) their number; attention uses causal masking and
+ * over the positions t < lengths[b] - 1 (the non-pad targets) past the
+ * row's loss prefix (mg_model_set_loss_prefix), *ntok (may be NULL) their
+ * number; attention uses causal masking and
  * key_lengths = lengths - 1. training != 0 turns dropout on (when
  * cfg.dropout > 0) with masks drawn from dropout_seed. The activations are
  * kept for mg_model_backward. */

@@ -309,6 +309,22 @@ static mg_status sample_part(mg_model *m, const mg_vocab *v, const mg_sample_opt
         return mg_fail(err, MG_ERR_ARG, "guidance %g is not finite", (double)o->guidance);
     if (o->condition && K == 0)
         return mg_fail(err, MG_ERR_ARG, "a condition given to an unconditional model");
+    /* a scaffold: positions 1 .. P are the prefix (scaffold tokens, BOS),
+     * fed without sampling; the molecule starts at position P + 1 */
+    const int P = o->scaffold && o->scaffold_len > 0 ? o->scaffold_len + 1 : 0;
+    if (P && !c->scaffold)
+        return mg_fail(err, MG_ERR_ARG,
+                       "a scaffold given to a model not trained with scaffolds (molgen train "
+                       "--scaffold-column)");
+    for (int j = 0; j < P - 1; j++)
+        if (o->scaffold[j] < MG_NUM_SPECIAL || o->scaffold[j] >= V)
+            return mg_fail(err, MG_ERR_ARG, "scaffold token %d: id %d is not a data token", j,
+                           (int)o->scaffold[j]);
+    if (P + 1 >= ctx)
+        return mg_fail(err, MG_ERR_ARG,
+                       "a scaffold of %d tokens leaves no room in the model's %d positions",
+                       P - 1, ctx);
+    const int room = ctx - P; /* molecule tokens before the context is full */
     /* guidance: rows B..2B-1 decode the same tokens with no condition given */
     const int guide = o->condition && o->guidance != 0.0f && o->guidance != 1.0f;
     const int DB = guide ? 2 * B : B;
@@ -325,6 +341,7 @@ static mg_status sample_part(mg_model *m, const mg_vocab *v, const mg_sample_opt
     int32_t *gen = malloc((size_t)B * (size_t)ctx * sizeof *gen);
     int32_t *tok = malloc((size_t)DB * sizeof *tok);
     int *len = malloc((size_t)B * sizeof *len);
+    int *fed = malloc((size_t)B * sizeof *fed); /* prefix tokens fed so far */
     unsigned char *active = malloc((size_t)B);
     float *logits = malloc((size_t)DB * (size_t)V * sizeof *logits);
     mg_rng *rng = malloc((size_t)B * sizeof *rng);
@@ -333,8 +350,8 @@ static mg_status sample_part(mg_model *m, const mg_vocab *v, const mg_sample_opt
     char *sbuf = malloc(slen);
     mg_decoder *dec = NULL;
     mg_token_mask *mask = NULL;
-    if (!out->smiles || !out->ntok || !out->ended || !gen || !tok || !len || !active || !logits ||
-        !rng || !mol || !sbuf) {
+    if (!out->smiles || !out->ntok || !out->ended || !gen || !tok || !len || !fed || !active ||
+        !logits || !rng || !mol || !sbuf) {
         rc = mg_fail(err, MG_ERR_NOMEM, "out of memory for %zu molecules", n);
         goto done;
     }
@@ -364,6 +381,7 @@ static mg_status sample_part(mg_model *m, const mg_vocab *v, const mg_sample_opt
             for (int r = 0; r < B; r++) {
                 tok[r] = MG_BOS;
                 len[r] = 0;
+                fed[r] = 0;
                 active[r] = next < n;
                 if (!active[r]) continue;
                 mol[r] = next;
@@ -386,6 +404,11 @@ static mg_status sample_part(mg_model *m, const mg_vocab *v, const mg_sample_opt
                 rc = mg_decoder_restart_row(dec, r, err);
                 if (!rc && guide) rc = mg_decoder_restart_row(dec, B + r, err);
                 if (rc) goto done;
+                continue;
+            }
+            if (fed[r] < P) { /* the prefix: scaffold tokens, then BOS */
+                tok[r] = fed[r] < P - 1 ? o->scaffold[fed[r]] : MG_BOS;
+                fed[r]++;
                 continue;
             }
             const size_t k = mol[r];
@@ -415,7 +438,7 @@ static mg_status sample_part(mg_model *m, const mg_vocab *v, const mg_sample_opt
                 }
                 gen[(size_t)r * ctx + len[r]++] = t;
                 tok[r] = t;
-                finished = len[r] >= ctx; /* no position left for the next token */
+                finished = len[r] >= room; /* no position left for the next token */
             }
             if (!finished) continue;
             size_t sl = 0;
@@ -436,6 +459,7 @@ static mg_status sample_part(mg_model *m, const mg_vocab *v, const mg_sample_opt
             if (rc) goto done;
             tok[r] = MG_BOS;
             len[r] = 0;
+            fed[r] = 0;
             if (refill && next < n) {
                 mol[r] = next;
                 mg_rng_seed(&rng[r], o->seed, (uint64_t)(first + next));
@@ -454,6 +478,7 @@ done:
     free(gen);
     free(tok);
     free(len);
+    free(fed);
     free(active);
     free(logits);
     free(rng);

@@ -33,9 +33,9 @@
  * it was, and no allowed token means MG_ERR_STATE with the molecule's
  * prefix.
  *
- * Generation stops at EOS or when a row has ctx_len tokens after BOS (the
- * longest the model has positions for); such a molecule is kept as
- * generated and counted in truncated.
+ * Generation stops at EOS or when a row has ctx_len tokens after BOS
+ * (scaffold prefix included: the longest the model has positions for);
+ * such a molecule is kept as generated and counted in truncated.
  *
  * Conventions: errors.h; nothing aborts or prints.
  */
@@ -134,6 +134,13 @@ typedef struct {
      * logits with no condition given (each row decoded twice). */
     const float *condition;
     float guidance;
+    /* A scaffold model's prefix (model config "scaffold", data.h): scaffold
+     * [scaffold_len] token ids (no specials), fed after BOS and followed by
+     * a second BOS, each molecule sampled after it (its tokens and string
+     * exclude the prefix; --constrain applies to the molecule). NULL / 0:
+     * none (an unconditioned molecule). */
+    const int32_t *scaffold;
+    int scaffold_len;
     /* The ranks sampling together (NULL: alone): each rank generates its
      * consecutive part (mg_dist_range; molecule k always from stream k), rank 0
      * gets all n in order, the other ranks none (out->n 0). Collective. */

@@ -109,6 +109,15 @@ typedef struct {
      * values of the training and validation rows [n, K], a batch's [B, K] */
     mg_cond_info cond;
     float *cv_train, *cv_val, *bcond;
+    /* --scaffold-column (condition.h): the scaffold tokens of every row of
+     * all (sc_toks[sc_first[i] .. sc_first[i + 1])), of training row i at
+     * sc_toks + sc_off[i] (sc_len[i] tokens, 0 = none); the widest row Tw
+     * (= ctx_len + 1), a batch with its prefixes sbids [B, Tw], slen [B],
+     * spre [B] */
+    size_t *sc_first, *sc_off;
+    int32_t *sc_toks, *sbids;
+    int *sc_len, sc_longest, Tw;
+    int64_t *slen, *spre;
     mg_train_result res;
     double t0, t_val; /* run start; the last validation's duration */
     double step_time, timed_tokens, loss_ema;
@@ -145,6 +154,13 @@ static void run_free(run *r) {
     free(r->cv_train);
     free(r->cv_val);
     free(r->bcond);
+    free(r->sc_first);
+    free(r->sc_off);
+    free(r->sc_toks);
+    free(r->sc_len);
+    free(r->sbids);
+    free(r->slen);
+    free(r->spre);
     mg_cond_info_free(&r->cond);
     mg_batcher_free(r->batcher);
     mg_dataset_free(&r->train);
@@ -179,6 +195,10 @@ static mg_status setup_init(run *r, mg_error *err) {
                        "--init %s: fine-tuning %s is not supported (its conditions' statistics "
                        "would have to come from MODEL)",
                        c->init_path, im->n_cond > 0 ? "a conditional model" : "with --condition");
+    if (im->scaffold > 0 || c->scaffold_column)
+        return mg_fail(err, MG_ERR_ARG, "--init %s: fine-tuning %s is not supported",
+                       c->init_path,
+                       im->scaffold > 0 ? "a scaffold model" : "with --scaffold-column");
     for (size_t i = 0; i < MG_TRAIN_NUM_SETTINGS; i++) {
         const mg_setting *s = &MG_TRAIN_SETTING[i];
         if (s->save != MG_SAVE_MODEL || !c->given[i] || !strcmp(s->key, "dropout")) continue;
@@ -246,10 +266,11 @@ static mg_status setup(run *r, mg_error *err) {
     if (!c->out_path) return mg_fail(err, MG_ERR_ARG, "no output path given");
     if (strcmp(r->s.augment, "none") && strcmp(r->s.augment, "randomized"))
         return mg_fail(err, MG_ERR_ARG, "--augment %s: need none or randomized", r->s.augment);
-    if (!strcmp(r->s.augment, "randomized") && r->s.condition)
+    if (!strcmp(r->s.augment, "randomized") && (r->s.condition || r->s.scaffold_column))
         return mg_fail(err, MG_ERR_ARG,
                        "--augment randomized works on .smi data; it is not supported with "
-                       "--condition");
+                       "--%s",
+                       r->s.condition ? "condition" : "scaffold-column");
     if (!strcmp(r->s.augment, "randomized") && !r->s.augment_file)
         return mg_fail(err, MG_ERR_ARG,
                        "--augment randomized needs --augment-file FILE (make it with "
@@ -385,6 +406,70 @@ out:
     return rc;
 }
 
+/* --scaffold-column: every row's scaffold tokens (condition.h), and the
+ * longest, which with the molecules' context sizes a fresh model's. */
+static mg_status load_scaffolds(run *r, mg_error *err) {
+    if (!r->s.scaffold_column) return MG_OK;
+    const char *path = r->s.data_path;
+    const size_t pl = strlen(path);
+    if (pl < 4 || strcasecmp(path + pl - 4, ".csv"))
+        return mg_fail(err, MG_ERR_ARG,
+                       "--scaffold-column needs a .csv data file (%s is not one; molgen/props.py "
+                       "writes one)",
+                       path);
+    if (!strcasecmp(r->s.scaffold_column, r->s.csv_column))
+        return mg_fail(err, MG_ERR_ARG, "--scaffold-column %s is the SMILES column",
+                       r->s.scaffold_column);
+    size_t missing, bad;
+    char note[512];
+    mg_status rc = mg_scaffold_read(path, r->s.scaffold_column, r->ck.vocab, &r->all,
+                                    r->s.max_tokens > 0 ? r->s.max_tokens : MG_MAX_TOKENS_DEFAULT,
+                                    &r->sc_first, &r->sc_toks, &r->sc_longest, &missing, &bad,
+                                    note, sizeof note, err);
+    if (rc) return rc;
+    if (r->sc_longest == 0)
+        return mg_fail(err, MG_ERR_ARG, "--scaffold-column %s: no row of %s has a scaffold%s%s",
+                       r->s.scaffold_column, path, bad ? "; e.g. " : "", bad ? note : "");
+    if (r->resuming && r->sc_longest > r->s.model.scaffold)
+        return mg_fail(err, MG_ERR_MISMATCH,
+                       "scaffolds of %s are up to %d tokens, the checkpoint's model takes %d: "
+                       "resume needs the same data",
+                       path, r->sc_longest, r->s.model.scaffold);
+    say(r,
+        "scaffolds (%s): %zu of %zu rows, up to %d tokens; %zu without one (%zu that do not "
+        "encode%s%s); each trained without its prefix with p = %g",
+        r->s.scaffold_column, r->all.n - missing, r->all.n, r->sc_longest, missing, bad,
+        bad ? ", e.g. " : "", bad ? note : "", r->s.scaffold_drop);
+    return MG_OK;
+}
+
+/* FNV-1a over the scaffold tokens in use (0 without): part of the data a
+ * resume checks. */
+static uint64_t scaffold_hash(const run *r) {
+    if (!r->sc_first) return 0;
+    const uint64_t h = mg_fnv1a(MG_FNV1A_INIT, r->sc_first, (r->all.n + 1) * sizeof(size_t));
+    return mg_fnv1a(h, r->sc_toks, r->sc_first[r->all.n] * sizeof(int32_t));
+}
+
+/* Each training row's scaffold: the row of all with its line (both in file
+ * order). */
+static mg_status scaffold_train_rows(run *r, mg_error *err) {
+    const size_t n = r->train.n;
+    r->sc_off = malloc((n ? n : 1) * sizeof *r->sc_off);
+    r->sc_len = malloc((n ? n : 1) * sizeof *r->sc_len);
+    if (!r->sc_off || !r->sc_len) return mg_fail(err, MG_ERR_NOMEM, "out of memory");
+    size_t j = 0;
+    for (size_t i = 0; i < n; i++) {
+        while (j < r->all.n && r->all.line[j] != r->train.line[i]) j++;
+        if (j == r->all.n)
+            return mg_fail(err, MG_ERR_STATE, "training row %zu (line %ld) is not in the data", i,
+                           r->train.line[i]);
+        r->sc_off[i] = r->sc_first[j];
+        r->sc_len[i] = (int)(r->sc_first[j + 1] - r->sc_first[j]);
+    }
+    return MG_OK;
+}
+
 /* The data file -> all (checked against the checkpoint on resume) -> the
  * seeded train / validation split. */
 static mg_status load_data(run *r, mg_error *err) {
@@ -393,7 +478,9 @@ static mg_status load_data(run *r, mg_error *err) {
     lo.csv_column = r->s.csv_column;
     lo.max_tokens = r->s.max_tokens;
     const int fixed = r->resuming || r->init; /* the vocabulary and context are given */
-    lo.T = fixed || r->s.model.ctx_len > 0 ? r->s.model.ctx_len + 1 : 0;
+    /* a resumed scaffold model's context covers the prefix: the molecules' is S + 1 shorter */
+    const int sp = r->resuming && r->s.model.scaffold > 0 ? r->s.model.scaffold + 1 : 0;
+    lo.T = fixed || r->s.model.ctx_len > 0 ? r->s.model.ctx_len + 1 - sp : 0;
     mg_report rep;
     mg_vocab *built = NULL;
     mg_error e;
@@ -417,7 +504,9 @@ static mg_status load_data(run *r, mg_error *err) {
     mg_report_format(&rep, msg, sizeof msg);
     say(r, "data %s: %s", r->s.data_path, msg);
     if (rep.skipped > 0) say(r, "warning: %ld line(s) skipped (see above)", rep.skipped);
-    const uint64_t h = dataset_hash(&r->all) ^ augment_hash(r);
+    mg_status src = load_scaffolds(r, err);
+    if (src) return src;
+    const uint64_t h = dataset_hash(&r->all) ^ augment_hash(r) ^ scaffold_hash(r);
     if (r->resuming && ((uint64_t)r->all.n != r->st.data_rows || h != r->st.data_hash))
         return mg_fail(err, MG_ERR_MISMATCH,
                        "data %s differs from the checkpoint's (%zu molecules vs %" PRIu64
@@ -433,6 +522,7 @@ static mg_status load_data(run *r, mg_error *err) {
         return mg_fail(err, MG_ERR_ARG,
                        "training split has %zu molecules, fewer than the batch size %d", r->train.n,
                        r->s.batch_size);
+    if (r->sc_first && (src = scaffold_train_rows(r, err))) return src;
     r->res.n_train = r->train.n;
     r->res.n_val = r->val.n;
     r->nv = (r->s.val_max > 0 && (size_t)r->s.val_max < r->val.n) ? (size_t)r->s.val_max : r->val.n;
@@ -504,8 +594,9 @@ static mg_status build(run *r, mg_error *err) {
     if (!r->resuming) {
         mg_model_config mc = r->s.model;
         mc.vocab_size = mg_vocab_size(r->ck.vocab);
-        mc.ctx_len = r->all.T - 1;
+        mc.ctx_len = r->all.T - 1 + (r->sc_longest ? r->sc_longest + 1 : 0);
         mc.n_cond = r->cond.K;
+        mc.scaffold = r->sc_longest;
         if ((rc = mg_model_create(&mc, &r->ck.model, &e)))
             return mg_fail(err, rc, "model: %s", e.message);
         if (r->init) /* the same table, so the same layout */
@@ -582,6 +673,16 @@ static mg_status build(run *r, mg_error *err) {
     r->brows = malloc((size_t)B * sizeof(size_t));
     if (!r->bids || !r->bbuf || !r->blen || !r->brows)
         return mg_fail(err, MG_ERR_NOMEM, "out of memory for batches");
+    if (r->sc_first) { /* rows with their scaffold prefixes, as wide as the model */
+        r->Tw = mc->ctx_len + 1;
+        free(r->bbuf);
+        r->bbuf = malloc((size_t)B * r->Tw * sizeof(int32_t));
+        r->sbids = malloc((size_t)B * r->Tw * sizeof(int32_t));
+        r->slen = malloc((size_t)B * sizeof(int64_t));
+        r->spre = malloc((size_t)B * sizeof(int64_t));
+        if (!r->bbuf || !r->sbids || !r->slen || !r->spre)
+            return mg_fail(err, MG_ERR_NOMEM, "out of memory for batches");
+    }
     return MG_OK;
 }
 
@@ -605,19 +706,39 @@ static mg_status augment_batch(run *r, mg_error *err) {
     return MG_OK;
 }
 
+/* --scaffold-column: the batch just drawn with its rows' scaffold
+ * prefixes (each dropped by a hash of seed, step and slot). */
+static void scaffold_batch(run *r) {
+    const int B = r->s.batch_size, T = r->all.T;
+    const uint64_t seed = step_seed(r->s.seed, r->st.step) ^ 0x5CAFF01D5CAFF01Dull;
+    for (int i = 0; i < B; i++) {
+        const size_t row = r->brows[i];
+        mg_scaffold_row(r->bids + (size_t)i * T, r->blen[i], r->sc_toks + r->sc_off[row],
+                        r->sc_len[row], i, r->s.scaffold_drop, seed, r->Tw,
+                        r->sbids + (size_t)i * r->Tw, &r->slen[i], &r->spre[i]);
+    }
+}
+
 /* --debug-dump-rows: the batch's rows as they are trained, one per line. */
 static mg_status dump_batch(run *r, mg_error *err) {
     const int B = r->s.batch_size, T = r->all.T;
     if (!r->dump && !(r->dump = fopen(r->c->dump_rows, "a")))
         return mg_fail(err, MG_ERR_IO, "--debug-dump-rows %s: %s", r->c->dump_rows,
                        strerror(errno));
-    char s[4096];
+    char s[4096], p[4096];
     for (int i = 0; i < B; i++) {
         mg_error e;
-        mg_status rc = mg_vocab_decode(r->ck.vocab, r->bids + (size_t)i * T, (int)r->blen[i], s,
-                                       sizeof s, NULL, &e);
+        /* with scaffolds: the row after its prefix, and the prefix's scaffold */
+        const int64_t pre = r->sbids ? r->spre[i] : 0;
+        const int32_t *row = r->sbids ? r->sbids + (size_t)i * r->Tw : r->bids + (size_t)i * T;
+        const int64_t len = r->sbids ? r->slen[i] : r->blen[i];
+        mg_status rc =
+            mg_vocab_decode(r->ck.vocab, row + pre, (int)(len - pre), s, sizeof s, NULL, &e);
+        if (!rc && r->sbids)
+            rc = mg_vocab_decode(r->ck.vocab, row, (int)pre, p, sizeof p, NULL, &e);
         if (rc) return mg_fail(err, rc, "--debug-dump-rows: %s", e.message);
-        fprintf(r->dump, "%" PRId64 "\t%ld\t%s\n", r->st.step, r->train.line[r->brows[i]], s);
+        fprintf(r->dump, "%" PRId64 "\t%ld\t%s", r->st.step, r->train.line[r->brows[i]], s);
+        fprintf(r->dump, r->sbids ? "\t%s\n" : "\n", r->sbids ? p : "");
     }
     if (fflush(r->dump))
         return mg_fail(err, MG_ERR_IO, "--debug-dump-rows %s: %s", r->c->dump_rows,
@@ -633,7 +754,8 @@ static mg_status validate(run *r, double *loss, mg_error *err) {
     const mg_dataset *val = &r->val;
     double sum = 0.0;
     int64_t count = 0;
-    mg_status rc = MG_OK;
+    /* validation is on the molecules alone: no scaffold prefixes */
+    mg_status rc = mg_model_set_loss_prefix(r->ck.model, NULL, 0, err);
     for (size_t r0 = 0; r0 < r->nv && !rc; r0 += (size_t)B) {
         const size_t nb = (r->nv - r0) < (size_t)B ? (r->nv - r0) : (size_t)B;
         size_t i0, i1; /* this rank's rows of the batch (none when nb < ranks) */
@@ -803,12 +925,14 @@ static mg_status save(run *r, mg_error *err) {
  * its mean loss weighted by its share of the batch's target tokens, summed. */
 static mg_status step_grads(run *r, float *loss, int64_t *ntok, mg_error *err) {
     mg_model *model = r->ck.model;
-    const int T = r->all.T, nb = (int)(r->b1 - r->b0);
-    const int32_t *ids = r->bids + r->b0 * (size_t)T;
-    const int64_t *len = r->blen + r->b0;
+    const int sc = r->sbids != NULL; /* rows with scaffold prefixes */
+    const int T = sc ? r->Tw : r->all.T, nb = (int)(r->b1 - r->b0);
+    const int32_t *ids = (sc ? r->sbids : r->bids) + r->b0 * (size_t)T;
+    const int64_t *len = (sc ? r->slen : r->blen) + r->b0;
     const int Tb = mg_trim_batch(ids, len, nb, T, r->bbuf);
     const uint64_t seed = step_seed(r->s.seed, r->st.step);
     mg_status rc = mg_model_set_batch_row0(model, r->b0, err);
+    if (!rc && sc) rc = mg_model_set_loss_prefix(model, r->spre + r->b0, nb, err);
     /* conditions: the whole batch's drops (hash of seed, step, row, k), this rank's rows */
     if (!rc && r->cond.K) {
         mg_cond_batch(r->cv_train, r->cond.K, r->brows, r->s.batch_size, r->s.condition_drop,
@@ -844,6 +968,7 @@ static mg_status loop(run *r, mg_stop_reason *why, double *last_val_at, mg_error
         const double ts0 = mg_now_s(), comm0 = r->d->comm_s;
         mg_batcher_next(r->batcher, r->bids, r->blen, r->brows);
         if (r->aug_first && (rc = augment_batch(r, err))) return rc;
+        if (r->sbids) scaffold_batch(r);
         if (r->c->dump_rows) { /* rank 0 writes; every rank learns whether it could */
             rc = r->d->rank == 0 ? dump_batch(r, err) : MG_OK;
             if ((rc = mg_dist_agree(r->d, rc, err))) return rc;

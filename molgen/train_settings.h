@@ -70,6 +70,15 @@
       MG_GROUP_DATA,                                                                               \
       "probability of dropping each condition of a row in training (its missing embedding), so "   \
       "that any subset can be given when sampling")                                                \
+    X(scaffold_column, scaffold_column, STR, "scaffold-column", "NAME", NULL, 0, 0, MG_CLOSED,     \
+      CKPT_NEW, MG_GROUP_DATA,                                                                     \
+      "CSV column with each molecule's scaffold SMILES (molgen/props.py writes 'scaffold'): "      \
+      "trained as a prefix with no loss, BOS scaffold BOS molecule EOS, so that molgen sample "    \
+      "--scaffold S builds on S; an empty field (acyclic molecule) trains without one")            \
+    X(scaffold_drop, scaffold_drop, F64, "scaffold-drop", "X", 0.3, 0, 1, MG_CLOSED, CKPT_NEW,     \
+      MG_GROUP_DATA,                                                                               \
+      "probability of training a row without its scaffold prefix, so that the model samples "      \
+      "without one too")                                                                           \
     X(augment, augment, STR, "augment", "none|randomized", "none", 0, 0, MG_CLOSED, CKPT_NEW,      \
       MG_GROUP_DATA,                                                                               \
       "randomized: each time a molecule is drawn, train on one of its random SMILES from "         \

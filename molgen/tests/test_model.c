@@ -47,6 +47,9 @@ static mg_model_config tiny_config(void) {
 
 /* Threads of the models make_model builds (0: molgen's default). */
 static int g_threads;
+/* gradcheck with loss prefixes (mg_model_set_loss_prefix): rows of length
+ * >= 5 get a prefix of 2 targets. */
+static int g_prefix;
 
 /* Init, then perturb every parameter by U(-0.5, 0.5) * scale so that every
  * path (attention, LayerNorm gains, biases) carries O(1) signal. */
@@ -100,14 +103,17 @@ static void gradcheck(const char *label, const mg_model_config *c, int training,
     const int T = c->ctx_len + 1;
     int lens[32];
     int expect_ntok = 0;
+    int64_t pre[32];
     for (int b = 0; b < B; b++) {
         lens[b] = b % 3 == 0 ? T : b % 3 == 1 ? (T < 5 ? T : 5) : 2;
-        expect_ntok += lens[b] - 1;
+        pre[b] = g_prefix && lens[b] >= 5 ? 2 : 0;
+        expect_ntok += lens[b] - 1 - (int)pre[b];
     }
     int32_t ids[32 * 16];
     int64_t len[32];
     make_batch(B, T, c->vocab_size, lens, ids, len);
     mg_error err = {0};
+    if (g_prefix) CHECK(mg_model_set_loss_prefix(m, pre, B, &err) == 0, "%s", err.message);
     if (c->n_cond > 0) { /* row b: condition k given unless (b + k) % 3 == 1 */
         float cv[32 * 4];
         for (int b = 0; b < B; b++)
@@ -171,6 +177,86 @@ static void gradcheck(const char *label, const mg_model_config *c, int training,
            "max rel (|fd| > 1e-2) %.3e\n",
            label, checked, max_err, max_g, max_err / max_g, max_rel);
     free(g);
+    mg_model_free(m);
+}
+
+/* Loss prefixes against an independent fp64 oracle: from the inference
+ * logits (mg_model_logits), the loss is the mean of -log softmax at the
+ * targets past each row's prefix, and head.bias's gradient is
+ * sum over those positions of (softmax - onehot) / ntok, i.e. the prefix
+ * positions carry no loss and no gradient. Refusals: a prefix that leaves
+ * no target, a row count other than the batch's, a negative prefix. */
+static void test_loss_prefix(void) {
+    mg_model_config c = tiny_config();
+    mg_model *m = make_model(&c, 11);
+    const int B = 4, T = c.ctx_len + 1, L = T - 1, V = c.vocab_size;
+    const int lens[4] = {T, 6, T, 4};
+    const int64_t pre[4] = {3, 0, 6, 2};
+    int32_t ids[4 * 16];
+    int64_t len[4];
+    make_batch(B, T, V, lens, ids, len);
+    mg_error err = {0};
+    float *logits = malloc((size_t)B * L * V * sizeof(float));
+    int64_t inl[4];
+    int32_t in[4 * 16]; /* the inputs [B, L] */
+    for (int b = 0; b < B; b++) {
+        inl[b] = len[b] - 1;
+        for (int t = 0; t < L; t++) in[b * L + t] = ids[b * T + t];
+    }
+    CHECK(mg_model_logits(m, in, inl, B, L, logits, NULL, &err) == 0, "%s", err.message);
+    double want = 0.0, gb[16] = {0};
+    int64_t n = 0;
+    for (int b = 0; b < B; b++)
+        for (int t = (int)pre[b]; t < len[b] - 1; t++, n++) {
+            const float *z = logits + ((size_t)b * L + t) * V;
+            double mx = -INFINITY, s = 0.0;
+            for (int v = 0; v < V; v++) mx = z[v] > mx ? z[v] : mx;
+            for (int v = 0; v < V; v++) s += exp(z[v] - mx);
+            const int tg = ids[b * T + t + 1];
+            want -= z[tg] - mx - log(s);
+        }
+    for (int b = 0; b < B; b++)
+        for (int t = (int)pre[b]; t < len[b] - 1; t++) {
+            const float *z = logits + ((size_t)b * L + t) * V;
+            double mx = -INFINITY, s = 0.0;
+            for (int v = 0; v < V; v++) mx = z[v] > mx ? z[v] : mx;
+            for (int v = 0; v < V; v++) s += exp(z[v] - mx);
+            for (int v = 0; v < V; v++)
+                gb[v] += (exp(z[v] - mx) / s - (v == ids[b * T + t + 1])) / (double)n;
+        }
+    want /= (double)n;
+    CHECK(mg_model_set_loss_prefix(m, pre, B, &err) == 0, "%s", err.message);
+    float loss;
+    int64_t ntok;
+    CHECK(mg_model_forward(m, ids, len, B, T, 0, 0, &loss, &ntok, &err) == 0, "%s", err.message);
+    CHECK(ntok == n, "ntok %lld, want %lld", (long long)ntok, (long long)n);
+    CHECK(fabs(loss - want) <= 1e-5 * fabs(want), "prefixed loss %.8f, fp64 oracle %.8f", loss,
+          want);
+    CHECK(mg_model_backward(m, &err) == 0, "%s", err.message);
+    const mg_param_info *hb = mg_model_find_tensor(m, "head.bias");
+    double worst = 0.0;
+    for (int v = 0; v < V; v++) {
+        const double e = fabs(mg_model_grads(m)[hb->offset + v] - gb[v]);
+        worst = e > worst ? e : worst;
+    }
+    CHECK(worst <= 1e-6, "head.bias gradient off the fp64 oracle by %.3e", worst);
+    printf("loss prefix: loss %.6f vs fp64 %.6f over %lld targets, head.bias gradient within "
+           "%.2e\n",
+           loss, want, (long long)n, worst);
+    /* the same model without prefixes: more targets, another loss */
+    CHECK(mg_model_set_loss_prefix(m, NULL, 0, &err) == 0, "%s", err.message);
+    float plain;
+    CHECK(mg_model_forward(m, ids, len, B, T, 0, 0, &plain, &ntok, &err) == 0, "%s", err.message);
+    CHECK(ntok == n + 11, "no prefix: ntok %lld", (long long)ntok);
+    const int64_t too_long[4] = {T - 1, 0, 0, 0}, neg[4] = {0, -1, 0, 0};
+    CHECK(mg_model_set_loss_prefix(m, too_long, B, &err) == 0, "%s", err.message);
+    CHECK(mg_model_forward(m, ids, len, B, T, 0, 0, &loss, NULL, &err) == MG_ERR_ARG,
+          "a prefix leaving no target must be refused");
+    CHECK(mg_model_set_loss_prefix(m, pre, 3, &err) == 0, "%s", err.message);
+    CHECK(mg_model_forward(m, ids, len, B, T, 0, 0, &loss, NULL, &err) == MG_ERR_ARG,
+          "3 prefix rows for a batch of 4 must be refused");
+    CHECK(mg_model_set_loss_prefix(m, neg, B, &err) == MG_ERR_ARG, "a negative prefix");
+    free(logits);
     mg_model_free(m);
 }
 
@@ -426,6 +512,13 @@ int main(void) {
     c.dropout = 0.0f;
     c.cond_bos = 1;
     gradcheck("3 conditions at BOS", &c, 0, 3);
+    c = tiny_config();
+    g_prefix = 1;
+    gradcheck("loss prefixes", &c, 0, 3);
+    c.dropout = 0.2f;
+    gradcheck("loss prefixes + dropout", &c, 1, 19);
+    g_prefix = 0;
+    test_loss_prefix();
     test_guard();
     test_padding_and_inference();
     test_config_and_files();
