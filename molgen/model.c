@@ -3,8 +3,9 @@
  * Written in the style of llm.c's train_gpt2.c: each layer's forward sits
  * next to its backward, every buffer carries its shape, all parameters are
  * one buffer and all gradients another with the same layout. Linear layers
- * go through OpenBLAS (y = x Wᵀ + b, PyTorch's layout), attention through
- * libattn's attn_mha_forward / attn_mha_backward.
+ * go through OpenBLAS (y = x Wᵀ + b, PyTorch's layout; the attention
+ * projections too), attention itself through libattn's packed
+ * attn_sdpa_varlen_forward / attn_sdpa_varlen_backward.
  *
  * Shapes: B batch rows, L positions, d = d_model, F = 4d (MLP hidden),
  * V vocabulary, H heads, R = B*L rows of the flattened activations. */
@@ -202,7 +203,9 @@ typedef struct {
     float *ln1;        /* [B, L, d] */
     float *ln1_mean;   /* [B, L] */
     float *ln1_rstd;   /* [B, L] */
-    float *attn_cache; /* [attn_mha_cache_size]: Qp, Kp, Vp, attention out, lse */
+    float *qkv;        /* [B, L, 3d] ln1 in_projᵀ + b: q, k, v of each position */
+    float *att;        /* [B, L, d] softmax(q kᵀ / sqrt(dk)) v, heads side by side */
+    float *lse;        /* [H, B·L] log-sum-exp of each query's scores */
     float *drop_attn;  /* [B, L, d] residual dropout multipliers (dropout only) */
     float *x_mid;      /* [B, L, d] x + drop(attn) */
     float *ln2;        /* [B, L, d] */
@@ -214,14 +217,6 @@ typedef struct {
 } block_acts;
 
 #define NAME_LEN 64
-
-/* Batch rows per attention call: the batch is cut into chunks of this many
- * rows, spread over the OpenMP threads, and each chunk is one
- * single-threaded attn_mha_forward / attn_mha_backward call. Every BLAS
- * call then runs inside libgomp's threads, and OpenBLAS's own thread pool
- * (which spins and oversubscribes 2 cores) is never woken. A fixed chunk
- * size keeps results independent of the thread count. */
-#define ATTN_CHUNK 8
 
 struct mg_model {
     mg_model_config cfg;
@@ -251,9 +246,8 @@ struct mg_model {
 
     /* Activations, sized for up to cap_rows rows (R = B*L), cap_b batch rows
      * and cap_slots blocks (n_layer after a training forward, else 1). The
-     * shapes below say [B, L, ...]: the buffers hold the Rv <= B*L valid
-     * rows, except ln1, the attention cache and, around attention, scratch,
-     * dln and dfc, which take the padded layout. */
+     * shapes below say [B, L, ...]: every buffer holds the Rv <= B*L valid
+     * rows only, attention included (libattn's packed varlen path). */
     float *act_mem;
     size_t cap_rows, cap_b, cap_slots;
     block_acts *acts; /* [cap_slots] */
@@ -269,12 +263,11 @@ struct mg_model {
     float *dln;       /* [B, L, d] gradient of a LayerNorm output */
     float *dbranch;   /* [B, L, d] gradient of a branch output */
     float *dfc;       /* [B, L, F] gradient of the MLP hidden layer */
-    float *attn_gbuf; /* [ceil(B / ATTN_CHUNK), mha_count] per-chunk attention
-                          weight gradients, summed in chunk order */
     int32_t *inputs;  /* [B, L] */
     int32_t *targets; /* [B, L] */
     int64_t *key_len; /* [B] valid input positions per row */
     int64_t *rows;    /* [Rv] padded row b*L + t of each valid position */
+    int64_t *cu;      /* [B + 1] first valid row of each batch row (cu_seqlens) */
 
     /* The last forward, for the backward. */
     int have_forward;
@@ -424,8 +417,8 @@ mg_status mg_model_create(const mg_model_config *c, mg_model **out, mg_error *er
 static void free_acts(mg_model *m) {
     free(m->act_mem);
     free(m->acts);
-    free(m->attn_gbuf);
-    m->attn_gbuf = NULL;
+    free(m->cu);
+    m->cu = NULL;
     free(m->inputs);
     free(m->targets);
     free(m->key_len);
@@ -626,15 +619,6 @@ void mg_model_init(mg_model *m, uint64_t seed) {
 
 /* Make room for R = B*L rows, B batch rows and `slots` blocks. Keeps the
  * buffers when they are already large enough. */
-/* Floats of attention cache per position (attn_mha_cache_size of one row
- * and one position; a call's count is that times B·L for self-attention,
- * which forward_core checks). */
-static size_t attn_cache_per_row(const mg_model *m) {
-    size_t n = 0;
-    attn_mha_cache_size(&m->mha, 1, 1, 1, &n, NULL);
-    return n;
-}
-
 static mg_status ensure_acts(mg_model *m, size_t R, size_t B, size_t slots, mg_error *err) {
     if (R <= m->cap_rows && B <= m->cap_b && slots <= m->cap_slots) return 0;
     if (R < m->cap_rows) R = m->cap_rows;
@@ -643,11 +627,11 @@ static mg_status ensure_acts(mg_model *m, size_t R, size_t B, size_t slots, mg_e
     free_acts(m);
     const size_t d = (size_t)m->cfg.d_model, F = 4 * d, V = (size_t)m->cfg.vocab_size;
     const int drop = m->cfg.dropout > 0.0f;
-    /* Floats per row: per block x, ln1, attn cache (A: libattn's count for
-     * one position), x_mid, ln2 (4d + A), fc, gelu (2F), 4 LayerNorm stats,
-     * 2 dropout masks; plus the shared ones. */
-    const size_t A = attn_cache_per_row(m);
-    const size_t per_block = 4 * d + A + 2 * F + 4 + (drop ? 2 * d : 0);
+    /* Floats per row: per block x, ln1, qkv, att, x_mid, ln2 (8d), lse (H),
+     * fc, gelu (2F), 4 LayerNorm stats, 2 dropout masks; plus the shared
+     * ones. */
+    const size_t H = (size_t)m->cfg.n_head;
+    const size_t per_block = 8 * d + H + 2 * F + 4 + (drop ? 2 * d : 0);
     const size_t shared = (drop ? d : 0) + d /* x_final */ + d + 2 /* lnf */ + V /* probs */ +
                           1 /* row_loss */ + 4 * d /* scratch dx dln dbranch */ + F /* dfc */;
     const size_t total = R * (slots * per_block + shared);
@@ -657,9 +641,9 @@ static mg_status ensure_acts(mg_model *m, size_t R, size_t B, size_t slots, mg_e
     m->targets = malloc(R * sizeof(int32_t));
     m->key_len = malloc(B * sizeof(int64_t));
     m->rows = malloc(R * sizeof(int64_t));
-    m->attn_gbuf = malloc((B + ATTN_CHUNK - 1) / ATTN_CHUNK * m->mha_count * sizeof(float));
+    m->cu = malloc((B + 1) * sizeof(int64_t));
     if (!m->act_mem || !m->acts || !m->inputs || !m->targets || !m->key_len || !m->rows ||
-        !m->attn_gbuf) {
+        !m->cu) {
         free_acts(m);
         return mg_fail(err, MG_ERR_NOMEM, "out of memory for activations (%zu rows, %zu floats)", R,
                        total);
@@ -676,7 +660,9 @@ static mg_status ensure_acts(mg_model *m, size_t R, size_t B, size_t slots, mg_e
         CARVE(a->ln1, R * d);
         CARVE(a->ln1_mean, R);
         CARVE(a->ln1_rstd, R);
-        CARVE(a->attn_cache, R * A);
+        CARVE(a->qkv, R * 3 * d);
+        CARVE(a->att, R * d);
+        CARVE(a->lse, R * H);
         CARVE(a->x_mid, R * d);
         CARVE(a->ln2, R * d);
         CARVE(a->ln2_mean, R);
@@ -713,14 +699,17 @@ static mg_status ensure_acts(mg_model *m, size_t R, size_t B, size_t slots, mg_e
 
 /* The network runs on the Rv valid positions only ("compact" rows: row r
  * is position rows[r] = b*L + t of the padded [B, L] batch, t < key_len[b]);
- * padding costs nothing outside attention, which takes the padded layout
- * (its key-padding mask hides the padded keys). */
+ * padding costs nothing anywhere: attention takes the rows packed too, batch
+ * row b being sequence b of libattn's varlen call (cu_seqlens = cu). */
 
-/* rows [Rv] from key_len [B]; returns Rv. */
-static int64_t valid_rows(int64_t *rows, const int64_t *key_len, int B, int L) {
+/* rows [Rv] and cu [B + 1] from key_len [B]; returns Rv. */
+static int64_t valid_rows(int64_t *rows, int64_t *cu, const int64_t *key_len, int B, int L) {
     int64_t n = 0;
-    for (int b = 0; b < B; b++)
+    for (int b = 0; b < B; b++) {
+        cu[b] = n;
         for (int64_t t = 0; t < key_len[b]; t++) rows[n++] = (int64_t)b * L + t;
+    }
+    cu[B] = n;
     return n;
 }
 
@@ -738,14 +727,6 @@ static void scatter_rows(float *dst, const float *src, const int64_t *key_len, i
         memmove(o, src + off * C, (size_t)(kl * C) * sizeof(float));
         memset(o + kl * C, 0, (size_t)((L - kl) * C) * sizeof(float));
     }
-}
-
-/* x [Rv, C] = x [B, L, C] at the valid positions, in place (row r moves
- * down to r <= rows[r], in increasing order, so no source is overwritten
- * before it is read). */
-static void gather_rows_inplace(float *x, const int64_t *rows, int64_t Rv, int C) {
-    for (int64_t r = 0; r < Rv; r++)
-        if (rows[r] != r) memcpy(x + r * C, x + rows[r] * C, (size_t)C * sizeof(float));
 }
 
 /* Token + position embedding of the valid positions.
@@ -781,19 +762,6 @@ static void encoder_backward(float *dtok_emb, float *dpos_emb, const float *dout
                 dp[c] += g[c];
             }
         }
-    }
-}
-
-/* The attention branch's residual: out [Rv, d] = a + branch[rows[r]] * mask,
- * branch [B, L, d] in the padded layout (out may alias a). */
-static void residual_gather_forward(float *out, const float *a, const float *branch,
-                                    const float *mask, const int64_t *rows, int64_t Rv, int d,
-                                    int nt) {
-#pragma omp parallel for num_threads(nt) schedule(static)
-    for (int64_t r = 0; r < Rv; r++) {
-        const float *br = branch + rows[r] * d;
-        for (int c = 0; c < d; c++)
-            out[r * d + c] = a[r * d + c] + (mask ? br[c] * mask[r * d + c] : br[c]);
     }
 }
 
@@ -906,102 +874,109 @@ static void crossentropy_backward(float *probs, const int32_t *targets, const in
 
 static int threads_now(const mg_model *m) { return m->nt; }
 
-/* Parameters of the attention call of block `layer` on the chunk of batch
- * rows starting at b0: its key lengths, one thread, and dropout keyed by
- * (seed, offset = layer) with the chunk's global first row as libattn's
- * dropout_row0, so a row's mask is that of its global batch row. */
-static attn_sdpa_params attn_params(const mg_model *m, int layer, int b0, int training,
-                                    uint64_t seed) {
+/* Parameters of block `layer`'s attention call on the packed batch: causal
+ * within each row, the model's threads, and dropout keyed by (seed, offset =
+ * layer) with the batch's global first row as libattn's dropout_row0, so a
+ * row's mask is that of its global batch row. */
+static attn_sdpa_params attn_params(const mg_model *m, int layer, int training, uint64_t seed) {
     attn_sdpa_params p;
     memset(&p, 0, sizeof p);
     p.causal = !m->cfg.no_causal_mask;
-    p.key_lengths = m->key_len + b0;
     p.dropout_p = training ? m->cfg.dropout : 0.0f;
     p.training = training && m->cfg.dropout > 0.0f;
     p.seed = seed;
     p.offset = (uint64_t)layer;
-    p.dropout_row0 = p.training ? m->fwd_row0 + b0 : 0;
-    p.num_threads = 1;
+    p.dropout_row0 = p.training ? m->fwd_row0 : 0;
+    p.num_threads = threads_now(m);
     return p;
 }
 
-/* The first failing chunk's message, from inside the chunk loops. */
-static void keep_first_error(int *failed, char *msg, size_t n, const char *text) {
-#pragma omp critical(mg_attn_error)
-    if (!*failed) {
-        *failed = 1;
-        snprintf(msg, n, "%s", text);
-    }
+/* Head view [1, H, Rv, dk] of column block `which` (0 q, 1 k, 2 v) of the
+ * packed rows qkv [Rv, 3d] (which = 0 and stride d: a plain [Rv, d]). */
+static attn_tensor head_view(float *base, int64_t Rv, int64_t H, int64_t dk, int64_t stride,
+                             int which) {
+    attn_tensor t;
+    t.data = base + (int64_t)which * H * dk;
+    t.dim[0] = 1;
+    t.dim[1] = H;
+    t.dim[2] = Rv;
+    t.dim[3] = dk;
+    t.stride[0] = Rv * stride;
+    t.stride[1] = dk;
+    t.stride[2] = stride;
+    t.stride[3] = 1;
+    return t;
 }
 
-/* Self-attention of block `layer`: out [B, L, d] = MHA(in [B, L, d]), in
- * chunks of ATTN_CHUNK batch rows (see ATTN_CHUNK). cache: B rows of
- * attn_mha_cache_size, chunk by chunk; weights [B, H, L, L] or NULL. */
-static mg_status attention_forward(mg_model *m, int layer, int B, int L, const float *in,
-                                   float *out, float *cache, float *weights, int training,
-                                   uint64_t seed, int nt, mg_error *err) {
-    const int64_t d = m->cfg.d_model, H = m->cfg.n_head;
-    const int64_t row = (int64_t)L * d, cache_row = (int64_t)attn_cache_per_row(m) * L;
-    const int nch = (B + ATTN_CHUNK - 1) / ATTN_CHUNK;
-    attn_mha_weights w;
-    attn_mha_weights_from_buffer(&m->mha, m->p.blocks[layer].attn, &w, NULL);
-    int failed = 0;
-    char msg[256] = "";
-#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
-    for (int c = 0; c < nch; c++) {
-        const int b0 = c * ATTN_CHUNK, bc = B - b0 < ATTN_CHUNK ? B - b0 : ATTN_CHUNK;
-        attn_sdpa_params p = attn_params(m, layer, b0, training, seed);
-        attn_error e;
-        const float *x = in + b0 * row;
-        if (attn_mha_forward(&m->mha, &w, bc, L, L, x, x, x, &p, out + b0 * row,
-                             weights ? ATTN_WEIGHTS_PER_HEAD : ATTN_WEIGHTS_NONE,
-                             weights ? weights + (int64_t)b0 * H * L * L : NULL,
-                             cache + b0 * cache_row, &e))
-            keep_first_error(&failed, msg, sizeof msg, e.message);
+/* Self-attention of block `layer` on the packed rows: qkv [Rv, 3d] = in
+ * in_projᵀ + b, att [Rv, d] = attention of each batch row's positions
+ * among themselves (varlen, cu), lse [H, Rv], out [Rv, d] = att out_projᵀ +
+ * b. weights: [B, H, L, L] (zero at padded queries and keys) or NULL. */
+static mg_status attention_forward(mg_model *m, int layer, int B, int L, int64_t Rv,
+                                   const float *in, block_acts *a, float *out, float *weights,
+                                   int training, uint64_t seed, int nt, mg_error *err) {
+    const int64_t d = m->cfg.d_model, H = m->cfg.n_head, dk = d / H;
+    const float *w = m->p.blocks[layer].attn; /* in_proj W [3d, d], b [3d], out W [d, d], b [d] */
+    mg_matmul_forward(a->qkv, in, w, w + 3 * d * d, Rv, (int)d, (int)(3 * d), nt);
+    attn_tensor q = head_view(a->qkv, Rv, H, dk, 3 * d, 0), k = head_view(a->qkv, Rv, H, dk, 3 * d, 1),
+                v = head_view(a->qkv, Rv, H, dk, 3 * d, 2), o = head_view(a->att, Rv, H, dk, d, 0);
+    const attn_sdpa_params p = attn_params(m, layer, training, seed);
+    float *blocks = NULL; /* the varlen weights: row b's [H, Lb, Lb], back to back */
+    if (weights) {
+        int64_t n = 0;
+        for (int b = 0; b < B; b++) n += H * m->key_len[b] * m->key_len[b];
+        if (!(blocks = malloc((size_t)(n ? n : 1) * sizeof(float))))
+            return mg_fail(err, MG_ERR_NOMEM, "out of memory for attention weights");
     }
-    if (failed) return mg_fail(err, MG_ERR_ARG, "block %d attention: %s", layer, msg);
+    attn_error e;
+    if (attn_sdpa_varlen_forward(&q, &k, &v, B, m->cu, NULL, &p, &o, blocks, a->lse, NULL, &e)) {
+        free(blocks);
+        return mg_fail(err, MG_ERR_ARG, "block %d attention: %s", layer, e.message);
+    }
+    if (weights) {
+        memset(weights, 0, (size_t)B * H * L * L * sizeof(float));
+        const float *src = blocks;
+        for (int b = 0; b < B; b++) {
+            const int64_t n = m->key_len[b];
+            for (int64_t h = 0; h < H; h++)
+                for (int64_t i = 0; i < n; i++, src += n)
+                    memcpy(weights + (((int64_t)b * H + h) * L + i) * L, src,
+                           (size_t)n * sizeof(float));
+        }
+        free(blocks);
+    }
+    mg_matmul_forward(out, a->att, w + 3 * d * d + 3 * d, w + 4 * d * d + 3 * d, Rv, (int)d,
+                      (int)d, nt);
     return 0;
 }
 
-/* Backward of attention_forward: din [B, L, d] += d(in) (din must start at
- * zero or hold what to add to); the weight gradients of each chunk go to
- * attn_gbuf and are summed into the block's gradients in chunk order. */
-static mg_status attention_backward(mg_model *m, int layer, int B, int L, const float *in,
-                                    const float *dout, float *din, const float *cache, int training,
-                                    uint64_t seed, int nt, mg_error *err) {
-    const int64_t d = m->cfg.d_model;
-    const int64_t row = (int64_t)L * d, cache_row = (int64_t)attn_cache_per_row(m) * L;
-    const int nch = (B + ATTN_CHUNK - 1) / ATTN_CHUNK;
-    const size_t P = m->mha_count;
-    attn_mha_weights w;
-    attn_mha_weights_from_buffer(&m->mha, m->p.blocks[layer].attn, &w, NULL);
-    memset(m->attn_gbuf, 0, (size_t)nch * P * sizeof(float));
-    int failed = 0;
-    char msg[256] = "";
-#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
-    for (int c = 0; c < nch; c++) {
-        const int b0 = c * ATTN_CHUNK, bc = B - b0 < ATTN_CHUNK ? B - b0 : ATTN_CHUNK;
-        attn_sdpa_params p = attn_params(m, layer, b0, training, seed);
-        attn_mha_weights gw;
-        attn_mha_weights_from_buffer(&m->mha, m->attn_gbuf + (size_t)c * P, &gw, NULL);
-        attn_error e;
-        const float *x = in + b0 * row;
-        float *dx = din + b0 * row;
-        if (attn_mha_backward(&m->mha, &w, bc, L, L, x, x, x, &p, cache + b0 * cache_row,
-                              dout + b0 * row, dx, dx, dx, &gw, &e))
-            keep_first_error(&failed, msg, sizeof msg, e.message);
-    }
-    if (failed) return mg_fail(err, MG_ERR_ARG, "block %d attention backward: %s", layer, msg);
+/* Backward of attention_forward from dout [Rv, d]: din [Rv, d] =
+ * d(in) (overwritten), the block's attention gradients +=. datt [Rv, d]
+ * and dqkv [Rv, 3d] are scratch. */
+static mg_status attention_backward(mg_model *m, int layer, int64_t Rv, const float *in,
+                                    const block_acts *a, const float *dout, float *din,
+                                    float *datt, float *dqkv, int training, uint64_t seed, int nt,
+                                    mg_error *err) {
+    const int64_t d = m->cfg.d_model, H = m->cfg.n_head, dk = d / H;
+    const float *w = m->p.blocks[layer].attn;
     float *g = m->g.blocks[layer].attn;
-    const float *gb = m->attn_gbuf;
-#pragma omp parallel for num_threads(nt) schedule(static)
-    for (int64_t k = 0; k < (int64_t)P; k++) {
-        float acc = g[k];
-        for (int c = 0; c < nch; c++) acc += gb[(size_t)c * P + (size_t)k];
-        g[k] = acc;
-    }
+    mg_matmul_backward(datt, g + 3 * d * d + 3 * d, g + 4 * d * d + 3 * d, dout, a->att,
+                       w + 3 * d * d + 3 * d, Rv, (int)d, (int)d, nt);
+    float *qkv = a->qkv, *att = a->att;
+    attn_tensor q = head_view(qkv, Rv, H, dk, 3 * d, 0), k = head_view(qkv, Rv, H, dk, 3 * d, 1),
+                v = head_view(qkv, Rv, H, dk, 3 * d, 2), o = head_view(att, Rv, H, dk, d, 0),
+                go = head_view(datt, Rv, H, dk, d, 0), dq = head_view(dqkv, Rv, H, dk, 3 * d, 0),
+                dkk = head_view(dqkv, Rv, H, dk, 3 * d, 1),
+                dv = head_view(dqkv, Rv, H, dk, 3 * d, 2);
+    const attn_sdpa_params p = attn_params(m, layer, training, seed);
+    attn_error e;
+    if (attn_sdpa_varlen_backward(&q, &k, &v, &o, a->lse, &go, m->B, m->cu, NULL, &p, &dq, &dkk,
+                                  &dv, NULL, &e))
+        return mg_fail(err, MG_ERR_ARG, "block %d attention backward: %s", layer, e.message);
+    mg_matmul_backward(din, g, g + 3 * d * d, dqkv, in, w, Rv, (int)d, (int)(3 * d), nt);
     return 0;
 }
+
 /* Conditioning (condition.h): e_b = row b's condition embedding, added to
  * x [Rv, d] at the positions it goes to (every one, or t = 0 with
  * cond_bos). e [B, d] is kept in cond_emb. */
@@ -1059,16 +1034,8 @@ static mg_status forward_core(mg_model *m, int B, int L, int64_t Rv, int keep, i
                               uint64_t seed, float *logits, float *attn_weights, mg_error *err) {
     const int nt = threads_now(m);
     const int N = m->cfg.n_layer, d = m->cfg.d_model, F = 4 * d, V = m->cfg.vocab_size;
-    const int64_t R = (int64_t)B * L;
     const int drop = training && m->cfg.dropout > 0.0f;
     const float p_drop = m->cfg.dropout;
-    size_t cache_need = 0;
-    attn_error aerr;
-    if (attn_mha_cache_size(&m->mha, B, L, L, &cache_need, &aerr))
-        return mg_fail(err, MG_ERR_ARG, "attention: %s", aerr.message);
-    if (cache_need > (size_t)R * attn_cache_per_row(m))
-        return mg_fail(err, MG_ERR_ARG, "attention cache larger than planned (%zu floats)",
-                       cache_need);
 
     float *x = m->acts[0].x; /* [Rv, d] the residual stream */
     encoder_forward(x, m->inputs, m->p.tok_emb, m->p.pos_emb, m->rows, Rv, L, d, nt);
@@ -1089,20 +1056,16 @@ static mg_status forward_core(mg_model *m, int B, int L, int64_t Rv, int keep, i
         float *out = keep ? (l + 1 < N ? m->acts[l + 1].x : m->x_final) : a->x;
         const float *in = a->x;
 
-        /* ln1 [B, L, d] is kept padded: attention reads it in the forward
-         * and again in the backward. */
-        mg_layernorm_forward(m->scratch, a->ln1_mean, a->ln1_rstd, in, bp->ln1_w, bp->ln1_b, Rv, d,
+        mg_layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, in, bp->ln1_w, bp->ln1_b, Rv, d,
                              nt);
-        scatter_rows(a->ln1, m->scratch, m->key_len, B, L, d);
         float *wts = attn_weights ? attn_weights + (size_t)l * B * m->cfg.n_head * L * L : NULL;
-        int rc = attention_forward(m, l, B, L, a->ln1, m->scratch, a->attn_cache, wts, training,
-                                   seed, nt, err);
+        int rc = attention_forward(m, l, B, L, Rv, a->ln1, a, m->scratch, wts, training, seed, nt,
+                                   err);
         if (rc) return rc;
         if (drop)
             dropout_mask(a->drop_attn, m->rows, Rv, L, m->fwd_row0, m->cfg.ctx_len, d, p_drop, seed,
                          1 + 2 * (uint64_t)l, nt);
-        residual_gather_forward(a->x_mid, in, m->scratch, drop ? a->drop_attn : NULL, m->rows, Rv,
-                                d, nt);
+        residual_forward(a->x_mid, in, m->scratch, drop ? a->drop_attn : NULL, Rv * d, nt);
 
         mg_layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->x_mid, bp->ln2_w, bp->ln2_b, Rv,
                              d, nt);
@@ -1164,7 +1127,7 @@ mg_status mg_model_forward(mg_model *m, const int32_t *ids, const int64_t *lengt
             count -= p;
         }
     }
-    const int64_t Rv = valid_rows(m->rows, m->key_len, B, L);
+    const int64_t Rv = valid_rows(m->rows, m->cu, m->key_len, B, L);
     m->fwd_row0 = m->row0;
     /* The logits go where the probabilities will be: softmax is done in
      * place row by row. */
@@ -1209,7 +1172,7 @@ mg_status mg_model_backward(mg_model *m, mg_error *err) {
     const int nt = threads_now(m);
     const int B = m->B, L = m->L, N = m->cfg.n_layer, d = m->cfg.d_model, F = 4 * d;
     const int V = m->cfg.vocab_size;
-    const int64_t R = (int64_t)B * L, Rv = m->Rv;
+    const int64_t Rv = m->Rv;
     const int drop = m->training && m->cfg.dropout > 0.0f;
     memset(m->grads, 0, m->num_params * sizeof(float));
 
@@ -1240,18 +1203,13 @@ mg_status mg_model_backward(mg_model *m, mg_error *err) {
         mg_layernorm_backward(m->dx, bg->ln2_w, bg->ln2_b, m->dln, a->x_mid, bp->ln2_w, a->ln2_mean,
                               a->ln2_rstd, Rv, d, nt);
 
-        /* Attention branch: x_mid = x + drop(MHA(ln1(x))), in the padded
-         * layout: d(branch) [B, L, d] goes to dfc (free here), d(ln1)
-         * [B, L, d] to dln, then back to the valid rows. */
-        scatter_rows(
-            m->dfc,
-            residual_branch_backward(m->dbranch, m->dx, drop ? a->drop_attn : NULL, Rv * d, nt),
-            m->key_len, B, L, d);
-        memset(m->dln, 0, (size_t)R * d * sizeof(float));
-        mg_status rc = attention_backward(m, l, B, L, a->ln1, m->dfc, m->dln, a->attn_cache,
+        /* Attention branch: x_mid = x + drop(MHA(ln1(x))); d(ln1) to dln,
+         * with scratch and dfc (free here) for d(att) and d(qkv). */
+        const float *dattn =
+            residual_branch_backward(m->dbranch, m->dx, drop ? a->drop_attn : NULL, Rv * d, nt);
+        mg_status rc = attention_backward(m, l, Rv, a->ln1, a, dattn, m->dln, m->scratch, m->dfc,
                                           m->training, m->seed, nt, err);
         if (rc) return rc;
-        gather_rows_inplace(m->dln, m->rows, Rv, d);
         mg_layernorm_backward(m->dx, bg->ln1_w, bg->ln1_b, m->dln, a->x, bp->ln1_w, a->ln1_mean,
                               a->ln1_rstd, Rv, d, nt);
     }
@@ -1288,7 +1246,7 @@ mg_status mg_model_logits(mg_model *m, const int32_t *ids, const int64_t *length
                            (long long)(r / L), (long long)(r % L), (int)ids[r], m->cfg.vocab_size);
         m->inputs[r] = ids[r];
     }
-    const int64_t Rv = valid_rows(m->rows, m->key_len, B, L);
+    const int64_t Rv = valid_rows(m->rows, m->cu, m->key_len, B, L);
     rc = forward_core(m, B, L, Rv, 0, 0, 0, logits, attn_weights, err);
     if (rc) return rc;
     scatter_rows(logits, logits, m->key_len, B, L, m->cfg.vocab_size); /* [Rv, V] -> [B, L, V] */

@@ -7,9 +7,10 @@
  *   logits  = LN_f(x) head.weightᵀ + head.bias                    [B, L, V]
  *
  * Only the valid positions (t < the row's length) are computed: every layer
- * but attention runs on them packed as rows [Rv, d], so padding costs
- * nothing there; attention takes the padded [B, L, d] layout and masks the
- * padded keys.
+ * runs on them packed as rows [Rv, d], attention included (the projections
+ * are products over the packed rows; the attention itself is libattn's
+ * attn_sdpa_varlen_*, each batch row one sequence), so padding costs
+ * nothing anywhere.
  *
  * LayerNorm eps 1e-5 (PyTorch's default); GELU is the tanh approximation
  * (GPT-2; torch.nn.functional.gelu(x, approximate="tanh")). The head is not
@@ -42,8 +43,8 @@
  * Dropout (training only, probability cfg.dropout for all three kinds):
  * embedding output, both residual branches, and attention weights (libattn's
  * Philox dropout with seed = the forward's dropout seed, offset = block
- * index and dropout_row0 = the global batch row of the attention chunk's
- * first row, mg_model_set_batch_row0). Embedding/residual masks come from a
+ * index and dropout_row0 = the global batch row of batch row 0,
+ * mg_model_set_batch_row0). Embedding/residual masks come from a
  * counter-based hash of (seed, site, element ((global row) * ctx_len +
  * position) * d_model + feature). Every mask is thus a function of (seed,
  * global row, position, feature): not of the padded length, the ranks or
@@ -51,11 +52,11 @@
  *
  * Threads: mg_model_threads() OpenMP threads (the model's own setting). OpenBLAS runs
  * single-threaded inside them (each thread multiplies a slice of the rows),
- * and attention runs as single-threaded attn_mha_forward/backward calls on
- * chunks of 8 batch rows spread over the threads, so OpenBLAS's own thread
- * pool is never used (on 2 cores its spinning threads and libgomp's starve
- * each other). Results are deterministic for a given thread count (and
- * independent of it except for the row split of the products).
+ * and the varlen attention runs on a team of as many (its work items are
+ * (row, head, query block)), so OpenBLAS's own thread pool is never used
+ * (on 2 cores its spinning threads and libgomp's starve each other).
+ * Results are deterministic for a given thread count (and independent of
+ * it except for the row split of the products).
  *
  * Conventions: errors.h (an mg_status, a one-line message in the caller's
  * mg_error). Nothing aborts or prints.
@@ -223,7 +224,7 @@ mg_status mg_model_backward(mg_model *m, mg_error *err);
  *                    position never matter, so NULL is right for sampling)
  *   logits  [B, L, V] out; zero at padded positions t >= lengths[b]
  *   attn_weights  optional [n_layer, B, H, L, L]: each block's attention
- *                 probabilities per head (rows of padded queries included).
+ *                 probabilities per head (zero at padded queries and keys).
  * Position t's logits predict token t + 1. */
 mg_status mg_model_logits(mg_model *m, const int32_t *ids, const int64_t *lengths, int B, int L,
                           float *logits, float *attn_weights, mg_error *err);
