@@ -220,14 +220,15 @@ def parse_condition(text):
 
 
 def _cond_many(chunk):
-    """(properties, scaffold SMILES) of each valid canonical SMILES."""
+    """(properties, scaffold SMILES) of each valid canonical SMILES; None for
+    one RDKit cannot parse again (a round-trip failure, rare)."""
     _quiet_rdkit()
     from rdkit import Chem
     props = _props()
     res = []
     for smi in chunk:
         m = Chem.MolFromSmiles(smi)
-        res.append((props.properties(m), props.murcko_scaffold(m)))
+        res.append(None if m is None else (props.properties(m), props.murcko_scaffold(m)))
     return res
 
 
@@ -251,7 +252,9 @@ def condition_metrics(valid, targets=None, scaffold=None, jobs=1):
         feats = _flat(mapper.map(_cond_many, list(valid)))
     finally:
         mapper.close()
-    out = {'n_valid': len(valid)}
+    # the valid samples whose canonical SMILES does not parse again are left out, and counted
+    out = {'n_valid': len(valid), 'n_round_trip_failed': sum(f is None for f in feats)}
+    feats = [f for f in feats if f is not None]
     if targets:
         out['properties'] = {}
         for name, t in targets.items():

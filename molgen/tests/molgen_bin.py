@@ -3,6 +3,7 @@
 test-python`), else build/molgen/molgen) and small data files cut from the
 shipped sample data/moses_20k.smi."""
 import os
+import subprocess
 
 import pytest
 
@@ -36,3 +37,17 @@ def molgen_binary():
         if os.path.isfile(c) and os.access(c, os.X_OK):
             return c
     pytest.fail("molgen binary not found (tried %s); build it or set MOLGEN_BIN" % cands)
+
+
+# what the tests run molgen with: the project's OpenBLAS setting, passive waits
+ENV = dict(os.environ, OPENBLAS_CORETYPE=os.environ.get("OPENBLAS_CORETYPE", "Haswell"),
+           OMP_WAIT_POLICY="PASSIVE")
+
+
+def run_molgen(args, ok=True, timeout=300):
+    """molgen ARGS; with ok, assert it exited 0 (its stderr is the message)."""
+    p = subprocess.run([molgen_binary()] + args, capture_output=True, text=True,
+                       timeout=timeout, env=ENV)
+    if ok:
+        assert p.returncode == 0, p.stderr
+    return p

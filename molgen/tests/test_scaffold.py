@@ -17,7 +17,6 @@ import json
 import os
 import random
 import struct
-import subprocess
 import sys
 
 import pytest
@@ -26,21 +25,14 @@ pytest.importorskip("rdkit")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
-from molgen_bin import molgen_binary  # noqa: E402
+from molgen_bin import run_molgen  # noqa: E402
 
-ENV = dict(os.environ, OPENBLAS_CORETYPE=os.environ.get("OPENBLAS_CORETYPE", "Haswell"),
-           OMP_WAIT_POLICY="PASSIVE")
 RINGS = ["c1ccccc1", "C1CCCCC1", "c1ccncc1"]
 SHIPPED = os.path.join(os.path.dirname(os.path.dirname(HERE)), "models",
                        "molgen-moses.safetensors")
 
 
-def run(args, ok=True):
-    p = subprocess.run([molgen_binary()] + args, capture_output=True, text=True, timeout=300,
-                       env=ENV)
-    if ok:
-        assert p.returncode == 0, p.stderr
-    return p
+run = run_molgen
 
 
 def murcko(smi):
