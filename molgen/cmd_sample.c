@@ -147,11 +147,12 @@ static int parse_scaffold(const mg_model *m, const mg_vocab *v, const char *mode
                     model_path);
         return 1;
     }
-    if (mg_vocab_encode(v, text, ids, cap, n, &err) || *n == 0 || *n + 2 >= c->ctx_len) {
+    const mg_status st = mg_vocab_encode(v, text, ids, cap, n, &err);
+    if (st || *n == 0 || *n + 2 >= c->ctx_len) {
         if (!quiet) {
-            if (*n == 0)
+            if (!st && *n == 0)
                 fprintf(stderr, "molgen sample: --scaffold: an empty scaffold\n");
-            else if (err.status == MG_ERR_TOO_LONG || *n + 2 >= c->ctx_len)
+            else if (st == MG_ERR_TOO_LONG || (!st && *n + 2 >= c->ctx_len))
                 fprintf(stderr,
                         "molgen sample: --scaffold '%s': %d tokens leave no room in the model's "
                         "%d positions (it was trained on scaffolds of up to %d)\n",

@@ -308,11 +308,12 @@ mg_status mg_scaffold_read(const char *path, const char *column, const mg_vocab 
             (*missing)++;
             continue;
         }
-        if (mg_vocab_encode(v, col.smiles[j], one, cap, &n, &e) || n == 0) {
+        const mg_status st = mg_vocab_encode(v, col.smiles[j], one, cap, &n, &e);
+        if (st || n == 0) {
             (*missing)++;
             if ((*bad)++ == 0 && notelen)
                 snprintf(note, notelen, "%s:%ld: scaffold '%.200s': %s", path, d->line[i],
-                         col.smiles[j], n == 0 ? "no tokens" : e.message);
+                         col.smiles[j], st ? e.message : "no tokens");
             continue;
         }
         if (nt + (size_t)n > tcap) {

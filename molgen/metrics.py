@@ -255,6 +255,7 @@ def condition_metrics(valid, targets=None, scaffold=None, jobs=1):
     # the valid samples whose canonical SMILES does not parse again are left out, and counted
     out = {'n_valid': len(valid), 'n_round_trip_failed': sum(f is None for f in feats)}
     feats = [f for f in feats if f is not None]
+    out['n_used'] = len(feats)  # what MAD, SD and the scaffold share are over
     if targets:
         out['properties'] = {}
         for name, t in targets.items():
@@ -285,11 +286,14 @@ def format_condition(c):
     lines = []
     for name, r in (c.get('properties') or {}).items():
         lines.append('%-10s  target %g: MAD %s, SD %s (mean %s; %d valid)' % (
-            name, r['target'], _fmt(r['MAD']), _fmt(r['SD']), _fmt(r['mean']), c['n_valid']))
+            name, r['target'], _fmt(r['MAD']), _fmt(r['SD']), _fmt(r['mean']), c['n_used']))
     s = c.get('scaffold')
     if s:
         lines.append('scaffold    %s: exact %s, mean Tanimoto %s (%d valid)' % (
-            s['murcko'], _fmt(s['exact_share']), _fmt(s['mean_tanimoto']), c['n_valid']))
+            s['murcko'], _fmt(s['exact_share']), _fmt(s['mean_tanimoto']), c['n_used']))
+    if c.get('n_round_trip_failed'):
+        lines.append('(%d valid samples left out: their canonical SMILES does not parse again)'
+                     % c['n_round_trip_failed'])
     return '\n'.join(lines)
 
 

@@ -823,8 +823,9 @@ static double crossentropy_forward(float *probs, float *row_loss, const float *l
         const float *lg = logits + r * V;
         float *pr = probs + r * V;
         const int32_t tg = targets[rows[r]];
-        if (tg < 0) {
+        if (tg < 0) { /* a loss prefix position: no loss, and zero "probabilities" */
             row_loss[r] = 0.0f;
+            memset(pr, 0, (size_t)V * sizeof(float));
             continue;
         }
         const float target_logit = lg[tg]; /* before probs overwrite logits */

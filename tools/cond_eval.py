@@ -68,22 +68,22 @@ def main():
     os.makedirs(a.out, exist_ok=True)
     rows = list(csv.DictReader(open(a.data)))
     pct = {k: [percentile([float(r[k]) for r in rows], q) for q in (0.1, 0.5, 0.9)]
-           for k in PROPS}
+           for k in PROPS if k in rows[0]}
     fmt = {'logp': '%.2f', 'qed': '%.3f', 'sas': '%.2f', 'tpsa': '%.1f'}
+    cfg = json.loads(json.loads(open(a.model, 'rb').read(
+        8 + int.from_bytes(open(a.model, 'rb').read(8), 'little'))[8:])['__metadata__']['config'])
     jobs = []  # (kind, label, condition text or None, scaffold or None, n)
-    for k in PROPS:
+    for k in (PROPS if cfg.get('n_cond') else []):
         for q, v in zip((10, 50, 90), pct[k]):
             jobs.append(('single', '%s p%d' % (k, q), '%s=%s' % (k, fmt[k] % v), None, a.n))
     med = {k: pct[k][1] for k in PROPS}
     combos = [dict(med), dict(med, logp=pct['logp'][0], tpsa=pct['tpsa'][2]),
               dict(med, logp=pct['logp'][2], tpsa=pct['tpsa'][0])]
-    for i, c in enumerate(combos):
+    for i, c in enumerate(combos if cfg.get('n_cond') else []):
         jobs.append(('all four', 'combination %d' % (i + 1),
                      ','.join('%s=%s' % (k, fmt[k] % c[k]) for k in PROPS), None, a.n))
-    cfg = json.loads(json.loads(open(a.model, 'rb').read(
-        8 + int.from_bytes(open(a.model, 'rb').read(8), 'little'))[8:])['__metadata__']['config'])
     if cfg.get('scaffold'):
-        counts = collections.Counter(r['scaffold'] for r in rows if r['scaffold'])
+        counts = collections.Counter(r.get('scaffold') for r in rows if r.get('scaffold'))
         for s, c in counts.most_common(10 + a.scaffolds)[10:]:
             jobs.append(('scaffold, in training', '%s (%d rows)' % (s, c), None, s, a.scaffold_n))
         if a.unseen:
@@ -152,6 +152,8 @@ def main():
         with open(r['samples']) as f, open(head, 'w') as g:
             g.writelines(f.readlines()[:2000])
         series.append('%s:%s' % (r['condition'], head))
+    if not series:
+        return
     run([sys.executable, os.path.join(REPO, 'molgen', 'cond_svg.py'), '--data', a.data, '--out',
          os.path.join(a.out, 'conditional.svg')] + series)
 

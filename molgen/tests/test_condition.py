@@ -221,7 +221,7 @@ def test_metrics_condition(tmp_path):
     assert p.returncode == 0, p.stderr
     c = json.load(open(js))["condition"]
     assert Chem.MolFromSmiles(Chem.MolToSmiles(Chem.MolFromSmiles(ROUND_TRIP_FAILS))) is None
-    assert c["n_valid"] == 6 and c["n_round_trip_failed"] == 1
+    assert c["n_valid"] == 6 and c["n_round_trip_failed"] == 1 and c["n_used"] == 5
     mols = [Chem.MolFromSmiles(s) for s in MOLS]
     for name, t, f in (("logp", 2.0, Crippen.MolLogP), ("tpsa", 40.0, rdMolDescriptors.CalcTPSA)):
         dev = np.array([f(m) - t for m in mols])

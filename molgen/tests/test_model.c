@@ -248,6 +248,11 @@ static void test_loss_prefix(void) {
     float plain;
     CHECK(mg_model_forward(m, ids, len, B, T, 0, 0, &plain, &ntok, &err) == 0, "%s", err.message);
     CHECK(ntok == n + 11, "no prefix: ntok %lld", (long long)ntok);
+    const int64_t longest[4] = {T - 2, 0, 0, 0}; /* the largest accepted: one target left */
+    CHECK(mg_model_set_loss_prefix(m, longest, B, &err) == 0, "%s", err.message);
+    CHECK(mg_model_forward(m, ids, len, B, T, 0, 0, &loss, &ntok, &err) == 0, "%s", err.message);
+    CHECK(ntok == 1 + (len[1] - 1) + (len[2] - 1) + (len[3] - 1), "longest prefix: ntok %lld",
+          (long long)ntok);
     const int64_t too_long[4] = {T - 1, 0, 0, 0}, neg[4] = {0, -1, 0, 0};
     CHECK(mg_model_set_loss_prefix(m, too_long, B, &err) == 0, "%s", err.message);
     CHECK(mg_model_forward(m, ids, len, B, T, 0, 0, &loss, NULL, &err) == MG_ERR_ARG,

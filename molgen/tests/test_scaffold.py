@@ -145,6 +145,7 @@ def test_refusals(trained, tmp_path):
     d, csv, _, model = trained
     out = str(tmp_path / "s.smi")
     for scaffold, msg in [("c1ccccc1[Se]", "unknown token '[Se]'"),
+                          ("[Se]1cccc1", "unknown token '[Se]'"),
                           ("c1ccccc1" * 12, "leave no room")]:
         p = run(["sample", "--model", model, "--scaffold", scaffold, "-n", "2", "--out", out],
                 ok=False)

@@ -157,6 +157,30 @@ def test_conditional_train_equals_one_process(data, tmp_path):
     same_params(one + ".st", many + ".st")
 
 
+def test_scaffold_train_and_sample_equal_one_process(data, tmp_path):
+    """Scaffold prefixes (--scaffold-column: rows of different widths, each
+    rank's slice of the batch's prefixes) at 3 ranks train like one process,
+    and sampling with --scaffold gives the single process's file."""
+    csv = tmp_path / "s.csv"
+    mols = open(data).read().split()
+    rings = ["c1ccccc1", "", "C1CCNCC1", "c1ccncc1"]  # "" = no prefix for that row
+    csv.write_text("smiles,scaffold\n" + "".join("%s,%s\n" % (m, rings[i % 4])
+                                                 for i, m in enumerate(mols)))
+    args = ["train", "--data", str(csv), "--scaffold-column", "scaffold", "--steps", "100",
+            "--val-every", "50"] + TINY
+    one, many = str(tmp_path / "one"), str(tmp_path / "many")
+    ok(alone(args + ["--out", one + ".st", "--loss-log", one + ".log"]))
+    ok(mpirun(3, args + ["--out", many + ".st", "--loss-log", many + ".log"]))
+    same_training(one + ".log", many + ".log", 100)
+    same_params(one + ".st", many + ".st")
+    ref, out = str(tmp_path / "one.smi"), str(tmp_path / "many.smi")
+    common = ["sample", "--model", one + ".st", "-n", "37", "--seed", "2", "--threads", "1",
+              "--scaffold", "c1ccncc1"]
+    ok(alone(common + ["--out", ref]))
+    ok(mpirun(3, common + ["--batch", "8", "--out", out]))
+    assert open(ref, "rb").read() == open(out, "rb").read()
+
+
 def test_resume(data, tmp_path):
     """Stopped at step 40 and resumed: with the same 2 ranks bit for bit the
     uninterrupted 2-rank run; with 1 process the same batches from step 41
