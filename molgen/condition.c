@@ -260,14 +260,16 @@ void mg_cond_normalise(const mg_cond_info *c, float *values, size_t n) {
         }
 }
 
+/* A training drop: the top 53 bits of the hash z, as a fraction, are < p. */
+static int dropped(uint64_t z, double p) { return (double)(z >> 11) * 0x1.0p-53 < p; }
+
 void mg_cond_batch(const float *values, int K, const size_t *rows, int B, double drop,
                    uint64_t seed, float *out) {
-    /* dropped when the top 53 bits of the hash, as a fraction, are < drop */
     for (int b = 0; b < B; b++)
         for (int k = 0; k < K; k++) {
             const uint64_t z = mg_mix64(seed ^ (0x9E3779B97F4A7C15ull * ((uint64_t)b * K + k + 1)));
-            const double u = (double)(z >> 11) * 0x1.0p-53;
-            out[(size_t)b * K + k] = u < drop ? NAN : values[rows[b] * (size_t)K + (size_t)k];
+            out[(size_t)b * K + k] =
+                dropped(z, drop) ? NAN : values[rows[b] * (size_t)K + (size_t)k];
         }
 }
 
@@ -354,7 +356,7 @@ void mg_scaffold_row(const int32_t *ids, int64_t len, const int32_t *scaf, int m
                      double drop, uint64_t seed, int Tw, int32_t *out, int64_t *out_len,
                      int64_t *prefix) {
     const uint64_t z = mg_mix64(seed ^ (0xD1B54A32D192ED03ull * ((uint64_t)b + 1)));
-    const int keep = m == 0 || (double)(z >> 11) * 0x1.0p-53 < drop || m + len + 1 > Tw;
+    const int keep = m == 0 || dropped(z, drop) || m + len + 1 > Tw;
     int64_t p = 0;
     if (!keep) { /* BOS s1 .. sm, then the row from its BOS */
         out[0] = MG_BOS;

@@ -70,8 +70,9 @@ def main():
     pct = {k: [percentile([float(r[k]) for r in rows], q) for q in (0.1, 0.5, 0.9)]
            for k in PROPS if k in rows[0]}
     fmt = {'logp': '%.2f', 'qed': '%.3f', 'sas': '%.2f', 'tpsa': '%.1f'}
-    cfg = json.loads(json.loads(open(a.model, 'rb').read(
-        8 + int.from_bytes(open(a.model, 'rb').read(8), 'little'))[8:])['__metadata__']['config'])
+    with open(a.model, 'rb') as f:  # the safetensors header: its "config" metadata
+        header = json.loads(f.read(int.from_bytes(f.read(8), 'little')))
+    cfg = json.loads(header['__metadata__']['config'])
     jobs = []  # (kind, label, condition text or None, scaffold or None, n)
     for k in (PROPS if cfg.get('n_cond') else []):
         for q, v in zip((10, 50, 90), pct[k]):
