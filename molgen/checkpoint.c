@@ -113,7 +113,7 @@ mg_status mg_ckpt_save(const char *path, const mg_model *m, const mg_vocab *voca
                        const mg_adamw *opt, const mg_train_config *settings,
                        const mg_train_state *state, mg_error *err) {
     const size_t nt = mg_model_num_tensors(m);
-    mg_st_tensor *t = calloc(nt + 2, sizeof *t);
+    mg_st_tensor *t = calloc(nt + 3, sizeof *t);
     char *vj = mg_vocab_to_json(vocab), *tj = train_json(settings, state);
     char cfg[512], ocfg[512], step[32];
     if (!t || !vj || !tj) {
@@ -126,9 +126,12 @@ mg_status mg_ckpt_save(const char *path, const mg_model *m, const mg_vocab *voca
     const int64_t P = (int64_t)mg_model_num_params(m);
     t[nt].name = "optim.m";
     t[nt + 1].name = "optim.v";
+    t[nt + 2].name = "ema";
     t[nt].data = opt->m;
     t[nt + 1].data = opt->v;
-    for (size_t i = nt; i < nt + 2; i++) {
+    t[nt + 2].data = opt->ema;
+    const size_t nx = opt->ema ? 3 : 2; /* the average only with --ema */
+    for (size_t i = nt; i < nt + nx; i++) {
         t[i].dtype = MG_ST_F32;
         t[i].ndim = 1;
         t[i].shape[0] = P;
@@ -142,7 +145,7 @@ mg_status mg_ckpt_save(const char *path, const mg_model *m, const mg_vocab *voca
                              {"condition", cond}};
     mg_error e;
     const mg_status rc =
-        mg_st_write(path, t, nt + 2, meta, sizeof meta / sizeof meta[0] - !cond, &e);
+        mg_st_write(path, t, nt + nx, meta, sizeof meta / sizeof meta[0] - !cond, &e);
     free(t);
     free(vj);
     free(tj);
@@ -196,7 +199,12 @@ mg_status mg_ckpt_load(const char *path, mg_ckpt *ck, mg_error *err) {
         const int64_t shape[1] = {(int64_t)P};
         if ((rc =
                  mg_st_copy(f, "optim.m", MG_ST_F32, 1, shape, ck->opt.m, P * sizeof(float), &e)) ||
-            (rc = mg_st_copy(f, "optim.v", MG_ST_F32, 1, shape, ck->opt.v, P * sizeof(float), &e)))
+            (rc = mg_st_copy(f, "optim.v", MG_ST_F32, 1, shape, ck->opt.v, P * sizeof(float), &e)) ||
+            (ck->settings.ema > 0 &&
+             ((rc = mg_adamw_enable_ema(&ck->opt, ck->settings.ema, mg_model_params(ck->model),
+                                        &e)) ||
+              (rc = mg_st_copy(f, "ema", MG_ST_F32, 1, shape, ck->opt.ema, P * sizeof(float),
+                               &e)))))
             rc = mg_fail(err, rc, "checkpoint %s: %s", path, e.message);
         ck->opt.step = ck->state.step;
     }

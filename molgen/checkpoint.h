@@ -3,6 +3,9 @@
  * A checkpoint is a model file (model.h: parameters, "config", "vocab")
  * plus
  *   tensors  "optim.m", "optim.v"  F32 [num_params]
+ *            "ema"  F32 [num_params], with the "ema" setting (--ema): the
+ *            averaged parameters in the parameters' layout (what
+ *            mg_model_load gives inference unless asked for the raw ones)
  *   metadata "format"="molgen", "optim" (mg_adamw_config JSON incl. the
  *            schedule's total_steps), "train" (JSON: the CKPT and CKPT_NEW
  *            settings of train_settings.h under their keys, and the run's

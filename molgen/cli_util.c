@@ -245,11 +245,13 @@ mg_status mg_cli_atomic_commit_if(FILE *f, int write_rc, const char *tmp, const 
     return mg_fail(err, MG_ERR_IO, "error writing %s (nothing written)", path);
 }
 
-int mg_cli_load_model(const char *cmd, const char *path, struct mg_model **m, struct mg_vocab **v) {
+int mg_cli_load_model(const char *cmd, const char *path, unsigned flags, struct mg_model **m,
+                      struct mg_vocab **v, int *averaged) {
     mg_error err;
-    int checksummed = 0;
+    mg_model_file_info info = {0, 0};
     mg_dist *world = mg_dist_world();
-    mg_status rc = mg_dist_agree(world, mg_model_load(path, m, v, &checksummed, &err), &err);
+    mg_status rc =
+        mg_dist_agree(world, mg_model_load(path, flags, m, v, &info, &err), &err);
     if (rc) {
         mg_cli_report(cmd, rc, &err);
         mg_model_free(*m);
@@ -260,7 +262,12 @@ int mg_cli_load_model(const char *cmd, const char *path, struct mg_model **m, st
         }
         return -1;
     }
-    if (!checksummed && world->rank == 0)
+    if (averaged) *averaged = info.averaged;
+    if (info.averaged && world->rank == 0)
+        fprintf(stderr,
+                "molgen %s: %s: using its averaged weights (train --ema)\n",
+                cmd, path);
+    if (!info.checksummed && world->rank == 0)
         fprintf(stderr,
                 "molgen %s: note: %s has no tensor checksums (written before molgen stored "
                 "them): loaded without an integrity check\n",

@@ -62,13 +62,15 @@ mg_status mg_cli_atomic_commit(FILE *f, const char *tmp, const char *path, mg_er
 mg_status mg_cli_atomic_commit_if(FILE *f, int write_rc, const char *tmp, const char *path,
                                   mg_error *err);
 
-/* Loads a model for command `cmd` (model.h's mg_model_load): on an error
- * prints "molgen CMD: <reason>" and returns -1; a file without checksums
- * loads with a one-line note on stderr. Under mpirun (dist.h) every rank
+/* Loads a model for command `cmd` (model.h's mg_model_load with flags): on
+ * an error prints "molgen CMD: <reason>" and returns -1; a file without
+ * checksums, and one whose averaged weights are used, load with a one-line
+ * note on stderr; *averaged (may be NULL): mg_model_file_info's. Under mpirun (dist.h) every rank
  * loads it and all return -1 when one failed, which alone says why. */
 struct mg_model;
 struct mg_vocab;
-int mg_cli_load_model(const char *cmd, const char *path, struct mg_model **m, struct mg_vocab **v);
+int mg_cli_load_model(const char *cmd, const char *path, unsigned flags, struct mg_model **m,
+                      struct mg_vocab **v, int *averaged);
 
 /* Under mpirun (dist.h) the output is rank 0's: rank 0 checks path
  * (mg_cli_check_output, then removes stale temporaries) and prints

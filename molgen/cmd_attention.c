@@ -80,7 +80,7 @@ int cmd_attention(int argc, char **argv) {
         fprintf(stderr, "molgen attention: --out: %s\n", err.message);
         goto done;
     }
-    if (mg_cli_load_model("attention", model_path, &m, &v)) goto done;
+    if (mg_cli_load_model("attention", model_path, 0, &m, &v, NULL)) goto done;
     mg_model_set_threads(m, threads);
     if (mg_attention_compute(m, v, smiles, &a, &err)) {
         fprintf(stderr, "molgen attention: %s\n", err.message);

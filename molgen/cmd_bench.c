@@ -92,7 +92,7 @@ int cmd_bench(int argc, char **argv) {
     mg_model *m = NULL;
     mg_vocab *v = NULL;
     if (model_path) {
-        if (mg_cli_load_model("bench", model_path, &m, &v)) return 1;
+        if (mg_cli_load_model("bench", model_path, 0, &m, &v, NULL)) return 1;
     } else {
         if (mg_vocab_from_tokens(MG_MOSES_TOKENS, MG_MOSES_NUM_TOKENS, &v, &err)) {
             fprintf(stderr, "molgen bench: %s\n", err.message);

@@ -22,7 +22,7 @@ static const char *SAMPLE_USAGE =
     "                     [--batch B] [--threads N] [--decode kv|naive]\n"
     "                     [--constrain none|syntax|valence]\n"
     "                     [--condition NAME=VALUE,...] [--guidance W]\n"
-    "                     [--scaffold SMILES]\n"
+    "                     [--scaffold SMILES] [--raw-weights]\n"
     "Generate SMILES from a trained model; writes one molecule per line.\n"
     "  --model FILE       model or checkpoint (.safetensors) with its vocabulary\n"
     "  -n N               molecules to generate (default 1000)\n"
@@ -52,8 +52,11 @@ static const char *SAMPLE_USAGE =
     "  --scaffold SMILES  a scaffold model's (train --scaffold-column) prefix: the\n"
     "                     molecules are generated on this Murcko scaffold, written as\n"
     "                     molgen/props.py writes it (RDKit's canonical SMILES)\n"
-    "Writes FILE.json beside the output: the model, seed, sampling settings and\n"
-    "constrain mode, condition and scaffold (molgen/metrics.py reports it).\n"
+    "  --raw-weights      a checkpoint of train --ema: its last step's parameters,\n"
+    "                     not the averaged ones (the default)\n"
+    "Writes FILE.json beside the output: the model and its weights (averaged or\n"
+    "raw), seed, sampling settings and constrain mode, condition and scaffold\n"
+    "(molgen/metrics.py reports it).\n"
     "Under mpirun -np N the molecules are split over the ranks by index; rank 0\n"
     "writes them in order: the file is the one a single process writes.\n"
     "Prints the output path on stdout; molecules/s and the syntax-valid fraction\n"
@@ -61,14 +64,15 @@ static const char *SAMPLE_USAGE =
     "molecule that ended at once; a molecule without EOS by ctx_len is kept.\n";
 
 /* FILE.json beside the samples: what made them, for molgen/metrics.py. */
-static mg_status write_meta(const char *path, const char *model_path, const mg_sample_opts *o,
-                            const char *cond, const char *scaffold, int threads,
-                            const mg_samples *s, mg_error *err) {
+static mg_status write_meta(const char *path, const char *model_path, const char *weights,
+                            const mg_sample_opts *o, const char *cond, const char *scaffold,
+                            int threads, const mg_samples *s, mg_error *err) {
     json_t *j = json_object();
     char seed[24];
     snprintf(seed, sizeof seed, "%llu", (unsigned long long)o->seed);
     int bad = !j;
     bad = bad || mg_json_put(j, "model", json_string(model_path));
+    bad = bad || mg_json_put(j, "weights", json_string(weights));
     bad = bad || mg_json_put(j, "n", json_integer((json_int_t)s->n));
     bad = bad || mg_json_put(j, "seed", json_string(seed));
     bad = bad || mg_json_put(j, "temperature", json_real(o->sampling.temperature));
@@ -177,10 +181,11 @@ int cmd_sample(int argc, char **argv) {
     const char *scaffold_text = NULL;
     mg_sample_opts o;
     mg_sample_opts_default(&o);
-    int threads = 0;
+    int threads = 0, averaged = 0;
+    unsigned load_flags = 0;
     mg_error err;
     enum { O_MODEL = 1, O_OUT, O_N, O_SEED, O_TEMP, O_TOPK, O_TOPP, O_BATCH, O_THREADS, O_DECODE,
-           O_CONSTRAIN, O_COND, O_GUIDE, O_SCAFFOLD };
+           O_CONSTRAIN, O_COND, O_GUIDE, O_SCAFFOLD, O_RAW };
     static const struct option opts[] = {{"model", required_argument, NULL, O_MODEL},
                                          {"out", required_argument, NULL, O_OUT},
                                          {"n", required_argument, NULL, O_N},
@@ -196,6 +201,7 @@ int cmd_sample(int argc, char **argv) {
                                          {"condition", required_argument, NULL, O_COND},
                                          {"guidance", required_argument, NULL, O_GUIDE},
                                          {"scaffold", required_argument, NULL, O_SCAFFOLD},
+                                         {"raw-weights", no_argument, NULL, O_RAW},
                                          {"help", no_argument, NULL, 'h'},
                                          {NULL, 0, NULL, 0}};
     const char *val;
@@ -242,6 +248,7 @@ int cmd_sample(int argc, char **argv) {
             break;
         case O_COND: cond_text = val; break;
         case O_SCAFFOLD: scaffold_text = val; break;
+        case O_RAW: load_flags = MG_LOAD_RAW; break;
         case O_GUIDE:
             ok = mg_cli_double(val, &dv) && dv >= 0 && dv <= 100;
             o.guidance = (float)dv;
@@ -277,7 +284,7 @@ int cmd_sample(int argc, char **argv) {
         return 1;
     mg_model *m = NULL;
     mg_vocab *v = NULL;
-    if (mg_cli_load_model("sample", model_path, &m, &v)) return 1;
+    if (mg_cli_load_model("sample", model_path, load_flags, &m, &v, &averaged)) return 1;
     mg_model_set_threads(m, threads);
     o.dist = world;
     float cv[MG_COND_MAX];
@@ -330,7 +337,7 @@ int cmd_sample(int argc, char **argv) {
             valid++;
     }
     if (mg_cli_atomic_commit(f, tmp, out_path, &err) ||
-        write_meta(meta_path, model_path, &o, cond_text, scaffold_text, threads, &s, &err)) {
+        write_meta(meta_path, model_path, averaged ? "averaged" : "raw", &o, cond_text, scaffold_text, threads, &s, &err)) {
         fprintf(stderr, "molgen sample: %s\n", err.message);
         mg_samples_free(&s);
         return 1;

@@ -21,6 +21,7 @@
 static const char *SCORE_USAGE =
     "usage: molgen score --model FILE --smiles FILE|- [--out FILE.csv|-]\n"
     "                    [--csv-column NAME] [--threads N] [--batch N] [--quiet]\n"
+    "                    [--raw-weights]\n"
     "Negative log-likelihood of given molecules under a trained model: one CSV row\n"
     "per input record, in input order:\n"
     "  line,smiles,nll,nll_per_token,tokens,status\n"
@@ -41,6 +42,8 @@ static const char *SCORE_USAGE =
     "                     this nor --threads changes any result: each molecule is\n"
     "                     its own forward\n"
     "  --quiet            no summary on stderr\n"
+    "  --raw-weights      a checkpoint of train --ema: its last step's parameters,\n"
+    "                     not the averaged ones (the default)\n"
     "The summary (counts per status, the first bad rows as file:line, molecules/s)\n"
     "goes to stderr; a bad row is reported, never an error. Under mpirun -np N the\n"
     "input is split over the ranks and rank 0 writes every row in input order.\n";
@@ -96,7 +99,8 @@ static void on_progress(void *user, size_t done, size_t n) {
 int cmd_score(int argc, char **argv) {
     const char *model_path = NULL, *smiles_path = NULL, *out_path = "-", *column = NULL;
     int threads = 0, batch = 16, quiet = 0;
-    enum { O_MODEL = 1, O_SMILES, O_OUT, O_COLUMN, O_THREADS, O_BATCH, O_QUIET };
+    unsigned load_flags = 0;
+    enum { O_MODEL = 1, O_SMILES, O_OUT, O_COLUMN, O_THREADS, O_BATCH, O_QUIET, O_RAW };
     static const struct option opts[] = {{"model", required_argument, NULL, O_MODEL},
                                          {"smiles", required_argument, NULL, O_SMILES},
                                          {"out", required_argument, NULL, O_OUT},
@@ -104,6 +108,7 @@ int cmd_score(int argc, char **argv) {
                                          {"threads", required_argument, NULL, O_THREADS},
                                          {"batch", required_argument, NULL, O_BATCH},
                                          {"quiet", no_argument, NULL, O_QUIET},
+                                         {"raw-weights", no_argument, NULL, O_RAW},
                                          {"help", no_argument, NULL, 'h'},
                                          {NULL, 0, NULL, 0}};
     const char *val;
@@ -128,6 +133,7 @@ int cmd_score(int argc, char **argv) {
             batch = (int)ll;
             break;
         case O_QUIET: quiet = 1; break;
+        case O_RAW: load_flags = MG_LOAD_RAW; break;
         }
         if (!ok) return mg_cli_bad_value("score", argv, val);
     }
@@ -153,7 +159,7 @@ int cmd_score(int argc, char **argv) {
     }
     mg_model *m = NULL;
     mg_vocab *v = NULL;
-    if (mg_cli_load_model("score", model_path, &m, &v)) return 1;
+    if (mg_cli_load_model("score", model_path, load_flags, &m, &v, NULL)) return 1;
     const char *name = from_stdin ? "(stdin)" : smiles_path;
     size_t nl = strlen(smiles_path);
     const int csv = column != NULL || (nl >= 4 && !strcasecmp(smiles_path + nl - 4, ".csv"));

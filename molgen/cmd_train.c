@@ -164,6 +164,7 @@ static void print_summary(const char *out, const char *init, const mg_train_resu
     if (ranks) json_object_update(j, ranks);
     json_decref(ranks);
     if (j && init) mg_json_put(j, "init", json_string(init));
+    if (j && !isnan(r->val_loss_ema)) mg_json_put(j, "val_loss_ema", json_real(r->val_loss_ema));
     char *s = mg_json_dump(j, 6);
     json_decref(j);
     printf("%s\n", s ? s : "{}");

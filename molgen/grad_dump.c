@@ -31,7 +31,7 @@ mg_status mg_grad_dump(const mg_grad_dump_opts *o, mg_grad_dump_result *r, mg_er
     uint64_t s = o->seed ^ 0x5DEECE66Dull;
     mg_status rc;
     if (o->model_path) {
-        if ((rc = mg_model_load(o->model_path, &m, NULL, NULL, err))) return rc;
+        if ((rc = mg_model_load(o->model_path, MG_LOAD_RAW, &m, NULL, NULL, err))) return rc;
         mc = *mg_model_get_config(m);
         if (mc.vocab_size <= MG_NUM_SPECIAL || mc.ctx_len < 2) {
             mg_model_free(m);

@@ -1399,17 +1399,36 @@ mg_status mg_model_save(const mg_model *m, const mg_vocab *vocab, const char *pa
     return rc;
 }
 
-mg_status mg_model_load(const char *path, mg_model **out, mg_vocab **vocab, int *checksummed,
-                        mg_error *err) {
+/* The averaged parameters of a checkpoint (its "ema" tensor) into m. */
+static mg_status load_averaged(const mg_st_file *f, mg_model *m, mg_error *err) {
+    const int64_t shape[1] = {(int64_t)m->num_params};
+    mg_status rc = mg_st_copy(f, "ema", MG_ST_F32, 1, shape, m->params,
+                              m->num_params * sizeof(float), err);
+    for (size_t k = 0; !rc && k < m->num_params; k++)
+        if (!isfinite(m->params[k]))
+            rc = mg_fail(err, MG_ERR_NUMERIC,
+                         "tensor 'ema' holds a non-finite value (%g at element %zu): the "
+                         "averaged weights are corrupt",
+                         (double)m->params[k], k);
+    return rc;
+}
+
+mg_status mg_model_load(const char *path, unsigned flags, mg_model **out, mg_vocab **vocab,
+                        mg_model_file_info *info, mg_error *err) {
     if (!path || !out) return mg_fail(err, MG_ERR_ARG, "path or output pointer is NULL");
     *out = NULL;
     if (vocab) *vocab = NULL;
     mg_st_file *f = NULL;
     mg_error e;
     if (mg_st_load(path, &f, &e)) return mg_fail(err, e.status, "%s", e.message);
-    if (checksummed) *checksummed = mg_st_checksummed(f);
+    const int averaged = !(flags & MG_LOAD_RAW) && mg_st_find(f, "ema") != NULL;
+    if (info) *info = (mg_model_file_info){mg_st_checksummed(f), averaged};
     mg_model *m = NULL;
     mg_status rc = mg_model_from_st(f, &m, &e);
+    if (!rc && averaged && (rc = load_averaged(f, m, &e))) {
+        mg_model_free(m);
+        m = NULL;
+    }
     if (rc) {
         mg_st_free(f);
         return mg_fail(err, e.status, "%s: %s", path, e.message);

@@ -252,12 +252,22 @@ mg_status mg_model_from_st(const mg_st_file *f, mg_model **out, mg_error *err);
 /* Write a model file: parameters + metadata format=molgen, config, vocab
  * (vocab may be NULL: no "vocab" key). Atomic (mg_st_write). */
 mg_status mg_model_save(const mg_model *m, const mg_vocab *vocab, const char *path, mg_error *err);
-/* Load a model file or a training checkpoint; *vocab (may be NULL) gets the
- * stored vocabulary (an error if the file has none); *checksummed (may be
- * NULL) is 1 when the file carried tensor checksums (verified), 0 for a file
- * written before molgen stored them. Every message starts with the path. */
-mg_status mg_model_load(const char *path, mg_model **out, mg_vocab **vocab, int *checksummed,
-                        mg_error *err);
+/* What mg_model_load found. */
+typedef struct {
+    int checksummed; /* 1: the file carried tensor checksums (verified); 0: written before
+                        molgen stored them */
+    int averaged;    /* 1: the parameters are the file's averaged ones ("ema", train --ema) */
+} mg_model_file_info;
+
+/* Load a model file or a training checkpoint. The parameters are the
+ * file's averaged ones when it has them (a checkpoint of train --ema: the
+ * "ema" tensor, checkpoint.h) unless flags has MG_LOAD_RAW (then, like a
+ * file without an average, the last step's). *vocab (may be NULL) gets the
+ * stored vocabulary (an error if the file has none); *info may be NULL.
+ * Every message starts with the path. */
+enum { MG_LOAD_RAW = 1 };
+mg_status mg_model_load(const char *path, unsigned flags, mg_model **out, mg_vocab **vocab,
+                        mg_model_file_info *info, mg_error *err);
 
 #ifdef __cplusplus
 }

@@ -166,7 +166,25 @@ void mg_adamw_free(mg_adamw *o) {
     free(o->m);
     free(o->v);
     free(o->spans);
+    free(o->ema);
     memset(o, 0, sizeof *o);
+}
+
+mg_status mg_adamw_enable_ema(mg_adamw *o, double decay, const float *params, mg_error *err) {
+    if (!o || !o->m || !params)
+        return mg_fail(err, MG_ERR_ARG, "optimizer not initialised or NULL parameters");
+    if (!(decay > 0.0 && decay < 1.0))
+        return mg_fail(err, MG_ERR_ARG, "average decay %g is not in (0, 1)", decay);
+    free(o->ema);
+    o->ema = malloc(o->n * sizeof(float));
+    if (!o->ema) {
+        o->ema_decay = 0.0;
+        return mg_fail(err, MG_ERR_NOMEM, "out of memory for the parameter average (%zu floats)",
+                       o->n);
+    }
+    memcpy(o->ema, params, o->n * sizeof(float));
+    o->ema_decay = decay;
+    return 0;
 }
 
 /* Sum of squares of chunk [i0, i1) in double: an OpenMP simd reduction,
@@ -214,6 +232,11 @@ MG_CLONES static void adamw_update(float *p, float *g, float *m, float *v, int64
     }
 }
 
+/* ema += w (p - ema) on n elements, w = 1 - d_t. */
+MG_CLONES static void ema_update(float *ema, const float *p, int64_t n, float w) {
+    for (int64_t i = 0; i < n; i++) ema[i] += w * (p[i] - ema[i]);
+}
+
 mg_status mg_adamw_step(mg_adamw *o, float *params, float *grads, float *grad_norm, float *lr_used,
                         mg_error *err) {
     if (!o || !o->m || !params || !grads)
@@ -233,6 +256,8 @@ mg_status mg_adamw_step(mg_adamw *o, float *params, float *grads, float *grad_no
     const float b1 = o->cfg.beta1, b2 = o->cfg.beta2, eps = o->cfg.eps;
     const float bc1 = (float)(1.0 - pow((double)b1, (double)t));
     const float bc2 = (float)(1.0 - pow((double)b2, (double)t));
+    const double dt = (1.0 + (double)t) / (10.0 + (double)t);
+    const float ema_w = (float)(1.0 - (dt < o->ema_decay ? dt : o->ema_decay));
     /* One parallel region for all tensors (spans are disjoint: no barrier
      * between them); every element's update is independent of the split. */
 #pragma omp parallel num_threads(nt)
@@ -245,6 +270,7 @@ mg_status mg_adamw_step(mg_adamw *o, float *params, float *grads, float *grad_no
         int64_t i0, i1;
         mg_thread_range((int64_t)sp->numel, &i0, &i1);
         adamw_update(p + i0, g + i0, m + i0, v + i0, i1 - i0, scale, wd, lr, b1, b2, bc1, bc2, eps);
+        if (o->ema) ema_update(o->ema + sp->offset + i0, p + i0, i1 - i0, ema_w);
     }
     o->step = t;
     return 0;

@@ -23,7 +23,16 @@
  *   s < warmup:  lr * (s + 1) / warmup
  *   else:        floor + (lr - floor) * 0.5 (1 + cos(pi * min(1, (s - warmup) /
  *                max(1, total - warmup)))),   floor = lr * min_lr_frac.
- * Deterministic: the norm is summed in double in a fixed order. */
+ * Deterministic: the norm is summed in double in a fixed order.
+ *
+ * Parameter averaging (optional, mg_adamw_enable_ema): after step t the
+ * average follows the parameters,
+ *   ema += (1 - d_t) (p - ema),   d_t = min(decay, (1 + t) / (10 + t)),
+ * an exponential moving average whose decay ramps up over the first steps
+ * (TensorFlow's ExponentialMovingAverage with num_updates), so that the
+ * average of a short run is not dominated by the initial weights. It never
+ * feeds back into training: the parameters follow the same path with or
+ * without it. Frozen spans keep ema = p. */
 #ifndef MG_OPTIM_H
 #define MG_OPTIM_H
 
@@ -74,6 +83,8 @@ typedef struct {
     size_t nspans;
     int threads; /* of mg_adamw_step; 0 (as mg_adamw_init leaves it):
                            mg_default_threads() */
+    double ema_decay; /* in (0, 1) with ema; 0: no average */
+    float *ema;       /* [n] the averaged parameters, or NULL */
 } mg_adamw;
 
 /* Allocate for n parameters with zero moments and step 0. The spans must
@@ -81,6 +92,11 @@ typedef struct {
 mg_status mg_adamw_init(mg_adamw *o, const mg_adamw_config *c, size_t n, const mg_optim_span *spans,
                         size_t nspans, mg_error *err);
 void mg_adamw_free(mg_adamw *o); /* zeroes it; NULL fine */
+
+/* Keep an average of the parameters with this decay (in (0, 1)), starting
+ * from params [n] (a copy); a resumed run then overwrites o->ema with its
+ * saved average. */
+mg_status mg_adamw_enable_ema(mg_adamw *o, double decay, const float *params, mg_error *err);
 
 /* One update of params [n] from grads [n] (grads are scaled in place when
  * clipped). *grad_norm (may be NULL): the norm before clipping; *lr_used

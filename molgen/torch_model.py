@@ -58,7 +58,8 @@ _DTYPES = {
 
 
 def load_safetensors(path):
-    """Read a safetensors file: ({name: numpy array}, {metadata key: str})."""
+    """Read a safetensors file: ({name: numpy array}, {metadata key: str}),
+    the tensors in the order of their data in the file."""
     with open(path, "rb") as f:
         raw = f.read()
     if len(raw) < 8:
@@ -70,7 +71,7 @@ def load_safetensors(path):
     buf = memoryview(raw)[8 + n:]
     meta = header.pop("__metadata__", {}) or {}
     tensors = {}
-    for name, info in header.items():
+    for name, info in sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0]):
         dt = np.dtype(_DTYPES[info["dtype"]]).newbyteorder("<")
         b, e = info["data_offsets"]
         arr = np.frombuffer(buf[b:e], dtype=dt).reshape(info["shape"])
@@ -209,13 +210,25 @@ class MolGPT(nn.Module):
         return (ce * mask).sum() / n, int(n)
 
 
-def load_model(path, dtype=torch.float32):
-    """A molgen model file or checkpoint -> (MolGPT, vocab list or None)."""
+def load_model(path, dtype=torch.float32, raw=False):
+    """A molgen model file or checkpoint -> (MolGPT, vocab list or None).
+
+    Like molgen: a checkpoint of `train --ema` gives its averaged weights
+    (the flat "ema" tensor, in the layout of the parameter tensors as
+    their data lie in the file) unless raw."""
     tensors, meta = load_safetensors(path)
     cfg = Config.from_json(meta["config"])
     model = MolGPT(cfg).to(dtype)
-    state = {k: torch.from_numpy(v).to(dtype) for k, v in tensors.items()
-             if k in dict(model.named_parameters())}
+    names = dict(model.named_parameters())
+    if "ema" in tensors and not raw:
+        flat, at = tensors["ema"], 0
+        for k, v in tensors.items():  # in file order: the flat layout
+            if k in names:
+                tensors[k] = flat[at:at + v.size].reshape(v.shape)
+                at += v.size
+        if at != flat.size:
+            raise ValueError("%s: 'ema' holds %d values, the parameters %d" % (path, flat.size, at))
+    state = {k: torch.from_numpy(v).to(dtype) for k, v in tensors.items() if k in names}
     missing = set(dict(model.named_parameters())) - set(state)
     if missing:
         raise ValueError("%s lacks %s" % (path, sorted(missing)[:5]))
@@ -260,6 +273,20 @@ def encode(smiles, vocab, T):
         ids[r, :len(row)] = row
         lengths[r] = len(row)
     return ids, lengths
+
+
+def molecule_nll(model, vocab, smiles):
+    """Per molecule, the summed cross-entropy of its targets (the tokens
+    after BOS, EOS included) and their count: what `molgen score` reports
+    as nll and tokens. The model in eval mode, no gradient."""
+    ids, lengths = encode(smiles, vocab, model.cfg.ctx_len + 1)
+    ids, lengths = torch.from_numpy(ids), torch.from_numpy(lengths)
+    model.eval()
+    with torch.no_grad():
+        logits = model.logits(ids[:, :-1], lengths - 1)
+        ce = F.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
+    n = lengths - 1
+    return [float(ce[i, :int(n[i])].sum()) for i in range(len(smiles))], [int(k) for k in n]
 
 
 # ---------------------------------------------------------------- modes

@@ -187,7 +187,7 @@ static mg_status check_utf8(const char *what, const char *s, mg_error *err) {
 static mg_status setup_init(run *r, mg_error *err) {
     const mg_train_config *c = r->c;
     mg_error e;
-    mg_status rc = mg_model_load(c->init_path, &r->init, &r->ck.vocab, NULL, &e);
+    mg_status rc = mg_model_load(c->init_path, 0, &r->init, &r->ck.vocab, NULL, &e);
     if (rc) return mg_fail(err, rc, "--init: %s", e.message);
     const mg_model_config *im = mg_model_get_config(r->init);
     if (im->n_cond > 0 || c->condition)
@@ -615,7 +615,9 @@ static mg_status build(run *r, mg_error *err) {
             return mg_fail(err, rc, "--freeze: %s", e.message);
         mg_adamw_config oc = r->s.optim;
         oc.total_steps = c->steps > 0 ? c->steps : MG_STEPS_UNSIZED; /* estimated later */
-        if ((rc = mg_ckpt_optimizer(r->ck.model, &oc, &r->ck.opt, &e)))
+        if ((rc = mg_ckpt_optimizer(r->ck.model, &oc, &r->ck.opt, &e)) ||
+            (r->s.ema > 0 &&
+             (rc = mg_adamw_enable_ema(&r->ck.opt, r->s.ema, mg_model_params(r->ck.model), &e))))
             return mg_fail(err, rc, "optimizer: %s", e.message);
     } else if (c->steps > 0 && c->steps != r->ck.opt.cfg.total_steps) {
         say(r, "note: schedule length changed from %" PRId64 " to %" PRId64 " steps",
@@ -786,6 +788,23 @@ static mg_status validate(run *r, double *loss, mg_error *err) {
     *loss = sc[1] > 0 ? sc[0] / sc[1] : NAN;
     r->t_val = mg_now_s() - tv;
     return MG_OK;
+}
+
+/* --ema: the validation loss of the averaged weights (res.val_loss_ema),
+ * swapped into the model for the pass and back after it. */
+static mg_status validate_averaged(run *r, mg_error *err) {
+    const size_t P = mg_model_num_params(r->ck.model);
+    float *p = mg_model_params(r->ck.model), *keep = malloc(P * sizeof(float));
+    if (!keep) return mg_fail(err, MG_ERR_NOMEM, "out of memory for the averaged validation");
+    memcpy(keep, p, P * sizeof(float));
+    memcpy(p, r->ck.opt.ema, P * sizeof(float));
+    const mg_status rc = validate(r, &r->res.val_loss_ema, err);
+    memcpy(p, keep, P * sizeof(float));
+    free(keep);
+    if (!rc)
+        say(r, "averaged weights (--ema %g): val loss %.4f (the last step's: %.4f)", r->s.ema,
+            r->res.val_loss_ema, r->res.val_loss);
+    return rc;
 }
 
 static double avg_step(const run *r) { return r->step_time / (double)r->timed_steps; }
@@ -1028,7 +1047,7 @@ mg_status mg_train_run(const mg_train_config *c, mg_train_result *result, mg_err
     r.t0 = mg_now_s();
     r.alone = (mg_dist){0, 1, 0.0};
     r.d = c->dist ? c->dist : &r.alone;
-    r.res.val_loss = r.res.first_val_loss = r.loss_ema = NAN;
+    r.res.val_loss = r.res.first_val_loss = r.res.val_loss_ema = r.loss_ema = NAN;
     g_stop_signal = 0;
     /* the ranks agree after each phase (one failing ends them all) and then
      * check that they read the same data and built the same model */
@@ -1052,6 +1071,7 @@ mg_status mg_train_run(const mg_train_config *c, mg_train_result *result, mg_err
     if (!rc) rc = loop(&r, &why, &last_val_at, err);
     if (!rc && r.nv > 0 && last_val_at != (double)r.st.step && r.st.step > r.start_step)
         rc = validate(&r, &r.res.val_loss, err);
+    if (!rc && r.nv > 0 && r.ck.opt.ema) rc = validate_averaged(&r, err);
     if (!rc) {
         r.st.val_loss = r.res.val_loss;
         rc = save(&r, err);

@@ -126,6 +126,7 @@ typedef struct {
     double train_loss;      /* mean loss of the last step */
     double val_loss;        /* last validation (NAN if none) */
     double first_val_loss;  /* validation before the first step of this run */
+    double val_loss_ema;    /* with --ema: the last validation of the averaged weights (NAN: none) */
     double unigram_entropy; /* entropy (nats) of the training targets'
                                token distribution: the loss of the best
                                context-free model, a bound to beat */

@@ -149,6 +149,10 @@
     X(freeze, freeze, INT, "freeze", "N", 0, 0, 1024, MG_CLOSED, CKPT_NEW, MG_GROUP_OPTIM,         \
       "keep the embeddings and the first N blocks fixed: no update and no gradient work for them " \
       "(for --init; at most the model's layers)")                                                  \
+    X(ema, ema, F64, "ema", "DECAY", 0, 0, 1, MG_OPEN_HI, CKPT_NEW, MG_GROUP_OPTIM,                \
+      "also keep an exponential moving average of the parameters with this decay (0 = off; e.g. "  \
+      "0.999 averages about the last 1,000 steps); the checkpoint holds both; the other commands " \
+      "and --init use the average (sample and score --raw-weights: the last step's)")              \
     X(seed, seed, U64, "seed", "N", 1, 0, 0, MG_CLOSED, CKPT, MG_GROUP_RUN,                        \
       "init, split, shuffle and dropout seed, decimal in [0, 2^64)")                               \
     X(threads, threads, INT, "threads", "N", 0, 0, MG_MAX_THREADS, MG_CLOSED, RUN, MG_GROUP_RUN,   \

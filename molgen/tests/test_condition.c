@@ -233,11 +233,11 @@ static void test_files(void) {
     const char *meta = "{\"names\":[\"a\",\"b\"],\"mean\":[0.5,1],\"std\":[2,3],\"min\":[-1,0],"
                        "\"max\":[1,2],\"p01\":[-0.9,0.1],\"p99\":[0.9,1.9]}";
     CHECK(mg_model_save(m, NULL, path, &err) == 0, "%s", err.message);
-    CHECK(mg_model_load(path, &m2, NULL, NULL, &err) == MG_ERR_FORMAT,
+    CHECK(mg_model_load(path, 0, &m2, NULL, NULL, &err) == MG_ERR_FORMAT,
           "a conditional model without its condition metadata loaded");
     CHECK(mg_model_set_condition_meta(m, meta, &err) == 0, "%s", err.message);
     CHECK(mg_model_save(m, NULL, path, &err) == 0, "%s", err.message);
-    CHECK(mg_model_load(path, &m2, NULL, NULL, &err) == 0, "%s", err.message);
+    CHECK(mg_model_load(path, 0, &m2, NULL, NULL, &err) == 0, "%s", err.message);
     if (m2) {
         const mg_model_config *c = mg_model_get_config(m2);
         CHECK(c->n_cond == 2 && c->cond_bos == 1, "config %d %d", c->n_cond, c->cond_bos);

@@ -461,7 +461,7 @@ static void test_config_and_files(void) {
     CHECK(mg_model_save(m, v, path, &err) == 0, "save: %s", err.message);
     mg_model *m2 = NULL;
     mg_vocab *v2 = NULL;
-    CHECK(mg_model_load(path, &m2, &v2, NULL, &err) == 0, "load: %s", err.message);
+    CHECK(mg_model_load(path, 0, &m2, &v2, NULL, &err) == 0, "load: %s", err.message);
     if (m2) {
         CHECK(mg_model_num_params(m2) == mg_model_num_params(m) &&
                   memcmp(mg_model_params(m2), mg_model_params(m),
@@ -478,7 +478,7 @@ static void test_config_and_files(void) {
         fclose(f);
     }
     m2 = NULL;
-    CHECK(mg_model_load(path, &m2, NULL, NULL, &err) != 0 && !m2, "truncated file loaded");
+    CHECK(mg_model_load(path, 0, &m2, NULL, NULL, &err) != 0 && !m2, "truncated file loaded");
     printf("truncated model file: %s\n", err.message);
     /* A config that asks for more parameters than the file holds (here 5.5e13,
      * the fuzzer's regression input) is refused before any allocation. */
@@ -487,7 +487,7 @@ static void test_config_and_files(void) {
     const mg_st_kv meta[] = {{"format", "molgen"}, {"config", huge}};
     CHECK(mg_st_write(path, NULL, 0, meta, 2, &err) == 0, "%s", err.message);
     m2 = NULL;
-    const mg_status hrc = mg_model_load(path, &m2, NULL, NULL, &err);
+    const mg_status hrc = mg_model_load(path, 0, &m2, NULL, NULL, &err);
     CHECK(hrc == MG_ERR_FORMAT && !m2 && strstr(err.message, "asks for"), "huge config: %d %s",
           (int)hrc, err.message);
     printf("huge config: %s\n", err.message);

@@ -118,7 +118,7 @@ def test_trained_checkpoint_matches_torch(tmp_path):
     summary = json.loads(r.stdout.strip().splitlines()[-1])
     assert summary["step"] == 40 and summary["val_loss"] < summary["first_val_loss"] - 0.5, summary
 
-    model, vocab = tm.load_model(ckpt, torch.float64)
+    model, vocab = tm.load_model(ckpt, torch.float64, raw=True)  # debug-grads' weights
     assert vocab[:3] == tm.SPECIALS and len(vocab) == model.cfg.vocab_size
     # the torch tokenizer + this vocab encode the data (same regex as C)
     ids, lengths = tm.encode(smi[:50], vocab, model.cfg.ctx_len + 1)

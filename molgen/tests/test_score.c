@@ -41,7 +41,7 @@ int main(void) {
     mg_model *m = NULL;
     mg_vocab *v = NULL;
     mg_error err = {0};
-    if (mg_model_load("models/molgen-moses.safetensors", &m, &v, NULL, &err)) {
+    if (mg_model_load("models/molgen-moses.safetensors", 0, &m, &v, NULL, &err)) {
         fprintf(stderr, "%s\n", err.message);
         return 2;
     }

@@ -9,7 +9,8 @@
  *    trained for minutes reaches ~0.6). Under sanitizers the run is 80
  *    steps and the bound 0.85 x entropy.
  * 2. Resume: N steps straight == N/2 steps + checkpoint + resume + N/2 steps,
- *    bitwise (parameters and AdamW moments), with dropout on so the per-step
+ *    bitwise (parameters, AdamW moments and the parameter average of --ema,
+ *    which inference loads by default), with dropout on so the per-step
  *    dropout seeds and the batch stream position are exercised, and with
  *    validations and periodic checkpoints in between.
  * 3. SIGINT and SIGTERM during training: checkpoint written, stop reason "signal", and
@@ -156,6 +157,37 @@ static void test_optim(void) {
     CHECK(mg_adamw_step(&o, p, g, NULL, NULL, &err) != 0 && o.step == 6, "NaN gradient accepted");
     printf("AdamW vs double reference: max |diff| %.2e after 6 steps\n", worst);
     mg_adamw_free(&o);
+
+    /* The parameter average against a double reference of its formula
+     * (optim.h), fed the parameters the optimizer produced; a frozen span
+     * keeps ema = p; averaging changes no parameter (the same steps as
+     * above, bitwise). */
+    const mg_optim_span fz[2] = {{0, 4, 1, 1}, {4, 6, 0, 0}};
+    mg_adamw a, plain;
+    CHECK(mg_adamw_init(&a, &oc, N, fz, 2, &err) == 0 && mg_adamw_init(&plain, &oc, N, fz, 2, &err) == 0,
+          "%s", err.message);
+    float pa[N], pp[N], ga[N];
+    double re[N];
+    for (int i = 0; i < N; i++) re[i] = pa[i] = pp[i] = 0.5f - 0.1f * (float)i;
+    CHECK(mg_adamw_enable_ema(&a, 1.5, pa, &err) != 0 && !a.ema, "decay 1.5 accepted");
+    CHECK(mg_adamw_enable_ema(&a, 0.9, pa, &err) == 0, "%s", err.message);
+    for (int step = 0; step < 40; step++) {
+        for (int i = 0; i < N; i++) ga[i] = g[i] = (float)cos(0.3 + step * 1.1 + i * 0.7);
+        CHECK(mg_adamw_step(&a, pa, ga, NULL, NULL, &err) == 0 &&
+                  mg_adamw_step(&plain, pp, g, NULL, NULL, &err) == 0,
+              "%s", err.message);
+        const double t = step + 1, d = fmin(0.9, (1 + t) / (10 + t));
+        for (int i = 0; i < N; i++) re[i] = d * re[i] + (1 - d) * (double)pa[i];
+    }
+    double ew = 0;
+    for (int i = 0; i < N; i++) ew = fmax(ew, fabs(a.ema[i] - re[i]));
+    CHECK(ew < 1e-6, "average differs from the reference by %g", ew);
+    CHECK(memcmp(pa, pp, sizeof pa) == 0, "averaging changed the parameters");
+    CHECK(memcmp(a.ema, pa, 4 * sizeof(float)) == 0, "a frozen span's average moved");
+    CHECK(fabs(a.ema[9] - pa[9]) > 1e-4, "the average equals the parameters: nothing averaged");
+    printf("parameter average vs double reference: max |diff| %.2e after 40 steps\n", ew);
+    mg_adamw_free(&a);
+    mg_adamw_free(&plain);
 }
 
 static mg_train_config small_config(const char *out) {
@@ -213,6 +245,8 @@ static int files_equal_params(const char *a, const char *b, const char *what) {
         ok &= memcmp(oa.m, ob.m, P * sizeof(float)) == 0;
         ok &= memcmp(oa.v, ob.v, P * sizeof(float)) == 0;
         ok &= oa.step == ob.step && oa.cfg.total_steps == ob.cfg.total_steps;
+        ok &= !oa.ema == !ob.ema && oa.ema_decay == ob.ema_decay;
+        ok &= !oa.ema || memcmp(oa.ema, ob.ema, P * sizeof(float)) == 0;
     }
     mg_model_free(ma);
     mg_model_free(mb);
@@ -266,6 +300,7 @@ static void test_resume(void) {
 
     mg_train_config c = small_config(straight);
     c.model.dropout = 0.1f;
+    c.ema = 0.9; /* the average is part of the state resumed */
     c.steps = N;
     CHECK(mg_train_run(&c, &r, &err) == 0, "straight: %s", err.message);
     CHECK(r.step == N, "straight stopped at %lld", (long long)r.step);
@@ -289,6 +324,31 @@ static void test_resume(void) {
     CHECK(r.step == N && r.stop == MG_STOP_DONE, "resume stopped at %lld", (long long)r.step);
     CHECK(files_equal_params(straight, resumed, "resume equality"),
           "straight and resumed runs differ");
+
+    CHECK(isfinite(r.val_loss_ema) && r.val_loss_ema != r.val_loss,
+          "averaged validation %g (last step's %g)", r.val_loss_ema, r.val_loss);
+    /* Inference loads the average unless asked for the last step's
+     * parameters (model.h, MG_LOAD_RAW). */
+    {
+        mg_model *avg = NULL, *raw = NULL, *ck = NULL;
+        mg_adamw o;
+        mg_model_file_info ia, ir;
+        CHECK(mg_model_load(resumed, 0, &avg, NULL, &ia, &err) == 0 &&
+                  mg_model_load(resumed, MG_LOAD_RAW, &raw, NULL, &ir, &err) == 0 &&
+                  mg_checkpoint_load(resumed, &ck, &o, NULL, &err) == 0,
+              "%s", err.message);
+        const size_t P = mg_model_num_params(ck);
+        CHECK(ia.averaged && !ir.averaged, "averaged flags %d %d", ia.averaged, ir.averaged);
+        CHECK(memcmp(mg_model_params(avg), o.ema, P * sizeof(float)) == 0,
+              "default load is not the average");
+        CHECK(memcmp(mg_model_params(raw), mg_model_params(ck), P * sizeof(float)) == 0,
+              "raw load is not the parameters");
+        CHECK(memcmp(o.ema, mg_model_params(ck), P * sizeof(float)) != 0, "average == parameters");
+        mg_model_free(avg);
+        mg_model_free(raw);
+        mg_model_free(ck);
+        mg_adamw_free(&o);
+    }
 
     /* Resuming a finished run does nothing more and keeps the state. */
     rc.resume_path = resumed;
