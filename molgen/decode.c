@@ -19,6 +19,7 @@ typedef struct {
 struct mg_kv_decoder {
     mg_model *m;
     int B, n;
+    int nt; /* threads of every step */
     int N, d, H, V, ctx;
     attn_mha_config cfg;
     const float *tok_emb, *pos_emb, *lnf_w, *lnf_b, *head_w, *head_b;
@@ -39,7 +40,7 @@ static const float *param(mg_model *m, const char *name, size_t numel, mg_error 
     return mg_model_params(m) + t->offset;
 }
 
-mg_status mg_kv_new(mg_model *m, int B, mg_kv_decoder **out, mg_error *err) {
+mg_status mg_kv_new(mg_model *m, int B, int threads, mg_kv_decoder **out, mg_error *err) {
     if (!m || !out) return mg_fail(err, MG_ERR_ARG, "decode: model and out must be non-NULL");
     *out = NULL;
     const mg_model_config *c = mg_model_get_config(m);
@@ -51,6 +52,7 @@ mg_status mg_kv_new(mg_model *m, int B, mg_kv_decoder **out, mg_error *err) {
     if (!d) return mg_fail(err, MG_ERR_NOMEM, "decode: out of memory");
     d->m = m;
     d->B = B;
+    d->nt = threads > 0 ? threads : mg_model_threads(m);
     d->N = c->n_layer;
     d->d = c->d_model;
     d->H = c->n_head;
@@ -68,7 +70,7 @@ mg_status mg_kv_new(mg_model *m, int B, mg_kv_decoder **out, mg_error *err) {
     d->cfg = (attn_mha_config){d->d, d->H, 0, 0, 1};
     /* one KV cache per block: ctx_len positions per row, one per step,
      * scratch for the model's threads */
-    attn_mha_kv_shape ks = {B, d->ctx, 1, mg_model_threads(m)};
+    attn_mha_kv_shape ks = {B, d->ctx, 1, d->nt};
     size_t kvbytes = 0;
     attn_error aerr;
     if (attn_mha_kv_bytes(&d->cfg, &ks, &kvbytes, &aerr)) {
@@ -181,7 +183,7 @@ mg_status mg_kv_step(mg_kv_decoder *d, const int32_t *tok, float *logits, mg_err
             return mg_fail(err, MG_ERR_ARG, "decode: row %d: position %d is past ctx_len %d", b,
                            pos, ctx);
     }
-    const int nt = mg_model_threads(d->m);
+    const int nt = d->nt;
     const mg_model_config *cc = mg_model_get_config(d->m);
 
     for (int b = 0; b < n; b++) {

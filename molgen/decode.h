@@ -33,10 +33,12 @@ extern "C" {
 
 typedef struct mg_kv_decoder mg_kv_decoder;
 
-/* Decoder for up to B rows; reads m's parameters at every step (so it sees
- * later weight updates), never writes m. Refuses a model built with
+/* Decoder for up to B rows on `threads` OpenMP threads (0: the model's,
+ * mg_model_threads); reads m's parameters at every step (so it sees later
+ * weight updates), never writes m, so several decoders may step on one
+ * model at once from different threads. Refuses a model built with
  * no_causal_mask (a cache cannot reproduce attention to future tokens). */
-mg_status mg_kv_new(mg_model *m, int B, mg_kv_decoder **out, mg_error *err);
+mg_status mg_kv_new(mg_model *m, int B, int threads, mg_kv_decoder **out, mg_error *err);
 void mg_kv_free(mg_kv_decoder *d); /* NULL fine */
 /* Start n rows (1 <= n <= B) at position 0. */
 mg_status mg_kv_reset(mg_kv_decoder *d, int n, mg_error *err);

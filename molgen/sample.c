@@ -165,7 +165,10 @@ struct mg_decoder {
     float *full;     /* [B, ctx, V] */
 };
 
-mg_status mg_decoder_new(mg_model *m, mg_decode_kind kind, int B, mg_decoder **out, mg_error *err) {
+/* mg_decoder_new on `threads` threads (0: the model's; a KV decoder's own
+ * setting, the naive one always runs on the model's). */
+static mg_status decoder_new(mg_model *m, mg_decode_kind kind, int B, int threads,
+                             mg_decoder **out, mg_error *err) {
     if (!m || !out) return mg_fail(err, MG_ERR_ARG, "decoder: model and out must be non-NULL");
     *out = NULL;
     if (B < 1) return mg_fail(err, MG_ERR_ARG, "decoder: batch %d < 1", B);
@@ -180,7 +183,7 @@ mg_status mg_decoder_new(mg_model *m, mg_decode_kind kind, int B, mg_decoder **o
     d->V = c->vocab_size;
     d->ctx = c->ctx_len;
     if (kind == MG_DECODE_KV) {
-        mg_status rc = mg_kv_new(m, B, &d->kv, err);
+        mg_status rc = mg_kv_new(m, B, threads, &d->kv, err);
         if (rc) {
             free(d);
             return rc;
@@ -199,6 +202,10 @@ mg_status mg_decoder_new(mg_model *m, mg_decode_kind kind, int B, mg_decoder **o
     }
     *out = d;
     return 0;
+}
+
+mg_status mg_decoder_new(mg_model *m, mg_decode_kind kind, int B, mg_decoder **out, mg_error *err) {
+    return decoder_new(m, kind, B, 0, out, err);
 }
 
 void mg_decoder_free(mg_decoder *d) {
@@ -289,10 +296,16 @@ void mg_samples_free(mg_samples *s) {
     memset(s, 0, sizeof *s);
 }
 
-/* Molecules first .. first + n - 1 of o (streams first + k) into out. */
-static mg_status sample_part(mg_model *m, const mg_vocab *v, const mg_sample_opts *o, size_t first,
-                             size_t n, mg_samples *out, mg_error *err) {
-    memset(out, 0, sizeof *out);
+/* What every part of a run shares: the slots per decoder (B, doubled to
+ * DB with guidance) and the scaffold prefix's length P. */
+typedef struct {
+    int B, DB, P, guide;
+} sample_plan;
+
+/* The options checked against the model, the plan for B slots per decoder,
+ * and the model's condition rows for them (read by every part's decoder). */
+static mg_status plan_sample(mg_model *m, const mg_vocab *v, const mg_sample_opts *o, int B,
+                             sample_plan *pl, mg_error *err) {
     mg_status rc = mg_sampling_check(&o->sampling, err);
     if (rc) return rc;
     if (o->batch < 1) return mg_fail(err, MG_ERR_ARG, "batch %d: need >= 1", o->batch);
@@ -303,7 +316,6 @@ static mg_status sample_part(mg_model *m, const mg_vocab *v, const mg_sample_opt
                        V);
     if (V <= MG_NUM_SPECIAL)
         return mg_fail(err, MG_ERR_ARG, "vocabulary of %d tokens has no data tokens", V);
-    const int B = (size_t)o->batch < n ? o->batch : (int)(n ? n : 1);
     const int K = c->n_cond;
     if (!isfinite(o->guidance))
         return mg_fail(err, MG_ERR_ARG, "guidance %g is not finite", (double)o->guidance);
@@ -324,16 +336,29 @@ static mg_status sample_part(mg_model *m, const mg_vocab *v, const mg_sample_opt
         return mg_fail(err, MG_ERR_ARG,
                        "a scaffold of %d tokens leaves no room in the model's %d positions",
                        P - 1, ctx);
-    const int room = ctx - P; /* molecule tokens before the context is full */
     /* guidance: rows B..2B-1 decode the same tokens with no condition given */
     const int guide = o->condition && o->guidance != 0.0f && o->guidance != 1.0f;
     const int DB = guide ? 2 * B : B;
+    *pl = (sample_plan){B, DB, P, guide};
     float *cond_rows = K ? malloc((size_t)DB * K * sizeof(float)) : NULL;
     if (K && !cond_rows) return mg_fail(err, MG_ERR_NOMEM, "out of memory");
     for (int r = 0; r < DB * K; r++) cond_rows[r] = o->condition && r < B * K ? o->condition[r % K] : NAN;
     rc = K ? mg_model_set_conditions(m, cond_rows, DB, err) : MG_OK;
     free(cond_rows);
-    if (rc) return rc;
+    return rc;
+}
+
+/* Molecules first .. first + n - 1 of o (streams first + k) into out, on
+ * one decoder of pl's slots and `threads` threads (0: the model's). */
+static mg_status sample_part(mg_model *m, const mg_vocab *v, const mg_sample_opts *o,
+                             const sample_plan *pl, int threads, size_t first, size_t n,
+                             mg_samples *out, mg_error *err) {
+    memset(out, 0, sizeof *out);
+    mg_status rc = MG_OK;
+    const mg_model_config *c = mg_model_get_config(m);
+    const int V = c->vocab_size, ctx = c->ctx_len;
+    const int B = pl->B, DB = pl->DB, P = pl->P, guide = pl->guide;
+    const int room = ctx - P; /* molecule tokens before the context is full */
     out->n = n;
     out->smiles = calloc(n ? n : 1, sizeof *out->smiles);
     out->ntok = calloc(n ? n : 1, sizeof *out->ntok);
@@ -356,7 +381,7 @@ static mg_status sample_part(mg_model *m, const mg_vocab *v, const mg_sample_opt
         goto done;
     }
     if (n == 0) goto done;
-    rc = mg_decoder_new(m, o->kind, DB, &dec, err);
+    rc = decoder_new(m, o->kind, DB, threads, &dec, err);
     if (rc) goto done;
     if (o->constrain != MG_CONSTRAIN_NONE) {
         rc = mg_token_mask_new(v, B, ctx, o->constrain, &mask, err);
@@ -543,17 +568,83 @@ static mg_status gather_parts(mg_dist *d, const mg_samples *part, size_t n, mg_s
     return rc;
 }
 
+/* Molecules first .. first + n - 1 into out. A KV run on T > 1 threads is
+ * split into T consecutive parts of the molecules, each decoded on one
+ * thread by its own decoder of batch / T slots (rounded up): one
+ * thread's steps never wait for another's, where a shared decoder's small
+ * products would meet at a barrier every few microseconds, dozens of times
+ * per step. A molecule's tokens come from its own stream and its rows'
+ * single-threaded products, so the output is that of --threads 1. The
+ * naive decoder shares the model's buffers and runs on the model's
+ * threads. */
+static mg_status sample_range(mg_model *m, const mg_vocab *v, const mg_sample_opts *o, size_t first,
+                              size_t n, mg_samples *out, mg_error *err) {
+    memset(out, 0, sizeof *out);
+    const int T = o->kind == MG_DECODE_KV && mg_model_threads(m) > 1 ? mg_model_threads(m) : 1;
+    const size_t per = (n + (size_t)T - 1) / (size_t)T;
+    size_t B = o->batch > 0 ? ((size_t)o->batch + (size_t)T - 1) / (size_t)T : 1;
+    if (B > per) B = per ? per : 1;
+    sample_plan pl;
+    mg_status rc = plan_sample(m, v, o, (int)B, &pl, err);
+    if (rc) return rc;
+    if (T == 1) return sample_part(m, v, o, &pl, 0, first, n, out, err);
+    const double t0 = mg_now_s();
+    mg_samples *ps = calloc((size_t)T, sizeof *ps);
+    mg_error *es = calloc((size_t)T, sizeof *es);
+    mg_status *rs = calloc((size_t)T, sizeof *rs);
+    if (!ps || !es || !rs) {
+        free(ps);
+        free(es);
+        free(rs);
+        return mg_fail(err, MG_ERR_NOMEM, "out of memory");
+    }
+#pragma omp parallel for num_threads(T) schedule(static, 1)
+    for (int t = 0; t < T; t++) {
+        size_t a, b;
+        mg_dist_range(n, t, T, &a, &b);
+        rs[t] = sample_part(m, v, o, &pl, 1, first + a, b - a, &ps[t], &es[t]);
+    }
+    for (int t = 0; t < T && !rc; t++)
+        if (rs[t]) rc = mg_fail(err, rs[t], "%s", es[t].message);
+    if (!rc) { /* the parts in order; their strings move to out */
+        out->n = n;
+        out->smiles = calloc(n ? n : 1, sizeof *out->smiles);
+        out->ntok = calloc(n ? n : 1, sizeof *out->ntok);
+        out->ended = calloc(n ? n : 1, sizeof *out->ended);
+        if (!out->smiles || !out->ntok || !out->ended) {
+            rc = mg_fail(err, MG_ERR_NOMEM, "out of memory");
+            mg_samples_free(out);
+        }
+        for (int t = 0, k = 0; t < T && !rc; t++) {
+            for (size_t i = 0; i < ps[t].n; i++, k++) {
+                out->smiles[k] = ps[t].smiles[i];
+                out->ntok[k] = ps[t].ntok[i];
+                out->ended[k] = ps[t].ended[i];
+                ps[t].smiles[i] = NULL;
+            }
+            out->tokens += ps[t].tokens;
+            out->truncated += ps[t].truncated;
+        }
+        out->seconds = mg_now_s() - t0;
+    }
+    for (int t = 0; t < T; t++) mg_samples_free(&ps[t]);
+    free(ps);
+    free(es);
+    free(rs);
+    return rc;
+}
+
 mg_status mg_sample(mg_model *m, const mg_vocab *v, const mg_sample_opts *o, mg_samples *out,
                     mg_error *err) {
     if (!m || !v || !o || !out)
         return mg_fail(err, MG_ERR_ARG, "model, vocab, options and out must be non-NULL");
     mg_dist *d = o->dist;
-    if (!d || d->size <= 1) return sample_part(m, v, o, 0, o->n, out, err);
+    if (!d || d->size <= 1) return sample_range(m, v, o, 0, o->n, out, err);
     const double t0 = mg_now_s();
     size_t i0, i1;
     mg_dist_range(o->n, d->rank, d->size, &i0, &i1);
     mg_samples part;
-    mg_status rc = mg_dist_agree(d, sample_part(m, v, o, i0, i1 - i0, &part, err), err);
+    mg_status rc = mg_dist_agree(d, sample_range(m, v, o, i0, i1 - i0, &part, err), err);
     if (!rc) rc = gather_parts(d, &part, o->n, out, err);
     mg_samples_free(&part);
     if (!rc) out->seconds = mg_now_s() - t0;

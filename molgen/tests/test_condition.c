@@ -187,7 +187,7 @@ static void test_decoder(int cond_bos) {
     for (int i = 0; i < L * V; i++) moved = fmax(moved, fabs(full[i] - base[i]));
     CHECK(moved > 1e-2, "a condition did not move the logits (%g)", moved);
     mg_kv_decoder *d = NULL;
-    CHECK(mg_kv_new(m, 1, &d, &err) == 0 && mg_kv_reset(d, 1, &err) == 0, "%s", err.message);
+    CHECK(mg_kv_new(m, 1, 0, &d, &err) == 0 && mg_kv_reset(d, 1, &err) == 0, "%s", err.message);
     double worst = 0;
     for (int t = 0; t < L; t++) {
         CHECK(mg_kv_step(d, &ids[t], step, &err) == 0, "%s", err.message);

@@ -7,7 +7,7 @@
  *     matches softmax(logits / T), low temperature concentrates, high
  *     temperature flattens;
  *   - mg_sample: same seed -> identical molecules (also across batch sizes,
- *     and KV vs naive), different seeds differ, top-k = 1 equals greedy
+ *     thread counts (a KV run's per-thread parts) and KV vs naive), different seeds differ, top-k = 1 equals greedy
  *     (temperature 0) equals a hand-written argmax loop on the naive
  *     decoder;
  *   - errors: bad settings, step before reset / past ctx_len;
@@ -349,6 +349,16 @@ static void test_sample(mg_model *m, const mg_vocab *v) {
     o.batch = 5;
     CHECK(mg_sample(m, v, &o, &s3, &err) == 0, "%s", err.message);
     CHECK(same_samples(&s1, &s3), "batch size changed the molecules");
+    /* on T > 1 threads a KV run is T parts, one decoder and thread each
+     * (sample.c): the molecules of one thread, for any split */
+    for (int t = 2; t <= 3; t++) {
+        mg_samples st;
+        mg_model_set_threads(m, t);
+        CHECK(mg_sample(m, v, &o, &st, &err) == 0, "%s", err.message);
+        CHECK(same_samples(&s1, &st), "%d threads changed the molecules", t);
+        mg_samples_free(&st);
+    }
+    mg_model_set_threads(m, 1);
     o.kind = MG_DECODE_NAIVE;
     CHECK(mg_sample(m, v, &o, &s4, &err) == 0, "%s", err.message);
     CHECK(same_samples(&s1, &s4), "naive and KV decoding sampled different molecules");
@@ -603,9 +613,13 @@ static void test_constrained(void) {
     o.n = 3;
     o.constrain = MG_CONSTRAIN_SYNTAX;
     mg_samples s;
-    mg_status rc = mg_sample(m, v, &o, &s, &err);
-    CHECK(rc == MG_ERR_STATE && strstr(err.message, "no token can follow"), "rc %d: %s", (int)rc,
-          err.message);
+    for (int t = 1; t <= 2; t++) { /* 2: the failure of one part is the run's */
+        mg_model_set_threads(m, t);
+        mg_status rc = mg_sample(m, v, &o, &s, &err);
+        CHECK(rc == MG_ERR_STATE && strstr(err.message, "no token can follow") && !s.smiles,
+              "%d threads: rc %d: %s", t, (int)rc, err.message);
+    }
+    mg_model_set_threads(m, 1);
     float lg[8] = {0, 0, 0, 0, 0};
     mg_token_mask *mask = NULL;
     CHECK(!mg_token_mask_new(v, 1, 8, MG_CONSTRAIN_VALENCE, &mask, &err), "%s", err.message);
