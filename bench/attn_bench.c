@@ -27,7 +27,14 @@
  * attn_sdpa_forward/backward on the same data padded to [N, Lmax] with
  * key_lengths (molgen's way today), packed and padded calls interleaved,
  * median of each. GFLOP/s and peak_frac count the useful work of both,
- * 4·H·Σ Lᵢ²·D (fwd) and 10·H·Σ Lᵢ²·D (bwd), so speedup is padded / packed. */
+ * 4·H·Σ Lᵢ²·D (fwd) and 10·H·Σ Lᵢ²·D (bwd), so speedup is padded / packed.
+ *
+ * A decode case (Lq = 1) is bound by memory, not by FMAs: its lines also
+ * give gbps, the bytes it must move over its time (fwd: K and V read once,
+ * 2·B·H·Lk·D floats; bwd: K and V read, dK and dV written, twice that), and
+ * stream_frac, that over a read bandwidth measured at start-up on the same
+ * threads (a 256 MiB buffer summed by every thread, best of 5, in a child
+ * process so that it stays out of rss_mb). */
 #define _POSIX_C_SOURCE 200809L
 #include "attn.h"
 #include "fma_peak.h"
@@ -39,7 +46,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 typedef struct {
     int64_t B, H, Lq, Lk, D;
@@ -106,19 +115,76 @@ typedef struct {
     double ms, gflops, peak_frac, rss_mb;
 } result;
 
+/* Read bandwidth in GB/s on `threads` threads: a 256 MiB buffer (far
+ * beyond the caches) summed in parallel, best of 5 passes after one that
+ * touches the pages. 0 if it cannot be allocated. */
+static double stream_gbps_here(int threads) {
+    const size_t n = (size_t)64 << 20; /* floats */
+    float *x = malloc(n * sizeof(float));
+    if (!x) return 0.0;
+    double best = 0.0;
+    volatile float sink = 0.0f;
+    for (int pass = 0; pass < 6; pass++) {
+        const double t0 = now_s();
+        float total = 0.0f;
+        if (pass == 0)
+#pragma omp parallel for num_threads(threads) schedule(static)
+            for (size_t i = 0; i < n; i++) x[i] = (float)(i & 7);
+        /* simd: the sum in vector lanes (the order of a plain loop would
+         * make it latency-bound, not memory-bound) */
+#pragma omp parallel for simd num_threads(threads) reduction(+ : total) schedule(static)
+        for (size_t i = 0; i < n; i++) total += x[i];
+        const double dt = now_s() - t0;
+        sink += total;
+        if (pass > 0 && n * sizeof(float) / dt / 1e9 > best) best = n * sizeof(float) / dt / 1e9;
+    }
+    (void)sink;
+    free(x);
+    return best;
+}
+static double g_stream_gbps;
+
+/* stream_gbps_here in a child process, so that its buffer stays out of this
+ * process's peak RSS (rss_mb); called before this process starts OpenMP
+ * threads (a child of a process with a thread pool could not use one). */
+static double stream_gbps(int threads) {
+    int fd[2];
+    if (pipe(fd)) return 0.0;
+    const pid_t pid = fork();
+    if (pid == 0) {
+        const double g = stream_gbps_here(threads);
+        _exit(write(fd[1], &g, sizeof g) == (ssize_t)sizeof g ? 0 : 1);
+    }
+    close(fd[1]);
+    double g = 0.0;
+    if (pid < 0 || read(fd[0], &g, sizeof g) != (ssize_t)sizeof g) g = 0.0;
+    close(fd[0]);
+    if (pid > 0) waitpid(pid, NULL, 0);
+    return g;
+}
+
 static void emit(const result *r, int json, double peak) {
+    /* decode: the bytes K and V (and dK, dV) take, over the time */
+    const double bytes = 2.0 * (double)r->c.B * (double)r->c.H * (double)r->c.Lk * (double)r->c.D *
+                         sizeof(float) * (strcmp(r->op, "bwd") ? 1.0 : 2.0);
+    const int dec = r->c.Lq == 1 && g_stream_gbps > 0;
+    const double gbps = bytes / (r->ms * 1e-3) / 1e9;
     if (json) {
         printf("{\"impl\": \"%s\", \"op\": \"%s\", \"B\": %lld, \"H\": %lld, \"Lq\": %lld, "
                "\"Lk\": %lld, \"D\": %lld, \"causal\": %s, \"ms\": %.3f, \"gflops\": %.2f, "
-               "\"peak_frac\": %.4f, \"rss_mb\": %.1f}\n",
+               "\"peak_frac\": %.4f, \"rss_mb\": %.1f",
                r->impl, r->op, (long long)r->c.B, (long long)r->c.H, (long long)r->c.Lq,
                (long long)r->c.Lk, (long long)r->c.D, r->c.causal ? "true" : "false", r->ms,
                r->gflops, r->peak_frac, r->rss_mb);
+        if (dec) printf(", \"gbps\": %.2f, \"stream_frac\": %.4f", gbps, gbps / g_stream_gbps);
+        printf("}\n");
     } else {
-        printf("%-9s %-3s %5lld %3lld %6lld %6lld %4lld %-6s %10.3f %9.1f %6.1f%% %9.1f\n", r->impl,
+        printf("%-9s %-3s %5lld %3lld %6lld %6lld %4lld %-6s %10.3f %9.1f %6.1f%% %9.1f", r->impl,
                r->op, (long long)r->c.B, (long long)r->c.H, (long long)r->c.Lq, (long long)r->c.Lk,
                (long long)r->c.D, r->c.causal ? "yes" : "no", r->ms, r->gflops,
                100.0 * r->peak_frac, r->rss_mb);
+        if (dec) printf("  %.1f GB/s, %.0f%% of stream", gbps, 100.0 * gbps / g_stream_gbps);
+        printf("\n");
     }
     (void)peak;
     fflush(stdout);
@@ -435,19 +501,22 @@ int main(int argc, char **argv) {
         vcases = malloc(sizeof kVarlenSuite);
         memcpy(vcases, kVarlenSuite, sizeof kVarlenSuite);
     }
+    for (size_t i = 0; i < ncases && !g_stream_gbps; i++)
+        if (cases[i].Lq == 1) g_stream_gbps = stream_gbps(threads);
     attn_set_num_threads(threads, NULL);
     g_threads = threads;
     const char *peak_isa;
     const double peak = fma_peak_gflops(threads, timer_s, &peak_isa);
     if (json)
-        printf(
-            "{\"peak_gflops\": %.2f, \"peak_isa\": \"%s\", \"threads\": %d, \"clock\": \"%s\"}\n",
-            peak, peak_isa, threads, g_cpu_clock ? "cpu" : "wall");
+        printf("{\"peak_gflops\": %.2f, \"peak_isa\": \"%s\", \"threads\": %d, \"clock\": "
+               "\"%s\", \"stream_gbps\": %.2f}\n",
+               peak, peak_isa, threads, g_cpu_clock ? "cpu" : "wall", g_stream_gbps);
     else
-        printf("threads %d, measured fp32 FMA peak %.1f GFLOP/s (%s), %s clock\n"
+        printf("threads %d, measured fp32 FMA peak %.1f GFLOP/s (%s), read bandwidth %.1f GB/s, "
+               "%s clock\n"
                "%-9s %-3s %5s %3s %6s %6s %4s %-6s %10s %9s %7s %9s\n",
-               threads, peak, peak_isa, g_cpu_clock ? "cpu-time" : "wall", "impl", "op", "B", "H",
-               "Lq", "Lk", "D", "causal", "ms", "GFLOP/s", "peak", "rss_MB");
+               threads, peak, peak_isa, g_stream_gbps, g_cpu_clock ? "cpu-time" : "wall", "impl",
+               "op", "B", "H", "Lq", "Lk", "D", "causal", "ms", "GFLOP/s", "peak", "rss_MB");
     int rc = 0;
     for (size_t i = 0; i < ncases; i++) {
         const bcase *c = &cases[i];
