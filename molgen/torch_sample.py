@@ -1,8 +1,10 @@
 #!/usr/bin/python3
 """PyTorch baseline sampler for molgen models, MolGPT's way: every step
-re-runs the whole prefix through the model (no KV cache).
+re-runs the whole prefix through the model (no KV cache); with --kv, a
+KV cache like molgen's (each step runs the new position only, attention
+over the cached keys and values of every block).
 
-    /usr/bin/python3 molgen/torch_sample.py [--model FILE | --molgpt]
+    /usr/bin/python3 molgen/torch_sample.py [--model FILE | --molgpt] [--kv]
         [-n 256] [--batch 64] [--seed 0] [--temperature 1] [--top-k 0]
         [--top-p 1] [--threads N] [--runs 1] [--warmup 0] [--out FILE] [--json]
 
@@ -21,11 +23,13 @@ comparison: `molgen bench` / `molgen sample --decode naive|kv` is the C side.
 """
 import argparse
 import json
+import math
 import os
 import sys
 import time
 
 import torch
+import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch_model as tm  # noqa: E402
@@ -58,7 +62,34 @@ def choose(logits, temperature, top_k, top_p, gen):
 
 
 @torch.no_grad()
-def sample(model, n, batch, temperature, top_k, top_p, gen):
+def kv_step(model, tok, pos, cache):
+    """Logits [nb, V] for tokens tok [nb] at position pos, every row at the
+    same position; cache: per block a [k, v] pair of [nb, H, pos, dk]
+    tensors (empty lists at pos 0), extended in place. The twin's own
+    weights through the same products as its Block.forward."""
+    cfg = model.cfg
+    H, d = cfg.n_head, cfg.d_model
+    dk = d // H
+    nb = tok.shape[0]
+    x = model.tok_emb(tok) + model.pos_emb.weight[pos]
+    for blk, kv in zip(model.blocks, cache):
+        h = blk.ln1(x)
+        q, k, v = F.linear(h, blk.attn.in_proj_weight, blk.attn.in_proj_bias).split(d, dim=-1)
+        q, k, v = (t.reshape(nb, H, 1, dk) for t in (q, k, v))
+        if kv:
+            kv[0] = torch.cat([kv[0], k], dim=2)
+            kv[1] = torch.cat([kv[1], v], dim=2)
+        else:
+            kv.extend([k, v])
+        w = torch.softmax(q @ kv[0].transpose(-1, -2) / math.sqrt(dk), dim=-1)
+        a = (w @ kv[1]).reshape(nb, d)
+        x = x + blk.attn.out_proj(a)
+        x = x + blk.mlp(blk.ln2(x))
+    return model.head(model.ln_f(x))
+
+
+@torch.no_grad()
+def sample(model, n, batch, temperature, top_k, top_p, gen, kv=False):
     """-> (list of id lists without BOS/EOS, list of ended flags, tokens)."""
     ctx = model.cfg.ctx_len
     out, ended, tokens = [], [], 0
@@ -67,8 +98,12 @@ def sample(model, n, batch, temperature, top_k, top_p, gen):
         x = torch.full((nb, 1), tm.BOS, dtype=torch.long)
         done = torch.zeros(nb, dtype=torch.bool)
         lens = torch.full((nb,), ctx, dtype=torch.long)
+        cache = [[] for _ in model.blocks]
         for pos in range(ctx):
-            logits = model.logits(x)[:, -1, :]          # the whole prefix, every step
+            if kv:  # the new position only
+                logits = kv_step(model, x[:, -1], pos, cache)
+            else:   # the whole prefix, every step
+                logits = model.logits(x)[:, -1, :]
             nxt = choose(logits, temperature, top_k, top_p, gen)
             nxt = torch.where(done, torch.full_like(nxt, tm.EOS), nxt)
             newly = (nxt == tm.EOS) & ~done
@@ -107,6 +142,8 @@ def main(argv=None):
     ap.add_argument("--runs", type=int, default=1)
     ap.add_argument("--warmup", type=int, default=0)
     ap.add_argument("--out", help="write the (last run's) molecules here, one per line")
+    ap.add_argument("--kv", action="store_true",
+                    help="a KV cache: each step runs the new position only")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     if a.n < 1 or a.batch < 1 or a.runs < 1 or a.warmup < 0 or a.temperature < 0 \
@@ -137,7 +174,8 @@ def main(argv=None):
     rates, tok_rates = [], []
     for run in range(a.warmup + a.runs):
         t0 = time.perf_counter()
-        ids, ended, tokens = sample(model, a.n, a.batch, a.temperature, a.top_k, a.top_p, gen)
+        ids, ended, tokens = sample(model, a.n, a.batch, a.temperature, a.top_k, a.top_p, gen,
+                                     a.kv)
         dt = time.perf_counter() - t0
         if run >= a.warmup:
             rates.append(a.n / dt)
@@ -151,7 +189,7 @@ def main(argv=None):
             for s in smiles:
                 f.write(s + "\n")
     cfg = model.cfg
-    res = {"impl": "torch-naive", "torch": torch.__version__, "threads": torch.get_num_threads(),
+    res = {"impl": "torch-kv" if a.kv else "torch-naive", "torch": torch.__version__, "threads": torch.get_num_threads(),
            "model": name, "n_layer": cfg.n_layer, "d_model": cfg.d_model, "n_head": cfg.n_head,
            "ctx_len": cfg.ctx_len, "vocab_size": cfg.vocab_size, "n": a.n, "batch": a.batch,
            "runs": a.runs, "molecules_per_s": median(rates), "min": min(rates), "max": max(rates),
@@ -161,10 +199,11 @@ def main(argv=None):
         print(json.dumps(res))
     else:
         print("torch %s, %d threads, %s model (%d layers, d %d, %d heads): sampled %d molecules "
-              "(batch %d, whole prefix every step): %.1f molecules/s [%.1f .. %.1f], "
+              "(batch %d, %s): %.1f molecules/s [%.1f .. %.1f], "
               "%.0f tokens/s, %.1f tokens/molecule"
               % (torch.__version__, res["threads"], name, cfg.n_layer, cfg.d_model, cfg.n_head,
-                 a.n, a.batch, res["molecules_per_s"], res["min"], res["max"],
+                 a.n, a.batch, "KV cache" if a.kv else "whole prefix every step",
+                 res["molecules_per_s"], res["min"], res["max"],
                  res["tokens_per_s"], res["tokens_per_molecule"]), file=sys.stderr)
         if a.out:
             print(a.out)
