@@ -1,0 +1,261 @@
+#!/usr/bin/python3
+"""Every speed figure the README states, measured side by side in one run.
+
+    /usr/bin/python3 bench/speed_report.py [--threads 2] [--rounds 2]
+        [--out DIR] [--ort-modules DIR] [--build build]
+
+Each round runs, one after the other on the same threads:
+  attention  attn-bench --impl fused (the suite; the fused path),
+             bench/torch_attn_bench.py (PyTorch's math path) and
+             ../shared/peers/ort_attn_bench.js attn23 mha gqa (onnxruntime's
+             three CPU operators, when node and onnxruntime-node are there:
+             --ort-modules, default /tmp/ort/node_modules);
+  training   molgen bench --no-sample --batch 32 (default config and MolGPT's,
+             random full rows and the batches of data/moses_20k.smi) beside
+             molgen/torch_model.py bench (the PyTorch twin, 1 thread and the
+             threads with OMP_WAIT_POLICY=PASSIVE, its best of the two);
+  sampling   molgen bench --no-train on the shipped model (KV cache and
+             naive, batch 64) beside molgen/torch_sample.py (--kv, and the
+             prefix re-run: MolGPT's sampler).
+Rounds interleave the programs, so a change in the machine's load shows up
+in every column; the tables give the median over rounds of each program's
+own median, and the figures of each round in the raw file.
+Writes DIR/raw.jsonl (every measurement, with its round) and prints the
+markdown tables with each target of issue 14 beside its figure.
+OPENBLAS_CORETYPE is kept as set (the project sets Haswell)."""
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+SHARED = os.environ.get("MOLGEN_SHARED", os.path.join(os.path.dirname(REPO), "shared"))
+MODEL = os.path.join(REPO, "models", "molgen-moses.safetensors")
+DATA = os.path.join(REPO, "data", "moses_20k.smi")
+PY = "/usr/bin/python3"
+
+
+def run(cmd, env=None, timeout=1800):
+    e = dict(os.environ)
+    e.setdefault("OPENBLAS_CORETYPE", "Haswell")
+    e.update(env or {})
+    t0 = time.time()
+    p = subprocess.run(cmd, capture_output=True, text=True, env=e, timeout=timeout)
+    if p.returncode != 0:
+        raise RuntimeError("%s failed (%d): %s" % (" ".join(cmd), p.returncode, p.stderr[-2000:]))
+    return p.stdout, time.time() - t0
+
+
+def json_lines(text):
+    return [json.loads(l) for l in text.splitlines() if l.startswith("{")]
+
+
+def case_key(r):
+    return (r["B"], r["H"], r["Lq"], r["Lk"], r["D"], bool(r["causal"]))
+
+
+ORT_RE = re.compile(r"ort-(\S+)\s+thr=\d+ B=\s*(\d+) H=(\d+) L=\s*(\d+) D=(\d+) causal=(\d)\s+"
+                    r"median\s+([\d.]+) ms")
+
+
+def attention_round(a, rnd, out):
+    passive = {"OMP_WAIT_POLICY": "PASSIVE"}
+    txt, _ = run([os.path.join(a.build, "attn-bench"), "--threads", str(a.threads), "--impl",
+                  "fused", "--json"], passive)
+    rows = json_lines(txt)
+    head = rows[0]
+    out.append({"round": rnd, "kind": "peak", **head})
+    for r in rows[1:]:
+        if "ms" in r:
+            out.append({"round": rnd, "kind": "attn", "prog": "attn-fused", **r})
+    txt, _ = run([PY, os.path.join(HERE, "torch_attn_bench.py"), "--threads", str(a.threads),
+                  "--json"], passive)
+    for r in json_lines(txt):
+        if "ms" in r:
+            out.append({"round": rnd, "kind": "attn", "prog": "torch-math", **r})
+    js = os.path.join(SHARED, "peers", "ort_attn_bench.js")
+    if shutil.which("node") and os.path.isdir(a.ort_modules) and os.path.exists(js):
+        txt, _ = run(["node", js, str(a.threads), "attn23", "mha", "gqa"],
+                     {"NODE_PATH": a.ort_modules})
+        for m in ORT_RE.finditer(txt):
+            v, B, H, L, D, c, ms = m.groups()
+            out.append({"round": rnd, "kind": "attn", "prog": "ort-" + v, "op": "fwd",
+                        "B": int(B), "H": int(H), "Lq": int(L), "Lk": int(L), "D": int(D),
+                        "causal": c == "1", "ms": float(ms)})
+
+
+TRAIN = [("default, random full rows", []), ("default, real batches", ["--data", DATA]),
+         ("MolGPT, random full rows", ["--molgpt"]), ("MolGPT, real batches", ["--molgpt", "--data", DATA])]
+
+
+def train_round(a, rnd, out):
+    mg = os.path.join(a.build, "molgen", "molgen")
+    for name, extra in TRAIN:
+        txt, _ = run([mg, "bench", "--no-sample", "--batch", "32", "--threads", str(a.threads),
+                      "--json"] + extra, {"OMP_WAIT_POLICY": "PASSIVE"})
+        j = json_lines(txt)[-1]
+        out.append({"round": rnd, "kind": "train", "prog": "molgen", "setting": name, **j["train"]})
+        targs = ["--batch", "32", "--json"] + (["--molgpt"] if "--molgpt" in extra else []) + \
+            (["--data", DATA] if "--data" in extra else [])
+        for th, env in ((1, {}), (a.threads, {"OMP_WAIT_POLICY": "PASSIVE"})):
+            txt, _ = run([PY, os.path.join(REPO, "molgen", "torch_model.py"), "bench",
+                          "--threads", str(th)] + targs, env)
+            j = json_lines(txt)[-1]
+            out.append({"round": rnd, "kind": "train", "prog": "torch-%dt" % th, "setting": name,
+                        "tokens_per_s": j["train_tokens_per_sec"]})
+
+
+def sample_round(a, rnd, out):
+    mg = os.path.join(a.build, "molgen", "molgen")
+    txt, _ = run([mg, "bench", "--no-train", "--model", MODEL, "--batch", "64", "--threads",
+                  str(a.threads), "--sample-n", "512", "--json"], {"OMP_WAIT_POLICY": "PASSIVE"})
+    j = json_lines(txt)[-1]
+    cfg = {k: j[k] for k in ("n_layer", "d_model", "ctx_len", "vocab_size")}
+    for kind in ("sample_kv", "sample_naive"):
+        out.append({"round": rnd, "kind": "sample", "prog": "molgen-" + kind[7:], **cfg, **j[kind]})
+    for kv, n in ((True, 256), (False, 64)):
+        txt, _ = run([PY, os.path.join(REPO, "molgen", "torch_sample.py"), "--model", MODEL, "-n",
+                      str(n), "--batch", "64", "--threads", "1", "--runs", "3", "--json"] +
+                     (["--kv"] if kv else []))
+        j = json_lines(txt)[-1]
+        out.append({"round": rnd, "kind": "sample", "prog": j["impl"], **j})
+
+
+def med(v):
+    return statistics.median(v) if v else float("nan")
+
+
+def report(rows, threads):
+    peaks = [r["peak_gflops"] for r in rows if r["kind"] == "peak"]
+    streams = [r.get("stream_gbps", 0) for r in rows if r["kind"] == "peak"]
+    peak = med(peaks)
+    print("FMA peak (attn-bench, %d threads), per round: %s GFLOP/s; read bandwidth %s GB/s\n"
+          % (threads, " / ".join("%.0f" % p for p in peaks), " / ".join("%.1f" % s for s in streams)))
+    # attention
+    att = [r for r in rows if r["kind"] == "attn"]
+    keys = []
+    for r in att:
+        if r["prog"] == "attn-fused" and (case_key(r), r["op"]) not in keys:
+            keys.append((case_key(r), r["op"]))
+    if keys:
+        print("| B,H,Lq,Lk,D,causal | op | attn fused ms | % peak | torch-math ms | best ORT ms (op) |"
+              " fused vs best peer | target |")
+        print("|---|---|---|---|---|---|---|---|")
+    for k, op in keys:
+        def ms_of(prog):
+            return med([r["ms"] for r in att if r["prog"] == prog and case_key(r) == k and r["op"] == op])
+        f = ms_of("attn-fused")
+        frac = med([r["peak_frac"] for r in att if r["prog"] == "attn-fused" and case_key(r) == k
+                    and r["op"] == op])
+        tm_ = ms_of("torch-math")
+        orts = {p: ms_of(p) for p in ("ort-attn23", "ort-mha", "ort-gqa")}
+        orts = {p: v for p, v in orts.items() if v == v}
+        best_ort = min(orts.items(), key=lambda kv: kv[1]) if orts else None
+        peers = [v for v in [tm_] + list(orts.values()) if v == v]
+        ratio = min(peers) / f if peers else float("nan")
+        B, H, Lq, Lk, D, c = k
+        dec = Lq == 1
+        if dec:
+            g = med([r.get("gbps", float("nan")) for r in att if r["prog"] == "attn-fused"
+                     and case_key(r) == k and r["op"] == op])
+            sf = med([r.get("stream_frac", float("nan")) for r in att if r["prog"] == "attn-fused"
+                      and case_key(r) == k and r["op"] == op])
+            pk = "%.1f GB/s = %.0f%% of stream" % (g, 100 * sf)
+        else:
+            pk = "%.0f%%" % (100 * frac)
+        tgt = []
+        if op == "fwd" and not dec:
+            tgt.append("≥ 1.25× peers: %s" % ("met" if ratio >= 1.25 else "not met"))
+        if Lq >= 1024 and not c and not dec:
+            need = 0.85 if op == "fwd" else 0.80
+            tgt.append("≥ %d%% peak: %s" % (100 * need, "met" if frac >= need else "not met"))
+        print("| %d,%d,%d,%d,%d,%s | %s | %.2f | %s | %s | %s | %s | %s |" % (
+            B, H, Lq, Lk, D, "yes" if c else "no", op, f, pk,
+            "%.2f" % tm_ if tm_ == tm_ else "–",
+            "%.2f (%s)" % (best_ort[1], best_ort[0][4:]) if best_ort else "–",
+            "%.2f×" % ratio if ratio == ratio else "–", "; ".join(tgt) or "–"))
+    # training
+    tr = [r for r in rows if r["kind"] == "train"]
+    if tr:
+        print("\n| training, batch 32, %d threads | molgen tokens/s | mfu | PyTorch best tokens/s | ratio | target |"
+              % threads)
+        print("|---|---|---|---|---|---|")
+    for name, _ in TRAIN:
+        m = [r for r in tr if r["setting"] == name and r["prog"] == "molgen"]
+        if not m:
+            continue
+        rounds = sorted({r["round"] for r in tr if r["setting"] == name})
+        best_t = [max(r["tokens_per_s"] for r in tr if r["setting"] == name and r["round"] == x
+                      and r["prog"].startswith("torch")) for x in rounds]
+        mt, mfu, bt = med([r["tokens_per_s"] for r in m]), med([r["mfu"] for r in m]), med(best_t)
+        need = 0.75 if name.startswith("MolGPT") else 0.65
+        print("| %s | %.0f | %.0f%% | %.0f | %.2f× | mfu ≥ %d%%: %s |" % (
+            name, mt, 100 * mfu, bt, mt / bt, 100 * need, "met" if mfu >= need else "not met"))
+    # sampling
+    sm = [r for r in rows if r["kind"] == "sample"]
+    kv = [r for r in sm if r["prog"] == "molgen-kv"]
+    if kv:
+        c = kv[0]
+        d, N, V, T = c["d_model"], c["n_layer"], c["vocab_size"], c["ctx_len"]
+        tpm = med([r["tokens_per_molecule"] for r in kv])
+        # per generated token: 2 x matmul weights, plus Q·K and P·V over the
+        # cached positions (on average about half the molecule's length)
+        flop_tok = 2 * (12 * N * d * d + V * d) + N * 4 * d * (tpm / 2)
+        limit = peak * 1e9 / (flop_tok * tpm)
+        if peak != peak:
+            print("(no FMA peak measured in this run: the sampling limit needs the attention part)")
+        print("\n| sampling, shipped model, batch 64 | molecules/s | fraction of the arithmetic limit |")
+        print("|---|---|---|")
+        for prog in ("molgen-kv", "molgen-naive", "torch-kv", "torch-naive"):
+            v = med([r["molecules_per_s"] for r in sm if r["prog"] == prog])
+            print("| %s | %.1f | %s |" % (prog, v, "%.0f%%" % (100 * v / limit) if prog == "molgen-kv" else "–"))
+        mk = med([r["molecules_per_s"] for r in kv])
+        print("\nArithmetic limit: %.2f MFLOP per token × %.1f tokens per molecule at %.0f GFLOP/s = "
+              "%.0f molecules/s; target ≥ 1,000 molecules/s: %s (%.0f)."
+              % (flop_tok / 1e6, tpm, peak, limit, "met" if mk >= 1000 else "not met", mk))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--out", default=os.path.join(REPO, "out", "speed"))
+    ap.add_argument("--ort-modules", default="/tmp/ort/node_modules")
+    ap.add_argument("--build", default=os.path.join(REPO, "build"))
+    ap.add_argument("--only", choices=("attention", "train", "sample"), action="append",
+                    help="run only these parts (default all)")
+    ap.add_argument("--report", help="print the tables of an earlier raw.jsonl, run nothing")
+    a = ap.parse_args()
+    if a.report:
+        with open(a.report) as f:
+            report([json.loads(l) for l in f if l.strip()], a.threads)
+        return 0
+    os.makedirs(a.out, exist_ok=True)
+    raw = os.path.join(a.out, "raw.jsonl")
+    rows = []
+    parts = [("attention", attention_round), ("train", train_round), ("sample", sample_round)]
+    for rnd in range(a.rounds):
+        for name, fn in parts:
+            if a.only and name not in a.only:
+                continue
+            t0 = time.time()
+            got = []
+            fn(a, rnd, got)
+            rows += got
+            with open(raw, "a") as f:
+                for r in got:
+                    f.write(json.dumps(r) + "\n")
+            print("round %d %s: %.0f s" % (rnd + 1, name, time.time() - t0), file=sys.stderr)
+    report(rows, a.threads)
+    print("\n(raw measurements: %s)" % raw)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
