@@ -12,7 +12,9 @@ struct mg_token_mask {
     mg_smiles_state **row;  /* rows parsers */
     mg_smiles_state *trial; /* scratch: a row's parser plus one candidate */
     int32_t *ids;           /* [rows, ctx] tokens so far (messages) */
+    mg_constrain level;
     long overlong;          /* steps where only the length estimate was dropped */
+    long kekule_dropped;    /* steps where only the Kekulé check was dropped */
 };
 
 mg_status mg_token_mask_new(const mg_vocab *v, int rows, int ctx, mg_constrain level,
@@ -32,6 +34,7 @@ mg_status mg_token_mask_new(const mg_vocab *v, int rows, int ctx, mg_constrain l
     if (!m) return mg_fail(err, MG_ERR_NOMEM, "token mask: out of memory");
     m->v = v;
     m->V = mg_vocab_size(v);
+    m->level = level;
     m->rows = rows;
     m->ctx = ctx;
     m->row = calloc((size_t)rows, sizeof *m->row);
@@ -59,17 +62,18 @@ void mg_token_mask_free(mg_token_mask *m) {
 
 void mg_token_mask_reset_row(mg_token_mask *m, int r) { mg_smiles_state_reset(m->row[r]); }
 
-/* Does row r accept token t and stay viable? 2: and the estimated ending
+/* Does row r accept token t and stay viable? 3: and the estimated ending
  * still fits before ctx (EOS at a position < ctx: tokens + still needed <=
- * ctx - 1), 1: only without that, 0: no. */
+ * ctx - 1) and the aromatic atoms may still be kekulised, 2: only the
+ * first two, 1: only without the length estimate, 0: no. */
 static int allows(mg_token_mask *m, int r, int t) {
     const char *tok = mg_vocab_token(m->v, t);
     mg_smiles_state_copy(m->trial, m->row[r]);
     if (!mg_smiles_state_push(m->trial, tok, (int)strlen(tok), NULL, 0)) return 0;
     if (!mg_smiles_state_viable(m->trial)) return 0;
-    return mg_smiles_state_tokens(m->trial) + mg_smiles_state_min_tokens(m->trial) <= m->ctx - 1
-               ? 2
-               : 1;
+    if (mg_smiles_state_tokens(m->trial) + mg_smiles_state_min_tokens(m->trial) > m->ctx - 1)
+        return 1;
+    return mg_smiles_state_kekule(m->trial, 0) ? 3 : 2;
 }
 
 int mg_token_mask_apply(mg_token_mask *m, int r, float *logits) {
@@ -79,14 +83,18 @@ int mg_token_mask_apply(mg_token_mask *m, int r, float *logits) {
         if (t == MG_PAD || t == MG_BOS)
             lvl[t] = 0;
         else if (t == MG_EOS)
-            lvl[t] = mg_smiles_state_end(m->row[r], NULL, 0) ? 2 : 0;
+            lvl[t] = !mg_smiles_state_end(m->row[r], NULL, 0) ? 0
+                     : mg_smiles_state_kekule(m->row[r], 1) ? 3
+                                                            : 2;
         else
             lvl[t] = (unsigned char)allows(m, r, t);
         if (lvl[t] > best) best = lvl[t];
     }
     /* the length estimate is an estimate: when it leaves nothing, the
      * molecule goes on under the rules and may end without EOS at ctx_len
-     * (counted as truncated) rather than stop the run */
+     * (counted as truncated) rather than stop the run; the Kekulé check
+     * assumes more of the future than can always come (it is permissive),
+     * so when it leaves nothing the step goes on without it */
     int left = 0;
     for (int t = 0; t < m->V; t++) {
         if (best && lvl[t] == best)
@@ -95,10 +103,12 @@ int mg_token_mask_apply(mg_token_mask *m, int r, float *logits) {
             logits[t] = -INFINITY;
     }
     if (best == 1) m->overlong++;
+    if (best == 2 && m->level == MG_CONSTRAIN_VALENCE) m->kekule_dropped++;
     return left;
 }
 
 long mg_token_mask_overlong(const mg_token_mask *m) { return m ? m->overlong : 0; }
+long mg_token_mask_kekule_dropped(const mg_token_mask *m) { return m ? m->kekule_dropped : 0; }
 
 mg_status mg_token_mask_push(mg_token_mask *m, int r, int t, mg_error *err) {
     const char *tok = mg_vocab_token(m->v, t);

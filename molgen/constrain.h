@@ -13,8 +13,11 @@
  * model's context (so the molecule can reach EOS before ctx_len; when
  * that estimate leaves no token, the tokens the other rules allow are
  * kept and the molecule may end at ctx_len without EOS); EOS is allowed
- * when the string may end (mg_smiles_state_end). PAD and BOS are never
- * allowed.
+ * when the string may end (mg_smiles_state_end). At level VALENCE the
+ * tokens (and EOS) after which the aromatic atoms can still be kekulised
+ * (mg_smiles_state_kekule) are preferred: when that check leaves none, the
+ * step keeps the others (it assumes more of the future than can always
+ * come). PAD and BOS are never allowed.
  *
  * Conventions: errors.h; nothing aborts or prints.
  */
@@ -51,6 +54,8 @@ int mg_token_mask_apply(mg_token_mask *m, int r, float *logits);
 mg_status mg_token_mask_push(mg_token_mask *m, int r, int t, mg_error *err);
 /* Steps (all rows) where the length estimate left nothing and was dropped. */
 long mg_token_mask_overlong(const mg_token_mask *m);
+/* Steps (all rows) where the Kekulé check left nothing and was dropped. */
+long mg_token_mask_kekule_dropped(const mg_token_mask *m);
 /* The string row r has so far, for messages: at most n - 1 bytes. */
 void mg_token_mask_prefix(const mg_token_mask *m, int r, char *out, size_t n);
 

@@ -153,6 +153,7 @@ enum { P_NONE, P_ATOM, P_BOND, P_RING, P_OPEN, P_CLOSE, P_DOT };
 typedef struct {
     int a, b;
     int order2; /* twice the bond order; implicit counted as single, ':' 0 */
+    int arom;   /* written without a symbol or with ':': aromatic between aromatic atoms */
 } bondrec;
 
 typedef struct {
@@ -176,6 +177,8 @@ typedef struct {
     int parent; /* the atom it bonded to when it came (-1: first of a fragment) */
     int depth;  /* atoms above it through parent */
     int cyc;    /* on a cycle of the bonds so far (tree paths of the closures) */
+    char sym;   /* aromatic atoms: c n o s p b unbracketed, 'x' bracket (z below) */
+    int z;      /* bracket atoms: atomic number */
 } atomrec;
 
 /* Unbracketed aliphatic organic-subset atoms: the largest valence RDKit
@@ -303,6 +306,7 @@ struct mg_smiles_state {
     bondrec *bonds;
     atomrec *atoms;
     unsigned char *inring; /* scratch of the end check and of viable */
+    int *kwork;            /* scratch of kekule_ok: 4 (cap + 1) + 2 (cap + 1) ints */
     const char *src;       /* the whole string when known: atoms named in messages */
 };
 
@@ -337,8 +341,9 @@ mg_status mg_smiles_state_new(int cap, mg_constrain level, mg_smiles_state **out
         s->bonds = malloc((size_t)(cap + 1) * sizeof *s->bonds);
         s->atoms = malloc((size_t)(cap + 1) * sizeof *s->atoms);
         s->inring = malloc((size_t)cap + 1);
+        s->kwork = malloc((size_t)(cap + 1) * 6 * sizeof *s->kwork);
     }
-    if (!s || !s->stack || !s->bonds || !s->atoms || !s->inring) {
+    if (!s || !s->stack || !s->bonds || !s->atoms || !s->inring || !s->kwork) {
         mg_smiles_state_free(s);
         return mg_fail(err, MG_ERR_NOMEM, "smiles state: out of memory for %d tokens", cap);
     }
@@ -355,6 +360,7 @@ void mg_smiles_state_free(mg_smiles_state *s) {
     free(s->bonds);
     free(s->atoms);
     free(s->inring);
+    free(s->kwork);
     free(s);
 }
 
@@ -374,12 +380,14 @@ void mg_smiles_state_copy(mg_smiles_state *dst, const mg_smiles_state *src) {
     bondrec *bonds = dst->bonds;
     atomrec *atoms = dst->atoms;
     unsigned char *inring = dst->inring;
+    int *kwork = dst->kwork;
     const int cap = dst->cap;
     memcpy(dst, src, sizeof *dst);
     dst->stack = stack;
     dst->bonds = bonds;
     dst->atoms = atoms;
     dst->inring = inring;
+    dst->kwork = kwork;
     dst->cap = cap;
     memcpy(stack, src->stack, (size_t)src->sp * sizeof *stack);
     memcpy(bonds, src->bonds, (size_t)src->nbonds * sizeof *bonds);
@@ -468,11 +476,13 @@ static int fits(const mg_smiles_state *s, const atomrec *a, int extra, int extra
     return 1;
 }
 
-/* A bond of twice-order o2 between atoms x and y. */
-static void add_bond(mg_smiles_state *s, int x, int y, int o2) {
+/* A bond of twice-order o2 between atoms x and y (arom: written with no
+ * symbol or ':'). */
+static void add_bond(mg_smiles_state *s, int x, int y, int o2, int arom) {
     s->bonds[s->nbonds].a = x;
     s->bonds[s->nbonds].b = y;
     s->bonds[s->nbonds].order2 = o2;
+    s->bonds[s->nbonds].arom = arom;
     s->nbonds++;
     atomrec *ax = &s->atoms[x], *ay = &s->atoms[y];
     ax->val2 += o2;
@@ -514,6 +524,175 @@ static int pending_aromatic(const mg_smiles_state *s) {
     return k;
 }
 
+/* ------------------------------------------------------------ Kekulé
+ * VALENCE: can the aromatic atoms still get alternating bonds, as RDKit's
+ * kekulisation needs? Each aromatic atom is one of
+ *   MUST  it needs exactly one double bond to an aromatic neighbour: c with
+ *         no double bond yet; n, p, b (or a bracket atom) with one bond's
+ *         worth of valence left (pyridine's n, phosphinine's p, [nH+],
+ *         [o+], [cH]);
+ *   OUT   it can take none: n with three neighbours, [nH], o, s (RDKit's
+ *         valence 2 for them), [n-], [cH-], an atom that has its double
+ *         bond (pyridone's c=O);
+ *   MAY   either: s, p, b, se, te, a bracket atom of several valences or
+ *         with more room (permissive: never a reason to refuse);
+ * and the question is whether the aromatic bonds (written without a symbol
+ * or with ':'; chain bonds between rings too, permissive again) between
+ * non-OUT atoms hold a matching that covers every MUST atom. An explicit
+ * '-' is single (RDKit keeps it so), also when it is still pending after
+ * cur. With future = 1 (a string
+ * still being written) a MUST atom that new bonds can still reach (cur or
+ * a branch point with room, or holding an open ring bond) counts as MAY:
+ * its partner or its exocyclic double bond may come later; an atom with
+ * fewer than two bonds will get them (it must end on a ring). Backtracking
+ * over the MUST atoms in order; past a budget of steps the answer is yes
+ * (permissive). Returns 1 if a matching may exist, 0 if none can. */
+enum { K_OUT = 0, K_MUST = 1, K_MAY = 2 };
+
+typedef struct {
+    const unsigned char *role;
+    int *match, *adj, *start;
+    int n;
+    long budget;
+} kk_search;
+
+static int kk_solve(kk_search *k, int from) {
+    int u = -1;
+    for (int a = from; a < k->n && u < 0; a++)
+        if (k->role[a] == K_MUST && k->match[a] < 0) u = a;
+    if (u < 0) return 1;
+    if (--k->budget < 0) return 1;
+    for (int e = k->start[u]; e < k->start[u + 1]; e++) {
+        const int v = k->adj[e];
+        if (k->match[v] >= 0) continue;
+        k->match[u] = v;
+        k->match[v] = u;
+        if (kk_solve(k, u + 1)) return 1;
+        k->match[u] = k->match[v] = -1;
+    }
+    return 0;
+}
+
+/* Twice the valence atom a has left with val2 of bonds (bracket H
+ * included), and whether that is known: unbracketed c n o, and bracket
+ * atoms of one valence with a limit. */
+static int kk_rem2(const atomrec *r, int val2, int *known) {
+    *known = 1;
+    switch (r->sym) {
+    case 'c': return 8 - val2;
+    case 'n':
+    case 'p':
+    case 'b': return 6 - val2; /* valence 3 (p: also 5, see kk_role) */
+    case 'o':
+    case 's': return 4 - val2; /* valence 2: thiophene's s takes no double bond */
+    case 'x':
+        if (r->limit2 && r->z != 5 && r->z != 15 && r->z != 16 && r->z != 33 && r->z != 34 &&
+            r->z != 52)
+            return r->limit2 - val2 - r->h2;
+        break;
+    default: break;
+    }
+    *known = 0;
+    return 0;
+}
+
+/* Atom a's role. Bonds it is committed to but that are not made yet (a
+ * bond symbol or '(' after cur, the ring bonds it opened) count as single
+ * ones; committed_arom: one of them may still be its double bond (no symbol
+ * or ':'). reach: an atom later tokens can bond again (cur, a branch point)
+ * with room for one more bond. */
+static int kk_role(const atomrec *r, int has_double, int val2, int committed_arom, int reach) {
+    if (has_double) return K_OUT;
+    int known;
+    const int rem2 = kk_rem2(r, val2, &known);
+    int role;
+    if (r->sym == 'c')
+        role = K_MUST; /* c always needs one: its H fills the rest */
+    else if (!known)
+        return K_MAY;
+    else if (r->sym == 'p' && rem2 <= 0)
+        return K_MAY; /* P(V) may still take one */
+    else
+        role = rem2 == 2 ? K_MUST : rem2 <= 0 ? K_OUT : K_MAY;
+    if (role != K_MUST) return role;
+    if (committed_arom && rem2 >= 2) return K_MAY; /* that bond may be the double one */
+    /* a later bond may be the double one (room for 2), or, but for c, one
+     * more single bond takes away the need (n with three bonds is
+     * pyrrole's) */
+    if (reach && (rem2 >= 4 || r->sym != 'c')) return K_MAY;
+    return K_MUST;
+}
+
+static int kekule_ok(mg_smiles_state *s, int future) {
+    if (s->level != MG_CONSTRAIN_VALENCE || s->natoms == 0) return 1;
+    const int n = s->natoms;
+    unsigned char *role = s->inring;
+    int *match = s->kwork, *start = match + (n + 1), *fill = start + (n + 1),
+        *adj = fill + (n + 1); /* adj: 2 per bond */
+    int any_must = 0;
+    memset(role, 0, (size_t)n);
+    for (int a = 0; a < n; a++) match[a] = 0; /* has a double bond */
+    for (int k = 0; k < s->nbonds; k++)
+        if (s->bonds[k].order2 >= 4) match[s->bonds[k].a] = match[s->bonds[k].b] = 1;
+    /* what cur is committed to: a bond symbol (a double one; a single one,
+     * explicit or ':') or '(' (a bond of any kind) */
+    int pend2 = 0, pend_arom = 0;
+    if (future && s->cur >= 0 && s->prev == P_BOND) {
+        const int o2 = order2_at(s, s->bsym);
+        if (o2 >= 4) match[s->cur] = 1;
+        else pend2 = 2, pend_arom = s->bsym == ':';
+    } else if (future && s->cur >= 0 && s->prev == P_OPEN) {
+        pend2 = 2, pend_arom = 1;
+    }
+    for (int a = 0; a < n; a++) fill[a] = 0; /* bonds made */
+    for (int k = 0; k < s->nbonds; k++) fill[s->bonds[k].a]++, fill[s->bonds[k].b]++;
+    for (int a = 0; a < n; a++) {
+        if (!s->atoms[a].aromatic) continue;
+        int committed2 = 0, carom = 0, reach = 0;
+        if (future) {
+            int nb = fill[a];
+            for (int d = 0; d < 100; d++)
+                if (s->ring_atom[d] == a) {
+                    const int o2 = order2_at(s, s->ring_sym[d]);
+                    if (o2 >= 4) match[a] = 1;
+                    committed2 += o2 >= 4 ? 0 : 2;
+                    carom |= !s->ring_sym[d] || s->ring_sym[d] == ':';
+                    nb++;
+                }
+            const int is_cur = a == s->cur && s->prev != P_DOT;
+            if (is_cur) committed2 += pend2, carom |= pend_arom, nb += pend2 > 0;
+            /* on a ring, as it must end, it has two bonds at least */
+            if (nb < 2) committed2 += 2 * (2 - nb);
+            reach = is_cur;
+            for (int k = 0; k < s->sp && !reach; k++) reach = s->stack[k] == a;
+            /* fits counts the open ring bonds (res2) already */
+            if (reach) reach = fits(s, &s->atoms[a], 2 + (is_cur ? pend2 : 0), 1 + (is_cur && pend2));
+        }
+        role[a] = (unsigned char)kk_role(&s->atoms[a], match[a], s->atoms[a].val2 + committed2,
+                                         carom, reach);
+        any_must |= role[a] == K_MUST;
+    }
+    if (!any_must) return 1;
+    for (int a = 0; a <= n; a++) start[a] = 0;
+    for (int k = 0; k < s->nbonds; k++) {
+        const bondrec *b = &s->bonds[k];
+        if (b->order2 != 2 || !b->arom || role[b->a] == K_OUT || role[b->b] == K_OUT) continue;
+        start[b->a + 1]++;
+        start[b->b + 1]++;
+    }
+    for (int a = 0; a < n; a++) start[a + 1] += start[a];
+    for (int a = 0; a < n; a++) fill[a] = start[a];
+    for (int k = 0; k < s->nbonds; k++) {
+        const bondrec *b = &s->bonds[k];
+        if (b->order2 != 2 || !b->arom || role[b->a] == K_OUT || role[b->b] == K_OUT) continue;
+        adj[fill[b->a]++] = b->b;
+        adj[fill[b->b]++] = b->a;
+    }
+    for (int a = 0; a < n; a++) match[a] = -1;
+    kk_search k = {role, match, adj, start, n, 20000};
+    return kk_solve(&k, 0);
+}
+
 int mg_smiles_state_push(mg_smiles_state *s, const char *t, int l, char *why, size_t n) {
     if (!s || !t || l < 1) return reject(why, n, "no token");
     if (s->ntok >= s->cap)
@@ -534,8 +713,11 @@ int mg_smiles_state_push(mg_smiles_state *s, const char *t, int l, char *why, si
             a->aromatic = bi.aromatic;
             a->oxygen = bi.z == 8;
             a->nitrogen = bi.z == 7;
+            a->sym = 'x';
+            a->z = bi.z;
         } else {
             a->aromatic = c >= 'a' && c <= 'z';
+            a->sym = c;
             /* RDKit is lenient with lowercase atoms ("Co1CCCCC1" and
              * "c1ccccc#1" parse), so only uppercase ones are checked */
             a->maxval = a->aromatic ? 0 : organic_maxval(t, l);
@@ -556,7 +738,7 @@ int mg_smiles_state_push(mg_smiles_state *s, const char *t, int l, char *why, si
             const int o2 = order2_at(s, s->bsym);
             if (mask && (!fits(s, &s->atoms[s->cur], o2, 1) || !fits(s, a, o2, 1)))
                 return reject(why, n, "position %d: %.*s: bond exceeds a valence", pos, l, t);
-            add_bond(s, s->cur, a_id, o2);
+            add_bond(s, s->cur, a_id, o2, !s->bsym || s->bsym == ':');
             if (mask && (!fits(s, &s->atoms[s->cur], 0, 0) || !fits(s, a, 0, 0)))
                 return reject(why, n, "position %d: %.*s: bond exceeds a valence", pos, l, t);
         } else if (mask && !fits(s, a, 0, 0)) {
@@ -623,7 +805,8 @@ int mg_smiles_state_push(mg_smiles_state *s, const char *t, int l, char *why, si
             ap->deg--;
             if (mask && (!fits(s, ac, order2, 1) || !fits(s, ap, order2, 1)))
                 return reject(why, n, "position %d: ring bond %d exceeds a valence", pos, d);
-            add_bond(s, s->cur, partner, order2);
+            add_bond(s, s->cur, partner, order2,
+                     (!s->bsym || s->bsym == ':') && (!sym_open || sym_open == ':'));
             if (mask) mark_path(s, s->cur, partner, NULL);
             if (mask && (!fits(s, ac, 0, 0) || !fits(s, ap, 0, 0)))
                 return reject(why, n, "position %d: ring bond %d exceeds a valence", pos, d);
@@ -696,6 +879,8 @@ int mg_smiles_state_end(mg_smiles_state *s, char *why, size_t n) {
     }
     return 1;
 }
+
+int mg_smiles_state_kekule(mg_smiles_state *s, int final) { return kekule_ok(s, !final); }
 
 int mg_smiles_state_viable(mg_smiles_state *s) {
     if (s->cur < 0) return 1;

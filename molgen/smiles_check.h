@@ -30,7 +30,8 @@
  *   - aromatic atoms (lowercase, also in brackets) must be on a ring
  *     (RDKit: "non-ring atom marked aromatic").
  * Not checked: valences of bracket and aromatic atoms (RDKit tolerates e.g.
- * "Co1CCCCC1"), kekulisation, stereo consistency.
+ * "Co1CCCCC1"), kekulisation (mg_smiles_state_kekule does, for the mask),
+ * stereo consistency.
  * Meant never to reject what RDKit accepts: the rules were checked against
  * RDKit 2022.09 on edge cases and on 288k random token mutations of the
  * shared corpora (see the test and the commit history).
@@ -108,6 +109,17 @@ int mg_smiles_state_end(mg_smiles_state *s, char *why, size_t n);
  * bonds attach to nor on the tree path from an open ring bond's atom to
  * one); 1 otherwise. */
 int mg_smiles_state_viable(mg_smiles_state *s);
+/* Level VALENCE: 0 if the aromatic atoms can no longer get a Kekulé
+ * structure (alternating bonds, which RDKit's sanitisation needs): an atom
+ * that needs a double bond to an aromatic neighbour (c without one, pyridine's
+ * n, [nH+], [o+]) has none left to pair with, counting as able to pair
+ * later the atoms new bonds can still reach; final: the string ends here
+ * (nothing can be reached). Permissive where unsure (s, p, b, se, te and
+ * bracket atoms of several valences may take a double bond or not; every
+ * single-order bond between aromatic atoms may become double); 1 at the
+ * other levels. Checked on every molecule of the shared corpora (none is
+ * refused) and on RDKit's verdicts for ring systems (smiles_check tests). */
+int mg_smiles_state_kekule(mg_smiles_state *s, int final);
 /* Tokens pushed so far, and an estimate of the tokens still needed before
  * the string can end (closing branches and rings, an atom after a bond). */
 int mg_smiles_state_tokens(const mg_smiles_state *s);

@@ -7,8 +7,37 @@
 #include <string.h>
 
 #include "smiles_check.h"
+#include "tokenizer.h"
 
 #include "mg_test.h"
+
+/* The string through the incremental parser at the VALENCE level (what
+ * --constrain valence lets end): every token pushed (each prefix must pass
+ * the Kekulé check of a string still being written), then the end checks
+ * and the final Kekulé check. */
+static int valence_ok(const char *smi, char *why, size_t n) {
+    mg_smiles_state *st = NULL;
+    if (mg_smiles_state_new(4096, MG_CONSTRAIN_VALENCE, &st, NULL)) return 0;
+    int ok = 1;
+    for (int pos = 0; ok;) {
+        const int l = mg_token_len(smi + pos);
+        if (l == 0) break;
+        ok = mg_smiles_state_push(st, smi + pos, l, why, n);
+        pos += l;
+        /* every prefix of a string that ends well must look completable */
+        if (ok && !mg_smiles_state_kekule(st, 0)) {
+            snprintf(why, n, "kekulisation refused after the prefix %.*s", pos, smi);
+            ok = 0;
+        }
+    }
+    if (ok) ok = mg_smiles_state_end(st, why, n);
+    if (ok && !mg_smiles_state_kekule(st, 1)) {
+        snprintf(why, n, "kekulisation");
+        ok = 0;
+    }
+    mg_smiles_state_free(st);
+    return ok;
+}
 
 static void test_corpus(const char *file) {
     char path[1024];
@@ -20,7 +49,7 @@ static void test_corpus(const char *file) {
         return;
     }
     char buf[4096], why[256];
-    long line = 0, bad = 0;
+    long line = 0, bad = 0, bad_v = 0;
     while (fgets(buf, sizeof buf, f)) {
         line++;
         size_t l = strlen(buf);
@@ -28,11 +57,16 @@ static void test_corpus(const char *file) {
         if (!mg_smiles_syntax_ok(buf, why, sizeof why)) {
             if (bad++ < 5) fprintf(stderr, "%s:%ld: %s rejected: %s\n", file, line, buf, why);
         }
+        if (!valence_ok(buf, why, sizeof why)) { /* RDKit made these: the level must keep them */
+            if (bad_v++ < 5)
+                fprintf(stderr, "%s:%ld: %s rejected at level valence: %s\n", file, line, buf, why);
+        }
     }
     fclose(f);
-    printf("%s: %ld lines, %ld rejected\n", file, line, bad);
+    printf("%s: %ld lines, %ld rejected, %ld at level valence\n", file, line, bad, bad_v);
     CHECK(line > 1000);
     CHECK(bad == 0);
+    CHECK(bad_v == 0);
 }
 
 static const char *const k_valid[] = {
@@ -275,8 +309,37 @@ static void test_cases(void) {
     free(s);
 }
 
+/* Kekulé structures at the VALENCE level: RDKit 2022.09's verdicts
+ * (Chem.MolFromSmiles). Accepted: every atom that needs a double bond gets
+ * one; refused: odd rings of atoms that all need one, n without H where
+ * pyrrole needs [nH], an [nH] or o where pyridine needs n. */
+static void test_kekule(void) {
+    static const char *const ok[] = {
+        "c1ccccc1", "c1ccncc1", "c1cc[nH]c1", "c1ccc[nH]cc1", "c1ccc2[nH]ccc2c1", "c1cnc[nH]1",
+        "c1ccsc1", "c1ccoc1", "O=c1cccc[nH]1", "O=c1ccccn1C", "[cH-]1cccc1", "c1cc[o+]cc1",
+        "C[n+]1ccccc1", "[O-][n+]1ccccc1", "c1ccc2ccccc2c1", "c1ccc2cc3ccccc3cc2c1",
+        "c1ccc(-c2ccccc2)cc1", "c1ccc(cc1)c1ccccc1", "Cn1cccc1", "c1ccc2c(c1)cccc2", "O=c1cccc1",
+        "c1nc2ccccc2[nH]1", "c1ccc2nc[nH]c2c1", "Cc1nnc(C)o1", "c1cn[nH]c1",
+        "O=c1[nH]c(=O)c2ccccc2[nH]1", "c1ccc2c(c1)[nH]c1ccccc12", "c1csc2ccccc12",
+        "c1cc2cccc3ccc(c1)c23", "c1cc[se]c1", "Cc1ccc(-n2nccc2)cc1", "c1ccc2c(c1)C=Cc1ccccc1-2",
+        "O=s1cccc1", "c1ccpcc1", "c1cc[pH]c1", "b1ccccc1", "c1cc[s+]cc1",
+        "c1nsnc1", "c1ccc2nsnc2c1", "c1ccc2[se]ccc2c1", "c1cc[te]c1"};
+    static const char *const bad[] = {"c1ccnc1",  "c1cccc1",       "c1ccocc1",   "c1ccc2c(c1)ccc2",
+                                      "c1nc2ccccc2n1", "c1ccc2ncnc2c1", "c1cnnc1",
+                                      "c1ccscc1", "c1csc(=C)n1", "c1ccpc1", "c1ccbc1"};
+    char why[256];
+    for (size_t i = 0; i < sizeof ok / sizeof *ok; i++)
+        CHECK(valence_ok(ok[i], why, sizeof why), "%s refused: %s", ok[i], why);
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        CHECK(!valence_ok(bad[i], why, sizeof why) && strstr(why, "kekulisation"),
+              "%s accepted (or refused for another reason: %s)", bad[i], why);
+        CHECK(mg_smiles_syntax_ok(bad[i], NULL, 0), "%s refused below the valence level", bad[i]);
+    }
+}
+
 int main(void) {
     test_cases();
+    test_kekule();
     test_corpus("moses_176k.smi");
     test_corpus("moses_train5k.smi");
     test_corpus("zinc250k_24k.smi");
