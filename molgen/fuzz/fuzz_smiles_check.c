@@ -9,7 +9,10 @@
  *   - an accepted string tokenises and has no reaction / SMARTS token
  *     ('<' '>' '?' '~');
  *   - metamorphic: s accepted implies "s.s" accepted (two disconnected
- *     copies share no bond, ring label or branch).
+ *     copies share no bond, ring label or branch);
+ *   - the incremental parser at the VALENCE level with its Kekulé check
+ *     (what --constrain valence asks after every token and at the end)
+ *     runs on every input, and an input it lets end also ends as "s.s".
  */
 #include "fuzz_util.h"
 #include "smiles_check.h"
@@ -61,6 +64,31 @@ static void check_one(const char *s) {
     }
 }
 
+/* The string through the VALENCE-level parser as the mask walks it: after
+ * every token viable and the Kekulé check of a string still being written,
+ * at the end the end checks and the final Kekulé check. 1: it may end. */
+static int valence_walk(const char *s) {
+    mg_smiles_state *st = NULL;
+    if (mg_smiles_state_new(4096, MG_CONSTRAIN_VALENCE, &st, NULL)) return 0;
+    int ok = 1;
+    for (const char *q = s; ok && *q;) {
+        const int l = mg_token_len(q);
+        if (l <= 0) {
+            ok = 0;
+            break;
+        }
+        ok = mg_smiles_state_push(st, q, l, NULL, 0);
+        if (ok) {
+            (void)mg_smiles_state_viable(st);
+            (void)mg_smiles_state_kekule(st, 0);
+        }
+        q += l;
+    }
+    ok = ok && mg_smiles_state_end(st, NULL, 0) && mg_smiles_state_kekule(st, 1);
+    mg_smiles_state_free(st);
+    return ok;
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     char *s = fz_cstr(data, size);
     check_one(s);
@@ -74,8 +102,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         char why[256] = "";
         FZ_CHECK(mg_smiles_syntax_ok(two, why, sizeof why) == 1,
                  "'%.100s' accepted but two copies joined by '.' rejected: %s", s, why);
+        if (valence_walk(s))
+            FZ_CHECK(valence_walk(two), "'%.100s' ends at level valence but not as two copies", s);
         free(two);
     }
+    else if (len > 0 && len <= 2048)
+        (void)valence_walk(s);
     free(s);
     return 0;
 }
