@@ -12,9 +12,7 @@ struct mg_token_mask {
     mg_smiles_state **row;  /* rows parsers */
     mg_smiles_state *trial; /* scratch: a row's parser plus one candidate */
     int32_t *ids;           /* [rows, ctx] tokens so far (messages) */
-    mg_constrain level;
     long overlong;          /* steps where only the length estimate was dropped */
-    long kekule_dropped;    /* steps where only the Kekulé check was dropped */
 };
 
 mg_status mg_token_mask_new(const mg_vocab *v, int rows, int ctx, mg_constrain level,
@@ -34,7 +32,6 @@ mg_status mg_token_mask_new(const mg_vocab *v, int rows, int ctx, mg_constrain l
     if (!m) return mg_fail(err, MG_ERR_NOMEM, "token mask: out of memory");
     m->v = v;
     m->V = mg_vocab_size(v);
-    m->level = level;
     m->rows = rows;
     m->ctx = ctx;
     m->row = calloc((size_t)rows, sizeof *m->row);
@@ -103,12 +100,10 @@ int mg_token_mask_apply(mg_token_mask *m, int r, float *logits) {
             logits[t] = -INFINITY;
     }
     if (best == 1) m->overlong++;
-    if (best == 2 && m->level == MG_CONSTRAIN_VALENCE) m->kekule_dropped++;
     return left;
 }
 
 long mg_token_mask_overlong(const mg_token_mask *m) { return m ? m->overlong : 0; }
-long mg_token_mask_kekule_dropped(const mg_token_mask *m) { return m ? m->kekule_dropped : 0; }
 
 mg_status mg_token_mask_push(mg_token_mask *m, int r, int t, mg_error *err) {
     const char *tok = mg_vocab_token(m->v, t);

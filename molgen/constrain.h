@@ -54,8 +54,6 @@ int mg_token_mask_apply(mg_token_mask *m, int r, float *logits);
 mg_status mg_token_mask_push(mg_token_mask *m, int r, int t, mg_error *err);
 /* Steps (all rows) where the length estimate left nothing and was dropped. */
 long mg_token_mask_overlong(const mg_token_mask *m);
-/* Steps (all rows) where the Kekulé check left nothing and was dropped. */
-long mg_token_mask_kekule_dropped(const mg_token_mask *m);
 /* The string row r has so far, for messages: at most n - 1 bytes. */
 void mg_token_mask_prefix(const mg_token_mask *m, int r, char *out, size_t n);
 

@@ -635,7 +635,8 @@ static int kekule_ok(mg_smiles_state *s, int future) {
     for (int k = 0; k < s->nbonds; k++)
         if (s->bonds[k].order2 >= 4) match[s->bonds[k].a] = match[s->bonds[k].b] = 1;
     /* what cur is committed to: a bond symbol (a double one; a single one,
-     * explicit or ':') or '(' (a bond of any kind) */
+     * explicit or ':'), '(' or open rings that only it can close through
+     * (a bond of any kind) */
     int pend2 = 0, pend_arom = 0;
     if (future && s->cur >= 0 && s->prev == P_BOND) {
         const int o2 = order2_at(s, s->bsym);
@@ -643,6 +644,13 @@ static int kekule_ok(mg_smiles_state *s, int future) {
         else pend2 = 2, pend_arom = s->bsym == ':';
     } else if (future && s->cur >= 0 && s->prev == P_OPEN) {
         pend2 = 2, pend_arom = 1;
+    } else if (future && s->cur >= 0 && s->prev != P_DOT && s->nring_open > 0) {
+        /* open rings must close through a bond to cur unless a branch point
+         * has room: then cur gets one more bond, of any kind */
+        int other = 0;
+        for (int k = 0; k < s->sp && !other; k++)
+            other = s->stack[k] != s->cur && fits(s, &s->atoms[s->stack[k]], 2, 1);
+        if (!other) pend2 = 2, pend_arom = 1;
     }
     for (int a = 0; a < n; a++) fill[a] = 0; /* bonds made */
     for (int k = 0; k < s->nbonds; k++) fill[s->bonds[k].a]++, fill[s->bonds[k].b]++;
