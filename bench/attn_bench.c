@@ -501,8 +501,11 @@ int main(int argc, char **argv) {
         vcases = malloc(sizeof kVarlenSuite);
         memcpy(vcases, kVarlenSuite, sizeof kVarlenSuite);
     }
-    for (size_t i = 0; i < ncases && !g_stream_gbps; i++)
-        if (cases[i].Lq == 1) g_stream_gbps = stream_gbps(threads);
+    for (size_t i = 0; i < ncases; i++)
+        if (cases[i].Lq == 1) {
+            g_stream_gbps = stream_gbps(threads); /* once: 0 if it failed */
+            break;
+        }
     attn_set_num_threads(threads, NULL);
     g_threads = threads;
     const char *peak_isa;

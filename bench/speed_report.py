@@ -238,6 +238,7 @@ def main():
         return 0
     os.makedirs(a.out, exist_ok=True)
     raw = os.path.join(a.out, "raw.jsonl")
+    open(raw, "w").close()  # this run's measurements only
     rows = []
     parts = [("attention", attention_round), ("train", train_round), ("sample", sample_round)]
     for rnd in range(a.rounds):

@@ -4,7 +4,7 @@
  * message. Nothing in the engine aborts, exits or prints.
  *
  *   mg_error e;
- *   if (mg_model_load(path, &m, &v, NULL, &e)) fprintf(stderr, "%s\n", e.message);
+ *   if (mg_model_load(path, 0, &m, &v, NULL, &e)) fprintf(stderr, "%s\n", e.message);
  *
  * A caller that adds context keeps the callee's status:
  *   return mg_fail(err, e.status, "checkpoint %s: %s", path, e.message); */

@@ -574,9 +574,10 @@ static mg_status gather_parts(mg_dist *d, const mg_samples *part, size_t n, mg_s
  * thread's steps never wait for another's, where a shared decoder's small
  * products would meet at a barrier every few microseconds, dozens of times
  * per step. A molecule's tokens come from its own stream and its rows'
- * single-threaded products, so the output is that of --threads 1. The
- * naive decoder shares the model's buffers and runs on the model's
- * threads. */
+ * single-threaded products, so the output is that of --threads 1 (up to
+ * the rounding of a row that lands in OpenBLAS's tail kernel in one split
+ * and not the other, as for the batch size). The naive decoder shares the
+ * model's buffers and runs on the model's threads. */
 static mg_status sample_range(mg_model *m, const mg_vocab *v, const mg_sample_opts *o, size_t first,
                               size_t n, mg_samples *out, mg_error *err) {
     memset(out, 0, sizeof *out);

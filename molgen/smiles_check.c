@@ -153,7 +153,7 @@ enum { P_NONE, P_ATOM, P_BOND, P_RING, P_OPEN, P_CLOSE, P_DOT };
 typedef struct {
     int a, b;
     int order2; /* twice the bond order; implicit counted as single, ':' 0 */
-    int arom;   /* written without a symbol or with ':': aromatic between aromatic atoms */
+    int arom;   /* no symbol, ':', '/' or '\\': aromatic between aromatic atoms */
 } bondrec;
 
 typedef struct {
@@ -306,7 +306,7 @@ struct mg_smiles_state {
     bondrec *bonds;
     atomrec *atoms;
     unsigned char *inring; /* scratch of the end check and of viable */
-    int *kwork;            /* scratch of kekule_ok: 4 (cap + 1) + 2 (cap + 1) ints */
+    int *kwork;            /* scratch of kekule_ok: 3 (natoms + 1) + 2 nbonds <= 6 (cap + 1) ints */
     const char *src;       /* the whole string when known: atoms named in messages */
 };
 
@@ -477,7 +477,8 @@ static int fits(const mg_smiles_state *s, const atomrec *a, int extra, int extra
 }
 
 /* A bond of twice-order o2 between atoms x and y (arom: written with no
- * symbol or ':'). */
+ * symbol, ':', '/' or '\\': aromatic between aromatic atoms, as RDKit reads
+ * them). */
 static void add_bond(mg_smiles_state *s, int x, int y, int o2, int arom) {
     s->bonds[s->nbonds].a = x;
     s->bonds[s->nbonds].b = y;
@@ -534,17 +535,20 @@ static int pending_aromatic(const mg_smiles_state *s) {
  *   OUT   it can take none: n with three neighbours, [nH], o, s (RDKit's
  *         valence 2 for them), [n-], [cH-], an atom that has its double
  *         bond (pyridone's c=O);
- *   MAY   either: s, p, b, se, te, a bracket atom of several valences or
- *         with more room (permissive: never a reason to refuse);
- * and the question is whether the aromatic bonds (written without a symbol
- * or with ':'; chain bonds between rings too, permissive again) between
- * non-OUT atoms hold a matching that covers every MUST atom. An explicit
- * '-' is single (RDKit keeps it so), also when it is still pending after
- * cur. With future = 1 (a string
- * still being written) a MUST atom that new bonds can still reach (cur or
- * a branch point with room, or holding an open ring bond) counts as MAY:
- * its partner or its exocyclic double bond may come later; an atom with
- * fewer than two bonds will get them (it must end on a ring). Backtracking
+ *   MAY   either: p with three bonds (P(V)), se, te, a bracket atom of
+ *         several valences or with more room (permissive: never a reason
+ *         to refuse);
+ * and the question is whether the aromatic bonds (written without a symbol,
+ * with ':' or with '/' '\'; chain bonds between rings too, permissive
+ * again) between non-OUT atoms hold a matching that covers every MUST
+ * atom. An explicit '-' is single (RDKit keeps it so), also when it is
+ * still pending after cur. With future = 1 (a string still being written)
+ * a MUST atom that new bonds can still reach (cur or a branch point with
+ * room, or holding an open ring bond) counts as MAY where one more bond
+ * could be its double one or take its need away; the bonds an atom is
+ * committed to (a bond symbol or '(' after it, its open ring bonds, open
+ * rings only cur can close) count as made; an atom with fewer than two
+ * bonds will get them (it must end on a ring). Backtracking
  * over the MUST atoms in order; past a budget of steps the answer is yes
  * (permissive). Returns 1 if a matching may exist, 0 if none can. */
 enum { K_OUT = 0, K_MUST = 1, K_MAY = 2 };
@@ -641,7 +645,7 @@ static int kekule_ok(mg_smiles_state *s, int future) {
     if (future && s->cur >= 0 && s->prev == P_BOND) {
         const int o2 = order2_at(s, s->bsym);
         if (o2 >= 4) match[s->cur] = 1;
-        else pend2 = 2, pend_arom = s->bsym == ':';
+        else pend2 = 2, pend_arom = s->bsym != '-';
     } else if (future && s->cur >= 0 && s->prev == P_OPEN) {
         pend2 = 2, pend_arom = 1;
     } else if (future && s->cur >= 0 && s->prev != P_DOT && s->nring_open > 0) {
@@ -664,7 +668,7 @@ static int kekule_ok(mg_smiles_state *s, int future) {
                     const int o2 = order2_at(s, s->ring_sym[d]);
                     if (o2 >= 4) match[a] = 1;
                     committed2 += o2 >= 4 ? 0 : 2;
-                    carom |= !s->ring_sym[d] || s->ring_sym[d] == ':';
+                    carom |= s->ring_sym[d] != '-';
                     nb++;
                 }
             const int is_cur = a == s->cur && s->prev != P_DOT;
@@ -746,7 +750,7 @@ int mg_smiles_state_push(mg_smiles_state *s, const char *t, int l, char *why, si
             const int o2 = order2_at(s, s->bsym);
             if (mask && (!fits(s, &s->atoms[s->cur], o2, 1) || !fits(s, a, o2, 1)))
                 return reject(why, n, "position %d: %.*s: bond exceeds a valence", pos, l, t);
-            add_bond(s, s->cur, a_id, o2, !s->bsym || s->bsym == ':');
+            add_bond(s, s->cur, a_id, o2, !s->bsym || strchr(":/\\", s->bsym));
             if (mask && (!fits(s, &s->atoms[s->cur], 0, 0) || !fits(s, a, 0, 0)))
                 return reject(why, n, "position %d: %.*s: bond exceeds a valence", pos, l, t);
         } else if (mask && !fits(s, a, 0, 0)) {
@@ -814,7 +818,8 @@ int mg_smiles_state_push(mg_smiles_state *s, const char *t, int l, char *why, si
             if (mask && (!fits(s, ac, order2, 1) || !fits(s, ap, order2, 1)))
                 return reject(why, n, "position %d: ring bond %d exceeds a valence", pos, d);
             add_bond(s, s->cur, partner, order2,
-                     (!s->bsym || s->bsym == ':') && (!sym_open || sym_open == ':'));
+                     (!s->bsym || strchr(":/\\", s->bsym)) &&
+                         (!sym_open || strchr(":/\\", sym_open)));
             if (mask) mark_path(s, s->cur, partner, NULL);
             if (mask && (!fits(s, ac, 0, 0) || !fits(s, ap, 0, 0)))
                 return reject(why, n, "position %d: ring bond %d exceeds a valence", pos, d);

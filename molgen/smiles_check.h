@@ -114,10 +114,11 @@ int mg_smiles_state_viable(mg_smiles_state *s);
  * that needs a double bond to an aromatic neighbour (c without one, pyridine's
  * n, [nH+], [o+]) has none left to pair with, counting as able to pair
  * later the atoms new bonds can still reach; final: the string ends here
- * (nothing can be reached). Permissive where unsure (s, p, b, se, te and
- * bracket atoms of several valences may take a double bond or not; every
- * single-order bond between aromatic atoms may become double); 1 at the
- * other levels. Checked on every molecule of the shared corpora (none is
+ * (nothing can be reached). o, s (valence 2), [nH] and n with three bonds
+ * take no double bond; p, b, n need one with two bonds. Permissive where
+ * unsure (se, te, P(V) and bracket atoms of several valences may take one
+ * or not; every aromatic bond, chain bonds included, may become double; an
+ * explicit '-' never does); 1 at the other levels. Checked on every molecule of the shared corpora (none is
  * refused) and on RDKit's verdicts for ring systems (smiles_check tests). */
 int mg_smiles_state_kekule(mg_smiles_state *s, int final);
 /* Tokens pushed so far, and an estimate of the tokens still needed before

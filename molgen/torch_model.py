@@ -222,8 +222,8 @@ def load_model(path, dtype=torch.float32, raw=False):
     names = dict(model.named_parameters())
     if "ema" in tensors and not raw:
         flat, at = tensors["ema"], 0
-        for k, v in tensors.items():  # in file order: the flat layout
-            if k in names:
+        for k, v in list(tensors.items()):  # the parameters in file order: the flat layout
+            if k not in ("ema", "optim.m", "optim.v"):
                 tensors[k] = flat[at:at + v.size].reshape(v.shape)
                 at += v.size
         if at != flat.size:

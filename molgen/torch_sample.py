@@ -170,6 +170,10 @@ def main(argv=None):
         print("torch_sample.py: %s" % e, file=sys.stderr)
         return 1
     model.eval()
+    if a.kv and not model.cfg.causal:
+        print("torch_sample.py: --kv needs a causal model (a cache cannot see later tokens)",
+              file=sys.stderr)
+        return 2
     gen = torch.Generator().manual_seed(a.seed)
     rates, tok_rates = [], []
     for run in range(a.warmup + a.runs):

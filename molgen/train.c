@@ -795,10 +795,15 @@ static mg_status validate(run *r, double *loss, mg_error *err) {
 static mg_status validate_averaged(run *r, mg_error *err) {
     const size_t P = mg_model_num_params(r->ck.model);
     float *p = mg_model_params(r->ck.model), *keep = malloc(P * sizeof(float));
-    if (!keep) return mg_fail(err, MG_ERR_NOMEM, "out of memory for the averaged validation");
+    mg_status rc = keep ? MG_OK
+                        : mg_fail(err, MG_ERR_NOMEM, "out of memory for the averaged validation");
+    if ((rc = mg_dist_agree(r->d, rc, err))) { /* validate is collective: every rank or none */
+        free(keep);
+        return rc;
+    }
     memcpy(keep, p, P * sizeof(float));
     memcpy(p, r->ck.opt.ema, P * sizeof(float));
-    const mg_status rc = validate(r, &r->res.val_loss_ema, err);
+    rc = validate(r, &r->res.val_loss_ema, err);
     memcpy(p, keep, P * sizeof(float));
     free(keep);
     if (!rc)
@@ -1071,7 +1076,8 @@ mg_status mg_train_run(const mg_train_config *c, mg_train_result *result, mg_err
     if (!rc) rc = loop(&r, &why, &last_val_at, err);
     if (!rc && r.nv > 0 && last_val_at != (double)r.st.step && r.st.step > r.start_step)
         rc = validate(&r, &r.res.val_loss, err);
-    if (!rc && r.nv > 0 && r.ck.opt.ema) rc = validate_averaged(&r, err);
+    if (!rc && r.nv > 0 && r.ck.opt.ema && why != MG_STOP_SIGNAL) /* a signal: checkpoint at once */
+        rc = validate_averaged(&r, err);
     if (!rc) {
         r.st.val_loss = r.res.val_loss;
         rc = save(&r, err);

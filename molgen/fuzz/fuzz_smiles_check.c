@@ -69,7 +69,7 @@ static void check_one(const char *s) {
  * at the end the end checks and the final Kekulé check. 1: it may end. */
 static int valence_walk(const char *s) {
     mg_smiles_state *st = NULL;
-    if (mg_smiles_state_new(4096, MG_CONSTRAIN_VALENCE, &st, NULL)) return 0;
+    if (mg_smiles_state_new((int)strlen(s) + 1, MG_CONSTRAIN_VALENCE, &st, NULL)) return 0;
     int ok = 1;
     for (const char *q = s; ok && *q;) {
         const int l = mg_token_len(q);
