@@ -170,7 +170,7 @@ def report(rows, threads):
         else:
             pk = "%.0f%%" % (100 * frac)
         tgt = []
-        if op == "fwd" and not dec:
+        if op == "fwd" and not dec and peers:
             tgt.append("≥ 1.25× peers: %s" % ("met" if ratio >= 1.25 else "not met"))
         if Lq >= 1024 and not c and not dec:
             need = 0.85 if op == "fwd" else 0.80
