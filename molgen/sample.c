@@ -296,6 +296,18 @@ void mg_samples_free(mg_samples *s) {
     memset(s, 0, sizeof *s);
 }
 
+/* out's n molecules, zeroed: 1, or 0 when out of memory (out then freed
+ * and zeroed). */
+static int samples_alloc(mg_samples *out, size_t n) {
+    out->n = n;
+    out->smiles = calloc(n ? n : 1, sizeof *out->smiles);
+    out->ntok = calloc(n ? n : 1, sizeof *out->ntok);
+    out->ended = calloc(n ? n : 1, sizeof *out->ended);
+    if (out->smiles && out->ntok && out->ended) return 1;
+    mg_samples_free(out);
+    return 0;
+}
+
 /* What every part of a run shares: the slots per decoder (B, doubled to
  * DB with guidance) and the scaffold prefix's length P. */
 typedef struct {
@@ -359,10 +371,7 @@ static mg_status sample_part(mg_model *m, const mg_vocab *v, const mg_sample_opt
     const int V = c->vocab_size, ctx = c->ctx_len;
     const int B = pl->B, DB = pl->DB, P = pl->P, guide = pl->guide;
     const int room = ctx - P; /* molecule tokens before the context is full */
-    out->n = n;
-    out->smiles = calloc(n ? n : 1, sizeof *out->smiles);
-    out->ntok = calloc(n ? n : 1, sizeof *out->ntok);
-    out->ended = calloc(n ? n : 1, sizeof *out->ended);
+    const int have_out = samples_alloc(out, n);
     int32_t *gen = malloc((size_t)B * (size_t)ctx * sizeof *gen);
     int32_t *tok = malloc((size_t)DB * sizeof *tok);
     int *len = malloc((size_t)B * sizeof *len);
@@ -375,7 +384,7 @@ static mg_status sample_part(mg_model *m, const mg_vocab *v, const mg_sample_opt
     char *sbuf = malloc(slen);
     mg_decoder *dec = NULL;
     mg_token_mask *mask = NULL;
-    if (!out->smiles || !out->ntok || !out->ended || !gen || !tok || !len || !fed || !active ||
+    if (!have_out || !gen || !tok || !len || !fed || !active ||
         !logits || !rng || !mol || !sbuf) {
         rc = mg_fail(err, MG_ERR_NOMEM, "out of memory for %zu molecules", n);
         goto done;
@@ -536,11 +545,7 @@ static mg_status gather_parts(mg_dist *d, const mg_samples *part, size_t n, mg_s
     if (!(rc = mg_dist_agree(d, rc, err))) rc = mg_dist_gather(d, buf, bytes, &all, &all_n, err);
     free(buf);
     if (rc || d->rank) return rc;
-    out->n = n;
-    out->smiles = calloc(n ? n : 1, sizeof *out->smiles);
-    out->ntok = calloc(n ? n : 1, sizeof *out->ntok);
-    out->ended = calloc(n ? n : 1, sizeof *out->ended);
-    if (!out->smiles || !out->ntok || !out->ended) rc = mg_fail(err, MG_ERR_NOMEM, "out of memory");
+    if (!samples_alloc(out, n)) rc = mg_fail(err, MG_ERR_NOMEM, "out of memory");
     const char *q = all, *end = q + all_n;
     for (size_t k = 0; !rc && k < n; k++) {
         const size_t sl = q + 1 + sizeof(int32_t) < end
@@ -608,14 +613,7 @@ static mg_status sample_range(mg_model *m, const mg_vocab *v, const mg_sample_op
     for (int t = 0; t < T && !rc; t++)
         if (rs[t]) rc = mg_fail(err, rs[t], "%s", es[t].message);
     if (!rc) { /* the parts in order; their strings move to out */
-        out->n = n;
-        out->smiles = calloc(n ? n : 1, sizeof *out->smiles);
-        out->ntok = calloc(n ? n : 1, sizeof *out->ntok);
-        out->ended = calloc(n ? n : 1, sizeof *out->ended);
-        if (!out->smiles || !out->ntok || !out->ended) {
-            rc = mg_fail(err, MG_ERR_NOMEM, "out of memory");
-            mg_samples_free(out);
-        }
+        if (!samples_alloc(out, n)) rc = mg_fail(err, MG_ERR_NOMEM, "out of memory");
         for (int t = 0, k = 0; t < T && !rc; t++) {
             for (size_t i = 0; i < ps[t].n; i++, k++) {
                 out->smiles[k] = ps[t].smiles[i];

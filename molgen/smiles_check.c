@@ -476,6 +476,10 @@ static int fits(const mg_smiles_state *s, const atomrec *a, int extra, int extra
     return 1;
 }
 
+/* A bond written with symbol sym (0: none) is aromatic between aromatic
+ * atoms: none, ':', and '/' '\\' (RDKit reads them so); '-' is single. */
+static int arom_sym(char sym) { return !sym || sym == ':' || sym == '/' || sym == '\\'; }
+
 /* A bond of twice-order o2 between atoms x and y (arom: written with no
  * symbol, ':', '/' or '\\': aromatic between aromatic atoms, as RDKit reads
  * them). */
@@ -645,7 +649,7 @@ static int kekule_ok(mg_smiles_state *s, int future) {
     if (future && s->cur >= 0 && s->prev == P_BOND) {
         const int o2 = order2_at(s, s->bsym);
         if (o2 >= 4) match[s->cur] = 1;
-        else pend2 = 2, pend_arom = s->bsym != '-';
+        else pend2 = 2, pend_arom = arom_sym(s->bsym);
     } else if (future && s->cur >= 0 && s->prev == P_OPEN) {
         pend2 = 2, pend_arom = 1;
     } else if (future && s->cur >= 0 && s->prev != P_DOT && s->nring_open > 0) {
@@ -668,7 +672,7 @@ static int kekule_ok(mg_smiles_state *s, int future) {
                     const int o2 = order2_at(s, s->ring_sym[d]);
                     if (o2 >= 4) match[a] = 1;
                     committed2 += o2 >= 4 ? 0 : 2;
-                    carom |= s->ring_sym[d] != '-';
+                    carom |= arom_sym(s->ring_sym[d]);
                     nb++;
                 }
             const int is_cur = a == s->cur && s->prev != P_DOT;
@@ -685,20 +689,25 @@ static int kekule_ok(mg_smiles_state *s, int future) {
         any_must |= role[a] == K_MUST;
     }
     if (!any_must) return 1;
+    /* the candidate edges, aromatic single-order bonds between non-OUT
+     * atoms, as adjacency lists: counted (pass 0), then filled (pass 1) */
     for (int a = 0; a <= n; a++) start[a] = 0;
-    for (int k = 0; k < s->nbonds; k++) {
-        const bondrec *b = &s->bonds[k];
-        if (b->order2 != 2 || !b->arom || role[b->a] == K_OUT || role[b->b] == K_OUT) continue;
-        start[b->a + 1]++;
-        start[b->b + 1]++;
-    }
-    for (int a = 0; a < n; a++) start[a + 1] += start[a];
-    for (int a = 0; a < n; a++) fill[a] = start[a];
-    for (int k = 0; k < s->nbonds; k++) {
-        const bondrec *b = &s->bonds[k];
-        if (b->order2 != 2 || !b->arom || role[b->a] == K_OUT || role[b->b] == K_OUT) continue;
-        adj[fill[b->a]++] = b->b;
-        adj[fill[b->b]++] = b->a;
+    for (int pass = 0; pass < 2; pass++) {
+        for (int k = 0; k < s->nbonds; k++) {
+            const bondrec *b = &s->bonds[k];
+            if (b->order2 != 2 || !b->arom || role[b->a] == K_OUT || role[b->b] == K_OUT) continue;
+            if (pass == 0) {
+                start[b->a + 1]++;
+                start[b->b + 1]++;
+            } else {
+                adj[fill[b->a]++] = b->b;
+                adj[fill[b->b]++] = b->a;
+            }
+        }
+        if (pass == 0) {
+            for (int a = 0; a < n; a++) start[a + 1] += start[a];
+            for (int a = 0; a < n; a++) fill[a] = start[a];
+        }
     }
     for (int a = 0; a < n; a++) match[a] = -1;
     kk_search k = {role, match, adj, start, n, 20000};
@@ -750,7 +759,7 @@ int mg_smiles_state_push(mg_smiles_state *s, const char *t, int l, char *why, si
             const int o2 = order2_at(s, s->bsym);
             if (mask && (!fits(s, &s->atoms[s->cur], o2, 1) || !fits(s, a, o2, 1)))
                 return reject(why, n, "position %d: %.*s: bond exceeds a valence", pos, l, t);
-            add_bond(s, s->cur, a_id, o2, !s->bsym || strchr(":/\\", s->bsym));
+            add_bond(s, s->cur, a_id, o2, arom_sym(s->bsym));
             if (mask && (!fits(s, &s->atoms[s->cur], 0, 0) || !fits(s, a, 0, 0)))
                 return reject(why, n, "position %d: %.*s: bond exceeds a valence", pos, l, t);
         } else if (mask && !fits(s, a, 0, 0)) {
@@ -817,9 +826,7 @@ int mg_smiles_state_push(mg_smiles_state *s, const char *t, int l, char *why, si
             ap->deg--;
             if (mask && (!fits(s, ac, order2, 1) || !fits(s, ap, order2, 1)))
                 return reject(why, n, "position %d: ring bond %d exceeds a valence", pos, d);
-            add_bond(s, s->cur, partner, order2,
-                     (!s->bsym || strchr(":/\\", s->bsym)) &&
-                         (!sym_open || strchr(":/\\", sym_open)));
+            add_bond(s, s->cur, partner, order2, arom_sym(s->bsym) && arom_sym(sym_open));
             if (mask) mark_path(s, s->cur, partner, NULL);
             if (mask && (!fits(s, ac, 0, 0) || !fits(s, ap, 0, 0)))
                 return reject(why, n, "position %d: ring bond %d exceeds a valence", pos, d);
