@@ -4,7 +4,7 @@
 # packages they need (tools/deps.sh, list in tools/debian-packages.txt) and
 # install the missing ones when run as root.
 # `make install [PREFIX=/usr/local]`: library, header, attn.pc, molgen and the
-# Python package (see README, Quick start).
+# Python packages attn and molgen (python/pyproject.toml; see README, Quick start).
 PYTHON ?= /usr/bin/python3
 JOBS ?= $(shell nproc)
 PREFIX ?= /usr/local
@@ -46,8 +46,10 @@ test-c: build
 test-asan: build-asan
 	cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j $(JOBS)
 
+# PYTHONPATH: the packages in python/ (attn, molgen) for the tests and the
+# programs they start (`python3 -m molgen.metrics ...`)
 test-python: build
-	ATTN_LIBRARY=$(CURDIR)/build/libattn.so $(PYTHON) -m pytest -q -rs python/tests $(wildcard molgen/tests/*.py)
+	PYTHONPATH=$(CURDIR)/python ATTN_LIBRARY=$(CURDIR)/build/libattn.so $(PYTHON) -m pytest -q -rs python/tests $(wildcard molgen/tests/*.py)
 
 # libFuzzer targets (clang, ASan+UBSan), FUZZ_SECONDS each; a longer run is
 # `molgen/fuzz/run_fuzz.sh 600`.

@@ -1,14 +1,15 @@
 #!/usr/bin/python3
-"""attn.torch against PyTorch 1.13, measured side by side.
+"""attn.torch against PyTorch 1.13, measured side by side. From the source
+tree, with the packages of python/ on the path (or installed):
 
-    /usr/bin/python3 bench/attn_torch_bench.py sdpa [--threads 1 2] [--rounds 3]
+    PYTHONPATH=python /usr/bin/python3 bench/attn_torch_bench.py sdpa [--threads 1 2] [--rounds 3]
         [--reps 7] [--case B,H,L,D,causal ...]
       scaled dot-product attention, forward and forward + backward (autograd,
       grad_out of ones): attn.torch.scaled_dot_product_attention vs torch's
       math path (softmax(q kᵀ * scale, masked_fill(-inf) when causal) v).
-    /usr/bin/python3 bench/attn_torch_bench.py train [--threads 1 2] [--rounds 3]
+    PYTHONPATH=python /usr/bin/python3 bench/attn_torch_bench.py train [--threads 1 2] [--rounds 3]
         [--steps 10] [--batch 32] [--data FILE]
-      molgen's PyTorch twin (molgen/torch_model.py bench's model, init,
+      molgen's PyTorch twin (molgen.torch_model bench's model, init,
       batches and step), training tokens/s with torch's attention and with
       attn.torch.MultiheadAttention (bench --attn), both in this process,
       one step of each in turn on the same batch sequence; and the largest
@@ -30,15 +31,12 @@ import time
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("OPENBLAS_CORETYPE", "Haswell")
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
 
 DEFAULT_CASES = ["32,8,64,32,0", "4,8,512,64,1", "1,8,1024,64,0"]
 
 
 def sdpa_mode(args):
     import torch
-    sys.path.insert(0, os.path.join(ROOT, "python"))
     import attn.torch as at
 
     def math_path(q, k, v, causal):
@@ -98,10 +96,8 @@ def sdpa_mode(args):
 
 def train_mode(args):
     import torch
-    sys.path.insert(0, os.path.join(ROOT, "python"))
-    sys.path.insert(0, os.path.join(ROOT, "molgen"))
-    import torch_model as tm
-    cfg = tm.Config()  # torch_model.py bench's default config
+    from molgen import torch_model as tm
+    cfg = tm.Config()  # molgen.torch_model bench's default config
     cfg.vocab_size = 27
     steps = args.rounds * args.steps + 2
     for threads in args.threads:

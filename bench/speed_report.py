@@ -12,10 +12,10 @@ Each round runs, one after the other on the same threads:
              --ort-modules, default /tmp/ort/node_modules);
   training   molgen bench --no-sample --batch 32 (default config and MolGPT's,
              random full rows and the batches of data/moses_20k.smi) beside
-             molgen/torch_model.py bench (the PyTorch twin, 1 thread and the
+             python3 -m molgen.torch_model bench (the PyTorch twin, 1 thread and the
              threads with OMP_WAIT_POLICY=PASSIVE, its best of the two);
   sampling   molgen bench --no-train on the shipped model (KV cache and
-             naive, batch 64) beside molgen/torch_sample.py (--kv, and the
+             naive, batch 64) beside python3 -m molgen.torch_sample (--kv, and the
              prefix re-run: MolGPT's sampler).
 Rounds interleave the programs, so a change in the machine's load shows up
 in every column; the tables give the median over rounds of each program's
@@ -44,6 +44,9 @@ PY = "/usr/bin/python3"
 def run(cmd, env=None, timeout=1800):
     e = dict(os.environ)
     e.setdefault("OPENBLAS_CORETYPE", "Haswell")
+    # `python3 -m molgen.*` runs this tree's package (python/molgen)
+    e["PYTHONPATH"] = os.pathsep.join([os.path.join(REPO, "python")] +
+                                      [p for p in [os.environ.get("PYTHONPATH")] if p])
     e.update(env or {})
     t0 = time.time()
     p = subprocess.run(cmd, capture_output=True, text=True, env=e, timeout=timeout)
@@ -104,7 +107,7 @@ def train_round(a, rnd, out):
         targs = ["--batch", "32", "--json"] + (["--molgpt"] if "--molgpt" in extra else []) + \
             (["--data", DATA] if "--data" in extra else [])
         for th, env in ((1, {}), (a.threads, {"OMP_WAIT_POLICY": "PASSIVE"})):
-            txt, _ = run([PY, os.path.join(REPO, "molgen", "torch_model.py"), "bench",
+            txt, _ = run([PY, "-m", "molgen.torch_model", "bench",
                           "--threads", str(th)] + targs, env)
             j = json_lines(txt)[-1]
             out.append({"round": rnd, "kind": "train", "prog": "torch-%dt" % th, "setting": name,
@@ -120,7 +123,7 @@ def sample_round(a, rnd, out):
     for kind in ("sample_kv", "sample_naive"):
         out.append({"round": rnd, "kind": "sample", "prog": "molgen-" + kind[7:], **cfg, **j[kind]})
     for kv, n in ((True, 256), (False, 64)):
-        txt, _ = run([PY, os.path.join(REPO, "molgen", "torch_sample.py"), "--model", MODEL, "-n",
+        txt, _ = run([PY, "-m", "molgen.torch_sample", "--model", MODEL, "-n",
                       str(n), "--batch", "64", "--threads", "1", "--runs", "3", "--json"] +
                      (["--kv"] if kv else []))
         j = json_lines(txt)[-1]

@@ -3,8 +3,8 @@
 #   1. train a small model on the default data for a bounded time, with the
 #      progress display, to show that training works;
 #   2. sample 1,000 molecules from the shipped model and from the fresh one
-#      and print their metrics side by side (RDKit via molgen/metrics.py when
-#      it imports, else molgen's SMILES grammar check);
+#      and print their metrics side by side (RDKit via molgen.metrics, in
+#      python/molgen, when it imports, else molgen's SMILES grammar check);
 #   3. draw the attention maps of a drug-like molecule (shipped model, else
 #      the fresh one) and print the per-head table.
 # Everything goes under out/main_job/ (gitignored); every path is printed.
@@ -18,6 +18,8 @@
 set -euo pipefail
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 cd "$(dirname "$0")/.."
+# the Python package molgen (python/molgen) of this tree, for `-m molgen.metrics`
+export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}"
 
 PYTHON=${PYTHON:-/usr/bin/python3}
 MOLGEN=${MOLGEN:-build/molgen/molgen}
@@ -97,7 +99,7 @@ REF=$DATA
 if [ -f ../shared/data/moses_train5k.smi ]; then REF=../shared/data/moses_train5k.smi; fi
 echo
 if [ "$have_rdkit" = 1 ]; then
-    echo "metrics (RDKit, molgen/metrics.py; reference: $MAX_REF molecules of $REF; novelty"
+    echo "metrics (RDKit, molgen.metrics; reference: $MAX_REF molecules of $REF; novelty"
     echo "against each model's training data):"
     jsons=()
     # the reference's Filters (the table's reference column, from the first
@@ -108,7 +110,7 @@ if [ "$have_rdkit" = 1 ]; then
         [ "$name" = shipped ] && model=$SHIPPED
         train=$(train_data_of "$model")
         echo "  $name: novelty against $train"
-        "$PYTHON" molgen/metrics.py "$OUT/samples_$name.smi" --train "$train" --ref "$REF" \
+        "$PYTHON" -m molgen.metrics "$OUT/samples_$name.smi" --train "$train" --ref "$REF" \
             --max-ref "$MAX_REF" "${ref_filters[@]}" --json "$OUT/metrics_$name.json" -q \
             > "$OUT/metrics_$name.txt"
         jsons+=("$name=$OUT/metrics_$name.json")
@@ -157,7 +159,7 @@ for label, key in rows:
         else:
             line += '%12.4f' % v
     print(line)
-print('(MOSES definitions, see molgen/metrics.py; "-": not defined for these samples,'
+print('(MOSES definitions, see python/molgen/metrics.py; "-": not defined for these samples,'
       ' e.g. Scaf without ring scaffolds; "*": fewer valid samples than k, so over all of them)')
 for name, why in sorted((get(cols[0][1], 'not_computed') or {}).items()):
     print('%s: not computed: %s' % (name, why))

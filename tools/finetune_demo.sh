@@ -12,13 +12,14 @@ cd "$(dirname "$0")/.."
 export OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-Haswell} OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 M=${MOLGEN:-build/molgen/molgen}
 PY=${PYTHON:-/usr/bin/python3}
+export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}"  # the molgen package
 D=${1:-out/finetune}
 DATA=../shared/data
 MOTIF='O=c1ccc2ccccc2o1'
 mkdir -p "$D"
-$PY tools/motif_set.py pick --data $DATA/moses_176k.smi --smarts "$MOTIF" --n 400 --seed 1 \
+$PY -m molgen.motif_set pick --data $DATA/moses_176k.smi --smarts "$MOTIF" --n 400 --seed 1 \
     --out "$D/coumarins.smi"
-$PY tools/motif_set.py pick --data $DATA/moses_176k.smi --smarts "$MOTIF" --n 1000000 \
+$PY -m molgen.motif_set pick --data $DATA/moses_176k.smi --smarts "$MOTIF" --n 1000000 \
     --out "$D/all_coumarins.smi"
 grep -vxFf "$D/coumarins.smi" "$D/all_coumarins.smi" > "$D/other_coumarins.smi"
 head -300 $DATA/moses_train5k.smi > "$D/general300.smi"
@@ -40,7 +41,7 @@ for m in models/molgen-moses.safetensors "$D"/coumarin40.safetensors "$D"/coumar
     $M score --model "$m" --smiles "$D/general300.smi" --out "$D/gen_$b.csv"
 done
 for s in before samples_coumarin40 samples_coumarin samples_coumarin_f4; do
-    $PY tools/motif_set.py share "$D/$s.smi" --smarts "$MOTIF"
-    $PY molgen/metrics.py "$D/$s.smi" --train $DATA/moses_176k.smi --ref $DATA/moses_train5k.smi \
+    $PY -m molgen.motif_set share "$D/$s.smi" --smarts "$MOTIF"
+    $PY -m molgen.metrics "$D/$s.smi" --train $DATA/moses_176k.smi --ref $DATA/moses_train5k.smi \
         --json "$D/metrics_$s.json" --jobs 2 -q > "$D/metrics_$s.txt"
 done

@@ -2,9 +2,10 @@
 # (`cmake --install build --prefix P` sets CMAKE_INSTALL_PREFIX here; paths
 # written into files leave DESTDIR out, as it is only a staging root):
 #   - LIBDIR/pkgconfig/attn.pc from attn.pc.in, with P's absolute paths;
-#   - python/attn/*.py into the site directory that ATTN_PYTHON searches
-#     under P, plus attn/_library_path.txt: the installed libattn's absolute
-#     path, which python/attn/_lib.py loads (no ATTN_LIBRARY needed).
+#   - the Python packages python/attn and python/molgen (python/pyproject.toml)
+#     into the site directory that ATTN_PYTHON searches under P, plus
+#     attn/_library_path.txt: the installed libattn's absolute path, which
+#     python/attn/_lib.py loads (no ATTN_LIBRARY needed).
 # Site directory: ATTN_PYTHON_SITEDIR when set (relative to P, or absolute);
 # else ATTN_PYTHON's own default sys.path entry under P (Debian's python3:
 # /usr -> lib/python3/dist-packages, /usr/local -> lib/python3.X/dist-packages);
@@ -32,7 +33,7 @@ set(ATTN_PC_INCLUDEDIR "${includedir}")
 configure_file("${ATTN_SOURCE_DIR}/attn.pc.in" "${ATTN_BINARY_DIR}/attn.pc" @ONLY)
 file(INSTALL "${ATTN_BINARY_DIR}/attn.pc" DESTINATION "${libdir}/pkgconfig")
 
-# the Python package
+# the Python packages
 set(site "")
 set(on_path FALSE)
 if(ATTN_PYTHON_SITEDIR)
@@ -65,13 +66,17 @@ endif()
 
 file(GLOB py_files "${ATTN_SOURCE_DIR}/python/attn/*.py")
 file(INSTALL ${py_files} DESTINATION "${site}/attn")
+# molgen: its modules and the MOSES filter lists that molgen.metrics reads
+file(GLOB py_files "${ATTN_SOURCE_DIR}/python/molgen/*.py")
+file(INSTALL ${py_files} "${ATTN_SOURCE_DIR}/python/molgen/moses_filters"
+     DESTINATION "${site}/molgen")
 file(WRITE "${ATTN_BINARY_DIR}/_library_path.txt" "${libdir}/${ATTN_LIBRARY_FILE}\n")
 file(INSTALL "${ATTN_BINARY_DIR}/_library_path.txt" DESTINATION "${site}/attn")
 
 if(on_path STREQUAL "TRUE")
-  message(STATUS "attn Python package: ${site}/attn (on ${ATTN_PYTHON}'s default path)")
+  message(STATUS "Python packages attn, molgen: ${site} (on ${ATTN_PYTHON}'s default path)")
 elseif(on_path STREQUAL "UNKNOWN")
-  message(STATUS "attn Python package: ${site}/attn (ATTN_PYTHON_SITEDIR)")
+  message(STATUS "Python packages attn, molgen: ${site} (ATTN_PYTHON_SITEDIR)")
 else()
-  message(STATUS "attn Python package: ${site}/attn, which ${ATTN_PYTHON} does not search by default: PYTHONPATH=${site}")
+  message(STATUS "Python packages attn, molgen: ${site}, which ${ATTN_PYTHON} does not search by default: PYTHONPATH=${site}")
 endif()

@@ -1,7 +1,7 @@
 """molgen train --augment randomized (issue 15), through the binary, with
 RDKit as the oracle:
 
-- tools/randomize_smiles.py writes, per data line, copies that are the same
+- molgen.randomize_smiles writes, per data line, copies that are the same
   molecule (RDKit canonical SMILES equal) and mostly differ from the input;
 - every row the trainer trains on (--debug-dump-rows) is a valid SMILES of
   its data line's molecule, and not always the one written in the file;
@@ -22,7 +22,7 @@ Chem = pytest.importorskip("rdkit.Chem")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
-TOOL = os.path.join(REPO, "tools", "randomize_smiles.py")
+TOOL = ["-m", "molgen.randomize_smiles"]
 TINY = ["--layers", "1", "--d-model", "16", "--heads", "2", "--batch-size", "8",
         "--no-progress", "--val-every", "0", "--threads", "1", "--quiet"]
 
@@ -39,7 +39,7 @@ def canon(s):
 
 
 def randomize(data, out, k=4, seed=1):
-    p = subprocess.run([sys.executable, TOOL, str(data), str(out), "--k", str(k), "--seed",
+    p = subprocess.run([sys.executable] + TOOL + [str(data), str(out), "--k", str(k), "--seed",
                         str(seed), "--jobs", "1"], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
     return out.read_text().splitlines()

@@ -1,22 +1,19 @@
 """molgen bench --json's mfu: the FLOP rate it reports is its tokens/s times
 the count stated in bench.h, with the matmul weights counted on the PyTorch
-twin (molgen/torch_model.py: every nn.Linear weight and the attention's
+twin (molgen.torch_model: every nn.Linear weight and the attention's
 in_proj_weight) and the causally visible (query, key) pairs counted from a
 torch.tril mask; mfu is that rate over the FMA peak it measured."""
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 torch = pytest.importorskip("torch", reason="PyTorch (Debian python3-torch) is the oracle here")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-MOLGEN_DIR = os.path.dirname(HERE)
-sys.path.insert(0, MOLGEN_DIR)
 
 from molgen_bin import molgen_binary  # noqa: E402
-from torch_model import Config, MolGPT  # noqa: E402
+from molgen.torch_model import Config, MolGPT  # noqa: E402
 
 ENV = dict(os.environ, OPENBLAS_CORETYPE=os.environ.get("OPENBLAS_CORETYPE", "Haswell"),
            OMP_WAIT_POLICY="PASSIVE")

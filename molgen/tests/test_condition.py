@@ -1,6 +1,6 @@
-"""Conditional generation (molgen/condition.h, props.py, metrics.py --condition).
+"""Conditional generation (molgen/condition.h, molgen.props, molgen.metrics --condition).
 
-1. props.py against RDKit called directly (Crippen, QED, the Contrib
+1. molgen.props against RDKit called directly (Crippen, QED, the Contrib
    sascorer loaded from its file, TPSA, MolWt, GetScaffoldForMol).
 2. A tiny model trained briefly on a synthetic condition that decides the
    last atom of the SMILES (O or N) obeys it when sampling (the condition
@@ -12,7 +12,7 @@
 5. Refusals: unknown condition names, values outside the training range,
    --condition on an unconditional model, --condition on a .smi file or an
    unknown column; the shipped unconditional model still samples.
-6. metrics.py --condition / --scaffold against the same quantities computed
+6. molgen.metrics --condition / --scaffold against the same quantities computed
    here with RDKit.
 
 The molgen binary: $MOLGEN_BIN, else <dir of $ATTN_LIBRARY>/molgen/molgen,
@@ -32,7 +32,6 @@ pytest.importorskip("rdkit")
 HERE = os.path.dirname(os.path.abspath(__file__))
 MOLGEN_DIR = os.path.dirname(HERE)
 REPO = os.path.dirname(MOLGEN_DIR)
-sys.path.insert(0, MOLGEN_DIR)
 from molgen_bin import first_molecules, run_molgen  # noqa: E402
 
 SHIPPED = os.path.join(REPO, "models", "molgen-moses.safetensors")
@@ -68,7 +67,7 @@ def test_props_against_rdkit(tmp_path):
     spec.loader.exec_module(sa)
     smi = tmp_path / "m.smi"
     smi.write_text("\n".join(MOLS[:2] + ["not_a_smiles"] + MOLS[2:]) + "\n")
-    p = subprocess.run([sys.executable, os.path.join(MOLGEN_DIR, "props.py"), str(smi), "-q"],
+    p = subprocess.run([sys.executable, "-m", "molgen.props", str(smi), "-q"],
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     assert "1 unparsable skipped" in p.stderr
@@ -215,7 +214,7 @@ def test_metrics_condition(tmp_path):
     # it cannot parse again (a molgen sample): left out of MAD and shares
     samples.write_text("\n".join(MOLS + ["C1CC", "", ROUND_TRIP_FAILS]) + "\n")
     js = str(tmp_path / "m.json")
-    p = subprocess.run([sys.executable, os.path.join(MOLGEN_DIR, "metrics.py"), str(samples),
+    p = subprocess.run([sys.executable, "-m", "molgen.metrics", str(samples),
                         "--condition", "logp=2,tpsa=40", "--scaffold", "c1ccccc1", "--json", js,
                         "-q", "--jobs", "1"], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
@@ -234,14 +233,14 @@ def test_metrics_condition(tmp_path):
         ref, AllChem.GetMorganFingerprintAsBitVect(Chem.MolFromSmiles(s), 2, nBits=1024))
         if s else 0.0 for s in scafs]
     assert c["scaffold"]["mean_tanimoto"] == pytest.approx(np.mean(sims), rel=1e-9)
-    bad = subprocess.run([sys.executable, os.path.join(MOLGEN_DIR, "metrics.py"), str(samples),
+    bad = subprocess.run([sys.executable, "-m", "molgen.metrics", str(samples),
                           "--condition", "foo=1", "-q"], capture_output=True, text=True,
                          timeout=60)
     assert bad.returncode == 2 and "foo=1" in bad.stderr
 
 
 def test_cond_svg(tmp_path):
-    """cond_svg.py: well-formed SVG, one curve per series, the MAD it prints
+    """molgen.pictures: well-formed SVG, one curve per series, the MAD it prints
     equal to RDKit's."""
     import xml.etree.ElementTree as ET
     from rdkit import Chem
@@ -251,7 +250,7 @@ def test_cond_svg(tmp_path):
     s = tmp_path / "s.smi"
     s.write_text("\n".join(MOLS + ["C1CC"]) + "\n")
     out = str(tmp_path / "p.svg")
-    p = subprocess.run([sys.executable, os.path.join(MOLGEN_DIR, "cond_svg.py"), "--data",
+    p = subprocess.run([sys.executable, "-m", "molgen.pictures", "--data",
                         str(data), "--out", out, "logp=2:%s" % s, "logp=3:%s" % s],
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
@@ -261,7 +260,7 @@ def test_cond_svg(tmp_path):
     texts = [t.text for t in root.iter(ns + "text")]
     mad = np.mean([abs(Crippen.MolLogP(Chem.MolFromSmiles(m)) - 2) for m in MOLS])
     assert "logp = 2: MAD %.3f (5 valid)" % mad in texts, texts
-    bad = subprocess.run([sys.executable, os.path.join(MOLGEN_DIR, "cond_svg.py"), "--data",
+    bad = subprocess.run([sys.executable, "-m", "molgen.pictures", "--data",
                           str(data), "--out", out, "qed=2:%s" % s], capture_output=True,
                          text=True, timeout=60)
     assert bad.returncode == 2 and "no column qed" in bad.stderr

@@ -13,13 +13,10 @@ import csv
 import io
 import json
 import os
-import sys
 
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
-sys.path.insert(0, HERE)
 
 from molgen_bin import run_molgen, write_molecules  # noqa: E402
 
@@ -51,7 +48,7 @@ def scored(out, smiles_path, extra):
 
 def test_score_uses_the_average_and_raw_on_request(ckpt, tmp_path):
     torch = pytest.importorskip("torch")
-    import torch_model as tm
+    from molgen import torch_model as tm
     out, mols, _ = ckpt
     path = tmp_path / "in.smi"
     path.write_text("\n".join(mols) + "\n")

@@ -9,7 +9,6 @@ refused with a message that says why."""
 import json
 import os
 import subprocess
-import sys
 import zlib
 
 import numpy as np
@@ -18,7 +17,6 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 MOLGEN_DIR = os.path.dirname(HERE)
 REPO = os.path.dirname(MOLGEN_DIR)
-sys.path.insert(0, MOLGEN_DIR)
 
 from molgen_bin import molgen_binary  # noqa: E402
 
@@ -46,7 +44,7 @@ def init(tmp_path_factory):
 
 
 def test_init_metadata_freeze_and_skips(init):
-    tm = pytest.importorskip("torch_model")
+    tm = pytest.importorskip("molgen.torch_model")
     d, path = init
     focused = d / "focused.smi"
     with open(DATA) as f:

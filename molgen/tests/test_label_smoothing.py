@@ -3,7 +3,7 @@ molgen/train_settings.h.
 
 1. The loss and every gradient against PyTorch's own
    F.cross_entropy(label_smoothing=X) on the float64 twin of the model
-   (molgen/torch_model.py), through `molgen debug-grads --label-smoothing`,
+   (molgen.torch_model), through `molgen debug-grads --label-smoothing`,
    with test_model_torch.py's tolerances (loss 1e-5 relative, every gradient
    tensor 1e-4 normwise).
 2. The checkpoint keeps it: a run stopped half way and resumed without the
@@ -18,7 +18,6 @@ import json
 import os
 import struct
 import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -26,11 +25,10 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 MOLGEN_DIR = os.path.dirname(HERE)
 REPO = os.path.dirname(MOLGEN_DIR)
-sys.path.insert(0, MOLGEN_DIR)
 
 torch = pytest.importorskip("torch")
 import torch.nn.functional as F  # noqa: E402
-import torch_model as tm  # noqa: E402
+from molgen import torch_model as tm  # noqa: E402
 
 from molgen_bin import molgen_binary  # noqa: E402
 

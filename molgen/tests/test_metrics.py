@@ -1,6 +1,6 @@
-"""Tests of molgen/metrics.py on tiny hand-made sets whose answers follow from
+"""Tests of molgen.metrics on tiny hand-made sets whose answers follow from
 the definitions. Run with /usr/bin/python3 -m pytest (needs RDKit + numpy)."""
-import importlib.util
+import importlib
 import json
 import math
 import os
@@ -14,17 +14,8 @@ np = pytest.importorskip('numpy')
 pytest.importorskip('rdkit')
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SCRIPT = os.path.join(HERE, '..', 'metrics.py')
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location('molgen_metrics', SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-M = _load()
+SCRIPT = ['-m', 'molgen.metrics']
+M = importlib.import_module('molgen.metrics')
 
 
 def _write(path, lines):
@@ -157,7 +148,7 @@ def test_cli_json_and_table(tmp_path):
     t = _write(tmp_path / 't.smi', ['# header comment', 'OCC', '', 'CCCC name'])
     r = _write(tmp_path / 'r.smi', ['Oc1ccccc1', 'CCO'])
     out = tmp_path / 'm.json'
-    p = subprocess.run([sys.executable, SCRIPT, s, '--train', t, '--ref', r, '--json',
+    p = subprocess.run([sys.executable] + SCRIPT + [s, '--train', t, '--ref', r, '--json',
                         str(out), '--jobs', '1', '-q'], capture_output=True, text=True,
                        timeout=120)
     assert p.returncode == 0, p.stderr
@@ -191,8 +182,10 @@ def test_missing_rdkit_gives_one_line_message(tmp_path):
     (fake / 'rdkit').mkdir(parents=True)
     (fake / 'rdkit' / '__init__.py').write_text("raise ImportError('no rdkit here')\n")
     s = _write(tmp_path / 's.smi', ['CCO'])
-    env = dict(os.environ, PYTHONPATH=str(fake))
-    p = subprocess.run([sys.executable, SCRIPT, s], capture_output=True, text=True, env=env,
+    # the fake rdkit first, then the molgen package this test imported
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(fake), os.path.dirname(os.path.dirname(M.__file__))]))
+    p = subprocess.run([sys.executable] + SCRIPT + [s], capture_output=True, text=True, env=env,
                        timeout=60)
     assert p.returncode == 2
     lines = p.stderr.strip().splitlines()
@@ -200,7 +193,7 @@ def test_missing_rdkit_gives_one_line_message(tmp_path):
 
 
 def test_missing_file_is_a_clear_error(tmp_path):
-    p = subprocess.run([sys.executable, SCRIPT, str(tmp_path / 'nope.smi')],
+    p = subprocess.run([sys.executable] + SCRIPT + [str(tmp_path / 'nope.smi')],
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and 'no such file' in p.stderr
 
@@ -212,7 +205,7 @@ def test_missing_file_is_a_clear_error(tmp_path):
 # no screening); the expected clause of each hand-picked molecule follows
 # from the rule, and the oracle confirms that it fails that clause only.
 
-FILTERS_DIR = os.path.join(HERE, '..', '..', 'data', 'moses_filters')
+FILTERS_DIR = M.FILTERS_DIR
 
 
 def _oracle_patterns():
@@ -457,7 +450,7 @@ def test_sampling_sidecar_is_reported(tmp_path):
         if meta:
             side.write_text(json.dumps(meta))
         out = tmp_path / 'm.json'
-        p = subprocess.run([sys.executable, SCRIPT, s, '--json', str(out), '--jobs', '1', '-q'],
+        p = subprocess.run([sys.executable] + SCRIPT + [s, '--json', str(out), '--jobs', '1', '-q'],
                            capture_output=True, text=True, timeout=120)
         assert p.returncode == 0, p.stderr
         j = json.loads(out.read_text())

@@ -1,4 +1,4 @@
-"""molgen's C model vs the same model in PyTorch (molgen/torch_model.py).
+"""molgen's C model vs the same model in PyTorch (molgen.torch_model).
 
 `molgen debug-grads` builds a model in C (GPT-2 init, then every parameter
 perturbed by U(-p/2, p/2) so every path carries signal), runs one
@@ -19,7 +19,6 @@ else build/molgen/molgen.
 import json
 import os
 import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -27,10 +26,9 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 MOLGEN_DIR = os.path.dirname(HERE)
 REPO = os.path.dirname(MOLGEN_DIR)
-sys.path.insert(0, MOLGEN_DIR)
 
 torch = pytest.importorskip("torch")
-import torch_model as tm  # noqa: E402
+from molgen import torch_model as tm  # noqa: E402
 
 from molgen_bin import molgen_binary  # noqa: E402
 

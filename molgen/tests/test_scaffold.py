@@ -17,14 +17,12 @@ import json
 import os
 import random
 import struct
-import sys
 
 import pytest
 
 pytest.importorskip("rdkit")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
 from molgen_bin import run_molgen  # noqa: E402
 
 RINGS = ["c1ccccc1", "C1CCCCC1", "c1ccncc1"]

@@ -1,4 +1,4 @@
-"""molgen score against the PyTorch twin (molgen/torch_model.py) and as a
+"""molgen score against the PyTorch twin (molgen.torch_model) and as a
 command: per-molecule NLL equal to PyTorch's float64 cross-entropy summed
 over the same targets (every token after BOS, EOS included), the same CSV
 bytes for any --threads / --batch, stdin -> stdout in a pipe, and a status
@@ -11,14 +11,12 @@ import csv
 import io
 import os
 import subprocess
-import sys
 
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MOLGEN_DIR = os.path.dirname(HERE)
 REPO = os.path.dirname(MOLGEN_DIR)
-sys.path.insert(0, MOLGEN_DIR)
 
 from molgen_bin import molgen_binary  # noqa: E402
 
@@ -51,7 +49,7 @@ def rows(text):
 
 def test_nll_equals_pytorch_twin(tmp_path):
     torch = pytest.importorskip("torch")
-    import torch_model as tm
+    from molgen import torch_model as tm
     smiles = first_smiles(120)
     path = tmp_path / "in.smi"
     path.write_text("\n".join(smiles) + "\n")

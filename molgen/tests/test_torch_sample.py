@@ -1,17 +1,14 @@
-"""The PyTorch peer sampler (molgen/torch_sample.py) that speed tables
+"""The PyTorch peer sampler (molgen.torch_sample) that speed tables
 compare molgen against: its KV-cache step gives the logits of the whole
 prefix re-run (float64, fresh weights, every position to ctx_len), and
 sampling at temperature 1 with and without the cache, from the same
 generator, draws the same molecules."""
-import os
-import sys
 
 import pytest
 
 torch = pytest.importorskip("torch")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import torch_model as tm  # noqa: E402
-import torch_sample as ts  # noqa: E402
+from molgen import torch_model as tm  # noqa: E402
+from molgen import torch_sample as ts  # noqa: E402
 
 
 def fresh(ctx=20):

@@ -1,15 +1,10 @@
-"""pytest setup: python/ on sys.path (for `import attn`), tests/ too (for the
-oracle helpers), and a session summary of the measured errors vs PyTorch."""
+"""pytest setup and a session summary of the measured errors vs PyTorch.
+`import attn` finds python/attn through PYTHONPATH=python (the Makefile's
+test-python) or python/pytest.ini's pythonpath; _oracle, beside this file,
+through pytest, which puts this folder (no __init__.py) on sys.path."""
 import os
-import sys
 
 import pytest
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-PYDIR = os.path.dirname(HERE)
-for d in (PYDIR, HERE):
-    if d not in sys.path:
-        sys.path.insert(0, d)
 
 os.environ.setdefault("OPENBLAS_CORETYPE", "Haswell")
 

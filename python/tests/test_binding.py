@@ -55,11 +55,10 @@ def test_struct_layouts_match_header(tmp_path):
 
 
 def _import_with(env_updates):
-    env = dict(os.environ)
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))  # this tree's attn
     env.update(env_updates)
     env = {k: v for k, v in env.items() if v is not None}
-    code = "import sys; sys.path.insert(0, %r); import attn; print(attn.library_path)" % (
-        os.path.join(ROOT, "python"),)
+    code = "import attn; print(attn.library_path)"
     return subprocess.run([sys.executable, "-c", code], env=env,
                           capture_output=True, text=True)
 

@@ -713,12 +713,10 @@ def test_sdpa_self_attention_same_tensor():
 
 
 def test_molgen_twin_with_attn_attention():
-    """molgen/torch_model.py's hook (bench --attn): the twin built with
+    """molgen.torch_model's hook (bench --attn): the twin built with
     attn.torch.MultiheadAttention has torch's init and gives the plain
     twin's loss and gradients (float32 both; the difference is rounding)."""
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
-        os.path.abspath(__file__)))), "molgen"))
-    import torch_model as tm
+    from molgen import torch_model as tm
     cfg = tm.Config(n_layer=2, d_model=32, n_head=4, ctx_len=12, vocab_size=11)
     torch.manual_seed(0)
     plain = tm.MolGPT(cfg)

@@ -9,18 +9,17 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import time
 
 import numpy as np
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
-sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
-from molgen_bin import molgen_binary, write_molecules  # noqa: E402
-from torch_model import load_safetensors  # noqa: E402
+# molgen_bin (molgen/tests) and the molgen package (python/) come from
+# PYTHONPATH, which ctest sets (molgen/CMakeLists.txt)
+from molgen_bin import molgen_binary, write_molecules
+from molgen.torch_model import load_safetensors
 
+HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
 MPIRUN = shutil.which("mpirun")
 pytestmark = pytest.mark.skipif(MPIRUN is None, reason="mpirun not installed (openmpi-bin)")

@@ -1,14 +1,13 @@
-#!/usr/bin/python3
 """Histograms of conditionally generated molecules' properties over the data's, as SVG.
 
 Usage:
-    /usr/bin/python3 molgen/cond_svg.py --data PROPS.csv --out plot.svg \\
+    /usr/bin/python3 -m molgen.pictures --data PROPS.csv --out plot.svg \\
         logp=1.18:samples_a.smi logp=3.52:samples_b.smi qed=0.82:samples_c.smi ...
 
 One panel per property named in the arguments: the data's histogram (the
-CSV that props.py wrote, grey, as a density) and, for each NAME=TARGET:FILE,
+CSV that molgen.props wrote, grey, as a density) and, for each NAME=TARGET:FILE,
 the histogram of the property over FILE's valid samples (computed with
-props.py's functions), in its own colour with a dashed line at the target.
+molgen.props's functions), in its own colour with a dashed line at the target.
 """
 
 import argparse
@@ -23,10 +22,7 @@ UNITS = {'logp': 'Crippen logP', 'qed': 'QED', 'sas': 'SA score', 'tpsa': 'TPSA 
 
 
 def _props():
-    d = os.path.dirname(os.path.abspath(__file__))
-    if d not in sys.path:
-        sys.path.insert(0, d)
-    import props
+    from molgen import props
     return props
 
 
@@ -93,8 +89,9 @@ def panel(name, data, series, x0, y0, W, H, bins=40):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    ap.add_argument('--data', required=True, help="props.py's CSV of the training data")
+    ap = argparse.ArgumentParser(prog='python3 -m molgen.pictures',
+                                     description=__doc__.split('\n')[0])
+    ap.add_argument('--data', required=True, help="molgen.props's CSV of the training data")
     ap.add_argument('--out', required=True, help='SVG to write')
     ap.add_argument('series', nargs='+', help='NAME=TARGET:SAMPLES.smi')
     a = ap.parse_args(argv)
@@ -107,14 +104,14 @@ def main(argv=None):
         except ValueError:
             target = float('nan')
         if not sep or not eq or not math.isfinite(target) or not os.path.isfile(path):
-            sys.stderr.write('cond_svg.py: %s is not NAME=TARGET:FILE (an existing file)\n' % s)
+            sys.stderr.write('molgen.pictures: %s is not NAME=TARGET:FILE (an existing file)\n' % s)
             return 2
         panels.setdefault(name, []).append((target, path))
     with open(a.data) as f:
         rows = list(csv.DictReader(f))
     for name in panels:
         if not rows or name not in rows[0]:
-            sys.stderr.write('cond_svg.py: %s has no column %s\n' % (a.data, name))
+            sys.stderr.write('molgen.pictures: %s has no column %s\n' % (a.data, name))
             return 2
     W, H, pad = 360, 200, 50
     svg = ['<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif">'

@@ -1,14 +1,13 @@
-#!/usr/bin/python3
 """PyTorch baseline sampler for molgen models, MolGPT's way: every step
 re-runs the whole prefix through the model (no KV cache); with --kv, a
 KV cache like molgen's (each step runs the new position only, attention
 over the cached keys and values of every block).
 
-    /usr/bin/python3 molgen/torch_sample.py [--model FILE | --molgpt] [--kv]
+    /usr/bin/python3 -m molgen.torch_sample [--model FILE | --molgpt] [--kv]
         [-n 256] [--batch 64] [--seed 0] [--temperature 1] [--top-k 0]
         [--top-p 1] [--threads N] [--runs 1] [--warmup 0] [--out FILE] [--json]
 
-The model is molgen/torch_model.py's twin of model.c, loaded from a molgen
+The model is molgen.torch_model's twin of model.c, loaded from a molgen
 model file / checkpoint (--model), or freshly initialised (default config,
 or --molgpt; ctx 54 and the MOSES vocabulary, as `molgen bench` does).
 Token choice matches molgen/sample.c: PAD and BOS are never sampled;
@@ -31,8 +30,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import torch_model as tm  # noqa: E402
+from molgen import torch_model as tm
 
 MOSES_TOKENS = ["#", "(", ")", "-", "1", "2", "3", "4", "5", "6", "=", "Br", "C", "Cl", "F",
                 "N", "O", "S", "[H]", "[nH]", "c", "n", "o", "s"]
@@ -127,7 +125,8 @@ def median(v):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog='python3 -m molgen.torch_sample',
+                                     description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", help="molgen model file or checkpoint (.safetensors)")
     ap.add_argument("--molgpt", action="store_true",
                     help="fresh MolGPT-size model (8 layers, d 256, 8 heads) instead of the default")
@@ -148,7 +147,7 @@ def main(argv=None):
     a = ap.parse_args(argv)
     if a.n < 1 or a.batch < 1 or a.runs < 1 or a.warmup < 0 or a.temperature < 0 \
             or a.top_k < 0 or not 0 < a.top_p <= 1:
-        print("torch_sample.py: bad -n/--batch/--runs/--warmup/--temperature/--top-k/--top-p",
+        print("molgen.torch_sample: bad -n/--batch/--runs/--warmup/--temperature/--top-k/--top-p",
               file=sys.stderr)
         return 2
     if a.threads:
@@ -167,11 +166,11 @@ def main(argv=None):
             model = tm.MolGPT(cfg)
             name = "molgpt" if a.molgpt else "default"
     except (OSError, ValueError, KeyError) as e:
-        print("torch_sample.py: %s" % e, file=sys.stderr)
+        print("molgen.torch_sample: %s" % e, file=sys.stderr)
         return 1
     model.eval()
     if a.kv and not model.cfg.causal:
-        print("torch_sample.py: --kv needs a causal model (a cache cannot see later tokens)",
+        print("molgen.torch_sample: --kv needs a causal model (a cache cannot see later tokens)",
               file=sys.stderr)
         return 2
     gen = torch.Generator().manual_seed(a.seed)

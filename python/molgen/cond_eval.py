@@ -1,12 +1,11 @@
-#!/usr/bin/python3
 """The conditional model's evaluation (README, "Conditional generation"):
 
-    /usr/bin/python3 tools/cond_eval.py MODEL DATA.csv OUT_DIR [-n 10000]
+    /usr/bin/python3 -m molgen.cond_eval MODEL DATA.csv OUT_DIR [-n 10000]
         [--scaffolds 10] [--unseen FILE.smi] [--scaffold-n 1000] [--threads 2]
 
 1. Each trained property alone at its 10th, 50th and 90th percentile in
-   DATA.csv (props.py's CSV): N samples each (molgen sample --condition),
-   MAD / SD of the property from the target, validity, unique@N (metrics.py).
+   DATA.csv (molgen.props's CSV): N samples each (molgen sample --condition),
+   MAD / SD of the property from the target, validity, unique@N (molgen.metrics).
 2. All four together at three combinations (medians; low logP with high
    TPSA; high logP with low TPSA): the same.
 3. Scaffolds (a scaffold model): the most frequent --scaffolds scaffolds of
@@ -14,7 +13,7 @@
    and the scaffolds of --unseen's molecules that no row of DATA.csv has;
    --scaffold-n samples each: exact-scaffold share, scaffold Tanimoto,
    validity, uniqueness.
-4. The histogram picture of step 1 (cond_svg.py, the first 2,000 samples
+4. The histogram picture of step 1 (molgen.pictures, the first 2,000 samples
    of each target).
 Writes OUT_DIR/summary.json and prints a Markdown table. Seeds are fixed
 (7 + the run's index), so a rerun gives the same samples for the same
@@ -24,12 +23,16 @@ import collections
 import csv
 import json
 import os
+import shutil
 import subprocess
 import sys
 
+from molgen import props
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
-sys.path.insert(0, os.path.join(REPO, 'molgen'))
+# the child `python3 -m molgen.metrics|pictures` finds this same package
+CHILD_ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(
+    [os.path.dirname(HERE)] + [p for p in [os.environ.get('PYTHONPATH')] if p]))
 PROPS = ['logp', 'qed', 'sas', 'tpsa']
 
 
@@ -40,8 +43,16 @@ def percentile(xs, q):
     return xs[f] + (xs[min(f + 1, len(xs) - 1)] - xs[f]) * (k - f)
 
 
+def default_molgen():
+    """$MOLGEN, else the source tree's build/molgen/molgen, else molgen on PATH."""
+    tree = os.path.join(HERE, os.pardir, os.pardir, 'build', 'molgen', 'molgen')
+    if os.environ.get('MOLGEN'):
+        return os.environ['MOLGEN']
+    return tree if os.access(tree, os.X_OK) else (shutil.which('molgen') or 'molgen')
+
+
 def run(cmd, may_refuse=False):
-    p = subprocess.run(cmd, capture_output=True, text=True)
+    p = subprocess.run(cmd, capture_output=True, text=True, env=CHILD_ENV)
     if p.returncode == 2 and may_refuse:  # molgen's refusal of a request
         return p
     if p.returncode != 0:
@@ -51,7 +62,7 @@ def run(cmd, may_refuse=False):
 
 
 def main():
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(prog='python3 -m molgen.cond_eval')
     ap.add_argument('model')
     ap.add_argument('data')
     ap.add_argument('out')
@@ -61,9 +72,7 @@ def main():
     ap.add_argument('--unseen-max', type=int, default=5)
     ap.add_argument('--scaffold-n', type=int, default=1000)
     ap.add_argument('--threads', type=int, default=2)
-    ap.add_argument('--molgen', default=os.environ.get('MOLGEN',
-                                                       os.path.join(REPO, 'build', 'molgen',
-                                                                    'molgen')))
+    ap.add_argument('--molgen', default=default_molgen())
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     rows = list(csv.DictReader(open(a.data)))
@@ -89,7 +98,6 @@ def main():
             jobs.append(('scaffold, in training', '%s (%d rows)' % (s, c), None, s, a.scaffold_n))
         if a.unseen:
             from rdkit import Chem
-            import props
             seen = set(counts)
             new = []
             for line in open(a.unseen):
@@ -126,7 +134,7 @@ def main():
             continue
         unseen_done += unseen
         rate = [ln for ln in p.stderr.splitlines() if ln.startswith('sampled')] if p else []
-        mcmd = [sys.executable, os.path.join(REPO, 'molgen', 'metrics.py'), smi, '--json', js,
+        mcmd = [sys.executable, '-m', 'molgen.metrics', smi, '--json', js,
                 '--jobs', str(a.threads), '-q']
         if cond:
             mcmd += ['--condition', cond]
@@ -155,7 +163,7 @@ def main():
         series.append('%s:%s' % (r['condition'], head))
     if not series:
         return
-    run([sys.executable, os.path.join(REPO, 'molgen', 'cond_svg.py'), '--data', a.data, '--out',
+    run([sys.executable, '-m', 'molgen.pictures', '--data', a.data, '--out',
          os.path.join(a.out, 'conditional.svg')] + series)
 
 

@@ -1,8 +1,7 @@
-#!/usr/bin/python3
 """MOSES-style metrics of generated SMILES against a training and a reference set.
 
 Usage:
-    /usr/bin/python3 molgen/metrics.py SAMPLES.smi --train TRAIN.smi --ref REF.smi \
+    /usr/bin/python3 -m molgen.metrics SAMPLES.smi --train TRAIN.smi --ref REF.smi \
         [--json out.json] [--max-ref N] [--max-gen N] [--seed S] [--jobs J] \
         [--condition logp=2.5,qed=0.8,...] [--scaffold SMILES]
 
@@ -35,7 +34,7 @@ moses/metrics/metrics.py) unless noted:
   Filters      fraction of the valid samples (their canonical SMILES, parsed
                again, as MOSES) that pass MOSES's mol_passes_filters: no ring
                of 8+ atoms, no formal charge, only C N S O F Cl Br H, no match
-               of the MCF or PAINS SMARTS (data/moses_filters/) on the
+               of the MCF or PAINS SMARTS (molgen/moses_filters/) on the
                molecule with explicit hydrogens added, and a non-isomeric
                canonical SMILES that is non-empty and parses again. Over all
                valid samples (no subsampling); also reported for the
@@ -50,12 +49,12 @@ Sampling: the settings that made the samples (molgen sample's SAMPLES.json
 sidecar: --constrain mode, temperature, top-k/p, seed, model) are printed
 first and kept in the JSON as "sampling" (null when there is no sidecar).
 Conditional generation (molgen sample --condition / a requested scaffold):
-  --condition NAME=VALUE,...  for each requested property (props.py's logp,
-               qed, sas, tpsa, mw, computed as props.py does) over the valid
+  --condition NAME=VALUE,...  for each requested property (molgen.props's logp,
+               qed, sas, tpsa, mw, computed as molgen.props does) over the valid
                samples: MAD = mean |p - target| and SD = the standard
                deviation of p - target (MolGPT's definitions).
   --scaffold S the share of valid samples whose Bemis-Murcko scaffold
-               (props.py's murcko_scaffold, canonical SMILES) is exactly S's,
+               (molgen.props's murcko_scaffold, canonical SMILES) is exactly S's,
                and the mean Tanimoto similarity (Morgan r=2, 1024 bits) of
                the samples' scaffolds to S's (an acyclic sample's empty
                scaffold counts as 0).
@@ -74,8 +73,7 @@ import time
 
 MAX_REF_DEFAULT = 10000
 MAX_GEN_DEFAULT = 10000
-FILTERS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, 'data',
-                           'moses_filters')
+FILTERS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'moses_filters')
 NOT_COMPUTED = {'FCD': 'needs the weights of the trained ChemNet network, which MOSES '
                        'downloads with the fcd_torch package; not available offline'}
 
@@ -87,24 +85,21 @@ def _require_deps():
     try:
         import numpy  # noqa: F401
     except Exception as e:  # pragma: no cover - environment dependent
-        sys.stderr.write("metrics.py: numpy is not available in %s (%s); "
+        sys.stderr.write("molgen.metrics: numpy is not available in %s (%s); "
                          "run with /usr/bin/python3\n" % (sys.executable, e))
         sys.exit(2)
     try:
         from rdkit import Chem  # noqa: F401
     except Exception as e:
-        sys.stderr.write("metrics.py: RDKit is not available in %s (%s); "
+        sys.stderr.write("molgen.metrics: RDKit is not available in %s (%s); "
                          "run with /usr/bin/python3 (Debian python3-rdkit)\n"
                          % (sys.executable, e))
         sys.exit(2)
 
 
 def _props():
-    """molgen/props.py (beside this file): the property functions."""
-    d = os.path.dirname(os.path.abspath(__file__))
-    if d not in sys.path:
-        sys.path.insert(0, d)
-    import props
+    """molgen.props: the property functions (imported late: it needs RDKit)."""
+    from molgen import props
     return props
 
 
@@ -198,7 +193,7 @@ def _features(smi):
 
 
 def parse_condition(text):
-    """'logp=2.5,qed=0.8' -> {'logp': 2.5, 'qed': 0.8} (props.py's names)."""
+    """'logp=2.5,qed=0.8' -> {'logp': 2.5, 'qed': 0.8} (molgen.props's names)."""
     props = _props()
     out = {}
     for part in text.split(','):
@@ -864,7 +859,7 @@ def read_sampling_meta(samples_path):
         with open(p) as f:
             meta = json.load(f)
     except (OSError, ValueError) as e:
-        sys.stderr.write('metrics.py: %s: unreadable sampling sidecar (%s); ignored\n' % (p, e))
+        sys.stderr.write('molgen.metrics: %s: unreadable sampling sidecar (%s); ignored\n' % (p, e))
         return None
     return meta if isinstance(meta, dict) else None
 
@@ -918,7 +913,7 @@ def _nan_to_none(x):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(
+    ap = argparse.ArgumentParser(prog='python3 -m molgen.metrics',
         description='MOSES-style metrics of generated SMILES (validity, uniqueness, '
                     'novelty, Filters, IntDiv, SNN, Frag, Scaf, property W1; FCD is not '
                     'computed).')
@@ -949,14 +944,14 @@ def main(argv=None):
     try:
         targets = parse_condition(args.condition) if args.condition else None
     except ValueError as e:
-        sys.stderr.write('metrics.py: %s\n' % e)
+        sys.stderr.write('molgen.metrics: %s\n' % e)
         return 2
     for p in (args.samples, args.train, args.ref):
         if p is not None and not os.path.isfile(p):
-            sys.stderr.write('metrics.py: no such file: %s\n' % p)
+            sys.stderr.write('molgen.metrics: no such file: %s\n' % p)
             return 2
     if args.max_ref < 1 or args.max_gen < 1:
-        sys.stderr.write('metrics.py: --max-ref and --max-gen must be >= 1\n')
+        sys.stderr.write('molgen.metrics: --max-ref and --max-gen must be >= 1\n')
         return 2
     samples = read_smiles(args.samples, samples=True)
     # a trailing newline at the end of the file is not an extra sample
@@ -976,7 +971,7 @@ def main(argv=None):
         try:
             res['condition'] = condition_metrics(valid, targets, args.scaffold, args.jobs)
         except ValueError as e:
-            sys.stderr.write('metrics.py: %s\n' % e)
+            sys.stderr.write('molgen.metrics: %s\n' % e)
             return 2
     print(format_table(res))
     if res.get('condition'):

@@ -1,4 +1,3 @@
-#!/usr/bin/python3
 """molgen's transformer in PyTorch: the same model as molgen/model.c.
 
 Same configuration (n_layer, d_model, n_head, ctx_len, vocab_size, dropout),
@@ -20,11 +19,11 @@ Uses: the gradient oracle of molgen/tests/test_model_torch.py, and
 B x ctx positions, every position a real target, forward + backward +
 AdamW step; median of runs):
 
-    /usr/bin/python3 molgen/torch_model.py bench [--molgpt] [--batch 64]
+    /usr/bin/python3 -m molgen.torch_model bench [--molgpt] [--batch 64]
         [--ctx 54] [--runs 5] [--warmup 1] [--steps 3] [--threads N] [--attn] [--json]
         (--attn: attn.torch.MultiheadAttention in every block, same init; the
         JSON's "losses" are every step's loss, to compare the two)
-    /usr/bin/python3 molgen/torch_model.py loss --model out/model.safetensors
+    /usr/bin/python3 -m molgen.torch_model loss --model out/model.safetensors
         --data FILE [--n 1000]     (mean loss of a checkpoint on molecules)
 
 Needs torch (1.13 tested) and numpy; safetensors files are read and written
@@ -292,12 +291,8 @@ def molecule_nll(model, vocab, smiles):
 # ---------------------------------------------------------------- modes
 
 def _attn_torch():
-    """attn.torch, from the installed package or else this repo's python/."""
-    try:
-        import attn.torch
-    except ImportError:
-        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
-        import attn.torch
+    """attn.torch (the attn package, installed beside this one)."""
+    import attn.torch
     return attn.torch
 
 
@@ -334,7 +329,7 @@ def bench_batches(cfg, B, nbatch, data=None):
     smiles = [s for s in read_smiles(data) if len(tokenize(s)) + 2 <= T]
     vocab = SPECIALS + sorted({t for s in smiles for t in tokenize(s)})
     if len(vocab) > cfg.vocab_size:
-        raise SystemExit("torch_model.py: %s has %d token kinds, more than the config's %d"
+        raise SystemExit("molgen.torch_model: %s has %d token kinds, more than the config's %d"
                          % (data, len(vocab), cfg.vocab_size))
     need = nbatch * B
     smiles = (smiles * (need // len(smiles) + 1))[:need]
@@ -406,7 +401,7 @@ def bench(args):
 def loss_mode(args):
     model, vocab = load_model(args.model, torch.float64 if args.double else torch.float32)
     if vocab is None:
-        print("torch_model.py: %s has no vocab" % args.model, file=sys.stderr)
+        print("molgen.torch_model: %s has no vocab" % args.model, file=sys.stderr)
         return 1
     smiles = read_smiles(args.data, args.n)
     ids, lengths = encode(smiles, vocab, model.cfg.ctx_len + 1)
@@ -423,7 +418,8 @@ def loss_mode(args):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog='python3 -m molgen.torch_model',
+                                     description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="mode", required=True)
     b = sub.add_parser("bench", help="training tokens/s of the PyTorch model")
     b.add_argument("--molgpt", action="store_true", help="8 layers, d 256, 8 heads, dropout 0.1")
@@ -452,7 +448,7 @@ def main(argv=None):
     try:
         return bench(args) if args.mode == "bench" else loss_mode(args)
     except (OSError, ValueError, KeyError) as e:
-        print("torch_model.py: %s" % e, file=sys.stderr)
+        print("molgen.torch_model: %s" % e, file=sys.stderr)
         return 1
 
 

@@ -1,8 +1,7 @@
-#!/usr/bin/python3
 """Molecular properties of a SMILES file, as a CSV for conditional training.
 
 Usage:
-    /usr/bin/python3 molgen/props.py MOLS.smi [--out MOLS.csv] [--jobs J] [-q]
+    /usr/bin/python3 -m molgen.props MOLS.smi [--out MOLS.csv] [--jobs J] [-q]
 
 Writes the CSV `smiles,logp,qed,sas,tpsa,mw,scaffold` (default: beside the
 input, its extension replaced by .csv), one row per molecule that RDKit
@@ -18,7 +17,7 @@ parses, in the input's order:
             without rings)
 Lines that RDKit cannot parse are skipped and counted (a summary on stderr).
 The output is written to a temporary file and renamed at the end; progress
-goes to stderr. metrics.py computes its conditioning properties with the
+goes to stderr. molgen.metrics computes its conditioning properties with the
 functions below.
 """
 
@@ -37,13 +36,15 @@ def sascorer():
     """RDKit Contrib's sascorer module (exits with a message if absent)."""
     global _SA
     if _SA is None:
+        import importlib.util
         from rdkit.Chem import RDConfig
         d = os.path.join(RDConfig.RDContribDir, 'SA_Score')
-        if d not in sys.path:
-            sys.path.append(d)
+        # loaded from its file: the Contrib folder is not a package
+        spec = importlib.util.spec_from_file_location('sascorer', os.path.join(d, 'sascorer.py'))
+        sa = importlib.util.module_from_spec(spec)
         try:
-            import sascorer as sa  # type: ignore
-        except ImportError as e:
+            spec.loader.exec_module(sa)
+        except (OSError, ImportError) as e:
             raise RuntimeError('RDKit Contrib SA_Score not found in %s (%s): install Debian '
                                'rdkit-data' % (d, e))
         _SA = sa
@@ -96,8 +97,9 @@ def read_smiles(path):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description='logP, QED, SA score, TPSA, MW and Murcko '
-                                 'scaffold of a SMILES file, as CSV')
+    ap = argparse.ArgumentParser(prog='python3 -m molgen.props',
+                                     description='logP, QED, SA score, TPSA, MW and Murcko '
+                                     'scaffold of a SMILES file, as CSV')
     ap.add_argument('smiles', help='.smi file (first field of each line)')
     ap.add_argument('--out', help='CSV to write (default: the input with .csv)')
     ap.add_argument('--jobs', type=int, default=1, help='worker processes (default 1)')
@@ -107,23 +109,23 @@ def main(argv=None):
         from rdkit import Chem  # noqa: F401
         sascorer()
     except Exception as e:
-        sys.stderr.write('props.py: %s (run with /usr/bin/python3, Debian python3-rdkit)\n' % e)
+        sys.stderr.write('molgen.props: %s (run with /usr/bin/python3, Debian python3-rdkit)\n' % e)
         return 2
     if not os.path.isfile(a.smiles):
-        sys.stderr.write('props.py: no such file: %s\n' % a.smiles)
+        sys.stderr.write('molgen.props: no such file: %s\n' % a.smiles)
         return 2
     if a.jobs < 1:
-        sys.stderr.write('props.py: --jobs must be >= 1\n')
+        sys.stderr.write('molgen.props: --jobs must be >= 1\n')
         return 2
     out = a.out or os.path.splitext(a.smiles)[0] + '.csv'
     if os.path.abspath(out) == os.path.abspath(a.smiles):
-        sys.stderr.write('props.py: the output would overwrite the input\n')
+        sys.stderr.write('molgen.props: the output would overwrite the input\n')
         return 2
     tmp = '%s.tmp%d' % (out, os.getpid())
     try:
         f = open(tmp, 'w', encoding='utf-8')
     except OSError as e:
-        sys.stderr.write('props.py: cannot write %s: %s\n' % (out, e))
+        sys.stderr.write('molgen.props: cannot write %s: %s\n' % (out, e))
         return 1
     smiles = read_smiles(a.smiles)
     chunk = 1000

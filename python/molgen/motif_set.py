@@ -1,11 +1,11 @@
-#!/usr/bin/python3
 """Molecules that share a motif, by RDKit substructure (SMARTS).
 
-    motif_set.py pick --data FILE.smi --smarts S --n N [--seed K] --out OUT.smi
+    /usr/bin/python3 -m molgen.motif_set pick --data FILE.smi --smarts S --n N
+            [--seed K] --out OUT.smi
         every molecule of FILE (first field per line) that RDKit parses and
         that contains S; N of them drawn at random (seeded) in file order to
         OUT (all of them when there are fewer); prints how many matched.
-    motif_set.py share SAMPLES.smi --smarts S
+    /usr/bin/python3 -m molgen.motif_set share SAMPLES.smi --smarts S
         the share of the sample lines that are valid molecules carrying the
         motif (over all lines, as validity; and over the valid ones).
 
@@ -18,7 +18,7 @@ import sys
 try:
     from rdkit import Chem, RDLogger
 except ImportError:
-    print("motif_set.py: needs RDKit (apt-get install python3-rdkit; use /usr/bin/python3)",
+    print("molgen.motif_set: needs RDKit (apt-get install python3-rdkit; use /usr/bin/python3)",
           file=sys.stderr)
     sys.exit(2)
 
@@ -32,7 +32,7 @@ def first_fields(path):
 def pattern(smarts):
     p = Chem.MolFromSmarts(smarts)
     if p is None:
-        sys.exit("motif_set.py: cannot parse SMARTS %r" % smarts)
+        sys.exit("molgen.motif_set: cannot parse SMARTS %r" % smarts)
     return p
 
 
@@ -47,7 +47,7 @@ def pick(a):
         if m is not None and m.HasSubstructMatch(p):
             hits.append(s)
     if not hits:
-        sys.exit("motif_set.py: no molecule of %s contains %s" % (a.data, a.smarts))
+        sys.exit("molgen.motif_set: no molecule of %s contains %s" % (a.data, a.smarts))
     keep = sorted(random.Random(a.seed).sample(range(len(hits)), min(a.n, len(hits))))
     with open(a.out, "w") as f:
         for i in keep:
@@ -75,7 +75,8 @@ def share(a):
 
 def main():
     RDLogger.DisableLog("rdApp.*")
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog='python3 -m molgen.motif_set',
+                                     description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="mode", required=True)
     k = sub.add_parser("pick", help="a random N of the molecules with the motif")
     k.add_argument("--data", required=True)

@@ -1,7 +1,6 @@
-#!/usr/bin/python3
 """Randomized SMILES for `molgen train --augment randomized` (issue 15).
 
-    /usr/bin/python3 tools/randomize_smiles.py DATA.smi OUT.aug [--k 10] [--seed 1] [--jobs J]
+    /usr/bin/python3 -m molgen.randomize_smiles DATA.smi OUT.aug [--k 10] [--seed 1] [--jobs J]
 
 For every line of DATA.smi (first whitespace-separated field, as molgen
 reads a .smi) OUT gets one line with K random valid SMILES of that molecule:
@@ -40,7 +39,8 @@ def _line_seed(seed, i):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    ap = argparse.ArgumentParser(prog='python3 -m molgen.randomize_smiles',
+                                     description=__doc__.split('\n\n')[0])
     ap.add_argument('data')
     ap.add_argument('out', nargs='?')
     ap.add_argument('--k', type=int, default=10, help='copies per molecule (default 10)')
@@ -52,13 +52,15 @@ def main(argv=None):
         from rdkit import RDLogger
         RDLogger.DisableLog('rdApp.*')
     except ImportError:
-        sys.stderr.write('randomize_smiles.py: RDKit is not available (Debian: python3-rdkit)\n')
+        sys.stderr.write('molgen.randomize_smiles: RDKit is not available '
+                         '(Debian: python3-rdkit)\n')
         return 2
     if a.k < 1 or a.k > 1000 or a.jobs < 1 or a.seed < 0:
-        sys.stderr.write('randomize_smiles.py: need 1 <= --k <= 1000, --jobs >= 1, --seed >= 0\n')
+        sys.stderr.write('molgen.randomize_smiles: need 1 <= --k <= 1000, --jobs >= 1, '
+                         '--seed >= 0\n')
         return 2
     if a.data.lower().endswith('.csv'):
-        sys.stderr.write('randomize_smiles.py: %s: only .smi files (one molecule per line)\n'
+        sys.stderr.write('molgen.randomize_smiles: %s: only .smi files (one molecule per line)\n'
                          % a.data)
         return 2
     try:
@@ -70,15 +72,15 @@ def main(argv=None):
                 text.pop()
             lines = [(l.split() or [''])[0] for l in text]
     except (OSError, UnicodeDecodeError) as e:
-        sys.stderr.write('randomize_smiles.py: %s: %s\n' % (a.data, e))
+        sys.stderr.write('molgen.randomize_smiles: %s: %s\n' % (a.data, e))
         return 1
     if a.bench:
         lines = [l for l in lines if l and not l.startswith('#')][:a.bench]
     elif not a.out:
-        sys.stderr.write('randomize_smiles.py: give OUT (or --bench N)\n')
+        sys.stderr.write('molgen.randomize_smiles: give OUT (or --bench N)\n')
         return 2
     elif os.path.exists(a.out) and os.path.samefile(a.out, a.data):
-        sys.stderr.write('randomize_smiles.py: OUT is the data file\n')
+        sys.stderr.write('molgen.randomize_smiles: OUT is the data file\n')
         return 2
     work = [(s, a.k, _line_seed(a.seed, i)) for i, s in enumerate(lines)]
     t0 = time.time()
@@ -102,7 +104,7 @@ def main(argv=None):
     except OSError as e:
         if os.path.exists(tmp):
             os.unlink(tmp)
-        sys.stderr.write('randomize_smiles.py: %s: %s\n' % (a.out, e))
+        sys.stderr.write('molgen.randomize_smiles: %s: %s\n' % (a.out, e))
         return 1
     print(a.out)
     return 0
