@@ -8,7 +8,12 @@
 #   - P/bin/molgen --version, and a small sample with an explicit --model copy;
 #   - `import attn` with /usr/bin/python3 from P's site directory
 #     (PYTHONPATH=that, no ATTN_LIBRARY), which must load P's libattn, and a
-#     causal SDPA checked against numpy fp64.
+#     causal SDPA checked against numpy fp64;
+#   - `import molgen.metrics` from the same site directory, with the MOSES
+#     filter lists it reads (22 + 480 patterns), and with RDKit
+#     `python3 -m molgen.metrics` on 4 lines whose validity, uniqueness and
+#     novelty are counted by hand; python/pyproject.toml's version is the
+#     project's.
 # Usage: install_test.sh BUILD_DIR CC PYTHON VERSION HAVE_MOLGEN(0|1)
 # Exit 77 (ctest: skipped) when PYTHON with numpy is not there: it is the oracle.
 set -euo pipefail
@@ -129,5 +134,36 @@ ref = w @ v64
 err = np.abs(out - ref).max() / np.abs(ref).max()
 assert err < 1e-5, "installed attn SDPA vs numpy fp64: relative error %.2e" % err
 print("ok: import attn from %s (library %s), SDPA error %.1e" % (site, sorted(loaded)[0], err))
+EOF
+
+grep -qxF "version = \"$version\"" "$src/python/pyproject.toml" \
+    || fail "python/pyproject.toml's version is not the project's $version"
+for f in molgen/__init__.py molgen/metrics.py molgen/props.py molgen/moses_filters/mcf.csv \
+         molgen/moses_filters/wehi_pains.csv; do
+    [ -f "$site/$f" ] || fail "not installed: P's $f"
+done
+printf 'CCO\nC1CC\nCCO\nc1ccccc1O\n' > gen.smi
+printf 'CCO\n' > train.smi
+PYTHONPATH=$site "$py" - "$site" <<'EOF' || fail "the installed molgen package"
+import json, os, subprocess, sys
+site = sys.argv[1]
+import molgen.metrics as m
+assert os.path.dirname(os.path.dirname(os.path.abspath(m.__file__))) == site, m.__file__
+assert len(m.read_filter_smarts()) == 22 + 480, "MCF 22 + PAINS 480 patterns"
+try:
+    import rdkit  # noqa: F401
+except ImportError:
+    print("ok: import molgen.metrics from %s (RDKit absent: its run skipped)" % site)
+    sys.exit(0)
+p = subprocess.run([sys.executable, "-m", "molgen.metrics", "gen.smi", "--train", "train.smi",
+                    "--json", "m.json", "--jobs", "1", "-q"], capture_output=True, text=True)
+assert p.returncode == 0, p.stderr
+r = json.load(open("m.json"))
+# valid: CCO twice and phenol (C1CC's ring is not closed); distinct: CCO and
+# phenol; novel (not in train.smi): phenol
+assert (r["n_samples"], r["n_valid"]) == (4, 3), r
+assert abs(r["validity"] - 3 / 4) < 1e-12 and abs(r["unique@1k"] - 2 / 3) < 1e-12, r
+assert abs(r["novelty"] - 1 / 2) < 1e-12, r
+print("ok: import molgen.metrics and python3 -m molgen.metrics from %s" % site)
 EOF
 echo "install test passed (prefix $P)"
