@@ -18,6 +18,7 @@
 
 #include <cblas.h>
 #include <omp.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -47,11 +48,12 @@ static int cuts_exact(int64_t G, int ta, int tb, int64_t K, float *mem) {
     return 1;
 }
 
-/* Called once, from the library's one-time init. OpenBLAS's pthread build
- * keeps a process-wide thread count and pool: set it to 1, once (its OpenMP
- * build needs nothing: see attn_sgemm; the sequential build has no threads).
- * Then measure the row step G (tiny products: microseconds). */
-void attn_blas_init(void) {
+/* Once, at the library's first call (status.c) or first product. OpenBLAS's
+ * pthread build keeps a process-wide thread count and pool: set it to 1,
+ * once (its OpenMP build needs nothing: see attn_sgemm; the sequential build
+ * has no threads). Then measure the row step G (tiny products:
+ * microseconds). */
+static void blas_init_once(void) {
     if (openblas_get_parallel() == 1) openblas_set_num_threads(1);
     static const int64_t steps[] = {4, 8, 12, 16, 24, 32, 48, 64};
     const int64_t Gmax = 64, Kmax = 300, Mmax = 2 * Gmax + 5;
@@ -74,8 +76,12 @@ void attn_blas_init(void) {
     free(mem);
 }
 
+static pthread_once_t g_blas_once = PTHREAD_ONCE_INIT;
+
+void attn_blas_init(void) { pthread_once(&g_blas_once, blas_init_once); }
+
 int64_t attn_sgemm_row_step(void) {
-    attn_env_get();
+    attn_blas_init();
     return g_rows;
 }
 

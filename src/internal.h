@@ -20,23 +20,19 @@ attn_status attn_ok(attn_error *err);
 /* Threads for one call: p_threads > 0 wins, else the global setting. */
 int attn_threads_for(int p_threads);
 
-/* The environment and the machine, read once (pthread_once) at the first
- * call that needs them; the same call applies the OpenBLAS policy of attn.h
- * ("Threads and OpenBLAS"): with OpenBLAS's pthread build its thread count
- * is set to 1, once. */
+/* The environment, read once (pthread_once) at the first call that needs
+ * it (status.c, the ground: it calls nothing of the library above it but
+ * the leaf gemm.c). That call also applies the OpenBLAS policy of attn.h
+ * ("Threads and OpenBLAS", attn_blas_init). Whoever needs a variable asks
+ * attn_env_get: isa.c interprets fused_isa. */
 typedef struct {
-    int env_threads; /* ATTN_NUM_THREADS when valid, else 0 */
-    int cores;       /* omp_get_num_procs() */
-    int verbose;     /* ATTN_VERBOSE set to anything but "" or "0" */
-    int isa;         /* attn_isa the fused path uses: cpu_isa lowered by ATTN_FUSED_ISA */
-    int cpu_isa;     /* attn_isa: the best the CPU runs */
+    int env_threads;    /* ATTN_NUM_THREADS when valid, else 0 */
+    int cores;          /* omp_get_num_procs() */
+    int verbose;        /* ATTN_VERBOSE set to anything but "" or "0" */
+    char fused_isa[16]; /* ATTN_FUSED_ISA as set ("" when unset or longer) */
 } attn_env;
 const attn_env *attn_env_get(void);
-/* The ISA for an ATTN_FUSED_ISA value (NULL: unset): the CPU's best,
- * lowered to the one named. */
-int attn_isa_from_env(const char *value);
-int attn_isa_cpu(void);
-/* gemm.c: the OpenBLAS half of the one-time init. */
+/* gemm.c: the OpenBLAS policy and the row step, once (idempotent). */
 void attn_blas_init(void);
 
 /* Test and measurement hooks (tests/, bench/; not in attn.h, not exported
@@ -44,10 +40,13 @@ void attn_blas_init(void);
  * calls in flight: use them between calls.
  *   attn_test_reload_env: read the environment again, as the first call did
  *     (tests that setenv() ATTN_NUM_THREADS or ATTN_FUSED_ISA).
+ *   attn_test_isa_name: the name of row i of isa.c's table (best first),
+ *     NULL past its end: the ATTN_FUSED_ISA values a test can ask for.
  *   attn_test_fused_blas: nonzero routes the fused path's tile products
  *     through OpenBLAS sgemm (single-threaded) instead of the own
  *     micro-kernel, to measure the one against the other. */
 void attn_test_reload_env(void);
+const char *attn_test_isa_name(int i);
 void attn_test_fused_blas(int on);
 int attn_fused_blas_on(void);
 
@@ -171,15 +170,14 @@ void attn_sgemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, co
                 int threads);
 
 /* ---------------------------------------------------------------- fused path
- * Tiled online-softmax kernels (sdpa_fused*.c). One algorithm, compiled for
- * AVX-512F, AVX2+FMA and portable C, chosen at run time. */
+ * Tiled online-softmax kernels (sdpa_fused*.c). One algorithm, compiled per
+ * instruction set (sdpa_fused_<isa>.c), chosen at run time from isa.c's
+ * table. */
 
 #define ATTN_FUSED_QTILE 64    /* query rows per block */
 #define ATTN_FUSED_KTILE 96    /* keys per tile */
 #define FUSED_DECODE_MAXLQ 4   /* Lq at or below this: decode kernel */
 #define FUSED_DECODE_CHUNK 256 /* decode key chunk (doubled until <= 64 chunks) */
-
-typedef enum { ATTN_ISA_PORTABLE = 0, ATTN_ISA_AVX2 = 1, ATTN_ISA_AVX512 = 2 } attn_isa;
 
 /* Everything one fused call reads and writes. */
 typedef struct {
@@ -195,34 +193,50 @@ typedef struct {
     const attn_varlen *vl; /* non-NULL: a packed varlen call (pr is the packed problem) */
 } attn_fused_call;
 
-/* Per instruction set: the kernels, and the scratch floats the forward of
- * a weights-free call of pr takes (what attn_fused_call.ws must hold). */
-attn_status attn_fused_forward_portable(const attn_fused_call *c, attn_error *err);
-attn_status attn_fused_backward_portable(const attn_fused_call *c, attn_error *err);
-int64_t attn_fused_forward_scratch_portable(const attn_problem *pr);
-#if defined(__x86_64__)
-attn_status attn_fused_forward_avx2(const attn_fused_call *c, attn_error *err);
-attn_status attn_fused_backward_avx2(const attn_fused_call *c, attn_error *err);
-int64_t attn_fused_forward_scratch_avx2(const attn_problem *pr);
-attn_status attn_fused_forward_avx512(const attn_fused_call *c, attn_error *err);
-attn_status attn_fused_backward_avx512(const attn_fused_call *c, attn_error *err);
-int64_t attn_fused_forward_scratch_avx512(const attn_problem *pr);
-#endif
-/* The most scratch any instruction set's forward takes for pr. */
+/* One instruction set's kernels (sdpa_fused_<isa>.c, from
+ * sdpa_fused_template.h): a row of isa.c's table. */
+typedef struct {
+    const char *name; /* ATTN_FUSED_ISA value; "fused path: NAME kernels" */
+    attn_status (*forward)(const attn_fused_call *c, attn_error *err);
+    attn_status (*backward)(const attn_fused_call *c, attn_error *err);
+    /* scratch floats the forward of a weights-free call of pr takes (what
+     * attn_fused_call.ws must hold) */
+    int64_t (*forward_scratch)(const attn_problem *pr);
+} attn_fused_kernels;
+
+/* isa.c: the kernels the fused path uses: the best the CPU runs (detected
+ * once), lowered (never raised) to the one ATTN_FUSED_ISA names. */
+const attn_fused_kernels *attn_fused_kernels_active(void);
+/* The most scratch any instruction set the CPU runs takes for pr. */
 int64_t attn_fused_forward_scratch(const attn_problem *pr);
 
-/* The instruction set the fused kernels use: the best the CPU has, lowered
- * by ATTN_FUSED_ISA=avx2|portable (read once, see attn_env). */
-attn_isa attn_fused_isa(void);
-const char *attn_isa_name(attn_isa isa);
-/* Nonzero: the backward runs one pass per (b, h); else two passes. */
-int attn_fused_bwd_one_pass(const attn_problem *pr);
+/* Nonzero: the backward runs one pass per (b, h) (the heads spread over
+ * the threads with at most a third of a round idle); else two passes
+ * (which recompute S and dP once more, 7 tile products instead of 5, but
+ * parallelise over key and query blocks). Either gives bit-identical
+ * results. */
+static inline int attn_fused_bwd_one_pass(const attn_problem *pr) {
+    const int64_t bh = pr->B * pr->H, T = pr->threads;
+    if (T <= 1) return 1;
+    const int64_t rounds = (bh + T - 1) / T;
+    return rounds * T * 3 <= bh * 4;
+}
+/* Nonzero: the varlen backward runs one pass per (sequence, head): the
+ * largest item is at most a third of a thread's share of the work. */
+static inline int attn_fused_varlen_one_pass(const attn_problem *pr, const attn_varlen *vl) {
+    if (pr->threads <= 1) return 1;
+    double total = 0, largest = 0; /* Lq·Lk per (sequence, head) */
+    for (int64_t s = 0; s < vl->n; s++) {
+        const double w =
+            (double)(vl->cu_q[s + 1] - vl->cu_q[s]) * (double)(vl->cu_k[s + 1] - vl->cu_k[s]);
+        total += w * (double)pr->H;
+        largest = w > largest ? w : largest;
+    }
+    return largest * 3.0 * pr->threads <= total;
+}
 /* Describe the fused path for pr in buf (for attn_sdpa_info.reason). */
 void attn_sdpa_fused_describe(const attn_problem *pr, const attn_varlen *vl, int backward,
                               char *buf, size_t n);
-/* Nonzero: the varlen backward runs one pass per (sequence, head): the
- * largest item is at most a third of a thread's share of the work. */
-int attn_fused_varlen_one_pass(const attn_problem *pr, const attn_varlen *vl);
 
 /* ws: scratch of ws_floats (>= attn_fused_forward_scratch(pr), 64-byte
  * aligned), or NULL to allocate it in the call. */

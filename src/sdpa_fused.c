@@ -1,61 +1,10 @@
-/* The fused path's front: picks the instruction set at run time (AVX-512F,
- * AVX2+FMA or portable C), describes the path for attn_sdpa_info, and calls
- * the kernels of sdpa_fused_template.h compiled for that instruction set. */
+/* The fused path's front: describes the path for attn_sdpa_info and calls
+ * the kernels of the instruction set isa.c's table picks (sdpa_fused_<isa>.c,
+ * compiled from sdpa_fused_template.h). */
 #include "internal.h"
 
 #include <stdio.h>
 #include <string.h>
-
-static attn_isa isa_detect(void) {
-#if defined(__x86_64__) && defined(__GNUC__)
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2") &&
-        __builtin_cpu_supports("fma"))
-        return ATTN_ISA_AVX512;
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return ATTN_ISA_AVX2;
-#endif
-    return ATTN_ISA_PORTABLE;
-}
-
-/* The best the CPU runs, lowered (never raised) to the one ATTN_FUSED_ISA
- * names; called by the one-time init (status.c). */
-int attn_isa_cpu(void) { return (int)isa_detect(); }
-
-int attn_isa_from_env(const char *e) {
-    attn_isa best = isa_detect();
-    if (e && *e) {
-        attn_isa want = best;
-        if (strcmp(e, "portable") == 0)
-            want = ATTN_ISA_PORTABLE;
-        else if (strcmp(e, "avx2") == 0)
-            want = ATTN_ISA_AVX2;
-        else if (strcmp(e, "avx512") == 0)
-            want = ATTN_ISA_AVX512;
-        if (want < best) best = want;
-    }
-    return (int)best;
-}
-
-attn_isa attn_fused_isa(void) { return (attn_isa)attn_env_get()->isa; }
-
-const char *attn_isa_name(attn_isa isa) {
-    switch (isa) {
-    case ATTN_ISA_AVX512: return "avx512";
-    case ATTN_ISA_AVX2: return "avx2";
-    default: return "portable";
-    }
-}
-
-/* One pass per head when the heads spread over the threads with at most a
- * third of a round idle; else two passes (which recompute S and dP once
- * more, 7 tile products instead of 5, but parallelise over key and query
- * blocks). Either gives bit-identical results. */
-int attn_fused_bwd_one_pass(const attn_problem *pr) {
-    const int64_t bh = pr->B * pr->H, T = pr->threads;
-    if (T <= 1) return 1;
-    const int64_t rounds = (bh + T - 1) / T;
-    return rounds * T * 3 <= bh * 4;
-}
 
 /* The measurement hook (internal.h): tile products through OpenBLAS. */
 static int g_fused_blas;
@@ -72,21 +21,9 @@ int attn_fused_blas_on(void) {
     return on;
 }
 
-int attn_fused_varlen_one_pass(const attn_problem *pr, const attn_varlen *vl) {
-    if (pr->threads <= 1) return 1;
-    double total = 0, largest = 0; /* Lq·Lk per (sequence, head) */
-    for (int64_t s = 0; s < vl->n; s++) {
-        const double w =
-            (double)(vl->cu_q[s + 1] - vl->cu_q[s]) * (double)(vl->cu_k[s + 1] - vl->cu_k[s]);
-        total += w * (double)pr->H;
-        largest = w > largest ? w : largest;
-    }
-    return largest * 3.0 * pr->threads <= total;
-}
-
 void attn_sdpa_fused_describe(const attn_problem *pr, const attn_varlen *vl, int backward,
                               char *buf, size_t n) {
-    const char *isa = attn_isa_name(attn_fused_isa());
+    const char *isa = attn_fused_kernels_active()->name;
     const char *gemm = attn_fused_blas_on() ? ", tile products via OpenBLAS" : "";
     if (vl) {
         snprintf(buf, n,
@@ -114,24 +51,6 @@ void attn_sdpa_fused_describe(const attn_problem *pr, const attn_varlen *vl, int
     }
 }
 
-int64_t attn_fused_forward_scratch(const attn_problem *pr) {
-    /* each instruction set the CPU runs (only those: the AVX-512 file may
-     * use AVX-512 anywhere) */
-    int64_t n = attn_fused_forward_scratch_portable(pr);
-#if defined(__x86_64__)
-    const int cpu = attn_env_get()->cpu_isa;
-    if (cpu >= ATTN_ISA_AVX2) {
-        const int64_t a = attn_fused_forward_scratch_avx2(pr);
-        n = a > n ? a : n;
-    }
-    if (cpu >= ATTN_ISA_AVX512) {
-        const int64_t a = attn_fused_forward_scratch_avx512(pr);
-        n = a > n ? a : n;
-    }
-#endif
-    return n;
-}
-
 attn_status attn_sdpa_fused_forward(const attn_problem *pr, const attn_tensor *q,
                                     const attn_tensor *k, const attn_tensor *v, attn_tensor *out,
                                     float *weights, float *lse, float *ws, int64_t ws_floats,
@@ -144,13 +63,7 @@ attn_status attn_sdpa_fused_forward(const attn_problem *pr, const attn_tensor *q
     if (ws && ws_floats < attn_fused_forward_scratch(pr))
         return attn_fail(err, ATTN_ERR_NOMEM, "fused forward: scratch of %lld floats, needs %lld",
                          (long long)ws_floats, (long long)attn_fused_forward_scratch(pr));
-    switch (attn_fused_isa()) {
-#if defined(__x86_64__)
-    case ATTN_ISA_AVX512: return attn_fused_forward_avx512(&c, err);
-    case ATTN_ISA_AVX2: return attn_fused_forward_avx2(&c, err);
-#endif
-    default: return attn_fused_forward_portable(&c, err);
-    }
+    return attn_fused_kernels_active()->forward(&c, err);
 }
 
 attn_status attn_sdpa_fused_backward(const attn_problem *pr, const attn_tensor *q,
@@ -163,25 +76,10 @@ attn_status attn_sdpa_fused_backward(const attn_problem *pr, const attn_tensor *
     c.pr = pr, c.q = q, c.k = k, c.v = v, c.out = out, c.lse_in = lse, c.dout = dout;
     c.dq = dq, c.dk = dk, c.dv = dv;
     c.blas = attn_fused_blas_on();
-    switch (attn_fused_isa()) {
-#if defined(__x86_64__)
-    case ATTN_ISA_AVX512: return attn_fused_backward_avx512(&c, err);
-    case ATTN_ISA_AVX2: return attn_fused_backward_avx2(&c, err);
-#endif
-    default: return attn_fused_backward_portable(&c, err);
-    }
+    return attn_fused_kernels_active()->backward(&c, err);
 }
 
 attn_status attn_sdpa_fused_varlen(const attn_fused_call *c, int backward, attn_error *err) {
-    switch (attn_fused_isa()) {
-#if defined(__x86_64__)
-    case ATTN_ISA_AVX512:
-        return backward ? attn_fused_backward_avx512(c, err) : attn_fused_forward_avx512(c, err);
-    case ATTN_ISA_AVX2:
-        return backward ? attn_fused_backward_avx2(c, err) : attn_fused_forward_avx2(c, err);
-#endif
-    default:
-        return backward ? attn_fused_backward_portable(c, err)
-                        : attn_fused_forward_portable(c, err);
-    }
+    const attn_fused_kernels *kr = attn_fused_kernels_active();
+    return backward ? kr->backward(c, err) : kr->forward(c, err);
 }

@@ -1,6 +1,7 @@
 /* Fused SDPA kernels with AVX2 + FMA vectors (8 lanes, 16 registers: 6x2
  * micro-kernel). Built with -mavx2 -mfma on x86-64 only (see
- * CMakeLists.txt); sdpa_fused.c calls it only where the CPU has AVX2 and FMA. */
+ * CMakeLists.txt); isa.c's table picks it only where the CPU has AVX2 and
+ * FMA. */
 #include "internal.h"
 
 #if defined(__x86_64__)

@@ -1,6 +1,6 @@
 /* Fused SDPA kernels with AVX-512F vectors (16 lanes, 32 registers: 6x4
  * micro-kernel). Built with -mavx512f -mavx2 -mfma on x86-64 only (see
- * CMakeLists.txt); sdpa_fused.c calls it only where the CPU has AVX-512F. */
+ * CMakeLists.txt); isa.c's table picks it only where the CPU has AVX-512F. */
 #include "internal.h"
 
 #if defined(__x86_64__)

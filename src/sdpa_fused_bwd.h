@@ -1,6 +1,12 @@
 /* The fused backward for Lq > FUSED_DECODE_MAXLQ (part of
  * sdpa_fused_template.h): FlashAttention-2 recomputation of P from the
  * log-sum-exp; one pass per (b, h) or two (see attn_fused_bwd_one_pass). */
+#ifndef ATTN_SDPA_FUSED_BWD_H
+#define ATTN_SDPA_FUSED_BWD_H
+
+#include "sdpa_fused_helpers.h"
+#include "sdpa_fused_ukr.h"
+
 typedef struct {
     const attn_tensor *out, *dout;
     const float *lse; /* row (b, h) at (b * H + h) * lse_ld */
@@ -256,3 +262,5 @@ static attn_status bwd_backward(const kctx *c, const attn_fused_call *call, attn
     free(s.ws);
     return ATTN_OK;
 }
+
+#endif

@@ -2,6 +2,11 @@
  * sdpa_fused_template.h): keys split in fixed chunks, a partial (max, sum,
  * acc) per query row and chunk, merged in chunk order; the backward writes
  * each chunk's dK/dV rows and a partial dQ, summed in chunk order. */
+#ifndef ATTN_SDPA_FUSED_DEC_H
+#define ATTN_SDPA_FUSED_DEC_H
+
+#include "sdpa_fused_helpers.h"
+#include "sdpa_fused_ukr.h"
 
 static int64_t dec_chunk(int64_t Lk) {
     int64_t C = FUSED_DECODE_CHUNK;
@@ -481,3 +486,5 @@ static attn_status dec_backward(const kctx *c, const attn_fused_call *call, attn
     free(ws);
     return ATTN_OK;
 }
+
+#endif

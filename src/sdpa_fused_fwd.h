@@ -1,6 +1,11 @@
 /* The fused forward for Lq > FUSED_DECODE_MAXLQ (part of
  * sdpa_fused_template.h): blocks of FQ query rows, tiles of FK keys,
  * online softmax with O kept unnormalised. */
+#ifndef ATTN_SDPA_FUSED_FWD_H
+#define ATTN_SDPA_FUSED_FWD_H
+
+#include "sdpa_fused_helpers.h"
+#include "sdpa_fused_ukr.h"
 
 /* Tiles [t0, t1) of the key grid that query block blk touches. */
 static void block_tiles(const attn_problem *pr, int64_t b, int64_t i0, int64_t nq, int64_t *hlo,
@@ -205,3 +210,5 @@ static attn_status fwd_forward(const kctx *c, const attn_fused_call *call, attn_
     if (!call->ws) free(ws);
     return ATTN_OK;
 }
+
+#endif

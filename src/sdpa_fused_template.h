@@ -2,14 +2,18 @@
  * compiled three times: sdpa_fused_avx512.c, sdpa_fused_avx2.c and
  * sdpa_fused_portable.c define the vocabulary (vf, VL, v_*), FUSED_SUFFIX
  * and the micro-kernel shape (UKR_MR rows x UKR_NV vectors), then include
- * this file. Not a public header; only those three files include it. By
- * phase:
- *   sdpa_fused_ukr.h   the tile product (tile_prod) and its micro-kernel
- *   sdpa_fused_fwd.h   the forward (Lq > FUSED_DECODE_MAXLQ)
- *   sdpa_fused_dec.h   the decode forward and backward (Lq <= it)
- *   sdpa_fused_bwd.h   the backward
- *   sdpa_fused_varlen.h  packed variable-length calls, over the blocks above
- * and here the shared helpers (masks, packing) and the entry points.
+ * this file. Not a public header; only those three files include it. It
+ * includes, bottom up (each header includes what it uses and uses nothing
+ * of a header that includes it):
+ *   sdpa_fused_helpers.h  naming, tile sizes, scratch, masks, packing (kctx)
+ *   sdpa_fused_ukr.h      the tile product (tile_prod) and its micro-kernel
+ *   sdpa_fused_fwd.h      the forward (Lq > FUSED_DECODE_MAXLQ)
+ *   sdpa_fused_dec.h      the decode forward and backward (Lq <= it)
+ *   sdpa_fused_bwd.h      the backward
+ *   sdpa_fused_varlen.h   packed variable-length calls, over the blocks above
+ * and then defines the entry points and exports them as one
+ * attn_fused_kernels (internal.h), attn_fused_kernels_<FUSED_SUFFIX>, the
+ * row of this instruction set in isa.c's table.
  *
  * Layout ("transposed scores"): a tile of scores is stored as Sᵀ, keys as
  * rows and query rows as vector lanes. Then
@@ -56,219 +60,14 @@
  * products; the backward checks each tile's operands and uses zero-skipping
  * products for tiles that hold a non-finite value. */
 
-#include <cblas.h>
-#include <math.h>
-#include <omp.h>
-#include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
-
-#define FCAT_(a, b) a##b
-#define FCAT(a, b) FCAT_(a, b)
-#define FN(name) FCAT(name, FUSED_SUFFIX)
-
-#define FQ ATTN_FUSED_QTILE /* query rows per block */
-#define FK ATTN_FUSED_KTILE /* keys per tile */
-#define KGROUP 4            /* key tiles per work item in the two-pass backward */
-
-#if defined(__GNUC__) && !defined(__clang__)
-#define UNROLL _Pragma("GCC unroll 16")
-#else
-#define UNROLL
-#endif
-
-static inline int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
-static inline int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
-static inline int64_t rup(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
-
-/* n floats, 64-byte aligned (size rounded up as aligned_alloc wants). */
-static float *falloc(int64_t n) {
-    return aligned_alloc(64, (size_t)rup(n > 0 ? n : 1, 16) * sizeof(float));
-}
-
-/* Scratch carving: 64-byte aligned pieces of a per-thread block. */
-static inline float *carve(float **p, int64_t n) {
-    float *r = *p;
-    *p += rup(n, 16);
-    return r;
-}
-
+#include "sdpa_fused_helpers.h"
 #include "sdpa_fused_ukr.h"
+#include "sdpa_fused_fwd.h"
+#include "sdpa_fused_dec.h"
+#include "sdpa_fused_bwd.h"
+#include "sdpa_fused_varlen.h"
 
-/* ------------------------------------------------------------ helpers */
-
-typedef struct {
-    const attn_problem *pr;
-    const attn_tensor *q, *k, *v;
-    int64_t dkp, dvp;   /* head sizes rounded up to VL */
-    int k_rows, v_rows; /* K / V rows usable in place as a B operand */
-    int mode;           /* tile products of finite tiles: TILE_OWN or TILE_BLAS */
-} kctx;
-
-static inline const float *row_of(const attn_tensor *t, int64_t b, int64_t h, int64_t l) {
-    return t->data + b * t->stride[0] + h * t->stride[1] + l * t->stride[2];
-}
-static inline float *row_mut(const attn_tensor *t, int64_t b, int64_t h, int64_t l) {
-    return t->data + b * t->stride[0] + h * t->stride[1] + l * t->stride[2];
-}
-
-/* Keys [lo, hi) that some row of [i0, i0 + nq) sees (lo and hi of a row
- * never decrease with the row). */
-static void block_hull(const attn_problem *pr, int64_t b, int64_t i0, int64_t nq, int64_t *lo,
-                       int64_t *hi) {
-    int64_t l0, h0, l1, h1;
-    attn_row_range(pr, b, i0, &l0, &h0);
-    attn_row_range(pr, b, i0 + nq - 1, &l1, &h1);
-    *lo = l0;
-    *hi = h1 > l0 ? h1 : l0;
-}
-
-/* Does every row of the block see every key of [j0, j1)? */
-static int tile_interior(const attn_problem *pr, int64_t b, int64_t i0, int64_t nq, int64_t j0,
-                         int64_t j1) {
-    int64_t l0, h0, l1, h1;
-    attn_row_range(pr, b, i0, &l0, &h0);
-    attn_row_range(pr, b, i0 + nq - 1, &l1, &h1);
-    return l1 <= j0 && h0 >= j1;
-}
-
-/* Masks on a tile Sᵀ[nk][ld] of query rows [i0, i0 + nq), keys [j0, j0 + nk):
- * element masks (additive, then bool), structural masks unless the tile is
- * interior, and -inf in the padding lanes [nq, ld). */
-static void mask_tile(const attn_problem *pr, float *S, int64_t ld, int64_t b, int64_t h,
-                      int64_t i0, int64_t nq, int64_t j0, int64_t nk) {
-    const int64_t j1 = j0 + nk;
-    if (pr->amask || pr->bmask) {
-        for (int64_t i = 0; i < nq; i++) {
-            const int64_t ig = i0 + i;
-            const float *am =
-                pr->amask ? pr->amask + b * pr->ams[0] + h * pr->ams[1] + ig * pr->ams[2] : NULL;
-            const uint8_t *bm =
-                pr->bmask ? pr->bmask + b * pr->bms[0] + h * pr->bms[1] + ig * pr->bms[2] : NULL;
-            for (int64_t j = 0; j < nk; j++) {
-                float *s = S + j * ld + i;
-                if (bm && !bm[(j0 + j) * pr->bms[3]])
-                    *s = -INFINITY;
-                else if (am)
-                    *s += am[(j0 + j) * pr->ams[3]];
-            }
-        }
-    }
-    if (!tile_interior(pr, b, i0, nq, j0, j1)) {
-        for (int64_t i = 0; i < nq; i++) {
-            int64_t lo, hi;
-            attn_row_range(pr, b, i0 + i, &lo, &hi);
-            for (int64_t j = j0; j < imin(lo, j1); j++) S[(j - j0) * ld + i] = -INFINITY;
-            for (int64_t j = imax(hi, j0); j < j1; j++) S[(j - j0) * ld + i] = -INFINITY;
-        }
-    }
-    if (nq < ld)
-        for (int64_t j = 0; j < nk; j++)
-            for (int64_t i = nq; i < ld; i++) S[j * ld + i] = -INFINITY;
-}
-
-/* Dropout multipliers of a tile: z[j][i] (ld) for rows [i0, i0+nq), keys
- * [j0, j0+nk); the reference's counter (j/4, i, h, b) and threshold. */
-static void dropout_tile(const attn_problem *pr, float *Z, int64_t ld, int64_t b, int64_t h,
-                         int64_t i0, int64_t nq, int64_t j0, int64_t nk, int multiply) {
-    const int64_t j1 = j0 + nk;
-    for (int64_t i = 0; i < nq; i++) {
-        int64_t j = j0;
-        while (j < j1) {
-            uint32_t w[4];
-            const int64_t c = j >> 2, je = imin(j1, (c + 1) * 4);
-            attn_philox_block(pr->drop_key, b + pr->drop_b0, h, i0 + i, c, w);
-            for (; j < je; j++) {
-                const float mult = w[j & 3] < pr->drop_threshold ? 0.0f : pr->keep_scale;
-                float *z = Z + (j - j0) * ld + i;
-                *z = multiply ? *z * mult : mult;
-            }
-        }
-    }
-}
-
-/* Rows [0, n) of a strided row, contiguous copy zero-padded to np. */
-static inline void copy_row(float *dst, const float *src, int64_t stride, int64_t n, int64_t np) {
-    if (stride == 1)
-        memcpy(dst, src, (size_t)n * sizeof(float));
-    else
-        for (int64_t d = 0; d < n; d++) dst[d] = src[d * stride];
-    for (int64_t d = n; d < np; d++) dst[d] = 0.0f;
-}
-
-/* Transposed copy of rows [l0, l0 + n) of a (b, h) slice: dst[d][i] (ld),
- * lanes [n, ld) zero. VL x VL blocks go through registers when the rows are
- * contiguous and evenly spaced (any row stride: B, H, L strides are fixed). */
-static void pack_transposed(float *dst, int64_t ld, const attn_tensor *t, int64_t b, int64_t h,
-                            int64_t l0, int64_t n, int64_t D) {
-    const int64_t sd = t->stride[3], sl = t->stride[2];
-    int64_t nb = 0, db = 0; /* rows / columns covered by whole blocks */
-    if (sd == 1) {
-        nb = n / VL * VL, db = D / VL * VL;
-        const float *base = row_of(t, b, h, l0);
-        for (int64_t i = 0; i < nb; i += VL)
-            for (int64_t d = 0; d < db; d += VL)
-                v_transpose_block(base + i * sl + d, sl, dst + d * ld + i, ld);
-    }
-    for (int64_t i = 0; i < n; i++) {
-        const float *r = row_of(t, b, h, l0 + i);
-        for (int64_t d = i < nb ? db : 0; d < D; d++) dst[d * ld + i] = r[d * sd];
-    }
-    if (n < ld)
-        for (int64_t d = 0; d < D; d++)
-            for (int64_t i = n; i < ld; i++) dst[d * ld + i] = 0.0f;
-}
-
-/* B operand of key rows [j0, j0 + nk) of K or V: in place when the rows are
- * contiguous and D is a multiple of VL, else packed into buf. */
-static const float *key_rows(const attn_tensor *t, int in_place, int64_t b, int64_t h, int64_t j0,
-                             int64_t nk, int64_t D, int64_t Dp, float *buf, int64_t *ld) {
-    if (in_place) {
-        *ld = t->stride[2];
-        return row_of(t, b, h, j0);
-    }
-    for (int64_t j = 0; j < nk; j++)
-        copy_row(buf + j * Dp, row_of(t, b, h, j0 + j), t->stride[3], D, Dp);
-    *ld = Dp;
-    return buf;
-}
-
-/* 1 when rows [l0, l0 + n) hold only finite values: x·0 is ±0 for finite x
- * and NaN otherwise, so the lane sums are 0 exactly when every x is finite
- * (in any order, hence vectorised). */
-static int rows_finite(const attn_tensor *t, int64_t b, int64_t h, int64_t l0, int64_t n,
-                       int64_t D) {
-    const int64_t sd = t->stride[3];
-    const vf z = v_zero();
-    vf acc = v_zero();
-    float sacc = 0.0f;
-    for (int64_t i = 0; i < n; i++) {
-        const float *r = row_of(t, b, h, l0 + i);
-        if (sd == 1) {
-            int64_t d = 0;
-            for (; d + VL <= D; d += VL) acc = v_add(acc, v_mul(v_load(r + d), z));
-            if (d < D) acc = v_add(acc, v_mul(v_load_n(r + d, (int)(D - d)), z));
-        } else {
-            for (int64_t d = 0; d < D; d++) sacc += r[d * sd] * 0.0f;
-        }
-    }
-    return v_hsum(acc) + sacc == 0.0f;
-}
-
-static const float kNegInf = -INFINITY;
-
-static void write_rows(const attn_tensor *t, int64_t b, int64_t h, int64_t l0, int64_t n, int64_t D,
-                       const float *src, int64_t ld) {
-    const int64_t sd = t->stride[3];
-    for (int64_t i = 0; i < n; i++) {
-        float *r = row_mut(t, b, h, l0 + i);
-        const float *s = src + i * ld;
-        if (sd == 1)
-            memcpy(r, s, (size_t)D * sizeof(float));
-        else
-            for (int64_t d = 0; d < D; d++) r[d * sd] = s[d];
-    }
-}
+/* ------------------------------------------------------------ entry points */
 
 static void make_ctx(kctx *c, const attn_fused_call *call) {
     const attn_problem *pr = call->pr;
@@ -283,14 +82,7 @@ static void make_ctx(kctx *c, const attn_fused_call *call) {
     c->mode = call->blas ? TILE_BLAS : TILE_OWN;
 }
 
-#include "sdpa_fused_fwd.h"
-#include "sdpa_fused_dec.h"
-#include "sdpa_fused_bwd.h"
-#include "sdpa_fused_varlen.h"
-
-/* ------------------------------------------------------------ entry points */
-
-attn_status FN(attn_fused_forward_)(const attn_fused_call *call, attn_error *err) {
+static attn_status fused_forward(const attn_fused_call *call, attn_error *err) {
     kctx c;
     make_ctx(&c, call);
     if (call->vl) return vl_forward(&c, call, err);
@@ -298,16 +90,22 @@ attn_status FN(attn_fused_forward_)(const attn_fused_call *call, attn_error *err
     return fwd_forward(&c, call, err);
 }
 
-int64_t FN(attn_fused_forward_scratch_)(const attn_problem *pr) {
+static int64_t fused_forward_scratch(const attn_problem *pr) {
     const int64_t dkp = rup(pr->Dk, VL), dvp = rup(pr->Dv, VL);
     if (pr->Lq <= FUSED_DECODE_MAXLQ) return dec_total(pr, dkp, dvp);
     return pr->threads * fwd_scratch(pr, dvp);
 }
 
-attn_status FN(attn_fused_backward_)(const attn_fused_call *call, attn_error *err) {
+static attn_status fused_backward(const attn_fused_call *call, attn_error *err) {
     kctx c;
     make_ctx(&c, call);
     if (call->vl) return vl_backward(&c, call, err);
     if (call->pr->Lq <= FUSED_DECODE_MAXLQ) return dec_backward(&c, call, err);
     return bwd_backward(&c, call, err);
 }
+
+#define FSTR_(x) #x
+#define FSTR(x) FSTR_(x)
+extern const attn_fused_kernels FN(attn_fused_kernels_);
+const attn_fused_kernels FN(attn_fused_kernels_) = {FSTR(FUSED_SUFFIX), fused_forward,
+                                                     fused_backward, fused_forward_scratch};

@@ -1,6 +1,10 @@
 /* The fused kernels' tile product (part of sdpa_fused_template.h, included
- * from there only): one micro-kernel for C (+)= A·B, and the products built
- * on it. A tile product's operands travel as one tile_prod. */
+ * by the phase headers): one micro-kernel for C (+)= A·B, and the products
+ * built on it. A tile product's operands travel as one tile_prod. */
+#ifndef ATTN_SDPA_FUSED_UKR_H
+#define ATTN_SDPA_FUSED_UKR_H
+
+#include "sdpa_fused_helpers.h"
 
 /* C[M × nvec·VL] (+)= A[M × K] · B[K × nvec·VL].
  * A is read by broadcasts with any (row, k) strides, B by vector loads of
@@ -182,3 +186,5 @@ static inline void gemm(const tile_prod *t, int acc, float alpha, int mode) {
 static inline void gemm_d(const tile_prod *t, float alpha, int mode) {
     gemm_kb(t, 0, alpha, mode, UKR_KB);
 }
+
+#endif

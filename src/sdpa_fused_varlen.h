@@ -8,6 +8,13 @@
  * each item writes its own rows, so results do not depend on the order or
  * the thread count. A sequence of Lq <= FUSED_DECODE_MAXLQ goes through the
  * block kernels too (the decode kernel's items are whole calls). */
+#ifndef ATTN_SDPA_FUSED_VARLEN_H
+#define ATTN_SDPA_FUSED_VARLEN_H
+
+#include "sdpa_fused_helpers.h"
+#include "sdpa_fused_fwd.h"
+#include "sdpa_fused_dec.h"
+#include "sdpa_fused_bwd.h"
 
 typedef struct {
     attn_problem pr; /* one batch row, dropout counters of row s */
@@ -215,3 +222,5 @@ static attn_status vl_backward(const kctx *c0, const attn_fused_call *call, attn
     free(bs.ws), free(first), free(ord), free(sq);
     return ATTN_OK;
 }
+
+#endif

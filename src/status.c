@@ -53,7 +53,7 @@ static attn_env g_env;
 static pthread_once_t g_env_once = PTHREAD_ONCE_INIT;
 
 static void read_env(void) {
-    attn_env e = {0, 1, 0, ATTN_ISA_PORTABLE, ATTN_ISA_PORTABLE};
+    attn_env e = {0, 1, 0, ""};
     const char *t = getenv("ATTN_NUM_THREADS");
     if (t && *t) {
         char *end;
@@ -63,11 +63,13 @@ static void read_env(void) {
     e.cores = omp_get_num_procs();
     const char *v = getenv("ATTN_VERBOSE");
     e.verbose = v && *v && strcmp(v, "0") != 0;
-    e.isa = attn_isa_from_env(getenv("ATTN_FUSED_ISA"));
-    e.cpu_isa = attn_isa_cpu();
+    const char *isa = getenv("ATTN_FUSED_ISA"); /* isa.c: which kernels it names */
+    if (isa && strlen(isa) < sizeof e.fused_isa) strcpy(e.fused_isa, isa);
     g_env = e;
 }
 
+/* The library's first call: the environment, and the OpenBLAS policy of
+ * attn.h (gemm.c, a leaf: it asks nothing of the library). */
 static void init_once(void) {
     read_env();
     attn_blas_init();
