@@ -20,8 +20,13 @@ Each round runs, one after the other on the same threads:
 Rounds interleave the programs, so a change in the machine's load shows up
 in every column; the tables give the median over rounds of each program's
 own median, and the figures of each round in the raw file.
-Writes DIR/raw.jsonl (every measurement, with its round) and prints the
-markdown tables with each target of issue 14 beside its figure.
+Writes DIR/raw.jsonl (every measurement, with its round, and a first line
+with the date and the machine) and prints the markdown tables with each
+target of issue 14 beside its figure. --markdown PATH also writes them into
+PATH (docs/speed.md): between its lines `<!-- speed_report:begin -->` and
+`<!-- speed_report:end -->` when it has them (the rest of the page is kept),
+else as a new page. --report RAW renders an earlier raw file, running
+nothing (with --markdown: regenerates the page from it).
 OPENBLAS_CORETYPE is kept as set (the project sets Haswell)."""
 import argparse
 import json
@@ -134,11 +139,14 @@ def med(v):
     return statistics.median(v) if v else float("nan")
 
 
-def report(rows, threads):
+def report(rows, threads, out=sys.stdout):
+    def p(*args):
+        print(*args, file=out)
+
     peaks = [r["peak_gflops"] for r in rows if r["kind"] == "peak"]
     streams = [r.get("stream_gbps", 0) for r in rows if r["kind"] == "peak"]
     peak = med(peaks)
-    print("FMA peak (attn-bench, %d threads), per round: %s GFLOP/s; read bandwidth %s GB/s\n"
+    p("FMA peak (attn-bench, %d threads), per round: %s GFLOP/s; read bandwidth %s GB/s\n"
           % (threads, " / ".join("%.0f" % p for p in peaks), " / ".join("%.1f" % s for s in streams)))
     # attention
     att = [r for r in rows if r["kind"] == "attn"]
@@ -147,9 +155,9 @@ def report(rows, threads):
         if r["prog"] == "attn-fused" and (case_key(r), r["op"]) not in keys:
             keys.append((case_key(r), r["op"]))
     if keys:
-        print("| B,H,Lq,Lk,D,causal | op | attn fused ms | % peak | torch-math ms | best ORT ms (op) |"
+        p("| B,H,Lq,Lk,D,causal | op | attn fused ms | % peak | torch-math ms | best ORT ms (op) |"
               " fused vs best peer | target |")
-        print("|---|---|---|---|---|---|---|---|")
+        p("|---|---|---|---|---|---|---|---|")
     for k, op in keys:
         def ms_of(prog):
             return med([r["ms"] for r in att if r["prog"] == prog and case_key(r) == k and r["op"] == op])
@@ -178,7 +186,7 @@ def report(rows, threads):
         if Lq >= 1024 and not c and not dec:
             need = 0.85 if op == "fwd" else 0.80
             tgt.append("≥ %d%% peak: %s" % (100 * need, "met" if frac >= need else "not met"))
-        print("| %d,%d,%d,%d,%d,%s | %s | %.2f | %s | %s | %s | %s | %s |" % (
+        p("| %d,%d,%d,%d,%d,%s | %s | %.2f | %s | %s | %s | %s | %s |" % (
             B, H, Lq, Lk, D, "yes" if c else "no", op, f, pk,
             "%.2f" % tm_ if tm_ == tm_ else "–",
             "%.2f (%s)" % (best_ort[1], best_ort[0][4:]) if best_ort else "–",
@@ -186,9 +194,9 @@ def report(rows, threads):
     # training
     tr = [r for r in rows if r["kind"] == "train"]
     if tr:
-        print("\n| training, batch 32, %d threads | molgen tokens/s | mfu | PyTorch best tokens/s | ratio | target |"
+        p("\n| training, batch 32, %d threads | molgen tokens/s | mfu | PyTorch best tokens/s | ratio | target |"
               % threads)
-        print("|---|---|---|---|---|---|")
+        p("|---|---|---|---|---|---|")
     for name, _ in TRAIN:
         m = [r for r in tr if r["setting"] == name and r["prog"] == "molgen"]
         if not m:
@@ -198,7 +206,7 @@ def report(rows, threads):
                       and r["prog"].startswith("torch")) for x in rounds]
         mt, mfu, bt = med([r["tokens_per_s"] for r in m]), med([r["mfu"] for r in m]), med(best_t)
         need = 0.75 if name.startswith("MolGPT") else 0.65
-        print("| %s | %.0f | %.0f%% | %.0f | %.2f× | mfu ≥ %d%%: %s |" % (
+        p("| %s | %.0f | %.0f%% | %.0f | %.2f× | mfu ≥ %d%%: %s |" % (
             name, mt, 100 * mfu, bt, mt / bt, 100 * need, "met" if mfu >= need else "not met"))
     # sampling
     sm = [r for r in rows if r["kind"] == "sample"]
@@ -212,16 +220,62 @@ def report(rows, threads):
         flop_tok = 2 * (12 * N * d * d + V * d) + N * 4 * d * (tpm / 2)
         limit = peak * 1e9 / (flop_tok * tpm)
         if peak != peak:
-            print("(no FMA peak measured in this run: the sampling limit needs the attention part)")
-        print("\n| sampling, shipped model, batch 64 | molecules/s | fraction of the arithmetic limit |")
-        print("|---|---|---|")
+            p("(no FMA peak measured in this run: the sampling limit needs the attention part)")
+        p("\n| sampling, shipped model, batch 64 | molecules/s | fraction of the arithmetic limit |")
+        p("|---|---|---|")
         for prog in ("molgen-kv", "molgen-naive", "torch-kv", "torch-naive"):
             v = med([r["molecules_per_s"] for r in sm if r["prog"] == prog])
-            print("| %s | %.1f | %s |" % (prog, v, "%.0f%%" % (100 * v / limit) if prog == "molgen-kv" else "–"))
+            p("| %s | %.1f | %s |" % (prog, v, "%.0f%%" % (100 * v / limit) if prog == "molgen-kv" else "–"))
         mk = med([r["molecules_per_s"] for r in kv])
-        print("\nArithmetic limit: %.2f MFLOP per token × %.1f tokens per molecule at %.0f GFLOP/s = "
+        p("\nArithmetic limit: %.2f MFLOP per token × %.1f tokens per molecule at %.0f GFLOP/s = "
               "%.0f molecules/s; target ≥ 1,000 molecules/s: %s (%.0f)."
               % (flop_tok / 1e6, tpm, peak, limit, "met" if mk >= 1000 else "not met", mk))
+
+
+def machine(threads):
+    """The raw file's first row: when and where the figures were measured."""
+    cpu = "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return {"kind": "machine", "date": time.strftime("%Y-%m-%d %H:%M %Z"), "cpu": cpu,
+            "logical_cpus": os.cpu_count(), "threads": threads, "kernel": os.uname().release,
+            "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE", "Haswell"),
+            "load_average_1min": round(os.getloadavg()[0], 2)}
+
+
+BEGIN, END = "<!-- speed_report:begin -->", "<!-- speed_report:end -->"
+
+
+def write_markdown(path, rows, threads, raw):
+    """The tables, dated and with the machine, into PATH's marked section."""
+    import io
+    m = next((r for r in rows if r["kind"] == "machine"), None)
+    if m:
+        where = ("Measured %s on %s (%d logical CPUs, %d threads, Linux %s, OPENBLAS_CORETYPE=%s; "
+                 "load average %.2f at the start)" % (m["date"], m["cpu"], m["logical_cpus"],
+                                                       m["threads"], m["kernel"], m["openblas_coretype"],
+                                                       m["load_average_1min"]))
+    else:
+        where = ("Measured on %s (the raw file records no machine; the date is the file's)"
+                 % time.strftime("%Y-%m-%d", time.localtime(os.path.getmtime(raw))))
+    buf = io.StringIO()
+    report(rows, threads, buf)
+    part = "%s\n%s; regenerate with `/usr/bin/python3 bench/speed_report.py --markdown %s` (or " \
+        "`--report RAW --markdown %s` from a raw file).\n\n%s%s" % (
+            BEGIN, where, os.path.relpath(path, REPO), os.path.relpath(path, REPO), buf.getvalue(), END)
+    old = open(path).read() if os.path.exists(path) else ""
+    if BEGIN in old and END in old:
+        page = old[:old.index(BEGIN)] + part + old[old.index(END) + len(END):]
+    else:
+        page = "# Speed\n\n" + part + "\n"
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(page)
+    os.replace(tmp, path)
+    print("(markdown: %s)" % path, file=sys.stderr)
 
 
 def main():
@@ -234,15 +288,22 @@ def main():
     ap.add_argument("--only", choices=("attention", "train", "sample"), action="append",
                     help="run only these parts (default all)")
     ap.add_argument("--report", help="print the tables of an earlier raw.jsonl, run nothing")
+    ap.add_argument("--markdown", metavar="PATH", help="also write the tables, dated, into PATH (docs/speed.md)")
     a = ap.parse_args()
     if a.report:
         with open(a.report) as f:
-            report([json.loads(l) for l in f if l.strip()], a.threads)
+            rows = [json.loads(l) for l in f if l.strip()]
+        m = next((r for r in rows if r["kind"] == "machine"), None)
+        threads = m["threads"] if m else a.threads
+        report(rows, threads)
+        if a.markdown:
+            write_markdown(a.markdown, rows, threads, a.report)
         return 0
     os.makedirs(a.out, exist_ok=True)
     raw = os.path.join(a.out, "raw.jsonl")
-    open(raw, "w").close()  # this run's measurements only
-    rows = []
+    rows = [machine(a.threads)]
+    with open(raw, "w") as f:  # this run's measurements only
+        f.write(json.dumps(rows[0]) + "\n")
     parts = [("attention", attention_round), ("train", train_round), ("sample", sample_round)]
     for rnd in range(a.rounds):
         for name, fn in parts:
@@ -258,6 +319,8 @@ def main():
             print("round %d %s: %.0f s" % (rnd + 1, name, time.time() - t0), file=sys.stderr)
     report(rows, a.threads)
     print("\n(raw measurements: %s)" % raw)
+    if a.markdown:
+        write_markdown(a.markdown, rows, a.threads, raw)
     return 0
 
 
