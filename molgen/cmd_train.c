@@ -58,7 +58,10 @@ static void usage(FILE *f) {
           "Train the SMILES transformer; writes a checkpoint (safetensors) that `molgen\n"
           "sample` reads and `--resume` continues bit for bit (same thread count).\n"
           "Under mpirun -np N each batch is split over the ranks, their gradients summed:\n"
-          "the same training, N times the compute (rank 0 reports and checkpoints).\n",
+          "the same training, N times the compute (rank 0 reports and checkpoints).\n"
+          "With --resume, an option marked [same on resume] must have the checkpoint's\n"
+          "value (another is refused: the run continues bit for bit); every other option\n"
+          "given applies to the resumed run.\n",
           f);
     const char *group = "";
     for (size_t i = 0; i < MG_TRAIN_NUM_SETTINGS; i++) {
@@ -73,15 +76,16 @@ static void usage(FILE *f) {
                     "d_model 256, 8 heads, dropout 0.1), then the options below, whatever their "
                     "order");
         }
-        char text[1024], def[64], range[96];
+        char text[1200], def[64], range[96];
         mg_setting_format(s, &d, def, sizeof def);
         mg_setting_range(s, range, sizeof range);
+        const char *mark = s->resume == MG_RESUME_SAME ? " [same on resume]" : "";
         if (s->kind == MG_KIND_FLAG || (s->kind == MG_KIND_STR && !strcmp(def, "(none)")))
-            snprintf(text, sizeof text, "%s", s->help);
+            snprintf(text, sizeof text, "%s%s", s->help, mark);
         else if (s->kind == MG_KIND_STR)
-            snprintf(text, sizeof text, "%s (default %s)", s->help, def);
+            snprintf(text, sizeof text, "%s (default %s)%s", s->help, def, mark);
         else
-            snprintf(text, sizeof text, "%s (default %s; %s)", s->help, def, range);
+            snprintf(text, sizeof text, "%s (default %s; %s)%s", s->help, def, range, mark);
         help_option(f, s->cli, s->arg, text);
     }
     fputs("Progress goes to stderr; a one-line JSON summary to stdout. SIGINT/SIGTERM\n"
@@ -150,7 +154,8 @@ static void on_progress(void *user, const mg_train_progress *p) {
 
 /* The summary line: where the checkpoint is and how the run went. */
 static void print_summary(const char *out, const char *init, const mg_train_result *r) {
-    static const char *const why[] = {"done", "time_limit", "signal", "stop_after"};
+    static const char *const why[] = {"done", "time_limit", "signal", "stop_after",
+                                      "no_improvement"};
     json_t *ranks = r->ranks > 1 ? json_pack("{si,sf}", "ranks", r->ranks, "comm_ms_per_step",
                                              round(1e4 * r->comm_per_step) / 10)
                                  : NULL;
@@ -165,6 +170,27 @@ static void print_summary(const char *out, const char *init, const mg_train_resu
     json_decref(ranks);
     if (j && init) mg_json_put(j, "init", json_string(init));
     if (j && !isnan(r->val_loss_ema)) mg_json_put(j, "val_loss_ema", json_real(r->val_loss_ema));
+    if (j) { /* what --out holds, the validation curve [[step, loss], ...], the sample check */
+        mg_json_put(j, "keep", json_string(r->keep_best ? "best" : "last"));
+        mg_json_put(j, "kept_step", json_integer((json_int_t)r->kept_step));
+        if (!isnan(r->kept_val_loss)) mg_json_put(j, "kept_val_loss", json_real(r->kept_val_loss));
+        json_t *curve = json_array();
+        for (int i = 0; curve && i < r->n_curve; i++)
+            json_array_append_new(
+                curve, json_pack("[I,f]", (json_int_t)r->curve_step[i], r->curve_loss[i]));
+        mg_json_put(j, "val_curve", curve);
+        if (r->curve_stride > 1) mg_json_put(j, "val_curve_stride", json_integer(r->curve_stride));
+        if (r->check_n > 0)
+            mg_json_put(
+                j, "check",
+                json_pack(
+                    "{sI,sI,sI,sf,sI,sI,sf}", "samples", (json_int_t)r->check_n, "syntax_ok",
+                    (json_int_t)r->check_valid, "copies", (json_int_t)r->check_copies, "copy_share",
+                    r->check_valid ? (double)r->check_copies / (double)r->check_valid : 0.0,
+                    "distinct", (json_int_t)r->check_distinct, "novel_distinct",
+                    (json_int_t)r->check_novel, "novelty",
+                    r->check_distinct ? (double)r->check_novel / (double)r->check_distinct : 0.0));
+    }
     char *s = mg_json_dump(j, 6);
     json_decref(j);
     printf("%s\n", s ? s : "{}");
@@ -227,6 +253,16 @@ int cmd_train(int argc, char **argv) {
     }
     if (c.init_path && preset_given)
         return usage_error("--preset with --init: a fine-tuned model keeps MODEL's shape");
+    if (c.resume_path && preset_given)
+        return usage_error("--preset with --resume: the checkpoint fixes the model");
+    if (c.freeze > 0 && !c.init_path && !c.resume_path)
+        return usage_error("--freeze needs --init MODEL: it keeps a trained model's lower layers "
+                           "fixed (a fresh model's would stay random)");
+    /* fine-tuning defaults (train_settings.h, measured) where not given */
+    const size_t i_lr = (size_t)(mg_setting_find("lr") - MG_TRAIN_SETTING);
+    const size_t i_vf = (size_t)(mg_setting_find("val_frac") - MG_TRAIN_SETTING);
+    if (c.init_path && !c.given[i_lr]) c.optim.lr = (float)MG_FINETUNE_LR;
+    if (c.init_path && !c.given[i_vf]) c.val_frac = MG_FINETUNE_VAL_FRAC;
     if (!c.init_path && c.model.d_model % c.model.n_head) {
         char msg[128];
         snprintf(msg, sizeof msg, "--heads %d does not divide --d-model %d", c.model.n_head,
@@ -246,19 +282,30 @@ int cmd_train(int argc, char **argv) {
             c.data_path = "data/moses_20k.smi";
         }
     }
-    /* every output is checked before any work (a run is never lost at its
-     * first checkpoint), and never overwrites the data */
-    /* under mpirun: rank 0 writes, so rank 0 checks; every rank learns */
+    /* every output is checked and locked before any work (a run is never
+     * lost at its first checkpoint) and is none of the inputs; --out may be
+     * the --resume file, which is then an output only (a --loss-log over it
+     * is one over --out). Under mpirun rank 0 writes, so rank 0 checks;
+     * every rank learns. */
     mg_dist *world = mg_dist_world();
     const int rank0 = world->rank == 0;
-    const char *inputs[] = {c.data_path, c.init_path};
-    mg_status crc = rank0 ? mg_cli_check_output(c.out_path, inputs, 2, &e) : MG_OK;
-    if (crc) fprintf(stderr, "molgen train: --out: %s\n", e.message);
-    if (mg_dist_agree(world, crc, &e)) return 1;
-    int stale = rank0 ? mg_st_remove_stale_temps(c.out_path) : 0;
+    const int out_is_resume = mg_cli_same_file(c.out_path, c.resume_path);
+    const mg_cli_file outs[] = {{"--out", c.out_path, MG_CLI_WHOLE},
+                                {"--loss-log", c.loss_log, 0},
+                                {"--debug-dump-rows", c.dump_rows, 0}};
+    const mg_cli_file ins[] = {{"--data", c.data_path, 0},
+                               {"--init", c.init_path, 0},
+                               {"--augment-file", c.augment_file, 0},
+                               {"--resume", out_is_resume ? NULL : c.resume_path, 0}};
+    const int stale = mg_cli_claim_outputs("train", outs, 3, ins, 4);
+    if (stale < 0) return 1;
     if (stale > 0 && !c.quiet)
         fprintf(stderr, "removed %d stale temporary file(s) of %s left by killed runs\n", stale,
                 c.out_path);
+    /* a symbolic link --out is kept: the file it names is replaced */
+    const char *out_given = c.out_path;
+    char out_target[4096];
+    c.out_path = mg_cli_output_target(c.out_path, out_target, sizeof out_target);
     display d = {stderr, c.quiet, c.progress, isatty(fileno(stderr)), 0, -1e300};
     c.dist = world;
     c.log = (mg_train_log){on_message, on_progress, &d};
@@ -273,7 +320,7 @@ int cmd_train(int argc, char **argv) {
         mg_cli_report("train", rc, &e);
         return 1;
     }
-    if (rank0) print_summary(c.out_path, c.init_path, &r);
+    if (rank0) print_summary(out_given, c.init_path, &r);
     if (r.stop == MG_STOP_SIGNAL)
         return 128 + (mg_train_stop_signal() ? mg_train_stop_signal() : SIGINT);
     return 0;

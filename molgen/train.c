@@ -14,11 +14,12 @@
 #include <string.h>
 #include <strings.h>
 
-
 #include "checkpoint.h"
 #include "condition.h"
 #include "data.h"
 #include "json.h"
+#include "sample.h"
+#include "smiles_check.h"
 #include "util.h"
 
 /* ------------------------------------------------------------ stop flag */
@@ -78,9 +79,16 @@ static double unigram_entropy(const mg_dataset *d, int V) {
     return h;
 }
 
-/* Validation interval when not given: about 10 validations per run. */
-static int auto_val_every(int64_t total) {
+/* Validation interval when not given: about 10 validations per run; a
+ * fine-tuning run (few molecules, few steps) once per epoch of its n_train
+ * molecules in batches of B, at most total / 10 steps apart. */
+static int auto_val_every(int64_t total, int finetune, size_t n_train, int B) {
     int64_t k = total / 10;
+    if (finetune) {
+        const int64_t epoch = (int64_t)((n_train + (size_t)B - 1) / (size_t)B);
+        k = epoch < k ? epoch : k;
+        return (int)(k < 1 ? 1 : k > INT32_MAX ? INT32_MAX : k);
+    }
     return (int)(k < 10 ? 10 : k > INT32_MAX ? INT32_MAX : k);
 }
 
@@ -128,6 +136,19 @@ typedef struct {
     double comm_time;  /* seconds in the ranks' collectives during timed steps */
     FILE *loss_log;    /* --loss-log (rank 0) */
     size_t *brows;     /* [B] the batch's dataset rows (for the loss log and the conditions) */
+    /* keep best: the lowest scheduled validation so far (best_val, NAN:
+     * none), its step, the scheduled validations since, and that step's
+     * whole state [P] each (best_ema: with --ema), not yet written when
+     * best_dirty; scratch [P] holds the live parameters while it is */
+    int keep_best, patience, check_samples; /* resolved from the settings (-1 / NULL: auto) */
+    int since_best, best_dirty;
+    int64_t vals_seen; /* validations of this run (the curve's stride counts them) */
+    double best_val;
+    int64_t best_step;
+    float *best_p, *best_m, *best_v, *best_ema, *scratch;
+    int64_t best_opt_step;
+    mg_adamw_config best_cfg;
+    mg_train_state best_st;
 } run;
 
 static void say(const run *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -142,6 +163,11 @@ static void say(const run *r, const char *fmt, ...) {
 }
 
 static void run_free(run *r) {
+    free(r->best_p);
+    free(r->best_m);
+    free(r->best_v);
+    free(r->best_ema);
+    free(r->scratch);
     if (r->loss_log) fclose(r->loss_log);
     if (r->dump) fclose(r->dump);
     mg_smiles_list_free(&r->aug);
@@ -196,8 +222,7 @@ static mg_status setup_init(run *r, mg_error *err) {
                        "would have to come from MODEL)",
                        c->init_path, im->n_cond > 0 ? "a conditional model" : "with --condition");
     if (im->scaffold > 0 || c->scaffold_column)
-        return mg_fail(err, MG_ERR_ARG, "--init %s: fine-tuning %s is not supported",
-                       c->init_path,
+        return mg_fail(err, MG_ERR_ARG, "--init %s: fine-tuning %s is not supported", c->init_path,
                        im->scaffold > 0 ? "a scaffold model" : "with --scaffold-column");
     for (size_t i = 0; i < MG_TRAIN_NUM_SETTINGS; i++) {
         const mg_setting *s = &MG_TRAIN_SETTING[i];
@@ -217,12 +242,38 @@ static mg_status setup_init(run *r, mg_error *err) {
     r->s.model = *im;
     if (c->given[mg_setting_find("dropout") - MG_TRAIN_SETTING]) r->s.model.dropout = dropout;
     /* CRC-32 of MODEL's parameters, F32 in the tensor table's order */
-    r->st.init_crc32 = mg_crc32(mg_model_params(r->init), mg_model_num_params(r->init) * sizeof(float));
+    r->st.init_crc32 =
+        mg_crc32(mg_model_params(r->init), mg_model_num_params(r->init) * sizeof(float));
     say(r,
         "fine-tuning from %s (parameters' CRC-32 %08" PRIx32 "): %d layers, d_model %d, %d heads, "
         "ctx %d, vocabulary of %d tokens; fresh optimizer and schedule",
         c->init_path, r->st.init_crc32, im->n_layer, im->d_model, im->n_head, im->ctx_len,
         im->vocab_size);
+    return MG_OK;
+}
+
+/* --resume and the settings the caller gave (train_settings.h's resume
+ * column): a NEW one replaces the checkpoint's, a SAME one must be the
+ * checkpoint's (r->s holds the checkpoint's by now). */
+static mg_status resume_given(run *r, mg_error *err) {
+    const mg_train_config *c = r->c;
+    for (size_t i = 0; i < MG_TRAIN_NUM_SETTINGS; i++) {
+        const mg_setting *s = &MG_TRAIN_SETTING[i];
+        if (!c->given[i] || s->resume == MG_RESUME_PATH) continue;
+        if (s->resume == MG_RESUME_NEW) {
+            mg_setting_copy(s, &r->s, c);
+            continue;
+        }
+        char want[256], got[256];
+        mg_setting_format(s, &r->s, want, sizeof want);
+        mg_setting_format(s, c, got, sizeof got);
+        if (strcmp(want, got))
+            return mg_fail(err, MG_ERR_ARG,
+                           "--%s %.80s with --resume: the checkpoint's %s is %.80s, and a resumed "
+                           "run continues it bit for bit (leave --%s out; to train on with "
+                           "another value, start a new run from it: --init %s)",
+                           s->cli, got, s->key, want, s->cli, c->resume_path);
+    }
     return MG_OK;
 }
 
@@ -246,6 +297,7 @@ static mg_status setup(run *r, mg_error *err) {
         r->s.optim = r->ck.opt.cfg;
         if (c->data_path) r->s.data_path = c->data_path; /* the content is checked by its hash */
         if (c->augment_file) r->s.augment_file = c->augment_file; /* so is this one's */
+        if ((rc = resume_given(r, err))) return rc;
         r->st = r->ck.state;
         if (c->steps > 0 && c->steps < r->st.step)
             return mg_fail(
@@ -257,6 +309,11 @@ static mg_status setup(run *r, mg_error *err) {
         say(r, "resuming from %s at step %" PRId64, c->resume_path, r->st.step);
     } else {
         if (!c->data_path) return mg_fail(err, MG_ERR_ARG, "no data file given");
+        if (c->freeze > 0 && !c->init_path)
+            return mg_fail(err, MG_ERR_ARG,
+                           "--freeze %d needs --init MODEL: it keeps a trained model's lower "
+                           "layers fixed (a fresh model's would stay random)",
+                           c->freeze);
         if (c->init_path && (rc = setup_init(r, err))) return rc;
         if (c->steps == 0 && c->time_limit <= 0)
             return mg_fail(err, MG_ERR_ARG, "give a number of steps or a time limit");
@@ -264,6 +321,21 @@ static mg_status setup(run *r, mg_error *err) {
         r->st.val_loss = NAN;
     }
     if (!c->out_path) return mg_fail(err, MG_ERR_ARG, "no output path given");
+    /* auto (NULL / -1): from whether the run fine-tunes (the checkpoint's
+     * init on resume, so a resumed run resolves them alike) */
+    const char *keep = r->s.keep ? r->s.keep : r->s.init_path ? "best" : "last";
+    if (strcmp(keep, "best") && strcmp(keep, "last"))
+        return mg_fail(err, MG_ERR_ARG, "--keep %s: need best or last", keep);
+    r->keep_best = !strcmp(keep, "best");
+    r->patience = r->s.patience >= 0 ? r->s.patience : r->keep_best ? MG_FINETUNE_PATIENCE : 0;
+    if (r->patience > 0 && !r->keep_best)
+        return mg_fail(err, MG_ERR_ARG,
+                       "--patience %d needs --keep best (an early stop keeps the best step's "
+                       "state)",
+                       r->patience);
+    r->check_samples = r->s.check_samples >= 0 ? r->s.check_samples
+                       : r->s.init_path        ? MG_FINETUNE_SAMPLES
+                                               : 0;
     if (strcmp(r->s.augment, "none") && strcmp(r->s.augment, "randomized"))
         return mg_fail(err, MG_ERR_ARG, "--augment %s: need none or randomized", r->s.augment);
     if (!strcmp(r->s.augment, "randomized") && (r->s.condition || r->s.scaffold_column))
@@ -424,8 +496,8 @@ static mg_status load_scaffolds(run *r, mg_error *err) {
     char note[512];
     mg_status rc = mg_scaffold_read(path, r->s.scaffold_column, r->ck.vocab, &r->all,
                                     r->s.max_tokens > 0 ? r->s.max_tokens : MG_MAX_TOKENS_DEFAULT,
-                                    &r->sc_first, &r->sc_toks, &r->sc_longest, &missing, &bad,
-                                    note, sizeof note, err);
+                                    &r->sc_first, &r->sc_toks, &r->sc_longest, &missing, &bad, note,
+                                    sizeof note, err);
     if (rc) return rc;
     if (r->sc_longest == 0)
         return mg_fail(err, MG_ERR_ARG, "--scaffold-column %s: no row of %s has a scaffold%s%s",
@@ -516,7 +588,13 @@ static mg_status load_data(run *r, mg_error *err) {
                                                              : "");
     r->st.data_rows = r->all.n;
     r->st.data_hash = h;
-    if ((rc = mg_dataset_split(&r->all, r->s.val_frac, r->s.seed, &r->train, &r->val, &e)))
+    double vf = r->s.val_frac;
+    if (r->s.init_path && vf > 0) { /* fine-tuning: at least MG_FINETUNE_VAL_MIN validation
+                                       molecules, or a quarter of the data when that is fewer */
+        const size_t n = r->all.n, want = n / 4 < MG_FINETUNE_VAL_MIN ? n / 4 : MG_FINETUNE_VAL_MIN;
+        if (floor((double)n * vf + 0.5) < (double)want) vf = ((double)want + 0.25) / (double)n;
+    }
+    if ((rc = mg_dataset_split(&r->all, vf, r->s.seed, &r->train, &r->val, &e)))
         return mg_fail(err, rc, "%s", e.message);
     if (r->train.n < (size_t)r->s.batch_size)
         return mg_fail(err, MG_ERR_ARG,
@@ -526,6 +604,11 @@ static mg_status load_data(run *r, mg_error *err) {
     r->res.n_train = r->train.n;
     r->res.n_val = r->val.n;
     r->nv = (r->s.val_max > 0 && (size_t)r->s.val_max < r->val.n) ? (size_t)r->s.val_max : r->val.n;
+    if (r->keep_best && r->nv == 0)
+        return mg_fail(err, MG_ERR_ARG,
+                       "--keep best needs validation molecules: --val-frac %g leaves none of %zu "
+                       "(give a larger --val-frac, or --keep last)",
+                       r->s.val_frac, r->all.n);
     return MG_OK;
 }
 
@@ -636,7 +719,9 @@ static mg_status build(run *r, mg_error *err) {
                        "%s stopped before its schedule length was known: resume with --steps N or "
                        "--time-limit SECONDS",
                        c->resume_path);
-    if (r->total_known && r->s.val_every < 0) r->s.val_every = auto_val_every(opt->cfg.total_steps);
+    if (r->total_known && r->s.val_every < 0)
+        r->s.val_every = auto_val_every(opt->cfg.total_steps, r->s.init_path != NULL, r->train.n,
+                                        r->s.batch_size);
     if (r->total_known && opt->cfg.warmup_steps > opt->cfg.total_steps / 2 && !r->resuming) {
         opt->cfg.warmup_steps = opt->cfg.total_steps / 10 > 1 ? opt->cfg.total_steps / 10 : 1;
         say(r, "note: warm-up shortened to %" PRId64 " steps (a tenth of the run)",
@@ -795,8 +880,8 @@ static mg_status validate(run *r, double *loss, mg_error *err) {
 static mg_status validate_averaged(run *r, mg_error *err) {
     const size_t P = mg_model_num_params(r->ck.model);
     float *p = mg_model_params(r->ck.model), *keep = malloc(P * sizeof(float));
-    mg_status rc = keep ? MG_OK
-                        : mg_fail(err, MG_ERR_NOMEM, "out of memory for the averaged validation");
+    mg_status rc =
+        keep ? MG_OK : mg_fail(err, MG_ERR_NOMEM, "out of memory for the averaged validation");
     if ((rc = mg_dist_agree(r->d, rc, err))) { /* validate is collective: every rank or none */
         free(keep);
         return rc;
@@ -882,6 +967,7 @@ static void report_progress(const run *r, double dt, int last) {
 /* Why the loop stops before the next step, or -1 to go on. */
 static int stop_reason(const run *r) {
     if (r->total_known && r->st.step >= r->ck.opt.cfg.total_steps) return MG_STOP_DONE;
+    if (r->keep_best && r->patience > 0 && r->since_best >= r->patience) return MG_STOP_PATIENCE;
     if (g_stop_signal) return MG_STOP_SIGNAL;
     if (r->c->stop_after > 0 && r->st.step >= r->c->stop_after) return MG_STOP_AFTER;
     if (r->c->time_limit > 0 && r->timed_steps > 0 &&
@@ -934,12 +1020,96 @@ static mg_status same_on_ranks(run *r, uint64_t x, const char *what, mg_error *e
     return mg_fail(err, MG_ERR_MISMATCH, "the %d ranks hold different %s", r->d->size, what);
 }
 
-/* The checkpoint, from rank 0, of parameters every rank holds. */
+/* A validation of this run into the result's curve (every stride-th; when
+ * full, every other entry goes and the stride doubles). */
+static void curve_add(run *r, double loss) {
+    mg_train_result *q = &r->res;
+    if (r->vals_seen++ % q->curve_stride) return;
+    if (q->n_curve == MG_CURVE_MAX) {
+        for (int i = 0; i < MG_CURVE_MAX / 2; i++) {
+            q->curve_step[i] = q->curve_step[2 * i];
+            q->curve_loss[i] = q->curve_loss[2 * i];
+        }
+        q->n_curve = MG_CURVE_MAX / 2;
+        q->curve_stride *= 2;
+        if ((r->vals_seen - 1) % q->curve_stride) return;
+    }
+    q->curve_step[q->n_curve] = r->st.step;
+    q->curve_loss[q->n_curve++] = loss;
+}
+
+/* A scheduled validation (the run's first, every val_every steps, the
+ * schedule's end) of loss at this step: a new best, or one more without
+ * improvement. keep best: a new best's whole state is copied aside. */
+static mg_status note_scheduled(run *r, double loss, mg_error *err) {
+    if (!isnan(r->best_val) && !(loss < r->best_val)) {
+        r->since_best++;
+        return MG_OK;
+    }
+    r->best_val = loss;
+    r->best_step = r->st.step;
+    r->since_best = 0;
+    if (!r->keep_best) return MG_OK;
+    const size_t P = mg_model_num_params(r->ck.model), bytes = P * sizeof(float);
+    const mg_adamw *o = &r->ck.opt;
+    if (!r->best_p) {
+        r->best_p = malloc(bytes);
+        r->best_m = malloc(bytes);
+        r->best_v = malloc(bytes);
+        r->scratch = malloc(bytes);
+        r->best_ema = o->ema ? malloc(bytes) : NULL;
+        if (!r->best_p || !r->best_m || !r->best_v || !r->scratch || (o->ema && !r->best_ema))
+            return mg_fail(err, MG_ERR_NOMEM, "out of memory for the best step's state");
+    }
+    memcpy(r->best_p, mg_model_params(r->ck.model), bytes);
+    memcpy(r->best_m, o->m, bytes);
+    memcpy(r->best_v, o->v, bytes);
+    if (o->ema) memcpy(r->best_ema, o->ema, bytes);
+    r->best_opt_step = o->step;
+    r->best_cfg = o->cfg;
+    r->best_st = r->st;
+    r->best_st.val_loss = loss;
+    r->best_dirty = 1;
+    return MG_OK;
+}
+
+/* keep best at the end: the best step's state becomes the live one. */
+static void restore_best(run *r) {
+    const size_t bytes = mg_model_num_params(r->ck.model) * sizeof(float);
+    mg_adamw *o = &r->ck.opt;
+    memcpy(mg_model_params(r->ck.model), r->best_p, bytes);
+    memcpy(o->m, r->best_m, bytes);
+    memcpy(o->v, r->best_v, bytes);
+    if (o->ema) memcpy(o->ema, r->best_ema, bytes);
+    o->step = r->best_opt_step;
+    o->cfg = r->best_cfg;
+    r->st = r->best_st;
+}
+
+/* The checkpoint, from rank 0, of parameters every rank holds: the live
+ * state, or with keep best the best step's (swapped in for the write). */
 static mg_status save(run *r, mg_error *err) {
+    const int best = r->keep_best && r->best_p;
+    float *p = mg_model_params(r->ck.model);
+    const size_t bytes = mg_model_num_params(r->ck.model) * sizeof(float);
+    mg_adamw o = r->ck.opt;
+    if (best) {
+        memcpy(r->scratch, p, bytes);
+        memcpy(p, r->best_p, bytes);
+        o.m = r->best_m;
+        o.v = r->best_v;
+        o.ema = r->best_ema;
+        o.step = r->best_opt_step;
+        o.cfg = r->best_cfg;
+    }
     mg_status rc = same_on_ranks(r, params_hash(r->ck.model), "parameters", err);
     if (!rc && r->d->rank == 0)
-        rc = mg_ckpt_save(r->c->out_path, r->ck.model, r->ck.vocab, &r->ck.opt, &r->s, &r->st, err);
-    return mg_dist_agree(r->d, rc, err);
+        rc = mg_ckpt_save(r->c->out_path, r->ck.model, r->ck.vocab, &o, &r->s,
+                          best ? &r->best_st : &r->st, err);
+    if (best) memcpy(p, r->scratch, bytes);
+    rc = mg_dist_agree(r->d, rc, err);
+    if (!rc && best) r->best_dirty = 0;
+    return rc;
 }
 
 /* This rank's rows of a global batch -> forward (dropout seed: the step's,
@@ -1000,7 +1170,13 @@ static mg_status loop(run *r, mg_stop_reason *why, double *last_val_at, mg_error
         float loss, gnorm, lr;
         int64_t ntok;
         mg_error e;
+        /* a non-finite loss ends the run before it updates anything */
         if ((rc = step_grads(r, &loss, &ntok, &e)) ||
+            (!isfinite(loss) &&
+             (rc = mg_fail(&e, MG_ERR_NUMERIC,
+                           "the training loss is %s: the run diverged (try a lower --lr); %s is "
+                           "left as it was",
+                           isnan(loss) ? "nan" : "inf", r->c->out_path))) ||
             (rc = mg_adamw_step(opt, mg_model_params(model), mg_model_grads(model), &gnorm, &lr,
                                 &e)))
             return mg_fail(err, rc, "step %" PRId64 ": %s", r->st.step, e.message);
@@ -1025,7 +1201,10 @@ static mg_status loop(run *r, mg_stop_reason *why, double *last_val_at, mg_error
         share_schedule(r);
         const int last = r->total_known && r->st.step >= opt->cfg.total_steps;
         if (r->s.val_every > 0 && r->nv > 0 && r->st.step % r->s.val_every == 0) {
-            if ((rc = validate(r, &r->res.val_loss, err))) return rc;
+            if ((rc = validate(r, &r->res.val_loss, err)) ||
+                (rc = note_scheduled(r, r->res.val_loss, err)))
+                return rc;
+            curve_add(r, r->res.val_loss);
             *last_val_at = (double)r->st.step;
             char el[32];
             mg_fmt_duration(mg_now_s() - r->t0, el, sizeof el);
@@ -1035,12 +1214,106 @@ static mg_status loop(run *r, mg_stop_reason *why, double *last_val_at, mg_error
                 r->st.step, r->total_known ? opt->cfg.total_steps : (int64_t)0, r->loss_ema,
                 r->res.val_loss, (double)lr, tok_rate(r), el);
         }
-        if (r->s.ckpt_every > 0 && r->st.step % r->s.ckpt_every == 0 && !last) {
+        if (r->s.ckpt_every > 0 && r->st.step % r->s.ckpt_every == 0 && !last &&
+            (!r->keep_best || r->best_dirty)) { /* keep best: when the best changed */
             r->st.val_loss = r->res.val_loss;
             if ((rc = save(r, err))) return rc;
         }
         report_progress(r, dt, last);
     }
+}
+
+/* The validation curve of this run as a table, 6 (step, loss) a line, the
+ * kept step marked, and what --out holds. */
+static void report_curve(const run *r, mg_stop_reason why) {
+    const mg_train_result *q = &r->res;
+    if (q->n_curve == 0) return;
+    char head[160] = "";
+    if (q->curve_stride > 1)
+        snprintf(head, sizeof head, ", every %d-th of %" PRId64, q->curve_stride, r->vals_seen);
+    say(r, "validation curve (step val-loss%s; * = the state in --out):", head);
+    for (int i = 0; i < q->n_curve; i += 6) {
+        char line[512] = "";
+        for (int k = i; k < q->n_curve && k < i + 6; k++)
+            snprintf(line + strlen(line), sizeof line - strlen(line), " %7" PRId64 " %.4f%c",
+                     q->curve_step[k], q->curve_loss[k],
+                     q->curve_step[k] == q->kept_step && r->keep_best ? '*' : ' ');
+        say(r, "%s", line);
+    }
+    if (r->keep_best)
+        say(r,
+            "keep best: --out holds step %" PRId64 " (val loss %.4f, the lowest scheduled "
+            "validation)%s",
+            q->kept_step, q->kept_val_loss,
+            why == MG_STOP_PATIENCE ? "; stopped after --patience validations without improvement"
+                                    : "");
+}
+
+static int cmp_str(const void *a, const void *b) {
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* check_samples (rank 0): molecules sampled from the kept parameters
+ * against the data's molecules as written (its rows decoded: the
+ * tokeniser's spelling of each line); the counts go to the result. */
+static mg_status sample_check(run *r, mg_error *err) {
+    if (r->check_samples <= 0 || r->d->rank) return MG_OK;
+    mg_sample_opts o;
+    mg_sample_opts_default(&o);
+    o.n = (size_t)r->check_samples;
+    o.seed = 1;
+    mg_samples smp;
+    memset(&smp, 0, sizeof smp);
+    mg_error e;
+    mg_status rc = mg_sample(r->ck.model, r->ck.vocab, &o, &smp, &e);
+    if (rc) return mg_fail(err, rc, "--check-samples: %s", e.message);
+    const mg_dataset *a = &r->all;
+    char **data = malloc((a->n ? a->n : 1) * sizeof *data);
+    const char **ok = malloc((smp.n ? smp.n : 1) * sizeof *ok);
+    size_t nd = 0, nok = 0;
+    char buf[4096];
+    for (size_t i = 0; data && i < a->n && !rc; i++) {
+        rc = mg_vocab_decode(r->ck.vocab, a->ids + i * (size_t)a->T, (int)a->lengths[i], buf,
+                             sizeof buf, NULL, &e);
+        if (!rc && !(data[nd++] = strdup(buf))) rc = MG_ERR_NOMEM;
+    }
+    if (!data || !ok || rc) {
+        rc = rc == MG_ERR_NOMEM || !rc
+                 ? mg_fail(err, MG_ERR_NOMEM, "--check-samples: out of memory")
+                 : mg_fail(err, rc, "--check-samples: %s", e.message);
+        goto out;
+    }
+    qsort(data, nd, sizeof *data, cmp_str);
+    mg_train_result *q = &r->res;
+    q->check_n = (int64_t)smp.n;
+    for (size_t i = 0; i < smp.n; i++) {
+        const char *m = smp.smiles[i];
+        if (!smp.ended[i] || !*m || !mg_smiles_syntax_ok(m, NULL, 0)) continue;
+        ok[nok++] = m;
+        q->check_copies += bsearch(&m, data, nd, sizeof *data, cmp_str) != NULL;
+    }
+    q->check_valid = (int64_t)nok;
+    qsort(ok, nok, sizeof *ok, cmp_str);
+    for (size_t i = 0; i < nok; i++) {
+        if (i && !strcmp(ok[i], ok[i - 1])) continue;
+        q->check_distinct++;
+        q->check_novel += bsearch(&ok[i], data, nd, sizeof *data, cmp_str) == NULL;
+    }
+    say(r,
+        "check: %" PRId64
+        " molecules sampled from the kept weights (seed 1, temperature 1): %" PRId64
+        " pass the syntax check; %" PRId64 " of those (%.1f%%) copy a molecule of %s as written; "
+        "%" PRId64 " distinct, %" PRId64 " of them (%.1f%%) not in it",
+        q->check_n, q->check_valid, q->check_copies,
+        100.0 * (double)q->check_copies / (double)(nok ? nok : 1), r->s.data_path,
+        q->check_distinct, q->check_novel,
+        100.0 * (double)q->check_novel / (double)(q->check_distinct ? q->check_distinct : 1));
+out:
+    for (size_t i = 0; data && i < nd; i++) free(data[i]);
+    free(data);
+    free(ok);
+    mg_samples_free(&smp);
+    return rc;
 }
 
 mg_status mg_train_run(const mg_train_config *c, mg_train_result *result, mg_error *err) {
@@ -1053,6 +1326,8 @@ mg_status mg_train_run(const mg_train_config *c, mg_train_result *result, mg_err
     r.alone = (mg_dist){0, 1, 0.0};
     r.d = c->dist ? c->dist : &r.alone;
     r.res.val_loss = r.res.first_val_loss = r.res.val_loss_ema = r.loss_ema = NAN;
+    r.res.kept_val_loss = r.best_val = NAN;
+    r.res.curve_stride = 1;
     g_stop_signal = 0;
     /* the ranks agree after each phase (one failing ends them all) and then
      * check that they read the same data and built the same model */
@@ -1066,23 +1341,37 @@ mg_status mg_train_run(const mg_train_config *c, mg_train_result *result, mg_err
     if (!rc && r.nv > 0) { /* the initial validation also times one pass */
         rc = validate(&r, &r.res.first_val_loss, err);
         r.res.val_loss = r.res.first_val_loss;
-        if (!rc)
+        if (!rc) rc = note_scheduled(&r, r.res.val_loss, err);
+        if (!rc) {
+            curve_add(&r, r.res.val_loss);
             say(&r, "step %" PRId64 ": val loss %.4f (%zu molecules; unigram entropy %.4f)",
                 r.st.step, r.res.first_val_loss, r.nv, r.res.unigram_entropy);
+        }
     }
     mg_stop_reason why = MG_STOP_DONE;
     double last_val_at = -1;
     r.start_step = r.st.step;
     if (!rc) rc = loop(&r, &why, &last_val_at, err);
-    if (!rc && r.nv > 0 && last_val_at != (double)r.st.step && r.st.step > r.start_step)
+    if (!rc && r.nv > 0 && last_val_at != (double)r.st.step && r.st.step > r.start_step) {
         rc = validate(&r, &r.res.val_loss, err);
+        /* the schedule's end is a scheduled validation; a stop elsewhere is
+         * not (a run never stopped would not have validated there) */
+        if (!rc && why == MG_STOP_DONE) rc = note_scheduled(&r, r.res.val_loss, err);
+        if (!rc) curve_add(&r, r.res.val_loss);
+    }
+    const int64_t reached = r.st.step;
+    if (!rc && r.keep_best && r.best_p) restore_best(&r);
     if (!rc && r.nv > 0 && r.ck.opt.ema && why != MG_STOP_SIGNAL) /* a signal: checkpoint at once */
         rc = validate_averaged(&r, err);
     if (!rc) {
-        r.st.val_loss = r.res.val_loss;
+        if (!r.keep_best) r.st.val_loss = r.res.val_loss;
         rc = save(&r, err);
     }
     if (!rc) {
+        r.res.keep_best = r.keep_best;
+        r.res.kept_step = r.st.step;
+        r.res.kept_val_loss = r.keep_best ? r.best_val : r.nv > 0 ? r.res.val_loss : NAN;
+        r.st.step = reached;
         r.res.step = r.st.step;
         r.res.total_steps = r.ck.opt.cfg.total_steps;
         r.res.stop = why;
@@ -1091,7 +1380,7 @@ mg_status mg_train_run(const mg_train_config *c, mg_train_result *result, mg_err
         r.res.ranks = r.d->size;
         r.res.comm_per_step = r.timed_steps ? r.comm_time / (double)r.timed_steps : 0.0;
         static const char *const what[] = {"finished", "time limit reached", "interrupted",
-                                           "stopped as asked"};
+                                           "stopped as asked", "stopped early"};
         char el[32];
         mg_fmt_duration(r.res.seconds, el, sizeof el);
         say(&r,
@@ -1099,6 +1388,7 @@ mg_status mg_train_run(const mg_train_config *c, mg_train_result *result, mg_err
             ": train loss %.4f, val loss %.4f, %.0f tok/s, %s; checkpoint %s",
             what[why], r.st.step, r.ck.opt.cfg.total_steps, r.loss_ema, r.res.val_loss,
             r.res.tokens_per_sec, el, c->out_path);
+        report_curve(&r, why);
         if (r.d->size > 1)
             say(&r,
                 "%d ranks, batch %d split %zu..%zu rows per rank; %.2f ms/step in communication "
@@ -1108,6 +1398,7 @@ mg_status mg_train_run(const mg_train_config *c, mg_train_result *result, mg_err
                 1e3 * r.res.comm_per_step, r.timed_steps ? 100.0 * r.comm_time / r.step_time : 0.0,
                 r.timed_steps ? 1e3 * avg_step(&r) : 0.0);
     }
+    if (!rc) rc = sample_check(&r, err);
     if (result) *result = r.res;
     run_free(&r);
     return rc;

@@ -17,9 +17,22 @@
  * ranks; with another number of ranks it continues from the same step with
  * the same batches, the sums of the gradients in another order).
  *
- * Stopping: after total steps, at the time limit, at stop_after, or when
- * mg_train_request_stop() was called (the SIGINT/SIGTERM handler does): in
- * every case a checkpoint is written first.
+ * Stopping: after total steps, at the time limit, at stop_after, when
+ * patience scheduled validations in a row did not improve on the best
+ * (keep best), or when mg_train_request_stop() was called (the
+ * SIGINT/SIGTERM handler does): in every case a checkpoint is written first.
+ *
+ * What --out holds (keep): the last step's state, or (best, the default of
+ * a fine-tuning run) the whole state of the step with the lowest loss among
+ * the scheduled validations (the run's first, every val_every steps, the
+ * schedule's end), also in periodic checkpoints. A resume of such a file
+ * continues from that step and, the steps being a function of the step
+ * number, retraces the same steps: the scheduled validations and so the
+ * best and the patience count come out as in a run never stopped.
+ *
+ * Resume and the settings given (train_settings.h's resume column): NEW
+ * ones apply, SAME ones must equal the checkpoint's (c->given marks the
+ * settings a caller gave; unmarked ones are ignored on resume).
  *
  * Errors: errors.h. */
 #ifndef MG_TRAIN_H
@@ -77,7 +90,7 @@ typedef struct {
 #define MG_DECL_CKPT_NEW(ctype, field) ctype field;
 #define MG_DECL_MODEL(ctype, field)
 #define MG_DECL_OPTIM(ctype, field)
-#define MG_TRAIN_DECL(key, field, kind, cli, arg, def, lo, hi, bounds, save, group, help)          \
+#define MG_TRAIN_DECL(key, field, kind, cli, arg, def, lo, hi, bounds, save, resume, group, help)  \
     MG_DECL_##save(MG_CTYPE_##kind, field)
 
 /* The number of settings as a constant expression. */
@@ -114,19 +127,24 @@ void mg_train_config_default(mg_train_config *c);
 mg_status mg_train_config_check(const mg_train_config *c, mg_error *err);
 
 typedef enum {
-    MG_STOP_DONE = 0,   /* reached total steps */
-    MG_STOP_TIME = 1,   /* time limit */
-    MG_STOP_SIGNAL = 2, /* mg_train_request_stop (SIGINT / SIGTERM) */
-    MG_STOP_AFTER = 3   /* stop_after */
+    MG_STOP_DONE = 0,    /* reached total steps */
+    MG_STOP_TIME = 1,    /* time limit */
+    MG_STOP_SIGNAL = 2,  /* mg_train_request_stop (SIGINT / SIGTERM) */
+    MG_STOP_AFTER = 3,   /* stop_after */
+    MG_STOP_PATIENCE = 4 /* patience validations without improvement (keep best) */
 } mg_stop_reason;
 
+/* Validations a result keeps (more: every other one is dropped, and the
+ * stride doubles). */
+#define MG_CURVE_MAX 256
+
 typedef struct {
-    int64_t step;           /* steps done (including resumed ones) */
-    int64_t total_steps;    /* the schedule's */
-    double train_loss;      /* mean loss of the last step */
-    double val_loss;        /* last validation (NAN if none) */
-    double first_val_loss;  /* validation before the first step of this run */
-    double val_loss_ema;    /* with --ema: the last validation of the averaged weights (NAN: none) */
+    int64_t step;          /* steps done (including resumed ones) */
+    int64_t total_steps;   /* the schedule's */
+    double train_loss;     /* mean loss of the last step */
+    double val_loss;       /* last validation (NAN if none) */
+    double first_val_loss; /* validation before the first step of this run */
+    double val_loss_ema;   /* with --ema: the last validation of the averaged weights (NAN: none) */
     double unigram_entropy; /* entropy (nats) of the training targets'
                                token distribution: the loss of the best
                                context-free model, a bound to beat */
@@ -139,6 +157,20 @@ typedef struct {
     int vocab_size, ctx_len;
     int ranks;            /* of the job (1 alone) */
     double comm_per_step; /* seconds per timed step in the ranks' sums (0 alone) */
+    /* this run's validations (step, loss), every curve_stride-th one when
+     * there were more than MG_CURVE_MAX; the step whose state --out holds
+     * (keep best: the best scheduled validation's; last: the last step) */
+    int n_curve, curve_stride;
+    int64_t curve_step[MG_CURVE_MAX];
+    double curve_loss[MG_CURVE_MAX];
+    int keep_best;
+    int64_t kept_step;
+    double kept_val_loss; /* NAN: not validated */
+    /* check_samples: molecules sampled from the kept parameters, those that
+     * pass mg_smiles_syntax_ok, those equal to a data line's molecule as
+     * written (string match), the distinct passing ones and those of them
+     * not in the data (0 everywhere: no check) */
+    int64_t check_n, check_valid, check_copies, check_distinct, check_novel;
 } mg_train_result;
 
 /* Run training as configured. result may be NULL. */
@@ -179,12 +211,15 @@ typedef enum {
     MG_SAVE_MODEL,
     MG_SAVE_OPTIM
 } mg_setting_save;
+/* Given with --resume (train_settings.h's resume column). */
+typedef enum { MG_RESUME_NEW, MG_RESUME_SAME, MG_RESUME_PATH } mg_setting_resume;
 enum { MG_CLOSED, MG_OPEN_HI, MG_OPEN_LO, MG_OPEN };
 
 typedef struct {
     const char *key, *cli, *arg, *group, *help;
     mg_setting_kind kind;
     mg_setting_save save;
+    mg_setting_resume resume;
     double lo, hi;    /* the range of F64 / F32 values */
     int64_t ilo, ihi; /* the range of INT / I64 values */
     int bounds;       /* MG_CLOSED ... */

@@ -27,7 +27,7 @@
 #define MG_FLAGDEF_F64(x) 0
 #define MG_FLAGDEF_F32(x) 0
 #define MG_FLAGDEF_FLAG(x) (x)
-#define MG_SETTING_ROW(key, field, kind, cli, arg, def, lo, hi, bounds, save, group, help)         \
+#define MG_SETTING_ROW(key, field, kind, cli, arg, def, lo, hi, bounds, save, resume, group, help) \
     {#key,                                                                                         \
      cli,                                                                                          \
      arg,                                                                                          \
@@ -35,6 +35,7 @@
      help,                                                                                         \
      MG_KIND_##kind,                                                                               \
      MG_SAVE_##save,                                                                               \
+     MG_RESUME_##resume,                                                                           \
      (double)(lo),                                                                                 \
      (double)(hi),                                                                                 \
      MG_ILIM_##kind(lo),                                                                           \
@@ -52,7 +53,8 @@ const size_t MG_TRAIN_NUM_SETTINGS = sizeof MG_TRAIN_SETTING / sizeof MG_TRAIN_S
 #define MG_DEF_CKPT_NEW(field, def) c->field = def;
 #define MG_DEF_MODEL(field, def)
 #define MG_DEF_OPTIM(field, def)
-#define MG_SETTING_DEFAULT(key, field, kind, cli, arg, def, lo, hi, bounds, save, group, help)     \
+#define MG_SETTING_DEFAULT(key, field, kind, cli, arg, def, lo, hi, bounds, save, resume, group,   \
+                           help)                                                                   \
     MG_DEF_##save(field, def)
 
 void mg_train_config_default(mg_train_config *c) {
@@ -71,6 +73,16 @@ const mg_setting *mg_setting_find(const char *key) {
 #define AT(type, s, c) ((type *)((char *)(c) + (s)->offset))
 #define AT_C(type, s, c) ((const type *)((const char *)(c) + (s)->offset))
 
+/* v in the fewest digits that read back as the same double (f32: the same
+ * float), so that no message or --help shows a value other than the one in
+ * force ("%g" would print --ema 0.99999999 as 1). */
+static void real_text(double v, int f32, char *out, size_t n) {
+    for (int prec = 1; prec <= 17; prec++) {
+        snprintf(out, n, "%.*g", prec, v);
+        if (f32 ? strtof(out, NULL) == (float)v : strtod(out, NULL) == v) return;
+    }
+}
+
 static int real_in(const mg_setting *s, double v) {
     const int lo_ok = (s->bounds == MG_OPEN_LO || s->bounds == MG_OPEN) ? v > s->lo : v >= s->lo;
     const int hi_ok = (s->bounds == MG_OPEN_HI || s->bounds == MG_OPEN) ? v < s->hi : v <= s->hi;
@@ -85,12 +97,16 @@ static void bounds_text(const mg_setting *s, char *out, size_t n) {
         snprintf(out, n, ">= %" PRId64, s->ilo); /* the bound is an overflow guard, not a choice */
     else if (s->kind == MG_KIND_INT || s->kind == MG_KIND_I64 || s->kind == MG_KIND_FLAG)
         snprintf(out, n, "[%" PRId64 ", %" PRId64 "]", s->ilo, s->ihi);
-    else
-        snprintf(out, n, "%c%g, %g%c", open, s->lo, s->hi, close);
+    else {
+        char lo[26], hi[26];
+        real_text(s->lo, 0, lo, sizeof lo);
+        real_text(s->hi, 0, hi, sizeof hi);
+        snprintf(out, n, "%c%s, %s%c", open, lo, hi, close);
+    }
 }
 
 void mg_setting_range(const mg_setting *s, char *out, size_t n) {
-    char b[64];
+    char b[80];
     bounds_text(s, b, sizeof b);
     switch (s->kind) {
     case MG_KIND_INT:
@@ -118,7 +134,7 @@ static double real_of(const mg_setting *s, const mg_train_config *c) {
 }
 
 mg_status mg_setting_check(const mg_setting *s, const mg_train_config *c, mg_error *err) {
-    char b[64];
+    char b[80];
     bounds_text(s, b, sizeof b);
     switch (s->kind) {
     case MG_KIND_INT:
@@ -132,8 +148,11 @@ mg_status mg_setting_check(const mg_setting *s, const mg_train_config *c, mg_err
     }
     case MG_KIND_F64:
     case MG_KIND_F32:
-        if (!real_in(s, real_of(s, c)))
-            return mg_fail(err, MG_ERR_ARG, "%s %g is not in %s", s->key, real_of(s, c), b);
+        if (!real_in(s, real_of(s, c))) {
+            char v[32];
+            real_text(real_of(s, c), s->kind == MG_KIND_F32, v, sizeof v);
+            return mg_fail(err, MG_ERR_ARG, "%s %s is not in %s", s->key, v, b);
+        }
         return MG_OK;
     default: return MG_OK;
     }
@@ -180,7 +199,18 @@ mg_status mg_setting_parse(const mg_setting *s, const char *text, mg_train_confi
         const double v = strtod(text, &end);
         ok = !errno && !*end && real_in(s, v);
         if (ok && s->kind == MG_KIND_F64) *AT(double, s, c) = v;
-        if (ok && s->kind == MG_KIND_F32) *AT(float, s, c) = (float)v;
+        if (ok && s->kind == MG_KIND_F32) {
+            /* a float setting: refused where the float would be another
+             * value than rounding (out of range, or a nonzero value become
+             * 0 or subnormal) */
+            const float f = (float)v;
+            if (!real_in(s, (double)f) || (v != 0 && !isnormal(f)))
+                return mg_fail(err, MG_ERR_ARG,
+                               "bad value '%s' for --%s: a 32-bit float cannot hold it (it would "
+                               "be %g; %s)",
+                               shown, s->cli, (double)f, range);
+            *AT(float, s, c) = f;
+        }
     }
     if (!ok) return mg_fail(err, MG_ERR_ARG, "bad value '%s' for --%s (%s)", shown, s->cli, range);
     return MG_OK;
@@ -195,7 +225,7 @@ void mg_setting_format(const mg_setting *s, const mg_train_config *c, char *out,
     }
     case MG_KIND_U64: snprintf(out, n, "%" PRIu64, *AT_C(uint64_t, s, c)); break;
     case MG_KIND_F64:
-    case MG_KIND_F32: snprintf(out, n, "%g", real_of(s, c)); break;
+    case MG_KIND_F32: real_text(real_of(s, c), s->kind == MG_KIND_F32, out, n); break;
     default: snprintf(out, n, "%" PRId64, int_of(s, c));
     }
 }

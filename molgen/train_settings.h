@@ -10,7 +10,7 @@
  * default that reproduces how runs trained before it existed, because their
  * checkpoints lack it and resume with the default.
  *
- * X(key, field, kind, cli, arg, def, lo, hi, bounds, save, group, help)
+ * X(key, field, kind, cli, arg, def, lo, hi, bounds, save, resume, group, help)
  *   key     JSON key in the checkpoint's "train" metadata, and the name in
  *           messages
  *   field   member of mg_train_config (model.* / optim.*: of its
@@ -32,6 +32,12 @@
  *                     the setting existed) gets the default
  *           MODEL     kept in the model's "config"; fixed by the checkpoint
  *           OPTIM     kept in the optimizer's "optim"; fixed by the checkpoint
+ *   resume  what the option does when given with --resume:
+ *           NEW   the value given applies to the resumed run (a saved
+ *                 setting: it replaces the checkpoint's)
+ *           SAME  the checkpoint's value is the run's: the same value is
+ *                 accepted, another refused (the run continues bit for bit)
+ *           PATH  a path to the same content (checked by its hash)
  *   group   the --help section (MG_GROUP_*)
  *   help    one sentence for --help (defaults and ranges are added) */
 #ifndef MG_TRAIN_SETTINGS_H
@@ -47,140 +53,171 @@
 /* Most threads a run may ask for. */
 #define MG_MAX_THREADS 1024
 #define MG_STEPS_MAX (INT64_MAX / 8)
+/* Largest --ema decay: the average lives in 32-bit floats, where an update
+ * weight 1 - decay below 2^-24 cannot move a value by its own size, so a
+ * decay closer to 1 would silently act as a frozen average. */
+#define MG_EMA_MAX 0.99999994
+/* Fine-tuning (--init) defaults where the option is not given: the peak
+ * learning rate, the validation fraction and its least size in molecules
+ * (a quarter of the data when that is fewer), the patience in validations,
+ * the validations per epoch and the molecules sampled for the end-of-run
+ * check (measured on focused sets of a few hundred molecules:
+ * tools/finetune_eval.py). */
+#define MG_FINETUNE_LR 3e-4
+#define MG_FINETUNE_VAL_FRAC 0.1
+#define MG_FINETUNE_VAL_MIN 50
+#define MG_FINETUNE_PATIENCE 5
+#define MG_FINETUNE_SAMPLES 500
 
 #define MG_GROUP_DATA "Data and output"
 #define MG_GROUP_LENGTH "Length (whichever comes first; one of them is required for a fresh run)"
-#define MG_GROUP_MODEL "Model (ignored with --resume)"
-#define MG_GROUP_OPTIM "Optimizer (AdamW, warm-up + cosine; ignored with --resume)"
+#define MG_GROUP_MODEL "Model (with --resume: the checkpoint's)"
+#define MG_GROUP_OPTIM "Optimizer (AdamW, warm-up + cosine; with --resume: the checkpoint's)"
 #define MG_GROUP_RUN "Run"
 #define MG_GROUP_TEST "Testing"
 
 #define MG_TRAIN_SETTINGS(X)                                                                       \
-    X(data, data_path, STR, "data", "FILE", NULL, 0, 0, MG_CLOSED, CKPT, MG_GROUP_DATA,            \
+    X(data, data_path, STR, "data", "FILE", NULL, 0, 0, MG_CLOSED, CKPT, PATH, MG_GROUP_DATA,      \
       ".smi (first field per line) or .csv (see --csv-column); default "                           \
       "$MOLGEN_SHARED_DATA/moses_176k.smi when that is set, else data/moses_20k.smi; with "        \
       "--resume it replaces the checkpoint's path (the content must be the same)")                 \
-    X(csv_column, csv_column, STR, "csv-column", "NAME", "smiles", 0, 0, MG_CLOSED, CKPT,          \
+    X(csv_column, csv_column, STR, "csv-column", "NAME", "smiles", 0, 0, MG_CLOSED, CKPT, SAME,    \
       MG_GROUP_DATA, "CSV column with the SMILES")                                                 \
-    X(condition, condition, STR, "condition", "NAMES", NULL, 0, 0, MG_CLOSED, CKPT_NEW,            \
+    X(condition, condition, STR, "condition", "NAMES", NULL, 0, 0, MG_CLOSED, CKPT_NEW, SAME,      \
       MG_GROUP_DATA,                                                                               \
       "numeric CSV columns (comma-separated, e.g. logp,qed) that condition the model, each "       \
       "normalised by its training mean and std (molgen sample --condition name=value)")            \
     X(condition_drop, condition_drop, F64, "condition-drop", "X", 0.2, 0, 1, MG_CLOSED, CKPT_NEW,  \
-      MG_GROUP_DATA,                                                                               \
+      SAME, MG_GROUP_DATA,                                                                         \
       "probability of dropping each condition of a row in training (its missing embedding), so "   \
       "that any subset can be given when sampling")                                                \
     X(scaffold_column, scaffold_column, STR, "scaffold-column", "NAME", NULL, 0, 0, MG_CLOSED,     \
-      CKPT_NEW, MG_GROUP_DATA,                                                                     \
+      CKPT_NEW, SAME, MG_GROUP_DATA,                                                               \
       "CSV column with each molecule's scaffold SMILES (molgen/props.py writes 'scaffold'): "      \
       "trained as a prefix with no loss, BOS scaffold BOS molecule EOS, so that molgen sample "    \
       "--scaffold S builds on S; an empty field (acyclic molecule) trains without one")            \
     X(scaffold_drop, scaffold_drop, F64, "scaffold-drop", "X", 0.3, 0, 1, MG_CLOSED, CKPT_NEW,     \
-      MG_GROUP_DATA,                                                                               \
+      SAME, MG_GROUP_DATA,                                                                         \
       "probability of training a row without its scaffold prefix, so that the model samples "      \
       "without one too")                                                                           \
     X(augment, augment, STR, "augment", "none|randomized", "none", 0, 0, MG_CLOSED, CKPT_NEW,      \
-      MG_GROUP_DATA,                                                                               \
+      SAME, MG_GROUP_DATA,                                                                         \
       "randomized: each time a molecule is drawn, train on one of its random SMILES from "         \
       "--augment-file (chosen by seed, step and batch slot); validation stays on the data as "     \
       "written")                                                                                   \
     X(augment_file, augment_file, STR, "augment-file", "FILE", NULL, 0, 0, MG_CLOSED, CKPT_NEW,    \
-      MG_GROUP_DATA,                                                                               \
+      PATH, MG_GROUP_DATA,                                                                         \
       "randomized copies of each data line, made by tools/randomize_smiles.py DATA FILE; the "     \
       "vocabulary and context cover them; with --resume it replaces the checkpoint's path (the "   \
       "content must be the same)")                                                                 \
-    X(out, out_path, STR, "out", "FILE", NULL, 0, 0, MG_CLOSED, RUN, MG_GROUP_DATA,                \
+    X(out, out_path, STR, "out", "FILE", NULL, 0, 0, MG_CLOSED, RUN, NEW, MG_GROUP_DATA,           \
       "checkpoint written periodically and at the end, atomically (default "                       \
       "out/model.safetensors, or the --resume file)")                                              \
-    X(resume, resume_path, STR, "resume", "FILE", NULL, 0, 0, MG_CLOSED, RUN, MG_GROUP_DATA,       \
+    X(resume, resume_path, STR, "resume", "FILE", NULL, 0, 0, MG_CLOSED, RUN, NEW, MG_GROUP_DATA,  \
       "continue a checkpoint bit for bit: its model, optimizer, data split and every setting "     \
       "it keeps")                                                                                  \
-    X(init, init_path, STR, "init", "MODEL", NULL, 0, 0, MG_CLOSED, CKPT_NEW, MG_GROUP_DATA,       \
+    X(init, init_path, STR, "init", "MODEL", NULL, 0, 0, MG_CLOSED, CKPT_NEW, SAME, MG_GROUP_DATA, \
       "fine-tune: start from MODEL's weights, configuration and vocabulary (a model file or a "    \
       "checkpoint) with a fresh optimizer and schedule; data lines with other tokens or longer "   \
-      "than its context are skipped and reported; model options must agree with MODEL's "         \
+      "than its context are skipped and reported; model options must agree with MODEL's "          \
       "(--dropout may differ)")                                                                    \
     X(max_tokens, max_tokens, INT, "max-tokens", "N", MG_MAX_TOKENS_DEFAULT, 0, 1000000,           \
-      MG_CLOSED, CKPT, MG_GROUP_DATA,                                                              \
+      MG_CLOSED, CKPT, SAME, MG_GROUP_DATA,                                                        \
       "skip molecules longer than N tokens (0 = no limit); skipped lines are reported as "         \
       "file:line")                                                                                 \
-    X(val_frac, val_frac, F64, "val-frac", "X", 0.05, 0, 1, MG_OPEN_HI, CKPT, MG_GROUP_DATA,       \
-      "validation fraction, split by seed")                                                        \
-    X(steps, steps, I64, "steps", "N", 0, 0, MG_STEPS_MAX, MG_CLOSED, RUN, MG_GROUP_LENGTH,        \
+    X(val_frac, val_frac, F64, "val-frac", "X", 0.05, 0, 1, MG_OPEN_HI, CKPT, SAME, MG_GROUP_DATA, \
+      "validation fraction, split by seed (with --init: default 0.1, and at least 50 molecules "   \
+      "or a quarter of the data)")                                                                 \
+    X(steps, steps, I64, "steps", "N", 0, 0, MG_STEPS_MAX, MG_CLOSED, RUN, NEW, MG_GROUP_LENGTH,   \
       "optimizer steps of the schedule (total, from step 0; 0 = the checkpoint's, or sized from "  \
       "the time limit)")                                                                           \
     X(time_limit, time_limit, F64, "time-limit", "SEC", 0, 0, MG_TIME_LIMIT_MAX, MG_CLOSED, RUN,   \
-      MG_GROUP_LENGTH,                                                                             \
+      NEW, MG_GROUP_LENGTH,                                                                        \
       "wall-clock limit in seconds for this run (0 = none); without --steps the schedule length "  \
       "is estimated from 10 timed steps")                                                          \
-    X(n_layer, model.n_layer, INT, "layers", "N", 0, 1, 1024, MG_CLOSED, MODEL, MG_GROUP_MODEL,    \
-      "transformer blocks")                                                                        \
-    X(d_model, model.d_model, INT, "d-model", "N", 0, 1, 65536, MG_CLOSED, MODEL, MG_GROUP_MODEL,  \
-      "width of the residual stream")                                                              \
-    X(n_head, model.n_head, INT, "heads", "N", 0, 1, 65536, MG_CLOSED, MODEL, MG_GROUP_MODEL,      \
-      "attention heads (they divide --d-model)")                                                   \
-    X(ctx_len, model.ctx_len, INT, "ctx-len", "N", 0, 0, 65536, MG_CLOSED, MODEL, MG_GROUP_MODEL,  \
-      "positions (0 = the longest molecule + 1)")                                                  \
-    X(dropout, model.dropout, F32, "dropout", "X", 0, 0, 1, MG_OPEN_HI, MODEL, MG_GROUP_MODEL,     \
-      "embedding, residual and attention dropout")                                                 \
-    X(cond_bos, model.cond_bos, FLAG, "condition-prefix", "", 0, 0, 1, MG_CLOSED, MODEL,           \
+    X(n_layer, model.n_layer, INT, "layers", "N", 0, 1, 1024, MG_CLOSED, MODEL, SAME,              \
+      MG_GROUP_MODEL, "transformer blocks")                                                        \
+    X(d_model, model.d_model, INT, "d-model", "N", 0, 1, 65536, MG_CLOSED, MODEL, SAME,            \
+      MG_GROUP_MODEL, "width of the residual stream")                                              \
+    X(n_head, model.n_head, INT, "heads", "N", 0, 1, 65536, MG_CLOSED, MODEL, SAME,                \
+      MG_GROUP_MODEL, "attention heads (they divide --d-model)")                                   \
+    X(ctx_len, model.ctx_len, INT, "ctx-len", "N", 0, 0, 65536, MG_CLOSED, MODEL, SAME,            \
+      MG_GROUP_MODEL, "positions (0 = the longest molecule + 1)")                                  \
+    X(dropout, model.dropout, F32, "dropout", "X", 0, 0, 1, MG_OPEN_HI, MODEL, SAME,               \
+      MG_GROUP_MODEL, "embedding, residual and attention dropout")                                 \
+    X(cond_bos, model.cond_bos, FLAG, "condition-prefix", "", 0, 0, 1, MG_CLOSED, MODEL, SAME,     \
       MG_GROUP_MODEL,                                                                              \
       "add the condition embedding at the first position only (MolGPT's prefix) instead of "       \
       "every position")                                                                            \
-    X(batch_size, batch_size, INT, "batch-size", "N", 32, 1, 1 << 20, MG_CLOSED, CKPT,             \
+    X(batch_size, batch_size, INT, "batch-size", "N", 32, 1, 1 << 20, MG_CLOSED, CKPT, SAME,       \
       MG_GROUP_OPTIM, "molecules per step")                                                        \
-    X(lr, optim.lr, F32, "lr", "X", 0, 0, 10, MG_OPEN, OPTIM, MG_GROUP_OPTIM,                      \
-      "peak learning rate")                                                                        \
-    X(min_lr_frac, optim.min_lr_frac, F32, "min-lr-frac", "X", 0, 0, 1, MG_CLOSED, OPTIM,          \
+    X(lr, optim.lr, F32, "lr", "X", 0, 0, 10, MG_OPEN, OPTIM, SAME, MG_GROUP_OPTIM,                \
+      "peak learning rate (default 0.002; with --init 0.0003)")                                    \
+    X(min_lr_frac, optim.min_lr_frac, F32, "min-lr-frac", "X", 0, 0, 1, MG_CLOSED, OPTIM, SAME,    \
       MG_GROUP_OPTIM, "final learning rate as a fraction of the peak")                             \
     X(warmup_steps, optim.warmup_steps, I64, "warmup", "N", 0, 0, MG_STEPS_MAX, MG_CLOSED, OPTIM,  \
-      MG_GROUP_OPTIM, "linear warm-up steps (shortened to a tenth of a short run)")                \
+      SAME, MG_GROUP_OPTIM, "linear warm-up steps (shortened to a tenth of a short run)")          \
     X(weight_decay, optim.weight_decay, F32, "weight-decay", "X", 0, 0, 1, MG_OPEN_HI, OPTIM,      \
-      MG_GROUP_OPTIM, "decoupled weight decay of the weight matrices")                             \
-    X(grad_clip, optim.grad_clip, F32, "grad-clip", "X", 0, 0, 1e30, MG_CLOSED, OPTIM,             \
+      SAME, MG_GROUP_OPTIM, "decoupled weight decay of the weight matrices")                       \
+    X(grad_clip, optim.grad_clip, F32, "grad-clip", "X", 0, 0, 1e30, MG_CLOSED, OPTIM, SAME,       \
       MG_GROUP_OPTIM, "global gradient-norm clip (0 = off)")                                       \
-    X(beta1, optim.beta1, F32, "beta1", "X", 0, 0, 1, MG_OPEN_HI, OPTIM, MG_GROUP_OPTIM,           \
+    X(beta1, optim.beta1, F32, "beta1", "X", 0, 0, 1, MG_OPEN_HI, OPTIM, SAME, MG_GROUP_OPTIM,     \
       "AdamW's first-moment decay")                                                                \
-    X(beta2, optim.beta2, F32, "beta2", "X", 0, 0, 1, MG_OPEN_HI, OPTIM, MG_GROUP_OPTIM,           \
+    X(beta2, optim.beta2, F32, "beta2", "X", 0, 0, 1, MG_OPEN_HI, OPTIM, SAME, MG_GROUP_OPTIM,     \
       "AdamW's second-moment decay")                                                               \
     X(label_smoothing, label_smoothing, F32, "label-smoothing", "X", 0, 0, 1, MG_OPEN_HI,          \
-      CKPT_NEW, MG_GROUP_OPTIM,                                                                    \
+      CKPT_NEW, SAME, MG_GROUP_OPTIM,                                                              \
       "training loss against (1 - X) the target + X spread over all tokens")                       \
-    X(freeze, freeze, INT, "freeze", "N", 0, 0, 1024, MG_CLOSED, CKPT_NEW, MG_GROUP_OPTIM,         \
+    X(freeze, freeze, INT, "freeze", "N", 0, 0, 1024, MG_CLOSED, CKPT_NEW, SAME, MG_GROUP_OPTIM,   \
       "keep the embeddings and the first N blocks fixed: no update and no gradient work for them " \
-      "(for --init; at most the model's layers)")                                                  \
-    X(ema, ema, F64, "ema", "DECAY", 0, 0, 1, MG_OPEN_HI, CKPT_NEW, MG_GROUP_OPTIM,                \
+      "(needs --init; at most the model's layers)")                                                \
+    X(ema, ema, F64, "ema", "DECAY", 0, 0, MG_EMA_MAX, MG_CLOSED, CKPT_NEW, SAME, MG_GROUP_OPTIM,  \
       "also keep an exponential moving average of the parameters with this decay (0 = off; e.g. "  \
       "0.999 averages about the last 1,000 steps); the checkpoint holds both; the other commands " \
       "and --init use the average (sample and score --raw-weights: the last step's)")              \
-    X(seed, seed, U64, "seed", "N", 1, 0, 0, MG_CLOSED, CKPT, MG_GROUP_RUN,                        \
+    X(seed, seed, U64, "seed", "N", 1, 0, 0, MG_CLOSED, CKPT, SAME, MG_GROUP_RUN,                  \
       "init, split, shuffle and dropout seed, decimal in [0, 2^64)")                               \
-    X(threads, threads, INT, "threads", "N", 0, 0, MG_MAX_THREADS, MG_CLOSED, RUN, MG_GROUP_RUN,   \
+    X(threads, threads, INT, "threads", "N", 0, 0, MG_MAX_THREADS, MG_CLOSED, RUN, NEW,            \
+      MG_GROUP_RUN,                                                                                \
       "threads (0 = ATTN_NUM_THREADS, else all cores); --resume continues bit for bit with the "   \
       "same count")                                                                                \
-    X(val_every, val_every, INT, "val-every", "N", -1, -1, INT32_MAX, MG_CLOSED, CKPT,             \
+    X(val_every, val_every, INT, "val-every", "N", -1, -1, INT32_MAX, MG_CLOSED, CKPT, NEW,        \
       MG_GROUP_RUN,                                                                                \
       "validation every N steps (0 = at the end only; -1 = about 10 per run, at most 5% of a "     \
-      "time-limited run)")                                                                         \
-    X(val_max, val_max, INT, "val-max", "N", 2000, 0, INT32_MAX, MG_CLOSED, CKPT, MG_GROUP_RUN,    \
-      "validation molecules used (0 = all)")                                                       \
-    X(ckpt_every, ckpt_every, INT, "ckpt-every", "N", 1000, 0, INT32_MAX, MG_CLOSED, CKPT,         \
+      "time-limited run; with --init once per epoch of the training split, at most a tenth of "    \
+      "the run apart)")                                                                            \
+    X(val_max, val_max, INT, "val-max", "N", 2000, 0, INT32_MAX, MG_CLOSED, CKPT, NEW,             \
+      MG_GROUP_RUN, "validation molecules used (0 = all)")                                         \
+    X(ckpt_every, ckpt_every, INT, "ckpt-every", "N", 1000, 0, INT32_MAX, MG_CLOSED, CKPT, NEW,    \
       MG_GROUP_RUN, "periodic checkpoint every N steps (0 = off)")                                 \
-    X(progress, progress, FLAG, "no-progress", "", 1, 0, 1, MG_CLOSED, RUN, MG_GROUP_RUN,          \
+    X(keep, keep, STR, "keep", "best|last", NULL, 0, 0, MG_CLOSED, CKPT_NEW, NEW, MG_GROUP_RUN,    \
+      "what --out holds: best = the state of the step with the lowest validation loss (of the "    \
+      "scheduled validations; default with --init; a periodic checkpoint too, so that a resume "   \
+      "continues from it), last = the last step's (default otherwise)")                            \
+    X(patience, patience, INT, "patience", "N", -1, -1, INT32_MAX, MG_CLOSED, CKPT_NEW, NEW,       \
+      MG_GROUP_RUN,                                                                                \
+      "stop once N validations in a row have not improved on the best (needs --keep best; 0 = "    \
+      "never; -1 = 5 with --keep best, else 0)")                                                   \
+    X(check_samples, check_samples, INT, "check-samples", "N", -1, -1, 1000000, MG_CLOSED, RUN,    \
+      NEW, MG_GROUP_RUN,                                                                           \
+      "at the end, sample N molecules (seed 1, temperature 1) from the weights in --out and "      \
+      "report how many pass the syntax check and how many copy a molecule of the data file as "    \
+      "written (0 = no check; -1 = 500 with --init, else 0)")                                      \
+    X(progress, progress, FLAG, "no-progress", "", 1, 0, 1, MG_CLOSED, RUN, NEW, MG_GROUP_RUN,     \
       "no progress line (validation lines only)")                                                  \
-    X(quiet, quiet, FLAG, "quiet", "", 0, 0, 1, MG_CLOSED, RUN, MG_GROUP_RUN,                      \
+    X(quiet, quiet, FLAG, "quiet", "", 0, 0, 1, MG_CLOSED, RUN, NEW, MG_GROUP_RUN,                 \
       "print nothing on stderr except errors")                                                     \
-    X(stop_after, stop_after, I64, "stop-after", "N", 0, 0, MG_STEPS_MAX, MG_CLOSED, RUN,          \
+    X(stop_after, stop_after, I64, "stop-after", "N", 0, 0, MG_STEPS_MAX, MG_CLOSED, RUN, NEW,     \
       MG_GROUP_TEST, "stop (and checkpoint) once N steps are done (0 = never)")                    \
-    X(dump_rows, dump_rows, STR, "debug-dump-rows", "FILE", NULL, 0, 0, MG_CLOSED, RUN,            \
+    X(dump_rows, dump_rows, STR, "debug-dump-rows", "FILE", NULL, 0, 0, MG_CLOSED, RUN, NEW,       \
       MG_GROUP_TEST,                                                                               \
       "append every training row as trained (step, data line, SMILES; tab-separated) to FILE")     \
     X(no_causal_mask, model.no_causal_mask, FLAG, "debug-no-causal-mask", "", 0, 0, 1, MG_CLOSED,  \
-      MODEL, MG_GROUP_TEST,                                                                        \
+      MODEL, SAME, MG_GROUP_TEST,                                                                  \
       "build attention WITHOUT the causal mask: the causal-leak guard must refuse to train it")    \
-    X(skip_guard, skip_guard, FLAG, "no-guard", "", 0, 0, 1, MG_CLOSED, RUN, MG_GROUP_TEST,        \
+    X(skip_guard, skip_guard, FLAG, "no-guard", "", 0, 0, 1, MG_CLOSED, RUN, NEW, MG_GROUP_TEST,   \
       "skip the causal-leak guard")                                                                \
-    X(loss_log, loss_log, STR, "loss-log", "FILE", NULL, 0, 0, MG_CLOSED, RUN, MG_GROUP_TEST,      \
+    X(loss_log, loss_log, STR, "loss-log", "FILE", NULL, 0, 0, MG_CLOSED, RUN, NEW, MG_GROUP_TEST, \
       "append one line per step to FILE: step, loss, target tokens, gradient norm, a hash of "     \
       "the batch's rows")
 
