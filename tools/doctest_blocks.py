@@ -19,7 +19,9 @@ line by line, trailing blanks ignored:
     any number (for timings and rates);
   - option `timeout=N`: seconds per command (default 120).
 The exit status is not compared (error examples show their message), but a
-command killed by a signal or past its timeout fails.
+command killed by a signal or past its timeout fails. Every relative link
+of the files (`[text](file.md#anchor)`) is checked too: the file must exist
+and the anchor must be one of its headings (GitHub's anchors).
 
 Each block runs in bash in a fresh temporary directory that holds a link to
 every top-level entry of the repository and `build` linking to --build
@@ -146,6 +148,52 @@ def matches(expected, actual, numbers):
     return m(0, 0)
 
 
+def slug(heading):
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces to '-'."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def outside_fences(path):
+    """(line number, line) of a markdown file, fenced blocks left out."""
+    fence = False
+    for no, line in enumerate(open(path, encoding="utf-8").read().split("\n"), 1):
+        if line.startswith("```"):
+            fence = not fence
+        elif not fence:
+            yield no, line
+
+
+def anchors(path):
+    seen, out = {}, set()
+    for _, line in outside_fences(path):
+        m = re.match(r"#+ (.*)", line)
+        if m:
+            a = slug(m.group(1))
+            n = seen.get(a, 0)
+            seen[a] = n + 1
+            out.add(a if n == 0 else "%s-%d" % (a, n))
+    return out
+
+
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def check_links(path):
+    """Broken relative links of a markdown file, as messages."""
+    bad = []
+    for no, line in outside_fences(path):
+        for target in LINK.findall(re.sub(r"`[^`]*`", "", line)):
+            if re.match(r"[a-z]+:", target):
+                continue
+            file, _, anchor = target.partition("#")
+            dest = os.path.normpath(os.path.join(os.path.dirname(path), file)) if file else path
+            if not os.path.exists(dest):
+                bad.append("%s:%d: link to a missing file: %s" % (path, no, target))
+            elif anchor and dest.endswith(".md") and anchor not in anchors(dest):
+                bad.append("%s:%d: link to a missing heading: %s" % (path, no, target))
+    return bad
+
+
 def workdir(build):
     d = tempfile.mkdtemp(prefix="doctest-")
     for name in os.listdir(REPO):
@@ -203,20 +251,23 @@ def main():
     if a.list:
         for b in blocks:
             print("%s:%d %s %s" % (os.path.relpath(b.path, REPO), b.line, " ".join(b.options),
-                                   " | ".join(c[1].split("\n")[0] for c in commands_of(b))))
+                                   " ;; ".join(c[1].split("\n")[0] for c in commands_of(b))))
         return 0
     if not os.path.isdir(build):
         print("doctest_blocks: no build directory %s (--build DIR)" % build, file=sys.stderr)
         return 1
+    links = [msg for f in files for msg in check_links(f)]
+    for msg in links:
+        print(msg)
     failed = 0
     for b in blocks:
         f = run_block(b, build, env)
         failed += bool(f)
         for msg in f:
             print(msg)
-    print("doctest_blocks: %d of %d blocks match (%d commands)"
-          % (len(blocks) - failed, len(blocks), sum(len(commands_of(b)) for b in blocks)))
-    return 1 if failed else 0
+    print("doctest_blocks: %d of %d blocks match (%d commands); %d broken links"
+          % (len(blocks) - failed, len(blocks), sum(len(commands_of(b)) for b in blocks), len(links)))
+    return 1 if failed or links else 0
 
 
 if __name__ == "__main__":
