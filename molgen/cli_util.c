@@ -5,11 +5,14 @@
 #include "model.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <unistd.h>
@@ -172,34 +175,299 @@ static mg_status probe_dir(const char *dir, const char *what, mg_error *err) {
     return 0;
 }
 
-mg_status mg_cli_check_output(const char *path, const char *const *inputs, size_t n_inputs,
-                              mg_error *err) {
-    mg_status rc_;
-    if (!path || !*path) { return mg_fail(err, MG_ERR_ARG, "the output path is empty"); }
-    struct stat out;
-    const int exists = stat(path, &out) == 0;
-    if (exists && S_ISDIR(out.st_mode)) {
-        return mg_fail(err, MG_ERR_ARG, "output %s is a directory", path);
-    }
-    for (size_t i = 0; exists && i < n_inputs; i++) {
-        struct stat in;
-        if (inputs[i] && stat(inputs[i], &in) == 0 && in.st_dev == out.st_dev &&
-            in.st_ino == out.st_ino) {
-            return mg_fail(err, MG_ERR_ARG,
-                           "output %s is the input %s (same file): refusing to overwrite it", path,
-                           inputs[i]);
-        }
-    }
-    if ((rc_ = mg_cli_mkdir_parent(path, err))) return rc_;
-    char dir[4096];
+/* The directory part of path in dir[n]: "." for a bare name, "/" for "/x". */
+static void dir_of(const char *path, char *dir, size_t n) {
     const char *slash = strrchr(path, '/');
     if (!slash)
-        snprintf(dir, sizeof dir, ".");
+        snprintf(dir, n, ".");
     else if (slash == path)
-        snprintf(dir, sizeof dir, "/");
+        snprintf(dir, n, "/");
     else
-        snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
-    return probe_dir(dir, path, err);
+        snprintf(dir, n, "%.*s", (int)(slash - path), path);
+}
+
+/* path with the links of its last component followed, in buf[n]: 0 or an
+ * errno (ELOOP, ENAMETOOLONG, readlink's). Links in the directories above
+ * need no following: rename() goes through them. */
+static int follow_links(const char *path, char *buf, size_t n) {
+    char cur[4096], link[4096], dir[4096];
+    if (snprintf(cur, sizeof cur, "%s", path) >= (int)sizeof cur) return ENAMETOOLONG;
+    for (int hops = 0;; hops++) {
+        struct stat st;
+        if (lstat(cur, &st) != 0 || !S_ISLNK(st.st_mode)) break;
+        if (hops == 40) return ELOOP;
+        const ssize_t k = readlink(cur, link, sizeof link);
+        if (k < 0) return errno;
+        if ((size_t)k >= sizeof link) return ENAMETOOLONG;
+        link[k] = '\0';
+        dir_of(cur, dir, sizeof dir);
+        const int w = link[0] == '/' ? snprintf(cur, sizeof cur, "%s", link)
+                                     : snprintf(cur, sizeof cur, "%s/%s", dir, link);
+        if (w >= (int)sizeof cur) return ENAMETOOLONG;
+    }
+    return snprintf(buf, n, "%s", cur) >= (int)n ? ENAMETOOLONG : 0;
+}
+
+const char *mg_cli_output_target(const char *path, char *buf, size_t n) {
+    return follow_links(path, buf, n) ? path : buf;
+}
+
+/* What an output path is now (links followed). */
+typedef struct {
+    int kind;            /* MG_CLI_OUT_* */
+    int fd;              /* 1 or 2: the descriptor the output is written through; else -1 */
+    const char *what;    /* a stream or a refused kind, for messages */
+    int refused, errnum; /* a directory, block device, socket; stat's error (not ENOENT) */
+} out_info;
+
+static void classify(const char *path, out_info *o) {
+    memset(o, 0, sizeof *o);
+    o->fd = -1;
+    struct stat st, sd;
+    if (stat(path, &st) != 0) { /* a new file (or a dangling link: its target is new) */
+        o->errnum = errno == ENOENT ? 0 : errno;
+        return;
+    }
+    if (S_ISDIR(st.st_mode)) {
+        o->refused = 1, o->what = "a directory";
+        return;
+    }
+    for (int fd = 1; fd <= 2; fd++)
+        if (fstat(fd, &sd) == 0 && sd.st_dev == st.st_dev && sd.st_ino == st.st_ino) {
+            o->kind = fd == 1 ? MG_CLI_OUT_STDOUT : MG_CLI_OUT_STREAM;
+            o->fd = fd;
+            o->what = fd == 1 ? "this process's standard output" : "this process's standard error";
+            return;
+        }
+    if (S_ISREG(st.st_mode)) return;
+    if (S_ISFIFO(st.st_mode) || S_ISCHR(st.st_mode)) {
+        o->kind = MG_CLI_OUT_STREAM;
+        o->what = S_ISFIFO(st.st_mode) ? "a FIFO" : "a character device";
+        return;
+    }
+    o->refused = 1;
+    o->what = S_ISBLK(st.st_mode) ? "a block device" : S_ISSOCK(st.st_mode) ? "a socket"
+                                                                            : "not a regular file";
+}
+
+int mg_cli_output_kind(const char *path) {
+    out_info o;
+    classify(path, &o);
+    return o.refused ? MG_CLI_OUT_FILE : o.kind;
+}
+
+int mg_cli_same_file(const char *a, const char *b) {
+    struct stat sa, sb;
+    return a && b && stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev &&
+           sa.st_ino == sb.st_ino;
+}
+
+/* One output as checked: where it is written and what it is. */
+typedef struct {
+    out_info info;
+    char target[4096];
+    dev_t dev; /* the file when it exists (base ""), else its directory + base */
+    ino_t ino;
+    const char *base; /* "" or the last component of target */
+    int has_id;
+} out_state;
+
+/* The per-output checks of mg_cli_check_outputs, into *s. */
+static mg_status check_one(const mg_cli_file *o, out_state *s, mg_error *err) {
+    mg_status rc;
+    if (!*o->path) return mg_fail(err, MG_ERR_ARG, "%s: the path is empty", o->opt);
+    classify(o->path, &s->info);
+    if (s->info.errnum)
+        return mg_fail(err, MG_ERR_IO, "%s %s: %s", o->opt, o->path, strerror(s->info.errnum));
+    if (s->info.refused)
+        return mg_fail(err, MG_ERR_ARG, "%s %s is %s: refusing to write to it", o->opt, o->path,
+                       s->info.what);
+    if (s->info.kind != MG_CLI_OUT_FILE) {
+        if (o->flags & MG_CLI_WHOLE)
+            return mg_fail(err, MG_ERR_ARG,
+                           "%s %s is %s: a checkpoint is written whole to a temporary file and "
+                           "renamed over %s, which would replace %s; give a regular file",
+                           o->opt, o->path, s->info.what, o->opt, s->info.what);
+        return MG_OK; /* written through: no directory to check, no lock */
+    }
+    const int e = follow_links(o->path, s->target, sizeof s->target);
+    if (e) return mg_fail(err, MG_ERR_ARG, "%s %s: %s", o->opt, o->path, strerror(e));
+    if ((rc = mg_cli_mkdir_parent(s->target, err))) return rc;
+    char dir[4096];
+    dir_of(s->target, dir, sizeof dir);
+    if ((rc = probe_dir(dir, o->path, err))) return rc;
+    struct stat st;
+    s->base = "";
+    if (stat(s->target, &st) == 0) {
+        s->has_id = 1;
+    } else if (stat(dir, &st) == 0) {
+        const char *slash = strrchr(s->target, '/');
+        s->base = slash ? slash + 1 : s->target;
+        s->has_id = 1;
+    }
+    if (s->has_id) s->dev = st.st_dev, s->ino = st.st_ino;
+    return MG_OK;
+}
+
+/* ---- locks: "<target>.lock", held until exit */
+
+enum { MAX_LOCKS = 16 };
+static struct {
+    int fd;
+    dev_t dev;
+    ino_t ino;
+    char path[4200];
+} held[MAX_LOCKS];
+static int n_held;
+
+/* At exit: each lock file removed while still locked (one that is no longer
+ * ours is left), then closed. A waiter that locked the removed file sees it
+ * gone and takes a new one (lock_output). */
+static void release_locks(void) {
+    for (int i = n_held - 1; i >= 0; i--) {
+        struct stat st;
+        if (stat(held[i].path, &st) == 0 && st.st_dev == held[i].dev && st.st_ino == held[i].ino)
+            unlink(held[i].path);
+        close(held[i].fd);
+    }
+    n_held = 0;
+}
+
+/* The pid a lock file holds (0: none yet, its holder is writing it). */
+static long holder_pid(int fd) {
+    for (int tries = 0; tries < 50; tries++) {
+        char buf[32];
+        const ssize_t k = pread(fd, buf, sizeof buf - 1, 0);
+        if (k > 0) {
+            buf[k] = '\0';
+            const long pid = strtol(buf, NULL, 10);
+            if (pid > 0) return pid;
+        }
+        const struct timespec ms10 = {0, 10000000};
+        nanosleep(&ms10, NULL);
+    }
+    return 0;
+}
+
+static mg_status lock_output(const mg_cli_file *o, const char *target, mg_error *err) {
+    char lp[4200];
+    if (snprintf(lp, sizeof lp, "%s.lock", target) >= (int)sizeof lp)
+        return mg_fail(err, MG_ERR_ARG, "%s: path too long", o->opt);
+    for (int tries = 0; tries < 100; tries++) {
+        const int fd = open(lp, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0666);
+        if (fd < 0)
+            return mg_fail(err, MG_ERR_IO, "%s %s: cannot create its lock file %s: %s", o->opt,
+                           o->path, lp, strerror(errno));
+        struct stat a, b;
+        if (fstat(fd, &a) != 0) {
+            const int e = errno;
+            close(fd);
+            return mg_fail(err, MG_ERR_IO, "%s: %s", lp, strerror(e));
+        }
+        for (int i = 0; i < n_held; i++)
+            if (held[i].dev == a.st_dev && held[i].ino == a.st_ino) { /* ours already */
+                close(fd);
+                return MG_OK;
+            }
+        if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+            const int e = errno;
+            const long pid = e == EWOULDBLOCK ? holder_pid(fd) : 0;
+            close(fd);
+            if (e != EWOULDBLOCK)
+                return mg_fail(err, MG_ERR_IO, "%s %s: cannot lock %s: %s", o->opt, o->path, lp,
+                               strerror(e));
+            if (pid > 0)
+                return mg_fail(err, MG_ERR_IO,
+                               "%s %s is being written by another molgen (pid %ld); refusing to "
+                               "start",
+                               o->opt, o->path, pid);
+            return mg_fail(err, MG_ERR_IO,
+                           "%s %s is being written by another molgen (it holds %s); refusing to "
+                           "start",
+                           o->opt, o->path, lp);
+        }
+        /* the file we locked may have been removed by its last holder's exit */
+        if (stat(lp, &b) != 0 || b.st_dev != a.st_dev || b.st_ino != a.st_ino) {
+            close(fd);
+            continue;
+        }
+        char pid[32];
+        const int len = snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
+        if (ftruncate(fd, 0) != 0 || pwrite(fd, pid, (size_t)len, 0) != len || n_held == MAX_LOCKS) {
+            const int e = n_held == MAX_LOCKS ? EMFILE : errno;
+            close(fd);
+            return mg_fail(err, MG_ERR_IO, "%s %s: cannot write its lock file %s: %s", o->opt,
+                           o->path, lp, strerror(e));
+        }
+        if (n_held == 0) atexit(release_locks);
+        held[n_held].fd = fd;
+        held[n_held].dev = a.st_dev;
+        held[n_held].ino = a.st_ino;
+        snprintf(held[n_held].path, sizeof held[n_held].path, "%s", lp);
+        n_held++;
+        return MG_OK;
+    }
+    return mg_fail(err, MG_ERR_IO, "%s %s: cannot lock %s (it keeps being replaced)", o->opt,
+                   o->path, lp);
+}
+
+enum { MAX_OUTPUTS = 8 };
+
+/* mg_cli_check_outputs, with the locks or without. */
+static mg_status check_outputs(const mg_cli_file *outs, size_t n_out, const mg_cli_file *ins,
+                               size_t n_in, int lock, mg_error *err) {
+    mg_status rc;
+    static out_state st[MAX_OUTPUTS];
+    if (n_out > MAX_OUTPUTS) return mg_fail(err, MG_ERR_ARG, "too many outputs");
+    for (size_t i = 0; i < n_out; i++) {
+        memset(&st[i], 0, sizeof st[i]);
+        if (outs[i].path && (rc = check_one(&outs[i], &st[i], err))) return rc;
+    }
+    for (size_t i = 0; i < n_out; i++) {
+        if (!outs[i].path || !st[i].has_id) continue;
+        for (size_t j = 0; j < n_in && !st[i].base[0]; j++) {
+            struct stat in;
+            if (ins[j].path && stat(ins[j].path, &in) == 0 && S_ISREG(in.st_mode) &&
+                in.st_dev == st[i].dev && in.st_ino == st[i].ino)
+                return mg_fail(err, MG_ERR_ARG,
+                               "%s %s is the %s file %s (same file): refusing to write over an "
+                               "input",
+                               outs[i].opt, outs[i].path, ins[j].opt, ins[j].path);
+        }
+        for (size_t j = 0; j < i; j++)
+            if (outs[j].path && st[j].has_id && st[j].dev == st[i].dev &&
+                st[j].ino == st[i].ino && !strcmp(st[j].base, st[i].base))
+                return mg_fail(err, MG_ERR_ARG,
+                               "%s %s and %s %s are the same file: give each output its own",
+                               outs[j].opt, outs[j].path, outs[i].opt, outs[i].path);
+    }
+    for (size_t i = 0; lock && i < n_out; i++)
+        if (outs[i].path && st[i].info.kind == MG_CLI_OUT_FILE && !(outs[i].flags & MG_CLI_BESIDE) &&
+            (rc = lock_output(&outs[i], st[i].target, err)))
+            return rc;
+    return MG_OK;
+}
+
+mg_status mg_cli_check_outputs(const mg_cli_file *outs, size_t n_out, const mg_cli_file *ins,
+                               size_t n_in, mg_error *err) {
+    return check_outputs(outs, n_out, ins, n_in, 1, err);
+}
+
+enum { MAX_INPUTS = 16 };
+
+/* inputs[0..n) as files named "input" in files[MAX_INPUTS]; 0 when too many. */
+static int unnamed_inputs(const char *const *inputs, size_t n, mg_cli_file *files) {
+    if (n > MAX_INPUTS) return 0;
+    for (size_t i = 0; i < n; i++) files[i] = (mg_cli_file){"input", inputs[i], 0};
+    return 1;
+}
+
+mg_status mg_cli_check_output(const char *path, const char *const *inputs, size_t n_inputs,
+                              mg_error *err) {
+    mg_cli_file in[MAX_INPUTS];
+    if (!unnamed_inputs(inputs, n_inputs, in)) return mg_fail(err, MG_ERR_ARG, "too many inputs");
+    const mg_cli_file out = {"output", path ? path : "", 0};
+    return check_outputs(&out, 1, in, n_inputs, 0, err);
 }
 
 mg_status mg_cli_check_output_dir(const char *dir, mg_error *err) {
@@ -210,13 +478,45 @@ mg_status mg_cli_check_output_dir(const char *dir, mg_error *err) {
 }
 
 FILE *mg_cli_atomic_open(const char *path, char *tmp, size_t tmplen, mg_error *err) {
-    if (snprintf(tmp, tmplen, "%s.tmp.%ld", path, (long)getpid()) >= (int)tmplen) {
+    out_info o;
+    classify(path, &o);
+    if (o.kind != MG_CLI_OUT_FILE) { /* written through, never replaced */
+        if (tmplen) tmp[0] = '\0';
+        if (o.fd >= 0) fflush(o.fd == 1 ? stdout : stderr);
+        const int fd = o.fd >= 0 ? dup(o.fd) : open(path, O_WRONLY | O_NOCTTY | O_CLOEXEC);
+        FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
+        if (!f) {
+            const int e = errno;
+            if (fd >= 0) close(fd);
+            mg_fail(err, MG_ERR_IO, "cannot open %s: %s", path, strerror(e));
+        }
+        return f;
+    }
+    char target[4096];
+    const int e = follow_links(path, target, sizeof target);
+    if (e) {
+        mg_fail(err, MG_ERR_ARG, "%s: %s", path, strerror(e));
+        return NULL;
+    }
+    if (snprintf(tmp, tmplen, "%s.tmp.%ld", target, (long)getpid()) >= (int)tmplen) {
         mg_fail(err, MG_ERR_ARG, "path too long: %s", path);
         return NULL;
     }
     FILE *f = fopen(tmp, "w");
     if (!f) mg_fail(err, MG_ERR_IO, "cannot create %s: %s", tmp, strerror(errno));
     return f;
+}
+
+/* The name a temporary of mg_cli_atomic_open is renamed to: tmp less its
+ * ".tmp.<pid>" (path itself if tmp is not of that form). */
+static const char *target_of(const char *tmp, const char *path, char *buf, size_t n) {
+    char suffix[40];
+    const size_t ls = (size_t)snprintf(suffix, sizeof suffix, ".tmp.%ld", (long)getpid());
+    const size_t lt = strlen(tmp);
+    if (lt <= ls || lt - ls >= n || strcmp(tmp + lt - ls, suffix)) return path;
+    memcpy(buf, tmp, lt - ls);
+    buf[lt - ls] = '\0';
+    return buf;
 }
 
 mg_status mg_cli_atomic_commit(FILE *f, const char *tmp, const char *path, mg_error *err) {
@@ -226,7 +526,10 @@ mg_status mg_cli_atomic_commit(FILE *f, const char *tmp, const char *path, mg_er
         bad = 1;
         e = errno;
     }
-    if (!bad && rename(tmp, path) != 0) {
+    if (!tmp[0])
+        return bad ? mg_fail(err, MG_ERR_IO, "error writing %s: %s", path, strerror(e)) : MG_OK;
+    char target[4096];
+    if (!bad && rename(tmp, target_of(tmp, path, target, sizeof target)) != 0) {
         bad = 1;
         e = errno;
     }
@@ -240,9 +543,11 @@ mg_status mg_cli_atomic_commit(FILE *f, const char *tmp, const char *path, mg_er
 mg_status mg_cli_atomic_commit_if(FILE *f, int write_rc, const char *tmp, const char *path,
                                   mg_error *err) {
     if (!write_rc) return mg_cli_atomic_commit(f, tmp, path, err);
+    const int e = ferror(f) ? errno : 0; /* the failed write's */
     fclose(f);
-    unlink(tmp);
-    return mg_fail(err, MG_ERR_IO, "error writing %s (nothing written)", path);
+    if (tmp[0]) unlink(tmp);
+    return mg_fail(err, MG_ERR_IO, "error writing %s%s%s%s", path, e ? ": " : "",
+                   e ? strerror(e) : "", tmp[0] ? " (nothing written)" : "");
 }
 
 int mg_cli_load_model(const char *cmd, const char *path, unsigned flags, struct mg_model **m,
@@ -275,19 +580,30 @@ int mg_cli_load_model(const char *cmd, const char *path, unsigned flags, struct 
     return 0;
 }
 
-int mg_cli_check_output_ranks(const char *cmd, const char *path, const char *const *inputs,
-                              size_t n_inputs) {
+int mg_cli_claim_outputs(const char *cmd, const mg_cli_file *outs, size_t n_out,
+                         const mg_cli_file *ins, size_t n_in) {
     mg_dist *world = mg_dist_world();
     mg_error err;
     mg_status rc = MG_OK;
+    int removed = 0;
     if (world->rank == 0) {
-        rc = mg_cli_check_output(path, inputs, n_inputs, &err);
-        if (rc)
-            fprintf(stderr, "molgen %s: --out: %s\n", cmd, err.message);
-        else
-            mg_st_remove_stale_temps(path);
+        rc = mg_cli_check_outputs(outs, n_out, ins, n_in, &err);
+        if (rc) fprintf(stderr, "molgen %s: %s\n", cmd, err.message);
+        for (size_t i = 0; !rc && i < n_out; i++) {
+            char t[4096];
+            if (outs[i].path && mg_cli_output_kind(outs[i].path) == MG_CLI_OUT_FILE)
+                removed += mg_st_remove_stale_temps(mg_cli_output_target(outs[i].path, t, sizeof t));
+        }
     }
-    return mg_dist_agree(world, rc, &err) ? -1 : 0;
+    return mg_dist_agree(world, rc, &err) ? -1 : removed;
+}
+
+int mg_cli_check_output_ranks(const char *cmd, const char *path, const char *const *inputs,
+                              size_t n_inputs) {
+    mg_cli_file in[MAX_INPUTS];
+    if (!unnamed_inputs(inputs, n_inputs, in)) n_inputs = 0;
+    const mg_cli_file out = {"--out", path, 0};
+    return mg_cli_claim_outputs(cmd, &out, 1, in, n_inputs) < 0 ? -1 : 0;
 }
 
 void mg_cli_report(const char *cmd, mg_status rc, const mg_error *err) {

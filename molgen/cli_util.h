@@ -40,25 +40,84 @@ int mg_cli_double(const char *s, double *out); /* finite only */
  * first n - 24 characters + "... (LEN chars)" in buf[n] (n >= 32). */
 const char *mg_cli_cut(const char *s, char *buf, size_t n);
 
-/* Checks an output file before any work is done: the path is not empty, not
- * a directory, not the same file (device + inode, so also through links) as
- * any of inputs[0..n_inputs) (NULL entries skipped), and its directory
- * (created when missing) takes a new file: a probe file is created there
- * and removed. Returns 0, or -1 with a message. */
+/* Outputs. Every file a command writes is checked before any work
+ * (mg_cli_claim_outputs) and written by kind (mg_cli_output_kind):
+ *  - a new name or a regular file: to "<target>.tmp.<pid>", renamed over
+ *    <target> at the end (nothing half-written is ever seen); <target> is the
+ *    path with its symbolic links followed, so a link is kept and the file it
+ *    names is replaced (a dangling link: the file it names is created);
+ *  - an existing FIFO or character device (/dev/null, a tty): written
+ *    through, opened as it is (no temporary, no rename), never replaced;
+ *  - this process's standard output or error under any name (/dev/stdout,
+ *    /proc/self/fd/1, the file stdout is redirected to): written through
+ *    that descriptor;
+ *  - a directory, block device or socket: refused. */
+enum { MG_CLI_OUT_FILE = 0, MG_CLI_OUT_STREAM = 1, MG_CLI_OUT_STDOUT = 2 };
+/* The kind path would be written as (MG_CLI_OUT_STDOUT: fd 1 itself;
+ * stderr counts as a STREAM); MG_CLI_OUT_FILE for anything refused too. */
+int mg_cli_output_kind(const char *path);
+/* path with the symbolic links of its last component followed (up to 40),
+ * in buf[n]: the name a FILE output is renamed to. Returns buf, or path
+ * itself when it cannot be resolved (a loop, too long). */
+const char *mg_cli_output_target(const char *path, char *buf, size_t n);
+/* 1 when a and b (both given) name the same existing file (device + inode,
+ * links followed). */
+int mg_cli_same_file(const char *a, const char *b);
+
+/* One file of a command: its option (for messages), its path (NULL: not
+ * given, skipped) and, for outputs, flags. */
+enum {
+    MG_CLI_WHOLE = 1, /* written whole and renamed (a checkpoint): no FIFO or device */
+    MG_CLI_BESIDE = 2 /* written beside the first output (a sidecar): its lock covers it */
+};
+typedef struct {
+    const char *opt, *path;
+    unsigned flags;
+} mg_cli_file;
+/* Checks and claims a command's outputs outs[0..n_out) before any work:
+ * each is not empty, not a directory / block device / socket, not a FIFO or
+ * device when MG_CLI_WHOLE; a FILE output's directory (created when
+ * missing) takes a new file (a probe is created and removed); no FILE
+ * output is the same file (device + inode; two new names: the same name in
+ * the same directory) as an input ins[0..n_in) that is a regular file, or
+ * as another output; then each FILE output (MG_CLI_BESIDE excepted) is
+ * locked: flock(LOCK_EX | LOCK_NB) on "<target>.lock", which holds the pid
+ * and is removed at exit. The lock file, not the output, is locked because
+ * the output is replaced by rename (a lock on it would go with the old
+ * inode); a lock held by this process already is taken again. Returns 0, or
+ * -1 with a message naming the option ("--out F is the --model file M (same
+ * file): ..."; "--out F is being written by another molgen (pid P);
+ * refusing to start"). */
+mg_status mg_cli_check_outputs(const mg_cli_file *outs, size_t n_out, const mg_cli_file *ins,
+                               size_t n_in, mg_error *err);
+/* mg_cli_check_outputs for command cmd, collective: under mpirun (dist.h)
+ * the outputs are rank 0's, so rank 0 checks and locks them (then removes
+ * the stale temporaries of each FILE output) and prints "molgen CMD:
+ * <reason>"; every rank returns the verdict, 0 or -1. Alone: the same for
+ * this process. Returns the number of stale temporaries removed (>= 0) or
+ * -1. */
+int mg_cli_claim_outputs(const char *cmd, const mg_cli_file *outs, size_t n_out,
+                         const mg_cli_file *ins, size_t n_in);
+/* The checks of mg_cli_check_outputs for one output "output" against the
+ * unnamed inputs[0..n_inputs) (NULL entries skipped), without the lock. */
 mg_status mg_cli_check_output(const char *path, const char *const *inputs, size_t n_inputs,
                               mg_error *err);
 /* The same for an output directory: not empty, created when missing, a
  * probe file can be created in it. */
 mg_status mg_cli_check_output_dir(const char *dir, mg_error *err);
 
-/* Writing an output atomically: mg_cli_atomic_open creates "<path>.tmp.<pid>"
- * (its name in tmp[tmplen]); mg_cli_atomic_commit flushes, closes and
- * renames it over path, or on any error (a full disk, EFBIG) removes it and
- * leaves path as it was. Both return NULL / -1 with a message. */
+/* Writing an output by its kind: mg_cli_atomic_open opens a FILE output's
+ * temporary "<target>.tmp.<pid>" (its name in tmp[tmplen]) or a STREAM /
+ * STDOUT output itself (tmp[0] = 0); mg_cli_atomic_commit flushes, closes
+ * and renames the temporary over the target, or on any error (a full disk,
+ * EFBIG) removes it and leaves the target as it was ("... (nothing
+ * written)"); a stream is flushed and closed, its error reported. Both
+ * return NULL / -1 with a message. */
 FILE *mg_cli_atomic_open(const char *path, char *tmp, size_t tmplen, mg_error *err);
 mg_status mg_cli_atomic_commit(FILE *f, const char *tmp, const char *path, mg_error *err);
 /* mg_cli_atomic_commit when the writer succeeded (write_rc 0); else closes
- * and removes the temporary: "error writing PATH (nothing written)". */
+ * and removes the temporary: "error writing PATH: <the failed write's
+ * reason> (nothing written)" (a stream: without the last part). */
 mg_status mg_cli_atomic_commit_if(FILE *f, int write_rc, const char *tmp, const char *path,
                                   mg_error *err);
 
@@ -72,10 +131,8 @@ struct mg_vocab;
 int mg_cli_load_model(const char *cmd, const char *path, unsigned flags, struct mg_model **m,
                       struct mg_vocab **v, int *averaged);
 
-/* Under mpirun (dist.h) the output is rank 0's: rank 0 checks path
- * (mg_cli_check_output, then removes stale temporaries) and prints
- * "molgen CMD: --out: <reason>"; every rank returns its verdict, 0 or -1.
- * Alone: the same for this process. Collective. */
+/* mg_cli_claim_outputs of the one output {"--out", path} against
+ * inputs[0..n_inputs) (named "input"). Collective. */
 int mg_cli_check_output_ranks(const char *cmd, const char *path, const char *const *inputs,
                               size_t n_inputs);
 /* "molgen CMD: <message>" on stderr, "molgen CMD: rank K of N: <message>"

@@ -74,12 +74,13 @@ int cmd_attention(int argc, char **argv) {
     }
     snprintf(svg_path, plen, "%s/attention.svg", out_dir);
     snprintf(tsv_path, plen, "%s/attention_heads.tsv", out_dir);
-    const char *inputs[] = {model_path};
-    if (mg_cli_check_output_dir(out_dir, &err) || mg_cli_check_output(svg_path, inputs, 1, &err) ||
-        mg_cli_check_output(tsv_path, inputs, 1, &err)) {
+    if (mg_cli_check_output_dir(out_dir, &err)) {
         fprintf(stderr, "molgen attention: --out: %s\n", err.message);
         goto done;
     }
+    const mg_cli_file outs[] = {{"--out", svg_path, 0}, {"--out", tsv_path, MG_CLI_BESIDE}};
+    const mg_cli_file ins[] = {{"--model", model_path, 0}};
+    if (mg_cli_claim_outputs("attention", outs, 2, ins, 1) < 0) goto done;
     if (mg_cli_load_model("attention", model_path, 0, &m, &v, NULL)) goto done;
     mg_model_set_threads(m, threads);
     if (mg_attention_compute(m, v, smiles, &a, &err)) {

@@ -102,8 +102,13 @@ int cmd_debug_grads(int argc, char **argv) {
         fprintf(stderr, "molgen debug-grads: --out FILE is required\n");
         return 2;
     }
+    /* the file is written whole and renamed (a symbolic link is kept) */
+    const mg_cli_file outs[] = {{"--out", out, MG_CLI_WHOLE}};
+    const mg_cli_file ins[] = {{"--model", model_path, 0}};
+    if (mg_cli_claim_outputs("debug-grads", outs, 1, ins, 1) < 0) return 1;
+    char target[4096];
     g.model = mc;
-    g.out = out;
+    g.out = mg_cli_output_target(out, target, sizeof target);
     g.model_path = model_path;
     g.batch = B;
     g.seed = seed;

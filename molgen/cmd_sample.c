@@ -273,15 +273,18 @@ int cmd_sample(int argc, char **argv) {
      * under mpirun rank 0 writes it, and a failure on any rank is every
      * rank's (reported once, by the lowest failed rank) */
     mg_dist *world = mg_dist_world();
-    const char *inputs[] = {model_path};
     char meta_path[4200];
     if ((size_t)snprintf(meta_path, sizeof meta_path, "%s.json", out_path) >= sizeof meta_path) {
         fprintf(stderr, "molgen sample: --out: path too long\n");
         return 1;
     }
-    if (mg_cli_check_output_ranks("sample", out_path, inputs, 1) ||
-        mg_cli_check_output_ranks("sample", meta_path, inputs, 1))
-        return 1;
+    /* a FIFO, a device or stdout as --out is written through, with no
+     * sidecar beside it (none to write: /dev/stdout.json) */
+    const int out_kind = mg_cli_output_kind(out_path), sidecar = out_kind == MG_CLI_OUT_FILE;
+    const mg_cli_file outs[] = {{"--out", out_path, 0},
+                                {"--out (its sidecar)", sidecar ? meta_path : NULL, MG_CLI_BESIDE}};
+    const mg_cli_file ins[] = {{"--model", model_path, 0}};
+    if (mg_cli_claim_outputs("sample", outs, 2, ins, 1) < 0) return 1;
     mg_model *m = NULL;
     mg_vocab *v = NULL;
     if (mg_cli_load_model("sample", model_path, load_flags, &m, &v, &averaged)) return 1;
@@ -337,7 +340,8 @@ int cmd_sample(int argc, char **argv) {
             valid++;
     }
     if (mg_cli_atomic_commit(f, tmp, out_path, &err) ||
-        write_meta(meta_path, model_path, averaged ? "averaged" : "raw", &o, cond_text, scaffold_text, threads, &s, &err)) {
+        (sidecar && write_meta(meta_path, model_path, averaged ? "averaged" : "raw", &o,
+                               cond_text, scaffold_text, threads, &s, &err))) {
         fprintf(stderr, "molgen sample: %s\n", err.message);
         mg_samples_free(&s);
         return 1;
@@ -354,7 +358,11 @@ int cmd_sample(int argc, char **argv) {
             "constrain %s\n",
             s.n ? (double)valid / (double)s.n : 0.0, valid, s.n, empty, s.truncated,
             mg_constrain_name(o.constrain));
-    printf("%s\n", out_path);
+    if (!sidecar)
+        fprintf(stderr, "molgen sample: --out %s is written through (a FIFO, a device or the "
+                        "standard output): no sidecar %s written\n",
+                out_path, meta_path);
+    if (out_kind != MG_CLI_OUT_STDOUT) printf("%s\n", out_path);
     mg_samples_free(&s);
     return rc;
 }

@@ -154,8 +154,10 @@ int cmd_score(int argc, char **argv) {
         return 2;
     }
     if (!to_stdout) {
-        const char *inputs[] = {model_path, from_stdin ? NULL : smiles_path};
-        if (mg_cli_check_output_ranks("score", out_path, inputs, 2)) return 1;
+        const mg_cli_file outs[] = {{"--out", out_path, 0}};
+        const mg_cli_file ins[] = {{"--model", model_path, 0},
+                                   {"--smiles", from_stdin ? NULL : smiles_path, 0}};
+        if (mg_cli_claim_outputs("score", outs, 1, ins, 2) < 0) return 1;
     }
     mg_model *m = NULL;
     mg_vocab *v = NULL;
