@@ -13,7 +13,13 @@
  *            initialised from a model (--init, kept under "init")
  *            init_crc32), "step".
  * Written atomically (mg_st_write). Files of every earlier molgen that wrote
- * "train" load: a CKPT_NEW setting they lack takes its default. */
+ * "train" load: a CKPT_NEW setting they lack takes its default.
+ *
+ * Values: every parameter, moment and average is finite and every second
+ * moment (optim.v) >= 0. Each load path checks this (mg_ckpt_load for
+ * --resume; mg_model_load for sample, score, attention, bench, --init, with
+ * or without --raw) and mg_ckpt_save refuses to write a checkpoint that
+ * breaks it, so a diverged run keeps its last good file. */
 #ifndef MG_CHECKPOINT_H
 #define MG_CHECKPOINT_H
 
@@ -25,6 +31,7 @@
 #include "errors.h"
 #include "model.h"
 #include "optim.h"
+#include "safetensors.h"
 #include "tokenizer.h"
 #include "train.h"
 
@@ -54,11 +61,23 @@ typedef struct {
     json_t *train_json;
 } mg_ckpt;
 
+/* Writes the checkpoint; refused (MG_ERR_NUMERIC, nothing written, path as
+ * it was) when a value breaks the rules above. */
 mg_status mg_ckpt_save(const char *path, const mg_model *m, const mg_vocab *vocab,
                        const mg_adamw *opt, const mg_train_config *settings,
                        const mg_train_state *state, mg_error *err);
 mg_status mg_ckpt_load(const char *path, mg_ckpt *ck, mg_error *err);
 void mg_ckpt_free(mg_ckpt *c);
+
+/* The n F32 values at data (any alignment) of the tensor `name`: finite,
+ * and >= 0 when name is "optim.v". MG_ERR_NUMERIC naming the tensor and its
+ * first bad element, e.g. "tensor 'optim.v' holds a negative value (-0.5 at
+ * element 17): a second moment must be >= 0". */
+mg_status mg_ckpt_check_values(const char *name, const void *data, size_t n, mg_error *err);
+/* The training state of a file for P parameters: those of "optim.m",
+ * "optim.v" and "ema" it holds are F32 [P] with values as above (the
+ * message then ends "...: the optimizer state is corrupt"). */
+mg_status mg_ckpt_check_state(const mg_st_file *f, size_t P, mg_error *err);
 
 /* An AdamW for m's parameters (mg_adamw_init with the model's tensors as
  * spans, weight decay on its weight matrices, m's frozen tensors

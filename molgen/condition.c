@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "json.h"
 #include "util.h"
@@ -49,13 +50,69 @@ char *mg_cond_info_to_json(const mg_cond_info *c) {
     return s;
 }
 
+/* Why a condition name cannot be given as sampling's name=value,...
+ * (mg_cond_request), or NULL when it can. */
+static const char *bad_name(const char *s) {
+    if (!*s) return "is empty";
+    if (strchr(s, ',')) return "contains ','";
+    if (strchr(s, '=')) return "contains '='";
+    for (const char *q = s; *q; q++)
+        if (*q != ' ' && (isspace((unsigned char)*q) || iscntrl((unsigned char)*q)))
+            return "contains a tab, line break or control character";
+    if (s[0] == ' ' || s[strlen(s) - 1] == ' ') return "starts or ends with a space";
+    return NULL;
+}
+
+/* json with the bare words NaN, Infinity, -Infinity, inf, -inf (in any
+ * case; Python's json writes the first three, they are not JSON) outside
+ * strings replaced by null, so that such a value is reported by field
+ * rather than as a parse error. malloc'ed; NULL when out of memory. */
+static char *nonfinite_to_null(const char *json) {
+    static const char *const words[] = {"-infinity", "infinity", "-inf", "inf", "nan"};
+    const size_t n = strlen(json);
+    char *out = malloc(2 * n + 1), *o = out; /* each word of >= 3 bytes grows by <= 1 */
+    if (!out) return NULL;
+    int in_str = 0;
+    for (size_t i = 0; i < n;) {
+        const char ch = json[i];
+        if (in_str) {
+            *o++ = json[i++];
+            if (ch == '\\' && i < n)
+                *o++ = json[i++];
+            else if (ch == '"')
+                in_str = 0;
+            continue;
+        }
+        if (ch == '"') in_str = 1;
+        size_t w = 0;
+        if (i == 0 || !isalnum((unsigned char)json[i - 1]))
+            for (size_t q = 0; !w && q < sizeof words / sizeof words[0]; q++) {
+                const size_t l = strlen(words[q]);
+                if (!strncasecmp(json + i, words[q], l) && !isalnum((unsigned char)json[i + l]))
+                    w = l;
+            }
+        if (w) {
+            memcpy(o, "null", 4);
+            o += 4;
+            i += w;
+        } else {
+            *o++ = json[i++];
+        }
+    }
+    *o = '\0';
+    return out;
+}
+
 mg_status mg_cond_info_from_json(const char *json, mg_cond_info *c, mg_error *err) {
     memset(c, 0, sizeof *c);
     json_t *j = NULL;
     mg_error e;
     if (!json) return mg_fail(err, MG_ERR_FORMAT, "condition metadata missing");
-    if (mg_json_parse(json, strlen(json), &j, &e))
-        return mg_fail(err, e.status, "condition metadata: %s", e.message);
+    char *text = nonfinite_to_null(json);
+    if (!text) return mg_fail(err, MG_ERR_NOMEM, "out of memory");
+    const mg_status prc = mg_json_parse(text, strlen(text), &j, &e);
+    free(text);
+    if (prc) return mg_fail(err, e.status, "condition metadata: %s", e.message);
     mg_status rc = MG_OK;
     const json_t *names = json_object_get(j, "names");
     if (!json_is_object(j) || !json_is_array(names) || json_array_size(names) < 1 ||
@@ -68,8 +125,15 @@ mg_status mg_cond_info_from_json(const char *json, mg_cond_info *c, mg_error *er
     const int K = (int)json_array_size(names);
     for (int k = 0; k < K; k++) {
         const char *s = json_string_value(json_array_get(names, k));
-        if (!s || !*s) {
+        if (!s) {
             rc = mg_fail(err, MG_ERR_FORMAT, "condition metadata: name %d is not a string", k);
+            goto done;
+        }
+        if (bad_name(s)) {
+            rc = mg_fail(err, MG_ERR_FORMAT,
+                         "condition metadata: name %d '%.60s' %s: it cannot be given as "
+                         "name=value",
+                         k, s, bad_name(s));
             goto done;
         }
         for (int q = 0; q < k; q++)
@@ -92,23 +156,45 @@ mg_status mg_cond_info_from_json(const char *json, mg_cond_info *c, mg_error *er
                          keys[q], K);
             goto done;
         }
+        /* values are float (training's and sampling's): each field must be one */
         for (int k = 0; k < K; k++) {
             const json_t *v = json_array_get(a, k);
             dst[q][k] = json_is_number(v) ? json_number_value(v) : NAN;
             if (!isfinite(dst[q][k])) {
-                rc = mg_fail(err, MG_ERR_FORMAT, "condition metadata: \"%s\"[%d] is not a number",
-                             keys[q], k);
+                rc = mg_fail(err, MG_ERR_FORMAT,
+                             "condition metadata: '%s': \"%s\" is not a finite number",
+                             c->names[k], keys[q]);
+                goto done;
+            }
+            if (fabs(dst[q][k]) > FLT_MAX) {
+                rc = mg_fail(err, MG_ERR_FORMAT,
+                             "condition metadata: '%s': \"%s\" %g is beyond the float range "
+                             "(|x| <= %g)",
+                             c->names[k], keys[q], dst[q][k], (double)FLT_MAX);
                 goto done;
             }
         }
     }
-    for (int k = 0; k < K; k++)
-        if (!(c->std[k] > 0) || c->min[k] > c->max[k]) {
+    for (int k = 0; k < K; k++) {
+        const char *nm = c->names[k];
+        /* the normalised ends of the training range, what a request can give */
+        const double lo = (c->min[k] - c->mean[k]) / c->std[k],
+                     hi = (c->max[k] - c->mean[k]) / c->std[k];
+        if (!(c->std[k] > 0))
+            rc = mg_fail(err, MG_ERR_FORMAT, "condition metadata: '%s': \"std\" %g must be > 0",
+                         nm, c->std[k]);
+        else if (!(c->min[k] <= c->p01[k] && c->p01[k] <= c->p99[k] && c->p99[k] <= c->max[k]))
             rc = mg_fail(err, MG_ERR_FORMAT,
-                         "condition metadata: '%s' has std %g and range [%g, %g]", c->names[k],
-                         c->std[k], c->min[k], c->max[k]);
-            goto done;
-        }
+                         "condition metadata: '%s': \"min\" %g, \"p01\" %g, \"p99\" %g, "
+                         "\"max\" %g are not in increasing order",
+                         nm, c->min[k], c->p01[k], c->p99[k], c->max[k]);
+        else if (!(fabs(lo) <= FLT_MAX && fabs(hi) <= FLT_MAX))
+            rc = mg_fail(err, MG_ERR_FORMAT,
+                         "condition metadata: '%s': \"std\" %g is too small for \"mean\" %g: "
+                         "the training range [%g, %g] normalises beyond the float range",
+                         nm, c->std[k], c->mean[k], c->min[k], c->max[k]);
+        if (rc) goto done;
+    }
 done:
     json_decref(j);
     if (rc) mg_cond_info_free(c);
@@ -137,6 +223,15 @@ mg_status mg_cond_parse_names(const char *list, mg_cond_info *c, mg_error *err) 
         if (!name) {
             mg_cond_info_free(c);
             return mg_fail(err, MG_ERR_NOMEM, "out of memory");
+        }
+        if (bad_name(name)) {
+            mg_fail(err, MG_ERR_ARG,
+                    "condition name '%s' %s: sampling could not give it as --condition "
+                    "name=value,...",
+                    name, bad_name(name));
+            free(name);
+            mg_cond_info_free(c);
+            return MG_ERR_ARG;
         }
         for (int q = 0; q < c->K; q++)
             if (!strcmp(c->names[q], name)) {

@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "attn.h"
+#include "checkpoint.h"
 #include "condition.h"
 #include "json.h"
 #include "layers.h"
@@ -1342,21 +1343,17 @@ mg_status mg_model_from_st(const mg_st_file *f, mg_model **out, mg_error *err) {
     for (size_t i = 0; i < m->num_tensors; i++) {
         const mg_param_info *p = &m->tensors[i];
         float *w = m->params + p->offset;
-        if (mg_st_copy(f, p->name, MG_ST_F32, p->ndim, p->shape, w, p->numel * sizeof(float),
-                       err)) {
+        mg_error e;
+        if ((rc = mg_st_copy(f, p->name, MG_ST_F32, p->ndim, p->shape, w,
+                             p->numel * sizeof(float), err))) {
             mg_model_free(m);
-            return MG_ERR_FORMAT;
+            return rc;
         }
         /* an Inf or NaN weight samples garbage; refuse it by name */
-        for (size_t k = 0; k < p->numel; k++)
-            if (!isfinite(w[k])) {
-                mg_fail(err, MG_ERR_NUMERIC,
-                        "tensor '%s' holds a non-finite value (%g at "
-                        "element %zu): the model is corrupt",
-                        p->name, (double)w[k], k);
-                mg_model_free(m);
-                return MG_ERR_NUMERIC;
-            }
+        if ((rc = mg_ckpt_check_values(p->name, w, p->numel, &e))) {
+            mg_model_free(m);
+            return mg_fail(err, rc, "%s: the model is corrupt", e.message);
+        }
     }
     if (c.n_cond > 0) { /* the names and normalisation belong to the weights */
         mg_cond_info ci;
@@ -1390,6 +1387,13 @@ mg_status mg_model_save(const mg_model *m, const mg_vocab *vocab, const char *pa
     }
     mg_model_config_to_json(&m->cfg, cfg, sizeof cfg);
     mg_model_st_tensors(m, t, m->num_tensors);
+    mg_error e;
+    for (size_t i = 0; i < m->num_tensors; i++) /* a file the loader would refuse */
+        if (mg_ckpt_check_values(t[i].name, t[i].data, m->tensors[i].numel, &e)) {
+            free(t);
+            free(vj);
+            return mg_fail(err, e.status, "refusing to write %s: %s", path, e.message);
+        }
     mg_st_kv meta[4] = {{"format", "molgen"}, {"config", cfg}, {"vocab", vj}};
     size_t nm = vj ? 3 : 2;
     if (m->cond_meta) meta[nm++] = (mg_st_kv){"condition", m->cond_meta};
@@ -1399,18 +1403,12 @@ mg_status mg_model_save(const mg_model *m, const mg_vocab *vocab, const char *pa
     return rc;
 }
 
-/* The averaged parameters of a checkpoint (its "ema" tensor) into m. */
+/* The averaged parameters of a checkpoint (its "ema" tensor, checked by
+ * mg_ckpt_check_state) into m. */
 static mg_status load_averaged(const mg_st_file *f, mg_model *m, mg_error *err) {
     const int64_t shape[1] = {(int64_t)m->num_params};
-    mg_status rc = mg_st_copy(f, "ema", MG_ST_F32, 1, shape, m->params,
-                              m->num_params * sizeof(float), err);
-    for (size_t k = 0; !rc && k < m->num_params; k++)
-        if (!isfinite(m->params[k]))
-            rc = mg_fail(err, MG_ERR_NUMERIC,
-                         "tensor 'ema' holds a non-finite value (%g at element %zu): the "
-                         "averaged weights are corrupt",
-                         (double)m->params[k], k);
-    return rc;
+    return mg_st_copy(f, "ema", MG_ST_F32, 1, shape, m->params, m->num_params * sizeof(float),
+                      err);
 }
 
 mg_status mg_model_load(const char *path, unsigned flags, mg_model **out, mg_vocab **vocab,
@@ -1424,8 +1422,11 @@ mg_status mg_model_load(const char *path, unsigned flags, mg_model **out, mg_voc
     const int averaged = !(flags & MG_LOAD_RAW) && mg_st_find(f, "ema") != NULL;
     if (info) *info = (mg_model_file_info){mg_st_checksummed(f), averaged};
     mg_model *m = NULL;
+    /* the optimizer state too, although unused here: a file that would
+     * resume into NaN is refused on every path */
     mg_status rc = mg_model_from_st(f, &m, &e);
-    if (!rc && averaged && (rc = load_averaged(f, m, &e))) {
+    if (!rc && ((rc = mg_ckpt_check_state(f, m->num_params, &e)) ||
+                (averaged && (rc = load_averaged(f, m, &e))))) {
         mg_model_free(m);
         m = NULL;
     }
