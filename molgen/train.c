@@ -891,8 +891,10 @@ static mg_status validate_averaged(run *r, mg_error *err) {
     rc = validate(r, &r->res.val_loss_ema, err);
     memcpy(p, keep, P * sizeof(float));
     free(keep);
+    char decay[32];
+    mg_setting_format(mg_setting_find("ema"), &r->s, decay, sizeof decay);
     if (!rc)
-        say(r, "averaged weights (--ema %g): val loss %.4f (the last step's: %.4f)", r->s.ema,
+        say(r, "averaged weights (--ema %s): val loss %.4f (the last step's: %.4f)", decay,
             r->res.val_loss_ema, r->res.val_loss);
     return rc;
 }
@@ -1237,7 +1239,7 @@ static void report_curve(const run *r, mg_stop_reason why) {
         for (int k = i; k < q->n_curve && k < i + 6; k++)
             snprintf(line + strlen(line), sizeof line - strlen(line), " %7" PRId64 " %.4f%c",
                      q->curve_step[k], q->curve_loss[k],
-                     q->curve_step[k] == q->kept_step && r->keep_best ? '*' : ' ');
+                     q->curve_step[k] == q->kept_step ? '*' : ' ');
         say(r, "%s", line);
     }
     if (r->keep_best)
