@@ -18,14 +18,10 @@ import json
 import os
 import re
 import subprocess
-import sys
 
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-
-from molgen_bin import molgen_binary, write_molecules  # noqa: E402
+from molgen_bin import molgen_binary, write_molecules
 
 ENV = dict(os.environ, OPENBLAS_CORETYPE=os.environ.get("OPENBLAS_CORETYPE", "Haswell"),
            OMP_WAIT_POLICY="PASSIVE")
