@@ -52,13 +52,18 @@ void mg_cond_info_free(mg_cond_info *c); /* zeroes it; NULL fine */
  *  "p01":[...],"p99":[...]} (malloc'ed, NULL when out of memory or a name
  * is not UTF-8). */
 char *mg_cond_info_to_json(const mg_cond_info *c);
-/* Parse and check the above (K in [1, MG_COND_MAX], distinct names, finite
- * numbers, std > 0, min <= max). */
+/* Parse and check the above: K in [1, MG_COND_MAX]; distinct names that a
+ * request can give (non-empty, no ',' or '=', no tab or control character,
+ * no space at either end); every number finite and within the float range
+ * (NaN / Infinity, which Python's json writes, count as not finite); std > 0;
+ * min <= p01 <= p99 <= max; (min - mean) / std and (max - mean) / std
+ * within the float range. Errors name the condition and the field. */
 mg_status mg_cond_info_from_json(const char *json, mg_cond_info *c, mg_error *err);
 
 /* "logp,qed" -> names (1..MG_COND_MAX distinct non-empty names, no
- * "smiles"-style trimming: spaces around commas are removed). c->names are
- * set (owned), the statistics zeroed. */
+ * "smiles"-style trimming: spaces around commas are removed; a name with
+ * '=', a tab or a control character is refused: sampling could not give
+ * it). c->names are set (owned), the statistics zeroed. */
 mg_status mg_cond_parse_names(const char *list, mg_cond_info *c, mg_error *err);
 
 /* The raw condition values of the rows of a dataset loaded from the CSV
