@@ -5,7 +5,14 @@ the PyTorch twin's named_parameters order); the frozen tensors read back
 with torch_model.load_safetensors are bitwise the init's, the others
 changed; lines outside the init's vocabulary or context are reported as
 file:line and counted in the summary; conflicting model options are
-refused with a message that says why."""
+refused with a message that says why.
+
+Generalising (issue 23): with --init the run validates on at least 50
+molecules, keeps the best scheduled validation's state (bitwise the state a
+--keep last run stopped at that step holds), stops after --patience
+validations without improvement, resumes a best-kept checkpoint into the
+straight run's file bit for bit, and its end-of-run sample check counts the
+copies that `molgen sample` with the same seed shows."""
 import json
 import os
 import subprocess
@@ -52,7 +59,7 @@ def test_init_metadata_freeze_and_skips(init):
     focused.write_text("".join(lines) + "CC[Se]CC\n" + "C" * 200 + "\n")
     out = str(d / "ft.safetensors")
     p = train(["--init", path, "--data", str(focused), "--steps", "4", "--freeze", "1",
-               "--lr", "1e-3", "--batch-size", "16", "--out", out])
+               "--lr", "1e-3", "--batch-size", "16", "--keep", "last", "--out", out])
     assert p.returncode == 0, p.stderr
     err = p.stderr.decode()
     assert "focused.smi:101: unknown token '[Se]' at position 2" in err
@@ -91,5 +98,114 @@ def test_refusals(init):
     p = train(["--init", path, "--data", DATA, "--steps", "2", "--condition", "logp", "--out", out])
     assert p.returncode == 1 and b"fine-tuning with --condition is not supported" in p.stderr
     p = train(["--init", path, "--data", DATA, "--steps", "2", "--out", path])
-    assert p.returncode == 1 and b"refusing to overwrite" in p.stderr
+    assert p.returncode == 1 and b"refusing to" in p.stderr
     assert not os.path.exists(out)
+
+
+def focused_set(d, n=200):
+    path = d / "focused200.smi"
+    with open(DATA) as f:
+        lines = [next(f) for _ in range(300 + n)][300:]
+    path.write_text("".join(lines))
+    return str(path), {ln.split()[0] for ln in lines}
+
+
+def summary(p):
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout.decode().strip().splitlines()[-1])
+
+
+def params(path):
+    tm = pytest.importorskip("molgen.torch_model")
+    t, _ = tm.load_safetensors(path)
+    return {k: v for k, v in t.items() if not k.startswith(("optim.", "ema"))}
+
+
+def test_defaults_keep_best_and_check(init):
+    d, path = init
+    data, mols = focused_set(d)
+    out = str(d / "best.safetensors")
+    s = summary(train(["--init", path, "--data", data, "--steps", "12", "--val-every", "2",
+                       "--out", out]))
+    p = train(["--init", path, "--data", data, "--steps", "12", "--val-every", "2",
+               "--out", str(d / "again.safetensors")])
+    # 199 of the 200 lines fit the init's context: 10% (20) is below the least validation
+    # split, min(50, a quarter of the data)
+    assert b"1 too long" in p.stderr and b"150 train / 49 validation molecules" in p.stderr
+    assert s["keep"] == "best" and s["step"] == 12
+    curve = s["val_curve"]
+    assert [c[0] for c in curve] == list(range(0, 13, 2))
+    best = min(curve, key=lambda c: (c[1], c[0]))
+    assert s["kept_step"] == best[0] and s["kept_val_loss"] == pytest.approx(best[1], abs=1e-6)
+    # the kept state: bitwise what a --keep last run stopped at that step holds
+    ref = str(d / "ref.safetensors")
+    if s["kept_step"] > 0:
+        summary(train(["--init", path, "--data", data, "--steps", "12", "--val-every", "2",
+                       "--keep", "last", "--stop-after", str(s["kept_step"]), "--out", ref]))
+    else:
+        ref = path
+    a, b = params(out), params(ref)
+    assert a.keys() == b.keys()
+    for k in a:
+        assert np.array_equal(a[k].view(np.uint32), b[k].view(np.uint32)), k
+    # the check: 500 samples, seed 1; its copies are the lines molgen sample draws that are
+    # data lines as written
+    c = s["check"]
+    assert c["samples"] == 500
+    smp = str(d / "check.smi")
+    r = subprocess.run([molgen_binary(), "sample", "--model", out, "-n", "500", "--seed", "1",
+                        "--out", smp], env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert r.returncode == 0, r.stderr
+    with open(smp) as f:
+        drawn = [ln.strip() for ln in f]
+    assert len(drawn) == 500
+    assert c["copies"] == sum(x in mols for x in drawn)
+    assert c["syntax_ok"] >= c["copies"] and c["distinct"] >= c["novel_distinct"]
+
+
+def test_patience_stops_early(init):
+    d, path = init
+    data, _ = focused_set(d)
+    s = summary(train(["--init", path, "--data", data, "--steps", "400", "--val-every", "2",
+                       "--patience", "2", "--lr", "1e-2", "--out", str(d / "pat.safetensors")]))
+    assert s["stop"] == "no_improvement", s
+    curve = s["val_curve"]
+    k = [c[0] for c in curve].index(s["kept_step"])
+    after = curve[k + 1:]
+    assert len(after) == 2 and all(c[1] >= curve[k][1] for c in after)
+    assert all(c[1] > curve[k][1] for c in curve[:k])
+    assert s["step"] == s["kept_step"] + 2 * 2 < 400
+
+
+def test_resume_of_best_kept_is_the_straight_run(init):
+    d, path = init
+    data, _ = focused_set(d)
+    base = ["--init", path, "--data", data, "--steps", "12", "--val-every", "3", "--lr", "1e-3"]
+    straight = str(d / "straight.safetensors")
+    half = str(d / "half.safetensors")
+    s = summary(train(base + ["--out", straight]))
+    h = summary(train(base + ["--stop-after", "7", "--out", half]))
+    assert h["step"] == 7 and h["kept_step"] in (0, 3, 6)
+    r = summary(subprocess.run([molgen_binary(), "train", "--resume", half, "--no-progress",
+                                "--threads", "2"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, env=ENV))
+    assert r["kept_step"] == s["kept_step"] and r["step"] == s["step"]
+    tm = pytest.importorskip("molgen.torch_model")
+    a, _ = tm.load_safetensors(straight)
+    b, _ = tm.load_safetensors(half)
+    assert a.keys() == b.keys()
+    for k in a:  # parameters and AdamW moments
+        assert np.array_equal(a[k].view(np.uint32), b[k].view(np.uint32)), k
+
+
+def test_keep_best_needs_validation_and_patience_needs_best(init):
+    d, path = init
+    data, _ = focused_set(d)
+    out = str(d / "x.safetensors")
+    p = train(["--init", path, "--data", data, "--steps", "2", "--val-frac", "0", "--out", out])
+    assert p.returncode == 1 and b"--keep best needs validation molecules" in p.stderr
+    p = train(["--init", path, "--data", data, "--steps", "2", "--keep", "last", "--patience",
+               "3", "--out", out])
+    assert p.returncode == 1 and b"--patience 3 needs --keep best" in p.stderr
+    p = train(["--init", path, "--data", data, "--steps", "2", "--keep", "worst", "--out", out])
+    assert p.returncode == 1 and b"--keep worst: need best or last" in p.stderr
