@@ -4,9 +4,9 @@
  * lowers the choice to a row below the CPU's best, never raises it.
  *
  * Adding an instruction set: its sdpa_fused_<isa>.c (the vector vocabulary,
- * then #include "sdpa_fused_template.h", which defines
- * attn_fused_kernels_<isa>), a row here with its CPU test, and its compiler
- * flags in CMakeLists.txt. */
+ * #include "sdpa_fused_template.h", and its one export, const
+ * attn_fused_kernels attn_fused_kernels_<isa> = FUSED_KERNELS("<isa>")), a
+ * row here with its CPU test, and its compiler flags in CMakeLists.txt. */
 #include "internal.h"
 
 #include <pthread.h>

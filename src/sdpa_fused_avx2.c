@@ -14,7 +14,6 @@
 typedef __m256 vf;
 #define UKR_MR 6
 #define UKR_NV 2
-#define FUSED_SUFFIX avx2
 
 static inline vf v_load(const float *p) { return _mm256_loadu_ps(p); }
 static inline void v_store(float *p, vf x) { _mm256_storeu_ps(p, x); }
@@ -87,6 +86,8 @@ static inline vf v_exp(vf x) {
 }
 
 #include "sdpa_fused_template.h"
+
+const attn_fused_kernels attn_fused_kernels_avx2 = FUSED_KERNELS("avx2");
 
 #else
 typedef int attn_fused_avx2_not_built; /* not x86-64: portable kernels only */

@@ -13,7 +13,6 @@
 typedef __m512 vf;
 #define UKR_MR 6
 #define UKR_NV 4
-#define FUSED_SUFFIX avx512
 
 static inline vf v_load(const float *p) { return _mm512_loadu_ps(p); }
 static inline void v_store(float *p, vf x) { _mm512_storeu_ps(p, x); }
@@ -82,6 +81,8 @@ static inline vf v_exp(vf x) {
 }
 
 #include "sdpa_fused_template.h"
+
+const attn_fused_kernels attn_fused_kernels_avx512 = FUSED_KERNELS("avx512");
 
 #else
 typedef int attn_fused_avx512_not_built; /* not x86-64: portable kernels only */

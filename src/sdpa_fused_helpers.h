@@ -1,7 +1,7 @@
 /* The fused kernels' shared helpers (part of sdpa_fused_template.h; the
- * first thing it includes): the FN() naming, the tile sizes, integer and
- * scratch helpers, the kernel context (kctx) and the per-tile work every
- * phase shares (masks, dropout, packing, finiteness checks, row writes).
+ * first thing it includes): the tile sizes, integer and scratch helpers,
+ * the kernel context (kctx) and the per-tile work every phase shares
+ * (masks, dropout, packing, finiteness checks, row writes).
  * Uses only the vector vocabulary of the including sdpa_fused_<isa>.c
  * (vf, VL, v_*) and internal.h. */
 #ifndef ATTN_SDPA_FUSED_HELPERS_H
@@ -13,10 +13,6 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-
-#define FCAT_(a, b) a##b
-#define FCAT(a, b) FCAT_(a, b)
-#define FN(name) FCAT(name, FUSED_SUFFIX)
 
 #define FQ ATTN_FUSED_QTILE /* query rows per block */
 #define FK ATTN_FUSED_KTILE /* keys per tile */

@@ -11,7 +11,6 @@ typedef float vf __attribute__((vector_size(16)));
 typedef int32_t vi __attribute__((vector_size(16)));
 #define UKR_MR 6
 #define UKR_NV 2
-#define FUSED_SUFFIX portable
 
 static inline vf v_load(const float *p) {
     vf x;
@@ -66,3 +65,5 @@ static inline vf v_exp(vf x) {
 }
 
 #include "sdpa_fused_template.h"
+
+const attn_fused_kernels attn_fused_kernels_portable = FUSED_KERNELS("portable");

@@ -1,19 +1,18 @@
 /* The fused SDPA kernels, written once over a small vector vocabulary and
  * compiled three times: sdpa_fused_avx512.c, sdpa_fused_avx2.c and
- * sdpa_fused_portable.c define the vocabulary (vf, VL, v_*), FUSED_SUFFIX
- * and the micro-kernel shape (UKR_MR rows x UKR_NV vectors), then include
+ * sdpa_fused_portable.c define the vocabulary (vf, VL, v_*) and the
+ * micro-kernel shape (UKR_MR rows x UKR_NV vectors), then include
  * this file. Not a public header; only those three files include it. It
  * includes, bottom up (each header includes what it uses and uses nothing
  * of a header that includes it):
- *   sdpa_fused_helpers.h  naming, tile sizes, scratch, masks, packing (kctx)
+ *   sdpa_fused_helpers.h  tile sizes, scratch, masks, packing (kctx)
  *   sdpa_fused_ukr.h      the tile product (tile_prod) and its micro-kernel
  *   sdpa_fused_fwd.h      the forward (Lq > FUSED_DECODE_MAXLQ)
  *   sdpa_fused_dec.h      the decode forward and backward (Lq <= it)
  *   sdpa_fused_bwd.h      the backward
  *   sdpa_fused_varlen.h   packed variable-length calls, over the blocks above
- * and then defines the entry points and exports them as one
- * attn_fused_kernels (internal.h), attn_fused_kernels_<FUSED_SUFFIX>, the
- * row of this instruction set in isa.c's table.
+ * and then defines the entry points, which the including file exports as
+ * one attn_fused_kernels (internal.h): its row in isa.c's table.
  *
  * Layout ("transposed scores"): a tile of scores is stored as Sᵀ, keys as
  * rows and query rows as vector lanes. Then
@@ -104,8 +103,7 @@ static attn_status fused_backward(const attn_fused_call *call, attn_error *err) 
     return bwd_backward(&c, call, err);
 }
 
-#define FSTR_(x) #x
-#define FSTR(x) FSTR_(x)
-extern const attn_fused_kernels FN(attn_fused_kernels_);
-const attn_fused_kernels FN(attn_fused_kernels_) = {FSTR(FUSED_SUFFIX), fused_forward,
-                                                     fused_backward, fused_forward_scratch};
+/* The initializer of this instruction set's row, which its
+ * sdpa_fused_<isa>.c exports as const attn_fused_kernels
+ * attn_fused_kernels_<isa> = FUSED_KERNELS("<isa>"). */
+#define FUSED_KERNELS(name) {name, fused_forward, fused_backward, fused_forward_scratch}
