@@ -161,15 +161,14 @@ const char *mg_cli_cut(const char *s, char *buf, size_t n) {
     return buf;
 }
 
-/* A file can be created in dir: create and remove a probe. */
-static mg_status probe_dir(const char *dir, const char *what, mg_error *err) {
+/* A file can be created in dir: a probe created and removed. 0 or an errno. */
+static int probe_dir(const char *dir) {
     char probe[4200];
     if (snprintf(probe, sizeof probe, "%s/.molgen-probe.XXXXXX", *dir ? dir : ".") >=
-        (int)sizeof probe) {
-        return mg_fail(err, MG_ERR_ARG, "%s: path too long", what);
-    }
-    int fd = mkstemp(probe);
-    if (fd < 0) { return mg_fail(err, MG_ERR_IO, "cannot write %s: %s", what, strerror(errno)); }
+        (int)sizeof probe)
+        return ENAMETOOLONG;
+    const int fd = mkstemp(probe);
+    if (fd < 0) return errno;
     close(fd);
     unlink(probe);
     return 0;
@@ -295,7 +294,10 @@ static mg_status check_one(const mg_cli_file *o, out_state *s, mg_error *err) {
     if ((rc = mg_cli_mkdir_parent(s->target, err))) return rc;
     char dir[4096];
     dir_of(s->target, dir, sizeof dir);
-    if ((rc = probe_dir(dir, o->path, err))) return rc;
+    const int pe = probe_dir(dir);
+    if (pe)
+        return mg_fail(err, MG_ERR_IO, "%s %s: cannot create a file in %s: %s", o->opt, o->path,
+                       dir, strerror(pe));
     struct stat st;
     s->base = "";
     if (stat(s->target, &st) == 0) {
@@ -474,7 +476,8 @@ mg_status mg_cli_check_output_dir(const char *dir, mg_error *err) {
     mg_status rc_;
     if (!dir || !*dir) { return mg_fail(err, MG_ERR_ARG, "the output directory is empty"); }
     if ((rc_ = mg_cli_mkdir_p(dir, err))) return rc_;
-    return probe_dir(dir, dir, err);
+    const int e = probe_dir(dir);
+    return e ? mg_fail(err, MG_ERR_IO, "cannot write %s: %s", dir, strerror(e)) : MG_OK;
 }
 
 FILE *mg_cli_atomic_open(const char *path, char *tmp, size_t tmplen, mg_error *err) {
