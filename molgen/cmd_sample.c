@@ -1,5 +1,6 @@
 /* `molgen sample`: options -> mg_sample (sample.h) -> one SMILES per line. */
 #define _POSIX_C_SOURCE 200809L
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -176,6 +177,41 @@ static int parse_scaffold(const mg_model *m, const mg_vocab *v, const char *mode
     return 0;
 }
 
+/* A real option kept in a float: 0 or a normal float. A value below
+ * FLT_MIN would be kept as a subnormal or 0, another value than the one
+ * given: refused with a message (usage error). */
+static int as_float(const char *opt, const char *text, double v, float *out) {
+    if (v != 0 && fabs(v) < FLT_MIN) {
+        fprintf(stderr,
+                "molgen sample: %s %s is too small to keep (it would be stored as %g): give 0 "
+                "or at least %g\n",
+                opt, text, (double)(float)v, (double)FLT_MIN);
+        return 0;
+    }
+    *out = (float)v;
+    return 1;
+}
+
+/* The options that decide which molecules come out, for the ranks to agree
+ * on (--batch and --threads change none; --out is rank 0's) into f; their
+ * count. */
+static size_t sample_fields(const mg_sample_opts *o, const char *cond, const char *scaffold,
+                            unsigned load_flags, mg_dist_field *f) {
+    size_t k = 0;
+    f[k++] = (mg_dist_field){"-n", o->n};
+    f[k++] = (mg_dist_field){"--seed", o->seed};
+    f[k++] = (mg_dist_field){"--temperature", mg_dist_hash(&o->sampling.temperature, sizeof(float))};
+    f[k++] = (mg_dist_field){"--top-k", (uint64_t)o->sampling.top_k};
+    f[k++] = (mg_dist_field){"--top-p", mg_dist_hash(&o->sampling.top_p, sizeof(float))};
+    f[k++] = (mg_dist_field){"--decode", o->kind};
+    f[k++] = (mg_dist_field){"--constrain", o->constrain};
+    f[k++] = (mg_dist_field){"--condition", mg_dist_hash_str(cond)};
+    f[k++] = (mg_dist_field){"--guidance", mg_dist_hash(&o->guidance, sizeof(float))};
+    f[k++] = (mg_dist_field){"--scaffold", mg_dist_hash_str(scaffold)};
+    f[k++] = (mg_dist_field){"--raw-weights", load_flags};
+    return k;
+}
+
 int cmd_sample(int argc, char **argv) {
     const char *model_path = NULL, *out_path = "out/samples.smi", *cond_text = NULL;
     const char *scaffold_text = NULL;
@@ -228,7 +264,7 @@ int cmd_sample(int argc, char **argv) {
             break;
         case O_TEMP:
             ok = mg_cli_double(val, &dv) && dv >= 0 && dv <= 1e6;
-            o.sampling.temperature = (float)dv;
+            if (ok && !as_float("--temperature", val, dv, &o.sampling.temperature)) return 2;
             break;
         case O_TOPK:
             ok = mg_cli_int(val, 0, 1 << 30, &ll);
@@ -236,7 +272,7 @@ int cmd_sample(int argc, char **argv) {
             break;
         case O_TOPP:
             ok = mg_cli_double(val, &dv) && dv > 0 && dv <= 1;
-            o.sampling.top_p = (float)dv;
+            if (ok && !as_float("--top-p", val, dv, &o.sampling.top_p)) return 2;
             break;
         case O_BATCH:
             ok = mg_cli_int(val, 1, 1 << 20, &ll);
@@ -251,7 +287,7 @@ int cmd_sample(int argc, char **argv) {
         case O_RAW: load_flags = MG_LOAD_RAW; break;
         case O_GUIDE:
             ok = mg_cli_double(val, &dv) && dv >= 0 && dv <= 100;
-            o.guidance = (float)dv;
+            if (ok && !as_float("--guidance", val, dv, &o.guidance)) return 2;
             break;
         case O_DECODE:
             if (!strcmp(val, "kv"))
@@ -269,10 +305,31 @@ int cmd_sample(int argc, char **argv) {
         fprintf(stderr, "molgen sample: --model FILE is required (see molgen sample --help)\n");
         return 2;
     }
+    if (o.guidance != 0.0f && !cond_text) {
+        fprintf(stderr, "molgen sample: --guidance needs --condition\n");
+        return 2;
+    }
+    char why[256];
+    if (scaffold_text && *scaffold_text && !mg_smiles_syntax_ok(scaffold_text, why, sizeof why)) {
+        char cut[96];
+        fprintf(stderr, "molgen sample: --scaffold '%s' is not a complete SMILES: %s\n",
+                mg_cli_cut(scaffold_text, cut, sizeof cut), why);
+        return 2;
+    }
+    mg_catch_stop_signals(); /* SIGINT / SIGTERM: nothing written, 128 + the signal */
+    /* the ranks make one set of molecules: their options agree, then the
+     * model once loaded */
+    mg_dist *world = mg_dist_world();
+    mg_dist_field fields[16];
+    if (mg_dist_agree_fields(world, fields,
+                             sample_fields(&o, cond_text, scaffold_text, load_flags, fields),
+                             &err)) {
+        mg_cli_report("sample", err.status, &err);
+        return 1;
+    }
     /* the output is checked before any work, and never replaces the model;
      * under mpirun rank 0 writes it, and a failure on any rank is every
      * rank's (reported once, by the lowest failed rank) */
-    mg_dist *world = mg_dist_world();
     char meta_path[4200];
     if ((size_t)snprintf(meta_path, sizeof meta_path, "%s.json", out_path) >= sizeof meta_path) {
         fprintf(stderr, "molgen sample: --out: path too long\n");
@@ -288,15 +345,18 @@ int cmd_sample(int argc, char **argv) {
     mg_model *m = NULL;
     mg_vocab *v = NULL;
     if (mg_cli_load_model("sample", model_path, load_flags, &m, &v, &averaged)) return 1;
-    mg_model_set_threads(m, threads);
-    o.dist = world;
-    float cv[MG_COND_MAX];
-    if (o.guidance != 0.0f && !cond_text) {
-        if (!world->rank) fprintf(stderr, "molgen sample: --guidance needs --condition\n");
+    const mg_dist_field model_field = {"the --model file (its weights)",
+                                       world->size > 1 ? mg_dist_hash_model(m, v) : 0};
+    if (mg_dist_agree_fields(world, &model_field, 1, &err)) {
+        mg_cli_report("sample", err.status, &err);
         mg_model_free(m);
         mg_vocab_free(v);
-        return 2;
+        return 1;
     }
+    mg_model_set_threads(m, threads);
+    o.dist = world;
+    o.stop = &mg_stop_signal;
+    float cv[MG_COND_MAX];
     if (cond_text && parse_conditions(m, model_path, cond_text, cv, world->rank != 0)) {
         mg_model_free(m);
         mg_vocab_free(v);
@@ -317,11 +377,11 @@ int cmd_sample(int argc, char **argv) {
     mg_vocab_free(v);
     if (rc) {
         mg_cli_report("sample", rc, &err);
-        return 1;
+        return mg_stop_signal ? 128 + mg_stop_signal : 1;
     }
     if (world->rank) { /* rank 0 writes them all */
         mg_samples_free(&s);
-        return 0;
+        return mg_stop_signal ? 128 + mg_stop_signal : 0;
     }
     rc = 0;
     char tmp[4200];
@@ -339,11 +399,16 @@ int cmd_sample(int argc, char **argv) {
         else if (mg_smiles_syntax_ok(s.smiles[i], NULL, 0))
             valid++;
     }
-    if (mg_cli_atomic_commit(f, tmp, out_path, &err) ||
+    /* a signal while writing: the temporary goes, the output stays */
+    if (mg_cli_atomic_commit_if(f, mg_stop_signal != 0, tmp, out_path, &err) ||
         (sidecar && write_meta(meta_path, model_path, averaged ? "averaged" : "raw", &o,
                                cond_text, scaffold_text, threads, &s, &err))) {
-        fprintf(stderr, "molgen sample: %s\n", err.message);
         mg_samples_free(&s);
+        if (mg_stop_signal) {
+            fprintf(stderr, "molgen sample: interrupted by signal %d\n", (int)mg_stop_signal);
+            return 128 + mg_stop_signal;
+        }
+        fprintf(stderr, "molgen sample: %s\n", err.message);
         return 1;
     }
     const double secs = s.seconds > 0 ? s.seconds : 1e-9;

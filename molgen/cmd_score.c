@@ -81,6 +81,18 @@ static int write_rows(FILE *f, const mg_smiles_list *l, const mg_score *sc) {
     return ferror(f) ? -1 : 0;
 }
 
+/* The records as rows: their SMILES, line numbers and flaws. */
+static uint64_t records_hash(const mg_smiles_list *l) {
+    uint64_t h = mg_dist_hash(&l->n, sizeof l->n);
+    for (size_t i = 0; i < l->n; i++) {
+        const unsigned char flaw = l->flaw ? l->flaw[i] : 0;
+        h = mg_fnv1a(h, l->smiles[i], strlen(l->smiles[i]) + 1);
+        h = mg_fnv1a(h, &l->line[i], sizeof l->line[i]);
+        h = mg_fnv1a(h, &flaw, 1);
+    }
+    return h;
+}
+
 typedef struct {
     int on;
     double t0, last;
@@ -153,6 +165,16 @@ int cmd_score(int argc, char **argv) {
                             "give a file\n");
         return 2;
     }
+    mg_catch_stop_signals(); /* SIGINT / SIGTERM: nothing written, 128 + the signal */
+    /* the ranks score one list with one model: the options that change a
+     * row agree now, the model and the records once read (--threads,
+     * --batch and --quiet change none; --out is rank 0's) */
+    const mg_dist_field opt_fields[] = {{"--csv-column", mg_dist_hash_str(column)},
+                                        {"--raw-weights", load_flags}};
+    if (mg_dist_agree_fields(world, opt_fields, 2, &err)) {
+        mg_cli_report("score", err.status, &err);
+        return 1;
+    }
     if (!to_stdout) {
         const mg_cli_file outs[] = {{"--out", out_path, 0}};
         const mg_cli_file ins[] = {{"--model", model_path, 0},
@@ -169,7 +191,13 @@ int cmd_score(int argc, char **argv) {
     memset(&l, 0, sizeof l);
     mg_report rep;
     mg_status lrc = mg_read_records(from_stdin ? stdin : NULL, name, csv, column, &l, &rep, &err);
-    if ((lrc = mg_dist_agree(world, lrc, &err))) {
+    if (!(lrc = mg_dist_agree(world, lrc, &err)) && world->size > 1) {
+        const mg_dist_field in_fields[] = {
+            {"the --model file (its weights)", mg_dist_hash_model(m, v)},
+            {"the --smiles file (its records)", records_hash(&l)}};
+        lrc = mg_dist_agree_fields(world, in_fields, 2, &err);
+    }
+    if (lrc) {
         mg_cli_report("score", lrc, &err);
         mg_smiles_list_free(&l);
         mg_model_free(m);
@@ -180,7 +208,7 @@ int cmd_score(int argc, char **argv) {
     progress_state ps = {!quiet, mg_now_s(), 0};
     ps.last = ps.t0;
     mg_score_opts so = {threads > 0 ? threads : mg_default_threads(), batch, on_progress, &ps,
-                        world};
+                        world, &mg_stop_signal};
     mg_status src = sc ? MG_OK : mg_fail(&err, MG_ERR_NOMEM, "out of memory");
     if (!(src = mg_dist_agree(world, src, &err)))
         src = mg_score_molecules(m, v, (const char *const *)l.smiles, l.flaw, l.n, &so, sc, &err);
@@ -189,7 +217,7 @@ int cmd_score(int argc, char **argv) {
         mg_cli_report("score", src, &err);
         rc = 1;
     }
-    const int writer = world->rank == 0; /* rank 0 writes and reports */
+    const int writer = world->rank == 0 && !mg_stop_signal; /* rank 0 writes and reports */
     const double secs = mg_now_s() - ps.t0;
     if (!rc && writer && to_stdout) {
         if (write_rows(stdout, &l, sc) || fflush(stdout)) {
@@ -199,10 +227,17 @@ int cmd_score(int argc, char **argv) {
     } else if (!rc && writer) {
         char tmp[4200];
         FILE *f = mg_cli_atomic_open(out_path, tmp, sizeof tmp, &err);
-        if (!f || mg_cli_atomic_commit_if(f, write_rows(f, &l, sc), tmp, out_path, &err)) {
-            fprintf(stderr, "molgen score: %s\n", err.message);
+        /* a signal while writing: the temporary goes, the output stays */
+        if (!f || mg_cli_atomic_commit_if(f, write_rows(f, &l, sc) || mg_stop_signal, tmp,
+                                          out_path, &err)) {
+            if (!mg_stop_signal) fprintf(stderr, "molgen score: %s\n", err.message);
             rc = 1;
         }
+    }
+    if (mg_stop_signal) { /* said above when it stopped the scoring, else here */
+        if (src != MG_ERR_INTERRUPTED && src != MG_ERR_PEER && world->rank == 0)
+            fprintf(stderr, "molgen score: interrupted by signal %d\n", (int)mg_stop_signal);
+        rc = 128 + mg_stop_signal;
     }
     if (!rc && !quiet && writer) {
         size_t count[MG_SCORE_BAD_LINE + 1] = {0}, shown = 0;
@@ -226,9 +261,11 @@ int cmd_score(int argc, char **argv) {
         fprintf(stderr, "scored %zu molecules: ok %zu", l.n, count[MG_SCORE_OK]);
         for (int s = 1; s <= MG_SCORE_BAD_LINE; s++)
             if (count[s]) fprintf(stderr, ", %s %zu", mg_score_status_name(s), count[s]);
-        fprintf(stderr, "; mean NLL %.4f nats per token; %.0f molecules/s (%d threads)%s%s\n",
-                tok ? nll / (double)tok : NAN, (double)l.n / (secs > 1e-9 ? secs : 1e-9),
-                so.threads, to_stdout ? "" : "; ", to_stdout ? "" : out_path);
+        char mean[64] = "no mean NLL (no molecule ok)";
+        if (tok) snprintf(mean, sizeof mean, "mean NLL %.4f nats per token", nll / (double)tok);
+        fprintf(stderr, "; %s; %.0f molecules/s (%d threads)%s%s\n", mean,
+                (double)l.n / (secs > 1e-9 ? secs : 1e-9), so.threads, to_stdout ? "" : "; ",
+                to_stdout ? "" : out_path);
     }
     free(sc);
     mg_smiles_list_free(&l);

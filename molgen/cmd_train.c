@@ -200,6 +200,36 @@ static void print_summary(const char *out, const char *init, const mg_train_resu
 
 /* ------------------------------------------------------------ the command */
 
+/* Under mpirun the ranks train one run: every setting agrees (the bits of
+ * its value, and whether it was given). Not compared: the inputs' paths,
+ * whose contents mg_train_run compares (data and --augment-file by their
+ * hash, --init and --resume by the parameters), rank 0's outputs and clock
+ * (--time-limit), and each machine's own (--threads, the display). */
+static mg_status agree_settings(mg_dist *d, const mg_train_config *c, mg_error *err) {
+    static const char *const own[] = {"data",       "augment_file", "init",    "resume",
+                                      "out",        "loss_log",     "dump_rows", "time_limit",
+                                      "threads",    "progress",     "quiet"};
+    mg_dist_field f[MG_TRAIN_SETTING_COUNT];
+    char names[MG_TRAIN_SETTING_COUNT][40];
+    size_t n = 0;
+    for (size_t i = 0; i < MG_TRAIN_NUM_SETTINGS; i++) {
+        const mg_setting *s = &MG_TRAIN_SETTING[i];
+        int skip = 0;
+        for (size_t j = 0; j < sizeof own / sizeof own[0]; j++) skip |= !strcmp(s->key, own[j]);
+        if (skip) continue;
+        const char *p = (const char *)c + s->offset;
+        const size_t bytes = s->kind == MG_KIND_INT || s->kind == MG_KIND_FLAG ? sizeof(int)
+                             : s->kind == MG_KIND_F32                        ? sizeof(float)
+                                                                             : sizeof(int64_t);
+        const uint64_t h = s->kind == MG_KIND_STR ? mg_dist_hash_str(*(const char *const *)p)
+                                                  : mg_dist_hash(p, bytes);
+        snprintf(names[n], sizeof names[n], "--%s", s->cli);
+        f[n] = (mg_dist_field){names[n], mg_mix64(h) ^ c->given[i]};
+        n++;
+    }
+    return mg_dist_agree_fields(d, f, n, err);
+}
+
 int cmd_train(int argc, char **argv) {
     enum { N = MG_TRAIN_SETTING_COUNT };
     struct option opts[N + 3];
@@ -289,6 +319,10 @@ int cmd_train(int argc, char **argv) {
      * every rank learns. */
     mg_dist *world = mg_dist_world();
     const int rank0 = world->rank == 0;
+    if (agree_settings(world, &c, &e)) {
+        mg_cli_report("train", e.status, &e);
+        return 1;
+    }
     const int out_is_resume = mg_cli_same_file(c.out_path, c.resume_path);
     const mg_cli_file outs[] = {{"--out", c.out_path, MG_CLI_WHOLE},
                                 {"--loss-log", c.loss_log, 0},

@@ -3,10 +3,15 @@
 #define _POSIX_C_SOURCE 200809L
 #include "dist.h"
 
+#include <errno.h>
 #include <limits.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "model.h"
+#include "tokenizer.h"
 #include "util.h"
 
 #ifdef MG_HAVE_MPI
@@ -15,6 +20,46 @@
 
 static mg_dist g_world = {0, 1, 0.0};
 static int g_mpi_started = 0;
+
+/* mg_dist_hold_output: the real stdout and stderr (dups; -1: not held) and
+ * the temporary files that take what is printed meanwhile. */
+static int g_saved_fd[2] = {-1, -1};
+static FILE *g_held[2] = {NULL, NULL};
+
+static void write_all(int fd, const char *p, size_t n) {
+    while (n > 0) {
+        const ssize_t k = write(fd, p, n);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) return;
+        p += k;
+        n -= (size_t)k;
+    }
+}
+
+/* Ends the hold: fd 1 and 2 back to the real ones; what was held is written
+ * there (pass) or dropped. */
+static void hold_end(int pass) {
+    if (g_saved_fd[0] < 0 && g_saved_fd[1] < 0) return;
+    fflush(stdout);
+    fflush(stderr);
+    for (int i = 0; i < 2; i++) {
+        if (g_saved_fd[i] < 0) continue;
+        dup2(g_saved_fd[i], i + 1);
+        close(g_saved_fd[i]);
+        g_saved_fd[i] = -1;
+        char buf[4096];
+        size_t k;
+        rewind(g_held[i]);
+        while (pass && (k = fread(buf, 1, sizeof buf, g_held[i])) > 0) write_all(i + 1, buf, k);
+        fclose(g_held[i]);
+        g_held[i] = NULL;
+    }
+}
+
+/* Every collective starts here: a rank that reached one passes its output. */
+static void collective(void) {
+    if (g_saved_fd[0] >= 0 || g_saved_fd[1] >= 0) hold_end(1);
+}
 
 int mg_dist_compiled(void) {
 #ifdef MG_HAVE_MPI
@@ -57,6 +102,7 @@ mg_status mg_dist_init(int *argc, char ***argv, mg_error *err) {
 }
 
 void mg_dist_finalize(void) {
+    hold_end(0);
 #ifdef MG_HAVE_MPI
     if (g_mpi_started) MPI_Finalize();
 #endif
@@ -79,6 +125,7 @@ void mg_dist_range(size_t n, int rank, int size, size_t *i0, size_t *i1) {
 mg_status mg_dist_agree(mg_dist *d, mg_status rc, mg_error *err) {
     if (!d || d->size <= 1) return rc;
 #ifdef MG_HAVE_MPI
+    collective();
     int mine = rc ? d->rank : INT_MAX, first = INT_MAX;
     const double t = mg_now_s();
     MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
@@ -95,6 +142,7 @@ mg_status mg_dist_agree(mg_dist *d, mg_status rc, mg_error *err) {
 void mg_dist_sum_f32(mg_dist *d, float *x, size_t n) {
     if (!d || d->size <= 1) return;
 #ifdef MG_HAVE_MPI
+    collective();
     const double t = mg_now_s();
     for (size_t i = 0; i < n; i += MG_MPI_PIECE) {
         const size_t k = n - i < MG_MPI_PIECE ? n - i : MG_MPI_PIECE;
@@ -110,6 +158,7 @@ void mg_dist_sum_f32(mg_dist *d, float *x, size_t n) {
 void mg_dist_sum_f64(mg_dist *d, double *x, size_t n) {
     if (!d || d->size <= 1) return;
 #ifdef MG_HAVE_MPI
+    collective();
     const double t = mg_now_s();
     for (size_t i = 0; i < n; i += MG_MPI_PIECE) {
         const size_t k = n - i < MG_MPI_PIECE ? n - i : MG_MPI_PIECE;
@@ -125,6 +174,7 @@ void mg_dist_sum_f64(mg_dist *d, double *x, size_t n) {
 void mg_dist_max_i64(mg_dist *d, int64_t *x, size_t n) {
     if (!d || d->size <= 1) return;
 #ifdef MG_HAVE_MPI
+    collective();
     const double t = mg_now_s();
     MPI_Allreduce(MPI_IN_PLACE, x, (int)n, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD);
     d->comm_s += mg_now_s() - t;
@@ -137,6 +187,7 @@ void mg_dist_max_i64(mg_dist *d, int64_t *x, size_t n) {
 int mg_dist_same_u64(mg_dist *d, uint64_t x) {
     if (!d || d->size <= 1) return 1;
 #ifdef MG_HAVE_MPI
+    collective();
     uint64_t v[2] = {x, ~x}; /* max of x and of ~x: the max and the min */
     MPI_Allreduce(MPI_IN_PLACE, v, 2, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
     return v[0] == x && v[1] == ~x;
@@ -157,6 +208,7 @@ mg_status mg_dist_gather(mg_dist *d, const void *bytes, size_t n, void **all, si
         return MG_OK;
     }
 #ifdef MG_HAVE_MPI
+    collective();
     mg_status rc = MG_OK;
     if (n > INT_MAX)
         rc = mg_fail(err, MG_ERR_TOO_LONG, "rank %d's part is %zu bytes: more than MPI's count",
@@ -196,4 +248,81 @@ done:
 #else
     return mg_fail(err, MG_ERR_STATE, "no MPI");
 #endif
+}
+
+uint64_t mg_dist_hash(const void *p, size_t n) { return mg_fnv1a(MG_FNV1A_INIT, p, n); }
+
+uint64_t mg_dist_hash_str(const char *s) { return mg_dist_hash(s ? s : "", s ? strlen(s) : 0); }
+
+/* Fields compared (more are a programming error: the rest go unchecked). */
+#define MG_DIST_FIELDS_MAX 128
+
+mg_status mg_dist_agree_fields(mg_dist *d, const mg_dist_field *f, size_t n, mg_error *err) {
+    if (!d || d->size <= 1) return MG_OK;
+#ifdef MG_HAVE_MPI
+    collective();
+    const double t = mg_now_s();
+    /* rank 0's count, then its (name hash, value) pairs, to every rank */
+    uint64_t n0 = n < MG_DIST_FIELDS_MAX ? n : MG_DIST_FIELDS_MAX, v[2 * MG_DIST_FIELDS_MAX];
+    MPI_Bcast(&n0, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
+    for (size_t i = 0; d->rank == 0 && i < n0; i++) {
+        v[2 * i] = mg_dist_hash_str(f[i].what);
+        v[2 * i + 1] = f[i].value;
+    }
+    MPI_Bcast(v, (int)(2 * n0), MPI_UINT64_T, 0, MPI_COMM_WORLD);
+    const size_t m = n < n0 ? n : (size_t)n0;
+    size_t first = n == n0 ? SIZE_MAX : m; /* this rank's first difference */
+    for (size_t i = 0; i < m && first == SIZE_MAX; i++)
+        if (v[2 * i] != mg_dist_hash_str(f[i].what) || v[2 * i + 1] != f[i].value) first = i;
+    int mine = first != SIZE_MAX ? d->rank : INT_MAX, low = INT_MAX;
+    MPI_Allreduce(&mine, &low, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    d->comm_s += mg_now_s() - t;
+    if (low == INT_MAX) return MG_OK;
+    if (low != d->rank) return mg_fail(err, MG_ERR_PEER, "rank %d of %d differs", low, d->size);
+    if (first < m && v[2 * first] == mg_dist_hash_str(f[first].what))
+        return mg_fail(err, MG_ERR_MISMATCH, "the ranks disagree: %s differs from rank 0's",
+                       f[first].what);
+    return mg_fail(err, MG_ERR_MISMATCH,
+                   "the ranks disagree: this rank runs another command (or molgen) than rank 0");
+#else
+    (void)f;
+    (void)n;
+    (void)err;
+    return MG_OK;
+#endif
+}
+
+void mg_dist_hold_output(int argc, char **argv) {
+    mg_dist *d = &g_world;
+    if (d->size <= 1) return;
+    uint64_t h = MG_FNV1A_INIT; /* argv[0] may differ: another path to molgen */
+    for (int i = 1; i < argc; i++) h = mg_fnv1a(h, argv[i], strlen(argv[i]) + 1);
+    if (!mg_dist_same_u64(d, h) || d->rank == 0) return;
+    fflush(stdout);
+    fflush(stderr);
+    for (int i = 0; i < 2; i++) {
+        FILE *tmp = tmpfile();
+        const int saved = tmp ? dup(i + 1) : -1;
+        if (saved < 0 || dup2(fileno(tmp), i + 1) < 0) { /* not held: said by every rank */
+            if (saved >= 0) close(saved);
+            if (tmp) fclose(tmp);
+            continue;
+        }
+        g_saved_fd[i] = saved;
+        g_held[i] = tmp;
+    }
+}
+
+uint64_t mg_dist_hash_model(mg_model *m, const mg_vocab *v) {
+    const mg_model_config *c = mg_model_get_config(m);
+    const size_t np = mg_model_num_params(m);
+    const int64_t shape[] = {c->n_layer, c->d_model,  c->n_head, c->ctx_len,
+                             c->vocab_size, c->n_cond, c->cond_bos, c->scaffold, (int64_t)np};
+    uint64_t h = mg_fnv1a(MG_FNV1A_INIT, shape, sizeof shape);
+    h = mg_mix64(h ^ mg_crc32(mg_model_params(m), np * sizeof(float)));
+    for (int i = 0; i < mg_vocab_size(v); i++) {
+        const char *t = mg_vocab_token(v, i);
+        h = mg_fnv1a(h, t ? t : "", t ? strlen(t) + 1 : 1);
+    }
+    return mg_fnv1a(h, "", 1) ^ mg_dist_hash_str(mg_model_condition_meta(m));
 }

@@ -39,6 +39,7 @@ int mg_dist_compiled(void);
 mg_status mg_dist_init(int *argc, char ***argv, mg_error *err);
 /* The world: never NULL (one rank before mg_dist_init). */
 mg_dist *mg_dist_world(void);
+/* MPI_Finalize; output still held (mg_dist_hold_output) is dropped. */
 void mg_dist_finalize(void);
 
 /* [*i0, *i1): rank's part of n items. */
@@ -58,6 +59,34 @@ void mg_dist_sum_f64(mg_dist *d, double *x, size_t n);
 void mg_dist_max_i64(mg_dist *d, int64_t *x, size_t n);
 /* 1 when x is the same on every rank (max == min). */
 int mg_dist_same_u64(mg_dist *d, uint64_t x);
+
+/* What every rank must hold alike: an option's value, a hash of an input's
+ * contents (what = "--seed", "the --smiles file's contents"). */
+typedef struct {
+    const char *what;
+    uint64_t value;
+} mg_dist_field;
+/* FNV-1a of s ("" for NULL), and of n bytes: the value of a field. */
+uint64_t mg_dist_hash_str(const char *s);
+uint64_t mg_dist_hash(const void *p, size_t n);
+/* Every rank holds rank 0's fields f[0..n) (the same names, by their hash,
+ * and values, in the same order): MG_OK; else on the lowest rank that
+ * differs from rank 0 MG_ERR_MISMATCH "the ranks disagree: WHAT differs
+ * from rank 0's" (its first differing field), on every other rank
+ * MG_ERR_PEER. */
+mg_status mg_dist_agree_fields(mg_dist *d, const mg_dist_field *f, size_t n, mg_error *err);
+/* A model's fingerprint: the CRC-32 of its parameters (as loaded: averaged
+ * or raw), its shape, vocabulary and condition normalisation. */
+struct mg_model;
+struct mg_vocab;
+uint64_t mg_dist_hash_model(struct mg_model *m, const struct mg_vocab *v);
+
+/* Under mpirun, ranks other than 0 started with rank 0's command line
+ * (argv[1..argc), compared by hash) hold what they print on stdout and
+ * stderr until their next collective: a usage error or --help before it is
+ * rank 0's too, so it is said once; from that collective on their output
+ * passes through (what was held first). Collective; a no-op alone. */
+void mg_dist_hold_output(int argc, char **argv);
 
 /* Rank 0 gets every rank's bytes[0..n) concatenated in rank order
  * (*all malloc'ed, *all_n its length; NULL / 0 on the other ranks).

@@ -11,6 +11,7 @@
 #ifndef MG_ERRORS_H
 #define MG_ERRORS_H
 
+#include <signal.h>
 #include <stddef.h>
 
 #ifdef __cplusplus
@@ -30,7 +31,8 @@ typedef enum {
     MG_ERR_STATE = 9,         /* call order (a backward without a forward) */
     MG_ERR_NUMERIC = 10,      /* non-finite values (diverged gradients, NaN logits) */
     MG_ERR_MISMATCH = 11,     /* inputs that do not belong together (resume on other data) */
-    MG_ERR_PEER = 12 /* another rank of the MPI job failed (dist.h; its message is its own) */
+    MG_ERR_PEER = 12, /* another rank of the MPI job failed (dist.h; its message is its own) */
+    MG_ERR_INTERRUPTED = 13 /* stopped by SIGINT / SIGTERM (mg_catch_stop_signals) */
 } mg_status;
 
 /* Caller-owned error report; pass NULL when only the status matters. */
@@ -47,6 +49,15 @@ const char *mg_status_name(mg_status s);
  * `return mg_fail(err, MG_ERR_ARG, "bad %d", x);`. */
 mg_status mg_fail(mg_error *err, mg_status s, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+
+/* SIGINT and SIGTERM as an error of a command that keeps nothing partial
+ * (sample, score; train saves a checkpoint: train.h): after
+ * mg_catch_stop_signals the first of them sets mg_stop_signal to its
+ * number (a second one takes the default action: the process ends); an
+ * engine given &mg_stop_signal stops at its next step with
+ * MG_ERR_INTERRUPTED, and the command exits with 128 + the signal. */
+extern volatile sig_atomic_t mg_stop_signal;
+void mg_catch_stop_signals(void);
 
 #ifdef __cplusplus
 }

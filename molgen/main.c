@@ -51,13 +51,23 @@ static int run_command(const command *c, int argc, char **argv) {
     for (size_t i = 0; i < sizeof RANKED / sizeof RANKED[0]; i++)
         ranked |= !strcmp(c->name, RANKED[i]);
     int rc;
-    if (mg_dist_world()->size > 1 && !ranked) {
-        if (mg_dist_world()->rank == 0)
+    mg_dist *world = mg_dist_world();
+    /* every rank runs the same command (mpirun's MPMD form could start
+     * others); a usage error is said once (mg_dist_hold_output) */
+    const mg_dist_field cmd = {"the command", mg_dist_hash_str(c->name)};
+    if (world->size > 1 && !ranked) {
+        if (world->rank == 0)
             fprintf(stderr,
                     "molgen %s: does not run as several MPI ranks (train, sample, score do)\n",
                     c->name);
         rc = 2;
+    } else if (mg_dist_agree_fields(world, &cmd, 1, &e)) {
+        if (e.status != MG_ERR_PEER)
+            fprintf(stderr, "molgen %s: rank %d of %d: %s\n", c->name, world->rank, world->size,
+                    e.message);
+        rc = 1;
     } else {
+        mg_dist_hold_output(argc, argv);
         rc = c->run(argc - 1, argv + 1);
     }
     mg_dist_finalize();

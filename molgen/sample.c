@@ -408,6 +408,10 @@ static mg_status sample_part(mg_model *m, const mg_vocab *v, const mg_sample_opt
     size_t next = 0;
     int live = 0;
     for (;;) {
+        if (o->stop && *o->stop) {
+            rc = mg_fail(err, MG_ERR_INTERRUPTED, "interrupted by signal %d", (int)*o->stop);
+            goto done;
+        }
         if (live == 0) {
             if (next >= n) break;
             rc = mg_decoder_reset(dec, DB, err);

@@ -145,6 +145,9 @@ typedef struct {
      * consecutive part (mg_dist_range; molecule k always from stream k), rank 0
      * gets all n in order, the other ranks none (out->n 0). Collective. */
     mg_dist *dist;
+    /* Nonzero *stop (e.g. &mg_stop_signal, errors.h) ends the sampling at
+     * the next step: MG_ERR_INTERRUPTED, nothing returned. NULL: never. */
+    const volatile sig_atomic_t *stop;
 } mg_sample_opts;
 
 /* n 1000, batch 64, KV cache, default sampling, seed 0, unconstrained. */

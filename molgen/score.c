@@ -123,6 +123,7 @@ static mg_status score_part(mg_model *m, const mg_vocab *v, const char *const *s
                 int64_t len = 0;
                 mg_error e;
                 sc->nll = NAN;
+                if (o && o->stop && *o->stop) continue;
                 sc->status = encode(r, v, smiles[i], flaw ? flaw[i] : 0, s, &len, &sc->tokens, &e);
                 if (sc->status != MG_SCORE_OK) continue;
                 const mg_status frc = mg_model_sequence_nll(r, s, &len, 1, (int)len, &sc->nll, &e);
@@ -136,6 +137,8 @@ static mg_status score_part(mg_model *m, const mg_vocab *v, const char *const *s
             }
         }
         if (failed) rc = mg_fail(err, failed, "%s", msg);
+        if (!rc && o && o->stop && *o->stop)
+            rc = mg_fail(err, MG_ERR_INTERRUPTED, "interrupted by signal %d", (int)*o->stop);
         if (!rc && o && o->progress) o->progress(o->user, b1, n);
     }
     mg_model_set_threads(m, m_threads);

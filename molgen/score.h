@@ -68,6 +68,9 @@ typedef struct {
      * The results are those of one process (each molecule its own forward).
      * progress: rank 0's, its part scaled to n. Collective. */
     mg_dist *dist;
+    /* Nonzero *stop (e.g. &mg_stop_signal, errors.h) ends the scoring
+     * after the molecules being scored: MG_ERR_INTERRUPTED. NULL: never. */
+    const volatile sig_atomic_t *stop;
 } mg_score_opts;
 
 /* Why molecule s has the status it gets (mg_score_one's reason, e.g.

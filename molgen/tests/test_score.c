@@ -67,7 +67,7 @@ int main(void) {
     for (int i = 0; i < NX; i++) smi[NMOL + i] = extra[i];
 
     mg_score ref[N], got[N];
-    mg_score_opts o = {1, 1, NULL, NULL, NULL};
+    mg_score_opts o = {1, 1, NULL, NULL, NULL, NULL};
     CHECK(mg_score_molecules(m, v, smi, NULL, N, &o, ref, &err) == 0, "%s", err.message);
     for (int i = 0; i < N; i++)
         CHECK(ref[i].status == (i < NMOL ? MG_SCORE_OK : want[i - NMOL]), "row %d: status %s", i,
@@ -115,7 +115,7 @@ int main(void) {
     const int threads[] = {1, 2, 3}, batches[] = {1, 5, 64};
     for (int a = 0; a < 3; a++)
         for (int b = 0; b < 3; b++) {
-            mg_score_opts ob = {threads[a], batches[b], NULL, NULL, NULL};
+            mg_score_opts ob = {threads[a], batches[b], NULL, NULL, NULL, NULL};
             memset(got, 0xAB, sizeof got);
             CHECK(mg_score_molecules(m, v, smi, NULL, N, &ob, got, &err) == 0, "%s", err.message);
             int same = 1;
@@ -126,7 +126,7 @@ int main(void) {
             CHECK(same, "threads %d batch %d: results differ from 1 thread", threads[a],
                   batches[b]);
         }
-    mg_score_opts o2 = {2, 3, NULL, NULL, NULL};
+    mg_score_opts o2 = {2, 3, NULL, NULL, NULL, NULL};
     CHECK(mg_score_molecules(m, v, smi + 17, NULL, 20, &o2, got, &err) == 0, "%s", err.message);
     CHECK(memcmp(&got[0].nll, &ref[17].nll, sizeof(double)) == 0 &&
               memcmp(&got[19].nll, &ref[36].nll, sizeof(double)) == 0,

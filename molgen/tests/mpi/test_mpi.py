@@ -357,3 +357,97 @@ def test_kill_one_rank(data, tmp_path):
     assert p.returncode != 0
     assert re.search(r"signal 9|Killed", err), err
     ok(alone(["sample", "--model", out, "-n", "3", "--out", str(tmp_path / "s.smi")]))
+
+
+def mpmd(rank0, rank1, timeout=60):
+    """mpirun's MPMD form: rank 0 runs molgen rank0, rank 1 molgen rank1."""
+    return subprocess.run(MPI + ["-np", "1", molgen_binary()] + rank0 + [":", "-np", "1",
+                          molgen_binary()] + rank1, capture_output=True, text=True,
+                          timeout=timeout, env=ENV)
+
+
+def one_disagreement(p, cmd, what, rank=1):
+    assert p.returncode == 1, (p.returncode, p.stderr)
+    mine = molgen_lines(p.stderr, cmd)
+    assert mine == ["molgen %s: rank %d of 2: the ranks disagree: %s differs from rank 0's"
+                    % (cmd, rank, what)], p.stderr
+
+
+def test_score_ranks_disagree_refused(model, data, tmp_path):
+    """Issue 23 defect 6: rank 1 scores another file (or with another model,
+    or with --raw-weights): one message naming it, exit 1, nothing written
+    (it wrote misaligned rows with exit 0)."""
+    a, b = tmp_path / "a.smi", tmp_path / "b.smi"
+    lines = open(data).read().splitlines()
+    a.write_text("\n".join(lines[:40]) + "\n")
+    b.write_text("\n".join(lines[1:41]) + "\n")
+    other = str(tmp_path / "other.st")
+    ok(alone(["train", "--data", data, "--steps", "5", "--val-every", "0", "--out", other]
+             + TINY))
+    out = str(tmp_path / "o.csv")
+    common = ["score", "--threads", "1", "--out", out]
+    for r1, what in [(["--model", model, "--smiles", str(b)], "the --smiles file (its records)"),
+                     (["--model", other, "--smiles", str(a)], "the --model file (its weights)"),
+                     (["--model", model, "--smiles", str(a), "--raw-weights"], "--raw-weights")]:
+        p = mpmd(common + ["--model", model, "--smiles", str(a)], common + r1)
+        one_disagreement(p, "score", what)
+        assert not os.path.exists(out)
+    # a copy of the same file under another name is the same input
+    shutil.copy(str(a), str(tmp_path / "copy.smi"))
+    ok(mpmd(common + ["--model", model, "--smiles", str(a)],
+            common + ["--model", model, "--smiles", str(tmp_path / "copy.smi")]))
+    ref = str(tmp_path / "ref.csv")
+    ok(alone(["score", "--model", model, "--smiles", str(a), "--threads", "1", "--out", ref]))
+    assert open(ref, "rb").read() == open(out, "rb").read()
+
+
+def test_sample_ranks_disagree_refused(model, tmp_path):
+    """Rank 1 samples with another --seed (or -n, --temperature): one
+    message naming the option, exit 1, no file (it wrote a mix of two
+    seeds' molecules with exit 0 and rank 0's seed in the sidecar)."""
+    out = str(tmp_path / "s.smi")
+    common = ["sample", "--model", model, "--threads", "1", "--out", out]
+    for r1, what in [(["--seed", "2"], "--seed"), (["-n", "11"], "-n"),
+                     (["--temperature", "0.5"], "--temperature")]:
+        p = mpmd(common + ["-n", "10", "--seed", "1"], common + ["-n", "10", "--seed", "1"] + r1)
+        one_disagreement(p, "sample", what)
+        assert not os.path.exists(out) and not os.path.exists(out + ".json")
+    # three ranks: the lowest that differs says so
+    p = subprocess.run(MPI + ["-np", "2", molgen_binary()] + common + [":", "-np", "1",
+                       molgen_binary()] + common + ["--top-k", "3"], capture_output=True,
+                       text=True, timeout=60, env=ENV)
+    assert p.returncode == 1
+    assert molgen_lines(p.stderr, "sample") == [
+        "molgen sample: rank 2 of 3: the ranks disagree: --top-k differs from rank 0's"], p.stderr
+
+
+def test_train_ranks_disagree_refused(data, tmp_path):
+    """--ema (or --lr, --seed) per rank: one molgen message naming it, exit 1
+    (--ema ended in MPI_ERR_TRUNCATE with no molgen message)."""
+    out = str(tmp_path / "t.st")
+    args = ["train", "--data", data, "--steps", "5", "--out", out] + TINY
+    for r1, what in [(["--ema", "0.99"], "--ema"), (["--lr", "1e-3"], "--lr"),
+                     (["--seed", "4"], "--seed")]:
+        p = mpmd(args + ["--ema", "0.9"] if r1[0] == "--ema" else args,
+                 args + r1)
+        one_disagreement(p, "train", what)
+        assert "MPI_ERR" not in p.stderr
+        assert not os.path.exists(out)
+    # what each machine decides alone may differ: --threads, --quiet
+    ok(mpmd(args + ["--threads", "2"], [a for a in args if a != "--quiet"]))
+
+
+def test_usage_error_said_once_refused(model):
+    """A bad option under mpirun -np 3: one message, not one per rank; so
+    is --help printed once."""
+    for args, says in [(["sample", "--model", model, "--bogus"], "unknown option '--bogus'"),
+                       (["score", "--model", model, "--smiles", "x.smi", "--batch", "0"],
+                        "bad value '0' for --batch"),
+                       (["train", "--steps", "x"], "bad value 'x' for --steps"),
+                       (["sample", "--model", model, "--scaffold", "c1cc"], "not a complete")]:
+        p = mpirun(3, args, timeout=60)
+        assert p.returncode == 2, p.stderr
+        mine = molgen_lines(p.stderr, args[0])
+        assert len(mine) == 1 and says in mine[0], p.stderr
+    p = ok(mpirun(3, ["score", "--help"], timeout=60))
+    assert p.stdout.count("usage: molgen score") == 1, p.stdout
