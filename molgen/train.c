@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 
 #include "checkpoint.h"
 #include "condition.h"
@@ -752,6 +753,21 @@ static mg_status build(run *r, mg_error *err) {
     if ((rc = mg_batcher_new(&r->train, B, r->s.seed, 1, &r->batcher, &e)))
         return mg_fail(err, rc, "%s", e.message);
     mg_batcher_seek(r->batcher, (uint64_t)r->st.step);
+    /* a resumed run reads the data its checkpoint names, which the command
+     * could not check its outputs against: none may be that data */
+    const char *const out_opt[] = {"--out", "--loss-log", "--debug-dump-rows"};
+    const char *const outs[] = {c->out_path, c->loss_log, c->dump_rows};
+    const char *const ins[] = {r->s.data_path, r->s.augment_file};
+    for (int i = 0; r->resuming && r->d->rank == 0 && i < 3; i++)
+        for (int j = 0; j < 2; j++) {
+            struct stat so, si;
+            if (outs[i] && ins[j] && stat(outs[i], &so) == 0 && stat(ins[j], &si) == 0 &&
+                S_ISREG(so.st_mode) && so.st_dev == si.st_dev && so.st_ino == si.st_ino)
+                return mg_fail(err, MG_ERR_ARG,
+                               "%s %s is the %s file %s of the checkpoint (same file): refusing "
+                               "to write over an input",
+                               out_opt[i], outs[i], j ? "--augment-file" : "--data", ins[j]);
+        }
     if (c->loss_log && r->d->rank == 0 && !(r->loss_log = fopen(c->loss_log, "a")))
         return mg_fail(err, MG_ERR_IO, "cannot open the loss log %s", c->loss_log);
     r->bids = malloc((size_t)B * T * sizeof(int32_t));

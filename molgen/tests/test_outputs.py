@@ -314,6 +314,22 @@ def test_log_over_resume_and_outputs_refused(model, smiles, tmp_path):
     assert not log.exists() and not (tmp_path / "n").exists()
 
 
+def test_resume_outputs_over_its_data_refused(smiles, tmp_path):
+    """--resume without --data reads the data file its checkpoint names."""
+    data = tmp_path / "d.smi"
+    shutil.copy(smiles, data)
+    ck = str(tmp_path / "ck.safetensors")
+    assert run(["train", "--data", str(data), "--steps", "2", "--out", ck, "--quiet"]
+               + TINY).returncode == 0
+    before = digest(data)
+    for opt in ("--out", "--loss-log"):
+        p = run(["train", "--resume", ck, "--steps", "4", "--quiet", opt, str(data)])
+        line = one_error_line(p)
+        assert "%s %s is the --data file" % (opt, data) in line and "same file" in line
+        assert digest(data) == before
+    assert st_header(ck)["__metadata__"]["step"] == "2"
+
+
 # ---- 5. two writers of one output
 
 def locked_train(args, tmp_path):
