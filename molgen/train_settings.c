@@ -77,7 +77,7 @@ const mg_setting *mg_setting_find(const char *key) {
  * float), so that no message or --help shows a value other than the one in
  * force ("%g" would print --ema 0.99999999 as 1). */
 static void real_text(double v, int f32, char *out, size_t n) {
-    for (int prec = 1; prec <= 17; prec++) {
+    for (int prec = 6; prec <= 17; prec++) { /* "%g" when it is exact: 10, not 1e+01 */
         snprintf(out, n, "%.*g", prec, v);
         if (f32 ? strtof(out, NULL) == (float)v : strtod(out, NULL) == v) return;
     }

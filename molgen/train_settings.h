@@ -200,7 +200,8 @@
       "never; -1 = 5 with --keep best, else 0)")                                                   \
     X(check_samples, check_samples, INT, "check-samples", "N", -1, -1, 1000000, MG_CLOSED, RUN,    \
       NEW, MG_GROUP_RUN,                                                                           \
-      "at the end, sample N molecules (seed 1, temperature 1) from the weights in --out and "      \
+      "at the end, sample N molecules (seed 1, temperature 1) from the kept step's parameters "    \
+      "and "                                                                                       \
       "report how many pass the syntax check and how many copy a molecule of the data file as "    \
       "written (0 = no check; -1 = 500 with --init, else 0)")                                      \
     X(progress, progress, FLAG, "no-progress", "", 1, 0, 1, MG_CLOSED, RUN, NEW, MG_GROUP_RUN,     \
