@@ -415,9 +415,8 @@ static mg_status lock_output(const mg_cli_file *o, const char *target, mg_error 
 
 enum { MAX_OUTPUTS = 8 };
 
-/* mg_cli_check_outputs, with the locks or without. */
-static mg_status check_outputs(const mg_cli_file *outs, size_t n_out, const mg_cli_file *ins,
-                               size_t n_in, int lock, mg_error *err) {
+mg_status mg_cli_check_outputs(const mg_cli_file *outs, size_t n_out, const mg_cli_file *ins,
+                               size_t n_in, mg_error *err) {
     mg_status rc;
     static out_state st[MAX_OUTPUTS];
     if (n_out > MAX_OUTPUTS) return mg_fail(err, MG_ERR_ARG, "too many outputs");
@@ -443,34 +442,13 @@ static mg_status check_outputs(const mg_cli_file *outs, size_t n_out, const mg_c
                                "%s %s and %s %s are the same file: give each output its own",
                                outs[j].opt, outs[j].path, outs[i].opt, outs[i].path);
     }
-    for (size_t i = 0; lock && i < n_out; i++)
+    for (size_t i = 0; i < n_out; i++)
         if (outs[i].path && st[i].info.kind == MG_CLI_OUT_FILE && !(outs[i].flags & MG_CLI_BESIDE) &&
             (rc = lock_output(&outs[i], st[i].target, err)))
             return rc;
     return MG_OK;
 }
 
-mg_status mg_cli_check_outputs(const mg_cli_file *outs, size_t n_out, const mg_cli_file *ins,
-                               size_t n_in, mg_error *err) {
-    return check_outputs(outs, n_out, ins, n_in, 1, err);
-}
-
-enum { MAX_INPUTS = 16 };
-
-/* inputs[0..n) as files named "input" in files[MAX_INPUTS]; 0 when too many. */
-static int unnamed_inputs(const char *const *inputs, size_t n, mg_cli_file *files) {
-    if (n > MAX_INPUTS) return 0;
-    for (size_t i = 0; i < n; i++) files[i] = (mg_cli_file){"input", inputs[i], 0};
-    return 1;
-}
-
-mg_status mg_cli_check_output(const char *path, const char *const *inputs, size_t n_inputs,
-                              mg_error *err) {
-    mg_cli_file in[MAX_INPUTS];
-    if (!unnamed_inputs(inputs, n_inputs, in)) return mg_fail(err, MG_ERR_ARG, "too many inputs");
-    const mg_cli_file out = {"output", path ? path : "", 0};
-    return check_outputs(&out, 1, in, n_inputs, 0, err);
-}
 
 mg_status mg_cli_check_output_dir(const char *dir, mg_error *err) {
     mg_status rc_;
@@ -599,14 +577,6 @@ int mg_cli_claim_outputs(const char *cmd, const mg_cli_file *outs, size_t n_out,
         }
     }
     return mg_dist_agree(world, rc, &err) ? -1 : removed;
-}
-
-int mg_cli_check_output_ranks(const char *cmd, const char *path, const char *const *inputs,
-                              size_t n_inputs) {
-    mg_cli_file in[MAX_INPUTS];
-    if (!unnamed_inputs(inputs, n_inputs, in)) n_inputs = 0;
-    const mg_cli_file out = {"--out", path, 0};
-    return mg_cli_claim_outputs(cmd, &out, 1, in, n_inputs) < 0 ? -1 : 0;
 }
 
 void mg_cli_report(const char *cmd, mg_status rc, const mg_error *err) {

@@ -92,18 +92,14 @@ mg_status mg_cli_check_outputs(const mg_cli_file *outs, size_t n_out, const mg_c
                                size_t n_in, mg_error *err);
 /* mg_cli_check_outputs for command cmd, collective: under mpirun (dist.h)
  * the outputs are rank 0's, so rank 0 checks and locks them (then removes
- * the stale temporaries of each FILE output) and prints "molgen CMD:
- * <reason>"; every rank returns the verdict, 0 or -1. Alone: the same for
- * this process. Returns the number of stale temporaries removed (>= 0) or
- * -1. */
+ * the stale temporaries of each FILE output, mg_st_remove_stale_temps) and
+ * prints "molgen CMD: <reason>"; every rank returns -1 when rank 0 failed,
+ * else the number of temporaries removed (0 on the other ranks). Alone:
+ * the same for this process. */
 int mg_cli_claim_outputs(const char *cmd, const mg_cli_file *outs, size_t n_out,
                          const mg_cli_file *ins, size_t n_in);
-/* The checks of mg_cli_check_outputs for one output "output" against the
- * unnamed inputs[0..n_inputs) (NULL entries skipped), without the lock. */
-mg_status mg_cli_check_output(const char *path, const char *const *inputs, size_t n_inputs,
-                              mg_error *err);
-/* The same for an output directory: not empty, created when missing, a
- * probe file can be created in it. */
+/* An output directory (its files are claimed on their own): not empty,
+ * created when missing, a probe file can be created in it. */
 mg_status mg_cli_check_output_dir(const char *dir, mg_error *err);
 
 /* Writing an output by its kind: mg_cli_atomic_open opens a FILE output's
@@ -131,10 +127,6 @@ struct mg_vocab;
 int mg_cli_load_model(const char *cmd, const char *path, unsigned flags, struct mg_model **m,
                       struct mg_vocab **v, int *averaged);
 
-/* mg_cli_claim_outputs of the one output {"--out", path} against
- * inputs[0..n_inputs) (named "input"). Collective. */
-int mg_cli_check_output_ranks(const char *cmd, const char *path, const char *const *inputs,
-                              size_t n_inputs);
 /* "molgen CMD: <message>" on stderr, "molgen CMD: rank K of N: <message>"
  * under mpirun; nothing for MG_ERR_PEER (the failed rank says why). */
 void mg_cli_report(const char *cmd, mg_status rc, const mg_error *err);
