@@ -59,7 +59,10 @@ static const char *SAMPLE_USAGE =
     "raw), seed, sampling settings and constrain mode, condition and scaffold\n"
     "(molgen/metrics.py reports it).\n"
     "Under mpirun -np N the molecules are split over the ranks by index; rank 0\n"
-    "writes them in order: the file is the one a single process writes.\n"
+    "writes them in order: the file is the one a single process writes; the ranks\n"
+    "must agree on the model and every option but --batch, --threads and --out\n"
+    "(else one error names what differs). SIGINT/SIGTERM: nothing is written, the\n"
+    "exit status is 128 + the signal.\n"
     "Prints the output path on stdout; molecules/s and the syntax-valid fraction\n"
     "(molgen's SMILES grammar check, not RDKit) on stderr. An empty line is a\n"
     "molecule that ended at once; a molecule without EOS by ctx_len is kept.\n";

@@ -46,7 +46,10 @@ static const char *SCORE_USAGE =
     "                     not the averaged ones (the default)\n"
     "The summary (counts per status, the first bad rows as file:line, molecules/s)\n"
     "goes to stderr; a bad row is reported, never an error. Under mpirun -np N the\n"
-    "input is split over the ranks and rank 0 writes every row in input order.\n";
+    "input is split over the ranks and rank 0 writes every row in input order; the\n"
+    "ranks must agree on the model, the records read and --csv-column/--raw-weights\n"
+    "(else one error names what differs). SIGINT/SIGTERM: nothing is written, the\n"
+    "exit status is 128 + the signal.\n";
 
 /* A CSV field: as is, or quoted ("" for a quote) when it holds a comma, a
  * quote, whitespace or other control characters. */
