@@ -107,6 +107,28 @@ ATTN_API const char *attn_status_name(attn_status s);
 ATTN_API attn_status attn_set_num_threads(int n, attn_error *err);
 ATTN_API int attn_get_num_threads(void);
 
+/* ---------------------------------------------------------- dense products */
+
+/* Row-major C [M, N] = alpha op(A) op(B) + beta C, the product the library's
+ * own projections use, for an application's dense layers: op(X) is X, or
+ * Xᵀ when trans_x is nonzero; op(A) is [M, K] and op(B) [K, N]; lda, ldb,
+ * ldc are the row strides of A, B, C as stored (A is [M, >= K], or [K, >= M]
+ * when transposed; likewise B; C is [M, >= N]). beta 0: C's old values are
+ * not read (NaN there stays out of the result).
+ * Runs by the policy above on num_threads threads of the library's team (0:
+ * the global setting): OpenBLAS's sgemm, one single-threaded call per
+ * thread on rows of C cut at the measured row step, so C is bitwise the
+ * same for any thread count.
+ * Errors, with C untouched: a NULL pointer (ATTN_ERR_NULL), M, N or K < 1 or
+ * a leading dimension below its row's length (ATTN_ERR_SHAPE), a size or
+ * leading dimension above INT_MAX (OpenBLAS's int; ATTN_ERR_OVERFLOW), a
+ * non-finite alpha or beta, num_threads outside [0, ATTN_MAX_THREADS]
+ * (ATTN_ERR_ARG). */
+ATTN_API attn_status attn_matmul(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K,
+                                 float alpha, const float *A, int64_t lda, const float *B,
+                                 int64_t ldb, float beta, float *C, int64_t ldc, int num_threads,
+                                 attn_error *err);
+
 /* ---------------------------------------------------------------- tensors */
 
 /* A strided 4-D fp32 view, dims [B, H, L, D], strides in elements.
@@ -190,6 +212,23 @@ typedef struct {
     attn_impl impl;  /* ATTN_IMPL_AUTO by default */
     int num_threads; /* 0: the global setting */
 } attn_sdpa_params;
+
+/* Dropout multipliers from the attention dropout's generator, for an
+ * application's own dropout (on activations, residual branches): row r of
+ * mask [n, cols] gets the factors attention dropout with p would apply to
+ * the weights (b, h, i, j) = (b[r], h, i[r], j), j = 0 .. cols - 1: 0 where
+ * dropped, else 1 / (1 - dropout_p); every factor 1 when p's dropout is off
+ * (training 0 or dropout_p 0). p's dropout_p, training, seed, offset,
+ * dropout_row0 and num_threads are read; the rest is ignored. The same
+ * mask for any thread count. Attention calls with the same seed and offset
+ * draw the same words: give such a site an offset of its own.
+ * Errors: a NULL pointer (ATTN_ERR_NULL), n or cols < 1 (ATTN_ERR_SHAPE),
+ * n * cols or cols / 4 too large (ATTN_ERR_OVERFLOW), dropout_p outside
+ * [0, 1), num_threads outside [0, ATTN_MAX_THREADS], h, i[r] or
+ * b[r] + dropout_row0 outside [0, 2^32) (ATTN_ERR_ARG). */
+ATTN_API attn_status attn_dropout_mask(const attn_sdpa_params *p, int64_t n, int64_t cols,
+                                       const int64_t *b, int64_t h, const int64_t *i, float *mask,
+                                       attn_error *err);
 
 /* Which path ran and why; optional out-parameter. */
 typedef struct {

@@ -39,3 +39,54 @@ void attn_philox_block(uint64_t key, int64_t b, int64_t h, int64_t i, int64_t c,
     out[2] = c2;
     out[3] = c3;
 }
+
+attn_status attn_dropout_mask(const attn_sdpa_params *p, int64_t n, int64_t cols, const int64_t *b,
+                              int64_t h, const int64_t *i, float *mask, attn_error *err) {
+    const int64_t two32 = (int64_t)1 << 32;
+    if (!p || !b || !i || !mask)
+        return attn_fail(err, ATTN_ERR_NULL, "dropout mask: p, b, i and mask must be non-NULL");
+    if (n < 1 || cols < 1)
+        return attn_fail(err, ATTN_ERR_SHAPE, "dropout mask: %lld rows x %lld columns: need >= 1",
+                         (long long)n, (long long)cols);
+    if (cols > 4 * two32 || n > INT64_MAX / cols)
+        return attn_fail(err, ATTN_ERR_OVERFLOW, "dropout mask: %lld rows x %lld columns",
+                         (long long)n, (long long)cols);
+    if (!(p->dropout_p >= 0.0f && p->dropout_p < 1.0f))
+        return attn_fail(err, ATTN_ERR_ARG, "dropout mask: dropout_p must be in [0, 1), got %g",
+                         (double)p->dropout_p);
+    if (p->num_threads < 0 || p->num_threads > ATTN_MAX_THREADS)
+        return attn_fail(err, ATTN_ERR_ARG, "dropout mask: num_threads must be in [0, %d], got %d",
+                         ATTN_MAX_THREADS, p->num_threads);
+    if (h < 0 || h >= two32 || p->dropout_row0 < 0 || p->dropout_row0 >= two32)
+        return attn_fail(err, ATTN_ERR_ARG,
+                         "dropout mask: h %lld and dropout_row0 %lld must be in [0, 2^32)",
+                         (long long)h, (long long)p->dropout_row0);
+    for (int64_t r = 0; r < n; r++)
+        if (b[r] < 0 || b[r] >= two32 - p->dropout_row0 || i[r] < 0 || i[r] >= two32)
+            return attn_fail(err, ATTN_ERR_ARG,
+                             "dropout mask: row %lld: b %lld (+ dropout_row0 %lld) and i %lld "
+                             "must be in [0, 2^32)",
+                             (long long)r, (long long)b[r], (long long)p->dropout_row0,
+                             (long long)i[r]);
+    const int on = p->training && p->dropout_p > 0.0f;
+    /* the constants of sdpa_check.c's attn_problem, so the decisions are
+     * attention's */
+    const double t = ldexp((double)p->dropout_p, 32);
+    const uint32_t thr = t >= 4294967295.0 ? UINT32_MAX : (uint32_t)t;
+    const float keep = on ? 1.0f / (1.0f - p->dropout_p) : 1.0f;
+    const uint64_t key = attn_dropout_key(p->seed, p->offset);
+#pragma omp parallel for num_threads(attn_threads_for(p->num_threads)) schedule(static)
+    for (int64_t r = 0; r < n; r++) {
+        float *row = mask + r * cols;
+        uint32_t w[4] = {0};
+        for (int64_t j = 0; j < cols; j++) {
+            if (!on) {
+                row[j] = 1.0f;
+                continue;
+            }
+            if ((j & 3) == 0) attn_philox_block(key, b[r] + p->dropout_row0, h, i[r], j >> 2, w);
+            row[j] = w[j & 3] < thr ? 0.0f : keep;
+        }
+    }
+    return attn_ok(err);
+}

@@ -18,7 +18,9 @@
  *  - the documented generator: Philox-4x32-10 (checked against the
  *    Random123 known-answer vectors), counter (j/4, i, h, b), word j%4,
  *    drop iff word < p·2^32; with dropout_row0 the batch word is row0 + b. The key derivation from (seed, offset) is not
- *    in the header; the replica below mirrors src/dropout.c and pins it.
+ *    in the header; the replica below mirrors src/dropout.c and pins it;
+ *  - attn_dropout_mask (a caller's own dropout) gives those words' factors
+ *    and attention's own on the same (b, h, i, j), for any thread count.
  * Masks are read through the public API with the identity trick
  * (grad_util.h): forward with V = I gives out = P ∘ mult. */
 #include "grad_util.h"
@@ -696,9 +698,93 @@ static void test_generator(void) {
     free(m);
 }
 
+/* attn_dropout_mask: row r is attention's weights row (b[r], h, i[r]); the
+ * words are Philox's (the replica above); 1 and 3 threads alike; off: all
+ * 1; bad arguments refused with C untouched. */
+static void test_mask_api(void) {
+    enum { N = 40, COLS = 23, B = 3, H = 4, LQ = 11 };
+    int64_t bi[N], ii[N];
+    for (int r = 0; r < N; r++) bi[r] = (r * 7) % B, ii[r] = (r * 5 + 3) % LQ;
+    attn_sdpa_params p = {0};
+    p.training = 1;
+    p.dropout_p = 0.35f;
+    p.seed = 0xfeedbeefull;
+    p.offset = 77;
+    p.dropout_row0 = 9;
+    float *m1 = tu_malloc(N * COLS * sizeof(float)), *m3 = tu_malloc(N * COLS * sizeof(float));
+    double *att = tu_malloc((size_t)(B * H * LQ * COLS) * sizeof(double));
+    attn_error e;
+    p.num_threads = 1;
+    CHECK(attn_dropout_mask(&p, N, COLS, bi, 2, ii, m1, &e) == ATTN_OK, "mask: %s", e.message);
+    p.num_threads = 3;
+    CHECK(attn_dropout_mask(&p, N, COLS, bi, 2, ii, m3, &e) == ATTN_OK, "mask: %s", e.message);
+    CHECK(!memcmp(m1, m3, N * COLS * sizeof(float)), "mask: 3 threads differ from 1");
+    p.num_threads = 0;
+    CHECK(gu_dropout_mult(B, H, LQ, COLS, &p, att, NULL) == 0, "mask: attention read-back");
+    const uint64_t key = key_of(p.seed, p.offset);
+    const uint32_t k[2] = {(uint32_t)key, (uint32_t)(key >> 32)};
+    const uint32_t thr = (uint32_t)ldexp((double)p.dropout_p, 32);
+    const float keep = 1.0f / (1.0f - p.dropout_p);
+    size_t off_philox = 0, off_attn = 0, dropped = 0;
+    for (int r = 0; r < N; r++)
+        for (int j = 0; j < COLS; j++) {
+            const uint32_t ctr[4] = {(uint32_t)(j / 4), (uint32_t)ii[r], 2u,
+                                     (uint32_t)(bi[r] + p.dropout_row0)};
+            uint32_t w[4];
+            philox(ctr, k, w);
+            const float want = w[j % 4] < thr ? 0.0f : keep, got = m1[r * COLS + j];
+            off_philox += got != want;
+            off_attn += (got != 0.0f) != (att[((bi[r] * H + 2) * LQ + ii[r]) * COLS + j] != 0.0);
+            dropped += got == 0.0f;
+        }
+    CHECK(off_philox == 0, "mask: %zu factors differ from Philox (j/4, i, h, row0 + b)",
+          off_philox);
+    CHECK(off_attn == 0, "mask: %zu decisions differ from attention's on the same weights",
+          off_attn);
+    CHECK(dropped > 0 && dropped < N * COLS, "mask: %zu of %d dropped", dropped, N * COLS);
+    p.training = 0;
+    CHECK(attn_dropout_mask(&p, N, COLS, bi, 2, ii, m1, &e) == ATTN_OK, "mask off: %s", e.message);
+    size_t ones = 0;
+    for (int x = 0; x < N * COLS; x++) ones += m1[x] == 1.0f;
+    CHECK(ones == N * COLS, "mask off: %zu of %d factors are 1", ones, N * COLS);
+    p.training = 1;
+    const int64_t huge_b[1] = {((int64_t)1 << 32) - 9}, neg_i[1] = {-1};
+    struct {
+        const char *what;
+        int64_t n, cols, h;
+        const int64_t *b, *i;
+        float pdrop;
+        int threads;
+        attn_status want;
+    } bad[] = {
+        {"b NULL", N, COLS, 0, NULL, ii, 0.35f, 0, ATTN_ERR_NULL},
+        {"n 0", 0, COLS, 0, bi, ii, 0.35f, 0, ATTN_ERR_SHAPE},
+        {"cols 0", N, 0, 0, bi, ii, 0.35f, 0, ATTN_ERR_SHAPE},
+        {"dropout_p 1", N, COLS, 0, bi, ii, 1.0f, 0, ATTN_ERR_ARG},
+        {"h -1", N, COLS, -1, bi, ii, 0.35f, 0, ATTN_ERR_ARG},
+        {"b + row0 = 2^32", 1, COLS, 0, huge_b, ii, 0.35f, 0, ATTN_ERR_ARG},
+        {"i -1", 1, COLS, 0, bi, neg_i, 0.35f, 0, ATTN_ERR_ARG},
+        {"threads -1", N, COLS, 0, bi, ii, 0.35f, -1, ATTN_ERR_ARG},
+    };
+    for (size_t t = 0; t < sizeof bad / sizeof *bad; t++) {
+        for (int x = 0; x < N * COLS; x++) m1[x] = 5.0f;
+        p.dropout_p = bad[t].pdrop;
+        p.num_threads = bad[t].threads;
+        memset(&e, 0, sizeof e);
+        const attn_status st =
+            attn_dropout_mask(&p, bad[t].n, bad[t].cols, bad[t].b, bad[t].h, bad[t].i, m1, &e);
+        size_t touched = 0;
+        for (int x = 0; x < N * COLS; x++) touched += m1[x] != 5.0f;
+        CHECK(st == bad[t].want && e.message[0] && touched == 0, "mask %s: %s (%s), %zu written",
+              bad[t].what, attn_status_name(st), e.message, touched);
+    }
+    free(m1), free(m3), free(att);
+}
+
 int main(void) {
     attn_set_num_threads(2, NULL);
     test_generator();
+    test_mask_api();
     test_determinism();
     test_threads();
     test_keep_rate();
