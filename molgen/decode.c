@@ -12,8 +12,8 @@
 
 typedef struct {
     const float *ln1_w, *ln1_b, *ln2_w, *ln2_b, *fc_w, *fc_b, *proj_w, *proj_b;
-    attn_mha_weights w; /* views of attn.in_proj_* / attn.out_proj.* */
-    attn_mha_kv kv;     /* the block's KV cache (libattn's layout, in kvmem) */
+    const float *attn_w; /* the packed attention parameters (layers.h, mg_attn_in_proj) */
+    float *k, *v;        /* [B, ctx, d] each: position t of row r at (r * ctx + t) * d */
 } kv_layer;
 
 struct mg_kv_decoder {
@@ -21,12 +21,13 @@ struct mg_kv_decoder {
     int B, n;
     int nt; /* threads of every step */
     int N, d, H, V, ctx;
-    attn_mha_config cfg;
     const float *tok_emb, *pos_emb, *lnf_w, *lnf_b, *head_w, *head_b;
     kv_layer *layers;
-    void *kvmem; /* every block's KV cache, one allocation */
-    float *mem;  /* everything below, one allocation */
-    float *x, *h, *att, *tmp, *fc;
+    int64_t *len;  /* [B] positions held by each row (the same in every block) */
+    int64_t *klen; /* [B] a step's key lengths: len + 1 */
+    float *kvmem;  /* every block's keys and values, one allocation */
+    float *mem;    /* everything below, one allocation */
+    float *x, *h, *qkv, *att, *tmp, *fc;
 };
 
 static const float *param(mg_model *m, const char *name, size_t numel, mg_error *err, int *bad) {
@@ -67,24 +68,27 @@ mg_status mg_kv_new(mg_model *m, int B, int threads, mg_kv_decoder **out, mg_err
     d->head_w = param(m, "head.weight", V * D, err, &bad);
     d->head_b = param(m, "head.bias", V, err, &bad);
     d->layers = calloc((size_t)d->N, sizeof *d->layers);
-    d->cfg = (attn_mha_config){d->d, d->H, 0, 0, 1};
-    /* one KV cache per block: ctx_len positions per row, one per step,
-     * scratch for the model's threads */
-    attn_mha_kv_shape ks = {B, d->ctx, 1, d->nt};
-    size_t kvbytes = 0;
-    attn_error aerr;
-    if (attn_mha_kv_bytes(&d->cfg, &ks, &kvbytes, &aerr)) {
-        mg_kv_free(d);
-        return mg_fail(err, MG_ERR_ARG, "decode: KV cache: %s", aerr.message);
-    }
-    const size_t total = (size_t)B * (D * 4 + F);
-    d->mem = calloc(total, sizeof(float));
-    d->kvmem = malloc(kvbytes * (size_t)d->N);
-    if (!d->layers || !d->mem || !d->kvmem) {
+    /* one KV cache per block: ctx_len positions per row */
+    const size_t per_block = (size_t)B * (size_t)d->ctx * D;
+    size_t kvfloats;
+    if (__builtin_mul_overflow(per_block, 2 * (size_t)d->N, &kvfloats) ||
+        kvfloats > SIZE_MAX / sizeof(float)) {
         mg_kv_free(d);
         return mg_fail(err, MG_ERR_NOMEM,
-                       "decode: out of memory (%zu floats, %zu bytes of KV cache)", total,
-                       kvbytes * (size_t)d->N);
+                       "decode: a KV cache of %d rows x %d positions x %d "
+                       "blocks is too large",
+                       B, d->ctx, d->N);
+    }
+    const size_t total = (size_t)B * (D * 7 + F);
+    d->mem = calloc(total, sizeof(float));
+    d->kvmem = malloc(kvfloats * sizeof(float));
+    d->len = calloc((size_t)B, sizeof *d->len);
+    d->klen = calloc((size_t)B, sizeof *d->klen);
+    if (!d->layers || !d->mem || !d->kvmem || !d->len || !d->klen) {
+        mg_kv_free(d);
+        return mg_fail(err, MG_ERR_NOMEM,
+                       "decode: out of memory (%zu floats, %zu floats of KV cache)", total,
+                       kvfloats);
     }
     for (int l = 0; l < d->N && !bad; l++) {
         kv_layer *L = &d->layers[l];
@@ -109,16 +113,16 @@ mg_status mg_kv_new(mg_model *m, int B, int threads, mg_kv_decoder **out, mg_err
         P(L->proj_b, "mlp.proj.bias", D);
 #undef P
         if (bad) break;
-        /* PyTorch's layout: in_proj stacks q, k, v (libattn reads them
-         * through these pointers and never writes them) */
-        float *iw = (float *)in_w, *ib = (float *)in_b;
-        L->w = (attn_mha_weights){iw, iw + D * D, iw + 2 * D * D, (float *)out_w,
-                                  ib, ib + D,     ib + 2 * D,     (float *)out_b};
-        if (attn_mha_kv_init(&d->cfg, &ks, (char *)d->kvmem + (size_t)l * kvbytes, kvbytes, &L->kv,
-                             &aerr)) {
-            mg_kv_free(d);
-            return mg_fail(err, MG_ERR_ARG, "decode: KV cache: %s", aerr.message);
+        /* the four attention tensors, back to back as the model's table
+         * lays them out: the block mg_attn_in_proj / mg_attn_out_proj read */
+        if (in_b != in_w + 3 * D * D || out_w != in_b + 3 * D || out_b != out_w + D * D) {
+            mg_fail(err, MG_ERR_ARG, "decode: block %d's attention tensors are not packed", l);
+            bad = 1;
+            break;
         }
+        L->attn_w = in_w;
+        L->k = d->kvmem + (size_t)l * 2 * per_block;
+        L->v = L->k + per_block;
     }
     if (bad) {
         mg_kv_free(d);
@@ -129,6 +133,8 @@ mg_status mg_kv_new(mg_model *m, int B, int threads, mg_kv_decoder **out, mg_err
     p += (size_t)B * D;
     d->h = p;
     p += (size_t)B * D;
+    d->qkv = p;
+    p += (size_t)B * 3 * D;
     d->att = p;
     p += (size_t)B * D;
     d->tmp = p;
@@ -144,13 +150,13 @@ void mg_kv_free(mg_kv_decoder *d) {
     free(d->layers);
     free(d->mem);
     free(d->kvmem);
+    free(d->len);
+    free(d->klen);
     free(d);
 }
 
-/* Row r's positions in every block's cache: from 0 (same in all blocks). */
-static void restart(mg_kv_decoder *d, int r) {
-    for (int l = 0; l < d->N; l++) d->layers[l].kv.len[r] = 0;
-}
+/* Row r's positions in every block's cache: from 0. */
+static void restart(mg_kv_decoder *d, int r) { d->len[r] = 0; }
 
 mg_status mg_kv_reset(mg_kv_decoder *d, int n, mg_error *err) {
     if (!d) return mg_fail(err, MG_ERR_ARG, "decode: decoder is NULL");
@@ -169,7 +175,44 @@ mg_status mg_kv_restart_row(mg_kv_decoder *d, int r, mg_error *err) {
 }
 
 int mg_kv_pos(const mg_kv_decoder *d, int r) {
-    return d && r >= 0 && r < d->n && d->N > 0 ? (int)d->layers[0].kv.len[r] : 0;
+    return d && r >= 0 && r < d->n ? (int)d->len[r] : 0;
+}
+
+/* Block L's attention on the step's rows: tmp [n, d] from h [n, d] =
+ * ln1's output at each row's position len[r]. The projections are
+ * training's (mg_attn_in_proj / mg_attn_out_proj); the new key and value go
+ * into the block's cache at len[r], and libattn's SDPA (its fused decode
+ * kernel, one query per row) attends over the row's len[r] + 1 cached
+ * positions. */
+static mg_status attention_step(mg_kv_decoder *d, const kv_layer *L, mg_error *err) {
+    const int n = d->n, D = d->d, H = d->H, dk = D / H;
+    const int64_t T = d->ctx;
+    mg_status rc = mg_attn_in_proj(d->qkv, d->h, L->attn_w, n, D, d->nt, err);
+    if (rc) return rc;
+    int64_t Lk = 1;
+    for (int r = 0; r < n; r++) {
+        const size_t at = (size_t)(r * T + d->len[r]) * D;
+        memcpy(L->k + at, d->qkv + (size_t)r * 3 * D + D, (size_t)D * sizeof(float));
+        memcpy(L->v + at, d->qkv + (size_t)r * 3 * D + 2 * D, (size_t)D * sizeof(float));
+        d->klen[r] = d->len[r] + 1;
+        if (d->klen[r] > Lk) Lk = d->klen[r];
+    }
+    /* q [n, H, 1, dk] inside the rows of qkv; k, v [n, H, Lk, dk] in the
+     * cache; the key lengths are the mask (one query per row: causal is
+     * the same mask) */
+    attn_tensor q = {d->qkv, {n, H, 1, dk}, {3 * D, dk, 3 * D, 1}};
+    attn_tensor k = {L->k, {n, H, Lk, dk}, {T * D, dk, D, 1}};
+    attn_tensor v = {L->v, {n, H, Lk, dk}, {T * D, dk, D, 1}};
+    attn_tensor o = attn_tensor_blhd(d->att, n, H, 1, dk);
+    attn_sdpa_params p;
+    memset(&p, 0, sizeof p);
+    p.causal = 1;
+    p.key_lengths = d->klen;
+    p.num_threads = d->nt;
+    attn_error e;
+    if (attn_sdpa_forward(&q, &k, &v, &p, &o, NULL, NULL, NULL, &e))
+        return mg_fail(err, mg_from_attn(e.status), "%s", e.message);
+    return mg_attn_out_proj(d->tmp, d->att, L->attn_w, n, D, d->nt, err);
 }
 
 mg_status mg_kv_step(mg_kv_decoder *d, const int32_t *tok, float *logits, mg_error *err) {
@@ -200,26 +243,22 @@ mg_status mg_kv_step(mg_kv_decoder *d, const int32_t *tok, float *logits, mg_err
             for (int c = 0; c < D; c++) x[c] += e[c];
         }
     }
-    attn_sdpa_params ap;
-    memset(&ap, 0, sizeof ap);
-    ap.num_threads = nt;
-    attn_error aerr;
+    mg_status rc;
     for (int l = 0; l < d->N; l++) {
         kv_layer *L = &d->layers[l];
         mg_layernorm_forward(d->h, NULL, NULL, d->x, L->ln1_w, L->ln1_b, n, D, nt);
-        /* libattn's incremental step: projections, the new keys and values
-         * into the block's cache, the decode kernel over each row's cached
-         * positions, the output projection */
-        if (attn_mha_step(&d->cfg, &L->w, &L->kv, n, 1, d->h, &ap, d->att, &aerr))
-            return mg_fail(err, MG_ERR_ARG, "decode: block %d attention: %s", l, aerr.message);
-        for (size_t i = 0; i < (size_t)n * D; i++) d->x[i] = d->x[i] + d->att[i];
+        mg_error e;
+        if ((rc = attention_step(d, L, &e)))
+            return mg_fail(err, rc, "decode: block %d attention: %s", l, e.message);
+        for (size_t i = 0; i < (size_t)n * D; i++) d->x[i] = d->x[i] + d->tmp[i];
         mg_layernorm_forward(d->h, NULL, NULL, d->x, L->ln2_w, L->ln2_b, n, D, nt);
-        mg_matmul_forward(d->fc, d->h, L->fc_w, L->fc_b, n, D, F, nt);
+        if ((rc = mg_matmul_forward(d->fc, d->h, L->fc_w, L->fc_b, n, D, F, nt, err))) return rc;
         mg_gelu_forward(d->fc, d->fc, (int64_t)n * F, nt);
-        mg_matmul_forward(d->tmp, d->fc, L->proj_w, L->proj_b, n, F, D, nt);
+        if ((rc = mg_matmul_forward(d->tmp, d->fc, L->proj_w, L->proj_b, n, F, D, nt, err)))
+            return rc;
         for (size_t i = 0; i < (size_t)n * D; i++) d->x[i] = d->x[i] + d->tmp[i];
     }
+    for (int b = 0; b < n; b++) d->len[b]++;
     mg_layernorm_forward(d->h, NULL, NULL, d->x, d->lnf_w, d->lnf_b, n, D, nt);
-    mg_matmul_forward(logits, d->h, d->head_w, d->head_b, n, D, d->V, nt);
-    return 0;
+    return mg_matmul_forward(logits, d->h, d->head_w, d->head_b, n, D, d->V, nt, err);
 }

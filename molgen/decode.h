@@ -3,17 +3,19 @@
  * Each step takes one token per row at that row's position pos, runs it
  * through the network with the keys and values of positions 0..pos-1 kept
  * from earlier steps, and returns the logits [n, V] predicting position
- * pos + 1. Each block's attention is libattn's incremental step
- * (attn_mha_step): it appends the position's key and value to the block's
- * KV cache (attn_mha_kv, ctx_len positions per row, libattn's layout, one
- * allocation made by mg_kv_new; nothing is allocated per step) and attends
- * over the row's cached positions through the fused decode kernel. Rows may
- * be at different positions, and a row can restart at 0 while the others
- * continue (continuous batching). The logits equal mg_model_logits' at the
- * same position up to fp32 rounding.
+ * pos + 1. Each block's attention is the training model's: its projections
+ * are layers.h's mg_attn_in_proj / mg_attn_out_proj on the step's rows, the
+ * position's key and value go into the block's KV cache (ctx_len positions
+ * per row, one allocation made by mg_kv_new), and libattn's SDPA
+ * (attn_sdpa_forward, its fused decode kernel) attends over the row's
+ * cached positions. Rows may be at different positions, and a row can
+ * restart at 0 while the others continue (continuous batching). The logits
+ * equal mg_model_logits' at the same position up to fp32 rounding (the
+ * products' row counts differ, so their blocking does).
  *
- * The layer math (LayerNorm, linear, GELU-tanh) is layers.h's, the same
- * functions the training model uses.
+ * The rest of the layer math (LayerNorm, linear, GELU-tanh) is layers.h's,
+ * the same functions the training model uses; every result is bitwise the
+ * same for any thread count.
  *
  * Errors: an mg_status with its message in err (errors.h).
  */

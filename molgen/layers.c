@@ -1,9 +1,7 @@
 /* molgen's dense layers (see layers.h): LayerNorm, linear, GELU. */
 #include "layers.h"
 
-#include <cblas.h>
 #include <math.h>
-#include <pthread.h>
 #include <string.h>
 #ifdef _OPENMP
 #include <omp.h>
@@ -99,12 +97,7 @@ void mg_layernorm_backward(float *dinp, float *dw, float *db, const float *dout,
     }
 }
 
-/* The model's own products run OpenBLAS single-threaded inside OpenMP
- * regions, each thread on a slice of the output (rows of Y, or of dW for
- * the weight gradient, so no reduction crosses threads and the result does
- * not depend on scheduling). With one pool of threads (libgomp's) instead of
- * two (libgomp's and OpenBLAS's pthreads) the 2-core machine is not
- * oversubscribed by threads that spin between calls. */
+/* This thread's share of n items in an OpenMP region (layers.h). */
 void mg_thread_range(int64_t n, int64_t *lo, int64_t *hi) {
     int nth = 1, id = 0;
 #ifdef _OPENMP
@@ -115,65 +108,72 @@ void mg_thread_range(int64_t n, int64_t *lo, int64_t *hi) {
     *hi = n * (id + 1) / nth;
 }
 
-/* OpenBLAS single-threaded inside those regions, with no per-call setting
- * (libattn's policy, attn.h "Threads and OpenBLAS"): OpenBLAS's pthread
- * build keeps a process-wide count, set to 1 once; its OpenMP build runs
- * single-threaded inside an active region, and for a team of one the
- * region's own thread-count ICV is set to 1 (it ends with the region). */
-static pthread_once_t g_blas_once = PTHREAD_ONCE_INIT;
-static void blas_pthread_build_single(void) {
-    if (openblas_get_parallel() == 1) openblas_set_num_threads(1);
-}
-static void blas_once(void) { pthread_once(&g_blas_once, blas_pthread_build_single); }
-static inline void blas_region_single(void) {
-#ifdef _OPENMP
-    omp_set_num_threads(1);
-#endif
+mg_status mg_from_attn(attn_status s) {
+    switch (s) {
+    case ATTN_OK: return MG_OK;
+    case ATTN_ERR_NOMEM: return MG_ERR_NOMEM;
+    case ATTN_ERR_STATE: return MG_ERR_STATE;
+    default: return MG_ERR_ARG; /* NULL, SHAPE, OVERFLOW, MASK, ARG: a bad call */
+    }
 }
 
+static mg_status product_fail(mg_error *err, const attn_error *e) {
+    return mg_fail(err, mg_from_attn(e->status), "%s", e->message);
+}
+
+/* The products are libattn's (attn_matmul): one BLAS policy in the
+ * process, and results that do not depend on nt. */
+
 /* out [R, OC] = inp [R, IC] wᵀ + bias;  w [OC, IC], bias [OC] (may be NULL). */
-void mg_matmul_forward(float *out, const float *inp, const float *w, const float *bias, int64_t R,
-                       int IC, int OC, int nt) {
-    blas_once();
-#pragma omp parallel num_threads(nt)
-    {
-        blas_region_single();
-        int64_t r0, r1;
-        mg_thread_range(R, &r0, &r1);
-        if (r1 > r0) {
-            if (bias)
-                for (int64_t r = r0; r < r1; r++)
-                    memcpy(out + r * OC, bias, (size_t)OC * sizeof(float));
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)(r1 - r0), OC, IC, 1.0f,
-                        inp + r0 * IC, IC, w, IC, bias ? 1.0f : 0.0f, out + r0 * OC, OC);
-        }
-    }
+mg_status mg_matmul_forward(float *out, const float *inp, const float *w, const float *bias,
+                            int64_t R, int IC, int OC, int nt, mg_error *err) {
+    if (bias)
+        for (int64_t r = 0; r < R; r++) memcpy(out + r * OC, bias, (size_t)OC * sizeof(float));
+    attn_error e;
+    if (attn_matmul(0, 1, R, OC, IC, 1.0f, inp, IC, w, IC, bias ? 1.0f : 0.0f, out, OC, nt, &e))
+        return product_fail(err, &e);
+    return MG_OK;
 }
 
 /* dinp [R, IC] = dout [R, OC] w (overwritten; skipped if NULL);
- * dw [OC, IC] += doutᵀ inp;  dbias [OC] += column sums of dout. */
-void mg_matmul_backward(float *dinp, float *dw, float *dbias, const float *dout, const float *inp,
-                        const float *w, int64_t R, int IC, int OC, int nt) {
-    blas_once();
+ * dw [OC, IC] += doutᵀ inp;  dbias [OC] += column sums of dout (each
+ * thread its columns, summed in row order). */
+mg_status mg_matmul_backward(float *dinp, float *dw, float *dbias, const float *dout,
+                             const float *inp, const float *w, int64_t R, int IC, int OC, int nt,
+                             mg_error *err) {
+    attn_error e;
+    if (dinp && attn_matmul(0, 0, R, IC, OC, 1.0f, dout, OC, w, IC, 0.0f, dinp, IC, nt, &e))
+        return product_fail(err, &e);
+    if (attn_matmul(1, 0, OC, IC, R, 1.0f, dout, OC, inp, IC, 1.0f, dw, IC, nt, &e))
+        return product_fail(err, &e);
+    if (dbias) {
 #pragma omp parallel num_threads(nt)
-    {
-        blas_region_single();
-        int64_t r0, r1, c0, c1;
-        mg_thread_range(R, &r0, &r1);
-        mg_thread_range(OC, &c0, &c1);
-        if (dinp && r1 > r0)
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)(r1 - r0), IC, OC, 1.0f,
-                        dout + r0 * OC, OC, w, IC, 0.0f, dinp + r0 * IC, IC);
-        if (c1 > c0) {
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (blasint)(c1 - c0), IC, (blasint)R,
-                        1.0f, dout + c0, OC, inp, IC, 1.0f, dw + c0 * IC, IC);
-            if (dbias)
-                for (int64_t r = 0; r < R; r++) {
-                    const float *g = dout + r * OC;
-                    for (int64_t c = c0; c < c1; c++) dbias[c] += g[c];
-                }
+        {
+            int64_t c0, c1;
+            mg_thread_range(OC, &c0, &c1);
+            for (int64_t r = 0; r < R; r++) {
+                const float *g = dout + r * OC;
+                for (int64_t c = c0; c < c1; c++) dbias[c] += g[c];
+            }
         }
     }
+    return MG_OK;
+}
+
+/* The attention block's projections: w is the block's packed attention
+ * parameters (PyTorch's in_proj W [3d, d], in_proj b [3d], out_proj W
+ * [d, d], out_proj b [d]). */
+mg_status mg_attn_in_proj(float *qkv, const float *x, const float *w, int64_t R, int d, int nt,
+                          mg_error *err) {
+    const int64_t D = d;
+    return mg_matmul_forward(qkv, x, w, w + 3 * D * D, R, d, 3 * d, nt, err);
+}
+
+mg_status mg_attn_out_proj(float *out, const float *att, const float *w, int64_t R, int d, int nt,
+                           mg_error *err) {
+    const int64_t D = d;
+    return mg_matmul_forward(out, att, w + 3 * D * D + 3 * D, w + 4 * D * D + 3 * D, R, d, d, nt,
+                             err);
 }
 
 #define GELU_K 0.7978845608028654f /* sqrt(2 / pi) */

@@ -1,11 +1,15 @@
 /* molgen's dense layers, shared by the training model (model.c) and the
  * KV-cache decoder (decode.c), so both compute the same function the same
- * way. Row-major fp32; every call parallel over nt OpenMP threads with a
- * fixed split, so results depend on nt but not on scheduling. */
+ * way. Row-major fp32; every call parallel over nt OpenMP threads. Results
+ * do not depend on nt: the element loops split rows or channels, never a
+ * sum, and the products are libattn's thread-invariant attn_matmul. */
 #ifndef MG_LAYERS_H
 #define MG_LAYERS_H
 
 #include <stdint.h>
+
+#include "attn.h"
+#include "errors.h"
 
 /* Element loops compiled for AVX-512, AVX2 and baseline x86-64, picked at
  * load time (GCC's target_clones): molgen is built for the baseline, where
@@ -29,13 +33,31 @@ void mg_layernorm_forward(float *out, float *mean, float *rstd, const float *inp
 void mg_layernorm_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp,
                            const float *w, const float *mean, const float *rstd, int64_t R, int C,
                            int nt);
+/* libattn's status as molgen's, by kind: ATTN_ERR_NOMEM -> MG_ERR_NOMEM,
+ * ATTN_ERR_STATE -> MG_ERR_STATE, every other error (a bad call) MG_ERR_ARG. */
+mg_status mg_from_attn(attn_status s);
+
+/* The products are libattn's attn_matmul (attn.h): libattn's one BLAS
+ * policy, and bitwise the same result for any nt. Errors only for sizes
+ * that attn_matmul refuses (above INT_MAX), by mg_from_attn. */
 /* out [R, OC] = inp [R, IC] wᵀ + bias;  w [OC, IC], bias [OC] (may be NULL). */
-void mg_matmul_forward(float *out, const float *inp, const float *w, const float *bias, int64_t R,
-                       int IC, int OC, int nt);
+mg_status mg_matmul_forward(float *out, const float *inp, const float *w, const float *bias,
+                            int64_t R, int IC, int OC, int nt, mg_error *err);
 /* dinp [R, IC] = dout w (overwritten; skipped if NULL); dw [OC, IC] += doutᵀ inp;
  * dbias [OC] += column sums of dout (skipped if NULL). */
-void mg_matmul_backward(float *dinp, float *dw, float *dbias, const float *dout, const float *inp,
-                        const float *w, int64_t R, int IC, int OC, int nt);
+mg_status mg_matmul_backward(float *dinp, float *dw, float *dbias, const float *dout,
+                             const float *inp, const float *w, int64_t R, int IC, int OC, int nt,
+                             mg_error *err);
+/* The attention block's projections, the one code training (model.c) and
+ * KV-cache decoding (decode.c) run. w: the block's packed attention
+ * parameters, PyTorch's nn.MultiheadAttention layout: in_proj W [3d, d]
+ * (q, k, v stacked), in_proj b [3d], out_proj W [d, d], out_proj b [d].
+ *   mg_attn_in_proj:  qkv [R, 3d] = x [R, d] in_projᵀ + b (q, k, v of each row)
+ *   mg_attn_out_proj: out [R, d] = att [R, d] out_projᵀ + b */
+mg_status mg_attn_in_proj(float *qkv, const float *x, const float *w, int64_t R, int d, int nt,
+                          mg_error *err);
+mg_status mg_attn_out_proj(float *out, const float *att, const float *w, int64_t R, int d, int nt,
+                           mg_error *err);
 /* out [N] = GELU-tanh(inp) (GPT-2's approximation); out may alias inp. */
 void mg_gelu_forward(float *out, const float *inp, int64_t N, int nt);
 /* dinp [N] = dout * GELU'(inp); dinp may alias dout. */

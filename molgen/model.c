@@ -3,16 +3,17 @@
  * Written in the style of llm.c's train_gpt2.c: each layer's forward sits
  * next to its backward, every buffer carries its shape, all parameters are
  * one buffer and all gradients another with the same layout. Linear layers
- * go through OpenBLAS (y = x Wᵀ + b, PyTorch's layout; the attention
- * projections too), attention itself through libattn's packed
- * attn_sdpa_varlen_forward / attn_sdpa_varlen_backward.
+ * are layers.h's (y = x Wᵀ + b, PyTorch's layout, through libattn's
+ * attn_matmul; the attention projections are layers.h's too, the code
+ * decode.c runs), attention itself libattn's packed
+ * attn_sdpa_varlen_forward / attn_sdpa_varlen_backward, dropout libattn's
+ * Philox (attn_dropout_mask).
  *
  * Shapes: B batch rows, L positions, d = d_model, F = 4d (MLP hidden),
  * V vocabulary, H heads, R = B*L rows of the flattened activations. */
 #include "model.h"
 #include "errors.h"
 
-#include <cblas.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -268,6 +269,7 @@ struct mg_model {
     int32_t *targets; /* [B, L] */
     int64_t *key_len; /* [B] valid input positions per row */
     int64_t *rows;    /* [Rv] padded row b*L + t of each valid position */
+    int64_t *row_b, *row_t; /* [Rv] its b and t (the dropout counters) */
     int64_t *cu;      /* [B + 1] first valid row of each batch row (cu_seqlens) */
 
     /* The last forward, for the backward. */
@@ -424,7 +426,9 @@ static void free_acts(mg_model *m) {
     free(m->targets);
     free(m->key_len);
     free(m->rows);
-    m->rows = NULL;
+    free(m->row_b);
+    free(m->row_t);
+    m->rows = m->row_b = m->row_t = NULL;
     m->act_mem = NULL;
     m->acts = NULL;
     m->inputs = m->targets = NULL;
@@ -642,9 +646,11 @@ static mg_status ensure_acts(mg_model *m, size_t R, size_t B, size_t slots, mg_e
     m->targets = malloc(R * sizeof(int32_t));
     m->key_len = malloc(B * sizeof(int64_t));
     m->rows = malloc(R * sizeof(int64_t));
+    m->row_b = malloc(R * sizeof(int64_t));
+    m->row_t = malloc(R * sizeof(int64_t));
     m->cu = malloc((B + 1) * sizeof(int64_t));
     if (!m->act_mem || !m->acts || !m->inputs || !m->targets || !m->key_len || !m->rows ||
-        !m->cu) {
+        !m->row_b || !m->row_t || !m->cu) {
         free_acts(m);
         return mg_fail(err, MG_ERR_NOMEM, "out of memory for activations (%zu rows, %zu floats)", R,
                        total);
@@ -703,14 +709,18 @@ static mg_status ensure_acts(mg_model *m, size_t R, size_t B, size_t slots, mg_e
  * padding costs nothing anywhere: attention takes the rows packed too, batch
  * row b being sequence b of libattn's varlen call (cu_seqlens = cu). */
 
-/* rows [Rv] and cu [B + 1] from key_len [B]; returns Rv. */
-static int64_t valid_rows(int64_t *rows, int64_t *cu, const int64_t *key_len, int B, int L) {
+/* m->rows, row_b, row_t [Rv] and cu [B + 1] from key_len [B]; returns Rv. */
+static int64_t valid_rows(mg_model *m, int B, int L) {
     int64_t n = 0;
     for (int b = 0; b < B; b++) {
-        cu[b] = n;
-        for (int64_t t = 0; t < key_len[b]; t++) rows[n++] = (int64_t)b * L + t;
+        m->cu[b] = n;
+        for (int64_t t = 0; t < m->key_len[b]; t++, n++) {
+            m->rows[n] = (int64_t)b * L + t;
+            m->row_b[n] = b;
+            m->row_t[n] = t;
+        }
     }
-    cu[B] = n;
+    m->cu[B] = n;
     return n;
 }
 
@@ -783,26 +793,26 @@ static const float *residual_branch_backward(float *dbranch, const float *dout, 
     return dbranch;
 }
 
-/* Dropout multipliers mask [Rv, d] of the valid positions rows[r] = b*L + t:
- * 0 with probability p, else 1/(1-p), from a counter-based hash of (seed,
- * site, element i = ((row0 + b) * ctx_len + t) * d + c), i.e. of the global
- * batch row, not of the padded length L, the split of the batch over ranks
- * (row0) or the threads. */
-static void dropout_mask(float *mask, const int64_t *rows, int64_t Rv, int L, int64_t row0,
-                         int ctx_len, int d, float p, uint64_t seed, uint64_t site, int nt) {
-    uint64_t ks = seed ^ (0xA0761D6478BD642Full * (site + 1));
-    const uint64_t key = mg_splitmix64(&ks);
-    const uint32_t thr = (uint32_t)fmin((double)p * 4294967296.0, 4294967295.0);
-    const float keep = 1.0f / (1.0f - p);
-#pragma omp parallel for num_threads(nt) schedule(static)
-    for (int64_t r = 0; r < Rv; r++) {
-        const uint64_t b = (uint64_t)(rows[r] / L), t = (uint64_t)(rows[r] % L);
-        const uint64_t i0 = (((uint64_t)row0 + b) * (uint64_t)ctx_len + t) * (uint64_t)d;
-        for (int c = 0; c < d; c++) {
-            const uint64_t z = mg_mix64(key + (i0 + (uint64_t)c) * 0x9E3779B97F4A7C15ull);
-            mask[r * d + c] = (uint32_t)(z >> 32) < thr ? 0.0f : keep;
-        }
-    }
+/* Dropout multipliers mask [Rv, d] of the valid positions: 0 with
+ * probability p, else 1/(1-p), libattn's Philox (attn_dropout_mask) for
+ * element (global batch row row0 + b, site, position t, channel c) with the
+ * forward's seed and offset n_layer + site (attention dropout has offsets
+ * 0 .. n_layer - 1): a function of the global batch row, not of the padded
+ * length L, the split of the batch over ranks (row0) or the threads. */
+static mg_status dropout_mask(const mg_model *m, float *mask, int64_t Rv, float p, uint64_t seed,
+                              int64_t site, int nt, mg_error *err) {
+    attn_sdpa_params ap;
+    memset(&ap, 0, sizeof ap);
+    ap.dropout_p = p;
+    ap.training = 1;
+    ap.seed = seed;
+    ap.offset = (uint64_t)m->cfg.n_layer + (uint64_t)site;
+    ap.dropout_row0 = m->fwd_row0;
+    ap.num_threads = nt;
+    attn_error e;
+    if (attn_dropout_mask(&ap, Rv, m->cfg.d_model, m->row_b, site, m->row_t, mask, &e))
+        return mg_fail(err, mg_from_attn(e.status), "dropout: %s", e.message);
+    return MG_OK;
 }
 static void mul_inplace(float *x, const float *mask, int64_t N, int nt) {
 #pragma omp parallel for num_threads(nt) schedule(static)
@@ -919,7 +929,8 @@ static mg_status attention_forward(mg_model *m, int layer, int B, int L, int64_t
                                    int training, uint64_t seed, int nt, mg_error *err) {
     const int64_t d = m->cfg.d_model, H = m->cfg.n_head, dk = d / H;
     const float *w = m->p.blocks[layer].attn; /* in_proj W [3d, d], b [3d], out W [d, d], b [d] */
-    mg_matmul_forward(a->qkv, in, w, w + 3 * d * d, Rv, (int)d, (int)(3 * d), nt);
+    mg_status rc = mg_attn_in_proj(a->qkv, in, w, Rv, (int)d, nt, err);
+    if (rc) return rc;
     attn_tensor q = head_view(a->qkv, Rv, H, dk, 3 * d, 0), k = head_view(a->qkv, Rv, H, dk, 3 * d, 1),
                 v = head_view(a->qkv, Rv, H, dk, 3 * d, 2), o = head_view(a->att, Rv, H, dk, d, 0);
     const attn_sdpa_params p = attn_params(m, layer, training, seed);
@@ -933,7 +944,7 @@ static mg_status attention_forward(mg_model *m, int layer, int B, int L, int64_t
     attn_error e;
     if (attn_sdpa_varlen_forward(&q, &k, &v, B, m->cu, NULL, &p, &o, blocks, a->lse, NULL, &e)) {
         free(blocks);
-        return mg_fail(err, MG_ERR_ARG, "block %d attention: %s", layer, e.message);
+        return mg_fail(err, mg_from_attn(e.status), "block %d attention: %s", layer, e.message);
     }
     if (weights) {
         memset(weights, 0, (size_t)B * H * L * L * sizeof(float));
@@ -947,9 +958,7 @@ static mg_status attention_forward(mg_model *m, int layer, int B, int L, int64_t
         }
         free(blocks);
     }
-    mg_matmul_forward(out, a->att, w + 3 * d * d + 3 * d, w + 4 * d * d + 3 * d, Rv, (int)d,
-                      (int)d, nt);
-    return 0;
+    return mg_attn_out_proj(out, a->att, w, Rv, (int)d, nt, err);
 }
 
 /* Backward of attention_forward from dout [Rv, d]: din [Rv, d] =
@@ -962,8 +971,9 @@ static mg_status attention_backward(mg_model *m, int layer, int64_t Rv, const fl
     const int64_t d = m->cfg.d_model, H = m->cfg.n_head, dk = d / H;
     const float *w = m->p.blocks[layer].attn;
     float *g = m->g.blocks[layer].attn;
-    mg_matmul_backward(datt, g + 3 * d * d + 3 * d, g + 4 * d * d + 3 * d, dout, a->att,
-                       w + 3 * d * d + 3 * d, Rv, (int)d, (int)d, nt);
+    mg_status rc = mg_matmul_backward(datt, g + 3 * d * d + 3 * d, g + 4 * d * d + 3 * d, dout,
+                                      a->att, w + 3 * d * d + 3 * d, Rv, (int)d, (int)d, nt, err);
+    if (rc) return rc;
     float *qkv = a->qkv, *att = a->att;
     attn_tensor q = head_view(qkv, Rv, H, dk, 3 * d, 0), k = head_view(qkv, Rv, H, dk, 3 * d, 1),
                 v = head_view(qkv, Rv, H, dk, 3 * d, 2), o = head_view(att, Rv, H, dk, d, 0),
@@ -974,9 +984,10 @@ static mg_status attention_backward(mg_model *m, int layer, int64_t Rv, const fl
     attn_error e;
     if (attn_sdpa_varlen_backward(&q, &k, &v, &o, a->lse, &go, m->B, m->cu, NULL, &p, &dq, &dkk,
                                   &dv, NULL, &e))
-        return mg_fail(err, MG_ERR_ARG, "block %d attention backward: %s", layer, e.message);
-    mg_matmul_backward(din, g, g + 3 * d * d, dqkv, in, w, Rv, (int)d, (int)(3 * d), nt);
-    return 0;
+        return mg_fail(err, mg_from_attn(e.status), "block %d attention backward: %s", layer,
+                       e.message);
+    return mg_matmul_backward(din, g, g + 3 * d * d, dqkv, in, w, Rv, (int)d, (int)(3 * d), nt,
+                              err);
 }
 
 /* Conditioning (condition.h): e_b = row b's condition embedding, added to
@@ -1046,8 +1057,8 @@ static mg_status forward_core(mg_model *m, int B, int L, int64_t Rv, int keep, i
         if (rc) return rc;
     }
     if (drop) {
-        dropout_mask(m->emb_drop, m->rows, Rv, L, m->fwd_row0, m->cfg.ctx_len, d, p_drop, seed, 0,
-                     nt);
+        const mg_status rc = dropout_mask(m, m->emb_drop, Rv, p_drop, seed, 0, nt, err);
+        if (rc) return rc;
         mul_inplace(x, m->emb_drop, Rv * d, nt);
     }
     for (int l = 0; l < N; l++) {
@@ -1061,28 +1072,30 @@ static mg_status forward_core(mg_model *m, int B, int L, int64_t Rv, int keep, i
         mg_layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, in, bp->ln1_w, bp->ln1_b, Rv, d,
                              nt);
         float *wts = attn_weights ? attn_weights + (size_t)l * B * m->cfg.n_head * L * L : NULL;
-        int rc = attention_forward(m, l, B, L, Rv, a->ln1, a, m->scratch, wts, training, seed, nt,
+        mg_status rc = attention_forward(m, l, B, L, Rv, a->ln1, a, m->scratch, wts, training, seed, nt,
                                    err);
         if (rc) return rc;
-        if (drop)
-            dropout_mask(a->drop_attn, m->rows, Rv, L, m->fwd_row0, m->cfg.ctx_len, d, p_drop, seed,
-                         1 + 2 * (uint64_t)l, nt);
+        if (drop && (rc = dropout_mask(m, a->drop_attn, Rv, p_drop, seed, 1 + 2 * (int64_t)l, nt,
+                                       err)))
+            return rc;
         residual_forward(a->x_mid, in, m->scratch, drop ? a->drop_attn : NULL, Rv * d, nt);
 
         mg_layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->x_mid, bp->ln2_w, bp->ln2_b, Rv,
                              d, nt);
-        mg_matmul_forward(a->fc, a->ln2, bp->fc_w, bp->fc_b, Rv, d, F, nt);
+        if ((rc = mg_matmul_forward(a->fc, a->ln2, bp->fc_w, bp->fc_b, Rv, d, F, nt, err)))
+            return rc;
         mg_gelu_forward(a->gelu, a->fc, Rv * F, nt);
-        mg_matmul_forward(m->scratch, a->gelu, bp->proj_w, bp->proj_b, Rv, F, d, nt);
-        if (drop)
-            dropout_mask(a->drop_mlp, m->rows, Rv, L, m->fwd_row0, m->cfg.ctx_len, d, p_drop, seed,
-                         2 + 2 * (uint64_t)l, nt);
+        if ((rc = mg_matmul_forward(m->scratch, a->gelu, bp->proj_w, bp->proj_b, Rv, F, d, nt,
+                                    err)))
+            return rc;
+        if (drop && (rc = dropout_mask(m, a->drop_mlp, Rv, p_drop, seed, 2 + 2 * (int64_t)l, nt,
+                                       err)))
+            return rc;
         residual_forward(out, a->x_mid, m->scratch, drop ? a->drop_mlp : NULL, Rv * d, nt);
     }
     const float *xf = keep ? m->x_final : m->acts[0].x;
     mg_layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, xf, m->p.lnf_w, m->p.lnf_b, Rv, d, nt);
-    mg_matmul_forward(logits, m->lnf, m->p.head_w, m->p.head_b, Rv, d, V, nt);
-    return 0;
+    return mg_matmul_forward(logits, m->lnf, m->p.head_w, m->p.head_b, Rv, d, V, nt, err);
 }
 
 mg_status mg_model_forward(mg_model *m, const int32_t *ids, const int64_t *lengths, int B, int T,
@@ -1129,7 +1142,7 @@ mg_status mg_model_forward(mg_model *m, const int32_t *ids, const int64_t *lengt
             count -= p;
         }
     }
-    const int64_t Rv = valid_rows(m->rows, m->cu, m->key_len, B, L);
+    const int64_t Rv = valid_rows(m, B, L);
     m->fwd_row0 = m->row0;
     /* The logits go where the probabilities will be: softmax is done in
      * place row by row. */
@@ -1182,8 +1195,9 @@ mg_status mg_model_backward(mg_model *m, mg_error *err) {
     float *dlogits = m->probs; /* [Rv, V] */
     crossentropy_backward(dlogits, m->targets, m->rows, Rv, V, m->ntok,
                           m->training ? m->label_smoothing : 0.0f, nt);
-    mg_matmul_backward(m->dln, m->g.head_w, m->g.head_b, dlogits, m->lnf, m->p.head_w, Rv, d, V,
-                       nt);
+    mg_status rc = mg_matmul_backward(m->dln, m->g.head_w, m->g.head_b, dlogits, m->lnf,
+                                      m->p.head_w, Rv, d, V, nt, err);
+    if (rc) return rc;
     memset(m->dx, 0, (size_t)Rv * d * sizeof(float));
     mg_layernorm_backward(m->dx, m->g.lnf_w, m->g.lnf_b, m->dln, m->x_final, m->p.lnf_w,
                           m->lnf_mean, m->lnf_rstd, Rv, d, nt);
@@ -1199,9 +1213,13 @@ mg_status mg_model_backward(mg_model *m, mg_error *err) {
         /* MLP branch: out = x_mid + drop(proj(gelu(fc(ln2(x_mid))))) */
         const float *dmlp =
             residual_branch_backward(m->dbranch, m->dx, drop ? a->drop_mlp : NULL, Rv * d, nt);
-        mg_matmul_backward(m->dfc, bg->proj_w, bg->proj_b, dmlp, a->gelu, bp->proj_w, Rv, F, d, nt);
+        if ((rc = mg_matmul_backward(m->dfc, bg->proj_w, bg->proj_b, dmlp, a->gelu, bp->proj_w, Rv,
+                                     F, d, nt, err)))
+            return rc;
         mg_gelu_backward(m->dfc, a->fc, m->dfc, Rv * F, nt);
-        mg_matmul_backward(m->dln, bg->fc_w, bg->fc_b, m->dfc, a->ln2, bp->fc_w, Rv, d, F, nt);
+        if ((rc = mg_matmul_backward(m->dln, bg->fc_w, bg->fc_b, m->dfc, a->ln2, bp->fc_w, Rv, d,
+                                     F, nt, err)))
+            return rc;
         mg_layernorm_backward(m->dx, bg->ln2_w, bg->ln2_b, m->dln, a->x_mid, bp->ln2_w, a->ln2_mean,
                               a->ln2_rstd, Rv, d, nt);
 
@@ -1209,8 +1227,8 @@ mg_status mg_model_backward(mg_model *m, mg_error *err) {
          * with scratch and dfc (free here) for d(att) and d(qkv). */
         const float *dattn =
             residual_branch_backward(m->dbranch, m->dx, drop ? a->drop_attn : NULL, Rv * d, nt);
-        mg_status rc = attention_backward(m, l, Rv, a->ln1, a, dattn, m->dln, m->scratch, m->dfc,
-                                          m->training, m->seed, nt, err);
+        rc = attention_backward(m, l, Rv, a->ln1, a, dattn, m->dln, m->scratch, m->dfc,
+                                m->training, m->seed, nt, err);
         if (rc) return rc;
         mg_layernorm_backward(m->dx, bg->ln1_w, bg->ln1_b, m->dln, a->x, bp->ln1_w, a->ln1_mean,
                               a->ln1_rstd, Rv, d, nt);
@@ -1248,7 +1266,7 @@ mg_status mg_model_logits(mg_model *m, const int32_t *ids, const int64_t *length
                            (long long)(r / L), (long long)(r % L), (int)ids[r], m->cfg.vocab_size);
         m->inputs[r] = ids[r];
     }
-    const int64_t Rv = valid_rows(m->rows, m->cu, m->key_len, B, L);
+    const int64_t Rv = valid_rows(m, B, L);
     rc = forward_core(m, B, L, Rv, 0, 0, 0, logits, attn_weights, err);
     if (rc) return rc;
     scatter_rows(logits, logits, m->key_len, B, L, m->cfg.vocab_size); /* [Rv, V] -> [B, L, V] */
