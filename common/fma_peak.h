@@ -1,8 +1,10 @@
 /* The fp32 FMA peak of this machine on N threads, measured: a
  * register-resident FMA loop on every thread at once. Header-only, shared
  * by attn-bench (bench/attn_bench.c) and molgen bench (molgen/bench.c), so
- * both divide by the same measurement. Needs OpenMP and clock_gettime
- * (_POSIX_C_SOURCE >= 199309L). */
+ * both divide by the same measurement. It lives in common/, a folder of
+ * neither: it measures the machine, not attention, so it is not libattn's
+ * API, and molgen does not reach into bench/ for it. Needs OpenMP and
+ * clock_gettime (_POSIX_C_SOURCE >= 199309L). */
 #ifndef ATTN_FMA_PEAK_H
 #define ATTN_FMA_PEAK_H
 

@@ -55,7 +55,7 @@ typedef struct {
 double mg_train_step_flops(const mg_model_config *c, const int64_t *lengths, int B);
 
 /* The fp32 FMA peak in GFLOP/s measured on `threads` threads (about 1 s;
- * the loop attn-bench measures, bench/fma_peak.h); *isa its instruction
+ * the loop attn-bench measures, common/fma_peak.h); *isa its instruction
  * set. */
 double mg_bench_peak(int threads, const char **isa);
 
