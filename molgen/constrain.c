@@ -12,7 +12,6 @@ struct mg_token_mask {
     mg_smiles_state **row;  /* rows parsers */
     mg_smiles_state *trial; /* scratch: a row's parser plus one candidate */
     int32_t *ids;           /* [rows, ctx] tokens so far (messages) */
-    long overlong;          /* steps where only the length estimate was dropped */
 };
 
 mg_status mg_token_mask_new(const mg_vocab *v, int rows, int ctx, mg_constrain level,
@@ -99,11 +98,8 @@ int mg_token_mask_apply(mg_token_mask *m, int r, float *logits) {
         else
             logits[t] = -INFINITY;
     }
-    if (best == 1) m->overlong++;
     return left;
 }
-
-long mg_token_mask_overlong(const mg_token_mask *m) { return m ? m->overlong : 0; }
 
 mg_status mg_token_mask_push(mg_token_mask *m, int r, int t, mg_error *err) {
     const char *tok = mg_vocab_token(m->v, t);

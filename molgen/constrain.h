@@ -52,8 +52,6 @@ int mg_token_mask_apply(mg_token_mask *m, int r, float *logits);
 /* Row r appends token id t (not EOS). MG_ERR_ARG if the rules refuse it
  * (a token that apply masked). */
 mg_status mg_token_mask_push(mg_token_mask *m, int r, int t, mg_error *err);
-/* Steps (all rows) where the length estimate left nothing and was dropped. */
-long mg_token_mask_overlong(const mg_token_mask *m);
 /* The string row r has so far, for messages: at most n - 1 bytes. */
 void mg_token_mask_prefix(const mg_token_mask *m, int r, char *out, size_t n);
 

@@ -61,14 +61,6 @@ static void collective(void) {
     if (g_saved_fd[0] >= 0 || g_saved_fd[1] >= 0) hold_end(1);
 }
 
-int mg_dist_compiled(void) {
-#ifdef MG_HAVE_MPI
-    return 1;
-#else
-    return 0;
-#endif
-}
-
 mg_dist *mg_dist_world(void) { return &g_world; }
 
 /* The launcher's word: the job has ranks (Open MPI, MPICH/Hydra, PMIx). */

@@ -31,8 +31,6 @@ typedef struct {
     double comm_s;  /* seconds spent in the collectives below (waits included) */
 } mg_dist;
 
-/* 1 when molgen was built with MPI. */
-int mg_dist_compiled(void);
 /* Starts the world: MPI_Init when launched by mpirun (OMPI_COMM_WORLD_SIZE,
  * PMI_SIZE or PMIX_RANK set), else one rank. A build without MPI launched
  * as several ranks is MG_ERR_ARG ("built without MPI"). */
