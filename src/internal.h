@@ -87,15 +87,16 @@ typedef struct {
 } attn_varlen;
 
 /* Validate a varlen call (the padded checks on the packed tensors, then the
- * cumulative lengths) into pr (the packed problem, B = 1) and vl. */
+ * cumulative lengths) into pr (the packed problem, B = 1) and varlen. */
 attn_status attn_varlen_check(const attn_tensor *q, const attn_tensor *k, const attn_tensor *v,
                               const attn_tensor *out, int64_t batch, const int64_t *cu_seqlens_q,
                               const int64_t *cu_seqlens_k, const attn_sdpa_params *p,
-                              attn_problem *pr, attn_varlen *vl, attn_error *err);
-void attn_varlen_free(attn_varlen *vl);
+                              attn_problem *pr, attn_varlen *varlen, attn_error *err);
+void attn_varlen_free(attn_varlen *varlen);
 /* Sequence s of a varlen call as a padded problem of one batch row (its
  * dropout counters those of batch row s) and the views of its rows. */
-void attn_varlen_seq(const attn_problem *pr, const attn_varlen *vl, int64_t s, attn_problem *sub);
+void attn_varlen_seq(const attn_problem *pr, const attn_varlen *varlen, int64_t s,
+                     attn_problem *sub);
 attn_tensor attn_varlen_rows(const attn_tensor *t, int64_t row0, int64_t n);
 
 /* attn_sdpa_forward with the fused path's scratch given (ws, ws_floats as
@@ -148,11 +149,11 @@ attn_status attn_sdpa_reference_backward(const attn_problem *pr, const attn_tens
                                          attn_tensor *dv, attn_error *err);
 
 /* The varlen reference: attn_sdpa_reference_* per sequence (lse [H, total_q]). */
-attn_status attn_varlen_reference_forward(const attn_problem *pr, const attn_varlen *vl,
+attn_status attn_varlen_reference_forward(const attn_problem *pr, const attn_varlen *varlen,
                                           const attn_tensor *q, const attn_tensor *k,
                                           const attn_tensor *v, attn_tensor *out, float *weights,
                                           float *lse, attn_error *err);
-attn_status attn_varlen_reference_backward(const attn_problem *pr, const attn_varlen *vl,
+attn_status attn_varlen_reference_backward(const attn_problem *pr, const attn_varlen *varlen,
                                            const attn_tensor *q, const attn_tensor *k,
                                            const attn_tensor *v, const attn_tensor *out,
                                            const float *lse, const attn_tensor *dout,
@@ -190,7 +191,7 @@ typedef struct {
     int blas;              /* nonzero: tile products through OpenBLAS sgemm (measurement only) */
     float *ws;             /* forward scratch given by the caller (64-byte aligned), */
     int64_t ws_floats;     /* or NULL: the kernel allocates it */
-    const attn_varlen *vl; /* non-NULL: a packed varlen call (pr is the packed problem) */
+    const attn_varlen *varlen; /* non-NULL: a packed varlen call (pr is the packed problem) */
 } attn_fused_call;
 
 /* One instruction set's kernels (sdpa_fused_<isa>.c, from
@@ -223,19 +224,19 @@ static inline int attn_fused_bwd_one_pass(const attn_problem *pr) {
 }
 /* Nonzero: the varlen backward runs one pass per (sequence, head): the
  * largest item is at most a third of a thread's share of the work. */
-static inline int attn_fused_varlen_one_pass(const attn_problem *pr, const attn_varlen *vl) {
+static inline int attn_fused_varlen_one_pass(const attn_problem *pr, const attn_varlen *varlen) {
     if (pr->threads <= 1) return 1;
     double total = 0, largest = 0; /* Lq·Lk per (sequence, head) */
-    for (int64_t s = 0; s < vl->n; s++) {
-        const double w =
-            (double)(vl->cu_q[s + 1] - vl->cu_q[s]) * (double)(vl->cu_k[s + 1] - vl->cu_k[s]);
+    for (int64_t s = 0; s < varlen->n; s++) {
+        const double w = (double)(varlen->cu_q[s + 1] - varlen->cu_q[s]) *
+                         (double)(varlen->cu_k[s + 1] - varlen->cu_k[s]);
         total += w * (double)pr->H;
         largest = w > largest ? w : largest;
     }
     return largest * 3.0 * pr->threads <= total;
 }
 /* Describe the fused path for pr in buf (for attn_sdpa_info.reason). */
-void attn_sdpa_fused_describe(const attn_problem *pr, const attn_varlen *vl, int backward,
+void attn_sdpa_fused_describe(const attn_problem *pr, const attn_varlen *varlen, int backward,
                               char *buf, size_t n);
 
 /* ws: scratch of ws_floats (>= attn_fused_forward_scratch(pr), 64-byte

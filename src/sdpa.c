@@ -17,13 +17,13 @@ static void report(attn_sdpa_info *info, const char *op, attn_impl impl, const c
  * ATTN_IMPL_AUTO and ATTN_IMPL_FUSED take the fused path, which supports
  * every call the validation accepts (all masks, dropout, weights, strides,
  * any sizes); ATTN_IMPL_REFERENCE takes the reference path. */
-static attn_impl choose(const attn_problem *pr, const attn_varlen *vl, attn_impl requested,
+static attn_impl choose(const attn_problem *pr, const attn_varlen *varlen, attn_impl requested,
                         int backward, char *reason, size_t n) {
     if (requested == ATTN_IMPL_REFERENCE) {
         snprintf(reason, n, "reference path: requested by the caller");
         return ATTN_IMPL_REFERENCE;
     }
-    attn_sdpa_fused_describe(pr, vl, backward, reason, n);
+    attn_sdpa_fused_describe(pr, varlen, backward, reason, n);
     return ATTN_IMPL_FUSED;
 }
 
@@ -91,23 +91,23 @@ attn_status attn_sdpa_varlen_forward(const attn_tensor *q, const attn_tensor *k,
                                      float *lse, attn_sdpa_info *info, attn_error *err) {
     if (!out) return attn_fail(err, ATTN_ERR_NULL, "out is NULL");
     attn_problem pr;
-    attn_varlen vl;
+    attn_varlen varlen;
     attn_status s =
-        attn_varlen_check(q, k, v, out, batch, cu_seqlens_q, cu_seqlens_k, p, &pr, &vl, err);
+        attn_varlen_check(q, k, v, out, batch, cu_seqlens_q, cu_seqlens_k, p, &pr, &varlen, err);
     if (s) return s;
     char reason[160];
-    attn_impl impl = choose(&pr, &vl, p ? p->impl : ATTN_IMPL_AUTO, 0, reason, sizeof reason);
+    attn_impl impl = choose(&pr, &varlen, p ? p->impl : ATTN_IMPL_AUTO, 0, reason, sizeof reason);
     report(info, "varlen forward", impl, reason);
     if (impl == ATTN_IMPL_FUSED) {
         attn_fused_call c;
         memset(&c, 0, sizeof c);
         c.pr = &pr, c.q = q, c.k = k, c.v = v, c.out = out, c.weights = weights, c.lse = lse;
-        c.blas = attn_fused_blas_on(), c.vl = &vl;
+        c.blas = attn_fused_blas_on(), c.varlen = &varlen;
         s = attn_sdpa_fused_varlen(&c, 0, err);
     } else {
-        s = attn_varlen_reference_forward(&pr, &vl, q, k, v, out, weights, lse, err);
+        s = attn_varlen_reference_forward(&pr, &varlen, q, k, v, out, weights, lse, err);
     }
-    attn_varlen_free(&vl);
+    attn_varlen_free(&varlen);
     return s ? s : attn_ok(err);
 }
 
@@ -119,30 +119,31 @@ attn_status attn_sdpa_varlen_backward(const attn_tensor *q, const attn_tensor *k
                                       attn_tensor *dv, attn_sdpa_info *info, attn_error *err) {
     if (!out) return attn_fail(err, ATTN_ERR_NULL, "out is NULL");
     attn_problem pr;
-    attn_varlen vl;
+    attn_varlen varlen;
     attn_status s =
-        attn_varlen_check(q, k, v, out, batch, cu_seqlens_q, cu_seqlens_k, p, &pr, &vl, err);
+        attn_varlen_check(q, k, v, out, batch, cu_seqlens_q, cu_seqlens_k, p, &pr, &varlen, err);
     if (s) return s;
     if (!lse)
         s = attn_fail(err, ATTN_ERR_NULL, "lse is NULL (save it in the forward)");
     else
         s = check_grads(out, grad_out, q, k, v, dq, dk, dv, err);
     if (s) {
-        attn_varlen_free(&vl);
+        attn_varlen_free(&varlen);
         return s;
     }
     char reason[160];
-    attn_impl impl = choose(&pr, &vl, p ? p->impl : ATTN_IMPL_AUTO, 1, reason, sizeof reason);
+    attn_impl impl = choose(&pr, &varlen, p ? p->impl : ATTN_IMPL_AUTO, 1, reason, sizeof reason);
     report(info, "varlen backward", impl, reason);
     if (impl == ATTN_IMPL_FUSED) {
         attn_fused_call c;
         memset(&c, 0, sizeof c);
         c.pr = &pr, c.q = q, c.k = k, c.v = v, c.out = out, c.lse_in = lse, c.dout = grad_out;
-        c.dq = dq, c.dk = dk, c.dv = dv, c.blas = attn_fused_blas_on(), c.vl = &vl;
+        c.dq = dq, c.dk = dk, c.dv = dv, c.blas = attn_fused_blas_on(), c.varlen = &varlen;
         s = attn_sdpa_fused_varlen(&c, 1, err);
     } else {
-        s = attn_varlen_reference_backward(&pr, &vl, q, k, v, out, lse, grad_out, dq, dk, dv, err);
+        s = attn_varlen_reference_backward(&pr, &varlen, q, k, v, out, lse, grad_out, dq, dk, dv,
+                                           err);
     }
-    attn_varlen_free(&vl);
+    attn_varlen_free(&varlen);
     return s ? s : attn_ok(err);
 }

@@ -21,17 +21,17 @@ int attn_fused_blas_on(void) {
     return on;
 }
 
-void attn_sdpa_fused_describe(const attn_problem *pr, const attn_varlen *vl, int backward,
+void attn_sdpa_fused_describe(const attn_problem *pr, const attn_varlen *varlen, int backward,
                               char *buf, size_t n) {
     const char *isa = attn_fused_kernels_active()->name;
     const char *gemm = attn_fused_blas_on() ? ", tile products via OpenBLAS" : "";
-    if (vl) {
+    if (varlen) {
         snprintf(buf, n,
                  "fused path: %s kernels, %dx%d tiles per sequence (varlen, %lld sequences)%s%s",
-                 isa, ATTN_FUSED_QTILE, ATTN_FUSED_KTILE, (long long)vl->n,
-                 !backward                            ? ""
-                 : attn_fused_varlen_one_pass(pr, vl) ? ", backward one pass per head"
-                                                      : ", backward two passes",
+                 isa, ATTN_FUSED_QTILE, ATTN_FUSED_KTILE, (long long)varlen->n,
+                 !backward                                ? ""
+                 : attn_fused_varlen_one_pass(pr, varlen) ? ", backward one pass per head"
+                                                          : ", backward two passes",
                  gemm);
     } else if (!backward && pr->Lq <= FUSED_DECODE_MAXLQ) {
         int64_t C = FUSED_DECODE_CHUNK;

@@ -13,12 +13,13 @@ typedef struct {
     int64_t lse_ld;
 } bctx;
 
-/* A prepared query block: Qᵀ, Q rows, dOᵀ, dO rows, lse and D lanes. */
+/* A prepared query block: Qᵀ (qt), Q rows (qr), dOᵀ (dout_t), dO rows
+ * (dout_r), lse and D lanes. */
 typedef struct {
     int64_t i0, nq, nqv;
-    float *qt, *dot, *lsev, *dvec;
-    const float *qr, *dor;
-    int64_t ldqr, lddor;
+    float *qt, *dout_t, *lsev, *dvec;
+    const float *qr, *dout_r;
+    int64_t ldqr, lddout_r;
     int finite; /* Q and dO rows hold only finite values */
 } qblock;
 
@@ -29,16 +30,16 @@ static int64_t bwd_tile_scratch(const attn_problem *pr, int64_t dkp, int64_t dvp
 }
 
 typedef struct {
-    float *qt, *qr, *dot, *ot, *dor, *lsev, *dvec, *S, *dP, *Z, *kt, *vt, *dq;
+    float *qt, *qr, *dout_t, *ot, *dout_r, *lsev, *dvec, *S, *dP, *Z, *kt, *vt, *dq;
 } bws;
 
 static bws bwd_carve(const attn_problem *pr, float *ws, int64_t dkp, int64_t dvp) {
     bws w;
     w.qt = carve(&ws, pr->Dk * FQ);
     w.qr = carve(&ws, FQ * dkp);
-    w.dot = carve(&ws, pr->Dv * FQ);
+    w.dout_t = carve(&ws, pr->Dv * FQ);
     w.ot = carve(&ws, pr->Dv * FQ);
-    w.dor = carve(&ws, FQ * dvp);
+    w.dout_r = carve(&ws, FQ * dvp);
     w.lsev = carve(&ws, FQ);
     w.dvec = carve(&ws, FQ);
     w.S = carve(&ws, FK * FQ);
@@ -59,11 +60,11 @@ static void prep_qblock(const kctx *c, const bctx *bc, const bws *w, int64_t b, 
     qb->nq = nq;
     qb->nqv = nqv;
     qb->qt = w->qt;
-    qb->dot = w->dot;
+    qb->dout_t = w->dout_t;
     qb->lsev = w->lsev;
     qb->dvec = w->dvec;
     pack_transposed(w->qt, nqv, c->q, b, h, i0, nq, Dk);
-    pack_transposed(w->dot, nqv, bc->dout, b, h, i0, nq, Dv);
+    pack_transposed(w->dout_t, nqv, bc->dout, b, h, i0, nq, Dv);
     if (c->q->stride[3] == 1 && Dk % VL == 0) {
         qb->qr = row_of(c->q, b, h, i0);
         qb->ldqr = c->q->stride[2];
@@ -74,14 +75,14 @@ static void prep_qblock(const kctx *c, const bctx *bc, const bws *w, int64_t b, 
         qb->ldqr = dkp;
     }
     if (bc->dout->stride[3] == 1 && Dv % VL == 0) {
-        qb->dor = row_of(bc->dout, b, h, i0);
-        qb->lddor = bc->dout->stride[2];
+        qb->dout_r = row_of(bc->dout, b, h, i0);
+        qb->lddout_r = bc->dout->stride[2];
     } else {
         for (int64_t i = 0; i < nq; i++)
-            copy_row(w->dor + i * dvp, row_of(bc->dout, b, h, i0 + i), bc->dout->stride[3], Dv,
+            copy_row(w->dout_r + i * dvp, row_of(bc->dout, b, h, i0 + i), bc->dout->stride[3], Dv,
                      dvp);
-        qb->dor = w->dor;
-        qb->lddor = dvp;
+        qb->dout_r = w->dout_r;
+        qb->lddout_r = dvp;
     }
     const float *lse = bc->lse + (b * pr->H + h) * bc->lse_ld + i0;
     for (int64_t i = 0; i < nq; i++) qb->lsev[i] = lse[i];
@@ -95,8 +96,8 @@ static void prep_qblock(const kctx *c, const bctx *bc, const bws *w, int64_t b, 
         for (int64_t d0 = 0; d0 < Dv; d0 += UKR_KB) {
             vf acc = v_zero();
             for (int64_t d = d0; d < Dv && d < d0 + UKR_KB; d++)
-                acc = v_fma(v_load(w->ot + d * nqv + vq * VL), v_load(w->dot + d * nqv + vq * VL),
-                            acc);
+                acc = v_fma(v_load(w->ot + d * nqv + vq * VL),
+                            v_load(w->dout_t + d * nqv + vq * VL), acc);
             tot = d0 == 0 ? acc : v_add(tot, acc);
         }
         v_store(qb->dvec + vq * VL, tot);
@@ -121,7 +122,7 @@ static void bwd_tile(const kctx *c, const qblock *qb, const bws *w, int64_t b, i
                           nqv, S,   nqv};
     gemm_d(&ts, pr->scale, c->mode);
     mask_tile(pr, S, nqv, b, h, qb->i0, nq, j0, nk);
-    const tile_prod tp = {nk,  nvq, Dv, row_of(V, b, h, j0), V->stride[2], V->stride[3], qb->dot,
+    const tile_prod tp = {nk,  nvq, Dv, row_of(V, b, h, j0), V->stride[2], V->stride[3], qb->dout_t,
                           nqv, dP,  nqv};
     gemm_d(&tp, 1.0f, c->mode);
     if (pr->dropout) dropout_tile(pr, Z, nqv, b, h, qb->i0, nq, j0, nk, 0);
@@ -140,7 +141,7 @@ static void bwd_tile(const kctx *c, const qblock *qb, const bws *w, int64_t b, i
         }
     }
     if (dv_acc) {
-        const tile_prod t = {nk, dvp / VL, nq, S, nqv, 1, qb->dor, qb->lddor, dv_acc, dvp};
+        const tile_prod t = {nk, dvp / VL, nq, S, nqv, 1, qb->dout_r, qb->lddout_r, dv_acc, dvp};
         gemm(&t, 1, 1.0f, mode);
     }
     if (dk_acc) {

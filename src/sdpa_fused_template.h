@@ -84,7 +84,7 @@ static void make_ctx(kctx *c, const attn_fused_call *call) {
 static attn_status fused_forward(const attn_fused_call *call, attn_error *err) {
     kctx c;
     make_ctx(&c, call);
-    if (call->vl) return vl_forward(&c, call, err);
+    if (call->varlen) return varlen_forward(&c, call, err);
     if (call->pr->Lq <= FUSED_DECODE_MAXLQ) return dec_forward(&c, call, err);
     return fwd_forward(&c, call, err);
 }
@@ -98,7 +98,7 @@ static int64_t fused_forward_scratch(const attn_problem *pr) {
 static attn_status fused_backward(const attn_fused_call *call, attn_error *err) {
     kctx c;
     make_ctx(&c, call);
-    if (call->vl) return vl_backward(&c, call, err);
+    if (call->varlen) return varlen_backward(&c, call, err);
     if (call->pr->Lq <= FUSED_DECODE_MAXLQ) return dec_backward(&c, call, err);
     return bwd_backward(&c, call, err);
 }

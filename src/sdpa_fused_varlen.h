@@ -37,10 +37,10 @@ static int vorder_cmp(const void *a, const void *b) {
 
 /* The sequences of a call and their visiting order (ord[r]: the r-th
  * sequence, by decreasing Lq·Lk, ties by index). NULL on failure. */
-static vseq *vl_seqs(const kctx *c0, const attn_fused_call *call, int64_t **ord) {
-    const attn_varlen *vl = call->vl;
+static vseq *varlen_seqs(const kctx *c0, const attn_fused_call *call, int64_t **ord) {
+    const attn_varlen *varlen = call->varlen;
     const attn_problem *pr = call->pr;
-    const int64_t n = vl->n;
+    const int64_t n = varlen->n;
     vseq *sq = malloc((size_t)n * sizeof *sq);
     vorder *o = malloc((size_t)n * sizeof *o);
     *ord = malloc((size_t)n * sizeof **ord);
@@ -51,8 +51,8 @@ static vseq *vl_seqs(const kctx *c0, const attn_fused_call *call, int64_t **ord)
     for (int64_t s = 0; s < n; s++) {
         vseq *e = &sq[s];
         memset(e, 0, sizeof *e);
-        attn_varlen_seq(pr, vl, s, &e->pr);
-        const int64_t q0 = vl->cu_q[s], k0 = vl->cu_k[s], nq = e->pr.Lq, nk = e->pr.Lk;
+        attn_varlen_seq(pr, varlen, s, &e->pr);
+        const int64_t q0 = varlen->cu_q[s], k0 = varlen->cu_k[s], nq = e->pr.Lq, nk = e->pr.Lk;
         e->q0 = q0;
         e->nqb = (nq + FQ - 1) / FQ;
         e->ngrp = ((nk + FK - 1) / FK + KGROUP - 1) / KGROUP;
@@ -72,7 +72,7 @@ static vseq *vl_seqs(const kctx *c0, const attn_fused_call *call, int64_t **ord)
         e->call.pr = &e->pr, e->call.q = &e->q, e->call.k = &e->k, e->call.v = &e->v;
         e->call.out = &e->out, e->call.dout = &e->dout;
         e->call.dq = &e->dq, e->call.dk = &e->dk, e->call.dv = &e->dv;
-        e->call.vl = NULL;
+        e->call.varlen = NULL;
         e->bc = (bctx){&e->out, &e->dout, call->lse_in ? call->lse_in + q0 : NULL, pr->Lq};
         o[s] = (vorder){nq * nk, s};
     }
@@ -83,21 +83,21 @@ static vseq *vl_seqs(const kctx *c0, const attn_fused_call *call, int64_t **ord)
 }
 
 /* Items per head of a sequence in one loop of a varlen call. */
-enum { VL_QBLOCKS, VL_HEADS, VL_KGROUPS };
-static int64_t vl_units(const vseq *e, int kind) {
-    return kind == VL_QBLOCKS ? e->nqb : kind == VL_HEADS ? 1 : e->ngrp;
+enum { VARLEN_QBLOCKS, VARLEN_HEADS, VARLEN_KGROUPS };
+static int64_t varlen_units(const vseq *e, int kind) {
+    return kind == VARLEN_QBLOCKS ? e->nqb : kind == VARLEN_HEADS ? 1 : e->ngrp;
 }
 
 /* first[r] = items of the sequences before ord[r] (first[n]: all). */
-static void vl_plan(const vseq *sq, const int64_t *ord, int64_t n, int64_t H, int kind,
-                    int64_t *first) {
+static void varlen_plan(const vseq *sq, const int64_t *ord, int64_t n, int64_t H, int kind,
+                        int64_t *first) {
     first[0] = 0;
-    for (int64_t r = 0; r < n; r++) first[r + 1] = first[r] + H * vl_units(&sq[ord[r]], kind);
+    for (int64_t r = 0; r < n; r++) first[r + 1] = first[r] + H * varlen_units(&sq[ord[r]], kind);
 }
 
 /* The item it of a plan: its sequence, head and unit (block / group). */
-static const vseq *vl_item(const vseq *sq, const int64_t *ord, const int64_t *first, int64_t n,
-                           int kind, int64_t it, int64_t *h, int64_t *u) {
+static const vseq *varlen_item(const vseq *sq, const int64_t *ord, const int64_t *first, int64_t n,
+                               int kind, int64_t it, int64_t *h, int64_t *u) {
     int64_t lo = 0, hi = n; /* the last r with first[r] <= it */
     while (hi - lo > 1) {
         const int64_t mid = (lo + hi) / 2;
@@ -107,28 +107,28 @@ static const vseq *vl_item(const vseq *sq, const int64_t *ord, const int64_t *fi
             hi = mid;
     }
     const vseq *e = &sq[ord[lo]];
-    const int64_t units = vl_units(e, kind), local = it - first[lo];
+    const int64_t units = varlen_units(e, kind), local = it - first[lo];
     *h = local / units, *u = local % units;
     return e;
 }
 
-static attn_status vl_nomem(attn_error *err, int64_t n) {
+static attn_status varlen_nomem(attn_error *err, int64_t n) {
     return attn_fail(err, ATTN_ERR_NOMEM, "out of memory for the plan of %lld sequences",
                      (long long)n);
 }
 
-static attn_status vl_forward(const kctx *c0, const attn_fused_call *call, attn_error *err) {
+static attn_status varlen_forward(const kctx *c0, const attn_fused_call *call, attn_error *err) {
     const attn_problem *pr = call->pr;
-    const attn_varlen *vl = call->vl;
-    const int64_t n = vl->n, H = pr->H, Tq = pr->Lq;
+    const attn_varlen *varlen = call->varlen;
+    const int64_t n = varlen->n, H = pr->H, Tq = pr->Lq;
     const int nt = pr->threads;
     int64_t *ord, *first = malloc((size_t)(n + 1) * sizeof *first);
-    vseq *sq = first ? vl_seqs(c0, call, &ord) : NULL;
+    vseq *sq = first ? varlen_seqs(c0, call, &ord) : NULL;
     if (!sq) {
         free(first);
-        return vl_nomem(err, n);
+        return varlen_nomem(err, n);
     }
-    vl_plan(sq, ord, n, H, VL_QBLOCKS, first);
+    varlen_plan(sq, ord, n, H, VARLEN_QBLOCKS, first);
     const int64_t per = fwd_scratch(pr, c0->dvp);
     float *ws = falloc(nt * per);
     if (!ws) {
@@ -139,27 +139,28 @@ static attn_status vl_forward(const kctx *c0, const attn_fused_call *call, attn_
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
     for (int64_t it = 0; it < first[n]; it++) {
         int64_t h, u;
-        const vseq *e = vl_item(sq, ord, first, n, VL_QBLOCKS, it, &h, &u);
+        const vseq *e = varlen_item(sq, ord, first, n, VARLEN_QBLOCKS, it, &h, &u);
         const int64_t s = e - sq, Lq = e->pr.Lq, Lk = e->pr.Lk;
         const int64_t i0 = (e->nqb - 1 - u) * FQ, nq = imin(FQ, Lq - i0);
         fwd_block(&e->c, ws + (int64_t)omp_get_thread_num() * per, 0, h, i0, nq, &e->out,
                   call->lse ? call->lse + h * Tq + e->q0 + i0 : NULL,
-                  call->weights ? call->weights + vl->weights_at[s] + (h * Lq + i0) * Lk : NULL);
+                  call->weights ? call->weights + varlen->weights_at[s] + (h * Lq + i0) * Lk
+                                : NULL);
     }
     free(ws), free(first), free(ord), free(sq);
     return ATTN_OK;
 }
 
-static attn_status vl_backward(const kctx *c0, const attn_fused_call *call, attn_error *err) {
+static attn_status varlen_backward(const kctx *c0, const attn_fused_call *call, attn_error *err) {
     const attn_problem *pr = call->pr;
-    const attn_varlen *vl = call->vl;
-    const int64_t n = vl->n, H = pr->H;
-    const int one = attn_fused_varlen_one_pass(pr, vl);
+    const attn_varlen *varlen = call->varlen;
+    const int64_t n = varlen->n, H = pr->H;
+    const int one = attn_fused_varlen_one_pass(pr, varlen);
     int64_t *ord, *first = malloc((size_t)(n + 1) * sizeof *first);
-    vseq *sq = first ? vl_seqs(c0, call, &ord) : NULL;
+    vseq *sq = first ? varlen_seqs(c0, call, &ord) : NULL;
     if (!sq) {
         free(first);
-        return vl_nomem(err, n);
+        return varlen_nomem(err, n);
     }
     int64_t maxk = 0;
     for (int64_t s = 0; s < n; s++) maxk = imax(maxk, sq[s].pr.Lk);
@@ -175,11 +176,11 @@ static attn_status vl_backward(const kctx *c0, const attn_fused_call *call, attn
     }
     const int64_t Dk = pr->Dk, Dv = pr->Dv, dkp = c0->dkp, dvp = c0->dvp;
     if (one) { /* as bwd_one_pass, per (sequence, head) */
-        vl_plan(sq, ord, n, H, VL_HEADS, first);
+        varlen_plan(sq, ord, n, H, VARLEN_HEADS, first);
 #pragma omp parallel for num_threads(pr->threads) schedule(dynamic, 1)
         for (int64_t it = 0; it < first[n]; it++) {
             int64_t h, u;
-            const vseq *e = vl_item(sq, ord, first, n, VL_HEADS, it, &h, &u);
+            const vseq *e = varlen_item(sq, ord, first, n, VARLEN_HEADS, it, &h, &u);
             const int64_t Lk = e->pr.Lk;
             float *dka, *dva;
             const bws w = bwd_thread(c0, &bs, &dka, &dva);
@@ -191,11 +192,11 @@ static attn_status vl_backward(const kctx *c0, const attn_fused_call *call, attn
             write_rows(&e->dv, 0, h, 0, Lk, Dv, dva, dvp);
         }
     } else { /* as bwd_two_pass, per (sequence, head, key group), then query block */
-        vl_plan(sq, ord, n, H, VL_KGROUPS, first);
+        varlen_plan(sq, ord, n, H, VARLEN_KGROUPS, first);
 #pragma omp parallel for num_threads(pr->threads) schedule(dynamic, 1)
         for (int64_t it = 0; it < first[n]; it++) {
             int64_t h, g;
-            const vseq *e = vl_item(sq, ord, first, n, VL_KGROUPS, it, &h, &g);
+            const vseq *e = varlen_item(sq, ord, first, n, VARLEN_KGROUPS, it, &h, &g);
             const int64_t Lk = e->pr.Lk, ntile = (Lk + FK - 1) / FK;
             const int64_t g0 = g * KGROUP * FK, g1 = imin(Lk, g0 + KGROUP * FK);
             float *dka, *dva;
@@ -208,11 +209,11 @@ static attn_status vl_backward(const kctx *c0, const attn_fused_call *call, attn
             write_rows(&e->dk, 0, h, g0, g1 - g0, Dk, dka, dkp);
             write_rows(&e->dv, 0, h, g0, g1 - g0, Dv, dva, dvp);
         }
-        vl_plan(sq, ord, n, H, VL_QBLOCKS, first);
+        varlen_plan(sq, ord, n, H, VARLEN_QBLOCKS, first);
 #pragma omp parallel for num_threads(pr->threads) schedule(dynamic, 1)
         for (int64_t it = 0; it < first[n]; it++) {
             int64_t h, u;
-            const vseq *e = vl_item(sq, ord, first, n, VL_QBLOCKS, it, &h, &u);
+            const vseq *e = varlen_item(sq, ord, first, n, VARLEN_QBLOCKS, it, &h, &u);
             float *dka, *dva;
             const bws w = bwd_thread(c0, &bs, &dka, &dva);
             bwd_block(&e->c, &e->call, &e->bc, &w, 0, h, e->nqb - 1 - u, 0, INT64_MAX, NULL, NULL,

@@ -34,10 +34,10 @@ static attn_status check_cu(const int64_t *cu, const char *name, int64_t n, int6
 attn_status attn_varlen_check(const attn_tensor *q, const attn_tensor *k, const attn_tensor *v,
                               const attn_tensor *out, int64_t batch, const int64_t *cu_seqlens_q,
                               const int64_t *cu_seqlens_k, const attn_sdpa_params *p,
-                              attn_problem *pr, attn_varlen *vl, attn_error *err) {
+                              attn_problem *pr, attn_varlen *varlen, attn_error *err) {
     static const attn_sdpa_params defaults;
     if (!p) p = &defaults;
-    *vl = (attn_varlen){0};
+    *varlen = (attn_varlen){0};
     if (p->key_lengths || p->bool_mask || p->add_mask)
         return attn_fail(err, ATTN_ERR_ARG,
                          "varlen: key_lengths, bool_mask and add_mask are not taken (the "
@@ -77,23 +77,24 @@ attn_status attn_varlen_check(const attn_tensor *q, const attn_tensor *k, const 
                 (long long)b);
         }
     }
-    vl->n = batch;
-    vl->cu_q = cu_seqlens_q;
-    vl->cu_k = ck;
-    vl->weights_at = at;
+    varlen->n = batch;
+    varlen->cu_q = cu_seqlens_q;
+    varlen->cu_k = ck;
+    varlen->weights_at = at;
     return ATTN_OK;
 }
 
-void attn_varlen_free(attn_varlen *vl) {
-    free(vl->weights_at);
-    vl->weights_at = NULL;
+void attn_varlen_free(attn_varlen *varlen) {
+    free(varlen->weights_at);
+    varlen->weights_at = NULL;
 }
 
-void attn_varlen_seq(const attn_problem *pr, const attn_varlen *vl, int64_t s, attn_problem *sub) {
+void attn_varlen_seq(const attn_problem *pr, const attn_varlen *varlen, int64_t s,
+                     attn_problem *sub) {
     *sub = *pr;
     sub->B = 1;
-    sub->Lq = vl->cu_q[s + 1] - vl->cu_q[s];
-    sub->Lk = vl->cu_k[s + 1] - vl->cu_k[s];
+    sub->Lq = varlen->cu_q[s + 1] - varlen->cu_q[s];
+    sub->Lk = varlen->cu_k[s + 1] - varlen->cu_k[s];
     sub->drop_b0 = pr->drop_b0 + s;
 }
 
@@ -118,41 +119,42 @@ static int64_t max_len(const int64_t *cu, int64_t n) {
     return m;
 }
 
-attn_status attn_varlen_reference_forward(const attn_problem *pr, const attn_varlen *vl,
+attn_status attn_varlen_reference_forward(const attn_problem *pr, const attn_varlen *varlen,
                                           const attn_tensor *q, const attn_tensor *k,
                                           const attn_tensor *v, attn_tensor *out, float *weights,
                                           float *lse, attn_error *err) {
-    float *tmp = lse ? malloc((size_t)(pr->H * max_len(vl->cu_q, vl->n)) * sizeof(float)) : NULL;
+    float *tmp =
+        lse ? malloc((size_t)(pr->H * max_len(varlen->cu_q, varlen->n)) * sizeof(float)) : NULL;
     if (lse && !tmp) return attn_fail(err, ATTN_ERR_NOMEM, "out of memory for the lse rows");
     attn_status st = ATTN_OK;
-    for (int64_t s = 0; s < vl->n && !st; s++) {
+    for (int64_t s = 0; s < varlen->n && !st; s++) {
         attn_problem sub;
-        attn_varlen_seq(pr, vl, s, &sub);
+        attn_varlen_seq(pr, varlen, s, &sub);
         if (sub.Lq == 0) continue;
-        const int64_t q0 = vl->cu_q[s], k0 = vl->cu_k[s];
+        const int64_t q0 = varlen->cu_q[s], k0 = varlen->cu_k[s];
         attn_tensor qs = attn_varlen_rows(q, q0, sub.Lq), ks = attn_varlen_rows(k, k0, sub.Lk),
                     vs = attn_varlen_rows(v, k0, sub.Lk), os = attn_varlen_rows(out, q0, sub.Lq);
-        st = attn_sdpa_reference_forward(&sub, &qs, &ks, &vs, &os,
-                                         weights ? weights + vl->weights_at[s] : NULL, tmp, err);
+        st = attn_sdpa_reference_forward(
+            &sub, &qs, &ks, &vs, &os, weights ? weights + varlen->weights_at[s] : NULL, tmp, err);
         if (!st && lse) lse_copy(lse + q0, pr->Lq, tmp, sub.Lq, pr->H, sub.Lq);
     }
     free(tmp);
     return st;
 }
 
-attn_status attn_varlen_reference_backward(const attn_problem *pr, const attn_varlen *vl,
+attn_status attn_varlen_reference_backward(const attn_problem *pr, const attn_varlen *varlen,
                                            const attn_tensor *q, const attn_tensor *k,
                                            const attn_tensor *v, const attn_tensor *out,
                                            const float *lse, const attn_tensor *dout,
                                            attn_tensor *dq, attn_tensor *dk, attn_tensor *dv,
                                            attn_error *err) {
-    float *tmp = malloc((size_t)(pr->H * max_len(vl->cu_q, vl->n)) * sizeof(float));
+    float *tmp = malloc((size_t)(pr->H * max_len(varlen->cu_q, varlen->n)) * sizeof(float));
     if (!tmp) return attn_fail(err, ATTN_ERR_NOMEM, "out of memory for the lse rows");
     attn_status st = ATTN_OK;
-    for (int64_t s = 0; s < vl->n && !st; s++) {
+    for (int64_t s = 0; s < varlen->n && !st; s++) {
         attn_problem sub;
-        attn_varlen_seq(pr, vl, s, &sub);
-        const int64_t q0 = vl->cu_q[s], k0 = vl->cu_k[s], nq = sub.Lq, nk = sub.Lk;
+        attn_varlen_seq(pr, varlen, s, &sub);
+        const int64_t q0 = varlen->cu_q[s], k0 = varlen->cu_k[s], nq = sub.Lq, nk = sub.Lk;
         attn_tensor qs = attn_varlen_rows(q, q0, nq), ks = attn_varlen_rows(k, k0, nk),
                     vs = attn_varlen_rows(v, k0, nk), os = attn_varlen_rows(out, q0, nq),
                     gs = attn_varlen_rows(dout, q0, nq), dqs = attn_varlen_rows(dq, q0, nq),
