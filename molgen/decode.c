@@ -75,13 +75,12 @@ mg_status mg_kv_new(mg_model *m, int B, int threads, mg_kv_decoder **out, mg_err
         kvfloats > SIZE_MAX / sizeof(float)) {
         mg_kv_free(d);
         return mg_fail(err, MG_ERR_NOMEM,
-                       "decode: a KV cache of %d rows x %d positions x %d "
-                       "blocks is too large",
-                       B, d->ctx, d->N);
+                       "decode: a KV cache of %d rows x %d positions x %d blocks is too large", B,
+                       d->ctx, d->N);
     }
     const size_t total = (size_t)B * (D * 7 + F);
     d->mem = calloc(total, sizeof(float));
-    d->kvmem = malloc(kvfloats * sizeof(float));
+    d->kvmem = calloc(kvfloats, sizeof(float)); /* keys past a row's length: finite */
     d->len = calloc((size_t)B, sizeof *d->len);
     d->klen = calloc((size_t)B, sizeof *d->klen);
     if (!d->layers || !d->mem || !d->kvmem || !d->len || !d->klen) {
