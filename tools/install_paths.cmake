@@ -70,9 +70,10 @@ file(INSTALL ${py_files} DESTINATION "${site}/attn")
 file(GLOB py_files "${ATTN_SOURCE_DIR}/python/molgen/*.py")
 file(INSTALL ${py_files} "${ATTN_SOURCE_DIR}/python/molgen/moses_filters"
      DESTINATION "${site}/molgen")
-# molgen.scoring: its modules and the PMO task TOML files it serves
+# molgen.scoring: its modules, the PMO task TOML files it serves, an example
 file(GLOB py_files "${ATTN_SOURCE_DIR}/python/molgen/scoring/*.py")
 file(INSTALL ${py_files} "${ATTN_SOURCE_DIR}/python/molgen/scoring/pmo"
+     "${ATTN_SOURCE_DIR}/python/molgen/scoring/examples"
      DESTINATION "${site}/molgen/scoring")
 file(WRITE "${ATTN_BINARY_DIR}/_library_path.txt" "${libdir}/${ATTN_LIBRARY_FILE}\n")
 file(INSTALL "${ATTN_BINARY_DIR}/_library_path.txt" DESTINATION "${site}/attn")

@@ -444,3 +444,15 @@ def test_numbers_have_no_exponent():
     assert S.format_number(3.2e-12) == '0.0000000000032'
     assert S.format_number(1.0) == '1.0' and S.format_number(0.25) == '0.25'
     assert float(S.format_number(E(-50 / 4))) == pytest.approx(E(-12.5), rel=1e-6)
+
+
+def test_shipped_example_config():
+    path = os.path.join(os.path.dirname(S.__file__), 'examples', 'druglike.toml')
+    sc = S.load(path)
+    r = sc.score('CC(=O)Oc1ccccc1C(=O)O')
+    c = dict(r.components)
+    # weighted geometric mean (qed weight 2, the five others 1) of the component scores
+    want = (c['qed'] ** 2 * c['sa'] * c['mw'] * c['hbd'] * c['moses_filters'] * c['alerts']) ** (1 / 7)
+    assert r.score == pytest.approx(want, rel=1e-12) and r.score > 0
+    assert c['qed'] == QED.qed(Chem.MolFromSmiles('CC(=O)Oc1ccccc1C(=O)O')) and c['hbd_raw'] == 1
+    assert sc('O=[N+]([O-])c1ccc(CC(=O)NC2CCN(Cc3ccccc3)CC2)cc1') == 0.0  # the nitro alert

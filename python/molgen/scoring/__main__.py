@@ -23,6 +23,7 @@ configuration, with a one-line message.
 
 import argparse
 import math
+import os
 import sys
 
 from . import ConfigError, load, pmo_tasks, format_result, randomized, Result
@@ -110,11 +111,8 @@ def main(argv=None):
     try:
         serve(scorer, sys.stdin.buffer, sys.stdout.buffer)
     except BrokenPipeError:
-        # the client went away: nothing left to answer
-        try:
-            sys.stdout = None
-        except Exception:
-            pass
+        # the client went away: nothing left to answer (and nothing to flush at exit)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except KeyboardInterrupt:
         return 130
