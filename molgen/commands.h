@@ -15,6 +15,7 @@ int cmd_sample(int argc, char **argv);    /* cmd_sample.c */
 int cmd_attention(int argc, char **argv); /* cmd_attention.c */
 int cmd_bench(int argc, char **argv);     /* cmd_bench.c */
 int cmd_score(int argc, char **argv);     /* cmd_score.c */
+int cmd_optimize(int argc, char **argv); /* cmd_optimize.c */
 /* Hidden: dump a random batch's loss and gradients for the PyTorch oracle
  * test (molgen/tests/test_model_torch.py). cmd_debug_grads.c. */
 int cmd_debug_grads(int argc, char **argv);

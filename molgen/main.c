@@ -20,6 +20,7 @@ static const command COMMANDS[] = {
     {"train", cmd_train, "train the model on a SMILES file (checkpoints, resume)"},
     {"sample", cmd_sample, "generate molecules from a trained model"},
     {"score", cmd_score, "negative log-likelihood of given molecules under a model"},
+    {"optimize", cmd_optimize, "train an agent toward a scorer (REINVENT-style reinforcement learning)"},
     {"attention", cmd_attention, "draw a trained model's attention maps for a molecule"},
     {"bench", cmd_bench, "training tokens/s and sampling molecules/s"},
     {"debug-grads", cmd_debug_grads, NULL},

@@ -245,6 +245,10 @@ struct mg_model {
      * lp_n 0: none). */
     int64_t *loss_prefix;
     int lp_n;
+    /* Per-row weights of the backward [rw_n] (mg_model_set_row_weights;
+     * rw_n 0: the mean loss). */
+    float *row_w;
+    int rw_n;
 
     /* Activations, sized for up to cap_rows rows (R = B*L), cap_b batch rows
      * and cap_slots blocks (n_layer after a training forward, else 1). The
@@ -450,6 +454,7 @@ void mg_model_free(mg_model *m) {
     free(m->cond_emb);
     free(m->cond_meta);
     free(m->loss_prefix);
+    free(m->row_w);
     free(m);
 }
 
@@ -490,6 +495,26 @@ mg_status mg_model_set_conditions(mg_model *m, const float *values, int n, mg_er
     m->cond_vals = v;
     memcpy(v, values, (size_t)n * K * sizeof(float));
     m->cond_n = n;
+    return MG_OK;
+}
+
+mg_status mg_model_set_row_weights(mg_model *m, const float *w, int n, mg_error *err) {
+    if (!w || n == 0) {
+        m->rw_n = 0;
+        return MG_OK;
+    }
+    if (n < 0) return mg_fail(err, MG_ERR_ARG, "%d row weights", n);
+    for (int b = 0; b < n; b++)
+        if (!isfinite(w[b]))
+            return mg_fail(err, MG_ERR_ARG, "row weight %d is not finite (%g)", b, (double)w[b]);
+    float *v = realloc(m->row_w, (size_t)n * sizeof *v);
+    if (!v) {
+        m->rw_n = 0;
+        return mg_fail(err, MG_ERR_NOMEM, "out of memory for %d row weights", n);
+    }
+    m->row_w = v;
+    memcpy(v, w, (size_t)n * sizeof *v);
+    m->rw_n = n;
     return MG_OK;
 }
 
@@ -863,13 +888,16 @@ static double crossentropy_forward(float *probs, float *row_loss, const float *l
 
 /* dlogits [Rv, V] = (probs - target distribution) / ntok, in place over
  * probs; the distribution is onehot(target), or with label smoothing eps
- * (1 - eps) onehot + eps / V. */
+ * (1 - eps) onehot + eps / V. With row weights w [B] (non-NULL) the factor
+ * of a position of batch row rows[r] / L is w[row] instead of 1 / ntok. */
 static void crossentropy_backward(float *probs, const int32_t *targets, const int64_t *rows,
-                                  int64_t Rv, int V, int64_t ntok, float eps, int nt) {
-    const float inv = 1.0f / (float)ntok, off = eps / (float)V;
+                                  int64_t Rv, int V, int64_t ntok, float eps, const float *w,
+                                  int L, int nt) {
+    const float inv0 = 1.0f / (float)ntok, off = eps / (float)V;
 #pragma omp parallel for num_threads(nt) schedule(static)
     for (int64_t r = 0; r < Rv; r++) {
         float *pr = probs + r * V;
+        const float inv = w ? w[rows[r] / L] : inv0;
         if (targets[rows[r]] < 0) {
             memset(pr, 0, (size_t)V * sizeof(float));
         } else if (eps > 0.0f) {
@@ -1193,8 +1221,11 @@ mg_status mg_model_backward(mg_model *m, mg_error *err) {
 
     /* Every buffer holds the Rv valid rows, except around attention. */
     float *dlogits = m->probs; /* [Rv, V] */
+    if (m->rw_n && m->rw_n != B)
+        return mg_fail(err, MG_ERR_ARG, "%d row weights set for a batch of %d", m->rw_n, B);
     crossentropy_backward(dlogits, m->targets, m->rows, Rv, V, m->ntok,
-                          m->training ? m->label_smoothing : 0.0f, nt);
+                          m->training ? m->label_smoothing : 0.0f, m->rw_n ? m->row_w : NULL, L,
+                          nt);
     mg_status rc = mg_matmul_backward(m->dln, m->g.head_w, m->g.head_b, dlogits, m->lnf,
                                       m->p.head_w, Rv, d, V, nt, err);
     if (rc) return rc;

@@ -165,6 +165,14 @@ mg_status mg_model_set_conditions(mg_model *m, const float *values, int n, mg_er
  * and not counted in ntok; prefix[b] < lengths[b] - 1 at the forward. n
  * must equal the forward's B; NULL or n = 0: none, as a new model. */
 mg_status mg_model_set_loss_prefix(mg_model *m, const int64_t *prefix, int n, mg_error *err);
+/* Row weights of the next backwards: w [n] finite; mg_model_backward then
+ * gives the gradient of sum_b w[b] NLL_b (NLL_b row b's summed
+ * cross-entropy over its loss positions, as mg_model_sequence_nll; label
+ * smoothing still applies in training) instead of the mean loss's, and
+ * refuses a forward whose B is not n. The forward's loss is unchanged.
+ * NULL or n = 0: the mean loss, as a new model. (molgen optimize: the
+ * REINVENT loss's per-molecule factors, optimize.h.) */
+mg_status mg_model_set_row_weights(mg_model *m, const float *w, int n, mg_error *err);
 /* Row r's condition embedding [d] (condition.h) under the conditions set;
  * zero for an unconditional model. For the KV decoder. */
 void mg_model_condition_embedding(const mg_model *m, int r, float *out);

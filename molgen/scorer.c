@@ -1,0 +1,350 @@
+/* molgen scorer client (see scorer.h). */
+#define _GNU_SOURCE
+#include "scorer.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "util.h"
+
+struct mg_scorer {
+    pid_t pid;
+    int in, out;   /* our ends: the scorer's stdin (write), stdout (read) */
+    double timeout;
+    char *buf;     /* bytes read but not yet consumed */
+    size_t len, cap;
+    int exited, status;
+    struct sigaction old_pipe;
+};
+
+void mg_score_reply_clear(mg_score_reply *r) {
+    if (!r) return;
+    free(r->canonical);
+    free(r->scaffold);
+    free(r->comps);
+    memset(r, 0, sizeof *r);
+}
+
+mg_status mg_scorer_start(const char *command, double timeout_s, mg_scorer **out, mg_error *err) {
+    if (!command || !*command || !out) return mg_fail(err, MG_ERR_ARG, "no scorer command");
+    *out = NULL;
+    mg_scorer *s = calloc(1, sizeof *s);
+    if (!s) return mg_fail(err, MG_ERR_NOMEM, "out of memory");
+    int pin[2], pout[2];
+    if (pipe2(pin, O_CLOEXEC)) {
+        free(s);
+        return mg_fail(err, MG_ERR_IO, "scorer: pipe: %s", strerror(errno));
+    }
+    if (pipe2(pout, O_CLOEXEC)) {
+        close(pin[0]);
+        close(pin[1]);
+        free(s);
+        return mg_fail(err, MG_ERR_IO, "scorer: pipe: %s", strerror(errno));
+    }
+    struct sigaction ign;
+    memset(&ign, 0, sizeof ign);
+    ign.sa_handler = SIG_IGN;
+    sigaction(SIGPIPE, &ign, &s->old_pipe);
+    fflush(NULL);
+    const pid_t pid = fork();
+    if (pid < 0) {
+        const int e = errno;
+        close(pin[0]), close(pin[1]), close(pout[0]), close(pout[1]);
+        sigaction(SIGPIPE, &s->old_pipe, NULL);
+        free(s);
+        return mg_fail(err, MG_ERR_IO, "scorer: fork: %s", strerror(e));
+    }
+    if (pid == 0) { /* the child: its own group (a hang kills the whole pipeline) */
+        setpgid(0, 0);
+        sigaction(SIGPIPE, &s->old_pipe, NULL);
+        dup2(pin[0], 0);
+        dup2(pout[1], 1);
+        execl("/bin/sh", "sh", "-c", command, (char *)NULL);
+        _exit(127);
+    }
+    setpgid(pid, pid);
+    close(pin[0]);
+    close(pout[1]);
+    s->pid = pid;
+    s->in = pin[1];
+    s->out = pout[0];
+    s->timeout = timeout_s;
+    fcntl(s->in, F_SETFL, fcntl(s->in, F_GETFL) | O_NONBLOCK);
+    *out = s;
+    return MG_OK;
+}
+
+/* Has the scorer exited? Reaps it once. */
+static int reap(mg_scorer *s) {
+    if (!s->exited && waitpid(s->pid, &s->status, WNOHANG) == s->pid) s->exited = 1;
+    return s->exited;
+}
+
+void mg_scorer_free(mg_scorer *s) {
+    if (!s) return;
+    if (s->in >= 0) close(s->in);
+    for (int i = 0; i < 100 && !reap(s); i++) nanosleep(&(struct timespec){0, 10000000}, NULL);
+    if (!s->exited) {
+        kill(-s->pid, SIGKILL);
+        waitpid(s->pid, &s->status, 0);
+    }
+    close(s->out);
+    sigaction(SIGPIPE, &s->old_pipe, NULL);
+    free(s->buf);
+    free(s);
+}
+
+/* "exited with status 3" / "was killed by signal 9" / "closed its output". */
+static const char *gone(mg_scorer *s, char *buf, size_t n) {
+    for (int i = 0; i < 50 && !reap(s); i++) nanosleep(&(struct timespec){0, 10000000}, NULL);
+    if (!s->exited) return "closed its output";
+    if (WIFEXITED(s->status))
+        snprintf(buf, n, "exited with status %d", WEXITSTATUS(s->status));
+    else
+        snprintf(buf, n, "was killed by signal %d", WTERMSIG(s->status));
+    return buf;
+}
+
+/* molecule text for a message: cut to a readable length */
+static const char *cut(const char *s, char *buf, size_t n) {
+    if (strlen(s) < n) return s;
+    snprintf(buf, n, "%.*s...", (int)(n - 4), s);
+    return buf;
+}
+
+/* Writes req[0..rlen) and reads n lines (their starts into lines[n], each
+ * NUL-terminated in s->buf; valid until the next exchange). what[i] names
+ * line i's molecule for the messages. */
+static mg_status exchange(mg_scorer *s, const char *req, size_t rlen, size_t n, char **lines,
+                          const char *const *what, mg_error *err) {
+    size_t sent = 0, got = 0, scan = 0;
+    s->len = 0;
+    double last = mg_now_s();
+    char mb[96], gb[64], pb[64];
+    while (got < n) {
+        struct pollfd p[2] = {{s->out, POLLIN, 0}, {s->in, POLLOUT, 0}};
+        const int np = sent < rlen ? 2 : 1;
+        const double left = s->timeout > 0 ? s->timeout - (mg_now_s() - last) : 1e9;
+        const int pr = left <= 0 ? 0 : poll(p, (nfds_t)np, left > 1e6 ? -1 : (int)(left * 1000) + 1);
+        if (pr < 0 && errno == EINTR) continue;
+        if (pr < 0) return mg_fail(err, MG_ERR_IO, "scorer: poll: %s", strerror(errno));
+        if (pr == 0)
+            return mg_fail(err, MG_ERR_IO,
+                           "the scorer gave no answer for molecule %zu of the batch '%s' within "
+                           "%g s (--scorer-timeout)",
+                           got + 1, cut(what[got], mb, sizeof mb), s->timeout);
+        if (np == 2 && (p[1].revents & (POLLOUT | POLLERR))) {
+            const ssize_t w = write(s->in, req + sent, rlen - sent);
+            if (w < 0 && errno != EAGAIN && errno != EINTR)
+                return mg_fail(err, MG_ERR_IO,
+                               "the scorer %s before answering molecule %zu of the batch '%s' "
+                               "(writing to it: %s)",
+                               gone(s, gb, sizeof gb), got + 1, cut(what[got], mb, sizeof mb),
+                               strerror(errno));
+            if (w > 0) sent += (size_t)w, last = mg_now_s();
+        }
+        if (!(p[0].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+        if (s->cap - s->len < 4096) {
+            char *nb = realloc(s->buf, s->cap * 2 + 8192);
+            if (!nb) return mg_fail(err, MG_ERR_NOMEM, "out of memory reading the scorer");
+            s->buf = nb;
+            s->cap = s->cap * 2 + 8192;
+        }
+        const ssize_t r = read(s->out, s->buf + s->len, s->cap - s->len - 1);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) {
+            s->buf[s->len] = 0;
+            const char *part = got < n && s->len > scan ? s->buf + scan : NULL;
+            return mg_fail(err, MG_ERR_IO,
+                           "the scorer %s before answering molecule %zu of the batch '%s'%s%s%s",
+                           gone(s, gb, sizeof gb), got + 1, cut(what[got], mb, sizeof mb),
+                           part ? " (an unfinished line '" : "",
+                           part ? cut(part, pb, sizeof pb) : "", part ? "')" : "");
+        }
+        s->len += (size_t)r;
+        last = mg_now_s();
+        /* split complete lines (the line starts are offsets: buf may move) */
+        for (size_t i = scan; i < s->len && got < n; i++)
+            if (s->buf[i] == '\n') {
+                s->buf[i] = 0;
+                if (i > scan && s->buf[i - 1] == '\r') s->buf[i - 1] = 0;
+                lines[got++] = (char *)(uintptr_t)scan;
+                scan = i + 1;
+            }
+    }
+    if (s->len > scan)
+        return mg_fail(err, MG_ERR_FORMAT,
+                       "the scorer wrote more lines than molecules asked (after molecule %zu of "
+                       "the batch '%s': '%s')",
+                       n, cut(what[n - 1], mb, sizeof mb), cut(s->buf + scan, gb, sizeof gb));
+    for (size_t i = 0; i < n; i++) lines[i] = s->buf + (uintptr_t)lines[i];
+    return MG_OK;
+}
+
+static char *dup_n(const char *p, size_t n) {
+    char *d = malloc(n + 1);
+    if (d) memcpy(d, p, n), d[n] = 0;
+    return d;
+}
+
+/* A strict decimal number (strtod over the whole text, no leading space). */
+static int number(const char *p, size_t n, double *v) {
+    char tmp[64];
+    if (n == 0 || n >= sizeof tmp || p[0] == ' ' || p[0] == '\t') return 0;
+    memcpy(tmp, p, n);
+    tmp[n] = 0;
+    char *end;
+    errno = 0;
+    *v = strtod(tmp, &end);
+    return *end == 0;
+}
+
+/* One answer line into r; MG_ERR_FORMAT naming the molecule and the line. */
+static mg_status parse_reply(const char *line, const char *mol, size_t idx, mg_score_reply *r,
+                             mg_error *err) {
+    char mb[96], lb[128];
+    const char *tab = strchr(line, '\t');
+    const size_t n0 = tab ? (size_t)(tab - line) : strlen(line);
+    double v = 0;
+    if (n0 == 3 && !strncasecmp(line, "nan", 3)) {
+        r->valid = 0;
+    } else if (!number(line, n0, &v) || isnan(v)) {
+        return mg_fail(err, MG_ERR_FORMAT,
+                       "the scorer's line '%s' for molecule %zu of the batch '%s' does not start "
+                       "with a number in [0, 1] or nan",
+                       cut(line, lb, sizeof lb), idx + 1, cut(mol, mb, sizeof mb));
+    } else if (!(v >= 0.0 && v <= 1.0)) {
+        return mg_fail(err, MG_ERR_FORMAT,
+                       "the scorer's score %s in the line '%s' for molecule %zu of the batch '%s' "
+                       "is outside [0, 1] (refused, not clipped)",
+                       isinf(v) ? "inf" : "out of range", cut(line, lb, sizeof lb), idx + 1,
+                       cut(mol, mb, sizeof mb));
+    } else {
+        r->valid = 1;
+        r->score = v;
+    }
+    size_t clen = 0, ccap = 64;
+    r->comps = malloc(ccap);
+    if (!r->comps) return mg_fail(err, MG_ERR_NOMEM, "out of memory");
+    r->comps[0] = 0;
+    while (tab) {
+        const char *f = tab + 1;
+        tab = strchr(f, '\t');
+        const size_t fl = tab ? (size_t)(tab - f) : strlen(f);
+        const char *eq = memchr(f, '=', fl);
+        if (!eq || eq == f) continue;
+        const size_t kl = (size_t)(eq - f), vl = fl - kl - 1;
+        char **dst = kl == 9 && !memcmp(f, "canonical", 9) ? &r->canonical
+                     : kl == 8 && !memcmp(f, "scaffold", 8) ? &r->scaffold
+                                                             : NULL;
+        if (dst) {
+            free(*dst);
+            if (!(*dst = dup_n(eq + 1, vl))) return mg_fail(err, MG_ERR_NOMEM, "out of memory");
+            continue;
+        }
+        double cv;
+        if (!number(eq + 1, vl, &cv) || memchr(f, ';', kl) || memchr(f, ',', kl)) continue;
+        if (clen + fl + 2 > ccap) {
+            ccap = 2 * (clen + fl + 2);
+            char *nb = realloc(r->comps, ccap);
+            if (!nb) return mg_fail(err, MG_ERR_NOMEM, "out of memory");
+            r->comps = nb;
+        }
+        if (clen) r->comps[clen++] = ';';
+        memcpy(r->comps + clen, f, fl);
+        clen += fl;
+        r->comps[clen] = 0;
+    }
+    return MG_OK;
+}
+
+/* A request line may not hold a newline (it would shift every answer). */
+static mg_status check_line(const char *smi, mg_error *err) {
+    if (strpbrk(smi, "\n\r\t"))
+        return mg_fail(err, MG_ERR_ARG, "a molecule with a newline or tab cannot be scored");
+    return MG_OK;
+}
+
+mg_status mg_scorer_score(mg_scorer *s, const char *const *smiles, size_t n, mg_score_reply *out,
+                          mg_error *err) {
+    memset(out, 0, n * sizeof *out);
+    if (n == 0) return MG_OK;
+    size_t rlen = 0;
+    for (size_t i = 0; i < n; i++) {
+        mg_status rc = check_line(smiles[i], err);
+        if (rc) return rc;
+        rlen += strlen(smiles[i]) + 1;
+    }
+    char *req = malloc(rlen + 1);
+    char **lines = malloc(n * sizeof *lines);
+    mg_status rc = MG_OK;
+    if (!req || !lines) {
+        rc = mg_fail(err, MG_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    size_t o = 0;
+    for (size_t i = 0; i < n; i++) {
+        const size_t l = strlen(smiles[i]);
+        memcpy(req + o, smiles[i], l);
+        req[o + l] = '\n';
+        o += l + 1;
+    }
+    rc = exchange(s, req, rlen, n, lines, smiles, err);
+    for (size_t i = 0; !rc && i < n; i++) rc = parse_reply(lines[i], smiles[i], i, &out[i], err);
+    if (rc)
+        for (size_t i = 0; i < n; i++) mg_score_reply_clear(&out[i]);
+done:
+    free(req);
+    free(lines);
+    return rc;
+}
+
+mg_status mg_scorer_randomize(mg_scorer *s, const char *const *smiles, const uint64_t *seeds,
+                              size_t n, int k, char **out, mg_error *err) {
+    memset(out, 0, n * (size_t)k * sizeof *out);
+    if (n == 0) return MG_OK;
+    size_t rlen = 0;
+    for (size_t i = 0; i < n; i++) {
+        mg_status rc = check_line(smiles[i], err);
+        if (rc) return rc;
+        rlen += strlen(smiles[i]) + 64;
+    }
+    char *req = malloc(rlen);
+    char **lines = malloc(n * sizeof *lines);
+    mg_status rc = MG_OK;
+    if (!req || !lines) {
+        rc = mg_fail(err, MG_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    size_t o = 0;
+    for (size_t i = 0; i < n; i++)
+        o += (size_t)sprintf(req + o, "!randomize\t%llu\t%d\t%s\n", (unsigned long long)seeds[i],
+                             k, smiles[i]);
+    rc = exchange(s, req, o, n, lines, smiles, err);
+    for (size_t i = 0; !rc && i < n; i++) {
+        const char *p = lines[i];
+        for (int j = 0; j < k && *p; j++) {
+            const char *t = strchr(p, '\t');
+            const size_t l = t ? (size_t)(t - p) : strlen(p);
+            if (l && !(out[i * (size_t)k + j] = dup_n(p, l)))
+                rc = mg_fail(err, MG_ERR_NOMEM, "out of memory");
+            p = t ? t + 1 : p + l;
+        }
+    }
+    if (rc)
+        for (size_t i = 0; i < n * (size_t)k; i++) free(out[i]), out[i] = NULL;
+done:
+    free(req);
+    free(lines);
+    return rc;
+}
