@@ -1,7 +1,9 @@
 /* attn: exact scaled dot-product and multi-head attention in C.
  *
  * Conventions
- *   - fp32 in and out, fp32 accumulation.
+ *   - fp32 in and out, fp32 accumulation; the scaled dot-product calls also
+ *     take bfloat16 inputs and outputs (attn_dtype below), still with fp32
+ *     accumulation, softmax and log-sum-exp.
  *   - Every function returns an attn_status; on failure it also fills the
  *     optional caller-owned attn_error with a readable message. Nothing in the
  *     library aborts, exits or prints (except the dispatch notes that
@@ -45,9 +47,9 @@ extern "C" {
  * differ when a program runs against another build than it was compiled
  * with (the struct layouts here are the ABI; the soname changes with them). */
 #define ATTN_VERSION_MAJOR 0
-#define ATTN_VERSION_MINOR 3
+#define ATTN_VERSION_MINOR 4
 #define ATTN_VERSION_PATCH 0
-#define ATTN_VERSION "0.3.0"
+#define ATTN_VERSION "0.4.0"
 ATTN_API const char *attn_version(void);
 
 /* ---------------------------------------------------------------- errors */
@@ -145,6 +147,33 @@ ATTN_API attn_tensor attn_tensor_bhld(float *data, int64_t B, int64_t H, int64_t
 /* Packed [B, L, H, D] memory seen as [B, H, L, D]. */
 ATTN_API attn_tensor attn_tensor_blhd(float *data, int64_t B, int64_t H, int64_t L, int64_t D);
 
+/* ---------------------------------------------------------------- bfloat16 */
+
+/* Storage type of the q, k, v, out and grad_out tensors of the scaled
+ * dot-product calls (attn_sdpa_params.dtype, .out_dtype). ATTN_BF16 is
+ * bfloat16 (1 sign, 8 exponent, 7 mantissa bits: the top half of an fp32)
+ * held in uint16_t; an attn_tensor of bf16 points at it through a cast
+ * (attn_tensor_bhld_bf16 does it) and counts its strides in 2-byte
+ * elements. */
+typedef enum {
+    ATTN_F32 = 0, /* float (the default: zero-initialised params) */
+    ATTN_BF16 = 1 /* bfloat16 in uint16_t */
+} attn_dtype;
+
+/* n values between fp32 and bf16. To bf16: round to nearest, ties to even;
+ * NaN stays NaN (quiet), ±inf and ±0 stay, values above bf16's largest
+ * finite (3.39e38) after rounding become ±inf. To fp32: exact. src and dst
+ * must not overlap. */
+ATTN_API void attn_bf16_from_f32(const float *src, uint16_t *dst, size_t n);
+ATTN_API void attn_f32_from_bf16(const uint16_t *src, float *dst, size_t n);
+
+/* attn_tensor_bhld / attn_tensor_blhd over bf16 storage (strides in
+ * bf16 elements). */
+ATTN_API attn_tensor attn_tensor_bhld_bf16(uint16_t *data, int64_t B, int64_t H, int64_t L,
+                                           int64_t D);
+ATTN_API attn_tensor attn_tensor_blhd_bf16(uint16_t *data, int64_t B, int64_t H, int64_t L,
+                                           int64_t D);
+
 /* A mask view broadcastable to [B, H, Lq, Lk]: dim[0] is B or 1, dim[1] is H
  * or 1, dim[2] == Lq, dim[3] == Lk. Strides in elements; a dim of size 1 is
  * broadcast whatever its stride, and stride 0 broadcasts any dim. */
@@ -211,6 +240,35 @@ typedef struct {
 
     attn_impl impl;  /* ATTN_IMPL_AUTO by default */
     int num_threads; /* 0: the global setting */
+
+    /* Storage of q, k, v (dtype) and of out and grad_out (out_dtype):
+     * ATTN_F32 (0, the default) or ATTN_BF16; out_dtype ATTN_BF16 needs
+     * dtype ATTN_BF16 (other pairs: ATTN_ERR_ARG). weights, lse and the
+     * gradients dq, dk, dv are always fp32 (fp32 gradients of bf16 inputs:
+     * the most accurate, and what an fp32 master copy wants; round them
+     * with attn_bf16_from_f32 for bf16). Taken by attn_sdpa_forward and
+     * attn_sdpa_backward (and so by decoding over a bf16 K/V cache with
+     * Lq <= 4); the varlen and multi-head calls are fp32 only and refuse
+     * ATTN_BF16 (ATTN_ERR_ARG).
+     * A dtype here rather than in attn_tensor: one entry point per operation
+     * as in fp32, attn_tensor and its initialisers stay as they are, and
+     * zero-initialised params (the documented way) stay fp32.
+     * Semantics of bf16 (FlashAttention / PyTorch 2.x CPU flash attention):
+     *   - reference path: the bf16 values converted to fp32 exactly, then
+     *     the fp32 computation (the oracle);
+     *   - fused forward: S = Q·Kᵀ from the bf16 values with fp32
+     *     accumulation (VDPBF16PS on AVX512_BF16, fp32 FMA on converted
+     *     values elsewhere: the same rounding of P, not bitwise the same
+     *     sums), scale, masks, online softmax, l and lse in fp32, P rounded
+     *     to bf16 (ties to even) for P·V, the output tile accumulated in
+     *     fp32 and rounded once to out_dtype. A call that asks for weights
+     *     runs the fp32 fused kernels on the converted values;
+     *   - backward: the fp32 fused (or reference) backward on the converted
+     *     values: exact gradients of the bf16 inputs' attention in fp32.
+     * Non-finite values: as the fp32 path, except that the bf16 fused
+     * forward does not skip zero weights (a NaN or inf in V can reach rows
+     * whose weight for it is 0). */
+    attn_dtype dtype, out_dtype;
 } attn_sdpa_params;
 
 /* Dropout multipliers from the attention dropout's generator, for an

@@ -74,6 +74,7 @@ typedef struct {
     uint64_t drop_key;       /* Philox key from (seed, offset) */
     int64_t drop_b0; /* dropout counter's batch word b + drop_b0 (dropout_row0; varlen: + seq) */
     int threads;
+    attn_dtype dtype, out_dtype; /* storage of q, k, v / of out, grad_out (sdpa_bf16.h) */
 } attn_problem;
 
 /* A validated packed variable-length call (attn_sdpa_varlen_*): n sequences,

@@ -3,12 +3,18 @@
  * CPU runs it. The CPU is tested once; ATTN_FUSED_ISA (read by status.c)
  * lowers the choice to a row below the CPU's best, never raises it.
  *
+ * Each row also names the bf16 forward it runs (sdpa_fused_bf16_<isa>.c).
+ *
  * Adding an instruction set: its sdpa_fused_<isa>.c (the vector vocabulary,
  * #include "sdpa_fused_template.h", and its one export, const
  * attn_fused_kernels attn_fused_kernels_<isa> = FUSED_KERNELS("<isa>")), a
  * row here with its CPU test, and its compiler flags in CMakeLists.txt. */
 #include "internal.h"
+#include "sdpa_bf16.h"
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
+#endif
 #include <pthread.h>
 #include <string.h>
 
@@ -31,20 +37,41 @@ static int cpu_avx2(void) {
     return 0;
 #endif
 }
+/* AVX512_BF16 (VDPBF16PS): CPUID leaf 7 subleaf 1 EAX bit 5, with the OS
+ * saving the AVX-512 state (XCR0 bits 1, 2, 5, 6, 7). */
+static int cpu_avx512bf16(void) {
+#if defined(__GNUC__)
+    unsigned a, b, c, d;
+    if (!cpu_avx512() || !__get_cpuid_count(7, 1, &a, &b, &c, &d) || !(a & (1u << 5))) return 0;
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return (lo & 0xe6u) == 0xe6u;
+#else
+    return 0;
+#endif
+}
 extern const attn_fused_kernels attn_fused_kernels_avx512, attn_fused_kernels_avx2;
+extern const attn_fused_kernels attn_fused_bf16_kernels_avx512bf16;
 #endif
 static int cpu_any(void) { return 1; }
-extern const attn_fused_kernels attn_fused_kernels_portable;
+extern const attn_fused_kernels attn_fused_kernels_portable, attn_fused_bf16_kernels_portable;
 
+/* A row: its ATTN_FUSED_ISA name, the fp32 kernels and the bf16 forward
+ * (sdpa_fused_bf16_<isa>.c) it runs. The avx512bf16 row differs from the
+ * avx512 one in its bf16 kernels only. */
 static const struct {
-    const attn_fused_kernels *kernels;
+    const char *name;
+    const attn_fused_kernels *kernels, *bf16;
     int (*cpu_runs)(void);
 } g_isas[] = {
 #if defined(__x86_64__)
-    {&attn_fused_kernels_avx512, cpu_avx512},
-    {&attn_fused_kernels_avx2, cpu_avx2},
+    {"avx512bf16", &attn_fused_kernels_avx512, &attn_fused_bf16_kernels_avx512bf16,
+     cpu_avx512bf16},
+    {"avx512", &attn_fused_kernels_avx512, &attn_fused_bf16_kernels_portable, cpu_avx512},
+    {"avx2", &attn_fused_kernels_avx2, &attn_fused_bf16_kernels_portable, cpu_avx2},
 #endif
-    {&attn_fused_kernels_portable, cpu_any}, /* last: runs anywhere */
+    {"portable", &attn_fused_kernels_portable, &attn_fused_bf16_kernels_portable,
+     cpu_any}, /* last: runs anywhere */
 };
 enum { N_ISAS = sizeof g_isas / sizeof g_isas[0] };
 
@@ -65,12 +92,18 @@ static int cpu_row(void) {
     return g_cpu;
 }
 
-const attn_fused_kernels *attn_fused_kernels_active(void) {
+static int active_row(void) {
     const char *want = attn_env_get()->fused_isa;
     int row = cpu_row();
     for (int i = row + 1; *want && i < N_ISAS; i++)
-        if (strcmp(want, g_isas[i].kernels->name) == 0) row = i;
-    return g_isas[row].kernels;
+        if (strcmp(want, g_isas[i].name) == 0) row = i;
+    return row;
+}
+
+const attn_fused_kernels *attn_fused_kernels_active(void) { return g_isas[active_row()].kernels; }
+
+const attn_fused_kernels *attn_fused_bf16_kernels_active(void) {
+    return g_isas[active_row()].bf16;
 }
 
 /* Each row the CPU runs (only those: a row's scratch function is compiled
@@ -85,5 +118,5 @@ int64_t attn_fused_forward_scratch(const attn_problem *pr) {
 }
 
 const char *attn_test_isa_name(int i) {
-    return i >= 0 && i < N_ISAS ? g_isas[i].kernels->name : NULL;
+    return i >= 0 && i < N_ISAS ? g_isas[i].name : NULL;
 }

@@ -160,6 +160,16 @@ attn_status attn_sdpa_check(const attn_tensor *q, const attn_tensor *k, const at
     }
     if (p->impl != ATTN_IMPL_AUTO && p->impl != ATTN_IMPL_REFERENCE && p->impl != ATTN_IMPL_FUSED)
         return attn_fail(err, ATTN_ERR_ARG, "impl %d is not an attn_impl value", (int)p->impl);
+    if ((p->dtype != ATTN_F32 && p->dtype != ATTN_BF16) ||
+        (p->out_dtype != ATTN_F32 && p->out_dtype != ATTN_BF16))
+        return attn_fail(err, ATTN_ERR_ARG,
+                         "dtype %d / out_dtype %d: each must be ATTN_F32 (0) or ATTN_BF16 (1)",
+                         (int)p->dtype, (int)p->out_dtype);
+    if (p->out_dtype == ATTN_BF16 && p->dtype != ATTN_BF16)
+        return attn_fail(err, ATTN_ERR_ARG,
+                         "out_dtype ATTN_BF16 needs dtype ATTN_BF16 (fp32 inputs give fp32 out)");
+    pr->dtype = p->dtype;
+    pr->out_dtype = p->out_dtype;
     if (p->num_threads < 0 || p->num_threads > ATTN_MAX_THREADS)
         return attn_fail(err, ATTN_ERR_ARG, "num_threads must be in [0, %d], got %d",
                          ATTN_MAX_THREADS, p->num_threads);

@@ -2,6 +2,7 @@
  * the kernels of the instruction set isa.c's table picks (sdpa_fused_<isa>.c,
  * compiled from sdpa_fused_template.h). */
 #include "internal.h"
+#include "sdpa_bf16.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -25,6 +26,16 @@ void attn_sdpa_fused_describe(const attn_problem *pr, const attn_varlen *varlen,
                               char *buf, size_t n) {
     const char *isa = attn_fused_kernels_active()->name;
     const char *gemm = attn_fused_blas_on() ? ", tile products via OpenBLAS" : "";
+    if (pr->dtype == ATTN_BF16 && !backward && !varlen) {
+        snprintf(buf, n, "fused path: bf16 %s kernels (fp32 accumulation, P rounded to bf16)",
+                 attn_fused_bf16_kernels_active()->name);
+        return;
+    }
+    if (pr->dtype == ATTN_BF16 && !varlen) {
+        snprintf(buf, n, "fused path: bf16 inputs converted to fp32, %s kernels, backward %s", isa,
+                 attn_fused_bwd_one_pass(pr) ? "one pass per head" : "two passes");
+        return;
+    }
     if (varlen) {
         snprintf(buf, n,
                  "fused path: %s kernels, %dx%d tiles per sequence (varlen, %lld sequences)%s%s",
@@ -60,6 +71,16 @@ attn_status attn_sdpa_fused_forward(const attn_problem *pr, const attn_tensor *q
     c.pr = pr, c.q = q, c.k = k, c.v = v, c.out = out, c.weights = weights, c.lse = lse;
     c.ws = ws, c.ws_floats = ws_floats;
     c.blas = attn_fused_blas_on();
+    if (pr->dtype == ATTN_BF16 && !weights) return attn_fused_bf16_kernels_active()->forward(&c, err);
+    if (pr->dtype == ATTN_BF16) { /* weights: the fp32 kernels on the converted values */
+        attn_bf16_f32 w;
+        attn_status s = attn_bf16_widen(pr, q, k, v, out, NULL, 0, &w, err);
+        if (s) return s;
+        s = attn_sdpa_fused_forward(&w.pr, &w.q, &w.k, &w.v, &w.out, weights, lse, NULL, 0, err);
+        if (!s) attn_bf16_narrow_out(&w, pr, out);
+        attn_bf16_free(&w);
+        return s;
+    }
     if (ws && ws_floats < attn_fused_forward_scratch(pr))
         return attn_fail(err, ATTN_ERR_NOMEM, "fused forward: scratch of %lld floats, needs %lld",
                          (long long)ws_floats, (long long)attn_fused_forward_scratch(pr));
@@ -71,6 +92,14 @@ attn_status attn_sdpa_fused_backward(const attn_problem *pr, const attn_tensor *
                                      const attn_tensor *out, const float *lse,
                                      const attn_tensor *dout, attn_tensor *dq, attn_tensor *dk,
                                      attn_tensor *dv, attn_error *err) {
+    if (pr->dtype == ATTN_BF16) { /* the fp32 backward on the converted values */
+        attn_bf16_f32 w;
+        attn_status s = attn_bf16_widen(pr, q, k, v, out, dout, 1, &w, err);
+        if (s) return s;
+        s = attn_sdpa_fused_backward(&w.pr, &w.q, &w.k, &w.v, &w.out, lse, &w.dout, dq, dk, dv, err);
+        attn_bf16_free(&w);
+        return s;
+    }
     attn_fused_call c;
     memset(&c, 0, sizeof c);
     c.pr = pr, c.q = q, c.k = k, c.v = v, c.out = out, c.lse_in = lse, c.dout = dout;
@@ -80,6 +109,9 @@ attn_status attn_sdpa_fused_backward(const attn_problem *pr, const attn_tensor *
 }
 
 attn_status attn_sdpa_fused_varlen(const attn_fused_call *c, int backward, attn_error *err) {
+    if (c->pr->dtype != ATTN_F32)
+        return attn_fail(err, ATTN_ERR_ARG,
+                         "varlen: the fused path is fp32 only (bf16: ATTN_IMPL_REFERENCE)");
     const attn_fused_kernels *kr = attn_fused_kernels_active();
     return backward ? kr->backward(c, err) : kr->forward(c, err);
 }

@@ -4,6 +4,7 @@
  * path is tested against; its results do not depend on the thread count
  * (each row, and in the backward each (b, h), is owned by one thread). */
 #include "internal.h"
+#include "sdpa_bf16.h"
 
 #include <omp.h>
 #include <stdlib.h>
@@ -66,6 +67,15 @@ attn_status attn_sdpa_reference_forward(const attn_problem *pr, const attn_tenso
                                         const attn_tensor *k, const attn_tensor *v,
                                         attn_tensor *out, float *weights, float *lse,
                                         attn_error *err) {
+    if (pr->dtype != ATTN_F32) { /* bf16: exactly converted, then fp32 (the oracle) */
+        attn_bf16_f32 w;
+        attn_status s = attn_bf16_widen(pr, q, k, v, out, NULL, 0, &w, err);
+        if (s) return s;
+        s = attn_sdpa_reference_forward(&w.pr, &w.q, &w.k, &w.v, &w.out, weights, lse, err);
+        if (!s) attn_bf16_narrow_out(&w, pr, out);
+        attn_bf16_free(&w);
+        return s;
+    }
     const int64_t B = pr->B, H = pr->H, Lq = pr->Lq, Lk = pr->Lk, Dv = pr->Dv;
     const int nt = pr->threads;
     float *scratch = NULL; /* [threads, Lk] score rows when weights are not wanted */
@@ -133,7 +143,15 @@ attn_status attn_sdpa_reference_backward(const attn_problem *pr, const attn_tens
                                          const attn_tensor *out, const float *lse,
                                          const attn_tensor *dout, attn_tensor *dq, attn_tensor *dk,
                                          attn_tensor *dv, attn_error *err) {
-    (void)err;
+    if (pr->dtype != ATTN_F32) {
+        attn_bf16_f32 w;
+        attn_status s = attn_bf16_widen(pr, q, k, v, out, dout, 1, &w, err);
+        if (s) return s;
+        s = attn_sdpa_reference_backward(&w.pr, &w.q, &w.k, &w.v, &w.out, lse, &w.dout, dq, dk, dv,
+                                         err);
+        attn_bf16_free(&w);
+        return s;
+    }
     const int64_t B = pr->B, H = pr->H, Lq = pr->Lq, Lk = pr->Lk, Dk = pr->Dk, Dv = pr->Dv;
     const int64_t sq = q->stride[3], sk = k->stride[3], sv = v->stride[3], so = out->stride[3];
     const int64_t sdo = dout->stride[3], sdq = dq->stride[3], sdk = dk->stride[3],

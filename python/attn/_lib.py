@@ -70,7 +70,9 @@ class attn_sdpa_params(ctypes.Structure):
                 ("offset", ctypes.c_uint64),
                 ("dropout_row0", ctypes.c_int64),
                 ("impl", ctypes.c_int),
-                ("num_threads", ctypes.c_int)]
+                ("num_threads", ctypes.c_int),
+                ("dtype", ctypes.c_int),
+                ("out_dtype", ctypes.c_int)]
 
 
 class attn_sdpa_info(ctypes.Structure):
@@ -125,7 +127,7 @@ STRUCTS = {
 
 # The library version these declarations mirror (attn.h's ATTN_VERSION);
 # _load refuses a library that reports another (its structs may differ).
-ABI_VERSION = "0.3.0"
+ABI_VERSION = "0.4.0"
 
 # ---------------------------------------------------------------- loading
 

@@ -1,0 +1,220 @@
+/* The bf16 fused forward, written once over a few per-ISA functions and
+ * compiled twice: sdpa_fused_bf16_avx512.c (VDPBF16PS) and
+ * sdpa_fused_bf16_portable.c (fp32 FMA on converted values) define
+ *   qk_tile(nr, qd, np, kp, S)   S[r][0, BK) = Σ_p dot2(qd[r][p], kp[p][·]),
+ *                                r < nr <= BMR (fp32 accumulation)
+ *   pv_tile(nr, pd, nkp, vp, dvp, O)  O[r][0, dvp) += Σ_t dot2(pd[r][t], vp[t][·])
+ *   row_max(s), exp_row(s, m) (s = exp(s - m), returns Σ s), round_row(s, pd)
+ * over 32-bit pairs of bf16 (low half the even element), then include
+ * this file. Semantics (attn.h, attn_sdpa_params.dtype): PyTorch 2.x's CPU
+ * flash attention: scores, scale, masks, online softmax, l and the output
+ * tile in fp32; P rounded to bf16 before P·V.
+ *
+ * Layout: K and V of every (b, h) are packed once per call into tiles of BK
+ * keys: K as [np][BK] pairs along d (pair p of key j: k[j][2p], k[j][2p+1]),
+ * V as [BK/2][dvp] pairs along keys (pair t of column d: v[2t][d],
+ * v[2t+1][d]), zero-padded. Then a query block of BQ rows walks the key
+ * tiles of its structural range: S = Q·Kᵀ by broadcasting a row's pair
+ * over 16 keys, softmax on rows of S, P = bf16(exp(S - m)) as pairs along
+ * keys, O += P·V by broadcasting P's pairs over 16 columns of V. Every
+ * (b, h, query block) is computed by one thread in a fixed order: results
+ * do not depend on the thread count. */
+#ifndef ATTN_SDPA_FUSED_BF16_H
+#define ATTN_SDPA_FUSED_BF16_H
+
+#include "sdpa_bf16.h"
+
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+
+#define BQ 64 /* query rows per block */
+#define BK 96 /* keys per tile (6 vectors of 16) */
+
+static inline int64_t bmin(int64_t a, int64_t b) { return a < b ? a : b; }
+static inline int64_t bmax(int64_t a, int64_t b) { return a > b ? a : b; }
+
+static inline uint32_t pair_at(const uint16_t *row, int64_t sd, int64_t e0, int64_t n) {
+    const uint32_t lo = e0 < n ? row[e0 * sd] : 0, hi = e0 + 1 < n ? row[(e0 + 1) * sd] : 0;
+    return lo | hi << 16;
+}
+
+/* Key tile t of (b, h): kp [np][BK], vp [BK/2][dvp]. */
+static void pack_kv(const attn_problem *pr, const attn_tensor *k, const attn_tensor *v, int64_t b,
+                    int64_t h, int64_t t, int64_t np, int64_t dvp, uint32_t *kp, uint32_t *vp) {
+    const int64_t j0 = t * BK, nk = bmin(BK, pr->Lk - j0);
+    for (int64_t j = 0; j < BK; j++) {
+        const uint16_t *r = j < nk ? attn_bf16_row(k, b, h, j0 + j) : NULL;
+        for (int64_t p = 0; p < np; p++)
+            kp[p * BK + j] = r ? pair_at(r, k->stride[3], 2 * p, pr->Dk) : 0;
+    }
+    const int64_t sd = v->stride[3];
+    for (int64_t tt = 0; tt < BK / 2; tt++) {
+        const uint16_t *r0 = 2 * tt < nk ? attn_bf16_row(v, b, h, j0 + 2 * tt) : NULL;
+        const uint16_t *r1 = 2 * tt + 1 < nk ? attn_bf16_row(v, b, h, j0 + 2 * tt + 1) : NULL;
+        uint32_t *o = vp + tt * dvp;
+        for (int64_t d = 0; d < dvp; d++) {
+            const uint32_t lo = r0 && d < pr->Dv ? r0[d * sd] : 0;
+            const uint32_t hi = r1 && d < pr->Dv ? r1[d * sd] : 0;
+            o[d] = lo | hi << 16;
+        }
+    }
+}
+
+typedef struct {
+    uint32_t *qd; /* [BQ][np] query pairs */
+    float *S;     /* [BQ][BK] scores */
+    uint32_t *pd; /* [BQ][BK/2] P pairs */
+    float *O;     /* [BQ][dvp] unnormalised output */
+    float *m, *l; /* [BQ] running max and sum */
+} bscratch;
+
+/* Scale, mask and softmax-update row r (query i, keys [j0, j0 + nk)) of S;
+ * its P pairs into pd. */
+static void softmax_row(const attn_problem *pr, bscratch *w, int64_t dvp, int64_t r, int64_t b,
+                        int64_t h, int64_t i, int64_t j0, int64_t nk, int interior) {
+    float *s = w->S + r * BK;
+    uint32_t *pd = w->pd + r * (BK / 2);
+    const float scale = pr->scale;
+    for (int64_t j = 0; j < BK; j++) s[j] *= scale;
+    if (!interior) {
+        int64_t lo, hi;
+        attn_row_range(pr, b, i, &lo, &hi);
+        const int64_t a = bmin(BK, bmax(0, lo - j0)), e = bmax(a, bmin(nk, hi - j0));
+        for (int64_t j = 0; j < a; j++) s[j] = -INFINITY;
+        for (int64_t j = e; j < BK; j++) s[j] = -INFINITY;
+    }
+    if (pr->amask || pr->bmask) {
+        const float *am =
+            pr->amask ? pr->amask + b * pr->ams[0] + h * pr->ams[1] + i * pr->ams[2] : NULL;
+        const uint8_t *bm =
+            pr->bmask ? pr->bmask + b * pr->bms[0] + h * pr->bms[1] + i * pr->bms[2] : NULL;
+        for (int64_t j = 0; j < nk; j++) {
+            if (bm && !bm[(j0 + j) * pr->bms[3]])
+                s[j] = -INFINITY;
+            else if (am)
+                s[j] += am[(j0 + j) * pr->ams[3]];
+        }
+    }
+    const float mold = w->m[r], mnew = fmaxf(mold, row_max(s));
+    if (mnew == -INFINITY) { /* nothing visible yet */
+        memset(pd, 0, BK / 2 * sizeof *pd);
+        return;
+    }
+    const float alpha = mold == -INFINITY ? 0.0f : expf(mold - mnew);
+    const float sum = exp_row(s, mnew);
+    w->l[r] = w->l[r] * alpha + sum;
+    w->m[r] = mnew;
+    if (alpha != 1.0f) {
+        float *o = w->O + r * dvp;
+        for (int64_t d = 0; d < dvp; d++) o[d] *= alpha;
+    }
+    if (pr->dropout) {
+        for (int64_t j = 0; j < nk; j += 4) {
+            uint32_t word[4];
+            attn_philox_block(pr->drop_key, b + pr->drop_b0, h, i, (j0 + j) >> 2, word);
+            for (int64_t u = 0; u < 4 && j + u < nk; u++)
+                s[j + u] *= word[(j0 + j + u) & 3] < pr->drop_threshold ? 0.0f : pr->keep_scale;
+        }
+    }
+    round_row(s, pd);
+}
+
+/* One (b, h, query block). */
+static void bf16_block(const attn_fused_call *c, bscratch *w, const uint32_t *KP, const uint32_t *VP,
+                       int64_t np, int64_t dvp, int64_t ntile, int64_t b, int64_t h, int64_t qb) {
+    const attn_problem *pr = c->pr;
+    const int64_t i0 = qb * BQ, nq = bmin(BQ, pr->Lq - i0);
+    for (int64_t r = 0; r < nq; r++) {
+        const uint16_t *q = attn_bf16_row(c->q, b, h, i0 + r);
+        for (int64_t p = 0; p < np; p++) w->qd[r * np + p] = pair_at(q, c->q->stride[3], 2 * p, pr->Dk);
+        w->m[r] = -INFINITY;
+        w->l[r] = 0.0f;
+    }
+    memset(w->O, 0, (size_t)(nq * dvp) * sizeof(float));
+    int64_t l0, h0, l1, h1;
+    attn_row_range(pr, b, i0, &l0, &h0);
+    attn_row_range(pr, b, i0 + nq - 1, &l1, &h1);
+    const int64_t lo = l0, hi = h1 > l0 ? h1 : l0;
+    for (int64_t t = lo / BK; hi > lo && t <= (hi - 1) / BK; t++) {
+        const int64_t j0 = t * BK, nk = bmin(BK, pr->Lk - j0);
+        const uint32_t *kp = KP + ((b * pr->H + h) * ntile + t) * np * BK;
+        const uint32_t *vp = VP + ((b * pr->H + h) * ntile + t) * (BK / 2) * dvp;
+        for (int64_t r = 0; r < nq; r += BMR)
+            qk_tile((int)bmin(BMR, nq - r), w->qd + r * np, np, kp, w->S + r * BK);
+        const int interior = nk == BK && l1 <= j0 && h0 >= j0 + BK;
+        for (int64_t r = 0; r < nq; r++) softmax_row(pr, w, dvp, r, b, h, i0 + r, j0, nk, interior);
+        for (int64_t r = 0; r < nq; r += BMR)
+            pv_tile((int)bmin(BMR, nq - r), w->pd + r * (BK / 2), (nk + 1) / 2, vp, dvp,
+                    w->O + r * dvp);
+    }
+    const attn_tensor *out = c->out;
+    for (int64_t r = 0; r < nq; r++) {
+        const float l = w->l[r], inv = l > 0.0f ? 1.0f / l : 0.0f;
+        const float *o = w->O + r * dvp;
+        const int64_t sd = out->stride[3];
+        if (pr->out_dtype == ATTN_BF16) {
+            uint16_t *dst = (uint16_t *)(uintptr_t)attn_bf16_row(out, b, h, i0 + r);
+            for (int64_t d = 0; d < pr->Dv; d++) dst[d * sd] = attn_bf16_round(o[d] * inv);
+        } else {
+            float *dst = out->data + b * out->stride[0] + h * out->stride[1] +
+                         (i0 + r) * out->stride[2];
+            for (int64_t d = 0; d < pr->Dv; d++) dst[d * sd] = o[d] * inv;
+        }
+        if (c->lse) c->lse[(b * pr->H + h) * pr->Lq + i0 + r] = l > 0.0f ? w->m[r] + logf(l) : -INFINITY;
+    }
+}
+
+static void *bf_alloc(int64_t bytes) {
+    return aligned_alloc(64, (size_t)((bytes + 63) / 64 * 64 + 64));
+}
+
+static attn_status bf16_forward(const attn_fused_call *c, attn_error *err) {
+    const attn_problem *pr = c->pr;
+    const int64_t BH = pr->B * pr->H, np = (pr->Dk + 1) / 2, dvp = (pr->Dv + 15) / 16 * 16;
+    const int64_t ntile = (pr->Lk + BK - 1) / BK, nqb = (pr->Lq + BQ - 1) / BQ;
+    const int T = pr->threads;
+    uint32_t *KP = bf_alloc(BH * ntile * np * BK * 4);
+    uint32_t *VP = bf_alloc(BH * ntile * (BK / 2) * dvp * 4);
+    int failed = !KP || !VP;
+    if (!failed) {
+#pragma omp parallel for num_threads(T) schedule(static)
+        for (int64_t x = 0; x < BH * ntile; x++)
+            pack_kv(pr, c->k, c->v, x / ntile / pr->H, x / ntile % pr->H, x % ntile, np, dvp,
+                    KP + x * np * BK, VP + x * (BK / 2) * dvp);
+#pragma omp parallel num_threads(T)
+        {
+            bscratch w;
+            w.qd = bf_alloc(BQ * np * 4);
+            w.S = bf_alloc(BQ * BK * 4);
+            w.pd = bf_alloc(BQ * (BK / 2) * 4);
+            w.O = bf_alloc(BQ * dvp * 4);
+            w.m = bf_alloc(BQ * 4);
+            w.l = bf_alloc(BQ * 4);
+            const int ok = w.qd && w.S && w.pd && w.O && w.m && w.l;
+            if (!ok) {
+#pragma omp atomic write
+                failed = 1;
+            }
+#pragma omp for schedule(dynamic)
+            for (int64_t x = 0; x < BH * nqb; x++)
+                if (ok) bf16_block(c, &w, KP, VP, np, dvp, ntile, x / nqb / pr->H, x / nqb % pr->H, x % nqb);
+            free(w.qd), free(w.S), free(w.pd), free(w.O), free(w.m), free(w.l);
+        }
+    }
+    free(KP);
+    free(VP);
+    if (failed) return attn_fail(err, ATTN_ERR_NOMEM, "bf16 fused forward: out of memory");
+    return ATTN_OK;
+}
+
+static int64_t bf16_scratch(const attn_problem *pr) {
+    (void)pr;
+    return 0; /* allocates its own */
+}
+
+/* The initializer of this file's export: the forward only (bf16 backwards
+ * run the fp32 kernels on converted values, sdpa_fused.c). */
+#define FUSED_BF16_KERNELS(name) {name, bf16_forward, NULL, bf16_scratch}
+
+#endif

@@ -1,0 +1,149 @@
+/* The bf16 fused forward with VDPBF16PS (AVX512_BF16: 32 bf16 products per
+ * instruction, fp32 accumulation): the per-ISA functions of
+ * sdpa_fused_bf16.h. Built with -mavx512f -mavx512bf16 on x86-64 only
+ * (CMakeLists.txt); isa.c's table picks it only where the CPU and the OS
+ * run AVX512_BF16. */
+#include "internal.h"
+
+#if defined(__x86_64__)
+#if !defined(__AVX512F__) || !defined(__AVX512BF16__)
+#error "sdpa_fused_bf16_avx512.c needs -mavx512f -mavx512bf16 (CMakeLists.txt sets them)"
+#endif
+#include <immintrin.h>
+#include <string.h>
+
+#define BMR 4 /* rows per micro-tile */
+#define BK_V 6 /* BK / 16 */
+
+#if defined(__GNUC__) && !defined(__clang__)
+#define BUNROLL _Pragma("GCC unroll 8")
+#else
+#define BUNROLL
+#endif
+
+static inline __m512 dot2(__m512 acc, __m512i a, __m512i b) {
+    return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b);
+}
+
+/* S[r][0, 96) for NR rows: 6 key vectors x NR rows of accumulators. */
+static inline __attribute__((always_inline)) void qk_rows(const int NR, const uint32_t *qd,
+                                                         int64_t np, const uint32_t *kp, float *S) {
+    __m512 acc[4][BK_V];
+    BUNROLL for (int r = 0; r < NR; r++) BUNROLL for (int v = 0; v < BK_V; v++) acc[r][v] =
+        _mm512_setzero_ps();
+    for (int64_t p = 0; p < np; p++) {
+        __m512i b[BK_V];
+        BUNROLL for (int v = 0; v < BK_V; v++) b[v] = _mm512_load_si512(kp + p * 96 + 16 * v);
+        BUNROLL for (int r = 0; r < NR; r++) {
+            const __m512i a = _mm512_set1_epi32((int)qd[r * np + p]);
+            BUNROLL for (int v = 0; v < BK_V; v++) acc[r][v] = dot2(acc[r][v], a, b[v]);
+        }
+    }
+    BUNROLL for (int r = 0; r < NR; r++) BUNROLL for (int v = 0; v < BK_V; v++)
+        _mm512_store_ps(S + r * 96 + 16 * v, acc[r][v]);
+}
+
+static void qk_tile(int nr, const uint32_t *qd, int64_t np, const uint32_t *kp, float *S) {
+    switch (nr) {
+    case 4: qk_rows(4, qd, np, kp, S); break;
+    case 3: qk_rows(3, qd, np, kp, S); break;
+    case 2: qk_rows(2, qd, np, kp, S); break;
+    default: qk_rows(1, qd, np, kp, S); break;
+    }
+}
+
+/* O[r][d0, d0 + 16 NV) += P·V for NR rows over nkp key pairs. */
+static inline __attribute__((always_inline)) void pv_rows(const int NR, const int NV,
+                                                         const uint32_t *pd, int64_t nkp,
+                                                         const uint32_t *vp, int64_t dvp,
+                                                         float *O) {
+    __m512 acc[4][6];
+    BUNROLL for (int r = 0; r < NR; r++) BUNROLL for (int v = 0; v < NV; v++) acc[r][v] =
+        _mm512_loadu_ps(O + r * dvp + 16 * v);
+    for (int64_t t = 0; t < nkp; t++) {
+        __m512i b[6];
+        BUNROLL for (int v = 0; v < NV; v++) b[v] = _mm512_loadu_si512(vp + t * dvp + 16 * v);
+        BUNROLL for (int r = 0; r < NR; r++) {
+            const __m512i a = _mm512_set1_epi32((int)pd[r * 48 + t]);
+            BUNROLL for (int v = 0; v < NV; v++) acc[r][v] = dot2(acc[r][v], a, b[v]);
+        }
+    }
+    BUNROLL for (int r = 0; r < NR; r++) BUNROLL for (int v = 0; v < NV; v++)
+        _mm512_storeu_ps(O + r * dvp + 16 * v, acc[r][v]);
+}
+
+#define PV_NV(NR)                                                                                  \
+    switch (nv) {                                                                                  \
+    case 6: pv_rows(NR, 6, pd, nkp, vp + d0, dvp, O + d0); break;                                 \
+    case 5: pv_rows(NR, 5, pd, nkp, vp + d0, dvp, O + d0); break;                                 \
+    case 4: pv_rows(NR, 4, pd, nkp, vp + d0, dvp, O + d0); break;                                 \
+    case 3: pv_rows(NR, 3, pd, nkp, vp + d0, dvp, O + d0); break;                                 \
+    case 2: pv_rows(NR, 2, pd, nkp, vp + d0, dvp, O + d0); break;                                 \
+    default: pv_rows(NR, 1, pd, nkp, vp + d0, dvp, O + d0); break;                                \
+    }
+
+/* Columns in groups of at most 6 vectors, as even as possible. */
+static void pv_tile(int nr, const uint32_t *pd, int64_t nkp, const uint32_t *vp, int64_t dvp,
+                    float *O) {
+    const int64_t nvec = dvp / 16, ng = (nvec + 5) / 6, per = (nvec + ng - 1) / ng;
+    for (int64_t d0 = 0; d0 < dvp; d0 += 16 * per) {
+        const int nv = (int)(per < (dvp - d0) / 16 ? per : (dvp - d0) / 16);
+        switch (nr) {
+        case 4: PV_NV(4) break;
+        case 3: PV_NV(3) break;
+        case 2: PV_NV(2) break;
+        default: PV_NV(1) break;
+        }
+    }
+}
+
+static inline float row_max(const float *s) {
+    __m512 m = _mm512_load_ps(s);
+    for (int v = 1; v < BK_V; v++) m = _mm512_max_ps(m, _mm512_load_ps(s + 16 * v));
+    return _mm512_reduce_max_ps(m);
+}
+
+/* Cephes' expf as in sdpa_fused_avx512.c (x <= -150 and -inf give 0). */
+static inline __m512 v_exp(__m512 x) {
+    x = _mm512_max_ps(_mm512_set1_ps(-150.0f), x);
+    const __m512 fx = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(fx, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(fx, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 y = _mm512_set1_ps(1.9875691500e-4f);
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
+    y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_scalef_ps(y, fx);
+}
+
+static inline float exp_row(float *s, float m) {
+    const __m512 mv = _mm512_set1_ps(m);
+    __m512 sum = _mm512_setzero_ps();
+    for (int v = 0; v < BK_V; v++) {
+        const __m512 e = v_exp(_mm512_sub_ps(_mm512_load_ps(s + 16 * v), mv));
+        _mm512_store_ps(s + 16 * v, e);
+        sum = _mm512_add_ps(sum, e);
+    }
+    return _mm512_reduce_add_ps(sum);
+}
+
+/* 96 floats to 48 pairs, round to nearest even (VCVTNE2PS2BF16). */
+static inline void round_row(const float *s, uint32_t *pd) {
+    for (int v = 0; v < BK_V; v += 2) {
+        const __m512bh h = _mm512_cvtne2ps_pbh(_mm512_load_ps(s + 16 * v + 16),
+                                                _mm512_load_ps(s + 16 * v));
+        _mm512_store_si512(pd + 8 * v, (__m512i)h);
+    }
+}
+
+#include "sdpa_fused_bf16.h"
+
+const attn_fused_kernels attn_fused_bf16_kernels_avx512bf16 = FUSED_BF16_KERNELS("avx512bf16");
+
+#else
+typedef int attn_fused_bf16_avx512_not_built; /* not x86-64: portable kernels only */
+#endif

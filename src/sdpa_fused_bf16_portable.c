@@ -1,0 +1,58 @@
+/* The bf16 fused forward on any CPU: the per-ISA functions of
+ * sdpa_fused_bf16.h in plain C, the bf16 pairs converted to fp32 (exact)
+ * and multiplied-added in fp32; P rounded to bf16 as with VDPBF16PS.
+ * Built without instruction-set flags (the compiler's auto-vectorisation). */
+#include "sdpa_bf16.h"
+
+#define BMR 4
+
+static inline float lo_f(uint32_t x) { return attn_bf16_to_f32((uint16_t)(x & 0xffffu)); }
+static inline float hi_f(uint32_t x) { return attn_bf16_to_f32((uint16_t)(x >> 16)); }
+
+static void qk_tile(int nr, const uint32_t *qd, int64_t np, const uint32_t *kp, float *S) {
+    for (int r = 0; r < nr; r++) {
+        float *s = S + r * 96;
+        for (int j = 0; j < 96; j++) s[j] = 0.0f;
+        for (int64_t p = 0; p < np; p++) {
+            const float a0 = lo_f(qd[r * np + p]), a1 = hi_f(qd[r * np + p]);
+            const uint32_t *b = kp + p * 96;
+            for (int j = 0; j < 96; j++) s[j] = s[j] + a0 * lo_f(b[j]) + a1 * hi_f(b[j]);
+        }
+    }
+}
+
+static void pv_tile(int nr, const uint32_t *pd, int64_t nkp, const uint32_t *vp, int64_t dvp,
+                    float *O) {
+    for (int r = 0; r < nr; r++) {
+        float *o = O + r * dvp;
+        for (int64_t t = 0; t < nkp; t++) {
+            const float a0 = lo_f(pd[r * 48 + t]), a1 = hi_f(pd[r * 48 + t]);
+            const uint32_t *b = vp + t * dvp;
+            for (int64_t d = 0; d < dvp; d++) o[d] = o[d] + a0 * lo_f(b[d]) + a1 * hi_f(b[d]);
+        }
+    }
+}
+
+static inline float row_max(const float *s) {
+    float m = s[0];
+    for (int j = 1; j < 96; j++) m = s[j] > m ? s[j] : m;
+    return m;
+}
+
+static inline float exp_row(float *s, float m) {
+    float sum = 0.0f;
+    for (int j = 0; j < 96; j++) {
+        s[j] = expf(s[j] - m);
+        sum += s[j];
+    }
+    return sum;
+}
+
+static inline void round_row(const float *s, uint32_t *pd) {
+    for (int t = 0; t < 48; t++)
+        pd[t] = (uint32_t)attn_bf16_round(s[2 * t]) | (uint32_t)attn_bf16_round(s[2 * t + 1]) << 16;
+}
+
+#include "sdpa_fused_bf16.h"
+
+const attn_fused_kernels attn_fused_bf16_kernels_portable = FUSED_BF16_KERNELS("portable");
