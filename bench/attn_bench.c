@@ -72,6 +72,7 @@ static double now_s(void) {
  * a call would take on cores of its own (spin-waiting included). For shared
  * machines, where wall time mostly measures the neighbours. */
 static int g_cpu_clock, g_threads = 1;
+static int g_bf16; /* --dtype bf16: q, k, v in bfloat16 (params.dtype); out, grads fp32 */
 static double timer_s(void) {
     if (!g_cpu_clock) return now_s();
     struct timespec ts;
@@ -172,10 +173,10 @@ static void emit(const result *r, int json, double peak) {
     if (json) {
         printf("{\"impl\": \"%s\", \"op\": \"%s\", \"B\": %lld, \"H\": %lld, \"Lq\": %lld, "
                "\"Lk\": %lld, \"D\": %lld, \"causal\": %s, \"ms\": %.3f, \"gflops\": %.2f, "
-               "\"peak_frac\": %.4f, \"rss_mb\": %.1f",
+               "\"peak_frac\": %.4f, \"rss_mb\": %.1f, \"dtype\": \"%s\"",
                r->impl, r->op, (long long)r->c.B, (long long)r->c.H, (long long)r->c.Lq,
                (long long)r->c.Lk, (long long)r->c.D, r->c.causal ? "true" : "false", r->ms,
-               r->gflops, r->peak_frac, r->rss_mb);
+               r->gflops, r->peak_frac, r->rss_mb, g_bf16 ? "bf16" : "f32");
         if (dec) printf(", \"gbps\": %.2f, \"stream_frac\": %.4f", gbps, gbps / g_stream_gbps);
         printf("}\n");
     } else {
@@ -208,8 +209,16 @@ static int run_case(const bcase *c, attn_impl impl, int threads, int reps, doubl
     float *o = alloc_fill(nq, 4), *lse = alloc_fill(nl, 5);
     attn_tensor tq = attn_tensor_bhld(q, B, H, Lq, D), tk = attn_tensor_bhld(k, B, H, Lk, D),
                 tv = attn_tensor_bhld(v, B, H, Lk, D), to = attn_tensor_bhld(o, B, H, Lq, D);
+    uint16_t *qb = NULL, *kb = NULL, *vb = NULL; /* --dtype bf16: the inputs rounded */
+    if (g_bf16) {
+        qb = malloc(nq * 2), kb = malloc(nk * 2), vb = malloc(nk * 2);
+        attn_bf16_from_f32(q, qb, nq), attn_bf16_from_f32(k, kb, nk), attn_bf16_from_f32(v, vb, nk);
+        tq = attn_tensor_bhld_bf16(qb, B, H, Lq, D), tk = attn_tensor_bhld_bf16(kb, B, H, Lk, D);
+        tv = attn_tensor_bhld_bf16(vb, B, H, Lk, D);
+    }
     attn_sdpa_params p;
     memset(&p, 0, sizeof p);
+    p.dtype = g_bf16 ? ATTN_BF16 : ATTN_F32;
     p.causal = c->causal;
     p.impl = impl;
     p.num_threads = threads;
@@ -266,7 +275,7 @@ static int run_case(const bcase *c, attn_impl impl, int threads, int reps, doubl
     emit(&res, json, peak);
 
     free(ts), free(q), free(k), free(v), free(o), free(lse);
-    free(go), free(dq), free(dk), free(dv);
+    free(go), free(dq), free(dk), free(dv), free(qb), free(kb), free(vb);
     return 0;
 }
 
@@ -430,7 +439,7 @@ static int parse_case(const char *s, bcase *c) {
 
 static void usage(void) {
     fprintf(stderr, "usage: attn-bench [--threads N] [--impl reference|fused] [--reps N] [--json]\n"
-                    "                  [--clock wall|cpu] [--tile-gemm own|blas]\n"
+                    "                  [--clock wall|cpu] [--tile-gemm own|blas] [--dtype f32|bf16]\n"
                     "                  [--case B,H,Lq,Lk,D,causal]...   (causal: 0/1 or no/yes)\n"
                     "                  [--varlen N,H,Lmin,Lmax,D,causal]...\n");
 }
@@ -461,6 +470,12 @@ int main(int argc, char **argv) {
             if (!strcmp(v, "blas"))
                 attn_test_fused_blas(1);
             else if (strcmp(v, "own"))
+                return usage(), 2;
+        } else if (!strcmp(a, "--dtype") && i + 1 < argc) {
+            const char *v = argv[++i];
+            if (!strcmp(v, "bf16"))
+                g_bf16 = 1;
+            else if (strcmp(v, "f32") && strcmp(v, "fp32"))
                 return usage(), 2;
         } else if (!strcmp(a, "--reps") && i + 1 < argc) {
             reps = atoi(argv[++i]);
@@ -538,6 +553,10 @@ int main(int argc, char **argv) {
             }
             rc |= run_case(c, ATTN_IMPL_REFERENCE, threads, reps, peak, json);
         }
+    }
+    if (g_bf16 && nvar) {
+        fprintf(stderr, "attn-bench: varlen cases skipped (the fused varlen path is fp32 only)\n");
+        nvar = 0;
     }
     for (size_t i = 0; i < nvar; i++) {
         if (want_fused) rc |= run_varlen(&vcases[i], ATTN_IMPL_FUSED, threads, reps, peak, json);
