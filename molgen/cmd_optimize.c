@@ -2,12 +2,15 @@
  * process (scorer.h) -> DIR/{scored.csv, best.smi, agent.safetensors,
  * summary.json}. */
 #define _POSIX_C_SOURCE 200809L
+#include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli_util.h"
 #include "commands.h"
+#include "dap_dump.h"
 #include "optimize.h"
 #include "scorer.h"
 #include "util.h"
@@ -100,22 +103,48 @@ typedef struct {
     double lo, hi;
 } opt_row;
 
+/* Whole-string numbers: 1 and *out, or 0. */
+static int int_of(const char *v, double lo, double hi, long long *out) {
+    char *end;
+    errno = 0;
+    *out = strtoll(v, &end, 10);
+    return *v && !*end && !errno && *out >= lo && *out <= hi;
+}
+
+static int real_of(const char *v, double *out) {
+    char *end;
+    errno = 0;
+    *out = strtod(v, &end);
+    return *v && !*end && !errno && isfinite(*out);
+}
+
+static int bad_value(const char *cmd, const char *opt, const char *v) {
+    fprintf(stderr, "molgen %s: bad value '%s' for --%s (see molgen %s --help)\n", cmd, v, opt,
+            cmd);
+    return 2;
+}
+
 static int parse_value(const opt_row *r, const char *v) {
     long long ll;
     double d;
     switch (r->kind) {
     case 's': *(const char **)r->dst = v; return 1;
     case 'i':
-        if (!mg_cli_int(v, (long long)r->lo, (long long)r->hi, &ll)) return 0;
+        if (!int_of(v, r->lo, r->hi, &ll)) return 0;
         *(int *)r->dst = (int)ll;
         return 1;
     case 'I':
-        if (!mg_cli_int(v, (long long)r->lo, (long long)r->hi, &ll)) return 0;
+        if (!int_of(v, r->lo, r->hi, &ll)) return 0;
         *(int64_t *)r->dst = ll;
         return 1;
-    case 'u': return mg_cli_u64(v, (uint64_t *)r->dst);
+    case 'u': {
+        char *end;
+        errno = 0;
+        *(uint64_t *)r->dst = strtoull(v, &end, 10);
+        return *v >= '0' && *v <= '9' && !*end && !errno;
+    }
     case 'd':
-        if (!mg_cli_double(v, &d) || d < r->lo || d > r->hi) return 0;
+        if (!real_of(v, &d) || d < r->lo || d > r->hi) return 0;
         *(double *)r->dst = d;
         return 1;
     case 'c': return mg_constrain_parse(v, (mg_constrain *)r->dst);
@@ -168,7 +197,7 @@ static int parse(int argc, char **argv, mg_opt_opts *o, run_ctx *c, int only_res
         }
         const opt_row *r = &rows[k - 1];
         if (only_resume && strcmp(r->name, "resume")) continue;
-        if (!parse_value(r, v)) return mg_cli_bad_value("optimize", argv, v);
+        if (!parse_value(r, v)) return bad_value("optimize", r->name, v);
     }
     return 0;
 }
@@ -297,4 +326,57 @@ int cmd_optimize(int argc, char **argv) {
     mg_model_free(mm[1]);
     mg_vocab_free(v);
     return rc;
+}
+
+/* `molgen debug-dap` (hidden, for tests): mg_dap_dump (dap_dump.h). */
+int cmd_debug_dap(int argc, char **argv) {
+    mg_model_config mc = {.n_layer = 2, .d_model = 16, .n_head = 2, .ctx_len = 8, .vocab_size = 10};
+    int B = 4, threads = 1;
+    uint64_t seed = 1;
+    double perturb = 0.6, sigma = 128, sc[64];
+    const char *out = NULL, *scores = "0.1,0.9,0,0.5";
+    const opt_row rows[] = {
+        {"out", 's', &out, 0, 0},           {"scores", 's', &scores, 0, 0},
+        {"layers", 'i', &mc.n_layer, 1, 16}, {"d-model", 'i', &mc.d_model, 1, 1024},
+        {"heads", 'i', &mc.n_head, 1, 64},  {"ctx-len", 'i', &mc.ctx_len, 2, 512},
+        {"vocab", 'i', &mc.vocab_size, 4, 1000}, {"batch", 'i', &B, 1, 1000},
+        {"seed", 'u', &seed, 0, 0},         {"perturb", 'd', &perturb, 0, 10},
+        {"sigma", 'd', &sigma, 0, 1e6},     {"threads", 'i', &threads, 1, 1024},
+    };
+    enum { NROWS = sizeof rows / sizeof rows[0] };
+    struct option lo[NROWS + 2];
+    for (int i = 0; i < NROWS; i++) lo[i] = (struct option){rows[i].name, required_argument, NULL, i + 1};
+    lo[NROWS] = (struct option){"help", no_argument, NULL, 'h'};
+    lo[NROWS + 1] = (struct option){NULL, 0, NULL, 0};
+    const char *v;
+    int k;
+    mg_cli_begin();
+    while ((k = mg_cli_next("debug-dap", argc, argv, "h", lo, &v)) != -1) {
+        if (k == -2) return 2;
+        if (k == 'h') {
+            puts("usage: molgen debug-dap --out FILE [--scores X,Y,..] [--sigma S] [--batch B]\n"
+                 "  [--layers N --d-model N --heads N --ctx-len N --vocab N --seed S --perturb P]\n"
+                 "(testing tool: dap_dump.h)");
+            return 0;
+        }
+        if (!parse_value(&rows[k - 1], v)) return bad_value("debug-dap", rows[k - 1].name, v);
+    }
+    int n = 0;
+    for (const char *p = scores; *p && n < 64; n++) {
+        char *end;
+        sc[n] = strtod(p, &end);
+        if (end == p || (*end && *end != ','))
+            return fprintf(stderr, "molgen debug-dap: bad --scores '%s'\n", scores), 2;
+        p = *end ? end + 1 : end;
+    }
+    if (!out) return fprintf(stderr, "molgen debug-dap: --out FILE is required\n"), 2;
+    mg_error err;
+    double loss;
+    if (mg_model_config_check(&mc, &err) ||
+        mg_dap_dump(&mc, B, seed, perturb, sigma, sc, n, threads, out, &loss, &err)) {
+        fprintf(stderr, "molgen debug-dap: %s\n", err.message);
+        return 1;
+    }
+    printf("%s loss %.17g\n", out, loss);
+    return 0;
 }

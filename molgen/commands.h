@@ -19,6 +19,9 @@ int cmd_optimize(int argc, char **argv); /* cmd_optimize.c */
 /* Hidden: dump a random batch's loss and gradients for the PyTorch oracle
  * test (molgen/tests/test_model_torch.py). cmd_debug_grads.c. */
 int cmd_debug_grads(int argc, char **argv);
+/* Hidden: the DAP loss and gradient of molgen optimize for its float64
+ * oracle (molgen/tests/test_optimize.py). cmd_optimize.c. */
+int cmd_debug_dap(int argc, char **argv);
 
 #ifdef __cplusplus
 }

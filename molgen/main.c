@@ -24,6 +24,7 @@ static const command COMMANDS[] = {
     {"attention", cmd_attention, "draw a trained model's attention maps for a molecule"},
     {"bench", cmd_bench, "training tokens/s and sampling molecules/s"},
     {"debug-grads", cmd_debug_grads, NULL},
+    {"debug-dap", cmd_debug_dap, NULL},
 };
 
 static void usage(FILE *f) {

@@ -302,26 +302,38 @@ static mg_status rows_nll(mg_opt *o, mg_model *m, int first, int n, double *nll,
     return rc;
 }
 
-/* One Adam step on rows [0, n) whose agent NLL the last forward of the
- * agent computed (anll): targets tgt[r] = prior_ll + sigma s'; rows with
- * use[r] 0 get no weight. Returns the loss in *loss. */
-static mg_status dap_update(mg_opt *o, int n, const double *tgt, const unsigned char *use,
-                            double *loss, mg_error *err) {
+mg_status mg_opt_dap_backward(mg_model *agent, int n, const double *prior_nll,
+                              const double *agent_nll, const double *score,
+                              const unsigned char *use, double sigma, float *w, double *loss,
+                              mg_error *err) {
     int N = 0;
     for (int r = 0; r < n; r++) N += use[r] != 0;
     double L = 0;
     for (int r = 0; r < n; r++) {
-        const double d = use[r] ? tgt[r] + o->anll[r] : 0.0; /* target - agent_ll */
+        /* target - agent_ll = (-prior_nll + sigma s) + agent_nll */
+        const double d = use[r] ? -prior_nll[r] + sigma * score[r] + agent_nll[r] : 0.0;
         L += d * d;
-        o->w[r] = N ? (float)(2.0 * d / N) : 0.0f;
+        w[r] = N ? (float)(2.0 * d / N) : 0.0f;
     }
     *loss = N ? L / N : 0.0;
     if (!N) return MG_OK;
-    mg_status rc = mg_model_set_row_weights(o->agent, o->w, n, err);
-    if (!rc) rc = mg_model_backward(o->agent, err);
+    mg_status rc = mg_model_set_row_weights(agent, w, n, err);
+    if (!rc) rc = mg_model_backward(agent, err);
     mg_error e2;
-    mg_model_set_row_weights(o->agent, NULL, 0, &e2);
-    if (!rc)
+    mg_model_set_row_weights(agent, NULL, 0, &e2);
+    return rc;
+}
+
+/* One Adam step on rows [0, n) whose NLLs under the prior (pnll) and the
+ * agent (anll, its last forward) are computed, learning scores score [n];
+ * rows with use[r] 0 get no weight. The loss in *loss. */
+static mg_status dap_update(mg_opt *o, int n, const double *score, const unsigned char *use,
+                            double *loss, mg_error *err) {
+    mg_status rc = mg_opt_dap_backward(o->agent, n, o->pnll, o->anll, score, use, o->op.sigma,
+                                       o->w, loss, err);
+    int any = 0;
+    for (int r = 0; r < n; r++) any |= use[r];
+    if (!rc && any)
         rc = mg_adamw_step(&o->adam, mg_model_params(o->agent), mg_model_grads(o->agent), NULL,
                            NULL, err);
     return rc;
@@ -609,9 +621,9 @@ static mg_status prepare(mg_opt *o, step_work *w, mg_error *err) {
 /* Augmented Memory's extra rounds on the committed memory. */
 static mg_status aug_rounds(mg_opt *o, step_work *w, mg_error *err) {
     const int K = o->op.aug_rounds, n = o->nmem;
-    double *tgt = malloc((size_t)(n ? n : 1) * sizeof *tgt);
+    double *sc = malloc((size_t)(n ? n : 1) * sizeof *sc);
     unsigned char *use = malloc((size_t)(n ? n : 1));
-    mg_status rc = tgt && use ? MG_OK : mg_fail(err, MG_ERR_NOMEM, "out of memory");
+    mg_status rc = sc && use ? MG_OK : mg_fail(err, MG_ERR_NOMEM, "out of memory");
     for (int k = 0; !rc && k < K && n; k++) {
         for (int r = 0; r < n; r++) {
             const char *a = w->aug ? w->aug[(size_t)r * K + k] : NULL;
@@ -622,10 +634,10 @@ static mg_status aug_rounds(mg_opt *o, step_work *w, mg_error *err) {
         double loss;
         rc = rows_nll(o, o->prior, 0, n, o->pnll, err);
         if (!rc) rc = rows_nll(o, o->agent, 0, n, o->anll, err);
-        for (int r = 0; r < n; r++) tgt[r] = -o->pnll[r] + o->op.sigma * o->mem[r].score;
-        if (!rc) rc = dap_update(o, n, tgt, use, &loss, err);
+        for (int r = 0; r < n; r++) sc[r] = o->mem[r].score;
+        if (!rc) rc = dap_update(o, n, sc, use, &loss, err);
     }
-    free(tgt);
+    free(sc);
     free(use);
     return rc;
 }
@@ -640,14 +652,13 @@ static mg_status step_once(mg_opt *o, mg_opt_progress *pg, mg_error *err) {
     const size_t nnew = w.nnew;
     if (!rc) rc = commit(o, &w, err); /* past here the step is the state's */
     const int B = w.B, N = B + w.nreplay;
-    double tgt[N > 0 ? N : 1];
+    double s2[N > 0 ? N : 1];
     unsigned char use[N > 0 ? N : 1];
     int valid = 0, uniq = 0;
     double sum = 0;
     for (int i = 0; !rc && i < N; i++) {
-        const double s2 = i < B ? w.s2[i] : w.rscore[i - B];
+        s2[i] = i < B ? w.s2[i] : w.rscore[i - B];
         use[i] = i >= B || w.enc[i];
-        tgt[i] = -o->pnll[i] + o->op.sigma * s2;
         if (i < B && w.gi[i] >= 0) {
             valid++;
             sum += w.s[i];
@@ -657,7 +668,7 @@ static mg_status step_once(mg_opt *o, mg_opt_progress *pg, mg_error *err) {
         }
     }
     double loss = 0;
-    if (!rc) rc = dap_update(o, N, tgt, use, &loss, err);
+    if (!rc) rc = dap_update(o, N, s2, use, &loss, err);
     if (!rc) rc = aug_rounds(o, &w, err);
     aug_free(&w, o->op.aug_rounds);
     work_free(&w);

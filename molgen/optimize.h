@@ -133,6 +133,16 @@ const char *mg_opt_stop_reason(const mg_opt *o); /* "" while running */
 int64_t mg_opt_calls(const mg_opt *o);
 int64_t mg_opt_steps(const mg_opt *o);
 
+/* The DAP loss of n rows after mg_model_sequence_nll(agent, rows) gave
+ * agent_nll [n] (its activations kept): the mean over the rows with use[r]
+ * of (prior_ll_r + sigma score_r - agent_ll_r)^2 into *loss, and its
+ * gradient into mg_model_grads(agent) (untouched when no row is used);
+ * w [n] scratch (the row weights). */
+mg_status mg_opt_dap_backward(mg_model *agent, int n, const double *prior_nll,
+                              const double *agent_nll, const double *score,
+                              const unsigned char *use, double sigma, float *w, double *loss,
+                              mg_error *err);
+
 /* Writers of the run's files (called from the save hook). */
 /* The checkpoint: the agent's tensors (molgen sample reads it as a model),
  * "optim.m", "optim.v", and the metadata "optimize" (JSON: options, step,
