@@ -139,7 +139,8 @@ EOF
 grep -qxF "version = \"$version\"" "$src/python/pyproject.toml" \
     || fail "python/pyproject.toml's version is not the project's $version"
 for f in molgen/__init__.py molgen/metrics.py molgen/props.py molgen/moses_filters/mcf.csv \
-         molgen/moses_filters/wehi_pains.csv; do
+         molgen/moses_filters/wehi_pains.csv molgen/scoring/__init__.py \
+         molgen/scoring/pmo/qed.toml molgen/scoring/pmo/valsartan_smarts.toml; do
     [ -f "$site/$f" ] || fail "not installed: P's $f"
 done
 printf 'CCO\nC1CC\nCCO\nc1ccccc1O\n' > gen.smi
@@ -165,5 +166,16 @@ assert (r["n_samples"], r["n_valid"]) == (4, 3), r
 assert abs(r["validity"] - 3 / 4) < 1e-12 and abs(r["unique@1k"] - 2 / 3) < 1e-12, r
 assert abs(r["novelty"] - 1 / 2) < 1e-12, r
 print("ok: import molgen.metrics and python3 -m molgen.metrics from %s" % site)
+# the installed scorer serves a PMO task: benzene's QED is RDKit's (0.4426)
+p = subprocess.run([sys.executable, "-m", "molgen.scoring", "--task", "pmo/qed"],
+                   input="c1ccccc1\nC1CC\n", capture_output=True, text=True)
+assert p.returncode == 0, p.stderr
+lines = p.stdout.splitlines()
+from rdkit import Chem
+from rdkit.Chem import QED
+want = QED.qed(Chem.MolFromSmiles("c1ccccc1"))
+assert len(lines) == 2 and abs(float(lines[0].split("\t")[0]) - want) < 1e-6, lines
+assert lines[1].split("\t")[0] == "nan", lines
+print("ok: python3 -m molgen.scoring --task pmo/qed from %s" % site)
 EOF
 echo "install test passed (prefix $P)"
