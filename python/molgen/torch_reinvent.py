@@ -56,10 +56,10 @@ class Scorer:
     """molgen's scorer protocol, client side: COMMAND under /bin/sh -c; one
     SMILES per line in, one `SCORE[\\tNAME=VALUE]...` line out per SMILES."""
 
-    def __init__(self, command, timeout=60.0):
+    def __init__(self, command, timeout=60.0, env=None):
         self.command, self.timeout = command, timeout
         self.p = subprocess.Popen(["/bin/sh", "-c", command], stdin=subprocess.PIPE,
-                                  stdout=subprocess.PIPE, bufsize=0)
+                                  stdout=subprocess.PIPE, bufsize=0, env=env)
         self.buf = b""
 
     def _line(self, smiles):
