@@ -1,0 +1,296 @@
+"""molgen optimize: the DAP gradient against float64 PyTorch, learning, the
+budget and the cache, scorer faults (each a clear error and a resumable
+state), and bit-exact resume.
+
+The scorer is a small script written here: score = the share of nitrogen
+atoms (RDKit), canonical= RDKit's canonical SMILES; a fault mode makes it
+misbehave at its AT-th molecule. Runs are small (budget 200-480, batch 16-32)
+on models/molgen-moses.safetensors with 2 threads.
+"""
+import csv
+import hashlib
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from molgen_bin import REPO, molgen_binary
+
+PRIOR = os.path.join(REPO, "models", "molgen-moses.safetensors")
+ENV = dict(os.environ, OPENBLAS_CORETYPE=os.environ.get("OPENBLAS_CORETYPE", "Haswell"),
+           OMP_WAIT_POLICY="PASSIVE")
+
+SCORER = r'''
+import os, sys, time
+from rdkit import Chem, RDLogger
+RDLogger.DisableLog("rdApp.*")
+mode, at = os.environ.get("FAULT", ""), int(os.environ.get("AT", "0"))
+log = os.environ.get("LOG")
+logf = open(log, "a") if log else None
+const = os.environ.get("CONST_CANONICAL")
+n = 0
+for line in sys.stdin:
+    s = line.rstrip("\n")
+    if s.startswith("!randomize"):
+        _, seed, k, smi = s.split("\t")
+        if logf: logf.write("!randomize\t" + smi + "\n"); logf.flush()
+        m = Chem.MolFromSmiles(smi)
+        out = [] if m is None else [Chem.MolToSmiles(m, doRandom=True, canonical=False) for _ in range(int(k))]
+        print("\t".join(out), flush=True)
+        continue
+    n += 1
+    if logf: logf.write(s + "\n"); logf.flush()
+    if n == at:
+        if mode == "garbage": print("oops not a number", flush=True); continue
+        if mode == "inf": print("inf", flush=True); continue
+        if mode == "big": print("1.5", flush=True); continue
+        if mode == "neg": print("-0.1", flush=True); continue
+        if mode == "hang": time.sleep(1000)
+        if mode == "exit": sys.exit(3)
+        if mode == "missing": continue
+    m = Chem.MolFromSmiles(s)
+    if m is None or m.GetNumAtoms() == 0:
+        print("nan", flush=True); continue
+    nn = sum(a.GetSymbol() == "N" for a in m.GetAtoms())
+    can = const or Chem.MolToSmiles(m)
+    print("%.6f\tcanonical=%s\tn_atoms=%d" % (nn / m.GetNumAtoms(), can, m.GetNumAtoms()), flush=True)
+'''
+
+
+@pytest.fixture(scope="module")
+def scorer(tmp_path_factory):
+    pytest.importorskip("rdkit")
+    p = tmp_path_factory.mktemp("scorer") / "nfrac.py"
+    p.write_text(SCORER)
+    return "%s %s" % (sys.executable, p)
+
+
+def optimize(out, scorer, *args, env=None, check=True):
+    cmd = [molgen_binary(), "optimize", "--prior", PRIOR, "--scorer", scorer, "--threads", "2",
+           "--out", str(out)] + [str(a) for a in args]
+    r = subprocess.run(cmd, env=dict(ENV, **(env or {})), stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, text=True, timeout=600)
+    if check:
+        assert r.returncode == 0, r.stderr
+    return r
+
+
+def resume(out, scorer, *args, env=None):
+    cmd = [molgen_binary(), "optimize", "--prior", PRIOR, "--scorer", scorer, "--threads", "2",
+           "--resume", str(out)] + [str(a) for a in args]
+    r = subprocess.run(cmd, env=dict(ENV, **(env or {})), stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    return r
+
+
+def read_scored(d):
+    with open(os.path.join(str(d), "scored.csv")) as f:
+        return list(csv.DictReader(f))
+
+
+def read_meta(path):
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        return json.loads(f.read(n))["__metadata__"]
+
+
+def digest(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+# ---------------------------------------------------------------- DAP gradient
+
+LOSS_TOL = 1e-6
+GRAD_TOL = 1e-4  # test_model_torch.py's normwise criterion
+
+DAP_CONFIGS = [
+    # layers, d_model, heads, ctx, vocab, batch, scores, sigma, seed
+    (2, 16, 2, 8, 10, 4, "0.1,0.9,0,0.5", 128, 1),
+    (1, 12, 3, 6, 5, 5, "1,0,0.25", 128, 2),
+    (3, 32, 4, 12, 26, 7, "0.3,0.7", 60, 3),
+]
+
+
+@pytest.mark.parametrize("cfg", DAP_CONFIGS)
+def test_dap_gradient_matches_float64(tmp_path, cfg):
+    torch = pytest.importorskip("torch")
+    from molgen import torch_model as tm
+    layers, d, heads, ctx, vocab, batch, scores, sigma, seed = cfg
+    out = str(tmp_path / "dap.safetensors")
+    subprocess.run([molgen_binary(), "debug-dap", "--out", out, "--layers", str(layers),
+                    "--d-model", str(d), "--heads", str(heads), "--ctx-len", str(ctx), "--vocab",
+                    str(vocab), "--batch", str(batch), "--scores", scores, "--sigma", str(sigma),
+                    "--seed", str(seed)], check=True, env=ENV, stdout=subprocess.PIPE)
+    t, meta = tm.load_safetensors(out)
+    mc = tm.Config.from_json(meta["config"])
+
+    def model(prefix):
+        m = tm.MolGPT(mc).double()
+        m.load_state_dict({n: torch.from_numpy(t[prefix + n].astype(np.float64))
+                           for n, _ in m.named_parameters()})
+        return m
+
+    agent, prior = model(""), model("prior.")
+    ids = torch.from_numpy(t["batch.ids"].astype(np.int64))
+    lengths = torch.from_numpy(t["batch.lengths"].astype(np.int64))
+    s = torch.from_numpy(t["batch.scores"].astype(np.float64))
+    want = [float(x) for x in scores.split(",")]
+    assert [float(x) for x in s] == [want[i % len(want)] for i in range(batch)]
+
+    def seq_nll(m):  # summed cross-entropy of each row's targets, EOS included
+        inp, tgt = ids[:, :-1], ids[:, 1:]
+        kl = lengths - 1
+        lg = m.logits(inp, kl)
+        mask = torch.arange(inp.shape[1])[None, :] < kl[:, None]
+        ce = torch.nn.functional.cross_entropy(lg.reshape(-1, lg.shape[-1]), tgt.reshape(-1),
+                                               reduction="none").reshape(tgt.shape)
+        return (ce * mask).sum(1)
+
+    with torch.no_grad():
+        prior_ll = -seq_nll(prior)
+    agent_ll = -seq_nll(agent)
+    loss = ((prior_ll + sigma * s - agent_ll) ** 2).mean()
+    loss.backward()
+    assert abs(float(meta["loss"]) - loss.item()) / loss.item() <= LOSS_TOL
+    for name, p in agent.named_parameters():
+        g_t = p.grad.numpy()
+        g_c = t["grad." + name].astype(np.float64)
+        scale = np.abs(g_t).max()
+        assert scale > 0, name
+        assert np.abs(g_c - g_t).max() / scale <= GRAD_TOL, name
+
+
+# ---------------------------------------------------------------- learning, budget, cache
+
+def test_improves_the_score(tmp_path, scorer):
+    d = tmp_path / "run"
+    r = optimize(d, scorer, "--budget", 480, "--batch", 32, "--seed", 1, "--lr", "5e-4")
+    rows = read_scored(d)
+    by_step = {}
+    for row in rows:
+        by_step.setdefault(int(row["step"]), []).append(float(row["score"]))
+    steps = sorted(by_step)
+    first = np.mean([x for s in steps[:3] for x in by_step[s]])
+    last = np.mean([x for s in steps[-4:-1] for x in by_step[s]])  # the last step is cut by the budget
+    assert last > first + 0.05, (first, last)
+    # the scores are the share of N atoms, recomputed here by RDKit
+    from rdkit import Chem
+    for row in rows[:50]:
+        m = Chem.MolFromSmiles(row["smiles"])
+        assert abs(float(row["score"]) - sum(a.GetSymbol() == "N" for a in m.GetAtoms())
+                   / m.GetNumAtoms()) < 1e-6
+        assert row["canonical"] == Chem.MolToSmiles(m)
+    assert "step 1 " in r.stderr and "calls" in r.stderr and "ETA" in r.stderr
+
+
+def test_budget_exact_and_cache(tmp_path, scorer):
+    d, log = tmp_path / "run", tmp_path / "log.txt"
+    optimize(d, scorer, "--budget", 200, "--batch", 24, "--seed", 3, env={"LOG": str(log)})
+    rows = read_scored(d)
+    assert [int(r["call"]) for r in rows] == list(range(1, 201))
+    assert len({r["canonical"] for r in rows}) == 200
+    sent = log.read_text().splitlines()
+    assert len(sent) == len(set(sent))  # a SMILES once asked is never asked again
+    summary = json.loads((d / "summary.json").read_text())
+    assert summary["calls"] == 200 and summary["stop"] == "budget"
+    best = [l.split("\t") for l in (d / "best.smi").read_text().splitlines()]
+    assert len(best) == 100
+    scores = sorted((float(r["score"]) for r in rows), reverse=True)
+    assert [float(b[1]) for b in best] == pytest.approx(scores[:100], abs=1e-9)
+    assert summary["top10"] == pytest.approx(np.mean(scores[:10]), abs=1e-6)
+
+
+def test_canonical_key_costs_one_call(tmp_path, scorer):
+    """Every molecule is given one canonical: one call, then all served from
+    the cache; no new molecules, so the mode-collapse stop ends the run."""
+    d = tmp_path / "run"
+    r = optimize(d, scorer, "--budget", 50, "--batch", 8, "--collapse-steps", 4,
+                 env={"CONST_CANONICAL": "CCO"})
+    rows = read_scored(d)
+    assert len(rows) == 1 and rows[0]["canonical"] == "CCO"
+    s = json.loads((d / "summary.json").read_text())
+    assert s["calls"] == 1 and s["stop"] == "collapse" and s["steps"] == 5
+    assert "stop: collapse" in r.stderr
+
+
+def test_augmented_memory_uses_randomize(tmp_path, scorer):
+    d, log = tmp_path / "run", tmp_path / "log.txt"
+    optimize(d, scorer, "--budget", 96, "--batch", 16, "--augmented-memory", 2,
+             env={"LOG": str(log)})
+    reqs = [l for l in log.read_text().splitlines() if l.startswith("!randomize")]
+    assert reqs and len(read_scored(d)) == 96
+
+
+# ---------------------------------------------------------------- resume and faults
+
+RUN = ("--budget", 240, "--batch", 16, "--seed", 5, "--save-every", 4)
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory, scorer):
+    d = tmp_path_factory.mktemp("straight") / "run"
+    optimize(d, scorer, *RUN)
+    return d
+
+
+def same_run(a, b):
+    assert (a / "scored.csv").read_text() == (b / "scored.csv").read_text()
+    assert digest(a / "agent.safetensors") == digest(b / "agent.safetensors")
+    assert (a / "best.smi").read_text() == (b / "best.smi").read_text()
+
+
+def test_resume_is_bit_exact(tmp_path, scorer, straight):
+    d = tmp_path / "run"
+    r = optimize(d, scorer, *RUN, "--stop-after", 6)
+    assert "stop: stop-after" in r.stderr
+    assert {int(x["step"]) for x in read_scored(d)} == set(range(6))
+    resume(d, scorer)
+    same_run(d, straight)
+
+
+@pytest.mark.parametrize("mode,words", [
+    ("garbage", ["'oops not a number'", "does not start with a number"]),
+    ("inf", ["'inf'", "outside [0, 1]"]),
+    ("big", ["'1.5'", "outside [0, 1] (refused, not clipped)"]),
+    ("neg", ["'-0.1'", "outside [0, 1]"]),
+    ("hang", ["no answer", "within 2 s"]),
+    ("exit", ["exited with status 3"]),
+    ("missing", ["no answer", "within 2 s"]),
+])
+def test_scorer_fault_is_clear_and_resumable(tmp_path, scorer, straight, mode, words):
+    d, log = tmp_path / "run", tmp_path / "log.txt"
+    r = optimize(d, scorer, *RUN, "--scorer-timeout", 2, check=False,
+                 env={"FAULT": mode, "AT": "40", "LOG": str(log)})
+    assert r.returncode == 1, r.stderr
+    err = r.stderr.strip().splitlines()
+    msg = [l for l in err if l.startswith("molgen optimize: ")]
+    assert len(msg) == 2, r.stderr
+    for w in words:
+        assert w in msg[0], msg[0]
+    # the message names the molecule: one the scorer was asked in the failed batch
+    asked = log.read_text().splitlines()
+    named = msg[0].split("of the batch '")[1].split("'")[0]
+    scored = read_scored(d)
+    assert named in asked and named not in {x["smiles"] for x in scored}, msg[0]
+    assert "continue with --resume" in msg[1]
+    # the state of the failing step's start: whole steps only, saved with it
+    steps = sorted({int(x["step"]) for x in scored})
+    assert steps == list(range(len(steps))) and len(steps) >= 1
+    ck = json.loads(read_meta(d / "agent.safetensors")["optimize"])
+    assert ck["step"] == len(steps) and len(ck["molecules"]) == len(scored)
+    resume(d, scorer)
+    same_run(d, straight)
+
+
+def test_refusals(tmp_path, scorer, straight):
+    r = optimize(tmp_path / "a", scorer, "--budget", 0, check=False)
+    assert r.returncode == 2 and "bad value '0' for --budget" in r.stderr
+    r = subprocess.run([molgen_binary(), "optimize", "--prior", PRIOR, "--resume", str(straight),
+                        "--scorer", scorer, "--seed", "6"], env=ENV, stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, text=True)
+    assert r.returncode == 1 and "another --seed" in r.stderr, r.stderr
