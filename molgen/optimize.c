@@ -585,9 +585,9 @@ static mg_status prepare(mg_opt *o, step_work *w, mg_error *err) {
         w->enc[i] = w->smp.ended[i] && encode_row(o, i, smi);
         if (!w->enc[i]) {
             w->gi[i] = ROW_OUT;
-            o->len[i] = 2; /* a dummy row BOS EOS with no weight */
-            o->ids[(size_t)i * (o->ctx + 1)] = MG_BOS;
-            o->ids[(size_t)i * (o->ctx + 1) + 1] = MG_EOS;
+            int32_t *row = o->ids + (size_t)i * (o->ctx + 1); /* a dummy row, no weight */
+            for (int t = 0; t <= o->ctx; t++) row[t] = t == 0 ? MG_BOS : t == 1 ? MG_EOS : MG_PAD;
+            o->len[i] = 2;
             continue;
         }
         const int64_t *f = map_find(&o->raw, smi);

@@ -294,3 +294,13 @@ def test_refusals(tmp_path, scorer, straight):
                         "--scorer", scorer, "--seed", "6"], env=ENV, stdout=subprocess.PIPE,
                        stderr=subprocess.PIPE, text=True)
     assert r.returncode == 1 and "another --seed" in r.stderr, r.stderr
+
+
+def test_rows_without_eos_are_left_out(tmp_path, scorer):
+    """Seed 0's first batch of 64 holds a molecule that fills the context
+    without EOS: it is left out of the loss (a padded dummy row), not an
+    error (the first version fed the forward uninitialised ids)."""
+    d = tmp_path / "run"
+    optimize(d, scorer, "--budget", 200, "--batch", 64, "--seed", 0, "--max-steps", 1)
+    s = json.loads((d / "summary.json").read_text())
+    assert s["steps"] == 1 and s["stop"] == "max-steps" and 50 <= s["calls"] <= 64
