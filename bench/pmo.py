@@ -7,7 +7,7 @@ PyTorch on the same prior (molgen.torch_reinvent).
 
     /usr/bin/python3 bench/pmo.py [--tasks all|A,B] [--seeds 0,1,2]
         [--budget 10000] [--jobs 2] [--engines molgen,prior[,torch]]
-        [--runs bench/pmo_runs] [--resume] [--markdown docs/pmo.md]
+        [--runs out/pmo] [--resume] [--markdown docs/pmo.md]
         [--molgen BIN] [--prior MODEL] [--optimize-args '...'] [--quick]
     /usr/bin/python3 bench/pmo.py --limits      (what the prior's vocabulary
         and molecular-weight range leave out, per task; runs nothing)
@@ -335,13 +335,15 @@ def limits_table(prior):
 
 # ---------------------------------------------------------------- main
 
-def write_markdown(path, text):
-    begin, end = "<!-- pmo:begin -->", "<!-- pmo:end -->"
-    old = open(path).read() if os.path.exists(path) else ""
+def write_markdown(path, text, section):
+    """text between PATH's lines <!-- pmo:SECTION:begin --> and <!-- pmo:SECTION:end -->
+    (the rest of the page kept); a page without them gets the section appended."""
+    begin, end = "<!-- pmo:%s:begin -->" % section, "<!-- pmo:%s:end -->" % section
+    old = open(path).read() if os.path.exists(path) else "# PMO benchmark\n"
     if begin in old and end in old:
         new = old[:old.index(begin) + len(begin)] + "\n" + text + "\n" + old[old.index(end):]
     else:
-        new = "# PMO benchmark\n\n%s\n%s\n%s\n" % (begin, text, end)
+        new = old.rstrip("\n") + "\n\n%s\n%s\n%s\n" % (begin, text, end)
     with open(path, "w") as f:
         f.write(new)
 
@@ -353,9 +355,11 @@ def main(argv=None):
     ap.add_argument("--budget", type=int, default=10000)
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--engines", default="molgen,prior")
-    ap.add_argument("--runs", default=os.path.join(REPO, "bench", "pmo_runs"))
+    ap.add_argument("--runs", default=os.path.join(REPO, "out", "pmo"))
     ap.add_argument("--resume", action="store_true")
-    ap.add_argument("--markdown")
+    ap.add_argument("--markdown", help="also write the table into this page (docs/pmo.md)")
+    ap.add_argument("--section", default="results",
+                    help="the page's section: between <!-- pmo:SECTION:begin/end --> (default results)")
     ap.add_argument("--molgen", default=os.path.join(REPO, "build", "molgen", "molgen"))
     ap.add_argument("--prior", default=os.path.join(REPO, "models", "molgen-moses.safetensors"))
     ap.add_argument("--optimize-args", default="", help="more molgen optimize options")
@@ -368,6 +372,8 @@ def main(argv=None):
     if a.limits:
         head, tab = limits_table(a.prior)
         print(head + "\n\n" + tab)
+        if a.markdown:
+            write_markdown(a.markdown, head + "\n\n" + tab, "limits")
         return 0
     if a.quick:
         a.budget, a.tasks = 1000, "qed,albuterol_similarity"
@@ -403,6 +409,8 @@ def main(argv=None):
                 except Exception as e:  # one failed run: the others go on
                     failed.append("%s %s seed %d: %s" % (futs[f] + (e,)))
         say("benchmark: %d runs in %.0f s" % (len(results), time.perf_counter() - t0))
+    for f in failed:
+        print("bench/pmo.py: failed: %s" % f, file=sys.stderr)
     if not results:
         print("bench/pmo.py: no finished run", file=sys.stderr)
         return 1
@@ -412,9 +420,7 @@ def main(argv=None):
         time.strftime("%Y-%m-%d"))
     print(text)
     if a.markdown:
-        write_markdown(a.markdown, text)
-    for f in failed:
-        print("bench/pmo.py: failed: %s" % f, file=sys.stderr)
+        write_markdown(a.markdown, text, a.section)
     return 1 if failed else 0
 
 
