@@ -336,7 +336,10 @@ table.kv td:first-child{color:#555}
 def _summary_rows(summary, n_calls, aucs):
     keep = []
     for k, v in summary.items():
-        if isinstance(v, (str, int, float, bool)) and len(str(v)) < 200:
+        if isinstance(v, dict):  # e.g. the options: one line of name=value
+            v = ", ".join("%s=%s" % (a, b) for a, b in v.items()
+                          if isinstance(b, (str, int, float, bool)))
+        if isinstance(v, (str, int, float, bool)) and len(str(v)) < 400:
             keep.append((k, v))
     keep.append(("calls counted (unique valid)", n_calls))
     for k, v in aucs.items():
@@ -358,8 +361,8 @@ def render(directory, top=12, window=1000):
             for n in (1, 10, 100)}
     wins = scaffold_windows(crow, window)
     nll = nll_chart(crow)
-    title = "molgen optimize: %s" % (summary.get("task") or summary.get("scorer") or
-                                     os.path.basename(os.path.abspath(directory)))
+    where = os.path.abspath(directory).split(os.sep)
+    title = "molgen optimize: %s" % (summary.get("task") or "/".join(where[-2:]))
     parts = [
         "<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>%s</title>"
         "<style>%s</style></head><body>" % (html.escape(title), CSS),
