@@ -7,7 +7,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,61 +60,6 @@ int mg_cli_next(const char *cmd, int argc, char **argv, const char *shorts,
         }
     }
     return c;
-}
-
-int mg_cli_bad_value(const char *cmd, char **argv, const char *value) {
-    /* the option is the element before its value, or the element holding
-     * "--opt=value" */
-    const char *opt = argv[optind - 1];
-    int len = (int)strlen(opt);
-    if (opt != value) {
-        const char *eq = strchr(opt, '=');
-        if (eq && eq + 1 == value)
-            len = (int)(eq - opt);
-        else
-            opt = argv[optind - 2], len = (int)strlen(opt);
-    } else {
-        opt = argv[optind - 2];
-        len = (int)strlen(opt);
-    }
-    char cut[96];
-    fprintf(stderr, "molgen %s: bad value '%s' for %.*s (see molgen %s --help)\n", cmd,
-            mg_cli_cut(value, cut, sizeof cut), len, opt, cmd);
-    return 2;
-}
-
-int mg_cli_int(const char *s, long long lo, long long hi, long long *out) {
-    if (!s || !*s) return 0;
-    char *end;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (errno || *end || v < lo || v > hi) return 0;
-    *out = v;
-    return 1;
-}
-
-int mg_cli_u64(const char *s, uint64_t *out) {
-    /* decimal digits only: strtoull alone would take " -1" as 2^64 - 1 and
-     * "0x10" as hex */
-    if (!s || !*s) return 0;
-    for (const char *p = s; *p; p++)
-        if (*p < '0' || *p > '9') return 0;
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno || *end) return 0;
-    *out = (uint64_t)v;
-    return 1;
-}
-
-int mg_cli_double(const char *s, double *out) {
-    if (!s || !*s) return 0;
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || *end || !isfinite(v)) return 0;
-    *out = v;
-    return 1;
 }
 
 mg_status mg_cli_mkdir_p(const char *dir, mg_error *err) {
@@ -486,6 +430,17 @@ FILE *mg_cli_atomic_open(const char *path, char *tmp, size_t tmplen, mg_error *e
     FILE *f = fopen(tmp, "w");
     if (!f) mg_fail(err, MG_ERR_IO, "cannot create %s: %s", tmp, strerror(errno));
     return f;
+}
+
+mg_status mg_cli_write_output(const char *path, int (*write)(FILE *f, void *user), void *user,
+                              mg_error *err) {
+    char *tmp = malloc(MG_CLI_PATH_MAX + 32);
+    if (!tmp) return mg_fail(err, MG_ERR_NOMEM, "out of memory");
+    FILE *f = mg_cli_atomic_open(path, tmp, MG_CLI_PATH_MAX + 32, err);
+    const mg_status rc =
+        f ? mg_cli_atomic_commit_if(f, write(f, user), tmp, path, err) : (err ? err->status : MG_ERR_IO);
+    free(tmp);
+    return rc;
 }
 
 /* The name a temporary of mg_cli_atomic_open is renamed to: tmp less its

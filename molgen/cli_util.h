@@ -1,6 +1,7 @@
 /* molgen: the helpers every command shares (the command layer; the engine
- * never calls them): option parsing, strict numbers, output checks, atomic
- * output files, loading a model with its messages. */
+ * never calls them): the option loop (cli_options.h reads the option tables
+ * through it), output checks, atomic output files, loading a model with its
+ * messages. */
 #ifndef MG_CLI_UTIL_H
 #define MG_CLI_UTIL_H
 
@@ -15,7 +16,7 @@
 extern "C" {
 #endif
 
-/* Option parsing for every command: getopt_long over argv (argv[0] is the
+/* The option loop under cli_options.h: getopt_long over argv (argv[0] is the
  * command's name), exact long names only (getopt_long alone would take a
  * unique prefix), --opt VALUE and --opt=VALUE, stopping at the first
  * argument that is not an option. mg_cli_begin() before the first
@@ -27,15 +28,6 @@ extern "C" {
 void mg_cli_begin(void);
 int mg_cli_next(const char *cmd, int argc, char **argv, const char *shorts,
                 const struct option *opts, const char **value);
-/* After mg_cli_next returned an option whose value does not parse: prints
- * "molgen CMD: bad value 'V' for --opt (see molgen CMD --help)" and returns 2. */
-int mg_cli_bad_value(const char *cmd, char **argv, const char *value);
-
-/* Whole-string parses; return 1 on success, 0 on junk / out of range. */
-int mg_cli_int(const char *s, long long lo, long long hi, long long *out);
-int mg_cli_u64(const char *s, uint64_t *out);  /* decimal digits only */
-int mg_cli_double(const char *s, double *out); /* finite only */
-
 /* s for echoing in a message: as is when shorter than n, else cut to its
  * first n - 24 characters + "... (LEN chars)" in buf[n] (n >= 32). */
 const char *mg_cli_cut(const char *s, char *buf, size_t n);
@@ -116,6 +108,15 @@ mg_status mg_cli_atomic_commit(FILE *f, const char *tmp, const char *path, mg_er
  * reason> (nothing written)" (a stream: without the last part). */
 mg_status mg_cli_atomic_commit_if(FILE *f, int write_rc, const char *tmp, const char *path,
                                   mg_error *err);
+
+/* The longest path the output functions resolve (links followed): a
+ * buffer for mg_cli_output_target; a temporary's name is at most this + 32. */
+#define MG_CLI_PATH_MAX 4096
+/* Writes the output path whole by its kind: mg_cli_atomic_open, then
+ * write(f, user) (0: all written; nonzero, e.g. on a signal: the temporary
+ * goes, the output stays), then mg_cli_atomic_commit_if. */
+mg_status mg_cli_write_output(const char *path, int (*write)(FILE *f, void *user), void *user,
+                              mg_error *err);
 
 /* Loads a model for command `cmd` (model.h's mg_model_load with flags): on
  * an error prints "molgen CMD: <reason>" and returns -1; a file without

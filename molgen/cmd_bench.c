@@ -7,16 +7,48 @@
 #include <string.h>
 
 #include "bench.h"
+#include "cli_options.h"
 #include "cli_util.h"
 #include "commands.h"
 #include "data.h"
 #include "model.h"
 #include "sample.h"
 #include "tokenizer.h"
-#include "train_settings.h" /* MG_MAX_THREADS */
 #include "util.h"
 
-static const char *BENCH_USAGE =
+typedef struct {
+    const char *model, *data;
+    int molgpt, batch, ctx, runs, warmup, steps, sample_n, naive_n, threads;
+    int no_train, no_sample, json;
+} bench_args;
+
+#define T bench_args
+static const mg_setting BENCH_OPTIONS[] = {
+    {MG_OPT_FLAG(T, "molgpt", molgpt,
+                 "MolGPT's architecture (8 layers, d 256, 8 heads, dropout 0.1) instead of the "
+                 "default (4 layers, d 128, 4 heads)")},
+    {MG_OPT_STR(T, "model", "FILE", model,
+                "benchmark this trained model instead (its config and vocab)")},
+    {MG_OPT_INT(T, "batch", "B", batch, 1, 1 << 24, "rows per training step and per sampling batch")},
+    {MG_OPT_INT(T, "ctx", "L", ctx, 2, 4096, "context length of a fresh model")},
+    {MG_OPT_INT(T, "runs", "R", runs, 1, 64, "timed runs")},
+    {MG_OPT_INT(T, "warmup", "W", warmup, 0, 100, "untimed runs first")},
+    {MG_OPT_INT(T, "steps", "S", steps, 1, 1 << 24, "training steps per run")},
+    {MG_OPT_INT(T, "sample-n", "N", sample_n, 1, 1 << 24, "molecules per KV sampling run")},
+    {MG_OPT_INT(T, "naive-n", "N", naive_n, 0, 1 << 24,
+                "molecules per naive sampling run (0 skips it)")},
+    {MG_OPT_INT(T, "threads", "N", threads, 1, MG_MAX_THREADS, "threads"),
+     .shown_default = "ATTN_NUM_THREADS or all cores"},
+    {MG_OPT_STR(T, "data", "FILE", data,
+                "train on this file's molecules (file order, each batch cut to its longest row; "
+                "tokens/s counts real targets) instead of random full rows")},
+    {MG_OPT_FLAG(T, "no-train", no_train, "skip the training part")},
+    {MG_OPT_FLAG(T, "no-sample", no_sample, "skip the sampling part")},
+    {MG_OPT_FLAG(T, "json", json, "one JSON object on stdout instead of the table")},
+};
+#undef T
+
+static const char BENCH_USAGE[] =
     "usage: molgen bench [--molgpt] [--model FILE] [--batch B] [--ctx L] [--runs R]\n"
     "                    [--warmup W] [--steps S] [--sample-n N] [--naive-n N]\n"
     "                    [--threads N] [--data FILE] [--no-train] [--no-sample] [--json]\n"
@@ -25,204 +57,171 @@ static const char *BENCH_USAGE =
     "runs after W warm-up runs. Training also reports its FLOP rate and mfu: the\n"
     "step's FLOPs (6 x matmul weights per position + 12 n_layer d_model per\n"
     "causally visible query-key pair) over the fp32 FMA peak measured at start-up\n"
-    "on the same threads (attn-bench's loop, about 1 s).\n"
-    "  --molgpt        MolGPT's architecture (8 layers, d 256, 8 heads, dropout 0.1)\n"
-    "                  instead of the default (4 layers, d 128, 4 heads)\n"
-    "  --model FILE    benchmark this trained model instead (its config and vocab)\n"
-    "  --batch B       rows per training step and per sampling batch (default 64)\n"
-    "  --ctx L         context length of a fresh model (default 54)\n"
-    "  --runs R        timed runs (default 5, at most 64)\n"
-    "  --warmup W      untimed runs first (default 1)\n"
-    "  --steps S       training steps per run (default 3)\n"
-    "  --sample-n N    molecules per KV sampling run (default 256)\n"
-    "  --naive-n N     molecules per naive sampling run (default 64; 0 skips it)\n"
-    "  --threads N     threads (default: ATTN_NUM_THREADS or all cores)\n"
-    "  --data FILE     train on this file's molecules (file order, each batch cut\n"
-    "                  to its longest row; tokens/s counts real targets) instead\n"
-    "                  of random full rows\n"
-    "  --no-train / --no-sample   skip a part\n"
-    "  --json          one JSON object on stdout instead of the table\n";
+    "on the same threads (attn-bench's loop, about 1 s).\n";
 
-int cmd_bench(int argc, char **argv) {
-    const char *model_path = NULL, *data_path = NULL;
-    int molgpt = 0, batch = 64, ctx = 54, runs = 5, warmup = 1, steps = 3, sample_n = 256,
-        naive_n = 64, threads = 0, do_train = 1, do_sample = 1, json = 0;
+/* Everything one run holds, freed once. */
+typedef struct {
+    bench_args a;
+    const char *cfg_name;
+    mg_model *m;
+    mg_vocab *v;
+    mg_dataset ds;
+    mg_batcher *bat;
+    mg_bench_result tr, kv, nv;
+    double peak;
+    const char *peak_isa;
+} bench_job;
+
+/* The --model, or a fresh model of the default or MolGPT shape with the
+ * MOSES vocabulary; then the --data (read before any timing, so a bad one
+ * fails at once). */
+static int setup(bench_job *j) {
+    const bench_args *a = &j->a;
     mg_error err;
-    enum { O_MOLGPT = 1, O_NO_TRAIN, O_NO_SAMPLE, O_JSON, O_MODEL, O_DATA, O_INT };
-    /* the integer options: O_INT + their index here */
-    static const struct {
-        const char *name;
-        long long lo, hi;
-    } ints[] = {{"batch", 1, 1 << 24},   {"ctx", 2, 4096},
-                {"runs", 1, 64},         {"warmup", 0, 100},
-                {"steps", 1, 1 << 24},   {"sample-n", 1, 1 << 24},
-                {"naive-n", 0, 1 << 24}, {"threads", 1, MG_MAX_THREADS}};
-    int *const targets[] = {&batch, &ctx, &runs, &warmup, &steps, &sample_n, &naive_n, &threads};
-    enum { NI = sizeof ints / sizeof ints[0] };
-    struct option opts[NI + 8] = {{"molgpt", no_argument, NULL, O_MOLGPT},
-                                  {"no-train", no_argument, NULL, O_NO_TRAIN},
-                                  {"no-sample", no_argument, NULL, O_NO_SAMPLE},
-                                  {"json", no_argument, NULL, O_JSON},
-                                  {"model", required_argument, NULL, O_MODEL},
-                                  {"data", required_argument, NULL, O_DATA},
-                                  {"help", no_argument, NULL, 'h'}};
-    for (int i = 0; i < NI; i++)
-        opts[7 + i] = (struct option){ints[i].name, required_argument, NULL, O_INT + i};
-    opts[7 + NI] = (struct option){NULL, 0, NULL, 0};
-    const char *val;
-    int o;
-    mg_cli_begin();
-    while ((o = mg_cli_next("bench", argc, argv, "h", opts, &val)) != -1) {
-        long long ll;
-        switch (o) {
-        case -2: return 2;
-        case 'h': fputs(BENCH_USAGE, stdout); return 0;
-        case O_MOLGPT: molgpt = 1; break;
-        case O_NO_TRAIN: do_train = 0; break;
-        case O_NO_SAMPLE: do_sample = 0; break;
-        case O_JSON: json = 1; break;
-        case O_MODEL: model_path = val; break;
-        case O_DATA: data_path = val; break;
-        default:
-            if (!mg_cli_int(val, ints[o - O_INT].lo, ints[o - O_INT].hi, &ll))
-                return mg_cli_bad_value("bench", argv, val);
-            *targets[o - O_INT] = (int)ll;
-        }
-    }
-    mg_model *m = NULL;
-    mg_vocab *v = NULL;
-    if (model_path) {
-        if (mg_cli_load_model("bench", model_path, 0, &m, &v, NULL)) return 1;
-    } else {
-        if (mg_vocab_from_tokens(MG_MOSES_TOKENS, MG_MOSES_NUM_TOKENS, &v, &err)) {
-            fprintf(stderr, "molgen bench: %s\n", err.message);
-            return 1;
-        }
+    j->cfg_name = a->model ? a->model : a->molgpt ? "molgpt" : "default";
+    if (a->model && mg_cli_load_model("bench", a->model, 0, &j->m, &j->v, NULL)) return 1;
+    if (!a->model) {
         mg_model_config c;
-        if (molgpt)
+        if (a->molgpt)
             mg_model_config_molgpt(&c);
         else
             mg_model_config_default(&c);
-        c.ctx_len = ctx;
-        c.vocab_size = mg_vocab_size(v);
-        if (mg_model_create(&c, &m, &err)) {
+        c.ctx_len = a->ctx;
+        if (mg_vocab_from_tokens(MG_MOSES_TOKENS, MG_MOSES_NUM_TOKENS, &j->v, &err) ||
+            (c.vocab_size = mg_vocab_size(j->v), mg_model_create(&c, &j->m, &err))) {
             fprintf(stderr, "molgen bench: %s\n", err.message);
-            mg_vocab_free(v);
             return 1;
         }
-        mg_model_init(m, 1);
+        mg_model_init(j->m, 1);
     }
-    mg_model_set_threads(m, threads);
-    const mg_model_config *c = mg_model_get_config(m);
-    const char *cfg_name = model_path ? model_path : molgpt ? "molgpt" : "default";
-    mg_bench_result tr, kv, nv;
-    memset(&tr, 0, sizeof tr);
-    memset(&kv, 0, sizeof kv);
-    memset(&nv, 0, sizeof nv);
-    int rc = 0;
-    /* the data is read before any timing, so a bad --data fails at once */
-    mg_dataset ds;
-    mg_batcher *bat = NULL;
-    memset(&ds, 0, sizeof ds);
-    if (do_train && data_path) {
-        mg_load_opts lo = {NULL, c->ctx_len + 1, 0};
-        if (mg_dataset_load(data_path, &lo, v, NULL, &ds, NULL, &err) ||
-            mg_batcher_new(&ds, batch, 0, 0, &bat, &err)) {
+    mg_model_set_threads(j->m, a->threads);
+    if (!a->no_train && a->data) {
+        mg_load_opts lo = {NULL, mg_model_get_config(j->m)->ctx_len + 1, 0};
+        if (mg_dataset_load(a->data, &lo, j->v, NULL, &j->ds, NULL, &err) ||
+            mg_batcher_new(&j->ds, a->batch, 0, 0, &j->bat, &err)) {
             fprintf(stderr, "molgen bench: %s\n", err.message);
-            rc = 1;
-            goto done;
+            return 1;
         }
     }
-    if (!json)
+    return 0;
+}
+
+static void print_sample_line(const char *kind, int n, int batch, const mg_bench_result *r) {
+    printf("sampling %-5s (%d molecules, batch %d): %10.1f molecules/s  [%.1f .. %.1f], %.0f "
+           "tokens/s, %.1f tokens/molecule\n",
+           kind, n, n < batch ? n : batch, r->median, r->lo, r->hi, r->tok_rate, r->extra);
+}
+
+/* KV-cache and naive sampling, before training: a --model is sampled as
+ * trained. */
+static int bench_sampling(bench_job *j) {
+    const bench_args *a = &j->a;
+    mg_error err;
+    if (mg_bench_sample(j->m, j->v, MG_DECODE_KV, a->sample_n, a->batch, a->warmup, a->runs,
+                        &j->kv, &err)) {
+        fprintf(stderr, "molgen bench: sampling (kv): %s\n", err.message);
+        return 1;
+    }
+    if (!a->json) print_sample_line("kv", a->sample_n, a->batch, &j->kv);
+    if (a->naive_n <= 0) return 0;
+    if (mg_bench_sample(j->m, j->v, MG_DECODE_NAIVE, a->naive_n, a->batch, a->warmup, a->runs,
+                        &j->nv, &err)) {
+        fprintf(stderr, "molgen bench: sampling (naive): %s\n", err.message);
+        return 1;
+    }
+    if (!a->json) print_sample_line("naive", a->naive_n, a->batch, &j->nv);
+    if (!a->json && j->nv.median > 0)
+        printf("KV cache speed-up over naive: %.1fx (molecules/s)\n", j->kv.median / j->nv.median);
+    return 0;
+}
+
+static int bench_training(bench_job *j) {
+    const bench_args *a = &j->a;
+    const int threads = mg_model_threads(j->m);
+    mg_error err;
+    j->peak = mg_bench_peak(threads, &j->peak_isa);
+    if (mg_bench_train(j->m, a->batch, a->steps, a->warmup, a->runs, j->bat, &j->tr, &err)) {
+        fprintf(stderr, "molgen bench: training: %s\n", err.message);
+        return 1;
+    }
+    if (a->json) return 0;
+    const mg_bench_result *tr = &j->tr;
+    if (a->data)
+        printf("training (batch %d of %s, fwd+bwd+AdamW, %d steps/run): %10.0f tokens/s  "
+               "[%.0f .. %.0f]\n",
+               a->batch, a->data, a->steps, tr->median, tr->lo, tr->hi);
+    else
+        printf("training (batch %d x %d positions, fwd+bwd+AdamW, %d steps/run): %10.0f tokens/s  "
+               "[%.0f .. %.0f]\n",
+               a->batch, mg_model_get_config(j->m)->ctx_len, a->steps, tr->median, tr->lo, tr->hi);
+    printf("training FLOP rate %.2f GFLOP/s, mfu %.1f%% of the measured fp32 FMA peak %.1f "
+           "GFLOP/s (%s, %d threads)\n",
+           tr->flop_rate / 1e9, 100.0 * tr->flop_rate / 1e9 / j->peak, j->peak, j->peak_isa,
+           threads);
+    return 0;
+}
+
+static void print_json(const bench_job *j) {
+    const bench_args *a = &j->a;
+    const mg_model_config *c = mg_model_get_config(j->m);
+    const mg_bench_result *tr = &j->tr, *kv = &j->kv, *nv = &j->nv;
+    printf("{\"config\":\"%s\",\"n_layer\":%d,\"d_model\":%d,\"n_head\":%d,\"ctx_len\":%d,"
+           "\"vocab_size\":%d,\"dropout\":%g,\"params\":%zu,\"threads\":%d,\"batch\":%d,"
+           "\"runs\":%d,\"warmup\":%d",
+           a->model ? "model" : j->cfg_name, c->n_layer, c->d_model, c->n_head, c->ctx_len,
+           c->vocab_size, (double)c->dropout, mg_model_num_params(j->m), mg_model_threads(j->m),
+           a->batch, a->runs, a->warmup);
+    if (!a->no_train)
+        printf(",\"train\":{\"tokens_per_s\":%.1f,\"min\":%.1f,\"max\":%.1f,\"steps_per_run\":%d,"
+               "\"positions\":%d,\"data\":\"%s\",\"gflops\":%.4f,\"mfu\":%.5f,"
+               "\"peak_gflops\":%.2f,\"peak_isa\":\"%s\"}",
+               tr->median, tr->lo, tr->hi, a->steps, c->ctx_len, a->data ? a->data : "",
+               tr->flop_rate / 1e9, tr->flop_rate / 1e9 / j->peak, j->peak, j->peak_isa);
+    if (!a->no_sample) {
+        printf(",\"sample_kv\":{\"molecules_per_s\":%.2f,\"min\":%.2f,\"max\":%.2f,"
+               "\"tokens_per_s\":%.1f,\"tokens_per_molecule\":%.2f,\"n\":%d}",
+               kv->median, kv->lo, kv->hi, kv->tok_rate, kv->extra, a->sample_n);
+        if (a->naive_n > 0)
+            printf(",\"sample_naive\":{\"molecules_per_s\":%.2f,\"min\":%.2f,\"max\":%.2f,"
+                   "\"tokens_per_s\":%.1f,\"tokens_per_molecule\":%.2f,\"n\":%d}",
+                   nv->median, nv->lo, nv->hi, nv->tok_rate, nv->extra, a->naive_n);
+    }
+    printf("}\n");
+}
+
+static int run(bench_job *j) {
+    const bench_args *a = &j->a;
+    if (setup(j)) return 1;
+    const mg_model_config *c = mg_model_get_config(j->m);
+    if (!a->json)
         printf("molgen bench: %s config: %d layers, d_model %d, %d heads, ctx_len %d, vocab %d, "
                "dropout %g; %.2fM parameters; %d threads\n",
-               cfg_name, c->n_layer, c->d_model, c->n_head, c->ctx_len, c->vocab_size,
-               (double)c->dropout, (double)mg_model_num_params(m) / 1e6, mg_model_threads(m));
-    if (do_sample) {
-        /* before training: a --model is sampled as trained */
-        if (mg_bench_sample(m, v, MG_DECODE_KV, sample_n, batch, warmup, runs, &kv, &err)) {
-            fprintf(stderr, "molgen bench: sampling (kv): %s\n", err.message);
-            rc = 1;
-            goto done;
-        }
-        if (!json)
-            printf("sampling kv    (%d molecules, batch %d): %10.1f molecules/s  [%.1f .. %.1f], "
-                   "%.0f tokens/s, %.1f tokens/molecule\n",
-                   sample_n, sample_n < batch ? sample_n : batch, kv.median, kv.lo, kv.hi,
-                   kv.tok_rate, kv.extra);
-        if (naive_n > 0) {
-            if (mg_bench_sample(m, v, MG_DECODE_NAIVE, naive_n, batch, warmup, runs, &nv, &err)) {
-                fprintf(stderr, "molgen bench: sampling (naive): %s\n", err.message);
-                rc = 1;
-                goto done;
-            }
-            if (!json)
-                printf(
-                    "sampling naive (%d molecules, batch %d): %10.1f molecules/s  [%.1f .. %.1f], "
-                    "%.0f tokens/s, %.1f tokens/molecule\n",
-                    naive_n, naive_n < batch ? naive_n : batch, nv.median, nv.lo, nv.hi,
-                    nv.tok_rate, nv.extra);
-            if (!json && nv.median > 0)
-                printf("KV cache speed-up over naive: %.1fx (molecules/s)\n",
-                       kv.median / nv.median);
-        }
-    }
-    double peak = 0;
-    const char *peak_isa = "";
-    if (do_train) {
-        peak = mg_bench_peak(mg_model_threads(m), &peak_isa);
-        rc = mg_bench_train(m, batch, steps, warmup, runs, bat, &tr, &err);
-        if (rc) {
-            fprintf(stderr, "molgen bench: training: %s\n", err.message);
-            goto done;
-        }
-        if (!json && data_path)
-            printf("training (batch %d of %s, fwd+bwd+AdamW, %d steps/run): %10.0f tokens/s  "
-                   "[%.0f .. %.0f]\n",
-                   batch, data_path, steps, tr.median, tr.lo, tr.hi);
-        else if (!json)
-            printf(
-                "training (batch %d x %d positions, fwd+bwd+AdamW, %d steps/run): %10.0f tokens/s  "
-                "[%.0f .. %.0f]\n",
-                batch, c->ctx_len, steps, tr.median, tr.lo, tr.hi);
-        if (!json)
-            printf("training FLOP rate %.2f GFLOP/s, mfu %.1f%% of the measured fp32 FMA peak "
-                   "%.1f GFLOP/s (%s, %d threads)\n",
-                   tr.flop_rate / 1e9, 100.0 * tr.flop_rate / 1e9 / peak, peak, peak_isa,
-                   mg_model_threads(m));
-    }
-    if (!json) {
-        printf("(medians of %d runs after %d warm-up run%s)\n", runs, warmup,
-               warmup == 1 ? "" : "s");
-    } else {
-        printf("{\"config\":\"%s\",\"n_layer\":%d,\"d_model\":%d,\"n_head\":%d,\"ctx_len\":%d,"
-               "\"vocab_size\":%d,\"dropout\":%g,\"params\":%zu,\"threads\":%d,\"batch\":%d,"
-               "\"runs\":%d,\"warmup\":%d",
-               model_path ? "model" : cfg_name, c->n_layer, c->d_model, c->n_head, c->ctx_len,
-               c->vocab_size, (double)c->dropout, mg_model_num_params(m), mg_model_threads(m),
-               batch, runs, warmup);
-        if (do_train)
-            printf(
-                ",\"train\":{\"tokens_per_s\":%.1f,\"min\":%.1f,\"max\":%.1f,\"steps_per_run\":%d,"
-                "\"positions\":%d,\"data\":\"%s\",\"gflops\":%.4f,\"mfu\":%.5f,"
-                "\"peak_gflops\":%.2f,\"peak_isa\":\"%s\"}",
-                tr.median, tr.lo, tr.hi, steps, c->ctx_len, data_path ? data_path : "",
-                tr.flop_rate / 1e9, tr.flop_rate / 1e9 / peak, peak, peak_isa);
-        if (do_sample) {
-            printf(",\"sample_kv\":{\"molecules_per_s\":%.2f,\"min\":%.2f,\"max\":%.2f,"
-                   "\"tokens_per_s\":%.1f,\"tokens_per_molecule\":%.2f,\"n\":%d}",
-                   kv.median, kv.lo, kv.hi, kv.tok_rate, kv.extra, sample_n);
-            if (naive_n > 0)
-                printf(",\"sample_naive\":{\"molecules_per_s\":%.2f,\"min\":%.2f,\"max\":%.2f,"
-                       "\"tokens_per_s\":%.1f,\"tokens_per_molecule\":%.2f,\"n\":%d}",
-                       nv.median, nv.lo, nv.hi, nv.tok_rate, nv.extra, naive_n);
-        }
-        printf("}\n");
-    }
-done:
-    mg_batcher_free(bat);
-    mg_dataset_free(&ds);
-    mg_model_free(m);
-    mg_vocab_free(v);
+               j->cfg_name, c->n_layer, c->d_model, c->n_head, c->ctx_len, c->vocab_size,
+               (double)c->dropout, (double)mg_model_num_params(j->m) / 1e6,
+               mg_model_threads(j->m));
+    if ((!a->no_sample && bench_sampling(j)) || (!a->no_train && bench_training(j))) return 1;
+    if (a->json)
+        print_json(j);
+    else
+        printf("(medians of %d runs after %d warm-up run%s)\n", a->runs, a->warmup,
+               a->warmup == 1 ? "" : "s");
+    return 0;
+}
+
+int cmd_bench(int argc, char **argv) {
+    bench_job j;
+    memset(&j, 0, sizeof j);
+    j.a = (bench_args){.batch = 64, .ctx = 54, .runs = 5, .warmup = 1, .steps = 3,
+                       .sample_n = 256, .naive_n = 64};
+    const mg_cli_spec spec = {"bench", BENCH_USAGE, NULL,
+                              {{BENCH_OPTIONS, sizeof BENCH_OPTIONS / sizeof *BENCH_OPTIONS, &j.a}},
+                              1};
+    int rc = mg_cli_parse(&spec, argc, argv, NULL);
+    if (rc) return rc < 0 ? 0 : rc;
+    rc = run(&j);
+    mg_batcher_free(j.bat);
+    mg_dataset_free(&j.ds);
+    mg_model_free(j.m);
+    mg_vocab_free(j.v);
     return rc;
 }

@@ -9,19 +9,45 @@
 #include <strings.h>
 #include <unistd.h>
 
+#include "cli_options.h"
 #include "cli_util.h"
 #include "commands.h"
 #include "data.h"
 #include "dist.h"
 #include "safetensors.h"
 #include "score.h"
-#include "train_settings.h" /* MG_MAX_THREADS */
 #include "util.h"
 
-static const char *SCORE_USAGE =
-    "usage: molgen score --model FILE --smiles FILE|- [--out FILE.csv|-]\n"
-    "                    [--csv-column NAME] [--threads N] [--batch N] [--quiet]\n"
-    "                    [--raw-weights]\n"
+typedef struct {
+    const char *model, *smiles, *out, *column;
+    int threads, batch, quiet, raw;
+} score_args;
+
+#define T score_args
+static const mg_setting SCORE_OPTIONS[] = {
+    {MG_OPT_STR(T, "model", "FILE", model,
+                "model or checkpoint (.safetensors) with its vocabulary (required)")},
+    {MG_OPT_STR(T, "smiles", "FILE|-", smiles,
+                ".smi (first field of each line; blank lines are records, status empty; '#' "
+                "lines are comments) or .csv (a header row, see --csv-column); - reads stdin "
+                "(.smi unless --csv-column is given) (required)")},
+    {MG_OPT_STR(T, "out", "FILE|-", out, "output CSV, written atomically; -: stdout")},
+    {MG_OPT_STR(T, "csv-column", "NAME", column, "CSV column with the SMILES"),
+     .shown_default = "smiles"},
+    {MG_OPT_INT(T, "threads", "N", threads, 1, MG_MAX_THREADS, "threads"),
+     .shown_default = "ATTN_NUM_THREADS or all cores"},
+    {MG_OPT_INT(T, "batch", "N", batch, 1, 1 << 20,
+                "molecules a thread takes at a time; neither this nor --threads changes any "
+                "result: each molecule is its own forward")},
+    {MG_OPT_FLAG(T, "quiet", quiet, "no summary on stderr")},
+    {MG_OPT_FLAG(T, "raw-weights", raw,
+                 "a checkpoint of train --ema: its last step's parameters, not the averaged "
+                 "ones (the default)")},
+};
+#undef T
+
+static const char SCORE_USAGE[] =
+    "usage: molgen score --model FILE --smiles FILE|- [options]\n"
     "Negative log-likelihood of given molecules under a trained model: one CSV row\n"
     "per input record, in input order:\n"
     "  line,smiles,nll,nll_per_token,tokens,status\n"
@@ -29,21 +55,8 @@ static const char *SCORE_USAGE =
     "plus EOS (what training averages its loss over), so nll_per_token is the\n"
     "model's training loss on that molecule alone (no dropout). status: ok, empty,\n"
     "bad_char, unknown_token (not in the model's vocabulary), too_long (more\n"
-    "targets than the model's context) or bad_line; nll is empty unless ok.\n"
-    "  --model FILE       model or checkpoint (.safetensors) with its vocabulary\n"
-    "  --smiles FILE|-    .smi (first field of each line; blank lines are records,\n"
-    "                     status empty; '#' lines are comments) or .csv (a header\n"
-    "                     row, see --csv-column); - reads stdin (.smi unless\n"
-    "                     --csv-column is given)\n"
-    "  --out FILE|-       output CSV, written atomically (default -: stdout)\n"
-    "  --csv-column NAME  CSV column with the SMILES (default smiles)\n"
-    "  --threads N        threads (default: ATTN_NUM_THREADS or all cores)\n"
-    "  --batch N          molecules a thread takes at a time (default 16); neither\n"
-    "                     this nor --threads changes any result: each molecule is\n"
-    "                     its own forward\n"
-    "  --quiet            no summary on stderr\n"
-    "  --raw-weights      a checkpoint of train --ema: its last step's parameters,\n"
-    "                     not the averaged ones (the default)\n"
+    "targets than the model's context) or bad_line; nll is empty unless ok.\n";
+static const char SCORE_NOTES[] =
     "The summary (counts per status, the first bad rows as file:line, molecules/s)\n"
     "goes to stderr; a bad row is reported, never an error. Under mpirun -np N the\n"
     "input is split over the ranks and rank 0 writes every row in input order; the\n"
@@ -111,168 +124,178 @@ static void on_progress(void *user, size_t done, size_t n) {
             (double)done / (t - p->t0 > 1e-9 ? t - p->t0 : 1e-9));
 }
 
-int cmd_score(int argc, char **argv) {
-    const char *model_path = NULL, *smiles_path = NULL, *out_path = "-", *column = NULL;
-    int threads = 0, batch = 16, quiet = 0;
-    unsigned load_flags = 0;
-    enum { O_MODEL = 1, O_SMILES, O_OUT, O_COLUMN, O_THREADS, O_BATCH, O_QUIET, O_RAW };
-    static const struct option opts[] = {{"model", required_argument, NULL, O_MODEL},
-                                         {"smiles", required_argument, NULL, O_SMILES},
-                                         {"out", required_argument, NULL, O_OUT},
-                                         {"csv-column", required_argument, NULL, O_COLUMN},
-                                         {"threads", required_argument, NULL, O_THREADS},
-                                         {"batch", required_argument, NULL, O_BATCH},
-                                         {"quiet", no_argument, NULL, O_QUIET},
-                                         {"raw-weights", no_argument, NULL, O_RAW},
-                                         {"help", no_argument, NULL, 'h'},
-                                         {NULL, 0, NULL, 0}};
-    const char *val;
-    int c;
-    mg_cli_begin();
-    while ((c = mg_cli_next("score", argc, argv, "h", opts, &val)) != -1) {
-        int ok = 1;
-        long long ll = 0;
-        switch (c) {
-        case -2: return 2;
-        case 'h': fputs(SCORE_USAGE, stdout); return 0;
-        case O_MODEL: model_path = val; break;
-        case O_SMILES: smiles_path = val; break;
-        case O_OUT: out_path = val; break;
-        case O_COLUMN: column = val; break;
-        case O_THREADS:
-            ok = mg_cli_int(val, 1, MG_MAX_THREADS, &ll);
-            threads = (int)ll;
-            break;
-        case O_BATCH:
-            ok = mg_cli_int(val, 1, 1 << 20, &ll);
-            batch = (int)ll;
-            break;
-        case O_QUIET: quiet = 1; break;
-        case O_RAW: load_flags = MG_LOAD_RAW; break;
-        }
-        if (!ok) return mg_cli_bad_value("score", argv, val);
-    }
-    if (!model_path || !smiles_path) {
-        fprintf(stderr, "molgen score: --model FILE and --smiles FILE are required (see molgen "
-                        "score --help)\n");
-        return 2;
-    }
-    const int from_stdin = !strcmp(smiles_path, "-"), to_stdout = !strcmp(out_path, "-");
+
+/* Everything one run holds, freed once (job_free). */
+typedef struct {
+    score_args a;
+    int from_stdin, to_stdout;
+    const char *name; /* the input in messages */
+    mg_model *m;
+    mg_vocab *v;
+    mg_smiles_list l;
+    mg_score *sc;
+    progress_state ps;
+    int threads;
+} score_job;
+
+static void job_free(score_job *j) {
+    free(j->sc);
+    mg_smiles_list_free(&j->l);
+    mg_model_free(j->m);
+    mg_vocab_free(j->v);
+}
+
+static int parse_args(score_args *a, int argc, char **argv) {
+    *a = (score_args){.out = "-", .batch = 16};
+    const mg_cli_spec spec = {"score", SCORE_USAGE, SCORE_NOTES,
+                              {{SCORE_OPTIONS, sizeof SCORE_OPTIONS / sizeof *SCORE_OPTIONS, a}},
+                              1};
+    const int rc = mg_cli_parse(&spec, argc, argv, NULL);
+    if (rc) return rc;
+    if (!a->model || !a->smiles)
+        return mg_cli_usage("score", "--model FILE and --smiles FILE are required");
+    return 0;
+}
+
+/* The ranks agree on the options that change a row, the output is
+ * claimed, the model loaded and the records read (and agreed on). */
+static int prepare(score_job *j) {
+    const score_args *a = &j->a;
+    mg_dist *world = mg_dist_world();
     mg_error err;
     /* under mpirun every rank reads the input and scores its part; rank 0
      * writes every row (mpirun gives stdin to rank 0 only) */
-    mg_dist *world = mg_dist_world();
-    if (from_stdin && world->size > 1) {
+    if (j->from_stdin && world->size > 1) {
         if (world->rank == 0)
             fprintf(stderr, "molgen score: --smiles - (stdin) does not run as several MPI ranks: "
                             "give a file\n");
         return 2;
     }
     mg_catch_stop_signals(); /* SIGINT / SIGTERM: nothing written, 128 + the signal */
-    /* the ranks score one list with one model: the options that change a
-     * row agree now, the model and the records once read (--threads,
-     * --batch and --quiet change none; --out is rank 0's) */
-    const mg_dist_field opt_fields[] = {{"--csv-column", mg_dist_hash_str(column)},
-                                        {"--raw-weights", load_flags}};
+    /* --threads, --batch and --quiet change no row; --out is rank 0's */
+    const mg_dist_field opt_fields[] = {{"--csv-column", mg_dist_hash_str(a->column)},
+                                        {"--raw-weights", a->raw ? MG_LOAD_RAW : 0}};
     if (mg_dist_agree_fields(world, opt_fields, 2, &err)) {
         mg_cli_report("score", err.status, &err);
         return 1;
     }
-    if (!to_stdout) {
-        const mg_cli_file outs[] = {{"--out", out_path, 0}};
-        const mg_cli_file ins[] = {{"--model", model_path, 0},
-                                   {"--smiles", from_stdin ? NULL : smiles_path, 0}};
-        if (mg_cli_claim_outputs("score", outs, 1, ins, 2) < 0) return 1;
-    }
-    mg_model *m = NULL;
-    mg_vocab *v = NULL;
-    if (mg_cli_load_model("score", model_path, load_flags, &m, &v, NULL)) return 1;
-    const char *name = from_stdin ? "(stdin)" : smiles_path;
-    size_t nl = strlen(smiles_path);
-    const int csv = column != NULL || (nl >= 4 && !strcasecmp(smiles_path + nl - 4, ".csv"));
-    mg_smiles_list l;
-    memset(&l, 0, sizeof l);
+    const mg_cli_file outs[] = {{"--out", j->to_stdout ? NULL : a->out, 0}};
+    const mg_cli_file ins[] = {{"--model", a->model, 0},
+                               {"--smiles", j->from_stdin ? NULL : a->smiles, 0}};
+    if (!j->to_stdout && mg_cli_claim_outputs("score", outs, 1, ins, 2) < 0) return 1;
+    if (mg_cli_load_model("score", a->model, a->raw ? MG_LOAD_RAW : 0, &j->m, &j->v, NULL))
+        return 1;
+    const size_t nl = strlen(a->smiles);
+    const int csv = a->column != NULL || (nl >= 4 && !strcasecmp(a->smiles + nl - 4, ".csv"));
     mg_report rep;
-    mg_status lrc = mg_read_records(from_stdin ? stdin : NULL, name, csv, column, &l, &rep, &err);
-    if (!(lrc = mg_dist_agree(world, lrc, &err)) && world->size > 1) {
+    mg_status rc = mg_read_records(j->from_stdin ? stdin : NULL, j->name, csv, a->column, &j->l,
+                                   &rep, &err);
+    if (!(rc = mg_dist_agree(world, rc, &err)) && world->size > 1) {
         const mg_dist_field in_fields[] = {
-            {"the --model file (its weights)", mg_dist_hash_model(m, v)},
-            {"the --smiles file (its records)", records_hash(&l)}};
-        lrc = mg_dist_agree_fields(world, in_fields, 2, &err);
+            {"the --model file (its weights)", mg_dist_hash_model(j->m, j->v)},
+            {"the --smiles file (its records)", records_hash(&j->l)}};
+        rc = mg_dist_agree_fields(world, in_fields, 2, &err);
     }
-    if (lrc) {
-        mg_cli_report("score", lrc, &err);
-        mg_smiles_list_free(&l);
-        mg_model_free(m);
-        mg_vocab_free(v);
+    if (rc) mg_cli_report("score", rc, &err);
+    return rc ? 1 : 0;
+}
+
+/* Scores every record (an error said). */
+static mg_status score(score_job *j) {
+    mg_dist *world = mg_dist_world();
+    mg_error err;
+    j->sc = calloc(j->l.n ? j->l.n : 1, sizeof *j->sc);
+    j->ps = (progress_state){!j->a.quiet, mg_now_s(), 0};
+    j->ps.last = j->ps.t0;
+    j->threads = j->a.threads > 0 ? j->a.threads : mg_default_threads();
+    const mg_score_opts so = {j->threads, j->a.batch, on_progress, &j->ps, world, &mg_stop_signal};
+    mg_status rc = j->sc ? MG_OK : mg_fail(&err, MG_ERR_NOMEM, "out of memory");
+    if (!(rc = mg_dist_agree(world, rc, &err)))
+        rc = mg_score_molecules(j->m, j->v, (const char *const *)j->l.smiles, j->l.flaw, j->l.n,
+                                &so, j->sc, &err);
+    if (rc) mg_cli_report("score", rc, &err);
+    return rc;
+}
+
+static int write_csv(FILE *f, void *user) {
+    const score_job *j = user;
+    return write_rows(f, &j->l, j->sc) || mg_stop_signal;
+}
+
+/* The rows to --out (rank 0); 0 or 1 (said, unless a signal stopped it). */
+static int write_out(score_job *j) {
+    mg_error err;
+    if (j->to_stdout) {
+        if (!write_rows(stdout, &j->l, j->sc) && !fflush(stdout)) return 0;
+        fprintf(stderr, "molgen score: error writing stdout\n");
         return 1;
     }
-    mg_score *sc = calloc(l.n ? l.n : 1, sizeof *sc);
-    progress_state ps = {!quiet, mg_now_s(), 0};
-    ps.last = ps.t0;
-    mg_score_opts so = {threads > 0 ? threads : mg_default_threads(), batch, on_progress, &ps,
-                        world, &mg_stop_signal};
-    mg_status src = sc ? MG_OK : mg_fail(&err, MG_ERR_NOMEM, "out of memory");
-    if (!(src = mg_dist_agree(world, src, &err)))
-        src = mg_score_molecules(m, v, (const char *const *)l.smiles, l.flaw, l.n, &so, sc, &err);
-    int rc = 0;
-    if (src) {
-        mg_cli_report("score", src, &err);
-        rc = 1;
-    }
-    const int writer = world->rank == 0 && !mg_stop_signal; /* rank 0 writes and reports */
-    const double secs = mg_now_s() - ps.t0;
-    if (!rc && writer && to_stdout) {
-        if (write_rows(stdout, &l, sc) || fflush(stdout)) {
-            fprintf(stderr, "molgen score: error writing stdout\n");
-            rc = 1;
-        }
-    } else if (!rc && writer) {
-        char tmp[4200];
-        FILE *f = mg_cli_atomic_open(out_path, tmp, sizeof tmp, &err);
-        /* a signal while writing: the temporary goes, the output stays */
-        if (!f || mg_cli_atomic_commit_if(f, write_rows(f, &l, sc) || mg_stop_signal, tmp,
-                                          out_path, &err)) {
-            if (!mg_stop_signal) fprintf(stderr, "molgen score: %s\n", err.message);
-            rc = 1;
+    if (!mg_cli_write_output(j->a.out, write_csv, j, &err)) return 0;
+    if (!mg_stop_signal) fprintf(stderr, "molgen score: %s\n", err.message);
+    return 1;
+}
+
+/* The summary on stderr: counts per status, the first bad rows, the mean
+ * NLL, molecules/s. */
+static void print_summary(const score_job *j, double secs) {
+    const mg_smiles_list *l = &j->l;
+    size_t count[MG_SCORE_BAD_LINE + 1] = {0}, shown = 0;
+    double nll = 0.0;
+    long tok = 0;
+    for (size_t i = 0; i < l->n; i++) {
+        const mg_score *sc = &j->sc[i];
+        count[sc->status]++;
+        if (sc->status == MG_SCORE_OK) {
+            nll += sc->nll;
+            tok += sc->tokens;
+        } else if (shown < MG_REPORT_MSGS) {
+            char why[256];
+            mg_score_reason(j->m, j->v, l->smiles[i], l->flaw ? l->flaw[i] : 0, why, sizeof why);
+            fprintf(stderr, "%s:%ld: %s: %s\n", j->name, l->line[i],
+                    mg_score_status_name(sc->status), why);
+            shown++;
         }
     }
+    if (l->n - count[MG_SCORE_OK] > shown)
+        fprintf(stderr, "... and %zu more\n", l->n - count[MG_SCORE_OK] - shown);
+    fprintf(stderr, "scored %zu molecules: ok %zu", l->n, count[MG_SCORE_OK]);
+    for (int s = 1; s <= MG_SCORE_BAD_LINE; s++)
+        if (count[s]) fprintf(stderr, ", %s %zu", mg_score_status_name(s), count[s]);
+    char mean[64] = "no mean NLL (no molecule ok)";
+    if (tok) snprintf(mean, sizeof mean, "mean NLL %.4f nats per token", nll / (double)tok);
+    fprintf(stderr, "; %s; %.0f molecules/s (%d threads)%s%s\n", mean,
+            (double)l->n / (secs > 1e-9 ? secs : 1e-9), j->threads, j->to_stdout ? "" : "; ",
+            j->to_stdout ? "" : j->a.out);
+}
+
+/* Score, then (rank 0) write the rows and the summary; 128 + the signal
+ * after SIGINT / SIGTERM. */
+static int run(score_job *j) {
+    const int rank0 = mg_dist_world()->rank == 0;
+    const mg_status src = score(j);
+    const int writer = rank0 && !mg_stop_signal; /* rank 0 writes and reports */
+    const double secs = mg_now_s() - j->ps.t0;
+    int rc = src ? 1 : 0;
+    if (!rc && writer) rc = write_out(j);
     if (mg_stop_signal) { /* said above when it stopped the scoring, else here */
-        if (src != MG_ERR_INTERRUPTED && src != MG_ERR_PEER && world->rank == 0)
+        if (src != MG_ERR_INTERRUPTED && src != MG_ERR_PEER && rank0)
             fprintf(stderr, "molgen score: interrupted by signal %d\n", (int)mg_stop_signal);
         rc = 128 + mg_stop_signal;
     }
-    if (!rc && !quiet && writer) {
-        size_t count[MG_SCORE_BAD_LINE + 1] = {0}, shown = 0;
-        double nll = 0.0;
-        long tok = 0;
-        for (size_t i = 0; i < l.n; i++) {
-            count[sc[i].status]++;
-            if (sc[i].status == MG_SCORE_OK) {
-                nll += sc[i].nll;
-                tok += sc[i].tokens;
-            } else if (shown < MG_REPORT_MSGS) {
-                char why[256];
-                mg_score_reason(m, v, l.smiles[i], l.flaw ? l.flaw[i] : 0, why, sizeof why);
-                fprintf(stderr, "%s:%ld: %s: %s\n", name, l.line[i],
-                        mg_score_status_name(sc[i].status), why);
-                shown++;
-            }
-        }
-        if (l.n - count[MG_SCORE_OK] > shown)
-            fprintf(stderr, "... and %zu more\n", l.n - count[MG_SCORE_OK] - shown);
-        fprintf(stderr, "scored %zu molecules: ok %zu", l.n, count[MG_SCORE_OK]);
-        for (int s = 1; s <= MG_SCORE_BAD_LINE; s++)
-            if (count[s]) fprintf(stderr, ", %s %zu", mg_score_status_name(s), count[s]);
-        char mean[64] = "no mean NLL (no molecule ok)";
-        if (tok) snprintf(mean, sizeof mean, "mean NLL %.4f nats per token", nll / (double)tok);
-        fprintf(stderr, "; %s; %.0f molecules/s (%d threads)%s%s\n", mean,
-                (double)l.n / (secs > 1e-9 ? secs : 1e-9), so.threads, to_stdout ? "" : "; ",
-                to_stdout ? "" : out_path);
-    }
-    free(sc);
-    mg_smiles_list_free(&l);
-    mg_model_free(m);
-    mg_vocab_free(v);
+    if (!rc && !j->a.quiet && writer) print_summary(j, secs);
+    return rc;
+}
+
+int cmd_score(int argc, char **argv) {
+    score_job j;
+    memset(&j, 0, sizeof j);
+    int rc = parse_args(&j.a, argc, argv);
+    if (rc) return rc < 0 ? 0 : rc;
+    j.from_stdin = !strcmp(j.a.smiles, "-");
+    j.to_stdout = !strcmp(j.a.out, "-");
+    j.name = j.from_stdin ? "(stdin)" : j.a.smiles;
+    rc = prepare(&j);
+    if (!rc) rc = run(&j);
+    job_free(&j);
     return rc;
 }

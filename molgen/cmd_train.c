@@ -1,8 +1,7 @@
-/* `molgen train`: the table of train_settings.h as options -> an
- * mg_train_config -> mg_train_run (train.h), whose messages and progress
- * this file draws on stderr; a one-line JSON summary on stdout. */
+/* `molgen train`: the table of train_settings.h as options (cli_options.h)
+ * -> an mg_train_config -> mg_train_run (train.h), whose messages and
+ * progress this file draws on stderr; a one-line JSON summary on stdout. */
 #define _POSIX_C_SOURCE 200809L
-#include <getopt.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -10,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "cli_options.h"
 #include "cli_util.h"
 #include "commands.h"
 #include "dist.h"
@@ -18,85 +18,32 @@
 #include "train.h"
 #include "util.h"
 
-/* getopt_long values: settings are MG_OPT_SETTING + their index. */
-enum { MG_OPT_HELP = 'h', MG_OPT_PRESET = 1, MG_OPT_SETTING = 256 };
+/* --preset, the one option outside the settings table: applied before
+ * every setting given, whatever the order. */
+typedef struct {
+    int preset; /* 0 default, 1 molgpt */
+} train_extra;
 
-/* The help text of one option, wrapped at 79 columns under column 23. */
-static void help_option(FILE *f, const char *name, const char *arg, const char *text) {
-    char head[64];
-    snprintf(head, sizeof head, "  --%s%s%s", name, *arg ? " " : "", arg);
-    fputs(head, f);
-    int col = (int)strlen(head);
-    if (col > 21) {
-        fputc('\n', f);
-        col = 0;
-    }
-    fprintf(f, "%*s", 23 - col, "");
-    col = 23;
-    const char *p = text;
-    while (*p) {
-        const size_t w = strcspn(p, " ");
-        if (col > 23 && col + 1 + (int)w > 79) {
-            fprintf(f, "\n%23s", "");
-            col = 23;
-        } else if (col > 23) {
-            fputc(' ', f);
-            col++;
-        }
-        fwrite(p, 1, w, f);
-        col += (int)w;
-        p += w;
-        while (*p == ' ') p++;
-    }
-    fputc('\n', f);
-}
+static const mg_setting PRESET_OPTION[] = {
+    {MG_OPT_CHOICE(train_extra, "preset", "default|molgpt", preset,
+                   "default (4 layers, d_model 128, 4 heads, dropout 0) or molgpt (8 layers, "
+                   "d_model 256, 8 heads, dropout 0.1), then the model options above, whatever "
+                   "their order"),
+     .group = MG_GROUP_MODEL},
+};
 
-static void usage(FILE *f) {
-    mg_train_config d;
-    mg_train_config_default(&d);
-    fputs("usage: molgen train [options]\n"
-          "Train the SMILES transformer; writes a checkpoint (safetensors) that `molgen\n"
-          "sample` reads and `--resume` continues bit for bit (same thread count).\n"
-          "Under mpirun -np N each batch is split over the ranks, their gradients summed:\n"
-          "the same training, N times the compute (rank 0 reports and checkpoints).\n"
-          "With --resume, an option marked [same on resume] must have the checkpoint's\n"
-          "value (another is refused: the run continues bit for bit); every other option\n"
-          "given applies to the resumed run.\n",
-          f);
-    const char *group = "";
-    for (size_t i = 0; i < MG_TRAIN_NUM_SETTINGS; i++) {
-        const mg_setting *s = &MG_TRAIN_SETTING[i];
-        if (strcmp(group, s->group)) {
-            group = s->group;
-            fprintf(f, "%s:\n", group);
-            if (!strcmp(group, MG_GROUP_MODEL))
-                help_option(
-                    f, "preset", "NAME",
-                    "default (4 layers, d_model 128, 4 heads, dropout 0) or molgpt (8 layers, "
-                    "d_model 256, 8 heads, dropout 0.1), then the options below, whatever their "
-                    "order");
-        }
-        char text[1200], def[64], range[96];
-        mg_setting_format(s, &d, def, sizeof def);
-        mg_setting_range(s, range, sizeof range);
-        const char *mark = s->resume == MG_RESUME_SAME ? " [same on resume]" : "";
-        if (s->kind == MG_KIND_FLAG || (s->kind == MG_KIND_STR && !strcmp(def, "(none)")))
-            snprintf(text, sizeof text, "%s%s", s->help, mark);
-        else if (s->kind == MG_KIND_STR)
-            snprintf(text, sizeof text, "%s (default %s)%s", s->help, def, mark);
-        else
-            snprintf(text, sizeof text, "%s (default %s; %s)%s", s->help, def, range, mark);
-        help_option(f, s->cli, s->arg, text);
-    }
-    fputs("Progress goes to stderr; a one-line JSON summary to stdout. SIGINT/SIGTERM\n"
-          "write a checkpoint and exit with 128 + the signal number; errors exit 1.\n",
-          f);
-}
-
-static int usage_error(const char *msg) {
-    fprintf(stderr, "molgen train: %s (see molgen train --help)\n", msg);
-    return 2;
-}
+static const char TRAIN_USAGE[] =
+    "usage: molgen train [options]\n"
+    "Train the SMILES transformer; writes a checkpoint (safetensors) that `molgen\n"
+    "sample` reads and `--resume` continues bit for bit (same thread count).\n"
+    "Under mpirun -np N each batch is split over the ranks, their gradients summed:\n"
+    "the same training, N times the compute (rank 0 reports and checkpoints).\n"
+    "With --resume, an option marked [same on resume] must have the checkpoint's\n"
+    "value (another is refused: the run continues bit for bit); every other option\n"
+    "given applies to the resumed run.\n";
+static const char TRAIN_NOTES[] =
+    "Progress goes to stderr; a one-line JSON summary to stdout. SIGINT/SIGTERM\n"
+    "write a checkpoint and exit with 128 + the signal number; errors exit 1.\n";
 
 /* ------------------------------------------------------------ display */
 
@@ -230,132 +177,131 @@ static mg_status agree_settings(mg_dist *d, const mg_train_config *c, mg_error *
     return mg_dist_agree_fields(d, f, n, err);
 }
 
-int cmd_train(int argc, char **argv) {
-    enum { N = MG_TRAIN_SETTING_COUNT };
-    struct option opts[N + 3];
-    const char *given[N];
-    int is_given[N];
-    size_t k = 0;
-    for (size_t i = 0; i < MG_TRAIN_NUM_SETTINGS; i++, k++) {
-        const mg_setting *s = &MG_TRAIN_SETTING[i];
-        opts[k] = (struct option){s->cli, s->kind == MG_KIND_FLAG ? no_argument : required_argument,
-                                  NULL, MG_OPT_SETTING + (int)i};
-        given[i] = NULL;
-        is_given[i] = 0;
-    }
-    opts[k++] = (struct option){"preset", required_argument, NULL, MG_OPT_PRESET};
-    opts[k++] = (struct option){"help", no_argument, NULL, MG_OPT_HELP};
-    opts[k] = (struct option){NULL, 0, NULL, 0};
-    const char *preset = "default", *v;
-    int preset_given = 0;
-    int o;
-    mg_cli_begin();
-    while ((o = mg_cli_next("train", argc, argv, "h", opts, &v)) != -1) {
-        if (o == -2) return 2;
-        if (o == MG_OPT_HELP) {
-            usage(stdout);
-            return 0;
-        }
-        if (o == MG_OPT_PRESET) {
-            preset = v;
-            preset_given = 1;
-        } else {
-            given[o - MG_OPT_SETTING] = v; /* the last one wins */
-            is_given[o - MG_OPT_SETTING] = 1;
-        }
-    }
-    /* the preset first, then every setting given, whatever the order */
-    mg_train_config c;
-    mg_train_config_default(&c);
-    if (!strcmp(preset, "molgpt"))
-        mg_model_config_molgpt(&c.model);
-    else if (strcmp(preset, "default")) {
-        char msg[160], cut[96];
-        snprintf(msg, sizeof msg, "unknown preset '%s' (default or molgpt)",
-                 mg_cli_cut(preset, cut, sizeof cut));
-        return usage_error(msg);
-    }
-    mg_error e;
-    for (size_t i = 0; i < MG_TRAIN_NUM_SETTINGS; i++) {
-        if (is_given[i] && mg_setting_parse(&MG_TRAIN_SETTING[i], given[i], &c, &e))
-            return usage_error(e.message);
-        c.given[i] = (unsigned char)is_given[i];
-    }
-    if (c.init_path && preset_given)
-        return usage_error("--preset with --init: a fine-tuned model keeps MODEL's shape");
-    if (c.resume_path && preset_given)
-        return usage_error("--preset with --resume: the checkpoint fixes the model");
-    if (c.freeze > 0 && !c.init_path && !c.resume_path)
-        return usage_error("--freeze needs --init MODEL: it keeps a trained model's lower layers "
-                           "fixed (a fresh model's would stay random)");
+/* The options into c: the preset first, then every setting given (marked
+ * in c->given), then the checks between them and the fine-tuning defaults.
+ * 0, -1 (--help printed) or 2 (a usage error, said). */
+static int parse_args(mg_train_config *c, int argc, char **argv) {
+    mg_train_config_default(c);
+    train_extra x = {0};
+    mg_cli_value vals[MG_TRAIN_SETTING_COUNT + 1];
+    const mg_cli_spec spec = {"train", TRAIN_USAGE, TRAIN_NOTES,
+                              {{MG_TRAIN_SETTING, MG_TRAIN_NUM_SETTINGS, c}, {PRESET_OPTION, 1, &x}},
+                              2};
+    int rc = mg_cli_read(&spec, argc, argv, vals);
+    if (!rc) rc = mg_cli_apply(&spec, 1, vals);
+    if (!rc && x.preset == 1) mg_model_config_molgpt(&c->model);
+    if (!rc) rc = mg_cli_apply(&spec, 0, vals);
+    if (rc) return rc;
+    for (size_t i = 0; i < MG_TRAIN_NUM_SETTINGS; i++) c->given[i] = vals[i].opt[0] != 0;
+    const int preset_given = vals[MG_TRAIN_NUM_SETTINGS].opt[0] != 0;
+    if (c->init_path && preset_given)
+        return mg_cli_usage("train", "--preset with --init: a fine-tuned model keeps MODEL's shape");
+    if (c->resume_path && preset_given)
+        return mg_cli_usage("train", "--preset with --resume: the checkpoint fixes the model");
+    if (c->freeze > 0 && !c->init_path && !c->resume_path)
+        return mg_cli_usage("train", "--freeze needs --init MODEL: it keeps a trained model's "
+                                     "lower layers fixed (a fresh model's would stay random)");
     /* fine-tuning defaults (train_settings.h, measured) where not given */
-    const size_t i_lr = (size_t)(mg_setting_find("lr") - MG_TRAIN_SETTING);
-    const size_t i_vf = (size_t)(mg_setting_find("val_frac") - MG_TRAIN_SETTING);
-    if (c.init_path && !c.given[i_lr]) c.optim.lr = (float)MG_FINETUNE_LR;
-    if (c.init_path && !c.given[i_vf]) c.val_frac = MG_FINETUNE_VAL_FRAC;
-    if (!c.init_path && c.model.d_model % c.model.n_head) {
-        char msg[128];
-        snprintf(msg, sizeof msg, "--heads %d does not divide --d-model %d", c.model.n_head,
-                 c.model.d_model);
-        return usage_error(msg);
+    if (c->init_path && !c->given[mg_setting_find("lr") - MG_TRAIN_SETTING])
+        c->optim.lr = (float)MG_FINETUNE_LR;
+    if (c->init_path && !c->given[mg_setting_find("val_frac") - MG_TRAIN_SETTING])
+        c->val_frac = MG_FINETUNE_VAL_FRAC;
+    if (!c->init_path && c->model.d_model % c->model.n_head)
+        return mg_cli_usage("train", "--heads %d does not divide --d-model %d", c->model.n_head,
+                            c->model.d_model);
+    if (!c->resume_path && c->steps == 0 && c->time_limit <= 0)
+        return mg_cli_usage("train", "give --steps N or --time-limit SECONDS (or both)");
+    if (!c->out_path) c->out_path = c->resume_path ? c->resume_path : "out/model.safetensors";
+    return 0;
+}
+
+/* What one run holds, freed once. */
+typedef struct {
+    mg_train_config c;
+    char *data_default; /* $MOLGEN_SHARED_DATA/moses_176k.smi */
+    char *out_target;   /* --out with its symbolic links followed */
+} train_job;
+
+/* The data file when none is given: $MOLGEN_SHARED_DATA's or the repo's. */
+static int default_data(train_job *j) {
+    const char *dir = getenv("MOLGEN_SHARED_DATA");
+    if (j->c.data_path || j->c.resume_path) return 0;
+    if (!dir || !*dir) {
+        j->c.data_path = "data/moses_20k.smi";
+        return 0;
     }
-    if (!c.resume_path && c.steps == 0 && c.time_limit <= 0)
-        return usage_error("give --steps N or --time-limit SECONDS (or both)");
-    if (!c.out_path) c.out_path = c.resume_path ? c.resume_path : "out/model.safetensors";
-    char data_default[4096];
-    if (!c.data_path && !c.resume_path) {
-        const char *dir = getenv("MOLGEN_SHARED_DATA");
-        if (dir && *dir) {
-            snprintf(data_default, sizeof data_default, "%s/moses_176k.smi", dir);
-            c.data_path = data_default;
-        } else {
-            c.data_path = "data/moses_20k.smi";
-        }
+    const size_t n = strlen(dir) + sizeof "/moses_176k.smi";
+    if (!(j->data_default = malloc(n))) return 1;
+    snprintf(j->data_default, n, "%s/moses_176k.smi", dir);
+    j->c.data_path = j->data_default;
+    return 0;
+}
+
+/* Every output is checked and locked before any work (a run is never lost
+ * at its first checkpoint) and is none of the inputs; --out may be the
+ * --resume file, which is then an output only (a --loss-log over it is one
+ * over --out). Under mpirun rank 0 writes, so rank 0 checks; every rank
+ * learns. A symbolic link --out is kept: the file it names is replaced. */
+static int claim_outputs(train_job *j) {
+    mg_train_config *c = &j->c;
+    const int out_is_resume = mg_cli_same_file(c->out_path, c->resume_path);
+    const mg_cli_file outs[] = {{"--out", c->out_path, MG_CLI_WHOLE},
+                                {"--loss-log", c->loss_log, 0},
+                                {"--debug-dump-rows", c->dump_rows, 0}};
+    const mg_cli_file ins[] = {{"--data", c->data_path, 0},
+                               {"--init", c->init_path, 0},
+                               {"--augment-file", c->augment_file, 0},
+                               {"--resume", out_is_resume ? NULL : c->resume_path, 0}};
+    const int stale = mg_cli_claim_outputs("train", outs, 3, ins, 4);
+    if (stale < 0) return 1;
+    if (stale > 0 && !c->quiet)
+        fprintf(stderr, "removed %d stale temporary file(s) of %s left by killed runs\n", stale,
+                c->out_path);
+    if (!(j->out_target = malloc(MG_CLI_PATH_MAX))) {
+        fprintf(stderr, "molgen train: out of memory\n");
+        return 1;
     }
-    /* every output is checked and locked before any work (a run is never
-     * lost at its first checkpoint) and is none of the inputs; --out may be
-     * the --resume file, which is then an output only (a --loss-log over it
-     * is one over --out). Under mpirun rank 0 writes, so rank 0 checks;
-     * every rank learns. */
+    c->out_path = mg_cli_output_target(c->out_path, j->out_target, MG_CLI_PATH_MAX);
+    return 0;
+}
+
+static int run(train_job *j) {
+    mg_train_config *c = &j->c;
     mg_dist *world = mg_dist_world();
-    const int rank0 = world->rank == 0;
-    if (agree_settings(world, &c, &e)) {
+    mg_error e;
+    if (default_data(j)) {
+        fprintf(stderr, "molgen train: out of memory\n");
+        return 1;
+    }
+    if (agree_settings(world, c, &e)) {
         mg_cli_report("train", e.status, &e);
         return 1;
     }
-    const int out_is_resume = mg_cli_same_file(c.out_path, c.resume_path);
-    const mg_cli_file outs[] = {{"--out", c.out_path, MG_CLI_WHOLE},
-                                {"--loss-log", c.loss_log, 0},
-                                {"--debug-dump-rows", c.dump_rows, 0}};
-    const mg_cli_file ins[] = {{"--data", c.data_path, 0},
-                               {"--init", c.init_path, 0},
-                               {"--augment-file", c.augment_file, 0},
-                               {"--resume", out_is_resume ? NULL : c.resume_path, 0}};
-    const int stale = mg_cli_claim_outputs("train", outs, 3, ins, 4);
-    if (stale < 0) return 1;
-    if (stale > 0 && !c.quiet)
-        fprintf(stderr, "removed %d stale temporary file(s) of %s left by killed runs\n", stale,
-                c.out_path);
-    /* a symbolic link --out is kept: the file it names is replaced */
-    const char *out_given = c.out_path;
-    char out_target[4096];
-    c.out_path = mg_cli_output_target(c.out_path, out_target, sizeof out_target);
-    display d = {stderr, c.quiet, c.progress, isatty(fileno(stderr)), 0, -1e300};
-    c.dist = world;
-    c.log = (mg_train_log){on_message, on_progress, &d};
+    const char *out_given = c->out_path;
+    if (claim_outputs(j)) return 1;
+    display d = {stderr, c->quiet, c->progress, isatty(fileno(stderr)), 0, -1e300};
+    c->dist = world;
+    c->log = (mg_train_log){on_message, on_progress, &d};
     mg_train_install_signal_handlers();
     mg_train_result r;
-    const mg_status rc = mg_train_run(&c, &r, &e);
-    if (d.line_open) {
-        fputc('\n', d.f);
-        d.line_open = 0;
-    }
+    const mg_status rc = mg_train_run(c, &r, &e);
+    if (d.line_open) fputc('\n', d.f); /* the last progress line stays */
     if (rc) { /* a failed rank says why; the others stop quietly */
         mg_cli_report("train", rc, &e);
         return 1;
     }
-    if (rank0) print_summary(out_given, c.init_path, &r);
+    if (world->rank == 0) print_summary(out_given, c->init_path, &r);
     if (r.stop == MG_STOP_SIGNAL)
         return 128 + (mg_train_stop_signal() ? mg_train_stop_signal() : SIGINT);
     return 0;
+}
+
+int cmd_train(int argc, char **argv) {
+    train_job j;
+    memset(&j, 0, sizeof j);
+    int rc = parse_args(&j.c, argc, argv);
+    if (!rc) rc = run(&j);
+    free(j.data_default);
+    free(j.out_target);
+    return rc < 0 ? 0 : rc;
 }

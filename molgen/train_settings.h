@@ -1,10 +1,11 @@
 /* molgen training settings, declared once.
  *
  * Every setting of `molgen train` is one line of MG_TRAIN_SETTINGS below.
- * From that line come: its field of mg_train_config (train.h) or the model /
+ * From that line come: its field of mg_train_config (below) or the model /
  * optimizer config member it sets, its default, its range (checked on the
  * command line, by mg_train_run and when a checkpoint is read), its option
- * and --help text (cmd_train.c), and whether and how a checkpoint keeps it
+ * and --help text (a row of option_table.h, which cli_options.h reads as
+ * every command's table), and whether and how a checkpoint keeps it
  * (checkpoint.c). To add a setting: add its line here, then use the field
  * where it acts. A setting that a checkpoint saves (CKPT_NEW) needs a
  * default that reproduces how runs trained before it existed, because their
@@ -43,6 +44,16 @@
 #ifndef MG_TRAIN_SETTINGS_H
 #define MG_TRAIN_SETTINGS_H
 
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dist.h"
+#include "errors.h"
+#include "model.h"
+#include "optim.h"
+#include "option_table.h"
+#include "util.h" /* MG_MAX_THREADS */
+
 /* Default token limit per molecule: longer lines are skipped and counted
  * like every other bad line, so that one runaway line cannot set the context
  * length (MOSES molecules have at most 57 tokens). */
@@ -50,8 +61,6 @@
 /* Longest --time-limit (a year, in seconds): larger values would overflow
  * the step estimates' float -> int64 conversions. */
 #define MG_TIME_LIMIT_MAX 3.2e7
-/* Most threads a run may ask for. */
-#define MG_MAX_THREADS 1024
 #define MG_STEPS_MAX (INT64_MAX / 8)
 /* Largest --ema decay: the average lives in 32-bit floats, where an update
  * weight 1 - decay below 2^-24 cannot move a value by its own size, so a
@@ -222,4 +231,96 @@
       "append one line per step to FILE: step, loss, target tokens, gradient norm, a hash of "     \
       "the batch's rows")
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------ a run's settings */
+
+/* What a run reports while it trains, through mg_train_log.progress: after
+ * every step (the caller decides how often to draw it). */
+typedef struct {
+    int64_t step;          /* steps done */
+    int64_t total_steps;   /* the schedule's; 0 while a time-limited one is sized */
+    double loss;           /* training loss, smoothed (EMA 0.9) */
+    double val_loss;       /* the last validation (NAN: none yet) */
+    double tokens_per_sec; /* non-pad target tokens per second of timed steps */
+    double elapsed;        /* seconds since the run started */
+    double eta;            /* seconds left (NAN: not known yet) */
+    int last;              /* 1 on the run's last step */
+} mg_train_progress;
+
+/* Callbacks (any may be NULL): message gets every line a run has to say
+ * (the data report, the model, validations, notes, the end; no trailing
+ * newline; the data report spans several lines); progress as above. */
+typedef struct {
+    void (*message)(void *user, const char *text);
+    void (*progress)(void *user, const mg_train_progress *p);
+    void *user;
+} mg_train_log;
+
+/* The settings' C types (kind column of train_settings.h). */
+#define MG_CTYPE_STR const char *
+#define MG_CTYPE_INT int
+#define MG_CTYPE_I64 int64_t
+#define MG_CTYPE_U64 uint64_t
+#define MG_CTYPE_F64 double
+#define MG_CTYPE_F32 float
+#define MG_CTYPE_FLAG int
+/* A field of its own for RUN and CKPT settings; MODEL and OPTIM ones set a
+ * member of model / optim. */
+#define MG_DECL_RUN(ctype, field) ctype field;
+#define MG_DECL_CKPT(ctype, field) ctype field;
+#define MG_DECL_CKPT_NEW(ctype, field) ctype field;
+#define MG_DECL_MODEL(ctype, field)
+#define MG_DECL_OPTIM(ctype, field)
+#define MG_TRAIN_DECL(key, field, kind, cli, arg, def, lo, hi, bounds, save, resume, group, help)  \
+    MG_DECL_##save(MG_CTYPE_##kind, field)
+
+/* The number of settings as a constant expression. */
+#define MG_TRAIN_COUNT_ONE(...) +1
+enum { MG_TRAIN_SETTING_COUNT = 0 MG_TRAIN_SETTINGS(MG_TRAIN_COUNT_ONE) };
+
+typedef struct {
+    /* model: vocab_size is always the data's. optim: eps is the default's,
+     * total_steps comes from steps (or the time-limit estimate). */
+    mg_model_config model;
+    mg_adamw_config optim;
+    MG_TRAIN_SETTINGS(MG_TRAIN_DECL)
+    /* 1: the setting of that index of MG_TRAIN_SETTING was given (the
+     * command line marks them; all 0 by default). With --init a MODEL
+     * setting given must equal MODEL's (dropout excepted). */
+    unsigned char given[MG_TRAIN_SETTING_COUNT];
+    mg_train_log log;
+    /* The ranks training together (NULL: this process alone). Every rank
+     * runs mg_train_run with the same config; each global batch is split
+     * by index (consecutive rows in rank order, mg_dist_range), the gradients summed
+     * (weighted by the ranks' target tokens: the gradient of the global
+     * mean loss), so every rank takes the same AdamW step on the same
+     * parameters; validation is split the same way; messages, progress and
+     * checkpoints come from rank 0. A failure on any rank ends every rank's
+     * run (MG_ERR_PEER on the others). */
+    mg_dist *dist;
+} mg_train_config;
+
+/* Every setting at its default (train_settings.h; model and optimizer:
+ * mg_model_config_default, mg_adamw_config_default), no callbacks. */
+void mg_train_config_default(mg_train_config *c);
+/* Every setting within its range (a resumed run also checks the ones it
+ * takes from the checkpoint when it reads them). */
+mg_status mg_train_config_check(const mg_train_config *c, mg_error *err);
+
+/* ------------------------------------------------------------ the table */
+
+/* The lines above as rows of option_table.h, for the code that treats them
+ * alike (the command line and --help: cli_options.h; the checkpoint's
+ * "train" JSON: checkpoint.c; resume: train.c). */
+extern const mg_setting MG_TRAIN_SETTING[];
+extern const size_t MG_TRAIN_NUM_SETTINGS;
+/* NULL if no setting has that key. */
+const mg_setting *mg_setting_find(const char *key);
+
+#ifdef __cplusplus
+}
+#endif
 #endif /* MG_TRAIN_SETTINGS_H */

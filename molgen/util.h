@@ -59,6 +59,8 @@ void mg_fmt_duration(double s, char *out, size_t n);
  * else every core (omp_get_num_procs), divided among the ranks that mpirun
  * started on this machine (OMPI_COMM_WORLD_LOCAL_SIZE). Read at every call. */
 int mg_default_threads(void);
+/* Most threads a command may ask for (--threads). */
+#define MG_MAX_THREADS 1024
 
 #ifdef __cplusplus
 }
