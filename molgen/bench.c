@@ -10,7 +10,6 @@
 #include <string.h>
 #include <time.h>
 
-#include "cli_util.h"
 #include "fma_peak.h"
 #include "data.h"
 #include "model.h"

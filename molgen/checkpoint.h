@@ -32,8 +32,9 @@
 #include "model.h"
 #include "optim.h"
 #include "safetensors.h"
+#include "ckpt_values.h"
 #include "tokenizer.h"
-#include "train.h"
+#include "train_settings.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -69,15 +70,11 @@ mg_status mg_ckpt_save(const char *path, const mg_model *m, const mg_vocab *voca
 mg_status mg_ckpt_load(const char *path, mg_ckpt *ck, mg_error *err);
 void mg_ckpt_free(mg_ckpt *c);
 
-/* The n F32 values at data (any alignment) of the tensor `name`: finite,
- * and >= 0 when name is "optim.v". MG_ERR_NUMERIC naming the tensor and its
- * first bad element, e.g. "tensor 'optim.v' holds a negative value (-0.5 at
- * element 17): a second moment must be >= 0". */
-mg_status mg_ckpt_check_values(const char *name, const void *data, size_t n, mg_error *err);
-/* The training state of a file for P parameters: those of "optim.m",
- * "optim.v" and "ema" it holds are F32 [P] with values as above (the
- * message then ends "...: the optimizer state is corrupt"). */
-mg_status mg_ckpt_check_state(const mg_st_file *f, size_t P, mg_error *err);
+/* Load a checkpoint's parameters and optimizer state (for tests and tools):
+ * *model and, if non-NULL, *opt (initialised here; free with mg_adamw_free)
+ * and *step. */
+mg_status mg_checkpoint_load(const char *path, mg_model **model, mg_adamw *opt, int64_t *step,
+                             mg_error *err);
 
 /* An AdamW for m's parameters (mg_adamw_init with the model's tensors as
  * spans, weight decay on its weight matrices, m's frozen tensors

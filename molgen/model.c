@@ -21,7 +21,7 @@
 #include <string.h>
 
 #include "attn.h"
-#include "checkpoint.h"
+#include "ckpt_values.h"
 #include "condition.h"
 #include "json.h"
 #include "layers.h"

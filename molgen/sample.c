@@ -13,7 +13,6 @@
 #include <time.h>
 
 #include "attn.h"
-#include "cli_util.h"
 #include "constrain.h"
 #include "safetensors.h"
 #include "decode.h"

@@ -14,7 +14,8 @@ molgen/train). A room X points at room Y when a file of X
 The check fails (exit 1, one line per finding) on
   - a circle: rooms that reach one another;
   - an arrow up: from a room of a lower layer of LAYERS to a higher one;
-  - a command's own room used by another command (COMMAND_OWNED).
+  - a command's own room used by another command (COMMAND_OWNED);
+  - a function longer than FUNCTION_MAX_LINES in FUNCTION_FILES.
 ALLOWED lists the arrows known to be wrong today; they are reported and
 left out of the check, and the list is to be emptied as they are fixed.
 
@@ -31,7 +32,7 @@ SCAN = ["src", "include", "molgen"]  # folders scanned, recursively
 SKIP_DIRS = {"tests", "__pycache__"}  # not part of the structure
 
 # molgen's command rooms: the command-line front above its engine.
-COMMAND_STEMS = re.compile(r"^(cmd_\w+|main|cli_util|commands)$")
+COMMAND_STEMS = re.compile(r"^(cmd_\w+|main|cli_\w+|commands)$")
 
 
 def layer_of(room):
@@ -50,25 +51,15 @@ COMMAND_OWNED = {
     "molgen/train_settings": "molgen/cmd_train",  # the `molgen train` settings table
 }
 
-# Known violations (issue 24), allowed until fixed; each is (from, to). Empty
-# this list as they are fixed: an entry that no longer matches is reported.
-ALLOWED = {
-    # mg_train_config (train.h) belongs with the settings table; checkpoint.h
-    # includes train.h for it (and mg_checkpoint_load is declared in train.h)
-    ("molgen/checkpoint", "molgen/train"): "mg_train_config lives in train.h",
-    ("molgen/train_settings", "molgen/train"): "mg_train_config lives in train.h",
-    # engine rooms include cli_util.h and use nothing of it (found by this
-    # check; not in issue 24's list)
-    ("molgen/bench", "molgen/cli_util"): "an include of a command room",
-    ("molgen/sample", "molgen/cli_util"): "an include of a command room",
-    # commands other than train include train_settings.h for MG_MAX_THREADS
-    # (issue 24 names cmd_sample; this check finds four more)
-    ("molgen/cmd_sample", "molgen/train_settings"): "MG_MAX_THREADS",
-    ("molgen/cmd_attention", "molgen/train_settings"): "MG_MAX_THREADS",
-    ("molgen/cmd_bench", "molgen/train_settings"): "MG_MAX_THREADS",
-    ("molgen/cmd_debug_grads", "molgen/train_settings"): "MG_MAX_THREADS",
-    ("molgen/cmd_score", "molgen/train_settings"): "MG_MAX_THREADS",
-}
+# Known violations, allowed until fixed; each is (from, to): reason. Issue
+# 24's are fixed, so it is empty; an entry that no longer matches is
+# reported.
+ALLOWED = {}
+
+# The longest function (lines from its head to its closing brace) in the
+# files of FUNCTION_FILES: molgen's commands are parse -> engine -> print.
+FUNCTION_FILES = re.compile(r"^molgen/(cmd_\w+|main)\.c$")
+FUNCTION_MAX_LINES = 80
 
 IDENT = re.compile(r"[A-Za-z_]\w*")
 KEYWORDS = set(
@@ -352,6 +343,54 @@ def floors(nodes, edges):
     return floor
 
 
+def long_functions(root):
+    """(file, function, lines) of every function of FUNCTION_FILES longer
+    than FUNCTION_MAX_LINES: from the line of its name to its closing brace,
+    comments and string literals blanked (their newlines kept)."""
+    out = []
+    for top in SCAN:
+        for d, dirs, names in os.walk(os.path.join(root, top)):
+            dirs[:] = sorted(x for x in dirs if x not in SKIP_DIRS and not x.startswith("."))
+            for name in sorted(names):
+                rel = os.path.relpath(os.path.join(d, name), root).replace(os.sep, "/")
+                if FUNCTION_FILES.match(rel):
+                    with open(os.path.join(root, rel), encoding="utf-8", errors="replace") as f:
+                        out += [(rel, fn, n) for fn, n in function_lengths(f.read())
+                                if n > FUNCTION_MAX_LINES]
+    return out
+
+
+def function_lengths(text):
+    """[(name, lines)] of the function definitions of a C file."""
+    blank = re.sub(r"/\*.*?\*/|//[^\n]*|\"(?:\\.|[^\"\\\n])*\"|'(?:\\.|[^'\\\n])*'",
+                   lambda m: re.sub(r"[^\n]", " ", m.group(0)), text, flags=re.S)
+    blank = re.sub(r"^[ \t]*#(?:[^\n]*\\\n)*[^\n]*",  # directives (continued lines too)
+                   lambda m: re.sub(r"[^\n]", " ", m.group(0)), blank, flags=re.M)
+    out, depth, head, line, name, start = [], 0, "", 1, None, 0
+    for c in blank:
+        if c == "{":
+            if depth == 0:
+                # a function: NAME (PARAMS) right before the brace, not an
+                # initializer (= ...) nor a struct / enum / union body
+                m = re.search(r"(\w+)\s*\([^;{}]*\)\s*$", head)
+                before = head[:m.start()] if m else ""
+                name = m.group(1) if m and not re.search(
+                    r"=\s*$|\b(struct|enum|union)\b[^(]*$", before) else None
+                start = line - head[m.start():].count("\n") if name else None
+            depth += 1
+        elif c == "}":
+            depth -= 1
+            if depth == 0:
+                if name:
+                    out.append((name, line - start + 1))
+                head = ""
+        elif depth == 0:
+            head = "" if c == ";" else head + c
+        if c == "\n":
+            line += 1
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--root", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
@@ -403,6 +442,9 @@ def main():
                 e[0], e[1], why(edges[e]), ALLOWED[e]))
         else:
             print("note: ALLOWED entry %s -> %s matches nothing now: remove it" % e)
+    for rel, fn, n in long_functions(os.path.abspath(args.root)):
+        bad.append(("long", rel, fn, "function longer than %d lines: %s: %s (%d lines)" % (
+            FUNCTION_MAX_LINES, rel, fn, n)))
     for b in bad:
         print("FAIL " + b[3])
     print("check_layers: %d files, %d rooms, %d arrows, %d allowed, %d failures" % (
