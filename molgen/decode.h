@@ -3,19 +3,24 @@
  * Each step takes one token per row at that row's position pos, runs it
  * through the network with the keys and values of positions 0..pos-1 kept
  * from earlier steps, and returns the logits [n, V] predicting position
- * pos + 1. Each block's attention is the training model's: its projections
- * are layers.h's mg_attn_in_proj / mg_attn_out_proj on the step's rows, the
+ * pos + 1. Each block computes the training model's function: the
+ * products (projections, MLP, head) run on weights packed once when the
+ * decoder is made (gemm.h's mg_packed: no per-step packing of W), the
  * position's key and value go into the block's KV cache (ctx_len positions
  * per row, one allocation made by mg_kv_new), and libattn's SDPA
  * (attn_sdpa_forward, its fused decode kernel) attends over the row's
  * cached positions. Rows may be at different positions, and a row can
  * restart at 0 while the others continue (continuous batching). The logits
  * equal mg_model_logits' at the same position up to fp32 rounding (the
- * products' row counts differ, so their blocking does).
+ * products' summation orders differ).
  *
- * The rest of the layer math (LayerNorm, linear, GELU-tanh) is layers.h's,
- * the same functions the training model uses; every result is bitwise the
- * same for any thread count.
+ * dtype MG_DT_BF16 (mg_kv_new_dtype): the packed weights, the product
+ * inputs, the queries and the KV cache in bf16, fp32 accumulation; the
+ * LayerNorms, GELU, residual stream, softmax and logits in fp32.
+ *
+ * The rest of the layer math (LayerNorm, GELU-tanh) is layers.h's, the same
+ * functions the training model uses; every result is bitwise the same for
+ * any thread count.
  *
  * Errors: an mg_status with its message in err (errors.h).
  */
@@ -26,7 +31,7 @@
 #include <stdint.h>
 
 #include "errors.h"
-
+#include "gemm.h"
 #include "model.h"
 
 #ifdef __cplusplus
@@ -36,11 +41,15 @@ extern "C" {
 typedef struct mg_kv_decoder mg_kv_decoder;
 
 /* Decoder for up to B rows on `threads` OpenMP threads (0: the model's,
- * mg_model_threads); reads m's parameters at every step (so it sees later
- * weight updates), never writes m, so several decoders may step on one
- * model at once from different threads. Refuses a model built with
- * no_causal_mask (a cache cannot reproduce attention to future tokens). */
+ * mg_model_threads), in fp32 (mg_kv_new) or dt. Packs m's weight matrices
+ * when made (a later weight update needs a new decoder; the LayerNorm
+ * parameters, biases and embeddings are read at every step), never writes
+ * m, so several decoders may step on one model at once from different
+ * threads. Refuses a model built with no_causal_mask (a cache cannot
+ * reproduce attention to future tokens). */
 mg_status mg_kv_new(mg_model *m, int B, int threads, mg_kv_decoder **out, mg_error *err);
+mg_status mg_kv_new_dtype(mg_model *m, int B, int threads, mg_dtype dt, mg_kv_decoder **out,
+                          mg_error *err);
 void mg_kv_free(mg_kv_decoder *d); /* NULL fine */
 /* Start n rows (1 <= n <= B) at position 0. */
 mg_status mg_kv_reset(mg_kv_decoder *d, int n, mg_error *err);
