@@ -1,13 +1,12 @@
 /* `molgen optimize`: options -> mg_opt_run (optimize.h) against a scorer
  * process (scorer.h) -> DIR/{scored.csv, best.smi, agent.safetensors,
- * summary.json}. */
+ * summary.json}. Also the hidden `molgen debug-dap` (dap_dump.h). */
 #define _POSIX_C_SOURCE 200809L
-#include <errno.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli_options.h"
 #include "cli_util.h"
 #include "commands.h"
 #include "dap_dump.h"
@@ -15,49 +14,74 @@
 #include "scorer.h"
 #include "util.h"
 
+/* The options as given; mg_opt_opts takes them (args_to_opts). */
+typedef struct {
+    const char *prior, *scorer, *out, *resume;
+    int64_t budget, max_steps, stop_after;
+    uint64_t seed;
+    int batch, constrain, df, df_bucket, memory, replay, aug, collapse_steps, save_every, threads;
+    double sigma, lr, df_min_score, repeat_penalty, collapse_share, timeout;
+} opt_args;
+
+#define T opt_args
+static const mg_setting OPTIMIZE_OPTIONS[] = {
+    {MG_OPT_STR(T, "prior", "FILE", prior, "the prior model (molgen train's model or checkpoint; required)")},
+    {MG_OPT_STR(T, "scorer", "'COMMAND'", scorer,
+                "the scorer, started once by /bin/sh -c (protocol below; required)")},
+    {MG_OPT_STR(T, "out", "DIR", out, "output directory (created; required unless --resume)")},
+    {MG_OPT_STR(T, "resume", "DIR", resume,
+                "continue the run saved in DIR bit for bit (its options unless given: the same; "
+                "--budget may grow)")},
+    {MG_OPT_I64(T, "budget", "N", budget, 1, 1000000000000LL,
+                "scoring calls: distinct valid molecules")},
+    {MG_OPT_U64(T, "seed", "S", seed, "random seed; same seed + threads + scorer = the same run")},
+    {MG_OPT_INT(T, "batch", "B", batch, 1, 4096, "molecules sampled per step")},
+    {MG_OPT_F64(T, "sigma", "X", sigma, 0, 1e6, MG_CLOSED,
+                "score weight of the augmented likelihood")},
+    {MG_OPT_F64(T, "lr", "X", lr, 0, 1, MG_OPEN_LO, "Adam learning rate")},
+    {MG_OPT_CHOICE(T, "constrain", "none|syntax|valence", constrain,
+                   "constrained sampling as molgen sample's (valence: the most valid molecules "
+                   "for the least time)")},
+    {MG_OPT_CHOICE(T, "df", "none|smiles|scaffold|identical-smiles|identical-murcko", df,
+                   "diversity filter: scaffold = identical-murcko (the scorer's scaffold= field; "
+                   "without one the canonical SMILES), smiles = identical-smiles (the molecule), "
+                   "or none")},
+    {MG_OPT_INT(T, "df-bucket", "N", df_bucket, 1, 1000000000,
+                "molecules per bucket before it scores 0")},
+    {MG_OPT_F64(T, "df-min-score", "X", df_min_score, 0, 1, MG_CLOSED,
+                "only molecules scoring >= X fill buckets")},
+    {MG_OPT_F64(T, "repeat-penalty", "X", repeat_penalty, 0, 1, MG_CLOSED,
+                "learning score factor of a molecule scored in an earlier step (1: none)")},
+    {MG_OPT_INT(T, "memory", "N", memory, 0, 1000, "inception memory: the N best molecules")},
+    {MG_OPT_INT(T, "replay", "N", replay, 0, 1000, "memory molecules replayed per step")},
+    {MG_OPT_INT(T, "augmented-memory", "K", aug, 0, 100,
+                "Augmented Memory: K more updates per step on the memory spelled as randomized "
+                "SMILES (the scorer's !randomize; 0: off)")},
+    {MG_OPT_INT(T, "collapse-steps", "K", collapse_steps, 0, 1000000000,
+                "mode-collapse stop: K consecutive steps in which the share of the batch new to "
+                "the cache is below --collapse-share (0: never)")},
+    {MG_OPT_F64(T, "collapse-share", "X", collapse_share, 0, 1, MG_CLOSED,
+                "the share of --collapse-steps")},
+    {MG_OPT_I64(T, "max-steps", "N", max_steps, 0, 1000000000000LL, "stop after N steps (0: no limit)")},
+    {MG_OPT_I64(T, "stop-after", "N", stop_after, 0, 1000000000000LL,
+                "stop after step N, checkpointed, to be resumed (0: never)")},
+    {MG_OPT_INT(T, "save-every", "N", save_every, 1, 1000000000,
+                "checkpoint every N steps (also at the end and on any error)")},
+    {MG_OPT_F64(T, "scorer-timeout", "S", timeout, 0, 1e7, MG_OPEN_LO,
+                "the longest wait for one answer line, seconds")},
+    {MG_OPT_INT(T, "threads", "N", threads, 1, MG_MAX_THREADS, "threads"),
+     .shown_default = "ATTN_NUM_THREADS or all cores"},
+};
+#undef T
+
 static const char OPTIMIZE_USAGE[] =
     "usage: molgen optimize --prior MODEL --scorer 'COMMAND' --out DIR [options]\n"
     "       molgen optimize --resume DIR --prior MODEL --scorer 'COMMAND' [options]\n"
     "Goal-directed generation (REINVENT 4's reinforcement learning): an agent that\n"
     "starts as the prior samples batches, an external scorer scores them, and the\n"
     "agent is trained on loss = mean (prior_ll + sigma score - agent_ll)^2 (Adam,\n"
-    "the prior frozen) until --budget distinct molecules have been scored.\n"
-    "  --prior FILE         the prior model (molgen train's model or checkpoint)\n"
-    "  --scorer 'COMMAND'   the scorer, started once by /bin/sh -c (protocol below)\n"
-    "  --budget N           scoring calls: distinct valid molecules (default 10000)\n"
-    "  --seed S             random seed (default 0); same seed + threads + scorer =\n"
-    "                       the same run\n"
-    "  --out DIR            output directory (created)\n"
-    "  --batch B            molecules sampled per step (default 64)\n"
-    "  --sigma X            score weight of the augmented likelihood (default 128)\n"
-    "  --lr X               Adam learning rate (default 1e-4)\n"
-    "  --constrain MODE     none|syntax|valence, as molgen sample (default valence:\n"
-    "                       the most valid molecules for the least time)\n"
-    "  --df KIND            diversity filter: scaffold (identical Murcko scaffold,\n"
-    "                       from the scorer's scaffold= field; without one the\n"
-    "                       canonical SMILES), smiles (identical molecule) or none\n"
-    "                       (default scaffold; identical-murcko and identical-smiles\n"
-    "                       are accepted too)\n"
-    "  --df-bucket N        molecules per bucket before it scores 0 (default 25)\n"
-    "  --df-min-score X     only molecules scoring >= X fill buckets (default 0.4)\n"
-    "  --repeat-penalty X   learning score factor of a molecule scored in an earlier\n"
-    "                       step (default 0.5; 1: none)\n"
-    "  --memory N           inception memory: the N best molecules (default 50)\n"
-    "  --replay N           memory molecules replayed per step (default 10)\n"
-    "  --augmented-memory K Augmented Memory: K more updates per step on the memory\n"
-    "                       spelled as randomized SMILES (the scorer's !randomize;\n"
-    "                       default 0: off)\n"
-    "  --collapse-steps K   mode-collapse stop: K consecutive steps (default 20; 0:\n"
-    "                       never) in which the share of the batch new to the cache is\n"
-    "  --collapse-share X   below X (default 0.02)\n"
-    "  --max-steps N        stop after N steps (default 0: no limit)\n"
-    "  --stop-after N       stop after step N, checkpointed (to be resumed)\n"
-    "  --save-every N       checkpoint every N steps (default 20; also at the end and\n"
-    "                       on any error)\n"
-    "  --scorer-timeout S   the longest wait for one answer line, seconds (default 300)\n"
-    "  --threads N          threads (default: ATTN_NUM_THREADS or all cores)\n"
-    "  --resume DIR         continue the run saved in DIR bit for bit (its options\n"
-    "                       unless given: the same; --budget may grow)\n"
+    "the prior frozen) until --budget distinct molecules have been scored.\n";
+static const char OPTIMIZE_NOTES[] =
     "Scorer protocol: molgen writes one SMILES per line to the scorer's stdin,\n"
     "flushes after each batch, and reads one line per SMILES, in order: a number\n"
     "in [0, 1] or nan (cannot score: invalid, score 0, no budget), optionally\n"
@@ -87,6 +111,45 @@ static const char OPTIMIZE_USAGE[] =
     "the top-10 over the budget, steps, stop reason). Progress on stderr. Runs as\n"
     "one process (not under mpirun).\n";
 
+static void args_from_opts(opt_args *a, const mg_opt_opts *o) {
+    a->budget = o->budget;
+    a->seed = o->seed;
+    a->batch = o->batch;
+    a->sigma = o->sigma;
+    a->lr = o->lr;
+    a->constrain = (int)o->constrain;
+    a->df = (int)o->df;
+    a->df_bucket = o->df_bucket;
+    a->df_min_score = o->df_min_score;
+    a->repeat_penalty = o->repeat_penalty;
+    a->memory = o->memory;
+    a->replay = o->replay;
+    a->aug = o->aug_rounds;
+    a->collapse_steps = o->collapse_steps;
+    a->collapse_share = o->collapse_share;
+}
+
+static void args_to_opts(const opt_args *a, mg_opt_opts *o) {
+    o->budget = a->budget;
+    o->seed = a->seed;
+    o->batch = a->batch;
+    o->sigma = a->sigma;
+    o->lr = a->lr;
+    o->constrain = (mg_constrain)a->constrain;
+    o->df = (mg_df_kind)(a->df > 2 ? a->df - 2 : a->df); /* identical-smiles|-murcko */
+    o->df_bucket = a->df_bucket;
+    o->df_min_score = a->df_min_score;
+    o->repeat_penalty = a->repeat_penalty;
+    o->memory = a->memory;
+    o->replay = a->replay;
+    o->aug_rounds = a->aug;
+    o->collapse_steps = a->collapse_steps;
+    o->collapse_share = a->collapse_share;
+    o->max_steps = a->max_steps;
+    o->stop_after = a->stop_after;
+    o->save_every = a->save_every;
+}
+
 typedef struct {
     const char *prior, *scorer, *out, *resume;
     double timeout;
@@ -95,110 +158,34 @@ typedef struct {
     double t0;
 } run_ctx;
 
-/* One option: where its value goes and how it parses. */
-typedef struct {
-    const char *name;
-    char kind; /* s string, i int, I int64, u uint64, d double, c constrain, f df */
-    void *dst;
-    double lo, hi;
-} opt_row;
-
-/* Whole-string numbers: 1 and *out, or 0. */
-static int int_of(const char *v, double lo, double hi, long long *out) {
-    char *end;
-    errno = 0;
-    *out = strtoll(v, &end, 10);
-    return *v && !*end && !errno && *out >= lo && *out <= hi;
-}
-
-static int real_of(const char *v, double *out) {
-    char *end;
-    errno = 0;
-    *out = strtod(v, &end);
-    return *v && !*end && !errno && isfinite(*out);
-}
-
-static int bad_value(const char *cmd, const char *opt, const char *v) {
-    fprintf(stderr, "molgen %s: bad value '%s' for --%s (see molgen %s --help)\n", cmd, v, opt,
-            cmd);
-    return 2;
-}
-
-static int parse_value(const opt_row *r, const char *v) {
-    long long ll;
-    double d;
-    switch (r->kind) {
-    case 's': *(const char **)r->dst = v; return 1;
-    case 'i':
-        if (!int_of(v, r->lo, r->hi, &ll)) return 0;
-        *(int *)r->dst = (int)ll;
-        return 1;
-    case 'I':
-        if (!int_of(v, r->lo, r->hi, &ll)) return 0;
-        *(int64_t *)r->dst = ll;
-        return 1;
-    case 'u': {
-        char *end;
-        errno = 0;
-        *(uint64_t *)r->dst = strtoull(v, &end, 10);
-        return *v >= '0' && *v <= '9' && !*end && !errno;
+/* The options into o and c: a resumed run's saved ones are the defaults of
+ * its algorithm options. 0, -1 (--help printed) or 2 (said). */
+static int parse(int argc, char **argv, mg_opt_opts *o, run_ctx *c) {
+    opt_args a = {.save_every = o->save_every, .timeout = 300};
+    args_from_opts(&a, o);
+    const mg_cli_spec spec = {"optimize", OPTIMIZE_USAGE, OPTIMIZE_NOTES,
+                              {{OPTIMIZE_OPTIONS, sizeof OPTIMIZE_OPTIONS / sizeof *OPTIMIZE_OPTIONS, &a}},
+                              1};
+    mg_cli_value vals[MG_CLI_MAX_ROWS];
+    int rc = mg_cli_read(&spec, argc, argv, vals);
+    if (rc) return rc;
+    if (vals[3].opt[0]) { /* --resume DIR: its saved options first */
+        mg_error err;
+        char path[4200];
+        snprintf(path, sizeof path, "%s/agent.safetensors", vals[3].text);
+        if (mg_opt_read_options(path, o, &err))
+            return fprintf(stderr, "molgen optimize: --resume %s: %s\n", vals[3].text, err.message), 1;
+        args_from_opts(&a, o);
     }
-    case 'd':
-        if (!real_of(v, &d) || d < r->lo || d > r->hi) return 0;
-        *(double *)r->dst = d;
-        return 1;
-    case 'c': return mg_constrain_parse(v, (mg_constrain *)r->dst);
-    case 'f': {
-        mg_df_kind *k = r->dst;
-        if (!strcmp(v, "none")) *k = MG_DF_NONE;
-        else if (!strcmp(v, "smiles") || !strcmp(v, "identical-smiles")) *k = MG_DF_SMILES;
-        else if (!strcmp(v, "scaffold") || !strcmp(v, "identical-murcko")) *k = MG_DF_SCAFFOLD;
-        else return 0;
-        return 1;
-    }
-    }
-    return 0;
-}
-
-/* Parses argv into o and c; 0, 2 (usage error, said), or -1 (--help). With
- * only_resume, just finds --resume (the saved options are the defaults). */
-static int parse(int argc, char **argv, mg_opt_opts *o, run_ctx *c, int only_resume) {
-    const opt_row rows[] = {
-        {"prior", 's', &c->prior, 0, 0},           {"scorer", 's', &c->scorer, 0, 0},
-        {"out", 's', &c->out, 0, 0},               {"resume", 's', &c->resume, 0, 0},
-        {"budget", 'I', &o->budget, 1, 1e12},      {"seed", 'u', &o->seed, 0, 0},
-        {"batch", 'i', &o->batch, 1, 4096},        {"sigma", 'd', &o->sigma, 0, 1e6},
-        {"lr", 'd', &o->lr, 1e-12, 1},             {"constrain", 'c', &o->constrain, 0, 0},
-        {"df", 'f', &o->df, 0, 0},                 {"df-bucket", 'i', &o->df_bucket, 1, 1e9},
-        {"df-min-score", 'd', &o->df_min_score, 0, 1},
-        {"repeat-penalty", 'd', &o->repeat_penalty, 0, 1},
-        {"memory", 'i', &o->memory, 0, 1000},      {"replay", 'i', &o->replay, 0, 1000},
-        {"augmented-memory", 'i', &o->aug_rounds, 0, 100},
-        {"collapse-steps", 'i', &o->collapse_steps, 0, 1e9},
-        {"collapse-share", 'd', &o->collapse_share, 0, 1},
-        {"max-steps", 'I', &o->max_steps, 0, 1e15}, {"stop-after", 'I', &o->stop_after, 0, 1e15},
-        {"save-every", 'i', &o->save_every, 1, 1e9},
-        {"scorer-timeout", 'd', &c->timeout, 0.001, 1e7},
-        {"threads", 'i', &c->threads, 1, 1024},
-    };
-    enum { NROWS = sizeof rows / sizeof rows[0] };
-    struct option lo[NROWS + 2];
-    for (int i = 0; i < NROWS; i++) lo[i] = (struct option){rows[i].name, required_argument, NULL, i + 1};
-    lo[NROWS] = (struct option){"help", no_argument, NULL, 'h'};
-    lo[NROWS + 1] = (struct option){NULL, 0, NULL, 0};
-    const char *v;
-    int k;
-    mg_cli_begin();
-    while ((k = mg_cli_next("optimize", argc, argv, "h", lo, &v)) != -1) {
-        if (k == -2) return 2;
-        if (k == 'h') {
-            fputs(OPTIMIZE_USAGE, stdout);
-            return -1;
-        }
-        const opt_row *r = &rows[k - 1];
-        if (only_resume && strcmp(r->name, "resume")) continue;
-        if (!parse_value(r, v)) return bad_value("optimize", r->name, v);
-    }
+    if ((rc = mg_cli_apply(&spec, 0, vals))) return rc;
+    args_to_opts(&a, o);
+    *c = (run_ctx){.prior = a.prior, .scorer = a.scorer, .out = a.out, .resume = a.resume,
+                   .timeout = a.timeout, .threads = a.threads};
+    if (c->resume && c->out && strcmp(c->out, c->resume))
+        return mg_cli_usage("optimize", "--resume writes to its own DIR: no --out");
+    if (c->resume) c->out = c->resume;
+    if (!c->prior || !c->scorer || !c->out)
+        return mg_cli_usage("optimize", "--prior, --scorer and --out (or --resume) are required");
     return 0;
 }
 
@@ -275,23 +262,10 @@ static int setup(run_ctx *c, const mg_opt_opts *o, mg_model *mm[2], mg_vocab **v
 int cmd_optimize(int argc, char **argv) {
     mg_opt_opts o;
     mg_opt_opts_default(&o);
-    run_ctx c = {.timeout = 300};
+    run_ctx c;
     mg_error err;
-    int rc = parse(argc, argv, &o, &c, 1);
+    int rc = parse(argc, argv, &o, &c);
     if (rc) return rc < 0 ? 0 : rc;
-    char saved_agent[4200];
-    snprintf(saved_agent, sizeof saved_agent, "%s/agent.safetensors", c.resume ? c.resume : "");
-    if (c.resume && mg_opt_read_options(saved_agent, &o, &err)) {
-        fprintf(stderr, "molgen optimize: --resume %s: %s\n", c.resume, err.message);
-        return 1;
-    }
-    if ((rc = parse(argc, argv, &o, &c, 0))) return rc < 0 ? 0 : rc;
-    if (c.resume && c.out && strcmp(c.out, c.resume))
-        return fprintf(stderr, "molgen optimize: --resume writes to its own DIR: no --out\n"), 2;
-    if (c.resume) c.out = c.resume;
-    if (!c.prior || !c.scorer || !c.out)
-        return fprintf(stderr, "molgen optimize: --prior, --scorer and --out (or --resume) are "
-                               "required (see molgen optimize --help)\n"), 2;
     if (mg_opt_opts_check(&o, &err))
         return fprintf(stderr, "molgen optimize: %s\n", err.message), 2;
     if (claim(&c)) return 1;
@@ -328,55 +302,59 @@ int cmd_optimize(int argc, char **argv) {
     return rc;
 }
 
+
 /* `molgen debug-dap` (hidden, for tests): mg_dap_dump (dap_dump.h). */
+typedef struct {
+    const char *out, *scores;
+    int layers, d, heads, ctx, vocab, batch, threads;
+    uint64_t seed;
+    double perturb, sigma;
+} dap_args;
+
+#define T dap_args
+static const mg_setting DAP_OPTIONS[] = {
+    {MG_OPT_STR(T, "out", "FILE", out, "the dump (required)")},
+    {MG_OPT_STR(T, "scores", "X,Y,..", scores, "the rows' scores, cycled")},
+    {MG_OPT_INT(T, "layers", "N", layers, 1, 16, "layers")},
+    {MG_OPT_INT(T, "d-model", "N", d, 1, 1024, "model width")},
+    {MG_OPT_INT(T, "heads", "N", heads, 1, 64, "heads")},
+    {MG_OPT_INT(T, "ctx-len", "N", ctx, 2, 512, "positions")},
+    {MG_OPT_INT(T, "vocab", "N", vocab, 4, 1000, "vocabulary size")},
+    {MG_OPT_INT(T, "batch", "N", batch, 1, 1000, "rows")},
+    {MG_OPT_U64(T, "seed", "S", seed, "seed of the models and rows")},
+    {MG_OPT_F64(T, "perturb", "P", perturb, 0, 10, MG_CLOSED, "parameter perturbation")},
+    {MG_OPT_F64(T, "sigma", "X", sigma, 0, 1e6, MG_CLOSED, "the DAP sigma")},
+    {MG_OPT_INT(T, "threads", "N", threads, 1, MG_MAX_THREADS, "threads")},
+};
+#undef T
+
 int cmd_debug_dap(int argc, char **argv) {
-    mg_model_config mc = {.n_layer = 2, .d_model = 16, .n_head = 2, .ctx_len = 8, .vocab_size = 10};
-    int B = 4, threads = 1;
-    uint64_t seed = 1;
-    double perturb = 0.6, sigma = 128, sc[64];
-    const char *out = NULL, *scores = "0.1,0.9,0,0.5";
-    const opt_row rows[] = {
-        {"out", 's', &out, 0, 0},           {"scores", 's', &scores, 0, 0},
-        {"layers", 'i', &mc.n_layer, 1, 16}, {"d-model", 'i', &mc.d_model, 1, 1024},
-        {"heads", 'i', &mc.n_head, 1, 64},  {"ctx-len", 'i', &mc.ctx_len, 2, 512},
-        {"vocab", 'i', &mc.vocab_size, 4, 1000}, {"batch", 'i', &B, 1, 1000},
-        {"seed", 'u', &seed, 0, 0},         {"perturb", 'd', &perturb, 0, 10},
-        {"sigma", 'd', &sigma, 0, 1e6},     {"threads", 'i', &threads, 1, 1024},
-    };
-    enum { NROWS = sizeof rows / sizeof rows[0] };
-    struct option lo[NROWS + 2];
-    for (int i = 0; i < NROWS; i++) lo[i] = (struct option){rows[i].name, required_argument, NULL, i + 1};
-    lo[NROWS] = (struct option){"help", no_argument, NULL, 'h'};
-    lo[NROWS + 1] = (struct option){NULL, 0, NULL, 0};
-    const char *v;
-    int k;
-    mg_cli_begin();
-    while ((k = mg_cli_next("debug-dap", argc, argv, "h", lo, &v)) != -1) {
-        if (k == -2) return 2;
-        if (k == 'h') {
-            puts("usage: molgen debug-dap --out FILE [--scores X,Y,..] [--sigma S] [--batch B]\n"
-                 "  [--layers N --d-model N --heads N --ctx-len N --vocab N --seed S --perturb P]\n"
-                 "(testing tool: dap_dump.h)");
-            return 0;
-        }
-        if (!parse_value(&rows[k - 1], v)) return bad_value("debug-dap", rows[k - 1].name, v);
-    }
+    dap_args a = {.scores = "0.1,0.9,0,0.5", .layers = 2, .d = 16, .heads = 2, .ctx = 8,
+                  .vocab = 10, .batch = 4, .threads = 1, .seed = 1, .perturb = 0.6, .sigma = 128};
+    const mg_cli_spec spec = {"debug-dap", "usage: molgen debug-dap --out FILE [options]   "
+                              "(testing tool: dap_dump.h)\n", NULL,
+                              {{DAP_OPTIONS, sizeof DAP_OPTIONS / sizeof *DAP_OPTIONS, &a}}, 1};
+    int rc = mg_cli_parse(&spec, argc, argv, NULL);
+    if (rc) return rc < 0 ? 0 : rc;
+    if (!a.out) return mg_cli_usage("debug-dap", "--out FILE is required");
+    double sc[64];
     int n = 0;
-    for (const char *p = scores; *p && n < 64; n++) {
+    for (const char *p = a.scores; *p && n < 64; n++) {
         char *end;
         sc[n] = strtod(p, &end);
         if (end == p || (*end && *end != ','))
-            return fprintf(stderr, "molgen debug-dap: bad --scores '%s'\n", scores), 2;
+            return mg_cli_usage("debug-dap", "bad --scores '%s'", a.scores);
         p = *end ? end + 1 : end;
     }
-    if (!out) return fprintf(stderr, "molgen debug-dap: --out FILE is required\n"), 2;
+    mg_model_config mc = {.n_layer = a.layers, .d_model = a.d, .n_head = a.heads,
+                          .ctx_len = a.ctx, .vocab_size = a.vocab};
     mg_error err;
     double loss;
     if (mg_model_config_check(&mc, &err) ||
-        mg_dap_dump(&mc, B, seed, perturb, sigma, sc, n, threads, out, &loss, &err)) {
+        mg_dap_dump(&mc, a.batch, a.seed, a.perturb, a.sigma, sc, n, a.threads, a.out, &loss, &err)) {
         fprintf(stderr, "molgen debug-dap: %s\n", err.message);
         return 1;
     }
-    printf("%s loss %.17g\n", out, loss);
+    printf("%s loss %.17g\n", a.out, loss);
     return 0;
 }

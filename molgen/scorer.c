@@ -225,10 +225,10 @@ static mg_status parse_reply(const char *line, const char *mol, size_t idx, mg_s
                        cut(line, lb, sizeof lb), idx + 1, cut(mol, mb, sizeof mb));
     } else if (!(v >= 0.0 && v <= 1.0)) {
         return mg_fail(err, MG_ERR_FORMAT,
-                       "the scorer's score %s in the line '%s' for molecule %zu of the batch '%s' "
+                       "the scorer's line '%s' for molecule %zu of the batch '%s': the score %.*s "
                        "is outside [0, 1] (refused, not clipped)",
-                       isinf(v) ? "inf" : "out of range", cut(line, lb, sizeof lb), idx + 1,
-                       cut(mol, mb, sizeof mb));
+                       cut(line, lb, sizeof lb), idx + 1, cut(mol, mb, sizeof mb),
+                       (int)(n0 < 40 ? n0 : 40), line);
     } else {
         r->valid = 1;
         r->score = v;
