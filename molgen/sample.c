@@ -166,7 +166,7 @@ struct mg_decoder {
 
 /* mg_decoder_new on `threads` threads (0: the model's; a KV decoder's own
  * setting, the naive one always runs on the model's). */
-static mg_status decoder_new(mg_model *m, mg_decode_kind kind, int B, int threads,
+static mg_status decoder_new(mg_model *m, mg_decode_kind kind, mg_dtype dt, int B, int threads,
                              mg_decoder **out, mg_error *err) {
     if (!m || !out) return mg_fail(err, MG_ERR_ARG, "decoder: model and out must be non-NULL");
     *out = NULL;
@@ -182,7 +182,7 @@ static mg_status decoder_new(mg_model *m, mg_decode_kind kind, int B, int thread
     d->V = c->vocab_size;
     d->ctx = c->ctx_len;
     if (kind == MG_DECODE_KV) {
-        mg_status rc = mg_kv_new(m, B, threads, &d->kv, err);
+        mg_status rc = mg_kv_new_dtype(m, B, threads, dt, &d->kv, err);
         if (rc) {
             free(d);
             return rc;
@@ -204,7 +204,7 @@ static mg_status decoder_new(mg_model *m, mg_decode_kind kind, int B, int thread
 }
 
 mg_status mg_decoder_new(mg_model *m, mg_decode_kind kind, int B, mg_decoder **out, mg_error *err) {
-    return decoder_new(m, kind, B, 0, out, err);
+    return decoder_new(m, kind, MG_DT_F32, B, 0, out, err);
 }
 
 void mg_decoder_free(mg_decoder *d) {
@@ -389,7 +389,10 @@ static mg_status sample_part(mg_model *m, const mg_vocab *v, const mg_sample_opt
         goto done;
     }
     if (n == 0) goto done;
-    rc = decoder_new(m, o->kind, DB, threads, &dec, err);
+    if (o->dtype != MG_DT_F32 && o->kind != MG_DECODE_KV)
+        return mg_fail(err, MG_ERR_ARG, "sample: dtype %s needs KV decoding",
+                       mg_dtype_name(o->dtype));
+    rc = decoder_new(m, o->kind, o->dtype, DB, threads, &dec, err);
     if (rc) goto done;
     if (o->constrain != MG_CONSTRAIN_NONE) {
         rc = mg_token_mask_new(v, B, ctx, o->constrain, &mask, err);

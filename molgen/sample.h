@@ -47,6 +47,7 @@
 
 #include "dist.h"
 #include "errors.h"
+#include "gemm.h"
 
 #include "model.h"
 #include "smiles_check.h" /* mg_constrain */
@@ -122,6 +123,8 @@ typedef struct {
     size_t n;  /* molecules to generate */
     int batch; /* rows decoded together (slots), >= 1 */
     mg_decode_kind kind;
+    mg_dtype dtype; /* KV decoding's products and cache: MG_DT_F32 or MG_DT_BF16 (decode.h);
+                       the naive decoder is fp32 only */
     mg_sampling sampling;
     uint64_t seed;
     mg_constrain constrain; /* NONE: the model's distribution as it is;
