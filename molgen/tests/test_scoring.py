@@ -13,6 +13,7 @@ import pytest
 
 pytest.importorskip('rdkit')
 from rdkit import Chem, DataStructs  # noqa: E402
+from rdkit.Chem.Scaffolds import MurckoScaffold  # noqa: E402
 from rdkit.Chem import AllChem, Descriptors, QED, rdMolDescriptors  # noqa: E402
 
 import molgen.scoring as S  # noqa: E402
@@ -385,7 +386,10 @@ modifier = { kind = "clipped", upper_x = 0, lower_x = 200 }
         assert kv['canonical'] == Chem.MolToSmiles(m)
         assert float(kv['qed']) == pytest.approx(q, rel=1e-12)
         assert float(kv['tpsa_raw']) == pytest.approx(t, rel=1e-12)
-        assert list(kv) == ['canonical', 'qed', 'tpsa', 'tpsa_raw']
+        assert list(kv) == ['canonical', 'scaffold', 'qed', 'tpsa', 'tpsa_raw']
+        assert kv['scaffold'] == Chem.MolToSmiles(MurckoScaffold.GetScaffoldForMol(m))
+    assert out[4].split('\t')[2] == 'scaffold=c1ccccc1'  # aspirin's Murcko scaffold
+    assert out[0].split('\t')[2] == 'scaffold='  # acyclic: an empty scaffold
     assert out[5].split('\t')[1] == 'canonical=F/C=C/F'  # isomeric, as PMO's key
 
 

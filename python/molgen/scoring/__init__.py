@@ -44,8 +44,10 @@ _NAME = re.compile(r'[A-Za-z0-9_.-]+')
 
 # score: float in [0, 1] or nan; canonical: RDKit canonical SMILES or None;
 # components: [(name, value)] — each component's score and, when it has a
-# modifier, NAME_raw = its raw value
-Result = namedtuple('Result', 'score canonical components')
+# modifier, NAME_raw = its raw value; scaffold: the Bemis-Murcko scaffold's
+# canonical SMILES ('' for an acyclic molecule) or None, the key of
+# molgen optimize's scaffold diversity filter
+Result = namedtuple('Result', 'score canonical components scaffold', defaults=(None,))
 
 
 def pmo_tasks():
@@ -186,7 +188,8 @@ class Scorer:
             fields.append((name, s))
             if raw is not None:
                 fields.append((name + '_raw', raw))
-        return Result(self.combine([s for _, s, _ in comps]), Chem.MolToSmiles(m), fields)
+        return Result(self.combine([s for _, s, _ in comps]), Chem.MolToSmiles(m), fields,
+                      murcko_scaffold(m))
 
     def __call__(self, smiles):
         return self.score(smiles).score
@@ -249,6 +252,17 @@ def randomized(smiles, n, seed):
     return list(Chem.MolToRandomSmilesVect(m, n, randomSeed=seed % 2147483647 + 1))
 
 
+def murcko_scaffold(mol):
+    """The canonical SMILES of mol's Bemis-Murcko scaffold (ring systems and
+    their linkers), '' for an acyclic molecule."""
+    from rdkit import Chem
+    from rdkit.Chem.Scaffolds import MurckoScaffold
+    try:
+        return Chem.MolToSmiles(MurckoScaffold.GetScaffoldForMol(mol))
+    except Exception:
+        return None
+
+
 def format_number(x):
     """A float as a plain decimal (no exponent: strtod and humans read it)."""
     if math.isnan(x):
@@ -267,5 +281,7 @@ def format_result(r):
     fields = [format_number(r.score)]
     if r.canonical is not None:
         fields.append('canonical=' + r.canonical)
+    if r.scaffold is not None:
+        fields.append('scaffold=' + r.scaffold)
     fields += ['%s=%s' % (n, format_number(v)) for n, v in r.components]
     return '\t'.join(fields)
