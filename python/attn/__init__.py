@@ -35,6 +35,12 @@ A ctypes binding over libattn (include/attn.h), with PyTorch's interfaces:
         mha.requires_grad (default True): forward keeps what backward needs
             (activation cache, input copies, parameter copy) until the next
             forward; set False for inference. train()/eval() switch dropout.
+    bfloat16: numpy has none, so dtype="bf16" (SDPA forward and grad) takes
+        uint16 arrays of bf16 bit patterns for q, k, v and returns out as
+        uint16 bits too (out_dtype="float32" for fp32 out); gradients and
+        weights are float32. attn.bf16_from_float32(a) -> uint16 bits
+        (nearest, ties to even), attn.float32_from_bf16(u) -> float32.
+        attn.torch takes torch.bfloat16 tensors directly.
     attn.last_path()          -> (impl_name, reason) of the last SDPA call
     attn.set_num_threads(n), attn.get_num_threads()
 
@@ -69,7 +75,8 @@ import operator as _operator
 from . import _lib
 from ._lib import (ATTN_UNBOUNDED, AttnError, AttnMemoryError, AttnStateError,
                    library_path)
-from .functional import (last_path, scaled_dot_product_attention,
+from .functional import (bf16_from_float32, float32_from_bf16, last_path,
+                         scaled_dot_product_attention,
                          scaled_dot_product_attention_grad,
                          scaled_dot_product_attention_varlen,
                          scaled_dot_product_attention_varlen_grad)
@@ -81,6 +88,7 @@ __all__ = ["scaled_dot_product_attention", "scaled_dot_product_attention_grad",
            "scaled_dot_product_attention_varlen",
            "scaled_dot_product_attention_varlen_grad",
            "MultiheadAttention", "IncrementalState", "last_path",
+           "bf16_from_float32", "float32_from_bf16",
            "set_num_threads", "get_num_threads", "AttnError",
            "AttnMemoryError", "AttnStateError", "ATTN_UNBOUNDED",
            "library_path", "__version__"]

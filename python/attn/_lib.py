@@ -27,6 +27,9 @@ IMPL_NAMES = {ATTN_IMPL_AUTO: "auto", ATTN_IMPL_REFERENCE: "reference",
               ATTN_IMPL_FUSED: "fused"}
 IMPL_CODES = {v: k for k, v in IMPL_NAMES.items()}
 
+ATTN_F32 = 0
+ATTN_BF16 = 1  # bfloat16 bits held in uint16
+
 ATTN_WEIGHTS_NONE = 0
 ATTN_WEIGHTS_PER_HEAD = 1
 ATTN_WEIGHTS_AVERAGE = 2
@@ -35,6 +38,7 @@ ATTN_WEIGHTS_AVERAGE = 2
 
 c_float_p = ctypes.POINTER(ctypes.c_float)
 c_int64_p = ctypes.POINTER(ctypes.c_int64)
+c_uint16_p = ctypes.POINTER(ctypes.c_uint16)
 
 
 class attn_error(ctypes.Structure):
@@ -196,6 +200,8 @@ def _load():
     fn("attn_status_name", ctypes.c_char_p, ctypes.c_int)
     fn("attn_set_num_threads", status, ctypes.c_int, err_p)
     fn("attn_get_num_threads", ctypes.c_int)
+    fn("attn_bf16_from_f32", None, c_float_p, c_uint16_p, ctypes.c_size_t)
+    fn("attn_f32_from_bf16", None, c_uint16_p, c_float_p, ctypes.c_size_t)
     fn("attn_sdpa_forward", status,
        P(attn_tensor), P(attn_tensor), P(attn_tensor), P(attn_sdpa_params),
        P(attn_tensor), c_float_p, c_float_p, P(attn_sdpa_info), err_p)

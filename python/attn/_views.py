@@ -7,6 +7,7 @@ import numpy as np
 from . import _lib
 
 _F32 = np.dtype(np.float32)
+_U16 = np.dtype(np.uint16)
 
 
 def _prod(xs):
@@ -109,21 +110,45 @@ def c_array(a, dtype=_F32):
     return np.require(np.asarray(a), dtype, ("C", "A"))
 
 
-def tensor_view(x, name):
+def tensor_view(x, name, bf16=False):
     """(array kept alive, attn_tensor) for a (..., L, D) input; the array is
     x itself when x is float32 with usable strides (aligned, whole-element,
-    non-negative), else an aligned contiguous copy."""
-    a = as_float_array(x, name)
-    got = _to_4d(a) if a.dtype == _F32 else None
-    if got is None:
-        a = c_array(a)
+    non-negative), else an aligned contiguous copy. bf16=True: x must hold
+    bfloat16 bits as uint16 (see bf16_array), read the same way."""
+    if bf16:
+        a = bf16_array(x, name)
         got = _to_4d(a)
+        if got is None:
+            a = c_array(a, _U16)
+            got = _to_4d(a)
+    else:
+        a = as_float_array(x, name)
+        got = _to_4d(a) if a.dtype == _F32 else None
+        if got is None:
+            a = c_array(a)
+            got = _to_4d(a)
     dims, strides = got
     t = _lib.attn_tensor()
-    t.data = a.ctypes.data_as(_lib.c_float_p)
+    t.data = a.ctypes.data_as(_lib.c_float_p)  # bf16: the library casts back
     t.dim[:] = dims
     t.stride[:] = _natural(dims, strides)
     return a, t
+
+
+def bf16_array(x, name, min_ndim=2):
+    """x as a numpy uint16 array of bfloat16 bit patterns (numpy has no
+    bfloat16): uint16 arrays are taken as they are, anything else is refused
+    (a float array here is almost surely a mistake, not bits)."""
+    a = as_numpy(x)
+    if a.dtype != _U16:
+        raise ValueError(
+            "%s: dtype='bf16' takes bfloat16 bit patterns as a uint16 array, got "
+            "dtype %s; convert float values with attn.bf16_from_float32"
+            % (name, a.dtype))
+    if a.ndim < min_ndim:
+        raise ValueError("%s must have shape (..., L, E) with at least %d dims, "
+                         "got shape %s" % (name, min_ndim, a.shape))
+    return a
 
 
 def packed_view(x, name):
@@ -150,11 +175,12 @@ def packed_view(x, name):
     return a, t
 
 
-def out_tensor(shape):
-    a = np.empty(shape, dtype=np.float32)
+def out_tensor(shape, bf16=False):
+    """(new C-contiguous array, attn_tensor): float32, or uint16 bf16 bits."""
+    a = np.empty(shape, dtype=_U16 if bf16 else np.float32)
     dims, strides = _to_4d(a)
     t = _lib.attn_tensor()
-    t.data = a.ctypes.data_as(_lib.c_float_p)
+    t.data = a.ctypes.data_as(_lib.c_float_p)  # bf16: the library casts back
     t.dim[:] = dims
     t.stride[:] = _natural(dims, strides)
     return a, t

@@ -6,9 +6,9 @@ import threading
 import numpy as np
 
 from . import _lib
-from ._views import (as_float_array, as_numpy, as_ranged_int,
-                     int64_arg, mask_array, mask_view, out_tensor, packed_view,
-                     tensor_view, uint64_arg)
+from ._views import (as_float_array, as_numpy, as_ranged_int, bf16_array,
+                     c_array, int64_arg, mask_array, mask_view, out_tensor,
+                     packed_view, tensor_view, uint64_arg)
 
 _last = threading.local()
 _FLT_MAX = float(np.finfo(np.float32).max)
@@ -33,12 +33,57 @@ def _impl_code(impl):
                      % (impl,))
 
 
+_DTYPES = {"float32": _lib.ATTN_F32, "fp32": _lib.ATTN_F32,
+           "bf16": _lib.ATTN_BF16, "bfloat16": _lib.ATTN_BF16}
+
+
+def dtype_code(dtype, name="dtype"):
+    """ATTN_F32 for None / "float32" / "fp32" / numpy float32, ATTN_BF16 for
+    "bf16" / "bfloat16"; anything else raises ValueError."""
+    if dtype is None:
+        return _lib.ATTN_F32
+    if isinstance(dtype, str):
+        code = _DTYPES.get(dtype.lower())
+        if code is not None:
+            return code
+    else:
+        try:
+            if np.dtype(dtype) == np.float32:
+                return _lib.ATTN_F32
+        except TypeError:
+            pass
+    raise ValueError("%s must be None, 'float32' or 'bf16', got %r" % (name, dtype))
+
+
+def bf16_from_float32(x):
+    """x rounded to bfloat16 (nearest, ties to even; NaN stays NaN, beyond
+    bf16's range inf): a uint16 array of the bit patterns, x's shape. The
+    library's attn_bf16_from_f32."""
+    a = c_array(as_numpy(x), np.float32)
+    u = np.empty(a.shape, np.uint16)
+    _lib.lib.attn_bf16_from_f32(a.ctypes.data_as(_lib.c_float_p),
+                                u.ctypes.data_as(_lib.c_uint16_p), a.size)
+    return u
+
+
+def float32_from_bf16(u):
+    """float32 values (exact) of a uint16 array of bfloat16 bit patterns."""
+    b = c_array(bf16_array(u, "float32_from_bf16", 0), np.uint16)
+    a = np.empty(b.shape, np.float32)
+    _lib.lib.attn_f32_from_bf16(b.ctypes.data_as(_lib.c_uint16_p),
+                                a.ctypes.data_as(_lib.c_float_p), b.size)
+    return a
+
+
 def build_params(*, scale=None, is_causal=False, key_lengths=None, window=None,
                  dropout_p=0.0, training=None, seed=0, offset=0, impl=None,
-                 num_threads=0):
+                 num_threads=0, dtype=_lib.ATTN_F32, out_dtype=_lib.ATTN_F32):
     """attn_sdpa_params (masks are attached by the caller). key_lengths must
-    already be a contiguous int64 array that the caller keeps alive."""
+    already be a contiguous int64 array that the caller keeps alive; dtype /
+    out_dtype are attn_dtype codes (dtype_code)."""
     p = _lib.attn_sdpa_params()
+    p.dtype = dtype
+    p.out_dtype = out_dtype
     if scale is not None:  # explicit, 0 included (every score 0)
         scale = float(scale)
         if math.isfinite(scale) and abs(scale) > _FLT_MAX:
@@ -93,20 +138,30 @@ _Q_DIMS, _K_DIMS, _V_DIMS = {"B", "H", "Lq", "Dk"}, {"B", "H", "Lk", "Dk"}, \
     {"B", "H", "Lk", "Dv"}
 
 
-def _zeros_view(shape):
-    return tensor_view(np.zeros(shape, np.float32), "stand-in")
+def _zeros_view(shape, bf16):
+    return tensor_view(np.zeros(shape, np.uint16 if bf16 else np.float32),
+                       "stand-in", bf16)
 
 
 def _prepare(query, key, value, attn_mask, dropout_p, is_causal, scale,
              key_padding_lengths, window, seed, offset, impl, num_threads,
-             stand_ins=False):
+             stand_ins=False, dtype=None, out_dtype=None):
     """_Call for these arguments. stand_ins=True applies the zero-size rule
     (see _Call; the caller maps results back with _result); without it a
-    zero Lk or Dk reaches the library, which refuses it."""
+    zero Lk or Dk reaches the library, which refuses it. dtype / out_dtype:
+    as scaled_dot_product_attention's (out_dtype None: dtype's)."""
     c = _Call()
-    c.q, c.tq = tensor_view(query, "query")
-    c.k, c.tk = tensor_view(key, "key")
-    c.v, c.tv = tensor_view(value, "value")
+    c.dtype = dtype_code(dtype)
+    c.out_dtype = (c.dtype if out_dtype is None
+                   else dtype_code(out_dtype, "out_dtype"))
+    if c.out_dtype == _lib.ATTN_BF16 and c.dtype != _lib.ATTN_BF16:
+        raise ValueError("out_dtype='bf16' needs dtype='bf16' (bf16 query, key "
+                         "and value)")
+    c.bf16 = c.dtype == _lib.ATTN_BF16
+    c.out_bf16 = c.out_dtype == _lib.ATTN_BF16
+    c.q, c.tq = tensor_view(query, "query", c.bf16)
+    c.k, c.tk = tensor_view(key, "key", c.bf16)
+    c.v, c.tv = tensor_view(value, "value", c.bf16)
     c.lead = lead = c.q.shape[:-2]
     if c.k.shape[:-2] != lead or c.v.shape[:-2] != lead:
         raise ValueError(
@@ -137,11 +192,11 @@ def _prepare(query, key, value, attn_mask, dropout_p, is_causal, scale,
     c.weights_shape = ((s["B"], s["H"], s["Lq"], s["Lk"]) if c.sub["weights"]
                        else lead + (c.Lq, c.Lk))
     if c.sub["q"]:
-        c.q, c.tq = _zeros_view((s["B"], s["H"], s["Lq"], s["Dk"]))
+        c.q, c.tq = _zeros_view((s["B"], s["H"], s["Lq"], s["Dk"]), c.bf16)
     if c.sub["k"]:
-        c.k, c.tk = _zeros_view((s["B"], s["H"], s["Lk"], s["Dk"]))
+        c.k, c.tk = _zeros_view((s["B"], s["H"], s["Lk"], s["Dk"]), c.bf16)
     if c.sub["v"]:
-        c.v, c.tv = _zeros_view((s["B"], s["H"], s["Lk"], s["Dv"]))
+        c.v, c.tv = _zeros_view((s["B"], s["H"], s["Lk"], s["Dv"]), c.bf16)
     if "Dk" in zero and scale is None:
         scale = 1.0  # every score is 0 whatever the scale; 1/sqrt(0) is not
 
@@ -174,7 +229,8 @@ def _prepare(query, key, value, attn_mask, dropout_p, is_causal, scale,
 
     c.p = p = build_params(scale=scale, is_causal=is_causal, key_lengths=kl,
                            window=window, dropout_p=dropout_p, seed=seed,
-                           offset=offset, impl=impl, num_threads=num_threads)
+                           offset=offset, impl=impl, num_threads=num_threads,
+                           dtype=c.dtype, out_dtype=c.out_dtype)
 
     if attn_mask is not None:
         m, is_bool = mask_array(attn_mask, "attn_mask")
@@ -191,9 +247,10 @@ def _prepare(query, key, value, attn_mask, dropout_p, is_causal, scale,
 
 def _result(c, name, arr, shape):
     """The caller's array for a result the library wrote into arr: arr
-    itself, or zeros of the caller's shape where a stand-in was used."""
+    itself, or zeros of the caller's shape (arr's dtype) where a stand-in
+    was used."""
     if c.sub[name]:
-        return np.zeros(shape, np.float32)
+        return np.zeros(shape, arr.dtype)
     return arr
 
 
@@ -217,7 +274,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None,
                                  dropout_p=0.0, is_causal=False, scale=None, *,
                                  key_padding_lengths=None, window=None,
                                  need_weights=False, seed=0, offset=0,
-                                 impl=None, num_threads=0):
+                                 impl=None, num_threads=0, dtype=None,
+                                 out_dtype=None):
     """softmax(query @ keyᵀ * scale + masks) @ value, like PyTorch 2's
     torch.nn.functional.scaled_dot_product_attention.
 
@@ -241,6 +299,13 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None,
       (b, h, i, j): the same for any thread count, and the same in
       scaled_dot_product_attention_grad given the same seed and offset.
     impl: None / "auto", "reference" or "fused". num_threads: 0 = global.
+    dtype: None / "float32", or "bf16": query, key and value are then uint16
+      arrays of bfloat16 bit patterns (numpy has no bfloat16; make them with
+      attn.bf16_from_float32, read them with attn.float32_from_bf16).
+      Scores, softmax and accumulation stay float32 (see attn_sdpa_params
+      in attn.h). out_dtype: the output's type, None = dtype's ("bf16":
+      uint16 bits; "float32" with bf16 inputs: the fp32 tile unrounded).
+      weights are float32 always.
     A query row with no visible key gets output 0 and weights 0 (PyTorch: NaN).
     Zero-size dims give PyTorch's results: B, H, Lq or Ev = 0 empty outputs,
     Lk = 0 output 0 (no query sees a key), E = 0 uniform weights over the
@@ -248,8 +313,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None,
     """
     c = _prepare(query, key, value, attn_mask, dropout_p, is_causal, scale,
                  key_padding_lengths, window, seed, offset, impl, num_threads,
-                 stand_ins=True)
-    out, tout = out_tensor(c.out_shape)
+                 stand_ins=True, dtype=dtype, out_dtype=out_dtype)
+    out, tout = out_tensor(c.out_shape, c.out_bf16)
     weights = None
     if need_weights:
         weights = np.empty(c.weights_shape, dtype=np.float32)
@@ -266,9 +331,12 @@ def scaled_dot_product_attention_grad(grad_out, query, key, value,
                                       is_causal=False, scale=None, *,
                                       key_padding_lengths=None, window=None,
                                       seed=0, offset=0, impl=None,
-                                      num_threads=0):
+                                      num_threads=0, dtype=None,
+                                      out_dtype=None):
     """Gradients of scaled_dot_product_attention: (dq, dk, dv), float32
-    arrays with the shapes of query, key and value.
+    arrays with the shapes of query, key and value (float32 for bf16 inputs
+    too: the exact gradients of the bf16 values' attention; round them with
+    attn.bf16_from_float32 where bf16 is wanted).
 
     grad_out has the shape of the forward's output (..., Lq, Ev). Every other
     argument means what it means for scaled_dot_product_attention and must
@@ -277,21 +345,23 @@ def scaled_dot_product_attention_grad(grad_out, query, key, value,
     the gradients of exactly that forward's output. The forward is run again
     here (attn_sdpa_forward, saving the per-row log-sum-exp), then
     attn_sdpa_backward. A query row that sees no key contributes zero
-    gradient (its output is the constant 0).
+    gradient (its output is the constant 0). dtype / out_dtype as in the
+    forward; grad_out is in out_dtype (uint16 bits for "bf16").
     """
     c = _prepare(query, key, value, attn_mask, dropout_p, is_causal, scale,
                  key_padding_lengths, window, seed, offset, impl, num_threads,
-                 stand_ins=True)
+                 stand_ins=True, dtype=dtype, out_dtype=out_dtype)
     out_shape = c.lead + (c.Lq, c.Dv)
-    g = as_float_array(grad_out, "grad_out")
+    g = (bf16_array(grad_out, "grad_out") if c.out_bf16
+         else as_float_array(grad_out, "grad_out"))
     if g.shape != out_shape:
         raise ValueError("grad_out must have the shape of the output %s, got %s"
                          % (out_shape, g.shape))
-    out, tout = out_tensor(c.out_shape)
+    out, tout = out_tensor(c.out_shape, c.out_bf16)
     if c.sub["out"]:  # no output element: nothing flows back
         _forward(c, tout, None, None)  # (validates every argument)
         return tuple(np.zeros(sh, np.float32) for sh in c.shapes)
-    g, tg = tensor_view(g, "grad_out")
+    g, tg = tensor_view(g, "grad_out", c.out_bf16)
 
     dq, tdq = out_tensor(c.q.shape)
     dk, tdk = out_tensor(c.k.shape)

@@ -1,4 +1,4 @@
-"""attn.torch: libattn inside PyTorch autograd (CPU, float32).
+"""attn.torch: libattn inside PyTorch autograd (CPU, float32; bfloat16 SDPA).
 
     import attn.torch
     out = attn.torch.scaled_dot_product_attention(q, k, v, attn_mask=None,
@@ -25,8 +25,15 @@ offset) (see attn_sdpa_params in attn.h); seed=None draws the seed from
 torch's default generator, so torch.manual_seed reproduces it. The backward
 regenerates the forward's mask.
 
+bfloat16: scaled_dot_product_attention takes torch.bfloat16 query, key and
+value (all three) and returns a bfloat16 output; scores, softmax and
+accumulation run in float32 (attn_sdpa_params in attn.h). The gradients come
+back in bfloat16 too: libattn's float32 gradients rounded once (to nearest,
+ties to even). A bfloat16 attn_mask is read as float32.
+
 Refused with attn.torch.UnsupportedError (a NotImplementedError), never
-silently worked around: tensors not on the CPU, dtypes other than float32,
+silently worked around: tensors not on the CPU, dtypes other than float32
+(and bfloat16 for scaled_dot_product_attention),
 non-strided layouts, gradients w.r.t. a mask or w.r.t. the returned attention
 weights, double backward, add_bias_kv, add_zero_attn. The message names the
 alternative (torch's own attention, or a conversion).
@@ -77,9 +84,9 @@ def _last_copied():
 
 
 def _check_tensor(t, name, what="float32", alt=_TORCH_MATH):
-    """t must be a strided CPU tensor: float32, or for what="mask" bool or
-    floating, for what="mha_mask" also uint8 (torch's byte masks). alt: the
-    alternative the error names."""
+    """t must be a strided CPU tensor: float32, for what="sdpa" float32 or
+    bfloat16, for what="mask" bool or floating, for what="mha_mask" also
+    uint8 (torch's byte masks). alt: the alternative the error names."""
     if not isinstance(t, torch.Tensor):
         raise TypeError("attn.torch: %s must be a torch.Tensor, got %s"
                         % (name, type(t).__name__))
@@ -100,15 +107,30 @@ def _check_tensor(t, name, what="float32", alt=_TORCH_MATH):
                 "attn.torch: %s requires grad; attn has no gradient w.r.t. a "
                 "mask. Pass %s.detach(), or use %s for that gradient"
                 % (name, name, alt))
+    elif what == "sdpa" and t.dtype == torch.bfloat16:
+        pass
     elif t.dtype != torch.float32:
+        if what == "sdpa":
+            alt += " (attn takes float32 and bfloat16)"
         raise UnsupportedError(
             "attn.torch: %s has dtype %s; attn computes in float32 only. "
             "Convert with .float(), or use %s for %s" % (name, t.dtype, alt, t.dtype))
 
 
 def _np(t):
-    """numpy view of a CPU tensor's memory, with its strides (no copy)."""
-    return t.detach().resolve_neg().resolve_conj().numpy()
+    """numpy view of a CPU tensor's memory, with its strides (no copy);
+    bfloat16 as uint16 bit patterns (numpy has no bfloat16)."""
+    t = t.detach().resolve_neg().resolve_conj()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(np.uint16)
+    return t.numpy()
+
+
+def _from_np(a):
+    """torch tensor over a numpy array's memory; uint16 as bfloat16 bits."""
+    if a.dtype == np.uint16:
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(a)
 
 
 def _shares(a, t):
@@ -170,20 +192,25 @@ class _SDPAFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, query, key, value, attn_mask, o):
+        bf16 = "bf16" if query.dtype == torch.bfloat16 else None
+        mask = attn_mask
+        if mask is not None and mask.dtype == torch.bfloat16:
+            mask = mask.float()  # numpy has no bfloat16 (the values are exact)
         c = _prepare(_np(query), _np(key), _np(value),
-                     None if attn_mask is None else _np(attn_mask),
+                     None if mask is None else _np(mask),
                      o.dropout_p, o.is_causal, o.scale, o.key_lengths, o.window,
-                     o.seed, o.offset, None, o.num_threads, stand_ins=True)
+                     o.seed, o.offset, None, o.num_threads, stand_ins=True,
+                     dtype=bf16)
         # stand-ins are not copies of an input
         _last.copied = tuple(
             n for n, a, t, sub in (("query", c.q, query, c.sub["q"]),
                                    ("key", c.k, key, c.sub["k"]),
                                    ("value", c.v, value, c.sub["v"]))
             if t.numel() and not sub and not _shares(a, t))
-        out_np, c.tout = out_tensor(c.out_shape)
+        out_np, c.tout = out_tensor(c.out_shape, c.out_bf16)
         lse_np = np.empty(c.out_shape[:-1], dtype=np.float32)
         _forward(c, c.tout, None, lse_np)
-        out = torch.from_numpy(_result(c, "out", out_np, c.lead + (c.Lq, c.Dv)))
+        out = _from_np(_result(c, "out", out_np, c.lead + (c.Lq, c.Dv)))
         lse = torch.from_numpy(lse_np)
         ctx.call = c
         # saved for autograd's in-place checks: c's views read this memory
@@ -199,9 +226,9 @@ class _SDPAFunction(torch.autograd.Function):
             grads = tuple(torch.zeros_like(t) if n else None
                           for t, n in zip((query, key, value), need))
             return _maybe_refuse(grads, (query, key, value)) + (None, None)
-        if grad_out.dtype != torch.float32:
-            grad_out = grad_out.float()
-        g, tg = tensor_view(_np(grad_out), "grad_out")
+        if grad_out.dtype != out.dtype:
+            grad_out = grad_out.to(out.dtype)
+        g, tg = tensor_view(_np(grad_out), "grad_out", c.out_bf16)
         dq, tdq = out_tensor(c.q.shape)
         dk, tdk = out_tensor(c.k.shape)
         dv, tdv = out_tensor(c.v.shape)
@@ -214,8 +241,11 @@ class _SDPAFunction(torch.autograd.Function):
             ctypes.byref(tdv), ctypes.byref(info), ctypes.byref(err))
         _lib.check(st, err)
         _set_path(info, c.note)
-        grads = tuple(torch.from_numpy(_result(c, name, a, shape)) if n else None
-                      for name, a, shape, n in zip("qkv", (dq, dk, dv), c.shapes, need))
+        # bf16 inputs: the fp32 gradients rounded once, in the inputs' dtype
+        grads = tuple(torch.from_numpy(_result(c, name, a, shape)).to(t.dtype)
+                      if n else None
+                      for name, a, shape, n, t in zip("qkv", (dq, dk, dv), c.shapes,
+                                                      need, (query, key, value)))
         return _maybe_refuse(grads, (query, key, value)) + (None, None)
 
 
@@ -226,7 +256,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None,
     """softmax(query @ keyᵀ * scale + masks) @ value with torch autograd.
 
     query (..., Lq, E), key (..., Lk, E), value (..., Lk, Ev): CPU float32
-    tensors with the same leading dims (zero or more). Returns (..., Lq, Ev).
+    tensors, or all three bfloat16, with the same leading dims (zero or
+    more). Returns (..., Lq, Ev) in their dtype; bfloat16 gradients are
+    libattn's float32 gradients rounded to bfloat16.
     attn_mask: bool (True = takes part) or floating (added to the scaled
       scores), broadcastable to (..., Lq, Lk); no gradient flows to it.
     is_causal: query i sees keys j <= i + Lk - Lq.
@@ -240,7 +272,12 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None,
       None draws one from torch's default generator.
     """
     for name, t in (("query", query), ("key", key), ("value", value)):
-        _check_tensor(t, name)
+        _check_tensor(t, name, "sdpa")
+    if not query.dtype == key.dtype == value.dtype:
+        raise UnsupportedError(
+            "attn.torch: query, key and value must have one dtype (float32 or "
+            "bfloat16), got %s, %s, %s; convert them with .to()"
+            % (query.dtype, key.dtype, value.dtype))
     if attn_mask is not None:
         _check_tensor(attn_mask, "attn_mask", "mask")
     o = _SDPAOptions()

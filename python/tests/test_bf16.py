@@ -1,0 +1,210 @@
+"""bfloat16 attention in Python: attn.scaled_dot_product_attention(_grad)
+with dtype="bf16" (uint16 bit patterns) and attn.torch with torch.bfloat16.
+
+Accuracy by FlashAttention's rule: the inputs are bf16 values; the oracle is
+float64 autograd of those same values; attn's error (max |attn - fp64|) on
+the output and on every gradient must be at most 2x the error of PyTorch
+1.13's own bf16 math path (torch.bfloat16 q @ kᵀ, scale, mask, softmax, @ v
+and its autograd, all in bf16 on the CPU) plus 1e-3. attn's numpy gradients
+are float32, attn.torch's are those rounded to bf16: both are held to the
+rule. Masks: none, causal (bottom-right), key padding, bool, additive, and
+causal with padding; shapes from decode (Lq = 1, 3) to Lk = 300, D up to 80.
+"""
+import numpy as np
+import pytest
+torch = pytest.importorskip("torch", reason="PyTorch is the bf16 peer here")
+
+import attn
+import attn.torch as at
+
+# (B, H, Lq, Lk, D, Dv)
+SHAPES = [(1, 2, 1, 37, 16, 16), (2, 2, 3, 50, 32, 32), (2, 3, 64, 64, 32, 32),
+          (1, 2, 100, 130, 64, 48), (1, 1, 17, 300, 80, 80)]
+MASKS = ["none", "causal", "padding", "bool", "additive", "causal+padding"]
+WORST = {}  # (path, quantity) -> worst attn error / allowed error
+
+
+def bits(t):
+    """uint16 bit patterns of a bf16 torch tensor (independent of attn's
+    conversion: torch's own rounding made the values)."""
+    return t.contiguous().view(torch.int16).numpy().view(np.uint16).copy()
+
+
+def case_inputs(shape, mask, seed):
+    """bf16 q, k, v, grad_out (torch) and the mask in three forms: attn's
+    keyword arguments, a bool keep (B, H, Lq, Lk) and an additive bf16-exact
+    float tensor for the torch oracles."""
+    B, H, Lq, Lk, D, Dv = shape
+    g = torch.Generator().manual_seed(seed)
+
+    def rnd(*s):
+        return torch.randn(*s, generator=g).to(torch.bfloat16)
+    q, k, v = rnd(B, H, Lq, D), rnd(B, H, Lk, D), rnd(B, H, Lk, Dv)
+    dout = rnd(B, H, Lq, Dv)
+    keep = torch.ones(B, H, Lq, Lk, dtype=torch.bool)
+    add = None
+    kw = {}
+    i = torch.arange(Lq).view(-1, 1)
+    j = torch.arange(Lk).view(1, -1)
+    if "causal" in mask:
+        kw["is_causal"] = True
+        keep &= j <= i + (Lk - Lq)
+    if "padding" in mask:
+        lengths = [max(1, Lk - 7 * b - 3) for b in range(B)]
+        kw["key_padding_lengths"] = np.array(lengths)
+        for b, n in enumerate(lengths):
+            keep[b, :, :, n:] = False
+    if mask == "bool":
+        m = torch.rand(1, H, Lq, Lk, generator=g) < 0.7
+        m[..., 0] = True  # every row sees a key (PyTorch would give NaN)
+        kw["attn_mask"] = m
+        keep &= m
+    if mask == "additive":
+        add = (2 * torch.randn(Lq, Lk, generator=g)).to(torch.bfloat16).float()
+        kw["attn_mask"] = add
+    return q, k, v, dout, keep, add, kw
+
+
+def math_path(q, k, v, keep, add):
+    """torch's math path in q's dtype (bf16: PyTorch 1.13's bf16 math)."""
+    s = (q @ k.transpose(-2, -1)) * (1.0 / q.shape[-1] ** 0.5)
+    if add is not None:
+        s = s + add.to(s.dtype)
+    s = s.masked_fill(~keep, float("-inf"))
+    return torch.softmax(s, -1) @ v
+
+
+def run_math(q, k, v, dout, keep, add, dtype):
+    leaves = [x.detach().to(dtype).requires_grad_() for x in (q, k, v)]
+    out = math_path(*leaves, keep, add)
+    out.backward(dout.to(dtype))
+    return [out.detach().double()] + [x.grad.double() for x in leaves]
+
+
+def maxerr(a, ref):
+    return float((torch.as_tensor(np.asarray(a, np.float64)) - ref).abs().max())
+
+
+def check_rule(path, label, got):
+    """got: attn's [out, dq, dk, dv] (anything float64-convertible)."""
+    ref, ours_torch = got["ref"], got["torch"]
+    for name, a, r, t in zip(("out", "dq", "dk", "dv"), got["attn"], ref, ours_torch):
+        e_attn, e_torch = maxerr(a, r), maxerr(t.numpy(), r)
+        allowed = 2 * e_torch + 1e-3
+        key = (path, name)
+        WORST[key] = max(WORST.get(key, 0.0), e_attn / allowed)
+        assert e_attn <= allowed, (
+            "%s %s %s: attn error %.3g > 2 x PyTorch bf16 error %.3g + 1e-3"
+            % (path, label, name, e_attn, e_torch))
+
+
+def oracles(q, k, v, dout, keep, add):
+    return {"ref": run_math(q, k, v, dout, keep, add, torch.float64),
+            "torch": run_math(q, k, v, dout, keep, add, torch.bfloat16)}
+
+
+@pytest.mark.parametrize("impl", ["reference", "fused"])
+@pytest.mark.parametrize("mask", MASKS)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_numpy_bf16_vs_float64(shape, mask, impl):
+    q, k, v, dout, keep, add, kw = case_inputs(shape, mask, 1)
+    kw = {n: (x.numpy() if isinstance(x, torch.Tensor) else x) for n, x in kw.items()}
+    qb, kb, vb, gb = (bits(x) for x in (q, k, v, dout))
+    out = attn.scaled_dot_product_attention(qb, kb, vb, impl=impl, dtype="bf16", **kw)
+    assert out.dtype == np.uint16 and out.shape == gb.shape
+    assert attn.last_path()[0] == impl
+    grads = attn.scaled_dot_product_attention_grad(gb, qb, kb, vb, impl=impl,
+                                                   dtype="bf16", **kw)
+    assert all(g.dtype == np.float32 for g in grads)
+    got = oracles(q, k, v, dout, keep, add)
+    got["attn"] = [attn.float32_from_bf16(out)] + list(grads)
+    check_rule("numpy " + impl, "%s %s" % (shape, mask), got)
+
+
+@pytest.mark.parametrize("mask", MASKS)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_torch_bf16_autograd_vs_float64(shape, mask):
+    q, k, v, dout, keep, add, kw = case_inputs(shape, mask, 2)
+    if "attn_mask" in kw and kw["attn_mask"].is_floating_point():
+        kw["attn_mask"] = kw["attn_mask"].to(torch.bfloat16)  # exact: bf16 values
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    out = at.scaled_dot_product_attention(*leaves, **kw)
+    assert out.dtype == torch.bfloat16
+    out.backward(dout)
+    assert all(x.grad.dtype == torch.bfloat16 for x in leaves)
+    got = oracles(q, k, v, dout, keep, add)
+    got["attn"] = [out.detach().double()] + [x.grad.double() for x in leaves]
+    check_rule("attn.torch", "%s %s" % (shape, mask), got)
+
+
+def test_torch_bf16_grads_are_the_fp32_grads_rounded():
+    """attn.torch's bf16 gradients: the numpy API's float32 gradients (the
+    library's) rounded by torch's own float32 -> bf16 conversion."""
+    q, k, v, dout, _, _, _ = case_inputs((2, 2, 40, 56, 32, 24), "none", 3)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    at.scaled_dot_product_attention(*leaves, is_causal=True).backward(dout)
+    g32 = attn.scaled_dot_product_attention_grad(
+        bits(dout), bits(q), bits(k), bits(v), is_causal=True, dtype="bf16")
+    for x, g in zip(leaves, g32):
+        assert torch.equal(x.grad, torch.from_numpy(g).to(torch.bfloat16))
+
+
+def test_torch_bf16_strided_inputs_read_in_place():
+    q, k, v, _, _, _, _ = case_inputs((1, 2, 30, 30, 16, 16), "none", 4)
+    qt = q.transpose(1, 2).contiguous().transpose(1, 2)  # (B, H, L, D), strided
+    out = at.scaled_dot_product_attention(qt, k, v)
+    assert at._last_copied() == ()
+    ref = at.scaled_dot_product_attention(q.contiguous(), k, v)
+    assert torch.equal(out, ref)
+
+
+def test_bf16_out_is_fp32_out_rounded_once():
+    """out_dtype='float32' returns the fp32 output tile; the bf16 output is
+    that tile rounded once (torch's rounding as the oracle)."""
+    q, k, v, _, _, _, _ = case_inputs((2, 2, 70, 90, 32, 32), "none", 5)
+    args = [bits(x) for x in (q, k, v)]
+    o32 = attn.scaled_dot_product_attention(*args, dtype="bf16", out_dtype="float32")
+    o16 = attn.scaled_dot_product_attention(*args, dtype="bf16")
+    assert o32.dtype == np.float32
+    assert np.array_equal(o16, bits(torch.from_numpy(o32).to(torch.bfloat16)))
+
+
+def test_conversions_match_torch():
+    x = np.array([0.0, -0.0, 1.0, 1.00390625, 1.01171875, -3.14159, 1e-40,
+                  3.4e38, -3.4e38, np.inf, -np.inf, 65504.0, 1.0 + 2**-8,
+                  1.0 + 3 * 2**-8], np.float32)
+    u = attn.bf16_from_float32(x)
+    assert u.dtype == np.uint16 and u.shape == x.shape
+    assert np.array_equal(u, bits(torch.from_numpy(x).to(torch.bfloat16)))
+    back = attn.float32_from_bf16(u)
+    assert np.array_equal(back, torch.from_numpy(x).to(torch.bfloat16).float().numpy())
+    nan = attn.bf16_from_float32(np.array([np.nan], np.float32))
+    assert np.isnan(attn.float32_from_bf16(nan))[0]
+
+
+def test_zero_size_bf16():
+    q = np.zeros((2, 3, 4, 8), np.uint16)
+    k = np.zeros((2, 3, 0, 8), np.uint16)
+    out = attn.scaled_dot_product_attention(q, k, k, dtype="bf16")
+    assert out.dtype == np.uint16 and out.shape == (2, 3, 4, 8) and not out.any()
+
+
+def test_bad_dtypes_refused():
+    f = np.zeros((1, 1, 4, 8), np.float32)
+    u = np.zeros((1, 1, 4, 8), np.uint16)
+    with pytest.raises(ValueError, match="uint16 array.*bf16_from_float32"):
+        attn.scaled_dot_product_attention(f, f, f, dtype="bf16")
+    with pytest.raises(ValueError, match="out_dtype='bf16' needs dtype='bf16'"):
+        attn.scaled_dot_product_attention(f, f, f, out_dtype="bf16")
+    with pytest.raises(ValueError, match="dtype must be None, 'float32' or 'bf16'"):
+        attn.scaled_dot_product_attention(u, u, u, dtype="fp16")
+    with pytest.raises(ValueError, match="grad_out.*uint16"):
+        attn.scaled_dot_product_attention_grad(f, u, u, u, dtype="bf16")
+    b = torch.zeros(1, 1, 4, 8, dtype=torch.bfloat16)
+    with pytest.raises(at.UnsupportedError, match="one dtype"):
+        at.scaled_dot_product_attention(b, b.float(), b)
+    with pytest.raises(at.UnsupportedError, match="float32 and bfloat16"):
+        at.scaled_dot_product_attention(b.half(), b.half(), b.half())
+    with pytest.raises(at.UnsupportedError, match="bfloat16"):
+        at.scaled_dot_product_attention_varlen(b[0, 0].view(4, 1, 8), b[0, 0].view(4, 1, 8),
+                                               b[0, 0].view(4, 1, 8), [0, 4])
