@@ -289,11 +289,15 @@ static void pack_b_bf16(int tb, const float *B, int64_t ldb, int64_t K, int64_t 
  * in bf16, row stride kp2 = 2 kp (the padding k zero). */
 static void pack_a_bf16(int ta, const float *A, int64_t lda, int64_t K, int64_t kp2, int64_t r0,
                         int64_t r1, uint16_t *out) {
+    if (ta) /* blocks of 64 k's: the 64 source rows stay in L1 across the m's */
+        for (int64_t k0 = 0; k0 < K; k0 += 64) {
+            const int64_t k1 = k0 + 64 < K ? k0 + 64 : K;
+            for (int64_t m = r0; m < r1; m++)
+                for (int64_t k = k0; k < k1; k++) out[m * kp2 + k] = bf16_round(A[k * lda + m]);
+        }
     for (int64_t m = r0; m < r1; m++) {
         uint16_t *dst = out + m * kp2;
-        if (ta)
-            for (int64_t k = 0; k < K; k++) dst[k] = bf16_round(A[k * lda + m]);
-        else
+        if (!ta)
             for (int64_t k = 0; k < K; k++) dst[k] = bf16_round(A[m * lda + k]);
         for (int64_t k = K; k < kp2; k++) dst[k] = 0;
     }

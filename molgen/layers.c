@@ -126,9 +126,11 @@ static mg_status product_fail(mg_error *err, const attn_error *e) {
 
 /* out [R, OC] = inp [R, IC] wᵀ + bias;  w [OC, IC], bias [OC] (may be NULL). */
 mg_status mg_matmul_forward(float *out, const float *inp, const float *w, const float *bias,
-                            int64_t R, int IC, int OC, int nt, mg_error *err) {
+                            int64_t R, int IC, int OC, mg_dtype dt, int nt, mg_error *err) {
     if (bias)
         for (int64_t r = 0; r < R; r++) memcpy(out + r * OC, bias, (size_t)OC * sizeof(float));
+    if (dt == MG_DT_BF16)
+        return mg_gemm_bf16(0, 1, R, OC, IC, inp, IC, w, IC, bias ? 1.0f : 0.0f, out, OC, nt, err);
     attn_error e;
     if (attn_matmul(0, 1, R, OC, IC, 1.0f, inp, IC, w, IC, bias ? 1.0f : 0.0f, out, OC, nt, &e))
         return product_fail(err, &e);
@@ -139,13 +141,21 @@ mg_status mg_matmul_forward(float *out, const float *inp, const float *w, const 
  * dw [OC, IC] += doutᵀ inp;  dbias [OC] += column sums of dout (each
  * thread its columns, summed in row order). */
 mg_status mg_matmul_backward(float *dinp, float *dw, float *dbias, const float *dout,
-                             const float *inp, const float *w, int64_t R, int IC, int OC, int nt,
-                             mg_error *err) {
+                             const float *inp, const float *w, int64_t R, int IC, int OC,
+                             mg_dtype dt, int nt, mg_error *err) {
     attn_error e;
-    if (dinp && attn_matmul(0, 0, R, IC, OC, 1.0f, dout, OC, w, IC, 0.0f, dinp, IC, nt, &e))
-        return product_fail(err, &e);
-    if (attn_matmul(1, 0, OC, IC, R, 1.0f, dout, OC, inp, IC, 1.0f, dw, IC, nt, &e))
-        return product_fail(err, &e);
+    mg_status rc;
+    if (dt == MG_DT_BF16) {
+        if (dinp && (rc = mg_gemm_bf16(0, 0, R, IC, OC, dout, OC, w, IC, 0.0f, dinp, IC, nt, err)))
+            return rc;
+        if ((rc = mg_gemm_bf16(1, 0, OC, IC, R, dout, OC, inp, IC, 1.0f, dw, IC, nt, err)))
+            return rc;
+    } else {
+        if (dinp && attn_matmul(0, 0, R, IC, OC, 1.0f, dout, OC, w, IC, 0.0f, dinp, IC, nt, &e))
+            return product_fail(err, &e);
+        if (attn_matmul(1, 0, OC, IC, R, 1.0f, dout, OC, inp, IC, 1.0f, dw, IC, nt, &e))
+            return product_fail(err, &e);
+    }
     if (dbias) {
 #pragma omp parallel num_threads(nt)
         {
@@ -163,17 +173,17 @@ mg_status mg_matmul_backward(float *dinp, float *dw, float *dbias, const float *
 /* The attention block's projections: w is the block's packed attention
  * parameters (PyTorch's in_proj W [3d, d], in_proj b [3d], out_proj W
  * [d, d], out_proj b [d]). */
-mg_status mg_attn_in_proj(float *qkv, const float *x, const float *w, int64_t R, int d, int nt,
-                          mg_error *err) {
+mg_status mg_attn_in_proj(float *qkv, const float *x, const float *w, int64_t R, int d, mg_dtype dt,
+                          int nt, mg_error *err) {
     const int64_t D = d;
-    return mg_matmul_forward(qkv, x, w, w + 3 * D * D, R, d, 3 * d, nt, err);
+    return mg_matmul_forward(qkv, x, w, w + 3 * D * D, R, d, 3 * d, dt, nt, err);
 }
 
-mg_status mg_attn_out_proj(float *out, const float *att, const float *w, int64_t R, int d, int nt,
-                           mg_error *err) {
+mg_status mg_attn_out_proj(float *out, const float *att, const float *w, int64_t R, int d,
+                           mg_dtype dt, int nt, mg_error *err) {
     const int64_t D = d;
-    return mg_matmul_forward(out, att, w + 3 * D * D + 3 * D, w + 4 * D * D + 3 * D, R, d, d, nt,
-                             err);
+    return mg_matmul_forward(out, att, w + 3 * D * D + 3 * D, w + 4 * D * D + 3 * D, R, d, d, dt,
+                             nt, err);
 }
 
 #define GELU_K 0.7978845608028654f /* sqrt(2 / pi) */

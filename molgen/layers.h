@@ -10,6 +10,7 @@
 
 #include "attn.h"
 #include "errors.h"
+#include "gemm.h"
 
 /* Element loops compiled for AVX-512, AVX2 and baseline x86-64, picked at
  * load time (GCC's target_clones): molgen is built for the baseline, where
@@ -37,27 +38,30 @@ void mg_layernorm_backward(float *dinp, float *dw, float *db, const float *dout,
  * ATTN_ERR_STATE -> MG_ERR_STATE, every other error (a bad call) MG_ERR_ARG. */
 mg_status mg_from_attn(attn_status s);
 
-/* The products are libattn's attn_matmul (attn.h): libattn's one BLAS
- * policy, and bitwise the same result for any nt. Errors only for sizes
- * that attn_matmul refuses (above INT_MAX), by mg_from_attn. */
+/* The products: dt MG_DT_F32, libattn's attn_matmul (attn.h): libattn's
+ * one BLAS policy; MG_DT_BF16, gemm.h's mg_gemm_bf16 (bf16 operands, fp32
+ * accumulation: mixed precision; the weights, inputs and gradients stay
+ * fp32 in memory). Bitwise the same result for any nt. Errors only for
+ * sizes attn_matmul refuses (above INT_MAX), by mg_from_attn, or out of
+ * memory for bf16's packing. */
 /* out [R, OC] = inp [R, IC] wᵀ + bias;  w [OC, IC], bias [OC] (may be NULL). */
 mg_status mg_matmul_forward(float *out, const float *inp, const float *w, const float *bias,
-                            int64_t R, int IC, int OC, int nt, mg_error *err);
+                            int64_t R, int IC, int OC, mg_dtype dt, int nt, mg_error *err);
 /* dinp [R, IC] = dout w (overwritten; skipped if NULL); dw [OC, IC] += doutᵀ inp;
  * dbias [OC] += column sums of dout (skipped if NULL). */
 mg_status mg_matmul_backward(float *dinp, float *dw, float *dbias, const float *dout,
-                             const float *inp, const float *w, int64_t R, int IC, int OC, int nt,
-                             mg_error *err);
+                             const float *inp, const float *w, int64_t R, int IC, int OC,
+                             mg_dtype dt, int nt, mg_error *err);
 /* The attention block's projections, the one code training (model.c) and
  * KV-cache decoding (decode.c) run. w: the block's packed attention
  * parameters, PyTorch's nn.MultiheadAttention layout: in_proj W [3d, d]
  * (q, k, v stacked), in_proj b [3d], out_proj W [d, d], out_proj b [d].
  *   mg_attn_in_proj:  qkv [R, 3d] = x [R, d] in_projᵀ + b (q, k, v of each row)
  *   mg_attn_out_proj: out [R, d] = att [R, d] out_projᵀ + b */
-mg_status mg_attn_in_proj(float *qkv, const float *x, const float *w, int64_t R, int d, int nt,
-                          mg_error *err);
-mg_status mg_attn_out_proj(float *out, const float *att, const float *w, int64_t R, int d, int nt,
-                           mg_error *err);
+mg_status mg_attn_in_proj(float *qkv, const float *x, const float *w, int64_t R, int d, mg_dtype dt,
+                          int nt, mg_error *err);
+mg_status mg_attn_out_proj(float *out, const float *att, const float *w, int64_t R, int d,
+                           mg_dtype dt, int nt, mg_error *err);
 /* out [N] = GELU-tanh(inp) (GPT-2's approximation); out may alias inp. */
 void mg_gelu_forward(float *out, const float *inp, int64_t N, int nt);
 /* dinp [N] = dout * GELU'(inp); dinp may alias dout. */

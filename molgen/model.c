@@ -223,6 +223,7 @@ typedef struct {
 struct mg_model {
     mg_model_config cfg;
     int nt;                /* OpenMP threads of every parallel loop (mg_model_set_threads) */
+    mg_dtype dt;           /* the products' operands (mg_model_set_dtype) */
     float label_smoothing; /* of the training loss (mg_model_set_label_smoothing) */
     int64_t row0;          /* global index of batch row 0 (mg_model_set_batch_row0) */
     int frozen;          /* embeddings + blocks [0, frozen) get no gradient (mg_model_set_frozen) */
@@ -468,6 +469,9 @@ mg_status mg_model_set_label_smoothing(mg_model *m, float eps, mg_error *err) {
     return MG_OK;
 }
 int mg_model_threads(const mg_model *m) { return m->nt; }
+
+void mg_model_set_dtype(mg_model *m, mg_dtype dt) { m->dt = dt == MG_DT_BF16 ? MG_DT_BF16 : MG_DT_F32; }
+mg_dtype mg_model_dtype(const mg_model *m) { return m->dt; }
 
 mg_status mg_model_set_batch_row0(mg_model *m, int64_t row0, mg_error *err) {
     if (row0 < 0 || row0 >= ((int64_t)1 << 31))
@@ -957,7 +961,7 @@ static mg_status attention_forward(mg_model *m, int layer, int B, int L, int64_t
                                    int training, uint64_t seed, int nt, mg_error *err) {
     const int64_t d = m->cfg.d_model, H = m->cfg.n_head, dk = d / H;
     const float *w = m->p.blocks[layer].attn; /* in_proj W [3d, d], b [3d], out W [d, d], b [d] */
-    mg_status rc = mg_attn_in_proj(a->qkv, in, w, Rv, (int)d, nt, err);
+    mg_status rc = mg_attn_in_proj(a->qkv, in, w, Rv, (int)d, m->dt, nt, err);
     if (rc) return rc;
     attn_tensor q = head_view(a->qkv, Rv, H, dk, 3 * d, 0), k = head_view(a->qkv, Rv, H, dk, 3 * d, 1),
                 v = head_view(a->qkv, Rv, H, dk, 3 * d, 2), o = head_view(a->att, Rv, H, dk, d, 0);
@@ -986,7 +990,7 @@ static mg_status attention_forward(mg_model *m, int layer, int B, int L, int64_t
         }
         free(blocks);
     }
-    return mg_attn_out_proj(out, a->att, w, Rv, (int)d, nt, err);
+    return mg_attn_out_proj(out, a->att, w, Rv, (int)d, m->dt, nt, err);
 }
 
 /* Backward of attention_forward from dout [Rv, d]: din [Rv, d] =
@@ -1000,7 +1004,7 @@ static mg_status attention_backward(mg_model *m, int layer, int64_t Rv, const fl
     const float *w = m->p.blocks[layer].attn;
     float *g = m->g.blocks[layer].attn;
     mg_status rc = mg_matmul_backward(datt, g + 3 * d * d + 3 * d, g + 4 * d * d + 3 * d, dout,
-                                      a->att, w + 3 * d * d + 3 * d, Rv, (int)d, (int)d, nt, err);
+                                      a->att, w + 3 * d * d + 3 * d, Rv, (int)d, (int)d, m->dt, nt, err);
     if (rc) return rc;
     float *qkv = a->qkv, *att = a->att;
     attn_tensor q = head_view(qkv, Rv, H, dk, 3 * d, 0), k = head_view(qkv, Rv, H, dk, 3 * d, 1),
@@ -1014,8 +1018,8 @@ static mg_status attention_backward(mg_model *m, int layer, int64_t Rv, const fl
                                   &dv, NULL, &e))
         return mg_fail(err, mg_from_attn(e.status), "block %d attention backward: %s", layer,
                        e.message);
-    return mg_matmul_backward(din, g, g + 3 * d * d, dqkv, in, w, Rv, (int)d, (int)(3 * d), nt,
-                              err);
+    return mg_matmul_backward(din, g, g + 3 * d * d, dqkv, in, w, Rv, (int)d, (int)(3 * d),
+                              m->dt, nt, err);
 }
 
 /* Conditioning (condition.h): e_b = row b's condition embedding, added to
@@ -1110,10 +1114,10 @@ static mg_status forward_core(mg_model *m, int B, int L, int64_t Rv, int keep, i
 
         mg_layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->x_mid, bp->ln2_w, bp->ln2_b, Rv,
                              d, nt);
-        if ((rc = mg_matmul_forward(a->fc, a->ln2, bp->fc_w, bp->fc_b, Rv, d, F, nt, err)))
+        if ((rc = mg_matmul_forward(a->fc, a->ln2, bp->fc_w, bp->fc_b, Rv, d, F, m->dt, nt, err)))
             return rc;
         mg_gelu_forward(a->gelu, a->fc, Rv * F, nt);
-        if ((rc = mg_matmul_forward(m->scratch, a->gelu, bp->proj_w, bp->proj_b, Rv, F, d, nt,
+        if ((rc = mg_matmul_forward(m->scratch, a->gelu, bp->proj_w, bp->proj_b, Rv, F, d, m->dt, nt,
                                     err)))
             return rc;
         if (drop && (rc = dropout_mask(m, a->drop_mlp, Rv, p_drop, seed, 2 + 2 * (int64_t)l, nt,
@@ -1123,7 +1127,7 @@ static mg_status forward_core(mg_model *m, int B, int L, int64_t Rv, int keep, i
     }
     const float *xf = keep ? m->x_final : m->acts[0].x;
     mg_layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, xf, m->p.lnf_w, m->p.lnf_b, Rv, d, nt);
-    return mg_matmul_forward(logits, m->lnf, m->p.head_w, m->p.head_b, Rv, d, V, nt, err);
+    return mg_matmul_forward(logits, m->lnf, m->p.head_w, m->p.head_b, Rv, d, V, m->dt, nt, err);
 }
 
 mg_status mg_model_forward(mg_model *m, const int32_t *ids, const int64_t *lengths, int B, int T,
@@ -1227,7 +1231,7 @@ mg_status mg_model_backward(mg_model *m, mg_error *err) {
                           m->training ? m->label_smoothing : 0.0f, m->rw_n ? m->row_w : NULL, L,
                           nt);
     mg_status rc = mg_matmul_backward(m->dln, m->g.head_w, m->g.head_b, dlogits, m->lnf,
-                                      m->p.head_w, Rv, d, V, nt, err);
+                                      m->p.head_w, Rv, d, V, m->dt, nt, err);
     if (rc) return rc;
     memset(m->dx, 0, (size_t)Rv * d * sizeof(float));
     mg_layernorm_backward(m->dx, m->g.lnf_w, m->g.lnf_b, m->dln, m->x_final, m->p.lnf_w,
@@ -1245,11 +1249,11 @@ mg_status mg_model_backward(mg_model *m, mg_error *err) {
         const float *dmlp =
             residual_branch_backward(m->dbranch, m->dx, drop ? a->drop_mlp : NULL, Rv * d, nt);
         if ((rc = mg_matmul_backward(m->dfc, bg->proj_w, bg->proj_b, dmlp, a->gelu, bp->proj_w, Rv,
-                                     F, d, nt, err)))
+                                     F, d, m->dt, nt, err)))
             return rc;
         mg_gelu_backward(m->dfc, a->fc, m->dfc, Rv * F, nt);
         if ((rc = mg_matmul_backward(m->dln, bg->fc_w, bg->fc_b, m->dfc, a->ln2, bp->fc_w, Rv, d,
-                                     F, nt, err)))
+                                     F, m->dt, nt, err)))
             return rc;
         mg_layernorm_backward(m->dx, bg->ln2_w, bg->ln2_b, m->dln, a->x_mid, bp->ln2_w, a->ln2_mean,
                               a->ln2_rstd, Rv, d, nt);

@@ -69,6 +69,7 @@
 #include <stdint.h>
 
 #include "errors.h"
+#include "gemm.h"
 
 #include "safetensors.h"
 #include "tokenizer.h"
@@ -143,6 +144,11 @@ const mg_model_config *mg_model_get_config(const mg_model *m);
  * starts with. molgen's own count: libattn's global count is not read. */
 void mg_model_set_threads(mg_model *m, int n);
 int mg_model_threads(const mg_model *m);
+/* The dense products' operands: MG_DT_F32 (the default) or MG_DT_BF16
+ * (mixed precision: bf16 operands, fp32 accumulation, layers.h); the
+ * parameters, gradients, LayerNorm, attention, softmax and loss stay fp32. */
+void mg_model_set_dtype(mg_model *m, mg_dtype dt);
+mg_dtype mg_model_dtype(const mg_model *m);
 /* Label smoothing eps in [0, 1) of the training loss (forwards with
  * training != 0): the target distribution is (1 - eps) onehot + eps / V over
  * all V ids, as PyTorch's cross_entropy(label_smoothing=eps). Evaluation

@@ -337,6 +337,9 @@ static mg_status setup(run *r, mg_error *err) {
     r->check_samples = r->s.check_samples >= 0 ? r->s.check_samples
                        : r->s.init_path        ? MG_FINETUNE_SAMPLES
                                                : 0;
+    mg_dtype dt;
+    if (mg_dtype_parse(r->s.dtype, &dt))
+        return mg_fail(err, MG_ERR_ARG, "--dtype %s: need fp32 or bf16", r->s.dtype);
     if (strcmp(r->s.augment, "none") && strcmp(r->s.augment, "randomized"))
         return mg_fail(err, MG_ERR_ARG, "--augment %s: need none or randomized", r->s.augment);
     if (!strcmp(r->s.augment, "randomized") && (r->s.condition || r->s.scaffold_column))
@@ -709,6 +712,9 @@ static mg_status build(run *r, mg_error *err) {
         r->ck.opt.cfg.total_steps = c->steps;
     }
     mg_model_set_threads(r->ck.model, c->threads);
+    mg_dtype dt = MG_DT_F32;
+    mg_dtype_parse(r->s.dtype, &dt); /* checked with the settings */
+    mg_model_set_dtype(r->ck.model, dt);
     if ((rc = mg_model_set_label_smoothing(r->ck.model, r->s.label_smoothing, err))) return rc;
     r->ck.opt.threads = c->threads;
     mg_adamw *opt = &r->ck.opt;

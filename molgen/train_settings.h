@@ -186,6 +186,11 @@
       "and --init use the average (sample and score --raw-weights: the last step's)")              \
     X(seed, seed, U64, "seed", "N", 1, 0, 0, MG_CLOSED, CKPT, SAME, MG_GROUP_RUN,                  \
       "init, split, shuffle and dropout seed, decimal in [0, 2^64)")                               \
+    X(dtype, dtype, STR, "dtype", "fp32|bf16", "fp32", 0, 0, MG_CLOSED, CKPT_NEW, SAME,            \
+      MG_GROUP_RUN,                                                                                \
+      "the dense products' operands: fp32, or bf16 with fp32 accumulation (mixed precision: fp32 " \
+      "master weights, optimizer state, LayerNorm, attention, softmax and loss; faster on "        \
+      "AVX512_BF16)")                                                                              \
     X(threads, threads, INT, "threads", "N", 0, 0, MG_MAX_THREADS, MG_CLOSED, RUN, NEW,            \
       MG_GROUP_RUN,                                                                                \
       "threads (0 = ATTN_NUM_THREADS, else all cores); --resume continues bit for bit with the "   \
