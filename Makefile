@@ -38,7 +38,7 @@ demo: build
 run:
 	@$(DEPS) build run
 	@$(MAKE) --no-print-directory build
-	PYTHON=$(PYTHON) bash molgen/run_main_job.sh
+	PYTHON=$(PYTHON) bash tools/run_main_job.sh
 
 test-c: build
 	cd build && ctest --output-on-failure -j $(JOBS)

@@ -15,6 +15,8 @@ The check fails (exit 1, one line per finding) on
   - a circle: rooms that reach one another;
   - an arrow up: from a room of a lower layer of LAYERS to a higher one;
   - a command's own room used by another command (COMMAND_OWNED);
+  - a command room (COMMAND_STEMS: cmd_*, main, cli_*, commands) outside
+    molgen/cli/;
   - a function longer than FUNCTION_MAX_LINES in FUNCTION_FILES.
 ALLOWED lists the arrows known to be wrong today; they are reported and
 left out of the check, and the list is to be emptied as they are fixed.
@@ -31,7 +33,10 @@ import sys
 SCAN = ["src", "include", "molgen"]  # folders scanned, recursively
 SKIP_DIRS = {"tests", "__pycache__"}  # not part of the structure
 
-# molgen's command rooms: the command-line front above its engine.
+# molgen's folders are its layers: the command-line front (molgen/cli/, and
+# the fuzz drivers of molgen/fuzz/) above the engine (molgen/ itself).
+COMMAND_DIRS = ("molgen/cli/", "molgen/fuzz/")
+# The names of command rooms: a file so named belongs in molgen/cli/.
 COMMAND_STEMS = re.compile(r"^(cmd_\w+|main|cli_\w+|commands)$")
 
 
@@ -39,7 +44,7 @@ def layer_of(room):
     """Layers, bottom to top: an arrow may point down or sideways, never up."""
     if not room.startswith("molgen/"):
         return 0  # the attn library: src/, include/
-    if COMMAND_STEMS.match(os.path.basename(room)) or room.startswith("molgen/fuzz/"):
+    if room.startswith(COMMAND_DIRS):
         return 2  # molgen's commands (and its fuzz drivers)
     return 1  # molgen's engine
 
@@ -48,7 +53,7 @@ LAYER_NAMES = ["attn library (src/, include/)", "molgen engine", "molgen command
 
 # Rooms that belong to one command: no other command may use them.
 COMMAND_OWNED = {
-    "molgen/train_settings": "molgen/cmd_train",  # the `molgen train` settings table
+    "molgen/train_settings": "molgen/cli/cmd_train",  # the `molgen train` settings table
 }
 
 # Known violations, allowed until fixed; each is (from, to): reason. Issue
@@ -58,7 +63,7 @@ ALLOWED = {}
 
 # The longest function (lines from its head to its closing brace) in the
 # files of FUNCTION_FILES: molgen's commands are parse -> engine -> print.
-FUNCTION_FILES = re.compile(r"^molgen/(cmd_\w+|main)\.c$")
+FUNCTION_FILES = re.compile(r"^molgen/cli/\w+\.c$")
 FUNCTION_MAX_LINES = 80
 
 IDENT = re.compile(r"[A-Za-z_]\w*")
@@ -400,7 +405,8 @@ def main():
     files = load(os.path.abspath(args.root))
     edges = arrows(files)
     rooms = {f.room for f in files.values()}
-    bad = []
+    bad = [("place", r, r, "a command room outside molgen/cli/: %s" % r) for r in sorted(rooms)
+           if layer_of(r) == 1 and COMMAND_STEMS.match(os.path.basename(r))]
     for (a, b), rs in sorted(edges.items()):
         if layer_of(a) < layer_of(b):
             bad.append(("up", a, b, "arrow up: %s (%s) -> %s (%s): %s" % (
