@@ -5,6 +5,10 @@
  *                                r < nr <= BMR (fp32 accumulation)
  *   pv_tile(nr, pd, nkp, vp, dvp, O)  O[r][0, dvp) += Σ_t dot2(pd[r][t], vp[t][·])
  *   row_max(s), exp_row(s, m) (s = exp(s - m), returns Σ s), round_row(s, pd)
+ *   qk_direct(nr, q, k, ks, nk, D, S)  S[r][j] = q[r]·k[j·ks], j < nk, from
+ *                                the rows themselves (d contiguous; 0 past nk)
+ *   pv_direct(nr, pd, v, vs, nk, Dv, dvp, O)  O[r] += P·V from V's rows,
+ *                                keys paired (2t, 2t + 1) as in pv_tile
  * over 32-bit pairs of bf16 (low half the even element), then include
  * this file. Semantics (attn.h, attn_sdpa_params.dtype): PyTorch 2.x's CPU
  * flash attention: scores, scale, masks, online softmax, l and the output
@@ -18,7 +22,14 @@
  * over 16 keys, softmax on rows of S, P = bf16(exp(S - m)) as pairs along
  * keys, O += P·V by broadcasting P's pairs over 16 columns of V. Every
  * (b, h, query block) is computed by one thread in a fixed order: results
- * do not depend on the thread count. */
+ * do not depend on the thread count.
+ *
+ * Small calls pack less: decode (Lq <= 4, d contiguous) packs nothing (the
+ * rows feed qk_direct / pv_direct: a K or V row is read once per call
+ * anyway), and a call of one query block per (b, h) (Lq <= BQ) packs each
+ * tile into its thread's scratch just before use, rather than all of K and
+ * V into a call-sized buffer first. All per-thread scratch is one
+ * allocation per call, sized for min(Lq, BQ) rows. */
 #ifndef ATTN_SDPA_FUSED_BF16_H
 #define ATTN_SDPA_FUSED_BF16_H
 
@@ -43,6 +54,33 @@ static inline uint32_t pair_at(const uint16_t *row, int64_t sd, int64_t e0, int6
 static void pack_kv(const attn_problem *pr, const attn_tensor *k, const attn_tensor *v, int64_t b,
                     int64_t h, int64_t t, int64_t np, int64_t dvp, uint32_t *kp, uint32_t *vp) {
     const int64_t j0 = t * BK, nk = bmin(BK, pr->Lk - j0);
+    if (k->stride[3] == 1 && v->stride[3] == 1) { /* branch-free copies */
+        const int64_t full = pr->Dk / 2; /* whole pairs of a row */
+        for (int64_t j = 0; j < nk; j++) {
+            const uint16_t *r = attn_bf16_row(k, b, h, j0 + j);
+            for (int64_t p = 0; p < full; p++) {
+                uint32_t x;
+                memcpy(&x, r + 2 * p, sizeof x);
+                kp[p * BK + j] = x;
+            }
+            if (full < np) kp[full * BK + j] = r[2 * full];
+        }
+        for (int64_t p = 0; p < np; p++)
+            for (int64_t j = nk; j < BK; j++) kp[p * BK + j] = 0;
+        for (int64_t tt = 0; tt < BK / 2; tt++) {
+            uint32_t *o = vp + tt * dvp;
+            int64_t d = 0;
+            if (2 * tt + 1 < nk) {
+                const uint16_t *r0 = attn_bf16_row(v, b, h, j0 + 2 * tt), *r1 = r0 + v->stride[2];
+                for (; d < pr->Dv; d++) o[d] = (uint32_t)r0[d] | (uint32_t)r1[d] << 16;
+            } else if (2 * tt < nk) {
+                const uint16_t *r0 = attn_bf16_row(v, b, h, j0 + 2 * tt);
+                for (; d < pr->Dv; d++) o[d] = r0[d];
+            }
+            for (; d < dvp; d++) o[d] = 0;
+        }
+        return;
+    }
     for (int64_t j = 0; j < BK; j++) {
         const uint16_t *r = j < nk ? attn_bf16_row(k, b, h, j0 + j) : NULL;
         for (int64_t p = 0; p < np; p++)
@@ -67,6 +105,7 @@ typedef struct {
     uint32_t *pd; /* [BQ][BK/2] P pairs */
     float *O;     /* [BQ][dvp] unnormalised output */
     float *m, *l; /* [BQ] running max and sum */
+    uint32_t *kp, *vp; /* one packed tile [np][BK], [BK/2][dvp]; NULL: shared packs */
 } bscratch;
 
 /* Scale, mask and softmax-update row r (query i, keys [j0, j0 + nk)) of S;
@@ -120,6 +159,27 @@ static void softmax_row(const attn_problem *pr, bscratch *w, int64_t dvp, int64_
     round_row(s, pd);
 }
 
+/* Rows [i0, i0 + nq) of (b, h): O / l into out (rounded when bf16), lse. */
+static void write_rows(const attn_fused_call *c, const bscratch *w, int64_t dvp, int64_t b,
+                       int64_t h, int64_t i0, int64_t nq) {
+    const attn_problem *pr = c->pr;
+    const attn_tensor *out = c->out;
+    for (int64_t r = 0; r < nq; r++) {
+        const float l = w->l[r], inv = l > 0.0f ? 1.0f / l : 0.0f;
+        const float *o = w->O + r * dvp;
+        const int64_t sd = out->stride[3];
+        if (pr->out_dtype == ATTN_BF16) {
+            uint16_t *dst = (uint16_t *)(uintptr_t)attn_bf16_row(out, b, h, i0 + r);
+            for (int64_t d = 0; d < pr->Dv; d++) dst[d * sd] = attn_bf16_round(o[d] * inv);
+        } else {
+            float *dst = out->data + b * out->stride[0] + h * out->stride[1] +
+                         (i0 + r) * out->stride[2];
+            for (int64_t d = 0; d < pr->Dv; d++) dst[d * sd] = o[d] * inv;
+        }
+        if (c->lse) c->lse[(b * pr->H + h) * pr->Lq + i0 + r] = l > 0.0f ? w->m[r] + logf(l) : -INFINITY;
+    }
+}
+
 /* One (b, h, query block). */
 static void bf16_block(const attn_fused_call *c, bscratch *w, const uint32_t *KP, const uint32_t *VP,
                        int64_t np, int64_t dvp, int64_t ntile, int64_t b, int64_t h, int64_t qb) {
@@ -138,8 +198,13 @@ static void bf16_block(const attn_fused_call *c, bscratch *w, const uint32_t *KP
     const int64_t lo = l0, hi = h1 > l0 ? h1 : l0;
     for (int64_t t = lo / BK; hi > lo && t <= (hi - 1) / BK; t++) {
         const int64_t j0 = t * BK, nk = bmin(BK, pr->Lk - j0);
-        const uint32_t *kp = KP + ((b * pr->H + h) * ntile + t) * np * BK;
-        const uint32_t *vp = VP + ((b * pr->H + h) * ntile + t) * (BK / 2) * dvp;
+        const uint32_t *kp = w->kp, *vp = w->vp;
+        if (kp)
+            pack_kv(pr, c->k, c->v, b, h, t, np, dvp, w->kp, w->vp);
+        else {
+            kp = KP + ((b * pr->H + h) * ntile + t) * np * BK;
+            vp = VP + ((b * pr->H + h) * ntile + t) * (BK / 2) * dvp;
+        }
         for (int64_t r = 0; r < nq; r += BMR)
             qk_tile((int)bmin(BMR, nq - r), w->qd + r * np, np, kp, w->S + r * BK);
         const int interior = nk == BK && l1 <= j0 && h0 >= j0 + BK;
@@ -148,63 +213,92 @@ static void bf16_block(const attn_fused_call *c, bscratch *w, const uint32_t *KP
             pv_tile((int)bmin(BMR, nq - r), w->pd + r * (BK / 2), (nk + 1) / 2, vp, dvp,
                     w->O + r * dvp);
     }
-    const attn_tensor *out = c->out;
+    write_rows(c, w, dvp, b, h, i0, nq);
+}
+
+/* Decode: the nq <= BMR rows of (b, h) over K and V's rows, no packing. */
+static void bf16_decode(const attn_fused_call *c, bscratch *w, int64_t dvp, int64_t b, int64_t h) {
+    const attn_problem *pr = c->pr;
+    const int64_t nq = pr->Lq;
+    const uint16_t *q[BMR];
     for (int64_t r = 0; r < nq; r++) {
-        const float l = w->l[r], inv = l > 0.0f ? 1.0f / l : 0.0f;
-        const float *o = w->O + r * dvp;
-        const int64_t sd = out->stride[3];
-        if (pr->out_dtype == ATTN_BF16) {
-            uint16_t *dst = (uint16_t *)(uintptr_t)attn_bf16_row(out, b, h, i0 + r);
-            for (int64_t d = 0; d < pr->Dv; d++) dst[d * sd] = attn_bf16_round(o[d] * inv);
-        } else {
-            float *dst = out->data + b * out->stride[0] + h * out->stride[1] +
-                         (i0 + r) * out->stride[2];
-            for (int64_t d = 0; d < pr->Dv; d++) dst[d * sd] = o[d] * inv;
-        }
-        if (c->lse) c->lse[(b * pr->H + h) * pr->Lq + i0 + r] = l > 0.0f ? w->m[r] + logf(l) : -INFINITY;
+        q[r] = attn_bf16_row(c->q, b, h, r);
+        w->m[r] = -INFINITY;
+        w->l[r] = 0.0f;
     }
+    memset(w->O, 0, (size_t)(nq * dvp) * sizeof(float));
+    int64_t l0, h0, l1, h1;
+    attn_row_range(pr, b, 0, &l0, &h0);
+    attn_row_range(pr, b, nq - 1, &l1, &h1);
+    const int64_t lo = l0, hi = h1 > l0 ? h1 : l0;
+    const int64_t ks = c->k->stride[2], vs = c->v->stride[2];
+    for (int64_t t = lo / BK; hi > lo && t <= (hi - 1) / BK; t++) {
+        const int64_t j0 = t * BK, nk = bmin(BK, pr->Lk - j0);
+        qk_direct((int)nq, q, attn_bf16_row(c->k, b, h, j0), ks, nk, pr->Dk, w->S);
+        const int interior = nk == BK && l1 <= j0 && h0 >= j0 + BK;
+        for (int64_t r = 0; r < nq; r++) softmax_row(pr, w, dvp, r, b, h, r, j0, nk, interior);
+        pv_direct((int)nq, w->pd, attn_bf16_row(c->v, b, h, j0), vs, nk, pr->Dv, dvp, w->O);
+    }
+    write_rows(c, w, dvp, b, h, 0, nq);
 }
-
-static void *bf_alloc(int64_t bytes) {
-    return aligned_alloc(64, (size_t)((bytes + 63) / 64 * 64 + 64));
-}
-
 static attn_status bf16_forward(const attn_fused_call *c, attn_error *err) {
     const attn_problem *pr = c->pr;
     const int64_t BH = pr->B * pr->H, np = (pr->Dk + 1) / 2, dvp = (pr->Dv + 15) / 16 * 16;
     const int64_t ntile = (pr->Lk + BK - 1) / BK, nqb = (pr->Lq + BQ - 1) / BQ;
     const int T = pr->threads;
-    uint32_t *KP = bf_alloc(BH * ntile * np * BK * 4);
-    uint32_t *VP = bf_alloc(BH * ntile * (BK / 2) * dvp * 4);
-    int failed = !KP || !VP;
-    if (!failed) {
+    const int decode = pr->Lq <= BMR && c->q->stride[3] == 1 && c->k->stride[3] == 1 &&
+                       c->v->stride[3] == 1;
+    const int local = !decode && nqb <= 2;
+    uint32_t *KP = NULL, *VP = NULL;
+    if (!decode && !local) {
+        KP = aligned_alloc(64, (size_t)(BH * ntile * np * BK * 4));
+        VP = aligned_alloc(64, (size_t)(BH * ntile * (BK / 2) * dvp * 4));
+        if (!KP || !VP) {
+            free(KP);
+            free(VP);
+            return attn_fail(err, ATTN_ERR_NOMEM, "bf16 fused forward: out of memory");
+        }
 #pragma omp parallel for num_threads(T) schedule(static)
         for (int64_t x = 0; x < BH * ntile; x++)
             pack_kv(pr, c->k, c->v, x / ntile / pr->H, x / ntile % pr->H, x % ntile, np, dvp,
                     KP + x * np * BK, VP + x * (BK / 2) * dvp);
+    }
+    /* per thread, 64-byte multiples: qd, S, pd, O, m, l for `rows` rows,
+     * and one packed tile when local */
+    const int64_t rows = bmin(BQ, pr->Lq), r16 = (rows + 15) / 16 * 16;
+    const int64_t n_qd = (rows * np + 15) / 16 * 16, n_S = rows * BK, n_pd = (rows * BK / 2 + 15) / 16 * 16;
+    const int64_t n_O = rows * dvp, n_kp = local ? np * BK : 0, n_vp = local ? BK / 2 * dvp : 0;
+    const int64_t per = n_qd + n_S + n_pd + n_O + 2 * r16 + n_kp + n_vp; /* 4-byte words */
+    uint32_t *all = aligned_alloc(64, (size_t)(per * T * 4));
+    if (!all) {
+        free(KP);
+        free(VP);
+        return attn_fail(err, ATTN_ERR_NOMEM, "bf16 fused forward: out of memory");
+    }
 #pragma omp parallel num_threads(T)
-        {
-            bscratch w;
-            w.qd = bf_alloc(BQ * np * 4);
-            w.S = bf_alloc(BQ * BK * 4);
-            w.pd = bf_alloc(BQ * (BK / 2) * 4);
-            w.O = bf_alloc(BQ * dvp * 4);
-            w.m = bf_alloc(BQ * 4);
-            w.l = bf_alloc(BQ * 4);
-            const int ok = w.qd && w.S && w.pd && w.O && w.m && w.l;
-            if (!ok) {
-#pragma omp atomic write
-                failed = 1;
-            }
+    {
+        uint32_t *base = all + per * omp_get_thread_num();
+        bscratch w;
+        w.qd = base;
+        w.S = (float *)(base += n_qd);
+        w.pd = base += n_S;
+        w.O = (float *)(base += n_pd);
+        w.m = (float *)(base += n_O);
+        w.l = (float *)(base += r16);
+        w.kp = local ? (base += r16) : NULL;
+        w.vp = local ? base + n_kp : NULL;
+        if (decode) {
+#pragma omp for schedule(dynamic)
+            for (int64_t x = 0; x < BH; x++) bf16_decode(c, &w, dvp, x / pr->H, x % pr->H);
+        } else {
 #pragma omp for schedule(dynamic)
             for (int64_t x = 0; x < BH * nqb; x++)
-                if (ok) bf16_block(c, &w, KP, VP, np, dvp, ntile, x / nqb / pr->H, x / nqb % pr->H, x % nqb);
-            free(w.qd), free(w.S), free(w.pd), free(w.O), free(w.m), free(w.l);
+                bf16_block(c, &w, KP, VP, np, dvp, ntile, x / nqb / pr->H, x / nqb % pr->H, x % nqb);
         }
     }
+    free(all);
     free(KP);
     free(VP);
-    if (failed) return attn_fail(err, ATTN_ERR_NOMEM, "bf16 fused forward: out of memory");
     return ATTN_OK;
 }
 

@@ -140,6 +140,74 @@ static inline void round_row(const float *s, uint32_t *pd) {
     }
 }
 
+static inline __mmask32 mask32(int64_t n) { /* the first min(n, 32) of 32 */
+    return n >= 32 ? 0xffffffffu : (__mmask32)((1u << n) - 1u);
+}
+
+/* Decode scores: S[r][j] = q[r]·k[j] for j < nk, 32 products of a row per
+ * VDPBF16PS, then a horizontal sum. */
+static void qk_direct(int nr, const uint16_t *const *q, const uint16_t *k, int64_t ks, int64_t nk,
+                      int64_t D, float *S) {
+    const int64_t nc = (D + 31) / 32;
+    for (int64_t j = 0; j < nk; j++) {
+        const uint16_t *kr = k + j * ks;
+        _mm_prefetch((const char *)(kr + 16 * ks), _MM_HINT_T0); /* rows ahead */
+        _mm_prefetch((const char *)(kr + 16 * ks) + 64, _MM_HINT_T0);
+        __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
+                         _mm512_setzero_ps()};
+        for (int64_t c = 0; c < nc; c++) {
+            const __mmask32 m = mask32(D - 32 * c);
+            const __m512i kv = m == 0xffffffffu ? _mm512_loadu_si512(kr + 32 * c)
+                                                : _mm512_maskz_loadu_epi16(m, kr + 32 * c);
+            for (int r = 0; r < nr; r++)
+                acc[r] = dot2(acc[r], _mm512_maskz_loadu_epi16(m, q[r] + 32 * c), kv);
+        }
+        for (int r = 0; r < nr; r++) S[r * 96 + j] = _mm512_reduce_add_ps(acc[r]);
+    }
+    for (int r = 0; r < nr; r++)
+        for (int64_t j = nk; j < 96; j++) S[r * 96 + j] = 0.0f;
+}
+
+/* Decode P·V: rows 2t and 2t + 1 of V interleaved into pairs (VPERMT2W),
+ * then as pv_rows. */
+static void pv_direct(int nr, const uint32_t *pd, const uint16_t *v, int64_t vs, int64_t nk,
+                      int64_t Dv, int64_t dvp, float *O) {
+    uint16_t il[32], ih[32];
+    for (int i = 0; i < 16; i++) {
+        il[2 * i] = (uint16_t)i, il[2 * i + 1] = (uint16_t)(32 + i);
+        ih[2 * i] = (uint16_t)(16 + i), ih[2 * i + 1] = (uint16_t)(48 + i);
+    }
+    const __m512i lo_i = _mm512_loadu_si512(il), hi_i = _mm512_loadu_si512(ih);
+    const int64_t nkp = (nk + 1) / 2;
+    for (int64_t d0 = 0; d0 < Dv; d0 += 32) {
+        const __mmask32 m = mask32(Dv - d0);
+        const int two = d0 + 16 < dvp; /* a second vector of 16 columns */
+        __m512 acc[4][2];
+        for (int r = 0; r < nr; r++) {
+            acc[r][0] = _mm512_loadu_ps(O + r * dvp + d0);
+            acc[r][1] = two ? _mm512_loadu_ps(O + r * dvp + d0 + 16) : _mm512_setzero_ps();
+        }
+        for (int64_t t = 0; t < nkp; t++) {
+            _mm_prefetch((const char *)(v + (2 * t + 16) * vs + d0), _MM_HINT_T0);
+            _mm_prefetch((const char *)(v + (2 * t + 17) * vs + d0), _MM_HINT_T0);
+            const __m512i a = _mm512_maskz_loadu_epi16(m, v + 2 * t * vs + d0);
+            const __m512i b = 2 * t + 1 < nk ? _mm512_maskz_loadu_epi16(m, v + (2 * t + 1) * vs + d0)
+                                             : _mm512_setzero_si512();
+            const __m512i lo = _mm512_permutex2var_epi16(a, lo_i, b);
+            const __m512i hi = _mm512_permutex2var_epi16(a, hi_i, b);
+            for (int r = 0; r < nr; r++) {
+                const __m512i p = _mm512_set1_epi32((int)pd[r * 48 + t]);
+                acc[r][0] = dot2(acc[r][0], p, lo);
+                acc[r][1] = dot2(acc[r][1], p, hi);
+            }
+        }
+        for (int r = 0; r < nr; r++) {
+            _mm512_storeu_ps(O + r * dvp + d0, acc[r][0]);
+            if (two) _mm512_storeu_ps(O + r * dvp + d0 + 16, acc[r][1]);
+        }
+    }
+}
+
 #include "sdpa_fused_bf16.h"
 
 const attn_fused_kernels attn_fused_bf16_kernels_avx512bf16 = FUSED_BF16_KERNELS("avx512bf16");

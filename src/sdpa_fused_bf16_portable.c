@@ -53,6 +53,41 @@ static inline void round_row(const float *s, uint32_t *pd) {
         pd[t] = (uint32_t)attn_bf16_round(s[2 * t]) | (uint32_t)attn_bf16_round(s[2 * t + 1]) << 16;
 }
 
+/* Decode scores from the rows: pairs along d in order, as qk_tile. */
+static void qk_direct(int nr, const uint16_t *const *q, const uint16_t *k, int64_t ks, int64_t nk,
+                      int64_t D, float *S) {
+    for (int r = 0; r < nr; r++) {
+        for (int64_t j = 0; j < nk; j++) {
+            const uint16_t *kr = k + j * ks;
+            float s = 0.0f;
+            int64_t d = 0;
+            for (; d + 1 < D; d += 2)
+                s = s + attn_bf16_to_f32(q[r][d]) * attn_bf16_to_f32(kr[d]) +
+                    attn_bf16_to_f32(q[r][d + 1]) * attn_bf16_to_f32(kr[d + 1]);
+            if (d < D) s = s + attn_bf16_to_f32(q[r][d]) * attn_bf16_to_f32(kr[d]);
+            S[r * 96 + j] = s;
+        }
+        for (int64_t j = nk; j < 96; j++) S[r * 96 + j] = 0.0f;
+    }
+}
+
+/* Decode P·V from V's rows, keys paired (2t, 2t + 1) as pv_tile. */
+static void pv_direct(int nr, const uint32_t *pd, const uint16_t *v, int64_t vs, int64_t nk,
+                      int64_t Dv, int64_t dvp, float *O) {
+    for (int r = 0; r < nr; r++) {
+        float *o = O + r * dvp;
+        for (int64_t t = 0; 2 * t < nk; t++) {
+            const float a0 = lo_f(pd[r * 48 + t]), a1 = hi_f(pd[r * 48 + t]);
+            const uint16_t *v0 = v + 2 * t * vs, *v1 = v0 + vs;
+            if (2 * t + 1 < nk)
+                for (int64_t d = 0; d < Dv; d++)
+                    o[d] = o[d] + a0 * attn_bf16_to_f32(v0[d]) + a1 * attn_bf16_to_f32(v1[d]);
+            else
+                for (int64_t d = 0; d < Dv; d++) o[d] = o[d] + a0 * attn_bf16_to_f32(v0[d]) + a1 * 0.0f;
+        }
+    }
+}
+
 #include "sdpa_fused_bf16.h"
 
 const attn_fused_kernels attn_fused_bf16_kernels_portable = FUSED_BF16_KERNELS("portable");

@@ -19,7 +19,8 @@ import attn.torch as at
 
 # (B, H, Lq, Lk, D, Dv)
 SHAPES = [(1, 2, 1, 37, 16, 16), (2, 2, 3, 50, 32, 32), (2, 3, 64, 64, 32, 32),
-          (1, 2, 100, 130, 64, 48), (1, 1, 17, 300, 80, 80)]
+          (1, 2, 100, 130, 64, 48), (1, 1, 17, 300, 80, 80), (2, 2, 3, 97, 17, 33),
+          (1, 2, 70, 101, 33, 17)]  # odd head sizes: the pair tails
 MASKS = ["none", "causal", "padding", "bool", "additive", "causal+padding"]
 WORST = {}  # (path, quantity) -> worst attn error / allowed error
 
