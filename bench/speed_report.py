@@ -5,7 +5,8 @@
         [--out DIR] [--ort-modules DIR] [--build build]
 
 Each round runs, one after the other on the same threads:
-  attention  attn-bench --impl fused (the suite; the fused path),
+  attention  attn-bench --impl fused (the suite; the fused path), in fp32 and
+             with --dtype bf16 (bf16 q, k, v; fp32 accumulation),
              bench/torch_attn_bench.py (PyTorch's math path) and
              ../shared/peers/ort_attn_bench.js attn23 mha gqa (onnxruntime's
              three CPU operators, when node and onnxruntime-node are there:
@@ -82,6 +83,11 @@ def attention_round(a, rnd, out):
     for r in rows[1:]:
         if "ms" in r:
             out.append({"round": rnd, "kind": "attn", "prog": "attn-fused", **r})
+    txt, _ = run([os.path.join(a.build, "attn-bench"), "--threads", str(a.threads), "--impl",
+                  "fused", "--json", "--dtype", "bf16"], passive)
+    for r in json_lines(txt):
+        if "ms" in r:
+            out.append({"round": rnd, "kind": "attn", "prog": "attn-fused-bf16", **r})
     txt, _ = run([PY, os.path.join(HERE, "torch_attn_bench.py"), "--threads", str(a.threads),
                   "--json"], passive)
     for r in json_lines(txt):
@@ -156,8 +162,9 @@ def report(rows, threads, out=sys.stdout):
             keys.append((case_key(r), r["op"]))
     if keys:
         p("| B,H,Lq,Lk,D,causal | op | attn fused ms | % peak | torch-math ms | best ORT ms (op) |"
-              " fused vs best peer | target |")
-        p("|---|---|---|---|---|---|---|---|")
+              " fused vs best peer | target | attn bf16 ms | bf16 vs fp32 | bf16 vs best peer |"
+              " bf16 target |")
+        p("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for k, op in keys:
         def ms_of(prog):
             return med([r["ms"] for r in att if r["prog"] == prog and case_key(r) == k and r["op"] == op])
@@ -186,11 +193,26 @@ def report(rows, threads, out=sys.stdout):
         if Lq >= 1024 and not c and not dec:
             need = 0.85 if op == "fwd" else 0.80
             tgt.append("≥ %d%% peak: %s" % (100 * need, "met" if frac >= need else "not met"))
-        p("| %d,%d,%d,%d,%d,%s | %s | %.2f | %s | %s | %s | %s | %s |" % (
+        # bf16 (issue 26): forward >= 1.6x fp32 at L >= 1024 and >= 1.25x
+        # every peer (fp32 peers: none here has a fused bf16 attention);
+        # backward >= 1.4x fp32
+        bf = ms_of("attn-fused-bf16")
+        vs32, vspeer = f / bf, (min(peers) / bf if peers else float("nan"))
+        btgt = []
+        if bf == bf and op == "fwd" and not dec:
+            if Lq >= 1024:
+                btgt.append("≥ 1.6× fp32: %s" % ("met" if vs32 >= 1.6 else "not met"))
+            if peers:
+                btgt.append("≥ 1.25× peers: %s" % ("met" if vspeer >= 1.25 else "not met"))
+        if bf == bf and op == "bwd" and Lq >= 1024:
+            btgt.append("≥ 1.4× fp32: %s" % ("met" if vs32 >= 1.4 else "not met"))
+        p("| %d,%d,%d,%d,%d,%s | %s | %.2f | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
             B, H, Lq, Lk, D, "yes" if c else "no", op, f, pk,
             "%.2f" % tm_ if tm_ == tm_ else "–",
             "%.2f (%s)" % (best_ort[1], best_ort[0][4:]) if best_ort else "–",
-            "%.2f×" % ratio if ratio == ratio else "–", "; ".join(tgt) or "–"))
+            "%.2f×" % ratio if ratio == ratio else "–", "; ".join(tgt) or "–",
+            "%.2f" % bf if bf == bf else "–", "%.2f×" % vs32 if bf == bf else "–",
+            "%.2f×" % vspeer if vspeer == vspeer else "–", "; ".join(btgt) or "–"))
     # training
     tr = [r for r in rows if r["kind"] == "train"]
     if tr:
