@@ -176,6 +176,12 @@ def one_run(a, engine, task, seed):
            "auc_top10": pmo.auc(scores, 10, a.budget), "auc_top1": pmo.auc(scores, 1, a.budget),
            "auc_top100": pmo.auc(scores, 100, a.budget),
            "top10": pmo.curve(scores, 10, a.budget)[-1][1] if scores else 0.0}
+    with open(os.path.join(d, "scored.csv")) as f:  # the scorer sent scaffold= (the filter's key)
+        head = f.readline().rstrip("\n").split(",")
+        if "scaffold" in head:
+            k = head.index("scaffold")
+            rows = [l.split(",") for l in f]
+            res["scaffold_share"] = sum(1 for r in rows if len(r) > k and r[k]) / max(len(rows), 1)
     sp = os.path.join(d, "summary.json")
     if os.path.exists(sp):
         with open(sp) as f:
@@ -224,8 +230,12 @@ def table(results, a):
     for t in tasks:
         row = [t]
         for e in engines:
-            m, sd = _ms([r["auc_top10"] for r in by.get((e, t), [])])
-            row.append(_cell(m, sd))
+            rs = by.get((e, t), [])
+            m, sd = _ms([r["auc_top10"] for r in rs])
+            short = [r for r in rs if r["calls"] < a.budget]  # stopped early: padded
+            row.append(_cell(m, sd) + (" (%s at %s calls)" % (
+                ",".join(sorted({str(r.get("stop")) for r in short})),
+                ",".join(str(r["calls"]) for r in short)) if short else ""))
             if m is not None:
                 sums[e] += m
                 counted[e] += 1
