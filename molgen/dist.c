@@ -118,12 +118,14 @@ mg_status mg_dist_agree(mg_dist *d, mg_status rc, mg_error *err) {
     if (!d || d->size <= 1) return rc;
 #ifdef MG_HAVE_MPI
     collective();
-    int mine = rc ? d->rank : INT_MAX, first = INT_MAX;
+    /* a rank holding MG_ERR_PEER (an earlier agreement) is not the origin */
+    int mine = !rc ? INT_MAX : rc == MG_ERR_PEER ? INT_MAX - 1 : d->rank, first = INT_MAX;
     const double t = mg_now_s();
     MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
     d->comm_s += mg_now_s() - t;
     if (first == INT_MAX) return MG_OK;
-    if (first == d->rank) return rc;
+    if (first == d->rank || (first == INT_MAX - 1 && rc)) return rc;
+    if (first == INT_MAX - 1) return mg_fail(err, MG_ERR_PEER, "a rank of %d failed", d->size);
     return mg_fail(err, MG_ERR_PEER, "rank %d of %d failed", first, d->size);
 #else
     (void)err;
@@ -233,6 +235,56 @@ mg_status mg_dist_gather(mg_dist *d, const void *bytes, size_t n, void **all, si
         free(*all);
         *all = NULL;
     }
+done:
+    free(counts);
+    free(at);
+    return rc;
+#else
+    return mg_fail(err, MG_ERR_STATE, "no MPI");
+#endif
+}
+
+mg_status mg_dist_allgather(mg_dist *d, const void *bytes, size_t n, void **all, size_t *all_n,
+                            mg_error *err) {
+    *all = NULL;
+    *all_n = 0;
+    if (!d || d->size <= 1) {
+        if (!(*all = malloc(n ? n : 1))) return mg_fail(err, MG_ERR_NOMEM, "out of memory");
+        if (n) memcpy(*all, bytes, n);
+        *all_n = n;
+        return MG_OK;
+    }
+#ifdef MG_HAVE_MPI
+    collective();
+    mg_status rc = MG_OK;
+    if (n > INT_MAX)
+        rc = mg_fail(err, MG_ERR_TOO_LONG, "rank %d's part is %zu bytes: more than MPI's count",
+                     d->rank, n);
+    int *counts = malloc((size_t)d->size * sizeof *counts);
+    int *at = malloc((size_t)d->size * sizeof *at);
+    if (!rc && (!counts || !at)) rc = mg_fail(err, MG_ERR_NOMEM, "out of memory");
+    if ((rc = mg_dist_agree(d, rc, err))) goto done;
+    const double t = mg_now_s();
+    int mine = (int)n;
+    MPI_Allgather(&mine, 1, MPI_INT, counts, 1, MPI_INT, MPI_COMM_WORLD);
+    size_t total = 0;
+    for (int r = 0; r < d->size; r++) total += (size_t)counts[r];
+    if (total > INT_MAX)
+        rc = mg_fail(err, MG_ERR_TOO_LONG, "%zu bytes to gather: more than MPI's count", total);
+    else if (!(*all = malloc(total ? total : 1)))
+        rc = mg_fail(err, MG_ERR_NOMEM, "out of memory for %zu bytes", total);
+    for (int r = 0, o = 0; r < d->size && !rc; r++) {
+        at[r] = o;
+        o += counts[r];
+    }
+    if (!(rc = mg_dist_agree(d, rc, err))) {
+        MPI_Allgatherv(bytes, mine, MPI_BYTE, *all, counts, at, MPI_BYTE, MPI_COMM_WORLD);
+        *all_n = total;
+    } else {
+        free(*all);
+        *all = NULL;
+    }
+    d->comm_s += mg_now_s() - t;
 done:
     free(counts);
     free(at);

@@ -46,7 +46,9 @@ void mg_dist_range(size_t n, int rank, int size, size_t *i0, size_t *i1);
 /* Every rank's status: MG_OK when all are MG_OK; else on the lowest failed
  * rank its own rc (err already filled by its caller), on every other rank
  * MG_ERR_PEER "rank K of N failed": one rank reports, even when all failed
- * alike (a bad option, a missing file). */
+ * alike (a bad option, a missing file). A rank whose rc is MG_ERR_PEER (an
+ * earlier agreement's) is not a failed rank here: agreeing again keeps the
+ * origin's error. */
 mg_status mg_dist_agree(mg_dist *d, mg_status rc, mg_error *err);
 
 /* In place, over the ranks: x = the sum (f32: the gradients; f64: losses,
@@ -91,6 +93,13 @@ void mg_dist_hold_output(int argc, char **argv);
  * MG_ERR_NOMEM (agreed: every rank sees it). */
 mg_status mg_dist_gather(mg_dist *d, const void *bytes, size_t n, void **all, size_t *all_n,
                          mg_error *err);
+
+/* Every rank gets every rank's bytes[0..n) concatenated in rank order
+ * (*all malloc'ed, *all_n its length; a rank may give 0 bytes: the other
+ * ranks giving none makes it rank 0's broadcast). MG_ERR_NOMEM /
+ * MG_ERR_TOO_LONG agreed. Alone: a copy. */
+mg_status mg_dist_allgather(mg_dist *d, const void *bytes, size_t n, void **all, size_t *all_n,
+                            mg_error *err);
 
 #ifdef __cplusplus
 }

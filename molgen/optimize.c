@@ -96,6 +96,7 @@ struct mg_opt {
     const mg_vocab *vocab;
     mg_scorer *sc;
     mg_opt_opts op;
+    mg_dist *d, alone; /* the ranks (alone: op.dist NULL) */
     mg_adamw adam;
     int ctx, V;
     uint64_t prior_digest;
@@ -174,6 +175,8 @@ mg_status mg_opt_new(mg_model *prior, mg_model *agent, const mg_vocab *vocab,
     o->vocab = vocab;
     o->sc = scorer;
     o->op = *opts;
+    o->alone = (mg_dist){0, 1, 0.0};
+    o->d = opts->dist ? opts->dist : &o->alone;
     o->ctx = c->ctx_len;
     o->V = c->vocab_size;
     o->prior_digest = digest_params(prior);
@@ -235,6 +238,11 @@ void mg_opt_free(mg_opt *o) {
 }
 
 const char *mg_opt_stop_reason(const mg_opt *o) { return o->reason; }
+
+/* Every rank's rc agreed (alone: rc). */
+static mg_status agreed(mg_opt *o, mg_status rc, mg_error *err) {
+    return mg_dist_agree(o->d, rc, err);
+}
 int64_t mg_opt_calls(const mg_opt *o) { return (int64_t)o->nmol; }
 int64_t mg_opt_steps(const mg_opt *o) { return o->step; }
 
@@ -292,6 +300,7 @@ static int rows_T(const mg_opt *o, int first, int n) {
 /* NLL of rows [0, n) under m; the rows are repacked to width T in place of
  * the scratch's ctx + 1 into a temporary. Keeps m's activations. */
 static mg_status rows_nll(mg_opt *o, mg_model *m, int first, int n, double *nll, mg_error *err) {
+    if (n <= 0) return MG_OK;
     const int W = o->ctx + 1, T = rows_T(o, first, n);
     int32_t *p = malloc((size_t)n * T * sizeof *p);
     if (!p) return mg_fail(err, MG_ERR_NOMEM, "out of memory");
@@ -302,21 +311,23 @@ static mg_status rows_nll(mg_opt *o, mg_model *m, int first, int n, double *nll,
     return rc;
 }
 
-mg_status mg_opt_dap_backward(mg_model *agent, int n, const double *prior_nll,
-                              const double *agent_nll, const double *score,
-                              const unsigned char *use, double sigma, float *w, double *loss,
-                              mg_error *err) {
-    int N = 0;
-    for (int r = 0; r < n; r++) N += use[r] != 0;
+/* The DAP gradient of n rows that are part of a loss over N used rows (all
+ * ranks'): weights 2 d_r / N, the sum of d_r^2 of these rows into *sumsq;
+ * no backward (the gradients untouched) when none of them is used. */
+static mg_status dap_rows(mg_model *agent, int n, const double *prior_nll,
+                          const double *agent_nll, const double *score, const unsigned char *use,
+                          double sigma, int N, float *w, double *sumsq, mg_error *err) {
     double L = 0;
+    int any = 0;
     for (int r = 0; r < n; r++) {
         /* target - agent_ll = (-prior_nll + sigma s) + agent_nll */
         const double d = use[r] ? -prior_nll[r] + sigma * score[r] + agent_nll[r] : 0.0;
         L += d * d;
         w[r] = N ? (float)(2.0 * d / N) : 0.0f;
+        any |= use[r];
     }
-    *loss = N ? L / N : 0.0;
-    if (!N) return MG_OK;
+    *sumsq = L;
+    if (!any || !N) return MG_OK;
     mg_status rc = mg_model_set_row_weights(agent, w, n, err);
     if (!rc) rc = mg_model_backward(agent, err);
     mg_error e2;
@@ -324,19 +335,44 @@ mg_status mg_opt_dap_backward(mg_model *agent, int n, const double *prior_nll,
     return rc;
 }
 
+mg_status mg_opt_dap_backward(mg_model *agent, int n, const double *prior_nll,
+                              const double *agent_nll, const double *score,
+                              const unsigned char *use, double sigma, float *w, double *loss,
+                              mg_error *err) {
+    int N = 0;
+    for (int r = 0; r < n; r++) N += use[r] != 0;
+    double L = 0;
+    mg_status rc = dap_rows(agent, n, prior_nll, agent_nll, score, use, sigma, N, w, &L, err);
+    *loss = N ? L / N : 0.0;
+    return rc;
+}
+
 /* One Adam step on rows [0, n) whose NLLs under the prior (pnll) and the
- * agent (anll, its last forward) are computed, learning scores score [n];
- * rows with use[r] 0 get no weight. The loss in *loss. */
+ * agent (anll) are computed, learning scores score [n]; rows with use[r] 0
+ * get no weight. This rank's part of the rows (mg_dist_range) is the
+ * agent's last forward; the ranks' gradients are summed. The loss in *loss. */
 static mg_status dap_update(mg_opt *o, int n, const double *score, const unsigned char *use,
                             double *loss, mg_error *err) {
-    mg_status rc = mg_opt_dap_backward(o->agent, n, o->pnll, o->anll, score, use, o->op.sigma,
-                                       o->w, loss, err);
-    int any = 0;
-    for (int r = 0; r < n; r++) any |= use[r];
-    if (!rc && any)
-        rc = mg_adamw_step(&o->adam, mg_model_params(o->agent), mg_model_grads(o->agent), NULL,
-                           NULL, err);
-    return rc;
+    size_t a, b;
+    mg_dist_range((size_t)n, o->d->rank, o->d->size, &a, &b);
+    int N = 0;
+    for (int r = 0; r < n; r++) N += use[r] != 0;
+    double L = 0;
+    mg_status rc = dap_rows(o->agent, (int)(b - a), o->pnll + a, o->anll + a, score + a, use + a,
+                            o->op.sigma, N, o->w, &L, err);
+    int mine = 0;
+    for (size_t r = a; r < b; r++) mine |= use[r];
+    float *g = mg_model_grads(o->agent);
+    const size_t P = mg_model_num_params(o->agent);
+    if (!mine && o->d->size > 1) memset(g, 0, P * sizeof *g); /* no rows: adds nothing */
+    if ((rc = agreed(o, rc, err))) return rc;
+    if (o->d->size > 1 && N) {
+        mg_dist_sum_f32(o->d, g, P);
+        mg_dist_sum_f64(o->d, &L, 1);
+    }
+    *loss = N ? L / N : 0.0;
+    if (N) rc = mg_adamw_step(&o->adam, mg_model_params(o->agent), g, NULL, NULL, err);
+    return agreed(o, rc, err);
 }
 
 /* ------------------------------------------------------------ one step */
@@ -374,6 +410,77 @@ static const mol *mol_at(const mg_opt *o, const step_work *w, int64_t gi) {
     return gi < (int64_t)o->nmol ? &o->mols[gi] : &w->newm[gi - (int64_t)o->nmol];
 }
 
+/* reply -> bytes: [valid][score: 8 bytes][3 x (present byte, string NUL)] */
+static size_t reply_size(const mg_score_reply *r) {
+    const char *f[3] = {r->canonical, r->scaffold, r->comps};
+    size_t n = 1 + sizeof(double);
+    for (int i = 0; i < 3; i++) n += 1 + (f[i] ? strlen(f[i]) + 1 : 0);
+    return n;
+}
+
+static char *reply_put(const mg_score_reply *r, char *p) {
+    const char *f[3] = {r->canonical, r->scaffold, r->comps};
+    *p++ = (char)(r->valid != 0);
+    memcpy(p, &r->score, sizeof r->score);
+    p += sizeof r->score;
+    for (int i = 0; i < 3; i++) {
+        *p++ = (char)(f[i] != NULL);
+        if (!f[i]) continue;
+        const size_t l = strlen(f[i]) + 1;
+        memcpy(p, f[i], l);
+        p += l;
+    }
+    return p;
+}
+
+/* bytes [p, end) -> r (strings malloc'ed); the next reply, NULL when short */
+static const char *reply_get(const char *p, const char *end, mg_score_reply *r) {
+    char **f[3] = {&r->canonical, &r->scaffold, &r->comps};
+    if (end - p < (ptrdiff_t)(1 + sizeof(double))) return NULL;
+    r->valid = *p++;
+    memcpy(&r->score, p, sizeof r->score);
+    p += sizeof r->score;
+    for (int i = 0; i < 3; i++) {
+        if (p >= end) return NULL;
+        if (!*p++) continue;
+        const size_t l = strnlen(p, (size_t)(end - p));
+        if (p + l >= end || !(*f[i] = strdup(p))) return NULL;
+        p += l + 1;
+    }
+    return p;
+}
+
+/* smiles[0..k) scored: alone by the scorer; under ranks each rank's
+ * scorer scores its part (mg_dist_range) and every rank gets all k
+ * replies in order. A fault is the lowest failing rank's error. */
+static mg_status score_split(mg_opt *o, const char **smi, int k, mg_score_reply *rep,
+                             mg_error *err) {
+    mg_dist *d = o->d;
+    if (d->size <= 1) return mg_scorer_score(o->sc, smi, (size_t)k, rep, err);
+    memset(rep, 0, (size_t)k * sizeof *rep);
+    size_t a, b, n = 0;
+    mg_dist_range((size_t)k, d->rank, d->size, &a, &b);
+    mg_status rc = mg_scorer_score(o->sc, smi + a, b - a, rep + a, err);
+    for (size_t i = a; !rc && i < b; i++) n += reply_size(&rep[i]);
+    char *buf = rc ? NULL : malloc(n ? n : 1), *q = buf;
+    if (!rc && !buf) rc = mg_fail(err, MG_ERR_NOMEM, "out of memory");
+    for (size_t i = a; !rc && i < b; i++) q = reply_put(&rep[i], q);
+    for (size_t i = a; i < b; i++) mg_score_reply_clear(&rep[i]);
+    void *all = NULL;
+    size_t all_n = 0;
+    if (!(rc = agreed(o, rc, err))) rc = mg_dist_allgather(d, buf, n, &all, &all_n, err);
+    free(buf);
+    const char *p = all, *end = p + all_n;
+    for (int i = 0; !rc && i < k; i++)
+        if (!(p = reply_get(p, end, &rep[i])))
+            rc = mg_fail(err, MG_ERR_STATE, "the ranks' scorer replies are short at %d of %d", i,
+                         k);
+    free(all);
+    if (rc)
+        for (int i = 0; i < k; i++) mg_score_reply_clear(&rep[i]);
+    return agreed(o, rc, err);
+}
+
 /* Scores the batch's pending molecules within the budget (no state change). */
 static mg_status score_batch(mg_opt *o, step_work *w, mg_error *err) {
     const int B = w->B;
@@ -383,10 +490,8 @@ static mg_status score_batch(mg_opt *o, step_work *w, mg_error *err) {
     w->newm = calloc((size_t)B, sizeof *w->newm);
     int np = 0;
     mg_status rc = MG_OK;
-    if (!pend || !prow || !rep || !w->newm) {
-        rc = mg_fail(err, MG_ERR_NOMEM, "out of memory");
-        goto done;
-    }
+    if (!pend || !prow || !rep || !w->newm) rc = mg_fail(err, MG_ERR_NOMEM, "out of memory");
+    if ((rc = agreed(o, rc, err))) goto done;
     for (int i = 0; i < B; i++) {
         if (w->gi[i] != ROW_PENDING) continue;
         int dup = 0;
@@ -398,7 +503,7 @@ static mg_status score_batch(mg_opt *o, step_work *w, mg_error *err) {
         const int64_t left = o->op.budget - (int64_t)o->nmol - (int64_t)w->nnew;
         if (left <= 0) break;
         const int k = (int64_t)(np - sent) < left ? np - sent : (int)left;
-        if ((rc = mg_scorer_score(o->sc, pend + sent, (size_t)k, rep, err))) goto done;
+        if ((rc = score_split(o, pend + sent, k, rep, err))) goto done;
         for (int j = 0; j < k; j++) {
             mg_score_reply *r = &rep[j];
             const char *smi = pend[sent + j];
@@ -427,7 +532,7 @@ static mg_status score_batch(mg_opt *o, step_work *w, mg_error *err) {
                 if (w->gi[i] == ROW_PENDING && !strcmp(w->smp.smiles[i], smi)) w->gi[i] = gi;
             mg_score_reply_clear(r);
         }
-        if (rc) goto done;
+        if ((rc = agreed(o, rc, err))) goto done;
         sent += k;
     }
     for (int i = 0; i < B; i++)
@@ -488,10 +593,14 @@ static mg_status learning_scores(mg_opt *o, step_work *w, mg_error *err) {
     return MG_OK;
 }
 
-/* Augmented Memory's spellings of the new memory (no state change). */
+/* Augmented Memory's spellings of the new memory (no state change); under
+ * ranks each rank's scorer spells the memory rows that rank trains on
+ * (aug_rounds' split), the others stay NULL. */
 static mg_status augment(mg_opt *o, step_work *w, mg_error *err) {
     const int K = o->op.aug_rounds, n = w->nmem;
     if (!K || !n) return MG_OK;
+    size_t a, b;
+    mg_dist_range((size_t)n, o->d->rank, o->d->size, &a, &b);
     const char **smi = malloc((size_t)n * sizeof *smi);
     uint64_t *seeds = malloc((size_t)n * sizeof *seeds);
     w->aug = calloc((size_t)n * K, sizeof *w->aug);
@@ -505,7 +614,9 @@ static mg_status augment(mg_opt *o, step_work *w, mg_error *err) {
         seeds[k] = mg_mix64(o->op.seed ^ mg_mix64((uint64_t)o->step * 1000003u + (uint64_t)k));
         seeds[k] &= 0x7fffffffu; /* RDKit takes a 31-bit seed */
     }
-    mg_status rc = mg_scorer_randomize(o->sc, smi, seeds, (size_t)n, K, w->aug, err);
+    mg_status rc = b > a ? mg_scorer_randomize(o->sc, smi + a, seeds + a, b - a, K,
+                                               w->aug + a * (size_t)K, err)
+                         : MG_OK;
     free(smi);
     free(seeds);
     return rc;
@@ -562,6 +673,55 @@ static double top_mean(const mg_opt *o, size_t n) {
     return t / (double)k;
 }
 
+/* Under ranks: rank 0's batch (mg_sample gave it all n) to every rank, as
+ * [ended byte][ntok int32][SMILES NUL] per molecule. */
+static mg_status share_batch(mg_opt *o, mg_samples *smp, size_t n, mg_error *err) {
+    if (o->d->size <= 1) return MG_OK;
+    size_t bytes = 0;
+    for (size_t i = 0; i < smp->n; i++) bytes += 1 + sizeof(int32_t) + strlen(smp->smiles[i]) + 1;
+    char *buf = malloc(bytes ? bytes : 1), *p = buf;
+    mg_status rc = buf ? MG_OK : mg_fail(err, MG_ERR_NOMEM, "out of memory");
+    for (size_t i = 0; !rc && i < smp->n; i++) {
+        const int32_t t = smp->ntok[i];
+        const size_t l = strlen(smp->smiles[i]) + 1;
+        *p++ = (char)smp->ended[i];
+        memcpy(p, &t, sizeof t);
+        memcpy(p + sizeof t, smp->smiles[i], l);
+        p += sizeof t + l;
+    }
+    void *all = NULL;
+    size_t all_n = 0;
+    if (!(rc = agreed(o, rc, err))) rc = mg_dist_allgather(o->d, buf, bytes, &all, &all_n, err);
+    free(buf);
+    if (rc || o->d->rank == 0) {
+        free(all);
+        return rc;
+    }
+    mg_samples_free(smp);
+    smp->n = n;
+    smp->smiles = calloc(n ? n : 1, sizeof *smp->smiles);
+    smp->ntok = calloc(n ? n : 1, sizeof *smp->ntok);
+    smp->ended = calloc(n ? n : 1, sizeof *smp->ended);
+    if (!smp->smiles || !smp->ntok || !smp->ended) rc = mg_fail(err, MG_ERR_NOMEM, "out of memory");
+    const char *q = all, *end = q + all_n;
+    for (size_t i = 0; !rc && i < n; i++) {
+        const char *z = q + 1 + sizeof(int32_t);
+        const size_t l = z < end ? strnlen(z, (size_t)(end - z)) : 0;
+        if (z >= end || z + l >= end) {
+            rc = mg_fail(err, MG_ERR_STATE, "rank 0 sent %zu molecules, not %zu", i, n);
+            break;
+        }
+        int32_t t;
+        smp->ended[i] = (unsigned char)*q;
+        memcpy(&t, q + 1, sizeof t);
+        smp->ntok[i] = t;
+        if (!(smp->smiles[i] = strdup(z))) rc = mg_fail(err, MG_ERR_NOMEM, "out of memory");
+        q = z + l + 1;
+    }
+    free(all);
+    return rc;
+}
+
 /* Prepares rows: batch rows 0..B-1 from the sample, then the replay rows. */
 static mg_status prepare(mg_opt *o, step_work *w, mg_error *err) {
     const int B = o->op.batch;
@@ -573,7 +733,9 @@ static mg_status prepare(mg_opt *o, step_work *w, mg_error *err) {
     so.seed = mg_mix64(o->op.seed ^ mg_mix64((uint64_t)o->step + 0x5851F42D4C957F2Dull));
     so.constrain = o->op.constrain;
     so.stop = o->op.stop;
+    so.dist = o->d->size > 1 ? o->d : NULL;
     mg_status rc = mg_sample(o->agent, o->vocab, &so, &w->smp, err);
+    if (!rc) rc = share_batch(o, &w->smp, (size_t)B, err);
     if (rc) return rc;
     w->gi = malloc((size_t)B * sizeof *w->gi);
     w->enc = calloc((size_t)B, 1);
@@ -612,30 +774,51 @@ static mg_status prepare(mg_opt *o, step_work *w, mg_error *err) {
         if (!encode_row(o, B + k, m->smiles))
             return mg_fail(err, MG_ERR_STATE, "memory molecule '%s' cannot be encoded", m->smiles);
     }
-    /* prior NLL of the sampled rows; the replayed ones' are stored */
-    if ((rc = rows_nll(o, o->prior, 0, B, o->pnll, err))) return rc;
+    return MG_OK;
+}
+
+/* The NLLs of the loss rows [0, N = B + replay): this rank's part [a, b)
+ * (mg_dist_range) through the prior (sampled rows; the replayed ones' are
+ * stored) and the agent (its activations kept for dap_update), then every
+ * rank's parts to every rank (a sum over zeros elsewhere: exact). */
+static mg_status row_nlls(mg_opt *o, const step_work *w, mg_error *err) {
+    const int B = w->B, N = B + w->nreplay;
+    size_t a, b;
+    mg_dist_range((size_t)N, o->d->rank, o->d->size, &a, &b);
+    const int pb = (int)b < B ? (int)b : B, pa = (int)a < pb ? (int)a : pb;
+    mg_status rc = rows_nll(o, o->prior, pa, pb - pa, o->pnll + pa, err);
     for (int k = 0; k < w->nreplay; k++) o->pnll[B + k] = o->mols[w->rmol[k]].prior_nll;
-    return rows_nll(o, o->agent, 0, B + w->nreplay, o->anll, err);
+    if (!rc) rc = rows_nll(o, o->agent, (int)a, (int)(b - a), o->anll + a, err);
+    if ((rc = agreed(o, rc, err)) || o->d->size <= 1) return rc;
+    for (int r = 0; r < N; r++) {
+        if (r < B && (r < pa || r >= pb)) o->pnll[r] = 0.0;
+        if (r < (int)a || r >= (int)b) o->anll[r] = 0.0;
+    }
+    mg_dist_sum_f64(o->d, o->pnll, (size_t)B);
+    mg_dist_sum_f64(o->d, o->anll, (size_t)N);
+    return MG_OK;
 }
 
 /* Augmented Memory's extra rounds on the committed memory. */
 static mg_status aug_rounds(mg_opt *o, step_work *w, mg_error *err) {
     const int K = o->op.aug_rounds, n = o->nmem;
+    size_t a, b; /* this rank's rows (augment's split) */
+    mg_dist_range((size_t)n, o->d->rank, o->d->size, &a, &b);
     double *sc = malloc((size_t)(n ? n : 1) * sizeof *sc);
     unsigned char *use = malloc((size_t)(n ? n : 1));
-    mg_status rc = sc && use ? MG_OK : mg_fail(err, MG_ERR_NOMEM, "out of memory");
+    mg_status rc = agreed(o, sc && use ? MG_OK : mg_fail(err, MG_ERR_NOMEM, "out of memory"), err);
     for (int k = 0; !rc && k < K && n; k++) {
         for (int r = 0; r < n; r++) {
-            const char *a = w->aug ? w->aug[(size_t)r * K + k] : NULL;
+            const char *sp = w->aug ? w->aug[(size_t)r * K + k] : NULL;
             const mol *m = &o->mols[o->mem[r].mol];
             use[r] = 1;
-            if (!a || !encode_row(o, r, a)) encode_row(o, r, m->smiles);
+            if (!sp || !encode_row(o, r, sp)) encode_row(o, r, m->smiles);
         }
         double loss;
-        rc = rows_nll(o, o->prior, 0, n, o->pnll, err);
-        if (!rc) rc = rows_nll(o, o->agent, 0, n, o->anll, err);
+        rc = rows_nll(o, o->prior, (int)a, (int)(b - a), o->pnll + a, err);
+        if (!rc) rc = rows_nll(o, o->agent, (int)a, (int)(b - a), o->anll + a, err);
         for (int r = 0; r < n; r++) sc[r] = o->mem[r].score;
-        if (!rc) rc = dap_update(o, n, sc, use, &loss, err);
+        if (!(rc = agreed(o, rc, err))) rc = dap_update(o, n, sc, use, &loss, err);
     }
     free(sc);
     free(use);
@@ -645,12 +828,13 @@ static mg_status aug_rounds(mg_opt *o, step_work *w, mg_error *err) {
 static mg_status step_once(mg_opt *o, mg_opt_progress *pg, mg_error *err) {
     step_work w;
     memset(&w, 0, sizeof w);
-    mg_status rc = prepare(o, &w, err);
+    mg_status rc = agreed(o, prepare(o, &w, err), err);
+    if (!rc) rc = row_nlls(o, &w, err);
     if (!rc) rc = score_batch(o, &w, err);
-    if (!rc) rc = learning_scores(o, &w, err);
-    if (!rc) rc = augment(o, &w, err);
+    if (!rc) rc = agreed(o, learning_scores(o, &w, err), err);
+    if (!rc) rc = agreed(o, augment(o, &w, err), err);
     const size_t nnew = w.nnew;
-    if (!rc) rc = commit(o, &w, err); /* past here the step is the state's */
+    if (!rc) rc = agreed(o, commit(o, &w, err), err); /* past here the step is the state's */
     const int B = w.B, N = B + w.nreplay;
     double s2[N > 0 ? N : 1];
     unsigned char use[N > 0 ? N : 1];
@@ -703,6 +887,30 @@ static int finished(mg_opt *o, const mg_opt_progress *pg) {
     return r != NULL;
 }
 
+/* The save hook, agreed; under ranks first a check that every rank holds
+ * the same state (the summed gradients are the same bits on every rank). */
+static mg_status save_state(mg_opt *o, mg_error *err) {
+    if (!mg_dist_same_u64(o->d, mg_opt_state_digest(o)))
+        return mg_fail(err, o->d->rank ? MG_ERR_PEER : MG_ERR_STATE,
+                       "the %d ranks hold different states (agents or scored molecules)",
+                       o->d->size);
+    return agreed(o, o->op.save(o->op.ctx, o, err), err);
+}
+
+uint64_t mg_opt_state_digest(mg_opt *o) {
+    const size_t P = mg_model_num_params(o->agent);
+    uint64_t h = digest_params(o->agent);
+    h = mg_fnv1a(h, o->adam.m, P * sizeof(float));
+    h = mg_fnv1a(h, o->adam.v, P * sizeof(float));
+    const int64_t n[4] = {o->step, o->adam.step, (int64_t)o->nmol, o->nmem};
+    h = mg_fnv1a(h, n, sizeof n);
+    for (size_t i = 0; i < o->nmol; i++) {
+        h = mg_fnv1a(h, o->mols[i].canonical, strlen(o->mols[i].canonical) + 1);
+        h = mg_fnv1a(h, &o->mols[i].score, sizeof(double));
+    }
+    return mg_fnv1a(h, o->mem, (size_t)o->nmem * sizeof *o->mem);
+}
+
 mg_status mg_opt_run(mg_opt *o, int *saved, mg_error *err) {
     *saved = 0;
     o->reason[0] = 0;
@@ -712,8 +920,10 @@ mg_status mg_opt_run(mg_opt *o, int *saved, mg_error *err) {
     mg_status rc = MG_OK;
     if ((int64_t)o->nmol >= o->op.budget) snprintf(o->reason, sizeof o->reason, "budget");
     while (!o->reason[0]) {
-        if (o->op.stop && *o->op.stop) {
-            rc = mg_fail(err, MG_ERR_INTERRUPTED, "interrupted by signal %d", (int)*o->op.stop);
+        int64_t sig = o->op.stop ? (int64_t)*o->op.stop : 0; /* any rank's */
+        mg_dist_max_i64(o->d, &sig, 1);
+        if (sig) {
+            rc = mg_fail(err, MG_ERR_INTERRUPTED, "interrupted by signal %d", (int)sig);
             break;
         }
         mg_opt_progress pg;
@@ -721,13 +931,13 @@ mg_status mg_opt_run(mg_opt *o, int *saved, mg_error *err) {
         if (o->op.progress) o->op.progress(o->op.ctx, &pg);
         const int done = finished(o, &pg);
         if ((done || o->step % o->op.save_every == 0) && o->op.save) {
-            if ((rc = o->op.save(o->op.ctx, o, err))) return rc;
+            if ((rc = save_state(o, err))) return rc;
             *saved = 1;
         }
     }
     if (rc && o->op.save) { /* the state of the failing step's start */
         mg_error e2;
-        if (!o->op.save(o->op.ctx, o, &e2)) *saved = 1;
+        if (!save_state(o, &e2)) *saved = 1;
     }
     return rc;
 }

@@ -43,6 +43,27 @@
  * the scorer's answers (thread count fixed); mg_opt_save writes everything
  * it depends on, so a resumed run continues bit for bit.
  *
+ * Ranks (opts.dist, dist.h; every rank holds the prior, the agent and its
+ * own scorer process, and every call below is collective): step s's batch
+ * is sampled split by index (mg_sample's dist: molecule i from stream i,
+ * the one-process batch) and shared with every rank; each chunk of
+ * molecules sent for scoring is split by index over the ranks' scorers and
+ * the replies shared, so every rank applies the cache, budget, diversity
+ * filter and memory to the same replies in the same order; the loss rows
+ * (batch + replay, and Augmented Memory's rows) are split by index, each
+ * rank runs the prior and agent forwards and the backward of its rows, the
+ * NLLs are shared and the gradients summed (mg_dist_sum_f32) before the
+ * same Adam step on every rank. What equals one process: the sampled
+ * molecules given the agent, the scorer's answers, and so the cache,
+ * calls and scored.csv's order; what does not bitwise: a row's NLL comes
+ * from a forward over another set of rows (another matrix height in the
+ * products) and the gradient is summed in another order, so the agent
+ * differs from one process's by rounding, which could flip a sampled
+ * token in a later step (not seen in the tests). Every failure is agreed
+ * (mg_dist_agree: the lowest failing rank keeps its error, the others get
+ * MG_ERR_PEER); the save hook is called on every rank (the command writes
+ * on rank 0).
+ *
  * Conventions: errors.h; nothing prints (progress through a callback). */
 #ifndef MG_OPTIMIZE_H
 #define MG_OPTIMIZE_H
@@ -52,6 +73,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "dist.h"
 #include "errors.h"
 #include "model.h"
 #include "smiles_check.h"
@@ -96,7 +118,8 @@ typedef struct {
     int64_t max_steps;  /* 0: none */
     int64_t stop_after; /* 0: none */
     int save_every;     /* steps between checkpoints (and at the end, faults) */
-    const volatile sig_atomic_t *stop;
+    const volatile sig_atomic_t *stop; /* under ranks: any rank's signal stops all */
+    mg_dist *dist;                     /* the ranks (NULL: alone) */
     void (*progress)(void *ctx, const mg_opt_progress *p);
     /* writes the run's files (the command layer: mg_opt_write_*) */
     mg_status (*save)(void *ctx, mg_opt *o, mg_error *err);
@@ -132,6 +155,9 @@ mg_status mg_opt_run(mg_opt *o, int *saved, mg_error *err);
 const char *mg_opt_stop_reason(const mg_opt *o); /* "" while running */
 int64_t mg_opt_calls(const mg_opt *o);
 int64_t mg_opt_steps(const mg_opt *o);
+/* A hash of the run's state (agent and Adam state bits, step, scored
+ * molecules, memory): the ranks check they resumed the same run. */
+uint64_t mg_opt_state_digest(mg_opt *o);
 
 /* The DAP loss of n rows after mg_model_sequence_nll(agent, rows) gave
  * agent_nll [n] (its activations kept): the mean over the rows with use[r]

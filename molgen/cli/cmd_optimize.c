@@ -10,6 +10,7 @@
 #include "cli_util.h"
 #include "commands.h"
 #include "dap_dump.h"
+#include "dist.h"
 #include "optimize.h"
 #include "scorer.h"
 #include "util.h"
@@ -108,8 +109,16 @@ static const char OPTIMIZE_NOTES[] =
     "score, prior and agent NLL, scaffold, components), best.smi (the 100 best),\n"
     "agent.safetensors (the agent: molgen sample reads it; its Adam state, memory\n"
     "and every scored molecule) and summary.json (top-1/10/100 means, PMO's AUC of\n"
-    "the top-10 over the budget, steps, stop reason). Progress on stderr. Runs as\n"
-    "one process (not under mpirun).\n";
+    "the top-10 over the budget, steps, stop reason). Progress on stderr.\n"
+    "Under mpirun -np N each rank holds the prior and the agent and starts its own\n"
+    "scorer (the same COMMAND); each step's batch is sampled and scored split over\n"
+    "the ranks by index, and every rank applies the replies in order: the molecules,\n"
+    "scores and calls are the single process's; the gradient is summed over the\n"
+    "ranks (the agent equals one process's up to float summation order). Rank 0\n"
+    "writes DIR and prints. The ranks must agree on every option but --threads,\n"
+    "--scorer-timeout and the paths, on the prior's weights and on the scorer\n"
+    "command; a scorer fault on any rank is said once (by the lowest failing\n"
+    "rank), the state saved. --resume with any number of ranks continues the run.\n";
 
 static void args_from_opts(opt_args *a, const mg_opt_opts *o) {
     a->budget = o->budget;
@@ -153,7 +162,7 @@ static void args_to_opts(const opt_args *a, mg_opt_opts *o) {
 typedef struct {
     const char *prior, *scorer, *out, *resume;
     double timeout;
-    int threads;
+    int threads, rank; /* rank: this process's under mpirun (0 alone) */
     char dir_scored[4200], dir_best[4200], dir_agent[4200], dir_summary[4200];
     double t0;
 } run_ctx;
@@ -173,8 +182,12 @@ static int parse(int argc, char **argv, mg_opt_opts *o, run_ctx *c) {
         mg_error err;
         char path[4200];
         snprintf(path, sizeof path, "%s/agent.safetensors", vals[3].text);
-        if (mg_opt_read_options(path, o, &err))
-            return fprintf(stderr, "molgen optimize: --resume %s: %s\n", vals[3].text, err.message), 1;
+        mg_status st = mg_dist_agree(mg_dist_world(), mg_opt_read_options(path, o, &err), &err);
+        if (st) {
+            const mg_error e0 = err;
+            if (st != MG_ERR_PEER) mg_fail(&err, st, "--resume %s: %s", vals[3].text, e0.message);
+            return mg_cli_report("optimize", st, &err), 1;
+        }
         args_from_opts(&a, o);
     }
     if ((rc = mg_cli_apply(&spec, 0, vals))) return rc;
@@ -190,7 +203,7 @@ static int parse(int argc, char **argv, mg_opt_opts *o, run_ctx *c) {
 }
 
 static void progress(void *ctx, const mg_opt_progress *p) {
-    (void)ctx;
+    if (((const run_ctx *)ctx)->rank) return; /* rank 0 prints */
     const int64_t done = p->calls - p->calls0;
     char eta[32] = "?";
     if (done > 0) mg_fmt_duration(p->seconds / (double)done * (double)(p->budget - p->calls), eta, sizeof eta);
@@ -214,6 +227,7 @@ static mg_status write_out(const char *path, mg_opt *o, int what, double secs, m
 
 static mg_status save(void *ctx, mg_opt *o, mg_error *err) {
     run_ctx *c = ctx;
+    if (c->rank) return MG_OK; /* rank 0 writes DIR */
     const double secs = mg_now_s() - c->t0;
     mg_status rc = mg_opt_save(o, c->dir_agent, err);
     if (!rc) rc = write_out(c->dir_scored, o, 0, secs, err);
@@ -225,10 +239,9 @@ static mg_status save(void *ctx, mg_opt *o, mg_error *err) {
 /* DIR's files claimed (checked, locked) before any work; 0 or 1 (said). */
 static int claim(run_ctx *c) {
     mg_error err;
-    if (mg_cli_check_output_dir(c->out, &err)) {
-        fprintf(stderr, "molgen optimize: --out %s: %s\n", c->out, err.message);
-        return 1;
-    }
+    mg_status rc = c->rank ? MG_OK : mg_cli_check_output_dir(c->out, &err);
+    if (rc) fprintf(stderr, "molgen optimize: --out %s: %s\n", c->out, err.message);
+    if (mg_dist_agree(mg_dist_world(), rc, &err)) return 1;
     snprintf(c->dir_scored, sizeof c->dir_scored, "%s/scored.csv", c->out);
     snprintf(c->dir_best, sizeof c->dir_best, "%s/best.smi", c->out);
     snprintf(c->dir_agent, sizeof c->dir_agent, "%s/agent.safetensors", c->out);
@@ -241,22 +254,60 @@ static int claim(run_ctx *c) {
     return mg_cli_claim_outputs("optimize", outs, 4, ins, 1) < 0;
 }
 
+/* The options that decide the run, for the ranks to agree on (--threads,
+ * --scorer-timeout and the paths are each rank's) into f; their number. */
+static size_t run_fields(const mg_opt_opts *o, const run_ctx *c, mg_dist_field *f) {
+    size_t k = 0;
+    f[k++] = (mg_dist_field){"--seed", o->seed};
+    f[k++] = (mg_dist_field){"--budget", (uint64_t)o->budget};
+    f[k++] = (mg_dist_field){"--batch", (uint64_t)o->batch};
+    f[k++] = (mg_dist_field){"--sigma", mg_dist_hash(&o->sigma, sizeof o->sigma)};
+    f[k++] = (mg_dist_field){"--lr", mg_dist_hash(&o->lr, sizeof o->lr)};
+    f[k++] = (mg_dist_field){"--constrain", (uint64_t)o->constrain};
+    f[k++] = (mg_dist_field){"--df", (uint64_t)o->df};
+    f[k++] = (mg_dist_field){"--df-bucket", (uint64_t)o->df_bucket};
+    f[k++] = (mg_dist_field){"--df-min-score", mg_dist_hash(&o->df_min_score, sizeof(double))};
+    f[k++] = (mg_dist_field){"--repeat-penalty", mg_dist_hash(&o->repeat_penalty, sizeof(double))};
+    f[k++] = (mg_dist_field){"--memory", (uint64_t)o->memory};
+    f[k++] = (mg_dist_field){"--replay", (uint64_t)o->replay};
+    f[k++] = (mg_dist_field){"--augmented-memory", (uint64_t)o->aug_rounds};
+    f[k++] = (mg_dist_field){"--collapse-steps", (uint64_t)o->collapse_steps};
+    f[k++] = (mg_dist_field){"--collapse-share", mg_dist_hash(&o->collapse_share, sizeof(double))};
+    f[k++] = (mg_dist_field){"--max-steps", (uint64_t)o->max_steps};
+    f[k++] = (mg_dist_field){"--stop-after", (uint64_t)o->stop_after};
+    f[k++] = (mg_dist_field){"--save-every", (uint64_t)o->save_every};
+    f[k++] = (mg_dist_field){"--resume", c->resume != NULL};
+    f[k++] = (mg_dist_field){"--scorer", mg_dist_hash_str(c->scorer)};
+    return k;
+}
+
+/* An engine call's status agreed over the ranks; 0, or 1 (said once). */
+static int agreed(mg_status rc, mg_error *err) {
+    if (!(rc = mg_dist_agree(mg_dist_world(), rc, err))) return 0;
+    mg_cli_report("optimize", rc, err);
+    return 1;
+}
+
 /* the models, the scorer and the engine; 0 or 1 (said) */
 static int setup(run_ctx *c, const mg_opt_opts *o, mg_model *mm[2], mg_vocab **v, mg_scorer **sc,
                  mg_opt **opt) {
     mg_error err;
+    mg_dist *world = mg_dist_world();
     if (mg_cli_load_model("optimize", c->prior, 0, &mm[0], v, NULL) ||
         mg_cli_load_model("optimize", c->prior, 0, &mm[1], NULL, NULL))
         return 1;
     mg_model_set_threads(mm[0], c->threads);
     mg_model_set_threads(mm[1], c->threads);
-    if (mg_scorer_start(c->scorer, c->timeout, sc, &err) ||
-        mg_opt_new(mm[0], mm[1], *v, *sc, o, opt, &err) ||
-        (c->resume && mg_opt_restore(*opt, c->dir_agent, &err))) {
-        fprintf(stderr, "molgen optimize: %s\n", err.message);
+    const mg_dist_field prior = {"the --prior file (its weights)",
+                                 world->size > 1 ? mg_dist_hash_model(mm[0], *v) : 0};
+    if (agreed(mg_dist_agree_fields(world, &prior, 1, &err), &err) ||
+        agreed(mg_scorer_start(c->scorer, c->timeout, sc, &err), &err) ||
+        agreed(mg_opt_new(mm[0], mm[1], *v, *sc, o, opt, &err), &err) ||
+        (c->resume && agreed(mg_opt_restore(*opt, c->dir_agent, &err), &err)))
         return 1;
-    }
-    return 0;
+    const mg_dist_field state = {"the --resume checkpoint (its contents)",
+                                 c->resume && world->size > 1 ? mg_opt_state_digest(*opt) : 0};
+    return agreed(mg_dist_agree_fields(world, &state, 1, &err), &err);
 }
 
 int cmd_optimize(int argc, char **argv) {
@@ -268,6 +319,11 @@ int cmd_optimize(int argc, char **argv) {
     if (rc) return rc < 0 ? 0 : rc;
     if (mg_opt_opts_check(&o, &err))
         return fprintf(stderr, "molgen optimize: %s\n", err.message), 2;
+    mg_dist_field fields[24];
+    if (agreed(mg_dist_agree_fields(mg_dist_world(), fields, run_fields(&o, &c, fields), &err),
+               &err))
+        return 1;
+    c.rank = mg_dist_world()->rank;
     if (claim(&c)) return 1;
     mg_catch_stop_signals();
     mg_model *mm[2] = {NULL, NULL};
@@ -278,17 +334,19 @@ int cmd_optimize(int argc, char **argv) {
     o.save = save;
     o.ctx = &c;
     o.stop = &mg_stop_signal;
+    o.dist = mg_dist_world();
     c.t0 = mg_now_s();
     rc = setup(&c, &o, mm, &v, &sc, &opt);
     int saved = 0;
-    if (!rc && mg_opt_run(opt, &saved, &err)) {
-        fprintf(stderr, "molgen optimize: %s\n", err.message);
-        if (saved)
+    mg_status st = rc ? MG_OK : mg_opt_run(opt, &saved, &err);
+    if (st) {
+        mg_cli_report("optimize", st, &err);
+        if (saved && !c.rank)
             fprintf(stderr, "molgen optimize: the state of step %lld's start is saved in %s: "
                             "continue with --resume %s\n",
                     (long long)mg_opt_steps(opt) + 1, c.dir_agent, c.out);
         rc = mg_stop_signal ? 128 + mg_stop_signal : 1;
-    } else if (!rc) {
+    } else if (!rc && !c.rank) {
         fprintf(stderr, "molgen optimize: %lld calls in %lld steps, %.1f s (stop: %s)\n",
                 (long long)mg_opt_calls(opt), (long long)mg_opt_steps(opt), mg_now_s() - c.t0,
                 mg_opt_stop_reason(opt));

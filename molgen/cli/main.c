@@ -39,7 +39,7 @@ static void usage(FILE *f) {
 
 /* The commands that split their work over the ranks of `mpirun -np N`
  * (dist.h); the others refuse to run as several ranks. */
-static const char *const RANKED[] = {"train", "sample", "score"};
+static const char *const RANKED[] = {"train", "sample", "score", "optimize"};
 
 static int run_command(const command *c, int argc, char **argv) {
     mg_error e;
@@ -60,7 +60,8 @@ static int run_command(const command *c, int argc, char **argv) {
     if (world->size > 1 && !ranked) {
         if (world->rank == 0)
             fprintf(stderr,
-                    "molgen %s: does not run as several MPI ranks (train, sample, score do)\n",
+                    "molgen %s: does not run as several MPI ranks (train, sample, score, "
+                    "optimize do)\n",
                     c->name);
         rc = 2;
     } else if (mg_dist_agree_fields(world, &cmd, 1, &e)) {
