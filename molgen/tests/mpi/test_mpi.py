@@ -457,8 +457,10 @@ def test_usage_error_said_once_refused(model):
 # ---------------------------------------------------------------- optimize
 # `molgen optimize` at 2 ranks against one process (issue 25 item 1): the
 # shipped prior, budget 200, batch 16, a scorer written here (the share of
-# nitrogen atoms, RDKit); each rank's scorer logs what it was sent to
-# LOG.<rank> and exits 3 at its AT-th molecule on rank FAULT_RANK.
+# nitrogen atoms, RDKit; !randomize seeded, as molgen.scoring's); each
+# rank's scorer logs the molecules it was sent to LOG.<rank> and exits 3 at
+# its AT-th molecule on rank FAULT_RANK. --augmented-memory 1: its rows are
+# split over the ranks too.
 OPT_PRIOR = os.path.join(REPO, "models", "molgen-moses.safetensors")
 OPT_SCORER = r'''
 import os, sys
@@ -470,6 +472,12 @@ log = open(os.environ["LOG"] + "." + rank, "a") if os.environ.get("LOG") else No
 n = 0
 for line in sys.stdin:
     s = line.rstrip("\n")
+    if s.startswith("!randomize"):
+        _, seed, k, smi = s.split("\t")
+        m = Chem.MolFromSmiles(smi)
+        print("\t".join(Chem.MolToRandomSmilesVect(m, int(k), randomSeed=int(seed) % 2147483647
+                                                    + 1) if m else []), flush=True)
+        continue
     n += 1
     if n == fail_at:
         sys.exit(3)
@@ -489,7 +497,7 @@ OPT_NLL_RTOL = 1e-5
 
 def opt_args(scorer, out, *more):
     return (["optimize", "--prior", OPT_PRIOR, "--scorer", scorer, "--budget", "200", "--batch",
-             "16", "--seed", "5", "--threads", "1", "--out", str(out)] + [str(m) for m in more])
+             "16", "--seed", "5", "--augmented-memory", "1", "--threads", "1", "--out", str(out)] + [str(m) for m in more])
 
 
 def opt_rows(out):
