@@ -136,6 +136,7 @@ mg_status mg_bench_sample(mg_model *m, const mg_vocab *v, mg_decode_kind kind, i
     o.batch = batch;
     o.kind = kind;
     o.seed = 1;
+    o.dtype = mg_model_dtype(m);
     double tok_rate[64];
     for (int run = -warmup; run < runs; run++) {
         mg_samples s;

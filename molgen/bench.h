@@ -6,7 +6,8 @@
  *              real (non-pad) target: tokens = B * ctx_len per step;
  *   sampling   molecules/s (and tokens/s) of mg_sample with the KV-cache
  *              decoder and with the naive one (whole prefix every step).
- * Each figure is the median of --runs timed runs after --warmup untimed
+ * Both run in the model's dtype (mg_model_set_dtype: fp32, or bf16
+ * operands with fp32 accumulation). Each figure is the median of --runs timed runs after --warmup untimed
  * ones. Without --model the model is freshly initialised (GPT-2 init) with
  * the MOSES vocabulary (27 ids); its molecules end at random lengths, so
  * compare samplers on a trained model (--model) for realistic lengths.
@@ -64,7 +65,8 @@ double mg_bench_peak(int threads, const char **isa);
  * rates in target tokens/s. runs <= 64. */
 mg_status mg_bench_train(mg_model *m, int B, int steps, int warmup, int runs, mg_batcher *data,
                          mg_bench_result *r, mg_error *err);
-/* Sampling: mg_sample of n molecules (batch rows, seed 1) per run; rates in
+/* Sampling: mg_sample of n molecules (batch rows, seed 1) per run, in the
+ * model's dtype (mg_model_dtype; bf16 needs MG_DECODE_KV); rates in
  * molecules/s, tok_rate in tokens/s, extra tokens per molecule. */
 mg_status mg_bench_sample(mg_model *m, const mg_vocab *v, mg_decode_kind kind, int n, int batch,
                           int warmup, int runs, mg_bench_result *r, mg_error *err);

@@ -47,6 +47,7 @@ mg_status mg_grad_dump(const mg_grad_dump_opts *o, mg_grad_dump_result *r, mg_er
         }
     }
     mg_model_set_threads(m, o->threads);
+    mg_model_set_dtype(m, (mg_dtype)o->dtype);
     if ((rc = mg_model_set_label_smoothing(m, o->label_smoothing, err))) {
         mg_model_free(m);
         return rc;
@@ -107,7 +108,8 @@ mg_status mg_grad_dump(const mg_grad_dump_opts *o, mg_grad_dump_result *r, mg_er
                              {"config", cfg},
                              {"loss", ls},
                              {"ntok", ns},
-                             {"label_smoothing", eps}};
+                             {"label_smoothing", eps},
+                             {"dtype", mg_dtype_name((mg_dtype)o->dtype)}};
     if ((rc = mg_st_write(o->out, t, 2 * nt + 2, meta, sizeof meta / sizeof meta[0], err)))
         goto out;
     r->loss = loss;

@@ -8,7 +8,7 @@
  * the others of random lengths, from seed. The file (safetensors): the
  * parameters under their names, their gradients as "grad.<name>", the batch
  * as "batch.ids" I32 [B, T] and "batch.lengths" I64 [B], and metadata
- * format=molgen-debug-grads, config, loss, ntok, label_smoothing. */
+ * format=molgen-debug-grads, config, loss, ntok, label_smoothing, dtype. */
 #ifndef MG_GRAD_DUMP_H
 #define MG_GRAD_DUMP_H
 
@@ -31,6 +31,7 @@ typedef struct {
     int threads;           /* 0: molgen's default */
     float label_smoothing; /* > 0: the forward runs in training mode with it
                                (dropout must be 0 for the oracle) */
+    int dtype;             /* mg_dtype of the products (mg_model_set_dtype) */
     const char *out;
 } mg_grad_dump_opts;
 

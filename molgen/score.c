@@ -104,7 +104,10 @@ static mg_status score_part(mg_model *m, const mg_vocab *v, const char *const *s
             memcpy(mg_model_params(rep[t]), mg_model_params(m),
                    mg_model_num_params(m) * sizeof(float));
     }
-    for (int t = 0; t < nt && !rc; t++) mg_model_set_threads(rep[t], 1);
+    for (int t = 0; t < nt && !rc; t++) {
+        mg_model_set_threads(rep[t], 1);
+        mg_model_set_dtype(rep[t], mg_model_dtype(m)); /* the copies score as m does */
+    }
     mg_status failed = MG_OK;
     char msg[sizeof err->message + 32] = ""; /* "molecule N: " + the message */
     for (size_t b0 = 0; b0 < n && !rc; b0 += SCORE_BLOCK) {

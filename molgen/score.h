@@ -18,6 +18,10 @@
  * product. Measured on the shipped model: 484 of 512 molecules differed,
  * by at most 4.2e-7 relative, between batches of 1 and of 64.)
  *
+ * Precision: the model's (mg_model_set_dtype): under MG_DT_BF16 the dense
+ * products take bf16 operands with fp32 accumulation, as train --dtype bf16
+ * computes its loss; everything else stays fp32.
+ *
  * Threads: up to `threads` copies of the model (the caller's for the first)
  * each take `batch` consecutive molecules at a time; results are written in
  * input order, so any range [first, first + n) of a list can be scored on

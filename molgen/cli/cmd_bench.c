@@ -20,6 +20,7 @@ typedef struct {
     const char *model, *data;
     int molgpt, batch, ctx, runs, warmup, steps, sample_n, naive_n, threads;
     int no_train, no_sample, json;
+    int dtype; /* mg_dtype: fp32, bf16 */
 } bench_args;
 
 #define T bench_args
@@ -42,6 +43,10 @@ static const mg_setting BENCH_OPTIONS[] = {
     {MG_OPT_STR(T, "data", "FILE", data,
                 "train on this file's molecules (file order, each batch cut to its longest row; "
                 "tokens/s counts real targets) instead of random full rows")},
+    {MG_OPT_CHOICE(T, "dtype", "fp32|bf16", dtype,
+                   "the products' operands in training and KV sampling: fp32, or bf16 with fp32 "
+                   "accumulation (train/sample --dtype bf16); naive sampling is fp32 only and "
+                   "is skipped under bf16")},
     {MG_OPT_FLAG(T, "no-train", no_train, "skip the training part")},
     {MG_OPT_FLAG(T, "no-sample", no_sample, "skip the sampling part")},
     {MG_OPT_FLAG(T, "json", json, "one JSON object on stdout instead of the table")},
@@ -51,7 +56,8 @@ static const mg_setting BENCH_OPTIONS[] = {
 static const char BENCH_USAGE[] =
     "usage: molgen bench [--molgpt] [--model FILE] [--batch B] [--ctx L] [--runs R]\n"
     "                    [--warmup W] [--steps S] [--sample-n N] [--naive-n N]\n"
-    "                    [--threads N] [--data FILE] [--no-train] [--no-sample] [--json]\n"
+    "                    [--threads N] [--data FILE] [--dtype fp32|bf16] [--no-train]\n"
+    "                    [--no-sample] [--json]\n"
     "Throughput of training (tokens/s of forward+backward+AdamW steps) and of\n"
     "sampling (molecules/s, KV-cache and naive decoding); medians of R timed\n"
     "runs after W warm-up runs. Training also reports its FLOP rate and mfu: the\n"
@@ -95,6 +101,7 @@ static int setup(bench_job *j) {
         mg_model_init(j->m, 1);
     }
     mg_model_set_threads(j->m, a->threads);
+    mg_model_set_dtype(j->m, (mg_dtype)a->dtype);
     if (!a->no_train && a->data) {
         mg_load_opts lo = {NULL, mg_model_get_config(j->m)->ctx_len + 1, 0};
         if (mg_dataset_load(a->data, &lo, j->v, NULL, &j->ds, NULL, &err) ||
@@ -123,7 +130,7 @@ static int bench_sampling(bench_job *j) {
         return 1;
     }
     if (!a->json) print_sample_line("kv", a->sample_n, a->batch, &j->kv);
-    if (a->naive_n <= 0) return 0;
+    if (a->naive_n <= 0 || a->dtype != MG_DT_F32) return 0; /* naive decoding is fp32 only */
     if (mg_bench_sample(j->m, j->v, MG_DECODE_NAIVE, a->naive_n, a->batch, a->warmup, a->runs,
                         &j->nv, &err)) {
         fprintf(stderr, "molgen bench: sampling (naive): %s\n", err.message);
@@ -167,10 +174,10 @@ static void print_json(const bench_job *j) {
     const mg_bench_result *tr = &j->tr, *kv = &j->kv, *nv = &j->nv;
     printf("{\"config\":\"%s\",\"n_layer\":%d,\"d_model\":%d,\"n_head\":%d,\"ctx_len\":%d,"
            "\"vocab_size\":%d,\"dropout\":%g,\"params\":%zu,\"threads\":%d,\"batch\":%d,"
-           "\"runs\":%d,\"warmup\":%d",
+           "\"runs\":%d,\"warmup\":%d,\"dtype\":\"%s\"",
            a->model ? "model" : j->cfg_name, c->n_layer, c->d_model, c->n_head, c->ctx_len,
            c->vocab_size, (double)c->dropout, mg_model_num_params(j->m), mg_model_threads(j->m),
-           a->batch, a->runs, a->warmup);
+           a->batch, a->runs, a->warmup, mg_dtype_name((mg_dtype)a->dtype));
     if (!a->no_train)
         printf(",\"train\":{\"tokens_per_s\":%.1f,\"min\":%.1f,\"max\":%.1f,\"steps_per_run\":%d,"
                "\"positions\":%d,\"data\":\"%s\",\"gflops\":%.4f,\"mfu\":%.5f,"
@@ -181,7 +188,7 @@ static void print_json(const bench_job *j) {
         printf(",\"sample_kv\":{\"molecules_per_s\":%.2f,\"min\":%.2f,\"max\":%.2f,"
                "\"tokens_per_s\":%.1f,\"tokens_per_molecule\":%.2f,\"n\":%d}",
                kv->median, kv->lo, kv->hi, kv->tok_rate, kv->extra, a->sample_n);
-        if (a->naive_n > 0)
+        if (a->naive_n > 0 && a->dtype == MG_DT_F32)
             printf(",\"sample_naive\":{\"molecules_per_s\":%.2f,\"min\":%.2f,\"max\":%.2f,"
                    "\"tokens_per_s\":%.1f,\"tokens_per_molecule\":%.2f,\"n\":%d}",
                    nv->median, nv->lo, nv->hi, nv->tok_rate, nv->extra, a->naive_n);
@@ -195,10 +202,10 @@ static int run(bench_job *j) {
     const mg_model_config *c = mg_model_get_config(j->m);
     if (!a->json)
         printf("molgen bench: %s config: %d layers, d_model %d, %d heads, ctx_len %d, vocab %d, "
-               "dropout %g; %.2fM parameters; %d threads\n",
+               "dropout %g; %.2fM parameters; %d threads; %s\n",
                j->cfg_name, c->n_layer, c->d_model, c->n_head, c->ctx_len, c->vocab_size,
                (double)c->dropout, (double)mg_model_num_params(j->m) / 1e6,
-               mg_model_threads(j->m));
+               mg_model_threads(j->m), mg_dtype_name((mg_dtype)a->dtype));
     if ((!a->no_sample && bench_sampling(j)) || (!a->no_train && bench_training(j))) return 1;
     if (a->json)
         print_json(j);

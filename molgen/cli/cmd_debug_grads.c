@@ -31,6 +31,9 @@ static const mg_setting DEBUG_GRADS_OPTIONS[] = {
                 "every parameter += U(-X/2, X/2) after the init")},
     {MG_OPT_F32(T, "label-smoothing", "X", label_smoothing, 0, 1, MG_OPEN_HI,
                 "the training loss's (then a training-mode forward)")},
+    {MG_OPT_CHOICE(T, "dtype", "fp32|bf16", dtype,
+                   "the products' operands: fp32, or bf16 with fp32 accumulation (train "
+                   "--dtype bf16's mixed precision)")},
 };
 #undef T
 
@@ -40,8 +43,9 @@ static const char DEBUG_GRADS_USAGE[] =
     "with p = --perturb), runs one forward/backward on a random batch and writes a\n"
     "safetensors file: the parameters under their names, their gradients as\n"
     "\"grad.<name>\", the batch as \"batch.ids\" I32 [B, T] and \"batch.lengths\"\n"
-    "I64 [B], and metadata config, loss, ntok. molgen/tests/test_model_torch.py\n"
-    "compares them with PyTorch autograd.\n";
+    "I64 [B], and metadata config, loss, ntok, dtype. molgen/tests/\n"
+    "test_model_torch.py and test_bf16_train_twin.py compare them with PyTorch\n"
+    "autograd.\n";
 
 int cmd_debug_grads(int argc, char **argv) {
     mg_grad_dump_opts g;

@@ -21,6 +21,7 @@
 typedef struct {
     const char *model, *smiles, *out, *column;
     int threads, batch, quiet, raw;
+    int dtype; /* mg_dtype: fp32, bf16 */
 } score_args;
 
 #define T score_args
@@ -39,6 +40,9 @@ static const mg_setting SCORE_OPTIONS[] = {
     {MG_OPT_INT(T, "batch", "N", batch, 1, 1 << 20,
                 "molecules a thread takes at a time; neither this nor --threads changes any "
                 "result: each molecule is its own forward")},
+    {MG_OPT_CHOICE(T, "dtype", "fp32|bf16", dtype,
+                   "the dense products' operands: fp32, or bf16 with fp32 accumulation (the "
+                   "loss train --dtype bf16 computes; faster on AVX512_BF16)")},
     {MG_OPT_FLAG(T, "quiet", quiet, "no summary on stderr")},
     {MG_OPT_FLAG(T, "raw-weights", raw,
                  "a checkpoint of train --ema: its last step's parameters, not the averaged "
@@ -60,9 +64,9 @@ static const char SCORE_NOTES[] =
     "The summary (counts per status, the first bad rows as file:line, molecules/s)\n"
     "goes to stderr; a bad row is reported, never an error. Under mpirun -np N the\n"
     "input is split over the ranks and rank 0 writes every row in input order; the\n"
-    "ranks must agree on the model, the records read and --csv-column/--raw-weights\n"
-    "(else one error names what differs). SIGINT/SIGTERM: nothing is written, the\n"
-    "exit status is 128 + the signal.\n";
+    "ranks must agree on the model, the records read and --csv-column/--raw-weights/\n"
+    "--dtype (else one error names what differs). SIGINT/SIGTERM: nothing is\n"
+    "written, the exit status is 128 + the signal.\n";
 
 /* A CSV field: as is, or quoted ("" for a quote) when it holds a comma, a
  * quote, whitespace or other control characters. */
@@ -174,8 +178,9 @@ static int prepare(score_job *j) {
     mg_catch_stop_signals(); /* SIGINT / SIGTERM: nothing written, 128 + the signal */
     /* --threads, --batch and --quiet change no row; --out is rank 0's */
     const mg_dist_field opt_fields[] = {{"--csv-column", mg_dist_hash_str(a->column)},
-                                        {"--raw-weights", a->raw ? MG_LOAD_RAW : 0}};
-    if (mg_dist_agree_fields(world, opt_fields, 2, &err)) {
+                                        {"--raw-weights", a->raw ? MG_LOAD_RAW : 0},
+                                        {"--dtype", (uint64_t)a->dtype}};
+    if (mg_dist_agree_fields(world, opt_fields, 3, &err)) {
         mg_cli_report("score", err.status, &err);
         return 1;
     }
@@ -185,6 +190,7 @@ static int prepare(score_job *j) {
     if (!j->to_stdout && mg_cli_claim_outputs("score", outs, 1, ins, 2) < 0) return 1;
     if (mg_cli_load_model("score", a->model, a->raw ? MG_LOAD_RAW : 0, &j->m, &j->v, NULL))
         return 1;
+    mg_model_set_dtype(j->m, (mg_dtype)a->dtype);
     const size_t nl = strlen(a->smiles);
     const int csv = a->column != NULL || (nl >= 4 && !strcasecmp(a->smiles + nl - 4, ".csv"));
     mg_report rep;
@@ -263,8 +269,9 @@ static void print_summary(const score_job *j, double secs) {
         if (count[s]) fprintf(stderr, ", %s %zu", mg_score_status_name(s), count[s]);
     char mean[64] = "no mean NLL (no molecule ok)";
     if (tok) snprintf(mean, sizeof mean, "mean NLL %.4f nats per token", nll / (double)tok);
-    fprintf(stderr, "; %s; %.0f molecules/s (%d threads)%s%s\n", mean,
-            (double)l->n / (secs > 1e-9 ? secs : 1e-9), j->threads, j->to_stdout ? "" : "; ",
+    fprintf(stderr, "; %s; %.0f molecules/s (%d threads, %s)%s%s\n", mean,
+            (double)l->n / (secs > 1e-9 ? secs : 1e-9), j->threads,
+            mg_dtype_name(mg_model_dtype(j->m)), j->to_stdout ? "" : "; ",
             j->to_stdout ? "" : j->a.out);
 }
 
