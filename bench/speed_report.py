@@ -12,11 +12,12 @@ Each round runs, one after the other on the same threads:
              three CPU operators, when node and onnxruntime-node are there:
              --ort-modules, default /tmp/ort/node_modules);
   training   molgen bench --no-sample --batch 32 (default config and MolGPT's,
-             random full rows and the batches of data/moses_20k.smi) beside
+             random full rows and the batches of data/moses_20k.smi; fp32 and
+             --dtype bf16) beside
              python3 -m molgen.torch_model bench (the PyTorch twin, 1 thread and the
              threads with OMP_WAIT_POLICY=PASSIVE, its best of the two);
   sampling   molgen bench --no-train on the shipped model (KV cache and
-             naive, batch 64) beside python3 -m molgen.torch_sample (--kv, and the
+             naive, batch 64; KV also with --dtype bf16) beside python3 -m molgen.torch_sample (--kv, and the
              prefix re-run: MolGPT's sampler).
 Rounds interleave the programs, so a change in the machine's load shows up
 in every column; the tables give the median over rounds of each program's
@@ -115,6 +116,10 @@ def train_round(a, rnd, out):
                       "--json"] + extra, {"OMP_WAIT_POLICY": "PASSIVE"})
         j = json_lines(txt)[-1]
         out.append({"round": rnd, "kind": "train", "prog": "molgen", "setting": name, **j["train"]})
+        txt, _ = run([mg, "bench", "--no-sample", "--batch", "32", "--threads", str(a.threads),
+                      "--json", "--dtype", "bf16"] + extra, {"OMP_WAIT_POLICY": "PASSIVE"})
+        out.append({"round": rnd, "kind": "train", "prog": "molgen-bf16", "setting": name,
+                    **json_lines(txt)[-1]["train"]})
         targs = ["--batch", "32", "--json"] + (["--molgpt"] if "--molgpt" in extra else []) + \
             (["--data", DATA] if "--data" in extra else [])
         for th, env in ((1, {}), (a.threads, {"OMP_WAIT_POLICY": "PASSIVE"})):
@@ -133,6 +138,11 @@ def sample_round(a, rnd, out):
     cfg = {k: j[k] for k in ("n_layer", "d_model", "ctx_len", "vocab_size")}
     for kind in ("sample_kv", "sample_naive"):
         out.append({"round": rnd, "kind": "sample", "prog": "molgen-" + kind[7:], **cfg, **j[kind]})
+    txt, _ = run([mg, "bench", "--no-train", "--model", MODEL, "--batch", "64", "--threads",
+                  str(a.threads), "--sample-n", "512", "--naive-n", "0", "--dtype", "bf16", "--json"],
+                 {"OMP_WAIT_POLICY": "PASSIVE"})
+    out.append({"round": rnd, "kind": "sample", "prog": "molgen-kv-bf16", **cfg,
+                **json_lines(txt)[-1]["sample_kv"]})
     for kv, n in ((True, 256), (False, 64)):
         txt, _ = run([PY, "-m", "molgen.torch_sample", "--model", MODEL, "-n",
                       str(n), "--batch", "64", "--threads", "1", "--runs", "3", "--json"] +
@@ -230,6 +240,18 @@ def report(rows, threads, out=sys.stdout):
         need = 0.75 if name.startswith("MolGPT") else 0.65
         p("| %s | %.0f | %.0f%% | %.0f | %.2f× | mfu ≥ %d%%: %s |" % (
             name, mt, 100 * mfu, bt, mt / bt, 100 * need, "met" if mfu >= need else "not met"))
+    # molgen bf16 training beside fp32 (issue 26: >= 1.4x fp32 tokens/s)
+    if [r for r in tr if r["prog"] == "molgen-bf16"]:
+        p("\n| training, batch 32, %d threads | molgen fp32 tokens/s | molgen bf16 tokens/s |"
+          " bf16 vs fp32 | target |" % threads)
+        p("|---|---|---|---|---|")
+    for name, _ in TRAIN:
+        f32 = med([r["tokens_per_s"] for r in tr if r["setting"] == name and r["prog"] == "molgen"])
+        b16 = med([r["tokens_per_s"] for r in tr if r["setting"] == name
+                   and r["prog"] == "molgen-bf16"])
+        if b16 == b16:
+            p("| %s | %.0f | %.0f | %.2f× | ≥ 1.4×: %s |" % (
+                name, f32, b16, b16 / f32, "met" if b16 >= 1.4 * f32 else "not met"))
     # sampling
     sm = [r for r in rows if r["kind"] == "sample"]
     kv = [r for r in sm if r["prog"] == "molgen-kv"]
@@ -245,13 +267,18 @@ def report(rows, threads, out=sys.stdout):
             p("(no FMA peak measured in this run: the sampling limit needs the attention part)")
         p("\n| sampling, shipped model, batch 64 | molecules/s | fraction of the arithmetic limit |")
         p("|---|---|---|")
-        for prog in ("molgen-kv", "molgen-naive", "torch-kv", "torch-naive"):
+        for prog in ("molgen-kv", "molgen-kv-bf16", "molgen-naive", "torch-kv", "torch-naive"):
             v = med([r["molecules_per_s"] for r in sm if r["prog"] == prog])
-            p("| %s | %.1f | %s |" % (prog, v, "%.0f%%" % (100 * v / limit) if prog == "molgen-kv" else "–"))
+            p("| %s | %.1f | %s |" % (prog, v, "%.0f%%" % (100 * v / limit) if prog.startswith("molgen-kv")
+                                      else "–"))
         mk = med([r["molecules_per_s"] for r in kv])
         p("\nArithmetic limit: %.2f MFLOP per token × %.1f tokens per molecule at %.0f GFLOP/s = "
               "%.0f molecules/s; target ≥ 1,000 molecules/s: %s (%.0f)."
               % (flop_tok / 1e6, tpm, peak, limit, "met" if mk >= 1000 else "not met", mk))
+        mb = med([r["molecules_per_s"] for r in sm if r["prog"] == "molgen-kv-bf16"])
+        if mb == mb:
+            p("bf16 KV sampling: %.0f molecules/s, %.2f× fp32; target ≥ 1,500 molecules/s: %s."
+              % (mb, mb / mk, "met" if mb >= 1500 else "not met"))
 
 
 def machine(threads):
