@@ -30,7 +30,6 @@ blank for one seed), REINVENT's published mean of 5, the sums.
 import argparse
 import concurrent.futures as cf
 import json
-import math
 import os
 import platform
 import shutil
