@@ -56,10 +56,12 @@ static void hold_end(int pass) {
     }
 }
 
+#ifdef MG_HAVE_MPI
 /* Every collective starts here: a rank that reached one passes its output. */
 static void collective(void) {
     if (g_saved_fd[0] >= 0 || g_saved_fd[1] >= 0) hold_end(1);
 }
+#endif
 
 mg_dist *mg_dist_world(void) { return &g_world; }
 
