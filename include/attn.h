@@ -263,8 +263,12 @@ typedef struct {
      *     to bf16 (ties to even) for P·V, the output tile accumulated in
      *     fp32 and rounded once to out_dtype. A call that asks for weights
      *     runs the fp32 fused kernels on the converted values;
-     *   - backward: the fp32 fused (or reference) backward on the converted
-     *     values: exact gradients of the bf16 inputs' attention in fp32.
+     *   - fused backward (PyTorch 2.x's CPU flash backward): S = Q·Kᵀ and
+     *     dP = dO·Vᵀ from bf16 values with fp32 accumulation, P and
+     *     dS = P ∘ (dP - D) (D = dO·O) in fp32 and rounded to bf16 for
+     *     dV = Pᵀ·dO, dK = dSᵀ·Q, dQ = dS·K (fp32 accumulation); an fp32
+     *     grad_out is rounded to bf16 for these products. Reference
+     *     backward: the fp32 one on the converted values.
      * Non-finite values: as the fp32 path, except that the bf16 fused
      * forward does not skip zero weights (a NaN or inf in V can reach rows
      * whose weight for it is 0). */

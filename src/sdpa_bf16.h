@@ -1,8 +1,8 @@
 /* bfloat16 for the scaled dot-product calls (attn.h: attn_dtype): the
  * scalar conversions every bf16 file shares, and the fp32 copies through
- * which the reference path, the backward and a bf16 forward that asks for
- * weights run the fp32 code on the converted values (sdpa_bf16.c; a leaf:
- * it calls nothing of the library but attn_fail). */
+ * which the reference path and a bf16 forward that asks for weights run
+ * the fp32 code on the converted values (sdpa_bf16.c; a leaf: it calls
+ * nothing of the library but attn_fail). */
 #ifndef ATTN_SDPA_BF16_H
 #define ATTN_SDPA_BF16_H
 
@@ -54,7 +54,7 @@ void attn_bf16_free(attn_bf16_f32 *w);
 
 /* isa.c: the bf16 fused forward of the active row (VDPBF16PS where the CPU
  * has AVX512_BF16, else the portable kernels; ATTN_FUSED_ISA lowers it as
- * for fp32). Its backward is NULL: bf16 backwards run the fp32 one. */
+ * for fp32), forward and backward. */
 const attn_fused_kernels *attn_fused_bf16_kernels_active(void);
 
 #endif

@@ -32,7 +32,10 @@ void attn_sdpa_fused_describe(const attn_problem *pr, const attn_varlen *varlen,
         return;
     }
     if (pr->dtype == ATTN_BF16 && !varlen) {
-        snprintf(buf, n, "fused path: bf16 inputs converted to fp32, %s kernels, backward %s", isa,
+        snprintf(buf, n,
+                 "fused path: bf16 %s kernels, backward %s (fp32 accumulation, P and dS rounded "
+                 "to bf16)",
+                 attn_fused_bf16_kernels_active()->name,
                  attn_fused_bwd_one_pass(pr) ? "one pass per head" : "two passes");
         return;
     }
@@ -92,19 +95,12 @@ attn_status attn_sdpa_fused_backward(const attn_problem *pr, const attn_tensor *
                                      const attn_tensor *out, const float *lse,
                                      const attn_tensor *dout, attn_tensor *dq, attn_tensor *dk,
                                      attn_tensor *dv, attn_error *err) {
-    if (pr->dtype == ATTN_BF16) { /* the fp32 backward on the converted values */
-        attn_bf16_f32 w;
-        attn_status s = attn_bf16_widen(pr, q, k, v, out, dout, 1, &w, err);
-        if (s) return s;
-        s = attn_sdpa_fused_backward(&w.pr, &w.q, &w.k, &w.v, &w.out, lse, &w.dout, dq, dk, dv, err);
-        attn_bf16_free(&w);
-        return s;
-    }
     attn_fused_call c;
     memset(&c, 0, sizeof c);
     c.pr = pr, c.q = q, c.k = k, c.v = v, c.out = out, c.lse_in = lse, c.dout = dout;
     c.dq = dq, c.dk = dk, c.dv = dv;
     c.blas = attn_fused_blas_on();
+    if (pr->dtype == ATTN_BF16) return attn_fused_bf16_kernels_active()->backward(&c, err);
     return attn_fused_kernels_active()->backward(&c, err);
 }
 

@@ -307,8 +307,9 @@ static int64_t bf16_scratch(const attn_problem *pr) {
     return 0; /* allocates its own */
 }
 
-/* The initializer of this file's export: the forward only (bf16 backwards
- * run the fp32 kernels on converted values, sdpa_fused.c). */
-#define FUSED_BF16_KERNELS(name) {name, bf16_forward, NULL, bf16_scratch}
+#include "sdpa_fused_bf16_bwd.h"
+
+/* The initializer of this file's export. */
+#define FUSED_BF16_KERNELS(name) {name, bf16_forward, bf16_backward, bf16_scratch}
 
 #endif

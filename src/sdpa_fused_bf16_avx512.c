@@ -208,6 +208,98 @@ static void pv_direct(int nr, const uint32_t *pd, const uint16_t *v, int64_t vs,
     }
 }
 
+/* The backward's products (sdpa_fused_bf16_bwd.h): C[r][16 v + ·] (+)=
+ * Σ_t dot2(A[r·ars + t·ats], B[t·ldb + 16 v + ·]) for NR rows, NV vectors. */
+static inline __attribute__((always_inline)) void gp_rows(const int NR, const int NV, int zero,
+                                                         const uint32_t *A, int64_t ars,
+                                                         int64_t ats, int64_t nt,
+                                                         const uint32_t *B, int64_t ldb, float *C,
+                                                         int64_t ldc) {
+    __m512 acc[4][6];
+    BUNROLL for (int r = 0; r < NR; r++) BUNROLL for (int v = 0; v < NV; v++) acc[r][v] =
+        zero ? _mm512_setzero_ps() : _mm512_loadu_ps(C + r * ldc + 16 * v);
+    for (int64_t t = 0; t < nt; t++) {
+        __m512i b[6];
+        BUNROLL for (int v = 0; v < NV; v++) b[v] = _mm512_loadu_si512(B + t * ldb + 16 * v);
+        BUNROLL for (int r = 0; r < NR; r++) {
+            const __m512i a = _mm512_set1_epi32((int)A[r * ars + t * ats]);
+            BUNROLL for (int v = 0; v < NV; v++) acc[r][v] = dot2(acc[r][v], a, b[v]);
+        }
+    }
+    BUNROLL for (int r = 0; r < NR; r++) BUNROLL for (int v = 0; v < NV; v++)
+        _mm512_storeu_ps(C + r * ldc + 16 * v, acc[r][v]);
+}
+
+#define GP_NV(NR)                                                                                  \
+    switch (nv) {                                                                                  \
+    case 6: gp_rows(NR, 6, zero, a, ars, ats, nt, b, ldb, cc, ldc); break;                        \
+    case 5: gp_rows(NR, 5, zero, a, ars, ats, nt, b, ldb, cc, ldc); break;                        \
+    case 4: gp_rows(NR, 4, zero, a, ars, ats, nt, b, ldb, cc, ldc); break;                        \
+    case 3: gp_rows(NR, 3, zero, a, ars, ats, nt, b, ldb, cc, ldc); break;                        \
+    case 2: gp_rows(NR, 2, zero, a, ars, ats, nt, b, ldb, cc, ldc); break;                        \
+    default: gp_rows(NR, 1, zero, a, ars, ats, nt, b, ldb, cc, ldc); break;                       \
+    }
+
+/* C[nr][16 nvec] (+)= A·B over nt pairs: rows by 4, vectors in groups of
+ * at most 6, as even as possible. */
+static void gemm_pairs(int64_t nr, int64_t nvec, int zero, const uint32_t *A, int64_t ars,
+                       int64_t ats, int64_t nt, const uint32_t *B, int64_t ldb, float *C,
+                       int64_t ldc) {
+    if (nvec <= 0) return;
+    const int64_t ng = (nvec + 5) / 6, per = (nvec + ng - 1) / ng;
+    for (int64_t v0 = 0; v0 < nvec; v0 += per) {
+        const int nv = (int)(per < nvec - v0 ? per : nvec - v0);
+        for (int64_t r = 0; r < nr; r += 4) {
+            const uint32_t *a = A + r * ars, *b = B + 16 * v0;
+            float *cc = C + r * ldc + 16 * v0;
+            switch (nr - r < 4 ? nr - r : 4) {
+            case 4: GP_NV(4) break;
+            case 3: GP_NV(3) break;
+            case 2: GP_NV(2) break;
+            default: GP_NV(1) break;
+            }
+        }
+    }
+}
+
+/* dst[j] = bf16(x0[j]) | bf16(x1[j]) << 16, j < 16 nvec (x1 NULL: 0). */
+static void pair_rows(const float *x0, const float *x1, int64_t nvec, uint32_t *dst) {
+    uint16_t ix[32];
+    for (int i = 0; i < 16; i++) ix[2 * i] = (uint16_t)i, ix[2 * i + 1] = (uint16_t)(16 + i);
+    const __m512i il = _mm512_loadu_si512(ix);
+    for (int64_t v = 0; v < nvec; v++) {
+        const __m256i a = (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(x0 + 16 * v));
+        const __m256i b =
+            x1 ? (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(x1 + 16 * v)) : _mm256_setzero_si256();
+        const __m512i ab = _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
+        _mm512_storeu_si512(dst + 16 * v, _mm512_permutexvar_epi16(il, ab));
+    }
+}
+
+/* pd[t] = bf16(s[2t]) | bf16(s[2t + 1]) << 16, t < 8 nvec. */
+static void round_pairs(const float *s, int64_t nvec, uint32_t *pd) {
+    int64_t v = 0;
+    for (; v + 1 < nvec; v += 2) {
+        const __m512bh h = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(s + 16 * v + 16),
+                                                _mm512_loadu_ps(s + 16 * v));
+        _mm512_storeu_si512(pd + 8 * v, (__m512i)h);
+    }
+    if (v < nvec)
+        _mm256_storeu_si256((__m256i *)(void *)(pd + 8 * v),
+                            (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(s + 16 * v)));
+}
+
+/* One row of the backward: s = P = exp(s - lse), dp = dS = P (dp - D). */
+static void bw_row(float *s, float *dp, int64_t nvec, float lse, float D) {
+    const __m512 lv = _mm512_set1_ps(lse), dv = _mm512_set1_ps(D);
+    for (int64_t v = 0; v < nvec; v++) {
+        const __m512 p = v_exp(_mm512_sub_ps(_mm512_loadu_ps(s + 16 * v), lv));
+        _mm512_storeu_ps(s + 16 * v, p);
+        _mm512_storeu_ps(dp + 16 * v,
+                         _mm512_mul_ps(p, _mm512_sub_ps(_mm512_loadu_ps(dp + 16 * v), dv)));
+    }
+}
+
 #include "sdpa_fused_bf16.h"
 
 const attn_fused_kernels attn_fused_bf16_kernels_avx512bf16 = FUSED_BF16_KERNELS("avx512bf16");

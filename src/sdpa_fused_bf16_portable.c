@@ -88,6 +88,43 @@ static void pv_direct(int nr, const uint32_t *pd, const uint16_t *v, int64_t vs,
     }
 }
 
+/* The backward's products: C[r][c] (+)= Σ_t dot2(A[r·ars + t·ats],
+ * B[t·ldb + c]), c < 16 nvec. */
+static void gemm_pairs(int64_t nr, int64_t nvec, int zero, const uint32_t *A, int64_t ars,
+                       int64_t ats, int64_t nt, const uint32_t *B, int64_t ldb, float *C,
+                       int64_t ldc) {
+    const int64_t nc = 16 * nvec;
+    for (int64_t r = 0; r < nr; r++) {
+        float *c = C + r * ldc;
+        if (zero)
+            for (int64_t j = 0; j < nc; j++) c[j] = 0.0f;
+        for (int64_t t = 0; t < nt; t++) {
+            const uint32_t x = A[r * ars + t * ats];
+            const float a0 = lo_f(x), a1 = hi_f(x);
+            const uint32_t *b = B + t * ldb;
+            for (int64_t j = 0; j < nc; j++) c[j] = c[j] + a0 * lo_f(b[j]) + a1 * hi_f(b[j]);
+        }
+    }
+}
+
+static void pair_rows(const float *x0, const float *x1, int64_t nvec, uint32_t *dst) {
+    for (int64_t j = 0; j < 16 * nvec; j++)
+        dst[j] = (uint32_t)attn_bf16_round(x0[j]) | (x1 ? (uint32_t)attn_bf16_round(x1[j]) << 16 : 0u);
+}
+
+static void round_pairs(const float *s, int64_t nvec, uint32_t *pd) {
+    for (int64_t t = 0; t < 8 * nvec; t++)
+        pd[t] = (uint32_t)attn_bf16_round(s[2 * t]) | (uint32_t)attn_bf16_round(s[2 * t + 1]) << 16;
+}
+
+static void bw_row(float *s, float *dp, int64_t nvec, float lse, float D) {
+    for (int64_t j = 0; j < 16 * nvec; j++) {
+        const float p = expf(s[j] - lse);
+        s[j] = p;
+        dp[j] = p * (dp[j] - D);
+    }
+}
+
 #include "sdpa_fused_bf16.h"
 
 const attn_fused_kernels attn_fused_bf16_kernels_portable = FUSED_BF16_KERNELS("portable");

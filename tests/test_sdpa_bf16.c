@@ -3,7 +3,9 @@
  * FlashAttention's accuracy rule against float64 of the same bf16 inputs,
  * |attn - fp64| <= 2 |PyTorch-like bf16 math path - fp64| + 1e-3 (max over
  * elements), for out and every gradient, on every instruction-set row the
- * CPU runs (the portable row forced too); the reference path on bf16 equals
+ * CPU runs (the portable row forced too), the backward from an fp32 and
+ * from a bf16 grad_out; the fused backward gives the same bits on 1 thread
+ * (one pass per head) and 3 (two passes); the reference path on bf16 equals
  * the fp32 reference on the converted values bitwise; bad dtypes refused. */
 #include "testutil.h"
 #include "internal.h"
@@ -161,18 +163,26 @@ static void run_shape(const shape *s, attn_impl impl, const char *isa) {
         slice(s, klen, b, 0, q + oq, k + ok, v + ok, g + oq, o64 + oq, dq64 + oq, dk64 + ok, dv64 + ok);
         slice(s, klen, b, 1, q + oq, k + ok, v + ok, g + oq, opt + oq, dqpt + oq, dkpt + ok, dvpt + ok);
     }
-    const char *names[4] = {"out", "dq", "dk", "dv"};
-    const float *got[4] = {out, dq, dk, dv};
-    const double *want[4] = {o64, dq64, dk64, dv64}, *pt[4] = {opt, dqpt, dkpt, dvpt};
-    const size_t n[4] = {nq, nq, nk, nk};
-    for (int t = 0; t < 4; t++) {
+    /* the backward again from the bf16 out and a bf16 grad_out (out_dtype bf16) */
+    float *dq2 = malloc(nq * 4), *dk2 = malloc(nk * 4), *dv2 = malloc(nk * 4);
+    attn_tensor tgb = attn_tensor_bhld_bf16(gb, B, H, Lq, D), tdq2 = attn_tensor_bhld(dq2, B, H, Lq, D),
+                tdk2 = attn_tensor_bhld(dk2, B, H, Lk, D), tdv2 = attn_tensor_bhld(dv2, B, H, Lk, D);
+    CHECK_OK(attn_sdpa_backward(&tq, &tk, &tv, &tob, lse, &tgb, &pb, &tdq2, &tdk2, &tdv2, NULL, &e), &e);
+    const char *names[7] = {"out", "dq", "dk", "dv", "dq (bf16 grad_out)", "dk (bf16 grad_out)",
+                            "dv (bf16 grad_out)"};
+    const float *got[7] = {out, dq, dk, dv, dq2, dk2, dv2};
+    const double *want[7] = {o64, dq64, dk64, dv64, dq64, dk64, dv64};
+    const double *pt[7] = {opt, dqpt, dkpt, dvpt, dqpt, dkpt, dvpt};
+    const size_t n[7] = {nq, nq, nk, nk, nq, nk, nk};
+    for (int t = 0; t < 7; t++) {
         const double ea = maxerr_f(got[t], want[t], n[t]), ep = maxerr_d(pt[t], want[t], n[t]);
         const double allowed = 2 * ep + 1e-3;
-        g_worst[t] = fmax(g_worst[t], ea / allowed);
+        g_worst[t < 4 ? t : t - 3] = fmax(g_worst[t < 4 ? t : t - 3], ea / allowed);
         CHECK(ea <= allowed, "%s %s [%lld,%lld,%lld,%lld,%lld] mask %d: %s error %.3g > 2 x %.3g + 1e-3",
               isa, impl == ATTN_IMPL_REFERENCE ? "reference" : "fused", (long long)B, (long long)H,
               (long long)Lq, (long long)Lk, (long long)D, s->mask, names[t], ea, ep);
     }
+    free(dq2), free(dk2), free(dv2);
     if (s->mask == 2) /* row b = 0 sees no key */
         CHECK(lse[0] == -INFINITY && out[0] == 0.0f, "empty row: lse %g out %g", lse[0], out[0]);
 
@@ -213,6 +223,44 @@ static void test_errors(void) {
     CHECK(isnan(fb(bf(NAN))) && bf(INFINITY) == 0x7f80 && bf(3.4e38f) == 0x7f80);
 }
 
+/* The fused bf16 backward on 1 thread (one pass per head) and on 3 (two
+ * passes: B·H = 2 < 3 threads) gives the same bits. */
+static void test_threads(void) {
+    const int64_t B = 1, H = 2, L = 250, D = 40;
+    const size_t n = (size_t)(B * H * L * D);
+    tu_rng r = tu_seed(77);
+    float *x = malloc(n * 4), *out = malloc(n * 4), *lse = malloc((size_t)(B * H * L) * 4);
+    float *g[2][3];
+    uint16_t *qkv = malloc(3 * n * 2);
+    tu_fill(&r, x, n, -2, 2), attn_bf16_from_f32(x, qkv, n);
+    tu_fill(&r, x, n, -2, 2), attn_bf16_from_f32(x, qkv + n, n);
+    tu_fill(&r, x, n, -1, 1), attn_bf16_from_f32(x, qkv + 2 * n, n);
+    tu_fill(&r, x, n, -1, 1); /* grad_out */
+    attn_tensor tq = attn_tensor_bhld_bf16(qkv, B, H, L, D), tk = attn_tensor_bhld_bf16(qkv + n, B, H, L, D),
+                tv = attn_tensor_bhld_bf16(qkv + 2 * n, B, H, L, D), to = attn_tensor_bhld(out, B, H, L, D),
+                tg = attn_tensor_bhld(x, B, H, L, D);
+    attn_sdpa_params p = {0};
+    p.dtype = ATTN_BF16;
+    p.impl = ATTN_IMPL_FUSED;
+    p.causal = 1;
+    attn_error e;
+    attn_sdpa_info info;
+    CHECK_OK(attn_sdpa_forward(&tq, &tk, &tv, &p, &to, NULL, lse, NULL, &e), &e);
+    for (int a = 0; a < 2; a++) {
+        p.num_threads = a ? 3 : 1;
+        for (int t = 0; t < 3; t++) g[a][t] = malloc(n * 4);
+        attn_tensor dq = attn_tensor_bhld(g[a][0], B, H, L, D), dk = attn_tensor_bhld(g[a][1], B, H, L, D),
+                    dv = attn_tensor_bhld(g[a][2], B, H, L, D);
+        CHECK_OK(attn_sdpa_backward(&tq, &tk, &tv, &to, lse, &tg, &p, &dq, &dk, &dv, &info, &e), &e);
+        CHECK(strstr(info.reason, a ? "two passes" : "one pass"), "reason %s", info.reason);
+    }
+    for (int t = 0; t < 3; t++) {
+        CHECK(memcmp(g[0][t], g[1][t], n * 4) == 0, "bf16 backward: 1 and 3 threads differ (grad %d)", t);
+        free(g[0][t]), free(g[1][t]);
+    }
+    free(x), free(out), free(lse), free(qkv);
+}
+
 /* The worst error / allowed of each tensor over the shapes, then reset. */
 static void report(const char *what) {
     printf("%-12s worst error / (2 x PyTorch-like + 1e-3): out %.3g dq %.3g dk %.3g dv %.3g\n", what,
@@ -235,6 +283,7 @@ int main(void) {
         setenv("ATTN_FUSED_ISA", isa, 1);
         attn_test_reload_env(); /* the library reads the environment once */
         for (int i = 0; i < ns; i++) run_shape(&shapes[i], ATTN_IMPL_FUSED, isa);
+        test_threads();
         report(isa);
     }
     return tu_report("test_sdpa_bf16");

@@ -1,0 +1,313 @@
+/* The bf16 fused backward (part of sdpa_fused_bf16.h): FlashAttention-2
+ * recomputation as in sdpa_fused_bwd.h, with the products in bf16 pairs
+ * (VDPBF16PS, or fp32 FMA on converted values) and fp32 accumulation, as
+ * PyTorch 2.x's CPU flash backward computes bf16:
+ *   S = Q·Kᵀ, dP = dO·Vᵀ (fp32), P = exp(scale·S - lse), dS = P ∘ (dP - D)
+ *   with D_i = dO_i·O_i (fp32); P and dS rounded to bf16, then
+ *   dV += Pᵀ·dO, dK += dSᵀ·Q, dQ += dS·K (fp32), dQ and dK times scale.
+ * An fp32 grad_out (out_dtype ATTN_F32) is rounded to bf16 for the products
+ * (and D), as PyTorch holds it in the output's bf16.
+ *
+ * Layouts (u32 = a pair of bf16, low half the first), per key tile of BK:
+ *   kd [np][BK]   K pairs along d (the S product's B)
+ *   kk [BK/2][dkp] K pairs along keys (dQ's B)
+ *   vd [nvp][BK]  V pairs along d (dP's B)
+ * per query block of BQ rows:
+ *   qd [BQ][np], od [BQ][nvp]   Q and dO rows as pairs (S and dP's A)
+ *   qq [BQ/2][dkp], oq [BQ/2][dvp] Q and dO pairs along queries (dK, dV's B)
+ *   pt, dst [BQ/2][BK]  P and dS pairs along queries (dV, dK's A)
+ *   dsd [BQ][BK/2]      dS pairs along keys (dQ's A)
+ * One pass per (b, h) (K/V packed per head in the thread's scratch) or two
+ * (K/V packed for all heads first; dK/dV by (head, key group), then dQ by
+ * (head, query block)), as attn_fused_bwd_one_pass picks; the sums run in
+ * the same order either way, so results do not depend on the threads. */
+#ifndef ATTN_SDPA_FUSED_BF16_BWD_H
+#define ATTN_SDPA_FUSED_BF16_BWD_H
+
+#define BKG 4 /* key tiles per work item of the two-pass dK/dV */
+
+typedef struct {
+    int64_t np, nvp, dkp, dvp, ntile, nqb;
+    int64_t tkd, tkk, tvd, tile; /* u32 words of one tile's kd, kk, vd and all three */
+} bgeo;
+
+typedef struct {
+    uint32_t *qd, *od, *qq, *oq, *pt, *dst, *dsd, *kv;
+    float *lse, *dvec, *S, *dP, *z, *dqa, *dka, *dva;
+    uint16_t *tmp; /* one row */
+} bwscr;
+
+/* Row l of (b, h) of t as n bf16 values (fp32 rounded), tmp[n] = 0. */
+static void row_bf16(const attn_tensor *t, int bf16, int64_t b, int64_t h, int64_t l, int64_t n,
+                     uint16_t *tmp) {
+    const int64_t sd = t->stride[3];
+    if (bf16) {
+        const uint16_t *s = attn_bf16_row(t, b, h, l);
+        for (int64_t d = 0; d < n; d++) tmp[d] = s[d * sd];
+    } else {
+        const float *s = t->data + b * t->stride[0] + h * t->stride[1] + l * t->stride[2];
+        for (int64_t d = 0; d < n; d++) tmp[d] = attn_bf16_round(s[d * sd]);
+    }
+    tmp[n] = 0;
+}
+
+static inline uint32_t pair16(const uint16_t *x, int64_t e) {
+    return (uint32_t)x[e] | (uint32_t)x[e + 1] << 16;
+}
+
+/* Key tile t of (b, h) into kd, kk, vd (zero-padded). */
+static void bw_pack_tile(const attn_fused_call *c, const bgeo *g, int64_t b, int64_t h, int64_t t,
+                         uint32_t *kd, uint16_t *tmp) {
+    const attn_problem *pr = c->pr;
+    uint32_t *kk = kd + g->tkd, *vd = kk + g->tkk;
+    const int64_t j0 = t * BK, nk = bmin(BK, pr->Lk - j0);
+    memset(kd, 0, (size_t)g->tile * 4);
+    for (int64_t j = 0; j < nk; j++) {
+        row_bf16(c->k, 1, b, h, j0 + j, pr->Dk, tmp);
+        for (int64_t p = 0; p < g->np; p++) kd[p * BK + j] = pair16(tmp, 2 * p);
+        uint32_t *o = kk + (j >> 1) * g->dkp;
+        const int sh = (int)(j & 1) * 16;
+        for (int64_t d = 0; d < pr->Dk; d++) o[d] |= (uint32_t)tmp[d] << sh;
+        row_bf16(c->v, 1, b, h, j0 + j, pr->Dv, tmp);
+        for (int64_t p = 0; p < g->nvp; p++) vd[p * BK + j] = pair16(tmp, 2 * p);
+    }
+}
+
+/* Rows [i0, i0 + nq) of (b, h): Q and dO pairs, lse and D. */
+static void bw_prep(const attn_fused_call *c, const bgeo *g, const bwscr *w, int64_t b, int64_t h,
+                    int64_t i0, int64_t nq) {
+    const attn_problem *pr = c->pr;
+    const int obf = pr->out_dtype == ATTN_BF16;
+    memset(w->qq, 0, (size_t)(BQ / 2 * g->dkp) * 4);
+    memset(w->oq, 0, (size_t)(BQ / 2 * g->dvp) * 4);
+    for (int64_t r = 0; r < nq; r++) {
+        const int sh = (int)(r & 1) * 16;
+        row_bf16(c->q, 1, b, h, i0 + r, pr->Dk, w->tmp);
+        for (int64_t p = 0; p < g->np; p++) w->qd[r * g->np + p] = pair16(w->tmp, 2 * p);
+        uint32_t *o = w->qq + (r >> 1) * g->dkp;
+        for (int64_t d = 0; d < pr->Dk; d++) o[d] |= (uint32_t)w->tmp[d] << sh;
+        row_bf16(c->dout, obf, b, h, i0 + r, pr->Dv, w->tmp);
+        for (int64_t p = 0; p < g->nvp; p++) w->od[r * g->nvp + p] = pair16(w->tmp, 2 * p);
+        o = w->oq + (r >> 1) * g->dvp;
+        for (int64_t d = 0; d < pr->Dv; d++) o[d] |= (uint32_t)w->tmp[d] << sh;
+        /* D = dO·O in fp32, dO as the products see it */
+        const attn_tensor *out = c->out;
+        const int64_t sd = out->stride[3];
+        float D = 0.0f;
+        if (obf) {
+            const uint16_t *x = attn_bf16_row(out, b, h, i0 + r);
+            for (int64_t d = 0; d < pr->Dv; d++)
+                D += attn_bf16_to_f32(w->tmp[d]) * attn_bf16_to_f32(x[d * sd]);
+        } else {
+            const float *x =
+                out->data + b * out->stride[0] + h * out->stride[1] + (i0 + r) * out->stride[2];
+            for (int64_t d = 0; d < pr->Dv; d++) D += attn_bf16_to_f32(w->tmp[d]) * x[d * sd];
+        }
+        w->dvec[r] = D;
+        w->lse[r] = c->lse_in[(b * pr->H + h) * pr->Lq + i0 + r];
+    }
+}
+
+/* Row r (query i) of a tile of keys [j0, j0 + nk), W = 16 nvec columns:
+ * S row to P (dropout applied, the P of P·V), dP row to dS. */
+static void bw_softmax_row(const attn_problem *pr, const bwscr *w, int64_t r, int64_t b, int64_t h,
+                           int64_t i, int64_t j0, int64_t nk, int64_t nvec, int interior) {
+    float *s = w->S + r * BK, *dp = w->dP + r * BK;
+    const int64_t W = 16 * nvec;
+    const float lse = w->lse[r];
+    if (lse == -INFINITY) { /* the row sees no key */
+        memset(s, 0, (size_t)W * 4);
+        memset(dp, 0, (size_t)W * 4);
+        return;
+    }
+    const float scale = pr->scale;
+    for (int64_t j = 0; j < W; j++) s[j] *= scale;
+    if (!interior) {
+        int64_t lo, hi;
+        attn_row_range(pr, b, i, &lo, &hi);
+        const int64_t a = bmin(W, bmax(0, lo - j0)), e = bmax(a, bmin(nk, hi - j0));
+        for (int64_t j = 0; j < a; j++) s[j] = -INFINITY;
+        for (int64_t j = e; j < W; j++) s[j] = -INFINITY;
+    }
+    if (pr->amask || pr->bmask) {
+        const float *am =
+            pr->amask ? pr->amask + b * pr->ams[0] + h * pr->ams[1] + i * pr->ams[2] : NULL;
+        const uint8_t *bm =
+            pr->bmask ? pr->bmask + b * pr->bms[0] + h * pr->bms[1] + i * pr->bms[2] : NULL;
+        for (int64_t j = 0; j < nk; j++) {
+            if (bm && !bm[(j0 + j) * pr->bms[3]])
+                s[j] = -INFINITY;
+            else if (am)
+                s[j] += am[(j0 + j) * pr->ams[3]];
+        }
+    }
+    if (pr->dropout) {
+        for (int64_t j = 0; j < W; j++) w->z[j] = 0.0f;
+        for (int64_t j = 0; j < nk; j += 4) {
+            uint32_t word[4];
+            attn_philox_block(pr->drop_key, b + pr->drop_b0, h, i, (j0 + j) >> 2, word);
+            for (int64_t u = 0; u < 4 && j + u < nk; u++)
+                w->z[j + u] = word[(j0 + j + u) & 3] < pr->drop_threshold ? 0.0f : pr->keep_scale;
+        }
+        for (int64_t j = 0; j < W; j++) dp[j] *= w->z[j];
+    }
+    bw_row(s, dp, nvec, lse, w->dvec[r]);
+    if (pr->dropout)
+        for (int64_t j = 0; j < W; j++) s[j] *= w->z[j];
+}
+
+/* Query block [i0, i0 + nq) against keys [j0, j0 + nk) of tile kd: the
+ * shares of dK, dV (rows j0.. of dka, dva; NULL: not wanted) and dQ. */
+static void bw_tile(const attn_fused_call *c, const bgeo *g, const bwscr *w, const uint32_t *kd,
+                    int64_t b, int64_t h, int64_t i0, int64_t nq, int64_t j0, int64_t nk,
+                    int interior, float *dka, float *dva, float *dqa) {
+    const attn_problem *pr = c->pr;
+    const int64_t nvec = (nk + 15) / 16, nqp = (nq + 1) / 2;
+    const uint32_t *kk = kd + g->tkd, *vd = kk + g->tkk;
+    gemm_pairs(nq, nvec, 1, w->qd, g->np, 1, g->np, kd, BK, w->S, BK);
+    gemm_pairs(nq, nvec, 1, w->od, g->nvp, 1, g->nvp, vd, BK, w->dP, BK);
+    for (int64_t r = 0; r < nq; r++)
+        bw_softmax_row(pr, w, r, b, h, i0 + r, j0, nk, nvec, interior);
+    if (dka || dva)
+        for (int64_t t = 0; t < nqp; t++) {
+            const int two = 2 * t + 1 < nq;
+            pair_rows(w->S + 2 * t * BK, two ? w->S + (2 * t + 1) * BK : NULL, nvec, w->pt + t * BK);
+            pair_rows(w->dP + 2 * t * BK, two ? w->dP + (2 * t + 1) * BK : NULL, nvec,
+                      w->dst + t * BK);
+        }
+    if (dva) gemm_pairs(nk, g->dvp / 16, 0, w->pt, 1, BK, nqp, w->oq, g->dvp, dva, g->dvp);
+    if (dka) gemm_pairs(nk, g->dkp / 16, 0, w->dst, 1, BK, nqp, w->qq, g->dkp, dka, g->dkp);
+    if (dqa) {
+        for (int64_t r = 0; r < nq; r++) round_pairs(w->dP + r * BK, nvec, w->dsd + r * (BK / 2));
+        gemm_pairs(nq, g->dkp / 16, 0, w->dsd, BK / 2, 1, (nk + 1) / 2, kk, g->dkp, dqa, g->dkp);
+    }
+}
+
+/* acc rows [0, n) times mul into rows l0.. of the fp32 gradient t. */
+static void bw_write(const attn_tensor *t, int64_t b, int64_t h, int64_t l0, int64_t n, int64_t D,
+                     const float *acc, int64_t ld, float mul) {
+    const int64_t sd = t->stride[3];
+    for (int64_t r = 0; r < n; r++) {
+        float *o = t->data + b * t->stride[0] + h * t->stride[1] + (l0 + r) * t->stride[2];
+        for (int64_t d = 0; d < D; d++) o[d * sd] = acc[r * ld + d] * mul;
+    }
+}
+
+/* Query block qb of (b, h) against its tiles within [u0, u1) (packed at
+ * KV + t·tile): dK/dV shares into dka/dva (rows from key g0; NULL: not
+ * wanted), and with dq nonzero the block's dQ rows into c->dq. */
+static void bw_block(const attn_fused_call *c, const bgeo *g, const bwscr *w, const uint32_t *KV,
+                     int64_t b, int64_t h, int64_t qb, int64_t u0, int64_t u1, float *dka,
+                     float *dva, int64_t g0, int dq) {
+    const attn_problem *pr = c->pr;
+    const int64_t i0 = qb * BQ, nq = bmin(BQ, pr->Lq - i0);
+    int64_t l0, h0, l1, h1;
+    attn_row_range(pr, b, i0, &l0, &h0);
+    attn_row_range(pr, b, i0 + nq - 1, &l1, &h1);
+    const int64_t lo = l0, hi = bmin(pr->Lk, h1 > l0 ? h1 : l0);
+    const int64_t t0 = bmax(u0, lo / BK), t1 = hi > lo ? bmin(u1, (hi - 1) / BK + 1) : t0;
+    if (t0 >= t1 && !dq) return;
+    bw_prep(c, g, w, b, h, i0, nq);
+    if (dq) memset(w->dqa, 0, (size_t)(nq * g->dkp) * 4);
+    for (int64_t t = t0; t < t1; t++) {
+        const int64_t j0 = t * BK, nk = bmin(BK, hi - j0); /* keys past hi: none visible */
+        const int interior = nk == BK && l1 <= j0 && h0 >= j0 + BK;
+        bw_tile(c, g, w, KV + t * g->tile, b, h, i0, nq, j0, nk, interior,
+                dka ? dka + (j0 - g0) * g->dkp : NULL, dva ? dva + (j0 - g0) * g->dvp : NULL,
+                dq ? w->dqa : NULL);
+    }
+    if (dq) bw_write(c->dq, b, h, i0, nq, pr->Dk, w->dqa, g->dkp, pr->scale);
+}
+
+static attn_status bf16_backward(const attn_fused_call *c, attn_error *err) {
+    const attn_problem *pr = c->pr;
+    bgeo g;
+    g.np = (pr->Dk + 1) / 2, g.nvp = (pr->Dv + 1) / 2;
+    g.dkp = (pr->Dk + 15) / 16 * 16, g.dvp = (pr->Dv + 15) / 16 * 16;
+    g.ntile = (pr->Lk + BK - 1) / BK, g.nqb = (pr->Lq + BQ - 1) / BQ;
+    g.tkd = g.np * BK, g.tkk = BK / 2 * g.dkp, g.tvd = g.nvp * BK;
+    g.tile = (g.tkd + g.tkk + g.tvd + 15) / 16 * 16;
+    const int64_t BH = pr->B * pr->H, T = pr->threads, Lk = pr->Lk;
+    const int one = attn_fused_bwd_one_pass(pr);
+    const int64_t accn = one ? Lk : BKG * BK;
+#define R16(x) (((x) + 15) / 16 * 16)
+    const int64_t n_qd = R16(BQ * g.np), n_od = R16(BQ * g.nvp), n_qq = R16(BQ / 2 * g.dkp),
+                  n_oq = R16(BQ / 2 * g.dvp), n_sq = BQ * BK, n_dq = BQ * g.dkp,
+                  n_tmp = R16((bmax(pr->Dk, pr->Dv) + 2) / 2), n_dka = R16(accn * g.dkp),
+                  n_dva = R16(accn * g.dvp), n_kv = one ? g.ntile * g.tile : 0;
+    const int64_t per = n_qd + n_od + n_qq + n_oq + 2 * BQ + BK + 2 * n_sq + 3 * (BQ / 2 * BK) +
+                        n_dq + n_tmp + n_dka + n_dva + n_kv;
+#undef R16
+    uint32_t *all = aligned_alloc(64, (size_t)(per * T * 4));
+    uint32_t *KV = one ? NULL : aligned_alloc(64, (size_t)(BH * g.ntile * g.tile * 4) + 64);
+    if (!all || (!one && !KV)) {
+        free(all);
+        free(KV);
+        return attn_fail(err, ATTN_ERR_NOMEM, "bf16 fused backward: out of memory");
+    }
+#pragma omp parallel num_threads(T)
+    {
+        uint32_t *base = all + per * omp_get_thread_num();
+        bwscr w;
+        w.qd = base, base += n_qd;
+        w.od = base, base += n_od;
+        w.qq = base, base += n_qq;
+        w.oq = base, base += n_oq;
+        w.lse = (float *)base, base += BQ;
+        w.dvec = (float *)base, base += BQ;
+        w.z = (float *)base, base += BK;
+        w.S = (float *)base, base += n_sq;
+        w.dP = (float *)base, base += n_sq;
+        w.pt = base, base += BQ / 2 * BK;
+        w.dst = base, base += BQ / 2 * BK;
+        w.dsd = base, base += BQ / 2 * BK;
+        w.dqa = (float *)base, base += n_dq;
+        w.tmp = (uint16_t *)(void *)base, base += n_tmp;
+        w.dka = (float *)base, base += n_dka;
+        w.dva = (float *)base, base += n_dva;
+        w.kv = base;
+        if (one) {
+#pragma omp for schedule(dynamic)
+            for (int64_t x = 0; x < BH; x++) {
+                const int64_t b = x / pr->H, h = x % pr->H;
+                for (int64_t t = 0; t < g.ntile; t++)
+                    bw_pack_tile(c, &g, b, h, t, w.kv + t * g.tile, w.tmp);
+                memset(w.dka, 0, (size_t)(Lk * g.dkp) * 4);
+                memset(w.dva, 0, (size_t)(Lk * g.dvp) * 4);
+                for (int64_t qb = 0; qb < g.nqb; qb++)
+                    bw_block(c, &g, &w, w.kv, b, h, qb, 0, g.ntile, w.dka, w.dva, 0, 1);
+                bw_write(c->dk, b, h, 0, Lk, pr->Dk, w.dka, g.dkp, pr->scale);
+                bw_write(c->dv, b, h, 0, Lk, pr->Dv, w.dva, g.dvp, 1.0f);
+            }
+        } else {
+            const int64_t ngrp = (g.ntile + BKG - 1) / BKG;
+#pragma omp for schedule(static)
+            for (int64_t x = 0; x < BH * g.ntile; x++)
+                bw_pack_tile(c, &g, x / g.ntile / pr->H, x / g.ntile % pr->H, x % g.ntile,
+                             KV + x * g.tile, w.tmp);
+#pragma omp for schedule(dynamic)
+            for (int64_t x = 0; x < BH * ngrp; x++) {
+                const int64_t bh = x / ngrp, gi = x % ngrp, b = bh / pr->H, h = bh % pr->H;
+                const int64_t g0 = gi * BKG * BK, g1 = bmin(Lk, g0 + BKG * BK);
+                memset(w.dka, 0, (size_t)((g1 - g0) * g.dkp) * 4);
+                memset(w.dva, 0, (size_t)((g1 - g0) * g.dvp) * 4);
+                for (int64_t qb = 0; qb < g.nqb; qb++)
+                    bw_block(c, &g, &w, KV + bh * g.ntile * g.tile, b, h, qb, gi * BKG,
+                             bmin(g.ntile, (gi + 1) * BKG), w.dka, w.dva, g0, 0);
+                bw_write(c->dk, b, h, g0, g1 - g0, pr->Dk, w.dka, g.dkp, pr->scale);
+                bw_write(c->dv, b, h, g0, g1 - g0, pr->Dv, w.dva, g.dvp, 1.0f);
+            }
+#pragma omp for schedule(dynamic)
+            for (int64_t x = 0; x < BH * g.nqb; x++) {
+                const int64_t bh = x / g.nqb, qb = g.nqb - 1 - x % g.nqb;
+                bw_block(c, &g, &w, KV + bh * g.ntile * g.tile, bh / pr->H, bh % pr->H, qb, 0,
+                         g.ntile, NULL, NULL, 0, 1);
+            }
+        }
+    }
+    free(all);
+    free(KV);
+    return ATTN_OK;
+}
+
+#endif
