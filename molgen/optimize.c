@@ -922,8 +922,9 @@ mg_status mg_opt_run(mg_opt *o, int *saved, mg_error *err) {
     while (!o->reason[0]) {
         int64_t sig = o->op.stop ? (int64_t)*o->op.stop : 0; /* any rank's */
         mg_dist_max_i64(o->d, &sig, 1);
-        if (sig) {
-            rc = mg_fail(err, MG_ERR_INTERRUPTED, "interrupted by signal %d", (int)sig);
+        if (sig) { /* said once: rank 0 */
+            rc = o->d->rank ? mg_fail(err, MG_ERR_PEER, "rank 0 was interrupted")
+                            : mg_fail(err, MG_ERR_INTERRUPTED, "interrupted by signal %d", (int)sig);
             break;
         }
         mg_opt_progress pg;

@@ -347,9 +347,14 @@ int cmd_optimize(int argc, char **argv) {
                     (long long)mg_opt_steps(opt) + 1, c.dir_agent, c.out);
         rc = mg_stop_signal ? 128 + mg_stop_signal : 1;
     } else if (!rc && !c.rank) {
-        fprintf(stderr, "molgen optimize: %lld calls in %lld steps, %.1f s (stop: %s)\n",
+        const mg_dist *w = mg_dist_world();
+        char ranks[96] = "";
+        if (w->size > 1) /* waits for the other ranks (their scorers) included */
+            snprintf(ranks, sizeof ranks, "; %d ranks, rank 0 %.1f s in collectives", w->size,
+                     w->comm_s);
+        fprintf(stderr, "molgen optimize: %lld calls in %lld steps, %.1f s (stop: %s)%s\n",
                 (long long)mg_opt_calls(opt), (long long)mg_opt_steps(opt), mg_now_s() - c.t0,
-                mg_opt_stop_reason(opt));
+                mg_opt_stop_reason(opt), ranks);
         printf("%s\n", c.out);
     }
     mg_opt_free(opt);
