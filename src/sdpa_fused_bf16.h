@@ -1,10 +1,14 @@
 /* The bf16 fused forward, written once over a few per-ISA functions and
  * compiled twice: sdpa_fused_bf16_avx512.c (VDPBF16PS) and
  * sdpa_fused_bf16_portable.c (fp32 FMA on converted values) define
- *   qk_tile(nr, qd, np, kp, S)   S[r][0, BK) = Σ_p dot2(qd[r][p], kp[p][·]),
- *                                r < nr <= BMR (fp32 accumulation)
+ *   gemm_pairs(nr, nvec, zero, A, ars, ats, nt, B, ldb, C, ldc)
+ *                                C[r][0, 16 nvec) (+)= Σ_t dot2(A[r·ars + t·ats],
+ *                                B[t·ldb + ·]) (fp32 accumulation; S = Q·Kᵀ here,
+ *                                the backward's five products)
  *   pv_tile(nr, pd, nkp, vp, dvp, O)  O[r][0, dvp) += Σ_t dot2(pd[r][t], vp[t][·])
- *   row_max(s), exp_row(s, m) (s = exp(s - m), returns Σ s), round_row(s, pd)
+ *   row_max(s, nvec), exp_row(s, m, nvec) (s = exp(s - m), returns Σ s) over
+ *   16 nvec columns, round_pairs(s, nvec, pd) (8 nvec pairs of bf16),
+ *   pair_rows(x0, x1, nvec, dst), bw_row(s, dp, nvec, lse, D) (backward)
  *   qk_direct(nr, q, k, ks, nk, D, S)  S[r][j] = q[r]·k[j·ks], j < nk, from
  *                                the rows themselves (d contiguous; 0 past nk)
  *   pv_direct(nr, pd, v, vs, nk, Dv, dvp, O)  O[r] += P·V from V's rows,
@@ -111,17 +115,18 @@ typedef struct {
 /* Scale, mask and softmax-update row r (query i, keys [j0, j0 + nk)) of S;
  * its P pairs into pd. */
 static void softmax_row(const attn_problem *pr, bscratch *w, int64_t dvp, int64_t r, int64_t b,
-                        int64_t h, int64_t i, int64_t j0, int64_t nk, int interior) {
+                        int64_t h, int64_t i, int64_t j0, int64_t nk, int64_t nvec, int interior) {
     float *s = w->S + r * BK;
     uint32_t *pd = w->pd + r * (BK / 2);
     const float scale = pr->scale;
-    for (int64_t j = 0; j < BK; j++) s[j] *= scale;
+    const int64_t W = 16 * nvec; /* the columns computed: nk rounded up to 16 */
+    for (int64_t j = 0; j < W; j++) s[j] *= scale;
     if (!interior) {
         int64_t lo, hi;
         attn_row_range(pr, b, i, &lo, &hi);
-        const int64_t a = bmin(BK, bmax(0, lo - j0)), e = bmax(a, bmin(nk, hi - j0));
+        const int64_t a = bmin(W, bmax(0, lo - j0)), e = bmax(a, bmin(nk, hi - j0));
         for (int64_t j = 0; j < a; j++) s[j] = -INFINITY;
-        for (int64_t j = e; j < BK; j++) s[j] = -INFINITY;
+        for (int64_t j = e; j < W; j++) s[j] = -INFINITY;
     }
     if (pr->amask || pr->bmask) {
         const float *am =
@@ -135,13 +140,13 @@ static void softmax_row(const attn_problem *pr, bscratch *w, int64_t dvp, int64_
                 s[j] += am[(j0 + j) * pr->ams[3]];
         }
     }
-    const float mold = w->m[r], mnew = fmaxf(mold, row_max(s));
+    const float mold = w->m[r], mnew = fmaxf(mold, row_max(s, nvec));
     if (mnew == -INFINITY) { /* nothing visible yet */
         memset(pd, 0, BK / 2 * sizeof *pd);
         return;
     }
     const float alpha = mold == -INFINITY ? 0.0f : expf(mold - mnew);
-    const float sum = exp_row(s, mnew);
+    const float sum = exp_row(s, mnew, nvec);
     w->l[r] = w->l[r] * alpha + sum;
     w->m[r] = mnew;
     if (alpha != 1.0f) {
@@ -156,7 +161,7 @@ static void softmax_row(const attn_problem *pr, bscratch *w, int64_t dvp, int64_
                 s[j + u] *= word[(j0 + j + u) & 3] < pr->drop_threshold ? 0.0f : pr->keep_scale;
         }
     }
-    round_row(s, pd);
+    round_pairs(s, nvec, pd);
 }
 
 /* Rows [i0, i0 + nq) of (b, h): O / l into out (rounded when bf16), lse. */
@@ -197,7 +202,9 @@ static void bf16_block(const attn_fused_call *c, bscratch *w, const uint32_t *KP
     attn_row_range(pr, b, i0 + nq - 1, &l1, &h1);
     const int64_t lo = l0, hi = h1 > l0 ? h1 : l0;
     for (int64_t t = lo / BK; hi > lo && t <= (hi - 1) / BK; t++) {
-        const int64_t j0 = t * BK, nk = bmin(BK, pr->Lk - j0);
+        /* keys at or past hi are visible to no row: only nk of the tile,
+         * rounded up to 16, are computed */
+        const int64_t j0 = t * BK, nk = bmin(BK, hi - j0), nvec = (nk + 15) / 16;
         const uint32_t *kp = w->kp, *vp = w->vp;
         if (kp)
             pack_kv(pr, c->k, c->v, b, h, t, np, dvp, w->kp, w->vp);
@@ -205,10 +212,10 @@ static void bf16_block(const attn_fused_call *c, bscratch *w, const uint32_t *KP
             kp = KP + ((b * pr->H + h) * ntile + t) * np * BK;
             vp = VP + ((b * pr->H + h) * ntile + t) * (BK / 2) * dvp;
         }
-        for (int64_t r = 0; r < nq; r += BMR)
-            qk_tile((int)bmin(BMR, nq - r), w->qd + r * np, np, kp, w->S + r * BK);
+        gemm_pairs(nq, nvec, 1, w->qd, np, 1, np, kp, BK, w->S, BK);
         const int interior = nk == BK && l1 <= j0 && h0 >= j0 + BK;
-        for (int64_t r = 0; r < nq; r++) softmax_row(pr, w, dvp, r, b, h, i0 + r, j0, nk, interior);
+        for (int64_t r = 0; r < nq; r++)
+            softmax_row(pr, w, dvp, r, b, h, i0 + r, j0, nk, nvec, interior);
         for (int64_t r = 0; r < nq; r += BMR)
             pv_tile((int)bmin(BMR, nq - r), w->pd + r * (BK / 2), (nk + 1) / 2, vp, dvp,
                     w->O + r * dvp);
@@ -233,10 +240,11 @@ static void bf16_decode(const attn_fused_call *c, bscratch *w, int64_t dvp, int6
     const int64_t lo = l0, hi = h1 > l0 ? h1 : l0;
     const int64_t ks = c->k->stride[2], vs = c->v->stride[2];
     for (int64_t t = lo / BK; hi > lo && t <= (hi - 1) / BK; t++) {
-        const int64_t j0 = t * BK, nk = bmin(BK, pr->Lk - j0);
+        const int64_t j0 = t * BK, nk = bmin(BK, hi - j0), nvec = (nk + 15) / 16;
         qk_direct((int)nq, q, attn_bf16_row(c->k, b, h, j0), ks, nk, pr->Dk, w->S);
         const int interior = nk == BK && l1 <= j0 && h0 >= j0 + BK;
-        for (int64_t r = 0; r < nq; r++) softmax_row(pr, w, dvp, r, b, h, r, j0, nk, interior);
+        for (int64_t r = 0; r < nq; r++)
+            softmax_row(pr, w, dvp, r, b, h, r, j0, nk, nvec, interior);
         pv_direct((int)nq, w->pd, attn_bf16_row(c->v, b, h, j0), vs, nk, pr->Dv, dvp, w->O);
     }
     write_rows(c, w, dvp, b, h, 0, nq);

@@ -13,7 +13,6 @@
 #include <string.h>
 
 #define BMR 4 /* rows per micro-tile */
-#define BK_V 6 /* BK / 16 */
 
 #if defined(__GNUC__) && !defined(__clang__)
 #define BUNROLL _Pragma("GCC unroll 8")
@@ -23,33 +22,6 @@
 
 static inline __m512 dot2(__m512 acc, __m512i a, __m512i b) {
     return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b);
-}
-
-/* S[r][0, 96) for NR rows: 6 key vectors x NR rows of accumulators. */
-static inline __attribute__((always_inline)) void qk_rows(const int NR, const uint32_t *qd,
-                                                         int64_t np, const uint32_t *kp, float *S) {
-    __m512 acc[4][BK_V];
-    BUNROLL for (int r = 0; r < NR; r++) BUNROLL for (int v = 0; v < BK_V; v++) acc[r][v] =
-        _mm512_setzero_ps();
-    for (int64_t p = 0; p < np; p++) {
-        __m512i b[BK_V];
-        BUNROLL for (int v = 0; v < BK_V; v++) b[v] = _mm512_load_si512(kp + p * 96 + 16 * v);
-        BUNROLL for (int r = 0; r < NR; r++) {
-            const __m512i a = _mm512_set1_epi32((int)qd[r * np + p]);
-            BUNROLL for (int v = 0; v < BK_V; v++) acc[r][v] = dot2(acc[r][v], a, b[v]);
-        }
-    }
-    BUNROLL for (int r = 0; r < NR; r++) BUNROLL for (int v = 0; v < BK_V; v++)
-        _mm512_store_ps(S + r * 96 + 16 * v, acc[r][v]);
-}
-
-static void qk_tile(int nr, const uint32_t *qd, int64_t np, const uint32_t *kp, float *S) {
-    switch (nr) {
-    case 4: qk_rows(4, qd, np, kp, S); break;
-    case 3: qk_rows(3, qd, np, kp, S); break;
-    case 2: qk_rows(2, qd, np, kp, S); break;
-    default: qk_rows(1, qd, np, kp, S); break;
-    }
 }
 
 /* O[r][d0, d0 + 16 NV) += P·V for NR rows over nkp key pairs. */
@@ -97,9 +69,9 @@ static void pv_tile(int nr, const uint32_t *pd, int64_t nkp, const uint32_t *vp,
     }
 }
 
-static inline float row_max(const float *s) {
-    __m512 m = _mm512_load_ps(s);
-    for (int v = 1; v < BK_V; v++) m = _mm512_max_ps(m, _mm512_load_ps(s + 16 * v));
+static inline float row_max(const float *s, int64_t nvec) {
+    __m512 m = _mm512_loadu_ps(s);
+    for (int64_t v = 1; v < nvec; v++) m = _mm512_max_ps(m, _mm512_loadu_ps(s + 16 * v));
     return _mm512_reduce_max_ps(m);
 }
 
@@ -120,24 +92,15 @@ static inline __m512 v_exp(__m512 x) {
     return _mm512_scalef_ps(y, fx);
 }
 
-static inline float exp_row(float *s, float m) {
+static inline float exp_row(float *s, float m, int64_t nvec) {
     const __m512 mv = _mm512_set1_ps(m);
     __m512 sum = _mm512_setzero_ps();
-    for (int v = 0; v < BK_V; v++) {
-        const __m512 e = v_exp(_mm512_sub_ps(_mm512_load_ps(s + 16 * v), mv));
-        _mm512_store_ps(s + 16 * v, e);
+    for (int64_t v = 0; v < nvec; v++) {
+        const __m512 e = v_exp(_mm512_sub_ps(_mm512_loadu_ps(s + 16 * v), mv));
+        _mm512_storeu_ps(s + 16 * v, e);
         sum = _mm512_add_ps(sum, e);
     }
     return _mm512_reduce_add_ps(sum);
-}
-
-/* 96 floats to 48 pairs, round to nearest even (VCVTNE2PS2BF16). */
-static inline void round_row(const float *s, uint32_t *pd) {
-    for (int v = 0; v < BK_V; v += 2) {
-        const __m512bh h = _mm512_cvtne2ps_pbh(_mm512_load_ps(s + 16 * v + 16),
-                                                _mm512_load_ps(s + 16 * v));
-        _mm512_store_si512(pd + 8 * v, (__m512i)h);
-    }
 }
 
 static inline __mmask32 mask32(int64_t n) { /* the first min(n, 32) of 32 */

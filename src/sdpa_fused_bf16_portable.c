@@ -9,18 +9,6 @@
 static inline float lo_f(uint32_t x) { return attn_bf16_to_f32((uint16_t)(x & 0xffffu)); }
 static inline float hi_f(uint32_t x) { return attn_bf16_to_f32((uint16_t)(x >> 16)); }
 
-static void qk_tile(int nr, const uint32_t *qd, int64_t np, const uint32_t *kp, float *S) {
-    for (int r = 0; r < nr; r++) {
-        float *s = S + r * 96;
-        for (int j = 0; j < 96; j++) s[j] = 0.0f;
-        for (int64_t p = 0; p < np; p++) {
-            const float a0 = lo_f(qd[r * np + p]), a1 = hi_f(qd[r * np + p]);
-            const uint32_t *b = kp + p * 96;
-            for (int j = 0; j < 96; j++) s[j] = s[j] + a0 * lo_f(b[j]) + a1 * hi_f(b[j]);
-        }
-    }
-}
-
 static void pv_tile(int nr, const uint32_t *pd, int64_t nkp, const uint32_t *vp, int64_t dvp,
                     float *O) {
     for (int r = 0; r < nr; r++) {
@@ -33,27 +21,22 @@ static void pv_tile(int nr, const uint32_t *pd, int64_t nkp, const uint32_t *vp,
     }
 }
 
-static inline float row_max(const float *s) {
+static inline float row_max(const float *s, int64_t nvec) {
     float m = s[0];
-    for (int j = 1; j < 96; j++) m = s[j] > m ? s[j] : m;
+    for (int64_t j = 1; j < 16 * nvec; j++) m = s[j] > m ? s[j] : m;
     return m;
 }
 
-static inline float exp_row(float *s, float m) {
+static inline float exp_row(float *s, float m, int64_t nvec) {
     float sum = 0.0f;
-    for (int j = 0; j < 96; j++) {
+    for (int64_t j = 0; j < 16 * nvec; j++) {
         s[j] = expf(s[j] - m);
         sum += s[j];
     }
     return sum;
 }
 
-static inline void round_row(const float *s, uint32_t *pd) {
-    for (int t = 0; t < 48; t++)
-        pd[t] = (uint32_t)attn_bf16_round(s[2 * t]) | (uint32_t)attn_bf16_round(s[2 * t + 1]) << 16;
-}
-
-/* Decode scores from the rows: pairs along d in order, as qk_tile. */
+/* Decode scores from the rows: pairs along d in order, as gemm_pairs on packed K. */
 static void qk_direct(int nr, const uint16_t *const *q, const uint16_t *k, int64_t ks, int64_t nk,
                       int64_t D, float *S) {
     for (int r = 0; r < nr; r++) {
