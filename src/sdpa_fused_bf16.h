@@ -32,8 +32,11 @@
  * rows feed qk_direct / pv_direct: a K or V row is read once per call
  * anyway), and a call of one query block per (b, h) (Lq <= BQ) packs each
  * tile into its thread's scratch just before use, rather than all of K and
- * V into a call-sized buffer first. All per-thread scratch is one
- * allocation per call, sized for min(Lq, BQ) rows. */
+ * V into a call-sized buffer first; when the heads spread evenly over the
+ * threads (attn_fused_bwd_one_pass), a thread packs one head's tiles into
+ * its scratch and runs all of that head's blocks. All per-thread scratch
+ * is one allocation per call, sized for min(Lq, BQ) rows. A tile's scores
+ * are computed only up to the block's last visible key, rounded up to 16. */
 #ifndef ATTN_SDPA_FUSED_BF16_H
 #define ATTN_SDPA_FUSED_BF16_H
 
@@ -109,7 +112,7 @@ typedef struct {
     uint32_t *pd; /* [BQ][BK/2] P pairs */
     float *O;     /* [BQ][dvp] unnormalised output */
     float *m, *l; /* [BQ] running max and sum */
-    uint32_t *kp, *vp; /* one packed tile [np][BK], [BK/2][dvp]; NULL: shared packs */
+    uint32_t *kp, *vp; /* packed tiles [np][BK], [BK/2][dvp]: one (local) or a head's */
 } bscratch;
 
 /* Scale, mask and softmax-update row r (query i, keys [j0, j0 + nk)) of S;
@@ -186,8 +189,10 @@ static void write_rows(const attn_fused_call *c, const bscratch *w, int64_t dvp,
 }
 
 /* One (b, h, query block). */
+/* One (b, h, query block); KP, VP: the head's packed tiles, or NULL to
+ * pack each tile into w->kp, w->vp before use. */
 static void bf16_block(const attn_fused_call *c, bscratch *w, const uint32_t *KP, const uint32_t *VP,
-                       int64_t np, int64_t dvp, int64_t ntile, int64_t b, int64_t h, int64_t qb) {
+                       int64_t np, int64_t dvp, int64_t b, int64_t h, int64_t qb) {
     const attn_problem *pr = c->pr;
     const int64_t i0 = qb * BQ, nq = bmin(BQ, pr->Lq - i0);
     for (int64_t r = 0; r < nq; r++) {
@@ -206,11 +211,11 @@ static void bf16_block(const attn_fused_call *c, bscratch *w, const uint32_t *KP
          * rounded up to 16, are computed */
         const int64_t j0 = t * BK, nk = bmin(BK, hi - j0), nvec = (nk + 15) / 16;
         const uint32_t *kp = w->kp, *vp = w->vp;
-        if (kp)
+        if (!KP)
             pack_kv(pr, c->k, c->v, b, h, t, np, dvp, w->kp, w->vp);
         else {
-            kp = KP + ((b * pr->H + h) * ntile + t) * np * BK;
-            vp = VP + ((b * pr->H + h) * ntile + t) * (BK / 2) * dvp;
+            kp = KP + t * np * BK;
+            vp = VP + t * (BK / 2) * dvp;
         }
         gemm_pairs(nq, nvec, 1, w->qd, np, 1, np, kp, BK, w->S, BK);
         const int interior = nk == BK && l1 <= j0 && h0 >= j0 + BK;
@@ -256,9 +261,13 @@ static attn_status bf16_forward(const attn_fused_call *c, attn_error *err) {
     const int T = pr->threads;
     const int decode = pr->Lq <= BMR && c->q->stride[3] == 1 && c->k->stride[3] == 1 &&
                        c->v->stride[3] == 1;
-    const int local = !decode && nqb <= 2;
+    /* local: each tile packed before use (<= 2 blocks per head); head: all
+     * tiles of a head packed into the thread's scratch, the head's blocks on
+     * that thread (when the heads spread evenly over the threads); else
+     * all heads packed first, blocks spread over the threads */
+    const int local = !decode && nqb <= 2, head = !decode && !local && attn_fused_bwd_one_pass(pr);
     uint32_t *KP = NULL, *VP = NULL;
-    if (!decode && !local) {
+    if (!decode && !local && !head) {
         KP = aligned_alloc(64, (size_t)(BH * ntile * np * BK * 4));
         VP = aligned_alloc(64, (size_t)(BH * ntile * (BK / 2) * dvp * 4));
         if (!KP || !VP) {
@@ -275,7 +284,8 @@ static attn_status bf16_forward(const attn_fused_call *c, attn_error *err) {
      * and one packed tile when local */
     const int64_t rows = bmin(BQ, pr->Lq), r16 = (rows + 15) / 16 * 16;
     const int64_t n_qd = (rows * np + 15) / 16 * 16, n_S = rows * BK, n_pd = (rows * BK / 2 + 15) / 16 * 16;
-    const int64_t n_O = rows * dvp, n_kp = local ? np * BK : 0, n_vp = local ? BK / 2 * dvp : 0;
+    const int64_t nt = head ? ntile : local, n_O = rows * dvp, n_kp = nt * np * BK,
+                  n_vp = nt * (BK / 2) * dvp;
     const int64_t per = n_qd + n_S + n_pd + n_O + 2 * r16 + n_kp + n_vp; /* 4-byte words */
     uint32_t *all = aligned_alloc(64, (size_t)(per * T * 4));
     if (!all) {
@@ -293,15 +303,28 @@ static attn_status bf16_forward(const attn_fused_call *c, attn_error *err) {
         w.O = (float *)(base += n_pd);
         w.m = (float *)(base += n_O);
         w.l = (float *)(base += r16);
-        w.kp = local ? (base += r16) : NULL;
-        w.vp = local ? base + n_kp : NULL;
+        w.kp = (base += r16);
+        w.vp = base + n_kp;
         if (decode) {
 #pragma omp for schedule(dynamic)
             for (int64_t x = 0; x < BH; x++) bf16_decode(c, &w, dvp, x / pr->H, x % pr->H);
+        } else if (head) {
+#pragma omp for schedule(dynamic)
+            for (int64_t x = 0; x < BH; x++) {
+                const int64_t b = x / pr->H, h = x % pr->H;
+                for (int64_t t = 0; t < ntile; t++)
+                    pack_kv(pr, c->k, c->v, b, h, t, np, dvp, w.kp + t * np * BK,
+                            w.vp + t * (BK / 2) * dvp);
+                for (int64_t qb = 0; qb < nqb; qb++) bf16_block(c, &w, w.kp, w.vp, np, dvp, b, h, qb);
+            }
         } else {
 #pragma omp for schedule(dynamic)
-            for (int64_t x = 0; x < BH * nqb; x++)
-                bf16_block(c, &w, KP, VP, np, dvp, ntile, x / nqb / pr->H, x / nqb % pr->H, x % nqb);
+            for (int64_t x = 0; x < BH * nqb; x++) {
+                const int64_t bh = x / nqb;
+                bf16_block(c, &w, local ? NULL : KP + bh * ntile * np * BK,
+                           local ? NULL : VP + bh * ntile * (BK / 2) * dvp, np, dvp, bh / pr->H,
+                           bh % pr->H, x % nqb);
+            }
         }
     }
     free(all);
