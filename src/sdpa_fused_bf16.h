@@ -41,16 +41,11 @@
 #define ATTN_SDPA_FUSED_BF16_H
 
 #include "sdpa_bf16.h"
+#include "sdpa_fused_bf16_tiles.h"
 
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
-
-#define BQ 64 /* query rows per block */
-#define BK 96 /* keys per tile (6 vectors of 16) */
-
-static inline int64_t bmin(int64_t a, int64_t b) { return a < b ? a : b; }
-static inline int64_t bmax(int64_t a, int64_t b) { return a > b ? a : b; }
 
 static inline uint32_t pair_at(const uint16_t *row, int64_t sd, int64_t e0, int64_t n) {
     const uint32_t lo = e0 < n ? row[e0 * sd] : 0, hi = e0 + 1 < n ? row[(e0 + 1) * sd] : 0;

@@ -24,6 +24,8 @@
 #ifndef ATTN_SDPA_FUSED_BF16_BWD_H
 #define ATTN_SDPA_FUSED_BF16_BWD_H
 
+#include "sdpa_fused_bf16_tiles.h"
+
 #define BKG 4 /* key tiles per work item of the two-pass dK/dV */
 
 typedef struct {
