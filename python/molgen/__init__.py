@@ -11,6 +11,10 @@ command line of `python3 -m molgen.NAME --help`:
     molgen.cond_eval         the conditional model's evaluation (runs `molgen sample`)
     molgen.torch_model       the model in PyTorch (the C model's twin): bench, loss
     molgen.torch_sample      the PyTorch baseline sampler (no cache, or --kv)
+    molgen.scoring           the scorer of `molgen optimize` (TOML components; the PMO oracles)
+    molgen.pmo               PMO's AUC top-k of an optimize run's scored.csv
+    molgen.report            DIR/report.html of an optimize run (curves, best molecules, scaffolds)
+    molgen.torch_reinvent    the same RL in PyTorch on the twin (the same-prior baseline)
 
 numpy, RDKit and PyTorch come from the system (Debian python3-numpy,
 python3-rdkit, python3-torch); nothing is fetched.
