@@ -75,6 +75,19 @@ static const mg_setting OPTIMIZE_OPTIONS[] = {
 };
 #undef T
 
+/* --preset, a table of its own: applied after a resumed run's saved options
+ * and before every option given, whatever the order. */
+typedef struct {
+    int preset; /* 0 default, 1 pmo */
+} opt_preset;
+
+static const mg_setting PRESET_OPTION[] = {
+    {MG_OPT_CHOICE(opt_preset, "preset", "default|pmo", preset,
+                   "default (the defaults above: REINVENT 4's) or pmo (PMO's REINVENT, mol_opt's "
+                   "hparams: --sigma 500 --lr 5e-4 --memory 100 --replay 24 --df none), then the "
+                   "options given, whatever their order")},
+};
+
 static const char OPTIMIZE_USAGE[] =
     "usage: molgen optimize --prior MODEL --scorer 'COMMAND' --out DIR [options]\n"
     "       molgen optimize --resume DIR --prior MODEL --scorer 'COMMAND' [options]\n"
@@ -172,12 +185,16 @@ typedef struct {
 static int parse(int argc, char **argv, mg_opt_opts *o, run_ctx *c) {
     opt_args a = {.save_every = o->save_every, .timeout = 300};
     args_from_opts(&a, o);
+    opt_preset x = {0};
+    const size_t n_opts = sizeof OPTIMIZE_OPTIONS / sizeof *OPTIMIZE_OPTIONS;
     const mg_cli_spec spec = {"optimize", OPTIMIZE_USAGE, OPTIMIZE_NOTES,
-                              {{OPTIMIZE_OPTIONS, sizeof OPTIMIZE_OPTIONS / sizeof *OPTIMIZE_OPTIONS, &a}},
-                              1};
+                              {{OPTIMIZE_OPTIONS, n_opts, &a}, {PRESET_OPTION, 1, &x}},
+                              2};
     mg_cli_value vals[MG_CLI_MAX_ROWS];
     int rc = mg_cli_read(&spec, argc, argv, vals);
     if (rc) return rc;
+    if (vals[3].opt[0] && vals[n_opts].opt[0])
+        return mg_cli_usage("optimize", "--preset with --resume: the run keeps its saved options");
     if (vals[3].opt[0]) { /* --resume DIR: its saved options first */
         mg_error err;
         char path[4200];
@@ -189,6 +206,14 @@ static int parse(int argc, char **argv, mg_opt_opts *o, run_ctx *c) {
             return mg_cli_report("optimize", st, &err), 1;
         }
         args_from_opts(&a, o);
+    }
+    if ((rc = mg_cli_apply(&spec, 1, vals))) return rc;
+    if (x.preset == 1) { /* mol_opt main/reinvent/hparams_default.yaml */
+        a.sigma = 500;
+        a.lr = 5e-4;
+        a.memory = 100;
+        a.replay = 24;
+        a.df = MG_DF_NONE;
     }
     if ((rc = mg_cli_apply(&spec, 0, vals))) return rc;
     args_to_opts(&a, o);

@@ -304,3 +304,34 @@ def test_rows_without_eos_are_left_out(tmp_path, scorer):
     optimize(d, scorer, "--budget", 200, "--batch", 64, "--seed", 0, "--max-steps", 1)
     s = json.loads((d / "summary.json").read_text())
     assert s["steps"] == 1 and s["stop"] == "max-steps" and 50 <= s["calls"] <= 64
+
+
+
+# ---------------------------------------------------------------- --preset pmo
+
+# mol_opt's REINVENT (main/reinvent/hparams_default.yaml): sigma 500, learning
+# rate 5e-4, experience replay 24 from a memory of 100, no diversity filter
+# (summary.json's df: 0 none, 2 scaffold).
+PMO = {"sigma": 500.0, "lr": 5e-4, "memory": 100, "replay": 24, "df": 0}
+DEFAULTS = {"sigma": 128.0, "lr": 1e-4, "memory": 50, "replay": 10, "df": 2}
+
+
+def options_of(d, scorer, *args):
+    optimize(d, scorer, "--budget", 16, "--batch", 8, "--max-steps", 1, *args)
+    o = json.loads((d / "summary.json").read_text())["options"]
+    return {k: o[k] for k in PMO}
+
+
+def test_preset_pmo_sets_mol_opts_settings(tmp_path, scorer):
+    assert options_of(tmp_path / "default", scorer) == DEFAULTS
+    assert options_of(tmp_path / "pmo", scorer, "--preset", "pmo") == PMO
+    # options given win over the preset, before or after it
+    assert options_of(tmp_path / "mixed", scorer, "--sigma", 200, "--preset", "pmo",
+                      "--df", "scaffold") == dict(PMO, sigma=200.0, df=2)
+    r = optimize(tmp_path / "bad", scorer, "--preset", "reinvent", check=False)
+    assert r.returncode == 2 and "bad value 'reinvent' for --preset" in r.stderr, r.stderr
+    # a resumed run keeps its saved options
+    r = subprocess.run([molgen_binary(), "optimize", "--prior", PRIOR, "--resume",
+                        str(tmp_path / "pmo"), "--scorer", scorer, "--preset", "pmo"], env=ENV,
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert r.returncode == 2 and "--preset with --resume" in r.stderr, r.stderr
