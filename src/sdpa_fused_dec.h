@@ -45,7 +45,39 @@ static void dec_scores(const kctx *c, const float *qr, float *tmp, int64_t b, in
         pr->bmask ? pr->bmask + b * pr->bms[0] + h * pr->bms[1] + i * pr->bms[2] : NULL;
     const float *am =
         pr->amask ? pr->amask + b * pr->ams[0] + h * pr->ams[1] + i * pr->ams[2] : NULL;
-    for (int64_t j = a; j < e; j++) {
+    int64_t j = a;
+#if VL == 16 && defined(__GNUC__) && !defined(__clang__)
+    /* 16 keys at a time, bitwise dec_dot's: each key's lane sums acc (its
+     * own FMA chain over d), transposed, then GCC's _mm512_reduce_add_ps
+     * tree (lanes l + 8, l + 4, l + 2, l + 1 added to l) done for the 16 keys
+     * at once, one vector add per level instead of a shuffle chain per key.
+     * A masked key's dot is computed and then replaced, as below. */
+    if (c->k_rows) {
+        float blk[2][256] __attribute__((aligned(64)));
+        const int64_t Dk = pr->Dk, ks = c->k->stride[2];
+        const vf sc = v_set1(pr->scale);
+        for (; j + 16 <= e; j += 16) {
+            const float *kr = row_of(c->k, b, h, j);
+            for (int u = 0; u < 16; u++, kr += ks) {
+                vf acc = v_zero();
+                for (int64_t d = 0; d < Dk; d += VL) acc = v_fma(v_load(qr + d), v_load(kr + d), acc);
+                v_store(blk[0] + 16 * u, acc);
+            }
+            v_transpose_block(blk[0], 16, blk[1], 16); /* blk[1] row l: lane l of the 16 keys */
+            vf r[8];
+            for (int l = 0; l < 8; l++) r[l] = v_add(v_load(blk[1] + 16 * (l + 8)), v_load(blk[1] + 16 * l));
+            for (int l = 0; l < 4; l++) r[l] = v_add(r[l + 4], r[l]);
+            r[0] = v_add(r[0], r[2]);
+            r[1] = v_add(r[1], r[3]);
+            v_store(s + (j - a), v_mul(sc, v_add(r[0], r[1])));
+        }
+        for (int64_t u = a; u < j; u++) {
+            if (bm && !bm[u * pr->bms[3]]) s[u - a] = -INFINITY;
+            else if (am) s[u - a] += am[u * pr->ams[3]];
+        }
+    }
+#endif
+    for (; j < e; j++) {
         if (bm && !bm[j * pr->bms[3]]) {
             s[j - a] = -INFINITY;
             continue;
