@@ -2,6 +2,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "optimize.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1037,30 +1038,46 @@ done:
 
 /* ------------------------------------------------------------ resume */
 
+/* The saved options, each in the range a run can have (the file may have
+ * been edited: nothing out of range reaches the engine). */
 static mg_status options_from_json(const json_t *j, mg_opt_opts *p, mg_error *err) {
     const char *seed = json_string_value(json_object_get(j, "seed"));
     const char *con = json_string_value(json_object_get(j, "constrain"));
     json_int_t I[9];
     const char *ik[] = {"budget",  "batch",  "df",     "df_bucket",      "memory",
                         "replay", "augmented_memory", "collapse_steps", NULL};
+    const json_int_t ilo[] = {1, 1, 0, 1, 0, 0, 0, 0};
+    const json_int_t ihi[] = {1000000000000LL, 100000, MG_DF_SCAFFOLD, 1000000000, 1000000, 1000000,
+                              100, 1000000000};
     for (int k = 0; ik[k]; k++) {
         const json_t *v = json_object_get(j, ik[k]);
         if (!json_is_integer(v))
             return mg_fail(err, MG_ERR_FORMAT, "option \"%s\" missing", ik[k]);
         I[k] = json_integer_value(v);
+        if (I[k] < ilo[k] || I[k] > ihi[k])
+            return mg_fail(err, MG_ERR_FORMAT, "option \"%s\" is %lld: outside [%lld, %lld]",
+                           ik[k], (long long)I[k], (long long)ilo[k], (long long)ihi[k]);
     }
     double D[5];
     const char *dk[] = {"sigma", "lr", "df_min_score", "repeat_penalty", "collapse_share", NULL};
+    const double dhi[] = {1e6, 10, 1, 1, 1};
     for (int k = 0; dk[k]; k++) {
         const json_t *v = json_object_get(j, dk[k]);
         if (!json_is_number(v)) return mg_fail(err, MG_ERR_FORMAT, "option \"%s\" missing", dk[k]);
         D[k] = json_number_value(v);
+        if (!(D[k] >= 0 && D[k] <= dhi[k]))
+            return mg_fail(err, MG_ERR_FORMAT, "option \"%s\" is %g: outside [0, %g]", dk[k],
+                           D[k], dhi[k]);
     }
     char *end;
     if (!seed || !con) return mg_fail(err, MG_ERR_FORMAT, "options seed/constrain missing");
     if (!mg_constrain_parse(con, &p->constrain))
         return mg_fail(err, MG_ERR_FORMAT, "constrain '%s'", con);
+    errno = 0;
     p->seed = strtoull(seed, &end, 10);
+    if (!*seed || *end || errno || strspn(seed, "0123456789") != strlen(seed))
+        return mg_fail(err, MG_ERR_FORMAT, "option \"seed\" '%.40s' is not a decimal integer",
+                       seed);
     p->budget = I[0];
     p->batch = (int)I[1];
     p->df = (mg_df_kind)I[2];
@@ -1074,7 +1091,7 @@ static mg_status options_from_json(const json_t *j, mg_opt_opts *p, mg_error *er
     p->df_min_score = D[2];
     p->repeat_penalty = D[3];
     p->collapse_share = D[4];
-    return MG_OK;
+    return mg_opt_opts_check(p, err);
 }
 
 /* the "optimize" JSON of checkpoint path (a new reference) and the file */
@@ -1105,7 +1122,10 @@ mg_status mg_opt_read_options(const char *path, mg_opt_opts *opts, mg_error *err
     mg_status rc = load_state(path, &f, &j, err);
     if (rc) return rc;
     rc = options_from_json(json_object_get(j, "options"), opts, err);
-    if (rc) mg_fail(err, rc, "%s: %s", path, err->message);
+    if (rc) {
+        const mg_error e0 = *err; /* the message is an argument: not in place */
+        mg_fail(err, MG_ERR_FORMAT, "%s: %s", path, e0.message);
+    }
     json_decref(j);
     mg_st_free(f);
     return rc;
@@ -1137,11 +1157,31 @@ static char *dup_json(const json_t *v) {
     return s ? strdup(s) : NULL;
 }
 
+/* an element of a saved array: a number in [lo, hi] */
+static int num_in(const json_t *a, size_t i, double lo, double hi, double *v) {
+    const json_t *x = json_array_get(a, i);
+    *v = json_number_value(x);
+    return json_is_number(x) && *v >= lo && *v <= hi;
+}
+
+/* The scored molecules and the memory, each checked (the file may have been
+ * edited): every molecule a record of a step up to o->step with a score in
+ * [0, 1], canonical keys distinct, memory entries distinct molecules that
+ * encode, learning scores in [0, 1]. */
 static mg_status restore_mols(mg_opt *o, const json_t *mols, const json_t *mem, mg_error *err) {
     size_t i;
     const json_t *e;
+    if (!json_is_array(mols) || !json_is_array(mem))
+        return mg_fail(err, MG_ERR_FORMAT, "the molecules or the memory are not lists");
     json_array_foreach(mols, i, e) {
         mol m = {0};
+        double sc, pn, an;
+        const json_t *sf = json_array_get(e, 2);
+        if (json_array_size(e) != 9 || !num_in(e, 4, 0, 1, &sc) ||
+            !num_in(e, 5, -1e300, 1e300, &pn) || !num_in(e, 6, -1e300, 1e300, &an) ||
+            !json_is_integer(json_array_get(e, 7)) || !json_is_integer(json_array_get(e, 8)) ||
+            !(json_is_string(sf) || json_is_null(sf)))
+            return mg_fail(err, MG_ERR_FORMAT, "scored molecule %zu is malformed", i + 1);
         m.smiles = dup_json(json_array_get(e, 0));
         m.canonical = dup_json(json_array_get(e, 1));
         m.scaffold = dup_json(json_array_get(e, 2));
@@ -1151,7 +1191,8 @@ static mg_status restore_mols(mg_opt *o, const json_t *mols, const json_t *mem, 
         m.agent_nll = json_number_value(json_array_get(e, 6));
         m.call = json_integer_value(json_array_get(e, 7));
         m.step = json_integer_value(json_array_get(e, 8));
-        if (!m.smiles || !m.canonical || !m.comps || m.call != (int64_t)i + 1) {
+        if (!m.smiles || !m.canonical || !m.comps || m.call != (int64_t)i + 1 || m.step < 0 ||
+            m.step > o->step || map_find(&o->by_key, m.canonical)) {
             mol_clear(&m);
             return mg_fail(err, MG_ERR_FORMAT, "scored molecule %zu is malformed", i + 1);
         }
@@ -1163,9 +1204,19 @@ static mg_status restore_mols(mg_opt *o, const json_t *mols, const json_t *mem, 
                        o->op.memory);
     json_array_foreach(mem, i, e) {
         const int64_t k = json_integer_value(json_array_get(e, 0));
-        if (k < 0 || k >= (int64_t)o->nmol)
-            return mg_fail(err, MG_ERR_FORMAT, "memory entry %zu names no molecule", i);
-        o->mem[i] = (mem_entry){k, json_number_value(json_array_get(e, 1))};
+        double sc;
+        if (!json_is_integer(json_array_get(e, 0)) || k < 0 || k >= (int64_t)o->nmol)
+            return mg_fail(err, MG_ERR_FORMAT, "memory entry %zu names no molecule", i + 1);
+        if (json_array_size(e) != 2 || !num_in(e, 1, 0, 1, &sc))
+            return mg_fail(err, MG_ERR_FORMAT, "memory entry %zu is malformed", i + 1);
+        for (size_t q = 0; q < i; q++)
+            if (o->mem[q].mol == k)
+                return mg_fail(err, MG_ERR_FORMAT, "memory entry %zu repeats molecule %lld", i + 1,
+                               (long long)k + 1);
+        if (!encode_row(o, 0, o->mols[k].smiles))
+            return mg_fail(err, MG_ERR_FORMAT, "memory molecule '%.80s' cannot be encoded",
+                           o->mols[k].smiles);
+        o->mem[i] = (mem_entry){k, sc};
     }
     o->nmem = (int)json_array_size(mem);
     return MG_OK;
@@ -1202,14 +1253,24 @@ mg_status mg_opt_restore(mg_opt *o, const char *path, mg_error *err) {
     const int64_t shp[1] = {(int64_t)P};
     if (!rc) rc = mg_st_copy(f, "optim.m", MG_ST_F32, 1, shp, o->adam.m, P * sizeof(float), err);
     if (!rc) rc = mg_st_copy(f, "optim.v", MG_ST_F32, 1, shp, o->adam.v, P * sizeof(float), err);
+    /* counters: steps within 2^40, Adam's at most 1 + --augmented-memory per step */
+    const json_t *js = json_object_get(j, "step"), *ja = json_object_get(j, "adam_step"),
+                 *jc = json_object_get(j, "collapse_run");
+    o->step = json_integer_value(js);
+    o->adam.step = json_integer_value(ja);
+    o->collapse_run = json_integer_value(jc);
+    if (!rc && (!json_is_integer(js) || !json_is_integer(ja) || !json_is_integer(jc) ||
+                o->step < 0 || o->step > ((int64_t)1 << 40) || o->adam.step < 0 ||
+                o->adam.step > o->step * (1 + o->op.aug_rounds) || o->collapse_run < 0 ||
+                o->collapse_run > o->step))
+        rc = mg_fail(err, MG_ERR_FORMAT, "the step counters (step %lld, Adam step %lld) are "
+                     "malformed", (long long)o->step, (long long)o->adam.step);
     if (!rc) rc = restore_mols(o, json_object_get(j, "molecules"), json_object_get(j, "memory"), err);
-    if (rc) goto done;
-    o->step = json_integer_value(json_object_get(j, "step"));
-    o->adam.step = json_integer_value(json_object_get(j, "adam_step"));
-    o->collapse_run = json_integer_value(json_object_get(j, "collapse_run"));
 done:
-    if (rc && rc != MG_ERR_MISMATCH && strncmp(err->message, path, strlen(path)))
-        mg_fail(err, rc, "%s: %s", path, err->message);
+    if (rc && rc != MG_ERR_MISMATCH && strncmp(err->message, path, strlen(path))) {
+        const mg_error e0 = *err; /* the message is an argument: not in place */
+        mg_fail(err, rc, "%s: %s", path, e0.message);
+    }
     json_decref(j);
     mg_st_free(f);
     return rc;

@@ -23,7 +23,7 @@ struct mg_scorer {
     double timeout;
     char *buf;     /* bytes read but not yet consumed */
     size_t len, cap;
-    int exited, status;
+    int exited, code, signo; /* code: exit status; signo: the killing signal (0: none) */
     struct sigaction old_pipe;
 };
 
@@ -84,20 +84,28 @@ mg_status mg_scorer_start(const char *command, double timeout_s, mg_scorer **out
     return MG_OK;
 }
 
-/* Has the scorer exited? Reaps it once. */
+/* Has the scorer exited? Not reaped (WNOWAIT): the zombie keeps its pid and
+ * so its process group's id from being reused until mg_scorer_free. */
 static int reap(mg_scorer *s) {
-    if (!s->exited && waitpid(s->pid, &s->status, WNOHANG) == s->pid) s->exited = 1;
+    siginfo_t si;
+    memset(&si, 0, sizeof si);
+    if (!s->exited && !waitid(P_PID, (id_t)s->pid, &si, WEXITED | WNOHANG | WNOWAIT) &&
+        si.si_pid == s->pid) {
+        s->exited = 1;
+        s->code = si.si_code == CLD_EXITED ? si.si_status : 0;
+        s->signo = si.si_code == CLD_EXITED ? 0 : si.si_status;
+    }
     return s->exited;
 }
 
+/* Up to 1 s for the scorer to exit after its EOF, then its whole group is
+ * killed: also the processes it left behind (a child holding the pipes). */
 void mg_scorer_free(mg_scorer *s) {
     if (!s) return;
     if (s->in >= 0) close(s->in);
     for (int i = 0; i < 100 && !reap(s); i++) nanosleep(&(struct timespec){0, 10000000}, NULL);
-    if (!s->exited) {
-        kill(-s->pid, SIGKILL);
-        waitpid(s->pid, &s->status, 0);
-    }
+    kill(-s->pid, SIGKILL);
+    waitpid(s->pid, NULL, 0);
     close(s->out);
     sigaction(SIGPIPE, &s->old_pipe, NULL);
     free(s->buf);
@@ -108,18 +116,54 @@ void mg_scorer_free(mg_scorer *s) {
 static const char *gone(mg_scorer *s, char *buf, size_t n) {
     for (int i = 0; i < 50 && !reap(s); i++) nanosleep(&(struct timespec){0, 10000000}, NULL);
     if (!s->exited) return "closed its output";
-    if (WIFEXITED(s->status))
-        snprintf(buf, n, "exited with status %d", WEXITSTATUS(s->status));
+    if (s->signo)
+        snprintf(buf, n, "was killed by signal %d", s->signo);
     else
-        snprintf(buf, n, "was killed by signal %d", WTERMSIG(s->status));
+        snprintf(buf, n, "exited with status %d%s", s->code,
+                 s->code == 127   ? " (the shell found no such command)"
+                 : s->code == 126 ? " (the command is not executable)"
+                                  : "");
     return buf;
 }
 
-/* molecule text for a message: cut to a readable length */
+/* text for a one-line message: up to its first line break, cut to a
+ * readable length */
 static const char *cut(const char *s, char *buf, size_t n) {
-    if (strlen(s) < n) return s;
-    snprintf(buf, n, "%.*s...", (int)(n - 4), s);
+    const size_t l = strcspn(s, "\r\n");
+    if (l < n && !s[l]) return s;
+    snprintf(buf, n, "%.*s...", (int)(l < n - 4 ? l : n - 4), s);
     return buf;
+}
+
+/* The longest answer line: far above any score, canonical, scaffold and
+ * components; it bounds the memory a scorer that never ends a line takes. */
+#define MG_SCORER_MAX_LINE ((size_t)1 << 20)
+
+/* Why answer line p[0..n) is refused (NULL: it is text), the offending
+ * byte's offset in *at: a NUL byte or a control character (TAB separates
+ * fields) would cut or break scored.csv and the checkpoint, invalid UTF-8
+ * could not be saved in its JSON. */
+static const char *bad_text(const unsigned char *p, size_t n, size_t *at) {
+    for (size_t i = 0; i < n;) {
+        const unsigned c = p[i];
+        *at = i;
+        if (c == 0) return "holds a NUL byte";
+        if ((c < 0x20 && c != '\t') || c == 0x7f) return "holds a control character";
+        if (c < 0x80) {
+            i++;
+            continue;
+        }
+        /* a UTF-8 sequence: its length, the range of its 2nd byte (no overlongs,
+         * surrogates or code points past U+10FFFF), continuation bytes after */
+        const size_t k = c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
+        const unsigned lo = c == 0xe0 ? 0xa0 : c == 0xf0 ? 0x90 : 0x80;
+        const unsigned hi = c == 0xed ? 0x9f : c == 0xf4 ? 0x8f : 0xbf;
+        if (!k || i + k > n || p[i + 1] < lo || p[i + 1] > hi) return "is not UTF-8 text";
+        for (size_t j = 2; j < k; j++)
+            if ((p[i + j] & 0xc0) != 0x80) return "is not UTF-8 text";
+        i += k;
+    }
+    return NULL;
 }
 
 /* Writes req[0..rlen) and reads n lines (their starts into lines[n], each
@@ -127,10 +171,24 @@ static const char *cut(const char *s, char *buf, size_t n) {
  * line i's molecule for the messages. */
 static mg_status exchange(mg_scorer *s, const char *req, size_t rlen, size_t n, char **lines,
                           const char *const *what, mg_error *err) {
-    size_t sent = 0, got = 0, scan = 0;
+    size_t sent = 0, got = 0, scan = 0, seen = 0; /* scan: the line's start; seen: searched */
     s->len = 0;
     double last = mg_now_s();
     char mb[96], gb[64], pb[64];
+    struct pollfd p0 = {s->out, POLLIN, 0};
+    if (poll(&p0, 1, 0) == 1 && (p0.revents & POLLIN)) {
+        /* bytes before the request: a line more than the last request asked,
+         * which would shift every answer of this one */
+        char early[64];
+        const ssize_t r = read(s->out, early, sizeof early - 1);
+        if (r > 0) {
+            early[r] = 0;
+            return mg_fail(err, MG_ERR_FORMAT,
+                           "the scorer wrote more lines than molecules asked ('%s' came before "
+                           "molecule 1 of the batch '%s' was sent)",
+                           cut(early, gb, sizeof gb), cut(what[0], mb, sizeof mb));
+        }
+    }
     while (got < n) {
         struct pollfd p[2] = {{s->out, POLLIN, 0}, {s->in, POLLOUT, 0}};
         const int np = sent < rlen ? 2 : 1;
@@ -174,13 +232,30 @@ static mg_status exchange(mg_scorer *s, const char *req, size_t rlen, size_t n, 
         s->len += (size_t)r;
         last = mg_now_s();
         /* split complete lines (the line starts are offsets: buf may move) */
-        for (size_t i = scan; i < s->len && got < n; i++)
+        for (size_t i = seen; i < s->len && got < n; i++)
             if (s->buf[i] == '\n') {
-                s->buf[i] = 0;
-                if (i > scan && s->buf[i - 1] == '\r') s->buf[i - 1] = 0;
+                size_t e = i;
+                if (e > scan && s->buf[e - 1] == '\r') e--;
+                size_t at = 0;
+                const char *why = bad_text((const unsigned char *)s->buf + scan, e - scan, &at);
+                if (why) {
+                    s->buf[scan + at] = 0; /* the text before the offending byte */
+                    return mg_fail(err, MG_ERR_FORMAT,
+                                   "the scorer's line for molecule %zu of the batch '%s' %s "
+                                   "(after '%s')",
+                                   got + 1, cut(what[got], mb, sizeof mb), why,
+                                   cut(s->buf + scan, gb, sizeof gb));
+                }
+                s->buf[e] = 0;
                 lines[got++] = (char *)(uintptr_t)scan;
                 scan = i + 1;
             }
+        seen = s->len;
+        if (got < n && s->len - scan > MG_SCORER_MAX_LINE)
+            return mg_fail(err, MG_ERR_FORMAT,
+                           "the scorer's line for molecule %zu of the batch '%s' is longer than "
+                           "%zu bytes (not an answer)",
+                           got + 1, cut(what[got], mb, sizeof mb), MG_SCORER_MAX_LINE);
     }
     if (s->len > scan)
         return mg_fail(err, MG_ERR_FORMAT,
@@ -197,10 +272,13 @@ static char *dup_n(const char *p, size_t n) {
     return d;
 }
 
-/* A strict decimal number (strtod over the whole text, no leading space). */
+/* A strict decimal number (strtod over the whole text, no leading space, no
+ * hexadecimal). */
 static int number(const char *p, size_t n, double *v) {
     char tmp[64];
-    if (n == 0 || n >= sizeof tmp || p[0] == ' ' || p[0] == '\t') return 0;
+    if (n == 0 || n >= sizeof tmp || p[0] == ' ' || p[0] == '\t' || memchr(p, 'x', n) ||
+        memchr(p, 'X', n))
+        return 0;
     memcpy(tmp, p, n);
     tmp[n] = 0;
     char *end;
@@ -231,7 +309,7 @@ static mg_status parse_reply(const char *line, const char *mol, size_t idx, mg_s
                        (int)(n0 < 40 ? n0 : 40), line);
     } else {
         r->valid = 1;
-        r->score = v;
+        r->score = v + 0.0; /* -0 as 0 */
     }
     size_t clen = 0, ccap = 64;
     r->comps = malloc(ccap);

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli_options.h"
 #include "cli_util.h"
@@ -224,6 +225,8 @@ static int parse(int argc, char **argv, mg_opt_opts *o, run_ctx *c) {
     if (c->resume) c->out = c->resume;
     if (!c->prior || !c->scorer || !c->out)
         return mg_cli_usage("optimize", "--prior, --scorer and --out (or --resume) are required");
+    if (!c->scorer[strspn(c->scorer, " \t\n")])
+        return mg_cli_usage("optimize", "--scorer is empty: give the command that scores");
     return 0;
 }
 
@@ -261,16 +264,22 @@ static mg_status save(void *ctx, mg_opt *o, mg_error *err) {
     return rc;
 }
 
-/* DIR's files claimed (checked, locked) before any work; 0 or 1 (said). */
+/* DIR's files claimed (checked, locked) before any work; 0 or 1 (said). A
+ * new run never writes over a saved one (its state would be lost). */
 static int claim(run_ctx *c) {
     mg_error err;
-    mg_status rc = c->rank ? MG_OK : mg_cli_check_output_dir(c->out, &err);
-    if (rc) fprintf(stderr, "molgen optimize: --out %s: %s\n", c->out, err.message);
-    if (mg_dist_agree(mg_dist_world(), rc, &err)) return 1;
     snprintf(c->dir_scored, sizeof c->dir_scored, "%s/scored.csv", c->out);
     snprintf(c->dir_best, sizeof c->dir_best, "%s/best.smi", c->out);
     snprintf(c->dir_agent, sizeof c->dir_agent, "%s/agent.safetensors", c->out);
     snprintf(c->dir_summary, sizeof c->dir_summary, "%s/summary.json", c->out);
+    mg_status rc = c->rank ? MG_OK : mg_cli_check_output_dir(c->out, &err);
+    if (rc) fprintf(stderr, "molgen optimize: --out %s: %s\n", c->out, err.message);
+    if (!rc && !c->rank && !c->resume && access(c->dir_agent, F_OK) == 0) {
+        fprintf(stderr, "molgen optimize: --out %s holds a run already (%s): continue it with "
+                        "--resume %s, or give another --out\n", c->out, c->dir_agent, c->out);
+        rc = MG_ERR_ARG;
+    }
+    if (mg_dist_agree(mg_dist_world(), rc, &err)) return 1;
     const mg_cli_file outs[] = {{"--out (agent.safetensors)", c->dir_agent, MG_CLI_WHOLE},
                                 {"--out (scored.csv)", c->dir_scored, MG_CLI_WHOLE},
                                 {"--out (best.smi)", c->dir_best, MG_CLI_WHOLE},

@@ -1,0 +1,274 @@
+"""molgen optimize against hostile scorers and edited checkpoints: every
+fault is one clear message and exit 1 (2 for usage), the state stays
+resumable, nothing the scorer says reaches scored.csv or the checkpoint
+unchecked, no process of the scorer outlives molgen.
+
+The scorer is a plain Python script written here (no RDKit): score = the
+first byte of md5(SMILES) mod 100 / 100, canonical= the SMILES itself, so
+the test recomputes every score independently. MODE makes it misbehave at
+its AT-th molecule. Runs: budget <= 48, batch 8, 1 thread.
+"""
+import csv
+import hashlib
+import json
+import os
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import time
+
+import pytest
+
+from molgen_bin import REPO, molgen_binary
+
+PRIOR = os.path.join(REPO, "models", "molgen-moses.safetensors")
+ENV = dict(os.environ, OPENBLAS_CORETYPE=os.environ.get("OPENBLAS_CORETYPE", "Haswell"),
+           OMP_WAIT_POLICY="PASSIVE")
+
+SCORER = r'''
+import hashlib, os, sys, time
+mode, at = os.environ.get("MODE", ""), int(os.environ.get("AT", "3"))
+out = sys.stdout.buffer
+if mode == "fork":
+    pid = os.fork()
+    if pid == 0:
+        time.sleep(600); os._exit(0)
+    open(os.environ["PIDFILE"], "w").write(str(pid))
+    os._exit(0)
+
+def requests():
+    """(line, last line of what one read gave): molgen writes a request whole"""
+    buf = b""
+    while True:
+        c = os.read(0, 1 << 16)
+        if not c: return
+        buf += c
+        *done, buf = buf.split(b"\n")
+        for k, l in enumerate(done):
+            yield l.decode(), k == len(done) - 1 and not buf
+
+n = 0
+for s, last in requests():
+    n += 1
+    v = hashlib.md5(s.encode()).digest()[0] % 100 / 100
+    r = b"%.2f\tcanonical=%s" % (v, s.encode())
+    if n == at:
+        if mode == "nul": r = b"0.5\x00trailing"
+        elif mode == "utf8": r = b"0.5\tcanonical=C\xff\xfeC"
+        elif mode == "cr": r = b"0.5\tcanonical=C\rC"
+        elif mode == "long": r = b"0.5\tcanonical=" + b"C" * (10 << 20)
+        elif mode.startswith("num:"): r = mode[4:].encode()
+    if mode == "double" and n == at: r += b"\n" + r
+    out.write(r + b"\n"); out.flush()
+    if mode == "late" and last and at:
+        # one line more, once molgen holds its first request's answers
+        time.sleep(0.02); out.write(b"0.99\n"); out.flush(); at = 0
+'''
+
+
+def expected_score(smiles):
+    return hashlib.md5(smiles.encode()).digest()[0] % 100 / 100
+
+
+@pytest.fixture(scope="module")
+def scorer(tmp_path_factory):
+    p = tmp_path_factory.mktemp("scorer") / "md5score.py"
+    p.write_text(SCORER)
+    return "%s %s" % (sys.executable, p)
+
+
+def optimize(out, scorer, *args, env=None, resume=False, timeout=300):
+    cmd = [molgen_binary(), "optimize", "--prior", PRIOR, "--scorer", scorer, "--threads", "1",
+           "--resume" if resume else "--out", str(out)] + [str(a) for a in args]
+    return subprocess.run(cmd, env=dict(ENV, **(env or {})), stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, timeout=timeout)
+
+
+def text(r):
+    return r.stderr.decode("utf-8", "replace")
+
+
+def read_scored(d):
+    with open(d / "scored.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+RUN = ("--budget", 40, "--batch", 8, "--seed", 1, "--scorer-timeout", 20)
+
+
+def assert_fault(r, d, words):
+    """exit 1, exactly two lines: the fault (with words) and 'state saved'"""
+    err = text(r)
+    assert r.returncode == 1, err
+    lines = [l for l in err.strip().splitlines() if not l.startswith("step ")]  # progress
+    assert len(lines) == 2, err
+    for w in words:
+        assert w in lines[0], lines[0]
+    assert "continue with --resume" in lines[1], err
+    assert (d / "agent.safetensors").exists()
+
+
+@pytest.mark.parametrize("mode,words", [
+    ("nul", ["holds a NUL byte", "after '0.5'"]),       # was: taken as 0.5
+    ("utf8", ["is not UTF-8 text"]),                    # was: "out of memory saving", no state
+    ("cr", ["holds a control character"]),              # was: a raw CR inside scored.csv
+    ("long", ["is longer than 1048576 bytes"]),         # was: a 10 MB canonical kept
+    ("num:0x1p-2", ["'0x1p-2'", "does not start with a number"]),  # was: 0.25
+    ("double", ["more lines than molecules asked"]),    # the excess line was in the message
+])
+def test_bad_reply_line_is_one_clear_error_and_resumable(tmp_path, scorer, mode, words):
+    d = tmp_path / "run"
+    r = optimize(d, scorer, *RUN, env={"MODE": mode, "AT": "3"})
+    assert_fault(r, d, words)
+    r = optimize(d, scorer, resume=True)
+    assert r.returncode == 0, text(r)
+    rows = read_scored(d)
+    assert len(rows) == 40
+    for x in rows:
+        assert x["canonical"] == x["smiles"] and float(x["score"]) == expected_score(x["smiles"])
+
+
+def test_line_after_the_answers_does_not_shift_the_next_batch(tmp_path, scorer):
+    """A line more than asked, arriving after the request's answers: it would
+    be read as the next request's first answer and shift every score."""
+    d = tmp_path / "run"
+    r = optimize(d, scorer, *RUN, env={"MODE": "late"})
+    assert_fault(r, d, ["more lines than molecules asked", "'0.99", "came before molecule 1"])
+    rows = read_scored(d)
+    assert len(rows) == 8  # step 0 kept, nothing of the shifted step
+    for x in rows:
+        assert float(x["score"]) == expected_score(x["smiles"])
+
+
+def test_negative_zero_score_is_zero(tmp_path, scorer):
+    d = tmp_path / "run"
+    r = optimize(d, scorer, "--budget", 8, "--batch", 8, env={"MODE": "num:-0", "AT": "3"})
+    assert r.returncode == 0, text(r)
+    scores = [x["score"] for x in read_scored(d)]
+    assert "0" in scores and "-0" not in scores
+
+
+def test_scorer_children_do_not_outlive_molgen(tmp_path, scorer):
+    """The scorer exits, its child keeps the pipes: the timeout ends the run
+    and the child, left behind before, is killed with the scorer's group."""
+    d, pidfile = tmp_path / "run", tmp_path / "child.pid"
+    r = optimize(d, scorer, *RUN[:-1], 2, env={"MODE": "fork", "PIDFILE": str(pidfile)})
+    assert_fault(r, d, ["no answer", "within 2 s"])
+    child = int(pidfile.read_text())
+    alive = True
+    for _ in range(50):
+        try:
+            os.kill(child, 0)
+            with open("/proc/%d/stat" % child) as f:
+                alive = f.read().split(")")[1].split()[0] != "Z"
+        except (ProcessLookupError, FileNotFoundError):
+            alive = False
+        if not alive:
+            break
+        time.sleep(0.1)
+    if alive:
+        os.kill(child, signal.SIGKILL)
+    assert not alive, "the scorer's child %d outlived molgen" % child
+
+
+def test_missing_command_is_named(tmp_path):
+    d = tmp_path / "run"
+    r = optimize(d, "/nonexistent/scorer", *RUN)
+    assert r.returncode == 1 and "status 127 (the shell found no such command)" in text(r), text(r)
+
+
+@pytest.mark.parametrize("cmd", ["", "   "])
+def test_empty_scorer_is_a_usage_error(tmp_path, cmd):
+    d = tmp_path / "run"
+    r = optimize(d, cmd, *RUN)
+    assert r.returncode == 2 and "--scorer is empty" in text(r), text(r)
+    assert not d.exists()
+
+
+def test_new_run_does_not_overwrite_a_saved_one(tmp_path, scorer):
+    d = tmp_path / "run"
+    r = optimize(d, scorer, "--budget", 16, "--batch", 8)
+    assert r.returncode == 0, text(r)
+    before = {p.name: p.read_bytes() for p in d.iterdir()}
+    r = optimize(d, scorer, "--budget", 16, "--batch", 8, "--seed", 9)
+    assert r.returncode == 1 and "holds a run already" in text(r), text(r)
+    assert "--resume %s" % d in text(r)
+    assert {p.name: p.read_bytes() for p in d.iterdir()} == before
+
+
+# ---------------------------------------------------------------- edited checkpoints
+
+def rewrite_state(src, dst, edit):
+    """dst = src with its "optimize" metadata JSON changed by edit(dict)"""
+    b = open(src, "rb").read()
+    n = struct.unpack("<Q", b[:8])[0]
+    head = json.loads(b[8:8 + n])
+    o = json.loads(head["__metadata__"]["optimize"])
+    edit(o)
+    head["__metadata__"]["optimize"] = json.dumps(o)
+    hb = json.dumps(head).encode()
+    hb += b" " * (-len(hb) % 8)
+    open(dst, "wb").write(struct.pack("<Q", len(hb)) + hb + b[8 + n:])
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory, scorer):
+    d = tmp_path_factory.mktemp("saved") / "run"
+    r = optimize(d, scorer, "--budget", 48, "--batch", 8, "--stop-after", 2)
+    assert r.returncode == 0, text(r)
+    return d
+
+
+def setitem(path, value):
+    def edit(o):
+        x = o
+        for k in path[:-1]:
+            x = x[k]
+        x[path[-1]] = value
+    return edit
+
+
+EDITS = [
+    (setitem(["step"], -5), "the step counters"),
+    (setitem(["step"], 10 ** 15), "the step counters"),
+    (setitem(["adam_step"], -3), "the step counters"),        # was: NaN agent
+    (setitem(["molecules", 0, 4], 7.0), "scored molecule 1 is malformed"),
+    (setitem(["molecules", 0, 4], "a"), "scored molecule 1 is malformed"),
+    (setitem(["molecules", 3, 8], 7), "scored molecule 4 is malformed"),
+    (lambda o: o["molecules"][1].__setitem__(1, o["molecules"][0][1]),
+     "scored molecule 2 is malformed"),
+    (setitem(["molecules"], 5), "are not lists"),              # was: an empty message
+    (setitem(["memory", 0, 0], 99), "memory entry 1 names no molecule"),
+    (setitem(["memory", 0, 1], 5.0), "memory entry 1 is malformed"),
+    (lambda o: o.__setitem__("memory", [o["memory"][0]] * 3), "repeats molecule"),
+    (setitem(["options", "batch"], 0), 'option "batch" is 0'),
+    (setitem(["options", "df"], 9), 'option "df" is 9'),
+    (setitem(["options", "df_bucket"], -1), 'option "df_bucket" is -1'),
+    (setitem(["options", "collapse_steps"], -1), 'option "collapse_steps" is -1'),
+    (setitem(["options", "seed"], "abc"), "is not a decimal integer"),
+]
+
+
+@pytest.mark.parametrize("k", range(len(EDITS)))
+def test_resume_refuses_an_edited_state(tmp_path, scorer, saved, k):
+    edit, words = EDITS[k]
+    d = tmp_path / "run"
+    shutil.copytree(saved, d)
+    rewrite_state(saved / "agent.safetensors", d / "agent.safetensors", edit)
+    before = (d / "agent.safetensors").read_bytes()
+    r = optimize(d, scorer, resume=True)
+    err = text(r)
+    assert r.returncode == 1 and len(err.strip().splitlines()) == 1, err
+    assert words in err and str(d / "agent.safetensors") + ": " in err, err
+    assert (d / "agent.safetensors").read_bytes() == before
+
+
+def test_resume_of_an_unedited_copy_runs(tmp_path, scorer, saved):
+    d = tmp_path / "run"
+    shutil.copytree(saved, d)
+    rewrite_state(saved / "agent.safetensors", d / "agent.safetensors", lambda o: None)
+    r = optimize(d, scorer, resume=True)
+    assert r.returncode == 0, text(r)
+    assert len(read_scored(d)) == 48
