@@ -193,22 +193,50 @@ int mg_dist_same_u64(mg_dist *d, uint64_t x) {
 #endif
 }
 
+/* The one-rank gather and allgather: *all = a copy of this rank's n bytes. */
+static mg_status gather_self(const void *bytes, size_t n, void **all, size_t *all_n,
+                             mg_error *err) {
+    if (!(*all = malloc(n ? n : 1))) return mg_fail(err, MG_ERR_NOMEM, "out of memory");
+    if (n) memcpy(*all, bytes, n);
+    *all_n = n;
+    return MG_OK;
+}
+
+#ifdef MG_HAVE_MPI
+/* A rank's part must fit MPI's int count. */
+static mg_status part_fits(const mg_dist *d, size_t n, mg_error *err) {
+    if (n <= INT_MAX) return MG_OK;
+    return mg_fail(err, MG_ERR_TOO_LONG, "rank %d's part is %zu bytes: more than MPI's count",
+                   d->rank, n);
+}
+
+/* counts[size] (bytes per rank) -> at[size] (each part's offset), *total
+ * (their sum, within MPI's int count) and *all (total bytes, malloc'd). */
+static mg_status gather_layout(const mg_dist *d, const int *counts, int *at, size_t *total,
+                               void **all, mg_error *err) {
+    *total = 0;
+    for (int r = 0; r < d->size; r++) *total += (size_t)counts[r];
+    if (*total > INT_MAX)
+        return mg_fail(err, MG_ERR_TOO_LONG, "%zu bytes to gather: more than MPI's count",
+                       *total);
+    if (!(*all = malloc(*total ? *total : 1)))
+        return mg_fail(err, MG_ERR_NOMEM, "out of memory for %zu bytes", *total);
+    for (int r = 0, o = 0; r < d->size; r++) {
+        at[r] = o;
+        o += counts[r];
+    }
+    return MG_OK;
+}
+#endif
+
 mg_status mg_dist_gather(mg_dist *d, const void *bytes, size_t n, void **all, size_t *all_n,
                          mg_error *err) {
     *all = NULL;
     *all_n = 0;
-    if (!d || d->size <= 1) {
-        if (!(*all = malloc(n ? n : 1))) return mg_fail(err, MG_ERR_NOMEM, "out of memory");
-        if (n) memcpy(*all, bytes, n);
-        *all_n = n;
-        return MG_OK;
-    }
+    if (!d || d->size <= 1) return gather_self(bytes, n, all, all_n, err);
 #ifdef MG_HAVE_MPI
     collective();
-    mg_status rc = MG_OK;
-    if (n > INT_MAX)
-        rc = mg_fail(err, MG_ERR_TOO_LONG, "rank %d's part is %zu bytes: more than MPI's count",
-                     d->rank, n);
+    mg_status rc = part_fits(d, n, err);
     if ((rc = mg_dist_agree(d, rc, err))) return rc;
     int mine = (int)n, *counts = NULL, *at = NULL;
     size_t total = 0;
@@ -219,17 +247,7 @@ mg_status mg_dist_gather(mg_dist *d, const void *bytes, size_t n, void **all, si
     }
     if ((rc = mg_dist_agree(d, rc, err))) goto done;
     MPI_Gather(&mine, 1, MPI_INT, counts, 1, MPI_INT, 0, MPI_COMM_WORLD);
-    if (d->rank == 0) {
-        for (int r = 0; r < d->size; r++) total += (size_t)counts[r];
-        if (total > INT_MAX)
-            rc = mg_fail(err, MG_ERR_TOO_LONG, "%zu bytes to gather: more than MPI's count", total);
-        else if (!(*all = malloc(total ? total : 1)))
-            rc = mg_fail(err, MG_ERR_NOMEM, "out of memory for %zu bytes", total);
-        for (int r = 0, o = 0; r < d->size && !rc; r++) {
-            at[r] = o;
-            o += counts[r];
-        }
-    }
+    if (d->rank == 0) rc = gather_layout(d, counts, at, &total, all, err);
     if (!(rc = mg_dist_agree(d, rc, err))) {
         MPI_Gatherv(bytes, mine, MPI_BYTE, *all, counts, at, MPI_BYTE, 0, MPI_COMM_WORLD);
         *all_n = total;
@@ -250,18 +268,10 @@ mg_status mg_dist_allgather(mg_dist *d, const void *bytes, size_t n, void **all,
                             mg_error *err) {
     *all = NULL;
     *all_n = 0;
-    if (!d || d->size <= 1) {
-        if (!(*all = malloc(n ? n : 1))) return mg_fail(err, MG_ERR_NOMEM, "out of memory");
-        if (n) memcpy(*all, bytes, n);
-        *all_n = n;
-        return MG_OK;
-    }
+    if (!d || d->size <= 1) return gather_self(bytes, n, all, all_n, err);
 #ifdef MG_HAVE_MPI
     collective();
-    mg_status rc = MG_OK;
-    if (n > INT_MAX)
-        rc = mg_fail(err, MG_ERR_TOO_LONG, "rank %d's part is %zu bytes: more than MPI's count",
-                     d->rank, n);
+    mg_status rc = part_fits(d, n, err);
     int *counts = malloc((size_t)d->size * sizeof *counts);
     int *at = malloc((size_t)d->size * sizeof *at);
     if (!rc && (!counts || !at)) rc = mg_fail(err, MG_ERR_NOMEM, "out of memory");
@@ -269,16 +279,8 @@ mg_status mg_dist_allgather(mg_dist *d, const void *bytes, size_t n, void **all,
     const double t = mg_now_s();
     int mine = (int)n;
     MPI_Allgather(&mine, 1, MPI_INT, counts, 1, MPI_INT, MPI_COMM_WORLD);
-    size_t total = 0;
-    for (int r = 0; r < d->size; r++) total += (size_t)counts[r];
-    if (total > INT_MAX)
-        rc = mg_fail(err, MG_ERR_TOO_LONG, "%zu bytes to gather: more than MPI's count", total);
-    else if (!(*all = malloc(total ? total : 1)))
-        rc = mg_fail(err, MG_ERR_NOMEM, "out of memory for %zu bytes", total);
-    for (int r = 0, o = 0; r < d->size && !rc; r++) {
-        at[r] = o;
-        o += counts[r];
-    }
+    size_t total;
+    rc = gather_layout(d, counts, at, &total, all, err);
     if (!(rc = mg_dist_agree(d, rc, err))) {
         MPI_Allgatherv(bytes, mine, MPI_BYTE, *all, counts, at, MPI_BYTE, MPI_COMM_WORLD);
         *all_n = total;
