@@ -9,6 +9,8 @@
 #endif
 #include <immintrin.h>
 
+#include "exp_avx512.h"
+
 #define VL 16
 typedef __m512 vf;
 #define UKR_MR 6
@@ -60,25 +62,7 @@ static inline void v_transpose_block(const float *src, int64_t lds, float *dst, 
         _mm512_storeu_ps(dst + (12 + c) * ldd, _mm512_shuffle_f32x4(x2, y2, 0xdd));
     }
 }
-/* exp: Cephes' expf (two-constant ln 2 reduction, degree-6 polynomial,
- * ~1 ulp), the power of two applied by vscalefps (which also gives the
- * denormal results and +inf above ~88.7). x <= -150 (and -inf) gives exactly
- * 0; NaN stays NaN (max returns its second operand when one is NaN). */
-static inline vf v_exp(vf x) {
-    x = _mm512_max_ps(_mm512_set1_ps(-150.0f), x);
-    const vf fx = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                       _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    vf r = _mm512_fnmadd_ps(fx, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(fx, _mm512_set1_ps(-2.12194440e-4f), r);
-    vf y = _mm512_set1_ps(1.9875691500e-4f);
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
-    y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    return _mm512_scalef_ps(y, fx);
-}
+static inline vf v_exp(vf x) { return attn_exp_avx512(x); }
 
 #include "sdpa_fused_template.h"
 

@@ -116,28 +116,7 @@ static void softmax_row(const attn_problem *pr, bscratch *w, int64_t dvp, int64_
                         int64_t h, int64_t i, int64_t j0, int64_t nk, int64_t nvec, int interior) {
     float *s = w->S + r * BK;
     uint32_t *pd = w->pd + r * (BK / 2);
-    const float scale = pr->scale;
-    const int64_t W = 16 * nvec; /* the columns computed: nk rounded up to 16 */
-    for (int64_t j = 0; j < W; j++) s[j] *= scale;
-    if (!interior) {
-        int64_t lo, hi;
-        attn_row_range(pr, b, i, &lo, &hi);
-        const int64_t a = bmin(W, bmax(0, lo - j0)), e = bmax(a, bmin(nk, hi - j0));
-        for (int64_t j = 0; j < a; j++) s[j] = -INFINITY;
-        for (int64_t j = e; j < W; j++) s[j] = -INFINITY;
-    }
-    if (pr->amask || pr->bmask) {
-        const float *am =
-            pr->amask ? pr->amask + b * pr->ams[0] + h * pr->ams[1] + i * pr->ams[2] : NULL;
-        const uint8_t *bm =
-            pr->bmask ? pr->bmask + b * pr->bms[0] + h * pr->bms[1] + i * pr->bms[2] : NULL;
-        for (int64_t j = 0; j < nk; j++) {
-            if (bm && !bm[(j0 + j) * pr->bms[3]])
-                s[j] = -INFINITY;
-            else if (am)
-                s[j] += am[(j0 + j) * pr->ams[3]];
-        }
-    }
+    scale_mask_row(pr, s, b, h, i, j0, nk, 16 * nvec, interior);
     const float mold = w->m[r], mnew = fmaxf(mold, row_max(s, nvec));
     if (mnew == -INFINITY) { /* nothing visible yet */
         memset(pd, 0, BK / 2 * sizeof *pd);

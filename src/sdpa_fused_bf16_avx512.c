@@ -12,6 +12,8 @@
 #include <immintrin.h>
 #include <string.h>
 
+#include "exp_avx512.h"
+
 #define BMR 4 /* rows per micro-tile */
 
 #if defined(__GNUC__) && !defined(__clang__)
@@ -75,28 +77,11 @@ static inline float row_max(const float *s, int64_t nvec) {
     return _mm512_reduce_max_ps(m);
 }
 
-/* Cephes' expf as in sdpa_fused_avx512.c (x <= -150 and -inf give 0). */
-static inline __m512 v_exp(__m512 x) {
-    x = _mm512_max_ps(_mm512_set1_ps(-150.0f), x);
-    const __m512 fx = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(fx, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(fx, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 y = _mm512_set1_ps(1.9875691500e-4f);
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
-    y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    return _mm512_scalef_ps(y, fx);
-}
-
 static inline float exp_row(float *s, float m, int64_t nvec) {
     const __m512 mv = _mm512_set1_ps(m);
     __m512 sum = _mm512_setzero_ps();
     for (int64_t v = 0; v < nvec; v++) {
-        const __m512 e = v_exp(_mm512_sub_ps(_mm512_loadu_ps(s + 16 * v), mv));
+        const __m512 e = attn_exp_avx512(_mm512_sub_ps(_mm512_loadu_ps(s + 16 * v), mv));
         _mm512_storeu_ps(s + 16 * v, e);
         sum = _mm512_add_ps(sum, e);
     }
@@ -256,7 +241,7 @@ static void round_pairs(const float *s, int64_t nvec, uint32_t *pd) {
 static void bw_row(float *s, float *dp, int64_t nvec, float lse, float D) {
     const __m512 lv = _mm512_set1_ps(lse), dv = _mm512_set1_ps(D);
     for (int64_t v = 0; v < nvec; v++) {
-        const __m512 p = v_exp(_mm512_sub_ps(_mm512_loadu_ps(s + 16 * v), lv));
+        const __m512 p = attn_exp_avx512(_mm512_sub_ps(_mm512_loadu_ps(s + 16 * v), lv));
         _mm512_storeu_ps(s + 16 * v, p);
         _mm512_storeu_ps(dp + 16 * v,
                          _mm512_mul_ps(p, _mm512_sub_ps(_mm512_loadu_ps(dp + 16 * v), dv)));

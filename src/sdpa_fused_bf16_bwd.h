@@ -122,27 +122,7 @@ static void bw_softmax_row(const attn_problem *pr, const bwscr *w, int64_t r, in
         memset(dp, 0, (size_t)W * 4);
         return;
     }
-    const float scale = pr->scale;
-    for (int64_t j = 0; j < W; j++) s[j] *= scale;
-    if (!interior) {
-        int64_t lo, hi;
-        attn_row_range(pr, b, i, &lo, &hi);
-        const int64_t a = bmin(W, bmax(0, lo - j0)), e = bmax(a, bmin(nk, hi - j0));
-        for (int64_t j = 0; j < a; j++) s[j] = -INFINITY;
-        for (int64_t j = e; j < W; j++) s[j] = -INFINITY;
-    }
-    if (pr->amask || pr->bmask) {
-        const float *am =
-            pr->amask ? pr->amask + b * pr->ams[0] + h * pr->ams[1] + i * pr->ams[2] : NULL;
-        const uint8_t *bm =
-            pr->bmask ? pr->bmask + b * pr->bms[0] + h * pr->bms[1] + i * pr->bms[2] : NULL;
-        for (int64_t j = 0; j < nk; j++) {
-            if (bm && !bm[(j0 + j) * pr->bms[3]])
-                s[j] = -INFINITY;
-            else if (am)
-                s[j] += am[(j0 + j) * pr->ams[3]];
-        }
-    }
+    scale_mask_row(pr, s, b, h, i, j0, nk, W, interior);
     if (pr->dropout) {
         for (int64_t j = 0; j < W; j++) w->z[j] = 0.0f;
         for (int64_t j = 0; j < nk; j += 4) {

@@ -1,15 +1,47 @@
-/* The bf16 fused kernels' tile sizes and integer helpers, shared by the
- * forward (sdpa_fused_bf16.h) and the backward (sdpa_fused_bf16_bwd.h), so
- * that neither header uses what the other defines. */
+/* The bf16 fused kernels' tile sizes, integer helpers and a score row's
+ * scaling and masking, shared by the forward (sdpa_fused_bf16.h) and the
+ * backward (sdpa_fused_bf16_bwd.h), so that neither header uses what the
+ * other defines. */
 #ifndef ATTN_SDPA_FUSED_BF16_TILES_H
 #define ATTN_SDPA_FUSED_BF16_TILES_H
 
+#include <math.h>
 #include <stdint.h>
+
+#include "internal.h"
 
 #define BQ 64 /* query rows per block */
 #define BK 96 /* keys per tile (6 vectors of 16) */
 
 static inline int64_t bmin(int64_t a, int64_t b) { return a < b ? a : b; }
 static inline int64_t bmax(int64_t a, int64_t b) { return a > b ? a : b; }
+
+/* Row i's scores s[0, W) for keys [j0, j0 + nk) (W: nk rounded up to 16):
+ * times scale, -inf outside the row's structural range (unless interior),
+ * then the masks. The forward's and the backward's rows of S. */
+static inline void scale_mask_row(const attn_problem *pr, float *s, int64_t b, int64_t h,
+                                  int64_t i, int64_t j0, int64_t nk, int64_t W, int interior) {
+    const float scale = pr->scale;
+    for (int64_t j = 0; j < W; j++) s[j] *= scale;
+    if (!interior) {
+        int64_t lo, hi;
+        attn_row_range(pr, b, i, &lo, &hi);
+        const int64_t a = bmin(W, bmax(0, lo - j0)), e = bmax(a, bmin(nk, hi - j0));
+        for (int64_t j = 0; j < a; j++) s[j] = -INFINITY;
+        for (int64_t j = e; j < W; j++) s[j] = -INFINITY;
+    }
+    if (pr->amask || pr->bmask) {
+        const float *am =
+            pr->amask ? pr->amask + b * pr->ams[0] + h * pr->ams[1] + i * pr->ams[2] : NULL;
+        const uint8_t *bm =
+            pr->bmask ? pr->bmask + b * pr->bms[0] + h * pr->bms[1] + i * pr->bms[2] : NULL;
+        for (int64_t j = 0; j < nk; j++) {
+            if (bm && !bm[(j0 + j) * pr->bms[3]])
+                s[j] = -INFINITY;
+            else if (am)
+                s[j] += am[(j0 + j) * pr->ams[3]];
+        }
+    }
+}
 
 #endif /* ATTN_SDPA_FUSED_BF16_TILES_H */
