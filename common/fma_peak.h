@@ -64,11 +64,21 @@ static inline double fma_loop_scalar(long iters) {
     return (double)iters * 12 * 2;
 }
 
+/* The widest loop this CPU runs: its fp32 lanes, 16 (AVX-512F), 8 (AVX2
+ * and FMA) or 1. */
+static inline int fma_loop_lanes(void) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (__builtin_cpu_supports("avx512f")) return 16;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return 8;
+#endif
+    return 1;
+}
+
 static inline double fma_loop(long iters) {
 #if defined(__x86_64__) && defined(__GNUC__)
-    if (__builtin_cpu_supports("avx512f")) return fma_loop_avx512(iters);
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-        return fma_loop_avx2(iters);
+    const int lanes = fma_loop_lanes();
+    if (lanes == 16) return fma_loop_avx512(iters);
+    if (lanes == 8) return fma_loop_avx2(iters);
 #endif
     return fma_loop_scalar(iters);
 }
@@ -84,13 +94,8 @@ static inline double fma_peak_now(void) {
  * the loop's instruction set, "avx512", "avx2" or "scalar". */
 static inline double fma_peak_gflops(int threads, double (*timer)(void), const char **isa) {
     if (!timer) timer = fma_peak_now;
-    const char *name = "scalar";
-#if defined(__x86_64__) && defined(__GNUC__)
-    name = __builtin_cpu_supports("avx512f")                                 ? "avx512"
-           : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? "avx2"
-                                                                             : "scalar";
-#endif
-    if (isa) *isa = name;
+    const int lanes = fma_loop_lanes();
+    if (isa) *isa = lanes == 16 ? "avx512" : lanes == 8 ? "avx2" : "scalar";
     long iters = 1 << 20;
     double best = 0.0;
     for (;;) { /* size the loop to ~0.3 s */
