@@ -340,6 +340,16 @@ def _flat(list_of_lists):
     return [x for sub in list_of_lists for x in sub]
 
 
+def _features_parsed(mapper, smiles):
+    """_features of each SMILES in smiles that RDKit parses (the rest left out)."""
+    return [f for f in _flat(mapper.map(_features_many, smiles, 250)) if f is not None]
+
+
+def _at_most(items, most, rng):
+    """items, or a random most of them (rng.sample) when there are more."""
+    return rng.sample(items, most) if len(items) > most else items
+
+
 # ------------------------------------------------------------------ MOSES filters
 
 FILTERS_ALLOWED = frozenset(('C', 'N', 'S', 'O', 'F', 'Cl', 'Br', 'H'))
@@ -739,13 +749,12 @@ def compute_metrics(samples, train=None, ref=None, max_ref=MAX_REF_DEFAULT,
 
         # features (fingerprint, fragments, scaffold, properties) of at most
         # max_gen valid samples, each parsed once
-        gen_sub = valid
+        gen_sub = _at_most(valid, max_gen, rng)
         if len(valid) > max_gen:
-            gen_sub = rng.sample(valid, max_gen)
             notes.append('IntDiv, SNN, Frag, Scaf and W1 on a random %d of %d valid samples'
                          % (max_gen, len(valid)))
         t0 = time.time()
-        feat_gen = [f for f in _flat(mapper.map(_features_many, gen_sub, 250)) if f is not None]
+        feat_gen = _features_parsed(mapper, gen_sub)
         timing['samples_features_s'] = time.time() - t0
         # RDKit occasionally writes a canonical SMILES it cannot read back;
         # features from the SMILES as sampled are no way out (for the one
@@ -767,13 +776,12 @@ def compute_metrics(samples, train=None, ref=None, max_ref=MAX_REF_DEFAULT,
             notes.append('no reference set: SNN, Frag, Scaf and W1 not computed')
             return _without_ref_metrics(res)
 
-        ref_sub = list(ref)
-        if len(ref_sub) > max_ref:
-            ref_sub = rng.sample(ref_sub, max_ref)
+        ref_sub = _at_most(list(ref), max_ref, rng)
+        if len(ref) > max_ref:
             notes.append('reference subsampled to %d of %d molecules (SNN, Frag, Scaf, W1)'
                          % (max_ref, len(ref)))
         t0 = time.time()
-        feat_ref = [f for f in _flat(mapper.map(_features_many, ref_sub, 250)) if f is not None]
+        feat_ref = _features_parsed(mapper, ref_sub)
         timing['ref_features_s'] = time.time() - t0
         if len(feat_ref) < len(ref_sub):
             notes.append('%d reference SMILES do not parse and were ignored'
