@@ -20,6 +20,19 @@
 extern "C" {
 #endif
 
+/* Rows that several commands' tables share (T: the settings struct, with
+ * members threads, model and raw): the same option, range and help in each. */
+#define MG_CLI_OPT_THREADS(T)                                                                      \
+    MG_OPT_INT(T, "threads", "N", threads, 1, MG_MAX_THREADS, "threads"),                          \
+        .shown_default = "ATTN_NUM_THREADS or all cores"
+#define MG_CLI_OPT_MODEL(T)                                                                        \
+    MG_OPT_STR(T, "model", "FILE", model,                                                          \
+               "model or checkpoint (.safetensors) with its vocabulary (required)")
+#define MG_CLI_OPT_RAW_WEIGHTS(T)                                                                  \
+    MG_OPT_FLAG(T, "raw-weights", raw,                                                             \
+                "a checkpoint of train --ema: its last step's parameters, not the averaged "      \
+                "ones (the default)")
+
 /* Rows a command may have, all its tables together. */
 #define MG_CLI_MAX_ROWS 96
 

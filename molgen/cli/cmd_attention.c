@@ -21,15 +21,13 @@ typedef struct {
 
 #define T attention_args
 static const mg_setting ATTENTION_OPTIONS[] = {
-    {MG_OPT_STR(T, "model", "FILE", model,
-                "model or checkpoint (.safetensors) with its vocabulary (required)")},
+    {MG_CLI_OPT_MODEL(T)},
     {MG_OPT_STR(T, "smiles", "S", smiles,
                 "the molecule (tokens must be in the model's vocabulary) (required)")},
     {MG_OPT_STR(T, "out", "DIR", out,
                 "output directory; writes DIR/attention.svg (a heatmap per layer x head) and "
                 "DIR/attention_heads.tsv")},
-    {MG_OPT_INT(T, "threads", "N", threads, 1, MG_MAX_THREADS, "threads"),
-     .shown_default = "ATTN_NUM_THREADS or all cores"},
+    {MG_CLI_OPT_THREADS(T)},
 };
 #undef T
 

@@ -38,8 +38,7 @@ static const mg_setting BENCH_OPTIONS[] = {
     {MG_OPT_INT(T, "sample-n", "N", sample_n, 1, 1 << 24, "molecules per KV sampling run")},
     {MG_OPT_INT(T, "naive-n", "N", naive_n, 0, 1 << 24,
                 "molecules per naive sampling run (0 skips it)")},
-    {MG_OPT_INT(T, "threads", "N", threads, 1, MG_MAX_THREADS, "threads"),
-     .shown_default = "ATTN_NUM_THREADS or all cores"},
+    {MG_CLI_OPT_THREADS(T)},
     {MG_OPT_STR(T, "data", "FILE", data,
                 "train on this file's molecules (file order, each batch cut to its longest row; "
                 "tokens/s counts real targets) instead of random full rows")},

@@ -71,8 +71,7 @@ static const mg_setting OPTIMIZE_OPTIONS[] = {
                 "checkpoint every N steps (also at the end and on any error)")},
     {MG_OPT_F64(T, "scorer-timeout", "S", timeout, 0, 1e7, MG_OPEN_LO,
                 "the longest wait for one answer line, seconds")},
-    {MG_OPT_INT(T, "threads", "N", threads, 1, MG_MAX_THREADS, "threads"),
-     .shown_default = "ATTN_NUM_THREADS or all cores"},
+    {MG_CLI_OPT_THREADS(T)},
 };
 #undef T
 

@@ -31,8 +31,7 @@ typedef struct {
 
 #define T sample_args
 static const mg_setting SAMPLE_OPTIONS[] = {
-    {MG_OPT_STR(T, "model", "FILE", model,
-                "model or checkpoint (.safetensors) with its vocabulary (required)")},
+    {MG_CLI_OPT_MODEL(T)},
     {MG_OPT_I64(T, "n", "N", n, 1, 100000000, "molecules to generate"), .short_name = 'n',
      .alias = "num"},
     {MG_OPT_U64(T, "seed", "S", seed, "random seed; same seed + threads = same output")},
@@ -43,8 +42,7 @@ static const mg_setting SAMPLE_OPTIONS[] = {
     {MG_OPT_F32(T, "top-p", "P", top_p, 0, 1, MG_OPEN_LO,
                 "nucleus: the smallest set of tokens with mass >= P")},
     {MG_OPT_INT(T, "batch", "B", batch, 1, 1 << 20, "molecules decoded together")},
-    {MG_OPT_INT(T, "threads", "N", threads, 1, MG_MAX_THREADS, "threads"),
-     .shown_default = "ATTN_NUM_THREADS or all cores"},
+    {MG_CLI_OPT_THREADS(T)},
     {MG_OPT_CHOICE(T, "decode", "kv|naive", decode,
                    "KV-cache incremental decoding, or re-running the whole prefix every step "
                    "(MolGPT's way; slower)")},
@@ -69,9 +67,7 @@ static const mg_setting SAMPLE_OPTIONS[] = {
                 "a scaffold model's (train --scaffold-column) prefix: the molecules are "
                 "generated on this Murcko scaffold, written as molgen/props.py writes it "
                 "(RDKit's canonical SMILES)")},
-    {MG_OPT_FLAG(T, "raw-weights", raw,
-                 "a checkpoint of train --ema: its last step's parameters, not the averaged "
-                 "ones (the default)")},
+    {MG_CLI_OPT_RAW_WEIGHTS(T)},
 };
 #undef T
 

@@ -26,8 +26,7 @@ typedef struct {
 
 #define T score_args
 static const mg_setting SCORE_OPTIONS[] = {
-    {MG_OPT_STR(T, "model", "FILE", model,
-                "model or checkpoint (.safetensors) with its vocabulary (required)")},
+    {MG_CLI_OPT_MODEL(T)},
     {MG_OPT_STR(T, "smiles", "FILE|-", smiles,
                 ".smi (first field of each line; blank lines are records, status empty; '#' "
                 "lines are comments) or .csv (a header row, see --csv-column); - reads stdin "
@@ -35,8 +34,7 @@ static const mg_setting SCORE_OPTIONS[] = {
     {MG_OPT_STR(T, "out", "FILE|-", out, "output CSV, written atomically; -: stdout")},
     {MG_OPT_STR(T, "csv-column", "NAME", column, "CSV column with the SMILES"),
      .shown_default = "smiles"},
-    {MG_OPT_INT(T, "threads", "N", threads, 1, MG_MAX_THREADS, "threads"),
-     .shown_default = "ATTN_NUM_THREADS or all cores"},
+    {MG_CLI_OPT_THREADS(T)},
     {MG_OPT_INT(T, "batch", "N", batch, 1, 1 << 20,
                 "molecules a thread takes at a time; neither this nor --threads changes any "
                 "result: each molecule is its own forward")},
@@ -44,9 +42,7 @@ static const mg_setting SCORE_OPTIONS[] = {
                    "the dense products' operands: fp32, or bf16 with fp32 accumulation (the "
                    "loss train --dtype bf16 computes; faster on AVX512_BF16)")},
     {MG_OPT_FLAG(T, "quiet", quiet, "no summary on stderr")},
-    {MG_OPT_FLAG(T, "raw-weights", raw,
-                 "a checkpoint of train --ema: its last step's parameters, not the averaged "
-                 "ones (the default)")},
+    {MG_CLI_OPT_RAW_WEIGHTS(T)},
 };
 #undef T
 
