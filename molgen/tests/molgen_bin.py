@@ -26,6 +26,12 @@ def write_molecules(directory, n, name="mols.smi"):
     return path, mols
 
 
+# train's flags for the tests' tiny model (1 layer, d_model 16, 2 heads,
+# batches of 8, one thread, no progress or validation lines)
+TINY = ["--layers", "1", "--d-model", "16", "--heads", "2", "--batch-size", "8",
+        "--no-progress", "--val-every", "0", "--threads", "1"]
+
+
 def molgen_binary():
     cands = []
     if os.environ.get("MOLGEN_BIN"):

@@ -21,26 +21,20 @@ import math
 import os
 import shutil
 import struct
-import subprocess
 import zlib
 
 import pytest
 
-from molgen_bin import molgen_binary, write_molecules  # noqa: E402
+from molgen_bin import TINY, run_molgen, write_molecules  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 COND_MODEL = os.path.join(REPO, "models", "molgen-moses-cond.safetensors")
-TINY = ["--layers", "1", "--d-model", "16", "--heads", "2", "--batch-size", "8",
-        "--no-progress", "--val-every", "0", "--threads", "1"]
 NAN, INF = float("nan"), float("inf")
 
 
 def run(args, timeout=120):
-    return subprocess.run([molgen_binary()] + args, capture_output=True, text=True,
-                          timeout=timeout,
-                          env=dict(os.environ, OPENBLAS_CORETYPE="Haswell",
-                                   OMP_WAIT_POLICY="PASSIVE"))
+    return run_molgen(args, ok=False, timeout=timeout)
 
 
 def digest(path):

@@ -29,13 +29,10 @@ import threading
 
 import pytest
 
-from molgen_bin import molgen_binary, write_molecules  # noqa: E402
+from molgen_bin import ENV, TINY, molgen_binary, write_molecules  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
-ENV = dict(os.environ, OPENBLAS_CORETYPE="Haswell", OMP_WAIT_POLICY="PASSIVE")
-TINY = ["--layers", "1", "--d-model", "16", "--heads", "2", "--batch-size", "8",
-        "--no-progress", "--val-every", "0", "--threads", "1"]
 ROOT = os.geteuid() == 0
 
 
