@@ -522,6 +522,16 @@ static void mark_path(mg_smiles_state *s, int u, int v, unsigned char *m) {
         }
 }
 
+/* The ring digits open now, ascending, into d [100]; returns how many. The
+ * checks below loop over these instead of all 100 digits (per atom, per
+ * candidate token: the mask's inner loops). */
+static int open_rings(const mg_smiles_state *s, int *d) {
+    int k = 0;
+    for (int i = 0; i < 100 && k < s->nring_open; i++)
+        if (s->ring_atom[i] >= 0) d[k++] = i;
+    return k;
+}
+
 /* Aromatic atoms not on a cycle yet. */
 static int pending_aromatic(const mg_smiles_state *s) {
     int k = 0;
@@ -660,6 +670,8 @@ static int kekule_ok(mg_smiles_state *s, int future) {
             other = s->stack[k] != s->cur && fits(s, &s->atoms[s->stack[k]], 2, 1);
         if (!other) pend2 = 2, pend_arom = 1;
     }
+    int od[100];
+    const int nod = future ? open_rings(s, od) : 0;
     for (int a = 0; a < n; a++) fill[a] = 0; /* bonds made */
     for (int k = 0; k < s->nbonds; k++) fill[s->bonds[k].a]++, fill[s->bonds[k].b]++;
     for (int a = 0; a < n; a++) {
@@ -667,8 +679,9 @@ static int kekule_ok(mg_smiles_state *s, int future) {
         int committed2 = 0, carom = 0, reach = 0;
         if (future) {
             int nb = fill[a];
-            for (int d = 0; d < 100; d++)
-                if (s->ring_atom[d] == a) {
+            for (int q = 0; q < nod; q++)
+                if (s->ring_atom[od[q]] == a) {
+                    const int d = od[q];
                     const int o2 = order2_at(s, s->ring_sym[d]);
                     if (o2 >= 4) match[a] = 1;
                     committed2 += o2 >= 4 ? 0 : 2;
@@ -924,6 +937,8 @@ int mg_smiles_state_viable(mg_smiles_state *s) {
      * them or on the tree path from an open ring's atom to one of them */
     unsigned char *m = s->inring;
     memset(m, 0, (size_t)s->natoms);
+    int od[100];
+    const int nod = open_rings(s, od);
     for (int k = 0; k <= s->sp; k++) {
         const int a = k < s->sp ? s->stack[k] : s->cur;
         /* after '(' cur is the top of the stack too: its room is cur_room;
@@ -935,8 +950,7 @@ int mg_smiles_state_viable(mg_smiles_state *s) {
         const int via_x = k == s->sp && pend; /* a ring bond at X passes through cur */
         if (room2) m[a] = 1;
         if (!room && !via_x) continue;
-        for (int d = 0; d < 100; d++)
-            if (s->ring_atom[d] >= 0) mark_path(s, s->ring_atom[d], a, m);
+        for (int q = 0; q < nod; q++) mark_path(s, s->ring_atom[od[q]], a, m);
     }
     for (int a = 0; a < s->natoms; a++)
         if (s->atoms[a].aromatic && !s->atoms[a].cyc && !m[a]) return 0;
@@ -963,12 +977,12 @@ int mg_smiles_state_min_tokens(const mg_smiles_state *s) {
     int m = s->sp + s->nring_open;
     const int pend = s->prev == P_BOND || s->prev == P_OPEN || s->prev == P_DOT;
     if (s->nring_open > 0) {
-        int chain = 0, all_close = !pend, need2 = 0;
-        for (int d = 0; d < 100; d++) {
-            const int o = s->ring_atom[d];
-            if (o < 0) continue;
+        int chain = 0, all_close = !pend, need2 = 0, od[100];
+        const int nod = open_rings(s, od);
+        for (int q = 0; q < nod; q++) {
+            const int d = od[q], o = s->ring_atom[d];
             int mult = 0;
-            for (int e = 0; e < 100; e++) mult += s->ring_atom[e] == o;
+            for (int e = 0; e < nod; e++) mult += s->ring_atom[od[e]] == o;
             const int on_cur = s->prev != P_DOT && o == s->cur;
             if (mult + on_cur > chain) chain = mult + on_cur;
             if (mult > 1 || o == s->cur || bonded(s, o, s->cur)) all_close = 0;
