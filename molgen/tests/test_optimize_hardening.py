@@ -60,7 +60,6 @@ for s, last in requests():
         elif mode == "cr": r = b"0.5\tcanonical=C\rC"
         elif mode == "long": r = b"0.5\tcanonical=" + b"C" * (10 << 20)
         elif mode.startswith("num:"): r = mode[4:].encode()
-    if mode == "double" and n == at: r += b"\n" + r
     out.write(r + b"\n"); out.flush()
     if mode == "late" and last and at:
         # one line more, once molgen holds its first request's answers
@@ -116,7 +115,6 @@ def assert_fault(r, d, words):
     ("cr", ["holds a control character"]),              # was: a raw CR inside scored.csv
     ("long", ["is longer than 1048576 bytes"]),         # was: a 10 MB canonical kept
     ("num:0x1p-2", ["'0x1p-2'", "does not start with a number"]),  # was: 0.25
-    ("double", ["more lines than molecules asked"]),    # the excess line was in the message
 ])
 def test_bad_reply_line_is_one_clear_error_and_resumable(tmp_path, scorer, mode, words):
     d = tmp_path / "run"
