@@ -674,51 +674,18 @@ static double top_mean(const mg_opt *o, size_t n) {
     return t / (double)k;
 }
 
-/* Under ranks: rank 0's batch (mg_sample gave it all n) to every rank, as
- * [ended byte][ntok int32][SMILES NUL] per molecule. */
+/* Under ranks: rank 0's batch (mg_sample gave it all n) to every rank
+ * (mg_samples_pack's bytes). */
 static mg_status share_batch(mg_opt *o, mg_samples *smp, size_t n, mg_error *err) {
     if (o->d->size <= 1) return MG_OK;
+    char *buf = NULL;
     size_t bytes = 0;
-    for (size_t i = 0; i < smp->n; i++) bytes += 1 + sizeof(int32_t) + strlen(smp->smiles[i]) + 1;
-    char *buf = malloc(bytes ? bytes : 1), *p = buf;
-    mg_status rc = buf ? MG_OK : mg_fail(err, MG_ERR_NOMEM, "out of memory");
-    for (size_t i = 0; !rc && i < smp->n; i++) {
-        const int32_t t = smp->ntok[i];
-        const size_t l = strlen(smp->smiles[i]) + 1;
-        *p++ = (char)smp->ended[i];
-        memcpy(p, &t, sizeof t);
-        memcpy(p + sizeof t, smp->smiles[i], l);
-        p += sizeof t + l;
-    }
+    mg_status rc = mg_samples_pack(smp, &buf, &bytes, err);
     void *all = NULL;
     size_t all_n = 0;
     if (!(rc = agreed(o, rc, err))) rc = mg_dist_allgather(o->d, buf, bytes, &all, &all_n, err);
     free(buf);
-    if (rc || o->d->rank == 0) {
-        free(all);
-        return rc;
-    }
-    mg_samples_free(smp);
-    smp->n = n;
-    smp->smiles = calloc(n ? n : 1, sizeof *smp->smiles);
-    smp->ntok = calloc(n ? n : 1, sizeof *smp->ntok);
-    smp->ended = calloc(n ? n : 1, sizeof *smp->ended);
-    if (!smp->smiles || !smp->ntok || !smp->ended) rc = mg_fail(err, MG_ERR_NOMEM, "out of memory");
-    const char *q = all, *end = q + all_n;
-    for (size_t i = 0; !rc && i < n; i++) {
-        const char *z = q + 1 + sizeof(int32_t);
-        const size_t l = z < end ? strnlen(z, (size_t)(end - z)) : 0;
-        if (z >= end || z + l >= end) {
-            rc = mg_fail(err, MG_ERR_STATE, "rank 0 sent %zu molecules, not %zu", i, n);
-            break;
-        }
-        int32_t t;
-        smp->ended[i] = (unsigned char)*q;
-        memcpy(&t, q + 1, sizeof t);
-        smp->ntok[i] = t;
-        if (!(smp->smiles[i] = strdup(z))) rc = mg_fail(err, MG_ERR_NOMEM, "out of memory");
-        q = z + l + 1;
-    }
+    if (!rc && o->d->rank != 0) rc = mg_samples_unpack(all, all_n, n, smp, err);
     free(all);
     return rc;
 }

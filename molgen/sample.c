@@ -528,36 +528,34 @@ done:
     return rc;
 }
 
-/* Rank 0's out = every rank's part, in rank order. A molecule travels as
- * [ended: 1 byte][ntok: int32][SMILES, NUL]. */
-static mg_status gather_parts(mg_dist *d, const mg_samples *part, size_t n, mg_samples *out,
-                              mg_error *err) {
-    memset(out, 0, sizeof *out);
-    size_t bytes = 0;
-    for (size_t i = 0; i < part->n; i++) bytes += 1 + sizeof(int32_t) + strlen(part->smiles[i]) + 1;
-    char *buf = malloc(bytes ? bytes : 1), *p = buf;
-    mg_status rc = buf ? MG_OK : mg_fail(err, MG_ERR_NOMEM, "out of memory");
-    for (size_t i = 0; !rc && i < part->n; i++) {
-        const int32_t t = part->ntok[i];
-        const size_t sl = strlen(part->smiles[i]) + 1;
-        *p++ = (char)part->ended[i];
+mg_status mg_samples_pack(const mg_samples *s, char **buf, size_t *bytes, mg_error *err) {
+    size_t total = 0;
+    for (size_t i = 0; i < s->n; i++) total += 1 + sizeof(int32_t) + strlen(s->smiles[i]) + 1;
+    char *p = *buf = malloc(total ? total : 1);
+    *bytes = total;
+    if (!p) return mg_fail(err, MG_ERR_NOMEM, "out of memory");
+    for (size_t i = 0; i < s->n; i++) {
+        const int32_t t = s->ntok[i];
+        const size_t sl = strlen(s->smiles[i]) + 1;
+        *p++ = (char)s->ended[i];
         memcpy(p, &t, sizeof t);
         p += sizeof t;
-        memcpy(p, part->smiles[i], sl);
+        memcpy(p, s->smiles[i], sl);
         p += sl;
     }
-    void *all = NULL;
-    size_t all_n = 0;
-    if (!(rc = mg_dist_agree(d, rc, err))) rc = mg_dist_gather(d, buf, bytes, &all, &all_n, err);
-    free(buf);
-    if (rc || d->rank) return rc;
-    if (!samples_alloc(out, n)) rc = mg_fail(err, MG_ERR_NOMEM, "out of memory");
-    const char *q = all, *end = q + all_n;
+    return MG_OK;
+}
+
+mg_status mg_samples_unpack(const char *buf, size_t bytes, size_t n, mg_samples *out,
+                            mg_error *err) {
+    mg_samples_free(out);
+    if (!samples_alloc(out, n)) return mg_fail(err, MG_ERR_NOMEM, "out of memory");
+    const char *q = buf, *end = buf + bytes;
+    mg_status rc = MG_OK;
     for (size_t k = 0; !rc && k < n; k++) {
-        const size_t sl = q + 1 + sizeof(int32_t) < end
-                              ? strnlen(q + 1 + sizeof(int32_t), (size_t)(end - q) - 5) + 1
-                              : 0;
-        if (!sl || q + 1 + sizeof(int32_t) + sl > end) {
+        const char *z = q + 1 + sizeof(int32_t);
+        const size_t sl = z < end ? strnlen(z, (size_t)(end - z)) + 1 : 0;
+        if (!sl || z + sl > end) {
             rc = mg_fail(err, MG_ERR_STATE, "the ranks sent %zu molecules, not %zu", k, n);
             break;
         }
@@ -569,13 +567,28 @@ static mg_status gather_parts(mg_dist *d, const mg_samples *part, size_t n, mg_s
             rc = mg_fail(err, MG_ERR_NOMEM, "out of memory");
             break;
         }
-        memcpy(out->smiles[k], q + 1 + sizeof t, sl);
+        memcpy(out->smiles[k], z, sl);
         out->tokens += t + (out->ended[k] ? 1 : 0);
         if (!out->ended[k]) out->truncated++;
-        q += 1 + sizeof t + sl;
+        q = z + sl;
     }
-    free(all);
     if (rc) mg_samples_free(out);
+    return rc;
+}
+
+/* Rank 0's out = every rank's part, in rank order (mg_samples_pack's bytes). */
+static mg_status gather_parts(mg_dist *d, const mg_samples *part, size_t n, mg_samples *out,
+                              mg_error *err) {
+    memset(out, 0, sizeof *out);
+    char *buf = NULL;
+    size_t bytes = 0;
+    mg_status rc = mg_samples_pack(part, &buf, &bytes, err);
+    void *all = NULL;
+    size_t all_n = 0;
+    if (!(rc = mg_dist_agree(d, rc, err))) rc = mg_dist_gather(d, buf, bytes, &all, &all_n, err);
+    free(buf);
+    if (!rc && !d->rank) rc = mg_samples_unpack(all, all_n, n, out, err);
+    free(all);
     return rc;
 }
 

@@ -172,6 +172,13 @@ typedef struct {
 mg_status mg_sample(mg_model *m, const mg_vocab *v, const mg_sample_opts *o, mg_samples *out,
                     mg_error *err);
 void mg_samples_free(mg_samples *s); /* zeroes it; NULL fine */
+/* A sample set as bytes for the ranks to exchange: per molecule
+ * [ended: 1 byte][ntok: int32][SMILES, NUL]. pack: *buf (malloc'd, the
+ * caller frees) of *bytes; unpack: the n molecules of buf[0..bytes) into
+ * out (freed first; tokens and truncated counted), MG_ERR_STATE when they are not there. */
+mg_status mg_samples_pack(const mg_samples *s, char **buf, size_t *bytes, mg_error *err);
+mg_status mg_samples_unpack(const char *buf, size_t bytes, size_t n, mg_samples *out,
+                            mg_error *err);
 
 #ifdef __cplusplus
 }
