@@ -106,7 +106,7 @@ struct mg_opt {
     strmap by_key, raw, bucket;
     mem_entry *mem;
     int nmem;
-    int64_t step, collapse_run, step0, calls0;
+    int64_t step, collapse_run, plateau_run, step0, calls0;
     char reason[32];
     double t0;
     /* scratch of a step */
@@ -802,7 +802,10 @@ static mg_status step_once(mg_opt *o, mg_opt_progress *pg, mg_error *err) {
     if (!rc) rc = agreed(o, learning_scores(o, &w, err), err);
     if (!rc) rc = agreed(o, augment(o, &w, err), err);
     const size_t nnew = w.nnew;
+    const double top100 = top_mean(o, 100);
     if (!rc) rc = agreed(o, commit(o, &w, err), err); /* past here the step is the state's */
+    if (!rc) /* mol_opt compares the top 100 only past 1,000 calls */
+        o->plateau_run = o->nmol > 1000 && top_mean(o, 100) == top100 ? o->plateau_run + 1 : 0;
     const int B = w.B, N = B + w.nreplay;
     double s2[N > 0 ? N : 1];
     unsigned char use[N > 0 ? N : 1];
@@ -848,6 +851,7 @@ static int finished(mg_opt *o, const mg_opt_progress *pg) {
     o->collapse_run = pg->fresh < p->collapse_share ? o->collapse_run + 1 : 0;
     const char *r = (int64_t)o->nmol >= p->budget                          ? "budget"
                     : p->collapse_steps > 0 && o->collapse_run >= p->collapse_steps ? "collapse"
+                    : p->patience > 0 && o->plateau_run >= p->patience     ? "patience"
                     : p->max_steps > 0 && o->step >= p->max_steps          ? "max-steps"
                     : p->stop_after > 0 && o->step >= p->stop_after        ? "stop-after"
                                                                             : NULL;
@@ -933,6 +937,7 @@ static json_t *options_json(const mg_opt_opts *p) {
     bad |= mg_json_put(j, "augmented_memory", json_integer(p->aug_rounds));
     bad |= mg_json_put(j, "collapse_steps", json_integer(p->collapse_steps));
     bad |= mg_json_put(j, "collapse_share", json_real(p->collapse_share));
+    bad |= mg_json_put(j, "patience", json_integer(p->patience));
     if (bad) {
         json_decref(j);
         return NULL;
@@ -959,7 +964,8 @@ static char *state_text(const mg_opt *o) {
           mg_json_put(j, "prior_digest", json_string(dig)) ||
           mg_json_put(j, "step", json_integer(o->step)) ||
           mg_json_put(j, "adam_step", json_integer(o->adam.step)) ||
-          mg_json_put(j, "collapse_run", json_integer(o->collapse_run));
+          mg_json_put(j, "collapse_run", json_integer(o->collapse_run)) ||
+          mg_json_put(j, "plateau_run", json_integer(o->plateau_run));
     for (size_t i = 0; !bad && i < o->nmol; i++) {
         const mol *m = &o->mols[i];
         bad = json_array_append_new(
@@ -1010,12 +1016,12 @@ done:
 static mg_status options_from_json(const json_t *j, mg_opt_opts *p, mg_error *err) {
     const char *seed = json_string_value(json_object_get(j, "seed"));
     const char *con = json_string_value(json_object_get(j, "constrain"));
-    json_int_t I[9];
+    json_int_t I[10];
     const char *ik[] = {"budget",  "batch",  "df",     "df_bucket",      "memory",
-                        "replay", "augmented_memory", "collapse_steps", NULL};
-    const json_int_t ilo[] = {1, 1, 0, 1, 0, 0, 0, 0};
+                        "replay", "augmented_memory", "collapse_steps", "patience", NULL};
+    const json_int_t ilo[] = {1, 1, 0, 1, 0, 0, 0, 0, 0};
     const json_int_t ihi[] = {1000000000000LL, 100000, MG_DF_SCAFFOLD, 1000000000, 1000000, 1000000,
-                              100, 1000000000};
+                              100, 1000000000, 1000000000};
     for (int k = 0; ik[k]; k++) {
         const json_t *v = json_object_get(j, ik[k]);
         if (!json_is_integer(v))
@@ -1053,6 +1059,7 @@ static mg_status options_from_json(const json_t *j, mg_opt_opts *p, mg_error *er
     p->replay = (int)I[5];
     p->aug_rounds = (int)I[6];
     p->collapse_steps = (int)I[7];
+    p->patience = (int)I[8];
     p->sigma = D[0];
     p->lr = D[1];
     p->df_min_score = D[2];
@@ -1116,6 +1123,7 @@ static const char *differs(const mg_opt_opts *a, const mg_opt_opts *b) {
            : a->aug_rounds != b->aug_rounds              ? "--augmented-memory"
            : a->collapse_steps != b->collapse_steps      ? "--collapse-steps"
            : !same_d(a->collapse_share, b->collapse_share) ? "--collapse-share"
+           : a->patience != b->patience                  ? "--patience"
                                                          : NULL;
 }
 
@@ -1222,11 +1230,14 @@ mg_status mg_opt_restore(mg_opt *o, const char *path, mg_error *err) {
     if (!rc) rc = mg_st_copy(f, "optim.v", MG_ST_F32, 1, shp, o->adam.v, P * sizeof(float), err);
     /* counters: steps within 2^40, Adam's at most 1 + --augmented-memory per step */
     const json_t *js = json_object_get(j, "step"), *ja = json_object_get(j, "adam_step"),
-                 *jc = json_object_get(j, "collapse_run");
+                 *jc = json_object_get(j, "collapse_run"),
+                 *jp = json_object_get(j, "plateau_run");
     o->step = json_integer_value(js);
     o->adam.step = json_integer_value(ja);
     o->collapse_run = json_integer_value(jc);
+    o->plateau_run = json_integer_value(jp);
     if (!rc && (!json_is_integer(js) || !json_is_integer(ja) || !json_is_integer(jc) ||
+                !json_is_integer(jp) || o->plateau_run < 0 || o->plateau_run > o->step ||
                 o->step < 0 || o->step > ((int64_t)1 << 40) || o->adam.step < 0 ||
                 o->adam.step > o->step * (1 + o->op.aug_rounds) || o->collapse_run < 0 ||
                 o->collapse_run > o->step))

@@ -114,6 +114,7 @@ typedef struct {
     int memory, replay, aug_rounds;
     int collapse_steps;
     double collapse_share;
+    int patience; /* mol_opt's convergence stop (0: none) */
     /* this invocation's */
     int64_t max_steps;  /* 0: none */
     int64_t stop_after; /* 0: none */
@@ -128,7 +129,8 @@ typedef struct {
 
 /* seed 0, budget 10000, batch 64, sigma 128, lr 1e-4, constrain VALENCE,
  * df SCAFFOLD (bucket 25, min score 0.4), repeat penalty 0.5, memory 50,
- * replay 10, no augmentation, collapse below 0.02 for 20 steps, checkpoint
+ * replay 10, no augmentation, collapse below 0.02 for 20 steps, no
+ * patience stop, checkpoint
  * every 20 steps. */
 void mg_opt_opts_default(mg_opt_opts *o);
 mg_status mg_opt_opts_check(const mg_opt_opts *o, mg_error *err);

@@ -21,7 +21,8 @@ typedef struct {
     const char *prior, *scorer, *out, *resume;
     int64_t budget, max_steps, stop_after;
     uint64_t seed;
-    int batch, constrain, df, df_bucket, memory, replay, aug, collapse_steps, save_every, threads;
+    int batch, constrain, df, df_bucket, memory, replay, aug, collapse_steps, patience, save_every,
+        threads;
     double sigma, lr, df_min_score, repeat_penalty, collapse_share, timeout;
 } opt_args;
 
@@ -64,6 +65,9 @@ static const mg_setting OPTIMIZE_OPTIONS[] = {
                 "the cache is below --collapse-share (0: never)")},
     {MG_OPT_F64(T, "collapse-share", "X", collapse_share, 0, 1, MG_CLOSED,
                 "the share of --collapse-steps")},
+    {MG_OPT_INT(T, "patience", "K", patience, 0, 1000000000,
+                "convergence stop (mol_opt's REINVENT): past 1,000 calls, K consecutive steps "
+                "that leave the mean of the 100 best scores unchanged (0: never)")},
     {MG_OPT_I64(T, "max-steps", "N", max_steps, 0, 1000000000000LL, "stop after N steps (0: no limit)")},
     {MG_OPT_I64(T, "stop-after", "N", stop_after, 0, 1000000000000LL,
                 "stop after step N, checkpointed, to be resumed (0: never)")},
@@ -84,7 +88,8 @@ typedef struct {
 static const mg_setting PRESET_OPTION[] = {
     {MG_OPT_CHOICE(opt_preset, "preset", "default|pmo", preset,
                    "default (the defaults above: REINVENT 4's) or pmo (PMO's REINVENT, mol_opt's "
-                   "hparams: --sigma 500 --lr 5e-4 --memory 100 --replay 24 --df none), then the "
+                   "hparams and main/run.py: --sigma 500 --lr 5e-4 --memory 100 --replay 24 --df none "
+                   "--patience 5), then the "
                    "options given, whatever their order")},
 };
 
@@ -149,6 +154,7 @@ static void args_from_opts(opt_args *a, const mg_opt_opts *o) {
     a->aug = o->aug_rounds;
     a->collapse_steps = o->collapse_steps;
     a->collapse_share = o->collapse_share;
+    a->patience = o->patience;
 }
 
 static void args_to_opts(const opt_args *a, mg_opt_opts *o) {
@@ -167,6 +173,7 @@ static void args_to_opts(const opt_args *a, mg_opt_opts *o) {
     o->aug_rounds = a->aug;
     o->collapse_steps = a->collapse_steps;
     o->collapse_share = a->collapse_share;
+    o->patience = a->patience;
     o->max_steps = a->max_steps;
     o->stop_after = a->stop_after;
     o->save_every = a->save_every;
@@ -214,6 +221,7 @@ static int parse(int argc, char **argv, mg_opt_opts *o, run_ctx *c) {
         a.memory = 100;
         a.replay = 24;
         a.df = MG_DF_NONE;
+        a.patience = 5; /* main/run.py's --patience */
     }
     if ((rc = mg_cli_apply(&spec, 0, vals))) return rc;
     args_to_opts(&a, o);
@@ -306,6 +314,7 @@ static size_t run_fields(const mg_opt_opts *o, const run_ctx *c, mg_dist_field *
     f[k++] = (mg_dist_field){"--augmented-memory", (uint64_t)o->aug_rounds};
     f[k++] = (mg_dist_field){"--collapse-steps", (uint64_t)o->collapse_steps};
     f[k++] = (mg_dist_field){"--collapse-share", mg_dist_hash(&o->collapse_share, sizeof(double))};
+    f[k++] = (mg_dist_field){"--patience", (uint64_t)o->patience};
     f[k++] = (mg_dist_field){"--max-steps", (uint64_t)o->max_steps};
     f[k++] = (mg_dist_field){"--stop-after", (uint64_t)o->stop_after};
     f[k++] = (mg_dist_field){"--save-every", (uint64_t)o->save_every};

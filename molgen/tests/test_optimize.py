@@ -31,6 +31,7 @@ mode, at = os.environ.get("FAULT", ""), int(os.environ.get("AT", "0"))
 log = os.environ.get("LOG")
 logf = open(log, "a") if log else None
 const = os.environ.get("CONST_CANONICAL")
+flat = os.environ.get("CONST_SCORE")
 n = 0
 for line in sys.stdin:
     s = line.rstrip("\n")
@@ -56,7 +57,8 @@ for line in sys.stdin:
         print("nan", flush=True); continue
     nn = sum(a.GetSymbol() == "N" for a in m.GetAtoms())
     can = const or Chem.MolToSmiles(m)
-    print("%.6f\tcanonical=%s\tn_atoms=%d" % (nn / m.GetNumAtoms(), can, m.GetNumAtoms()), flush=True)
+    sc = float(flat) if flat else nn / m.GetNumAtoms()
+    print("%.6f\tcanonical=%s\tn_atoms=%d" % (sc, can, m.GetNumAtoms()), flush=True)
 '''
 
 
@@ -216,6 +218,32 @@ def test_canonical_key_costs_one_call(tmp_path, scorer):
     s = json.loads((d / "summary.json").read_text())
     assert s["calls"] == 1 and s["stop"] == "collapse" and s["steps"] == 5
     assert "stop: collapse" in r.stderr
+
+
+def test_patience_stop(tmp_path, scorer):
+    """mol_opt's convergence stop: every molecule scores 0.25, so the top-100
+    mean never moves; counted only past 1,000 calls, the run ends on the
+    --patience'th step after the first step that passes 1,000 calls (read
+    from scored.csv), and a run interrupted inside the plateau resumes to the
+    same stop."""
+    d = tmp_path / "run"
+    optimize(d, scorer, "--batch", 64, "--budget", 3000, "--patience", 3, "--seed", 2,
+             env={"CONST_SCORE": "0.25"})
+    rows = read_scored(d)
+    calls_by_step = {}
+    for r in rows:
+        calls_by_step[int(r["step"])] = max(calls_by_step.get(int(r["step"]), 0), int(r["call"]))
+    assert min(calls_by_step) == 0  # scored.csv's step: 0 for the first step
+    first = min(s for s, c in calls_by_step.items() if c > 1000) + 1  # 1-based, as "steps"
+    s = json.loads((d / "summary.json").read_text())
+    assert s["stop"] == "patience" and s["steps"] == first + 2 and 1000 < s["calls"] < 3000
+    d2 = tmp_path / "cut"
+    optimize(d2, scorer, "--batch", 64, "--budget", 3000, "--patience", 3, "--seed", 2,
+             "--stop-after", first + 1, env={"CONST_SCORE": "0.25"})
+    assert json.loads((d2 / "summary.json").read_text())["stop"] == "stop-after"
+    resume(d2, scorer, env={"CONST_SCORE": "0.25"})
+    s2 = json.loads((d2 / "summary.json").read_text())
+    assert (s2["stop"], s2["steps"], s2["calls"]) == ("patience", s["steps"], s["calls"])
 
 
 def test_augmented_memory_uses_randomize(tmp_path, scorer):
