@@ -6,9 +6,11 @@
  *                                B[t·ldb + ·]) (fp32 accumulation; S = Q·Kᵀ here,
  *                                the backward's five products)
  *   pv_tile(nr, pd, nkp, vp, dvp, O)  O[r][0, dvp) += Σ_t dot2(pd[r][t], vp[t][·])
- *   row_max(s, nvec), exp_row(s, m, nvec) (s = exp(s - m), returns Σ s) over
+ *   row_max(s, nvec), exp_row(s, c, m, nvec) (s = exp(s·c - m) with one
+ *                                FMA before exp, returns Σ s) over
  *   16 nvec columns, round_pairs(s, nvec, pd) (8 nvec pairs of bf16),
- *   pair_rows(x0, x1, nvec, dst), bw_row(s, dp, nvec, lse, D) (backward)
+ *   pair_rows(x0, x1, nvec, dst), bw_row(s, dp, nvec, c, lse, D) (backward:
+ *                                P = exp(s·c - lse) as exp_row)
  *   qk_direct(nr, q, k, ks, nk, D, S)  S[r][j] = q[r]·k[j·ks], j < nk, from
  *                                the rows themselves (d contiguous; 0 past nk)
  *   pv_direct(nr, pd, v, vs, nk, Dv, dvp, O)  O[r] += P·V from V's rows,
@@ -116,14 +118,16 @@ static void softmax_row(const attn_problem *pr, bscratch *w, int64_t dvp, int64_
                         int64_t h, int64_t i, int64_t j0, int64_t nk, int64_t nvec, int interior) {
     float *s = w->S + r * BK;
     uint32_t *pd = w->pd + r * (BK / 2);
-    scale_mask_row(pr, s, b, h, i, j0, nk, 16 * nvec, interior);
-    const float mold = w->m[r], mnew = fmaxf(mold, row_max(s, nvec));
+    const int fold = bf16_fold_scale(pr); /* m and l stay in the scaled domain */
+    scale_mask_row(pr, s, b, h, i, j0, nk, 16 * nvec, interior, !fold);
+    const float rmax = row_max(s, nvec), c = fold ? pr->scale : 1.0f;
+    const float mold = w->m[r], mnew = fmaxf(mold, fold ? rmax * c : rmax);
     if (mnew == -INFINITY) { /* nothing visible yet */
         memset(pd, 0, BK / 2 * sizeof *pd);
         return;
     }
     const float alpha = mold == -INFINITY ? 0.0f : expf(mold - mnew);
-    const float sum = exp_row(s, mnew, nvec);
+    const float sum = exp_row(s, c, mnew, nvec);
     w->l[r] = w->l[r] * alpha + sum;
     w->m[r] = mnew;
     if (alpha != 1.0f) {

@@ -77,11 +77,11 @@ static inline float row_max(const float *s, int64_t nvec) {
     return _mm512_reduce_max_ps(m);
 }
 
-static inline float exp_row(float *s, float m, int64_t nvec) {
-    const __m512 mv = _mm512_set1_ps(m);
+static inline float exp_row(float *s, float c, float m, int64_t nvec) {
+    const __m512 cv = _mm512_set1_ps(c), mv = _mm512_set1_ps(m);
     __m512 sum = _mm512_setzero_ps();
     for (int64_t v = 0; v < nvec; v++) {
-        const __m512 e = attn_exp_avx512(_mm512_sub_ps(_mm512_loadu_ps(s + 16 * v), mv));
+        const __m512 e = attn_exp_avx512(_mm512_fmsub_ps(_mm512_loadu_ps(s + 16 * v), cv, mv));
         _mm512_storeu_ps(s + 16 * v, e);
         sum = _mm512_add_ps(sum, e);
     }
@@ -237,11 +237,11 @@ static void round_pairs(const float *s, int64_t nvec, uint32_t *pd) {
                             (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(s + 16 * v)));
 }
 
-/* One row of the backward: s = P = exp(s - lse), dp = dS = P (dp - D). */
-static void bw_row(float *s, float *dp, int64_t nvec, float lse, float D) {
-    const __m512 lv = _mm512_set1_ps(lse), dv = _mm512_set1_ps(D);
+/* One row of the backward: s = P = exp(s·c - lse) (one FMA), dp = dS = P (dp - D). */
+static void bw_row(float *s, float *dp, int64_t nvec, float c, float lse, float D) {
+    const __m512 cv = _mm512_set1_ps(c), lv = _mm512_set1_ps(lse), dv = _mm512_set1_ps(D);
     for (int64_t v = 0; v < nvec; v++) {
-        const __m512 p = attn_exp_avx512(_mm512_sub_ps(_mm512_loadu_ps(s + 16 * v), lv));
+        const __m512 p = attn_exp_avx512(_mm512_fmsub_ps(_mm512_loadu_ps(s + 16 * v), cv, lv));
         _mm512_storeu_ps(s + 16 * v, p);
         _mm512_storeu_ps(dp + 16 * v,
                          _mm512_mul_ps(p, _mm512_sub_ps(_mm512_loadu_ps(dp + 16 * v), dv)));

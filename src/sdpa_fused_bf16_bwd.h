@@ -122,7 +122,8 @@ static void bw_softmax_row(const attn_problem *pr, const bwscr *w, int64_t r, in
         memset(dp, 0, (size_t)W * 4);
         return;
     }
-    scale_mask_row(pr, s, b, h, i, j0, nk, W, interior);
+    const int fold = bf16_fold_scale(pr);
+    scale_mask_row(pr, s, b, h, i, j0, nk, W, interior, !fold);
     if (pr->dropout) {
         for (int64_t j = 0; j < W; j++) w->z[j] = 0.0f;
         for (int64_t j = 0; j < nk; j += 4) {
@@ -133,7 +134,7 @@ static void bw_softmax_row(const attn_problem *pr, const bwscr *w, int64_t r, in
         }
         for (int64_t j = 0; j < W; j++) dp[j] *= w->z[j];
     }
-    bw_row(s, dp, nvec, lse, w->dvec[r]);
+    bw_row(s, dp, nvec, fold ? pr->scale : 1.0f, lse, w->dvec[r]);
     if (pr->dropout)
         for (int64_t j = 0; j < W; j++) s[j] *= w->z[j];
 }

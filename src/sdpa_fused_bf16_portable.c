@@ -27,10 +27,10 @@ static inline float row_max(const float *s, int64_t nvec) {
     return m;
 }
 
-static inline float exp_row(float *s, float m, int64_t nvec) {
+static inline float exp_row(float *s, float c, float m, int64_t nvec) {
     float sum = 0.0f;
     for (int64_t j = 0; j < 16 * nvec; j++) {
-        s[j] = expf(s[j] - m);
+        s[j] = expf(fmaf(s[j], c, -m));
         sum += s[j];
     }
     return sum;
@@ -100,9 +100,9 @@ static void round_pairs(const float *s, int64_t nvec, uint32_t *pd) {
         pd[t] = (uint32_t)attn_bf16_round(s[2 * t]) | (uint32_t)attn_bf16_round(s[2 * t + 1]) << 16;
 }
 
-static void bw_row(float *s, float *dp, int64_t nvec, float lse, float D) {
+static void bw_row(float *s, float *dp, int64_t nvec, float c, float lse, float D) {
     for (int64_t j = 0; j < 16 * nvec; j++) {
-        const float p = expf(s[j] - lse);
+        const float p = expf(fmaf(s[j], c, -lse));
         s[j] = p;
         dp[j] = p * (dp[j] - D);
     }

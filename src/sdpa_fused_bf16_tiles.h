@@ -13,16 +13,25 @@
 #define BQ 64 /* query rows per block */
 #define BK 96 /* keys per tile (6 vectors of 16) */
 
+/* The forward folds the scale into exp (one pass over a row of S fewer:
+ * max of the raw scores, then exp(s·scale - m) by one FMA) when that gives
+ * the same softmax: a positive scale (the max commutes with it) and no
+ * additive mask (added to the scaled scores). */
+static inline int bf16_fold_scale(const attn_problem *pr) { return !pr->amask && pr->scale > 0.0f; }
+
 static inline int64_t bmin(int64_t a, int64_t b) { return a < b ? a : b; }
 static inline int64_t bmax(int64_t a, int64_t b) { return a > b ? a : b; }
 
 /* Row i's scores s[0, W) for keys [j0, j0 + nk) (W: nk rounded up to 16):
- * times scale, -inf outside the row's structural range (unless interior),
- * then the masks. The forward's and the backward's rows of S. */
+ * times scale (unless scaled is 0: the caller folds the scale into exp),
+ * -inf outside the row's structural range (unless interior), then the
+ * masks. The forward's and the backward's rows of S. */
 static inline void scale_mask_row(const attn_problem *pr, float *s, int64_t b, int64_t h,
-                                  int64_t i, int64_t j0, int64_t nk, int64_t W, int interior) {
+                                  int64_t i, int64_t j0, int64_t nk, int64_t W, int interior,
+                                  int scaled) {
     const float scale = pr->scale;
-    for (int64_t j = 0; j < W; j++) s[j] *= scale;
+    if (scaled)
+        for (int64_t j = 0; j < W; j++) s[j] *= scale;
     if (!interior) {
         int64_t lo, hi;
         attn_row_range(pr, b, i, &lo, &hi);

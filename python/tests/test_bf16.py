@@ -66,18 +66,18 @@ def case_inputs(shape, mask, seed):
     return q, k, v, dout, keep, add, kw
 
 
-def math_path(q, k, v, keep, add):
+def math_path(q, k, v, keep, add, scale=None):
     """torch's math path in q's dtype (bf16: PyTorch 1.13's bf16 math)."""
-    s = (q @ k.transpose(-2, -1)) * (1.0 / q.shape[-1] ** 0.5)
+    s = (q @ k.transpose(-2, -1)) * (1.0 / q.shape[-1] ** 0.5 if scale is None else scale)
     if add is not None:
         s = s + add.to(s.dtype)
     s = s.masked_fill(~keep, float("-inf"))
     return torch.softmax(s, -1) @ v
 
 
-def run_math(q, k, v, dout, keep, add, dtype):
+def run_math(q, k, v, dout, keep, add, dtype, scale=None):
     leaves = [x.detach().to(dtype).requires_grad_() for x in (q, k, v)]
-    out = math_path(*leaves, keep, add)
+    out = math_path(*leaves, keep, add, scale)
     out.backward(dout.to(dtype))
     return [out.detach().double()] + [x.grad.double() for x in leaves]
 
@@ -99,9 +99,28 @@ def check_rule(path, label, got):
             % (path, label, name, e_attn, e_torch))
 
 
-def oracles(q, k, v, dout, keep, add):
-    return {"ref": run_math(q, k, v, dout, keep, add, torch.float64),
-            "torch": run_math(q, k, v, dout, keep, add, torch.bfloat16)}
+def oracles(q, k, v, dout, keep, add, scale=None):
+    return {"ref": run_math(q, k, v, dout, keep, add, torch.float64, scale),
+            "torch": run_math(q, k, v, dout, keep, add, torch.bfloat16, scale)}
+
+
+@pytest.mark.parametrize("scale", [0.7, -0.25, 0.0])
+@pytest.mark.parametrize("mask", ["causal", "additive"])
+def test_numpy_bf16_explicit_scale(scale, mask):
+    """The fused kernels fold a positive scale into exp when there is no
+    additive mask (max of the raw scores); a negative or zero scale, or an
+    additive mask, takes the scaled-scores route. Both against float64."""
+    shape = (1, 2, 100, 130, 64, 48)
+    q, k, v, dout, keep, add, kw = case_inputs(shape, mask, 3)
+    kw = {n: (x.numpy() if isinstance(x, torch.Tensor) else x) for n, x in kw.items()}
+    qb, kb, vb, gb = (bits(x) for x in (q, k, v, dout))
+    out = attn.scaled_dot_product_attention(qb, kb, vb, scale=scale, impl="fused", dtype="bf16",
+                                            **kw)
+    grads = attn.scaled_dot_product_attention_grad(gb, qb, kb, vb, scale=scale, impl="fused",
+                                                   dtype="bf16", **kw)
+    got = oracles(q, k, v, dout, keep, add, scale)
+    got["attn"] = [attn.float32_from_bf16(out)] + list(grads)
+    check_rule("numpy fused scale", "%s %s scale %g" % (shape, mask, scale), got)
 
 
 @pytest.mark.parametrize("impl", ["reference", "fused"])
