@@ -23,6 +23,7 @@
 #include "attn.h"
 #include "ckpt_values.h"
 #include "condition.h"
+#include "gemm.h"
 #include "json.h"
 #include "layers.h"
 #include "util.h"
@@ -220,8 +221,17 @@ typedef struct {
 
 #define NAME_LEN 64
 
+/* The weights packed once for inference (mg_model_pack_inference): per
+ * block in_proj, out_proj, fc, proj (4 per block), then the head. */
+typedef struct {
+    mg_dtype dt;
+    int n;
+    mg_packed **w; /* [4 n_layer + 1] */
+} inference_pack;
+
 struct mg_model {
     mg_model_config cfg;
+    inference_pack *pack; /* NULL: the products pack their operands per call */
     int nt;                /* OpenMP threads of every parallel loop (mg_model_set_threads) */
     mg_dtype dt;           /* the products' operands (mg_model_set_dtype) */
     float label_smoothing; /* of the training loss (mg_model_set_label_smoothing) */
@@ -444,6 +454,7 @@ static void free_acts(mg_model *m) {
 
 void mg_model_free(mg_model *m) {
     if (!m) return;
+    mg_model_unpack_inference(m);
     free_acts(m);
     free(m->params);
     free(m->grads);
@@ -470,7 +481,53 @@ mg_status mg_model_set_label_smoothing(mg_model *m, float eps, mg_error *err) {
 }
 int mg_model_threads(const mg_model *m) { return m->nt; }
 
-void mg_model_set_dtype(mg_model *m, mg_dtype dt) { m->dt = dt == MG_DT_BF16 ? MG_DT_BF16 : MG_DT_F32; }
+void mg_model_set_dtype(mg_model *m, mg_dtype dt) {
+    m->dt = dt == MG_DT_BF16 ? MG_DT_BF16 : MG_DT_F32;
+    if (m->pack && m->pack->dt != m->dt) mg_model_unpack_inference(m);
+}
+
+void mg_model_unpack_inference(mg_model *m) {
+    if (!m->pack) return;
+    for (int i = 0; i < m->pack->n; i++) mg_packed_free(m->pack->w[i]);
+    free(m->pack->w);
+    free(m->pack);
+    m->pack = NULL;
+}
+
+mg_status mg_model_pack_inference(mg_model *m, mg_error *err) {
+    mg_model_unpack_inference(m);
+    const int L = m->cfg.n_layer, d = m->cfg.d_model, F = 4 * d, V = m->cfg.vocab_size;
+    const int64_t D = d;
+    inference_pack *pk = calloc(1, sizeof *pk);
+    if (pk) pk->w = calloc((size_t)(4 * L + 1), sizeof *pk->w);
+    if (!pk || !pk->w) {
+        free(pk);
+        return mg_fail(err, MG_ERR_NOMEM, "out of memory for the inference weights");
+    }
+    pk->dt = m->dt;
+    pk->n = 4 * L + 1;
+    m->pack = pk;
+    mg_status rc = MG_OK;
+    for (int l = 0; l < L && !rc; l++) {
+        const block_params *bp = &m->p.blocks[l];
+        if ((rc = mg_packed_new(bp->attn, 3 * d, d, m->dt, &pk->w[4 * l], err)) ||
+            (rc = mg_packed_new(bp->attn + 3 * D * D + 3 * D, d, d, m->dt, &pk->w[4 * l + 1], err)) ||
+            (rc = mg_packed_new(bp->fc_w, F, d, m->dt, &pk->w[4 * l + 2], err)))
+            break;
+        rc = mg_packed_new(bp->proj_w, d, F, m->dt, &pk->w[4 * l + 3], err);
+    }
+    if (!rc) rc = mg_packed_new(m->p.head_w, V, d, m->dt, &pk->w[4 * L], err);
+    if (rc) mg_model_unpack_inference(m);
+    return rc;
+}
+
+/* out [R, OC] = inp [R, IC] Wᵀ + bias through inference pack slot k when
+ * the model has one, else mg_matmul_forward on w. */
+static mg_status product(mg_model *m, int k, float *out, const float *inp, const float *w,
+                         const float *bias, int64_t R, int IC, int OC, int nt, mg_error *err) {
+    if (m->pack) return mg_packed_forward(out, inp, R, m->pack->w[k], bias, nt, err);
+    return mg_matmul_forward(out, inp, w, bias, R, IC, OC, m->dt, nt, err);
+}
 mg_dtype mg_model_dtype(const mg_model *m) { return m->dt; }
 
 mg_status mg_model_set_batch_row0(mg_model *m, int64_t row0, mg_error *err) {
@@ -961,7 +1018,9 @@ static mg_status attention_forward(mg_model *m, int layer, int B, int L, int64_t
                                    int training, uint64_t seed, int nt, mg_error *err) {
     const int64_t d = m->cfg.d_model, H = m->cfg.n_head, dk = d / H;
     const float *w = m->p.blocks[layer].attn; /* in_proj W [3d, d], b [3d], out W [d, d], b [d] */
-    mg_status rc = mg_attn_in_proj(a->qkv, in, w, Rv, (int)d, m->dt, nt, err);
+    mg_status rc = m->pack ? product(m, 4 * layer, a->qkv, in, w, w + 3 * d * d, Rv, (int)d,
+                                     3 * (int)d, nt, err)
+                           : mg_attn_in_proj(a->qkv, in, w, Rv, (int)d, m->dt, nt, err);
     if (rc) return rc;
     attn_tensor q = head_view(a->qkv, Rv, H, dk, 3 * d, 0), k = head_view(a->qkv, Rv, H, dk, 3 * d, 1),
                 v = head_view(a->qkv, Rv, H, dk, 3 * d, 2), o = head_view(a->att, Rv, H, dk, d, 0);
@@ -990,6 +1049,9 @@ static mg_status attention_forward(mg_model *m, int layer, int B, int L, int64_t
         }
         free(blocks);
     }
+    if (m->pack)
+        return product(m, 4 * layer + 1, out, a->att, w + 3 * d * d + 3 * d,
+                       w + 4 * d * d + 3 * d, Rv, (int)d, (int)d, nt, err);
     return mg_attn_out_proj(out, a->att, w, Rv, (int)d, m->dt, nt, err);
 }
 
@@ -1114,11 +1176,11 @@ static mg_status forward_core(mg_model *m, int B, int L, int64_t Rv, int keep, i
 
         mg_layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->x_mid, bp->ln2_w, bp->ln2_b, Rv,
                              d, nt);
-        if ((rc = mg_matmul_forward(a->fc, a->ln2, bp->fc_w, bp->fc_b, Rv, d, F, m->dt, nt, err)))
+        if ((rc = product(m, 4 * l + 2, a->fc, a->ln2, bp->fc_w, bp->fc_b, Rv, d, F, nt, err)))
             return rc;
         mg_gelu_forward(a->gelu, a->fc, Rv * F, nt);
-        if ((rc = mg_matmul_forward(m->scratch, a->gelu, bp->proj_w, bp->proj_b, Rv, F, d, m->dt, nt,
-                                    err)))
+        if ((rc = product(m, 4 * l + 3, m->scratch, a->gelu, bp->proj_w, bp->proj_b, Rv, F, d, nt,
+                          err)))
             return rc;
         if (drop && (rc = dropout_mask(m, a->drop_mlp, Rv, p_drop, seed, 2 + 2 * (int64_t)l, nt,
                                        err)))
@@ -1127,7 +1189,8 @@ static mg_status forward_core(mg_model *m, int B, int L, int64_t Rv, int keep, i
     }
     const float *xf = keep ? m->x_final : m->acts[0].x;
     mg_layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, xf, m->p.lnf_w, m->p.lnf_b, Rv, d, nt);
-    return mg_matmul_forward(logits, m->lnf, m->p.head_w, m->p.head_b, Rv, d, V, m->dt, nt, err);
+    return product(m, 4 * m->cfg.n_layer, logits, m->lnf, m->p.head_w, m->p.head_b, Rv, d, V, nt,
+                   err);
 }
 
 mg_status mg_model_forward(mg_model *m, const int32_t *ids, const int64_t *lengths, int B, int T,
@@ -1215,6 +1278,9 @@ mg_status mg_model_backward(mg_model *m, mg_error *err) {
     if (!m->have_forward)
         return mg_fail(err, MG_ERR_STATE,
                        "backward without a forward (call mg_model_forward first)");
+    if (m->pack)
+        return mg_fail(err, MG_ERR_STATE, "backward of a model packed for inference "
+                       "(mg_model_unpack_inference first)");
     m->have_forward = 0; /* dlogits overwrite the probabilities */
     const int nt = threads_now(m);
     const int B = m->B, L = m->L, N = m->cfg.n_layer, d = m->cfg.d_model, F = 4 * d;

@@ -149,6 +149,16 @@ int mg_model_threads(const mg_model *m);
  * parameters, gradients, LayerNorm, attention, softmax and loss stay fp32. */
 void mg_model_set_dtype(mg_model *m, mg_dtype dt);
 mg_dtype mg_model_dtype(const mg_model *m);
+/* Inference weights: the dense products' weights packed once in the
+ * model's dtype (gemm.h's mg_packed), so that a forward no longer packs W
+ * per call (molgen score: one molecule per forward). The forwards then use
+ * them (the same arithmetic as mg_matmul_forward for K up to MG_GEMM_KC
+ * in bf16; fp32: one FMA per k from 0, then the bias); mg_model_backward
+ * refuses (MG_ERR_STATE) until mg_model_unpack_inference, and the
+ * parameters must not change meanwhile. mg_model_set_dtype to another
+ * dtype drops them. */
+mg_status mg_model_pack_inference(mg_model *m, mg_error *err);
+void mg_model_unpack_inference(mg_model *m); /* none: nothing */
 /* Label smoothing eps in [0, 1) of the training loss (forwards with
  * training != 0): the target distribution is (1 - eps) onehot + eps / V over
  * all V ids, as PyTorch's cross_entropy(label_smoothing=eps). Evaluation

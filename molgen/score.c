@@ -107,6 +107,11 @@ static mg_status score_part(mg_model *m, const mg_vocab *v, const char *const *s
     for (int t = 0; t < nt && !rc; t++) {
         mg_model_set_threads(rep[t], 1);
         mg_model_set_dtype(rep[t], mg_model_dtype(m)); /* the copies score as m does */
+        /* bf16: one molecule per forward packed W per call (most of the
+         * time): packed once instead. fp32 keeps attn_matmul, whose bits
+         * are the training loss's (the packed fp32 sum runs in another
+         * order past OpenBLAS's K block). */
+        if (mg_model_dtype(m) == MG_DT_BF16) rc = mg_model_pack_inference(rep[t], err);
     }
     mg_status failed = MG_OK;
     char msg[sizeof err->message + 32] = ""; /* "molecule N: " + the message */
@@ -145,6 +150,7 @@ static mg_status score_part(mg_model *m, const mg_vocab *v, const char *const *s
         if (!rc && o && o->progress) o->progress(o->user, b1, n);
     }
     mg_model_set_threads(m, m_threads);
+    mg_model_unpack_inference(m);
     for (int t = 1; t < nt; t++) mg_model_free(rep[t]);
     free(rep);
     free(seq);

@@ -218,7 +218,58 @@ static void check_decoder(mg_dtype dt) {
     mg_model_free(m);
 }
 
+/* The model's forward with its weights packed for inference
+ * (mg_model_pack_inference) vs the same forward through mg_matmul_forward:
+ * the same arithmetic up to the order of the fp32 adds (each product is
+ * exact in fp32 for bf16 operands), so the logits agree to a few fp32 ulps
+ * of their magnitude in both dtypes; backward refused while packed. */
+static void check_inference_pack(mg_dtype dt) {
+    mg_model_config c;
+    mg_model_config_default(&c);
+    c.n_layer = 2;
+    c.d_model = 128;
+    c.n_head = 4;
+    c.ctx_len = 40;
+    c.vocab_size = 30;
+    c.dropout = 0.0f;
+    mg_model *m = NULL;
+    mg_error e;
+    CHECK(mg_model_create(&c, &m, &e) == MG_OK, "%s", e.message);
+    if (!m) return;
+    mg_model_init(m, 5);
+    mg_model_set_threads(m, 1);
+    mg_model_set_dtype(m, dt);
+    enum { R = 1, L = 37 };
+    int32_t tok[R * L];
+    uint64_t s = 11;
+    for (int i = 0; i < R * L; i++) tok[i] = (int32_t)(mg_splitmix64(&s) % 30);
+    int64_t lens[R] = {L};
+    float *a = malloc((size_t)R * L * 30 * sizeof(float)), *b = malloc((size_t)R * L * 30 * sizeof(float));
+    CHECK(mg_model_logits(m, tok, lens, R, L, a, NULL, &e) == MG_OK, "%s", e.message);
+    CHECK(mg_model_pack_inference(m, &e) == MG_OK, "%s", e.message);
+    CHECK(mg_model_logits(m, tok, lens, R, L, b, NULL, &e) == MG_OK, "%s", e.message);
+    double worst = 0.0, mag = 0.0;
+    for (int i = 0; i < R * L * 30; i++) {
+        worst = fmax(worst, fabs((double)a[i] - b[i]));
+        mag = fmax(mag, fabs((double)a[i]));
+    }
+    CHECK(worst <= 64 * 0x1.0p-24 * mag, "%s forward packed vs per call: max |diff| %g (max |logit| %g)",
+          mg_dtype_name(dt), worst, mag);
+    float loss;
+    int64_t ntok;
+    CHECK(mg_model_forward(m, tok, lens, R, L, 1, 0, &loss, &ntok, &e) == MG_OK, "%s", e.message);
+    CHECK(mg_model_backward(m, &e) == MG_ERR_STATE, "backward of a packed model not refused");
+    mg_model_unpack_inference(m);
+    CHECK(mg_model_forward(m, tok, lens, R, L, 1, 0, &loss, &ntok, &e) == MG_OK &&
+              mg_model_backward(m, &e) == MG_OK, "%s", e.message);
+    free(a);
+    free(b);
+    mg_model_free(m);
+}
+
 int main(void) {
+    check_inference_pack(MG_DT_F32);
+    check_inference_pack(MG_DT_BF16);
     static const int64_t shapes[][3] = {{1, 1, 1},   {7, 33, 5},   {9, 31, 2},   {64, 40, 129},
                                         {17, 65, 400}, {130, 96, 385}, {3, 190, 800}};
     for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)
