@@ -248,18 +248,29 @@ def table(results, a):
         lines.append("| " + " | ".join(row) + " |")
     row = ["**sum (%d tasks)**" % len(tasks)]
     for e in engines:
+        seeds_e = sorted({r["seed"] for r in results if r["engine"] == e})
+        per_seed = []  # the sum of each seed that ran every task
+        for sd in seeds_e:
+            vals = [r["auc_top10"] for t in tasks for r in by.get((e, t), []) if r["seed"] == sd]
+            if len(vals) == len(tasks):
+                per_seed.append("%.3f" % sum(vals))
         row.append("**%.3f**" % sums[e] + ("" if counted[e] == len(tasks) else
-                                          " (%d tasks)" % counted[e]))
+                                          " (%d tasks)" % counted[e]) +
+                   (" (seeds: %s)" % " / ".join(per_seed) if len(per_seed) > 1 else ""))
     row.append("**%.3f**" % ref)
     for e in engines:
         if e != "prior":
             row.append("%.0f" % walls[e])
     lines.append("| " + " | ".join(row) + " |")
-    seeds = sorted({r["seed"] for r in results})
+    names = {"molgen": "molgen optimize", "torch": "PyTorch twin", "prior": "prior samples"}
+    seeds = "; ".join("%s seed%s %s" % (names[e], "s" if len(ss) > 1 else "", ",".join(map(str, ss)))
+                      for e in engines
+                      for ss in [sorted({r["seed"] for r in results if r["engine"] == e})])
     note = ("AUC top-10 at a budget of %d oracle calls (PMO's metric: molgen.pmo), mean ± sd "
-            "over seeds %s; REINVENT: PMO's published mean of 5 runs at 10,000 calls; "
-            "s/run: wall seconds of one run on this machine, 1 thread, %d runs at a time."
-            % (a.budget, ",".join(map(str, seeds)), a.jobs))
+            "over the seeds (%s); a run that stopped early is padded with its last top-10 "
+            "(the stop and its calls in brackets); REINVENT: PMO's published mean of 5 runs "
+            "at 10,000 calls; s/run: wall seconds of one run on this machine, 1 thread, %d "
+            "runs at a time." % (a.budget, seeds, a.jobs))
     return "\n".join(lines), note
 
 
