@@ -175,6 +175,7 @@ mg_status mg_opt_new(mg_model *prior, mg_model *agent, const mg_vocab *vocab,
     o->agent = agent;
     o->vocab = vocab;
     o->sc = scorer;
+    mg_scorer_set_stop(scorer, opts->stop); /* a signal ends a wait for the scorer */
     o->op = *opts;
     o->alone = (mg_dist){0, 1, 0.0};
     o->d = opts->dist ? opts->dist : &o->alone;

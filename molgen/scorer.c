@@ -25,7 +25,10 @@ struct mg_scorer {
     size_t len, cap;
     int exited, code, signo; /* code: exit status; signo: the killing signal (0: none) */
     struct sigaction old_pipe;
+    const volatile sig_atomic_t *stop; /* nonzero: a signal asked to stop (mg_scorer_set_stop) */
 };
+
+void mg_scorer_set_stop(mg_scorer *s, const volatile sig_atomic_t *stop) { s->stop = stop; }
 
 void mg_score_reply_clear(mg_score_reply *r) {
     if (!r) return;
@@ -190,6 +193,11 @@ static mg_status exchange(mg_scorer *s, const char *req, size_t rlen, size_t n, 
         }
     }
     while (got < n) {
+        if (s->stop && *s->stop) /* a signal interrupted the wait (poll or read: EINTR) */
+            return mg_fail(err, MG_ERR_INTERRUPTED,
+                           "interrupted by signal %d waiting for the scorer's answer to molecule "
+                           "%zu of the batch '%s'",
+                           (int)*s->stop, got + 1, cut(what[got], mb, sizeof mb));
         struct pollfd p[2] = {{s->out, POLLIN, 0}, {s->in, POLLOUT, 0}};
         const int np = sent < rlen ? 2 : 1;
         const double left = s->timeout > 0 ? s->timeout - (mg_now_s() - last) : 1e9;

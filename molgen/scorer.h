@@ -27,6 +27,7 @@
 #ifndef MG_SCORER_H
 #define MG_SCORER_H
 
+#include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -54,6 +55,10 @@ mg_status mg_scorer_start(const char *command, double timeout_s, mg_scorer **out
 /* Closes its input, waits up to a second for it to exit, then kills its
  * process group. NULL fine. */
 void mg_scorer_free(mg_scorer *s);
+/* stop (may be NULL): when it is nonzero (a signal handler set it), a wait
+ * for the scorer ends with MG_ERR_INTERRUPTED instead of waiting for the
+ * answer (a slow scorer no longer holds a signal up for a whole batch). */
+void mg_scorer_set_stop(mg_scorer *s, const volatile sig_atomic_t *stop);
 /* Scores smiles[0..n): replies [n] out (zeroed first; cleared on error). */
 mg_status mg_scorer_score(mg_scorer *s, const char *const *smiles, size_t n, mg_score_reply *out,
                           mg_error *err);

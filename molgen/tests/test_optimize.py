@@ -11,8 +11,10 @@ import csv
 import hashlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -50,6 +52,7 @@ for line in sys.stdin:
         if mode == "big": print("1.5", flush=True); continue
         if mode == "neg": print("-0.1", flush=True); continue
         if mode == "hang": time.sleep(1000)
+        if mode == "slow": time.sleep(60)
         if mode == "exit": sys.exit(3)
         if mode == "missing": continue
     m = Chem.MolFromSmiles(s)
@@ -244,6 +247,32 @@ def test_patience_stop(tmp_path, scorer):
     resume(d2, scorer, env={"CONST_SCORE": "0.25"})
     s2 = json.loads((d2 / "summary.json").read_text())
     assert (s2["stop"], s2["steps"], s2["calls"]) == ("patience", s["steps"], s["calls"])
+
+
+def test_signal_during_a_slow_scorer(tmp_path, scorer, straight):
+    """SIGTERM while molgen waits for a scorer that takes a minute for one
+    molecule: the run stops within seconds (not after the answer), exits
+    128 + 15 with the step's start saved, and --resume gives the straight
+    run bit for bit."""
+    d, log = tmp_path / "run", tmp_path / "log.txt"
+    cmd = [molgen_binary(), "optimize", "--prior", PRIOR, "--scorer", scorer, "--threads", "2",
+           "--out", str(d)] + [str(a) for a in RUN]
+    p = subprocess.Popen(cmd, env=dict(ENV, FAULT="slow", AT="40", LOG=str(log)),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and p.poll() is None and (
+            not log.exists() or len(log.read_text().splitlines()) < 40):
+        time.sleep(0.1)  # until the scorer holds molecule 40 (it then sleeps a minute)
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=30)
+    assert time.monotonic() - t0 < 10, err
+    assert p.returncode == 128 + signal.SIGTERM, err
+    assert "interrupted by signal 15 waiting for the scorer" in err, err
+    assert "continue with --resume" in err, err
+    resume(d, scorer)
+    same_run(d, straight)
 
 
 def test_augmented_memory_uses_randomize(tmp_path, scorer):
