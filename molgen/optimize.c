@@ -176,6 +176,8 @@ mg_status mg_opt_new(mg_model *prior, mg_model *agent, const mg_vocab *vocab,
     o->vocab = vocab;
     o->sc = scorer;
     mg_scorer_set_stop(scorer, opts->stop); /* a signal ends a wait for the scorer */
+    mg_model_set_dtype(prior, opts->dtype);
+    mg_model_set_dtype(agent, opts->dtype);
     o->op = *opts;
     o->alone = (mg_dist){0, 1, 0.0};
     o->d = opts->dist ? opts->dist : &o->alone;
@@ -701,6 +703,7 @@ static mg_status prepare(mg_opt *o, step_work *w, mg_error *err) {
     so.batch = B;
     so.seed = mg_mix64(o->op.seed ^ mg_mix64((uint64_t)o->step + 0x5851F42D4C957F2Dull));
     so.constrain = o->op.constrain;
+    so.dtype = o->op.dtype;
     so.stop = o->op.stop;
     so.dist = o->d->size > 1 ? o->d : NULL;
     mg_status rc = mg_sample(o->agent, o->vocab, &so, &w->smp, err);
@@ -929,6 +932,7 @@ static json_t *options_json(const mg_opt_opts *p) {
     bad |= mg_json_put(j, "sigma", json_real(p->sigma));
     bad |= mg_json_put(j, "lr", json_real(p->lr));
     bad |= mg_json_put(j, "constrain", json_string(mg_constrain_name(p->constrain)));
+    bad |= mg_json_put(j, "dtype", json_string(mg_dtype_name(p->dtype)));
     bad |= mg_json_put(j, "df", json_integer(p->df));
     bad |= mg_json_put(j, "df_bucket", json_integer(p->df_bucket));
     bad |= mg_json_put(j, "df_min_score", json_real(p->df_min_score));
@@ -1017,6 +1021,7 @@ done:
 static mg_status options_from_json(const json_t *j, mg_opt_opts *p, mg_error *err) {
     const char *seed = json_string_value(json_object_get(j, "seed"));
     const char *con = json_string_value(json_object_get(j, "constrain"));
+    const char *dts = json_string_value(json_object_get(j, "dtype"));
     json_int_t I[10];
     const char *ik[] = {"budget",  "batch",  "df",     "df_bucket",      "memory",
                         "replay", "augmented_memory", "collapse_steps", "patience", NULL};
@@ -1047,6 +1052,8 @@ static mg_status options_from_json(const json_t *j, mg_opt_opts *p, mg_error *er
     if (!seed || !con) return mg_fail(err, MG_ERR_FORMAT, "options seed/constrain missing");
     if (!mg_constrain_parse(con, &p->constrain))
         return mg_fail(err, MG_ERR_FORMAT, "constrain '%s'", con);
+    if (!dts || mg_dtype_parse(dts, &p->dtype) < 0)
+        return mg_fail(err, MG_ERR_FORMAT, "option \"dtype\" missing or not fp32/bf16");
     errno = 0;
     p->seed = strtoull(seed, &end, 10);
     if (!*seed || *end || errno || strspn(seed, "0123456789") != strlen(seed))
@@ -1115,6 +1122,7 @@ static const char *differs(const mg_opt_opts *a, const mg_opt_opts *b) {
            : !same_d(a->sigma, b->sigma)                 ? "--sigma"
            : !same_d(a->lr, b->lr)                       ? "--lr"
            : a->constrain != b->constrain                ? "--constrain"
+           : a->dtype != b->dtype                        ? "--dtype"
            : a->df != b->df                              ? "--df"
            : a->df_bucket != b->df_bucket                ? "--df-bucket"
            : !same_d(a->df_min_score, b->df_min_score)   ? "--df-min-score"

@@ -75,6 +75,7 @@
 
 #include "dist.h"
 #include "errors.h"
+#include "gemm.h"
 #include "model.h"
 #include "smiles_check.h"
 #include "tokenizer.h"
@@ -115,6 +116,8 @@ typedef struct {
     int collapse_steps;
     double collapse_share;
     int patience; /* mol_opt's convergence stop (0: none) */
+    mg_dtype dtype; /* the prior's and agent's products and the sampler's
+                       (train/sample --dtype; MG_DT_F32 default) */
     /* this invocation's */
     int64_t max_steps;  /* 0: none */
     int64_t stop_after; /* 0: none */

@@ -275,6 +275,26 @@ def test_signal_during_a_slow_scorer(tmp_path, scorer, straight):
     same_run(d, straight)
 
 
+def test_bf16_run_resumes_bit_exact(tmp_path, scorer, straight):
+    """--dtype bf16 (the products and the sampler in bf16, fp32 accumulation):
+    a run stopped after step 5 and resumed equals the straight bf16 run bit
+    for bit; it is not the fp32 run (the dtype is used), --resume with
+    another --dtype is refused, and the agent learns as in fp32 (its mean
+    score is within a few hundredths of the fp32 run's)."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    optimize(a, scorer, *RUN, "--dtype", "bf16")
+    optimize(b, scorer, *RUN, "--dtype", "bf16", "--stop-after", 5)
+    r = subprocess.run([molgen_binary(), "optimize", "--prior", PRIOR, "--scorer", scorer,
+                        "--resume", str(b), "--dtype", "fp32"], env=ENV, capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 1 and "another --dtype" in r.stderr, r.stderr
+    resume(b, scorer)
+    same_run(a, b)
+    assert (a / "scored.csv").read_text() != (straight / "scored.csv").read_text()
+    mean = lambda d: np.mean([float(x["score"]) for x in read_scored(d)])
+    assert abs(mean(a) - mean(straight)) < 0.05, (mean(a), mean(straight))
+
+
 def test_augmented_memory_uses_randomize(tmp_path, scorer):
     d, log = tmp_path / "run", tmp_path / "log.txt"
     optimize(d, scorer, "--budget", 96, "--batch", 16, "--augmented-memory", 2,
