@@ -51,14 +51,15 @@ static int cpu_avx512bf16(void) {
 #endif
 }
 extern const attn_fused_kernels attn_fused_kernels_avx512, attn_fused_kernels_avx2;
-extern const attn_fused_kernels attn_fused_bf16_kernels_avx512bf16;
+extern const attn_fused_kernels attn_fused_bf16_kernels_avx512bf16, attn_fused_bf16_kernels_avx2;
 #endif
 static int cpu_any(void) { return 1; }
 extern const attn_fused_kernels attn_fused_kernels_portable, attn_fused_bf16_kernels_portable;
 
 /* A row: its ATTN_FUSED_ISA name, the fp32 kernels and the bf16 forward
  * (sdpa_fused_bf16_<isa>.c) it runs. The avx512bf16 row differs from the
- * avx512 one in its bf16 kernels only. */
+ * avx512 one in its bf16 kernels only; avx512 and avx2 run the C bf16
+ * kernels built for AVX2 (the portable bits, 8 wide). */
 static const struct {
     const char *name;
     const attn_fused_kernels *kernels, *bf16;
@@ -67,8 +68,8 @@ static const struct {
 #if defined(__x86_64__)
     {"avx512bf16", &attn_fused_kernels_avx512, &attn_fused_bf16_kernels_avx512bf16,
      cpu_avx512bf16},
-    {"avx512", &attn_fused_kernels_avx512, &attn_fused_bf16_kernels_portable, cpu_avx512},
-    {"avx2", &attn_fused_kernels_avx2, &attn_fused_bf16_kernels_portable, cpu_avx2},
+    {"avx512", &attn_fused_kernels_avx512, &attn_fused_bf16_kernels_avx2, cpu_avx512},
+    {"avx2", &attn_fused_kernels_avx2, &attn_fused_bf16_kernels_avx2, cpu_avx2},
 #endif
     {"portable", &attn_fused_kernels_portable, &attn_fused_bf16_kernels_portable,
      cpu_any}, /* last: runs anywhere */

@@ -1,7 +1,9 @@
 /* The bf16 fused forward on any CPU: the per-ISA functions of
  * sdpa_fused_bf16.h in plain C, the bf16 pairs converted to fp32 (exact)
  * and multiplied-added in fp32; P rounded to bf16 as with VDPBF16PS.
- * Built without instruction-set flags (the compiler's auto-vectorisation). */
+ * Built without instruction-set flags (the compiler's auto-vectorisation),
+ * and a second time as sdpa_fused_bf16_avx2.c with AVX2 (wider vectors,
+ * fp contraction off: the same results bit for bit). */
 #include "sdpa_bf16.h"
 
 #define BMR 4
@@ -109,4 +111,8 @@ static void bw_row(float *s, float *dp, int64_t nvec, float c, float lse, float 
 
 #include "sdpa_fused_bf16.h"
 
-const attn_fused_kernels attn_fused_bf16_kernels_portable = FUSED_BF16_KERNELS("portable");
+#ifndef BF16_C_EXPORT /* sdpa_fused_bf16_avx2.c names its own */
+#define BF16_C_EXPORT attn_fused_bf16_kernels_portable
+#define BF16_C_NAME "portable"
+#endif
+const attn_fused_kernels BF16_C_EXPORT = FUSED_BF16_KERNELS(BF16_C_NAME);

@@ -10,6 +10,11 @@ are float32, attn.torch's are those rounded to bf16: both are held to the
 rule. Masks: none, causal (bottom-right), key padding, bool, additive, and
 causal with padding; shapes from decode (Lq = 1, 3) to Lk = 300, D up to 80.
 """
+import os
+import platform
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 torch = pytest.importorskip("torch", reason="PyTorch is the bf16 peer here")
@@ -228,3 +233,38 @@ def test_bad_dtypes_refused():
     with pytest.raises(at.UnsupportedError, match="bfloat16"):
         at.scaled_dot_product_attention_varlen(b[0, 0].view(4, 1, 8), b[0, 0].view(4, 1, 8),
                                                b[0, 0].view(4, 1, 8), [0, 4])
+
+
+DIGEST = r"""
+import hashlib, numpy as np, attn
+rng = np.random.default_rng(0)
+h = hashlib.sha256()
+for B, H, Lq, Lk, D, causal in [(1, 2, 100, 130, 64, False), (2, 2, 3, 97, 17, True),
+                                (1, 1, 300, 300, 80, True), (2, 3, 64, 64, 33, False)]:
+    q, k, v, g = (attn.bf16_from_float32(rng.standard_normal((B, H, n, D)).astype(np.float32))
+                  for n in (Lq, Lk, Lk, Lq))
+    o = attn.scaled_dot_product_attention(q, k, v, is_causal=causal, impl="fused", dtype="bf16")
+    for x in [o] + list(attn.scaled_dot_product_attention_grad(g, q, k, v, is_causal=causal,
+                                                                impl="fused", dtype="bf16")):
+        h.update(np.ascontiguousarray(x).tobytes())
+print(attn.last_path()[1].split(" kernels")[0], h.hexdigest())
+"""
+
+
+def test_bf16_avx2_kernels_are_the_portable_bits():
+    """On x86-64 CPUs with AVX2 and no AVX512_BF16 the bf16 kernels are the
+    portable C compiled 8 wide without fp contraction: forced by
+    ATTN_FUSED_ISA, forward and backward give the portable path's bits."""
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("x86-64 only")
+    with open("/proc/cpuinfo") as f:
+        if " avx2" not in f.read():
+            pytest.skip("no AVX2 here")
+    out = {}
+    for isa in ("portable", "avx2"):
+        r = subprocess.run([sys.executable, "-c", DIGEST], env=dict(os.environ, ATTN_FUSED_ISA=isa),
+                           capture_output=True, text=True, check=True)
+        name, digest = r.stdout.split()[-2:]
+        out[isa] = digest
+        assert name.endswith(isa), r.stdout
+    assert out["portable"] == out["avx2"]
