@@ -138,9 +138,10 @@ typedef struct {
 void mg_opt_opts_default(mg_opt_opts *o);
 mg_status mg_opt_opts_check(const mg_opt_opts *o, mg_error *err);
 
-/* A run of prior (read only) and agent (a model of the same config and
- * parameters: it is trained) with the scorer's process already started
- * (struct mg_scorer, scorer.h); none are owned. */
+/* A run of prior (its parameters read only) and agent (a model of the same
+ * config and parameters: it is trained) with the scorer's process already
+ * started (struct mg_scorer, scorer.h); none are owned. Both models are set
+ * to opts->dtype, and the scorer's waits to end on opts->stop. */
 struct mg_scorer;
 mg_status mg_opt_new(mg_model *prior, mg_model *agent, const mg_vocab *vocab,
                      struct mg_scorer *scorer, const mg_opt_opts *opts, mg_opt **out,
