@@ -270,8 +270,10 @@ typedef struct {
      *     grad_out is rounded to bf16 for these products. Reference
      *     backward: the fp32 one on the converted values.
      * Non-finite values: as the fp32 path, except that the bf16 fused
-     * forward does not skip zero weights (a NaN or inf in V can reach rows
-     * whose weight for it is 0). */
+     * kernels do not skip zero weights inside a row's key range (a NaN
+     * or inf in K or V at a key a mask hides from one row, visible to
+     * another, can reach the first); keys past key_lengths (padding) are
+     * never read: garbage there stays out, as in fp32. */
     attn_dtype dtype, out_dtype;
 } attn_sdpa_params;
 

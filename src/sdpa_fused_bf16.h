@@ -56,10 +56,11 @@ static inline uint32_t pair_at(const uint16_t *row, int64_t sd, int64_t e0, int6
     return lo | hi << 16;
 }
 
-/* Key tile t of (b, h): kp [np][BK], vp [BK/2][dvp]. */
+/* Key tile t of (b, h): kp [np][BK], vp [BK/2][dvp]; zeros past the
+ * batch's key length (bf16_key_end). */
 static void pack_kv(const attn_problem *pr, const attn_tensor *k, const attn_tensor *v, int64_t b,
                     int64_t h, int64_t t, int64_t np, int64_t dvp, uint32_t *kp, uint32_t *vp) {
-    const int64_t j0 = t * BK, nk = bmin(BK, pr->Lk - j0);
+    const int64_t j0 = t * BK, nk = bmax(0, bmin(BK, bf16_key_end(pr, b) - j0));
     if (k->stride[3] == 1 && v->stride[3] == 1) { /* branch-free copies */
         const int64_t full = pr->Dk / 2; /* whole pairs of a row */
         for (int64_t j = 0; j < nk; j++) {

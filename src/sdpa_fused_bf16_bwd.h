@@ -57,12 +57,13 @@ static inline uint32_t pair16(const uint16_t *x, int64_t e) {
     return (uint32_t)x[e] | (uint32_t)x[e + 1] << 16;
 }
 
-/* Key tile t of (b, h) into kd, kk, vd (zero-padded). */
+/* Key tile t of (b, h) into kd, kk, vd (zero-padded, zeros past the
+ * batch's key length). */
 static void bw_pack_tile(const attn_fused_call *c, const bgeo *g, int64_t b, int64_t h, int64_t t,
                          uint32_t *kd, uint16_t *tmp) {
     const attn_problem *pr = c->pr;
     uint32_t *kk = kd + g->tkd, *vd = kk + g->tkk;
-    const int64_t j0 = t * BK, nk = bmin(BK, pr->Lk - j0);
+    const int64_t j0 = t * BK, nk = bmax(0, bmin(BK, bf16_key_end(pr, b) - j0));
     memset(kd, 0, (size_t)g->tile * 4);
     for (int64_t j = 0; j < nk; j++) {
         row_bf16(c->k, 1, b, h, j0 + j, pr->Dk, tmp);

@@ -22,6 +22,13 @@ static inline int bf16_fold_scale(const attn_problem *pr) { return !pr->amask &&
 static inline int64_t bmin(int64_t a, int64_t b) { return a < b ? a : b; }
 static inline int64_t bmax(int64_t a, int64_t b) { return a > b ? a : b; }
 
+/* Keys [0, end) of batch b hold data; past a key length is padding, which
+ * the packed tiles hold as zeros: a masked key's weight is exactly 0 in
+ * P·V and dS·K, and 0 times padding garbage (NaN, inf) would not be. */
+static inline int64_t bf16_key_end(const attn_problem *pr, int64_t b) {
+    return pr->key_lengths ? bmax(0, bmin(pr->Lk, pr->key_lengths[b])) : pr->Lk;
+}
+
 /* Row i's scores s[0, W) for keys [j0, j0 + nk) (W: nk rounded up to 16):
  * times scale (unless scaled is 0: the caller folds the scale into exp),
  * -inf outside the row's structural range (unless interior), then the

@@ -268,3 +268,35 @@ def test_bf16_avx2_kernels_are_the_portable_bits():
         out[isa] = digest
         assert name.endswith(isa), r.stdout
     assert out["portable"] == out["avx2"]
+
+
+@pytest.mark.parametrize("Lq", [1, 50])
+@pytest.mark.parametrize("causal", [False, True])
+def test_bf16_padding_garbage_stays_out(Lq, causal):
+    """Keys past key_padding_lengths are padding: NaN and inf there must not
+    reach the output or the gradients (0 x NaN in P.V or dS.K would); the
+    results are those of zero padding bit for bit, as in fp32."""
+    rng = np.random.default_rng(4)
+    B, H, L, D = 2, 2, 50, 32
+    q = rng.standard_normal((B, H, Lq, D)).astype(np.float32)
+    k, v = (rng.standard_normal((B, H, L, D)).astype(np.float32) for _ in range(2))
+    g = rng.standard_normal((B, H, Lq, D)).astype(np.float32)
+    lens = np.array([37, 20])
+    runs = []
+    for fill in (0.0, np.nan, np.inf):
+        kf, vf = k.copy(), v.copy()
+        for b, n in enumerate(lens):
+            kf[b, :, n:] = fill
+            vf[b, :, n:] = -fill
+        qb, kb, vb, gb = (attn.bf16_from_float32(x) for x in (q, kf, vf, g))
+        kw = dict(is_causal=causal, impl="fused", dtype="bf16", key_padding_lengths=lens)
+        out = attn.scaled_dot_product_attention(qb, kb, vb, **kw)
+        grads = attn.scaled_dot_product_attention_grad(gb, qb, kb, vb, **kw)
+        dk, dv = grads[1].copy(), grads[2].copy()
+        for b, n in enumerate(lens):  # padding keys' own gradients: 0 whatever they hold
+            assert not dk[b, :, n:].any() and not dv[b, :, n:].any()
+        runs.append([out, grads[0], dk, dv])
+    for r in runs[1:]:
+        for a, z in zip(r, runs[0]):
+            assert np.isfinite(attn.float32_from_bf16(a) if a.dtype == np.uint16 else a).all()
+            assert np.array_equal(a, z)
