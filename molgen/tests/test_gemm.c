@@ -167,27 +167,36 @@ static void check_packed(int N, int K, int64_t M) {
     free(out2);
 }
 
-/* KV decoding over the packed weights vs the training forward of the
- * whole prefix (attn_matmul products, full attention). */
-static void check_decoder(mg_dtype dt) {
+/* A 2-block, 4-head model of width d over 30 tokens, initialised from
+ * seed, with nt threads; tok [n] random tokens from tseed. NULL on failure. */
+static mg_model *small_model(int d, int ctx, uint64_t seed, int nt, int32_t *tok, int n,
+                             uint64_t tseed) {
     mg_model_config c;
     mg_model_config_default(&c);
     c.n_layer = 2;
-    c.d_model = 64;
+    c.d_model = d;
     c.n_head = 4;
-    c.ctx_len = 16;
+    c.ctx_len = ctx;
     c.vocab_size = 30;
     c.dropout = 0.0f;
     mg_model *m = NULL;
     mg_error e;
     CHECK(mg_model_create(&c, &m, &e) == MG_OK, "%s", e.message);
-    if (!m) return;
-    mg_model_init(m, 3);
-    mg_model_set_threads(m, 2);
+    if (!m) return NULL;
+    mg_model_init(m, seed);
+    mg_model_set_threads(m, nt);
+    for (int i = 0; i < n; i++) tok[i] = (int32_t)(mg_splitmix64(&tseed) % 30);
+    return m;
+}
+
+/* KV decoding over the packed weights vs the training forward of the
+ * whole prefix (attn_matmul products, full attention). */
+static void check_decoder(mg_dtype dt) {
     enum { R = 5, L = 12 };
     int32_t tok[R * L];
-    uint64_t s = 9;
-    for (int i = 0; i < R * L; i++) tok[i] = (int32_t)(mg_splitmix64(&s) % 30);
+    mg_error e;
+    mg_model *m = small_model(64, 16, 3, 2, tok, R * L, 9);
+    if (!m) return;
     float *full = malloc((size_t)R * L * 30 * sizeof(float)), *step = malloc(R * 30 * sizeof(float));
     int64_t lens[R];
     for (int r = 0; r < R; r++) lens[r] = L;
@@ -224,25 +233,12 @@ static void check_decoder(mg_dtype dt) {
  * exact in fp32 for bf16 operands), so the logits agree to a few fp32 ulps
  * of their magnitude in both dtypes; backward refused while packed. */
 static void check_inference_pack(mg_dtype dt) {
-    mg_model_config c;
-    mg_model_config_default(&c);
-    c.n_layer = 2;
-    c.d_model = 128;
-    c.n_head = 4;
-    c.ctx_len = 40;
-    c.vocab_size = 30;
-    c.dropout = 0.0f;
-    mg_model *m = NULL;
-    mg_error e;
-    CHECK(mg_model_create(&c, &m, &e) == MG_OK, "%s", e.message);
-    if (!m) return;
-    mg_model_init(m, 5);
-    mg_model_set_threads(m, 1);
-    mg_model_set_dtype(m, dt);
     enum { R = 1, L = 37 };
     int32_t tok[R * L];
-    uint64_t s = 11;
-    for (int i = 0; i < R * L; i++) tok[i] = (int32_t)(mg_splitmix64(&s) % 30);
+    mg_error e;
+    mg_model *m = small_model(128, 40, 5, 1, tok, R * L, 11);
+    if (!m) return;
+    mg_model_set_dtype(m, dt);
     int64_t lens[R] = {L};
     float *a = malloc((size_t)R * L * 30 * sizeof(float)), *b = malloc((size_t)R * L * 30 * sizeof(float));
     CHECK(mg_model_logits(m, tok, lens, R, L, a, NULL, &e) == MG_OK, "%s", e.message);
