@@ -32,7 +32,7 @@ static inline float row_max(const float *s, int64_t nvec) {
 static inline void exp_row(float *s, float c, float m, int64_t nvec, float alpha, float *lv) {
     for (int u = 0; u < 16; u++) lv[u] *= alpha;
     for (int64_t j = 0; j < 16 * nvec; j++) {
-        s[j] = expf(fmaf(s[j], c, -m));
+        s[j] = expf(s[j] * c - m); /* no fmaf: software on a CPU without FMA */
         lv[j & 15] += s[j];
     }
 }
@@ -103,7 +103,7 @@ static void round_pairs(const float *s, int64_t nvec, uint32_t *pd) {
 
 static void bw_row(float *s, float *dp, int64_t nvec, float c, float lse, float D) {
     for (int64_t j = 0; j < 16 * nvec; j++) {
-        const float p = expf(fmaf(s[j], c, -lse));
+        const float p = expf(s[j] * c - lse);
         s[j] = p;
         dp[j] = p * (dp[j] - D);
     }
