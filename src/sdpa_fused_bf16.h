@@ -6,10 +6,8 @@
  *                                B[t·ldb + ·]) (fp32 accumulation; S = Q·Kᵀ here,
  *                                the backward's five products)
  *   pv_tile(nr, pd, nkp, vp, dvp, O)  O[r][0, dvp) += Σ_t dot2(pd[r][t], vp[t][·])
- *   row_max(s, nvec), exp_row(s, c, m, nvec, alpha, lv) (s = exp(s·c - m)
- *                                with one FMA before exp; the row's 16
- *                                partial sums lv = alpha lv + Σ_v s[16 v + ·],
- *                                reduced once, in write_rows) over
+ *   row_max(s, nvec), exp_row(s, c, m, nvec) (s = exp(s·c - m) with one
+ *                                FMA before exp, returns Σ s) over
  *   16 nvec columns, round_pairs(s, nvec, pd) (8 nvec pairs of bf16),
  *   pair_rows(x0, x1, nvec, dst), bw_row(s, dp, nvec, c, lse, D) (backward:
  *                                P = exp(s·c - lse) as exp_row)
@@ -111,9 +109,7 @@ typedef struct {
     float *S;     /* [BQ][BK] scores */
     uint32_t *pd; /* [BQ][BK/2] P pairs */
     float *O;     /* [BQ][dvp] unnormalised output */
-    float *m;     /* [BQ] running max */
-    float *l;     /* [BQ][16] running sum, 16 partial sums a row (no
-                     horizontal add per tile) */
+    float *m, *l; /* [BQ] running max and sum */
     uint32_t *kp, *vp; /* packed tiles [np][BK], [BK/2][dvp]: one (local) or a head's */
 } bscratch;
 
@@ -132,7 +128,8 @@ static void softmax_row(const attn_problem *pr, bscratch *w, int64_t dvp, int64_
         return;
     }
     const float alpha = mold == -INFINITY ? 0.0f : expf(mold - mnew);
-    exp_row(s, c, mnew, nvec, alpha, w->l + 16 * r);
+    const float sum = exp_row(s, c, mnew, nvec);
+    w->l[r] = w->l[r] * alpha + sum;
     w->m[r] = mnew;
     if (alpha != 1.0f) {
         float *o = w->O + r * dvp;
@@ -155,9 +152,7 @@ static void write_rows(const attn_fused_call *c, const bscratch *w, int64_t dvp,
     const attn_problem *pr = c->pr;
     const attn_tensor *out = c->out;
     for (int64_t r = 0; r < nq; r++) {
-        float l = 0.0f;
-        for (int u = 0; u < 16; u++) l += w->l[16 * r + u];
-        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+        const float l = w->l[r], inv = l > 0.0f ? 1.0f / l : 0.0f;
         const float *o = w->O + r * dvp;
         const int64_t sd = out->stride[3];
         if (pr->out_dtype == ATTN_BF16) {
@@ -183,7 +178,7 @@ static void bf16_block(const attn_fused_call *c, bscratch *w, const uint32_t *KP
         const uint16_t *q = attn_bf16_row(c->q, b, h, i0 + r);
         for (int64_t p = 0; p < np; p++) w->qd[r * np + p] = pair_at(q, c->q->stride[3], 2 * p, pr->Dk);
         w->m[r] = -INFINITY;
-        memset(w->l + 16 * r, 0, 16 * sizeof(float));
+        w->l[r] = 0.0f;
     }
     memset(w->O, 0, (size_t)(nq * dvp) * sizeof(float));
     int64_t l0, h0, l1, h1;
@@ -220,7 +215,7 @@ static void bf16_decode(const attn_fused_call *c, bscratch *w, int64_t dvp, int6
     for (int64_t r = 0; r < nq; r++) {
         q[r] = attn_bf16_row(c->q, b, h, r);
         w->m[r] = -INFINITY;
-        memset(w->l + 16 * r, 0, 16 * sizeof(float));
+        w->l[r] = 0.0f;
     }
     memset(w->O, 0, (size_t)(nq * dvp) * sizeof(float));
     int64_t l0, h0, l1, h1;
@@ -264,13 +259,13 @@ static attn_status bf16_forward(const attn_fused_call *c, attn_error *err) {
             pack_kv(pr, c->k, c->v, x / ntile / pr->H, x / ntile % pr->H, x % ntile, np, dvp,
                     KP + x * np * BK, VP + x * (BK / 2) * dvp);
     }
-    /* per thread, 64-byte multiples: qd, S, pd, O, m, l (16 a row) for `rows` rows,
+    /* per thread, 64-byte multiples: qd, S, pd, O, m, l for `rows` rows,
      * and one packed tile when local */
     const int64_t rows = bmin(BQ, pr->Lq), r16 = (rows + 15) / 16 * 16;
     const int64_t n_qd = (rows * np + 15) / 16 * 16, n_S = rows * BK, n_pd = (rows * BK / 2 + 15) / 16 * 16;
     const int64_t nt = head ? ntile : local, n_O = rows * dvp, n_kp = nt * np * BK,
                   n_vp = nt * (BK / 2) * dvp;
-    const int64_t per = n_qd + n_S + n_pd + n_O + 17 * r16 + n_kp + n_vp; /* 4-byte words */
+    const int64_t per = n_qd + n_S + n_pd + n_O + 2 * r16 + n_kp + n_vp; /* 4-byte words */
     uint32_t *all = aligned_alloc(64, (size_t)(per * T * 4));
     if (!all) {
         free(KP);
@@ -287,7 +282,7 @@ static attn_status bf16_forward(const attn_fused_call *c, attn_error *err) {
         w.O = (float *)(base += n_pd);
         w.m = (float *)(base += n_O);
         w.l = (float *)(base += r16);
-        w.kp = (base += 16 * r16);
+        w.kp = (base += r16);
         w.vp = base + n_kp;
         if (decode) {
 #pragma omp for schedule(dynamic)

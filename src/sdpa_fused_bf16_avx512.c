@@ -77,15 +77,15 @@ static inline float row_max(const float *s, int64_t nvec) {
     return _mm512_reduce_max_ps(m);
 }
 
-static inline void exp_row(float *s, float c, float m, int64_t nvec, float alpha, float *lv) {
+static inline float exp_row(float *s, float c, float m, int64_t nvec) {
     const __m512 cv = _mm512_set1_ps(c), mv = _mm512_set1_ps(m);
-    __m512 sum = _mm512_mul_ps(_mm512_loadu_ps(lv), _mm512_set1_ps(alpha));
+    __m512 sum = _mm512_setzero_ps();
     for (int64_t v = 0; v < nvec; v++) {
         const __m512 e = attn_exp_avx512(_mm512_fmsub_ps(_mm512_loadu_ps(s + 16 * v), cv, mv));
         _mm512_storeu_ps(s + 16 * v, e);
         sum = _mm512_add_ps(sum, e);
     }
-    _mm512_storeu_ps(lv, sum);
+    return _mm512_reduce_add_ps(sum);
 }
 
 static inline __mmask32 mask32(int64_t n) { /* the first min(n, 32) of 32 */

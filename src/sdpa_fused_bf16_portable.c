@@ -29,12 +29,13 @@ static inline float row_max(const float *s, int64_t nvec) {
     return m;
 }
 
-static inline void exp_row(float *s, float c, float m, int64_t nvec, float alpha, float *lv) {
-    for (int u = 0; u < 16; u++) lv[u] *= alpha;
+static inline float exp_row(float *s, float c, float m, int64_t nvec) {
+    float sum = 0.0f;
     for (int64_t j = 0; j < 16 * nvec; j++) {
         s[j] = expf(s[j] * c - m); /* no fmaf: software on a CPU without FMA */
-        lv[j & 15] += s[j];
+        sum += s[j];
     }
+    return sum;
 }
 
 /* Decode scores from the rows: pairs along d in order, as gemm_pairs on packed K. */
