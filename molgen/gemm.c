@@ -35,7 +35,10 @@ int mg_dtype_parse(const char *s, mg_dtype *dt) {
 /* ------------------------------------------------------------ dispatch */
 
 static int g_forced; /* mg_gemm_force_portable */
-static int g_isa = -1; /* bit 0: AVX-512F, bit 1: AVX512_BF16; -1 not read yet */
+/* bit 0: AVX-512F, bit 1: AVX512_BF16, bit 2: AVX2 and FMA (the C kernels'
+ * FMA build: the portable bits, so forcing the portable kernels keeps it);
+ * -1 not read yet */
+static int g_isa = -1;
 
 static int isa_bits(void) {
     if (g_isa < 0) {
@@ -44,12 +47,13 @@ static int isa_bits(void) {
         __builtin_cpu_init();
         if (__builtin_cpu_supports("avx512f")) bits |= 1;
         if ((bits & 1) && __builtin_cpu_supports("avx512bf16")) bits |= 2;
+        if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) bits |= 4;
 #endif
         const char *env = getenv("MOLGEN_GEMM_ISA");
-        if (env && !strcmp(env, "portable")) bits = 0;
+        if (env && !strcmp(env, "portable")) bits &= 4;
         g_isa = bits; /* the same value whichever thread writes it first */
     }
-    return g_forced ? 0 : g_isa;
+    return g_forced ? g_isa & 4 : g_isa;
 }
 
 int mg_gemm_isa_f32(void) { return (isa_bits() & 1) != 0; }
@@ -149,14 +153,6 @@ __attribute__((target("avx2,fma"))) static void kern_f32_fma(C_KERNEL_ARGS_F32) 
 }
 __attribute__((target("avx2,fma"))) static void kern_bf16_fma(C_KERNEL_ARGS_BF16) {
     kern_bf16_c(mr, a, lda, b, kp, c, ldc, nc, bias, cscale);
-}
-static int g_fma = -1; /* AVX2 and FMA: the C kernels' fma build */
-static int cpu_fma(void) {
-    if (g_fma < 0) {
-        __builtin_cpu_init();
-        g_fma = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    }
-    return g_fma;
 }
 #endif
 
@@ -264,7 +260,7 @@ static void kern_f32(int isa, int mr, const float *a, int64_t lda, const float *
 #endif
     (void)isa;
 #ifdef MG_X86
-    if (cpu_fma()) {
+    if (isa_bits() & 4) {
         kern_f32_fma(mr, a, lda, b, K, c, ldc, nc, bias, cscale);
         return;
     }
@@ -282,7 +278,7 @@ static void kern_bf16(int isa, int mr, const uint16_t *a, int64_t lda, const uin
 #endif
     (void)isa;
 #ifdef MG_X86
-    if (cpu_fma()) {
+    if (isa_bits() & 4) {
         kern_bf16_fma(mr, a, lda, b, kp, c, ldc, nc, bias, cscale);
         return;
     }
