@@ -17,7 +17,8 @@
  *   qq [BQ/2][dkp], oq [BQ/2][dvp] Q and dO pairs along queries (dK, dV's B)
  *   pt, dst [BQ/2][BK]  P and dS pairs along queries (dV, dK's A)
  *   dsd [BQ][BK/2]      dS pairs along keys (dQ's A)
- * One pass per (b, h) (K/V packed per head in the thread's scratch) or two
+ * One pass per (b, h) (K/V packed per head in the thread's scratch; with
+ * one query block, one key tile at a time: bw_head_one_block) or two
  * (K/V packed for all heads first; dK/dV by (head, key group), then dQ by
  * (head, query block)), as attn_fused_bwd_one_pass picks; the sums run in
  * the same order either way, so results do not depend on the threads. */
@@ -31,6 +32,7 @@
 typedef struct {
     int64_t np, nvp, dkp, dvp, ntile, nqb;
     int64_t tkd, tkk, tvd, tile; /* u32 words of one tile's kd, kk, vd and all three */
+    int direct; /* decoding (Lq <= BMR, d contiguous in K and V): nothing packed */
 } bgeo;
 
 typedef struct {
@@ -141,15 +143,27 @@ static void bw_softmax_row(const attn_problem *pr, const bwscr *w, int64_t r, in
 }
 
 /* Query block [i0, i0 + nq) against keys [j0, j0 + nk) of tile kd: the
- * shares of dK, dV (rows j0.. of dka, dva; NULL: not wanted) and dQ. */
+ * shares of dK, dV (rows j0.. of dka, dva; NULL: not wanted) and dQ.
+ * kd NULL (decoding, nq <= BMR, d contiguous in K and V): S, dP and dQ
+ * from K's and V's rows themselves (qk_direct, pv_direct, as the forward's
+ * decode computes S), nothing packed. */
 static void bw_tile(const attn_fused_call *c, const bgeo *g, const bwscr *w, const uint32_t *kd,
                     int64_t b, int64_t h, int64_t i0, int64_t nq, int64_t j0, int64_t nk,
                     int interior, float *dka, float *dva, float *dqa) {
     const attn_problem *pr = c->pr;
     const int64_t nvec = (nk + 15) / 16, nqp = (nq + 1) / 2;
-    const uint32_t *kk = kd + g->tkd, *vd = kk + g->tkk;
-    gemm_pairs(nq, nvec, 1, w->qd, g->np, 1, g->np, kd, BK, w->S, BK);
-    gemm_pairs(nq, nvec, 1, w->od, g->nvp, 1, g->nvp, vd, BK, w->dP, BK);
+    const uint32_t *kk = kd ? kd + g->tkd : NULL, *vd = kd ? kk + g->tkk : NULL;
+    if (kd) {
+        gemm_pairs(nq, nvec, 1, w->qd, g->np, 1, g->np, kd, BK, w->S, BK);
+        gemm_pairs(nq, nvec, 1, w->od, g->nvp, 1, g->nvp, vd, BK, w->dP, BK);
+    } else {
+        const uint16_t *qr[BMR], *orr[BMR]; /* the rows as bw_prep paired them */
+        for (int64_t r = 0; r < nq; r++)
+            qr[r] = (const uint16_t *)(const void *)(w->qd + r * g->np),
+            orr[r] = (const uint16_t *)(const void *)(w->od + r * g->nvp);
+        qk_direct((int)nq, qr, attn_bf16_row(c->k, b, h, j0), c->k->stride[2], nk, pr->Dk, w->S);
+        qk_direct((int)nq, orr, attn_bf16_row(c->v, b, h, j0), c->v->stride[2], nk, pr->Dv, w->dP);
+    }
     for (int64_t r = 0; r < nq; r++)
         bw_softmax_row(pr, w, r, b, h, i0 + r, j0, nk, nvec, interior);
     if (dka || dva)
@@ -163,7 +177,12 @@ static void bw_tile(const attn_fused_call *c, const bgeo *g, const bwscr *w, con
     if (dka) gemm_pairs(nk, g->dkp / 16, 0, w->dst, 1, BK, nqp, w->qq, g->dkp, dka, g->dkp);
     if (dqa) {
         for (int64_t r = 0; r < nq; r++) round_pairs(w->dP + r * BK, nvec, w->dsd + r * (BK / 2));
-        gemm_pairs(nq, g->dkp / 16, 0, w->dsd, BK / 2, 1, (nk + 1) / 2, kk, g->dkp, dqa, g->dkp);
+        if (kd)
+            gemm_pairs(nq, g->dkp / 16, 0, w->dsd, BK / 2, 1, (nk + 1) / 2, kk, g->dkp, dqa,
+                       g->dkp);
+        else
+            pv_direct((int)nq, w->dsd, attn_bf16_row(c->k, b, h, j0), c->k->stride[2], nk, pr->Dk,
+                      g->dkp, dqa);
     }
 }
 
@@ -196,11 +215,45 @@ static void bw_block(const attn_fused_call *c, const bgeo *g, const bwscr *w, co
     for (int64_t t = t0; t < t1; t++) {
         const int64_t j0 = t * BK, nk = bmin(BK, hi - j0); /* keys past hi: none visible */
         const int interior = nk == BK && l1 <= j0 && h0 >= j0 + BK;
-        bw_tile(c, g, w, KV + t * g->tile, b, h, i0, nq, j0, nk, interior,
+        bw_tile(c, g, w, g->direct ? NULL : KV + t * g->tile, b, h, i0, nq, j0, nk, interior,
                 dka ? dka + (j0 - g0) * g->dkp : NULL, dva ? dva + (j0 - g0) * g->dvp : NULL,
                 dq ? w->dqa : NULL);
     }
     if (dq) bw_write(c->dq, b, h, i0, nq, pr->Dk, w->dqa, g->dkp, pr->scale);
+}
+
+/* All of (b, h) when its queries are one block (Lq <= BQ): each key
+ * tile's dK/dV rows are final once the block has seen the tile, so tiles
+ * are packed and their rows written one at a time (kv and dka/dva hold one
+ * tile, in L1/L2) instead of packing the head and accumulating [Lk] rows
+ * first: the sums of bw_block, in its order, so the same bits. Decoding
+ * (nq <= BMR, d contiguous) packs nothing (bw_tile's direct products). */
+static void bw_head_one_block(const attn_fused_call *c, const bgeo *g, const bwscr *w, int64_t b,
+                              int64_t h) {
+    const attn_problem *pr = c->pr;
+    const int64_t nq = pr->Lq;
+    int64_t l0, h0, l1, h1;
+    attn_row_range(pr, b, 0, &l0, &h0);
+    attn_row_range(pr, b, nq - 1, &l1, &h1);
+    const int64_t lo = l0, hi = bmin(pr->Lk, h1 > l0 ? h1 : l0);
+    const int64_t t0 = lo / BK, t1 = hi > lo ? (hi - 1) / BK + 1 : t0;
+    bw_prep(c, g, w, b, h, 0, nq);
+    memset(w->dqa, 0, (size_t)(nq * g->dkp) * 4);
+    for (int64_t t = 0; t < g->ntile; t++) {
+        const int64_t j0 = t * BK, n = bmin(BK, pr->Lk - j0);
+        memset(w->dka, 0, (size_t)(n * g->dkp) * 4);
+        memset(w->dva, 0, (size_t)(n * g->dvp) * 4);
+        if (t >= t0 && t < t1) {
+            const int64_t nk = bmin(BK, hi - j0);
+            const int interior = nk == BK && l1 <= j0 && h0 >= j0 + BK;
+            if (!g->direct) bw_pack_tile(c, g, b, h, t, w->kv, w->tmp);
+            bw_tile(c, g, w, g->direct ? NULL : w->kv, b, h, 0, nq, j0, nk, interior, w->dka,
+                    w->dva, w->dqa);
+        }
+        bw_write(c->dk, b, h, j0, n, pr->Dk, w->dka, g->dkp, pr->scale);
+        bw_write(c->dv, b, h, j0, n, pr->Dv, w->dva, g->dvp, 1.0f);
+    }
+    bw_write(c->dq, b, h, 0, nq, pr->Dk, w->dqa, g->dkp, pr->scale);
 }
 
 static attn_status bf16_backward(const attn_fused_call *c, attn_error *err) {
@@ -211,20 +264,23 @@ static attn_status bf16_backward(const attn_fused_call *c, attn_error *err) {
     g.ntile = (pr->Lk + BK - 1) / BK, g.nqb = (pr->Lq + BQ - 1) / BQ;
     g.tkd = g.np * BK, g.tkk = BK / 2 * g.dkp, g.tvd = g.nvp * BK;
     g.tile = (g.tkd + g.tkk + g.tvd + 15) / 16 * 16;
+    g.direct = pr->Lq <= BMR && c->k->stride[3] == 1 && c->v->stride[3] == 1;
     const int64_t BH = pr->B * pr->H, T = pr->threads, Lk = pr->Lk;
-    const int one = attn_fused_bwd_one_pass(pr);
-    const int64_t accn = one ? Lk : BKG * BK;
+    const int one = attn_fused_bwd_one_pass(pr), one_block = one && g.nqb == 1;
+    const int64_t accn = one_block ? BK : one ? Lk : BKG * BK;
 #define R16(x) (((x) + 15) / 16 * 16)
     const int64_t n_qd = R16(BQ * g.np), n_od = R16(BQ * g.nvp), n_qq = R16(BQ / 2 * g.dkp),
                   n_oq = R16(BQ / 2 * g.dvp), n_sq = BQ * BK, n_dq = BQ * g.dkp,
                   n_tmp = R16((bmax(pr->Dk, pr->Dv) + 2) / 2), n_dka = R16(accn * g.dkp),
-                  n_dva = R16(accn * g.dvp), n_kv = one ? g.ntile * g.tile : 0;
+                  n_dva = R16(accn * g.dvp),
+                  n_kv = g.direct ? 0 : one_block ? g.tile : one ? g.ntile * g.tile : 0;
     const int64_t per = n_qd + n_od + n_qq + n_oq + 2 * BQ + BK + 2 * n_sq + 3 * (BQ / 2 * BK) +
                         n_dq + n_tmp + n_dka + n_dva + n_kv;
 #undef R16
     uint32_t *all = aligned_alloc(64, (size_t)(per * T * 4));
-    uint32_t *KV = one ? NULL : aligned_alloc(64, (size_t)(BH * g.ntile * g.tile * 4) + 64);
-    if (!all || (!one && !KV)) {
+    const int packed = !one && !g.direct; /* all heads' tiles packed first */
+    uint32_t *KV = packed ? aligned_alloc(64, (size_t)(BH * g.ntile * g.tile * 4) + 64) : NULL;
+    if (!all || (packed && !KV)) {
         free(all);
         free(KV);
         return attn_fail(err, ATTN_ERR_NOMEM, "bf16 fused backward: out of memory");
@@ -254,6 +310,10 @@ static attn_status bf16_backward(const attn_fused_call *c, attn_error *err) {
 #pragma omp for schedule(dynamic)
             for (int64_t x = 0; x < BH; x++) {
                 const int64_t b = x / pr->H, h = x % pr->H;
+                if (one_block) {
+                    bw_head_one_block(c, &g, &w, b, h);
+                    continue;
+                }
                 for (int64_t t = 0; t < g.ntile; t++)
                     bw_pack_tile(c, &g, b, h, t, w.kv + t * g.tile, w.tmp);
                 memset(w.dka, 0, (size_t)(Lk * g.dkp) * 4);
@@ -266,26 +326,27 @@ static attn_status bf16_backward(const attn_fused_call *c, attn_error *err) {
         } else {
             const int64_t ngrp = (g.ntile + BKG - 1) / BKG;
 #pragma omp for schedule(static)
-            for (int64_t x = 0; x < BH * g.ntile; x++)
+            for (int64_t x = 0; x < (packed ? BH * g.ntile : 0); x++)
                 bw_pack_tile(c, &g, x / g.ntile / pr->H, x / g.ntile % pr->H, x % g.ntile,
                              KV + x * g.tile, w.tmp);
 #pragma omp for schedule(dynamic)
             for (int64_t x = 0; x < BH * ngrp; x++) {
                 const int64_t bh = x / ngrp, gi = x % ngrp, b = bh / pr->H, h = bh % pr->H;
                 const int64_t g0 = gi * BKG * BK, g1 = bmin(Lk, g0 + BKG * BK);
+                const uint32_t *kv = packed ? KV + bh * g.ntile * g.tile : NULL;
                 memset(w.dka, 0, (size_t)((g1 - g0) * g.dkp) * 4);
                 memset(w.dva, 0, (size_t)((g1 - g0) * g.dvp) * 4);
                 for (int64_t qb = 0; qb < g.nqb; qb++)
-                    bw_block(c, &g, &w, KV + bh * g.ntile * g.tile, b, h, qb, gi * BKG,
-                             bmin(g.ntile, (gi + 1) * BKG), w.dka, w.dva, g0, 0);
+                    bw_block(c, &g, &w, kv, b, h, qb, gi * BKG, bmin(g.ntile, (gi + 1) * BKG),
+                             w.dka, w.dva, g0, 0);
                 bw_write(c->dk, b, h, g0, g1 - g0, pr->Dk, w.dka, g.dkp, pr->scale);
                 bw_write(c->dv, b, h, g0, g1 - g0, pr->Dv, w.dva, g.dvp, 1.0f);
             }
 #pragma omp for schedule(dynamic)
             for (int64_t x = 0; x < BH * g.nqb; x++) {
                 const int64_t bh = x / g.nqb, qb = g.nqb - 1 - x % g.nqb;
-                bw_block(c, &g, &w, KV + bh * g.ntile * g.tile, bh / pr->H, bh % pr->H, qb, 0,
-                         g.ntile, NULL, NULL, 0, 1);
+                bw_block(c, &g, &w, packed ? KV + bh * g.ntile * g.tile : NULL, bh / pr->H,
+                         bh % pr->H, qb, 0, g.ntile, NULL, NULL, 0, 1);
             }
         }
     }

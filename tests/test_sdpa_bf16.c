@@ -224,21 +224,24 @@ static void test_errors(void) {
 }
 
 /* The fused bf16 backward on 1 thread (one pass per head) and on 3 (two
- * passes: B·H = 2 < 3 threads) gives the same bits. */
-static void test_threads(void) {
+ * passes: B·H = 2 < 3 threads) gives the same bits: Lq queries over 250
+ * keys, causal; Lq = 250 (four query blocks), 40 (one block: tiles packed
+ * one at a time) and 3 (decoding: K and V read as rows). */
+static void test_threads(int64_t Lq) {
     const int64_t B = 1, H = 2, L = 250, D = 40;
-    const size_t n = (size_t)(B * H * L * D);
+    const size_t n = (size_t)(B * H * L * D), nq = (size_t)(B * H * Lq * D);
     tu_rng r = tu_seed(77);
-    float *x = malloc(n * 4), *out = malloc(n * 4), *lse = malloc((size_t)(B * H * L) * 4);
+    float *x = malloc(n * 4), *out = malloc(nq * 4), *lse = malloc((size_t)(B * H * Lq) * 4);
     float *g[2][3];
     uint16_t *qkv = malloc(3 * n * 2);
     tu_fill(&r, x, n, -2, 2), attn_bf16_from_f32(x, qkv, n);
     tu_fill(&r, x, n, -2, 2), attn_bf16_from_f32(x, qkv + n, n);
     tu_fill(&r, x, n, -1, 1), attn_bf16_from_f32(x, qkv + 2 * n, n);
-    tu_fill(&r, x, n, -1, 1); /* grad_out */
-    attn_tensor tq = attn_tensor_bhld_bf16(qkv, B, H, L, D), tk = attn_tensor_bhld_bf16(qkv + n, B, H, L, D),
-                tv = attn_tensor_bhld_bf16(qkv + 2 * n, B, H, L, D), to = attn_tensor_bhld(out, B, H, L, D),
-                tg = attn_tensor_bhld(x, B, H, L, D);
+    tu_fill(&r, x, nq, -1, 1); /* grad_out */
+    attn_tensor tq = attn_tensor_bhld_bf16(qkv, B, H, Lq, D),
+                tk = attn_tensor_bhld_bf16(qkv + n, B, H, L, D),
+                tv = attn_tensor_bhld_bf16(qkv + 2 * n, B, H, L, D),
+                to = attn_tensor_bhld(out, B, H, Lq, D), tg = attn_tensor_bhld(x, B, H, Lq, D);
     attn_sdpa_params p = {0};
     p.dtype = ATTN_BF16;
     p.impl = ATTN_IMPL_FUSED;
@@ -249,13 +252,15 @@ static void test_threads(void) {
     for (int a = 0; a < 2; a++) {
         p.num_threads = a ? 3 : 1;
         for (int t = 0; t < 3; t++) g[a][t] = malloc(n * 4);
-        attn_tensor dq = attn_tensor_bhld(g[a][0], B, H, L, D), dk = attn_tensor_bhld(g[a][1], B, H, L, D),
+        attn_tensor dq = attn_tensor_bhld(g[a][0], B, H, Lq, D),
+                    dk = attn_tensor_bhld(g[a][1], B, H, L, D),
                     dv = attn_tensor_bhld(g[a][2], B, H, L, D);
         CHECK_OK(attn_sdpa_backward(&tq, &tk, &tv, &to, lse, &tg, &p, &dq, &dk, &dv, &info, &e), &e);
         CHECK(strstr(info.reason, a ? "two passes" : "one pass"), "reason %s", info.reason);
     }
     for (int t = 0; t < 3; t++) {
-        CHECK(memcmp(g[0][t], g[1][t], n * 4) == 0, "bf16 backward: 1 and 3 threads differ (grad %d)", t);
+        CHECK(memcmp(g[0][t], g[1][t], (t ? n : nq) * 4) == 0,
+              "bf16 backward, Lq %lld: 1 and 3 threads differ (grad %d)", (long long)Lq, t);
         free(g[0][t]), free(g[1][t]);
     }
     free(x), free(out), free(lse), free(qkv);
@@ -283,7 +288,7 @@ int main(void) {
         setenv("ATTN_FUSED_ISA", isa, 1);
         attn_test_reload_env(); /* the library reads the environment once */
         for (int i = 0; i < ns; i++) run_shape(&shapes[i], ATTN_IMPL_FUSED, isa);
-        test_threads();
+        test_threads(250), test_threads(40), test_threads(3);
         report(isa);
     }
     return tu_report("test_sdpa_bf16");
