@@ -128,6 +128,10 @@ struct mg_vocab;
 int mg_cli_load_model(const char *cmd, const char *path, unsigned flags, struct mg_model **m,
                       struct mg_vocab **v, int *averaged);
 
+/* --dtype bf16 (dtype MG_DT_BF16) on a CPU without AVX512_BF16: one note on
+ * stderr (rank 0) that bf16 is emulated there and slower than fp32. */
+void mg_cli_note_dtype(const char *cmd, int dtype);
+
 /* "molgen CMD: <message>" on stderr, "molgen CMD: rank K of N: <message>"
  * under mpirun; nothing for MG_ERR_PEER (the failed rank says why). */
 void mg_cli_report(const char *cmd, mg_status rc, const mg_error *err);

@@ -101,6 +101,7 @@ static int setup(bench_job *j) {
     }
     mg_model_set_threads(j->m, a->threads);
     mg_model_set_dtype(j->m, (mg_dtype)a->dtype);
+    mg_cli_note_dtype("bench", a->dtype);
     if (!a->no_train && a->data) {
         mg_load_opts lo = {NULL, mg_model_get_config(j->m)->ctx_len + 1, 0};
         if (mg_dataset_load(a->data, &lo, j->v, NULL, &j->ds, NULL, &err) ||

@@ -230,6 +230,7 @@ static int parse(int argc, char **argv, mg_opt_opts *o, run_ctx *c) {
     }
     if ((rc = mg_cli_apply(&spec, 0, vals))) return rc;
     args_to_opts(&a, o);
+    mg_cli_note_dtype("optimize", o->dtype);
     *c = (run_ctx){.prior = a.prior, .scorer = a.scorer, .out = a.out, .resume = a.resume,
                    .timeout = a.timeout, .threads = a.threads};
     if (c->resume && c->out && strcmp(c->out, c->resume))

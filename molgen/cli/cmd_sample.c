@@ -142,6 +142,7 @@ static int parse_args(sample_job *j, int argc, char **argv) {
     j->o.kind = a->decode == 0 ? MG_DECODE_KV : MG_DECODE_NAIVE;
     j->o.constrain = (mg_constrain)a->constrain;
     j->o.dtype = (mg_dtype)a->dtype;
+    mg_cli_note_dtype("sample", a->dtype);
     j->o.guidance = a->guidance;
     return 0;
 }

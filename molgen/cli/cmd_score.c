@@ -187,6 +187,7 @@ static int prepare(score_job *j) {
     if (mg_cli_load_model("score", a->model, a->raw ? MG_LOAD_RAW : 0, &j->m, &j->v, NULL))
         return 1;
     mg_model_set_dtype(j->m, (mg_dtype)a->dtype);
+    mg_cli_note_dtype("score", a->dtype);
     const size_t nl = strlen(a->smiles);
     const int csv = a->column != NULL || (nl >= 4 && !strcasecmp(a->smiles + nl - 4, ".csv"));
     mg_report rep;

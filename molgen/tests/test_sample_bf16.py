@@ -55,3 +55,28 @@ def test_bf16_naive_refused(tmp_path):
                         "--decode", "naive", "--out", str(tmp_path / "x.smi")],
                        env=ENV, capture_output=True, text=True)
     assert r.returncode == 2 and "--dtype bf16 needs --decode kv" in r.stderr
+
+
+def cpu_has_bf16():
+    """AVX512_BF16 as the kernel reports it (/proc/cpuinfo), not as molgen does."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return any(line.startswith("flags") and " avx512_bf16" in line for line in f)
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("forced", [False, True])
+def test_bf16_emulated_note(tmp_path, forced):
+    """--dtype bf16 says so where it is emulated: on a CPU without
+    AVX512_BF16, or with the portable kernels forced (MOLGEN_GEMM_ISA);
+    nothing is said for fp32 or where the CPU multiplies bf16."""
+    env = dict(ENV, MOLGEN_GEMM_ISA="portable") if forced else ENV
+    said = {}
+    for dtype in ("fp32", "bf16"):
+        r = subprocess.run([molgen_binary(), "sample", "--model", MODEL, "-n", "4", "--seed", "1",
+                            "--dtype", dtype, "--out", str(tmp_path / f"{dtype}.smi")],
+                           env=env, capture_output=True, text=True, check=True)
+        said[dtype] = "no AVX512_BF16: --dtype bf16 is emulated" in r.stderr
+    assert not said["fp32"]
+    assert said["bf16"] == (forced or not cpu_has_bf16()), said
