@@ -9,6 +9,8 @@
  *   row_max(s, nvec), exp_row(s, c, m, nvec) (s = exp(s·c - m) with one
  *                                FMA before exp, returns Σ s) over
  *   16 nvec columns, round_pairs(s, nvec, pd) (8 nvec pairs of bf16),
+ *   exp_round_row(s, c, m, nvec, pd) (exp_row then round_pairs, the same
+ *                                bits; s need not hold P after it),
  *   pair_rows(x0, x1, nvec, dst), bw_row(s, dp, nvec, c, lse, D) (backward:
  *                                P = exp(s·c - lse) as exp_row)
  *   qk_direct(nr, q, k, ks, nk, D, S)  S[r][j] = q[r]·k[j·ks], j < nk, from
@@ -127,8 +129,8 @@ static void softmax_row(const attn_problem *pr, bscratch *w, int64_t dvp, int64_
         memset(pd, 0, BK / 2 * sizeof *pd);
         return;
     }
-    const float alpha = mold == -INFINITY ? 0.0f : expf(mold - mnew);
-    const float sum = exp_row(s, c, mnew, nvec);
+    const float alpha = mold == -INFINITY ? 0.0f : mnew == mold ? 1.0f : expf(mold - mnew);
+    const float sum = pr->dropout ? exp_row(s, c, mnew, nvec) : exp_round_row(s, c, mnew, nvec, pd);
     w->l[r] = w->l[r] * alpha + sum;
     w->m[r] = mnew;
     if (alpha != 1.0f) {
@@ -142,8 +144,8 @@ static void softmax_row(const attn_problem *pr, bscratch *w, int64_t dvp, int64_
             for (int64_t u = 0; u < 4 && j + u < nk; u++)
                 s[j + u] *= word[(j0 + j + u) & 3] < pr->drop_threshold ? 0.0f : pr->keep_scale;
         }
+        round_pairs(s, nvec, pd);
     }
-    round_pairs(s, nvec, pd);
 }
 
 /* Rows [i0, i0 + nq) of (b, h): O / l into out (rounded when bf16), lse. */

@@ -237,6 +237,28 @@ static void round_pairs(const float *s, int64_t nvec, uint32_t *pd) {
                             (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(s + 16 * v)));
 }
 
+/* exp_row and round_pairs in one pass (the forward's row without dropout):
+ * the same sum in the same order, P rounded from the registers, s not
+ * written back. */
+static inline float exp_round_row(float *s, float c, float m, int64_t nvec, uint32_t *pd) {
+    const __m512 cv = _mm512_set1_ps(c), mv = _mm512_set1_ps(m);
+    __m512 sum = _mm512_setzero_ps();
+    int64_t v = 0;
+    for (; v + 1 < nvec; v += 2) {
+        const __m512 e0 = attn_exp_avx512(_mm512_fmsub_ps(_mm512_loadu_ps(s + 16 * v), cv, mv));
+        const __m512 e1 =
+            attn_exp_avx512(_mm512_fmsub_ps(_mm512_loadu_ps(s + 16 * v + 16), cv, mv));
+        sum = _mm512_add_ps(_mm512_add_ps(sum, e0), e1);
+        _mm512_storeu_si512(pd + 8 * v, (__m512i)_mm512_cvtne2ps_pbh(e1, e0));
+    }
+    if (v < nvec) {
+        const __m512 e = attn_exp_avx512(_mm512_fmsub_ps(_mm512_loadu_ps(s + 16 * v), cv, mv));
+        sum = _mm512_add_ps(sum, e);
+        _mm256_storeu_si256((__m256i *)(void *)(pd + 8 * v), (__m256i)_mm512_cvtneps_pbh(e));
+    }
+    return _mm512_reduce_add_ps(sum);
+}
+
 /* One row of the backward: s = P = exp(s·c - lse) (one FMA), dp = dS = P (dp - D). */
 static void bw_row(float *s, float *dp, int64_t nvec, float c, float lse, float D) {
     const __m512 cv = _mm512_set1_ps(c), lv = _mm512_set1_ps(lse), dv = _mm512_set1_ps(D);

@@ -102,6 +102,13 @@ static void round_pairs(const float *s, int64_t nvec, uint32_t *pd) {
         pd[t] = (uint32_t)attn_bf16_round(s[2 * t]) | (uint32_t)attn_bf16_round(s[2 * t + 1]) << 16;
 }
 
+/* exp_row, then round_pairs: the forward's row without dropout. */
+static inline float exp_round_row(float *s, float c, float m, int64_t nvec, uint32_t *pd) {
+    const float sum = exp_row(s, c, m, nvec);
+    round_pairs(s, nvec, pd);
+    return sum;
+}
+
 static void bw_row(float *s, float *dp, int64_t nvec, float c, float lse, float D) {
     for (int64_t j = 0; j < 16 * nvec; j++) {
         const float p = expf(s[j] * c - lse);
