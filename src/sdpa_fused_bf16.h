@@ -130,7 +130,8 @@ static void softmax_row(const attn_problem *pr, bscratch *w, int64_t dvp, int64_
         return;
     }
     const float alpha = mold == -INFINITY ? 0.0f : mnew == mold ? 1.0f : expf(mold - mnew);
-    const float sum = pr->dropout ? exp_row(s, c, mnew, nvec) : exp_round_row(s, c, mnew, nvec, pd);
+    const float sum =
+        pr->dropout ? exp_row(s, c, mnew, nvec) : exp_round_row(s, c, mnew, nvec, pd);
     w->l[r] = w->l[r] * alpha + sum;
     w->m[r] = mnew;
     if (alpha != 1.0f) {
