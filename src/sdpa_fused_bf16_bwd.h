@@ -78,23 +78,35 @@ static void bw_pack_tile(const attn_fused_call *c, const bgeo *g, int64_t b, int
     }
 }
 
+/* x [nq][n] rows of pairs along d (a row's n bf16 values, low half
+ * first) into y [(nq + 1) / 2][ld], pairs along queries: y[t][d] = row
+ * 2t's value d | row 2t + 1's << 16 (0 past nq and past n). */
+static void pair_queries(const uint32_t *x, int64_t np, int64_t nq, int64_t n, int64_t ld,
+                         uint32_t *y) {
+    for (int64_t t = 0; t < (nq + 1) / 2; t++) {
+        const uint16_t *a = (const uint16_t *)(const void *)(x + 2 * t * np);
+        const uint16_t *z =
+            2 * t + 1 < nq ? (const uint16_t *)(const void *)(x + (2 * t + 1) * np) : NULL;
+        uint32_t *o = y + t * ld;
+        int64_t d = 0;
+        if (z)
+            for (; d < n; d++) o[d] = (uint32_t)a[d] | (uint32_t)z[d] << 16;
+        else
+            for (; d < n; d++) o[d] = a[d];
+        for (; d < ld; d++) o[d] = 0;
+    }
+}
+
 /* Rows [i0, i0 + nq) of (b, h): Q and dO pairs, lse and D. */
 static void bw_prep(const attn_fused_call *c, const bgeo *g, const bwscr *w, int64_t b, int64_t h,
                     int64_t i0, int64_t nq) {
     const attn_problem *pr = c->pr;
     const int obf = pr->out_dtype == ATTN_BF16;
-    memset(w->qq, 0, (size_t)(BQ / 2 * g->dkp) * 4);
-    memset(w->oq, 0, (size_t)(BQ / 2 * g->dvp) * 4);
     for (int64_t r = 0; r < nq; r++) {
-        const int sh = (int)(r & 1) * 16;
         row_bf16(c->q, 1, b, h, i0 + r, pr->Dk, w->tmp);
         for (int64_t p = 0; p < g->np; p++) w->qd[r * g->np + p] = pair16(w->tmp, 2 * p);
-        uint32_t *o = w->qq + (r >> 1) * g->dkp;
-        for (int64_t d = 0; d < pr->Dk; d++) o[d] |= (uint32_t)w->tmp[d] << sh;
         row_bf16(c->dout, obf, b, h, i0 + r, pr->Dv, w->tmp);
         for (int64_t p = 0; p < g->nvp; p++) w->od[r * g->nvp + p] = pair16(w->tmp, 2 * p);
-        o = w->oq + (r >> 1) * g->dvp;
-        for (int64_t d = 0; d < pr->Dv; d++) o[d] |= (uint32_t)w->tmp[d] << sh;
         /* D = dO·O in fp32, dO as the products see it */
         const attn_tensor *out = c->out;
         const int64_t sd = out->stride[3];
@@ -111,6 +123,8 @@ static void bw_prep(const attn_fused_call *c, const bgeo *g, const bwscr *w, int
         w->dvec[r] = D;
         w->lse[r] = c->lse_in[(b * pr->H + h) * pr->Lq + i0 + r];
     }
+    pair_queries(w->qd, g->np, nq, pr->Dk, g->dkp, w->qq);
+    pair_queries(w->od, g->nvp, nq, pr->Dv, g->dvp, w->oq);
 }
 
 /* Row r (query i) of a tile of keys [j0, j0 + nk), W = 16 nvec columns:
