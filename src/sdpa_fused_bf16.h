@@ -13,6 +13,8 @@
  *                                bits; s need not hold P after it),
  *   pair_rows(x0, x1, nvec, dst), bw_row(s, dp, nvec, c, lse, D) (backward:
  *                                P = exp(s·c - lse) as exp_row)
+ *   qk_tile(nr, nvec, qd, np, kp, S, rmax)  gemm_pairs for S = Q·Kᵀ of a tile
+ *                                and each row's row_max in rmax[r]
  *   qk_direct(nr, q, k, ks, nk, D, S)  S[r][j] = q[r]·k[j·ks], j < nk, from
  *                                the rows themselves (d contiguous; 0 past nk)
  *   pv_direct(nr, pd, v, vs, nk, Dv, dvp, O)  O[r] += P·V from V's rows,
@@ -112,18 +114,24 @@ typedef struct {
     uint32_t *pd; /* [BQ][BK/2] P pairs */
     float *O;     /* [BQ][dvp] unnormalised output */
     float *m, *l; /* [BQ] running max and sum */
+    float *rm;    /* [BQ] each row's max of its S tile (qk_tile) */
     uint32_t *kp, *vp; /* packed tiles [np][BK], [BK/2][dvp]: one (local) or a head's */
 } bscratch;
 
 /* Scale, mask and softmax-update row r (query i, keys [j0, j0 + nk)) of S;
  * its P pairs into pd. */
 static void softmax_row(const attn_problem *pr, bscratch *w, int64_t dvp, int64_t r, int64_t b,
-                        int64_t h, int64_t i, int64_t j0, int64_t nk, int64_t nvec, int interior) {
+                        int64_t h, int64_t i, int64_t j0, int64_t nk, int64_t nvec, int interior,
+                        const float *tile_max) {
     float *s = w->S + r * BK;
     uint32_t *pd = w->pd + r * (BK / 2);
     const int fold = bf16_fold_scale(pr); /* m and l stay in the scaled domain */
     scale_mask_row(pr, s, b, h, i, j0, nk, 16 * nvec, interior, !fold);
-    const float rmax = row_max(s, nvec), c = fold ? pr->scale : 1.0f;
+    /* tile_max: the row's max from the product, valid while nothing above
+     * changed s (an interior tile, the scale folded, no additive or
+     * boolean mask) */
+    const int same = tile_max && interior && fold && !pr->amask && !pr->bmask;
+    const float rmax = same ? *tile_max : row_max(s, nvec), c = fold ? pr->scale : 1.0f;
     const float mold = w->m[r], mnew = fmaxf(mold, fold ? rmax * c : rmax);
     if (mnew == -INFINITY) { /* nothing visible yet */
         memset(pd, 0, BK / 2 * sizeof *pd);
@@ -199,10 +207,10 @@ static void bf16_block(const attn_fused_call *c, bscratch *w, const uint32_t *KP
             kp = KP + t * np * BK;
             vp = VP + t * (BK / 2) * dvp;
         }
-        gemm_pairs(nq, nvec, 1, w->qd, np, 1, np, kp, BK, w->S, BK);
+        qk_tile(nq, nvec, w->qd, np, kp, w->S, w->rm);
         const int interior = nk == BK && l1 <= j0 && h0 >= j0 + BK;
         for (int64_t r = 0; r < nq; r++)
-            softmax_row(pr, w, dvp, r, b, h, i0 + r, j0, nk, nvec, interior);
+            softmax_row(pr, w, dvp, r, b, h, i0 + r, j0, nk, nvec, interior, w->rm + r);
         for (int64_t r = 0; r < nq; r += BMR)
             pv_tile((int)bmin(BMR, nq - r), w->pd + r * (BK / 2), (nk + 1) / 2, vp, dvp,
                     w->O + r * dvp);
@@ -231,7 +239,7 @@ static void bf16_decode(const attn_fused_call *c, bscratch *w, int64_t dvp, int6
         qk_direct((int)nq, q, attn_bf16_row(c->k, b, h, j0), ks, nk, pr->Dk, w->S);
         const int interior = nk == BK && l1 <= j0 && h0 >= j0 + BK;
         for (int64_t r = 0; r < nq; r++)
-            softmax_row(pr, w, dvp, r, b, h, r, j0, nk, nvec, interior);
+            softmax_row(pr, w, dvp, r, b, h, r, j0, nk, nvec, interior, NULL);
         pv_direct((int)nq, w->pd, attn_bf16_row(c->v, b, h, j0), vs, nk, pr->Dv, dvp, w->O);
     }
     write_rows(c, w, dvp, b, h, 0, nq);
@@ -262,13 +270,13 @@ static attn_status bf16_forward(const attn_fused_call *c, attn_error *err) {
             pack_kv(pr, c->k, c->v, x / ntile / pr->H, x / ntile % pr->H, x % ntile, np, dvp,
                     KP + x * np * BK, VP + x * (BK / 2) * dvp);
     }
-    /* per thread, 64-byte multiples: qd, S, pd, O, m, l for `rows` rows,
+    /* per thread, 64-byte multiples: qd, S, pd, O, m, l, rm for `rows` rows,
      * and one packed tile when local */
     const int64_t rows = bmin(BQ, pr->Lq), r16 = (rows + 15) / 16 * 16;
     const int64_t n_qd = (rows * np + 15) / 16 * 16, n_S = rows * BK, n_pd = (rows * BK / 2 + 15) / 16 * 16;
     const int64_t nt = head ? ntile : local, n_O = rows * dvp, n_kp = nt * np * BK,
                   n_vp = nt * (BK / 2) * dvp;
-    const int64_t per = n_qd + n_S + n_pd + n_O + 2 * r16 + n_kp + n_vp; /* 4-byte words */
+    const int64_t per = n_qd + n_S + n_pd + n_O + 3 * r16 + n_kp + n_vp; /* 4-byte words */
     uint32_t *all = aligned_alloc(64, (size_t)(per * T * 4));
     if (!all) {
         free(KP);
@@ -285,6 +293,7 @@ static attn_status bf16_forward(const attn_fused_call *c, attn_error *err) {
         w.O = (float *)(base += n_pd);
         w.m = (float *)(base += n_O);
         w.l = (float *)(base += r16);
+        w.rm = (float *)(base += r16);
         w.kp = (base += r16);
         w.vp = base + n_kp;
         if (decode) {

@@ -162,7 +162,7 @@ static inline __attribute__((always_inline)) void gp_rows(const int NR, const in
                                                          const uint32_t *A, int64_t ars,
                                                          int64_t ats, int64_t nt,
                                                          const uint32_t *B, int64_t ldb, float *C,
-                                                         int64_t ldc) {
+                                                         int64_t ldc, float *rmax) {
     __m512 acc[4][6];
     BUNROLL for (int r = 0; r < NR; r++) BUNROLL for (int v = 0; v < NV; v++) acc[r][v] =
         zero ? _mm512_setzero_ps() : _mm512_loadu_ps(C + r * ldc + 16 * v);
@@ -176,30 +176,36 @@ static inline __attribute__((always_inline)) void gp_rows(const int NR, const in
     }
     BUNROLL for (int r = 0; r < NR; r++) BUNROLL for (int v = 0; v < NV; v++)
         _mm512_storeu_ps(C + r * ldc + 16 * v, acc[r][v]);
+    if (rmax) /* row_max's order of operands: the same value, NaN included */
+        BUNROLL for (int r = 0; r < NR; r++) {
+            __m512 m = acc[r][0];
+            BUNROLL for (int v = 1; v < NV; v++) m = _mm512_max_ps(m, acc[r][v]);
+            rmax[r] = _mm512_reduce_max_ps(m);
+        }
 }
 
 #define GP_NV(NR)                                                                                  \
     switch (nv) {                                                                                  \
-    case 6: gp_rows(NR, 6, zero, a, ars, ats, nt, b, ldb, cc, ldc); break;                        \
-    case 5: gp_rows(NR, 5, zero, a, ars, ats, nt, b, ldb, cc, ldc); break;                        \
-    case 4: gp_rows(NR, 4, zero, a, ars, ats, nt, b, ldb, cc, ldc); break;                        \
-    case 3: gp_rows(NR, 3, zero, a, ars, ats, nt, b, ldb, cc, ldc); break;                        \
-    case 2: gp_rows(NR, 2, zero, a, ars, ats, nt, b, ldb, cc, ldc); break;                        \
-    default: gp_rows(NR, 1, zero, a, ars, ats, nt, b, ldb, cc, ldc); break;                       \
+    case 6: gp_rows(NR, 6, zero, a, ars, ats, nt, b, ldb, cc, ldc, rm); break;                     \
+    case 5: gp_rows(NR, 5, zero, a, ars, ats, nt, b, ldb, cc, ldc, rm); break;                     \
+    case 4: gp_rows(NR, 4, zero, a, ars, ats, nt, b, ldb, cc, ldc, rm); break;                     \
+    case 3: gp_rows(NR, 3, zero, a, ars, ats, nt, b, ldb, cc, ldc, rm); break;                     \
+    case 2: gp_rows(NR, 2, zero, a, ars, ats, nt, b, ldb, cc, ldc, rm); break;                     \
+    default: gp_rows(NR, 1, zero, a, ars, ats, nt, b, ldb, cc, ldc, rm); break;                    \
     }
 
 /* C[nr][16 nvec] (+)= A·B over nt pairs: rows by 4, vectors in groups of
  * at most 6, as even as possible. */
-static void gemm_pairs(int64_t nr, int64_t nvec, int zero, const uint32_t *A, int64_t ars,
-                       int64_t ats, int64_t nt, const uint32_t *B, int64_t ldb, float *C,
-                       int64_t ldc) {
+static void gemm_pairs_max(int64_t nr, int64_t nvec, int zero, const uint32_t *A, int64_t ars,
+                           int64_t ats, int64_t nt, const uint32_t *B, int64_t ldb, float *C,
+                           int64_t ldc, float *rmax) {
     if (nvec <= 0) return;
     const int64_t ng = (nvec + 5) / 6, per = (nvec + ng - 1) / ng;
     for (int64_t v0 = 0; v0 < nvec; v0 += per) {
         const int nv = (int)(per < nvec - v0 ? per : nvec - v0);
         for (int64_t r = 0; r < nr; r += 4) {
             const uint32_t *a = A + r * ars, *b = B + 16 * v0;
-            float *cc = C + r * ldc + 16 * v0;
+            float *cc = C + r * ldc + 16 * v0, *rm = rmax ? rmax + r : NULL;
             switch (nr - r < 4 ? nr - r : 4) {
             case 4: GP_NV(4) break;
             case 3: GP_NV(3) break;
@@ -208,6 +214,19 @@ static void gemm_pairs(int64_t nr, int64_t nvec, int zero, const uint32_t *A, in
             }
         }
     }
+}
+
+static void gemm_pairs(int64_t nr, int64_t nvec, int zero, const uint32_t *A, int64_t ars,
+                       int64_t ats, int64_t nt, const uint32_t *B, int64_t ldb, float *C,
+                       int64_t ldc) {
+    gemm_pairs_max(nr, nvec, zero, A, ars, ats, nt, B, ldb, C, ldc, NULL);
+}
+
+/* The forward's S = Q·Kᵀ of a tile (nvec <= 6: one group of vectors) and
+ * each row's row_max in rmax[r], taken from the registers. */
+static void qk_tile(int64_t nr, int64_t nvec, const uint32_t *qd, int64_t np, const uint32_t *kp,
+                    float *S, float *rmax) {
+    gemm_pairs_max(nr, nvec, 1, qd, np, 1, np, kp, 96, S, 96, rmax);
 }
 
 /* dst[j] = bf16(x0[j]) | bf16(x1[j]) << 16, j < 16 nvec (x1 NULL: 0). */

@@ -92,6 +92,13 @@ static void gemm_pairs(int64_t nr, int64_t nvec, int zero, const uint32_t *A, in
     }
 }
 
+/* The forward's S = Q·Kᵀ of a tile and each row's row_max. */
+static void qk_tile(int64_t nr, int64_t nvec, const uint32_t *qd, int64_t np, const uint32_t *kp,
+                    float *S, float *rmax) {
+    gemm_pairs(nr, nvec, 1, qd, np, 1, np, kp, 96, S, 96);
+    for (int64_t r = 0; r < nr; r++) rmax[r] = row_max(S + r * 96, nvec);
+}
+
 static void pair_rows(const float *x0, const float *x1, int64_t nvec, uint32_t *dst) {
     for (int64_t j = 0; j < 16 * nvec; j++)
         dst[j] = (uint32_t)attn_bf16_round(x0[j]) | (x1 ? (uint32_t)attn_bf16_round(x1[j]) << 16 : 0u);
