@@ -59,6 +59,12 @@ static int isa_bits(void) {
 int mg_gemm_isa_f32(void) { return (isa_bits() & 1) != 0; }
 int mg_gemm_isa_bf16(void) { return (isa_bits() & 2) != 0; }
 void mg_gemm_force_portable(int on) { g_forced = on != 0; }
+const char *mg_gemm_dtype_note(mg_dtype dt) {
+    return dt == MG_DT_BF16 && !mg_gemm_isa_bf16()
+               ? "this CPU has no AVX512_BF16: --dtype bf16 is emulated (fp32 arithmetic on bf16 "
+                 "values) and runs slower than --dtype fp32 here"
+               : NULL;
+}
 
 /* fp32 -> bf16, nearest, ties to even; NaN stays a (quiet) NaN. */
 static inline uint16_t bf16_round(float f) {

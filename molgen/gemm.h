@@ -47,6 +47,9 @@ int mg_dtype_parse(const char *s, mg_dtype *dt);
 int mg_gemm_isa_f32(void);
 int mg_gemm_isa_bf16(void);
 void mg_gemm_force_portable(int on);
+/* What to tell a user of dtype dt where bf16 is emulated (no AVX512_BF16,
+ * or the portable kernels forced): one sentence; NULL when nothing. */
+const char *mg_gemm_dtype_note(mg_dtype dt);
 
 /* C [M, N] = op(A) op(B) + beta C in bf16 x bf16 -> fp32; op(A) [M, K]
  * (A stored [M, K], or [K, M] with ta), op(B) [K, N] (B [K, N], or [N, K]

@@ -716,9 +716,8 @@ static mg_status build(run *r, mg_error *err) {
     mg_dtype dt = MG_DT_F32;
     mg_dtype_parse(r->s.dtype, &dt); /* checked with the settings */
     mg_model_set_dtype(r->ck.model, dt);
-    if (dt == MG_DT_BF16 && !mg_gemm_isa_bf16())
-        say(r, "note: this CPU has no AVX512_BF16: --dtype bf16 is emulated (fp32 arithmetic on "
-               "bf16 values) and runs slower than --dtype fp32 here");
+    const char *note = mg_gemm_dtype_note(dt);
+    if (note) say(r, "note: %s", note);
     if ((rc = mg_model_set_label_smoothing(r->ck.model, r->s.label_smoothing, err))) return rc;
     r->ck.opt.threads = c->threads;
     mg_adamw *opt = &r->ck.opt;

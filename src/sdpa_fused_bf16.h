@@ -77,16 +77,9 @@ static void pack_kv(const attn_problem *pr, const attn_tensor *k, const attn_ten
         for (int64_t p = 0; p < np; p++)
             for (int64_t j = nk; j < BK; j++) kp[p * BK + j] = 0;
         for (int64_t tt = 0; tt < BK / 2; tt++) {
-            uint32_t *o = vp + tt * dvp;
-            int64_t d = 0;
-            if (2 * tt + 1 < nk) {
-                const uint16_t *r0 = attn_bf16_row(v, b, h, j0 + 2 * tt), *r1 = r0 + v->stride[2];
-                for (; d < pr->Dv; d++) o[d] = (uint32_t)r0[d] | (uint32_t)r1[d] << 16;
-            } else if (2 * tt < nk) {
-                const uint16_t *r0 = attn_bf16_row(v, b, h, j0 + 2 * tt);
-                for (; d < pr->Dv; d++) o[d] = r0[d];
-            }
-            for (; d < dvp; d++) o[d] = 0;
+            const uint16_t *r0 = 2 * tt < nk ? attn_bf16_row(v, b, h, j0 + 2 * tt) : NULL;
+            pair_two_rows(r0, 2 * tt + 1 < nk ? r0 + v->stride[2] : NULL, pr->Dv, dvp,
+                          vp + tt * dvp);
         }
         return;
     }

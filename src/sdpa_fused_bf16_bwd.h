@@ -78,23 +78,16 @@ static void bw_pack_tile(const attn_fused_call *c, const bgeo *g, int64_t b, int
     }
 }
 
-/* x [nq][n] rows of pairs along d (a row's n bf16 values, low half
- * first) into y [(nq + 1) / 2][ld], pairs along queries: y[t][d] = row
- * 2t's value d | row 2t + 1's << 16 (0 past nq and past n). */
+/* x [nq][np] rows of pairs along d (a row's n bf16 values, low half
+ * first) into y [(nq + 1) / 2][ld], pairs along queries (pair_two_rows of
+ * rows 2t and 2t + 1). */
 static void pair_queries(const uint32_t *x, int64_t np, int64_t nq, int64_t n, int64_t ld,
                          uint32_t *y) {
-    for (int64_t t = 0; t < (nq + 1) / 2; t++) {
-        const uint16_t *a = (const uint16_t *)(const void *)(x + 2 * t * np);
-        const uint16_t *z =
-            2 * t + 1 < nq ? (const uint16_t *)(const void *)(x + (2 * t + 1) * np) : NULL;
-        uint32_t *o = y + t * ld;
-        int64_t d = 0;
-        if (z)
-            for (; d < n; d++) o[d] = (uint32_t)a[d] | (uint32_t)z[d] << 16;
-        else
-            for (; d < n; d++) o[d] = a[d];
-        for (; d < ld; d++) o[d] = 0;
-    }
+    for (int64_t t = 0; t < (nq + 1) / 2; t++)
+        pair_two_rows((const uint16_t *)(const void *)(x + 2 * t * np),
+                      2 * t + 1 < nq ? (const uint16_t *)(const void *)(x + (2 * t + 1) * np)
+                                     : NULL,
+                      n, ld, y + t * ld);
 }
 
 /* Rows [i0, i0 + nq) of (b, h): Q and dO pairs, lse and D. */

@@ -29,6 +29,20 @@ static inline int64_t bf16_key_end(const attn_problem *pr, int64_t b) {
     return pr->key_lengths ? bmax(0, bmin(pr->Lk, pr->key_lengths[b])) : pr->Lk;
 }
 
+/* Two bf16 rows as pairs along the row index: o[d] = r0[d] | r1[d] << 16
+ * for d < n (r1 NULL: 0 in the high halves; r0 NULL: the whole row 0),
+ * 0 for d in [n, ld). The forward's V pairs along keys and the backward's
+ * Q and dO pairs along queries. */
+static inline void pair_two_rows(const uint16_t *r0, const uint16_t *r1, int64_t n, int64_t ld,
+                                 uint32_t *o) {
+    int64_t d = 0;
+    if (r0 && r1)
+        for (; d < n; d++) o[d] = (uint32_t)r0[d] | (uint32_t)r1[d] << 16;
+    else if (r0)
+        for (; d < n; d++) o[d] = r0[d];
+    for (; d < ld; d++) o[d] = 0;
+}
+
 /* Row i's scores s[0, W) for keys [j0, j0 + nk) (W: nk rounded up to 16):
  * times scale (unless scaled is 0: the caller folds the scale into exp),
  * -inf outside the row's structural range (unless interior), then the

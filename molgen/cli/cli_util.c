@@ -518,11 +518,8 @@ int mg_cli_load_model(const char *cmd, const char *path, unsigned flags, struct 
 }
 
 void mg_cli_note_dtype(const char *cmd, int dtype) {
-    if (dtype != MG_DT_BF16 || mg_gemm_isa_bf16() || mg_dist_world()->rank != 0) return;
-    fprintf(stderr,
-            "molgen %s: note: this CPU has no AVX512_BF16: --dtype bf16 is emulated (fp32 "
-            "arithmetic on bf16 values) and runs slower than --dtype fp32 here\n",
-            cmd);
+    const char *note = mg_gemm_dtype_note((mg_dtype)dtype);
+    if (note && mg_dist_world()->rank == 0) fprintf(stderr, "molgen %s: note: %s\n", cmd, note);
 }
 
 int mg_cli_claim_outputs(const char *cmd, const mg_cli_file *outs, size_t n_out,
