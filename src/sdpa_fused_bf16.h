@@ -5,7 +5,7 @@
  *                                C[r][0, 16 nvec) (+)= Σ_t dot2(A[r·ars + t·ats],
  *                                B[t·ldb + ·]) (fp32 accumulation; S = Q·Kᵀ here,
  *                                the backward's five products)
- *   pv_tile(nr, pd, nkp, vp, dvp, O)  O[r][0, dvp) += Σ_t dot2(pd[r][t], vp[t][·])
+ *   pv_tile(nr, pd, nkp, vp, dvp, O)  O[r][0, dvp) += Σ_t dot2(pd[r][t], vp[t][·]), r < nr
  *   row_max(s, nvec), exp_row(s, c, m, nvec) (s = exp(s·c - m) with one
  *                                FMA before exp, returns Σ s) over
  *   16 nvec columns, round_pairs(s, nvec, pd) (8 nvec pairs of bf16),
@@ -19,6 +19,8 @@
  *                                the rows themselves (d contiguous; 0 past nk)
  *   pv_direct(nr, pd, v, vs, nk, Dv, dvp, O)  O[r] += P·V from V's rows,
  *                                keys paired (2t, 2t + 1) as in pv_tile
+ *   transpose_words(rows, n, nw, dst, ld)  dst[p·ld + j] = word p of bf16
+ *                                row j (NULL: 0): K and V tiles as pairs along d
  * over 32-bit pairs of bf16 (low half the even element), then include
  * this file. Semantics (attn.h, attn_sdpa_params.dtype): PyTorch 2.x's CPU
  * flash attention: scores, scale, masks, online softmax, l and the output
@@ -65,17 +67,23 @@ static void pack_kv(const attn_problem *pr, const attn_tensor *k, const attn_ten
     const int64_t j0 = t * BK, nk = bmax(0, bmin(BK, bf16_key_end(pr, b) - j0));
     if (k->stride[3] == 1 && v->stride[3] == 1) { /* branch-free copies */
         const int64_t full = pr->Dk / 2; /* whole pairs of a row */
-        for (int64_t j = 0; j < nk; j++) {
-            const uint16_t *r = attn_bf16_row(k, b, h, j0 + j);
-            for (int64_t p = 0; p < full; p++) {
-                uint32_t x;
-                memcpy(&x, r + 2 * p, sizeof x);
-                kp[p * BK + j] = x;
+        if (full == np) { /* a row's words are its pairs: one transpose */
+            const uint16_t *rows[BK];
+            for (int64_t j = 0; j < BK; j++) rows[j] = j < nk ? attn_bf16_row(k, b, h, j0 + j) : NULL;
+            transpose_words(rows, BK, np, kp, BK);
+        } else {
+            for (int64_t j = 0; j < nk; j++) {
+                const uint16_t *r = attn_bf16_row(k, b, h, j0 + j);
+                for (int64_t p = 0; p < full; p++) {
+                    uint32_t x;
+                    memcpy(&x, r + 2 * p, sizeof x);
+                    kp[p * BK + j] = x;
+                }
+                kp[full * BK + j] = r[2 * full];
             }
-            if (full < np) kp[full * BK + j] = r[2 * full];
+            for (int64_t p = 0; p < np; p++)
+                for (int64_t j = nk; j < BK; j++) kp[p * BK + j] = 0;
         }
-        for (int64_t p = 0; p < np; p++)
-            for (int64_t j = nk; j < BK; j++) kp[p * BK + j] = 0;
         for (int64_t tt = 0; tt < BK / 2; tt++) {
             const uint16_t *r0 = 2 * tt < nk ? attn_bf16_row(v, b, h, j0 + 2 * tt) : NULL;
             pair_two_rows(r0, 2 * tt + 1 < nk ? r0 + v->stride[2] : NULL, pr->Dv, dvp,
@@ -204,9 +212,7 @@ static void bf16_block(const attn_fused_call *c, bscratch *w, const uint32_t *KP
         const int interior = nk == BK && l1 <= j0 && h0 >= j0 + BK;
         for (int64_t r = 0; r < nq; r++)
             softmax_row(pr, w, dvp, r, b, h, i0 + r, j0, nk, nvec, interior, w->rm + r);
-        for (int64_t r = 0; r < nq; r += BMR)
-            pv_tile((int)bmin(BMR, nq - r), w->pd + r * (BK / 2), (nk + 1) / 2, vp, dvp,
-                    w->O + r * dvp);
+        pv_tile((int)nq, w->pd, (nk + 1) / 2, vp, dvp, w->O);
     }
     write_rows(c, w, dvp, b, h, i0, nq);
 }

@@ -31,7 +31,7 @@ static inline __attribute__((always_inline)) void pv_rows(const int NR, const in
                                                          const uint32_t *pd, int64_t nkp,
                                                          const uint32_t *vp, int64_t dvp,
                                                          float *O) {
-    __m512 acc[4][6];
+    __m512 acc[8][6];
     BUNROLL for (int r = 0; r < NR; r++) BUNROLL for (int v = 0; v < NV; v++) acc[r][v] =
         _mm512_loadu_ps(O + r * dvp + 16 * v);
     for (int64_t t = 0; t < nkp; t++) {
@@ -55,18 +55,35 @@ static inline __attribute__((always_inline)) void pv_rows(const int NR, const in
     case 2: pv_rows(NR, 2, pd, nkp, vp + d0, dvp, O + d0); break;                                 \
     default: pv_rows(NR, 1, pd, nkp, vp + d0, dvp, O + d0); break;                                \
     }
+#define PV_NV2(NR)                                                                                 \
+    if (nv == 2)                                                                                   \
+        pv_rows(NR, 2, pd, nkp, vp + d0, dvp, O + d0);                                             \
+    else                                                                                           \
+        pv_rows(NR, 1, pd, nkp, vp + d0, dvp, O + d0);
 
-/* Columns in groups of at most 6 vectors, as even as possible. */
-static void pv_tile(int nr, const uint32_t *pd, int64_t nkp, const uint32_t *vp, int64_t dvp,
-                    float *O) {
+/* O[r] += P·V for rows r < nr (pd rows 48 words apart): columns in groups
+ * of at most 6 vectors, as even as possible; rows by 8 when a group has
+ * at most 2 vectors (16 accumulators: VDPBF16PS's latency covered, which
+ * 4 x 2 is not), else by 4. */
+static void pv_tile(int nr, const uint32_t *PD, int64_t nkp, const uint32_t *vp, int64_t dvp,
+                    float *OO) {
     const int64_t nvec = dvp / 16, ng = (nvec + 5) / 6, per = (nvec + ng - 1) / ng;
-    for (int64_t d0 = 0; d0 < dvp; d0 += 16 * per) {
-        const int nv = (int)(per < (dvp - d0) / 16 ? per : (dvp - d0) / 16);
-        switch (nr) {
-        case 4: PV_NV(4) break;
-        case 3: PV_NV(3) break;
-        case 2: PV_NV(2) break;
-        default: PV_NV(1) break;
+    const int step = per <= 2 ? 8 : 4;
+    for (int r0 = 0; r0 < nr; r0 += step) {
+        const uint32_t *pd = PD + r0 * 48;
+        float *O = OO + r0 * dvp;
+        for (int64_t d0 = 0; d0 < dvp; d0 += 16 * per) {
+            const int nv = (int)(per < (dvp - d0) / 16 ? per : (dvp - d0) / 16);
+            switch (nr - r0 < step ? nr - r0 : step) {
+            case 8: PV_NV2(8) break;
+            case 7: PV_NV2(7) break;
+            case 6: PV_NV2(6) break;
+            case 5: PV_NV2(5) break;
+            case 4: PV_NV(4) break;
+            case 3: PV_NV(3) break;
+            case 2: PV_NV(2) break;
+            default: PV_NV(1) break;
+            }
         }
     }
 }
@@ -163,7 +180,7 @@ static inline __attribute__((always_inline)) void gp_rows(const int NR, const in
                                                          int64_t ats, int64_t nt,
                                                          const uint32_t *B, int64_t ldb, float *C,
                                                          int64_t ldc, float *rmax) {
-    __m512 acc[4][6];
+    __m512 acc[8][6];
     BUNROLL for (int r = 0; r < NR; r++) BUNROLL for (int v = 0; v < NV; v++) acc[r][v] =
         zero ? _mm512_setzero_ps() : _mm512_loadu_ps(C + r * ldc + 16 * v);
     for (int64_t t = 0; t < nt; t++) {
@@ -194,19 +211,31 @@ static inline __attribute__((always_inline)) void gp_rows(const int NR, const in
     default: gp_rows(NR, 1, zero, a, ars, ats, nt, b, ldb, cc, ldc, rm); break;                    \
     }
 
-/* C[nr][16 nvec] (+)= A·B over nt pairs: rows by 4, vectors in groups of
- * at most 6, as even as possible. */
+#define GP_NV2(NR)                                                                                 \
+    if (nv == 2)                                                                                   \
+        gp_rows(NR, 2, zero, a, ars, ats, nt, b, ldb, cc, ldc, rm);                                \
+    else                                                                                           \
+        gp_rows(NR, 1, zero, a, ars, ats, nt, b, ldb, cc, ldc, rm);
+
+/* C[nr][16 nvec] (+)= A·B over nt pairs: vectors in groups of at most 6,
+ * as even as possible; rows by 8 when a group has at most 2 vectors (the
+ * backward's dQ, dK, dV at head size 32), else by 4. Each element's sum
+ * runs over t in order whatever the grouping. */
 static void gemm_pairs_max(int64_t nr, int64_t nvec, int zero, const uint32_t *A, int64_t ars,
                            int64_t ats, int64_t nt, const uint32_t *B, int64_t ldb, float *C,
                            int64_t ldc, float *rmax) {
     if (nvec <= 0) return;
-    const int64_t ng = (nvec + 5) / 6, per = (nvec + ng - 1) / ng;
+    const int64_t ng = (nvec + 5) / 6, per = (nvec + ng - 1) / ng, step = per <= 2 ? 8 : 4;
     for (int64_t v0 = 0; v0 < nvec; v0 += per) {
         const int nv = (int)(per < nvec - v0 ? per : nvec - v0);
-        for (int64_t r = 0; r < nr; r += 4) {
+        for (int64_t r = 0; r < nr; r += step) {
             const uint32_t *a = A + r * ars, *b = B + 16 * v0;
             float *cc = C + r * ldc + 16 * v0, *rm = rmax ? rmax + r : NULL;
-            switch (nr - r < 4 ? nr - r : 4) {
+            switch (nr - r < step ? nr - r : step) {
+            case 8: GP_NV2(8) break;
+            case 7: GP_NV2(7) break;
+            case 6: GP_NV2(6) break;
+            case 5: GP_NV2(5) break;
             case 4: GP_NV(4) break;
             case 3: GP_NV(3) break;
             case 2: GP_NV(2) break;
@@ -286,6 +315,49 @@ static void bw_row(float *s, float *dp, int64_t nvec, float c, float lse, float 
         _mm512_storeu_ps(s + 16 * v, p);
         _mm512_storeu_ps(dp + 16 * v,
                          _mm512_mul_ps(p, _mm512_sub_ps(_mm512_loadu_ps(dp + 16 * v), dv)));
+    }
+}
+
+/* dst[p·ld + j] = word p of rows[j] (a pair of bf16, low half the even
+ * element; rows[j] NULL: 0) for j < n, p < nw: 16 x 16 word transposes
+ * (the packed K and V tiles: pairs along d, keys as columns). */
+static void transpose_words(const uint16_t *const *rows, int64_t n, int64_t nw, uint32_t *dst,
+                            int64_t ld) {
+    for (int64_t j0 = 0; j0 < n; j0 += 16) {
+        const int64_t nj = n - j0 < 16 ? n - j0 : 16;
+        for (int64_t p0 = 0; p0 < nw; p0 += 16) {
+            const int64_t np = nw - p0 < 16 ? nw - p0 : 16;
+            const __mmask16 mp = (__mmask16)((1u << np) - 1u);
+            __m512i x[16];
+            for (int j = 0; j < 16; j++)
+                x[j] = j < nj && rows[j0 + j]
+                           ? _mm512_maskz_loadu_epi32(mp, rows[j0 + j] + 2 * p0)
+                           : _mm512_setzero_si512();
+            __m512i t[16], u[16]; /* x[j] lane p -> x[p] lane j */
+            for (int i = 0; i < 8; i++) {
+                t[2 * i] = _mm512_unpacklo_epi32(x[2 * i], x[2 * i + 1]);
+                t[2 * i + 1] = _mm512_unpackhi_epi32(x[2 * i], x[2 * i + 1]);
+            }
+            for (int i = 0; i < 4; i++) {
+                u[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+                u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+                u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+                u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+            }
+            for (int i = 0; i < 4; i++) {
+                const __m512i v0 = _mm512_shuffle_i32x4(u[i], u[4 + i], 0x44);
+                const __m512i v1 = _mm512_shuffle_i32x4(u[i], u[4 + i], 0xee);
+                const __m512i w0 = _mm512_shuffle_i32x4(u[8 + i], u[12 + i], 0x44);
+                const __m512i w1 = _mm512_shuffle_i32x4(u[8 + i], u[12 + i], 0xee);
+                x[i] = _mm512_shuffle_i32x4(v0, w0, 0x88);
+                x[4 + i] = _mm512_shuffle_i32x4(v0, w0, 0xdd);
+                x[8 + i] = _mm512_shuffle_i32x4(v1, w1, 0x88);
+                x[12 + i] = _mm512_shuffle_i32x4(v1, w1, 0xdd);
+            }
+            const __mmask16 mj = (__mmask16)((1u << nj) - 1u);
+            for (int64_t q = 0; q < np; q++)
+                _mm512_mask_storeu_epi32(dst + (p0 + q) * ld + j0, mj, x[q]);
+        }
     }
 }
 

@@ -47,10 +47,16 @@ static void row_bf16(const attn_tensor *t, int bf16, int64_t b, int64_t h, int64
     const int64_t sd = t->stride[3];
     if (bf16) {
         const uint16_t *s = attn_bf16_row(t, b, h, l);
-        for (int64_t d = 0; d < n; d++) tmp[d] = s[d * sd];
+        if (sd == 1)
+            memcpy(tmp, s, (size_t)n * sizeof *tmp);
+        else
+            for (int64_t d = 0; d < n; d++) tmp[d] = s[d * sd];
     } else {
         const float *s = t->data + b * t->stride[0] + h * t->stride[1] + l * t->stride[2];
-        for (int64_t d = 0; d < n; d++) tmp[d] = attn_bf16_round(s[d * sd]);
+        if (sd == 1)
+            for (int64_t d = 0; d < n; d++) tmp[d] = attn_bf16_round(s[d]);
+        else
+            for (int64_t d = 0; d < n; d++) tmp[d] = attn_bf16_round(s[d * sd]);
     }
     tmp[n] = 0;
 }
@@ -59,22 +65,51 @@ static inline uint32_t pair16(const uint16_t *x, int64_t e) {
     return (uint32_t)x[e] | (uint32_t)x[e + 1] << 16;
 }
 
+/* Row l of (b, h) of bf16 t with n values padded to whole pairs: the row
+ * itself when d is contiguous and n even, else row_bf16's copy in tmp. */
+static const uint16_t *row_pairs(const attn_tensor *t, int64_t b, int64_t h, int64_t l, int64_t n,
+                                 uint16_t *tmp) {
+    if (t->stride[3] == 1 && n % 2 == 0) return attn_bf16_row(t, b, h, l);
+    row_bf16(t, 1, b, h, l, n, tmp);
+    return tmp;
+}
+
 /* Key tile t of (b, h) into kd, kk, vd (zero-padded, zeros past the
- * batch's key length). */
+ * batch's key length), keys two at a time: kk's row of a key pair is
+ * pair_two_rows of their K rows. tmp holds two rows (2 (max(Dk, Dv) + 2)
+ * values). */
 static void bw_pack_tile(const attn_fused_call *c, const bgeo *g, int64_t b, int64_t h, int64_t t,
                          uint32_t *kd, uint16_t *tmp) {
     const attn_problem *pr = c->pr;
     uint32_t *kk = kd + g->tkd, *vd = kk + g->tkk;
     const int64_t j0 = t * BK, nk = bmax(0, bmin(BK, bf16_key_end(pr, b) - j0));
-    memset(kd, 0, (size_t)g->tile * 4);
-    for (int64_t j = 0; j < nk; j++) {
-        row_bf16(c->k, 1, b, h, j0 + j, pr->Dk, tmp);
-        for (int64_t p = 0; p < g->np; p++) kd[p * BK + j] = pair16(tmp, 2 * p);
-        uint32_t *o = kk + (j >> 1) * g->dkp;
-        const int sh = (int)(j & 1) * 16;
-        for (int64_t d = 0; d < pr->Dk; d++) o[d] |= (uint32_t)tmp[d] << sh;
-        row_bf16(c->v, 1, b, h, j0 + j, pr->Dv, tmp);
-        for (int64_t p = 0; p < g->nvp; p++) vd[p * BK + j] = pair16(tmp, 2 * p);
+    if (c->k->stride[3] == 1 && c->v->stride[3] == 1 && pr->Dk % 2 == 0 && pr->Dv % 2 == 0) {
+        const uint16_t *kr[BK], *vr[BK]; /* the rows are their pairs: transposes */
+        for (int64_t j = 0; j < BK; j++) {
+            kr[j] = j < nk ? attn_bf16_row(c->k, b, h, j0 + j) : NULL;
+            vr[j] = j < nk ? attn_bf16_row(c->v, b, h, j0 + j) : NULL;
+        }
+        transpose_words(kr, BK, g->np, kd, BK);
+        transpose_words(vr, BK, g->nvp, vd, BK);
+        for (int64_t j = 0; j < BK; j += 2)
+            pair_two_rows(kr[j], kr[j + 1], pr->Dk, g->dkp, kk + (j / 2) * g->dkp);
+        return;
+    }
+    uint16_t *t0 = tmp, *t1 = tmp + bmax(pr->Dk, pr->Dv) + 2;
+    for (int64_t j = 0; j < BK; j += 2) {
+        const uint16_t *k0 = j < nk ? row_pairs(c->k, b, h, j0 + j, pr->Dk, t0) : NULL;
+        const uint16_t *k1 = j + 1 < nk ? row_pairs(c->k, b, h, j0 + j + 1, pr->Dk, t1) : NULL;
+        for (int64_t p = 0; p < g->np; p++) {
+            kd[p * BK + j] = k0 ? pair16(k0, 2 * p) : 0;
+            kd[p * BK + j + 1] = k1 ? pair16(k1, 2 * p) : 0;
+        }
+        pair_two_rows(k0, k1, pr->Dk, g->dkp, kk + (j / 2) * g->dkp);
+        const uint16_t *v0 = j < nk ? row_pairs(c->v, b, h, j0 + j, pr->Dv, t0) : NULL;
+        const uint16_t *v1 = j + 1 < nk ? row_pairs(c->v, b, h, j0 + j + 1, pr->Dv, t1) : NULL;
+        for (int64_t p = 0; p < g->nvp; p++) {
+            vd[p * BK + j] = v0 ? pair16(v0, 2 * p) : 0;
+            vd[p * BK + j + 1] = v1 ? pair16(v1, 2 * p) : 0;
+        }
     }
 }
 
@@ -90,30 +125,45 @@ static void pair_queries(const uint32_t *x, int64_t np, int64_t nq, int64_t n, i
                       n, ld, y + t * ld);
 }
 
+/* Σ_d a[d]·x[d] over row l of (b, h) of out (x; bf16 when xbf), d < n,
+ * in 16 running sums (lane d % 16) added pairwise at the end: a fixed
+ * order that vectorises (one chain of n adds did not: 30 % of the
+ * preparation of a block at head size 32). */
+static float dot_lanes(const uint16_t *a, const attn_tensor *out, int xbf, int64_t b, int64_t h,
+                       int64_t l, int64_t n) {
+    const int64_t sd = out->stride[3];
+    const uint16_t *xh = xbf ? attn_bf16_row(out, b, h, l) : NULL;
+    const float *xf = xbf ? NULL : out->data + b * out->stride[0] + h * out->stride[1] + l * out->stride[2];
+    float part[16] = {0};
+    int64_t d0 = 0;
+    if (sd == 1 && xbf)
+        for (; d0 + 16 <= n; d0 += 16)
+            for (int u = 0; u < 16; u++)
+                part[u] += attn_bf16_to_f32(a[d0 + u]) * attn_bf16_to_f32(xh[d0 + u]);
+    else if (sd == 1)
+        for (; d0 + 16 <= n; d0 += 16)
+            for (int u = 0; u < 16; u++) part[u] += attn_bf16_to_f32(a[d0 + u]) * xf[d0 + u];
+    for (int64_t d = d0; d < n; d++)
+        part[(d - d0) & 15] += attn_bf16_to_f32(a[d]) *
+                               (xbf ? attn_bf16_to_f32(xh[d * sd]) : xf[d * sd]);
+    for (int w = 8; w >= 1; w /= 2)
+        for (int u = 0; u < w; u++) part[u] += part[u + w];
+    return part[0];
+}
+
 /* Rows [i0, i0 + nq) of (b, h): Q and dO pairs, lse and D. */
 static void bw_prep(const attn_fused_call *c, const bgeo *g, const bwscr *w, int64_t b, int64_t h,
                     int64_t i0, int64_t nq) {
     const attn_problem *pr = c->pr;
     const int obf = pr->out_dtype == ATTN_BF16;
     for (int64_t r = 0; r < nq; r++) {
+        /* a row's pairs are its values in memory order (tmp[n] = 0 pads) */
         row_bf16(c->q, 1, b, h, i0 + r, pr->Dk, w->tmp);
-        for (int64_t p = 0; p < g->np; p++) w->qd[r * g->np + p] = pair16(w->tmp, 2 * p);
+        memcpy(w->qd + r * g->np, w->tmp, (size_t)g->np * 4);
         row_bf16(c->dout, obf, b, h, i0 + r, pr->Dv, w->tmp);
-        for (int64_t p = 0; p < g->nvp; p++) w->od[r * g->nvp + p] = pair16(w->tmp, 2 * p);
+        memcpy(w->od + r * g->nvp, w->tmp, (size_t)g->nvp * 4);
         /* D = dO·O in fp32, dO as the products see it */
-        const attn_tensor *out = c->out;
-        const int64_t sd = out->stride[3];
-        float D = 0.0f;
-        if (obf) {
-            const uint16_t *x = attn_bf16_row(out, b, h, i0 + r);
-            for (int64_t d = 0; d < pr->Dv; d++)
-                D += attn_bf16_to_f32(w->tmp[d]) * attn_bf16_to_f32(x[d * sd]);
-        } else {
-            const float *x =
-                out->data + b * out->stride[0] + h * out->stride[1] + (i0 + r) * out->stride[2];
-            for (int64_t d = 0; d < pr->Dv; d++) D += attn_bf16_to_f32(w->tmp[d]) * x[d * sd];
-        }
-        w->dvec[r] = D;
+        w->dvec[r] = dot_lanes(w->tmp, c->out, obf, b, h, i0 + r, pr->Dv);
         w->lse[r] = c->lse_in[(b * pr->H + h) * pr->Lq + i0 + r];
     }
     pair_queries(w->qd, g->np, nq, pr->Dk, g->dkp, w->qq);
@@ -199,7 +249,11 @@ static void bw_write(const attn_tensor *t, int64_t b, int64_t h, int64_t l0, int
     const int64_t sd = t->stride[3];
     for (int64_t r = 0; r < n; r++) {
         float *o = t->data + b * t->stride[0] + h * t->stride[1] + (l0 + r) * t->stride[2];
-        for (int64_t d = 0; d < D; d++) o[d * sd] = acc[r * ld + d] * mul;
+        const float *a = acc + r * ld;
+        if (sd == 1)
+            for (int64_t d = 0; d < D; d++) o[d] = a[d] * mul;
+        else
+            for (int64_t d = 0; d < D; d++) o[d * sd] = a[d] * mul;
     }
 }
 
@@ -278,7 +332,7 @@ static attn_status bf16_backward(const attn_fused_call *c, attn_error *err) {
 #define R16(x) (((x) + 15) / 16 * 16)
     const int64_t n_qd = R16(BQ * g.np), n_od = R16(BQ * g.nvp), n_qq = R16(BQ / 2 * g.dkp),
                   n_oq = R16(BQ / 2 * g.dvp), n_sq = BQ * BK, n_dq = BQ * g.dkp,
-                  n_tmp = R16((bmax(pr->Dk, pr->Dv) + 2) / 2), n_dka = R16(accn * g.dkp),
+                  n_tmp = R16(bmax(pr->Dk, pr->Dv) + 2) /* two rows */, n_dka = R16(accn * g.dkp),
                   n_dva = R16(accn * g.dvp),
                   n_kv = g.direct ? 0 : one_block ? g.tile : one ? g.ntile * g.tile : 0;
     const int64_t per = n_qd + n_od + n_qq + n_oq + 2 * BQ + BK + 2 * n_sq + 3 * (BQ / 2 * BK) +

@@ -124,6 +124,17 @@ static void bw_row(float *s, float *dp, int64_t nvec, float c, float lse, float 
     }
 }
 
+/* dst[p·ld + j] = word p of rows[j] (rows[j] NULL: 0), j < n, p < nw. */
+static void transpose_words(const uint16_t *const *rows, int64_t n, int64_t nw, uint32_t *dst,
+                            int64_t ld) {
+    for (int64_t j = 0; j < n; j++)
+        for (int64_t p = 0; p < nw; p++) {
+            uint32_t x = 0;
+            if (rows[j]) memcpy(&x, rows[j] + 2 * p, sizeof x);
+            dst[p * ld + j] = x;
+        }
+}
+
 #include "sdpa_fused_bf16.h"
 
 #ifndef BF16_C_EXPORT /* sdpa_fused_bf16_avx2.c names its own */
