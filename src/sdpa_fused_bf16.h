@@ -209,7 +209,7 @@ static void bf16_block(const attn_fused_call *c, bscratch *w, const uint32_t *KP
             vp = VP + t * (BK / 2) * dvp;
         }
         qk_tile(nq, nvec, w->qd, np, kp, w->S, w->rm);
-        const int interior = nk == BK && l1 <= j0 && h0 >= j0 + BK;
+        const int interior = bf16_interior(j0, nk, l1, h0);
         for (int64_t r = 0; r < nq; r++)
             softmax_row(pr, w, dvp, r, b, h, i0 + r, j0, nk, nvec, interior, w->rm + r);
         pv_tile((int)nq, w->pd, (nk + 1) / 2, vp, dvp, w->O);
@@ -236,7 +236,7 @@ static void bf16_decode(const attn_fused_call *c, bscratch *w, int64_t dvp, int6
     for (int64_t t = lo / BK; hi > lo && t <= (hi - 1) / BK; t++) {
         const int64_t j0 = t * BK, nk = bmin(BK, hi - j0), nvec = (nk + 15) / 16;
         qk_direct((int)nq, q, attn_bf16_row(c->k, b, h, j0), ks, nk, pr->Dk, w->S);
-        const int interior = nk == BK && l1 <= j0 && h0 >= j0 + BK;
+        const int interior = bf16_interior(j0, nk, l1, h0);
         for (int64_t r = 0; r < nq; r++)
             softmax_row(pr, w, dvp, r, b, h, r, j0, nk, nvec, interior, NULL);
         pv_direct((int)nq, w->pd, attn_bf16_row(c->v, b, h, j0), vs, nk, pr->Dv, dvp, w->O);

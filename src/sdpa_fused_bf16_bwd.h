@@ -275,7 +275,7 @@ static void bw_block(const attn_fused_call *c, const bgeo *g, const bwscr *w, co
     if (dq) memset(w->dqa, 0, (size_t)(nq * g->dkp) * 4);
     for (int64_t t = t0; t < t1; t++) {
         const int64_t j0 = t * BK, nk = bmin(BK, hi - j0); /* keys past hi: none visible */
-        const int interior = nk == BK && l1 <= j0 && h0 >= j0 + BK;
+        const int interior = bf16_interior(j0, nk, l1, h0);
         bw_tile(c, g, w, g->direct ? NULL : KV + t * g->tile, b, h, i0, nq, j0, nk, interior,
                 dka ? dka + (j0 - g0) * g->dkp : NULL, dva ? dva + (j0 - g0) * g->dvp : NULL,
                 dq ? w->dqa : NULL);
@@ -306,7 +306,7 @@ static void bw_head_one_block(const attn_fused_call *c, const bgeo *g, const bws
         memset(w->dva, 0, (size_t)(n * g->dvp) * 4);
         if (t >= t0 && t < t1) {
             const int64_t nk = bmin(BK, hi - j0);
-            const int interior = nk == BK && l1 <= j0 && h0 >= j0 + BK;
+            const int interior = bf16_interior(j0, nk, l1, h0);
             if (!g->direct) bw_pack_tile(c, g, b, h, t, w->kv, w->tmp);
             bw_tile(c, g, w, g->direct ? NULL : w->kv, b, h, 0, nq, j0, nk, interior, w->dka,
                     w->dva, w->dqa);

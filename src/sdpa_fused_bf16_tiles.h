@@ -29,6 +29,15 @@ static inline int64_t bf16_key_end(const attn_problem *pr, int64_t b) {
     return pr->key_lengths ? bmax(0, bmin(pr->Lk, pr->key_lengths[b])) : pr->Lk;
 }
 
+/* Nonzero when no score of a block's tile needs -inf: every key of
+ * [j0, j0 + nk) is visible to every row (the rows' ranges [lo, hi) do not
+ * decrease: l1 is the last row's lo, h0 the first row's hi) and nk is a
+ * whole number of 16-key vectors (no columns past nk computed). A tile of
+ * fewer than BK keys (a sequence shorter than a tile) can be interior. */
+static inline int bf16_interior(int64_t j0, int64_t nk, int64_t l1, int64_t h0) {
+    return nk % 16 == 0 && l1 <= j0 && h0 >= j0 + nk;
+}
+
 /* Two bf16 rows as pairs along the row index: o[d] = r0[d] | r1[d] << 16
  * for d < n (r1 NULL: 0 in the high halves; r0 NULL: the whole row 0),
  * 0 for d in [n, ld). The forward's V pairs along keys and the backward's
