@@ -143,7 +143,7 @@ static void softmax_row(const attn_problem *pr, bscratch *w, int64_t dvp, int64_
         pr->dropout ? exp_row(s, c, mnew, nvec) : exp_round_row(s, c, mnew, nvec, pd);
     w->l[r] = w->l[r] * alpha + sum;
     w->m[r] = mnew;
-    if (alpha != 1.0f) {
+    if (alpha != 1.0f && mold != -INFINITY) { /* before: O is 0 (or NaN), as O * 0 */
         float *o = w->O + r * dvp;
         for (int64_t d = 0; d < dvp; d++) o[d] *= alpha;
     }
@@ -188,7 +188,11 @@ static void bf16_block(const attn_fused_call *c, bscratch *w, const uint32_t *KP
     const int64_t i0 = qb * BQ, nq = bmin(BQ, pr->Lq - i0);
     for (int64_t r = 0; r < nq; r++) {
         const uint16_t *q = attn_bf16_row(c->q, b, h, i0 + r);
-        for (int64_t p = 0; p < np; p++) w->qd[r * np + p] = pair_at(q, c->q->stride[3], 2 * p, pr->Dk);
+        if (c->q->stride[3] == 1 && pr->Dk % 2 == 0) /* the row's words are its pairs */
+            memcpy(w->qd + r * np, q, (size_t)np * 4);
+        else
+            for (int64_t p = 0; p < np; p++)
+                w->qd[r * np + p] = pair_at(q, c->q->stride[3], 2 * p, pr->Dk);
         w->m[r] = -INFINITY;
         w->l[r] = 0.0f;
     }
