@@ -920,6 +920,30 @@ def _nan_to_none(x):
     return x
 
 
+def format_guacamol(g, sc):
+    from .guacamol import BASELINES, GPT_BASELINE
+    rows = ['', 'GuacaMol distribution learning (n = %d; FCD %s)' % (g['n'], g['FCD_note']),
+            '%-28s %9s %11s %8s %9s' % ('', 'validity', 'uniqueness', 'novelty', 'KL score'),
+            '%-28s %9s %11s %8s %9s' % ('these samples', _fmt(g['validity'], 3),
+                                        _fmt(g['uniqueness'], 3), _fmt(g['novelty'], 3),
+                                        _fmt(g['kl_score'], 3))]
+    for name, v in list(BASELINES.items())[:1] + [GPT_BASELINE]:
+        rows.append('%-28s %9s %11s %8s %9s' % ((name,) + tuple(_fmt(x, 3) for x in v)))
+    rows.append('KL divergences: ' + ', '.join('%s %.3f' % kv for kv in g['kl_divergences'].items()))
+    for n in g['notes']:
+        rows.append('note: ' + n)
+    s, d = sc['samples'], sc.get('data')
+    def line(name, x):
+        return ('%-13s stereo %.3f, charged %.3f; stereocentres kept %d of %d, stereo double '
+                'bonds kept %d of %d' % (name, x['stereo_share'], x['charge_share'],
+                                         x['stereocentres_kept'], x['stereocentres_written'],
+                                         x['stereo_bonds_kept'], x['stereo_bonds_written']))
+    rows.append(line('samples', s))
+    if d:
+        rows.append(line('training data', d))
+    return '\n'.join(rows)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog='python3 -m molgen.metrics',
         description='MOSES-style metrics of generated SMILES (validity, uniqueness, '
@@ -946,8 +970,16 @@ def main(argv=None):
                     'sas, tpsa, mw): MAD and SD of the valid samples from each')
     ap.add_argument('--scaffold', help='requested scaffold SMILES: share of valid samples '
                     'with exactly its Murcko scaffold, mean scaffold Tanimoto')
+    ap.add_argument('--guacamol', action='store_true',
+                    help="also GuacaMol's distribution-learning scores (validity, uniqueness, "
+                         'novelty, KL score over 10,000 molecules; needs --train) and the '
+                         'shares of samples with stereo and with charges beside --train\'s')
     ap.add_argument('-q', '--quiet', action='store_true', help='no progress lines')
     args = ap.parse_args(argv)
+    if args.guacamol and not args.train:
+        sys.stderr.write('molgen.metrics: --guacamol needs --train (novelty and the KL '
+                         'reference come from it)\n')
+        return 2
     _require_deps()
     try:
         targets = parse_condition(args.condition) if args.condition else None
@@ -981,7 +1013,16 @@ def main(argv=None):
         except ValueError as e:
             sys.stderr.write('molgen.metrics: %s\n' % e)
             return 2
+    if args.guacamol:
+        from . import guacamol
+        if log:
+            log('GuacaMol scores (KL over %d molecules)' % guacamol.GUACAMOL_N)
+        res['guacamol'] = guacamol.guacamol_scores(samples, train, seed=args.seed + 42)
+        res['stereo_charge'] = guacamol.stereo_charge(
+            samples, random.Random(args.seed).sample(train, min(len(train), 30000)))
     print(format_table(res))
+    if res.get('guacamol'):
+        print(format_guacamol(res['guacamol'], res['stereo_charge']))
     if res.get('condition'):
         print(format_condition(res['condition']))
     if args.json:
