@@ -171,7 +171,7 @@ typedef struct {
     /* the masks' running counts (levels SYNTAX and VALENCE): */
     int res2;   /* twice the orders of the ring bonds opened here, not closed yet */
     int deg;    /* neighbours so far, open ring bonds and explicit H included */
-    int limit2; /* VALENCE: twice the largest valence incl. H, 0 = unchecked */
+    int limit2; /* VALENCE: twice the largest valence incl. H, NOLIMIT = unchecked */
     int maxdeg; /* VALENCE: most neighbours (aromatic atoms: 3), 0 = unchecked */
     int h2;     /* twice the bracket H count */
     int parent; /* the atom it bonded to when it came (-1: first of a fragment) */
@@ -179,6 +179,7 @@ typedef struct {
     int cyc;    /* on a cycle of the bonds so far (tree paths of the closures) */
     char sym;   /* aromatic atoms: c n o s p b unbracketed, 'x' bracket (z below) */
     int z;      /* bracket atoms: atomic number */
+    int q;      /* bracket atoms: charge */
 } atomrec;
 
 /* Unbracketed aliphatic organic-subset atoms: the largest valence RDKit
@@ -403,29 +404,169 @@ static int order2_at(const mg_smiles_state *s, char sym) {
     return bond_order2(sym);
 }
 
-/* Largest valence of the element with atomic number z in RDKit's default
- * valence lists (the subset molecules are made of), 0 = unchecked. */
-static int element_maxval(int z) {
-    switch (z) {
-    case 1: return 1;  /* H */
-    case 5: return 3;  /* B */
-    case 6: return 4;  /* C */
-    case 7: return 3;  /* N */
-    case 8: return 2;  /* O */
-    case 9: return 1;  /* F */
-    case 13: return 3; /* Al */
-    case 14: return 4; /* Si */
-    case 15: return 5; /* P */
-    case 16: return 6; /* S */
-    case 17: return 1; /* Cl */
-    case 32: return 4; /* Ge */
-    case 33: return 5; /* As */
-    case 34: return 6; /* Se */
-    case 35: return 1; /* Br */
-    case 52: return 6; /* Te */
-    case 53: return 5; /* I */
-    default: return 0;
-    }
+/* RDKit 2022.09's periodic table (Chem.GetPeriodicTable(), generated from
+ * it): default valence, outer electrons, and the n allowed valences of the
+ * neutral element (vl[n - 1] = -1: any valence above; 0: the noble gases,
+ * unchecked as well). New vocabulary tokens (molgen train --extend-vocab)
+ * get their valences here. */
+typedef struct {
+    signed char dv, nouter, n, vl[4];
+} elem_valence;
+static const elem_valence k_valence[118] = {
+    {1, 1, 1, {1, 0, 0, 0}}, /* 1 H */
+    {0, 2, 1, {0, 0, 0, 0}}, /* 2 He */
+    {1, 1, 1, {1, 0, 0, 0}}, /* 3 Li */
+    {2, 2, 1, {2, 0, 0, 0}}, /* 4 Be */
+    {3, 3, 1, {3, 0, 0, 0}}, /* 5 B */
+    {4, 4, 1, {4, 0, 0, 0}}, /* 6 C */
+    {3, 5, 1, {3, 0, 0, 0}}, /* 7 N */
+    {2, 6, 1, {2, 0, 0, 0}}, /* 8 O */
+    {1, 7, 1, {1, 0, 0, 0}}, /* 9 F */
+    {0, 8, 1, {0, 0, 0, 0}}, /* 10 Ne */
+    {1, 1, 1, {1, 0, 0, 0}}, /* 11 Na */
+    {2, 2, 2, {2, -1, 0, 0}}, /* 12 Mg */
+    {3, 3, 2, {3, 6, 0, 0}}, /* 13 Al */
+    {4, 4, 2, {4, 6, 0, 0}}, /* 14 Si */
+    {3, 5, 3, {3, 5, 7, 0}}, /* 15 P */
+    {2, 6, 3, {2, 4, 6, 0}}, /* 16 S */
+    {1, 7, 1, {1, 0, 0, 0}}, /* 17 Cl */
+    {0, 8, 1, {0, 0, 0, 0}}, /* 18 Ar */
+    {1, 1, 1, {1, 0, 0, 0}}, /* 19 K */
+    {2, 2, 2, {2, -1, 0, 0}}, /* 20 Ca */
+    {-1, 3, 1, {-1, 0, 0, 0}}, /* 21 Sc */
+    {-1, 4, 1, {-1, 0, 0, 0}}, /* 22 Ti */
+    {-1, 5, 1, {-1, 0, 0, 0}}, /* 23 V */
+    {-1, 6, 1, {-1, 0, 0, 0}}, /* 24 Cr */
+    {-1, 7, 1, {-1, 0, 0, 0}}, /* 25 Mn */
+    {-1, 8, 1, {-1, 0, 0, 0}}, /* 26 Fe */
+    {-1, 9, 1, {-1, 0, 0, 0}}, /* 27 Co */
+    {-1, 10, 1, {-1, 0, 0, 0}}, /* 28 Ni */
+    {-1, 11, 1, {-1, 0, 0, 0}}, /* 29 Cu */
+    {-1, 2, 1, {-1, 0, 0, 0}}, /* 30 Zn */
+    {3, 3, 1, {3, 0, 0, 0}}, /* 31 Ga */
+    {4, 4, 1, {4, 0, 0, 0}}, /* 32 Ge */
+    {3, 5, 3, {3, 5, 7, 0}}, /* 33 As */
+    {2, 6, 3, {2, 4, 6, 0}}, /* 34 Se */
+    {1, 7, 1, {1, 0, 0, 0}}, /* 35 Br */
+    {0, 8, 1, {0, 0, 0, 0}}, /* 36 Kr */
+    {1, 1, 1, {1, 0, 0, 0}}, /* 37 Rb */
+    {2, 2, 2, {2, -1, 0, 0}}, /* 38 Sr */
+    {-1, 3, 1, {-1, 0, 0, 0}}, /* 39 Y */
+    {-1, 4, 1, {-1, 0, 0, 0}}, /* 40 Zr */
+    {-1, 5, 1, {-1, 0, 0, 0}}, /* 41 Nb */
+    {-1, 6, 1, {-1, 0, 0, 0}}, /* 42 Mo */
+    {-1, 7, 1, {-1, 0, 0, 0}}, /* 43 Tc */
+    {-1, 8, 1, {-1, 0, 0, 0}}, /* 44 Ru */
+    {-1, 9, 1, {-1, 0, 0, 0}}, /* 45 Rh */
+    {-1, 10, 1, {-1, 0, 0, 0}}, /* 46 Pd */
+    {-1, 11, 1, {-1, 0, 0, 0}}, /* 47 Ag */
+    {-1, 2, 1, {-1, 0, 0, 0}}, /* 48 Cd */
+    {3, 3, 1, {3, 0, 0, 0}}, /* 49 In */
+    {2, 4, 2, {2, 4, 0, 0}}, /* 50 Sn */
+    {3, 5, 3, {3, 5, 7, 0}}, /* 51 Sb */
+    {2, 6, 3, {2, 4, 6, 0}}, /* 52 Te */
+    {1, 7, 3, {1, 3, 5, 0}}, /* 53 I */
+    {0, 8, 4, {0, 2, 4, 6}}, /* 54 Xe */
+    {1, 1, 1, {1, 0, 0, 0}}, /* 55 Cs */
+    {2, 2, 2, {2, -1, 0, 0}}, /* 56 Ba */
+    {-1, 3, 1, {-1, 0, 0, 0}}, /* 57 La */
+    {-1, 4, 1, {-1, 0, 0, 0}}, /* 58 Ce */
+    {-1, 3, 1, {-1, 0, 0, 0}}, /* 59 Pr */
+    {-1, 4, 1, {-1, 0, 0, 0}}, /* 60 Nd */
+    {-1, 5, 1, {-1, 0, 0, 0}}, /* 61 Pm */
+    {-1, 6, 1, {-1, 0, 0, 0}}, /* 62 Sm */
+    {-1, 7, 1, {-1, 0, 0, 0}}, /* 63 Eu */
+    {-1, 8, 1, {-1, 0, 0, 0}}, /* 64 Gd */
+    {-1, 9, 1, {-1, 0, 0, 0}}, /* 65 Tb */
+    {-1, 10, 1, {-1, 0, 0, 0}}, /* 66 Dy */
+    {-1, 11, 1, {-1, 0, 0, 0}}, /* 67 Ho */
+    {-1, 12, 1, {-1, 0, 0, 0}}, /* 68 Er */
+    {-1, 13, 1, {-1, 0, 0, 0}}, /* 69 Tm */
+    {-1, 14, 1, {-1, 0, 0, 0}}, /* 70 Yb */
+    {-1, 15, 1, {-1, 0, 0, 0}}, /* 71 Lu */
+    {-1, 4, 1, {-1, 0, 0, 0}}, /* 72 Hf */
+    {-1, 5, 1, {-1, 0, 0, 0}}, /* 73 Ta */
+    {-1, 6, 1, {-1, 0, 0, 0}}, /* 74 W */
+    {-1, 7, 1, {-1, 0, 0, 0}}, /* 75 Re */
+    {-1, 8, 1, {-1, 0, 0, 0}}, /* 76 Os */
+    {-1, 9, 1, {-1, 0, 0, 0}}, /* 77 Ir */
+    {-1, 10, 1, {-1, 0, 0, 0}}, /* 78 Pt */
+    {-1, 11, 1, {-1, 0, 0, 0}}, /* 79 Au */
+    {-1, 2, 1, {-1, 0, 0, 0}}, /* 80 Hg */
+    {3, 3, 1, {3, 0, 0, 0}}, /* 81 Tl */
+    {2, 4, 2, {2, 4, 0, 0}}, /* 82 Pb */
+    {3, 5, 3, {3, 5, 7, 0}}, /* 83 Bi */
+    {2, 6, 3, {2, 4, 6, 0}}, /* 84 Po */
+    {1, 7, 3, {1, 3, 5, 0}}, /* 85 At */
+    {0, 8, 1, {0, 0, 0, 0}}, /* 86 Rn */
+    {1, 1, 1, {1, 0, 0, 0}}, /* 87 Fr */
+    {2, 2, 2, {2, -1, 0, 0}}, /* 88 Ra */
+    {-1, 3, 1, {-1, 0, 0, 0}}, /* 89 Ac */
+    {-1, 4, 1, {-1, 0, 0, 0}}, /* 90 Th */
+    {-1, 3, 1, {-1, 0, 0, 0}}, /* 91 Pa */
+    {-1, 4, 1, {-1, 0, 0, 0}}, /* 92 U */
+    {-1, 5, 1, {-1, 0, 0, 0}}, /* 93 Np */
+    {-1, 6, 1, {-1, 0, 0, 0}}, /* 94 Pu */
+    {-1, 7, 1, {-1, 0, 0, 0}}, /* 95 Am */
+    {-1, 8, 1, {-1, 0, 0, 0}}, /* 96 Cm */
+    {-1, 9, 1, {-1, 0, 0, 0}}, /* 97 Bk */
+    {-1, 10, 1, {-1, 0, 0, 0}}, /* 98 Cf */
+    {-1, 11, 1, {-1, 0, 0, 0}}, /* 99 Es */
+    {-1, 12, 1, {-1, 0, 0, 0}}, /* 100 Fm */
+    {-1, 13, 1, {-1, 0, 0, 0}}, /* 101 Md */
+    {-1, 14, 1, {-1, 0, 0, 0}}, /* 102 No */
+    {-1, 15, 1, {-1, 0, 0, 0}}, /* 103 Lr */
+    {-1, 2, 1, {-1, 0, 0, 0}}, /* 104 Rf */
+    {-1, 2, 1, {-1, 0, 0, 0}}, /* 105 Db */
+    {-1, 2, 1, {-1, 0, 0, 0}}, /* 106 Sg */
+    {-1, 2, 1, {-1, 0, 0, 0}}, /* 107 Bh */
+    {-1, 2, 1, {-1, 0, 0, 0}}, /* 108 Hs */
+    {-1, 2, 1, {-1, 0, 0, 0}}, /* 109 Mt */
+    {-1, 2, 1, {-1, 0, 0, 0}}, /* 110 Ds */
+    {-1, 2, 1, {-1, 0, 0, 0}}, /* 111 Rg */
+    {-1, 2, 1, {-1, 0, 0, 0}}, /* 112 Cn */
+    {-1, 2, 1, {-1, 0, 0, 0}}, /* 113 Nh */
+    {-1, 2, 1, {-1, 0, 0, 0}}, /* 114 Fl */
+    {-1, 2, 1, {-1, 0, 0, 0}}, /* 115 Mc */
+    {-1, 2, 1, {-1, 0, 0, 0}}, /* 116 Lv */
+    {-1, 2, 1, {-1, 0, 0, 0}}, /* 117 Ts */
+    {-1, 2, 1, {-1, 0, 0, 0}}, /* 118 Og */
+};
+
+#define NOLIMIT (1 << 20) /* limit2: unchecked */
+
+/* Twice the largest valence (bonds and H) RDKit 2022.09's sanitisation lets a
+ * bracket atom of element z (1..118) and charge q have. Its rule: with m the
+ * element's largest valence, the valence minus q (elements with >= 4 outer
+ * electrons) or plus q (the others) must not exceed m: N+ 4 (as C), O- 1
+ * (as F), O+ 3, N- 2, S- 5, B- 4, C- 3, Cl+ 2, Na+ 0; H+ takes 1. A
+ * negative limit ([O+3]) refuses the atom itself. NOLIMIT where RDKit
+ * checks nothing (transition metals, noble gases). Checked for every
+ * element and charge -3..3 against RDKit (test_smiles_rdkit.py). */
+static int rdkit_limit2(int z, int q) {
+    if (z < 1 || z > 118) return NOLIMIT;
+    const elem_valence *e = &k_valence[z - 1];
+    const int m = e->vl[e->n - 1];
+    if (m <= 0) return NOLIMIT;
+    if (z == 1 && q > 0) return 2;
+    return 2 * (e->nouter >= 4 ? m + q : m - q);
+}
+
+/* Twice the valence RDKit's kekulisation wants of an aromatic bracket atom
+ * (z, charge q) with twice-bond-sum v2 (aromatic bonds as single, H
+ * included), or -1 when it cannot be known yet: its default valence plus
+ * the charge (minus for elements with < 4 outer electrons: [b-] as c; C+
+ * as C-), the next allowed valence when the bonds exceed it (S, Se, Te
+ * with three bonds: 4). */
+static int kekule_dv2(int z, int q, int v2) {
+    if (z < 1 || z > 118) return -1;
+    const elem_valence *e = &k_valence[z - 1];
+    int c = e->nouter < 4 ? -q : q;
+    if (z == 6 && c > 0) c = -c;
+    const int dv2 = 2 * (e->dv + c);
+    if (e->n == 1 || v2 <= dv2) return e->dv > 0 ? dv2 : -1;
+    if (q == 0 && (z == 16 || z == 34 || z == 52)) return v2 == 6 ? 8 : -1;
+    return -1;
 }
 
 /* VALENCE limits of a new atom (twice the valence and the neighbour count).
@@ -435,13 +576,14 @@ static int element_maxval(int z) {
  * carry one more single (or one exocyclic double: pyridone's C=O), n one
  * more single (pyrrole's N-R); at most 3 neighbours. */
 static void valence_limits(atomrec *a, const char *t, const bracket_info *bi) {
-    a->limit2 = a->maxdeg = a->h2 = 0;
+    a->limit2 = NOLIMIT;
+    a->maxdeg = a->h2 = 0;
+    a->q = 0;
     if (t[0] == '[') {
-        int mv = element_maxval(bi->z - bi->charge);
-        if (bi->z == 0 || bi->z - bi->charge < 1) mv = 0;
-        a->limit2 = 2 * mv;
+        if (bi->z) a->limit2 = rdkit_limit2(bi->z, bi->charge);
         a->h2 = 2 * bi->hcount;
         a->deg = bi->hcount;
+        a->q = bi->charge;
     } else if (a->aromatic) {
         switch (t[0]) {
         case 'c': a->limit2 = 8; break;
@@ -470,7 +612,7 @@ static int fits(const mg_smiles_state *s, const atomrec *a, int extra, int extra
     const int mv = a->dbl_o && s->level != MG_CONSTRAIN_VALENCE ? a->maxval_o : a->maxval;
     if (mv && v > 2 * mv) return 0;
     if (s->level == MG_CONSTRAIN_VALENCE) {
-        if (a->limit2 && v + a->h2 > a->limit2) return 0;
+        if (v + a->h2 > a->limit2) return 0;
         if (a->maxdeg && a->deg + extra_deg > a->maxdeg) return 0;
     }
     return 1;
@@ -601,13 +743,15 @@ static int kk_rem2(const atomrec *r, int val2, int *known) {
     case 'n':
     case 'p':
     case 'b': return 6 - val2; /* valence 3 (p: also 5, see kk_role) */
-    case 'o':
-    case 's': return 4 - val2; /* valence 2: thiophene's s takes no double bond */
-    case 'x':
-        if (r->limit2 && r->z != 5 && r->z != 15 && r->z != 16 && r->z != 33 && r->z != 34 &&
-            r->z != 52)
-            return r->limit2 - val2 - r->h2;
+    case 'o': return 4 - val2; /* valence 2: furan's o takes no double bond */
+    case 's': /* valence 2: thiophene's s takes none; with three bonds RDKit
+                 moves it to valence 4 and it needs one (c1ccs(C)cc1) */
+        return val2 == 6 ? 2 : 4 - val2;
+    case 'x': {
+        const int dv2 = kekule_dv2(r->z, r->q, val2 + r->h2);
+        if (dv2 >= 0) return dv2 - val2 - r->h2;
         break;
+    }
     default: break;
     }
     *known = 0;
@@ -631,7 +775,10 @@ static int kk_role(const atomrec *r, int has_double, int val2, int committed_aro
     else if (r->sym == 'p' && rem2 <= 0)
         return K_MAY; /* P(V) may still take one */
     else
-        role = rem2 == 2 ? K_MUST : rem2 <= 0 ? K_OUT : K_MAY;
+        /* a bracket atom takes no implicit H, so RDKit wants a double
+         * bond of it with two bonds' worth missing as well ([n+] with two
+         * neighbours): one is as close as it gets */
+        role = rem2 == 2 || (rem2 == 4 && r->sym == 'x') ? K_MUST : rem2 <= 0 ? K_OUT : K_MAY;
     if (role != K_MUST) return role;
     if (committed_arom && rem2 >= 2) return K_MAY; /* that bond may be the double one */
     /* a later bond may be the double one (room for 2), or, but for c, one
@@ -1021,6 +1168,39 @@ int mg_smiles_syntax_ok(const char *smiles, char *why, size_t n) {
         pos += l;
     }
     if (ok) ok = mg_smiles_state_end(s, why, n);
+    mg_smiles_state_free(s);
+    return ok;
+}
+
+int mg_smiles_check(const char *smiles, mg_constrain level, char *why, size_t n) {
+    if (level == MG_CONSTRAIN_NONE) return mg_smiles_syntax_ok(smiles, why, n);
+    if (!smiles) return reject(why, n, "NULL string");
+    if (!smiles[0]) return reject(why, n, "empty string");
+    int ntok = 0;
+    {
+        mg_error e;
+        if (mg_tokenize(smiles, NULL, 0, &ntok, NULL, &e) == MG_ERR_TOKEN)
+            return reject(why, n, "%s", e.message);
+    }
+    mg_smiles_state *s = NULL;
+    if (mg_smiles_state_new(ntok > 0 ? ntok : 1, level, &s, NULL))
+        return reject(why, n, "out of memory");
+    s->src = smiles;
+    int ok = 1;
+    for (int pos = 0; ok;) {
+        const int l = mg_token_len(smiles + pos);
+        if (l == 0) break;
+        ok = mg_smiles_state_push(s, smiles + pos, l, why, n);
+        pos += l;
+        /* a prefix the mask would refuse: no string through it is sampled */
+        if (ok && !mg_smiles_state_viable(s))
+            ok = reject(why, n, "position %d: the prefix %.*s cannot end well", pos, pos, smiles);
+        if (ok && !mg_smiles_state_kekule(s, 0))
+            ok = reject(why, n, "position %d: kekulisation refused after the prefix %.*s", pos,
+                        pos, smiles);
+    }
+    if (ok) ok = mg_smiles_state_end(s, why, n);
+    if (ok && !mg_smiles_state_kekule(s, 1)) ok = reject(why, n, "kekulisation impossible");
     mg_smiles_state_free(s);
     return ok;
 }

@@ -121,6 +121,12 @@ int mg_smiles_state_viable(mg_smiles_state *s);
  * explicit '-' never does); 1 at the other levels. Checked on every molecule of the shared corpora (none is
  * refused) and on RDKit's verdicts for ring systems (smiles_check tests). */
 int mg_smiles_state_kekule(mg_smiles_state *s, int final);
+/* The whole string through the parser at a level, as constrained sampling
+ * lets it end: every token pushed, each prefix passing
+ * mg_smiles_state_viable and mg_smiles_state_kekule(s, 0), then mg_smiles_state_end and
+ * mg_smiles_state_kekule(s, 1). Level NONE is mg_smiles_syntax_ok. 1 if it
+ * passes, else 0 with a reason in why[n]. */
+int mg_smiles_check(const char *smiles, mg_constrain level, char *why, size_t n);
 /* Tokens pushed so far, and an estimate of the tokens still needed before
  * the string can end (closing branches and rings, an atom after a bond). */
 int mg_smiles_state_tokens(const mg_smiles_state *s);

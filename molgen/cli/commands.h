@@ -22,6 +22,9 @@ int cmd_debug_grads(int argc, char **argv);
 /* Hidden: the DAP loss and gradient of molgen optimize for its float64
  * oracle (molgen/tests/test_optimize.py). cmd_optimize.c. */
 int cmd_debug_dap(int argc, char **argv);
+/* Hidden: mg_smiles_check's verdicts at every level for stdin's SMILES, for
+ * the RDKit comparison (molgen/tests/test_smiles_rdkit.py). cmd_debug_check.c. */
+int cmd_debug_check(int argc, char **argv);
 
 #ifdef __cplusplus
 }

@@ -25,6 +25,7 @@ static const command COMMANDS[] = {
     {"bench", cmd_bench, "training tokens/s and sampling molecules/s"},
     {"debug-grads", cmd_debug_grads, NULL},
     {"debug-dap", cmd_debug_dap, NULL},
+    {"debug-check", cmd_debug_check, NULL},
 };
 
 static void usage(FILE *f) {

@@ -11,32 +11,11 @@
 
 #include "mg_test.h"
 
-/* The string through the incremental parser at the VALENCE level (what
- * --constrain valence lets end): every token pushed (each prefix must pass
- * the Kekulé check of a string still being written), then the end checks
- * and the final Kekulé check. */
+/* The string as --constrain valence lets it end (mg_smiles_check: each
+ * prefix viable and passing the Kekulé check of a string still being
+ * written, then the end checks and the final Kekulé check). */
 static int valence_ok(const char *smi, char *why, size_t n) {
-    mg_smiles_state *st = NULL;
-    if (mg_smiles_state_new(4096, MG_CONSTRAIN_VALENCE, &st, NULL)) return 0;
-    int ok = 1;
-    for (int pos = 0; ok;) {
-        const int l = mg_token_len(smi + pos);
-        if (l == 0) break;
-        ok = mg_smiles_state_push(st, smi + pos, l, why, n);
-        pos += l;
-        /* every prefix of a string that ends well must look completable */
-        if (ok && !mg_smiles_state_kekule(st, 0)) {
-            snprintf(why, n, "kekulisation refused after the prefix %.*s", pos, smi);
-            ok = 0;
-        }
-    }
-    if (ok) ok = mg_smiles_state_end(st, why, n);
-    if (ok && !mg_smiles_state_kekule(st, 1)) {
-        snprintf(why, n, "kekulisation");
-        ok = 0;
-    }
-    mg_smiles_state_free(st);
-    return ok;
+    return mg_smiles_check(smi, MG_CONSTRAIN_VALENCE, why, n);
 }
 
 static void test_corpus(const char *file) {
