@@ -110,3 +110,15 @@ def test_metrics_guacamol_needs_train(tmp_path):
     r = subprocess.run([sys.executable, '-m', 'molgen.metrics', str(p), '--guacamol'],
                        capture_output=True, text=True, env=env)
     assert r.returncode == 2 and '--guacamol needs --train' in r.stderr
+
+
+def test_nearest_neighbour_similarity_against_rdkit():
+    from rdkit import Chem, DataStructs
+    from rdkit.Chem import AllChem
+    mols = ['CCO', 'CCN', 'CCCO', 'c1ccccc1O', 'c1ccccc1N', 'CC(=O)Nc1ccc(O)cc1', 'C1CCNCC1',
+            'CC(C)Cc1ccc(C(C)C(=O)O)cc1']
+    fps = [AllChem.GetMorganFingerprintAsBitVect(Chem.MolFromSmiles(s), 2, 4096) for s in mols]
+    want = [max(DataStructs.TanimotoSimilarity(fps[i], fps[j]) for j in range(len(mols)) if j != i)
+            for i in range(len(mols))]
+    got = G._nn_similarity(mols, block=3)   # blocks that split the list
+    assert got == pytest.approx(want, abs=1e-6)

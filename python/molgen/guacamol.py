@@ -51,6 +51,19 @@ def _canon(smi, stereo=False):
     return Chem.MolToSmiles(m, isomericSmiles=stereo)
 
 
+def _canon_many(chunk):
+    from rdkit import RDLogger
+    RDLogger.DisableLog('rdApp.*')
+    return [_canon(s) for s in chunk]
+
+
+def _chunked(map_chunks, fn, items, chunk=1000):
+    """fn over chunks of items through map_chunks(fn, list of chunks) (a
+    process pool's map, or the builtin one), flattened."""
+    chunks = [items[i:i + chunk] for i in range(0, len(items), chunk)]
+    return [x for part in map_chunks(fn, chunks) for x in part]
+
+
 def _first_distinct(canon, n):
     seen, out = set(), []
     for c in canon:
@@ -62,40 +75,56 @@ def _first_distinct(canon, n):
     return out
 
 
-def _descriptors(smiles):
-    """[len(smiles), 9] float64; a molecule whose descriptor is not finite
-    gets 0 there (as GuacaMol does)."""
-    import numpy as np
-    from rdkit import Chem
+def _descriptors_many(chunk):
+    """[len(chunk) parsed, 9] rows of the descriptors; a molecule whose
+    descriptor is not finite gets 0 there (as GuacaMol does)."""
+    import math
+    from rdkit import Chem, RDLogger
     from rdkit.Chem import Descriptors
+    RDLogger.DisableLog('rdApp.*')
     fns = [getattr(Descriptors, d) for d in DESCRIPTORS]
     rows = []
-    for s in smiles:
-        m = Chem.MolFromSmiles(s)
-        if m is None:
-            continue
-        rows.append([f(m) for f in fns])
-    d = np.asarray(rows, dtype=np.float64).reshape(-1, len(DESCRIPTORS))
-    d[~np.isfinite(d)] = 0.0
-    return d
-
-
-def _nn_similarity(smiles):
-    """Each molecule's largest ECFP4 (r 2, 4,096 bits) Tanimoto similarity
-    to another molecule of the same list: [len(smiles)]."""
-    import numpy as np
-    from rdkit import Chem, DataStructs
-    from rdkit.Chem import AllChem
-    fps = []
-    for s in smiles:
+    for s in chunk:
         m = Chem.MolFromSmiles(s)
         if m is not None:
-            fps.append(AllChem.GetMorganFingerprintAsBitVect(m, 2, 4096))
-    best = np.zeros(len(fps))
-    for i in range(1, len(fps)):
-        sims = np.asarray(DataStructs.BulkTanimotoSimilarity(fps[i], fps[:i]))
-        best[i] = max(best[i], sims.max())
-        np.maximum(best[:i], sims, out=best[:i])
+            rows.append([v if math.isfinite(v) else 0.0 for v in (float(f(m)) for f in fns)])
+    return rows
+
+
+def _fingerprints_many(chunk):
+    """ECFP4 (radius 2, 4,096 bits) of each parsed SMILES as 0/1 uint8 rows."""
+    import numpy as np
+    from rdkit import Chem, RDLogger
+    from rdkit.Chem import AllChem
+    RDLogger.DisableLog('rdApp.*')
+    out = []
+    for s in chunk:
+        m = Chem.MolFromSmiles(s)
+        if m is not None:
+            fp = AllChem.GetMorganFingerprintAsBitVect(m, 2, 4096)
+            out.append(np.frombuffer(fp.ToBitString().encode('ascii'), dtype=np.uint8) - 48)
+    return out
+
+
+def _nn_similarity(smiles, map_chunks=None, block=1024):
+    """Each molecule's largest ECFP4 Tanimoto similarity to another molecule
+    of the same list: [n]. The intersections are a product of the 0/1
+    fingerprint matrices (exact in float32: counts <= 4,096), by row blocks."""
+    import numpy as np
+    map_chunks = map_chunks or (lambda fn, chunks: list(map(fn, chunks)))
+    rows = _chunked(map_chunks, _fingerprints_many, list(smiles), 500)
+    if not rows:
+        return np.zeros(0)
+    f = np.stack(rows).astype(np.float32)
+    cnt = f.sum(1)
+    best = np.empty(len(f))
+    for s in range(0, len(f), block):
+        inter = f[s:s + block] @ f.T
+        union = cnt[s:s + block, None] + cnt[None, :] - inter
+        t = np.where(union > 0, inter / np.maximum(union, 1.0), 0.0)
+        idx = np.arange(s, min(s + block, len(f)))
+        t[idx - s, idx] = -1.0   # not itself
+        best[s:s + block] = t.max(1) if len(f) > 1 else 0.0
     return best
 
 
@@ -115,13 +144,19 @@ def _kl_discrete(ref, gen):
     return float(entropy(p + 1e-10, q + 1e-10))
 
 
-def kl_score(gen_distinct, ref):
+def kl_score(gen_distinct, ref, map_chunks=None):
     """(score, {distribution: KL}) of distinct generated molecules against
     reference molecules (stereo-free canonical SMILES both)."""
     import numpy as np
-    dg, dr = _descriptors(gen_distinct), _descriptors(ref)
+    map_chunks = map_chunks or (lambda fn, chunks: list(map(fn, chunks)))
+
+    def desc(smiles):
+        d = _chunked(map_chunks, _descriptors_many, list(smiles), 250)
+        return np.asarray(d, dtype=np.float64).reshape(-1, len(DESCRIPTORS))
+    dg, dr = desc(gen_distinct), desc(ref)
     cols = [(name, dr[:, i], dg[:, i], i < N_CONTINUOUS) for i, name in enumerate(DESCRIPTORS)]
-    cols.append(('internal_similarity', _nn_similarity(ref), _nn_similarity(gen_distinct), True))
+    cols.append(('internal_similarity', _nn_similarity(ref, map_chunks),
+                 _nn_similarity(gen_distinct, map_chunks), True))
     kls = {}
     for name, r, g, continuous in cols:
         try:
@@ -133,26 +168,31 @@ def kl_score(gen_distinct, ref):
     return float(np.mean([np.exp(-v) for v in kls.values()])), kls
 
 
-def guacamol_scores(samples, train, n=GUACAMOL_N, seed=42):
+def guacamol_scores(samples, train, n=GUACAMOL_N, seed=42, map_chunks=None):
     """GuacaMol's validity, uniqueness, novelty and KL score of `samples`
     (SMILES, '' = an invalid sample) against `train` (SMILES). Counts are
-    of the first n samples (fewer when the file has fewer: said in 'notes')."""
+    of the first n samples (fewer when the file has fewer: said in 'notes').
+    map_chunks(fn, chunks): a process pool's map for the parsing (default:
+    in this process)."""
+    def mp(chunks_fn, chunks):
+        return list(map(chunks_fn, chunks))
+    map_chunks = map_chunks or mp
     notes = []
     first = list(samples[:n])
     if len(first) < n:
         notes.append('%d samples, fewer than GuacaMol\'s %d: shares are of %d'
                      % (len(first), n, len(first)))
     nn = max(len(first), 1)
-    canon = [_canon(s) for s in samples]
+    canon = _chunked(map_chunks, _canon_many, list(samples))
     validity = sum(c is not None for c in canon[:n]) / nn
     valid = [c for c in canon if c is not None][:n]
     uniqueness = len(set(valid)) / nn
     distinct = _first_distinct(canon, n)
-    train_canon = set(c for c in (_canon(s) for s in train) if c is not None)
+    train_canon = set(c for c in _chunked(map_chunks, _canon_many, list(train)) if c is not None)
     novelty = sum(c not in train_canon for c in distinct) / nn
     ref = random.Random(seed).sample(list(train), min(n, len(train)))
-    ref = [c for c in (_canon(s) for s in ref) if c is not None]
-    score, kls = kl_score(distinct, ref) if distinct and ref else (None, {})
+    ref = [c for c in _chunked(map_chunks, _canon_many, ref) if c is not None]
+    score, kls = kl_score(distinct, ref, map_chunks) if distinct and ref else (None, {})
     return {'n': n, 'validity': validity, 'uniqueness': uniqueness, 'novelty': novelty,
             'kl_score': score, 'kl_divergences': kls, 'FCD': None,
             'FCD_note': 'not computed: the ChemNet weights are not available offline',
@@ -188,29 +228,37 @@ def _stereo_kept(mol):
     return atoms, bonds
 
 
-def stereo_charge(samples, data=None):
+def _shares_many(chunk):
+    from rdkit import RDLogger
+    RDLogger.DisableLog('rdApp.*')
+    return [_stereo_charge_one(s) for s in chunk]
+
+
+def _stereo_charge_one(s):
+    """(valid, stereo written, charged, centres written, kept, double bonds
+    written, kept) of one SMILES."""
+    from rdkit import Chem
+    m = Chem.MolFromSmiles(s) if s else None
+    if m is None:
+        return (0, 0, 0, 0, 0, 0, 0)
+    a, b = _stereo_marks(s)
+    k, l = _stereo_kept(m)
+    return (1, int(('@' in s) or ('/' in s) or ('\\' in s)),
+            int(any(x.GetFormalCharge() != 0 for x in m.GetAtoms())), a, min(k, a), b, min(l, b))
+
+
+def stereo_charge(samples, data=None, map_chunks=None):
     """Shares of valid samples (and of `data`) with stereo marks and with
     charged atoms, and the share of the samples' written stereocentres and
     stereo double bonds that RDKit keeps as specified."""
-    from rdkit import Chem
+    map_chunks = map_chunks or (lambda fn, chunks: list(map(fn, chunks)))
 
     def shares(smiles):
-        n = stereo = charged = 0
-        wa = wb = ka = kb = 0
-        for s in smiles:
-            m = Chem.MolFromSmiles(s) if s else None
-            if m is None:
-                continue
-            n += 1
-            stereo += ('@' in s) or ('/' in s) or ('\\' in s)
-            charged += any(a.GetFormalCharge() != 0 for a in m.GetAtoms())
-            a, b = _stereo_marks(s)
-            k, l = _stereo_kept(m)
-            wa, wb, ka, kb = wa + a, wb + b, ka + min(k, a), kb + min(l, b)
-        d = max(n, 1)
-        return {'n_valid': n, 'stereo_share': stereo / d, 'charge_share': charged / d,
-                'stereocentres_written': wa, 'stereocentres_kept': ka,
-                'stereo_bonds_written': wb, 'stereo_bonds_kept': kb}
+        t = [sum(col) for col in zip(*_chunked(map_chunks, _shares_many, list(smiles)))] or [0] * 7
+        d = max(t[0], 1)
+        return {'n_valid': t[0], 'stereo_share': t[1] / d, 'charge_share': t[2] / d,
+                'stereocentres_written': t[3], 'stereocentres_kept': t[4],
+                'stereo_bonds_written': t[5], 'stereo_bonds_kept': t[6]}
 
     out = {'samples': shares(samples)}
     if data is not None:

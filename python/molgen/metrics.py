@@ -1017,9 +1017,16 @@ def main(argv=None):
         from . import guacamol
         if log:
             log('GuacaMol scores (KL over %d molecules)' % guacamol.GUACAMOL_N)
-        res['guacamol'] = guacamol.guacamol_scores(samples, train, seed=args.seed + 42)
-        res['stereo_charge'] = guacamol.stereo_charge(
-            samples, random.Random(args.seed).sample(train, min(len(train), 30000)))
+        pool = _Mapper(args.jobs)
+        try:
+            pm = pool.pool.map if pool.pool else None
+            res['guacamol'] = guacamol.guacamol_scores(samples, train, seed=args.seed + 42,
+                                                       map_chunks=pm)
+            res['stereo_charge'] = guacamol.stereo_charge(
+                samples, random.Random(args.seed).sample(train, min(len(train), 10000)),
+                map_chunks=pm)
+        finally:
+            pool.close()
     print(format_table(res))
     if res.get('guacamol'):
         print(format_guacamol(res['guacamol'], res['stereo_charge']))
