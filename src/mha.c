@@ -28,6 +28,10 @@ static attn_status check_config(const attn_mha_config *c, mha_dims *d, attn_erro
         return attn_fail(err, ATTN_ERR_SHAPE,
                          "kdim (%lld) and vdim (%lld) must be >= 0 (0: embed_dim)",
                          (long long)c->kdim, (long long)c->vdim);
+    if (c->num_kv_heads != 0 && c->num_kv_heads != c->num_heads)
+        return attn_fail(err, ATTN_ERR_ARG,
+                         "num_kv_heads %lld: the multi-head layer takes only num_heads (or 0) so far",
+                         (long long)c->num_kv_heads);
     d->E = c->embed_dim;
     d->H = c->num_heads;
     d->Dh = d->E / d->H;

@@ -1,6 +1,7 @@
 /* Public scaled dot-product attention entry points: validate, choose a path,
  * say which path ran and why (attn_sdpa_info, or stderr with ATTN_VERBOSE=1). */
 #include "internal.h"
+#include "sdpa_bf16.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -17,10 +18,26 @@ static void report(attn_sdpa_info *info, const char *op, attn_impl impl, const c
  * ATTN_IMPL_AUTO and ATTN_IMPL_FUSED take the fused path, which supports
  * every call the validation accepts (all masks, dropout, weights, strides,
  * any sizes); ATTN_IMPL_REFERENCE takes the reference path. */
+/* Which of the attention variants (attn.h) a call uses that the fused
+ * kernels for it do not take yet (NULL: none). */
+static const char *fused_lacks(const attn_problem *pr, const attn_varlen *varlen, int backward) {
+    (void)varlen, (void)backward;
+    if (pr->group > 1) return "grouped-query attention";
+    if (pr->softcap > 0.0f) return "soft-capping";
+    if (pr->alibi) return "ALiBi";
+    if (pr->sinks) return "attention sinks";
+    return NULL;
+}
+
 static attn_impl choose(const attn_problem *pr, const attn_varlen *varlen, attn_impl requested,
                         int backward, char *reason, size_t n) {
     if (requested == ATTN_IMPL_REFERENCE) {
         snprintf(reason, n, "reference path: requested by the caller");
+        return ATTN_IMPL_REFERENCE;
+    }
+    const char *lacks = fused_lacks(pr, varlen, backward);
+    if (lacks) {
+        snprintf(reason, n, "reference path: the fused kernels do not take %s here yet", lacks);
         return ATTN_IMPL_REFERENCE;
     }
     attn_sdpa_fused_describe(pr, varlen, backward, reason, n);
@@ -48,6 +65,33 @@ attn_status attn_sdpa_forward_ws(const attn_tensor *q, const attn_tensor *k, con
             ? attn_sdpa_fused_forward(&pr, q, k, v, out, weights, lse, ws, ws_floats, err)
             : attn_sdpa_reference_forward(&pr, q, k, v, out, weights, lse, err);
     return s ? s : attn_ok(err);
+}
+
+static inline float elem(const attn_tensor *t, int bf16, int64_t b, int64_t h, int64_t i,
+                         int64_t d) {
+    const int64_t o = b * t->stride[0] + h * t->stride[1] + i * t->stride[2] + d * t->stride[3];
+    return bf16 ? attn_bf16_to_f32(((const uint16_t *)(const void *)t->data)[o]) : t->data[o];
+}
+
+void attn_sinks_grad(const attn_problem *pr, const attn_tensor *out, const attn_tensor *dout,
+                     const float *lse, int64_t lse_ld, float *d) {
+    const int bf16 = pr->out_dtype == ATTN_BF16;
+    const int64_t H = pr->H;
+    /* dL/dσ_h = −Σ_{b,i} exp(σ_h − lse)·(dO·O): one head per task, (b, i)
+     * in order, in double: the same bits for any thread count. */
+#pragma omp parallel for num_threads(pr->threads) schedule(static)
+    for (int64_t h = 0; h < H; h++) {
+        double acc = 0.0;
+        for (int64_t b = 0; b < pr->B; b++)
+            for (int64_t i = 0; i < pr->Lq; i++) {
+                const double ps = exp((double)pr->sinks[h] - (double)lse[(b * H + h) * lse_ld + i]);
+                double dd = 0.0;
+                for (int64_t c = 0; c < pr->Dv; c++)
+                    dd += (double)elem(dout, bf16, b, h, i, c) * (double)elem(out, bf16, b, h, i, c);
+                acc -= ps * dd;
+            }
+        d[h] = (float)acc;
+    }
 }
 
 /* grad_out like out, dq, dk, dv like q, k, v. */
@@ -81,6 +125,7 @@ attn_status attn_sdpa_backward(const attn_tensor *q, const attn_tensor *k, const
     s = impl == ATTN_IMPL_FUSED
             ? attn_sdpa_fused_backward(&pr, q, k, v, out, lse, grad_out, dq, dk, dv, err)
             : attn_sdpa_reference_backward(&pr, q, k, v, out, lse, grad_out, dq, dk, dv, err);
+    if (!s && pr.sinks && p->d_sinks) attn_sinks_grad(&pr, out, grad_out, lse, pr.Lq, p->d_sinks);
     return s ? s : attn_ok(err);
 }
 
@@ -144,6 +189,8 @@ attn_status attn_sdpa_varlen_backward(const attn_tensor *q, const attn_tensor *k
         s = attn_varlen_reference_backward(&pr, &varlen, q, k, v, out, lse, grad_out, dq, dk, dv,
                                            err);
     }
+    /* the packed rows as one batch row of total_q queries */
+    if (!s && pr.sinks && p->d_sinks) attn_sinks_grad(&pr, out, grad_out, lse, pr.Lq, p->d_sinks);
     attn_varlen_free(&varlen);
     return s ? s : attn_ok(err);
 }
