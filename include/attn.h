@@ -316,8 +316,10 @@ typedef struct {
     const float *sinks;
 
     /* The backward's gradient of the sinks: d_sinks [H_q] is OVERWRITTEN with
-     * dL/dσ_h = −Σ_{b,i} p_sink(b,h,i)·(dO·O)(b,h,i), summed in (b, i)
-     * order in double (varlen: over the packed rows; the multi-head
+     * dL/dσ_h = −Σ_{b,i} p_sink(b,h,i)·D(b,h,i), D = dO·O = Σ_j P_ij·dP_ij
+     * (the reference path sums the latter, from the recomputed weights, so
+     * that a bf16-rounded out does not enter), summed in (b, i) order in
+     * double (varlen: over the packed rows; the multi-head
      * backward ADDS it, like its other gradients). NULL: not wanted. Read
      * only by the backward calls (a forward ignores it) and only with sinks
      * given. */

@@ -202,7 +202,8 @@ void attn_sinks_grad(const attn_problem *pr, const attn_tensor *out, const attn_
 void attn_philox_block(uint64_t key, int64_t b, int64_t h, int64_t i, int64_t c, uint32_t out[4]);
 uint64_t attn_dropout_key(uint64_t seed, uint64_t offset);
 
-/* Kernels. They trust a validated problem. */
+/* Kernels. They trust a validated problem. The reference backward ADDS the
+ * sinks' gradient (pr->sinks) to sink_acc [H] when it is non-NULL. */
 attn_status attn_sdpa_reference_forward(const attn_problem *pr, const attn_tensor *q,
                                         const attn_tensor *k, const attn_tensor *v,
                                         attn_tensor *out, float *weights, float *lse,
@@ -211,7 +212,7 @@ attn_status attn_sdpa_reference_backward(const attn_problem *pr, const attn_tens
                                          const attn_tensor *k, const attn_tensor *v,
                                          const attn_tensor *out, const float *lse,
                                          const attn_tensor *dout, attn_tensor *dq, attn_tensor *dk,
-                                         attn_tensor *dv, attn_error *err);
+                                         attn_tensor *dv, double *sink_acc, attn_error *err);
 
 /* The varlen reference: attn_sdpa_reference_* per sequence (lse [H, total_q]). */
 attn_status attn_varlen_reference_forward(const attn_problem *pr, const attn_varlen *varlen,
@@ -223,7 +224,7 @@ attn_status attn_varlen_reference_backward(const attn_problem *pr, const attn_va
                                            const attn_tensor *v, const attn_tensor *out,
                                            const float *lse, const attn_tensor *dout,
                                            attn_tensor *dq, attn_tensor *dk, attn_tensor *dv,
-                                           attn_error *err);
+                                           double *sink_acc, attn_error *err);
 
 /* Row-major C[M,N] = alpha * op(A) op(B) + beta * C through the BLAS, on
  * `threads` threads of the library's own team: rows of C cut at multiples of

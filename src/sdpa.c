@@ -4,6 +4,7 @@
 #include "sdpa_bf16.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static void report(attn_sdpa_info *info, const char *op, attn_impl impl, const char *reason) {
@@ -94,6 +95,30 @@ void attn_sinks_grad(const attn_problem *pr, const attn_tensor *out, const attn_
     }
 }
 
+/* The reference backward's sinks accumulator: zeroed doubles [H], on the
+ * stack (ds) for up to ATTN_SINKS_STACK heads, else allocated (NULL: out of
+ * memory). */
+#define ATTN_SINKS_STACK 64
+static double *sinks_acc(const attn_problem *pr, double *ds) {
+    double *a = pr->H <= ATTN_SINKS_STACK ? ds : malloc((size_t)pr->H * sizeof *a);
+    if (a) memset(a, 0, (size_t)pr->H * sizeof *a);
+    return a;
+}
+/* d_sinks (when the backward succeeded, s 0) from the reference's
+ * accumulator, or (acc NULL: the fused path) from the saved out and lse
+ * (attn_sinks_grad); frees an allocated accumulator. */
+static void sinks_finish(const attn_problem *pr, attn_status s, double *acc, double *ds,
+                         const attn_tensor *out, const attn_tensor *dout, const float *lse,
+                         float *d_sinks) {
+    if (!acc) {
+        if (!s) attn_sinks_grad(pr, out, dout, lse, pr->Lq, d_sinks);
+        return;
+    }
+    if (!s)
+        for (int64_t h = 0; h < pr->H; h++) d_sinks[h] = (float)acc[h];
+    if (acc != ds) free(acc);
+}
+
 /* grad_out like out, dq, dk, dv like q, k, v. */
 static attn_status check_grads(const attn_tensor *out, const attn_tensor *grad_out,
                                const attn_tensor *q, const attn_tensor *k, const attn_tensor *v,
@@ -122,10 +147,15 @@ attn_status attn_sdpa_backward(const attn_tensor *q, const attn_tensor *k, const
     char reason[160];
     attn_impl impl = choose(&pr, NULL, p ? p->impl : ATTN_IMPL_AUTO, 1, reason, sizeof reason);
     report(info, "backward", impl, reason);
+    const int want_ds = pr.sinks && p->d_sinks;
+    double ds[ATTN_SINKS_STACK];
+    double *acc = want_ds && impl == ATTN_IMPL_REFERENCE ? sinks_acc(&pr, ds) : NULL;
+    if (want_ds && impl == ATTN_IMPL_REFERENCE && !acc)
+        return attn_fail(err, ATTN_ERR_NOMEM, "out of memory for the sinks' gradient");
     s = impl == ATTN_IMPL_FUSED
             ? attn_sdpa_fused_backward(&pr, q, k, v, out, lse, grad_out, dq, dk, dv, err)
-            : attn_sdpa_reference_backward(&pr, q, k, v, out, lse, grad_out, dq, dk, dv, err);
-    if (!s && pr.sinks && p->d_sinks) attn_sinks_grad(&pr, out, grad_out, lse, pr.Lq, p->d_sinks);
+            : attn_sdpa_reference_backward(&pr, q, k, v, out, lse, grad_out, dq, dk, dv, acc, err);
+    if (want_ds) sinks_finish(&pr, s, acc, ds, out, grad_out, lse, p->d_sinks);
     return s ? s : attn_ok(err);
 }
 
@@ -179,6 +209,13 @@ attn_status attn_sdpa_varlen_backward(const attn_tensor *q, const attn_tensor *k
     char reason[160];
     attn_impl impl = choose(&pr, &varlen, p ? p->impl : ATTN_IMPL_AUTO, 1, reason, sizeof reason);
     report(info, "varlen backward", impl, reason);
+    const int want_ds = pr.sinks && p->d_sinks;
+    double ds[ATTN_SINKS_STACK];
+    double *acc = want_ds && impl == ATTN_IMPL_REFERENCE ? sinks_acc(&pr, ds) : NULL;
+    if (want_ds && impl == ATTN_IMPL_REFERENCE && !acc) {
+        attn_varlen_free(&varlen);
+        return attn_fail(err, ATTN_ERR_NOMEM, "out of memory for the sinks' gradient");
+    }
     if (impl == ATTN_IMPL_FUSED) {
         attn_fused_call c;
         memset(&c, 0, sizeof c);
@@ -187,10 +224,10 @@ attn_status attn_sdpa_varlen_backward(const attn_tensor *q, const attn_tensor *k
         s = attn_sdpa_fused_varlen(&c, 1, err);
     } else {
         s = attn_varlen_reference_backward(&pr, &varlen, q, k, v, out, lse, grad_out, dq, dk, dv,
-                                           err);
+                                           acc, err);
     }
-    /* the packed rows as one batch row of total_q queries */
-    if (!s && pr.sinks && p->d_sinks) attn_sinks_grad(&pr, out, grad_out, lse, pr.Lq, p->d_sinks);
+    /* (fused: the packed rows as one batch row of total_q queries) */
+    if (want_ds) sinks_finish(&pr, s, acc, ds, out, grad_out, lse, p->d_sinks);
     attn_varlen_free(&varlen);
     return s ? s : attn_ok(err);
 }

@@ -150,13 +150,13 @@ attn_status attn_sdpa_reference_backward(const attn_problem *pr, const attn_tens
                                          const attn_tensor *k, const attn_tensor *v,
                                          const attn_tensor *out, const float *lse,
                                          const attn_tensor *dout, attn_tensor *dq, attn_tensor *dk,
-                                         attn_tensor *dv, attn_error *err) {
+                                         attn_tensor *dv, double *sink_acc, attn_error *err) {
     if (pr->dtype != ATTN_F32) {
         attn_bf16_f32 w;
         attn_status s = attn_bf16_widen(pr, q, k, v, out, dout, 1, &w, err);
         if (s) return s;
         s = attn_sdpa_reference_backward(&w.pr, &w.q, &w.k, &w.v, &w.out, lse, &w.dout, dq, dk, dv,
-                                         err);
+                                         sink_acc, err);
         attn_bf16_free(&w);
         return s;
     }
@@ -167,6 +167,13 @@ attn_status attn_sdpa_reference_backward(const attn_problem *pr, const attn_tens
     /* One (b, K/V head g) per task: its dK, dV rows are written by that
      * thread only, summed over the group's query heads in head order. */
     const int64_t Hkv = pr->Hkv, G = pr->group;
+    /* the sinks' gradient per (b, h): −Σ_i p_sink·Σ_j P_ij dP_ij (D_i from
+     * the recomputed P, not dO·O: O may be rounded to bf16), then over b */
+    double *sg = NULL;
+    if (sink_acc && pr->sinks) {
+        sg = calloc((size_t)(B * H), sizeof *sg);
+        if (!sg) return attn_fail(err, ATTN_ERR_NOMEM, "out of memory for the sinks' gradient");
+    }
 #pragma omp parallel for num_threads(pr->threads) schedule(dynamic, 1)
     for (int64_t bg = 0; bg < B * Hkv; bg++) {
         const int64_t b = bg / Hkv, g = bg % Hkv;
@@ -187,6 +194,7 @@ attn_status attn_sdpa_reference_backward(const attn_problem *pr, const attn_tens
                 const float Di = dot(go, sdo, at(out, b, h, i), so, Dv);
                 int64_t lo, hi;
                 attn_row_range(pr, b, i, &lo, &hi);
+                float Dx = 0.0f; /* Σ_j P_ij dP_ij */
                 for (int64_t j = lo; j < hi; j++) {
                     float dcap;
                     const float x = score(pr, q, k, b, h, i, j, &dcap);
@@ -195,6 +203,7 @@ attn_status attn_sdpa_reference_backward(const attn_problem *pr, const attn_tens
                     const float mult = pr->dropout ? drop_mult(pr, b, h, i, j) : 1.0f;
                     const float *vj = at(v, b, g, j), *kj = at(k, b, g, j);
                     const float dpij = mult * dot(go, sdo, vj, sv, Dv);
+                    Dx += pij * dpij;
                     if (mult != 0.0f) axpy(at_mut(dv, b, g, j), sdv, pij * mult, go, sdo, Dv);
                     /* through the soft-cap: dS_raw = dS · (1 − tanh²) */
                     float ds = pr->scale * pij * (dpij - Di);
@@ -202,8 +211,14 @@ attn_status attn_sdpa_reference_backward(const attn_problem *pr, const attn_tens
                     axpy(gq, sdq, ds, kj, sk, Dk);
                     axpy(at_mut(dk, b, g, j), sdk, ds, qi, sq, Dk);
                 }
+                if (sg) sg[bh] -= exp((double)pr->sinks[h] - (double)li) * (double)Dx;
             }
         }
+    }
+    if (sg) {
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t b = 0; b < B; b++) sink_acc[h] += sg[b * H + h];
+        free(sg);
     }
     return ATTN_OK;
 }
