@@ -291,6 +291,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None,
       tensor that requires grad gets .grad); alibi_slopes: H_q values (a
       tensor or a sequence), a fixed bias without gradient.
     """
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        _check_tensor(t, name, "sdpa")
     if query.dim() == 3 and (enable_gqa or alibi_slopes is not None or
                              sinks is not None):  # (H, L, E): heads at dim -3
         return scaled_dot_product_attention(
@@ -298,8 +300,6 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None,
             dropout_p, is_causal, scale, key_padding_lengths=key_padding_lengths,
             window=window, seed=seed, offset=offset, enable_gqa=enable_gqa,
             softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks).squeeze(0)
-    for name, t in (("query", query), ("key", key), ("value", value)):
-        _check_tensor(t, name, "sdpa")
     if sinks is not None:
         if not isinstance(sinks, torch.Tensor):
             sinks = torch.as_tensor(sinks, dtype=torch.float32)
