@@ -24,6 +24,28 @@
  * A query row that sees no key (every key masked) gets output 0, weights 0,
  * log-sum-exp -inf and zero gradient. PyTorch's math path returns NaN for such
  * a row; the tutorial's masked_fill(-1e9) returns the mean of V instead.
+ * (With attention sinks such a row's sink takes the whole mass: output 0,
+ * log-sum-exp the sink's logit.)
+ *
+ * Attention variants (attn_sdpa_params; the peers' conventions, FlashAttention-2,
+ * PyTorch, gpt-oss), all combinable with each other and with every mask,
+ * causal, window, key padding and dropout:
+ *   - grouped-query / multi-query attention: k and v have H_kv heads (their
+ *     dim[1]), H_q % H_kv == 0; query head h reads K/V head
+ *     h / (H_q / H_kv) (PyTorch's repeat_interleave). MQA is H_kv = 1. The
+ *     backward's dk, dv have k's and v's shapes: each K/V head's gradient
+ *     is the sum over its group's query heads, in head order (bitwise the
+ *     same for any thread count).
+ *   - logit soft-capping (use_softcap, softcap = c > 0): the scaled score s
+ *     becomes c·tanh(s / c), before ALiBi and masks (Gemma 2).
+ *   - ALiBi (alibi_slopes, one slope m_h per query head): −m_h·|i′ − j| is
+ *     added after soft-capping, i′ = i + Lk − Lq the query's absolute
+ *     position.
+ *   - attention sinks (sinks, one logit σ_h per query head): σ_h joins every
+ *     row's softmax denominator and carries no value,
+ *     p_ij = exp(s_ij) / (exp(σ_h) + Σ_k exp(s_ik)); the weights returned
+ *     are these p (a row sums to 1 − p_sink), the log-sum-exp includes σ_h,
+ *     and the backward returns dL/dσ in d_sinks.
  */
 #ifndef ATTN_H
 #define ATTN_H
@@ -47,9 +69,9 @@ extern "C" {
  * differ when a program runs against another build than it was compiled
  * with (the struct layouts here are the ABI; the soname changes with them). */
 #define ATTN_VERSION_MAJOR 0
-#define ATTN_VERSION_MINOR 4
+#define ATTN_VERSION_MINOR 5
 #define ATTN_VERSION_PATCH 0
-#define ATTN_VERSION "0.4.0"
+#define ATTN_VERSION "0.5.0"
 ATTN_API const char *attn_version(void);
 
 /* ---------------------------------------------------------------- errors */
@@ -275,6 +297,33 @@ typedef struct {
      * another, can reach the first); keys past key_lengths (padding) are
      * never read: garbage there stays out, as in fp32. */
     attn_dtype dtype, out_dtype;
+
+    /* Logit soft-capping: use_softcap nonzero applies s -> softcap·tanh(s /
+     * softcap) to the scaled scores, before ALiBi and the masks; softcap
+     * must then be finite and > 0. use_softcap 0: off, and softcap must be
+     * left 0 (as scale/use_scale). ATTN_ERR_ARG otherwise. */
+    int use_softcap;
+    float softcap;
+
+    /* ALiBi: [H_q] finite slopes m_h (NULL: none); the bias −m_h·|i′ − j|,
+     * i′ = i + Lk − Lq, is added after soft-capping. A non-finite slope is
+     * ATTN_ERR_ARG. Not differentiated (a fixed bias). */
+    const float *alibi_slopes;
+
+    /* Attention sinks: [H_q] finite logits σ_h (NULL: none), taken in the
+     * softmax's denominator of every row of head h (gpt-oss). A non-finite
+     * one is ATTN_ERR_ARG. */
+    const float *sinks;
+
+    /* The backward's gradient of the sinks: d_sinks [H_q] is OVERWRITTEN with
+     * dL/dσ_h = −Σ_{b,i} p_sink(b,h,i)·D(b,h,i), D = dO·O = Σ_j P_ij·dP_ij
+     * (the reference path sums the latter, from the recomputed weights, so
+     * that a bf16-rounded out does not enter), summed in (b, i) order in
+     * double (varlen: over the packed rows; the multi-head
+     * backward ADDS it, like its other gradients). NULL: not wanted. Read
+     * only by the backward calls (a forward ignores it) and only with sinks
+     * given. */
+    float *d_sinks;
 } attn_sdpa_params;
 
 /* Dropout multipliers from the attention dropout's generator, for an
@@ -301,8 +350,10 @@ typedef struct {
 } attn_sdpa_info;
 
 /* O = softmax(Q Kᵀ·scale + masks) V.
- *   q   [B, H, Lq, Dk]      k [B, H, Lk, Dk]      v [B, H, Lk, Dv]
+ *   q   [B, H, Lq, Dk]      k [B, Hkv, Lk, Dk]    v [B, Hkv, Lk, Dv]
  *   out [B, H, Lq, Dv]      (strided views; out must not alias the inputs)
+ *   H % Hkv == 0 (Hkv < H: grouped-query attention, see the top of this
+ *   file; masks broadcast to [B, H, Lq, Lk], H the query heads)
  *   weights [B, H, Lq, Lk]  contiguous, optional (NULL)
  *   lse     [B, H, Lq]      contiguous, optional: per-row log-sum-exp of the
  *                           masked, scaled scores (-inf for an empty row);
@@ -327,7 +378,8 @@ ATTN_API attn_status attn_sdpa_backward(const attn_tensor *q, const attn_tensor 
 /* Several sequences packed back to back (FlashAttention's cu_seqlens), each
  * attending only within itself, at a cost of Σ Lq_s·Lk_s (tiles never cross
  * a sequence boundary), not total_q·total_k.
- *   q   [1, H, total_q, Dk]   k [1, H, total_k, Dk]   v [1, H, total_k, Dv]
+ *   q   [1, H, total_q, Dk]   k [1, Hkv, total_k, Dk]   v [1, Hkv, total_k, Dv]
+ *       (H % Hkv == 0: grouped-query attention as for attn_sdpa_forward)
  *   out [1, H, total_q, Dv]   strided views as for attn_sdpa_forward; the
  *       packed rows [total, H, D] are attn_tensor_blhd(data, 1, H, total, D).
  *   batch >= 1 sequences; sequence s holds query rows cu_seqlens_q[s] ..
@@ -342,6 +394,8 @@ ATTN_API attn_status attn_sdpa_backward(const attn_tensor *q, const attn_tensor 
  *       (s, h, i, j), i and j counted within the sequence, is decided by the
  *       padded call's counter for (b = s, h, i, j): the same mask as
  *       attn_sdpa_forward on the padded batch with the same seed and offset.
+ *       Soft-capping, ALiBi (positions counted within the sequence) and sinks
+ *       as there; d_sinks sums over every sequence's rows.
  *   weights optional: sequence s's [H, Lq_s, Lk_s] block, contiguous, the
  *       blocks back to back (Σ_s H·Lq_s·Lk_s floats).
  *   lse optional: [H, total_q], contiguous; the backward needs it.
@@ -368,6 +422,10 @@ typedef struct {
     int64_t num_heads; /* H; head size E / H */
     int64_t kdim, vdim;
     int bias; /* nonzero: b_q, b_k, b_v, b_o present */
+    /* H_kv, grouped-query attention: key and value have H_kv heads of size
+     * E / H (w_k [H_kv·E/H, kdim], w_v [H_kv·E/H, vdim], b_k, b_v
+     * [H_kv·E/H]); H % H_kv == 0. 0: num_heads (multi-head attention). */
+    int64_t num_kv_heads;
 } attn_mha_config;
 
 /* Parameters in torch.nn.MultiheadAttention's layout (y = x Wᵀ + b),
@@ -453,12 +511,15 @@ typedef struct {
  * fields are the library's. */
 typedef struct {
     int64_t *len; /* [batch] positions held by each row, in [0, max_len] */
-    float *k, *v; /* [batch, max_len, E] each: position t of row b at
-                       * (b * max_len + t) * E, the packed [B, L, H, E/H] layout */
+    float *k, *v; /* [batch, max_len, Ekv] each, Ekv = H_kv·E/H (E without
+                       * grouped-query attention): position t of row b at
+                       * (b * max_len + t) * Ekv, the packed [B, L, H_kv, E/H]
+                       * layout */
     int64_t batch, max_len, max_step, embed_dim, num_heads;
     int threads;
     void *work; /* step scratch */
     size_t work_bytes;
+    int64_t num_kv_heads; /* H_kv: k, v rows hold H_kv·E/H floats (see k, v) */
 } attn_mha_kv;
 
 /* Bytes of memory a KV cache of this shape takes for layer config c

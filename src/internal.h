@@ -59,7 +59,11 @@ int attn_add64(int64_t a, int64_t b, int64_t *r);
  * attn_sdpa_check and read by every kernel (reference and fused). */
 typedef struct {
     int64_t B, H, Lq, Lk, Dk, Dv;
+    int64_t Hkv, group; /* K/V heads and query heads per K/V head (H / Hkv) */
     float scale;
+    float softcap;         /* > 0: s -> softcap·tanh(s / softcap); 0: off */
+    const float *alibi;    /* [H] ALiBi slopes or NULL */
+    const float *sinks;    /* [H] sink logits or NULL */
     int causal;
     const int64_t *key_lengths; /* [B] or NULL */
     int use_window;
@@ -133,12 +137,73 @@ static inline void attn_row_range(const attn_problem *pr, int64_t b, int64_t i, 
     *hi = h;
 }
 
+/* The K/V head query head h reads (grouped-query attention). */
+static inline int64_t attn_kv_head(const attn_problem *pr, int64_t h) { return h / pr->group; }
+
+/* A raw scaled score s of (h, i, j) through soft-capping and ALiBi, before
+ * the masks (attn.h's order). *dcap (optional) gets ds_out/ds = 1 − tanh²
+ * (1 without a cap), the factor the backward multiplies dS by. */
+static inline float attn_score_variants(const attn_problem *pr, int64_t h, int64_t i, int64_t j,
+                                        float s, float *dcap) {
+    if (pr->softcap > 0.0f) {
+        const float t = tanhf(s / pr->softcap);
+        s = pr->softcap * t;
+        if (dcap) *dcap = 1.0f - t * t;
+    } else if (dcap) {
+        *dcap = 1.0f;
+    }
+    if (pr->alibi) {
+        const int64_t dist = i + pr->Lk - pr->Lq - j;
+        s -= pr->alibi[h] * (float)(dist < 0 ? -dist : dist);
+    }
+    return s;
+}
+static inline int attn_has_score_variants(const attn_problem *pr) {
+    return pr->softcap > 0.0f || pr->alibi != NULL;
+}
+
+/* Fold a row's sink logit into its softmax statistics: the row's keys gave
+ * max m and sum l (Σ exp(s - m); l 0 and m -inf when no key is visible).
+ * Returns the factor f that turns the keys' unnormalised output O into
+ * out = O·f, and sets *M (the new max) and *inv (1 / the new sum, for the
+ * weights exp(s - M)·inv) and *lse. Without a sink (sink -inf) it is the
+ * plain 1/l (0 for an empty row, lse -inf). */
+static inline float attn_sink_fold(float m, float l, float sink, float *M, float *inv, float *lse) {
+    if (sink == -INFINITY || !(l == l)) { /* no sink, or a poisoned row (NaN l) */
+        *M = m;
+        *inv = 1.0f / l;
+        *lse = l == 0.0f ? -INFINITY : m + logf(l);
+        return l == 0.0f ? 0.0f : *inv;
+    }
+    if (l == 0.0f) { /* no visible key: the sink takes the mass */
+        *M = sink;
+        *inv = 1.0f;
+        *lse = sink;
+        return 0.0f;
+    }
+    const float mm = m > sink ? m : sink;
+    const float em = expf(m - mm); /* NaN when m = +inf: poisoned, stays NaN */
+    const float L = l * em + expf(sink - mm);
+    *M = mm;
+    *inv = 1.0f / L;
+    *lse = mm + logf(L);
+    return em / L;
+}
+
+/* The sinks' gradient (attn.h, d_sinks) from the saved out and lse and
+ * grad_out of a call with pr->sinks: rows [B, H, Lq] of out / grad_out
+ * (fp32 or bf16 by pr->out_dtype), lse row (b, h, i) at
+ * (b·H + h)·lse_ld + i. Written to d [H]. */
+void attn_sinks_grad(const attn_problem *pr, const attn_tensor *out, const attn_tensor *dout,
+                     const float *lse, int64_t lse_ld, float *d);
+
 /* Philox-4x32-10 block for dropout: the four words decide keys 4c..4c+3 of
  * row (b, h, i). Same inputs, same words, on any thread or tile. */
 void attn_philox_block(uint64_t key, int64_t b, int64_t h, int64_t i, int64_t c, uint32_t out[4]);
 uint64_t attn_dropout_key(uint64_t seed, uint64_t offset);
 
-/* Kernels. They trust a validated problem. */
+/* Kernels. They trust a validated problem. The reference backward ADDS the
+ * sinks' gradient (pr->sinks) to sink_acc [H] when it is non-NULL. */
 attn_status attn_sdpa_reference_forward(const attn_problem *pr, const attn_tensor *q,
                                         const attn_tensor *k, const attn_tensor *v,
                                         attn_tensor *out, float *weights, float *lse,
@@ -147,7 +212,7 @@ attn_status attn_sdpa_reference_backward(const attn_problem *pr, const attn_tens
                                          const attn_tensor *k, const attn_tensor *v,
                                          const attn_tensor *out, const float *lse,
                                          const attn_tensor *dout, attn_tensor *dq, attn_tensor *dk,
-                                         attn_tensor *dv, attn_error *err);
+                                         attn_tensor *dv, double *sink_acc, attn_error *err);
 
 /* The varlen reference: attn_sdpa_reference_* per sequence (lse [H, total_q]). */
 attn_status attn_varlen_reference_forward(const attn_problem *pr, const attn_varlen *varlen,
@@ -159,7 +224,7 @@ attn_status attn_varlen_reference_backward(const attn_problem *pr, const attn_va
                                            const attn_tensor *v, const attn_tensor *out,
                                            const float *lse, const attn_tensor *dout,
                                            attn_tensor *dq, attn_tensor *dk, attn_tensor *dv,
-                                           attn_error *err);
+                                           double *sink_acc, attn_error *err);
 
 /* Row-major C[M,N] = alpha * op(A) op(B) + beta * C through the BLAS, on
  * `threads` threads of the library's own team: rows of C cut at multiples of

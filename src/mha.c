@@ -28,6 +28,10 @@ static attn_status check_config(const attn_mha_config *c, mha_dims *d, attn_erro
         return attn_fail(err, ATTN_ERR_SHAPE,
                          "kdim (%lld) and vdim (%lld) must be >= 0 (0: embed_dim)",
                          (long long)c->kdim, (long long)c->vdim);
+    if (c->num_kv_heads != 0 && c->num_kv_heads != c->num_heads)
+        return attn_fail(err, ATTN_ERR_ARG,
+                         "num_kv_heads %lld: the multi-head layer takes only num_heads (or 0) so far",
+                         (long long)c->num_kv_heads);
     d->E = c->embed_dim;
     d->H = c->num_heads;
     d->Dh = d->E / d->H;
@@ -282,7 +286,25 @@ attn_status attn_mha_backward(const attn_mha_config *c, const attn_mha_weights *
                 tdq = attn_tensor_blhd(dQp, B, H, Lq, d.Dh),
                 tdk = attn_tensor_blhd(dKp, B, H, Lk, d.Dh),
                 tdv = attn_tensor_blhd(dVp, B, H, Lk, d.Dh);
+    /* d_sinks ACCUMULATES here like the layer's other gradients: the SDPA
+     * backward writes a private copy, added after it succeeded */
+    attn_sdpa_params sp;
+    float ds_stack[64], *ds = NULL, *user_ds = NULL;
+    if (p && p->sinks && p->d_sinks) {
+        ds = H <= 64 ? ds_stack : malloc((size_t)H * sizeof *ds);
+        if (!ds) {
+            free(tmp);
+            return attn_fail(err, ATTN_ERR_NOMEM, "out of memory for the sinks' gradient");
+        }
+        user_ds = p->d_sinks;
+        sp = *p;
+        sp.d_sinks = ds;
+        p = &sp;
+    }
     s = attn_sdpa_backward(&tq, &tk, &tv, &to, lse, &tdo, p, &tdq, &tdk, &tdv, NULL, err);
+    if (ds && !s)
+        for (int64_t h = 0; h < H; h++) user_ds[h] += ds[h];
+    if (ds && ds != ds_stack) free(ds);
     if (!s) {
         project_backward(query, B * Lq, E, w->w_q, E, dQp, g->w_q, g->b_q, d_query, scratch,
                          threads);

@@ -1,8 +1,10 @@
 /* Public scaled dot-product attention entry points: validate, choose a path,
  * say which path ran and why (attn_sdpa_info, or stderr with ATTN_VERBOSE=1). */
 #include "internal.h"
+#include "sdpa_bf16.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static void report(attn_sdpa_info *info, const char *op, attn_impl impl, const char *reason) {
@@ -17,10 +19,26 @@ static void report(attn_sdpa_info *info, const char *op, attn_impl impl, const c
  * ATTN_IMPL_AUTO and ATTN_IMPL_FUSED take the fused path, which supports
  * every call the validation accepts (all masks, dropout, weights, strides,
  * any sizes); ATTN_IMPL_REFERENCE takes the reference path. */
+/* Which of the attention variants (attn.h) a call uses that the fused
+ * kernels for it do not take yet (NULL: none). */
+static const char *fused_lacks(const attn_problem *pr, const attn_varlen *varlen, int backward) {
+    (void)varlen, (void)backward;
+    if (pr->group > 1) return "grouped-query attention";
+    if (pr->softcap > 0.0f) return "soft-capping";
+    if (pr->alibi) return "ALiBi";
+    if (pr->sinks) return "attention sinks";
+    return NULL;
+}
+
 static attn_impl choose(const attn_problem *pr, const attn_varlen *varlen, attn_impl requested,
                         int backward, char *reason, size_t n) {
     if (requested == ATTN_IMPL_REFERENCE) {
         snprintf(reason, n, "reference path: requested by the caller");
+        return ATTN_IMPL_REFERENCE;
+    }
+    const char *lacks = fused_lacks(pr, varlen, backward);
+    if (lacks) {
+        snprintf(reason, n, "reference path: the fused kernels do not take %s here yet", lacks);
         return ATTN_IMPL_REFERENCE;
     }
     attn_sdpa_fused_describe(pr, varlen, backward, reason, n);
@@ -48,6 +66,57 @@ attn_status attn_sdpa_forward_ws(const attn_tensor *q, const attn_tensor *k, con
             ? attn_sdpa_fused_forward(&pr, q, k, v, out, weights, lse, ws, ws_floats, err)
             : attn_sdpa_reference_forward(&pr, q, k, v, out, weights, lse, err);
     return s ? s : attn_ok(err);
+}
+
+static inline float elem(const attn_tensor *t, int bf16, int64_t b, int64_t h, int64_t i,
+                         int64_t d) {
+    const int64_t o = b * t->stride[0] + h * t->stride[1] + i * t->stride[2] + d * t->stride[3];
+    return bf16 ? attn_bf16_to_f32(((const uint16_t *)(const void *)t->data)[o]) : t->data[o];
+}
+
+void attn_sinks_grad(const attn_problem *pr, const attn_tensor *out, const attn_tensor *dout,
+                     const float *lse, int64_t lse_ld, float *d) {
+    const int bf16 = pr->out_dtype == ATTN_BF16;
+    const int64_t H = pr->H;
+    /* dL/dσ_h = −Σ_{b,i} exp(σ_h − lse)·(dO·O): one head per task, (b, i)
+     * in order, in double: the same bits for any thread count. */
+#pragma omp parallel for num_threads(pr->threads) schedule(static)
+    for (int64_t h = 0; h < H; h++) {
+        double acc = 0.0;
+        for (int64_t b = 0; b < pr->B; b++)
+            for (int64_t i = 0; i < pr->Lq; i++) {
+                const double ps = exp((double)pr->sinks[h] - (double)lse[(b * H + h) * lse_ld + i]);
+                double dd = 0.0;
+                for (int64_t c = 0; c < pr->Dv; c++)
+                    dd += (double)elem(dout, bf16, b, h, i, c) * (double)elem(out, bf16, b, h, i, c);
+                acc -= ps * dd;
+            }
+        d[h] = (float)acc;
+    }
+}
+
+/* The reference backward's sinks accumulator: zeroed doubles [H], on the
+ * stack (ds) for up to ATTN_SINKS_STACK heads, else allocated (NULL: out of
+ * memory). */
+#define ATTN_SINKS_STACK 64
+static double *sinks_acc(const attn_problem *pr, double *ds) {
+    double *a = pr->H <= ATTN_SINKS_STACK ? ds : malloc((size_t)pr->H * sizeof *a);
+    if (a) memset(a, 0, (size_t)pr->H * sizeof *a);
+    return a;
+}
+/* d_sinks (when the backward succeeded, s 0) from the reference's
+ * accumulator, or (acc NULL: the fused path) from the saved out and lse
+ * (attn_sinks_grad); frees an allocated accumulator. */
+static void sinks_finish(const attn_problem *pr, attn_status s, double *acc, double *ds,
+                         const attn_tensor *out, const attn_tensor *dout, const float *lse,
+                         float *d_sinks) {
+    if (!acc) {
+        if (!s) attn_sinks_grad(pr, out, dout, lse, pr->Lq, d_sinks);
+        return;
+    }
+    if (!s)
+        for (int64_t h = 0; h < pr->H; h++) d_sinks[h] = (float)acc[h];
+    if (acc != ds) free(acc);
 }
 
 /* grad_out like out, dq, dk, dv like q, k, v. */
@@ -78,9 +147,15 @@ attn_status attn_sdpa_backward(const attn_tensor *q, const attn_tensor *k, const
     char reason[160];
     attn_impl impl = choose(&pr, NULL, p ? p->impl : ATTN_IMPL_AUTO, 1, reason, sizeof reason);
     report(info, "backward", impl, reason);
+    const int want_ds = pr.sinks && p->d_sinks;
+    double ds[ATTN_SINKS_STACK];
+    double *acc = want_ds && impl == ATTN_IMPL_REFERENCE ? sinks_acc(&pr, ds) : NULL;
+    if (want_ds && impl == ATTN_IMPL_REFERENCE && !acc)
+        return attn_fail(err, ATTN_ERR_NOMEM, "out of memory for the sinks' gradient");
     s = impl == ATTN_IMPL_FUSED
             ? attn_sdpa_fused_backward(&pr, q, k, v, out, lse, grad_out, dq, dk, dv, err)
-            : attn_sdpa_reference_backward(&pr, q, k, v, out, lse, grad_out, dq, dk, dv, err);
+            : attn_sdpa_reference_backward(&pr, q, k, v, out, lse, grad_out, dq, dk, dv, acc, err);
+    if (want_ds) sinks_finish(&pr, s, acc, ds, out, grad_out, lse, p->d_sinks);
     return s ? s : attn_ok(err);
 }
 
@@ -134,6 +209,13 @@ attn_status attn_sdpa_varlen_backward(const attn_tensor *q, const attn_tensor *k
     char reason[160];
     attn_impl impl = choose(&pr, &varlen, p ? p->impl : ATTN_IMPL_AUTO, 1, reason, sizeof reason);
     report(info, "varlen backward", impl, reason);
+    const int want_ds = pr.sinks && p->d_sinks;
+    double ds[ATTN_SINKS_STACK];
+    double *acc = want_ds && impl == ATTN_IMPL_REFERENCE ? sinks_acc(&pr, ds) : NULL;
+    if (want_ds && impl == ATTN_IMPL_REFERENCE && !acc) {
+        attn_varlen_free(&varlen);
+        return attn_fail(err, ATTN_ERR_NOMEM, "out of memory for the sinks' gradient");
+    }
     if (impl == ATTN_IMPL_FUSED) {
         attn_fused_call c;
         memset(&c, 0, sizeof c);
@@ -142,8 +224,10 @@ attn_status attn_sdpa_varlen_backward(const attn_tensor *q, const attn_tensor *k
         s = attn_sdpa_fused_varlen(&c, 1, err);
     } else {
         s = attn_varlen_reference_backward(&pr, &varlen, q, k, v, out, lse, grad_out, dq, dk, dv,
-                                           err);
+                                           acc, err);
     }
+    /* (fused: the packed rows as one batch row of total_q queries) */
+    if (want_ds) sinks_finish(&pr, s, acc, ds, out, grad_out, lse, p->d_sinks);
     attn_varlen_free(&varlen);
     return s ? s : attn_ok(err);
 }

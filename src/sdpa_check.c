@@ -79,11 +79,19 @@ attn_status attn_sdpa_check(const attn_tensor *q, const attn_tensor *k, const at
     pr->Dk = q->dim[3];
     pr->Lk = k->dim[2];
     pr->Dv = v->dim[3];
-    if (k->dim[0] != pr->B || k->dim[1] != pr->H || v->dim[0] != pr->B || v->dim[1] != pr->H)
+    pr->Hkv = k->dim[1];
+    if (k->dim[0] != pr->B || v->dim[0] != pr->B || v->dim[1] != pr->Hkv)
         return attn_fail(err, ATTN_ERR_SHAPE,
-                         "batch/head dims differ: q [%lld, %lld], k [%lld, %lld], v [%lld, %lld]",
+                         "batch/head dims differ: q [%lld, %lld], k [%lld, %lld], v [%lld, %lld] "
+                         "(k and v share B and their head count H_kv; q shares B)",
                          (long long)q->dim[0], (long long)q->dim[1], (long long)k->dim[0],
                          (long long)k->dim[1], (long long)v->dim[0], (long long)v->dim[1]);
+    if (pr->H % pr->Hkv)
+        return attn_fail(err, ATTN_ERR_SHAPE,
+                         "q has %lld heads, k and v %lld: the query heads must be a multiple of "
+                         "the key/value heads (grouped-query attention)",
+                         (long long)pr->H, (long long)pr->Hkv);
+    pr->group = pr->H / pr->Hkv;
     if (k->dim[3] != pr->Dk)
         return attn_fail(err, ATTN_ERR_SHAPE, "k head size %lld != q head size %lld",
                          (long long)k->dim[3], (long long)pr->Dk);
@@ -111,6 +119,31 @@ attn_status attn_sdpa_check(const attn_tensor *q, const attn_tensor *k, const at
     if (!isfinite(p->scale))
         return attn_fail(err, ATTN_ERR_ARG, "scale must be finite, got %g", (double)p->scale);
     pr->scale = p->use_scale ? p->scale : 1.0f / sqrtf((float)pr->Dk);
+
+    if (!p->use_softcap && p->softcap != 0.0f)
+        return attn_fail(err, ATTN_ERR_ARG,
+                         "softcap is %g but use_softcap is 0: set use_softcap = 1 to use it",
+                         (double)p->softcap);
+    if (p->use_softcap) {
+        if (!(p->softcap > 0.0f) || !isfinite(p->softcap))
+            return attn_fail(err, ATTN_ERR_ARG, "softcap must be finite and > 0, got %g",
+                             (double)p->softcap);
+        pr->softcap = p->softcap;
+    }
+    if (p->alibi_slopes) {
+        for (int64_t h = 0; h < pr->H; h++)
+            if (!isfinite(p->alibi_slopes[h]))
+                return attn_fail(err, ATTN_ERR_ARG, "alibi_slopes[%lld] = %g is not finite",
+                                 (long long)h, (double)p->alibi_slopes[h]);
+        pr->alibi = p->alibi_slopes;
+    }
+    if (p->sinks) {
+        for (int64_t h = 0; h < pr->H; h++)
+            if (!isfinite(p->sinks[h]))
+                return attn_fail(err, ATTN_ERR_ARG, "sinks[%lld] = %g is not finite",
+                                 (long long)h, (double)p->sinks[h]);
+        pr->sinks = p->sinks;
+    }
 
     pr->causal = p->causal != 0;
     if (p->key_lengths) {

@@ -45,12 +45,17 @@ static void axpy(float *y, int64_t sy, float alpha, const float *x, int64_t sx, 
 }
 
 /* Masked, scaled score of (b, h, i, j) for j inside the row's structural
- * range; -inf when an element mask removes it. */
+ * range, through soft-capping and ALiBi (h a query head; K read at its K/V
+ * head); -inf when an element mask removes it. dcap (optional): the
+ * soft-cap's derivative there (attn_score_variants). */
 static inline float score(const attn_problem *pr, const attn_tensor *q, const attn_tensor *k,
-                          int64_t b, int64_t h, int64_t i, int64_t j) {
+                          int64_t b, int64_t h, int64_t i, int64_t j, float *dcap) {
+    if (dcap) *dcap = 1.0f;
     if (pr->bmask && !pr->bmask[b * pr->bms[0] + h * pr->bms[1] + i * pr->bms[2] + j * pr->bms[3]])
         return -INFINITY;
-    float s = pr->scale * dot(at(q, b, h, i), q->stride[3], at(k, b, h, j), k->stride[3], pr->Dk);
+    float s = pr->scale * dot(at(q, b, h, i), q->stride[3], at(k, b, attn_kv_head(pr, h), j),
+                              k->stride[3], pr->Dk);
+    s = attn_score_variants(pr, h, i, j, s, dcap);
     if (pr->amask)
         s += pr->amask[b * pr->ams[0] + h * pr->ams[1] + i * pr->ams[2] + j * pr->ams[3]];
     return s;
@@ -96,8 +101,9 @@ attn_status attn_sdpa_reference_forward(const attn_problem *pr, const attn_tenso
         attn_row_range(pr, b, i, &lo, &hi);
         float m = -INFINITY;
         int nan = 0;
+        const int64_t g = attn_kv_head(pr, h);
         for (int64_t j = lo; j < hi; j++) {
-            float x = score(pr, q, k, b, h, i, j);
+            float x = score(pr, q, k, b, h, i, j, NULL);
             s[j] = x;
             nan |= x != x;
             m = x > m ? x : m;
@@ -114,13 +120,15 @@ attn_status attn_sdpa_reference_forward(const attn_problem *pr, const attn_tenso
             if (lse) lse[r] = NAN;
             continue;
         }
-        if (m == -INFINITY) { /* no visible key: zeros, lse -inf */
+        const float sink = pr->sinks ? pr->sinks[h] : -INFINITY;
+        if (m == -INFINITY) { /* no visible key: zeros, lse -inf (with a sink: its logit) */
             if (weights)
                 for (int64_t j = lo; j < hi; j++) s[j] = 0.0f;
-            if (lse) lse[r] = -INFINITY;
+            if (lse) lse[r] = sink;
             continue;
         }
-        float l = 0.0f;
+        if (sink > m) m = sink; /* the sink joins the max and the sum */
+        float l = sink == -INFINITY ? 0.0f : expf(sink - m);
         for (int64_t j = lo; j < hi; j++) {
             s[j] = expf(s[j] - m);
             l += s[j];
@@ -130,7 +138,7 @@ attn_status attn_sdpa_reference_forward(const attn_problem *pr, const attn_tenso
             float pj = s[j] * inv;
             s[j] = pj;
             if (pr->dropout) pj *= drop_mult(pr, b, h, i, j);
-            if (pj != 0.0f) axpy(o, so, pj, at(v, b, h, j), v->stride[3], Dv);
+            if (pj != 0.0f) axpy(o, so, pj, at(v, b, g, j), v->stride[3], Dv);
         }
         if (lse) lse[r] = m + logf(l);
     }
@@ -142,13 +150,13 @@ attn_status attn_sdpa_reference_backward(const attn_problem *pr, const attn_tens
                                          const attn_tensor *k, const attn_tensor *v,
                                          const attn_tensor *out, const float *lse,
                                          const attn_tensor *dout, attn_tensor *dq, attn_tensor *dk,
-                                         attn_tensor *dv, attn_error *err) {
+                                         attn_tensor *dv, double *sink_acc, attn_error *err) {
     if (pr->dtype != ATTN_F32) {
         attn_bf16_f32 w;
         attn_status s = attn_bf16_widen(pr, q, k, v, out, dout, 1, &w, err);
         if (s) return s;
         s = attn_sdpa_reference_backward(&w.pr, &w.q, &w.k, &w.v, &w.out, lse, &w.dout, dq, dk, dv,
-                                         err);
+                                         sink_acc, err);
         attn_bf16_free(&w);
         return s;
     }
@@ -156,38 +164,61 @@ attn_status attn_sdpa_reference_backward(const attn_problem *pr, const attn_tens
     const int64_t sq = q->stride[3], sk = k->stride[3], sv = v->stride[3], so = out->stride[3];
     const int64_t sdo = dout->stride[3], sdq = dq->stride[3], sdk = dk->stride[3],
                   sdv = dv->stride[3];
-    /* One (b, h) per task: its dK, dV rows are written by that thread only. */
+    /* One (b, K/V head g) per task: its dK, dV rows are written by that
+     * thread only, summed over the group's query heads in head order. */
+    const int64_t Hkv = pr->Hkv, G = pr->group;
+    /* the sinks' gradient per (b, h): −Σ_i p_sink·Σ_j P_ij dP_ij (D_i from
+     * the recomputed P, not dO·O: O may be rounded to bf16), then over b */
+    double *sg = NULL;
+    if (sink_acc && pr->sinks) {
+        sg = calloc((size_t)(B * H), sizeof *sg);
+        if (!sg) return attn_fail(err, ATTN_ERR_NOMEM, "out of memory for the sinks' gradient");
+    }
 #pragma omp parallel for num_threads(pr->threads) schedule(dynamic, 1)
-    for (int64_t bh = 0; bh < B * H; bh++) {
-        const int64_t b = bh / H, h = bh % H;
+    for (int64_t bg = 0; bg < B * Hkv; bg++) {
+        const int64_t b = bg / Hkv, g = bg % Hkv;
         for (int64_t j = 0; j < Lk; j++) {
-            float *gk = at_mut(dk, b, h, j), *gv = at_mut(dv, b, h, j);
+            float *gk = at_mut(dk, b, g, j), *gv = at_mut(dv, b, g, j);
             for (int64_t d = 0; d < Dk; d++) gk[d * sdk] = 0.0f;
             for (int64_t d = 0; d < Dv; d++) gv[d * sdv] = 0.0f;
         }
-        for (int64_t i = 0; i < Lq; i++) {
-            float *gq = at_mut(dq, b, h, i);
-            for (int64_t d = 0; d < Dk; d++) gq[d * sdq] = 0.0f;
-            const float li = lse[bh * Lq + i];
-            if (li == -INFINITY) continue; /* row saw no key: zero gradient */
-            const float *go = at(dout, b, h, i), *qi = at(q, b, h, i);
-            /* D_i = rowsum(dO ∘ O) = Σ_j P_ij dP_ij, also with dropout. */
-            const float Di = dot(go, sdo, at(out, b, h, i), so, Dv);
-            int64_t lo, hi;
-            attn_row_range(pr, b, i, &lo, &hi);
-            for (int64_t j = lo; j < hi; j++) {
-                const float x = score(pr, q, k, b, h, i, j);
-                if (x == -INFINITY) continue;
-                const float pij = expf(x - li);
-                const float mult = pr->dropout ? drop_mult(pr, b, h, i, j) : 1.0f;
-                const float *vj = at(v, b, h, j), *kj = at(k, b, h, j);
-                const float dpij = mult * dot(go, sdo, vj, sv, Dv);
-                if (mult != 0.0f) axpy(at_mut(dv, b, h, j), sdv, pij * mult, go, sdo, Dv);
-                const float ds = pr->scale * pij * (dpij - Di);
-                axpy(gq, sdq, ds, kj, sk, Dk);
-                axpy(at_mut(dk, b, h, j), sdk, ds, qi, sq, Dk);
+        for (int64_t h = g * G; h < (g + 1) * G; h++) {
+            const int64_t bh = b * H + h;
+            for (int64_t i = 0; i < Lq; i++) {
+                float *gq = at_mut(dq, b, h, i);
+                for (int64_t d = 0; d < Dk; d++) gq[d * sdq] = 0.0f;
+                const float li = lse[bh * Lq + i];
+                if (li == -INFINITY) continue; /* row saw no key: zero gradient */
+                const float *go = at(dout, b, h, i), *qi = at(q, b, h, i);
+                /* D_i = rowsum(dO ∘ O) = Σ_j P_ij dP_ij, also with dropout. */
+                const float Di = dot(go, sdo, at(out, b, h, i), so, Dv);
+                int64_t lo, hi;
+                attn_row_range(pr, b, i, &lo, &hi);
+                float Dx = 0.0f; /* Σ_j P_ij dP_ij */
+                for (int64_t j = lo; j < hi; j++) {
+                    float dcap;
+                    const float x = score(pr, q, k, b, h, i, j, &dcap);
+                    if (x == -INFINITY) continue;
+                    const float pij = expf(x - li);
+                    const float mult = pr->dropout ? drop_mult(pr, b, h, i, j) : 1.0f;
+                    const float *vj = at(v, b, g, j), *kj = at(k, b, g, j);
+                    const float dpij = mult * dot(go, sdo, vj, sv, Dv);
+                    Dx += pij * dpij;
+                    if (mult != 0.0f) axpy(at_mut(dv, b, g, j), sdv, pij * mult, go, sdo, Dv);
+                    /* through the soft-cap: dS_raw = dS · (1 − tanh²) */
+                    float ds = pr->scale * pij * (dpij - Di);
+                    if (pr->softcap > 0.0f) ds *= dcap;
+                    axpy(gq, sdq, ds, kj, sk, Dk);
+                    axpy(at_mut(dk, b, g, j), sdk, ds, qi, sq, Dk);
+                }
+                if (sg) sg[bh] -= exp((double)pr->sinks[h] - (double)li) * (double)Dx;
             }
         }
+    }
+    if (sg) {
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t b = 0; b < B; b++) sink_acc[h] += sg[b * H + h];
+        free(sg);
     }
     return ATTN_OK;
 }

@@ -147,7 +147,7 @@ attn_status attn_varlen_reference_backward(const attn_problem *pr, const attn_va
                                            const attn_tensor *v, const attn_tensor *out,
                                            const float *lse, const attn_tensor *dout,
                                            attn_tensor *dq, attn_tensor *dk, attn_tensor *dv,
-                                           attn_error *err) {
+                                           double *sink_acc, attn_error *err) {
     float *tmp = malloc((size_t)(pr->H * max_len(varlen->cu_q, varlen->n)) * sizeof(float));
     if (!tmp) return attn_fail(err, ATTN_ERR_NOMEM, "out of memory for the lse rows");
     attn_status st = ATTN_OK;
@@ -161,7 +161,8 @@ attn_status attn_varlen_reference_backward(const attn_problem *pr, const attn_va
                     dks = attn_varlen_rows(dk, k0, nk), dvs = attn_varlen_rows(dv, k0, nk);
         lse_copy(tmp, nq, lse + q0, pr->Lq, pr->H, nq);
         st =
-            attn_sdpa_reference_backward(&sub, &qs, &ks, &vs, &os, tmp, &gs, &dqs, &dks, &dvs, err);
+            attn_sdpa_reference_backward(&sub, &qs, &ks, &vs, &os, tmp, &gs, &dqs, &dks, &dvs,
+                                         sink_acc, err);
     }
     free(tmp);
     return st;

@@ -84,7 +84,7 @@ static void test_scale_field(void) {
         zero_scale_case(3, 300, impls[i]); /* decode */
     }
     /* MHA: a scale without use_scale is refused; use_scale with 0 runs */
-    attn_mha_config c = {8, 2, 0, 0, 1};
+    attn_mha_config c = {8, 2, 0, 0, 1, 0};
     size_t np = 0;
     attn_mha_param_count(&c, &np, NULL);
     float *params = tu_malloc(np * 4), x[2 * 3 * 8], y[2 * 3 * 8];

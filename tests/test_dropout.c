@@ -214,7 +214,7 @@ static void test_threads(void) {
 
         /* MHA: cross-attention, bias, per-head weights, all gradients. */
         enum { E = 12, NH = 3, KD = 10, VD = 7 };
-        attn_mha_config c = {E, NH, KD, VD, 1};
+        attn_mha_config c = {E, NH, KD, VD, 1, 0};
         size_t np, nc;
         attn_mha_param_count(&c, &np, NULL);
         attn_mha_cache_size(&c, B, LQ, LK, &nc, NULL);
@@ -439,7 +439,7 @@ static void test_noop(void) {
 
         /* MHA: eval mode with p > 0 is the no-dropout layer. */
         enum { E = 8, NH = 2 };
-        attn_mha_config c = {E, NH, 0, 0, 1};
+        attn_mha_config c = {E, NH, 0, 0, 1, 0};
         size_t np, nc;
         attn_mha_param_count(&c, &np, NULL);
         attn_mha_cache_size(&c, B, LQ, LQ, &nc, NULL);
@@ -482,7 +482,7 @@ static void test_invalid(void) {
     attn_sdpa_forward(&tq, &tk, &tv, &ok, &to, NULL, s.lse, NULL, NULL);
 
     enum { E = 8, NH = 2 };
-    attn_mha_config c = {E, NH, 0, 0, 1};
+    attn_mha_config c = {E, NH, 0, 0, 1, 0};
     size_t np, nc;
     attn_mha_param_count(&c, &np, NULL);
     attn_mha_cache_size(&c, B, L, L, &nc, NULL);

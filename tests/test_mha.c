@@ -70,7 +70,7 @@ typedef struct {
 static void run_mha(const mha_case *mc, const attn_sdpa_params *p, attn_weights_mode mode,
                     attn_impl impl, uint64_t seed) {
     const int64_t E = mc->E, H = mc->H, B = mc->B, Lq = mc->Lq, Lk = mc->Lk;
-    attn_mha_config c = {E, H, mc->kdim, mc->vdim, mc->bias};
+    attn_mha_config c = {E, H, mc->kdim, mc->vdim, mc->bias, 0};
     const int64_t kd = c.kdim ? c.kdim : E, vd = c.vdim ? c.vdim : E;
     attn_error err;
     memset(&err, 0, sizeof err);
@@ -224,7 +224,7 @@ static int all_zero(const float *x, size_t n) {
 
 /* One config: layout of the packed buffer, bounds, determinism. */
 static void check_init(int64_t E, int64_t H, int64_t kdim, int64_t vdim, int bias) {
-    attn_mha_config c = {E, H, kdim, vdim, bias};
+    attn_mha_config c = {E, H, kdim, vdim, bias, 0};
     const int64_t kd = kdim ? kdim : E, vd = vdim ? vdim : E;
     attn_error err;
     memset(&err, 0, sizeof err);

@@ -143,7 +143,7 @@ static libcall lib_setup(const mcase *mc) {
     libcall L;
     memset(&L, 0, sizeof L);
     L.c = (attn_mha_config){mc->c.E, mc->c.H, mc->c.kd == mc->c.E ? 0 : mc->c.kd,
-                            mc->c.vd == mc->c.E ? 0 : mc->c.vd, mc->c.bias};
+                            mc->c.vd == mc->c.E ? 0 : mc->c.vd, mc->c.bias, 0};
     L.w = make_params(&L.c);
     L.g = make_params(&L.c);
     tu_rng r = tu_seed(mc->seed);

@@ -70,7 +70,7 @@ static double rel_err(const float *got, const double *want, size_t n) {
     return tu_maxdiff(got, want, n) / (m > 0 ? m : 1.0);
 }
 
-static attn_mha_config g_cfg = {E, NH, 0, 0, 1};
+static attn_mha_config g_cfg = {E, NH, 0, 0, 1, 0};
 static attn_mha_weights g_w;
 static double g_worst_step, g_worst_fwd;
 
@@ -245,8 +245,8 @@ static void test_refusals(void) {
     CHECK_ERR(attn_mha_step(&g_cfg, &g_w, &kv, 0, 1, x, NULL, y, &err), ATTN_ERR_SHAPE, &err);
     CHECK_ERR(attn_mha_step(&g_cfg, &g_w, &kv, 1, 3, x, NULL, y, &err), ATTN_ERR_SHAPE, &err);
     CHECK_ERR(attn_mha_step(&g_cfg, &g_w, &kv, 1, 0, x, NULL, y, &err), ATTN_ERR_SHAPE, &err);
-    attn_mha_config other = {2 * E, NH, 0, 0, 1}, cross = {E, NH, E / 2, 0, 1},
-                    heads = {E, 2, 0, 0, 1};
+    attn_mha_config other = {2 * E, NH, 0, 0, 1, 0}, cross = {E, NH, E / 2, 0, 1, 0},
+                    heads = {E, 2, 0, 0, 1, 0};
     CHECK_ERR(attn_mha_step(&other, &g_w, &kv, 1, 1, x, NULL, y, &err), ATTN_ERR_SHAPE, &err);
     CHECK_ERR(attn_mha_step(&cross, &g_w, &kv, 1, 1, x, NULL, y, &err), ATTN_ERR_SHAPE, &err);
     CHECK_ERR(attn_mha_step(&heads, &g_w, &kv, 1, 1, x, NULL, y, &err), ATTN_ERR_SHAPE, &err);

@@ -30,7 +30,7 @@ typedef struct {
 /* One caller's work: causal forward, backward, then the sequence again
  * token by token through a KV cache. */
 static void work(int threads, results *r) {
-    attn_mha_config c = {E, NH, 0, 0, 1};
+    attn_mha_config c = {E, NH, 0, 0, 1, 0};
     attn_mha_weights w, gw;
     attn_mha_weights_from_buffer(&c, params, &w, NULL);
     memset(r, 0, sizeof *r);

@@ -40,7 +40,7 @@ static void run(int threads, attn_impl impl, results *r) {
     s = attn_sdpa_forward(&tq, &tk, &tv, &p, &to, NULL, NULL, NULL, &err);
     CHECK(s == ATTN_OK, "threads %d: sdpa (no weights) %s", threads, err.message);
 
-    attn_mha_config c = {E, NH, KD, VD, 1};
+    attn_mha_config c = {E, NH, KD, VD, 1, 0};
     attn_mha_weights w;
     attn_mha_weights_from_buffer(&c, params, &w, NULL);
     p.add_mask = NULL;

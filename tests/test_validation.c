@@ -243,7 +243,7 @@ static void test_threads_and_names(void) {
 
 static void test_mha(void) {
     enum { E = 8, NH = 2, MB = 2, MLQ = 3, MLK = 4 };
-    attn_mha_config c = {E, NH, 0, 0, 1};
+    attn_mha_config c = {E, NH, 0, 0, 1, 0};
     static float params[4 * E * E + 4 * E], x[MB * MLK * E], y[MB * MLQ * E],
         wts[MB * NH * MLQ * MLK];
     attn_mha_weights w;
@@ -257,8 +257,8 @@ static void test_mha(void) {
     tu_fill(&r, x, sizeof x / sizeof(float), -1, 1);
 
     /* Config errors, through every function that takes a config. */
-    attn_mha_config bad[] = {{0, 1, 0, 0, 0}, {8, 0, 0, 0, 0},  {-8, 2, 0, 0, 0}, {8, -2, 0, 0, 0},
-                             {8, 3, 0, 0, 0}, {8, 2, -1, 0, 0}, {8, 2, 0, -5, 0}};
+    attn_mha_config bad[] = {{0, 1, 0, 0, 0, 0}, {8, 0, 0, 0, 0, 0},  {-8, 2, 0, 0, 0, 0}, {8, -2, 0, 0, 0, 0},
+                             {8, 3, 0, 0, 0, 0}, {8, 2, -1, 0, 0, 0}, {8, 2, 0, -5, 0, 0}};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         size_t cnt;
         EXPECT(attn_mha_param_count(&bad[i], &cnt, fresh()), ATTN_ERR_SHAPE);
@@ -268,7 +268,7 @@ static void test_mha(void) {
     attn_mha_weights_from_buffer(&c, params, &w, NULL);
     /* embed_dim % num_heads: the message must say so. */
     size_t cnt;
-    attn_mha_config nd = {10, 4, 0, 0, 0};
+    attn_mha_config nd = {10, 4, 0, 0, 0, 0};
     EXPECT(attn_mha_param_count(&nd, &cnt, fresh()), ATTN_ERR_SHAPE);
     CHECK(strstr(ge.message, "divisible") || strstr(ge.message, "num_heads"),
           "E %% H message does not mention it: \"%s\"", ge.message);
@@ -276,7 +276,7 @@ static void test_mha(void) {
                             fresh()),
            ATTN_ERR_SHAPE);
     /* Oversized embedding. */
-    attn_mha_config huge = {(int64_t)1 << 40, 1, 0, 0, 0};
+    attn_mha_config huge = {(int64_t)1 << 40, 1, 0, 0, 0, 0};
     EXPECT(attn_mha_param_count(&huge, &cnt, fresh()), ATTN_ERR_OVERFLOW);
 
     /* NULL pointers. */

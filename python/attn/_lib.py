@@ -76,7 +76,12 @@ class attn_sdpa_params(ctypes.Structure):
                 ("impl", ctypes.c_int),
                 ("num_threads", ctypes.c_int),
                 ("dtype", ctypes.c_int),
-                ("out_dtype", ctypes.c_int)]
+                ("out_dtype", ctypes.c_int),
+                ("use_softcap", ctypes.c_int),
+                ("softcap", ctypes.c_float),
+                ("alibi_slopes", c_float_p),
+                ("sinks", c_float_p),
+                ("d_sinks", c_float_p)]
 
 
 class attn_sdpa_info(ctypes.Structure):
@@ -89,7 +94,8 @@ class attn_mha_config(ctypes.Structure):
                 ("num_heads", ctypes.c_int64),
                 ("kdim", ctypes.c_int64),
                 ("vdim", ctypes.c_int64),
-                ("bias", ctypes.c_int)]
+                ("bias", ctypes.c_int),
+                ("num_kv_heads", ctypes.c_int64)]
 
 
 class attn_mha_weights(ctypes.Structure):
@@ -114,7 +120,8 @@ class attn_mha_kv(ctypes.Structure):
                 ("num_heads", ctypes.c_int64),
                 ("threads", ctypes.c_int),
                 ("work", ctypes.c_void_p),
-                ("work_bytes", ctypes.c_size_t)]
+                ("work_bytes", ctypes.c_size_t),
+                ("num_kv_heads", ctypes.c_int64)]
 
 
 STRUCTS = {
@@ -131,7 +138,7 @@ STRUCTS = {
 
 # The library version these declarations mirror (attn.h's ATTN_VERSION);
 # _load refuses a library that reports another (its structs may differ).
-ABI_VERSION = "0.4.0"
+ABI_VERSION = "0.5.0"
 
 # ---------------------------------------------------------------- loading
 

@@ -77,11 +77,24 @@ def float32_from_bf16(u):
 
 def build_params(*, scale=None, is_causal=False, key_lengths=None, window=None,
                  dropout_p=0.0, training=None, seed=0, offset=0, impl=None,
-                 num_threads=0, dtype=_lib.ATTN_F32, out_dtype=_lib.ATTN_F32):
-    """attn_sdpa_params (masks are attached by the caller). key_lengths must
-    already be a contiguous int64 array that the caller keeps alive; dtype /
-    out_dtype are attn_dtype codes (dtype_code)."""
+                 num_threads=0, dtype=_lib.ATTN_F32, out_dtype=_lib.ATTN_F32,
+                 softcap=None, alibi_slopes=None, sinks=None):
+    """attn_sdpa_params (masks are attached by the caller). key_lengths,
+    alibi_slopes and sinks must already be contiguous int64 / float32 arrays
+    that the caller keeps alive; dtype / out_dtype are attn_dtype codes
+    (dtype_code)."""
     p = _lib.attn_sdpa_params()
+    if softcap is not None:  # the library refuses <= 0 and non-finite caps
+        softcap = float(softcap)
+        if math.isfinite(softcap) and abs(softcap) > _FLT_MAX:
+            raise _lib.AttnError(_lib.ATTN_ERR_ARG, "softcap must be finite in "
+                                 "float32, got %g" % softcap)
+        p.use_softcap = 1
+        p.softcap = softcap
+    if alibi_slopes is not None:
+        p.alibi_slopes = alibi_slopes.ctypes.data_as(_lib.c_float_p)
+    if sinks is not None:
+        p.sinks = sinks.ctypes.data_as(_lib.c_float_p)
     p.dtype = dtype
     p.out_dtype = out_dtype
     if scale is not None:  # explicit, 0 included (every score 0)
@@ -143,9 +156,41 @@ def _zeros_view(shape, bf16):
                        "stand-in", bf16)
 
 
+def per_head(x, name, heads, h_lib):
+    """A per-query-head argument (alibi_slopes, sinks): 1-D with `heads`
+    entries (the query's dim -3), as a float32 array of the library's h_lib
+    heads (the leading dims after the first flattened: the values repeat
+    for each outer index)."""
+    a = as_numpy(x)
+    if a.ndim != 1 or a.shape[0] != heads:
+        raise ValueError("%s must be 1-D with one value per query head (%d), got "
+                         "shape %s" % (name, heads, a.shape))
+    if a.dtype.kind not in "fiu":
+        raise ValueError("%s must be real numbers, got dtype %s" % (name, a.dtype))
+    if heads == 0:  # zero heads: a stand-in head
+        return np.zeros(max(h_lib, 1), np.float32)
+    return np.ascontiguousarray(np.tile(a.astype(np.float32), h_lib // heads))
+
+
+def fold_heads(d, heads):
+    """The library's per-head gradient (h_lib values) summed back onto the
+    caller's `heads` (the inverse of per_head's repetition)."""
+    if heads == 0:
+        return np.zeros(0, np.float32)
+    return d.astype(np.float64).reshape(-1, heads).sum(0).astype(np.float32)
+
+
+def needs_heads(query, enable_gqa, alibi_slopes, sinks):
+    """3-D (H, L, E) inputs with a per-head argument or enable_gqa are run as
+    (1, H, L, E) (dim -3 is the heads, as PyTorch reads it)."""
+    return (np.ndim(query) == 3 and
+            (enable_gqa or alibi_slopes is not None or sinks is not None))
+
+
 def _prepare(query, key, value, attn_mask, dropout_p, is_causal, scale,
              key_padding_lengths, window, seed, offset, impl, num_threads,
-             stand_ins=False, dtype=None, out_dtype=None):
+             stand_ins=False, dtype=None, out_dtype=None, enable_gqa=False,
+             softcap=None, alibi_slopes=None, sinks=None):
     """_Call for these arguments. stand_ins=True applies the zero-size rule
     (see _Call; the caller maps results back with _result); without it a
     zero Lk or Dk reaches the library, which refuses it. dtype / out_dtype:
@@ -163,13 +208,22 @@ def _prepare(query, key, value, attn_mask, dropout_p, is_causal, scale,
     c.k, c.tk = tensor_view(key, "key", c.bf16)
     c.v, c.tv = tensor_view(value, "value", c.bf16)
     c.lead = lead = c.q.shape[:-2]
-    if c.k.shape[:-2] != lead or c.v.shape[:-2] != lead:
+    if enable_gqa:  # key and value: H_kv heads at dim -3, H_q % H_kv == 0
+        kl_ = c.k.shape[:-2]
+        if (len(lead) < 2 or kl_[:-1] != lead[:-1] or c.v.shape[:-2] != kl_ or
+                kl_[-1] == 0 or lead[-1] % kl_[-1]):
+            raise ValueError(
+                "enable_gqa: query (..., H_q, Lq, E), key and value (..., H_kv, "
+                "Lk, E) with the same other leading dims and H_q a multiple of "
+                "H_kv; got shapes %s, %s, %s" % (c.q.shape, c.k.shape, c.v.shape))
+    elif c.k.shape[:-2] != lead or c.v.shape[:-2] != lead:
         raise ValueError(
             "query, key and value must have the same leading dims: got shapes "
-            "%s, %s, %s" % (c.q.shape, c.k.shape, c.v.shape))
+            "%s, %s, %s (different head counts need enable_gqa=True)"
+            % (c.q.shape, c.k.shape, c.v.shape))
     c.Lq, c.Lk, c.Dv = c.q.shape[-2], c.k.shape[-2], c.v.shape[-1]
     Dk = c.q.shape[-1]
-    B, H = int(c.tq.dim[0]), int(c.tq.dim[1])
+    B, H, Hk = int(c.tq.dim[0]), int(c.tq.dim[1]), int(c.tk.dim[1])
     c.shapes = (c.q.shape, c.k.shape, c.v.shape)
     dims = {"B": B, "H": H, "Lq": c.Lq, "Lk": c.Lk, "Dk": Dk, "Dv": c.Dv}
     zero = {n for n, d in dims.items() if d == 0} if stand_ins else set()
@@ -194,9 +248,9 @@ def _prepare(query, key, value, attn_mask, dropout_p, is_causal, scale,
     if c.sub["q"]:
         c.q, c.tq = _zeros_view((s["B"], s["H"], s["Lq"], s["Dk"]), c.bf16)
     if c.sub["k"]:
-        c.k, c.tk = _zeros_view((s["B"], s["H"], s["Lk"], s["Dk"]), c.bf16)
+        c.k, c.tk = _zeros_view((s["B"], max(Hk, 1), s["Lk"], s["Dk"]), c.bf16)
     if c.sub["v"]:
-        c.v, c.tv = _zeros_view((s["B"], s["H"], s["Lk"], s["Dv"]), c.bf16)
+        c.v, c.tv = _zeros_view((s["B"], max(Hk, 1), s["Lk"], s["Dv"]), c.bf16)
     if "Dk" in zero and scale is None:
         scale = 1.0  # every score is 0 whatever the scale; 1/sqrt(0) is not
 
@@ -227,10 +281,17 @@ def _prepare(query, key, value, attn_mask, dropout_p, is_causal, scale,
         kl = np.zeros(s["B"], np.int64)  # the stand-in key is never seen
     c.key_lengths = kl
 
+    # per-head arguments: heads = the query's dim -3 (1 without it)
+    c.heads = c.shapes[0][-3] if len(c.shapes[0]) >= 3 else 1
+    h_lib = int(c.tq.dim[1])
+    c.alibi = (None if alibi_slopes is None else
+               per_head(alibi_slopes, "alibi_slopes", c.heads, h_lib))
+    c.sinks = None if sinks is None else per_head(sinks, "sinks", c.heads, h_lib)
     c.p = p = build_params(scale=scale, is_causal=is_causal, key_lengths=kl,
                            window=window, dropout_p=dropout_p, seed=seed,
                            offset=offset, impl=impl, num_threads=num_threads,
-                           dtype=c.dtype, out_dtype=c.out_dtype)
+                           dtype=c.dtype, out_dtype=c.out_dtype, softcap=softcap,
+                           alibi_slopes=c.alibi, sinks=c.sinks)
 
     if attn_mask is not None:
         m, is_bool = mask_array(attn_mask, "attn_mask")
@@ -275,7 +336,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None,
                                  key_padding_lengths=None, window=None,
                                  need_weights=False, seed=0, offset=0,
                                  impl=None, num_threads=0, dtype=None,
-                                 out_dtype=None):
+                                 out_dtype=None, enable_gqa=False, softcap=None,
+                                 alibi_slopes=None, sinks=None):
     """softmax(query @ keyᵀ * scale + masks) @ value, like PyTorch 2's
     torch.nn.functional.scaled_dot_product_attention.
 
@@ -310,10 +372,36 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None,
     Zero-size dims give PyTorch's results: B, H, Lq or Ev = 0 empty outputs,
     Lk = 0 output 0 (no query sees a key), E = 0 uniform weights over the
     visible keys (every score is 0); the arguments are validated all the same.
+
+    Attention variants (attn.h; PyTorch's and FlashAttention's conventions;
+    they combine with each other and with every option above). The heads
+    are dim -3 of query (a 3-D query is (H, L, E)):
+    enable_gqa: key and value may have H_kv heads (dim -3), H_q % H_kv == 0;
+      query head h reads K/V head h // (H_q / H_kv) (PyTorch 2.5's
+      enable_gqa, repeat_interleave's order).
+    softcap: c > 0: each scaled score s becomes c * tanh(s / c), before
+      alibi_slopes and the masks (Gemma 2).
+    alibi_slopes: H_q slopes m_h: -m_h * |i + Lk - Lq - j| is added after
+      soft-capping (ALiBi, FlashAttention's convention).
+    sinks: H_q logits: each joins its head's softmax denominators and
+      carries no value (gpt-oss); weights then sum to 1 - p_sink per row, and
+      a row that sees no key gets output 0.
     """
+    if needs_heads(query, enable_gqa, alibi_slopes, sinks):
+        r = scaled_dot_product_attention(
+            as_numpy(query)[None], as_numpy(key)[None], as_numpy(value)[None],
+            attn_mask, dropout_p, is_causal, scale,
+            key_padding_lengths=key_padding_lengths, window=window,
+            need_weights=need_weights, seed=seed, offset=offset, impl=impl,
+            num_threads=num_threads, dtype=dtype, out_dtype=out_dtype,
+            enable_gqa=enable_gqa, softcap=softcap, alibi_slopes=alibi_slopes,
+            sinks=sinks)
+        return tuple(a[0] for a in r) if need_weights else r[0]
     c = _prepare(query, key, value, attn_mask, dropout_p, is_causal, scale,
                  key_padding_lengths, window, seed, offset, impl, num_threads,
-                 stand_ins=True, dtype=dtype, out_dtype=out_dtype)
+                 stand_ins=True, dtype=dtype, out_dtype=out_dtype,
+                 enable_gqa=enable_gqa, softcap=softcap,
+                 alibi_slopes=alibi_slopes, sinks=sinks)
     out, tout = out_tensor(c.out_shape, c.out_bf16)
     weights = None
     if need_weights:
@@ -332,7 +420,9 @@ def scaled_dot_product_attention_grad(grad_out, query, key, value,
                                       key_padding_lengths=None, window=None,
                                       seed=0, offset=0, impl=None,
                                       num_threads=0, dtype=None,
-                                      out_dtype=None):
+                                      out_dtype=None, enable_gqa=False,
+                                      softcap=None, alibi_slopes=None,
+                                      sinks=None):
     """Gradients of scaled_dot_product_attention: (dq, dk, dv), float32
     arrays with the shapes of query, key and value (float32 for bf16 inputs
     too: the exact gradients of the bf16 values' attention; round them with
@@ -347,10 +437,24 @@ def scaled_dot_product_attention_grad(grad_out, query, key, value,
     attn_sdpa_backward. A query row that sees no key contributes zero
     gradient (its output is the constant 0). dtype / out_dtype as in the
     forward; grad_out is in out_dtype (uint16 bits for "bf16").
+    With sinks: (dq, dk, dv, dsinks), dsinks float32 (H_q,). With
+    enable_gqa, dk and dv have key's and value's H_kv heads (each the sum
+    over its group of query heads).
     """
+    if needs_heads(query, enable_gqa, alibi_slopes, sinks):
+        r = scaled_dot_product_attention_grad(
+            as_numpy(grad_out)[None], as_numpy(query)[None], as_numpy(key)[None],
+            as_numpy(value)[None], attn_mask, dropout_p, is_causal, scale,
+            key_padding_lengths=key_padding_lengths, window=window, seed=seed,
+            offset=offset, impl=impl, num_threads=num_threads, dtype=dtype,
+            out_dtype=out_dtype, enable_gqa=enable_gqa, softcap=softcap,
+            alibi_slopes=alibi_slopes, sinks=sinks)
+        return tuple(a[0] for a in r[:3]) + tuple(r[3:])
     c = _prepare(query, key, value, attn_mask, dropout_p, is_causal, scale,
                  key_padding_lengths, window, seed, offset, impl, num_threads,
-                 stand_ins=True, dtype=dtype, out_dtype=out_dtype)
+                 stand_ins=True, dtype=dtype, out_dtype=out_dtype,
+                 enable_gqa=enable_gqa, softcap=softcap,
+                 alibi_slopes=alibi_slopes, sinks=sinks)
     out_shape = c.lead + (c.Lq, c.Dv)
     g = (bf16_array(grad_out, "grad_out") if c.out_bf16
          else as_float_array(grad_out, "grad_out"))
@@ -360,8 +464,13 @@ def scaled_dot_product_attention_grad(grad_out, query, key, value,
     out, tout = out_tensor(c.out_shape, c.out_bf16)
     if c.sub["out"]:  # no output element: nothing flows back
         _forward(c, tout, None, None)  # (validates every argument)
-        return tuple(np.zeros(sh, np.float32) for sh in c.shapes)
+        return tuple(np.zeros(sh, np.float32) for sh in c.shapes) + (
+            () if sinks is None else (np.zeros(c.heads, np.float32),))
     g, tg = tensor_view(g, "grad_out", c.out_bf16)
+    dsinks = None
+    if c.sinks is not None:
+        dsinks = np.zeros(c.sinks.shape, np.float32)
+        c.p.d_sinks = dsinks.ctypes.data_as(_lib.c_float_p)
 
     dq, tdq = out_tensor(c.q.shape)
     dk, tdk = out_tensor(c.k.shape)
@@ -378,8 +487,11 @@ def scaled_dot_product_attention_grad(grad_out, query, key, value,
         ctypes.byref(tdv), ctypes.byref(info), ctypes.byref(err))
     _lib.check(st, err)
     _set_path(info, c.note)
-    return (_result(c, "q", dq, c.shapes[0]), _result(c, "k", dk, c.shapes[1]),
-            _result(c, "v", dv, c.shapes[2]))
+    grads = (_result(c, "q", dq, c.shapes[0]), _result(c, "k", dk, c.shapes[1]),
+             _result(c, "v", dv, c.shapes[2]))
+    if dsinks is None:
+        return grads
+    return grads + (fold_heads(dsinks, c.heads),)
 
 
 # ------------------------------------------------ packed variable-length
@@ -400,11 +512,21 @@ def _cu_array(x, name):
 
 
 def _varlen_prepare(query, key, value, cu_seqlens_q, cu_seqlens_k, dropout_p,
-                    is_causal, scale, window, seed, offset, impl, num_threads):
+                    is_causal, scale, window, seed, offset, impl, num_threads,
+                    enable_gqa=False, softcap=None, alibi_slopes=None, sinks=None):
     c = _Call()
     c.q, c.tq = packed_view(query, "query")
     c.k, c.tk = packed_view(key, "key")
     c.v, c.tv = packed_view(value, "value")
+    if not enable_gqa and (c.k.shape[1] != c.q.shape[1] or
+                           c.v.shape[1] != c.q.shape[1]):
+        raise ValueError("query, key and value must have the same head count: "
+                         "got shapes %s, %s, %s (different head counts need "
+                         "enable_gqa=True)" % (c.q.shape, c.k.shape, c.v.shape))
+    c.heads = c.q.shape[1]
+    c.alibi = (None if alibi_slopes is None else
+               per_head(alibi_slopes, "alibi_slopes", c.heads, c.heads))
+    c.sinks = None if sinks is None else per_head(sinks, "sinks", c.heads, c.heads)
     c.cq = _cu_array(cu_seqlens_q, "cu_seqlens_q")
     c.ck = None if cu_seqlens_k is None else _cu_array(cu_seqlens_k,
                                                         "cu_seqlens_k")
@@ -414,7 +536,8 @@ def _varlen_prepare(query, key, value, cu_seqlens_q, cu_seqlens_k, dropout_p,
     c.batch = c.cq.size - 1  # < 1 is refused by the library, which says so
     c.p = build_params(scale=scale, is_causal=is_causal, window=window,
                        dropout_p=dropout_p, seed=seed, offset=offset,
-                       impl=impl, num_threads=num_threads)
+                       impl=impl, num_threads=num_threads, softcap=softcap,
+                       alibi_slopes=c.alibi, sinks=c.sinks)
     return c
 
 
@@ -439,7 +562,9 @@ def scaled_dot_product_attention_varlen(query, key, value, cu_seqlens_q,
                                         is_causal=False, scale=None, *,
                                         window=None, need_weights=False,
                                         seed=0, offset=0, impl=None,
-                                        num_threads=0):
+                                        num_threads=0, enable_gqa=False,
+                                        softcap=None, alibi_slopes=None,
+                                        sinks=None):
     """Attention over sequences packed back to back (FlashAttention's
     varlen layout): query (total_q, H, E), key (total_k, H, E), value
     (total_k, H, Ev); sequence s holds query rows cu_seqlens_q[s] ..
@@ -455,10 +580,14 @@ def scaled_dot_product_attention_varlen(query, key, value, cu_seqlens_q,
     element (causal bottom-right aligned when Lq_s < Lk_s); the dropout mask
     of sequence s is that of batch element s of the padded call with the
     same seed and offset. The cost is Σ Lq_s·Lk_s, not total_q·total_k.
+    enable_gqa (key and value (total_k, H_kv, E)), softcap, alibi_slopes
+    (positions counted within each sequence) and sinks as for
+    scaled_dot_product_attention.
     """
     c = _varlen_prepare(query, key, value, cu_seqlens_q, cu_seqlens_k,
                         dropout_p, is_causal, scale, window, seed, offset,
-                        impl, num_threads)
+                        impl, num_threads, enable_gqa, softcap, alibi_slopes,
+                        sinks)
     Tq, H, Tk = c.q.shape[0], c.q.shape[1], c.k.shape[0]
     out = np.empty((Tq, H, c.v.shape[2]), np.float32)
     _, tout = packed_view(out, "out")
@@ -486,15 +615,19 @@ def scaled_dot_product_attention_varlen_grad(grad_out, query, key, value,
                                              dropout_p=0.0, is_causal=False,
                                              scale=None, *, window=None,
                                              seed=0, offset=0, impl=None,
-                                             num_threads=0):
+                                             num_threads=0, enable_gqa=False,
+                                             softcap=None, alibi_slopes=None,
+                                             sinks=None):
     """Gradients of scaled_dot_product_attention_varlen with the same
     arguments: (dq, dk, dv), float32 (total, H, E) like query, key, value.
     grad_out has the output's shape (total_q, H, Ev). The forward runs again
     here (keeping the log-sum-exp), then attn_sdpa_varlen_backward; the same
-    seed and offset give the same dropout mask."""
+    seed and offset give the same dropout mask. With sinks: (dq, dk, dv,
+    dsinks), dsinks (H,) summed over every sequence's rows."""
     c = _varlen_prepare(query, key, value, cu_seqlens_q, cu_seqlens_k,
                         dropout_p, is_causal, scale, window, seed, offset,
-                        impl, num_threads)
+                        impl, num_threads, enable_gqa, softcap, alibi_slopes,
+                        sinks)
     Tq, H = c.q.shape[0], c.q.shape[1]
     out_shape = (Tq, H, c.v.shape[2])
     g = as_float_array(grad_out, "grad_out")
@@ -506,14 +639,19 @@ def scaled_dot_product_attention_varlen_grad(grad_out, query, key, value,
     _, tout = packed_view(out, "out")
     lse = np.empty((H, Tq), np.float32)
     _varlen_forward(c, tout, None, lse)
-    return _varlen_backward(c, tout, lse, tg)
+    return _varlen_backward(c, tout, lse, tg, with_sinks=sinks is not None)
 
 
-def _varlen_backward(c, tout, lse, tg):
+def _varlen_backward(c, tout, lse, tg, with_sinks=False):
     """(dq, dk, dv) of a _varlen_prepare call from the forward's out view,
-    its lse (H, total_q) and grad_out's view."""
+    its lse (H, total_q) and grad_out's view; with_sinks: and dsinks (H,)
+    (None when the call has no sinks)."""
     grads = [np.empty(a.shape, np.float32) for a in (c.q, c.k, c.v)]
     tds = [packed_view(a, "grad")[1] for a in grads]
+    dsinks = None
+    if c.sinks is not None:
+        dsinks = np.zeros(c.sinks.shape, np.float32)
+        c.p.d_sinks = dsinks.ctypes.data_as(_lib.c_float_p)
     info = _lib.attn_sdpa_info()
     err = _lib.attn_error()
     st = _lib.lib.attn_sdpa_varlen_backward(
@@ -524,4 +662,4 @@ def _varlen_backward(c, tout, lse, tg):
         ctypes.byref(err))
     _lib.check(st, err)
     _set_path(info)
-    return tuple(grads)
+    return tuple(grads) + ((dsinks,) if with_sinks else ())

@@ -59,7 +59,7 @@ from torch import nn
 from . import _lib
 from ._views import mask_array, mask_view, out_tensor, packed_view, tensor_view
 from .functional import (_forward, _prepare, _result, _set_path, _varlen_backward,
-                         _varlen_forward, _varlen_prepare, build_params)
+                         _varlen_forward, _varlen_prepare, build_params, fold_heads)
 
 __all__ = ["scaled_dot_product_attention", "scaled_dot_product_attention_varlen",
            "MultiheadAttention", "UnsupportedError"]
@@ -182,7 +182,8 @@ def _maybe_refuse(grads, inputs):
 
 class _SDPAOptions:
     __slots__ = ("dropout_p", "is_causal", "scale", "key_lengths", "window",
-                 "seed", "offset", "num_threads")
+                 "seed", "offset", "num_threads", "enable_gqa", "softcap",
+                 "alibi_slopes")
 
 
 class _SDPAFunction(torch.autograd.Function):
@@ -191,7 +192,7 @@ class _SDPAFunction(torch.autograd.Function):
     the replaced tensors are zeros of the caller's shape."""
 
     @staticmethod
-    def forward(ctx, query, key, value, attn_mask, o):
+    def forward(ctx, query, key, value, attn_mask, sinks, o):
         bf16 = "bf16" if query.dtype == torch.bfloat16 else None
         mask = attn_mask
         if mask is not None and mask.dtype == torch.bfloat16:
@@ -200,7 +201,9 @@ class _SDPAFunction(torch.autograd.Function):
                      None if mask is None else _np(mask),
                      o.dropout_p, o.is_causal, o.scale, o.key_lengths, o.window,
                      o.seed, o.offset, None, o.num_threads, stand_ins=True,
-                     dtype=bf16)
+                     dtype=bf16, enable_gqa=o.enable_gqa, softcap=o.softcap,
+                     alibi_slopes=o.alibi_slopes,
+                     sinks=None if sinks is None else _np(sinks.float()))
         # stand-ins are not copies of an input
         _last.copied = tuple(
             n for n, a, t, sub in (("query", c.q, query, c.sub["q"]),
@@ -214,24 +217,32 @@ class _SDPAFunction(torch.autograd.Function):
         lse = torch.from_numpy(lse_np)
         ctx.call = c
         # saved for autograd's in-place checks: c's views read this memory
-        ctx.save_for_backward(query, key, value, attn_mask, out, lse)
+        ctx.save_for_backward(query, key, value, attn_mask, sinks, out, lse)
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        query, key, value, _, out, lse = ctx.saved_tensors
+        query, key, value, _, sinks, out, lse = ctx.saved_tensors
         c = ctx.call
         need = ctx.needs_input_grad[:3]
-        if c.sub["out"] or grad_out is None or not any(need):
+        need_s = sinks is not None and ctx.needs_input_grad[4]
+        ins = (query, key, value) + ((sinks,) if sinks is not None else ())
+        if c.sub["out"] or grad_out is None or not (any(need) or need_s):
             grads = tuple(torch.zeros_like(t) if n else None
                           for t, n in zip((query, key, value), need))
-            return _maybe_refuse(grads, (query, key, value)) + (None, None)
+            grads = _maybe_refuse(
+                grads + (torch.zeros_like(sinks) if need_s else None,), ins)
+            return grads[:3] + (None, grads[3], None)
         if grad_out.dtype != out.dtype:
             grad_out = grad_out.to(out.dtype)
         g, tg = tensor_view(_np(grad_out), "grad_out", c.out_bf16)
         dq, tdq = out_tensor(c.q.shape)
         dk, tdk = out_tensor(c.k.shape)
         dv, tdv = out_tensor(c.v.shape)
+        dsinks = None
+        if c.sinks is not None:
+            dsinks = np.zeros(c.sinks.shape, np.float32)
+            c.p.d_sinks = dsinks.ctypes.data_as(_lib.c_float_p)
         info = _lib.attn_sdpa_info()
         err = _lib.attn_error()
         st = _lib.lib.attn_sdpa_backward(
@@ -246,13 +257,17 @@ class _SDPAFunction(torch.autograd.Function):
                       if n else None
                       for name, a, shape, n, t in zip("qkv", (dq, dk, dv), c.shapes,
                                                       need, (query, key, value)))
-        return _maybe_refuse(grads, (query, key, value)) + (None, None)
+        ds = (torch.from_numpy(fold_heads(dsinks, c.heads)).to(sinks.dtype)
+              if need_s else None)
+        grads = _maybe_refuse(grads + (ds,), ins)
+        return grads[:3] + (None, grads[3], None)
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None,
                                  dropout_p=0.0, is_causal=False, scale=None, *,
                                  key_padding_lengths=None, window=None,
-                                 seed=None, offset=0):
+                                 seed=None, offset=0, enable_gqa=False,
+                                 softcap=None, alibi_slopes=None, sinks=None):
     """softmax(query @ keyᵀ * scale + masks) @ value with torch autograd.
 
     query (..., Lq, E), key (..., Lk, E), value (..., Lk, Ev): CPU float32
@@ -270,9 +285,29 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None,
     dropout_p: dropout on the weights (applied whenever dropout_p > 0, as
       PyTorch's functional does), in [0, 1). seed/offset key the mask; seed
       None draws one from torch's default generator.
+    enable_gqa, softcap, alibi_slopes, sinks: the attention variants of
+      attn.scaled_dot_product_attention (heads at dim -3; PyTorch 2.5's
+      enable_gqa). sinks: a tensor of H_q logits, differentiable (a sinks
+      tensor that requires grad gets .grad); alibi_slopes: H_q values (a
+      tensor or a sequence), a fixed bias without gradient.
     """
     for name, t in (("query", query), ("key", key), ("value", value)):
         _check_tensor(t, name, "sdpa")
+    if query.dim() == 3 and (enable_gqa or alibi_slopes is not None or
+                             sinks is not None):  # (H, L, E): heads at dim -3
+        return scaled_dot_product_attention(
+            query.unsqueeze(0), key.unsqueeze(0), value.unsqueeze(0), attn_mask,
+            dropout_p, is_causal, scale, key_padding_lengths=key_padding_lengths,
+            window=window, seed=seed, offset=offset, enable_gqa=enable_gqa,
+            softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks).squeeze(0)
+    if sinks is not None:
+        if not isinstance(sinks, torch.Tensor):
+            sinks = torch.as_tensor(sinks, dtype=torch.float32)
+        if sinks.device.type != "cpu" or not sinks.is_floating_point():
+            raise UnsupportedError("attn.torch: sinks must be a floating CPU "
+                                   "tensor, got %s on %s" % (sinks.dtype, sinks.device))
+    if isinstance(alibi_slopes, torch.Tensor):
+        alibi_slopes = alibi_slopes.detach().cpu().float().numpy()
     if not query.dtype == key.dtype == value.dtype:
         raise UnsupportedError(
             "attn.torch: query, key and value must have one dtype (float32 or "
@@ -293,20 +328,26 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None,
     o.seed = _draw_seed() if (seed is None and o.dropout_p > 0) else (seed or 0)
     o.offset = offset
     o.num_threads = torch.get_num_threads()
-    return _SDPAFunction.apply(query, key, value, attn_mask, o)
+    o.enable_gqa = bool(enable_gqa)
+    o.softcap = softcap
+    o.alibi_slopes = alibi_slopes
+    return _SDPAFunction.apply(query, key, value, attn_mask, sinks, o)
 
 
 class _VarlenOptions:
     __slots__ = ("cu_q", "cu_k", "dropout_p", "is_causal", "scale", "window",
-                 "seed", "offset", "num_threads")
+                 "seed", "offset", "num_threads", "enable_gqa", "softcap",
+                 "alibi_slopes")
 
 
 class _VarlenFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, query, key, value, o):
+    def forward(ctx, query, key, value, sinks, o):
         c = _varlen_prepare(_np(query), _np(key), _np(value), o.cu_q, o.cu_k,
                             o.dropout_p, o.is_causal, o.scale, o.window, o.seed,
-                            o.offset, None, o.num_threads)
+                            o.offset, None, o.num_threads, o.enable_gqa, o.softcap,
+                            o.alibi_slopes,
+                            None if sinks is None else _np(sinks.float()))
         Tq, H = c.q.shape[0], c.q.shape[1]
         out_np = np.empty((Tq, H, c.v.shape[2]), np.float32)
         _, c.tout = packed_view(out_np, "out")
@@ -314,35 +355,45 @@ class _VarlenFunction(torch.autograd.Function):
         _varlen_forward(c, c.tout, None, lse_np)
         out, lse = torch.from_numpy(out_np), torch.from_numpy(lse_np)
         ctx.call = c
-        ctx.save_for_backward(query, key, value, out, lse)
+        ctx.save_for_backward(query, key, value, sinks, out, lse)
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        query, key, value, _, lse = ctx.saved_tensors
+        query, key, value, sinks, _, lse = ctx.saved_tensors
         need = ctx.needs_input_grad[:3]
-        if grad_out is None or not any(need):
+        need_s = sinks is not None and ctx.needs_input_grad[3]
+        ins = (query, key, value) + ((sinks,) if sinks is not None else ())
+        if grad_out is None or not (any(need) or need_s):
             grads = tuple(torch.zeros_like(t) if n else None
                           for t, n in zip((query, key, value), need))
-            return _maybe_refuse(grads, (query, key, value)) + (None,)
+            grads = _maybe_refuse(
+                grads + (torch.zeros_like(sinks) if need_s else None,), ins)
+            return grads + (None,)
         if grad_out.dtype != torch.float32:
             grad_out = grad_out.float()
         g, tg = packed_view(_np(grad_out), "grad_out")
-        dq, dk, dv = _varlen_backward(ctx.call, ctx.call.tout, lse.numpy(), tg)
+        dq, dk, dv, ds = _varlen_backward(ctx.call, ctx.call.tout, lse.numpy(), tg,
+                                          with_sinks=True)
         grads = tuple(torch.from_numpy(a) if n else None
                       for a, n in zip((dq, dk, dv), need))
-        return _maybe_refuse(grads, (query, key, value)) + (None,)
+        grads += (torch.from_numpy(ds).to(sinks.dtype) if need_s else None,)
+        return _maybe_refuse(grads, ins) + (None,)
 
 
 def scaled_dot_product_attention_varlen(query, key, value, cu_seqlens_q,
                                         cu_seqlens_k=None, dropout_p=0.0,
                                         is_causal=False, scale=None, *,
-                                        window=None, seed=None, offset=0):
+                                        window=None, seed=None, offset=0,
+                                        enable_gqa=False, softcap=None,
+                                        alibi_slopes=None, sinks=None):
     """attn.scaled_dot_product_attention_varlen with torch autograd: query
     (total_q, H, E), key (total_k, H, E), value (total_k, H, Ev), CPU
     float32 tensors; returns (total_q, H, Ev). cu_seqlens_q / cu_seqlens_k
     (None: the same) are integer tensors or sequences of batch + 1 entries
-    (no gradient). seed None draws one from torch's default generator."""
+    (no gradient). seed None draws one from torch's default generator.
+    enable_gqa (key, value (total_k, H_kv, E)), softcap, alibi_slopes and
+    sinks (differentiable) as for scaled_dot_product_attention."""
     for name, t in (("query", query), ("key", key), ("value", value)):
         _check_tensor(t, name)
     o = _VarlenOptions()
@@ -359,7 +410,14 @@ def scaled_dot_product_attention_varlen(query, key, value, cu_seqlens_q,
     o.seed = _draw_seed() if (seed is None and o.dropout_p > 0) else (seed or 0)
     o.offset = offset
     o.num_threads = torch.get_num_threads()
-    return _VarlenFunction.apply(query, key, value, o)
+    o.enable_gqa = bool(enable_gqa)
+    o.softcap = softcap
+    if isinstance(alibi_slopes, torch.Tensor):
+        alibi_slopes = alibi_slopes.detach().cpu().float().numpy()
+    o.alibi_slopes = alibi_slopes
+    if sinks is not None and not isinstance(sinks, torch.Tensor):
+        sinks = torch.as_tensor(sinks, dtype=torch.float32)
+    return _VarlenFunction.apply(query, key, value, sinks, o)
 
 
 # ---------------------------------------------------------------- MHA

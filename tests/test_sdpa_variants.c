@@ -1,0 +1,609 @@
+/* The attention variants of attn.h (grouped-query / multi-query attention,
+ * logit soft-capping, ALiBi, attention sinks) against an independent fp64
+ * oracle written here from the header's formulas, forward (out, lse,
+ * weights) and backward (dq, dk, dv, d_sinks), on the reference and the
+ * fused (auto) paths, combined with causal, window, key padding (rows with
+ * no key), bool and additive masks and dropout; the oracle's own gradients
+ * against central finite differences; varlen against the oracle per
+ * sequence; bf16 inputs against the oracle on their values; bitwise
+ * thread-count invariance; every bad argument a clear error.
+ * Accuracy rule (FlashAttention's): the reference's error vs fp64 within a
+ * fixed bound, the fused path's within 2x the reference's + 1e-5 (fp32). */
+#include "testutil.h"
+#include "grad_util.h"
+#include "ref_oracle.h"
+
+/* ------------------------------------------------------------ the oracle */
+
+typedef struct {
+    int64_t B, H, Hkv, Lq, Lk, Dk, Dv;
+} vdims;
+
+/* Forward and backward in double. q [B,H,Lq,Dk], k [B,Hkv,Lk,Dk],
+ * v [B,Hkv,Lk,Dv], g (grad_out) [B,H,Lq,Dv] contiguous; mult [B,H,Lq,Lk]
+ * dropout multipliers or NULL; sinks/alibi from p (floats) unless sinkd
+ * (double [H], for finite differences) is given. Outputs out, lse, w; with
+ * g: dq, dk, dv (zeroed here) and dsink [H]. */
+static void oracle(const vdims *d, const double *q, const double *k, const double *v,
+                   const attn_sdpa_params *p, const double *sinkd, const double *mult,
+                   double *out, double *lse, double *w, const double *g, double *dq, double *dk,
+                   double *dv, double *dsink) {
+    const int64_t B = d->B, H = d->H, Lq = d->Lq, Lk = d->Lk, Dk = d->Dk, Dv = d->Dv;
+    const int64_t G = H / d->Hkv;
+    const double scale = p->use_scale ? (double)p->scale : 1.0 / sqrt((double)Dk);
+    double *s = tu_malloc((size_t)Lk * sizeof(double)), *dc = tu_malloc((size_t)Lk * sizeof(double));
+    double *pr = tu_malloc((size_t)Lk * sizeof(double));
+    unsigned char *in = tu_malloc((size_t)Lk);
+    if (g) {
+        memset(dq, 0, (size_t)(B * H * Lq * Dk) * sizeof(double));
+        memset(dk, 0, (size_t)(B * d->Hkv * Lk * Dk) * sizeof(double));
+        memset(dv, 0, (size_t)(B * d->Hkv * Lk * Dv) * sizeof(double));
+        memset(dsink, 0, (size_t)H * sizeof(double));
+    }
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t i = 0; i < Lq; i++) {
+                const int64_t kh = b * d->Hkv + h / G, row = (b * H + h) * Lq + i;
+                const double *qi = q + row * Dk;
+                const int has_sink = p->sinks != NULL;
+                const double sig = has_sink ? (sinkd ? sinkd[h] : (double)p->sinks[h]) : 0.0;
+                double m = has_sink ? sig : -INFINITY;
+                int any = 0;
+                for (int64_t j = 0; j < Lk; j++) {
+                    const double *kj = k + (kh * Lk + j) * Dk;
+                    double x = 0.0;
+                    for (int64_t c = 0; c < Dk; c++) x += qi[c] * kj[c];
+                    x *= scale;
+                    dc[j] = 1.0;
+                    if (p->use_softcap) {
+                        const double cap = p->softcap, t = tanh(x / cap);
+                        x = cap * t;
+                        dc[j] = 1.0 - t * t;
+                    }
+                    if (p->alibi_slopes)
+                        x -= (double)p->alibi_slopes[h] * fabs((double)(i + Lk - Lq - j));
+                    if (p->add_mask)
+                        x += (double)((const float *)p->add_mask->data)[ref_mask_off(
+                            p->add_mask, b, h, i, j)];
+                    s[j] = x;
+                    in[j] = ref_visible(p, b, h, i, j, Lq, Lk) && x != -INFINITY;
+                    if (in[j]) any = 1, m = x > m ? x : m;
+                }
+                double Z = has_sink ? exp(sig - m) : 0.0;
+                for (int64_t j = 0; j < Lk; j++) Z += in[j] ? exp(s[j] - m) : 0.0;
+                double *o = out + row * Dv;
+                for (int64_t c = 0; c < Dv; c++) o[c] = 0.0;
+                if (!any) {
+                    lse[row] = has_sink ? sig : -INFINITY;
+                    for (int64_t j = 0; j < Lk; j++) w[row * Lk + j] = 0.0;
+                    continue; /* out 0, no gradient (a sink's is -p_sink·dO·O = 0) */
+                }
+                lse[row] = m + log(Z);
+                for (int64_t j = 0; j < Lk; j++) {
+                    pr[j] = in[j] ? exp(s[j] - m) / Z : 0.0;
+                    w[row * Lk + j] = pr[j];
+                    const double z = mult ? mult[row * Lk + j] : 1.0;
+                    if (pr[j] * z != 0.0)
+                        for (int64_t c = 0; c < Dv; c++) o[c] += pr[j] * z * v[(kh * Lk + j) * Dv + c];
+                }
+                if (!g) continue;
+                const double *go = g + row * Dv;
+                double D = 0.0;
+                for (int64_t c = 0; c < Dv; c++) D += go[c] * o[c];
+                if (has_sink) dsink[h] -= exp(sig - lse[row]) * D;
+                for (int64_t j = 0; j < Lk; j++) {
+                    if (pr[j] == 0.0) continue;
+                    const double z = mult ? mult[row * Lk + j] : 1.0;
+                    const double *vj = v + (kh * Lk + j) * Dv, *kj = k + (kh * Lk + j) * Dk;
+                    double dp = 0.0;
+                    for (int64_t c = 0; c < Dv; c++) dp += go[c] * vj[c];
+                    dp *= z;
+                    for (int64_t c = 0; c < Dv; c++) dv[(kh * Lk + j) * Dv + c] += pr[j] * z * go[c];
+                    const double ds = pr[j] * (dp - D) * dc[j] * scale;
+                    for (int64_t c = 0; c < Dk; c++) {
+                        dq[row * Dk + c] += ds * kj[c];
+                        dk[(kh * Lk + j) * Dk + c] += ds * qi[c];
+                    }
+                }
+            }
+    free(s), free(dc), free(pr), free(in);
+}
+
+/* ------------------------------------------------------------ FD of the oracle */
+
+typedef struct {
+    const vdims *d;
+    double *q, *k, *v, *sink;
+    const attn_sdpa_params *p;
+    const double *g, *mult;
+    double *out, *lse, *w;
+} fdctx;
+
+static double fd_loss(void *vc) {
+    fdctx *c = vc;
+    oracle(c->d, c->q, c->k, c->v, c->p, c->sink, c->mult, c->out, c->lse, c->w, NULL, NULL, NULL,
+           NULL, NULL);
+    double L = 0.0;
+    for (int64_t x = 0; x < c->d->B * c->d->H * c->d->Lq * c->d->Dv; x++) L += c->out[x] * c->g[x];
+    return L;
+}
+
+static double *rand_d(tu_rng *r, size_t n, double lo, double hi) {
+    double *x = tu_malloc(n * sizeof(double));
+    for (size_t i = 0; i < n; i++) x[i] = lo + (hi - lo) * tu_unif(r);
+    return x;
+}
+
+/* The oracle's analytic gradients (q, k, v, sinks) against central
+ * differences, with every variant on, GQA 4:2, causal + window + padding. */
+static void test_oracle_fd(void) {
+    const vdims d = {2, 4, 2, 5, 7, 3, 4};
+    tu_rng r = tu_seed(77);
+    const size_t nq = (size_t)(d.B * d.H * d.Lq * d.Dk), nk = (size_t)(d.B * d.Hkv * d.Lk * d.Dk),
+                 nv = (size_t)(d.B * d.Hkv * d.Lk * d.Dv), no = (size_t)(d.B * d.H * d.Lq * d.Dv);
+    double *q = rand_d(&r, nq, -2, 2), *k = rand_d(&r, nk, -2, 2), *v = rand_d(&r, nv, -1, 1);
+    double *g = rand_d(&r, no, -1, 1), sink[4] = {0.3, -0.5, 1.2, 0.0};
+    float sinkf[4] = {0.3f, -0.5f, 1.2f, 0.0f}, slopes[4] = {0.5f, 0.25f, 0.125f, 0.0625f};
+    const int64_t kl[2] = {7, 4};
+    for (int variant = 0; variant < 4; variant++) {
+        attn_sdpa_params p = {0};
+        p.use_softcap = variant != 1, p.softcap = variant != 1 ? 1.5f : 0.0f;
+        p.alibi_slopes = variant != 2 ? slopes : NULL;
+        p.sinks = variant != 3 ? sinkf : NULL;
+        p.causal = 1, p.key_lengths = kl, p.use_window = 1, p.window_left = 3;
+        p.window_right = ATTN_UNBOUNDED;
+        double *out = tu_malloc(no * 8), *lse = tu_malloc(40 * 8), *w = tu_malloc(40 * 7 * 8);
+        double *dq = tu_malloc(nq * 8), *dk = tu_malloc(nk * 8), *dv = tu_malloc(nv * 8), ds[4];
+        oracle(&d, q, k, v, &p, sink, NULL, out, lse, w, g, dq, dk, dv, ds);
+        fdctx c = {&d, q, k, v, sink, &p, g, NULL, tu_malloc(no * 8), tu_malloc(40 * 8),
+                   tu_malloc(40 * 7 * 8)};
+        const double h = 1e-6;
+        const double eq = gu_fd_maxerr(q, nq, 1, dq, h, fd_loss, &c);
+        const double ek = gu_fd_maxerr(k, nk, 1, dk, h, fd_loss, &c);
+        const double ev = gu_fd_maxerr(v, nv, 1, dv, h, fd_loss, &c);
+        const double es = p.sinks ? gu_fd_maxerr(sink, 4, 1, ds, h, fd_loss, &c) : 0.0;
+        CHECK(eq < 1e-7 && ek < 1e-7 && ev < 1e-7 && es < 1e-7,
+              "oracle FD variant %d: dq %.2e dk %.2e dv %.2e dsink %.2e", variant, eq, ek, ev, es);
+        free(out), free(lse), free(w), free(dq), free(dk), free(dv);
+        free(c.out), free(c.lse), free(c.w);
+    }
+    free(q), free(k), free(v), free(g);
+}
+
+/* ------------------------------------------------------------ library vs oracle */
+
+typedef struct {
+    float *q, *k, *v, *o, *w, *lse, *g, *dq, *dk, *dv, ds[16];
+} lbufs;
+
+static double maxabs_d(const double *x, size_t n) {
+    double m = 0;
+    for (size_t i = 0; i < n; i++)
+        if (isfinite(x[i]) && fabs(x[i]) > m) m = fabs(x[i]);
+    return m;
+}
+
+/* Errors of one run vs the oracle: [0] out, [1] lse, [2] weights, [3] dq,
+ * [4] dk, [5] dv, [6] d_sinks; each max|got - want| / max(max|want|, 1e-3)
+ * (lse: absolute, -inf must match). */
+static void run_errs(const vdims *d, lbufs *L, const attn_sdpa_params *p0, attn_impl impl,
+                     const double *want_o, const double *want_lse, const double *want_w,
+                     const double *wdq, const double *wdk, const double *wdv, const double *wds,
+                     double e[7], int threads) {
+    const int64_t B = d->B, H = d->H, Hk = d->Hkv;
+    attn_tensor tq = attn_tensor_bhld(L->q, B, H, d->Lq, d->Dk),
+                tk = attn_tensor_bhld(L->k, B, Hk, d->Lk, d->Dk),
+                tv = attn_tensor_bhld(L->v, B, Hk, d->Lk, d->Dv),
+                to = attn_tensor_bhld(L->o, B, H, d->Lq, d->Dv),
+                tg = attn_tensor_bhld(L->g, B, H, d->Lq, d->Dv),
+                tdq = attn_tensor_bhld(L->dq, B, H, d->Lq, d->Dk),
+                tdk = attn_tensor_bhld(L->dk, B, Hk, d->Lk, d->Dk),
+                tdv = attn_tensor_bhld(L->dv, B, Hk, d->Lk, d->Dv);
+    attn_sdpa_params p = *p0;
+    p.impl = impl, p.num_threads = threads, p.d_sinks = L->ds;
+    attn_error err;
+    attn_status s = attn_sdpa_forward(&tq, &tk, &tv, &p, &to, L->w, L->lse, NULL, &err);
+    CHECK(s == ATTN_OK, "forward: %s", err.message);
+    s = attn_sdpa_backward(&tq, &tk, &tv, &to, L->lse, &tg, &p, &tdq, &tdk, &tdv, NULL, &err);
+    CHECK(s == ATTN_OK, "backward: %s", err.message);
+    const size_t no = (size_t)(B * H * d->Lq * d->Dv), nr = (size_t)(B * H * d->Lq);
+    e[0] = tu_maxdiff(L->o, want_o, no) / fmax(maxabs_d(want_o, no), 1e-3);
+    e[1] = tu_maxdiff(L->lse, want_lse, nr);
+    e[2] = tu_maxdiff(L->w, want_w, nr * (size_t)d->Lk);
+    e[3] = gu_relerr(L->dq, wdq, (size_t)(B * H * d->Lq * d->Dk), 1e-3);
+    e[4] = gu_relerr(L->dk, wdk, (size_t)(B * Hk * d->Lk * d->Dk), 1e-3);
+    e[5] = gu_relerr(L->dv, wdv, (size_t)(B * Hk * d->Lk * d->Dv), 1e-3);
+    e[6] = p.sinks ? gu_relerr(L->ds, wds, (size_t)H, 1e-3) : 0.0;
+}
+
+static const char *const kErrName[7] = {"out", "lse", "weights", "dq", "dk", "dv", "d_sinks"};
+
+/* One configuration: random inputs, the oracle, the reference and fused
+ * paths; the reference within `bound` of fp64, fused within 2x + 1e-5. */
+static void variant_case(const vdims *d, const attn_sdpa_params *p, uint64_t seed, int dropout,
+                         const char *what) {
+    tu_rng r = tu_seed(seed);
+    const int64_t B = d->B, H = d->H, Hk = d->Hkv;
+    const size_t nq = (size_t)(B * H * d->Lq * d->Dk), nk = (size_t)(B * Hk * d->Lk * d->Dk),
+                 nv = (size_t)(B * Hk * d->Lk * d->Dv), no = (size_t)(B * H * d->Lq * d->Dv),
+                 nr = (size_t)(B * H * d->Lq), nw = nr * (size_t)d->Lk;
+    lbufs L;
+    L.q = tu_malloc(nq * 4), L.k = tu_malloc(nk * 4), L.v = tu_malloc(nv * 4), L.o = tu_malloc(no * 4);
+    L.w = tu_malloc(nw * 4), L.lse = tu_malloc(nr * 4), L.g = tu_malloc(no * 4);
+    L.dq = tu_malloc(nq * 4), L.dk = tu_malloc(nk * 4), L.dv = tu_malloc(nv * 4);
+    tu_fill(&r, L.q, nq, -2, 2), tu_fill(&r, L.k, nk, -2, 2), tu_fill(&r, L.v, nv, -1, 1);
+    tu_fill(&r, L.g, no, -1, 1);
+    double *q = tu_doubles(L.q, nq), *k = tu_doubles(L.k, nk), *v = tu_doubles(L.v, nv),
+           *g = tu_doubles(L.g, no);
+    attn_sdpa_params pp = *p;
+    double *mult = NULL;
+    if (dropout) {
+        pp.dropout_p = 0.2f, pp.training = 1, pp.seed = seed, pp.offset = 3;
+        mult = tu_malloc(nw * sizeof(double));
+        float *mrow = tu_malloc((size_t)d->Lk * 4);
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t h = 0; h < H; h++)
+                for (int64_t i = 0; i < d->Lq; i++) {
+                    attn_error err;
+                    CHECK(attn_dropout_mask(&pp, 1, d->Lk, &b, h, &i, mrow, &err) == ATTN_OK, "%s",
+                          err.message);
+                    for (int64_t j = 0; j < d->Lk; j++)
+                        mult[((b * H + h) * d->Lq + i) * d->Lk + j] = mrow[j];
+                }
+        free(mrow);
+    }
+    double *out = tu_malloc(no * 8), *lse = tu_malloc(nr * 8), *w = tu_malloc(nw * 8);
+    double *dq = tu_malloc(nq * 8), *dk = tu_malloc(nk * 8), *dv = tu_malloc(nv * 8), ds[16];
+    oracle(d, q, k, v, &pp, NULL, mult, out, lse, w, g, dq, dk, dv, ds);
+    double er[7], ef[7];
+    run_errs(d, &L, &pp, ATTN_IMPL_REFERENCE, out, lse, w, dq, dk, dv, ds, er, 0);
+    run_errs(d, &L, &pp, ATTN_IMPL_AUTO, out, lse, w, dq, dk, dv, ds, ef, 0);
+    /* fixed bounds for the reference (fp32 sums over <= 200 terms of O(1)) */
+    const double bound[7] = {2e-6, 2e-6, 1e-6, 1e-5, 1e-5, 1e-5, 1e-5};
+    for (int x = 0; x < 7; x++) {
+        CHECK(er[x] <= bound[x], "%s: reference %s error %.3g > %.3g", what, kErrName[x], er[x],
+              bound[x]);
+        CHECK(ef[x] <= 2 * er[x] + 1e-5, "%s: fused %s error %.3g > 2 x reference %.3g + 1e-5",
+              what, kErrName[x], ef[x], er[x]);
+    }
+    /* rows that see no key: out exactly 0, lse -inf or the sink's logit */
+    for (size_t row = 0; row < nr; row++) {
+        int empty = 1;
+        for (int64_t j = 0; j < d->Lk; j++) empty &= w[row * (size_t)d->Lk + (size_t)j] == 0.0;
+        if (!empty || !(lse[row] == -INFINITY || (p->sinks && lse[row] == p->sinks[(row / (size_t)d->Lq) % (size_t)H])))
+            continue;
+        int zero = 1;
+        for (int64_t c = 0; c < d->Dv; c++) zero &= L.o[row * (size_t)d->Dv + (size_t)c] == 0.0f;
+        CHECK(zero && L.lse[row] == (float)lse[row], "%s: empty row %zu: out not 0 or lse %g != %g",
+              what, row, (double)L.lse[row], lse[row]);
+    }
+    free(q), free(k), free(v), free(g), free(out), free(lse), free(w), free(dq), free(dk), free(dv);
+    free(mult);
+    free(L.q), free(L.k), free(L.v), free(L.o), free(L.w), free(L.lse), free(L.g), free(L.dq);
+    free(L.dk), free(L.dv);
+}
+
+/* Every variant combination x GQA ratio x mask kind x decode/tiled shapes. */
+static void test_variants_grid(void) {
+    static float slopes[8] = {0.5f, 0.25f, 0.125f, 0.0625f, 0.03125f, 0.7f, 0.0f, 1.0f / 256};
+    static float sinks[8] = {0.5f, -1.0f, 2.0f, 0.0f, -3.0f, 1.0f, 4.0f, -0.25f};
+    const int64_t kv[3][2] = {{4, 4}, {4, 2}, {4, 1}};
+    const int64_t shapes[3][2] = {{70, 100}, {3, 130}, {1, 9}}; /* tiled, decode, tiny */
+    int n = 0;
+    for (int mk = 0; mk < 6; mk++)
+        for (int var = 1; var < 8; var++)
+            for (int g = 0; g < 3; g++) {
+                const int sh = (mk + var + g) % 3;
+                vdims d = {2, kv[g][0], kv[g][1], shapes[sh][0], shapes[sh][1], 16, 8};
+                attn_sdpa_params p = {0};
+                if (var & 1) p.use_softcap = 1, p.softcap = 2.0f;
+                if (var & 2) p.alibi_slopes = slopes;
+                if (var & 4) p.sinks = sinks;
+                int64_t kl[2] = {d.Lk, 0}; /* batch row 1 sees no key */
+                attn_mask am, bm;
+                float *amd = NULL;
+                uint8_t *bmd = NULL;
+                switch (mk) {
+                case 0: break;
+                case 1: p.causal = 1; break;
+                case 2:
+                    p.use_window = 1, p.window_left = 5, p.window_right = 2;
+                    break;
+                case 3: p.key_lengths = kl, p.causal = 1; break;
+                case 4: { /* bool mask [1, H, Lq, Lk] (row 0 of head 1 sees nothing) + causal */
+                    bmd = tu_malloc((size_t)(d.H * d.Lq * d.Lk));
+                    tu_rng r = tu_seed(5 + (uint64_t)n);
+                    for (int64_t x = 0; x < d.H * d.Lq * d.Lk; x++)
+                        bmd[x] = tu_unif(&r) < 0.7 && !(x / (d.Lq * d.Lk) == 1 && x % (d.Lq * d.Lk) < d.Lk);
+                    bm = (attn_mask){bmd, {1, d.H, d.Lq, d.Lk}, {0, d.Lq * d.Lk, d.Lk, 1}};
+                    p.bool_mask = &bm, p.causal = 1;
+                    break;
+                }
+                case 5: { /* additive mask [B, 1, Lq, Lk] with some -inf */
+                    amd = tu_malloc((size_t)(d.B * d.Lq * d.Lk) * 4);
+                    tu_rng r = tu_seed(9 + (uint64_t)n);
+                    for (int64_t x = 0; x < d.B * d.Lq * d.Lk; x++)
+                        amd[x] = tu_unif(&r) < 0.2 ? -INFINITY : (float)(tu_unif(&r) * 2 - 1);
+                    am = (attn_mask){amd, {d.B, 1, d.Lq, d.Lk}, {d.Lq * d.Lk, 0, d.Lk, 1}};
+                    p.add_mask = &am;
+                    break;
+                }
+                }
+                char what[96];
+                snprintf(what, sizeof what, "mask %d variant %d Hq %lld Hkv %lld Lq %lld Lk %lld",
+                         mk, var, (long long)d.H, (long long)d.Hkv, (long long)d.Lq,
+                         (long long)d.Lk);
+                variant_case(&d, &p, 1000 + (uint64_t)n, mk == 2 && var == 7, what);
+                free(amd), free(bmd);
+                n++;
+            }
+    /* plain GQA / MQA without the other variants, and dropout with GQA */
+    for (int g = 1; g < 3; g++) {
+        vdims d = {2, kv[g][0], kv[g][1], 70, 100, 16, 8};
+        attn_sdpa_params p = {0};
+        p.causal = 1;
+        variant_case(&d, &p, 3000 + (uint64_t)g, 0, "GQA causal");
+        variant_case(&d, &p, 3100 + (uint64_t)g, 1, "GQA causal dropout");
+        d.Lq = 2;
+        variant_case(&d, &p, 3200 + (uint64_t)g, 0, "GQA decode");
+    }
+    vdims d6 = {1, 6, 3, 33, 33, 12, 20}; /* H 6 over 3 K/V heads, Dk != Dv */
+    attn_sdpa_params p = {0};
+    p.use_softcap = 1, p.softcap = 0.5f, p.alibi_slopes = slopes, p.sinks = sinks;
+    variant_case(&d6, &p, 4000, 1, "6:3 all variants dropout");
+}
+
+/* ------------------------------------------------------------ thread invariance */
+
+static void test_threads(void) {
+    static float slopes[4] = {0.5f, 0.25f, 0.125f, 0.0625f}, sinks[4] = {0.5f, -1.0f, 2.0f, 0.0f};
+    const int64_t B = 2, H = 4, Hk = 2, Lq = 130, Lk = 200, D = 16;
+    tu_rng r = tu_seed(4242);
+    const size_t nq = (size_t)(B * H * Lq * D), nk = (size_t)(B * Hk * Lk * D);
+    float *q = tu_malloc(nq * 4), *k = tu_malloc(nk * 4), *v = tu_malloc(nk * 4), *g = tu_malloc(nq * 4);
+    tu_fill(&r, q, nq, -2, 2), tu_fill(&r, k, nk, -2, 2), tu_fill(&r, v, nk, -1, 1);
+    tu_fill(&r, g, nq, -1, 1);
+    for (int dec = 0; dec < 2; dec++) {
+        const int64_t lq = dec ? 2 : Lq;
+        float *res[2][6];
+        for (int t = 0; t < 2; t++) {
+            float *o = tu_malloc(nq * 4), *lse = tu_malloc((size_t)(B * H * lq) * 4);
+            float *dq = tu_malloc(nq * 4), *dk = tu_malloc(nk * 4), *dv = tu_malloc(nk * 4);
+            float *ds = tu_malloc(16);
+            attn_tensor tq = attn_tensor_bhld(q, B, H, lq, D), tk = attn_tensor_bhld(k, B, Hk, Lk, D),
+                        tv = attn_tensor_bhld(v, B, Hk, Lk, D), to = attn_tensor_bhld(o, B, H, lq, D),
+                        tg = attn_tensor_bhld(g, B, H, lq, D), tdq = attn_tensor_bhld(dq, B, H, lq, D),
+                        tdk = attn_tensor_bhld(dk, B, Hk, Lk, D),
+                        tdv = attn_tensor_bhld(dv, B, Hk, Lk, D);
+            attn_sdpa_params p = {0};
+            p.causal = 1, p.use_softcap = 1, p.softcap = 3.0f, p.alibi_slopes = slopes;
+            p.sinks = sinks, p.d_sinks = ds, p.num_threads = t ? 3 : 1;
+            attn_error err;
+            CHECK(attn_sdpa_forward(&tq, &tk, &tv, &p, &to, NULL, lse, NULL, &err) == ATTN_OK, "%s",
+                  err.message);
+            CHECK(attn_sdpa_backward(&tq, &tk, &tv, &to, lse, &tg, &p, &tdq, &tdk, &tdv, NULL,
+                                     &err) == ATTN_OK,
+                  "%s", err.message);
+            res[t][0] = o, res[t][1] = lse, res[t][2] = dq, res[t][3] = dk, res[t][4] = dv;
+            res[t][5] = ds;
+        }
+        const size_t n[6] = {(size_t)(B * H * lq * D), (size_t)(B * H * lq), (size_t)(B * H * lq * D),
+                             nk, nk, 4};
+        for (int x = 0; x < 6; x++) {
+            CHECK(memcmp(res[0][x], res[1][x], n[x] * 4) == 0,
+                  "threads 1 vs 3 differ in output %d (decode %d)", x, dec);
+            free(res[0][x]), free(res[1][x]);
+        }
+    }
+    free(q), free(k), free(v), free(g);
+}
+
+/* ------------------------------------------------------------ varlen */
+
+/* Three sequences (one without keys) packed, every variant and GQA 4:2, vs
+ * the oracle on each sequence alone. */
+static void test_varlen(void) {
+    static float slopes[4] = {0.5f, 0.25f, 0.125f, 0.0625f}, sinks[4] = {0.5f, -1.0f, 2.0f, 0.0f};
+    const int64_t H = 4, Hk = 2, D = 8, cq[4] = {0, 5, 75, 78}, ck[4] = {0, 9, 109, 109};
+    const int64_t TQ = 78, TK = 109;
+    tu_rng r = tu_seed(99);
+    float *q = tu_malloc((size_t)(H * TQ * D) * 4), *k = tu_malloc((size_t)(Hk * TK * D) * 4),
+          *v = tu_malloc((size_t)(Hk * TK * D) * 4), *g = tu_malloc((size_t)(H * TQ * D) * 4);
+    tu_fill(&r, q, (size_t)(H * TQ * D), -2, 2), tu_fill(&r, k, (size_t)(Hk * TK * D), -2, 2);
+    tu_fill(&r, v, (size_t)(Hk * TK * D), -1, 1), tu_fill(&r, g, (size_t)(H * TQ * D), -1, 1);
+    for (int impl = 0; impl < 2; impl++) {
+        float *o = tu_malloc((size_t)(H * TQ * D) * 4), *lse = tu_malloc((size_t)(H * TQ) * 4);
+        float *dq = tu_malloc((size_t)(H * TQ * D) * 4), *dk = tu_malloc((size_t)(Hk * TK * D) * 4),
+              *dv = tu_malloc((size_t)(Hk * TK * D) * 4), ds[4];
+        attn_tensor tq = attn_tensor_blhd(q, 1, H, TQ, D), tk = attn_tensor_blhd(k, 1, Hk, TK, D),
+                    tv = attn_tensor_blhd(v, 1, Hk, TK, D), to = attn_tensor_blhd(o, 1, H, TQ, D),
+                    tg = attn_tensor_blhd(g, 1, H, TQ, D), tdq = attn_tensor_blhd(dq, 1, H, TQ, D),
+                    tdk = attn_tensor_blhd(dk, 1, Hk, TK, D), tdv = attn_tensor_blhd(dv, 1, Hk, TK, D);
+        attn_sdpa_params p = {0};
+        p.causal = 1, p.use_softcap = 1, p.softcap = 2.0f, p.alibi_slopes = slopes, p.sinks = sinks;
+        p.d_sinks = ds, p.impl = impl ? ATTN_IMPL_AUTO : ATTN_IMPL_REFERENCE;
+        attn_error err;
+        CHECK(attn_sdpa_varlen_forward(&tq, &tk, &tv, 3, cq, ck, &p, &to, NULL, lse, NULL, &err) ==
+                  ATTN_OK,
+              "varlen forward: %s", err.message);
+        CHECK(attn_sdpa_varlen_backward(&tq, &tk, &tv, &to, lse, &tg, 3, cq, ck, &p, &tdq, &tdk,
+                                        &tdv, NULL, &err) == ATTN_OK,
+              "varlen backward: %s", err.message);
+        double wds[4] = {0, 0, 0, 0}, eo = 0, edq = 0, edk = 0, edv = 0, el = 0;
+        for (int s = 0; s < 3; s++) {
+            const vdims d = {1, H, Hk, cq[s + 1] - cq[s], ck[s + 1] - ck[s], D, D};
+            if (d.Lq == 0) continue;
+            const int64_t lk = d.Lk > 0 ? d.Lk : 1;
+            double *sq = tu_malloc((size_t)(H * d.Lq * D) * 8), *sg = tu_malloc((size_t)(H * d.Lq * D) * 8);
+            double *sk = tu_malloc((size_t)(Hk * lk * D) * 8), *sv = tu_malloc((size_t)(Hk * lk * D) * 8);
+            for (int64_t h = 0; h < H; h++)
+                for (int64_t i = 0; i < d.Lq; i++)
+                    for (int64_t c = 0; c < D; c++) {
+                        sq[(h * d.Lq + i) * D + c] = q[((cq[s] + i) * H + h) * D + c];
+                        sg[(h * d.Lq + i) * D + c] = g[((cq[s] + i) * H + h) * D + c];
+                    }
+            for (int64_t h = 0; h < Hk; h++)
+                for (int64_t j = 0; j < d.Lk; j++)
+                    for (int64_t c = 0; c < D; c++) {
+                        sk[(h * d.Lk + j) * D + c] = k[((ck[s] + j) * Hk + h) * D + c];
+                        sv[(h * d.Lk + j) * D + c] = v[((ck[s] + j) * Hk + h) * D + c];
+                    }
+            double *out = tu_malloc((size_t)(H * d.Lq * D) * 8), *l = tu_malloc((size_t)(H * d.Lq) * 8),
+                   *w = tu_malloc((size_t)(H * d.Lq * lk) * 8), *wq = tu_malloc((size_t)(H * d.Lq * D) * 8),
+                   *wk = tu_malloc((size_t)(Hk * lk * D) * 8), *wv = tu_malloc((size_t)(Hk * lk * D) * 8), ws[4];
+            oracle(&d, sq, sk, sv, &p, NULL, NULL, out, l, w, sg, wq, wk, wv, ws);
+            for (int h = 0; h < 4; h++) wds[h] += ws[h];
+            for (int64_t h = 0; h < H; h++)
+                for (int64_t i = 0; i < d.Lq; i++) {
+                    el = fmax(el, fabs((double)lse[h * TQ + cq[s] + i] - l[h * d.Lq + i]));
+                    for (int64_t c = 0; c < D; c++) {
+                        eo = fmax(eo, fabs((double)o[((cq[s] + i) * H + h) * D + c] - out[(h * d.Lq + i) * D + c]));
+                        edq = fmax(edq, fabs((double)dq[((cq[s] + i) * H + h) * D + c] - wq[(h * d.Lq + i) * D + c]));
+                    }
+                }
+            for (int64_t h = 0; h < Hk; h++)
+                for (int64_t j = 0; j < d.Lk; j++)
+                    for (int64_t c = 0; c < D; c++) {
+                        edk = fmax(edk, fabs((double)dk[((ck[s] + j) * Hk + h) * D + c] - wk[(h * d.Lk + j) * D + c]));
+                        edv = fmax(edv, fabs((double)dv[((ck[s] + j) * Hk + h) * D + c] - wv[(h * d.Lk + j) * D + c]));
+                    }
+            free(sq), free(sg), free(sk), free(sv), free(out), free(l), free(w), free(wq), free(wk), free(wv);
+        }
+        double eds = 0;
+        for (int h = 0; h < 4; h++) eds = fmax(eds, fabs((double)ds[h] - wds[h]));
+        CHECK(eo < 1e-5 && el < 1e-5 && edq < 1e-4 && edk < 1e-4 && edv < 1e-4 && eds < 1e-4,
+              "varlen impl %d: out %.2e lse %.2e dq %.2e dk %.2e dv %.2e d_sinks %.2e", impl, eo, el,
+              edq, edk, edv, eds);
+        free(o), free(lse), free(dq), free(dk), free(dv);
+    }
+    free(q), free(k), free(v), free(g);
+}
+
+/* ------------------------------------------------------------ bf16 */
+
+/* bf16 q, k, v and out with every variant and GQA: against the oracle on
+ * the bf16 values (out rounded to bf16: within 2^-8 relative plus the
+ * fp32 error); gradients within 1e-2 of max (P and dS in bf16). */
+static void test_bf16(void) {
+    static float slopes[4] = {0.5f, 0.25f, 0.125f, 0.0625f}, sinks[4] = {0.5f, -1.0f, 2.0f, 0.0f};
+    const vdims d = {2, 4, 2, 70, 100, 16, 16};
+    const size_t nq = (size_t)(d.B * d.H * d.Lq * d.Dk), nk = (size_t)(d.B * d.Hkv * d.Lk * d.Dk);
+    tu_rng r = tu_seed(31);
+    float *f[4];
+    uint16_t *h[4];
+    const size_t n[4] = {nq, nk, nk, nq};
+    for (int x = 0; x < 4; x++) {
+        f[x] = tu_malloc(n[x] * 4), h[x] = tu_malloc(n[x] * 2);
+        tu_fill(&r, f[x], n[x], x == 2 || x == 3 ? -1 : -2, x == 2 || x == 3 ? 1 : 2);
+        attn_bf16_from_f32(f[x], h[x], n[x]);
+        attn_f32_from_bf16(h[x], f[x], n[x]);
+    }
+    double *q = tu_doubles(f[0], nq), *k = tu_doubles(f[1], nk), *v = tu_doubles(f[2], nk),
+           *g = tu_doubles(f[3], nq);
+    attn_sdpa_params p = {0};
+    p.causal = 1, p.use_softcap = 1, p.softcap = 2.0f, p.alibi_slopes = slopes, p.sinks = sinks;
+    double *out = tu_malloc(nq * 8), *lse = tu_malloc(nq * 8), *w = tu_malloc(nq / 16 * 100 * 8);
+    double *dq = tu_malloc(nq * 8), *dk = tu_malloc(nk * 8), *dv = tu_malloc(nk * 8), ds[4];
+    oracle(&d, q, k, v, &p, NULL, NULL, out, lse, w, g, dq, dk, dv, ds);
+    for (int impl = 0; impl < 2; impl++) {
+        uint16_t *o = tu_malloc(nq * 2);
+        float *of = tu_malloc(nq * 4), *ls = tu_malloc(nq / 16 * 4), *gq = tu_malloc(nq * 4),
+              *gk = tu_malloc(nk * 4), *gv = tu_malloc(nk * 4), gs[4];
+        attn_tensor tq = attn_tensor_bhld_bf16(h[0], 2, 4, 70, 16),
+                    tk = attn_tensor_bhld_bf16(h[1], 2, 2, 100, 16),
+                    tv = attn_tensor_bhld_bf16(h[2], 2, 2, 100, 16),
+                    to = attn_tensor_bhld_bf16(o, 2, 4, 70, 16),
+                    tg = attn_tensor_bhld_bf16(h[3], 2, 4, 70, 16),
+                    tdq = attn_tensor_bhld(gq, 2, 4, 70, 16), tdk = attn_tensor_bhld(gk, 2, 2, 100, 16),
+                    tdv = attn_tensor_bhld(gv, 2, 2, 100, 16);
+        attn_sdpa_params pb = p;
+        pb.dtype = pb.out_dtype = ATTN_BF16, pb.d_sinks = gs;
+        pb.impl = impl ? ATTN_IMPL_AUTO : ATTN_IMPL_REFERENCE;
+        attn_error err;
+        CHECK(attn_sdpa_forward(&tq, &tk, &tv, &pb, &to, NULL, ls, NULL, &err) == ATTN_OK, "%s",
+              err.message);
+        CHECK(attn_sdpa_backward(&tq, &tk, &tv, &to, ls, &tg, &pb, &tdq, &tdk, &tdv, NULL, &err) ==
+                  ATTN_OK,
+              "%s", err.message);
+        attn_f32_from_bf16(o, of, nq);
+        const double eo = gu_relerr(of, out, nq, 1e-3), eq = gu_relerr(gq, dq, nq, 1e-3),
+                     ek = gu_relerr(gk, dk, nk, 1e-3), ev = gu_relerr(gv, dv, nk, 1e-3),
+                     es = gu_relerr(gs, ds, 4, 1e-3);
+        /* out: bf16 rounding of the output (2^-9 relative) plus fp32 error;
+         * gradients: from the bf16-rounded out (d_sinks through dO·O) */
+        CHECK(eo < 5e-3 && eq < 2e-2 && ek < 2e-2 && ev < 2e-2 && es < 2e-2,
+              "bf16 impl %d: out %.2e dq %.2e dk %.2e dv %.2e d_sinks %.2e", impl, eo, eq, ek, ev, es);
+        free(o), free(of), free(ls), free(gq), free(gk), free(gv);
+    }
+    for (int x = 0; x < 4; x++) free(f[x]), free(h[x]);
+    free(q), free(k), free(v), free(g), free(out), free(lse), free(w), free(dq), free(dk), free(dv);
+}
+
+/* ------------------------------------------------------------ bad input */
+
+static void test_errors(void) {
+    float q[4 * 3 * 2 * 4], k[4 * 2 * 2 * 4], o[4 * 3 * 2 * 4], slopes[3] = {1, 1, 1},
+                                                               sinks[3] = {0, 0, 0};
+    memset(q, 0, sizeof q), memset(k, 0, sizeof k);
+    attn_tensor tq = attn_tensor_bhld(q, 1, 3, 2, 4), tk = attn_tensor_bhld(k, 1, 2, 2, 4),
+                to = attn_tensor_bhld(o, 1, 3, 2, 4);
+    attn_error e;
+    attn_sdpa_params p = {0};
+    /* 3 query heads over 2 K/V heads */
+    CHECK_ERR(attn_sdpa_forward(&tq, &tk, &tk, &p, &to, NULL, NULL, NULL, &e), ATTN_ERR_SHAPE, &e);
+    CHECK(strstr(e.message, "multiple") != NULL, "H %% Hkv message: %s", e.message);
+    /* k and v with different head counts */
+    attn_tensor tk1 = attn_tensor_bhld(k, 1, 1, 2, 4), tq3 = attn_tensor_bhld(q, 1, 3, 2, 4);
+    CHECK_ERR(attn_sdpa_forward(&tq3, &tk1, &tk, &p, &to, NULL, NULL, NULL, &e), ATTN_ERR_SHAPE, &e);
+    const float bad_caps[4] = {0.0f, -1.0f, NAN, INFINITY};
+    for (int x = 0; x < 4; x++) {
+        p = (attn_sdpa_params){0};
+        p.use_softcap = 1, p.softcap = bad_caps[x];
+        CHECK_ERR(attn_sdpa_forward(&tq3, &tk1, &tk1, &p, &to, NULL, NULL, NULL, &e), ATTN_ERR_ARG,
+                  &e);
+        CHECK(strstr(e.message, "softcap") != NULL, "softcap message: %s", e.message);
+    }
+    p = (attn_sdpa_params){0};
+    p.softcap = 2.0f; /* without use_softcap */
+    CHECK_ERR(attn_sdpa_forward(&tq3, &tk1, &tk1, &p, &to, NULL, NULL, NULL, &e), ATTN_ERR_ARG, &e);
+    CHECK(strstr(e.message, "use_softcap") != NULL, "use_softcap message: %s", e.message);
+    const float nonfinite[3] = {NAN, INFINITY, -INFINITY};
+    for (int x = 0; x < 3; x++) {
+        p = (attn_sdpa_params){0};
+        slopes[2] = nonfinite[x];
+        p.alibi_slopes = slopes;
+        CHECK_ERR(attn_sdpa_forward(&tq3, &tk1, &tk1, &p, &to, NULL, NULL, NULL, &e), ATTN_ERR_ARG,
+                  &e);
+        CHECK(strstr(e.message, "alibi_slopes[2]") != NULL, "slopes message: %s", e.message);
+        slopes[2] = 1;
+        p = (attn_sdpa_params){0};
+        sinks[1] = nonfinite[x];
+        p.sinks = sinks;
+        CHECK_ERR(attn_sdpa_forward(&tq3, &tk1, &tk1, &p, &to, NULL, NULL, NULL, &e), ATTN_ERR_ARG,
+                  &e);
+        CHECK(strstr(e.message, "sinks[1]") != NULL, "sinks message: %s", e.message);
+        sinks[1] = 0;
+    }
+    /* the backward checks dk, dv against k, v (H_kv heads) */
+    float lse[6] = {0}, g[24] = {0}, dq[24], dk[8], dv[8];
+    attn_tensor tg = attn_tensor_bhld(g, 1, 3, 2, 4), tdq = attn_tensor_bhld(dq, 1, 3, 2, 4),
+                tdk = attn_tensor_bhld(dk, 1, 1, 2, 4), tdk3 = attn_tensor_bhld(dq, 1, 3, 2, 4);
+    p = (attn_sdpa_params){0};
+    CHECK_ERR(attn_sdpa_backward(&tq3, &tk1, &tk1, &to, lse, &tg, &p, &tdq, &tdk3, &tdk, NULL, &e),
+              ATTN_ERR_SHAPE, &e);
+    attn_tensor tdv = attn_tensor_bhld(dv, 1, 1, 2, 4);
+    memset(o, 0, sizeof o);
+    CHECK(attn_sdpa_backward(&tq3, &tk1, &tk1, &to, lse, &tg, &p, &tdq, &tdk, &tdv, NULL, &e) ==
+              ATTN_OK,
+          "MQA backward: %s", e.message);
+}
+
+int main(void) {
+    test_oracle_fd();
+    test_errors();
+    test_variants_grid();
+    test_threads();
+    test_varlen();
+    test_bf16();
+    return tu_report("test_sdpa_variants");
+}
