@@ -601,14 +601,39 @@ static mg_status load_data(run *r, mg_error *err) {
     }
     if ((rc = mg_dataset_split(&r->all, vf, r->s.seed, &r->train, &r->val, &e)))
         return mg_fail(err, rc, "%s", e.message);
-    if (r->train.n < (size_t)r->s.batch_size)
-        return mg_fail(err, MG_ERR_ARG,
-                       "training split has %zu molecules, fewer than the batch size %d", r->train.n,
-                       r->s.batch_size);
+    if (r->train.n < (size_t)r->s.batch_size) {
+        /* a small set (a fine-tuning set of a few dozen): the default batch
+         * shrinks to the training split; a batch size asked for (or a
+         * checkpoint's) is kept, and the message says what to change */
+        const int asked = r->resuming || r->c->given[mg_setting_find("batch_size") - MG_TRAIN_SETTING];
+        if (asked || r->train.n == 0)
+            return mg_fail(err, MG_ERR_ARG,
+                           "the training split has %zu molecules (%zu of the %zu held out for "
+                           "validation: --val-frac %g%s), fewer than --batch-size %d: give "
+                           "--batch-size %zu or less, a smaller --val-frac, or more molecules",
+                           r->train.n, r->val.n, r->all.n, r->s.val_frac,
+                           vf != r->s.val_frac ? ", and a fine-tuning run holds out at least 50 "
+                                                 "or a quarter of the set, the fewer"
+                                               : "",
+                           r->s.batch_size, r->train.n ? r->train.n : (size_t)1);
+        say(r, "batch size %zu: all of the training split's %zu molecules (fewer than the default "
+               "%d; --batch-size sets it)",
+            r->train.n, r->train.n, r->s.batch_size);
+        r->s.batch_size = (int)r->train.n;
+    }
     if (r->sc_first && (src = scaffold_train_rows(r, err))) return src;
     r->res.n_train = r->train.n;
     r->res.n_val = r->val.n;
     r->nv = (r->s.val_max > 0 && (size_t)r->s.val_max < r->val.n) ? (size_t)r->s.val_max : r->val.n;
+    if (r->keep_best && r->nv == 0 && !r->s.keep && r->s.patience < 0 && r->s.val_frac > 0) {
+        /* --keep best by default (fine-tuning), but too few molecules to
+         * hold any out (fewer than 4): the last step is kept */
+        say(r, "no validation molecules (%zu in all, too few to hold any out): keeping the last "
+               "step (--keep last)",
+            r->all.n);
+        r->keep_best = 0;
+        r->patience = 0;
+    }
     if (r->keep_best && r->nv == 0)
         return mg_fail(err, MG_ERR_ARG,
                        "--keep best needs validation molecules: --val-frac %g leaves none of %zu "
