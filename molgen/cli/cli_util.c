@@ -352,6 +352,83 @@ static int create_lock(const char *lp) {
     return fd;
 }
 
+/* Refusing what is at lock path lp: it is not molgen's lock. */
+static mg_status foreign_lock(const mg_cli_file *o, const char *lp, mg_error *err) {
+    return mg_fail(err, MG_ERR_IO,
+                   "%s %s: %s is there and is not molgen's lock file (molgen keeps its lock at "
+                   "that name while it writes %s): refusing to touch it; move it away or choose "
+                   "another %s",
+                   o->opt, o->path, lp, o->opt, o->opt);
+}
+
+/* What lock_output does about an existing lp */
+enum { LK_RETRY, LK_OURS, LK_FAIL };
+
+/* lp exists (create_lock said EEXIST): opened without following, writing
+ * or blocking; ours already (LK_OURS); held by another molgen or not
+ * molgen's (LK_FAIL, a message); molgen's and unheld (a killed run's):
+ * removed while we lock it, or gone meanwhile (LK_RETRY). try: the attempt. */
+static int examine_lock(const mg_cli_file *o, const char *lp, int try, mg_error *err) {
+    const int fd = open(lp, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    if (fd < 0) {
+        if (errno == ENOENT) return LK_RETRY; /* its holder removed it meanwhile */
+        if (errno == ELOOP) return foreign_lock(o, lp, err), LK_FAIL; /* a symbolic link */
+        mg_fail(err, MG_ERR_IO, "%s %s: cannot open its lock file %s: %s", o->opt, o->path, lp,
+                strerror(errno));
+        return LK_FAIL;
+    }
+    struct stat a, b;
+    int out = LK_FAIL;
+    if (fstat(fd, &a) != 0) {
+        mg_fail(err, MG_ERR_IO, "%s: %s", lp, strerror(errno));
+        goto done;
+    }
+    for (int i = 0; i < n_held; i++)
+        if (held[i].dev == a.st_dev && held[i].ino == a.st_ino) { /* ours already */
+            out = LK_OURS;
+            goto done;
+        }
+    if (!S_ISREG(a.st_mode)) {
+        foreign_lock(o, lp, err);
+        goto done;
+    }
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        const int e = errno;
+        const long pid = e == EWOULDBLOCK ? holder_pid(fd) : 0;
+        if (e != EWOULDBLOCK)
+            mg_fail(err, MG_ERR_IO, "%s %s: cannot lock %s: %s", o->opt, o->path, lp, strerror(e));
+        else if (pid < 0) /* another program's lock on its own file */
+            foreign_lock(o, lp, err);
+        else if (pid > 0)
+            mg_fail(err, MG_ERR_IO,
+                    "%s %s is being written by another molgen (pid %ld); refusing to start",
+                    o->opt, o->path, pid);
+        else
+            mg_fail(err, MG_ERR_IO,
+                    "%s %s is being written by another molgen (it holds %s); refusing to start",
+                    o->opt, o->path, lp);
+        goto done;
+    }
+    /* nobody holds it. Gone or replaced since we opened it: look again */
+    out = LK_RETRY;
+    if (stat(lp, &b) != 0 || b.st_dev != a.st_dev || b.st_ino != a.st_ino) goto done;
+    const long pid = lock_content(fd);
+    if (pid == 0 && try < 50) { /* its creator (no hard links) is about to lock it */
+        const struct timespec ms10 = {0, 10000000};
+        nanosleep(&ms10, NULL);
+        goto done;
+    }
+    if (pid <= 0 || fstat(fd, &a) != 0 || a.st_nlink != 1) { /* a link to another file too */
+        foreign_lock(o, lp, err);
+        out = LK_FAIL;
+        goto done;
+    }
+    unlink(lp); /* a killed molgen's, still locked by us: removed, a new one made */
+done:
+    close(fd);
+    return out;
+}
+
 /* "<target>.lock": created new (create_lock) and held until exit. One that
  * is there is taken over only when it is molgen's (its line, one link, a
  * regular file) and no process holds it (a killed run's): it is removed
@@ -361,95 +438,32 @@ static mg_status lock_output(const mg_cli_file *o, const char *target, mg_error 
     char lp[4200];
     if (snprintf(lp, sizeof lp, "%s.lock", target) >= (int)sizeof lp)
         return mg_fail(err, MG_ERR_ARG, "%s: path too long", o->opt);
-#define FOREIGN                                                                                  \
-    mg_fail(err, MG_ERR_IO,                                                                      \
-            "%s %s: %s is there and is not molgen's lock file (molgen keeps its lock at that "   \
-            "name while it writes %s): refusing to touch it; move it away or choose another %s", \
-            o->opt, o->path, lp, o->opt, o->opt)
     for (int tries = 0; tries < 100; tries++) {
-        int fd = create_lock(lp);
+        const int fd = create_lock(lp);
         if (fd < 0 && errno != EEXIST)
             return mg_fail(err, MG_ERR_IO, "%s %s: cannot create its lock file %s: %s", o->opt,
                            o->path, lp, strerror(errno));
-        struct stat a, b;
-        if (fd >= 0) {
-            if (fstat(fd, &a) != 0 || n_held == MAX_LOCKS) {
-                const int e = n_held == MAX_LOCKS ? EMFILE : errno;
-                if (stat(lp, &b) == 0 && fstat(fd, &a) == 0 && a.st_ino == b.st_ino &&
-                    a.st_dev == b.st_dev)
-                    unlink(lp);
-                close(fd);
-                return mg_fail(err, MG_ERR_IO, "%s %s: cannot keep its lock file %s: %s", o->opt,
-                               o->path, lp, strerror(e));
-            }
-            if (n_held == 0) atexit(release_locks);
-            held[n_held].fd = fd;
-            held[n_held].dev = a.st_dev;
-            held[n_held].ino = a.st_ino;
-            snprintf(held[n_held].path, sizeof held[n_held].path, "%s", lp);
-            n_held++;
-            return MG_OK;
-        }
-        /* something is at lp: opened without following, writing or blocking */
-        fd = open(lp, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
         if (fd < 0) {
-            if (errno == ENOENT) continue; /* its holder removed it meanwhile */
-            if (errno == ELOOP) return FOREIGN; /* a symbolic link */
-            return mg_fail(err, MG_ERR_IO, "%s %s: cannot open its lock file %s: %s", o->opt,
-                           o->path, lp, strerror(errno));
+            const int what = examine_lock(o, lp, tries, err);
+            if (what == LK_RETRY) continue;
+            return what == LK_OURS ? MG_OK : MG_ERR_IO;
         }
-        if (fstat(fd, &a) != 0) {
-            const int e = errno;
+        struct stat a;
+        if (fstat(fd, &a) != 0 || n_held == MAX_LOCKS) {
+            const int e = n_held == MAX_LOCKS ? EMFILE : errno;
+            unlink(lp); /* just created: ours */
             close(fd);
-            return mg_fail(err, MG_ERR_IO, "%s: %s", lp, strerror(e));
+            return mg_fail(err, MG_ERR_IO, "%s %s: cannot keep its lock file %s: %s", o->opt,
+                           o->path, lp, strerror(e));
         }
-        for (int i = 0; i < n_held; i++)
-            if (held[i].dev == a.st_dev && held[i].ino == a.st_ino) { /* ours already */
-                close(fd);
-                return MG_OK;
-            }
-        if (!S_ISREG(a.st_mode)) {
-            close(fd);
-            return FOREIGN;
-        }
-        if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
-            const int e = errno;
-            const long pid = e == EWOULDBLOCK ? holder_pid(fd) : 0;
-            close(fd);
-            if (e != EWOULDBLOCK)
-                return mg_fail(err, MG_ERR_IO, "%s %s: cannot lock %s: %s", o->opt, o->path, lp,
-                               strerror(e));
-            if (pid < 0) return FOREIGN; /* another program's lock on its own file */
-            if (pid > 0)
-                return mg_fail(err, MG_ERR_IO,
-                               "%s %s is being written by another molgen (pid %ld); refusing to "
-                               "start",
-                               o->opt, o->path, pid);
-            return mg_fail(err, MG_ERR_IO,
-                           "%s %s is being written by another molgen (it holds %s); refusing to "
-                           "start",
-                           o->opt, o->path, lp);
-        }
-        /* nobody holds it. Gone or replaced since we opened it: look again */
-        if (stat(lp, &b) != 0 || b.st_dev != a.st_dev || b.st_ino != a.st_ino) {
-            close(fd);
-            continue;
-        }
-        const long pid = lock_content(fd);
-        if (pid == 0 && tries < 50) { /* its creator (no hard links) is about to lock it */
-            close(fd);
-            const struct timespec ms10 = {0, 10000000};
-            nanosleep(&ms10, NULL);
-            continue;
-        }
-        if (pid <= 0 || fstat(fd, &a) != 0 || a.st_nlink != 1) { /* a link to another file too */
-            close(fd);
-            return FOREIGN;
-        }
-        unlink(lp); /* a killed molgen's, still locked by us: removed, a new one made */
-        close(fd);
+        if (n_held == 0) atexit(release_locks);
+        held[n_held].fd = fd;
+        held[n_held].dev = a.st_dev;
+        held[n_held].ino = a.st_ino;
+        snprintf(held[n_held].path, sizeof held[n_held].path, "%s", lp);
+        n_held++;
+        return MG_OK;
     }
-#undef FOREIGN
     return mg_fail(err, MG_ERR_IO, "%s %s: cannot lock %s (it keeps being replaced)", o->opt,
                    o->path, lp);
 }
