@@ -615,7 +615,8 @@ mg_status mg_dataset_from_list(const mg_smiles_list *list, const char *where,
             break;
         case ST_TOO_LONG:
             rep->too_long++;
-            rep_msg(rep, "%s:%ld: too long: %d tokens, limit %d", where, ln, k, limit);
+            rep_msg(rep, "%s:%ld: too long: %d tokens, more than the model's limit %d", where, ln, k,
+                    limit); /* the wording of score.c's too_long */
             break;
         default:
             rep->other++;

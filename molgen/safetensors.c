@@ -534,11 +534,16 @@ int mg_st_remove_stale_temps(const char *path) {
         char *end;
         errno = 0;
         long pid = strtol(digits, &end, 10);
-        if (!*digits || *end || errno || pid <= 0 || pid == (long)getpid()) continue;
+        /* "<pid>" (an older molgen's) or "<pid>.XXXXXX" (mg_temp_create's) */
+        const int ok_end = !*end || (*end == '.' && strlen(end) == 7);
+        if (!*digits || !ok_end || errno || pid <= 0 || pid == (long)getpid()) continue;
         /* a writer that is still alive (or whose liveness we cannot tell) keeps its file */
         if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue;
         char full[8192];
-        if (snprintf(full, sizeof full, "%s/%s", dir, n) < (int)sizeof full && unlink(full) == 0)
+        struct stat st;
+        /* only a regular file (what molgen writes); a link or anything else stays */
+        if (snprintf(full, sizeof full, "%s/%s", dir, n) < (int)sizeof full &&
+            lstat(full, &st) == 0 && S_ISREG(st.st_mode) && unlink(full) == 0)
             removed++;
     }
     closedir(d);

@@ -83,7 +83,9 @@ typedef struct {
 /* ------------------------------------------------------------ writing */
 
 /* Write tensors t[0..nt) and metadata meta[0..nmeta) (may be 0/NULL) to path,
- * atomically: the file is written to "<path>.tmp.<pid>", flushed, fsync'ed,
+ * atomically: the file is written to a new temporary beside it,
+ * "<path>.tmp.<pid>.XXXXXX" (util.h's mg_temp_create: never an existing
+ * name, never through a link), flushed, fsync'ed,
  * renamed over path, and the directory is fsync'ed; on failure the temporary
  * is removed and path is untouched. Names must be non-empty, unique and not
  * "__metadata__"; metadata keys unique. Tensors are laid out by descending
@@ -132,8 +134,10 @@ mg_status mg_st_copy(const mg_st_file *f, const char *name, mg_st_dtype dtype, i
  * for a file written without them (an older molgen, another writer). */
 int mg_st_checksummed(const mg_st_file *f);
 
-/* Removes "<path>.tmp.<pid>" files (mg_st_write's temporaries) whose writer
- * process no longer exists: left by a killed run. Returns how many. */
+/* Removes the regular files "<path>.tmp.<pid>" and "<path>.tmp.<pid>.XXXXXX"
+ * (mg_st_write's and the CLI's temporaries) whose writer process no longer
+ * exists: left by a killed run (links and other kinds are left alone).
+ * Returns how many. */
 int mg_st_remove_stale_temps(const char *path);
 
 /* Metadata value of key, or NULL. Owned by f. */

@@ -206,11 +206,17 @@ mg_status mg_st_write(const char *path, const mg_st_tensor *t, size_t nt, const 
         free(ord);
         return mg_fail(err, MG_ERR_NOMEM, "out of memory");
     }
-    snprintf(tmp, plen + 40, "%s.tmp.%ld", path, (long)getpid());
     mg_status rc = MG_OK;
-    FILE *f = fopen(tmp, "wb");
+    /* a new file beside path, never one that is there (a planted link) */
+    const int tfd = mg_temp_create(path, tmp, plen + 40);
+    FILE *f = tfd >= 0 ? fdopen(tfd, "wb") : NULL;
     if (!f) {
-        rc = mg_fail(err, MG_ERR_IO, "cannot create %s: %s", tmp, strerror(errno));
+        const int e = errno;
+        if (tfd >= 0) {
+            close(tfd);
+            remove(tmp);
+        }
+        rc = mg_fail(err, MG_ERR_IO, "cannot create a temporary for %s: %s", path, strerror(e));
         goto out;
     }
     unsigned char n8[8];

@@ -320,6 +320,9 @@ static mg_status plan_sample(mg_model *m, const mg_vocab *v, const mg_sample_opt
     mg_status rc = mg_sampling_check(&o->sampling, err);
     if (rc) return rc;
     if (o->batch < 1) return mg_fail(err, MG_ERR_ARG, "batch %d: need >= 1", o->batch);
+    if (o->dtype != MG_DT_F32 && o->kind != MG_DECODE_KV)
+        return mg_fail(err, MG_ERR_ARG, "sample: dtype %s needs KV decoding",
+                       mg_dtype_name(o->dtype));
     const mg_model_config *c = mg_model_get_config(m);
     const int V = c->vocab_size, ctx = c->ctx_len;
     if (mg_vocab_size(v) != V)
@@ -389,9 +392,8 @@ static mg_status sample_part(mg_model *m, const mg_vocab *v, const mg_sample_opt
         goto done;
     }
     if (n == 0) goto done;
-    if (o->dtype != MG_DT_F32 && o->kind != MG_DECODE_KV)
-        return mg_fail(err, MG_ERR_ARG, "sample: dtype %s needs KV decoding",
-                       mg_dtype_name(o->dtype));
+    /* every exit from here on goes through done (plan_sample refused a
+     * dtype other than fp32 with naive decoding before any allocation) */
     rc = decoder_new(m, o->kind, o->dtype, DB, threads, &dec, err);
     if (rc) goto done;
     if (o->constrain != MG_CONSTRAIN_NONE) {

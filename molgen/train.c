@@ -601,14 +601,39 @@ static mg_status load_data(run *r, mg_error *err) {
     }
     if ((rc = mg_dataset_split(&r->all, vf, r->s.seed, &r->train, &r->val, &e)))
         return mg_fail(err, rc, "%s", e.message);
-    if (r->train.n < (size_t)r->s.batch_size)
-        return mg_fail(err, MG_ERR_ARG,
-                       "training split has %zu molecules, fewer than the batch size %d", r->train.n,
-                       r->s.batch_size);
+    if (r->train.n < (size_t)r->s.batch_size) {
+        /* a small set (a fine-tuning set of a few dozen): the default batch
+         * shrinks to the training split; a batch size asked for (or a
+         * checkpoint's) is kept, and the message says what to change */
+        const int asked = r->resuming || r->c->given[mg_setting_find("batch_size") - MG_TRAIN_SETTING];
+        if (asked || r->train.n == 0)
+            return mg_fail(err, MG_ERR_ARG,
+                           "the training split has %zu molecules (%zu of the %zu held out for "
+                           "validation: --val-frac %g%s), fewer than --batch-size %d: give "
+                           "--batch-size %zu or less, a smaller --val-frac, or more molecules",
+                           r->train.n, r->val.n, r->all.n, r->s.val_frac,
+                           vf != r->s.val_frac ? ", and a fine-tuning run holds out at least 50 "
+                                                 "or a quarter of the set, the fewer"
+                                               : "",
+                           r->s.batch_size, r->train.n ? r->train.n : (size_t)1);
+        say(r, "batch size %zu: all of the training split's %zu molecules (fewer than the default "
+               "%d; --batch-size sets it)",
+            r->train.n, r->train.n, r->s.batch_size);
+        r->s.batch_size = (int)r->train.n;
+    }
     if (r->sc_first && (src = scaffold_train_rows(r, err))) return src;
     r->res.n_train = r->train.n;
     r->res.n_val = r->val.n;
     r->nv = (r->s.val_max > 0 && (size_t)r->s.val_max < r->val.n) ? (size_t)r->s.val_max : r->val.n;
+    if (r->keep_best && r->nv == 0 && !r->s.keep && r->s.patience < 0 && r->s.val_frac > 0) {
+        /* --keep best by default (fine-tuning), but too few molecules to
+         * hold any out (fewer than 4): the last step is kept */
+        say(r, "no validation molecules (%zu in all, too few to hold any out): keeping the last "
+               "step (--keep last)",
+            r->all.n);
+        r->keep_best = 0;
+        r->patience = 0;
+    }
     if (r->keep_best && r->nv == 0)
         return mg_fail(err, MG_ERR_ARG,
                        "--keep best needs validation molecules: --val-frac %g leaves none of %zu "
@@ -1320,6 +1345,21 @@ static mg_status sample_check(run *r, mg_error *err) {
         q->check_copies += bsearch(&m, data, nd, sizeof *data, cmp_str) != NULL;
     }
     q->check_valid = (int64_t)nok;
+    q->check_base_valid = -1;
+    if (r->init) { /* the base model's validity on the same draw, for comparison */
+        mg_samples base;
+        memset(&base, 0, sizeof base);
+        mg_model_set_threads(r->init, mg_model_threads(r->ck.model));
+        if ((rc = mg_sample(r->init, r->ck.vocab, &o, &base, &e))) {
+            rc = mg_fail(err, rc, "--check-samples (base model): %s", e.message);
+            goto out;
+        }
+        q->check_base_valid = 0;
+        for (size_t i = 0; i < base.n; i++)
+            q->check_base_valid += base.ended[i] && base.smiles[i][0] &&
+                                   mg_smiles_syntax_ok(base.smiles[i], NULL, 0);
+        mg_samples_free(&base);
+    }
     qsort(ok, nok, sizeof *ok, cmp_str);
     for (size_t i = 0; i < nok; i++) {
         if (i && !strcmp(ok[i], ok[i - 1])) continue;
@@ -1335,6 +1375,34 @@ static mg_status sample_check(run *r, mg_error *err) {
         100.0 * (double)q->check_copies / (double)(nok ? nok : 1), r->s.data_path,
         q->check_distinct, q->check_novel,
         100.0 * (double)q->check_novel / (double)(q->check_distinct ? q->check_distinct : 1));
+    if (q->check_base_valid >= 0) {
+        /* fine-tuning that stays valid: within MG_FINETUNE_VALID_DROP points
+         * of the base's validity, under MG_FINETUNE_COPY_MAX copies */
+        const double vf = 100.0 * (double)nok / (double)smp.n,
+                     vb = 100.0 * (double)q->check_base_valid / (double)smp.n,
+                     cp = 100.0 * (double)q->check_copies / (double)(nok ? nok : 1);
+        /* in counts, so that 3.0 points is 3.0 (not a rounding either side) */
+        const int drop = 100 * (q->check_base_valid - (int64_t)nok) >=
+                         (int64_t)MG_FINETUNE_VALID_DROP * q->check_n,
+                  copies = 100 * q->check_copies >= (int64_t)MG_FINETUNE_COPY_MAX * (int64_t)nok &&
+                           q->check_copies > 0;
+        say(r,
+            "check: validity %.1f%% fine-tuned vs %.1f%% for %s on the same %" PRId64
+            " draws (%+.1f points); copies %.1f%% of the valid samples%s",
+            vf, vb, r->c->init_path, q->check_n, vf - vb, cp,
+            drop || copies ? ""
+                           : ": within the targets (validity less than 3 points below, copies "
+                             "under 5%)");
+        if (drop || copies)
+            say(r,
+                "check: warning: %s%s%s. What to change: sample it with --constrain valence "
+                "(on 500 quinolines that brought RDKit validity from 5 points below the base "
+                "to 1.3 points); train fewer steps (--steps), keep an earlier step (--keep "
+                "best, --val-frac), or give more molecules",
+                drop ? "validity is 3 points or more below the base model's" : "",
+                drop && copies ? "; " : "",
+                copies ? "5% or more of the valid samples copy the fine-tuning set" : "");
+    }
 out:
     for (size_t i = 0; data && i < nd; i++) free(data[i]);
     free(data);

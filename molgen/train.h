@@ -99,6 +99,10 @@ typedef struct {
      * written (string match), the distinct passing ones and those of them
      * not in the data (0 everywhere: no check) */
     int64_t check_n, check_valid, check_copies, check_distinct, check_novel;
+    /* fine-tuning (--init, not resumed): the same check_n molecules (seed 1)
+     * sampled from MODEL itself, those that pass the syntax check (-1: not
+     * checked) */
+    int64_t check_base_valid;
 } mg_train_result;
 
 /* Run training as configured. result may be NULL. */

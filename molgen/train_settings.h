@@ -77,6 +77,11 @@
 #define MG_FINETUNE_VAL_MIN 50
 #define MG_FINETUNE_PATIENCE 5
 #define MG_FINETUNE_SAMPLES 500
+/* The sample check's targets for a fine-tuned model (the report warns past
+ * them): syntax validity at most this many points below the base model's,
+ * copies of the fine-tuning set under this share (%) of the valid samples. */
+#define MG_FINETUNE_VALID_DROP 3.0
+#define MG_FINETUNE_COPY_MAX 5.0
 
 #define MG_GROUP_DATA "Data and output"
 #define MG_GROUP_LENGTH "Length (whichever comes first; one of them is required for a fresh run)"

@@ -2,9 +2,12 @@
 #define _POSIX_C_SOURCE 200809L
 #include "util.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <zlib.h>
 #ifdef _OPENMP
@@ -19,6 +22,29 @@ double mg_now_s(void) {
 
 uint32_t mg_crc32(const void *p, size_t n) {
     return (uint32_t)crc32_z(crc32_z(0L, Z_NULL, 0), (const Bytef *)p, n);
+}
+
+int mg_temp_create(const char *path, char *tmp, size_t n) {
+    static const char letters[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+    static uint64_t counter;
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    uint64_t state = ((uint64_t)t.tv_sec << 30) ^ (uint64_t)t.tv_nsec ^
+                     ((uint64_t)getpid() << 40) ^ (counter++ * 0x9E3779B97F4A7C15ull);
+    for (int tries = 0; tries < 100; tries++) {
+        uint64_t r = mg_splitmix64(&state);
+        char suffix[7];
+        for (int i = 0; i < 6; i++, r /= 62) suffix[i] = letters[r % 62];
+        suffix[6] = '\0';
+        if (snprintf(tmp, n, "%s.tmp.%ld.%s", path, (long)getpid(), suffix) >= (int)n) {
+            errno = ENAMETOOLONG;
+            return -1;
+        }
+        const int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
+        if (fd >= 0 || errno != EEXIST) return fd;
+    }
+    errno = EEXIST;
+    return -1;
 }
 
 void mg_fmt_duration(double s, char *out, size_t n) {

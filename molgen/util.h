@@ -55,6 +55,15 @@ int mg_utf8_valid(const char *s, size_t n);
 /* s seconds as "42s", "3m07s", "1h02m"; "?" when negative, NaN or absurd. */
 void mg_fmt_duration(double s, char *out, size_t n);
 
+/* A new temporary file beside path, for writing path whole and renaming
+ * it over path: "<path>.tmp.<pid>.<6 random letters>", opened
+ * O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW (mode 0666 less the umask, as
+ * fopen's), so whatever already sits at a name (a planted symbolic link,
+ * another writer's file) is never followed, written or reused: another name
+ * is drawn (up to 100). Its name in tmp[n] (len(path) + 32 always fits).
+ * Returns the descriptor, or -1 with errno (ENAMETOOLONG: n too short). */
+int mg_temp_create(const char *path, char *tmp, size_t n);
+
 /* molgen's default thread count: ATTN_NUM_THREADS when set to 1..1024,
  * else every core (omp_get_num_procs), divided among the ranks that mpirun
  * started on this machine (OMPI_COMM_WORLD_LOCAL_SIZE). Read at every call. */

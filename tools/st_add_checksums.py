@@ -10,6 +10,7 @@ import json
 import os
 import struct
 import sys
+import tempfile
 import zlib
 
 
@@ -32,14 +33,22 @@ def add_checksums(path):
     out.update(hdr)
     text = json.dumps(out, separators=(',', ':')).encode('utf-8')
     text += b' ' * ((8 - (8 + len(text)) % 8) % 8)
-    tmp = '%s.tmp.%d' % (path, os.getpid())
-    with open(tmp, 'wb') as f:
-        f.write(struct.pack('<Q', len(text)))
-        f.write(text)
-        f.write(buf)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    # a new temporary beside path (O_EXCL: never an existing name or a link)
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)),
+                               prefix=os.path.basename(path) + '.tmp.')
+    try:
+        os.fchmod(fd, os.stat(path).st_mode & 0o777)
+        with os.fdopen(fd, 'wb') as f:
+            f.write(struct.pack('<Q', len(text)))
+            f.write(text)
+            f.write(buf)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
     return True
 
 

@@ -4,6 +4,7 @@
 #include "dist.h"
 #include "gemm.h"
 #include "model.h"
+#include "util.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -280,70 +281,179 @@ static void release_locks(void) {
     n_held = 0;
 }
 
-/* The pid a lock file holds (0: none yet, its holder is writing it). */
+/* A lock file's whole content: this line, so that molgen knows its own
+ * lock from anything else at the name (a user's poetry.lock, a link). */
+#define LOCK_LINE "molgen lock pid %ld\n"
+
+/* What lock file fd holds: its pid when it is molgen's line, 0 when empty
+ * (its creator is writing it), -1 when it is something else. */
+static long lock_content(int fd) {
+    char buf[64];
+    const ssize_t k = pread(fd, buf, sizeof buf - 1, 0);
+    if (k <= 0) return k == 0 ? 0 : -1;
+    buf[k] = '\0';
+    long pid = 0;
+    int used = 0;
+    if (sscanf(buf, "molgen lock pid %ld\n%n", &pid, &used) != 1 || used != (int)k || pid <= 0)
+        return -1;
+    char again[64];
+    snprintf(again, sizeof again, LOCK_LINE, pid);
+    return strcmp(again, buf) ? -1 : pid;
+}
+
+/* The pid a held lock file holds: waits up to 0.5 s while it is empty (0:
+ * still empty; -1: not molgen's). */
 static long holder_pid(int fd) {
     for (int tries = 0; tries < 50; tries++) {
-        char buf[32];
-        const ssize_t k = pread(fd, buf, sizeof buf - 1, 0);
-        if (k > 0) {
-            buf[k] = '\0';
-            const long pid = strtol(buf, NULL, 10);
-            if (pid > 0) return pid;
-        }
+        const long pid = lock_content(fd);
+        if (pid != 0) return pid;
         const struct timespec ms10 = {0, 10000000};
         nanosleep(&ms10, NULL);
     }
     return 0;
 }
 
+/* Creates lock file lp, new (never one that is there): its line written and
+ * flock'ed in a new temporary beside it, then hard-linked to lp (link()
+ * fails on an existing name, so lp is never seen empty); where the file
+ * system has no hard links, lp itself is created O_CREAT | O_EXCL |
+ * O_NOFOLLOW, locked and written. Returns the locked descriptor, or -1 with
+ * errno (EEXIST: something is at lp). */
+static int create_lock(const char *lp) {
+    char line[64], tl[4300];
+    const int len = snprintf(line, sizeof line, LOCK_LINE, (long)getpid());
+    int fd = mg_temp_create(lp, tl, sizeof tl);
+    if (fd < 0) return -1;
+    if (pwrite(fd, line, (size_t)len, 0) != len || flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        const int e = errno;
+        close(fd);
+        unlink(tl);
+        errno = e;
+        return -1;
+    }
+    const int linked = link(tl, lp) == 0;
+    const int e = errno;
+    unlink(tl);
+    if (linked) return fd;
+    close(fd);
+    if (e != EPERM && e != ENOTSUP && e != EOPNOTSUPP && e != ENOSYS && e != EMLINK) {
+        errno = e;
+        return -1;
+    }
+    fd = open(lp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
+    if (fd < 0) return -1;
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0 || pwrite(fd, line, (size_t)len, 0) != len) {
+        const int e2 = errno;
+        close(fd);
+        unlink(lp);
+        errno = e2;
+        return -1;
+    }
+    return fd;
+}
+
+/* Refusing what is at lock path lp: it is not molgen's lock. */
+static mg_status foreign_lock(const mg_cli_file *o, const char *lp, mg_error *err) {
+    return mg_fail(err, MG_ERR_IO,
+                   "%s %s: %s is there and is not molgen's lock file (molgen keeps its lock at "
+                   "that name while it writes %s): refusing to touch it; move it away or choose "
+                   "another %s",
+                   o->opt, o->path, lp, o->opt, o->opt);
+}
+
+/* What lock_output does about an existing lp */
+enum { LK_RETRY, LK_OURS, LK_FAIL };
+
+/* lp exists (create_lock said EEXIST): opened without following, writing
+ * or blocking; ours already (LK_OURS); held by another molgen or not
+ * molgen's (LK_FAIL, a message); molgen's and unheld (a killed run's):
+ * removed while we lock it, or gone meanwhile (LK_RETRY). try: the attempt. */
+static int examine_lock(const mg_cli_file *o, const char *lp, int try, mg_error *err) {
+    const int fd = open(lp, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    if (fd < 0) {
+        if (errno == ENOENT) return LK_RETRY; /* its holder removed it meanwhile */
+        if (errno == ELOOP) return foreign_lock(o, lp, err), LK_FAIL; /* a symbolic link */
+        mg_fail(err, MG_ERR_IO, "%s %s: cannot open its lock file %s: %s", o->opt, o->path, lp,
+                strerror(errno));
+        return LK_FAIL;
+    }
+    struct stat a, b;
+    int out = LK_FAIL;
+    if (fstat(fd, &a) != 0) {
+        mg_fail(err, MG_ERR_IO, "%s: %s", lp, strerror(errno));
+        goto done;
+    }
+    for (int i = 0; i < n_held; i++)
+        if (held[i].dev == a.st_dev && held[i].ino == a.st_ino) { /* ours already */
+            out = LK_OURS;
+            goto done;
+        }
+    if (!S_ISREG(a.st_mode)) {
+        foreign_lock(o, lp, err);
+        goto done;
+    }
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        const int e = errno;
+        const long pid = e == EWOULDBLOCK ? holder_pid(fd) : 0;
+        if (e != EWOULDBLOCK)
+            mg_fail(err, MG_ERR_IO, "%s %s: cannot lock %s: %s", o->opt, o->path, lp, strerror(e));
+        else if (pid < 0) /* another program's lock on its own file */
+            foreign_lock(o, lp, err);
+        else if (pid > 0)
+            mg_fail(err, MG_ERR_IO,
+                    "%s %s is being written by another molgen (pid %ld); refusing to start",
+                    o->opt, o->path, pid);
+        else
+            mg_fail(err, MG_ERR_IO,
+                    "%s %s is being written by another molgen (it holds %s); refusing to start",
+                    o->opt, o->path, lp);
+        goto done;
+    }
+    /* nobody holds it. Gone or replaced since we opened it: look again */
+    out = LK_RETRY;
+    if (stat(lp, &b) != 0 || b.st_dev != a.st_dev || b.st_ino != a.st_ino) goto done;
+    const long pid = lock_content(fd);
+    if (pid == 0 && try < 50) { /* its creator (no hard links) is about to lock it */
+        const struct timespec ms10 = {0, 10000000};
+        nanosleep(&ms10, NULL);
+        goto done;
+    }
+    if (pid <= 0 || fstat(fd, &a) != 0 || a.st_nlink != 1) { /* a link to another file too */
+        foreign_lock(o, lp, err);
+        out = LK_FAIL;
+        goto done;
+    }
+    unlink(lp); /* a killed molgen's, still locked by us: removed, a new one made */
+done:
+    close(fd);
+    return out;
+}
+
+/* "<target>.lock": created new (create_lock) and held until exit. One that
+ * is there is taken over only when it is molgen's (its line, one link, a
+ * regular file) and no process holds it (a killed run's): it is removed
+ * and a new one created. Anything else at the name is refused, named, and
+ * left as it is. */
 static mg_status lock_output(const mg_cli_file *o, const char *target, mg_error *err) {
     char lp[4200];
     if (snprintf(lp, sizeof lp, "%s.lock", target) >= (int)sizeof lp)
         return mg_fail(err, MG_ERR_ARG, "%s: path too long", o->opt);
     for (int tries = 0; tries < 100; tries++) {
-        const int fd = open(lp, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0666);
-        if (fd < 0)
+        const int fd = create_lock(lp);
+        if (fd < 0 && errno != EEXIST)
             return mg_fail(err, MG_ERR_IO, "%s %s: cannot create its lock file %s: %s", o->opt,
                            o->path, lp, strerror(errno));
-        struct stat a, b;
-        if (fstat(fd, &a) != 0) {
-            const int e = errno;
-            close(fd);
-            return mg_fail(err, MG_ERR_IO, "%s: %s", lp, strerror(e));
+        if (fd < 0) {
+            const int what = examine_lock(o, lp, tries, err);
+            if (what == LK_RETRY) continue;
+            return what == LK_OURS ? MG_OK : MG_ERR_IO;
         }
-        for (int i = 0; i < n_held; i++)
-            if (held[i].dev == a.st_dev && held[i].ino == a.st_ino) { /* ours already */
-                close(fd);
-                return MG_OK;
-            }
-        if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
-            const int e = errno;
-            const long pid = e == EWOULDBLOCK ? holder_pid(fd) : 0;
-            close(fd);
-            if (e != EWOULDBLOCK)
-                return mg_fail(err, MG_ERR_IO, "%s %s: cannot lock %s: %s", o->opt, o->path, lp,
-                               strerror(e));
-            if (pid > 0)
-                return mg_fail(err, MG_ERR_IO,
-                               "%s %s is being written by another molgen (pid %ld); refusing to "
-                               "start",
-                               o->opt, o->path, pid);
-            return mg_fail(err, MG_ERR_IO,
-                           "%s %s is being written by another molgen (it holds %s); refusing to "
-                           "start",
-                           o->opt, o->path, lp);
-        }
-        /* the file we locked may have been removed by its last holder's exit */
-        if (stat(lp, &b) != 0 || b.st_dev != a.st_dev || b.st_ino != a.st_ino) {
-            close(fd);
-            continue;
-        }
-        char pid[32];
-        const int len = snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
-        if (ftruncate(fd, 0) != 0 || pwrite(fd, pid, (size_t)len, 0) != len || n_held == MAX_LOCKS) {
+        struct stat a;
+        if (fstat(fd, &a) != 0 || n_held == MAX_LOCKS) {
             const int e = n_held == MAX_LOCKS ? EMFILE : errno;
+            unlink(lp); /* just created: ours */
             close(fd);
-            return mg_fail(err, MG_ERR_IO, "%s %s: cannot write its lock file %s: %s", o->opt,
+            return mg_fail(err, MG_ERR_IO, "%s %s: cannot keep its lock file %s: %s", o->opt,
                            o->path, lp, strerror(e));
         }
         if (n_held == 0) atexit(release_locks);
@@ -424,12 +534,23 @@ FILE *mg_cli_atomic_open(const char *path, char *tmp, size_t tmplen, mg_error *e
         mg_fail(err, MG_ERR_ARG, "%s: %s", path, strerror(e));
         return NULL;
     }
-    if (snprintf(tmp, tmplen, "%s.tmp.%ld", target, (long)getpid()) >= (int)tmplen) {
-        mg_fail(err, MG_ERR_ARG, "path too long: %s", path);
+    /* a new file, never one that is there (a planted link is not followed) */
+    const int fd = mg_temp_create(target, tmp, tmplen);
+    if (fd < 0) {
+        if (errno == ENAMETOOLONG)
+            mg_fail(err, MG_ERR_ARG, "path too long: %s", path);
+        else
+            mg_fail(err, MG_ERR_IO, "cannot create a temporary for %s in its directory: %s", path,
+                    strerror(errno));
         return NULL;
     }
-    FILE *f = fopen(tmp, "w");
-    if (!f) mg_fail(err, MG_ERR_IO, "cannot create %s: %s", tmp, strerror(errno));
+    FILE *f = fdopen(fd, "w");
+    if (!f) {
+        const int e2 = errno;
+        close(fd);
+        unlink(tmp);
+        mg_fail(err, MG_ERR_IO, "cannot open %s: %s", tmp, strerror(e2));
+    }
     return f;
 }
 
@@ -445,12 +566,12 @@ mg_status mg_cli_write_output(const char *path, int (*write)(FILE *f, void *user
 }
 
 /* The name a temporary of mg_cli_atomic_open is renamed to: tmp less its
- * ".tmp.<pid>" (path itself if tmp is not of that form). */
+ * ".tmp.<pid>.XXXXXX" (path itself if tmp is not of that form). */
 static const char *target_of(const char *tmp, const char *path, char *buf, size_t n) {
     char suffix[40];
-    const size_t ls = (size_t)snprintf(suffix, sizeof suffix, ".tmp.%ld", (long)getpid());
+    const size_t ls = (size_t)snprintf(suffix, sizeof suffix, ".tmp.%ld.", (long)getpid()) + 6;
     const size_t lt = strlen(tmp);
-    if (lt <= ls || lt - ls >= n || strcmp(tmp + lt - ls, suffix)) return path;
+    if (lt <= ls || lt - ls >= n || strncmp(tmp + lt - ls, suffix, ls - 6)) return path;
     memcpy(buf, tmp, lt - ls);
     buf[lt - ls] = '\0';
     return buf;

@@ -34,7 +34,8 @@ const char *mg_cli_cut(const char *s, char *buf, size_t n);
 
 /* Outputs. Every file a command writes is checked before any work
  * (mg_cli_claim_outputs) and written by kind (mg_cli_output_kind):
- *  - a new name or a regular file: to "<target>.tmp.<pid>", renamed over
+ *  - a new name or a regular file: to a new temporary beside it,
+ *    "<target>.tmp.<pid>.XXXXXX" (util.h's mg_temp_create), renamed over
  *    <target> at the end (nothing half-written is ever seen); <target> is the
  *    path with its symbolic links followed, so a link is kept and the file it
  *    names is replaced (a dangling link: the file it names is created);
@@ -73,13 +74,17 @@ typedef struct {
  * output is the same file (device + inode; two new names: the same name in
  * the same directory) as an input ins[0..n_in) that is a regular file, or
  * as another output; then each FILE output (MG_CLI_BESIDE excepted) is
- * locked: flock(LOCK_EX | LOCK_NB) on "<target>.lock", which holds the pid
- * and is removed at exit. The lock file, not the output, is locked because
- * the output is replaced by rename (a lock on it would go with the old
- * inode); a lock held by this process already is taken again. Returns 0, or
- * -1 with a message naming the option ("--out F is the --model file M (same
- * file): ..."; "--out F is being written by another molgen (pid P);
- * refusing to start"). */
+ * locked: "<target>.lock" created new (O_EXCL semantics: a temporary
+ * linked to the name), holding the line "molgen lock pid P", flock'ed
+ * (LOCK_EX | LOCK_NB) and removed at exit. The lock file, not the output,
+ * is locked because the output is replaced by rename (a lock on it would
+ * go with the old inode); a lock held by this process already is taken
+ * again; molgen's own lock that nobody holds (a killed run's) is replaced;
+ * anything else at the name (a user's file, a link, a hard link to another
+ * file, a FIFO) is refused and left untouched. Returns 0, or -1 with a
+ * message naming the option ("--out F is the --model file M (same file):
+ * ..."; "--out F is being written by another molgen (pid P); refusing to
+ * start"; "--out F: F.lock is there and is not molgen's lock file ..."). */
 mg_status mg_cli_check_outputs(const mg_cli_file *outs, size_t n_out, const mg_cli_file *ins,
                                size_t n_in, mg_error *err);
 /* mg_cli_check_outputs for command cmd, collective: under mpirun (dist.h)
@@ -95,7 +100,7 @@ int mg_cli_claim_outputs(const char *cmd, const mg_cli_file *outs, size_t n_out,
 mg_status mg_cli_check_output_dir(const char *dir, mg_error *err);
 
 /* Writing an output by its kind: mg_cli_atomic_open opens a FILE output's
- * temporary "<target>.tmp.<pid>" (its name in tmp[tmplen]) or a STREAM /
+ * temporary "<target>.tmp.<pid>.XXXXXX" (its name in tmp[tmplen]) or a STREAM /
  * STDOUT output itself (tmp[0] = 0); mg_cli_atomic_commit flushes, closes
  * and renames the temporary over the target, or on any error (a full disk,
  * EFBIG) removes it and leaves the target as it was ("... (nothing

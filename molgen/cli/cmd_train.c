@@ -127,16 +127,19 @@ static void print_summary(const char *out, const char *init, const mg_train_resu
                 curve, json_pack("[I,f]", (json_int_t)r->curve_step[i], r->curve_loss[i]));
         mg_json_put(j, "val_curve", curve);
         if (r->curve_stride > 1) mg_json_put(j, "val_curve_stride", json_integer(r->curve_stride));
+        json_t *chk = NULL;
         if (r->check_n > 0)
-            mg_json_put(
-                j, "check",
+            chk =
                 json_pack(
                     "{sI,sI,sI,sf,sI,sI,sf}", "samples", (json_int_t)r->check_n, "syntax_ok",
                     (json_int_t)r->check_valid, "copies", (json_int_t)r->check_copies, "copy_share",
                     r->check_valid ? (double)r->check_copies / (double)r->check_valid : 0.0,
                     "distinct", (json_int_t)r->check_distinct, "novel_distinct",
                     (json_int_t)r->check_novel, "novelty",
-                    r->check_distinct ? (double)r->check_novel / (double)r->check_distinct : 0.0));
+                    r->check_distinct ? (double)r->check_novel / (double)r->check_distinct : 0.0);
+        if (chk && r->check_base_valid >= 0) /* the base model's on the same draws */
+            json_object_set_new(chk, "base_syntax_ok", json_integer((json_int_t)r->check_base_valid));
+        if (chk) mg_json_put(j, "check", chk);
     }
     char *s = mg_json_dump(j, 6);
     json_decref(j);

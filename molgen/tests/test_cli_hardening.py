@@ -112,7 +112,7 @@ def test_overlong_line_skipped_and_counted(smiles, tmp_path):
     out = str(tmp_path / "m.safetensors")
     p = run(["train", "--data", str(data), "--steps", "1", "--out", out] + TINY)
     assert p.returncode == 0, p.stderr
-    assert "long.smi:101: too long: 30000 tokens, limit 256" in p.stderr
+    assert "long.smi:101: too long: 30000 tokens, more than the model's limit 256" in p.stderr
     summary = json.loads(p.stdout)
     assert summary["skipped_lines"] == 1
     ctx = int(re.search(r"ctx (\d+)", p.stderr).group(1))

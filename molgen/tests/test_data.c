@@ -100,7 +100,7 @@ static void test_smi_file(void) {
     mg_vocab *v2 = NULL;
     CHECK(mg_dataset_load(g_smi, &o, NULL, &v2, &d, &rep, &err) == 0);
     CHECK(d.n == 4 && d.T == 16 && rep.too_long == 1 && rep.bad_char == 1 && rep.skipped == 2);
-    snprintf(want, sizeof want, "%s:8: too long: 22 tokens, limit 14", g_smi);
+    snprintf(want, sizeof want, "%s:8: too long: 22 tokens, more than the model's limit 14", g_smi);
     CHECK(has_msg(&rep, want));
     mg_dataset_free(&d);
     mg_vocab_free(v2);

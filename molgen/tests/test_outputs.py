@@ -386,10 +386,10 @@ def test_two_resumes_one_checkpoint(model, tmp_path):
 
 
 def hold_lock(path):
-    """Takes path's lock as a molgen would: (fd, pid written)."""
-    fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT, 0o666)
+    """Takes path's lock as a molgen would: (fd, its line written)."""
+    fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666)
     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    os.write(fd, b"%d\n" % os.getpid())
+    os.write(fd, b"molgen lock pid %d\n" % os.getpid())
     return fd
 
 

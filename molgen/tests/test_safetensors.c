@@ -6,7 +6,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "json.h"
@@ -203,6 +205,93 @@ static const char *tmp_dir(void) {
     return (t && t[0]) ? t : "/tmp";
 }
 
+/* How many "<path>.tmp.*" names are in path's directory. */
+static int count_temps(const char *path) {
+    char dir[512];
+    const char *slash = strrchr(path, '/');
+    snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+    char prefix[600];
+    snprintf(prefix, sizeof prefix, "%s.tmp.", slash + 1);
+    DIR *d = opendir(dir);
+    int n = 0;
+    for (struct dirent *de; d && (de = readdir(d)) != NULL;)
+        n += strncmp(de->d_name, prefix, strlen(prefix)) == 0;
+    if (d) closedir(d);
+    return n;
+}
+
+static void write_file(const char *path, const char *text) {
+    FILE *f = fopen(path, "w");
+    if (f) {
+        fputs(text, f);
+        fclose(f);
+    }
+}
+
+static int file_is(const char *path, const char *text) {
+    char buf[256] = {0};
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    const size_t k = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    return k == strlen(text) && memcmp(buf, text, k) == 0;
+}
+
+/* Issue 32, item 1: links planted at the names of mg_st_write's temporary
+ * (the "<path>.tmp.<pid>" this process would have used, and the same with
+ * the suffixes of a new name) are never followed: the file they name keeps
+ * its bytes, path becomes a regular file that loads, the links stay. And
+ * mg_st_remove_stale_temps removes a dead writer's regular temporaries
+ * (both name forms), never a link or a live writer's file. */
+static void test_planted_temporaries(void) {
+    char dir[512], path[600], victim[600], link1[700], old_form[700], new_form[700],
+        live[700], dead_link[700];
+    snprintf(dir, sizeof dir, "%s/mg_st_plant_%ld", tmp_dir(), (long)getpid());
+    CHECK(mkdir(dir, 0700) == 0);
+    snprintf(path, sizeof path, "%s/ck.safetensors", dir);
+    snprintf(victim, sizeof victim, "%s/victim", dir);
+    write_file(victim, "victim\n");
+    snprintf(link1, sizeof link1, "%s.tmp.%ld", path, (long)getpid());
+    CHECK(symlink("victim", link1) == 0);
+    const float x[3] = {1, 2, 3};
+    const int64_t shape[1] = {3};
+    const mg_st_tensor t = {"x", MG_ST_F32, 1, {shape[0]}, x, sizeof x};
+    mg_error err = {0};
+    CHECK(mg_st_write(path, &t, 1, NULL, 0, &err) == 0);
+    struct stat st;
+    CHECK(lstat(path, &st) == 0 && S_ISREG(st.st_mode));
+    CHECK(file_is(victim, "victim\n"));
+    CHECK(lstat(link1, &st) == 0 && S_ISLNK(st.st_mode));
+    mg_st_file *f = NULL;
+    CHECK(mg_st_load(path, &f, &err) == 0);
+    mg_st_free(f);
+    CHECK(count_temps(path) == 1); /* the planted link only */
+
+    /* stale temporaries: a dead pid (a child that exited) */
+    const pid_t child = fork();
+    if (child == 0) _exit(0);
+    waitpid(child, NULL, 0);
+    snprintf(old_form, sizeof old_form, "%s.tmp.%ld", path, (long)child);
+    snprintf(new_form, sizeof new_form, "%s.tmp.%ld.Ab3xY9", path, (long)child);
+    snprintf(live, sizeof live, "%s.tmp.1.Ab3xY9", path); /* pid 1 lives */
+    snprintf(dead_link, sizeof dead_link, "%s.tmp.%ld.zzzzzz", path, (long)child);
+    write_file(old_form, "x");
+    write_file(new_form, "x");
+    write_file(live, "x");
+    CHECK(symlink("victim", dead_link) == 0);
+    CHECK(mg_st_remove_stale_temps(path) == 2);
+    CHECK(access(old_form, F_OK) != 0 && access(new_form, F_OK) != 0);
+    CHECK(access(live, F_OK) == 0);
+    CHECK(lstat(dead_link, &st) == 0 && S_ISLNK(st.st_mode));
+    CHECK(file_is(victim, "victim\n"));
+    unlink(live);
+    unlink(dead_link);
+    unlink(link1);
+    unlink(path);
+    unlink(victim);
+    CHECK(rmdir(dir) == 0);
+}
+
 /* Deterministic tensor contents from formulas. */
 static float f32_val(size_t i) { return (float)sin(0.1 * (double)i) * 3.0f + (float)i; }
 static int64_t i64_val(size_t i) { return (int64_t)i * (int64_t)i * 1000003LL - 7; }
@@ -249,9 +338,7 @@ static void test_round_trip(void) {
     CHECK(mg_st_write(path, t, nt, meta, nm, &err) == 0);
     if (err.message[0]) fprintf(stderr, "write: %s\n", err.message);
     /* no temporary left behind */
-    char tmp[600];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
-    CHECK(access(tmp, F_OK) != 0);
+    CHECK(count_temps(path) == 0);
 
     /* raw layout: N, '{', spaces to a multiple of 8 */
     FILE *f = fopen(path, "rb");
@@ -657,6 +744,7 @@ int main(void) {
     fuzz_json();
     test_round_trip();
     test_corruption();
+    test_planted_temporaries();
     interop();
     if (tu_fail) {
         fprintf(stderr, "test_safetensors: %d failure(s)\n", tu_fail);

@@ -19,7 +19,9 @@
  * The model is small with random weights scaled up so that logits are O(1)
  * and attention is far from uniform. */
 #define _POSIX_C_SOURCE 200809L
+#include <malloc.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -442,6 +444,25 @@ static void test_sample(mg_model *m, const mg_vocab *v) {
     o.n = 0;
     CHECK(mg_sample(m, v, &o, &e, &err) == 0 && e.n == 0, "n = 0: %s", err.message);
     mg_samples_free(&e);
+    /* issue 32, item 13: bf16 with naive decoding (the CLI refuses the pair;
+     * the engine API must too) is refused with nothing kept: no output and
+     * no buffer left allocated (glibc's count of bytes in use is the same
+     * before and after; under ASan, LeakSanitizer sees any leak at exit) */
+    mg_sample_opts_default(&o);
+    o.n = 3;
+    o.batch = 2;
+    o.kind = MG_DECODE_NAIVE;
+    o.dtype = MG_DT_BF16;
+    struct mallinfo2 mi = mallinfo2(); /* bytes in use: heap chunks + mmap'ed ones */
+    const size_t before = mi.uordblks + mi.hblkhd;
+    const mg_status rc = mg_sample(m, v, &o, &e, &err);
+    mi = mallinfo2();
+    const size_t after = mi.uordblks + mi.hblkhd;
+    CHECK(rc == MG_ERR_ARG && strstr(err.message, "needs KV decoding") && e.smiles == NULL &&
+              e.n == 0,
+          "bf16 with naive decoding: rc %d '%s'", (int)rc, err.message);
+    CHECK(after == before, "bf16 with naive decoding left %zd bytes allocated",
+          (ptrdiff_t)(after - before));
 }
 
 static char *slurp(const char *path) {

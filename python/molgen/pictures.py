@@ -16,6 +16,8 @@ import math
 import os
 import sys
 
+from molgen.atomic import atomic_open
+
 COLOURS = ('#1f77b4', '#d62728', '#2ca02c', '#9467bd', '#ff7f0e', '#8c564b')
 UNITS = {'logp': 'Crippen logP', 'qed': 'QED', 'sas': 'SA score', 'tpsa': 'TPSA (A^2)',
          'mw': 'molecular weight'}
@@ -122,10 +124,8 @@ def main(argv=None):
         series = [(t, p, sample_values(p, name)) for t, p in items]
         svg += panel(name, data, series, pad + i * (W + pad), pad / 2, W, H)
     svg.append('</svg>')
-    tmp = a.out + '.tmp%d' % os.getpid()
-    with open(tmp, 'w') as f:
+    with atomic_open(a.out) as f:
         f.write('\n'.join(svg) + '\n')
-    os.replace(tmp, a.out)
     print(a.out)
     return 0
 

@@ -26,6 +26,8 @@ import os
 import sys
 import time
 
+from molgen.atomic import atomic_open
+
 COLUMNS = ('smiles', 'logp', 'qed', 'sas', 'tpsa', 'mw', 'scaffold')
 PROPERTIES = ('logp', 'qed', 'sas', 'tpsa', 'mw')
 
@@ -121,9 +123,9 @@ def main(argv=None):
     if os.path.abspath(out) == os.path.abspath(a.smiles):
         sys.stderr.write('molgen.props: the output would overwrite the input\n')
         return 2
-    tmp = '%s.tmp%d' % (out, os.getpid())
+    w = atomic_open(out, 'w', encoding='utf-8')  # a new temporary beside out
     try:
-        f = open(tmp, 'w', encoding='utf-8')
+        f = w.__enter__()
     except OSError as e:
         sys.stderr.write('molgen.props: cannot write %s: %s\n' % (out, e))
         return 1
@@ -153,16 +155,14 @@ def main(argv=None):
                 sys.stderr.write('\rprops: %d / %d molecules, %.0f s, %.0f mol/s' %
                                  (done, len(smiles), el, done / el if el > 0 else 0))
                 sys.stderr.flush()
-        f.close()
-        os.replace(tmp, out)
-    except BaseException:
-        f.close()
-        os.unlink(tmp)
+    except BaseException as e:
+        w.__exit__(type(e), e, e.__traceback__)  # closes and removes the temporary
         raise
     finally:
         if pool is not None:
             pool.close()
             pool.join()
+    w.__exit__(None, None, None)  # renamed over out
     if not a.quiet:
         sys.stderr.write('\n')
     sys.stderr.write('props: %s: %d molecules written, %d unparsable skipped, %.1f s\n' %

@@ -21,6 +21,8 @@ import sys
 import time
 from multiprocessing import Pool
 
+from molgen.atomic import atomic_open
+
 
 def _copies(args):
     smi, k, seed = args
@@ -93,17 +95,13 @@ def main(argv=None):
                      '%d lines without copies\n' % (n, a.k, dt, rate, a.jobs, len(out) - n))
     if a.bench:
         return 0
-    tmp = '%s.tmp.%d' % (a.out, os.getpid())
     try:
-        with open(tmp, 'w') as f:
+        with atomic_open(a.out) as f:
             f.write('#molgen-augment v1 k=%d seed=%d lines=%d source=%s\n'
                     % (a.k, a.seed, len(lines), os.path.basename(a.data)))
             for o in out:
                 f.write(o + '\n')
-        os.replace(tmp, a.out)
     except OSError as e:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
         sys.stderr.write('molgen.randomize_smiles: %s: %s\n' % (a.out, e))
         return 1
     print(a.out)

@@ -21,6 +21,7 @@ import os
 import sys
 
 from molgen import pmo
+from molgen.atomic import atomic_open
 
 SERIES = (("top-1", "#d62728"), ("top-10", "#1f77b4"), ("mean of 100 calls", "#7f7f7f"))
 KNOWN = {"call", "call_index", "index", "step", "smiles", "canonical", "score", "components",
@@ -396,10 +397,8 @@ def main(argv=None):
     out = a.out or os.path.join(a.dir, "report.html")
     try:
         page = render(a.dir, a.top, a.window)
-        tmp = out + ".tmp"
-        with open(tmp, "w") as f:
+        with atomic_open(out) as f:  # a new temporary beside out, never followed
             f.write(page)
-        os.replace(tmp, out)
     except (OSError, ValueError, KeyError) as e:
         print("molgen.report: %s" % e, file=sys.stderr)
         return 1

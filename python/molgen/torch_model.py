@@ -43,6 +43,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from molgen.atomic import atomic_open
+
 PAD, BOS, EOS = 0, 1, 2
 SPECIALS = ["<pad>", "<bos>", "<eos>"]
 
@@ -93,13 +95,11 @@ def save_safetensors(path, tensors, meta=None):
         header["__metadata__"] = {str(k): str(v) for k, v in meta.items()}
     h = json.dumps(header, separators=(",", ":")).encode("utf-8")
     h += b" " * ((8 - (8 + len(h)) % 8) % 8)
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
+    with atomic_open(path, "wb") as f:
         f.write(struct.pack("<Q", len(h)))
         f.write(h)
         for b in blobs:
             f.write(b)
-    os.replace(tmp, path)
 
 
 # ---------------------------------------------------------------- model
