@@ -353,7 +353,8 @@ def scaled_dot_product_attention_grad(grad_out, query, key, value,
                  stand_ins=True, dtype=dtype, out_dtype=out_dtype)
     out_shape = c.lead + (c.Lq, c.Dv)
     g = (bf16_array(grad_out, "grad_out") if c.out_bf16
-         else as_float_array(grad_out, "grad_out"))
+         else as_float_array(grad_out, "grad_out (in out_dtype, float32 here)",
+                             bf16_hint="out_dtype='bf16'"))
     if g.shape != out_shape:
         raise ValueError("grad_out must have the shape of the output %s, got %s"
                          % (out_shape, g.shape))
@@ -361,7 +362,7 @@ def scaled_dot_product_attention_grad(grad_out, query, key, value,
     if c.sub["out"]:  # no output element: nothing flows back
         _forward(c, tout, None, None)  # (validates every argument)
         return tuple(np.zeros(sh, np.float32) for sh in c.shapes)
-    g, tg = tensor_view(g, "grad_out", c.out_bf16)
+    g, tg = tensor_view(g, "grad_out", c.out_bf16, bf16_hint="out_dtype='bf16'")
 
     dq, tdq = out_tensor(c.q.shape)
     dk, tdk = out_tensor(c.k.shape)
@@ -497,7 +498,7 @@ def scaled_dot_product_attention_varlen_grad(grad_out, query, key, value,
                         impl, num_threads)
     Tq, H = c.q.shape[0], c.q.shape[1]
     out_shape = (Tq, H, c.v.shape[2])
-    g = as_float_array(grad_out, "grad_out")
+    g = as_float_array(grad_out, "grad_out", bf16_hint=None)
     if g.shape != out_shape:
         raise ValueError("grad_out must have the shape of the output %s, got %s"
                          % (out_shape, g.shape))
