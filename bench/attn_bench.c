@@ -219,6 +219,7 @@ static int run_case(const bcase *c, attn_impl impl, int threads, int reps, doubl
     attn_sdpa_params p;
     memset(&p, 0, sizeof p);
     p.dtype = g_bf16 ? ATTN_BF16 : ATTN_F32;
+    p.out_dtype = ATTN_F32; /* out and grads fp32 (0 would follow dtype) */
     p.causal = c->causal;
     p.impl = impl;
     p.num_threads = threads;

@@ -84,7 +84,8 @@ typedef enum {
     ATTN_ERR_MASK = 4,     /* a mask does not broadcast, or bad key length */
     ATTN_ERR_ARG = 5,      /* another invalid argument (dropout_p, scale...) */
     ATTN_ERR_NOMEM = 6,    /* allocation failed or workspace too small */
-    ATTN_ERR_STATE = 7     /* call order (e.g. backward without a cache) */
+    ATTN_ERR_STATE = 7,    /* call order (e.g. backward without a cache) */
+    ATTN_ERR_ALIAS = 8     /* an output overlaps an input or another output */
 } attn_status;
 
 /* Caller-owned error report. Pass NULL if you only want the status. */
@@ -176,10 +177,18 @@ ATTN_API attn_tensor attn_tensor_blhd(float *data, int64_t B, int64_t H, int64_t
  * bfloat16 (1 sign, 8 exponent, 7 mantissa bits: the top half of an fp32)
  * held in uint16_t; an attn_tensor of bf16 points at it through a cast
  * (attn_tensor_bhld_bf16 does it) and counts its strides in 2-byte
- * elements. */
+ * elements.
+ * ATTN_DTYPE_DEFAULT (0, what zero-initialised params hold) means fp32 for
+ * dtype and "the same as dtype" for out_dtype, so the natural call
+ * (dtype = ATTN_BF16, out_dtype left 0) reads and writes bf16 and never
+ * writes fp32 into a bf16-sized out. An fp32 out from bf16 inputs is asked
+ * for explicitly: out_dtype = ATTN_F32. (0.4 had ATTN_F32 = 0 and
+ * ATTN_BF16 = 1 with out_dtype 0 meaning fp32; the values moved in 0.5,
+ * with the soname.) */
 typedef enum {
-    ATTN_F32 = 0, /* float (the default: zero-initialised params) */
-    ATTN_BF16 = 1 /* bfloat16 in uint16_t */
+    ATTN_DTYPE_DEFAULT = 0, /* dtype: fp32; out_dtype: dtype's */
+    ATTN_F32 = 1,           /* float */
+    ATTN_BF16 = 2           /* bfloat16 in uint16_t */
 } attn_dtype;
 
 /* n values between fp32 and bf16. To bf16: round to nearest, ties to even;
@@ -264,8 +273,11 @@ typedef struct {
     int num_threads; /* 0: the global setting */
 
     /* Storage of q, k, v (dtype) and of out and grad_out (out_dtype):
-     * ATTN_F32 (0, the default) or ATTN_BF16; out_dtype ATTN_BF16 needs
-     * dtype ATTN_BF16 (other pairs: ATTN_ERR_ARG). weights, lse and the
+     * ATTN_F32 or ATTN_BF16; ATTN_DTYPE_DEFAULT (0) is fp32 for dtype and
+     * dtype's own type for out_dtype (so dtype = ATTN_BF16 alone gives a
+     * bf16 out and grad_out; set out_dtype = ATTN_F32 for fp32 ones).
+     * out_dtype ATTN_BF16 needs dtype ATTN_BF16 (other pairs and values:
+     * ATTN_ERR_ARG). weights, lse and the
      * gradients dq, dk, dv are always fp32 (fp32 gradients of bf16 inputs:
      * the most accurate, and what an fp32 master copy wants; round them
      * with attn_bf16_from_f32 for bf16). Taken by attn_sdpa_forward and
@@ -358,7 +370,15 @@ typedef struct {
  *   lse     [B, H, Lq]      contiguous, optional: per-row log-sum-exp of the
  *                           masked, scaled scores (-inf for an empty row);
  *                           the backward needs it.
- *   info    optional: the path that ran and why. */
+ *   info    optional: the path that ran and why.
+ * No output may share memory with an input or another output: out, weights
+ * and lse are each checked against q, k, v and one another, element by
+ * element (views that interleave in one buffer without sharing an element,
+ * such as q, k and v's slices of a packed [B, L, 3, H, D] buffer, are
+ * fine), and an overlap is refused with ATTN_ERR_ALIAS before anything is
+ * written. (The check also refuses, conservatively, a pair of strided views
+ * whose overlap it cannot settle within a fixed amount of work; inputs may
+ * alias one another freely: q = k = v for self-attention.) */
 ATTN_API attn_status attn_sdpa_forward(const attn_tensor *q, const attn_tensor *k,
                                        const attn_tensor *v, const attn_sdpa_params *p,
                                        attn_tensor *out, float *weights, float *lse,
@@ -366,7 +386,10 @@ ATTN_API attn_status attn_sdpa_forward(const attn_tensor *q, const attn_tensor *
 
 /* Gradients of attn_sdpa_forward, from the saved out and lse and grad_out
  * (same shape as out). dq, dk, dv have the shapes of q, k, v and are
- * OVERWRITTEN. p must equal the forward's (same masks, seed and offset). */
+ * OVERWRITTEN. p must equal the forward's (same masks, seed and offset).
+ * dq, dk and dv must not share memory with one another nor with q, k, v,
+ * out, lse or grad_out (ATTN_ERR_ALIAS, checked as in the forward; dq, dk,
+ * dv as slices of one packed [B, L, 3, H, D] gradient buffer are fine). */
 ATTN_API attn_status attn_sdpa_backward(const attn_tensor *q, const attn_tensor *k,
                                         const attn_tensor *v, const attn_tensor *out,
                                         const float *lse, const attn_tensor *grad_out,
@@ -399,7 +422,9 @@ ATTN_API attn_status attn_sdpa_backward(const attn_tensor *q, const attn_tensor 
  *   weights optional: sequence s's [H, Lq_s, Lk_s] block, contiguous, the
  *       blocks back to back (Σ_s H·Lq_s·Lk_s floats).
  *   lse optional: [H, total_q], contiguous; the backward needs it.
- * A query row of a sequence without keys gets 0 and lse -inf. */
+ * A query row of a sequence without keys gets 0 and lse -inf. Outputs that
+ * share memory with an input or one another: ATTN_ERR_ALIAS, as for
+ * attn_sdpa_forward. */
 ATTN_API attn_status attn_sdpa_varlen_forward(
     const attn_tensor *q, const attn_tensor *k, const attn_tensor *v, int64_t batch,
     const int64_t *cu_seqlens_q, const int64_t *cu_seqlens_k, const attn_sdpa_params *p,
@@ -407,7 +432,7 @@ ATTN_API attn_status attn_sdpa_varlen_forward(
 
 /* Gradients of attn_sdpa_varlen_forward from its out and lse; dq, dk, dv
  * (the shapes of q, k, v) are OVERWRITTEN. Same batch, lengths and p as the
- * forward. */
+ * forward; aliasing refused as in attn_sdpa_backward (ATTN_ERR_ALIAS). */
 ATTN_API attn_status attn_sdpa_varlen_backward(
     const attn_tensor *q, const attn_tensor *k, const attn_tensor *v, const attn_tensor *out,
     const float *lse, const attn_tensor *grad_out, int64_t batch, const int64_t *cu_seqlens_q,

@@ -260,7 +260,8 @@ static mg_status attention_step(mg_kv_decoder *d, const kv_layer *L, mg_error *e
     p.causal = 1;
     p.key_lengths = d->klen;
     p.num_threads = d->nt;
-    p.dtype = bf ? ATTN_BF16 : ATTN_F32; /* the output stays fp32 */
+    p.dtype = bf ? ATTN_BF16 : ATTN_F32;
+    p.out_dtype = ATTN_F32; /* the output stays fp32 (0 would follow dtype) */
     attn_error e;
     if (attn_sdpa_forward(&q, &k, &v, &p, &o, NULL, NULL, NULL, &e))
         return mg_fail(err, mg_from_attn(e.status), "%s", e.message);

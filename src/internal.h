@@ -120,6 +120,21 @@ attn_status attn_check_tensor(const attn_tensor *t, const char *name, attn_error
 attn_status attn_check_same_shape(const attn_tensor *t, const attn_tensor *like, const char *name,
                                   const char *like_name, attn_error *err);
 
+/* Aliasing: each output view is checked against every input and every
+ * earlier output, element by element (interleaved views that share no
+ * element pass); a shared element, or a pair too intricate to settle in a
+ * bounded search, gives ATTN_ERR_ALIAS naming both. Views with data NULL
+ * are skipped. esize: bytes per element (4 fp32, 2 bf16). */
+typedef struct {
+    const char *name;
+    const void *data;
+    int64_t dim[4], stride[4], esize;
+} attn_alias_view;
+attn_alias_view attn_alias_tensor(const attn_tensor *t, const char *name, int bf16);
+attn_alias_view attn_alias_floats(const float *data, int64_t n, const char *name);
+attn_status attn_check_alias(const attn_alias_view *in, int nin, const attn_alias_view *out,
+                             int nout, attn_error *err);
+
 /* Keys [*lo, *hi) that the structural masks (causal, key padding, window)
  * leave visible to query i of batch b; *lo >= *hi when none. */
 static inline void attn_row_range(const attn_problem *pr, int64_t b, int64_t i, int64_t *lo,

@@ -187,7 +187,8 @@ attn_status attn_mha_forward(const attn_mha_config *c, const attn_mha_weights *w
     attn_status s = check_config(c, &d, err);
     if (s || (s = check_weights(c, w, "weights", err)) || (s = check_call(&d, B, Lq, Lk, err)))
         return s;
-    if (p && (p->dtype != ATTN_F32 || p->out_dtype != ATTN_F32))
+    if (p && ((p->dtype != ATTN_DTYPE_DEFAULT && p->dtype != ATTN_F32) ||
+              (p->out_dtype != ATTN_DTYPE_DEFAULT && p->out_dtype != ATTN_F32)))
         return attn_fail(err, ATTN_ERR_ARG, "multi-head attention is fp32 only (p->dtype, out_dtype)");
     if (!query || !key || !value || !out)
         return attn_fail(err, ATTN_ERR_NULL, "query, key, value and out must be non-NULL");
@@ -251,7 +252,8 @@ attn_status attn_mha_backward(const attn_mha_config *c, const attn_mha_weights *
     if (s || (s = check_weights(c, w, "weights", err)) || (s = check_weights(c, g, "grads", err)) ||
         (s = check_call(&d, B, Lq, Lk, err)))
         return s;
-    if (p && (p->dtype != ATTN_F32 || p->out_dtype != ATTN_F32))
+    if (p && ((p->dtype != ATTN_DTYPE_DEFAULT && p->dtype != ATTN_F32) ||
+              (p->out_dtype != ATTN_DTYPE_DEFAULT && p->out_dtype != ATTN_F32)))
         return attn_fail(err, ATTN_ERR_ARG, "multi-head attention is fp32 only (p->dtype, out_dtype)");
     if (!query || !key || !value || !grad_out)
         return attn_fail(err, ATTN_ERR_NULL, "query, key, value and grad_out must be non-NULL");

@@ -45,6 +45,41 @@ static attn_impl choose(const attn_problem *pr, const attn_varlen *varlen, attn_
     return ATTN_IMPL_FUSED;
 }
 
+/* The aliasing preconditions (attn.h): out, weights, lse against q, k, v
+ * and one another; weights_floats is what the call writes there. */
+static attn_status check_forward_alias(const attn_problem *pr, const attn_tensor *q,
+                                       const attn_tensor *k, const attn_tensor *v,
+                                       const attn_tensor *out, const float *weights,
+                                       int64_t weights_floats, const float *lse,
+                                       attn_error *err) {
+    const int bf = pr->dtype == ATTN_BF16, obf = pr->out_dtype == ATTN_BF16;
+    attn_alias_view in[3] = {attn_alias_tensor(q, "q", bf), attn_alias_tensor(k, "k", bf),
+                             attn_alias_tensor(v, "v", bf)};
+    attn_alias_view outs[3] = {attn_alias_tensor(out, "out", obf),
+                               attn_alias_floats(weights, weights_floats, "weights"),
+                               attn_alias_floats(lse, pr->B * pr->H * pr->Lq, "lse")};
+    return attn_check_alias(in, 3, outs, 3, err);
+}
+
+/* dq, dk, dv against q, k, v, out, grad_out, lse and one another. */
+static attn_status check_backward_alias(const attn_problem *pr, const attn_tensor *q,
+                                        const attn_tensor *k, const attn_tensor *v,
+                                        const attn_tensor *out, const float *lse,
+                                        const attn_tensor *grad_out, const attn_tensor *dq,
+                                        const attn_tensor *dk, const attn_tensor *dv,
+                                        attn_error *err) {
+    const int bf = pr->dtype == ATTN_BF16, obf = pr->out_dtype == ATTN_BF16;
+    attn_alias_view in[6] = {attn_alias_tensor(q, "q", bf),
+                             attn_alias_tensor(k, "k", bf),
+                             attn_alias_tensor(v, "v", bf),
+                             attn_alias_tensor(out, "out", obf),
+                             attn_alias_tensor(grad_out, "grad_out", obf),
+                             attn_alias_floats(lse, pr->B * pr->H * pr->Lq, "lse")};
+    attn_alias_view outs[3] = {attn_alias_tensor(dq, "dq", 0), attn_alias_tensor(dk, "dk", 0),
+                               attn_alias_tensor(dv, "dv", 0)};
+    return attn_check_alias(in, 6, outs, 3, err);
+}
+
 attn_status attn_sdpa_forward(const attn_tensor *q, const attn_tensor *k, const attn_tensor *v,
                               const attn_sdpa_params *p, attn_tensor *out, float *weights,
                               float *lse, attn_sdpa_info *info, attn_error *err) {
@@ -59,6 +94,9 @@ attn_status attn_sdpa_forward_ws(const attn_tensor *q, const attn_tensor *k, con
     attn_problem pr;
     attn_status s = attn_sdpa_check(q, k, v, out, p, &pr, err);
     if (s) return s;
+    if ((s = check_forward_alias(&pr, q, k, v, out, weights, pr.B * pr.H * pr.Lq * pr.Lk, lse,
+                                 err)))
+        return s;
     char reason[160];
     attn_impl impl = choose(&pr, NULL, p ? p->impl : ATTN_IMPL_AUTO, 0, reason, sizeof reason);
     report(info, "forward", impl, reason);
@@ -143,7 +181,9 @@ attn_status attn_sdpa_backward(const attn_tensor *q, const attn_tensor *k, const
     attn_status s = attn_sdpa_check(q, k, v, out, p, &pr, err);
     if (s) return s;
     if (!lse) return attn_fail(err, ATTN_ERR_NULL, "lse is NULL (save it in the forward)");
-    if ((s = check_grads(out, grad_out, q, k, v, dq, dk, dv, err))) return s;
+    if ((s = check_grads(out, grad_out, q, k, v, dq, dk, dv, err)) ||
+        (s = check_backward_alias(&pr, q, k, v, out, lse, grad_out, dq, dk, dv, err)))
+        return s;
     char reason[160];
     attn_impl impl = choose(&pr, NULL, p ? p->impl : ATTN_IMPL_AUTO, 1, reason, sizeof reason);
     report(info, "backward", impl, reason);
@@ -170,6 +210,11 @@ attn_status attn_sdpa_varlen_forward(const attn_tensor *q, const attn_tensor *k,
     attn_status s =
         attn_varlen_check(q, k, v, out, batch, cu_seqlens_q, cu_seqlens_k, p, &pr, &varlen, err);
     if (s) return s;
+    if ((s = check_forward_alias(&pr, q, k, v, out, weights, varlen.weights_at[varlen.n], lse,
+                                 err))) {
+        attn_varlen_free(&varlen);
+        return s;
+    }
     char reason[160];
     attn_impl impl = choose(&pr, &varlen, p ? p->impl : ATTN_IMPL_AUTO, 0, reason, sizeof reason);
     report(info, "varlen forward", impl, reason);
@@ -200,8 +245,8 @@ attn_status attn_sdpa_varlen_backward(const attn_tensor *q, const attn_tensor *k
     if (s) return s;
     if (!lse)
         s = attn_fail(err, ATTN_ERR_NULL, "lse is NULL (save it in the forward)");
-    else
-        s = check_grads(out, grad_out, q, k, v, dq, dk, dv, err);
+    else if (!(s = check_grads(out, grad_out, q, k, v, dq, dk, dv, err)))
+        s = check_backward_alias(&pr, q, k, v, out, lse, grad_out, dq, dk, dv, err);
     if (s) {
         attn_varlen_free(&varlen);
         return s;

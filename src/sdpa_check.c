@@ -193,19 +193,150 @@ attn_status attn_sdpa_check(const attn_tensor *q, const attn_tensor *k, const at
     }
     if (p->impl != ATTN_IMPL_AUTO && p->impl != ATTN_IMPL_REFERENCE && p->impl != ATTN_IMPL_FUSED)
         return attn_fail(err, ATTN_ERR_ARG, "impl %d is not an attn_impl value", (int)p->impl);
-    if ((p->dtype != ATTN_F32 && p->dtype != ATTN_BF16) ||
-        (p->out_dtype != ATTN_F32 && p->out_dtype != ATTN_BF16))
+    if ((p->dtype != ATTN_DTYPE_DEFAULT && p->dtype != ATTN_F32 && p->dtype != ATTN_BF16) ||
+        (p->out_dtype != ATTN_DTYPE_DEFAULT && p->out_dtype != ATTN_F32 &&
+         p->out_dtype != ATTN_BF16))
         return attn_fail(err, ATTN_ERR_ARG,
-                         "dtype %d / out_dtype %d: each must be ATTN_F32 (0) or ATTN_BF16 (1)",
+                         "dtype %d / out_dtype %d: each must be ATTN_DTYPE_DEFAULT (0), ATTN_F32 "
+                         "(1) or ATTN_BF16 (2)",
                          (int)p->dtype, (int)p->out_dtype);
-    if (p->out_dtype == ATTN_BF16 && p->dtype != ATTN_BF16)
+    /* Resolved here, so every kernel sees only ATTN_F32 or ATTN_BF16:
+     * dtype 0 is fp32, out_dtype 0 is dtype's. */
+    pr->dtype = p->dtype == ATTN_BF16 ? ATTN_BF16 : ATTN_F32;
+    pr->out_dtype = p->out_dtype == ATTN_DTYPE_DEFAULT ? pr->dtype : p->out_dtype;
+    if (pr->out_dtype == ATTN_BF16 && pr->dtype != ATTN_BF16)
         return attn_fail(err, ATTN_ERR_ARG,
                          "out_dtype ATTN_BF16 needs dtype ATTN_BF16 (fp32 inputs give fp32 out)");
-    pr->dtype = p->dtype;
-    pr->out_dtype = p->out_dtype;
     if (p->num_threads < 0 || p->num_threads > ATTN_MAX_THREADS)
         return attn_fail(err, ATTN_ERR_ARG, "num_threads must be in [0, %d], got %d",
                          ATTN_MAX_THREADS, p->num_threads);
     pr->threads = attn_threads_for(p->num_threads);
+    return ATTN_OK;
+}
+
+/* ------------------------------------------------------------- aliasing */
+
+/* A view's bytes: element (i0..i3) at lo + sum i_d * s[d], each esize bytes
+ * long; strides made positive (a negative stride's lowest address is its
+ * last element), so the set of addresses is the same. */
+typedef struct {
+    uintptr_t lo, hi; /* [lo, hi): every byte the view can touch */
+    int64_t n[4];
+    uint64_t s[4], esize;
+} byte_view;
+
+/* attn_check_tensor bounded each view: (dim - 1) * |stride| summed over the
+ * dims is below 2^62 elements, so the byte counts fit in uint64. */
+static byte_view view_of(const attn_alias_view *v) {
+    byte_view b = {(uintptr_t)v->data, 0, {0}, {0}, (uint64_t)v->esize};
+    uint64_t span = b.esize;
+    for (int d = 0; d < 4; d++) {
+        int64_t st = v->stride[d];
+        uint64_t sb = (st < 0 ? (uint64_t)0 - (uint64_t)st : (uint64_t)st) * b.esize;
+        uint64_t reach = (uint64_t)(v->dim[d] - 1) * sb;
+        b.n[d] = v->dim[d];
+        if (st < 0) b.lo -= (uintptr_t)reach;
+        b.s[d] = sb;
+        span += reach;
+    }
+    b.hi = b.lo + (uintptr_t)span;
+    return b;
+}
+
+attn_alias_view attn_alias_tensor(const attn_tensor *t, const char *name, int bf16) {
+    attn_alias_view v = {name, t->data, {0}, {0}, bf16 ? 2 : 4};
+    for (int d = 0; d < 4; d++) v.dim[d] = t->dim[d], v.stride[d] = t->stride[d];
+    return v;
+}
+
+attn_alias_view attn_alias_floats(const float *data, int64_t n, const char *name) {
+    attn_alias_view v = {name, n > 0 ? data : NULL, {n, 1, 1, 1}, {1, 1, 1, 1}, 4};
+    return v; /* n 0 (a varlen call without weights to write): nothing */
+}
+
+typedef __int128 i128;
+
+static i128 floor_div(i128 a, i128 b) { /* b > 0 */
+    i128 q = a / b;
+    return (a % b != 0 && a < 0) ? q - 1 : q;
+}
+
+/* Strides (bytes) of the two views merged: index differences k_g of one
+ * stride s_g range over [kmin_g, kmax_g] (a's indices count negatively,
+ * b's positively; both views' dims of one stride add their ranges, and a
+ * sum of integer ranges is an integer range). */
+typedef struct {
+    i128 s, kmin, kmax;
+} stride_group;
+
+/* Is there a k with L < sum_{h >= g} k_h s_h < U? Groups sorted by stride,
+ * largest first; at each only the k_g that the inner groups' reach can
+ * still bring into (L, U) are tried (1 or 2 for a nested layout). *work
+ * counts the nodes; at 0 the answer is "cannot tell" (2). */
+static int find_overlap(const stride_group *gr, int ng, int g, i128 L, i128 U, long *work) {
+    if (--*work <= 0) return 2;
+    if (g == ng) return L < 0 && 0 < U;
+    i128 in_lo = 0, in_hi = 0;
+    for (int h = g + 1; h < ng; h++) in_lo += gr[h].kmin * gr[h].s, in_hi += gr[h].kmax * gr[h].s;
+    /* need k s_g in (L - in_hi, U - in_lo) */
+    i128 k0 = floor_div(L - in_hi, gr[g].s) + 1, k1 = -floor_div(-(U - in_lo), gr[g].s) - 1;
+    if (k0 < gr[g].kmin) k0 = gr[g].kmin;
+    if (k1 > gr[g].kmax) k1 = gr[g].kmax;
+    for (i128 k = k0; k <= k1; k++) {
+        int r = find_overlap(gr, ng, g + 1, L - k * gr[g].s, U - k * gr[g].s, work);
+        if (r) return r;
+    }
+    return 0;
+}
+
+/* 0: a and b share no byte; 1: they do; 2: could not settle (treated as 1). */
+static int views_overlap(const attn_alias_view *va, const attn_alias_view *vb) {
+    byte_view a = view_of(va), b = view_of(vb);
+    if (a.hi <= b.lo || b.hi <= a.lo) return 0;
+    stride_group gr[8];
+    int ng = 0;
+    for (int v = 0; v < 2; v++) {
+        const byte_view *x = v ? &b : &a;
+        for (int d = 0; d < 4; d++) {
+            if (x->n[d] <= 1 || x->s[d] == 0) continue;
+            i128 lo = v ? 0 : -(i128)(x->n[d] - 1), hi = v ? (i128)(x->n[d] - 1) : 0;
+            int g = 0;
+            while (g < ng && gr[g].s != (i128)x->s[d]) g++;
+            if (g == ng) gr[ng++] = (stride_group){(i128)x->s[d], 0, 0};
+            gr[g].kmin += lo, gr[g].kmax += hi;
+        }
+    }
+    for (int i = 1; i < ng; i++) /* insertion sort, largest stride first */
+        for (int j = i; j > 0 && gr[j].s > gr[j - 1].s; j--) {
+            stride_group t = gr[j];
+            gr[j] = gr[j - 1], gr[j - 1] = t;
+        }
+    /* a's element at x, b's at y = x + delta + sum k s: bytes overlap iff
+     * -b.esize < y - x < a.esize. delta fits: the two spans intersect. */
+    i128 delta = (i128)b.lo - (i128)a.lo;
+    long work = 1L << 16;
+    return find_overlap(gr, ng, 0, -(i128)b.esize - delta, (i128)a.esize - delta, &work);
+}
+
+attn_status attn_check_alias(const attn_alias_view *in, int nin, const attn_alias_view *out,
+                             int nout, attn_error *err) {
+    for (int o = 0; o < nout; o++) {
+        if (!out[o].data) continue;
+        for (int j = 0; j < nin + o; j++) {
+            const attn_alias_view *other = j < nin ? &in[j] : &out[j - nin];
+            if (!other->data) continue;
+            int r = views_overlap(&out[o], other);
+            if (r == 1)
+                return attn_fail(err, ATTN_ERR_ALIAS,
+                                 "%s shares memory with %s: outputs must not overlap the inputs "
+                                 "or one another",
+                                 out[o].name, other->name);
+            if (r == 2)
+                return attn_fail(err, ATTN_ERR_ALIAS,
+                                 "%s may share memory with %s (their strides interleave too "
+                                 "intricately to check): give them separate buffers",
+                                 out[o].name, other->name);
+        }
+    }
     return ATTN_OK;
 }

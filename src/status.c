@@ -19,6 +19,7 @@ const char *attn_status_name(attn_status s) {
     case ATTN_ERR_ARG: return "ATTN_ERR_ARG";
     case ATTN_ERR_NOMEM: return "ATTN_ERR_NOMEM";
     case ATTN_ERR_STATE: return "ATTN_ERR_STATE";
+    case ATTN_ERR_ALIAS: return "ATTN_ERR_ALIAS";
     }
     return "ATTN_ERR_UNKNOWN";
 }

@@ -139,7 +139,7 @@ static void run_shape(const shape *s, attn_impl impl, const char *isa) {
                 tdq = attn_tensor_bhld(dq, B, H, Lq, D), tdk = attn_tensor_bhld(dk, B, H, Lk, D),
                 tdv = attn_tensor_bhld(dv, B, H, Lk, D);
     attn_sdpa_params p = {0};
-    p.dtype = ATTN_BF16;
+    p.dtype = ATTN_BF16, p.out_dtype = ATTN_F32; /* fp32 out (0 would follow dtype) */
     p.impl = impl;
     p.causal = s->mask == 1;
     p.key_lengths = s->mask == 2 ? klen : NULL;
@@ -243,7 +243,7 @@ static void test_threads(int64_t Lq) {
                 tv = attn_tensor_bhld_bf16(qkv + 2 * n, B, H, L, D),
                 to = attn_tensor_bhld(out, B, H, Lq, D), tg = attn_tensor_bhld(x, B, H, Lq, D);
     attn_sdpa_params p = {0};
-    p.dtype = ATTN_BF16;
+    p.dtype = ATTN_BF16, p.out_dtype = ATTN_F32;
     p.impl = ATTN_IMPL_FUSED;
     p.causal = 1;
     attn_error e;

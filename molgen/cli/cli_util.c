@@ -219,7 +219,6 @@ typedef struct {
 
 /* The per-output checks of mg_cli_check_outputs, into *s. */
 static mg_status check_one(const mg_cli_file *o, out_state *s, mg_error *err) {
-    mg_status rc;
     if (!*o->path) return mg_fail(err, MG_ERR_ARG, "%s: the path is empty", o->opt);
     classify(o->path, &s->info);
     if (s->info.errnum)
@@ -237,9 +236,17 @@ static mg_status check_one(const mg_cli_file *o, out_state *s, mg_error *err) {
     }
     const int e = follow_links(o->path, s->target, sizeof s->target);
     if (e) return mg_fail(err, MG_ERR_ARG, "%s %s: %s", o->opt, o->path, strerror(e));
-    if ((rc = mg_cli_mkdir_parent(s->target, err))) return rc;
+    /* The directory must exist: a mistyped path fails here, before any
+     * work, with one message (under mpirun: rank 0's), instead of growing
+     * a directory tree nobody asked for. */
     char dir[4096];
     dir_of(s->target, dir, sizeof dir);
+    struct stat ds;
+    if (stat(dir, &ds) != 0)
+        return mg_fail(err, MG_ERR_IO, "%s %s: the directory %s does not exist (%s); create it "
+                       "first", o->opt, o->path, dir, strerror(errno));
+    if (!S_ISDIR(ds.st_mode))
+        return mg_fail(err, MG_ERR_IO, "%s %s: %s is not a directory", o->opt, o->path, dir);
     const int pe = probe_dir(dir);
     if (pe)
         return mg_fail(err, MG_ERR_IO, "%s %s: cannot create a file in %s: %s", o->opt, o->path,
@@ -651,7 +658,7 @@ int mg_cli_claim_outputs(const char *cmd, const mg_cli_file *outs, size_t n_out,
     int removed = 0;
     if (world->rank == 0) {
         rc = mg_cli_check_outputs(outs, n_out, ins, n_in, &err);
-        if (rc) fprintf(stderr, "molgen %s: %s\n", cmd, err.message);
+        if (rc) mg_cli_report(cmd, rc, &err); /* "rank 0 of N: " under mpirun */
         for (size_t i = 0; !rc && i < n_out; i++) {
             char t[4096];
             if (outs[i].path && mg_cli_output_kind(outs[i].path) == MG_CLI_OUT_FILE)

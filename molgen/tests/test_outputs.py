@@ -429,6 +429,8 @@ def test_held_lock_refuses_mpirun_train(smiles, tmp_path):
         os.close(fd)
     assert p.returncode != 0
     msgs = [l for l in p.stderr.splitlines() if "being written by another molgen" in l]
-    assert msgs == ["molgen train: --out %s is being written by another molgen (pid %d); "
-                    "refusing to start" % (out, os.getpid())], p.stderr
+    # one message, from rank 0 (which checks the outputs), named as every
+    # message of an mpirun job is: "molgen CMD: rank K of N: ..."
+    assert msgs == ["molgen train: rank 0 of 2: --out %s is being written by another molgen "
+                    "(pid %d); refusing to start" % (out, os.getpid())], p.stderr
     assert not os.path.exists(out)

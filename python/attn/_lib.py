@@ -17,6 +17,7 @@ ATTN_ERR_MASK = 4
 ATTN_ERR_ARG = 5
 ATTN_ERR_NOMEM = 6
 ATTN_ERR_STATE = 7
+ATTN_ERR_ALIAS = 8
 
 ATTN_UNBOUNDED = -1
 
@@ -27,8 +28,9 @@ IMPL_NAMES = {ATTN_IMPL_AUTO: "auto", ATTN_IMPL_REFERENCE: "reference",
               ATTN_IMPL_FUSED: "fused"}
 IMPL_CODES = {v: k for k, v in IMPL_NAMES.items()}
 
-ATTN_F32 = 0
-ATTN_BF16 = 1  # bfloat16 bits held in uint16
+ATTN_DTYPE_DEFAULT = 0  # dtype: fp32; out_dtype: dtype's (attn.h, 0.5)
+ATTN_F32 = 1
+ATTN_BF16 = 2  # bfloat16 bits held in uint16
 
 ATTN_WEIGHTS_NONE = 0
 ATTN_WEIGHTS_PER_HEAD = 1

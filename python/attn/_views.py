@@ -93,10 +93,25 @@ def as_numpy(x):
     return np.asarray(x)
 
 
-def as_float_array(x, name, min_ndim=2):
-    a = as_numpy(x)
+def check_real(a, name, bf16_hint="dtype='bf16'"):
+    """Refuse a numpy array that does not hold real numbers, and uint16:
+    numpy has no bfloat16, so bfloat16 bit patterns come as uint16, and
+    read as integers they would give values like 48,896 (-0.5) without a word.
+    uint16 is taken only where bf16 is asked for (bf16_hint names how; None:
+    this argument never takes bf16)."""
     if a.dtype.kind not in "fiu":
         raise ValueError("%s must hold real numbers, got dtype %s" % (name, a.dtype))
+    if a.dtype == _U16:
+        how = ("pass %s to read them as bfloat16, or " % bf16_hint) if bf16_hint else ""
+        raise ValueError(
+            "%s is a uint16 array: bfloat16 bit patterns are read only as bf16 "
+            "(%sconvert them with attn.float32_from_bf16); integer values: "
+            "convert with .astype(numpy.float32)" % (name, how))
+
+
+def as_float_array(x, name, min_ndim=2, bf16_hint="dtype='bf16'"):
+    a = as_numpy(x)
+    check_real(a, name, bf16_hint)
     if a.ndim < min_ndim:
         raise ValueError("%s must have shape (..., L, E) with at least %d dims, "
                          "got shape %s" % (name, min_ndim, a.shape))
@@ -110,7 +125,7 @@ def c_array(a, dtype=_F32):
     return np.require(np.asarray(a), dtype, ("C", "A"))
 
 
-def tensor_view(x, name, bf16=False):
+def tensor_view(x, name, bf16=False, bf16_hint="dtype='bf16'"):
     """(array kept alive, attn_tensor) for a (..., L, D) input; the array is
     x itself when x is float32 with usable strides (aligned, whole-element,
     non-negative), else an aligned contiguous copy. bf16=True: x must hold
@@ -122,7 +137,7 @@ def tensor_view(x, name, bf16=False):
             a = c_array(a, _U16)
             got = _to_4d(a)
     else:
-        a = as_float_array(x, name)
+        a = as_float_array(x, name, bf16_hint=bf16_hint)
         got = _to_4d(a) if a.dtype == _F32 else None
         if got is None:
             a = c_array(a)
@@ -155,7 +170,7 @@ def packed_view(x, name):
     """(array kept alive, attn_tensor [1, H, T, D]) for packed rows
     (T, H, D), read in place when float32 with usable strides, else an
     aligned contiguous copy."""
-    a = as_float_array(x, name, min_ndim=0)
+    a = as_float_array(x, name, min_ndim=0, bf16_hint=None)  # varlen: fp32 only
     if a.ndim != 3:
         raise ValueError("%s must have shape (total, H, D), got shape %s"
                          % (name, a.shape))

@@ -457,7 +457,8 @@ def scaled_dot_product_attention_grad(grad_out, query, key, value,
                  alibi_slopes=alibi_slopes, sinks=sinks)
     out_shape = c.lead + (c.Lq, c.Dv)
     g = (bf16_array(grad_out, "grad_out") if c.out_bf16
-         else as_float_array(grad_out, "grad_out"))
+         else as_float_array(grad_out, "grad_out (in out_dtype, float32 here)",
+                             bf16_hint="out_dtype='bf16'"))
     if g.shape != out_shape:
         raise ValueError("grad_out must have the shape of the output %s, got %s"
                          % (out_shape, g.shape))
@@ -466,7 +467,7 @@ def scaled_dot_product_attention_grad(grad_out, query, key, value,
         _forward(c, tout, None, None)  # (validates every argument)
         return tuple(np.zeros(sh, np.float32) for sh in c.shapes) + (
             () if sinks is None else (np.zeros(c.heads, np.float32),))
-    g, tg = tensor_view(g, "grad_out", c.out_bf16)
+    g, tg = tensor_view(g, "grad_out", c.out_bf16, bf16_hint="out_dtype='bf16'")
     dsinks = None
     if c.sinks is not None:
         dsinks = np.zeros(c.sinks.shape, np.float32)
@@ -630,7 +631,7 @@ def scaled_dot_product_attention_varlen_grad(grad_out, query, key, value,
                         sinks)
     Tq, H = c.q.shape[0], c.q.shape[1]
     out_shape = (Tq, H, c.v.shape[2])
-    g = as_float_array(grad_out, "grad_out")
+    g = as_float_array(grad_out, "grad_out", bf16_hint=None)
     if g.shape != out_shape:
         raise ValueError("grad_out must have the shape of the output %s, got %s"
                          % (out_shape, g.shape))

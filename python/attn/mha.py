@@ -4,7 +4,7 @@ import ctypes
 import numpy as np
 
 from . import _lib
-from ._views import (c_array, int64_arg, mask_array, mask_view,
+from ._views import (c_array, check_real, int64_arg, mask_array, mask_view,
                      uint64_arg)
 from .functional import build_params
 
@@ -22,9 +22,7 @@ def _real_array(value, name, shape):
     arr = _to_numpy(value)
     if arr.shape != shape:
         raise ValueError("%s must have shape %s, got %s" % (name, shape, arr.shape))
-    if arr.dtype.kind not in "fiu":
-        raise ValueError("%s must hold real numbers, got dtype %s"
-                         % (name, arr.dtype))
+    check_real(arr, name, None)  # fp32 only: uint16 bf16 bits refused
     return arr
 
 
@@ -473,9 +471,7 @@ class MultiheadAttention:
                 % ("3-D (batched)" if batched else "2-D (unbatched)",
                    qa.shape, ka.shape, va.shape))
         for a, name in ((qa, "query"), (ka, "key"), (va, "value")):
-            if a.dtype.kind not in "fiu":
-                raise ValueError("%s must hold real numbers, got dtype %s"
-                                 % (name, a.dtype))
+            check_real(a, name, None)
 
         same_qk, same_kv = key is query, value is key
         same_qv = value is query
@@ -669,8 +665,7 @@ class MultiheadAttention:
                              "(dropout=%g, training mode)" % self.dropout)
         E = self.embed_dim
         xa = _to_numpy(x)
-        if xa.dtype.kind not in "fiu":
-            raise ValueError("x must hold real numbers, got dtype %s" % xa.dtype)
+        check_real(xa, "x", None)
         if xa.ndim not in (2, 3) or xa.shape[-1] != E:
             raise ValueError("x must be [n, T, %d] (batch_first), [T, n, %d] or "
                              "unbatched [T, %d], got shape %s" % (E, E, E, xa.shape))
@@ -730,9 +725,7 @@ class MultiheadAttention:
         E = self.embed_dim
         B, Lq, Lk = sv["B"], sv["Lq"], sv["Lk"]
         g = _to_numpy(grad_out)
-        if g.dtype.kind not in "fiu":
-            raise ValueError("grad_out must hold real numbers, got dtype %s"
-                             % g.dtype)
+        check_real(g, "grad_out", None)
         if g.shape != sv["out_shape"]:
             raise ValueError("grad_out must have the shape of the output %s, "
                              "got %s" % (sv["out_shape"], g.shape))

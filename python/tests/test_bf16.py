@@ -300,3 +300,61 @@ def test_bf16_padding_garbage_stays_out(Lq, causal):
         for a, z in zip(r, runs[0]):
             assert np.isfinite(attn.float32_from_bf16(a) if a.dtype == np.uint16 else a).all()
             assert np.array_equal(a, z)
+
+
+def _attention64(q, k, v, g):
+    """float64 softmax(q kᵀ / sqrt(D)) v and its gradients (numpy, no
+    mask): dV = Pᵀ dO, dS = P ∘ (dO Vᵀ - rowsum(dO ∘ O)), dQ = dS K s,
+    dK = dSᵀ Q s."""
+    s = 1.0 / np.sqrt(q.shape[-1])
+    S = q @ np.swapaxes(k, -1, -2) * s
+    P = np.exp(S - S.max(-1, keepdims=True))
+    P /= P.sum(-1, keepdims=True)
+    O = P @ v
+    dP = g @ np.swapaxes(v, -1, -2)
+    dS = P * (dP - (g * O).sum(-1, keepdims=True))
+    return O, dS @ k * s, np.swapaxes(dS, -1, -2) @ q * s, np.swapaxes(P, -1, -2) @ g
+
+
+def test_uint16_bits_need_bf16():
+    """uint16 arrays (bfloat16 bits: numpy has no bf16) are refused unless
+    bf16 is asked for: as q, k, v without dtype='bf16', as grad_out with
+    out_dtype='float32' (it would be read as integers: 48,896 for -0.5, a
+    gradient 1e4 off), in the varlen and multi-head calls (fp32 only). The
+    calls that do ask for bf16 match float64 on the same values."""
+    rng = np.random.default_rng(3)
+    q, k, v, g = (attn.bf16_from_float32(rng.standard_normal((2, 2, n, 16)).astype(np.float32))
+                  for n in (5, 9, 9, 5))
+    q64, k64, v64, g64 = (attn.float32_from_bf16(x).astype(np.float64) for x in (q, k, v, g))
+    O, dQ, dK, dV = _attention64(q64, k64, v64, g64)
+    with pytest.raises(ValueError, match=r"query is a uint16 array.*dtype='bf16'"):
+        attn.scaled_dot_product_attention(q, k, v)
+    with pytest.raises(ValueError, match=r"query is a uint16 array.*dtype='bf16'"):
+        attn.scaled_dot_product_attention(q, k, v, out_dtype="float32")
+    with pytest.raises(ValueError, match=r"grad_out .*uint16 array.*out_dtype='bf16'"):
+        attn.scaled_dot_product_attention_grad(g, q, k, v, dtype="bf16", out_dtype="float32")
+    with pytest.raises(ValueError, match=r"key is a uint16 array"):
+        attn.scaled_dot_product_attention_grad(attn.float32_from_bf16(g), attn.float32_from_bf16(q),
+                                               k, attn.float32_from_bf16(v))
+    with pytest.raises(ValueError, match=r"query is a uint16 array"):
+        attn.scaled_dot_product_attention_varlen(q[0].transpose(1, 0, 2), k[0].transpose(1, 0, 2),
+                                                 v[0].transpose(1, 0, 2), [0, 5], [0, 9])
+    m = attn.MultiheadAttention(16, 2, seed=0)
+    with pytest.raises(ValueError, match=r"query is a uint16 array"):
+        m(q[0], q[0], q[0])
+    # asked for: float64 on the same bf16 values. The reference path with an
+    # fp32 out is fp32 on the exact values (1e-5 of the largest); the fused
+    # kernels round P and dS to bf16, and a bf16 out (grads16: the backward's
+    # D = dO·O from it) is rounded too (2^-8 relative each): 2^-6.
+    for impl, tol in (("reference", 1e-5), ("fused", 2.0**-6)):
+        o = attn.scaled_dot_product_attention(q, k, v, dtype="bf16", out_dtype="float32",
+                                              impl=impl)
+        grads16 = attn.scaled_dot_product_attention_grad(g, q, k, v, dtype="bf16", impl=impl)
+        grads32 = attn.scaled_dot_product_attention_grad(attn.float32_from_bf16(g), q, k, v,
+                                                         dtype="bf16", out_dtype="float32",
+                                                         impl=impl)
+        assert np.abs(o - O).max() <= tol * np.abs(O).max(), impl
+        for got, t in ((grads16, 2.0**-6), (grads32, tol)):
+            for x, ref in zip(got, (dQ, dK, dV)):
+                assert x.dtype == np.float32
+                assert np.abs(x - ref).max() <= t * np.abs(ref).max(), impl

@@ -15,8 +15,8 @@ import time
 import numpy as np
 import pytest
 
-# molgen_bin (molgen/tests) and the molgen package (python/) come from
-# PYTHONPATH, which ctest sets (molgen/CMakeLists.txt)
+# molgen_bin (molgen/tests) and the molgen package (python/): on sys.path
+# through molgen/tests/conftest.py, so this file also runs alone
 from molgen_bin import molgen_binary, write_molecules
 from molgen.torch_model import load_safetensors
 

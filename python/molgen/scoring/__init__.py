@@ -138,6 +138,13 @@ class Scorer:
                                   'modifier (e.g. modifier = {kind = "gaussian", mu = ..., '
                                   'sigma = ...})' % (at, kind))
             self.entries.append(_Entry(name, comp, mods, float(w)))
+        # the weights normalised to sum 1, without overflow or underflow:
+        # divided by the largest first (each in (0, 1], their sum in
+        # [1, n]), so 1e308 + 1e308 (inf) or 5e-324 / sum are never formed
+        top = max(e.weight for e in self.entries)
+        rel = [e.weight / top for e in self.entries]
+        total = sum(rel)
+        self.norm_weights = [r / total for r in rel]
 
     @staticmethod
     def _modifier(comp, table, where):
@@ -168,13 +175,12 @@ class Scorer:
         return out
 
     def combine(self, scores):
-        ws = [e.weight for e in self.entries]
-        tw = sum(ws)
+        ws = self.norm_weights  # sum 1: the weighted mean needs no division
         if self.aggregate == 'arithmetic':
-            return min(max(sum(w * s for w, s in zip(ws, scores)) / tw, 0.0), 1.0)
+            return min(max(sum(w * s for w, s in zip(ws, scores)), 0.0), 1.0)
         if min(scores) <= 0.0:
             return 0.0
-        return min(max(math.exp(sum(w * math.log(s) for w, s in zip(ws, scores)) / tw), 0.0), 1.0)
+        return min(max(math.exp(sum(w * math.log(s) for w, s in zip(ws, scores))), 0.0), 1.0)
 
     def score(self, smiles):
         """Result of one SMILES; score nan when it does not parse."""
@@ -202,23 +208,59 @@ def from_toml(text, where='config'):
         cfg = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError('%s: not valid TOML: %s' % (where, e))
+    except RecursionError:  # tomllib parses nested arrays and tables recursively
+        raise ConfigError('%s: nested too deeply to be a scoring configuration' % where)
     return Scorer(cfg, where)
 
 
+MAX_CONFIG_BYTES = 1 << 20  # a configuration is a few hundred bytes
+
+
+def _read_config(path):
+    """The bytes of a configuration file: a regular file (not a FIFO, which
+    would block, nor a device such as /dev/zero, which never ends) of at
+    most MAX_CONFIG_BYTES."""
+    import stat
+    try:
+        # O_NONBLOCK: opening a FIFO does not wait for a writer
+        fd = os.open(path, os.O_RDONLY | getattr(os, 'O_NONBLOCK', 0))
+    except OSError as e:
+        raise ConfigError('%s: cannot read: %s' % (path, e.strerror or e))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError('%s: not a regular file' % path)
+        if st.st_size > MAX_CONFIG_BYTES:
+            raise ConfigError('%s: %d bytes, more than a configuration can be (%d)'
+                              % (path, st.st_size, MAX_CONFIG_BYTES))
+        chunks, n = [], 0
+        while n <= MAX_CONFIG_BYTES:  # bounded even if the file grows meanwhile
+            b = os.read(fd, MAX_CONFIG_BYTES + 1 - n)
+            if not b:
+                break
+            chunks.append(b)
+            n += len(b)
+        if n > MAX_CONFIG_BYTES:
+            raise ConfigError('%s: more than %d bytes' % (path, MAX_CONFIG_BYTES))
+        return b''.join(chunks)
+    except OSError as e:
+        raise ConfigError('%s: cannot read: %s' % (path, e.strerror or e))
+    finally:
+        os.close(fd)
+
+
 def load(config):
-    """Scorer from a TOML path, 'pmo/NAME', or a Scorer (returned as is)."""
+    """Scorer from a TOML path, 'pmo/NAME' (the shipped task, whatever the
+    working directory holds), or a Scorer (returned as is)."""
     if isinstance(config, Scorer):
         return config
     if isinstance(config, dict):
         return Scorer(config)
     path = config
-    if config.startswith('pmo/') and not os.path.exists(path):
+    if config.startswith('pmo/') and not config.endswith('.toml'):
+        # a shipped task, always: never ./pmo/NAME of the working directory
         path = task_path(config)
-    try:
-        with open(path, 'rb') as f:
-            data = f.read()
-    except OSError as e:
-        raise ConfigError('%s: cannot read: %s' % (path, e.strerror or e))
+    data = _read_config(path)
     try:
         text = data.decode('utf-8')
     except UnicodeDecodeError:

@@ -2,7 +2,8 @@
 
     /usr/bin/python3 -m molgen.scoring CONFIG.toml
     /usr/bin/python3 -m molgen.scoring --task pmo/NAME     (--list: the PMO tasks)
-    /usr/bin/python3 -m molgen.scoring --check CONFIG.toml (parse, print the components)
+    /usr/bin/python3 -m molgen.scoring --check CONFIG.toml (parse, score probe molecules,
+                                                           print the components)
 
 Reads one SMILES per line on standard input (its first whitespace-separated
 field) and writes exactly one line per input line, in order, flushed:
@@ -26,7 +27,7 @@ import math
 import os
 import sys
 
-from . import ConfigError, load, pmo_tasks, format_result, randomized, Result
+from . import ConfigError, load, pmo_tasks, format_result, randomized, Result, task_path
 
 PROG = 'python3 -m molgen.scoring'
 MAX_RANDOMIZE = 10000
@@ -52,6 +53,23 @@ def _randomize(line):
         return ''
     out = randomized(parts[3].strip(), n, seed)
     return '' if out is None else '\t'.join(out)
+
+
+PROBES = ('c1ccc2ccccc2c1O', 'CC(=O)Nc1ccc(O)cc1', 'C')  # naphthol, paracetamol, methane
+
+
+def probe(scorer):
+    """--check: score a few molecules as the server would; a component that
+    fails or gives no finite score in [0, 1] on them is a ConfigError."""
+    for smi in PROBES:
+        try:
+            r = scorer.score(smi)
+        except Exception as e:
+            raise ConfigError('%s: scoring the probe molecule %s fails: %s: %s'
+                              % (scorer.name, smi, type(e).__name__, e))
+        if not (0.0 <= r.score <= 1.0):
+            raise ConfigError('%s: the probe molecule %s scores %r, not a number in [0, 1]'
+                              % (scorer.name, smi, r.score))
 
 
 def answer(scorer, line):
@@ -81,7 +99,7 @@ def main(argv=None):
     ap.add_argument('--task', help='a shipped task instead: pmo/NAME (see --list)')
     ap.add_argument('--list', action='store_true', help='print the PMO task names and exit')
     ap.add_argument('--check', action='store_true',
-                    help='parse the configuration, print its components and exit')
+                    help='parse the configuration, score probe molecules, print its components and exit')
     a = ap.parse_args(argv)
     if a.list:
         print('\n'.join('pmo/' + t for t in pmo_tasks()))
@@ -98,7 +116,10 @@ def main(argv=None):
         if a.task is not None:
             if not a.task.startswith('pmo/'):
                 raise ConfigError('--task %r: the tasks are pmo/NAME (see --list)' % a.task)
-        scorer = load(a.task if a.task is not None else a.config)
+        # --task: the shipped file itself (task_path), never ./pmo/NAME
+        scorer = load(task_path(a.task) if a.task is not None else a.config)
+        if a.check:
+            probe(scorer)
     except ConfigError as e:
         _warn(str(e))
         return 2

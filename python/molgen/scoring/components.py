@@ -51,6 +51,14 @@ def fingerprint(mol, kind):
     return Generate.Gen2DFingerprint(mol, Gobbi_Pharm2D.factory)
 
 
+def _fp_empty(fp):
+    """True when a fingerprint (sparse count vector or bit vector) has no
+    feature set."""
+    if hasattr(fp, 'GetNonzeroElements'):
+        return not fp.GetNonzeroElements()
+    return fp.GetNumOnBits() == 0
+
+
 def parse_formula(formula, where):
     """[(element, count)] of a molecular formula such as C9H10N2O2PF2Cl."""
     from rdkit import Chem
@@ -173,6 +181,13 @@ class Similarity(Component):
         if self.reduce not in ('max', 'mean'):
             raise ConfigError('%s: reduce %r is not "max" or "mean"' % (where, self.reduce))
         self.target_fps = [fingerprint(_mol(t, where, 'target'), self.fp) for t in targets]
+        for t, fp in zip(targets, self.target_fps):
+            # an empty target fingerprint makes Tanimoto 0/0: RDKit says 1.0
+            # for every molecule whose fingerprint is empty too (methane)
+            if _fp_empty(fp):
+                raise ConfigError('%s: target %r has an empty %s fingerprint (no feature this '
+                                  'fingerprint sees): its similarity to anything is undefined; '
+                                  'choose another fingerprint or target' % (where, t, self.fp))
 
     def raw(self, mol):
         from rdkit import DataStructs

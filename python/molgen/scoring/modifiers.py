@@ -28,12 +28,45 @@ class ConfigError(Exception):
 
 
 def _pow10_logistic(z):
-    """1 / (1 + 10^-z) without overflow for large |z|."""
+    """1 / (1 + 10^-z) without overflow for large |z| (±inf: 1 or 0)."""
     t = z * math.log(10.0)
+    if t != t:
+        return t
+    if t > 800.0:
+        return 1.0
+    if t < -800.0:
+        return 0.0
     if t >= 0:
         return 1.0 / (1.0 + math.exp(-t))
     e = math.exp(t)
     return e / (1.0 + e)
+
+
+def _ratio(a, b, c, d):
+    """(a - b) / (c - d), c != d, near float64's range: a difference that
+    overflows (1e308 - -1e308) is taken in halves, which is exact, when
+    the denominator's does; a ratio beyond float64 is ±inf (clipped by the
+    caller). c - d of two different floats is never 0 (gradual underflow)."""
+    num, den = a - b, c - d
+    if math.isinf(den):
+        num, den = 0.5 * a - 0.5 * b, 0.5 * c - 0.5 * d
+    return num / den
+
+
+def _scaled(coef, a, b, div):
+    """coef * (a - b) / div, with 0 * inf and intermediate overflow or
+    underflow avoided: the plain product when it is a finite nonzero number,
+    else through logarithms (±inf beyond float64)."""
+    d = a - b
+    if coef == 0 or d == 0:
+        return 0.0
+    v = coef * d / div
+    if math.isfinite(v) and math.isfinite(d) and v != 0:
+        return v
+    ld = math.log(abs(d)) if math.isfinite(d) else math.log(abs(0.5 * a - 0.5 * b)) + math.log(2.0)
+    L = math.log(abs(coef)) + ld - math.log(abs(div))
+    sign = math.copysign(1.0, coef) * math.copysign(1.0, d) * math.copysign(1.0, div)
+    return sign * (math.inf if L > 709.0 else math.exp(L))
 
 
 class Modifier:
@@ -74,7 +107,13 @@ class Gaussian(Modifier):
             raise ConfigError('%s: modifier %r: sigma must be > 0' % (where, self.kind))
 
     def __call__(self, x):
-        return math.exp(-0.5 * ((x - self.p['mu']) / self.p['sigma']) ** 2)
+        # |x - mu| / sigma, then the square: a tiny sigma (1e-200) or a far x
+        # overflows the square (OverflowError), and exp(-z^2/2) is 0 in
+        # float64 for z > 39 anyway; an x - mu beyond float64 is inf here
+        z = abs(x - self.p['mu']) / self.p['sigma']
+        if z > 40.0:
+            return 0.0
+        return math.exp(-0.5 * z * z)
 
 
 class MinGaussian(Gaussian):
@@ -106,9 +145,11 @@ class Clipped(Modifier):
 
     def __call__(self, x):
         p = self.p
-        slope = (p['high_score'] - p['low_score']) / (p['upper_x'] - p['lower_x'])
-        y = p['high_score'] + slope * (x - p['upper_x'])
-        return min(max(y, p['low_score']), p['high_score'])
+        # the fraction of the way from lower_x to upper_x, clipped to [0, 1]
+        # (the differences can overflow near float64's range: _ratio)
+        t = _ratio(x, p['lower_x'], p['upper_x'], p['lower_x'])
+        t = min(max(t, 0.0), 1.0) if t == t else t
+        return p['low_score'] + t * (p['high_score'] - p['low_score'])
 
 
 class Threshold(Modifier):
@@ -133,7 +174,19 @@ class Sigmoid(Modifier):
 
     def _z(self, x):
         p = self.p
-        return 10.0 * p['k'] * (x - 0.5 * (p['low'] + p['high'])) / (p['high'] - p['low'])
+        # mid as halves (low + high overflows near float64's range); the
+        # ratio through _ratio; a z beyond float64 is ±inf, which the
+        # logistic takes (a step); k 0 is flat (never 0 * inf)
+        if max(abs(p['low']), abs(p['high'])) < 1e-300:
+            # halving a subnormal low or high drops bits (mid of 0 and
+            # 5e-324 would be 0): the fraction of the way, less 1/2
+            u = _ratio(x, p['low'], p['high'], p['low']) - 0.5
+        else:
+            mid = 0.5 * p['low'] + 0.5 * p['high']
+            u = _ratio(x, mid, p['high'], p['low'])  # (x - mid) / (high - low)
+        if p['k'] == 0 or u == 0:
+            return 0.0
+        return 10.0 * p['k'] * u
 
     def __call__(self, x):
         return _pow10_logistic(self._z(x))
@@ -159,8 +212,8 @@ class DoubleSigmoid(Modifier):
 
     def __call__(self, x):
         p = self.p
-        return (_pow10_logistic(p['coef_se'] * (x - p['low']) / p['coef_div'])
-                - _pow10_logistic(p['coef_si'] * (x - p['high']) / p['coef_div']))
+        return (_pow10_logistic(_scaled(p['coef_se'], x, p['low'], p['coef_div']))
+                - _pow10_logistic(_scaled(p['coef_si'], x, p['high'], p['coef_div'])))
 
 
 class Step(Modifier):
