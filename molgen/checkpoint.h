@@ -82,7 +82,7 @@ mg_status mg_checkpoint_load(const char *path, mg_model **model, mg_adamw *opt, 
  * (mg_model_tensor_frozen) frozen; rows of new tokens (mg_model_new_rows,
  * train --extend-vocab) of tok_emb and head spans of their own stepping at
  * MG_NEW_ROWS_LR_MULT times the learning rate). */
-#define MG_NEW_ROWS_LR_MULT 30.0f
+#define MG_NEW_ROWS_LR_MULT 100.0f
 mg_status mg_ckpt_optimizer(const mg_model *m, const mg_adamw_config *c, mg_adamw *opt,
                             mg_error *err);
 
