@@ -42,8 +42,9 @@ static mg_score_status encode(const mg_model *m, const mg_vocab *v, const char *
         int k = 0;
         mg_tokenize(s, NULL, 0, &k, NULL, NULL);
         *tokens = k + 1;
-        snprintf(e->message, sizeof e->message, "%d targets, more than the model's context %d",
-                 k + 1, T - 1);
+        /* SMILES tokens: BOS + k inputs fit ctx_len = T - 1 for k <= T - 2 */
+        snprintf(e->message, sizeof e->message, "%d tokens, more than the model's limit %d", k,
+                 T - 2);
         return MG_SCORE_TOO_LONG;
     }
     if (rc == MG_ERR_UNKNOWN_TOKEN) return MG_SCORE_UNKNOWN_TOKEN;
