@@ -17,7 +17,9 @@ the files' JSON read by Python.
   probability is <= e^-18 at every position of the data (the bound holds
   at any input).
 - The extended file is read by score (a boronic acid is ok), sample, and a
-  second --init (no flag needed: its vocabulary has 'B')."""
+  second --init (no flag needed: its vocabulary has 'B').
+- --resume of an extended run is bitwise the straight run (the new rows'
+  optimizer spans come back from the checkpoint)."""
 import json
 import os
 import subprocess
@@ -147,3 +149,26 @@ def test_extended_model_is_read_by_sample_score_and_a_second_init(boron, extende
             "--check-samples", "0", "--threads", "1", "--no-progress", "--out", out2)
     assert p.returncode == 0, p.stderr
     assert b"--extend-vocab" not in p.stderr and vocab(out2) == vocab(extended)
+
+
+def test_resume_of_an_extended_run_is_the_straight_run(boron):
+    """The new rows' own optimizer spans (100x lr) come back on --resume from
+    the checkpoint's "new_rows": a stopped and resumed run ends bitwise
+    where the straight run does."""
+    tm = pytest.importorskip("molgen.torch_model")
+    d = boron
+    common = ["train", "--init", BASE, "--data", str(d / "boron.smi"), "--extend-vocab",
+              "--steps", "6", "--keep", "last", "--check-samples", "0", "--threads", "1",
+              "--no-progress"]
+    straight, half = str(d / "straight.safetensors"), str(d / "half.safetensors")
+    assert run(*common, "--out", straight).returncode == 0
+    assert run(*common, "--stop-after", "3", "--out", half).returncode == 0
+    p = run("train", "--resume", half, "--threads", "1", "--no-progress", "--check-samples", "0",
+            "--out", half)
+    assert p.returncode == 0, p.stderr
+    a, _ = tm.load_safetensors(straight)
+    b, meta = tm.load_safetensors(half)
+    assert json.loads(meta["train"])["new_rows"] == len(vocab(BASE))
+    assert sorted(a) == sorted(b)
+    for k in a:
+        assert np.array_equal(a[k].view(np.uint32), b[k].view(np.uint32)), k
