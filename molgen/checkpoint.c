@@ -15,19 +15,25 @@
 mg_status mg_ckpt_optimizer(const mg_model *m, const mg_adamw_config *c, mg_adamw *opt,
                             mg_error *err) {
     const size_t nt = mg_model_num_tensors(m);
-    mg_optim_span *spans = malloc(nt * sizeof *spans);
+    const int V = mg_model_get_config(m)->vocab_size, v0 = mg_model_new_rows(m);
+    mg_optim_span *spans = calloc(2 * nt, sizeof *spans); /* a grown tensor: two */
     if (!spans) {
         memset(opt, 0, sizeof *opt);
         return mg_fail(err, MG_ERR_NOMEM, "out of memory");
     }
+    size_t ns = 0;
     for (size_t i = 0; i < nt; i++) {
         const mg_param_info *pi = mg_model_tensor(m, i);
-        spans[i].offset = pi->offset;
-        spans[i].numel = pi->numel;
-        spans[i].decay = pi->decay;
-        spans[i].frozen = mg_model_tensor_frozen(m, i);
+        const int grown = v0 > 0 && v0 < V && pi->shape[0] == V &&
+                          (!strcmp(pi->name, "tok_emb.weight") || !strncmp(pi->name, "head.", 5));
+        /* rows [0, v0) then the new rows [v0, V) at MG_NEW_ROWS_LR_MULT */
+        const size_t row = pi->ndim == 2 ? (size_t)pi->shape[1] : 1, cut = grown ? (size_t)v0 * row : pi->numel;
+        spans[ns++] = (mg_optim_span){pi->offset, cut, pi->decay, mg_model_tensor_frozen(m, i), 0.0f};
+        if (grown)
+            spans[ns++] = (mg_optim_span){pi->offset + cut, pi->numel - cut, pi->decay,
+                                          mg_model_tensor_frozen(m, i), MG_NEW_ROWS_LR_MULT};
     }
-    const mg_status rc = mg_adamw_init(opt, c, mg_model_num_params(m), spans, nt, err);
+    const mg_status rc = mg_adamw_init(opt, c, mg_model_num_params(m), spans, ns, err);
     free(spans);
     return rc;
 }
@@ -53,6 +59,7 @@ static char *train_json(const mg_train_config *settings, const mg_train_state *s
         !mg_json_put(j, "val_loss", isfinite(st->val_loss) ? json_real(st->val_loss) : json_null());
     snprintf(buf, sizeof buf, "%08" PRIx32, st->init_crc32);
     ok = ok && (!settings->init_path || !mg_json_put(j, "init_crc32", json_string(buf)));
+    ok = ok && (!st->new_rows || !mg_json_put(j, "new_rows", json_integer(st->new_rows)));
     char *s = ok ? mg_json_dump(j, 17) : NULL;
     json_decref(j);
     return s;
@@ -99,6 +106,12 @@ static mg_status train_from_json(const char *text, mg_ckpt *ck, mg_error *err) {
         return mg_fail(err, MG_ERR_FORMAT,
                        "checkpoint \"train\" metadata: \"init_crc32\" missing or not 8 hex digits");
     ck->state.init_crc32 = crc ? (uint32_t)strtoul(crc, NULL, 16) : 0;
+    const json_t *nr = json_object_get(j, "new_rows");
+    if (nr && (!json_is_integer(nr) || json_integer_value(nr) < 0 ||
+               json_integer_value(nr) > 65536))
+        return mg_fail(err, MG_ERR_FORMAT,
+                       "checkpoint \"train\" metadata: \"new_rows\" is not a token id");
+    ck->state.new_rows = nr ? (int)json_integer_value(nr) : 0;
     /* Written by molgen versions that bucketed batches by length: this one
      * draws other batches, so it cannot continue such a run as promised. */
     const json_t *bk = json_object_get(j, "bucket");
@@ -205,6 +218,7 @@ mg_status mg_ckpt_load(const char *path, mg_ckpt *ck, mg_error *err) {
     } else if ((rc = mg_adamw_config_from_json(oj, &oc, &e)) ||
                (rc = train_from_json(tj, ck, &e)) ||
                (rc = mg_model_set_frozen(ck->model, ck->settings.freeze, &e)) ||
+               (rc = mg_model_set_new_rows(ck->model, ck->state.new_rows, &e)) ||
                (rc = mg_ckpt_optimizer(ck->model, &oc, &ck->opt, &e))) {
         rc = mg_fail(err, rc, "checkpoint %s: %s", path, e.message);
     } else {

@@ -48,6 +48,7 @@ typedef struct {
     double val_loss;     /* the last validation loss (NAN: none) */
     uint32_t init_crc32; /* with settings.init (fine-tuning): the CRC-32 of MODEL's parameters,
                             F32 in the tensor table's order (model.h) */
+    int new_rows;        /* --extend-vocab: the first added token id (mg_model_new_rows; 0: none) */
 } mg_train_state;
 
 /* Everything a checkpoint holds. settings has the saved settings (CKPT,
@@ -78,7 +79,10 @@ mg_status mg_checkpoint_load(const char *path, mg_model **model, mg_adamw *opt, 
 
 /* An AdamW for m's parameters (mg_adamw_init with the model's tensors as
  * spans, weight decay on its weight matrices, m's frozen tensors
- * (mg_model_tensor_frozen) frozen). */
+ * (mg_model_tensor_frozen) frozen; rows of new tokens (mg_model_new_rows,
+ * train --extend-vocab) of tok_emb and head spans of their own stepping at
+ * MG_NEW_ROWS_LR_MULT times the learning rate). */
+#define MG_NEW_ROWS_LR_MULT 100.0f
 mg_status mg_ckpt_optimizer(const mg_model *m, const mg_adamw_config *c, mg_adamw *opt,
                             mg_error *err);
 

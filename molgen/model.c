@@ -252,6 +252,7 @@ struct mg_model {
     float *cond_vals, *cond_emb;
     int cond_n, cond_emb_rows;
     char *cond_meta;
+    int new_rows; /* mg_model_new_rows: the first new token id (0: none) */
     /* Loss prefixes of the next forwards [lp_n] (mg_model_set_loss_prefix;
      * lp_n 0: none). */
     int64_t *loss_prefix;
@@ -625,6 +626,16 @@ mg_status mg_model_set_condition_meta(mg_model *m, const char *json, mg_error *e
 
 const char *mg_model_condition_meta(const mg_model *m) { return m->cond_meta; }
 
+mg_status mg_model_set_new_rows(mg_model *m, int first, mg_error *err) {
+    if (first != 0 && (first <= MG_NUM_SPECIAL || first >= m->cfg.vocab_size))
+        return mg_fail(err, MG_ERR_FORMAT, "new token rows from id %d of a vocabulary of %d",
+                       first, m->cfg.vocab_size);
+    m->new_rows = first;
+    return MG_OK;
+}
+
+int mg_model_new_rows(const mg_model *m) { return m->new_rows; }
+
 mg_status mg_model_set_frozen(mg_model *m, int n_blocks, mg_error *err) {
     if (n_blocks < 0 || n_blocks > m->cfg.n_layer)
         return mg_fail(err, MG_ERR_ARG, "cannot freeze %d blocks of a %d-block model", n_blocks,
@@ -667,6 +678,78 @@ const mg_param_info *mg_model_find_tensor(const mg_model *m, const char *name) {
     for (size_t i = 0; i < m->num_tensors; i++)
         if (!strcmp(m->tensors[i].name, name)) return &m->tensors[i];
     return NULL;
+}
+
+/* ------------------------------------------------------------ vocabulary extension */
+
+double mg_model_new_token_bias(const mg_model *m, double margin) {
+    const int64_t d = m->cfg.d_model, V = m->cfg.vocab_size;
+    const float *p = m->params;
+    const float *W = p + mg_model_find_tensor(m, "head.weight")->offset; /* [V, d] */
+    const float *b = p + mg_model_find_tensor(m, "head.bias")->offset;   /* [V] */
+    const float *g = p + mg_model_find_tensor(m, "ln_f.weight")->offset; /* [d] */
+    const float *be = p + mg_model_find_tensor(m, "ln_f.bias")->offset;  /* [d] */
+    /* log sum_v exp z_v >= log V + mean_v z_v (Jensen), z_v = w_v.y + b_v,
+     * y = g * xh + be with |xh|_2 <= sqrt(d) (LayerNorm: |x - mean|^2 = d var
+     * < d (var + eps)), so mean_v z_v = wbar.y + bbar >= bbar + wbar.be -
+     * |wbar * g|_2 sqrt(d) (Cauchy-Schwarz), wbar the mean row of W. */
+    double bbar = 0.0, wb = 0.0, wg2 = 0.0;
+    for (int64_t v = 0; v < V; v++) bbar += b[v];
+    bbar /= (double)V;
+    for (int64_t j = 0; j < d; j++) {
+        double wbar = 0.0;
+        for (int64_t v = 0; v < V; v++) wbar += W[v * d + j];
+        wbar /= (double)V;
+        wb += wbar * be[j];
+        wg2 += wbar * g[j] * wbar * g[j];
+    }
+    return log((double)V) + bbar + wb - sqrt(wg2) * sqrt((double)d) - margin;
+}
+
+mg_status mg_model_extend_vocab(const mg_model *base, int new_v, double margin, mg_model **out,
+                                mg_error *err) {
+    const mg_model_config *bc = &base->cfg;
+    const int64_t d = bc->d_model, V0 = bc->vocab_size;
+    if (!out) return mg_fail(err, MG_ERR_ARG, "mg_model_extend_vocab: out is NULL");
+    *out = NULL;
+    if (new_v < V0 || V0 <= MG_NUM_SPECIAL || !(margin >= 0.0))
+        return mg_fail(err, MG_ERR_ARG,
+                       "mg_model_extend_vocab: %d ids for a model of %d, margin %g", new_v,
+                       (int)V0, margin);
+    mg_model_config c = *bc;
+    c.vocab_size = new_v;
+    mg_model *m = NULL;
+    mg_status rc = mg_model_create(&c, &m, err);
+    if (rc) return rc;
+    const float bias = (float)mg_model_new_token_bias(base, margin);
+    if (base->cond_meta && (rc = mg_model_set_condition_meta(m, base->cond_meta, err))) {
+        mg_model_free(m);
+        return rc;
+    }
+    for (size_t i = 0; i < m->num_tensors; i++) { /* tensor by tensor, by name */
+        const mg_param_info *t = &m->tensors[i], *s = mg_model_find_tensor(base, t->name);
+        float *dst = m->params + t->offset;
+        const float *src = base->params + s->offset;
+        memcpy(dst, src, s->numel * sizeof(float)); /* the old rows (all of it elsewhere) */
+        if (s->numel == t->numel) continue;
+        const size_t old = s->numel, add = t->numel - s->numel;
+        if (!strcmp(t->name, "tok_emb.weight")) {
+            /* the new rows [new_v - V0, d]: the mean of the data tokens' rows */
+            for (int64_t j = 0; j < d; j++) {
+                double mean = 0.0;
+                for (int64_t v = MG_NUM_SPECIAL; v < V0; v++) mean += src[v * d + j];
+                mean /= (double)(V0 - MG_NUM_SPECIAL);
+                for (int64_t v = V0; v < new_v; v++) dst[v * d + j] = (float)mean;
+            }
+        } else if (!strcmp(t->name, "head.weight")) {
+            memset(dst + old, 0, add * sizeof(float)); /* logit = bias alone */
+        } else {                                       /* head.bias */
+            for (size_t k = 0; k < add; k++) dst[old + k] = bias;
+        }
+    }
+    m->new_rows = new_v > V0 ? (int)V0 : 0;
+    *out = m;
+    return MG_OK;
 }
 
 /* ------------------------------------------------------------ init */

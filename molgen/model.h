@@ -213,6 +213,31 @@ size_t mg_model_num_tensors(const mg_model *m);
 const mg_param_info *mg_model_tensor(const mg_model *m, size_t i);
 const mg_param_info *mg_model_find_tensor(const mg_model *m, const char *name);
 
+/* Vocabulary extension (train --extend-vocab): a new model with new_v >=
+ * V ids whose first V are base's (the tokens mg_vocab_extend appends come
+ * last), every tensor copied by name, the grown ones (tok_emb.weight,
+ * head.weight, head.bias) row by row, and the new rows:
+ *   tok_emb  the mean of base's data-token rows (ids MG_NUM_SPECIAL..V-1)
+ *   head.weight 0, so a new token's logit is its bias at any input
+ *   head.bias   mg_model_new_token_bias(base, margin)
+ * The bias is a lower bound of base's log-partition at ANY input minus
+ * margin, so at step 0 each new token has probability <= e^-margin and
+ * every old token's probability is base's times 1 / (1 + s), s <= (new_v -
+ * V) e^-margin: unchanged up to rounding for margin >= 17 (fp32's 2^-24). */
+mg_status mg_model_extend_vocab(const mg_model *base, int new_v, double margin, mg_model **out,
+                                mg_error *err);
+/* The first id of the tokens a run added (mg_model_extend_vocab sets it to
+ * base's V; 0: none, as a new or loaded model): their tok_emb and head
+ * rows get their own optimizer spans (checkpoint.h). A checkpoint keeps it
+ * for --resume ("new_rows" in its "train" metadata). */
+mg_status mg_model_set_new_rows(mg_model *m, int first, mg_error *err);
+int mg_model_new_rows(const mg_model *m);
+/* The bias above: log V + mean(head.bias) + wbar.beta - |wbar * gamma|_2
+ * sqrt(d) - margin (wbar the mean row of head.weight, gamma and beta ln_f's
+ * weight and bias), a lower bound of log sum_v exp(logit_v) since LayerNorm's
+ * normalised vector has norm <= sqrt(d). In double. */
+double mg_model_new_token_bias(const mg_model *m, double margin);
+
 /* Training / evaluation forward on whole rows.
  *   ids     [B, T]  rows BOS t1 .. tk EOS PAD.. (data.h layout), T - 1 <= ctx_len
  *   lengths [B]     k + 2, in [2, T]

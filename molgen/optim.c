@@ -265,11 +265,12 @@ mg_status mg_adamw_step(mg_adamw *o, float *params, float *grads, float *grad_no
         const mg_optim_span *sp = &o->spans[s];
         if (sp->frozen) continue;
         const float wd = sp->decay ? lr * o->cfg.weight_decay : 0.0f;
+        const float slr = sp->lr_mult > 0.0f ? lr * sp->lr_mult : lr;
         float *p = params + sp->offset, *g = grads + sp->offset;
         float *m = o->m + sp->offset, *v = o->v + sp->offset;
         int64_t i0, i1;
         mg_thread_range((int64_t)sp->numel, &i0, &i1);
-        adamw_update(p + i0, g + i0, m + i0, v + i0, i1 - i0, scale, wd, lr, b1, b2, bc1, bc2, eps);
+        adamw_update(p + i0, g + i0, m + i0, v + i0, i1 - i0, scale, wd, slr, b1, b2, bc1, bc2, eps);
         if (o->ema) ema_update(o->ema + sp->offset + i0, p + i0, i1 - i0, ema_w);
     }
     o->step = t;

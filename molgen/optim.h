@@ -72,6 +72,7 @@ typedef struct {
     size_t offset, numel;
     int decay;
     int frozen; /* 1: never updated (no decay, moments stay as they are) */
+    float lr_mult; /* the span's step is lr_mult * lr (its decay stays lr's); 0 reads as 1 */
 } mg_optim_span;
 
 typedef struct {

@@ -219,6 +219,38 @@ mg_status mg_vocab_from_tokens(const char *const *tokens, size_t n, mg_vocab **o
     return 0;
 }
 
+mg_status mg_vocab_extend(const mg_vocab *base, const char *const *tokens, size_t n,
+                          mg_vocab **out, int *added, mg_error *err) {
+    if (added) *added = 0;
+    if (!base || !out || (n > 0 && !tokens))
+        return mg_fail(err, MG_ERR_ARG, "mg_vocab_extend: bad argument");
+    *out = NULL;
+    mg_vocab *nv = NULL; /* the new tokens alone, sorted and deduplicated */
+    mg_status rc = mg_vocab_from_tokens(tokens, n, &nv, err);
+    if (rc) return rc;
+    int m = 0;
+    for (int i = MG_NUM_SPECIAL; i < nv->n; i++)
+        m += mg_vocab_lookup(base, nv->tok[i], -1) < 0;
+    if (base->n + m > MG_VOCAB_MAX) {
+        mg_vocab_free(nv);
+        return mg_fail(err, MG_ERR_ARG, "vocabulary of %d tokens is absurd", base->n + m);
+    }
+    mg_vocab *v = vocab_alloc(base->n + m);
+    if (!v) {
+        mg_vocab_free(nv);
+        return mg_fail(err, MG_ERR_NOMEM, "out of memory");
+    }
+    memcpy(v->tok, base->tok, (size_t)base->n * sizeof *v->tok);
+    int k = base->n;
+    for (int i = MG_NUM_SPECIAL; i < nv->n; i++) /* nv's ids are in strcmp order */
+        if (mg_vocab_lookup(base, nv->tok[i], -1) < 0) strcpy(v->tok[k++], nv->tok[i]);
+    mg_vocab_free(nv);
+    build_order(v);
+    if (added) *added = m;
+    *out = v;
+    return MG_OK;
+}
+
 /* A tiny open-addressing set of token strings, for building. */
 typedef struct {
     size_t cap, n;

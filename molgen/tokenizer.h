@@ -13,7 +13,10 @@
  * Concatenating the tokens reproduces the input exactly.
  *
  * Vocabulary: ids 0, 1, 2 are the specials "<pad>", "<bos>", "<eos>"; ids
- * 3.. are the data tokens in strcmp order (as built by mg_vocab_build).
+ * 3.. are the data tokens in strcmp order (as built by mg_vocab_build), or
+ * for an extended vocabulary (mg_vocab_extend, train --extend-vocab) the
+ * base's tokens in its order followed by the new ones in strcmp order.
+ * Lookups never depend on the id order (a sorted index).
  *
  * Conventions: errors.h (an mg_status, a one-line message in the caller's
  * mg_error). Nothing aborts or prints.
@@ -81,6 +84,13 @@ mg_status mg_vocab_build(const char *const *smiles, size_t n, mg_vocab **out, mg
 /* Build from a list of data tokens (duplicates removed, sorted; the three
  * specials must NOT be in the list). Each must be exactly one token. */
 mg_status mg_vocab_from_tokens(const char *const *tokens, size_t n, mg_vocab **out, mg_error *err);
+
+/* base's ids unchanged, then the tokens[0..n) that base lacks (duplicates
+ * removed, strcmp order) as ids mg_vocab_size(base)..: *added = how many
+ * (may be NULL; 0 gives a copy of base). Each must be exactly one token and
+ * not a special (MG_ERR_ARG). */
+mg_status mg_vocab_extend(const mg_vocab *base, const char *const *tokens, size_t n,
+                          mg_vocab **out, int *added, mg_error *err);
 
 void mg_vocab_free(mg_vocab *v); /* NULL is fine */
 

@@ -101,6 +101,7 @@ typedef struct {
     mg_train_config s;        /* in force: c, with the checkpoint's saved ones on resume */
     int resuming;
     mg_model *init; /* --init: MODEL (its vocabulary is ck.vocab) */
+    int added;      /* --extend-vocab: the tokens appended to MODEL's vocabulary */
     mg_ckpt ck;     /* model, vocab, optimizer (and what a resume read) */
     mg_train_state st;
     mg_dataset all, train, val;
@@ -315,6 +316,15 @@ static mg_status setup(run *r, mg_error *err) {
             return mg_fail(err, MG_ERR_ARG,
                            "--freeze %d needs --init MODEL: it keeps a trained model's lower "
                            "layers fixed (a fresh model's would stay random)",
+                           c->freeze);
+        if (c->extend_vocab && !c->init_path)
+            return mg_fail(err, MG_ERR_ARG,
+                           "--extend-vocab needs --init MODEL: it adds the data's new tokens to "
+                           "MODEL's vocabulary (a fresh run takes the data's own)");
+        if (c->extend_vocab && c->freeze > 0)
+            return mg_fail(err, MG_ERR_ARG,
+                           "--extend-vocab with --freeze %d: --freeze keeps the embeddings fixed, "
+                           "so the new tokens' embeddings could not learn (leave --freeze out)",
                            c->freeze);
         if (c->init_path && (rc = setup_init(r, err))) return rc;
         if (c->steps == 0 && c->time_limit <= 0)
@@ -547,6 +557,117 @@ static mg_status scaffold_train_rows(run *r, mg_error *err) {
     return MG_OK;
 }
 
+/* A token --init MODEL lacks: the data molecules holding it and the first. */
+typedef struct {
+    char tok[MG_TOKEN_MAX + 1];
+    long molecules, line;
+    size_t last; /* 1 + the last record counted */
+} new_token;
+
+/* --init: the data's tokens against MODEL's vocabulary, before any
+ * training. Tokens it lacks: refused, every one listed with its count and
+ * first line, unless --extend-vocab (then r->ck.vocab grows by them, in
+ * strcmp order after MODEL's ids, and r->added says how many). Molecules
+ * longer than MODEL's context: one line with their count and the first. */
+static mg_status scan_init_data(run *r, mg_error *err) {
+    mg_smiles_list list;
+    mg_error e;
+    mg_status rc = mg_read_smiles(r->s.data_path, r->s.csv_column, &list, NULL, &e);
+    if (rc) return mg_fail(err, rc, "%s", e.message);
+    const mg_vocab *v = r->ck.vocab;
+    const int limit = r->s.model.ctx_len - 1; /* SMILES tokens: BOS + k inputs <= ctx_len */
+    new_token *nt = NULL;
+    size_t n_new = 0, cap = 0;
+    long too_long = 0, first_long = 0;
+    int first_len = 0;
+    for (size_t i = 0; i < list.n && !rc; i++) {
+        const char *sm = list.smiles[i];
+        int k = 0, l;
+        for (int pos = 0; (l = mg_token_len(sm + pos)) > 0; pos += l, k++) {
+            if (mg_vocab_lookup(v, sm + pos, l) >= MG_NUM_SPECIAL) continue;
+            size_t j = 0;
+            while (j < n_new && (strncmp(nt[j].tok, sm + pos, (size_t)l) || nt[j].tok[l])) j++;
+            if (j == n_new) {
+                if (n_new == cap) {
+                    new_token *g = realloc(nt, (cap = cap ? 2 * cap : 16) * sizeof *nt);
+                    if (!g) {
+                        rc = mg_fail(err, MG_ERR_NOMEM, "out of memory");
+                        break;
+                    }
+                    nt = g;
+                }
+                memcpy(nt[j].tok, sm + pos, (size_t)l);
+                nt[j].tok[l] = '\0';
+                nt[j].molecules = 0;
+                nt[j].line = list.line[i];
+                nt[j].last = 0;
+                n_new++;
+            }
+            if (nt[j].last != i + 1) { /* once per molecule */
+                nt[j].molecules++;
+                nt[j].last = i + 1;
+            }
+        }
+        if (l == 0 && k > limit && !too_long++) { /* a line that tokenises, too long */
+            first_long = list.line[i];
+            first_len = k;
+        }
+    }
+    mg_smiles_list_free(&list);
+    if (rc) {
+        free(nt);
+        return rc;
+    }
+    if (too_long)
+        say(r,
+            "warning: %ld molecule(s) of %s longer than the context of --init %s (%d tokens at "
+            "most) are skipped; the first at %s:%ld (%d tokens, more than the model's limit %d)",
+            too_long, r->s.data_path, r->c->init_path, limit, r->s.data_path, first_long,
+            first_len, limit);
+    if (n_new == 0) {
+        free(nt);
+        return MG_OK;
+    }
+    char list_s[800] = "";
+    size_t shown = 0;
+    for (; shown < n_new; shown++) {
+        char one[320];
+        snprintf(one, sizeof one, "%s'%s' (%ld molecule%s, first at %.200s:%ld)",
+                 shown ? ", " : "", nt[shown].tok, nt[shown].molecules,
+                 nt[shown].molecules == 1 ? "" : "s", r->s.data_path, nt[shown].line);
+        if (strlen(list_s) + strlen(one) + 32 > sizeof list_s) break;
+        strcat(list_s, one);
+    }
+    if (shown < n_new)
+        snprintf(list_s + strlen(list_s), sizeof list_s - strlen(list_s), " and %zu more",
+                 n_new - shown);
+    if (!r->s.extend_vocab) {
+        rc = mg_fail(err, MG_ERR_UNKNOWN_TOKEN,
+                     "data %s has %zu token(s) that --init %s's vocabulary of %d lacks: %s. "
+                     "Give --extend-vocab to add them (new embedding and output rows, trained "
+                     "from these molecules), or leave those molecules out",
+                     r->s.data_path, n_new, r->c->init_path, mg_vocab_size(v), list_s);
+        free(nt);
+        return rc;
+    }
+    const char **toks = malloc(n_new * sizeof *toks);
+    mg_vocab *grown = NULL;
+    if (!toks) rc = mg_fail(err, MG_ERR_NOMEM, "out of memory");
+    for (size_t j = 0; !rc && j < n_new; j++) toks[j] = nt[j].tok;
+    if (!rc && (rc = mg_vocab_extend(v, toks, n_new, &grown, &r->added, &e)))
+        rc = mg_fail(err, rc, "--extend-vocab: %s", e.message);
+    free(toks);
+    free(nt);
+    if (rc) return rc;
+    say(r,
+        "--extend-vocab: %d new token(s) %s: vocabulary %d -> %d; new rows start with "
+        "probability <= e^-%g at any input",
+        r->added, list_s, mg_vocab_size(v), mg_vocab_size(grown), MG_EXTEND_MARGIN);
+    mg_vocab_free(r->ck.vocab);
+    r->ck.vocab = grown;
+    return MG_OK;
+}
+
 /* The data file -> all (checked against the checkpoint on resume) -> the
  * seeded train / validation split. */
 static mg_status load_data(run *r, mg_error *err) {
@@ -555,13 +676,15 @@ static mg_status load_data(run *r, mg_error *err) {
     lo.csv_column = r->s.csv_column;
     lo.max_tokens = r->s.max_tokens;
     const int fixed = r->resuming || r->init; /* the vocabulary and context are given */
+    mg_status rc;
+    if (r->init && (rc = scan_init_data(r, err))) return rc;
     /* a resumed scaffold model's context covers the prefix: the molecules' is S + 1 shorter */
     const int sp = r->resuming && r->s.model.scaffold > 0 ? r->s.model.scaffold + 1 : 0;
     lo.T = fixed || r->s.model.ctx_len > 0 ? r->s.model.ctx_len + 1 - sp : 0;
     mg_report rep;
     mg_vocab *built = NULL;
     mg_error e;
-    mg_status rc = strcmp(r->s.augment, "randomized")
+    rc = strcmp(r->s.augment, "randomized")
                        ? mg_dataset_load(r->s.data_path, &lo, fixed ? r->ck.vocab : NULL,
                                          fixed ? NULL : &built, &r->all, &rep, &e)
                        : load_augmented(r, &lo, &built, &rep, &e);
@@ -710,12 +833,16 @@ static mg_status build(run *r, mg_error *err) {
         mc.ctx_len = r->all.T - 1 + (r->sc_longest ? r->sc_longest + 1 : 0);
         mc.n_cond = r->cond.K;
         mc.scaffold = r->sc_longest;
-        if ((rc = mg_model_create(&mc, &r->ck.model, &e)))
-            return mg_fail(err, rc, "model: %s", e.message);
-        if (r->init) /* the same table, so the same layout */
+        if (r->added > 0) /* MODEL's tensors by name, the grown ones row by row */
+            rc = mg_model_extend_vocab(r->init, mc.vocab_size, MG_EXTEND_MARGIN, &r->ck.model, &e);
+        else
+            rc = mg_model_create(&mc, &r->ck.model, &e);
+        if (rc) return mg_fail(err, rc, "model: %s", e.message);
+        r->st.new_rows = mg_model_new_rows(r->ck.model);
+        if (r->init && !r->added) /* the same table, so the same layout */
             memcpy(mg_model_params(r->ck.model), mg_model_params(r->init),
                    mg_model_num_params(r->init) * sizeof(float));
-        else
+        else if (!r->init)
             mg_model_init(r->ck.model, r->s.seed);
         if (r->cond.K > 0) {
             char *cj = mg_cond_info_to_json(&r->cond);

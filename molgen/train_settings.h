@@ -82,6 +82,12 @@
  * copies of the fine-tuning set under this share (%) of the valid samples. */
 #define MG_FINETUNE_VALID_DROP 3.0
 #define MG_FINETUNE_COPY_MAX 5.0
+/* --extend-vocab: a new token's output row starts at a bias this many nats
+ * below a lower bound of MODEL's log-partition (mg_model_extend_vocab), so
+ * its probability is <= e^-18 at any input and MODEL's own tokens'
+ * probabilities change by a factor >= 1 / (1 + n e^-18) (n new tokens):
+ * below fp32 rounding for n < 4. */
+#define MG_EXTEND_MARGIN 18.0
 
 #define MG_GROUP_DATA "Data and output"
 #define MG_GROUP_LENGTH "Length (whichever comes first; one of them is required for a fresh run)"
@@ -132,9 +138,15 @@
       "it keeps")                                                                                  \
     X(init, init_path, STR, "init", "MODEL", NULL, 0, 0, MG_CLOSED, CKPT_NEW, SAME, MG_GROUP_DATA, \
       "fine-tune: start from MODEL's weights, configuration and vocabulary (a model file or a "    \
-      "checkpoint) with a fresh optimizer and schedule; data lines with other tokens or longer "   \
-      "than its context are skipped and reported; model options must agree with MODEL's "          \
-      "(--dropout may differ)")                                                                    \
+      "checkpoint) with a fresh optimizer and schedule; data with tokens MODEL lacks is refused "  \
+      "(see --extend-vocab), lines longer than its context are skipped and counted; model "        \
+      "options must agree with MODEL's (--dropout may differ)")                                    \
+    X(extend_vocab, extend_vocab, FLAG, "extend-vocab", "", 0, 0, 1, MG_CLOSED, CKPT_NEW, SAME,    \
+      MG_GROUP_DATA,                                                                               \
+      "with --init: add the data's tokens that MODEL lacks to its vocabulary (new embedding rows " \
+      "at the mean of the old ones, new output rows whose probability starts below e^-18, so "     \
+      "MODEL's probabilities of its own tokens are unchanged at step 0); without it such data is " \
+      "refused with a list of those tokens")                                                       \
     X(max_tokens, max_tokens, INT, "max-tokens", "N", MG_MAX_TOKENS_DEFAULT, 0, 1000000,           \
       MG_CLOSED, CKPT, SAME, MG_GROUP_DATA,                                                        \
       "skip molecules longer than N tokens (0 = no limit); skipped lines are reported as "         \

@@ -50,12 +50,14 @@ static const char SCORE_USAGE[] =
     "usage: molgen score --model FILE --smiles FILE|- [options]\n"
     "Negative log-likelihood of given molecules under a trained model: one CSV row\n"
     "per input record, in input order:\n"
-    "  line,smiles,nll,nll_per_token,tokens,status\n"
+    "  line,smiles,nll,nll_per_token,tokens,status,detail\n"
     "nll: summed over the targets in nats; tokens: the targets, the SMILES tokens\n"
     "plus EOS (what training averages its loss over), so nll_per_token is the\n"
     "model's training loss on that molecule alone (no dropout). status: ok, empty,\n"
     "bad_char, unknown_token (not in the model's vocabulary), too_long (more\n"
-    "targets than the model's context) or bad_line; nll is empty unless ok.\n";
+    "targets than the model's context) or bad_line; nll is empty unless ok;\n"
+    "detail says why a row is not ok: the token the model lacks and where, the\n"
+    "molecule's tokens and the model's limit, the character that starts no token.\n";
 static const char SCORE_NOTES[] =
     "The summary (counts per status, the first bad rows as file:line, molecules/s)\n"
     "goes to stderr; a bad row is reported, never an error. Under mpirun -np N the\n"
@@ -82,17 +84,26 @@ static void csv_field(FILE *f, const char *s) {
     fputc('"', f);
 }
 
-static int write_rows(FILE *f, const mg_smiles_list *l, const mg_score *sc) {
-    fputs("line,smiles,nll,nll_per_token,tokens,status\n", f);
+/* The rows; detail: why a row is not ok (mg_score_reason: the token the
+ * model lacks, the length and the model's limit, ...), empty when ok. */
+static int write_rows(FILE *f, const mg_model *m, const mg_vocab *v, const mg_smiles_list *l,
+                      const mg_score *sc) {
+    fputs("line,smiles,nll,nll_per_token,tokens,status,detail\n", f);
     for (size_t i = 0; i < l->n; i++) {
         fprintf(f, "%ld,", l->line[i]);
         csv_field(f, l->smiles[i]);
-        if (sc[i].status == MG_SCORE_OK)
-            fprintf(f, ",%.6f,%.6f,%d,ok\n", sc[i].nll, sc[i].nll / sc[i].tokens, sc[i].tokens);
-        else if (sc[i].tokens > 0)
-            fprintf(f, ",,,%d,%s\n", sc[i].tokens, mg_score_status_name(sc[i].status));
+        if (sc[i].status == MG_SCORE_OK) {
+            fprintf(f, ",%.6f,%.6f,%d,ok,\n", sc[i].nll, sc[i].nll / sc[i].tokens, sc[i].tokens);
+            continue;
+        }
+        char why[256];
+        mg_score_reason(m, v, l->smiles[i], l->flaw ? l->flaw[i] : 0, why, sizeof why);
+        if (sc[i].tokens > 0)
+            fprintf(f, ",,,%d,%s,", sc[i].tokens, mg_score_status_name(sc[i].status));
         else
-            fprintf(f, ",,,,%s\n", mg_score_status_name(sc[i].status));
+            fprintf(f, ",,,,%s,", mg_score_status_name(sc[i].status));
+        csv_field(f, why);
+        fputc('\n', f);
     }
     return ferror(f) ? -1 : 0;
 }
@@ -222,14 +233,14 @@ static mg_status score(score_job *j) {
 
 static int write_csv(FILE *f, void *user) {
     const score_job *j = user;
-    return write_rows(f, &j->l, j->sc) || mg_stop_signal;
+    return write_rows(f, j->m, j->v, &j->l, j->sc) || mg_stop_signal;
 }
 
 /* The rows to --out (rank 0); 0 or 1 (said, unless a signal stopped it). */
 static int write_out(score_job *j) {
     mg_error err;
     if (j->to_stdout) {
-        if (!write_rows(stdout, &j->l, j->sc) && !fflush(stdout)) return 0;
+        if (!write_rows(stdout, j->m, j->v, &j->l, j->sc) && !fflush(stdout)) return 0;
         fprintf(stderr, "molgen score: error writing stdout\n");
         return 1;
     }

@@ -3,8 +3,9 @@ readers as the oracles: the checkpoint's "train" metadata names the init
 file and holds zlib.crc32 of its parameters (in the tensor table's order,
 the PyTorch twin's named_parameters order); the frozen tensors read back
 with torch_model.load_safetensors are bitwise the init's, the others
-changed; lines outside the init's vocabulary or context are reported as
-file:line and counted in the summary; conflicting model options are
+changed; lines longer than the init's context are reported as file:line,
+counted in the summary and said once; tokens outside its vocabulary are
+refused (test_extend_vocab.py); conflicting model options are
 refused with a message that says why.
 
 Generalising (issue 23): with --init the run validates on at least 50
@@ -56,16 +57,18 @@ def test_init_metadata_freeze_and_skips(init):
     focused = d / "focused.smi"
     with open(DATA) as f:
         lines = [next(f) for _ in range(400)][300:]
-    focused.write_text("".join(lines) + "CC[Se]CC\n" + "C" * 200 + "\n")
+    focused.write_text("".join(lines) + "C" * 200 + "\n")
     out = str(d / "ft.safetensors")
     p = train(["--init", path, "--data", str(focused), "--steps", "4", "--freeze", "1",
                "--lr", "1e-3", "--batch-size", "16", "--keep", "last", "--out", out])
     assert p.returncode == 0, p.stderr
     err = p.stderr.decode()
-    assert "focused.smi:101: unknown token '[Se]' at position 2" in err
-    assert "focused.smi:102: too long" in err
+    assert "focused.smi:101: too long" in err
+    # counted and said once, with the first line and the model's limit
+    assert "1 molecule(s) of %s longer than the context of --init" % focused in err
+    assert "first at %s:101 (200 tokens, more than the model's limit" % focused in err
     summary = json.loads(p.stdout.decode().strip().splitlines()[-1])
-    assert summary["skipped_lines"] == 2 and summary["init"] == path
+    assert summary["skipped_lines"] == 1 and summary["init"] == path
 
     before, meta0 = tm.load_safetensors(path)
     after, meta = tm.load_safetensors(out)
@@ -90,11 +93,13 @@ def test_refusals(init):
     assert b"--d-model 64 conflicts with --init" in p.stderr and b"whose d_model is 32" in p.stderr
     p = train(["--init", path, "--data", DATA, "--steps", "2", "--preset", "molgpt", "--out", out])
     assert p.returncode == 2 and b"--preset with --init" in p.stderr
-    p = train(["--init", path, "--data", DATA, "--steps", "2", "--freeze", "3", "--out", out])
+    p = train(["--init", path, "--data", str(d / "base.smi"), "--steps", "2", "--freeze", "3",
+               "--out", out])
     assert p.returncode == 1 and b"cannot freeze 3 blocks of a 2-block model" in p.stderr
     (d / "alien.smi").write_text("C[Se]C\nC[Te]C\n")
     p = train(["--init", path, "--data", str(d / "alien.smi"), "--steps", "2", "--out", out])
-    assert p.returncode == 1 and b"no molecule fits --init" in p.stderr
+    assert p.returncode == 1 and b"2 token(s) that --init" in p.stderr
+    assert b"'[Se]' (1 molecule, first at " in p.stderr and b"--extend-vocab" in p.stderr
     p = train(["--init", path, "--data", DATA, "--steps", "2", "--condition", "logp", "--out", out])
     assert p.returncode == 1 and b"fine-tuning with --condition is not supported" in p.stderr
     p = train(["--init", path, "--data", DATA, "--steps", "2", "--out", path])

@@ -2,7 +2,8 @@
 command: per-molecule NLL equal to PyTorch's float64 cross-entropy summed
 over the same targets (every token after BOS, EOS included), the same CSV
 bytes for any --threads / --batch, stdin -> stdout in a pipe, and a status
-for every row that cannot be scored.
+and a detail (the missing token, the length and the model's limit) for
+every row that cannot be scored.
 
 Tolerance: |nll_C - nll_torch| <= 1e-5 * nll_torch + 2e-6 (fp32 model vs
 fp64 oracle; the CSV has 6 decimals). Measured worst: see the printed line
@@ -98,6 +99,17 @@ def test_bad_rows_get_a_status(tmp_path):
         ("1", "ok"), ("2", "empty"), ("3", "unknown_token"), ("4", "bad_char"), ("5", "too_long"),
         ("6", "bad_line"), ("8", "ok")]
     assert got[4]["tokens"] == "201" and got[4]["nll"] == "" and got[7 - 1]["smiles"] == "CCN"
+    # detail: what to do about a row (the token the model lacks; the length
+    # and the model's limit: its ctx_len - 1 SMILES tokens after BOS, read
+    # from the file's config)
+    import json
+    with open(MODEL, "rb") as f:
+        hdr = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+    limit = json.loads(hdr["__metadata__"]["config"])["ctx_len"] - 1
+    assert [r["detail"] for r in got] == [
+        "", "empty SMILES", "unknown token '[Se]' at position 2",
+        "position 4: cannot tokenise 'X'", "200 tokens, more than the model's limit %d" % limit,
+        "NUL byte in line", ""]
     err = p.stderr.decode()
     assert "bad.smi:3: unknown_token: unknown token '[Se]'" in err
     assert "ok 2, empty 1, bad_char 1, unknown_token 1, too_long 1, bad_line 1" in err

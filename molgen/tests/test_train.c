@@ -116,11 +116,11 @@ static void test_optim(void) {
     oc.warmup_steps = 2;
     oc.total_steps = 6;
     oc.grad_clip = 0.5f;
-    const mg_optim_span spans[2] = {{0, 4, 1, 0}, {4, 6, 0, 0}};
+    const mg_optim_span spans[2] = {{0, 4, 1, 0, 0}, {4, 6, 0, 0, 0}};
     mg_adamw o;
     mg_error err = {0};
     CHECK(mg_adamw_init(&o, &oc, N, spans, 2, &err) == 0, "%s", err.message);
-    const mg_optim_span gap[2] = {{0, 4, 1, 0}, {5, 5, 0, 0}};
+    const mg_optim_span gap[2] = {{0, 4, 1, 0, 0}, {5, 5, 0, 0, 0}};
     mg_adamw bad;
     CHECK(mg_adamw_init(&bad, &oc, N, gap, 2, &err) != 0, "spans with a gap accepted");
     float p[N], g[N];
@@ -162,7 +162,7 @@ static void test_optim(void) {
      * (optim.h), fed the parameters the optimizer produced; a frozen span
      * keeps ema = p; averaging changes no parameter (the same steps as
      * above, bitwise). */
-    const mg_optim_span fz[2] = {{0, 4, 1, 1}, {4, 6, 0, 0}};
+    const mg_optim_span fz[2] = {{0, 4, 1, 1, 0}, {4, 6, 0, 0, 0}};
     mg_adamw a, plain;
     CHECK(mg_adamw_init(&a, &oc, N, fz, 2, &err) == 0 && mg_adamw_init(&plain, &oc, N, fz, 2, &err) == 0,
           "%s", err.message);
