@@ -107,6 +107,7 @@ struct mg_opt {
     mem_entry *mem;
     int nmem;
     int64_t step, collapse_run, plateau_run, step0, calls0;
+    int64_t nan_sent; /* molecules the scorer answered nan (this invocation) */
     char reason[32];
     double t0;
     /* scratch of a step */
@@ -394,6 +395,7 @@ typedef struct {
     mem_entry *mem;        /* the memory after the step */
     int nmem;
     char **aug;            /* [nmem * aug_rounds] randomized spellings */
+    int64_t nnan;          /* the step's molecules the scorer answered nan */
     int64_t rmol[1024];    /* the replayed memory entries' molecules and scores */
     double rscore[1024];
     int nreplay;
@@ -512,6 +514,7 @@ static mg_status score_batch(mg_opt *o, step_work *w, mg_error *err) {
             mg_score_reply *r = &rep[j];
             const char *smi = pend[sent + j];
             int64_t gi = ROW_INVALID;
+            w->nnan += !r->valid;
             if (r->valid) {
                 const char *key = r->canonical && *r->canonical ? r->canonical : smi;
                 const int64_t *f = map_find(&o->by_key, key);
@@ -655,6 +658,7 @@ static mg_status commit(mg_opt *o, step_work *w, mg_error *err) {
             return mg_fail(err, MG_ERR_NOMEM, "out of memory");
     memcpy(o->mem, w->mem, (size_t)w->nmem * sizeof *o->mem);
     o->nmem = w->nmem;
+    o->nan_sent += w->nnan;
     return MG_OK;
 }
 
@@ -907,6 +911,17 @@ mg_status mg_opt_run(mg_opt *o, int *saved, mg_error *err) {
         if ((rc = step_once(o, &pg, err))) break;
         if (o->op.progress) o->op.progress(o->op.ctx, &pg);
         const int done = finished(o, &pg);
+        /* a scorer that scores nothing: said, not a "collapse" (every answer
+         * nan leaves the batch with nothing new); at the stop, or once it
+         * answered nan to 4 batches */
+        if (!o->nmol && o->nan_sent && (done || o->nan_sent >= 4 * (int64_t)o->op.batch)) {
+            o->reason[0] = 0;
+            rc = mg_fail(err, MG_ERR_FORMAT,
+                         "the scorer could score nothing: it answered nan to every one of the "
+                         "%lld molecules it was sent (try it by hand on one SMILES, e.g. CCO)",
+                         (long long)o->nan_sent);
+            break;
+        }
         if ((done || o->step % o->op.save_every == 0) && o->op.save) {
             if ((rc = save_state(o, err))) return rc;
             *saved = 1;

@@ -54,6 +54,7 @@ for s, last in requests():
     n += 1
     v = hashlib.md5(s.encode()).digest()[0] % 100 / 100
     r = b"%.2f\tcanonical=%s" % (v, s.encode())
+    if mode == "allnan": r = b"nan"
     if n == at:
         if mode == "nul": r = b"0.5\x00trailing"
         elif mode == "utf8": r = b"0.5\tcanonical=C\xff\xfeC"
@@ -169,6 +170,19 @@ def test_scorer_children_do_not_outlive_molgen(tmp_path, scorer):
     if alive:
         os.kill(child, signal.SIGKILL)
     assert not alive, "the scorer's child %d outlived molgen" % child
+
+
+def test_scorer_that_scores_nothing_is_an_error(tmp_path, scorer):
+    """nan for every molecule: was `stop: collapse` and exit 0 after 20 steps"""
+    d = tmp_path / "run"
+    r = optimize(d, scorer, *RUN, env={"MODE": "allnan"})
+    err = text(r)
+    assert r.returncode == 1, err
+    assert "the scorer could score nothing" in err and "nan to every one of the 32" in err, err
+    assert "collapse" not in err
+    # also when the run stops before 4 batches
+    r = optimize(tmp_path / "run2", scorer, *RUN, "--max-steps", 1, env={"MODE": "allnan"})
+    assert r.returncode == 1 and "nan to every one of the 8 " in text(r), text(r)
 
 
 def test_missing_command_is_named(tmp_path):
