@@ -15,6 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "smiles_check.h"
 #include "util.h"
 
 struct mg_scorer {
@@ -395,6 +396,75 @@ done:
     return rc;
 }
 
+/* The heavy atoms of SMILES s as element symbols packed in a uint32
+ * (aromatic ones upper-cased: "c" and "C" both carbon, "[se]" "Se"; '*' a
+ * dummy atom; hydrogens "[H]" "[2H]" left out), sorted into a[] (room for
+ * strlen(s) atoms); their number. */
+static size_t heavy_atoms(const char *s, uint32_t *a) {
+    size_t n = 0;
+    for (const char *p = s; *p; p++) {
+        char sym[3] = {0, 0, 0};
+        if (*p == '[') {
+            const char *q = p + 1;
+            while (*q >= '0' && *q <= '9') q++; /* isotope */
+            if (*q == '*') sym[0] = '*';
+            else if (*q >= 'a' && *q <= 'z') /* aromatic: se as te, else one letter */
+                sym[0] = *q, sym[1] = (q[1] == 'e' && (*q == 's' || *q == 't')) ||
+                                              (*q == 'a' && q[1] == 's') ? q[1] : 0;
+            else if (*q >= 'A' && *q <= 'Z')
+                sym[0] = *q, sym[1] = q[1] >= 'a' && q[1] <= 'z' ? q[1] : 0;
+            while (*p && *p != ']') p++;
+            if (!*p) break;
+            if (sym[0] == 'H' && !sym[1]) continue; /* a hydrogen atom */
+        } else if ((p[0] == 'C' && p[1] == 'l') || (p[0] == 'B' && p[1] == 'r')) {
+            sym[0] = p[0], sym[1] = p[1];
+            p++;
+        } else if (strchr("BCNOPSFIbcnops*", *p) && *p) {
+            sym[0] = *p;
+        } else {
+            continue; /* bonds, branches, ring closures, '.' */
+        }
+        if (sym[0] >= 'a' && sym[0] <= 'z') sym[0] = (char)(sym[0] - 'a' + 'A');
+        a[n++] = (uint32_t)(unsigned char)sym[0] << 8 | (unsigned char)sym[1];
+    }
+    for (size_t i = 1; i < n; i++) /* insertion sort: molecules are small */
+        for (size_t j = i; j > 0 && a[j - 1] > a[j]; j--) {
+            const uint32_t t = a[j];
+            a[j] = a[j - 1], a[j - 1] = t;
+        }
+    return n;
+}
+
+/* Is spelling sp (field j of the scorer's !randomize line for request
+ * molecule i, mol) the same molecule? What can be checked without a
+ * toolkit: it is a SMILES (mg_smiles_syntax_ok) with the same heavy atoms
+ * (element multiset). A wrong answer would train the agent on another
+ * string (an answer "1" made it sample "1"). */
+static mg_status same_molecule(const char *mol, const char *sp, const char *line, size_t i, int j,
+                               mg_error *err) {
+    char why[96], mb[96], lb[96], sb[96];
+    if (!mg_smiles_syntax_ok(sp, why, sizeof why))
+        return mg_fail(err, MG_ERR_FORMAT,
+                       "the scorer's !randomize line '%s' for molecule %zu '%s': spelling %d "
+                       "'%s' is not a SMILES (%s)",
+                       cut(line, lb, sizeof lb), i + 1, cut(mol, mb, sizeof mb), j + 1,
+                       cut(sp, sb, sizeof sb), why);
+    const size_t lm = strlen(mol), ls = strlen(sp);
+    uint32_t *a = malloc((lm + ls + 2) * sizeof *a), *b = a ? a + lm + 1 : NULL;
+    if (!a) return mg_fail(err, MG_ERR_NOMEM, "out of memory");
+    const size_t na = heavy_atoms(mol, a), nb = heavy_atoms(sp, b);
+    const int same = na == nb && !memcmp(a, b, na * sizeof *a);
+    free(a);
+    if (!same)
+        return mg_fail(err, MG_ERR_FORMAT,
+                       "the scorer's !randomize line '%s' for molecule %zu '%s': spelling %d "
+                       "'%s' is another molecule (%zu heavy atoms against the molecule's %zu, or "
+                       "other elements)",
+                       cut(line, lb, sizeof lb), i + 1, cut(mol, mb, sizeof mb), j + 1,
+                       cut(sp, sb, sizeof sb), nb, na);
+    return MG_OK;
+}
+
 mg_status mg_scorer_randomize(mg_scorer *s, const char *const *smiles, const uint64_t *seeds,
                               size_t n, int k, char **out, mg_error *err) {
     memset(out, 0, n * (size_t)k * sizeof *out);
@@ -419,11 +489,13 @@ mg_status mg_scorer_randomize(mg_scorer *s, const char *const *smiles, const uin
     rc = exchange(s, req, o, n, lines, smiles, err);
     for (size_t i = 0; !rc && i < n; i++) {
         const char *p = lines[i];
-        for (int j = 0; j < k && *p; j++) {
+        for (int j = 0; !rc && j < k && *p; j++) {
             const char *t = strchr(p, '\t');
             const size_t l = t ? (size_t)(t - p) : strlen(p);
-            if (l && !(out[i * (size_t)k + j] = dup_n(p, l)))
+            char **dst = &out[i * (size_t)k + j];
+            if (l && !(*dst = dup_n(p, l)))
                 rc = mg_fail(err, MG_ERR_NOMEM, "out of memory");
+            if (*dst) rc = same_molecule(smiles[i], *dst, lines[i], i, j, err);
             p = t ? t + 1 : p + l;
         }
     }

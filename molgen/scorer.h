@@ -14,7 +14,9 @@
  * neither are ignored.
  * Extension: the request "!randomize\tSEED\tN\tSMILES" is answered by one
  * line of N TAB-separated randomized SMILES of the molecule (or an empty
- * line: none).
+ * line: none); each must be a SMILES (mg_smiles_syntax_ok) with the
+ * request's heavy atoms (the same element multiset, aromatic or not),
+ * else MG_ERR_FORMAT naming the line: the agent trains on them.
  *
  * Nothing the scorer says is trusted: a SCORE that is not a number, is
  * infinite or lies outside [0, 1] (refused, never clipped), an answer

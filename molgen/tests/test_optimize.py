@@ -41,6 +41,8 @@ for line in sys.stdin:
         _, seed, k, smi = s.split("\t")
         if logf: logf.write("!randomize\t" + smi + "\n"); logf.flush()
         m = Chem.MolFromSmiles(smi)
+        if os.environ.get("BAD_RANDOMIZE"):  # the same wrong answer for each
+            print("\t".join([os.environ["BAD_RANDOMIZE"]] * int(k)), flush=True); continue
         out = [] if m is None else [Chem.MolToSmiles(m, doRandom=True, canonical=False) for _ in range(int(k))]
         print("\t".join(out), flush=True)
         continue
@@ -301,6 +303,22 @@ def test_augmented_memory_uses_randomize(tmp_path, scorer):
              env={"LOG": str(log)})
     reqs = [l for l in log.read_text().splitlines() if l.startswith("!randomize")]
     assert reqs and len(read_scored(d)) == 96
+
+
+@pytest.mark.parametrize("answer,words", [
+    ("1", "is not a SMILES"),          # was: the agent trained on "1" and sampled it
+    ("CCO", "is another molecule"),    # a SMILES, not the molecule asked
+    ("C1CC1C", "is another molecule"),
+])
+def test_wrong_randomize_answer_is_an_error(tmp_path, scorer, answer, words):
+    d = tmp_path / "run"
+    r = optimize(d, scorer, "--budget", 96, "--batch", 16, "--augmented-memory", 2,
+                 env={"BAD_RANDOMIZE": answer}, check=False)
+    assert r.returncode == 1, r.stderr
+    first = r.stderr.strip().splitlines()
+    first = [l for l in first if not l.startswith("step ")][0]
+    assert "!randomize line '%s\t%s'" % (answer, answer) in first and words in first, first
+    assert "spelling 1 '%s'" % answer in first, first
 
 
 # ---------------------------------------------------------------- resume and faults
