@@ -1001,6 +1001,27 @@ static char *state_text(const mg_opt *o) {
     return text;
 }
 
+/* bytes of s as a JSON string's contents ('"' and '\\' escaped, control
+ * characters as \u00XX): the size a metadata value takes in the header */
+static size_t json_str_bytes(const char *s) {
+    size_t n = 0;
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++)
+        n += *p == '"' || *p == '\\' ? 2 : *p < 0x20 ? 6 : 1;
+    return n;
+}
+
+/* The most header bytes the state's metadata may take: what the reader
+ * takes (MG_ST_MAX_HEADER) less 1 MiB for the tensors' entries and keys;
+ * MOLGEN_OPT_STATE_LIMIT (bytes) lowers it, for the tests. */
+static size_t state_limit(void) {
+    size_t lim = MG_ST_MAX_HEADER - ((size_t)1 << 20);
+    const char *e = getenv("MOLGEN_OPT_STATE_LIMIT");
+    char *end;
+    const unsigned long long v = e ? strtoull(e, &end, 10) : 0;
+    if (e && *e && !*end && v > 0 && v < lim) lim = (size_t)v;
+    return lim;
+}
+
 mg_status mg_opt_save(mg_opt *o, const char *path, mg_error *err) {
     char *text = state_text(o);
     const size_t nt = mg_model_num_tensors(o->agent);
@@ -1013,6 +1034,17 @@ mg_status mg_opt_save(mg_opt *o, const char *path, mg_error *err) {
         goto done;
     }
     mg_model_config_to_json(mg_model_get_config(o->agent), cfg, sizeof cfg);
+    /* the writer refuses what the reader would (before anything is written:
+     * the previous state stays whole) */
+    const size_t hb = json_str_bytes(text) + json_str_bytes(vj) + json_str_bytes(cfg);
+    if (hb > state_limit()) {
+        rc = mg_fail(err, MG_ERR_TOO_LONG,
+                     "%s not written: the state of %zu scored molecules takes %zu bytes, more "
+                     "than the %zu a checkpoint's header may hold (the previous state is kept; "
+                     "see docs/reliability.md, state size)",
+                     path, o->nmol, hb, state_limit());
+        goto done;
+    }
     mg_model_st_tensors(o->agent, t, nt);
     const int64_t P = (int64_t)mg_model_num_params(o->agent);
     t[nt] = (mg_st_tensor){.name = "optim.m", .dtype = MG_ST_F32, .ndim = 1, .shape = {P},

@@ -334,6 +334,14 @@ static mg_status parse_reply(const char *line, const char *mol, size_t idx, mg_s
         char **dst = kl == 9 && !memcmp(f, "canonical", 9) ? &r->canonical
                      : kl == 8 && !memcmp(f, "scaffold", 8) ? &r->scaffold
                                                              : NULL;
+        if (dst && vl > MG_SCORER_MAX_FIELD)
+            return mg_fail(err, MG_ERR_FORMAT,
+                           "the scorer's line for molecule %zu of the batch '%s': its %s field "
+                           "is %zu bytes, longer than %d (a field is kept for every scored "
+                           "molecule in the state)",
+                           idx + 1, cut(mol, mb, sizeof mb),
+                           kl == 9 ? "canonical=" : "scaffold=", vl,
+                           MG_SCORER_MAX_FIELD);
         if (dst) {
             free(*dst);
             if (!(*dst = dup_n(eq + 1, vl))) return mg_fail(err, MG_ERR_NOMEM, "out of memory");
@@ -347,6 +355,12 @@ static mg_status parse_reply(const char *line, const char *mol, size_t idx, mg_s
             if (!nb) return mg_fail(err, MG_ERR_NOMEM, "out of memory");
             r->comps = nb;
         }
+        if (clen + fl + 1 > MG_SCORER_MAX_FIELD)
+            return mg_fail(err, MG_ERR_FORMAT,
+                           "the scorer's line for molecule %zu of the batch '%s': its components "
+                           "take more than %d bytes (a field is kept for every scored molecule "
+                           "in the state)",
+                           idx + 1, cut(mol, mb, sizeof mb), MG_SCORER_MAX_FIELD);
         if (clen) r->comps[clen++] = ';';
         memcpy(r->comps + clen, f, fl);
         clen += fl;

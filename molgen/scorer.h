@@ -11,7 +11,10 @@
  * (the molecule's canonical SMILES: molgen's cache and budget key),
  * scaffold= (its Murcko scaffold: the diversity filter's bucket), and
  * numeric components (name=number, kept in scored.csv); fields that are
- * neither are ignored.
+ * neither are ignored. Each of canonical=, scaffold= and a component
+ * (name=value) is at most MG_SCORER_MAX_FIELD bytes, the components kept
+ * together too (longer: MG_ERR_FORMAT naming the molecule and the field):
+ * they are kept for every scored molecule in molgen optimize's state.
  * Extension: the request "!randomize\tSEED\tN\tSMILES" is answered by one
  * line of N TAB-separated randomized SMILES of the molecule (or an empty
  * line: none); each must be a SMILES (mg_smiles_syntax_ok) with the
@@ -40,6 +43,9 @@ extern "C" {
 #endif
 
 typedef struct mg_scorer mg_scorer;
+
+/* The longest canonical=, scaffold= or components of one answer, bytes. */
+#define MG_SCORER_MAX_FIELD 1024
 
 /* One answer. valid 0: "nan" (score 0). The strings are owned by the
  * reply (mg_score_reply_clear); canonical / scaffold NULL when not sent;

@@ -61,6 +61,9 @@ for s, last in requests():
         elif mode == "cr": r = b"0.5\tcanonical=C\rC"
         elif mode == "long": r = b"0.5\tcanonical=" + b"C" * (10 << 20)
         elif mode.startswith("num:"): r = mode[4:].encode()
+        elif mode == "bigscaffold": r += b"\tscaffold=" + b"C" * 900000
+        elif mode == "bigcanonical": r = b"0.5\tcanonical=" + b"C" * 1025
+        elif mode == "bigcomps": r += b"".join(b"\tc%03d=0.5" % k for k in range(200))
     out.write(r + b"\n"); out.flush()
     if mode == "late" and last and at:
         # one line more, once molgen holds its first request's answers
@@ -127,6 +130,40 @@ def test_bad_reply_line_is_one_clear_error_and_resumable(tmp_path, scorer, mode,
     assert len(rows) == 40
     for x in rows:
         assert x["canonical"] == x["smiles"] and float(x["score"]) == expected_score(x["smiles"])
+
+
+@pytest.mark.parametrize("mode,words", [
+    # was: kept; a 150-call run wrote a state nothing could read back
+    ("bigscaffold", ["its scaffold= field is 900000 bytes, longer than 1024"]),
+    ("bigcanonical", ["its canonical= field is 1025 bytes"]),
+    ("bigcomps", ["its components take more than 1024 bytes"]),
+])
+def test_long_answer_field_is_refused_at_the_protocol(tmp_path, scorer, mode, words):
+    d = tmp_path / "run"
+    r = optimize(d, scorer, *RUN, env={"MODE": mode, "AT": "3"})
+    assert_fault(r, d, words + ["molecule 3 of the batch"])
+
+
+def test_state_the_reader_would_refuse_is_not_written(tmp_path, scorer):
+    """The writer refuses a header over the reader's limit (here lowered by
+    the test hook) before writing: the previous state stays and resumes."""
+    d = tmp_path / "run"
+    r = optimize(d, scorer, *RUN, "--save-every", 1, env={"MOLGEN_OPT_STATE_LIMIT": "6000"})
+    err = text(r)
+    assert r.returncode == 1, err
+    assert "not written: the state of" in err and "the previous state is kept" in err, err
+    kept = json.loads(read_meta(d / "agent.safetensors")["optimize"])
+    assert 0 < kept["step"] and len(kept["molecules"]) < 40
+    assert len(read_scored(d)) == len(kept["molecules"])  # the files of one save
+    r = optimize(d, scorer, resume=True)
+    assert r.returncode == 0, text(r)
+    assert len(read_scored(d)) == 40
+
+
+def read_meta(path):
+    b = open(path, "rb").read()
+    n = struct.unpack("<Q", b[:8])[0]
+    return json.loads(b[8:8 + n])["__metadata__"]
 
 
 def test_line_after_the_answers_does_not_shift_the_next_batch(tmp_path, scorer):
