@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -39,6 +40,57 @@ void mg_score_reply_clear(mg_score_reply *r) {
     memset(r, 0, sizeof *r);
 }
 
+/* The scorer's group leader (the child molgen forks; it never returns):
+ * it forks the shell that runs the command and waits. The group dies with
+ * molgen, also when molgen is SIGKILLed (mpirun's abort): the kernel sends
+ * the leader SIGUSR1 when the thread that forked it exits
+ * (PR_SET_PDEATHSIG; molgen forks on its main thread) and the leader kills
+ * its whole group, the processes the command started included (a
+ * PDEATHSIG on the shell alone misses them: dash forks for `python x.py`).
+ * When the shell ends, the leader ends the same way (its exit status or
+ * signal), which is what molgen sees of the scorer. */
+static void guard(pid_t parent, const char *command, int in, int out,
+                  const struct sigaction *old_pipe) {
+    sigset_t set, old;
+    sigemptyset(&set);
+    sigaddset(&set, SIGCHLD);
+    sigaddset(&set, SIGUSR1);
+    sigprocmask(SIG_BLOCK, &set, &old);
+    /* molgen may be gone before prctl: getppid() then differs */
+    if (prctl(PR_SET_PDEATHSIG, SIGUSR1) || getppid() != parent) _exit(127);
+    const pid_t sh = fork();
+    if (sh < 0) _exit(127);
+    if (sh == 0) {
+        sigprocmask(SIG_SETMASK, &old, NULL);
+        sigaction(SIGPIPE, old_pipe, NULL);
+        dup2(in, 0);
+        dup2(out, 1);
+        execl("/bin/sh", "sh", "-c", command, (char *)NULL);
+        _exit(127);
+    }
+    /* the leader holds no end of the pipes: molgen's EOF is the command's */
+    const int nul = open("/dev/null", O_RDWR);
+    if (nul >= 0) dup2(nul, 0), dup2(nul, 1);
+    close(in), close(out);
+    for (;;) {
+        siginfo_t si;
+        if (sigwaitinfo(&set, &si) < 0) continue;
+        if (si.si_signo == SIGUSR1) { /* molgen died */
+            kill(0, SIGKILL);
+            _exit(137);
+        }
+        int st;
+        if (waitpid(sh, &st, WNOHANG) != sh) continue;
+        if (WIFEXITED(st)) _exit(WEXITSTATUS(st));
+        const int sig = WTERMSIG(st); /* the same death */
+        signal(sig, SIG_DFL);
+        sigprocmask(SIG_SETMASK, &old, NULL);
+        sigdelset(&set, sig);
+        raise(sig);
+        _exit(128 + sig);
+    }
+}
+
 mg_status mg_scorer_start(const char *command, double timeout_s, mg_scorer **out, mg_error *err) {
     if (!command || !*command || !out) return mg_fail(err, MG_ERR_ARG, "no scorer command");
     *out = NULL;
@@ -60,6 +112,7 @@ mg_status mg_scorer_start(const char *command, double timeout_s, mg_scorer **out
     ign.sa_handler = SIG_IGN;
     sigaction(SIGPIPE, &ign, &s->old_pipe);
     fflush(NULL);
+    const pid_t parent = getpid();
     const pid_t pid = fork();
     if (pid < 0) {
         const int e = errno;
@@ -70,11 +123,7 @@ mg_status mg_scorer_start(const char *command, double timeout_s, mg_scorer **out
     }
     if (pid == 0) { /* the child: its own group (a hang kills the whole pipeline) */
         setpgid(0, 0);
-        sigaction(SIGPIPE, &s->old_pipe, NULL);
-        dup2(pin[0], 0);
-        dup2(pout[1], 1);
-        execl("/bin/sh", "sh", "-c", command, (char *)NULL);
-        _exit(127);
+        guard(parent, command, pin[0], pout[1], &s->old_pipe);
     }
     setpgid(pid, pid);
     close(pin[0]);

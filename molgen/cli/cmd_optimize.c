@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cli_options.h"
@@ -271,10 +272,16 @@ static mg_status save(void *ctx, mg_opt *o, mg_error *err) {
     run_ctx *c = ctx;
     if (c->rank) return MG_OK; /* rank 0 writes DIR */
     const double secs = mg_now_s() - c->t0;
+    /* the four files are one save: a signal (two SIGINTs) waits for them */
+    mg_hold_stop_signals(1);
     mg_status rc = mg_opt_save(o, c->dir_agent, err);
+    const char *pause = getenv("MOLGEN_OPT_SAVE_PAUSE"); /* tests: seconds mid-save */
+    for (const double t1 = mg_now_s() + (pause ? atof(pause) : 0); !rc && mg_now_s() < t1;)
+        nanosleep(&(struct timespec){0, 10000000}, NULL);
     if (!rc) rc = write_out(c->dir_scored, o, 0, secs, err);
     if (!rc) rc = write_out(c->dir_best, o, 1, secs, err);
     if (!rc) rc = write_out(c->dir_summary, o, 2, secs, err);
+    mg_hold_stop_signals(0);
     return rc;
 }
 

@@ -38,6 +38,9 @@ if mode == "fork":
     open(os.environ["PIDFILE"], "w").write(str(pid))
     os._exit(0)
 
+if os.environ.get("PIDFILE") and mode != "fork":
+    open(os.environ["PIDFILE"], "w").write(str(os.getpid()))
+
 def requests():
     """(line, last line of what one read gave): molgen writes a request whole"""
     buf = b""
@@ -61,6 +64,8 @@ for s, last in requests():
         elif mode == "cr": r = b"0.5\tcanonical=C\rC"
         elif mode == "long": r = b"0.5\tcanonical=" + b"C" * (10 << 20)
         elif mode.startswith("num:"): r = mode[4:].encode()
+        elif mode == "sleep":
+            open(os.environ["PIDFILE"] + ".sleeping", "w").close(); time.sleep(600)
         elif mode == "bigscaffold": r += b"\tscaffold=" + b"C" * 900000
         elif mode == "bigcanonical": r = b"0.5\tcanonical=" + b"C" * 1025
         elif mode == "bigcomps": r += b"".join(b"\tc%03d=0.5" % k for k in range(200))
@@ -220,6 +225,78 @@ def test_scorer_that_scores_nothing_is_an_error(tmp_path, scorer):
     # also when the run stops before 4 batches
     r = optimize(tmp_path / "run2", scorer, *RUN, "--max-steps", 1, env={"MODE": "allnan"})
     assert r.returncode == 1 and "nan to every one of the 8 " in text(r), text(r)
+
+
+def alive(pid):
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().split(")")[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def wait_for(path, seconds=120):
+    t = time.time() + seconds
+    while not os.path.exists(path):
+        assert time.time() < t, "no %s" % path
+        time.sleep(0.05)
+
+
+def test_scorer_dies_with_a_killed_molgen(tmp_path, scorer):
+    """SIGKILL of molgen (as mpirun's abort does) while the scorer works on
+    a molecule: the scorer, in its own process group, was left running
+    (PR_SET_PDEATHSIG now)."""
+    pidfile = tmp_path / "scorer.pid"
+    cmd = [molgen_binary(), "optimize", "--prior", PRIOR, "--scorer", scorer, "--threads", "1",
+           "--out", str(tmp_path / "run"), "--budget", 100, "--batch", 8]
+    p = subprocess.Popen([str(c) for c in cmd], env=dict(ENV, MODE="sleep", AT="12",
+                                                          PIDFILE=str(pidfile)),
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(str(pidfile) + ".sleeping")
+        pid = int(pidfile.read_text())
+        p.kill()
+        p.wait(timeout=30)
+        t = time.time() + 5
+        while alive(pid) and time.time() < t:
+            time.sleep(0.05)
+        gone = not alive(pid)
+        if not gone:
+            os.kill(pid, signal.SIGKILL)
+        assert gone, "the scorer %d outlived a SIGKILLed molgen" % pid
+    finally:
+        if p.poll() is None:
+            p.kill()
+
+
+def test_two_sigints_during_the_save_leave_a_whole_state(tmp_path, scorer):
+    """Signals that come while the state is written wait for the save (the
+    test hook MOLGEN_OPT_SAVE_PAUSE holds it open between agent.safetensors
+    and scored.csv); then exit 130 with a state that resumes. Was: the second
+    SIGINT killed molgen mid-save."""
+    d = tmp_path / "run"
+    cmd = [molgen_binary(), "optimize", "--prior", PRIOR, "--scorer", scorer, "--threads", "1",
+           "--out", str(d)] + [str(a) for a in RUN] + ["--save-every", "1"]
+    p = subprocess.Popen(cmd, env=dict(ENV, MOLGEN_OPT_SAVE_PAUSE="1.5"),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        wait_for(str(d / "agent.safetensors"))
+        time.sleep(0.2)
+        p.send_signal(signal.SIGINT)
+        time.sleep(0.1)
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    err = err.decode("utf-8", "replace")
+    assert p.returncode == 130, (p.returncode, err)
+    assert "interrupted by signal 2" in err and "continue with --resume" in err, err
+    state = json.loads(read_meta(d / "agent.safetensors")["optimize"])
+    assert len(read_scored(d)) == len(state["molecules"]) > 0
+    r = optimize(d, scorer, resume=True)
+    assert r.returncode == 0, text(r)
+    assert len(read_scored(d)) == 40
 
 
 def test_missing_command_is_named(tmp_path):
