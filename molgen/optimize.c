@@ -801,6 +801,59 @@ static mg_status aug_rounds(mg_opt *o, step_work *w, mg_error *err) {
     return rc;
 }
 
+/* Tests (molgen/tests/test_optimize.py's float64 oracle of a step with
+ * replay): with MOLGEN_OPT_DUMP_STEP=PATH, one process, the first step of
+ * this invocation's loss rows and gradient into PATH: "rows.ids" I32
+ * [N, ctx + 1] (batch rows, then replayed ones), "rows.lengths" I64 [N],
+ * "rows.scores" F64 [N] (learning scores), "rows.use" F64 [N] (0/1),
+ * "rows.replay_mol" I64 [replay] (0-based molecule indices), "grad.<name>"
+ * the agent's gradient; metadata loss and sigma (%.17g), config. */
+static mg_status dump_step(mg_opt *o, const step_work *w, int N, const double *s2,
+                           const unsigned char *use, double loss, mg_error *err) {
+    const char *path = getenv("MOLGEN_OPT_DUMP_STEP");
+    if (!path || !*path || o->step != o->step0 || o->d->size > 1) return MG_OK;
+    const size_t nt = mg_model_num_tensors(o->agent);
+    mg_st_tensor *t = calloc(nt + 5, sizeof *t);
+    char(*names)[96] = calloc(nt + 1, sizeof *names);
+    double *u = malloc((size_t)N * sizeof *u);
+    int64_t rm[1024];
+    mg_status rc = MG_OK;
+    if (!t || !names || !u) {
+        rc = mg_fail(err, MG_ERR_NOMEM, "out of memory");
+        goto out;
+    }
+    for (int r = 0; r < N; r++) u[r] = use[r];
+    for (int k = 0; k < w->nreplay; k++) rm[k] = w->rmol[k];
+    mg_model_st_tensors(o->agent, t, nt);
+    for (size_t i = 0; i < nt; i++) {
+        snprintf(names[i], sizeof names[i], "grad.%s", t[i].name);
+        t[i].name = names[i];
+        t[i].data = mg_model_grads(o->agent) + mg_model_tensor(o->agent, i)->offset;
+    }
+    t[nt] = (mg_st_tensor){.name = "rows.ids", .dtype = MG_ST_I32, .ndim = 2,
+                           .shape = {N, o->ctx + 1}, .data = o->ids};
+    t[nt + 1] = (mg_st_tensor){.name = "rows.lengths", .dtype = MG_ST_I64, .ndim = 1,
+                               .shape = {N}, .data = o->len};
+    t[nt + 2] = (mg_st_tensor){.name = "rows.scores", .dtype = MG_ST_F64, .ndim = 1,
+                               .shape = {N}, .data = s2};
+    t[nt + 3] = (mg_st_tensor){.name = "rows.use", .dtype = MG_ST_F64, .ndim = 1,
+                               .shape = {N}, .data = u};
+    t[nt + 4] = (mg_st_tensor){.name = "rows.replay_mol", .dtype = MG_ST_I64, .ndim = 1,
+                               .shape = {w->nreplay}, .data = rm};
+    char cfg[512], ls[40], sg[40];
+    mg_model_config_to_json(mg_model_get_config(o->agent), cfg, sizeof cfg);
+    snprintf(ls, sizeof ls, "%.17g", loss);
+    snprintf(sg, sizeof sg, "%.17g", o->op.sigma);
+    const mg_st_kv meta[] = {
+        {"format", "molgen-debug-opt-step"}, {"config", cfg}, {"sigma", sg}, {"loss", ls}};
+    rc = mg_st_write(path, t, nt + (w->nreplay ? 5 : 4), meta, 4, err);
+out:
+    free(t);
+    free(names);
+    free(u);
+    return rc;
+}
+
 static mg_status step_once(mg_opt *o, mg_opt_progress *pg, mg_error *err) {
     step_work w;
     memset(&w, 0, sizeof w);
@@ -832,6 +885,7 @@ static mg_status step_once(mg_opt *o, mg_opt_progress *pg, mg_error *err) {
     }
     double loss = 0;
     if (!rc) rc = dap_update(o, N, s2, use, &loss, err);
+    if (!rc) rc = dump_step(o, &w, N, s2, use, loss, err);
     if (!rc) rc = aug_rounds(o, &w, err);
     aug_free(&w, o->op.aug_rounds);
     work_free(&w);

@@ -58,6 +58,7 @@ for s, last in requests():
     v = hashlib.md5(s.encode()).digest()[0] % 100 / 100
     r = b"%.2f\tcanonical=%s" % (v, s.encode())
     if mode == "allnan": r = b"nan"
+    if mode == "scaffold": r += b"\tscaffold=C1CCCCC1"  # one diversity-filter bucket
     if n == at:
         if mode == "nul": r = b"0.5\x00trailing"
         elif mode == "utf8": r = b"0.5\tcanonical=C\xff\xfeC"
@@ -297,6 +298,30 @@ def test_two_sigints_during_the_save_leave_a_whole_state(tmp_path, scorer):
     r = optimize(d, scorer, resume=True)
     assert r.returncode == 0, text(r)
     assert len(read_scored(d)) == 40
+
+
+def test_diversity_filter_at_its_bucket_bound(tmp_path, scorer):
+    """Every molecule in one scaffold bucket: a step's n new molecules fill it
+    to n. --df-bucket n keeps their learning scores (the memory takes every
+    molecule scoring > 0, at its score), --df-bucket n - 1 zeroes them all
+    (an empty memory). Kills the bound off by one either way."""
+    def memory(d, bucket):
+        r = optimize(d, scorer, "--budget", 100, "--batch", 8, "--seed", 1, "--max-steps", 1,
+                     "--df", "scaffold", "--df-bucket", bucket, "--df-min-score", 0,
+                     "--memory", 50, "--replay", 0, env={"MODE": "scaffold"})
+        assert r.returncode == 0, text(r)
+        return json.loads(read_meta(d / "agent.safetensors")["optimize"])["memory"], \
+            read_scored(d)
+    mem, rows = memory(tmp_path / "a", 1000)
+    n = len(rows)
+    assert n >= 2
+    want = sorted((i, expected_score(x["smiles"])) for i, x in enumerate(rows)
+                  if expected_score(x["smiles"]) > 0)
+    assert sorted((m, s) for m, s in mem) == want
+    mem, _ = memory(tmp_path / "b", n)
+    assert sorted((m, s) for m, s in mem) == want
+    mem, _ = memory(tmp_path / "c", n - 1)
+    assert mem == []
 
 
 def test_missing_command_is_named(tmp_path):
