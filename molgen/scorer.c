@@ -225,6 +225,7 @@ static const char *bad_text(const unsigned char *p, size_t n, size_t *at) {
 static mg_status exchange(mg_scorer *s, const char *req, size_t rlen, size_t n, char **lines,
                           const char *const *what, mg_error *err) {
     size_t sent = 0, got = 0, scan = 0, seen = 0; /* scan: the line's start; seen: searched */
+    double exit_seen = 0; /* when the scorer was first seen exited, no bytes since */
     s->len = 0;
     double last = mg_now_s();
     char mb[96], gb[64], pb[64];
@@ -251,14 +252,34 @@ static mg_status exchange(mg_scorer *s, const char *req, size_t rlen, size_t n, 
         struct pollfd p[2] = {{s->out, POLLIN, 0}, {s->in, POLLOUT, 0}};
         const int np = sent < rlen ? 2 : 1;
         const double left = s->timeout > 0 ? s->timeout - (mg_now_s() - last) : 1e9;
-        const int pr = left <= 0 ? 0 : poll(p, (nfds_t)np, left > 1e6 ? -1 : (int)(left * 1000) + 1);
+        /* waits in slices of 0.2 s: a scorer that exited is seen even when a
+         * process it started still holds its output open (no EOF) */
+        const int pr = left <= 0 ? 0 : poll(p, (nfds_t)np, left > 0.2 ? 200 : (int)(left * 1000) + 1);
         if (pr < 0 && errno == EINTR) continue;
         if (pr < 0) return mg_fail(err, MG_ERR_IO, "scorer: poll: %s", strerror(errno));
+        if (pr == 0 && left > 0.2) {
+            if (!reap(s)) {
+                exit_seen = 0;
+                continue;
+            }
+            /* exited: what it wrote is in the pipe; 0.5 s for the rest */
+            if (!exit_seen) exit_seen = mg_now_s();
+            if (mg_now_s() - exit_seen < 0.5) continue;
+            return mg_fail(err, MG_ERR_IO,
+                           "the scorer %s before answering molecule %zu of the batch '%s' (a "
+                           "process it started still holds its output open)",
+                           gone(s, gb, sizeof gb), got + 1, cut(what[got], mb, sizeof mb));
+        }
         if (pr == 0)
             return mg_fail(err, MG_ERR_IO,
                            "the scorer gave no answer for molecule %zu of the batch '%s' within "
-                           "%g s (--scorer-timeout)",
-                           got + 1, cut(what[got], mb, sizeof mb), s->timeout);
+                           "%g s (--scorer-timeout)%s",
+                           got + 1, cut(what[got], mb, sizeof mb), s->timeout,
+                           sent == rlen && got == 0 && n > 1
+                               ? "; a scorer must answer each line as it reads it and flush "
+                                 "(one that reads all its input before answering waits for an "
+                                 "end that never comes)"
+                               : "");
         if (np == 2 && (p[1].revents & (POLLOUT | POLLERR))) {
             const ssize_t w = write(s->in, req + sent, rlen - sent);
             if (w < 0 && errno != EAGAIN && errno != EINTR)
@@ -330,15 +351,16 @@ static char *dup_n(const char *p, size_t n) {
     return d;
 }
 
-/* A strict decimal number (strtod over the whole text, no leading space, no
- * hexadecimal). */
+/* A decimal number (strtod over the whole text, spaces around it allowed,
+ * zero padding of any length; no hexadecimal, inf or nan). */
 static int number(const char *p, size_t n, double *v) {
-    char tmp[64];
-    if (n == 0 || n >= sizeof tmp || p[0] == ' ' || p[0] == '\t' || memchr(p, 'x', n) ||
-        memchr(p, 'X', n))
-        return 0;
+    while (n && p[0] == ' ') p++, n--;
+    while (n && p[n - 1] == ' ') n--;
+    if (n == 0 || n > 4096 || memchr(p, 'x', n) || memchr(p, 'X', n)) return 0;
+    char tmp[4097];
     memcpy(tmp, p, n);
     tmp[n] = 0;
+    if (strpbrk(tmp, "\t\f\v")) return 0;
     char *end;
     errno = 0;
     *v = strtod(tmp, &end);
@@ -352,7 +374,10 @@ static mg_status parse_reply(const char *line, const char *mol, size_t idx, mg_s
     const char *tab = strchr(line, '\t');
     const size_t n0 = tab ? (size_t)(tab - line) : strlen(line);
     double v = 0;
-    if (n0 == 3 && !strncasecmp(line, "nan", 3)) {
+    size_t b0 = 0, e0 = n0; /* the score without the spaces around it */
+    while (b0 < e0 && line[b0] == ' ') b0++;
+    while (e0 > b0 && line[e0 - 1] == ' ') e0--;
+    if (e0 - b0 == 3 && !strncasecmp(line + b0, "nan", 3)) {
         r->valid = 0;
     } else if (!number(line, n0, &v) || isnan(v)) {
         return mg_fail(err, MG_ERR_FORMAT,

@@ -106,8 +106,9 @@ static const char OPTIMIZE_USAGE[] =
     "the prior frozen) until --budget distinct molecules have been scored.\n";
 static const char OPTIMIZE_NOTES[] =
     "Scorer protocol: molgen writes one SMILES per line to the scorer's stdin,\n"
-    "flushes after each batch, and reads one line per SMILES, in order: a number\n"
-    "in [0, 1] or nan (cannot score: invalid, score 0, no budget), optionally\n"
+    "flushes after each batch, and reads one line per SMILES, in order (answer\n"
+    "each line as it is read, and flush): a number in [0, 1] or nan (cannot\n"
+    "score: invalid, score 0, no budget; spaces around it allowed), optionally\n"
     "followed by TAB-separated name=value fields: canonical=SMILES (the cache and\n"
     "budget key: two spellings cost one call), scaffold=SMILES (the diversity\n"
     "filter's bucket) and numeric components (kept in scored.csv). The request\n"
