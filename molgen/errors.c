@@ -29,6 +29,18 @@ volatile sig_atomic_t mg_stop_signal = 0;
 
 static void on_stop_signal(int signo) { mg_stop_signal = signo; }
 
+void mg_hold_stop_signals(int hold) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sigemptyset(&sa.sa_mask);
+    /* holding: every signal only sets the flag; released: the first one
+     * caught once (SA_RESETHAND), or the default action when one came */
+    sa.sa_handler = !hold && mg_stop_signal ? SIG_DFL : on_stop_signal;
+    sa.sa_flags = hold ? 0 : SA_RESETHAND;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+}
+
 void mg_catch_stop_signals(void) {
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);

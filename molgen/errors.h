@@ -58,6 +58,12 @@ mg_status mg_fail(mg_error *err, mg_status s, const char *fmt, ...)
  * MG_ERR_INTERRUPTED, and the command exits with 128 + the signal. */
 extern volatile sig_atomic_t mg_stop_signal;
 void mg_catch_stop_signals(void);
+/* While a command writes a state that must be whole (molgen optimize's
+ * save): hold 1 makes SIGINT / SIGTERM only set mg_stop_signal, however
+ * many come; hold 0 restores mg_catch_stop_signals' behaviour (after a
+ * signal: the next one takes the default action). After
+ * mg_catch_stop_signals only. */
+void mg_hold_stop_signals(int hold);
 
 #ifdef __cplusplus
 }

@@ -107,6 +107,7 @@ struct mg_opt {
     mem_entry *mem;
     int nmem;
     int64_t step, collapse_run, plateau_run, step0, calls0;
+    int64_t nan_sent; /* molecules the scorer answered nan (this invocation) */
     char reason[32];
     double t0;
     /* scratch of a step */
@@ -394,6 +395,7 @@ typedef struct {
     mem_entry *mem;        /* the memory after the step */
     int nmem;
     char **aug;            /* [nmem * aug_rounds] randomized spellings */
+    int64_t nnan;          /* the step's molecules the scorer answered nan */
     int64_t rmol[1024];    /* the replayed memory entries' molecules and scores */
     double rscore[1024];
     int nreplay;
@@ -512,6 +514,7 @@ static mg_status score_batch(mg_opt *o, step_work *w, mg_error *err) {
             mg_score_reply *r = &rep[j];
             const char *smi = pend[sent + j];
             int64_t gi = ROW_INVALID;
+            w->nnan += !r->valid;
             if (r->valid) {
                 const char *key = r->canonical && *r->canonical ? r->canonical : smi;
                 const int64_t *f = map_find(&o->by_key, key);
@@ -655,6 +658,7 @@ static mg_status commit(mg_opt *o, step_work *w, mg_error *err) {
             return mg_fail(err, MG_ERR_NOMEM, "out of memory");
     memcpy(o->mem, w->mem, (size_t)w->nmem * sizeof *o->mem);
     o->nmem = w->nmem;
+    o->nan_sent += w->nnan;
     return MG_OK;
 }
 
@@ -797,6 +801,59 @@ static mg_status aug_rounds(mg_opt *o, step_work *w, mg_error *err) {
     return rc;
 }
 
+/* Tests (molgen/tests/test_optimize.py's float64 oracle of a step with
+ * replay): with MOLGEN_OPT_DUMP_STEP=PATH, one process, the first step of
+ * this invocation's loss rows and gradient into PATH: "rows.ids" I32
+ * [N, ctx + 1] (batch rows, then replayed ones), "rows.lengths" I64 [N],
+ * "rows.scores" F64 [N] (learning scores), "rows.use" F64 [N] (0/1),
+ * "rows.replay_mol" I64 [replay] (0-based molecule indices), "grad.<name>"
+ * the agent's gradient; metadata loss and sigma (%.17g), config. */
+static mg_status dump_step(mg_opt *o, const step_work *w, int N, const double *s2,
+                           const unsigned char *use, double loss, mg_error *err) {
+    const char *path = getenv("MOLGEN_OPT_DUMP_STEP");
+    if (!path || !*path || o->step != o->step0 || o->d->size > 1) return MG_OK;
+    const size_t nt = mg_model_num_tensors(o->agent);
+    mg_st_tensor *t = calloc(nt + 5, sizeof *t);
+    char(*names)[96] = calloc(nt + 1, sizeof *names);
+    double *u = malloc((size_t)N * sizeof *u);
+    int64_t rm[1024];
+    mg_status rc = MG_OK;
+    if (!t || !names || !u) {
+        rc = mg_fail(err, MG_ERR_NOMEM, "out of memory");
+        goto out;
+    }
+    for (int r = 0; r < N; r++) u[r] = use[r];
+    for (int k = 0; k < w->nreplay; k++) rm[k] = w->rmol[k];
+    mg_model_st_tensors(o->agent, t, nt);
+    for (size_t i = 0; i < nt; i++) {
+        snprintf(names[i], sizeof names[i], "grad.%s", t[i].name);
+        t[i].name = names[i];
+        t[i].data = mg_model_grads(o->agent) + mg_model_tensor(o->agent, i)->offset;
+    }
+    t[nt] = (mg_st_tensor){.name = "rows.ids", .dtype = MG_ST_I32, .ndim = 2,
+                           .shape = {N, o->ctx + 1}, .data = o->ids};
+    t[nt + 1] = (mg_st_tensor){.name = "rows.lengths", .dtype = MG_ST_I64, .ndim = 1,
+                               .shape = {N}, .data = o->len};
+    t[nt + 2] = (mg_st_tensor){.name = "rows.scores", .dtype = MG_ST_F64, .ndim = 1,
+                               .shape = {N}, .data = s2};
+    t[nt + 3] = (mg_st_tensor){.name = "rows.use", .dtype = MG_ST_F64, .ndim = 1,
+                               .shape = {N}, .data = u};
+    t[nt + 4] = (mg_st_tensor){.name = "rows.replay_mol", .dtype = MG_ST_I64, .ndim = 1,
+                               .shape = {w->nreplay}, .data = rm};
+    char cfg[512], ls[40], sg[40];
+    mg_model_config_to_json(mg_model_get_config(o->agent), cfg, sizeof cfg);
+    snprintf(ls, sizeof ls, "%.17g", loss);
+    snprintf(sg, sizeof sg, "%.17g", o->op.sigma);
+    const mg_st_kv meta[] = {
+        {"format", "molgen-debug-opt-step"}, {"config", cfg}, {"sigma", sg}, {"loss", ls}};
+    rc = mg_st_write(path, t, nt + (w->nreplay ? 5 : 4), meta, 4, err);
+out:
+    free(t);
+    free(names);
+    free(u);
+    return rc;
+}
+
 static mg_status step_once(mg_opt *o, mg_opt_progress *pg, mg_error *err) {
     step_work w;
     memset(&w, 0, sizeof w);
@@ -828,6 +885,7 @@ static mg_status step_once(mg_opt *o, mg_opt_progress *pg, mg_error *err) {
     }
     double loss = 0;
     if (!rc) rc = dap_update(o, N, s2, use, &loss, err);
+    if (!rc) rc = dump_step(o, &w, N, s2, use, loss, err);
     if (!rc) rc = aug_rounds(o, &w, err);
     aug_free(&w, o->op.aug_rounds);
     work_free(&w);
@@ -907,6 +965,17 @@ mg_status mg_opt_run(mg_opt *o, int *saved, mg_error *err) {
         if ((rc = step_once(o, &pg, err))) break;
         if (o->op.progress) o->op.progress(o->op.ctx, &pg);
         const int done = finished(o, &pg);
+        /* a scorer that scores nothing: said, not a "collapse" (every answer
+         * nan leaves the batch with nothing new); at the stop, or once it
+         * answered nan to 4 batches */
+        if (!o->nmol && o->nan_sent && (done || o->nan_sent >= 4 * (int64_t)o->op.batch)) {
+            o->reason[0] = 0;
+            rc = mg_fail(err, MG_ERR_FORMAT,
+                         "the scorer could score nothing: it answered nan to every one of the "
+                         "%lld molecules it was sent (try it by hand on one SMILES, e.g. CCO)",
+                         (long long)o->nan_sent);
+            break;
+        }
         if ((done || o->step % o->op.save_every == 0) && o->op.save) {
             if ((rc = save_state(o, err))) return rc;
             *saved = 1;
@@ -986,6 +1055,27 @@ static char *state_text(const mg_opt *o) {
     return text;
 }
 
+/* bytes of s as a JSON string's contents ('"' and '\\' escaped, control
+ * characters as \u00XX): the size a metadata value takes in the header */
+static size_t json_str_bytes(const char *s) {
+    size_t n = 0;
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++)
+        n += *p == '"' || *p == '\\' ? 2 : *p < 0x20 ? 6 : 1;
+    return n;
+}
+
+/* The most header bytes the state's metadata may take: what the reader
+ * takes (MG_ST_MAX_HEADER) less 1 MiB for the tensors' entries and keys;
+ * MOLGEN_OPT_STATE_LIMIT (bytes) lowers it, for the tests. */
+static size_t state_limit(void) {
+    size_t lim = MG_ST_MAX_HEADER - ((size_t)1 << 20);
+    const char *e = getenv("MOLGEN_OPT_STATE_LIMIT");
+    char *end;
+    const unsigned long long v = e ? strtoull(e, &end, 10) : 0;
+    if (e && *e && !*end && v > 0 && v < lim) lim = (size_t)v;
+    return lim;
+}
+
 mg_status mg_opt_save(mg_opt *o, const char *path, mg_error *err) {
     char *text = state_text(o);
     const size_t nt = mg_model_num_tensors(o->agent);
@@ -998,6 +1088,17 @@ mg_status mg_opt_save(mg_opt *o, const char *path, mg_error *err) {
         goto done;
     }
     mg_model_config_to_json(mg_model_get_config(o->agent), cfg, sizeof cfg);
+    /* the writer refuses what the reader would (before anything is written:
+     * the previous state stays whole) */
+    const size_t hb = json_str_bytes(text) + json_str_bytes(vj) + json_str_bytes(cfg);
+    if (hb > state_limit()) {
+        rc = mg_fail(err, MG_ERR_TOO_LONG,
+                     "%s not written: the state of %zu scored molecules takes %zu bytes, more "
+                     "than the %zu a checkpoint's header may hold (the previous state is kept; "
+                     "see docs/reliability.md, state size)",
+                     path, o->nmol, hb, state_limit());
+        goto done;
+    }
     mg_model_st_tensors(o->agent, t, nt);
     const int64_t P = (int64_t)mg_model_num_params(o->agent);
     t[nt] = (mg_st_tensor){.name = "optim.m", .dtype = MG_ST_F32, .ndim = 1, .shape = {P},

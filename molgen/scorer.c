@@ -11,10 +11,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "smiles_check.h"
 #include "util.h"
 
 struct mg_scorer {
@@ -38,6 +40,57 @@ void mg_score_reply_clear(mg_score_reply *r) {
     memset(r, 0, sizeof *r);
 }
 
+/* The scorer's group leader (the child molgen forks; it never returns):
+ * it forks the shell that runs the command and waits. The group dies with
+ * molgen, also when molgen is SIGKILLed (mpirun's abort): the kernel sends
+ * the leader SIGUSR1 when the thread that forked it exits
+ * (PR_SET_PDEATHSIG; molgen forks on its main thread) and the leader kills
+ * its whole group, the processes the command started included (a
+ * PDEATHSIG on the shell alone misses them: dash forks for `python x.py`).
+ * When the shell ends, the leader ends the same way (its exit status or
+ * signal), which is what molgen sees of the scorer. */
+static void guard(pid_t parent, const char *command, int in, int out,
+                  const struct sigaction *old_pipe) {
+    sigset_t set, old;
+    sigemptyset(&set);
+    sigaddset(&set, SIGCHLD);
+    sigaddset(&set, SIGUSR1);
+    sigprocmask(SIG_BLOCK, &set, &old);
+    /* molgen may be gone before prctl: getppid() then differs */
+    if (prctl(PR_SET_PDEATHSIG, SIGUSR1) || getppid() != parent) _exit(127);
+    const pid_t sh = fork();
+    if (sh < 0) _exit(127);
+    if (sh == 0) {
+        sigprocmask(SIG_SETMASK, &old, NULL);
+        sigaction(SIGPIPE, old_pipe, NULL);
+        dup2(in, 0);
+        dup2(out, 1);
+        execl("/bin/sh", "sh", "-c", command, (char *)NULL);
+        _exit(127);
+    }
+    /* the leader holds no end of the pipes: molgen's EOF is the command's */
+    const int nul = open("/dev/null", O_RDWR);
+    if (nul >= 0) dup2(nul, 0), dup2(nul, 1);
+    close(in), close(out);
+    for (;;) {
+        siginfo_t si;
+        if (sigwaitinfo(&set, &si) < 0) continue;
+        if (si.si_signo == SIGUSR1) { /* molgen died */
+            kill(0, SIGKILL);
+            _exit(137);
+        }
+        int st;
+        if (waitpid(sh, &st, WNOHANG) != sh) continue;
+        if (WIFEXITED(st)) _exit(WEXITSTATUS(st));
+        const int sig = WTERMSIG(st); /* the same death */
+        signal(sig, SIG_DFL);
+        sigprocmask(SIG_SETMASK, &old, NULL);
+        sigdelset(&set, sig);
+        raise(sig);
+        _exit(128 + sig);
+    }
+}
+
 mg_status mg_scorer_start(const char *command, double timeout_s, mg_scorer **out, mg_error *err) {
     if (!command || !*command || !out) return mg_fail(err, MG_ERR_ARG, "no scorer command");
     *out = NULL;
@@ -59,6 +112,7 @@ mg_status mg_scorer_start(const char *command, double timeout_s, mg_scorer **out
     ign.sa_handler = SIG_IGN;
     sigaction(SIGPIPE, &ign, &s->old_pipe);
     fflush(NULL);
+    const pid_t parent = getpid();
     const pid_t pid = fork();
     if (pid < 0) {
         const int e = errno;
@@ -69,11 +123,7 @@ mg_status mg_scorer_start(const char *command, double timeout_s, mg_scorer **out
     }
     if (pid == 0) { /* the child: its own group (a hang kills the whole pipeline) */
         setpgid(0, 0);
-        sigaction(SIGPIPE, &s->old_pipe, NULL);
-        dup2(pin[0], 0);
-        dup2(pout[1], 1);
-        execl("/bin/sh", "sh", "-c", command, (char *)NULL);
-        _exit(127);
+        guard(parent, command, pin[0], pout[1], &s->old_pipe);
     }
     setpgid(pid, pid);
     close(pin[0]);
@@ -175,6 +225,7 @@ static const char *bad_text(const unsigned char *p, size_t n, size_t *at) {
 static mg_status exchange(mg_scorer *s, const char *req, size_t rlen, size_t n, char **lines,
                           const char *const *what, mg_error *err) {
     size_t sent = 0, got = 0, scan = 0, seen = 0; /* scan: the line's start; seen: searched */
+    double exit_seen = 0; /* when the scorer was first seen exited, no bytes since */
     s->len = 0;
     double last = mg_now_s();
     char mb[96], gb[64], pb[64];
@@ -201,14 +252,34 @@ static mg_status exchange(mg_scorer *s, const char *req, size_t rlen, size_t n, 
         struct pollfd p[2] = {{s->out, POLLIN, 0}, {s->in, POLLOUT, 0}};
         const int np = sent < rlen ? 2 : 1;
         const double left = s->timeout > 0 ? s->timeout - (mg_now_s() - last) : 1e9;
-        const int pr = left <= 0 ? 0 : poll(p, (nfds_t)np, left > 1e6 ? -1 : (int)(left * 1000) + 1);
+        /* waits in slices of 0.2 s: a scorer that exited is seen even when a
+         * process it started still holds its output open (no EOF) */
+        const int pr = left <= 0 ? 0 : poll(p, (nfds_t)np, left > 0.2 ? 200 : (int)(left * 1000) + 1);
         if (pr < 0 && errno == EINTR) continue;
         if (pr < 0) return mg_fail(err, MG_ERR_IO, "scorer: poll: %s", strerror(errno));
+        if (pr == 0 && left > 0.2) {
+            if (!reap(s)) {
+                exit_seen = 0;
+                continue;
+            }
+            /* exited: what it wrote is in the pipe; 0.5 s for the rest */
+            if (!exit_seen) exit_seen = mg_now_s();
+            if (mg_now_s() - exit_seen < 0.5) continue;
+            return mg_fail(err, MG_ERR_IO,
+                           "the scorer %s before answering molecule %zu of the batch '%s' (a "
+                           "process it started still holds its output open)",
+                           gone(s, gb, sizeof gb), got + 1, cut(what[got], mb, sizeof mb));
+        }
         if (pr == 0)
             return mg_fail(err, MG_ERR_IO,
                            "the scorer gave no answer for molecule %zu of the batch '%s' within "
-                           "%g s (--scorer-timeout)",
-                           got + 1, cut(what[got], mb, sizeof mb), s->timeout);
+                           "%g s (--scorer-timeout)%s",
+                           got + 1, cut(what[got], mb, sizeof mb), s->timeout,
+                           sent == rlen && got == 0 && n > 1
+                               ? "; a scorer must answer each line as it reads it and flush "
+                                 "(one that reads all its input before answering waits for an "
+                                 "end that never comes)"
+                               : "");
         if (np == 2 && (p[1].revents & (POLLOUT | POLLERR))) {
             const ssize_t w = write(s->in, req + sent, rlen - sent);
             if (w < 0 && errno != EAGAIN && errno != EINTR)
@@ -280,15 +351,16 @@ static char *dup_n(const char *p, size_t n) {
     return d;
 }
 
-/* A strict decimal number (strtod over the whole text, no leading space, no
- * hexadecimal). */
+/* A decimal number (strtod over the whole text, spaces around it allowed,
+ * zero padding of any length; no hexadecimal, inf or nan). */
 static int number(const char *p, size_t n, double *v) {
-    char tmp[64];
-    if (n == 0 || n >= sizeof tmp || p[0] == ' ' || p[0] == '\t' || memchr(p, 'x', n) ||
-        memchr(p, 'X', n))
-        return 0;
+    while (n && p[0] == ' ') p++, n--;
+    while (n && p[n - 1] == ' ') n--;
+    if (n == 0 || n > 4096 || memchr(p, 'x', n) || memchr(p, 'X', n)) return 0;
+    char tmp[4097];
     memcpy(tmp, p, n);
     tmp[n] = 0;
+    if (strpbrk(tmp, "\t\f\v")) return 0;
     char *end;
     errno = 0;
     *v = strtod(tmp, &end);
@@ -302,7 +374,10 @@ static mg_status parse_reply(const char *line, const char *mol, size_t idx, mg_s
     const char *tab = strchr(line, '\t');
     const size_t n0 = tab ? (size_t)(tab - line) : strlen(line);
     double v = 0;
-    if (n0 == 3 && !strncasecmp(line, "nan", 3)) {
+    size_t b0 = 0, e0 = n0; /* the score without the spaces around it */
+    while (b0 < e0 && line[b0] == ' ') b0++;
+    while (e0 > b0 && line[e0 - 1] == ' ') e0--;
+    if (e0 - b0 == 3 && !strncasecmp(line + b0, "nan", 3)) {
         r->valid = 0;
     } else if (!number(line, n0, &v) || isnan(v)) {
         return mg_fail(err, MG_ERR_FORMAT,
@@ -333,6 +408,14 @@ static mg_status parse_reply(const char *line, const char *mol, size_t idx, mg_s
         char **dst = kl == 9 && !memcmp(f, "canonical", 9) ? &r->canonical
                      : kl == 8 && !memcmp(f, "scaffold", 8) ? &r->scaffold
                                                              : NULL;
+        if (dst && vl > MG_SCORER_MAX_FIELD)
+            return mg_fail(err, MG_ERR_FORMAT,
+                           "the scorer's line for molecule %zu of the batch '%s': its %s field "
+                           "is %zu bytes, longer than %d (a field is kept for every scored "
+                           "molecule in the state)",
+                           idx + 1, cut(mol, mb, sizeof mb),
+                           kl == 9 ? "canonical=" : "scaffold=", vl,
+                           MG_SCORER_MAX_FIELD);
         if (dst) {
             free(*dst);
             if (!(*dst = dup_n(eq + 1, vl))) return mg_fail(err, MG_ERR_NOMEM, "out of memory");
@@ -346,6 +429,12 @@ static mg_status parse_reply(const char *line, const char *mol, size_t idx, mg_s
             if (!nb) return mg_fail(err, MG_ERR_NOMEM, "out of memory");
             r->comps = nb;
         }
+        if (clen + fl + 1 > MG_SCORER_MAX_FIELD)
+            return mg_fail(err, MG_ERR_FORMAT,
+                           "the scorer's line for molecule %zu of the batch '%s': its components "
+                           "take more than %d bytes (a field is kept for every scored molecule "
+                           "in the state)",
+                           idx + 1, cut(mol, mb, sizeof mb), MG_SCORER_MAX_FIELD);
         if (clen) r->comps[clen++] = ';';
         memcpy(r->comps + clen, f, fl);
         clen += fl;
@@ -395,6 +484,75 @@ done:
     return rc;
 }
 
+/* The heavy atoms of SMILES s as element symbols packed in a uint32
+ * (aromatic ones upper-cased: "c" and "C" both carbon, "[se]" "Se"; '*' a
+ * dummy atom; hydrogens "[H]" "[2H]" left out), sorted into a[] (room for
+ * strlen(s) atoms); their number. */
+static size_t heavy_atoms(const char *s, uint32_t *a) {
+    size_t n = 0;
+    for (const char *p = s; *p; p++) {
+        char sym[3] = {0, 0, 0};
+        if (*p == '[') {
+            const char *q = p + 1;
+            while (*q >= '0' && *q <= '9') q++; /* isotope */
+            if (*q == '*') sym[0] = '*';
+            else if (*q >= 'a' && *q <= 'z') /* aromatic: se as te, else one letter */
+                sym[0] = *q, sym[1] = (q[1] == 'e' && (*q == 's' || *q == 't')) ||
+                                              (*q == 'a' && q[1] == 's') ? q[1] : 0;
+            else if (*q >= 'A' && *q <= 'Z')
+                sym[0] = *q, sym[1] = q[1] >= 'a' && q[1] <= 'z' ? q[1] : 0;
+            while (*p && *p != ']') p++;
+            if (!*p) break;
+            if (sym[0] == 'H' && !sym[1]) continue; /* a hydrogen atom */
+        } else if ((p[0] == 'C' && p[1] == 'l') || (p[0] == 'B' && p[1] == 'r')) {
+            sym[0] = p[0], sym[1] = p[1];
+            p++;
+        } else if (strchr("BCNOPSFIbcnops*", *p) && *p) {
+            sym[0] = *p;
+        } else {
+            continue; /* bonds, branches, ring closures, '.' */
+        }
+        if (sym[0] >= 'a' && sym[0] <= 'z') sym[0] = (char)(sym[0] - 'a' + 'A');
+        a[n++] = (uint32_t)(unsigned char)sym[0] << 8 | (unsigned char)sym[1];
+    }
+    for (size_t i = 1; i < n; i++) /* insertion sort: molecules are small */
+        for (size_t j = i; j > 0 && a[j - 1] > a[j]; j--) {
+            const uint32_t t = a[j];
+            a[j] = a[j - 1], a[j - 1] = t;
+        }
+    return n;
+}
+
+/* Is spelling sp (field j of the scorer's !randomize line for request
+ * molecule i, mol) the same molecule? What can be checked without a
+ * toolkit: it is a SMILES (mg_smiles_syntax_ok) with the same heavy atoms
+ * (element multiset). A wrong answer would train the agent on another
+ * string (an answer "1" made it sample "1"). */
+static mg_status same_molecule(const char *mol, const char *sp, const char *line, size_t i, int j,
+                               mg_error *err) {
+    char why[96], mb[96], lb[96], sb[96];
+    if (!mg_smiles_syntax_ok(sp, why, sizeof why))
+        return mg_fail(err, MG_ERR_FORMAT,
+                       "the scorer's !randomize line '%s' for molecule %zu '%s': spelling %d "
+                       "'%s' is not a SMILES (%s)",
+                       cut(line, lb, sizeof lb), i + 1, cut(mol, mb, sizeof mb), j + 1,
+                       cut(sp, sb, sizeof sb), why);
+    const size_t lm = strlen(mol), ls = strlen(sp);
+    uint32_t *a = malloc((lm + ls + 2) * sizeof *a), *b = a ? a + lm + 1 : NULL;
+    if (!a) return mg_fail(err, MG_ERR_NOMEM, "out of memory");
+    const size_t na = heavy_atoms(mol, a), nb = heavy_atoms(sp, b);
+    const int same = na == nb && !memcmp(a, b, na * sizeof *a);
+    free(a);
+    if (!same)
+        return mg_fail(err, MG_ERR_FORMAT,
+                       "the scorer's !randomize line '%s' for molecule %zu '%s': spelling %d "
+                       "'%s' is another molecule (%zu heavy atoms against the molecule's %zu, or "
+                       "other elements)",
+                       cut(line, lb, sizeof lb), i + 1, cut(mol, mb, sizeof mb), j + 1,
+                       cut(sp, sb, sizeof sb), nb, na);
+    return MG_OK;
+}
+
 mg_status mg_scorer_randomize(mg_scorer *s, const char *const *smiles, const uint64_t *seeds,
                               size_t n, int k, char **out, mg_error *err) {
     memset(out, 0, n * (size_t)k * sizeof *out);
@@ -419,11 +577,13 @@ mg_status mg_scorer_randomize(mg_scorer *s, const char *const *smiles, const uin
     rc = exchange(s, req, o, n, lines, smiles, err);
     for (size_t i = 0; !rc && i < n; i++) {
         const char *p = lines[i];
-        for (int j = 0; j < k && *p; j++) {
+        for (int j = 0; !rc && j < k && *p; j++) {
             const char *t = strchr(p, '\t');
             const size_t l = t ? (size_t)(t - p) : strlen(p);
-            if (l && !(out[i * (size_t)k + j] = dup_n(p, l)))
+            char **dst = &out[i * (size_t)k + j];
+            if (l && !(*dst = dup_n(p, l)))
                 rc = mg_fail(err, MG_ERR_NOMEM, "out of memory");
+            if (*dst) rc = same_molecule(smiles[i], *dst, lines[i], i, j, err);
             p = t ? t + 1 : p + l;
         }
     }

@@ -7,19 +7,25 @@
  * per SMILES from its standard output, in order:
  *   SCORE[\tNAME=VALUE]...
  * SCORE is a decimal number in [0, 1] or "nan" (any case: the scorer cannot
- * score the molecule; molgen counts it invalid). Optional fields: canonical=
+ * score the molecule; molgen counts it invalid), spaces around it allowed. Optional fields: canonical=
  * (the molecule's canonical SMILES: molgen's cache and budget key),
  * scaffold= (its Murcko scaffold: the diversity filter's bucket), and
  * numeric components (name=number, kept in scored.csv); fields that are
- * neither are ignored.
+ * neither are ignored. Each of canonical=, scaffold= and a component
+ * (name=value) is at most MG_SCORER_MAX_FIELD bytes, the components kept
+ * together too (longer: MG_ERR_FORMAT naming the molecule and the field):
+ * they are kept for every scored molecule in molgen optimize's state.
  * Extension: the request "!randomize\tSEED\tN\tSMILES" is answered by one
  * line of N TAB-separated randomized SMILES of the molecule (or an empty
- * line: none).
+ * line: none); each must be a SMILES (mg_smiles_syntax_ok) with the
+ * request's heavy atoms (the same element multiset, aromatic or not),
+ * else MG_ERR_FORMAT naming the line: the agent trains on them.
  *
  * Nothing the scorer says is trusted: a SCORE that is not a number, is
  * infinite or lies outside [0, 1] (refused, never clipped), an answer
- * missing because the scorer exited or closed its output, and no answer
- * within the timeout are each MG_ERR_FORMAT / MG_ERR_IO with one message
+ * missing because the scorer exited (seen within 0.2 s + 0.5 s even when
+ * a process it started holds its output open) or closed its output, and no
+ * answer within the timeout are each MG_ERR_FORMAT / MG_ERR_IO with one message
  * naming the molecule and the scorer's line. SIGPIPE is ignored while the
  * scorer runs (a scorer that closed its input is an EPIPE error).
  *
@@ -38,6 +44,9 @@ extern "C" {
 #endif
 
 typedef struct mg_scorer mg_scorer;
+
+/* The longest canonical=, scaffold= or components of one answer, bytes. */
+#define MG_SCORER_MAX_FIELD 1024
 
 /* One answer. valid 0: "nan" (score 0). The strings are owned by the
  * reply (mg_score_reply_clear); canonical / scaffold NULL when not sent;

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cli_options.h"
@@ -105,13 +106,15 @@ static const char OPTIMIZE_USAGE[] =
     "the prior frozen) until --budget distinct molecules have been scored.\n";
 static const char OPTIMIZE_NOTES[] =
     "Scorer protocol: molgen writes one SMILES per line to the scorer's stdin,\n"
-    "flushes after each batch, and reads one line per SMILES, in order: a number\n"
-    "in [0, 1] or nan (cannot score: invalid, score 0, no budget), optionally\n"
+    "flushes after each batch, and reads one line per SMILES, in order (answer\n"
+    "each line as it is read, and flush): a number in [0, 1] or nan (cannot\n"
+    "score: invalid, score 0, no budget; spaces around it allowed), optionally\n"
     "followed by TAB-separated name=value fields: canonical=SMILES (the cache and\n"
     "budget key: two spellings cost one call), scaffold=SMILES (the diversity\n"
     "filter's bucket) and numeric components (kept in scored.csv). The request\n"
     "\"!randomize<TAB>SEED<TAB>N<TAB>SMILES\" is answered by one line of N\n"
-    "TAB-separated randomized SMILES (or an empty line). A line that is not a\n"
+    "TAB-separated randomized SMILES (or an empty line), each a SMILES of the\n"
+    "request's heavy atoms (checked: another molecule is an error). A line that is not a\n"
     "number, inf, a score outside [0, 1] (refused, never clipped), a missing\n"
     "line, the scorer exiting and no answer within --scorer-timeout each stop the\n"
     "run with an error naming the molecule and the line; the state of that step's\n"
@@ -270,10 +273,16 @@ static mg_status save(void *ctx, mg_opt *o, mg_error *err) {
     run_ctx *c = ctx;
     if (c->rank) return MG_OK; /* rank 0 writes DIR */
     const double secs = mg_now_s() - c->t0;
+    /* the four files are one save: a signal (two SIGINTs) waits for them */
+    mg_hold_stop_signals(1);
     mg_status rc = mg_opt_save(o, c->dir_agent, err);
+    const char *pause = getenv("MOLGEN_OPT_SAVE_PAUSE"); /* tests: seconds mid-save */
+    for (const double t1 = mg_now_s() + (pause ? atof(pause) : 0); !rc && mg_now_s() < t1;)
+        nanosleep(&(struct timespec){0, 10000000}, NULL);
     if (!rc) rc = write_out(c->dir_scored, o, 0, secs, err);
     if (!rc) rc = write_out(c->dir_best, o, 1, secs, err);
     if (!rc) rc = write_out(c->dir_summary, o, 2, secs, err);
+    mg_hold_stop_signals(0);
     return rc;
 }
 

@@ -41,6 +41,8 @@ for line in sys.stdin:
         _, seed, k, smi = s.split("\t")
         if logf: logf.write("!randomize\t" + smi + "\n"); logf.flush()
         m = Chem.MolFromSmiles(smi)
+        if os.environ.get("BAD_RANDOMIZE"):  # the same wrong answer for each
+            print("\t".join([os.environ["BAD_RANDOMIZE"]] * int(k)), flush=True); continue
         out = [] if m is None else [Chem.MolToSmiles(m, doRandom=True, canonical=False) for _ in range(int(k))]
         print("\t".join(out), flush=True)
         continue
@@ -113,6 +115,7 @@ def digest(path):
 LOSS_TOL = 1e-6
 GRAD_TOL = 1e-4  # test_model_torch.py's normwise criterion
 
+
 DAP_CONFIGS = [
     # layers, d_model, heads, ctx, vocab, batch, scores, sigma, seed
     (2, 16, 2, 8, 10, 4, "0.1,0.9,0,0.5", 128, 1),
@@ -164,6 +167,73 @@ def test_dap_gradient_matches_float64(tmp_path, cfg):
     assert abs(float(meta["loss"]) - loss.item()) / loss.item() <= LOSS_TOL
     for name, p in agent.named_parameters():
         g_t = p.grad.numpy()
+        g_c = t["grad." + name].astype(np.float64)
+        scale = np.abs(g_t).max()
+        assert scale > 0, name
+        assert np.abs(g_c - g_t).max() / scale <= GRAD_TOL, name
+
+
+def test_dap_step_with_replay_matches_float64(tmp_path, scorer):
+    """A real step's loss rows, sampled and replayed from the memory, against
+    float64 PyTorch: every row's prior NLL recomputed from the prior (the
+    replayed rows' are the stored ones in molgen), the agent of the saved
+    state before the step, the loss and its gradient (MOLGEN_OPT_DUMP_STEP
+    dumps the step). Kills a replayed row given another molecule's prior
+    NLL; the replayed rows' scores are the memory's."""
+    torch = pytest.importorskip("torch")
+    from molgen import torch_model as tm
+    d = tmp_path / "run"
+    args = ("--budget", 400, "--batch", 8, "--seed", 3, "--memory", 12, "--replay", 5,
+            "--df", "none", "--sigma", 60)
+    optimize(d, scorer, *args, "--stop-after", 3)
+    before = str(tmp_path / "before.safetensors")
+    with open(d / "agent.safetensors", "rb") as f, open(before, "wb") as g:
+        g.write(f.read())
+    dump = str(tmp_path / "step.safetensors")
+    resume(d, scorer, "--stop-after", 4, env={"MOLGEN_OPT_DUMP_STEP": dump})
+    t, meta = tm.load_safetensors(dump)
+    a, ameta = tm.load_safetensors(before)
+    p, _ = tm.load_safetensors(PRIOR)
+    mc = tm.Config.from_json(meta["config"])
+    state = json.loads(ameta["optimize"])
+    memory = {m: sc for m, sc in state["memory"]}
+    rmol = [int(x) for x in t["rows.replay_mol"]]
+    assert len(rmol) == 5 and len(set(rmol)) == 5 and all(m in memory for m in rmol)
+    sc = t["rows.scores"].astype(np.float64)
+    B = len(sc) - len(rmol)
+    assert list(sc[B:]) == [memory[m] for m in rmol]
+
+    def model(tensors):
+        m = tm.MolGPT(mc).double()
+        m.load_state_dict({n: torch.from_numpy(tensors[n].astype(np.float64))
+                           for n, _ in m.named_parameters()})
+        return m
+
+    agent, prior = model(a), model(p)
+    ids = torch.from_numpy(t["rows.ids"].astype(np.int64))
+    lengths = torch.from_numpy(t["rows.lengths"].astype(np.int64))
+    use = torch.from_numpy(t["rows.use"]) > 0
+    assert bool(use[B:].all())
+
+    def seq_nll(m):  # summed cross-entropy of each row's targets, EOS included
+        inp, tgt = ids[:, :-1], ids[:, 1:]
+        kl = lengths - 1
+        lg = m.logits(inp, kl)
+        mask = torch.arange(inp.shape[1])[None, :] < kl[:, None]
+        ce = torch.nn.functional.cross_entropy(lg.reshape(-1, lg.shape[-1]), tgt.reshape(-1),
+                                               reduction="none").reshape(tgt.shape)
+        return (ce * mask).sum(1)
+
+    with torch.no_grad():
+        prior_ll = -seq_nll(prior)
+    agent_ll = -seq_nll(agent)
+    sigma = float(meta["sigma"])
+    dd = (prior_ll + sigma * torch.from_numpy(sc) - agent_ll)[use]
+    loss = (dd ** 2).mean()
+    loss.backward()
+    assert abs(float(meta["loss"]) - loss.item()) / loss.item() <= LOSS_TOL  # measured 1.2e-7
+    for name, q in agent.named_parameters():
+        g_t = q.grad.numpy()
         g_c = t["grad." + name].astype(np.float64)
         scale = np.abs(g_t).max()
         assert scale > 0, name
@@ -301,6 +371,22 @@ def test_augmented_memory_uses_randomize(tmp_path, scorer):
              env={"LOG": str(log)})
     reqs = [l for l in log.read_text().splitlines() if l.startswith("!randomize")]
     assert reqs and len(read_scored(d)) == 96
+
+
+@pytest.mark.parametrize("answer,words", [
+    ("1", "is not a SMILES"),          # was: the agent trained on "1" and sampled it
+    ("CCO", "is another molecule"),    # a SMILES, not the molecule asked
+    ("C1CC1C", "is another molecule"),
+])
+def test_wrong_randomize_answer_is_an_error(tmp_path, scorer, answer, words):
+    d = tmp_path / "run"
+    r = optimize(d, scorer, "--budget", 96, "--batch", 16, "--augmented-memory", 2,
+                 env={"BAD_RANDOMIZE": answer}, check=False)
+    assert r.returncode == 1, r.stderr
+    first = r.stderr.strip().splitlines()
+    first = [l for l in first if not l.startswith("step ")][0]
+    assert "!randomize line '%s\t%s'" % (answer, answer) in first and words in first, first
+    assert "spelling 1 '%s'" % answer in first, first
 
 
 # ---------------------------------------------------------------- resume and faults

@@ -124,6 +124,18 @@ def test_bad_directory_is_one_line(tmp_path):
     assert rc.returncode == 1 and "needs the columns call, smiles and score" in rc.stderr
 
 
+def test_long_field_is_read(tmp_path):
+    """a scored.csv field past csv's 131072-byte default (a run of an older
+    molgen held a 900,000-byte scaffold): was "field larger than field limit" """
+    (tmp_path / "scored.csv").write_text(
+        "call,step,smiles,canonical,score,prior_nll,agent_nll,scaffold,components\n"
+        "1,0,CCO,CCO,0.5,20.0,20.0,%s,\n2,0,CCN,CCN,0.7,21.0,21.0,,\n" % ("C" * 900000))
+    rc = subprocess.run([sys.executable, "-m", "molgen.report", str(tmp_path)],
+                        capture_output=True, text=True, timeout=120)
+    assert rc.returncode == 0, rc.stderr
+    assert (tmp_path / "report.html").exists()
+
+
 def test_screenshot_not_blank(tmp_path):
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     if not browser:

@@ -59,6 +59,9 @@ def read_run(directory):
     (canonical SMILES), score (None: not scored), comps {name: value},
     prior_nll, agent_nll; scaffold None (render fills it in)."""
     path = os.path.join(directory, "scored.csv")
+    # any run molgen can write: fields are bounded at the scorer protocol
+    # (1 KiB), but older runs held longer ones than csv's 128 KiB default
+    csv.field_size_limit(max(csv.field_size_limit(), 1 << 30))
     with open(path, newline="") as f:
         reader = csv.DictReader(f)
         cols = reader.fieldnames or []
