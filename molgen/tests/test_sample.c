@@ -26,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "commands.h"
@@ -488,6 +489,12 @@ static void test_cmd(mg_model *m, const mg_vocab *v) {
     snprintf(out1, sizeof out1, "%s/sub/a.smi", dir);
     snprintf(out2, sizeof out2, "%s/b.smi", dir);
     CHECK(mg_model_save(m, v, model, &err) == 0, "%s", err.message);
+    /* an output in a directory that does not exist: refused before sampling */
+    char *a0[] = {"sample", "--model", model, "-n", "3", "--out", out1, NULL};
+    CHECK(cmd_sample((int)(sizeof a0 / sizeof *a0) - 1, a0) != 0, "output into a missing directory accepted");
+    char sub[300];
+    snprintf(sub, sizeof sub, "%s/sub", dir);
+    CHECK(mkdir(sub, 0700) == 0, "mkdir %s", sub);
     char *a1[] = {"sample", "--model", model, "-n",      "13", "--seed",  "5",   "--out",
                   out1,     "--batch", "4",   "--top-k", "5",  "--top-p", "0.9", "--temperature",
                   "0.8",    NULL};
@@ -527,8 +534,6 @@ static void test_cmd(mg_model *m, const mg_vocab *v) {
     remove(out1);
     remove(out2);
     remove(model);
-    char sub[320];
-    snprintf(sub, sizeof sub, "%s/sub", dir);
     remove(sub);
     remove(dir);
 }
