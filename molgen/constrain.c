@@ -72,7 +72,7 @@ static int allows(mg_token_mask *m, int r, int t) {
     return mg_smiles_state_kekule(m->trial, 0) ? 3 : 2;
 }
 
-int mg_token_mask_apply(mg_token_mask *m, int r, float *logits) {
+int mg_token_mask_apply(mg_token_mask *m, int r, float *logits, int fallback) {
     unsigned char lvl[MG_TOKEN_MASK_VMAX];
     int best = 0;
     for (int t = 0; t < m->V; t++) {
@@ -88,9 +88,12 @@ int mg_token_mask_apply(mg_token_mask *m, int r, float *logits) {
     }
     /* the length estimate is an estimate: when it leaves nothing, the
      * molecule goes on under the rules and may end without EOS at ctx_len
-     * (counted as truncated) rather than stop the run; the Kekulé check
+     * (counted as truncated) rather than stop the run. The Kekulé check
      * assumes more of the future than can always come (it is permissive),
-     * so when it leaves nothing the step goes on without it */
+     * so it can leave nothing after a prefix it let through: a dead end,
+     * which the caller answers by restarting the molecule, or (fallback)
+     * the step goes on without it */
+    if (best == 2 && !fallback) return -1;
     int left = 0;
     for (int t = 0; t < m->V; t++) {
         if (best && lvl[t] == best)

@@ -15,9 +15,10 @@
  * kept and the molecule may end at ctx_len without EOS); EOS is allowed
  * when the string may end (mg_smiles_state_end). At level VALENCE the
  * tokens (and EOS) after which the aromatic atoms can still be kekulised
- * (mg_smiles_state_kekule) are preferred: when that check leaves none, the
- * step keeps the others (it assumes more of the future than can always
- * come). PAD and BOS are never allowed.
+ * (mg_smiles_state_kekule) are the only ones allowed; when that check
+ * leaves none (it assumes more of the future than can always come) the
+ * molecule is at a dead end (mg_token_mask_apply). PAD and BOS are never
+ * allowed.
  *
  * Conventions: errors.h; nothing aborts or prints.
  */
@@ -47,8 +48,13 @@ void mg_token_mask_free(mg_token_mask *m); /* NULL fine */
 /* Row r starts a new molecule. */
 void mg_token_mask_reset_row(mg_token_mask *m, int r);
 /* Mask logits[V] of row r's next token. Returns the number of tokens left
- * (0: none can follow; the caller reports it as an error). */
-int mg_token_mask_apply(mg_token_mask *m, int r, float *logits);
+ * (0: none can follow; the caller reports it as an error), or, when the
+ * Kekulé check leaves no token the other rules allow (a dead end: its
+ * look-ahead let through a prefix no kekulisable string follows) and
+ * fallback is 0, -1 with logits untouched: the caller restarts the
+ * molecule. With fallback 1 a dead end keeps the tokens the other rules
+ * allow (the string then fails the Kekulé check). */
+int mg_token_mask_apply(mg_token_mask *m, int r, float *logits, int fallback);
 /* Row r appends token id t (not EOS). MG_ERR_ARG if the rules refuse it
  * (a token that apply masked). */
 mg_status mg_token_mask_push(mg_token_mask *m, int r, int t, mg_error *err);

@@ -291,6 +291,8 @@ void mg_samples_free(mg_samples *s) {
     free(s->smiles);
     free(s->ntok);
     free(s->ended);
+    free(s->restarts);
+    free(s->fallback);
     free(s->blob_);
     memset(s, 0, sizeof *s);
 }
@@ -302,7 +304,9 @@ static int samples_alloc(mg_samples *out, size_t n) {
     out->smiles = calloc(n ? n : 1, sizeof *out->smiles);
     out->ntok = calloc(n ? n : 1, sizeof *out->ntok);
     out->ended = calloc(n ? n : 1, sizeof *out->ended);
-    if (out->smiles && out->ntok && out->ended) return 1;
+    out->restarts = calloc(n ? n : 1, sizeof *out->restarts);
+    out->fallback = calloc(n ? n : 1, sizeof *out->fallback);
+    if (out->smiles && out->ntok && out->ended && out->restarts && out->fallback) return 1;
     mg_samples_free(out);
     return 0;
 }
@@ -454,7 +458,23 @@ static mg_status sample_part(mg_model *m, const mg_vocab *v, const mg_sample_opt
                 continue;
             }
             const size_t k = mol[r];
-            if (mask && mg_token_mask_apply(mask, r, logits + (size_t)r * V) == 0) {
+            int left = mask ? mg_token_mask_apply(mask, r, logits + (size_t)r * V, 0) : 1;
+            if (left < 0 && out->restarts[k] >= MG_SAMPLE_RESTARTS) {
+                /* restarted often enough: this time the check goes */
+                out->fallback[k] = 1;
+                left = mg_token_mask_apply(mask, r, logits + (size_t)r * V, 1);
+            } else if (left < 0) { /* a Kekulé dead end: the molecule starts again */
+                out->restarts[k]++;
+                rc = mg_decoder_restart_row(dec, r, err);
+                if (!rc && guide) rc = mg_decoder_restart_row(dec, B + r, err);
+                if (rc) goto done;
+                tok[r] = MG_BOS;
+                len[r] = 0;
+                fed[r] = 0;
+                mg_token_mask_reset_row(mask, r);
+                continue;
+            }
+            if (mask && left == 0) {
                 mg_token_mask_prefix(mask, r, sbuf, slen);
                 rc = mg_fail(err, MG_ERR_STATE,
                              "molecule %zu position %d: no token can follow '%s' under "
@@ -496,6 +516,8 @@ static mg_status sample_part(mg_model *m, const mg_vocab *v, const mg_sample_opt
             out->ntok[k] = len[r];
             out->tokens += len[r] + (out->ended[k] ? 1 : 0);
             if (!out->ended[k]) out->truncated++;
+            out->restarts_total += (size_t)out->restarts[k];
+            out->fallbacks += out->fallback[k];
             rc = mg_decoder_restart_row(dec, r, err);
             if (!rc && guide) rc = mg_decoder_restart_row(dec, B + r, err);
             if (rc) goto done;
@@ -532,14 +554,18 @@ done:
 
 mg_status mg_samples_pack(const mg_samples *s, char **buf, size_t *bytes, mg_error *err) {
     size_t total = 0;
-    for (size_t i = 0; i < s->n; i++) total += 1 + sizeof(int32_t) + strlen(s->smiles[i]) + 1;
+    for (size_t i = 0; i < s->n; i++) total += 2 + 2 * sizeof(int32_t) + strlen(s->smiles[i]) + 1;
     char *p = *buf = malloc(total ? total : 1);
     *bytes = total;
     if (!p) return mg_fail(err, MG_ERR_NOMEM, "out of memory");
     for (size_t i = 0; i < s->n; i++) {
         const int32_t t = s->ntok[i];
         const size_t sl = strlen(s->smiles[i]) + 1;
+        const int32_t rs = s->restarts[i];
         *p++ = (char)s->ended[i];
+        *p++ = (char)s->fallback[i];
+        memcpy(p, &rs, sizeof rs);
+        p += sizeof rs;
         memcpy(p, &t, sizeof t);
         p += sizeof t;
         memcpy(p, s->smiles[i], sl);
@@ -555,15 +581,20 @@ mg_status mg_samples_unpack(const char *buf, size_t bytes, size_t n, mg_samples 
     const char *q = buf, *end = buf + bytes;
     mg_status rc = MG_OK;
     for (size_t k = 0; !rc && k < n; k++) {
-        const char *z = q + 1 + sizeof(int32_t);
+        const char *z = q + 2 + 2 * sizeof(int32_t);
         const size_t sl = z < end ? strnlen(z, (size_t)(end - z)) + 1 : 0;
         if (!sl || z + sl > end) {
             rc = mg_fail(err, MG_ERR_STATE, "the ranks sent %zu molecules, not %zu", k, n);
             break;
         }
-        int32_t t;
-        out->ended[k] = (unsigned char)*q;
-        memcpy(&t, q + 1, sizeof t);
+        int32_t t, rs;
+        out->ended[k] = (unsigned char)q[0];
+        out->fallback[k] = (unsigned char)q[1];
+        memcpy(&rs, q + 2, sizeof rs);
+        memcpy(&t, q + 2 + sizeof rs, sizeof t);
+        out->restarts[k] = rs;
+        out->restarts_total += (size_t)rs;
+        out->fallbacks += out->fallback[k];
         out->ntok[k] = t;
         if (!(out->smiles[k] = malloc(sl))) {
             rc = mg_fail(err, MG_ERR_NOMEM, "out of memory");
@@ -640,10 +671,14 @@ static mg_status sample_range(mg_model *m, const mg_vocab *v, const mg_sample_op
                 out->smiles[k] = ps[t].smiles[i];
                 out->ntok[k] = ps[t].ntok[i];
                 out->ended[k] = ps[t].ended[i];
+                out->restarts[k] = ps[t].restarts[i];
+                out->fallback[k] = ps[t].fallback[i];
                 ps[t].smiles[i] = NULL;
             }
             out->tokens += ps[t].tokens;
             out->truncated += ps[t].truncated;
+            out->restarts_total += ps[t].restarts_total;
+            out->fallbacks += ps[t].fallbacks;
         }
         out->seconds = mg_now_s() - t0;
     }

@@ -31,7 +31,12 @@
  * are set to -inf; the draw itself (and its one uniform from the
  * molecule's stream) is unchanged, so unconstrained output is bitwise what
  * it was, and no allowed token means MG_ERR_STATE with the molecule's
- * prefix.
+ * prefix. When the mask's Kekulé look-ahead leaves no token (a dead end)
+ * the molecule starts again from BOS, drawing on from its own stream:
+ * rejection of the prefix, so the molecules that come out are the masked
+ * sampler's conditioned on never meeting a dead end; counted per molecule
+ * (mg_samples.restarts; after MG_SAMPLE_RESTARTS the check is dropped at
+ * the next dead end instead, counted in fallback).
  *
  * Generation stops at EOS or when a row has ctx_len tokens after BOS
  * (scaffold prefix included: the longest the model has positions for);
@@ -162,18 +167,29 @@ typedef struct {
     int *ntok;            /* n: tokens before EOS (or ctx_len if truncated) */
     unsigned char *ended; /* n: 1 ended by EOS, 0 truncated at ctx_len */
     size_t truncated;     /* molecules without EOS */
+    /* constrained sampling (constrain.h): per molecule, the times it was
+     * restarted at a Kekulé dead end, and 1 when it hit MG_SAMPLE_RESTARTS
+     * of them and went on with the check dropped at the next (its string
+     * may then fail kekulisation); the sums over the molecules */
+    int *restarts;
+    unsigned char *fallback;
+    size_t restarts_total, fallbacks;
     int64_t tokens;       /* sum of ntok (+1 per EOS) */
     double seconds;       /* wall time of the generation */
     /* private: */
     char *blob_;
 } mg_samples;
 
+/* Kekulé dead ends (constrain.h) a molecule restarts at before the check
+ * is dropped for it. */
+#define MG_SAMPLE_RESTARTS 100
+
 /* Generate o->n molecules. */
 mg_status mg_sample(mg_model *m, const mg_vocab *v, const mg_sample_opts *o, mg_samples *out,
                     mg_error *err);
 void mg_samples_free(mg_samples *s); /* zeroes it; NULL fine */
 /* A sample set as bytes for the ranks to exchange: per molecule
- * [ended: 1 byte][ntok: int32][SMILES, NUL]. pack: *buf (malloc'd, the
+ * [ended: 1 byte][fallback: 1 byte][restarts: int32][ntok: int32][SMILES, NUL]. pack: *buf (malloc'd, the
  * caller frees) of *bytes; unpack: the n molecules of buf[0..bytes) into
  * out (freed first; tokens and truncated counted), MG_ERR_STATE when they are not there. */
 mg_status mg_samples_pack(const mg_samples *s, char **buf, size_t *bytes, mg_error *err);

@@ -154,6 +154,8 @@ typedef struct {
     int a, b;
     int order2; /* twice the bond order; implicit counted as single, ':' 0 */
     int arom;   /* no symbol, ':', '/' or '\\': aromatic between aromatic atoms */
+    int cyc;    /* on a cycle of the bonds so far (masks; exact while no ring
+                   closure joined two fragments, see xfrag) */
 } bondrec;
 
 typedef struct {
@@ -175,6 +177,7 @@ typedef struct {
     int maxdeg; /* VALENCE: most neighbours (aromatic atoms: 3), 0 = unchecked */
     int h2;     /* twice the bracket H count */
     int parent; /* the atom it bonded to when it came (-1: first of a fragment) */
+    int pbond;  /* the bond to parent (-1: none) */
     int depth;  /* atoms above it through parent */
     int cyc;    /* on a cycle of the bonds so far (tree paths of the closures) */
     char sym;   /* aromatic atoms: c n o s p b unbracketed, 'x' bracket (z below) */
@@ -214,8 +217,10 @@ static int bond_order2(char sym) {
 
 /* Atoms on a cycle: those with an incident bond that is not a bridge
  * (iterative Tarjan low-link; the graph has no parallel edges). Sets
- * inring[a] = 1. Returns 0, or -1 on out-of-memory. */
-static int ring_atoms(int natoms, const bondrec *bonds, int nbonds, unsigned char *inring) {
+ * inring[a] = 1, and bcyc[e] = 1 for the bonds on a cycle when bcyc is not
+ * NULL. Returns 0, or -1 on out-of-memory. */
+static int ring_atoms(int natoms, const bondrec *bonds, int nbonds, unsigned char *inring,
+                      unsigned char *bcyc) {
     int *deg = calloc((size_t)natoms + 1, sizeof *deg);
     int *adj = malloc(((size_t)nbonds * 2 + 1) * sizeof *adj); /* edge ids */
     int *disc = malloc(((size_t)natoms + 1) * sizeof *disc);
@@ -259,8 +264,9 @@ static int ring_atoms(int natoms, const bondrec *bonds, int nbonds, unsigned cha
                     disc[v] = low[v] = time++;
                     pedge[v] = e;
                     stk[top++] = v;
-                } else if (disc[v] < low[u]) {
-                    low[u] = disc[v]; /* back edge: u and v are on a cycle */
+                } else {
+                    if (bcyc) bcyc[e] = 1; /* back edge: on a cycle */
+                    if (disc[v] < low[u]) low[u] = disc[v];
                 }
             } else {
                 top--;
@@ -271,6 +277,7 @@ static int ring_atoms(int natoms, const bondrec *bonds, int nbonds, unsigned cha
                     if (low[u] <= disc[p]) { /* tree edge p-u is not a bridge */
                         inring[u] = 1;
                         inring[p] = 1;
+                        if (bcyc) bcyc[e] = 1;
                     }
                 }
             }
@@ -300,6 +307,8 @@ struct mg_smiles_state {
     int cur; /* the atom new atoms / ring bonds attach to */
     int sp, natoms, nbonds, nring_open;
     int bond_after_open; /* the pending bond came right after '(' */
+    int xfrag;           /* a ring closure joined two fragments (C1.C1): the
+                            parent tree no longer spans, bonds' cyc is a lower bound */
     char bsym;           /* pending bond symbol, 0 = implicit */
     int ring_atom[100], ring_pos[100];
     char ring_sym[100];
@@ -308,6 +317,7 @@ struct mg_smiles_state {
     atomrec *atoms;
     unsigned char *inring; /* scratch of the end check and of viable */
     int *kwork;            /* scratch of kekule_ok: 3 (natoms + 1) + 2 nbonds <= 6 (cap + 1) ints */
+    unsigned char *bwork;  /* scratch of kekule_ok: a flag per bond (cap + 1) */
     const char *src;       /* the whole string when known: atoms named in messages */
 };
 
@@ -343,8 +353,9 @@ mg_status mg_smiles_state_new(int cap, mg_constrain level, mg_smiles_state **out
         s->atoms = malloc((size_t)(cap + 1) * sizeof *s->atoms);
         s->inring = malloc((size_t)cap + 1);
         s->kwork = malloc((size_t)(cap + 1) * 6 * sizeof *s->kwork);
+        s->bwork = malloc((size_t)cap + 1);
     }
-    if (!s || !s->stack || !s->bonds || !s->atoms || !s->inring || !s->kwork) {
+    if (!s || !s->stack || !s->bonds || !s->atoms || !s->inring || !s->kwork || !s->bwork) {
         mg_smiles_state_free(s);
         return mg_fail(err, MG_ERR_NOMEM, "smiles state: out of memory for %d tokens", cap);
     }
@@ -362,6 +373,7 @@ void mg_smiles_state_free(mg_smiles_state *s) {
     free(s->atoms);
     free(s->inring);
     free(s->kwork);
+    free(s->bwork);
     free(s);
 }
 
@@ -371,6 +383,7 @@ void mg_smiles_state_reset(mg_smiles_state *s) {
     s->cur = -1;
     s->sp = s->natoms = s->nbonds = s->nring_open = 0;
     s->bond_after_open = 0;
+    s->xfrag = 0;
     s->bsym = 0;
     s->src = NULL;
     for (int d = 0; d < 100; d++) s->ring_atom[d] = -1;
@@ -382,6 +395,7 @@ void mg_smiles_state_copy(mg_smiles_state *dst, const mg_smiles_state *src) {
     atomrec *atoms = dst->atoms;
     unsigned char *inring = dst->inring;
     int *kwork = dst->kwork;
+    unsigned char *bwork = dst->bwork;
     const int cap = dst->cap;
     memcpy(dst, src, sizeof *dst);
     dst->stack = stack;
@@ -389,6 +403,7 @@ void mg_smiles_state_copy(mg_smiles_state *dst, const mg_smiles_state *src) {
     dst->atoms = atoms;
     dst->inring = inring;
     dst->kwork = kwork;
+    dst->bwork = bwork;
     dst->cap = cap;
     memcpy(stack, src->stack, (size_t)src->sp * sizeof *stack);
     memcpy(bonds, src->bonds, (size_t)src->nbonds * sizeof *bonds);
@@ -624,12 +639,13 @@ static int arom_sym(char sym) { return !sym || sym == ':' || sym == '/' || sym =
 
 /* A bond of twice-order o2 between atoms x and y (arom: written with no
  * symbol, ':', '/' or '\\': aromatic between aromatic atoms, as RDKit reads
- * them). */
-static void add_bond(mg_smiles_state *s, int x, int y, int o2, int arom) {
+ * them); returns its index. */
+static int add_bond(mg_smiles_state *s, int x, int y, int o2, int arom) {
     s->bonds[s->nbonds].a = x;
     s->bonds[s->nbonds].b = y;
     s->bonds[s->nbonds].order2 = o2;
     s->bonds[s->nbonds].arom = arom;
+    s->bonds[s->nbonds].cyc = 0;
     s->nbonds++;
     atomrec *ax = &s->atoms[x], *ay = &s->atoms[y];
     ax->val2 += o2;
@@ -640,12 +656,15 @@ static void add_bond(mg_smiles_state *s, int x, int y, int o2, int arom) {
         ax->dbl_o |= ay->oxygen || (ax->nitrogen && ay->nitrogen);
         ay->dbl_o |= ax->oxygen || (ax->nitrogen && ay->nitrogen);
     }
+    return s->nbonds - 1;
 }
 
 /* Marks the atoms on the tree path between atoms u and v (through parent;
  * nothing when they are in different fragments): m[z] = 1, or with m NULL
- * their cyc flags. */
-static void mark_path(mg_smiles_state *s, int u, int v, unsigned char *m) {
+ * their cyc flags and those of the path's bonds; with bm, bm[b] = 1 for the
+ * path's bonds b (and no atom marks when m is NULL too). Returns 0 when u
+ * and v are in different fragments, else 1. */
+static int mark_path(mg_smiles_state *s, int u, int v, unsigned char *m, unsigned char *bm) {
     int x = u, y = v;
     while (x >= 0 && y >= 0 && x != y) {
         if (s->atoms[x].depth >= s->atoms[y].depth)
@@ -653,15 +672,21 @@ static void mark_path(mg_smiles_state *s, int u, int v, unsigned char *m) {
         else
             y = s->atoms[y].parent;
     }
-    if (x < 0 || y < 0) return;
+    if (x < 0 || y < 0) return 0;
     for (int pass = 0; pass < 2; pass++)
         for (int z = pass ? v : u;; z = s->atoms[z].parent) {
             if (m)
                 m[z] = 1;
-            else
+            else if (!bm)
                 s->atoms[z].cyc = 1;
             if (z == x) break;
+            /* the bond z - parent(z) is on the path */
+            if (bm)
+                bm[s->atoms[z].pbond] = 1;
+            else if (!m)
+                s->bonds[s->atoms[z].pbond].cyc = 1;
         }
+    return 1;
 }
 
 /* The ring digits open now, ascending, into d [100]; returns how many. The
@@ -695,8 +720,9 @@ static int pending_aromatic(const mg_smiles_state *s) {
  *         several valences or with more room (permissive: never a reason
  *         to refuse);
  * and the question is whether the aromatic bonds (written without a symbol,
- * with ':' or with '/' '\'; chain bonds between rings too, permissive
- * again) between non-OUT atoms hold a matching that covers every MUST
+ * with ':' or with '/' '\') on a cycle (kk_cyclic: RDKit makes no bridge
+ * double; while the string is written, also those a later ring closure can
+ * still put on one) between non-OUT atoms hold a matching that covers every MUST
  * atom. An explicit '-' is single (RDKit keeps it so), also when it is
  * still pending after cur. With future = 1 (a string still being written)
  * a MUST atom that new bonds can still reach (cur or a branch point with
@@ -708,6 +734,7 @@ static int pending_aromatic(const mg_smiles_state *s) {
  * over the MUST atoms in order; past a budget of steps the answer is yes
  * (permissive). Returns 1 if a matching may exist, 0 if none can. */
 enum { K_OUT = 0, K_MUST = 1, K_MAY = 2 };
+#define MG_KK_ACTIVE 256 /* atoms new bonds can reach that kk_cyclic follows */
 
 typedef struct {
     const unsigned char *role;
@@ -788,9 +815,51 @@ static int kk_role(const atomrec *r, int has_double, int val2, int committed_aro
     return K_MUST;
 }
 
+/* Which bonds may be double in the kekulisation, into cand[nbonds]: RDKit
+ * makes no bridge double (c1cc(=O)ccc1c1cc(=O)ccc1 is refused), so only the
+ * bonds on a cycle; with future, also those that a later ring closure can
+ * still put on one: the tree paths between the atoms new bonds can reach
+ * (cur, the branch points, the atoms holding open ring bonds). Returns 0,
+ * or -1 when out of memory. */
+static int kk_cyclic(mg_smiles_state *s, int future, unsigned char *cand) {
+    const int nb = s->nbonds;
+    if (s->xfrag) { /* the parent tree does not span: exact at the end only */
+        if (future) {
+            memset(cand, 1, (size_t)nb);
+            return 0;
+        }
+        memset(cand, 0, (size_t)nb);
+        return ring_atoms(s->natoms, s->bonds, nb, s->inring, cand);
+    }
+    int open = 0;
+    for (int k = 0; k < nb; k++) {
+        cand[k] = (unsigned char)s->bonds[k].cyc;
+        open |= !cand[k] && s->bonds[k].arom && s->bonds[k].order2 == 2 &&
+                s->atoms[s->bonds[k].a].aromatic && s->atoms[s->bonds[k].b].aromatic;
+    }
+    if (!future || !open) return 0;
+    int act[MG_KK_ACTIVE], na = 0, od[100];
+    const int nod = open_rings(s, od);
+    if (s->cur >= 0 && s->prev != P_DOT) act[na++] = s->cur;
+    for (int k = 0; k < s->sp && na < MG_KK_ACTIVE; k++) act[na++] = s->stack[k];
+    for (int q = 0; q < nod && na < MG_KK_ACTIVE; q++) act[na++] = s->ring_atom[od[q]];
+    if (na >= MG_KK_ACTIVE) { /* more than the mask ever sees: permissive */
+        memset(cand, 1, (size_t)nb);
+        return 0;
+    }
+    /* the union of the paths between them: per fragment, the paths from
+     * each to the first of them in its fragment (a tree's Steiner tree) */
+    for (int i = 1; i < na; i++)
+        for (int j = 0; j < i; j++)
+            if (mark_path(s, act[i], act[j], NULL, cand)) break;
+    return 0;
+}
+
 static int kekule_ok(mg_smiles_state *s, int future) {
     if (s->level != MG_CONSTRAIN_VALENCE || s->natoms == 0) return 1;
     const int n = s->natoms;
+    unsigned char *cand = s->bwork;
+    if (kk_cyclic(s, future, cand) != 0) return 1; /* out of memory: permissive */
     unsigned char *role = s->inring;
     int *match = s->kwork, *start = match + (n + 1), *fill = start + (n + 1),
         *adj = fill + (n + 1); /* adj: 2 per bond */
@@ -855,7 +924,9 @@ static int kekule_ok(mg_smiles_state *s, int future) {
     for (int pass = 0; pass < 2; pass++) {
         for (int k = 0; k < s->nbonds; k++) {
             const bondrec *b = &s->bonds[k];
-            if (b->order2 != 2 || !b->arom || role[b->a] == K_OUT || role[b->b] == K_OUT) continue;
+            if (b->order2 != 2 || !b->arom || !cand[k] || role[b->a] == K_OUT ||
+                role[b->b] == K_OUT)
+                continue;
             if (pass == 0) {
                 start[b->a + 1]++;
                 start[b->b + 1]++;
@@ -913,13 +984,14 @@ int mg_smiles_state_push(mg_smiles_state *s, const char *t, int l, char *why, si
         if (s->level == MG_CONSTRAIN_VALENCE) valence_limits(a, t, &bi);
         int a_id = s->natoms++;
         a->parent = -1;
+        a->pbond = -1;
         if (s->prev != P_NONE && s->prev != P_DOT) {
             a->parent = s->cur;
             a->depth = s->atoms[s->cur].depth + 1;
             const int o2 = order2_at(s, s->bsym);
             if (mask && (!fits(s, &s->atoms[s->cur], o2, 1) || !fits(s, a, o2, 1)))
                 return reject(why, n, "position %d: %.*s: bond exceeds a valence", pos, l, t);
-            add_bond(s, s->cur, a_id, o2, arom_sym(s->bsym));
+            a->pbond = add_bond(s, s->cur, a_id, o2, arom_sym(s->bsym));
             if (mask && (!fits(s, &s->atoms[s->cur], 0, 0) || !fits(s, a, 0, 0)))
                 return reject(why, n, "position %d: %.*s: bond exceeds a valence", pos, l, t);
         } else if (mask && !fits(s, a, 0, 0)) {
@@ -986,8 +1058,14 @@ int mg_smiles_state_push(mg_smiles_state *s, const char *t, int l, char *why, si
             ap->deg--;
             if (mask && (!fits(s, ac, order2, 1) || !fits(s, ap, order2, 1)))
                 return reject(why, n, "position %d: ring bond %d exceeds a valence", pos, d);
-            add_bond(s, s->cur, partner, order2, arom_sym(s->bsym) && arom_sym(sym_open));
-            if (mask) mark_path(s, s->cur, partner, NULL);
+            const int b = add_bond(s, s->cur, partner, order2,
+                                   arom_sym(s->bsym) && arom_sym(sym_open));
+            if (mask) {
+                if (mark_path(s, s->cur, partner, NULL, NULL))
+                    s->bonds[b].cyc = 1;
+                else
+                    s->xfrag = 1; /* joins two fragments: a bridge for now */
+            }
             if (mask && (!fits(s, ac, 0, 0) || !fits(s, ap, 0, 0)))
                 return reject(why, n, "position %d: ring bond %d exceeds a valence", pos, d);
             s->ring_atom[d] = -1;
@@ -1049,7 +1127,7 @@ int mg_smiles_state_end(mg_smiles_state *s, char *why, size_t n) {
     for (int a = 0; a < s->natoms; a++) any |= s->atoms[a].aromatic;
     if (any) {
         memset(s->inring, 0, (size_t)s->natoms);
-        if (ring_atoms(s->natoms, s->bonds, s->nbonds, s->inring) != 0)
+        if (ring_atoms(s->natoms, s->bonds, s->nbonds, s->inring, NULL) != 0)
             return reject(why, n, "out of memory");
         for (int a = 0; a < s->natoms; a++)
             if (s->atoms[a].aromatic && !s->inring[a])
@@ -1097,7 +1175,7 @@ int mg_smiles_state_viable(mg_smiles_state *s) {
         const int via_x = k == s->sp && pend; /* a ring bond at X passes through cur */
         if (room2) m[a] = 1;
         if (!room && !via_x) continue;
-        for (int q = 0; q < nod; q++) mark_path(s, s->ring_atom[od[q]], a, m);
+        for (int q = 0; q < nod; q++) mark_path(s, s->ring_atom[od[q]], a, m, NULL);
     }
     for (int a = 0; a < s->natoms; a++)
         if (s->atoms[a].aromatic && !s->atoms[a].cyc && !m[a]) return 0;

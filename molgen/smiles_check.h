@@ -117,8 +117,11 @@ int mg_smiles_state_viable(mg_smiles_state *s);
  * (nothing can be reached). o, s (valence 2), [nH] and n with three bonds
  * take no double bond; p, b, n need one with two bonds. Permissive where
  * unsure (se, te, P(V) and bracket atoms of several valences may take one
- * or not; every aromatic bond, chain bonds included, may become double; an
- * explicit '-' never does); 1 at the other levels. Checked on every molecule of the shared corpora (none is
+ * or not; an explicit '-' never becomes double); only bonds on a cycle may (RDKit
+ * makes no chain bond double: c1cc(=O)ccc1c1cc(=O)ccc1 is refused), and,
+ * while a string is written, the chain bonds a later ring closure can still
+ * put on one (on a tree path between cur, the branch points and the atoms
+ * holding open ring bonds); 1 at the other levels. Checked on every molecule of the shared corpora (none is
  * refused) and on RDKit's verdicts for ring systems (smiles_check tests). */
 int mg_smiles_state_kekule(mg_smiles_state *s, int final);
 /* The whole string through the parser at a level, as constrained sampling

@@ -176,6 +176,10 @@ static mg_status write_meta(const sample_job *j, mg_error *err) {
     bad = bad || mg_json_put(js, "threads",
                              json_integer(a->threads > 0 ? a->threads : mg_default_threads()));
     bad = bad || mg_json_put(js, "no_eos", json_integer((json_int_t)j->s.truncated));
+    if (o->constrain == MG_CONSTRAIN_VALENCE) {
+        bad = bad || mg_json_put(js, "kekule_restarts", json_integer((json_int_t)j->s.restarts_total));
+        bad = bad || mg_json_put(js, "kekule_fallbacks", json_integer((json_int_t)j->s.fallbacks));
+    }
     char *text = bad ? NULL : mg_json_dump(js, 9);
     json_decref(js);
     if (!text)
@@ -364,6 +368,11 @@ static void print_summary(const sample_job *j, const smiles_out *w) {
             "constrain %s\n",
             s->n ? (double)w->valid / (double)s->n : 0.0, w->valid, s->n, w->empty, s->truncated,
             mg_constrain_name(j->o.constrain));
+    if (j->o.constrain == MG_CONSTRAIN_VALENCE)
+        fprintf(stderr,
+                "kekule dead ends: %zu restarts (molecules begun again), %zu molecules went on "
+                "without the check after %d restarts\n",
+                s->restarts_total, s->fallbacks, MG_SAMPLE_RESTARTS);
     if (!j->meta_path)
         fprintf(stderr,
                 "molgen sample: --out %s is written through (a FIFO, a device or the standard "

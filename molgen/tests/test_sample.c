@@ -650,7 +650,7 @@ static void test_constrained(void) {
     mg_token_mask *mask = NULL;
     CHECK(!mg_token_mask_new(v, 1, 8, MG_CONSTRAIN_VALENCE, &mask, &err), "%s", err.message);
     if (mask) {
-        CHECK(mg_token_mask_apply(mask, 0, lg) == 0, "a token allowed before any atom");
+        CHECK(mg_token_mask_apply(mask, 0, lg, 0) == 0, "a token allowed before any atom");
         for (int t = 0; t < mg_vocab_size(v); t++) CHECK(lg[t] == -INFINITY, "logit %d kept", t);
     }
     mg_token_mask_free(mask);
