@@ -283,7 +283,7 @@ int64_t attn_fused_forward_scratch(const attn_problem *pr);
  * parallelise over key and query blocks). Either gives bit-identical
  * results. */
 static inline int attn_fused_bwd_one_pass(const attn_problem *pr) {
-    const int64_t bh = pr->B * pr->H, T = pr->threads;
+    const int64_t bh = pr->B * pr->Hkv, T = pr->threads; /* an item: a K/V head's group */
     if (T <= 1) return 1;
     const int64_t rounds = (bh + T - 1) / T;
     return rounds * T * 3 <= bh * 4;
@@ -296,8 +296,8 @@ static inline int attn_fused_varlen_one_pass(const attn_problem *pr, const attn_
     for (int64_t s = 0; s < varlen->n; s++) {
         const double w = (double)(varlen->cu_q[s + 1] - varlen->cu_q[s]) *
                          (double)(varlen->cu_k[s + 1] - varlen->cu_k[s]);
-        total += w * (double)pr->H;
-        largest = w > largest ? w : largest;
+        total += w * (double)pr->H; /* an item: a K/V head's group of query heads */
+        largest = w * (double)pr->group > largest ? w * (double)pr->group : largest;
     }
     return largest * 3.0 * pr->threads <= total;
 }

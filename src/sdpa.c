@@ -22,11 +22,14 @@ static void report(attn_sdpa_info *info, const char *op, attn_impl impl, const c
 /* Which of the attention variants (attn.h) a call uses that the fused
  * kernels for it do not take yet (NULL: none). */
 static const char *fused_lacks(const attn_problem *pr, const attn_varlen *varlen, int backward) {
-    (void)varlen, (void)backward;
-    if (pr->group > 1) return "grouped-query attention";
-    if (pr->softcap > 0.0f) return "soft-capping";
-    if (pr->alibi) return "ALiBi";
-    if (pr->sinks) return "attention sinks";
+    (void)varlen;
+    /* fp32 (and bf16 with weights, widened to fp32): all of them */
+    if (pr->dtype != ATTN_BF16) return NULL;
+    (void)backward;
+    if (pr->group > 1) return "grouped-query attention in bf16";
+    if (pr->softcap > 0.0f) return "soft-capping in bf16";
+    if (pr->alibi) return "ALiBi in bf16";
+    if (pr->sinks) return "attention sinks in bf16";
     return NULL;
 }
 

@@ -202,10 +202,15 @@ static void run_errs(const vdims *d, lbufs *L, const attn_sdpa_params *p0, attn_
     attn_sdpa_params p = *p0;
     p.impl = impl, p.num_threads = threads, p.d_sinks = L->ds;
     attn_error err;
-    attn_status s = attn_sdpa_forward(&tq, &tk, &tv, &p, &to, L->w, L->lse, NULL, &err);
+    attn_sdpa_info fi, bi;
+    attn_status s = attn_sdpa_forward(&tq, &tk, &tv, &p, &to, L->w, L->lse, &fi, &err);
     CHECK(s == ATTN_OK, "forward: %s", err.message);
-    s = attn_sdpa_backward(&tq, &tk, &tv, &to, L->lse, &tg, &p, &tdq, &tdk, &tdv, NULL, &err);
+    s = attn_sdpa_backward(&tq, &tk, &tv, &to, L->lse, &tg, &p, &tdq, &tdk, &tdv, &bi, &err);
     CHECK(s == ATTN_OK, "backward: %s", err.message);
+    /* auto: the fused kernels take every variant (fp32) */
+    const attn_impl want = impl == ATTN_IMPL_AUTO ? ATTN_IMPL_FUSED : impl;
+    CHECK(fi.impl == want && bi.impl == want, "impl %d: forward ran %d (%s), backward %d (%s)",
+          (int)impl, (int)fi.impl, fi.reason, (int)bi.impl, bi.reason);
     const size_t no = (size_t)(B * H * d->Lq * d->Dv), nr = (size_t)(B * H * d->Lq);
     e[0] = tu_maxdiff(L->o, want_o, no) / fmax(maxabs_d(want_o, no), 1e-3);
     e[1] = tu_maxdiff(L->lse, want_lse, nr);
@@ -379,11 +384,14 @@ static void test_threads(void) {
             p.causal = 1, p.use_softcap = 1, p.softcap = 3.0f, p.alibi_slopes = slopes;
             p.sinks = sinks, p.d_sinks = ds, p.num_threads = t ? 3 : 1;
             attn_error err;
-            CHECK(attn_sdpa_forward(&tq, &tk, &tv, &p, &to, NULL, lse, NULL, &err) == ATTN_OK, "%s",
+            attn_sdpa_info fi, bi;
+            CHECK(attn_sdpa_forward(&tq, &tk, &tv, &p, &to, NULL, lse, &fi, &err) == ATTN_OK, "%s",
                   err.message);
-            CHECK(attn_sdpa_backward(&tq, &tk, &tv, &to, lse, &tg, &p, &tdq, &tdk, &tdv, NULL,
+            CHECK(attn_sdpa_backward(&tq, &tk, &tv, &to, lse, &tg, &p, &tdq, &tdk, &tdv, &bi,
                                      &err) == ATTN_OK,
                   "%s", err.message);
+            CHECK(fi.impl == ATTN_IMPL_FUSED && bi.impl == ATTN_IMPL_FUSED, "not fused: %s / %s",
+                  fi.reason, bi.reason);
             res[t][0] = o, res[t][1] = lse, res[t][2] = dq, res[t][3] = dk, res[t][4] = dv;
             res[t][5] = ds;
         }
@@ -423,12 +431,16 @@ static void test_varlen(void) {
         p.causal = 1, p.use_softcap = 1, p.softcap = 2.0f, p.alibi_slopes = slopes, p.sinks = sinks;
         p.d_sinks = ds, p.impl = impl ? ATTN_IMPL_AUTO : ATTN_IMPL_REFERENCE;
         attn_error err;
-        CHECK(attn_sdpa_varlen_forward(&tq, &tk, &tv, 3, cq, ck, &p, &to, NULL, lse, NULL, &err) ==
+        attn_sdpa_info fi, bi;
+        CHECK(attn_sdpa_varlen_forward(&tq, &tk, &tv, 3, cq, ck, &p, &to, NULL, lse, &fi, &err) ==
                   ATTN_OK,
               "varlen forward: %s", err.message);
         CHECK(attn_sdpa_varlen_backward(&tq, &tk, &tv, &to, lse, &tg, 3, cq, ck, &p, &tdq, &tdk,
-                                        &tdv, NULL, &err) == ATTN_OK,
+                                        &tdv, &bi, &err) == ATTN_OK,
               "varlen backward: %s", err.message);
+        const attn_impl want = impl ? ATTN_IMPL_FUSED : ATTN_IMPL_REFERENCE;
+        CHECK(fi.impl == want && bi.impl == want, "varlen impl %d ran: %s / %s", impl, fi.reason,
+              bi.reason);
         double wds[4] = {0, 0, 0, 0}, eo = 0, edq = 0, edk = 0, edv = 0, el = 0;
         for (int s = 0; s < 3; s++) {
             const vdims d = {1, H, Hk, cq[s + 1] - cq[s], ck[s + 1] - ck[s], D, D};
