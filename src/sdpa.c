@@ -19,29 +19,10 @@ static void report(attn_sdpa_info *info, const char *op, attn_impl impl, const c
  * ATTN_IMPL_AUTO and ATTN_IMPL_FUSED take the fused path, which supports
  * every call the validation accepts (all masks, dropout, weights, strides,
  * any sizes); ATTN_IMPL_REFERENCE takes the reference path. */
-/* Which of the attention variants (attn.h) a call uses that the fused
- * kernels for it do not take yet (NULL: none). */
-static const char *fused_lacks(const attn_problem *pr, const attn_varlen *varlen, int backward) {
-    (void)varlen;
-    /* fp32 (and bf16 with weights, widened to fp32): all of them */
-    if (pr->dtype != ATTN_BF16) return NULL;
-    (void)backward;
-    if (pr->group > 1) return "grouped-query attention in bf16";
-    if (pr->softcap > 0.0f) return "soft-capping in bf16";
-    if (pr->alibi) return "ALiBi in bf16";
-    if (pr->sinks) return "attention sinks in bf16";
-    return NULL;
-}
-
 static attn_impl choose(const attn_problem *pr, const attn_varlen *varlen, attn_impl requested,
                         int backward, char *reason, size_t n) {
     if (requested == ATTN_IMPL_REFERENCE) {
         snprintf(reason, n, "reference path: requested by the caller");
-        return ATTN_IMPL_REFERENCE;
-    }
-    const char *lacks = fused_lacks(pr, varlen, backward);
-    if (lacks) {
-        snprintf(reason, n, "reference path: the fused kernels do not take %s here yet", lacks);
         return ATTN_IMPL_REFERENCE;
     }
     attn_sdpa_fused_describe(pr, varlen, backward, reason, n);

@@ -529,14 +529,39 @@ static void test_bf16(void) {
                     tdq = attn_tensor_bhld(gq, 2, 4, 70, 16), tdk = attn_tensor_bhld(gk, 2, 2, 100, 16),
                     tdv = attn_tensor_bhld(gv, 2, 2, 100, 16);
         attn_sdpa_params pb = p;
-        pb.dtype = pb.out_dtype = ATTN_BF16, pb.d_sinks = gs;
+        pb.dtype = pb.out_dtype = ATTN_BF16, pb.d_sinks = gs, pb.num_threads = 1;
         pb.impl = impl ? ATTN_IMPL_AUTO : ATTN_IMPL_REFERENCE;
         attn_error err;
-        CHECK(attn_sdpa_forward(&tq, &tk, &tv, &pb, &to, NULL, ls, NULL, &err) == ATTN_OK, "%s",
+        attn_sdpa_info fi, bi;
+        CHECK(attn_sdpa_forward(&tq, &tk, &tv, &pb, &to, NULL, ls, &fi, &err) == ATTN_OK, "%s",
               err.message);
-        CHECK(attn_sdpa_backward(&tq, &tk, &tv, &to, ls, &tg, &pb, &tdq, &tdk, &tdv, NULL, &err) ==
+        CHECK(attn_sdpa_backward(&tq, &tk, &tv, &to, ls, &tg, &pb, &tdq, &tdk, &tdv, &bi, &err) ==
                   ATTN_OK,
               "%s", err.message);
+        const attn_impl want = impl ? ATTN_IMPL_FUSED : ATTN_IMPL_REFERENCE;
+        CHECK(fi.impl == want && bi.impl == want, "bf16 impl %d ran: %s / %s", impl, fi.reason,
+              bi.reason);
+        if (impl) { /* the bf16 kernels: the same bits on 3 threads (two-pass schemes) */
+            uint16_t *o3 = tu_malloc(nq * 2);
+            float *ls3 = tu_malloc(nq / 16 * 4), *gq3 = tu_malloc(nq * 4), *gk3 = tu_malloc(nk * 4),
+                  *gv3 = tu_malloc(nk * 4), gs3[4];
+            attn_tensor to3 = attn_tensor_bhld_bf16(o3, 2, 4, 70, 16),
+                        tdq3 = attn_tensor_bhld(gq3, 2, 4, 70, 16),
+                        tdk3 = attn_tensor_bhld(gk3, 2, 2, 100, 16),
+                        tdv3 = attn_tensor_bhld(gv3, 2, 2, 100, 16);
+            attn_sdpa_params p3 = pb;
+            p3.num_threads = 3, p3.d_sinks = gs3;
+            CHECK(attn_sdpa_forward(&tq, &tk, &tv, &p3, &to3, NULL, ls3, NULL, &err) == ATTN_OK,
+                  "%s", err.message);
+            CHECK(attn_sdpa_backward(&tq, &tk, &tv, &to3, ls3, &tg, &p3, &tdq3, &tdk3, &tdv3, NULL,
+                                     &err) == ATTN_OK,
+                  "%s", err.message);
+            CHECK(memcmp(o, o3, nq * 2) == 0 && memcmp(ls, ls3, nq / 16 * 4) == 0 &&
+                      memcmp(gq, gq3, nq * 4) == 0 && memcmp(gk, gk3, nk * 4) == 0 &&
+                      memcmp(gv, gv3, nk * 4) == 0 && memcmp(gs, gs3, sizeof gs) == 0,
+                  "bf16: threads 1 (default %d) vs 3 differ", pb.num_threads);
+            free(o3), free(ls3), free(gq3), free(gk3), free(gv3);
+        }
         attn_f32_from_bf16(o, of, nq);
         const double eo = gu_relerr(of, out, nq, 1e-3), eq = gu_relerr(gq, dq, nq, 1e-3),
                      ek = gu_relerr(gk, dk, nk, 1e-3), ev = gu_relerr(gv, dv, nk, 1e-3),
