@@ -258,6 +258,8 @@ typedef struct {
     float *ws;             /* forward scratch given by the caller (64-byte aligned), */
     int64_t ws_floats;     /* or NULL: the kernel allocates it */
     const attn_varlen *varlen; /* non-NULL: a packed varlen call (pr is the packed problem) */
+    float *sink_rows; /* bf16 backward, optional: Σ_j P_ij·dP_ij per query row [B·H·Lq]
+                         (the sinks' gradient without the bf16 rounding of O in dO·O) */
 } attn_fused_call;
 
 /* One instruction set's kernels (sdpa_fused_<isa>.c, from
@@ -315,7 +317,7 @@ attn_status attn_sdpa_fused_backward(const attn_problem *pr, const attn_tensor *
                                      const attn_tensor *k, const attn_tensor *v,
                                      const attn_tensor *out, const float *lse,
                                      const attn_tensor *dout, attn_tensor *dq, attn_tensor *dk,
-                                     attn_tensor *dv, attn_error *err);
+                                     attn_tensor *dv, float *sink_rows, attn_error *err);
 /* The packed varlen forward / backward: every (sequence, head, query block)
  * in one parallel region, tiles planned per sequence (cost Σ Lq_s·Lk_s);
  * lse [H, total_q], weights as attn_varlen.weights_at lays them out. */

@@ -38,6 +38,7 @@ typedef struct {
 typedef struct {
     uint32_t *qd, *od, *qq, *oq, *pt, *dst, *dsd, *kv;
     float *lse, *dvec, *S, *dP, *z, *dcap, *dqa, *dka, *dva; /* dcap [BK]: a row's 1 - tanh² */
+    float *pdp, *psum; /* [BQ] per row: Σ P∘(dP - D) and Σ P over the tiles (sink_rows) */
     uint16_t *tmp; /* one row */
 } bwscr;
 
@@ -165,6 +166,7 @@ static void bw_prep(const attn_fused_call *c, const bgeo *g, const bwscr *w, int
         /* D = dO·O in fp32, dO as the products see it */
         w->dvec[r] = dot_lanes(w->tmp, c->out, obf, b, h, i0 + r, pr->Dv);
         w->lse[r] = c->lse_in[(b * pr->H + h) * pr->Lq + i0 + r];
+        if (w->pdp) w->pdp[r] = w->psum[r] = 0.0f;
     }
     pair_queries(w->qd, g->np, nq, pr->Dk, g->dkp, w->qq);
     pair_queries(w->od, g->nvp, nq, pr->Dv, g->dvp, w->oq);
@@ -195,6 +197,11 @@ static void bw_softmax_row(const attn_problem *pr, const bwscr *w, int64_t r, in
         for (int64_t j = 0; j < W; j++) dp[j] *= w->z[j];
     }
     bw_row(s, dp, nvec, fold ? pr->scale : 1.0f, lse, w->dvec[r]);
+    if (w->pdp) { /* Σ_j P·dP = Σ_j P∘(dP - D) + D·Σ_j P, summed at the block's end */
+        float a = 0.0f, e = 0.0f;
+        for (int64_t j = 0; j < W; j++) a += dp[j], e += s[j];
+        w->pdp[r] += a, w->psum[r] += e;
+    }
     if (cap) /* dS through the cap: times 1 - tanh² */
         for (int64_t j = 0; j < W; j++) dp[j] *= w->dcap[j];
     if (pr->dropout)
@@ -247,6 +254,15 @@ static void bw_tile(const attn_fused_call *c, const bgeo *g, const bwscr *w, con
     }
 }
 
+/* Rows [i0, i0 + nq) of (b, h) into c->sink_rows (when asked): Σ_j P·dP
+ * after a pass that saw every tile of the rows (the dQ pass). */
+static void bw_sink_rows(const attn_fused_call *c, const bwscr *w, int64_t b, int64_t h,
+                         int64_t i0, int64_t nq) {
+    if (!c->sink_rows) return;
+    float *dst = c->sink_rows + (b * c->pr->H + h) * c->pr->Lq + i0;
+    for (int64_t r = 0; r < nq; r++) dst[r] = w->pdp[r] + w->dvec[r] * w->psum[r];
+}
+
 /* acc rows [0, n) times mul into rows l0.. of the fp32 gradient t. */
 static void bw_write(const attn_tensor *t, int64_t b, int64_t h, int64_t l0, int64_t n, int64_t D,
                      const float *acc, int64_t ld, float mul) {
@@ -285,6 +301,7 @@ static void bw_block(const attn_fused_call *c, const bgeo *g, const bwscr *w, co
                 dq ? w->dqa : NULL);
     }
     if (dq) bw_write(c->dq, b, h, i0, nq, pr->Dk, w->dqa, g->dkp, pr->scale);
+    if (dq) bw_sink_rows(c, w, b, h, i0, nq);
 }
 
 /* All of (b, h) when its queries are one block (Lq <= BQ): each key
@@ -319,6 +336,7 @@ static void bw_head_one_block(const attn_fused_call *c, const bgeo *g, const bws
         bw_write(c->dv, b, h, j0, n, pr->Dv, w->dva, g->dvp, 1.0f);
     }
     bw_write(c->dq, b, h, 0, nq, pr->Dk, w->dqa, g->dkp, pr->scale);
+    bw_sink_rows(c, w, b, h, 0, nq);
 }
 
 static attn_status bf16_backward(const attn_fused_call *c, attn_error *err) {
@@ -341,7 +359,7 @@ static attn_status bf16_backward(const attn_fused_call *c, attn_error *err) {
                   n_tmp = R16(bmax(pr->Dk, pr->Dv) + 2) /* two rows */, n_dka = R16(accn * g.dkp),
                   n_dva = R16(accn * g.dvp),
                   n_kv = g.direct ? 0 : one_block ? g.tile : one ? g.ntile * g.tile : 0;
-    const int64_t per = n_qd + n_od + n_qq + n_oq + 2 * BQ + 2 * BK + 2 * n_sq + 3 * (BQ / 2 * BK) +
+    const int64_t per = n_qd + n_od + n_qq + n_oq + 4 * BQ + 2 * BK + 2 * n_sq + 3 * (BQ / 2 * BK) +
                         n_dq + n_tmp + n_dka + n_dva + n_kv;
 #undef R16
     uint32_t *all = aligned_alloc(64, (size_t)(per * T * 4));
@@ -362,6 +380,8 @@ static attn_status bf16_backward(const attn_fused_call *c, attn_error *err) {
         w.oq = base, base += n_oq;
         w.lse = (float *)base, base += BQ;
         w.dvec = (float *)base, base += BQ;
+        w.pdp = c->sink_rows ? (float *)base : NULL, base += BQ;
+        w.psum = (float *)base, base += BQ;
         w.z = (float *)base, base += BK;
         w.dcap = (float *)base, base += BK;
         w.S = (float *)base, base += n_sq;
