@@ -273,6 +273,8 @@ typedef struct {
     float *ws;             /* forward scratch given by the caller (64-byte aligned), */
     int64_t ws_floats;     /* or NULL: the kernel allocates it */
     const attn_varlen *varlen; /* non-NULL: a packed varlen call (pr is the packed problem) */
+    float *sink_rows; /* bf16 backward, optional: Σ_j P_ij·dP_ij per query row [B·H·Lq]
+                         (the sinks' gradient without the bf16 rounding of O in dO·O) */
 } attn_fused_call;
 
 /* One instruction set's kernels (sdpa_fused_<isa>.c, from
@@ -298,7 +300,7 @@ int64_t attn_fused_forward_scratch(const attn_problem *pr);
  * parallelise over key and query blocks). Either gives bit-identical
  * results. */
 static inline int attn_fused_bwd_one_pass(const attn_problem *pr) {
-    const int64_t bh = pr->B * pr->H, T = pr->threads;
+    const int64_t bh = pr->B * pr->Hkv, T = pr->threads; /* an item: a K/V head's group */
     if (T <= 1) return 1;
     const int64_t rounds = (bh + T - 1) / T;
     return rounds * T * 3 <= bh * 4;
@@ -311,8 +313,8 @@ static inline int attn_fused_varlen_one_pass(const attn_problem *pr, const attn_
     for (int64_t s = 0; s < varlen->n; s++) {
         const double w = (double)(varlen->cu_q[s + 1] - varlen->cu_q[s]) *
                          (double)(varlen->cu_k[s + 1] - varlen->cu_k[s]);
-        total += w * (double)pr->H;
-        largest = w > largest ? w : largest;
+        total += w * (double)pr->H; /* an item: a K/V head's group of query heads */
+        largest = w * (double)pr->group > largest ? w * (double)pr->group : largest;
     }
     return largest * 3.0 * pr->threads <= total;
 }
@@ -330,7 +332,7 @@ attn_status attn_sdpa_fused_backward(const attn_problem *pr, const attn_tensor *
                                      const attn_tensor *k, const attn_tensor *v,
                                      const attn_tensor *out, const float *lse,
                                      const attn_tensor *dout, attn_tensor *dq, attn_tensor *dk,
-                                     attn_tensor *dv, attn_error *err);
+                                     attn_tensor *dv, float *sink_rows, attn_error *err);
 /* The packed varlen forward / backward: every (sequence, head, query block)
  * in one parallel region, tiles planned per sequence (cost Σ Lq_s·Lk_s);
  * lse [H, total_q], weights as attn_varlen.weights_at lays them out. */

@@ -19,26 +19,10 @@ static void report(attn_sdpa_info *info, const char *op, attn_impl impl, const c
  * ATTN_IMPL_AUTO and ATTN_IMPL_FUSED take the fused path, which supports
  * every call the validation accepts (all masks, dropout, weights, strides,
  * any sizes); ATTN_IMPL_REFERENCE takes the reference path. */
-/* Which of the attention variants (attn.h) a call uses that the fused
- * kernels for it do not take yet (NULL: none). */
-static const char *fused_lacks(const attn_problem *pr, const attn_varlen *varlen, int backward) {
-    (void)varlen, (void)backward;
-    if (pr->group > 1) return "grouped-query attention";
-    if (pr->softcap > 0.0f) return "soft-capping";
-    if (pr->alibi) return "ALiBi";
-    if (pr->sinks) return "attention sinks";
-    return NULL;
-}
-
 static attn_impl choose(const attn_problem *pr, const attn_varlen *varlen, attn_impl requested,
                         int backward, char *reason, size_t n) {
     if (requested == ATTN_IMPL_REFERENCE) {
         snprintf(reason, n, "reference path: requested by the caller");
-        return ATTN_IMPL_REFERENCE;
-    }
-    const char *lacks = fused_lacks(pr, varlen, backward);
-    if (lacks) {
-        snprintf(reason, n, "reference path: the fused kernels do not take %s here yet", lacks);
         return ATTN_IMPL_REFERENCE;
     }
     attn_sdpa_fused_describe(pr, varlen, backward, reason, n);
@@ -133,6 +117,23 @@ void attn_sinks_grad(const attn_problem *pr, const attn_tensor *out, const attn_
     }
 }
 
+/* d_sinks[h] = −Σ_{b,i} exp(σ_h − lse)·rows[(b·H + h)·Lq + i] (rows: Σ_j
+ * P·dP per query row, from the bf16 fused backward), in double, (b, i) in
+ * order: the same bits for any thread count. */
+static void sinks_from_rows(const attn_problem *pr, const float *rows, const float *lse,
+                            float *d) {
+    for (int64_t h = 0; h < pr->H; h++) {
+        double acc = 0.0;
+        for (int64_t b = 0; b < pr->B; b++)
+            for (int64_t i = 0; i < pr->Lq; i++) {
+                const int64_t r = (b * pr->H + h) * pr->Lq + i;
+                if (rows[r] != 0.0f)
+                    acc -= exp((double)pr->sinks[h] - (double)lse[r]) * (double)rows[r];
+            }
+        d[h] = (float)acc;
+    }
+}
+
 /* The reference backward's sinks accumulator: zeroed doubles [H], on the
  * stack (ds) for up to ATTN_SINKS_STACK heads, else allocated (NULL: out of
  * memory). */
@@ -192,10 +193,22 @@ attn_status attn_sdpa_backward(const attn_tensor *q, const attn_tensor *k, const
     double *acc = want_ds && impl == ATTN_IMPL_REFERENCE ? sinks_acc(&pr, ds) : NULL;
     if (want_ds && impl == ATTN_IMPL_REFERENCE && !acc)
         return attn_fail(err, ATTN_ERR_NOMEM, "out of memory for the sinks' gradient");
+    /* bf16 kernels: Σ P·dP per row from the backward itself (dO·O with out
+     * rounded to bf16 cost 3-4x the math path's error in d_sinks) */
+    float *rows = NULL;
+    if (want_ds && impl == ATTN_IMPL_FUSED && pr.dtype == ATTN_BF16) {
+        rows = calloc((size_t)(pr.B * pr.H * pr.Lq) + 1, sizeof *rows);
+        if (!rows) return attn_fail(err, ATTN_ERR_NOMEM, "out of memory for the sinks' gradient");
+    }
     s = impl == ATTN_IMPL_FUSED
-            ? attn_sdpa_fused_backward(&pr, q, k, v, out, lse, grad_out, dq, dk, dv, err)
+            ? attn_sdpa_fused_backward(&pr, q, k, v, out, lse, grad_out, dq, dk, dv, rows, err)
             : attn_sdpa_reference_backward(&pr, q, k, v, out, lse, grad_out, dq, dk, dv, acc, err);
-    if (want_ds) sinks_finish(&pr, s, acc, ds, out, grad_out, lse, p->d_sinks);
+    if (rows) {
+        if (!s) sinks_from_rows(&pr, rows, lse, p->d_sinks);
+        free(rows);
+    } else if (want_ds) {
+        sinks_finish(&pr, s, acc, ds, out, grad_out, lse, p->d_sinks);
+    }
     return s ? s : attn_ok(err);
 }
 

@@ -94,11 +94,11 @@ attn_status attn_sdpa_fused_backward(const attn_problem *pr, const attn_tensor *
                                      const attn_tensor *k, const attn_tensor *v,
                                      const attn_tensor *out, const float *lse,
                                      const attn_tensor *dout, attn_tensor *dq, attn_tensor *dk,
-                                     attn_tensor *dv, attn_error *err) {
+                                     attn_tensor *dv, float *sink_rows, attn_error *err) {
     attn_fused_call c;
     memset(&c, 0, sizeof c);
     c.pr = pr, c.q = q, c.k = k, c.v = v, c.out = out, c.lse_in = lse, c.dout = dout;
-    c.dq = dq, c.dk = dk, c.dv = dv;
+    c.dq = dq, c.dk = dk, c.dv = dv, c.sink_rows = sink_rows;
     c.blas = attn_fused_blas_on();
     if (pr->dtype == ATTN_BF16) return attn_fused_bf16_kernels_active()->backward(&c, err);
     return attn_fused_kernels_active()->backward(&c, err);

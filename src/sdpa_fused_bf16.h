@@ -127,7 +127,7 @@ static void softmax_row(const attn_problem *pr, bscratch *w, int64_t dvp, int64_
     float *s = w->S + r * BK;
     uint32_t *pd = w->pd + r * (BK / 2);
     const int fold = bf16_fold_scale(pr); /* m and l stay in the scaled domain */
-    scale_mask_row(pr, s, b, h, i, j0, nk, 16 * nvec, interior, !fold);
+    scale_mask_row(pr, s, b, h, i, j0, nk, 16 * nvec, interior, !fold, NULL);
     /* tile_max: the row's max from the product, valid while nothing above
      * changed s (an interior tile, the scale folded, no additive or
      * boolean mask) */
@@ -158,13 +158,19 @@ static void softmax_row(const attn_problem *pr, bscratch *w, int64_t dvp, int64_
     }
 }
 
-/* Rows [i0, i0 + nq) of (b, h): O / l into out (rounded when bf16), lse. */
+/* Rows [i0, i0 + nq) of (b, h): O / l into out (rounded when bf16), lse;
+ * the head's sink (if any) joins l (attn_sink_fold). */
 static void write_rows(const attn_fused_call *c, const bscratch *w, int64_t dvp, int64_t b,
                        int64_t h, int64_t i0, int64_t nq) {
     const attn_problem *pr = c->pr;
     const attn_tensor *out = c->out;
     for (int64_t r = 0; r < nq; r++) {
-        const float l = w->l[r], inv = l > 0.0f ? 1.0f / l : 0.0f;
+        const float l = w->l[r];
+        float inv = l > 0.0f ? 1.0f / l : 0.0f, lse = l > 0.0f ? w->m[r] + logf(l) : -INFINITY;
+        if (pr->sinks) {
+            float M, il;
+            inv = attn_sink_fold(w->m[r], l, pr->sinks[h], &M, &il, &lse);
+        }
         const float *o = w->O + r * dvp;
         const int64_t sd = out->stride[3];
         if (pr->out_dtype == ATTN_BF16) {
@@ -175,13 +181,12 @@ static void write_rows(const attn_fused_call *c, const bscratch *w, int64_t dvp,
                          (i0 + r) * out->stride[2];
             for (int64_t d = 0; d < pr->Dv; d++) dst[d * sd] = o[d] * inv;
         }
-        if (c->lse) c->lse[(b * pr->H + h) * pr->Lq + i0 + r] = l > 0.0f ? w->m[r] + logf(l) : -INFINITY;
+        if (c->lse) c->lse[(b * pr->H + h) * pr->Lq + i0 + r] = lse;
     }
 }
 
-/* One (b, h, query block). */
-/* One (b, h, query block); KP, VP: the head's packed tiles, or NULL to
- * pack each tile into w->kp, w->vp before use. */
+/* One (b, h, query block); KP, VP: the packed tiles of its K/V head, or
+ * NULL to pack each tile into w->kp, w->vp before use. */
 static void bf16_block(const attn_fused_call *c, bscratch *w, const uint32_t *KP, const uint32_t *VP,
                        int64_t np, int64_t dvp, int64_t b, int64_t h, int64_t qb) {
     const attn_problem *pr = c->pr;
@@ -207,7 +212,7 @@ static void bf16_block(const attn_fused_call *c, bscratch *w, const uint32_t *KP
         const int64_t j0 = t * BK, nk = bmin(BK, hi - j0), nvec = (nk + 15) / 16;
         const uint32_t *kp = w->kp, *vp = w->vp;
         if (!KP)
-            pack_kv(pr, c->k, c->v, b, h, t, np, dvp, w->kp, w->vp);
+            pack_kv(pr, c->k, c->v, b, attn_kv_head(pr, h), t, np, dvp, w->kp, w->vp);
         else {
             kp = KP + t * np * BK;
             vp = VP + t * (BK / 2) * dvp;
@@ -236,41 +241,43 @@ static void bf16_decode(const attn_fused_call *c, bscratch *w, int64_t dvp, int6
     attn_row_range(pr, b, 0, &l0, &h0);
     attn_row_range(pr, b, nq - 1, &l1, &h1);
     const int64_t lo = l0, hi = h1 > l0 ? h1 : l0;
-    const int64_t ks = c->k->stride[2], vs = c->v->stride[2];
+    const int64_t ks = c->k->stride[2], vs = c->v->stride[2], hk = attn_kv_head(pr, h);
     for (int64_t t = lo / BK; hi > lo && t <= (hi - 1) / BK; t++) {
         const int64_t j0 = t * BK, nk = bmin(BK, hi - j0), nvec = (nk + 15) / 16;
-        qk_direct((int)nq, q, attn_bf16_row(c->k, b, h, j0), ks, nk, pr->Dk, w->S);
+        qk_direct((int)nq, q, attn_bf16_row(c->k, b, hk, j0), ks, nk, pr->Dk, w->S);
         const int interior = bf16_interior(j0, nk, l1, h0);
         for (int64_t r = 0; r < nq; r++)
             softmax_row(pr, w, dvp, r, b, h, r, j0, nk, nvec, interior, NULL);
-        pv_direct((int)nq, w->pd, attn_bf16_row(c->v, b, h, j0), vs, nk, pr->Dv, dvp, w->O);
+        pv_direct((int)nq, w->pd, attn_bf16_row(c->v, b, hk, j0), vs, nk, pr->Dv, dvp, w->O);
     }
     write_rows(c, w, dvp, b, h, 0, nq);
 }
 static attn_status bf16_forward(const attn_fused_call *c, attn_error *err) {
     const attn_problem *pr = c->pr;
-    const int64_t BH = pr->B * pr->H, np = (pr->Dk + 1) / 2, dvp = (pr->Dv + 15) / 16 * 16;
+    const int64_t BH = pr->B * pr->H, BHk = pr->B * pr->Hkv, G = pr->group;
+    const int64_t np = (pr->Dk + 1) / 2, dvp = (pr->Dv + 15) / 16 * 16;
     const int64_t ntile = (pr->Lk + BK - 1) / BK, nqb = (pr->Lq + BQ - 1) / BQ;
     const int T = pr->threads;
     const int decode = pr->Lq <= BMR && c->q->stride[3] == 1 && c->k->stride[3] == 1 &&
                        c->v->stride[3] == 1;
     /* local: each tile packed before use (<= 2 blocks per head); head: all
-     * tiles of a head packed into the thread's scratch, the head's blocks on
-     * that thread (when the heads spread evenly over the threads); else
-     * all heads packed first, blocks spread over the threads */
+     * tiles of a K/V head packed into the thread's scratch, the blocks of
+     * its group's query heads on that thread (when the K/V heads spread
+     * evenly over the threads); else all K/V heads packed first, blocks
+     * spread over the threads. Each K/V tile is packed once per group. */
     const int local = !decode && nqb <= 2, head = !decode && !local && attn_fused_bwd_one_pass(pr);
     uint32_t *KP = NULL, *VP = NULL;
     if (!decode && !local && !head) {
-        KP = aligned_alloc(64, (size_t)(BH * ntile * np * BK * 4));
-        VP = aligned_alloc(64, (size_t)(BH * ntile * (BK / 2) * dvp * 4));
+        KP = aligned_alloc(64, (size_t)(BHk * ntile * np * BK * 4));
+        VP = aligned_alloc(64, (size_t)(BHk * ntile * (BK / 2) * dvp * 4));
         if (!KP || !VP) {
             free(KP);
             free(VP);
             return attn_fail(err, ATTN_ERR_NOMEM, "bf16 fused forward: out of memory");
         }
 #pragma omp parallel for num_threads(T) schedule(static)
-        for (int64_t x = 0; x < BH * ntile; x++)
-            pack_kv(pr, c->k, c->v, x / ntile / pr->H, x / ntile % pr->H, x % ntile, np, dvp,
+        for (int64_t x = 0; x < BHk * ntile; x++)
+            pack_kv(pr, c->k, c->v, x / ntile / pr->Hkv, x / ntile % pr->Hkv, x % ntile, np, dvp,
                     KP + x * np * BK, VP + x * (BK / 2) * dvp);
     }
     /* per thread, 64-byte multiples: qd, S, pd, O, m, l, rm for `rows` rows,
@@ -304,20 +311,22 @@ static attn_status bf16_forward(const attn_fused_call *c, attn_error *err) {
             for (int64_t x = 0; x < BH; x++) bf16_decode(c, &w, dvp, x / pr->H, x % pr->H);
         } else if (head) {
 #pragma omp for schedule(dynamic)
-            for (int64_t x = 0; x < BH; x++) {
-                const int64_t b = x / pr->H, h = x % pr->H;
+            for (int64_t x = 0; x < BHk; x++) {
+                const int64_t b = x / pr->Hkv, hk = x % pr->Hkv;
                 for (int64_t t = 0; t < ntile; t++)
-                    pack_kv(pr, c->k, c->v, b, h, t, np, dvp, w.kp + t * np * BK,
+                    pack_kv(pr, c->k, c->v, b, hk, t, np, dvp, w.kp + t * np * BK,
                             w.vp + t * (BK / 2) * dvp);
-                for (int64_t qb = 0; qb < nqb; qb++) bf16_block(c, &w, w.kp, w.vp, np, dvp, b, h, qb);
+                for (int64_t h = hk * G; h < (hk + 1) * G; h++)
+                    for (int64_t qb = 0; qb < nqb; qb++)
+                        bf16_block(c, &w, w.kp, w.vp, np, dvp, b, h, qb);
             }
         } else {
 #pragma omp for schedule(dynamic)
             for (int64_t x = 0; x < BH * nqb; x++) {
-                const int64_t bh = x / nqb;
-                bf16_block(c, &w, local ? NULL : KP + bh * ntile * np * BK,
-                           local ? NULL : VP + bh * ntile * (BK / 2) * dvp, np, dvp, bh / pr->H,
-                           bh % pr->H, x % nqb);
+                const int64_t bh = x / nqb, b = bh / pr->H, h = bh % pr->H;
+                const int64_t kv = b * pr->Hkv + attn_kv_head(pr, h);
+                bf16_block(c, &w, local ? NULL : KP + kv * ntile * np * BK,
+                           local ? NULL : VP + kv * ntile * (BK / 2) * dvp, np, dvp, b, h, x % nqb);
             }
         }
     }

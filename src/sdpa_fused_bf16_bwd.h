@@ -37,7 +37,8 @@ typedef struct {
 
 typedef struct {
     uint32_t *qd, *od, *qq, *oq, *pt, *dst, *dsd, *kv;
-    float *lse, *dvec, *S, *dP, *z, *dqa, *dka, *dva;
+    float *lse, *dvec, *S, *dP, *z, *dcap, *dqa, *dka, *dva; /* dcap [BK]: a row's 1 - tanh² */
+    float *pdp, *psum; /* [BQ] per row: Σ P∘(dP - D) and Σ P over the tiles (sink_rows) */
     uint16_t *tmp; /* one row */
 } bwscr;
 
@@ -165,6 +166,7 @@ static void bw_prep(const attn_fused_call *c, const bgeo *g, const bwscr *w, int
         /* D = dO·O in fp32, dO as the products see it */
         w->dvec[r] = dot_lanes(w->tmp, c->out, obf, b, h, i0 + r, pr->Dv);
         w->lse[r] = c->lse_in[(b * pr->H + h) * pr->Lq + i0 + r];
+        if (w->pdp) w->pdp[r] = w->psum[r] = 0.0f;
     }
     pair_queries(w->qd, g->np, nq, pr->Dk, g->dkp, w->qq);
     pair_queries(w->od, g->nvp, nq, pr->Dv, g->dvp, w->oq);
@@ -182,8 +184,8 @@ static void bw_softmax_row(const attn_problem *pr, const bwscr *w, int64_t r, in
         memset(dp, 0, (size_t)W * 4);
         return;
     }
-    const int fold = bf16_fold_scale(pr);
-    scale_mask_row(pr, s, b, h, i, j0, nk, W, interior, !fold);
+    const int fold = bf16_fold_scale(pr), cap = pr->softcap > 0.0f;
+    scale_mask_row(pr, s, b, h, i, j0, nk, W, interior, !fold, cap ? w->dcap : NULL);
     if (pr->dropout) {
         for (int64_t j = 0; j < W; j++) w->z[j] = 0.0f;
         for (int64_t j = 0; j < nk; j += 4) {
@@ -195,6 +197,13 @@ static void bw_softmax_row(const attn_problem *pr, const bwscr *w, int64_t r, in
         for (int64_t j = 0; j < W; j++) dp[j] *= w->z[j];
     }
     bw_row(s, dp, nvec, fold ? pr->scale : 1.0f, lse, w->dvec[r]);
+    if (w->pdp) { /* Σ_j P·dP = Σ_j P∘(dP - D) + D·Σ_j P, summed at the block's end */
+        float a = 0.0f, e = 0.0f;
+        for (int64_t j = 0; j < W; j++) a += dp[j], e += s[j];
+        w->pdp[r] += a, w->psum[r] += e;
+    }
+    if (cap) /* dS through the cap: times 1 - tanh² */
+        for (int64_t j = 0; j < W; j++) dp[j] *= w->dcap[j];
     if (pr->dropout)
         for (int64_t j = 0; j < W; j++) s[j] *= w->z[j];
 }
@@ -218,8 +227,10 @@ static void bw_tile(const attn_fused_call *c, const bgeo *g, const bwscr *w, con
         for (int64_t r = 0; r < nq; r++)
             qr[r] = (const uint16_t *)(const void *)(w->qd + r * g->np),
             orr[r] = (const uint16_t *)(const void *)(w->od + r * g->nvp);
-        qk_direct((int)nq, qr, attn_bf16_row(c->k, b, h, j0), c->k->stride[2], nk, pr->Dk, w->S);
-        qk_direct((int)nq, orr, attn_bf16_row(c->v, b, h, j0), c->v->stride[2], nk, pr->Dv, w->dP);
+        qk_direct((int)nq, qr, attn_bf16_row(c->k, b, attn_kv_head(pr, h), j0), c->k->stride[2],
+                  nk, pr->Dk, w->S);
+        qk_direct((int)nq, orr, attn_bf16_row(c->v, b, attn_kv_head(pr, h), j0), c->v->stride[2],
+                  nk, pr->Dv, w->dP);
     }
     for (int64_t r = 0; r < nq; r++)
         bw_softmax_row(pr, w, r, b, h, i0 + r, j0, nk, nvec, interior);
@@ -238,9 +249,18 @@ static void bw_tile(const attn_fused_call *c, const bgeo *g, const bwscr *w, con
             gemm_pairs(nq, g->dkp / 16, 0, w->dsd, BK / 2, 1, (nk + 1) / 2, kk, g->dkp, dqa,
                        g->dkp);
         else
-            pv_direct((int)nq, w->dsd, attn_bf16_row(c->k, b, h, j0), c->k->stride[2], nk, pr->Dk,
-                      g->dkp, dqa);
+            pv_direct((int)nq, w->dsd, attn_bf16_row(c->k, b, attn_kv_head(pr, h), j0),
+                      c->k->stride[2], nk, pr->Dk, g->dkp, dqa);
     }
+}
+
+/* Rows [i0, i0 + nq) of (b, h) into c->sink_rows (when asked): Σ_j P·dP
+ * after a pass that saw every tile of the rows (the dQ pass). */
+static void bw_sink_rows(const attn_fused_call *c, const bwscr *w, int64_t b, int64_t h,
+                         int64_t i0, int64_t nq) {
+    if (!c->sink_rows) return;
+    float *dst = c->sink_rows + (b * c->pr->H + h) * c->pr->Lq + i0;
+    for (int64_t r = 0; r < nq; r++) dst[r] = w->pdp[r] + w->dvec[r] * w->psum[r];
 }
 
 /* acc rows [0, n) times mul into rows l0.. of the fp32 gradient t. */
@@ -281,6 +301,7 @@ static void bw_block(const attn_fused_call *c, const bgeo *g, const bwscr *w, co
                 dq ? w->dqa : NULL);
     }
     if (dq) bw_write(c->dq, b, h, i0, nq, pr->Dk, w->dqa, g->dkp, pr->scale);
+    if (dq) bw_sink_rows(c, w, b, h, i0, nq);
 }
 
 /* All of (b, h) when its queries are one block (Lq <= BQ): each key
@@ -307,7 +328,7 @@ static void bw_head_one_block(const attn_fused_call *c, const bgeo *g, const bws
         if (t >= t0 && t < t1) {
             const int64_t nk = bmin(BK, hi - j0);
             const int interior = bf16_interior(j0, nk, l1, h0);
-            if (!g->direct) bw_pack_tile(c, g, b, h, t, w->kv, w->tmp);
+            if (!g->direct) bw_pack_tile(c, g, b, h, t, w->kv, w->tmp); /* group 1: h is the K/V head */
             bw_tile(c, g, w, g->direct ? NULL : w->kv, b, h, 0, nq, j0, nk, interior, w->dka,
                     w->dva, w->dqa);
         }
@@ -315,6 +336,7 @@ static void bw_head_one_block(const attn_fused_call *c, const bgeo *g, const bws
         bw_write(c->dv, b, h, j0, n, pr->Dv, w->dva, g->dvp, 1.0f);
     }
     bw_write(c->dq, b, h, 0, nq, pr->Dk, w->dqa, g->dkp, pr->scale);
+    bw_sink_rows(c, w, b, h, 0, nq);
 }
 
 static attn_status bf16_backward(const attn_fused_call *c, attn_error *err) {
@@ -326,8 +348,10 @@ static attn_status bf16_backward(const attn_fused_call *c, attn_error *err) {
     g.tkd = g.np * BK, g.tkk = BK / 2 * g.dkp, g.tvd = g.nvp * BK;
     g.tile = (g.tkd + g.tkk + g.tvd + 15) / 16 * 16;
     g.direct = pr->Lq <= BMR && c->k->stride[3] == 1 && c->v->stride[3] == 1;
-    const int64_t BH = pr->B * pr->H, T = pr->threads, Lk = pr->Lk;
-    const int one = attn_fused_bwd_one_pass(pr), one_block = one && g.nqb == 1;
+    const int64_t BH = pr->B * pr->H, BHk = pr->B * pr->Hkv, G = pr->group, T = pr->threads;
+    const int64_t Lk = pr->Lk;
+    /* one_block writes a tile's dK/dV rows from one query head: not grouped */
+    const int one = attn_fused_bwd_one_pass(pr), one_block = one && g.nqb == 1 && G == 1;
     const int64_t accn = one_block ? BK : one ? Lk : BKG * BK;
 #define R16(x) (((x) + 15) / 16 * 16)
     const int64_t n_qd = R16(BQ * g.np), n_od = R16(BQ * g.nvp), n_qq = R16(BQ / 2 * g.dkp),
@@ -335,12 +359,12 @@ static attn_status bf16_backward(const attn_fused_call *c, attn_error *err) {
                   n_tmp = R16(bmax(pr->Dk, pr->Dv) + 2) /* two rows */, n_dka = R16(accn * g.dkp),
                   n_dva = R16(accn * g.dvp),
                   n_kv = g.direct ? 0 : one_block ? g.tile : one ? g.ntile * g.tile : 0;
-    const int64_t per = n_qd + n_od + n_qq + n_oq + 2 * BQ + BK + 2 * n_sq + 3 * (BQ / 2 * BK) +
+    const int64_t per = n_qd + n_od + n_qq + n_oq + 4 * BQ + 2 * BK + 2 * n_sq + 3 * (BQ / 2 * BK) +
                         n_dq + n_tmp + n_dka + n_dva + n_kv;
 #undef R16
     uint32_t *all = aligned_alloc(64, (size_t)(per * T * 4));
     const int packed = !one && !g.direct; /* all heads' tiles packed first */
-    uint32_t *KV = packed ? aligned_alloc(64, (size_t)(BH * g.ntile * g.tile * 4) + 64) : NULL;
+    uint32_t *KV = packed ? aligned_alloc(64, (size_t)(BHk * g.ntile * g.tile * 4) + 64) : NULL;
     if (!all || (packed && !KV)) {
         free(all);
         free(KV);
@@ -356,7 +380,10 @@ static attn_status bf16_backward(const attn_fused_call *c, attn_error *err) {
         w.oq = base, base += n_oq;
         w.lse = (float *)base, base += BQ;
         w.dvec = (float *)base, base += BQ;
+        w.pdp = c->sink_rows ? (float *)base : NULL, base += BQ;
+        w.psum = (float *)base, base += BQ;
         w.z = (float *)base, base += BK;
+        w.dcap = (float *)base, base += BK;
         w.S = (float *)base, base += n_sq;
         w.dP = (float *)base, base += n_sq;
         w.pt = base, base += BQ / 2 * BK;
@@ -369,45 +396,49 @@ static attn_status bf16_backward(const attn_fused_call *c, attn_error *err) {
         w.kv = base;
         if (one) {
 #pragma omp for schedule(dynamic)
-            for (int64_t x = 0; x < BH; x++) {
-                const int64_t b = x / pr->H, h = x % pr->H;
+            for (int64_t x = 0; x < BHk; x++) { /* a K/V head and its group, in head order */
+                const int64_t b = x / pr->Hkv, hk = x % pr->Hkv;
                 if (one_block) {
-                    bw_head_one_block(c, &g, &w, b, h);
+                    bw_head_one_block(c, &g, &w, b, hk);
                     continue;
                 }
-                for (int64_t t = 0; t < g.ntile; t++)
-                    bw_pack_tile(c, &g, b, h, t, w.kv + t * g.tile, w.tmp);
+                if (!g.direct)
+                    for (int64_t t = 0; t < g.ntile; t++)
+                        bw_pack_tile(c, &g, b, hk, t, w.kv + t * g.tile, w.tmp);
                 memset(w.dka, 0, (size_t)(Lk * g.dkp) * 4);
                 memset(w.dva, 0, (size_t)(Lk * g.dvp) * 4);
-                for (int64_t qb = 0; qb < g.nqb; qb++)
-                    bw_block(c, &g, &w, w.kv, b, h, qb, 0, g.ntile, w.dka, w.dva, 0, 1);
-                bw_write(c->dk, b, h, 0, Lk, pr->Dk, w.dka, g.dkp, pr->scale);
-                bw_write(c->dv, b, h, 0, Lk, pr->Dv, w.dva, g.dvp, 1.0f);
+                for (int64_t h = hk * G; h < (hk + 1) * G; h++)
+                    for (int64_t qb = 0; qb < g.nqb; qb++)
+                        bw_block(c, &g, &w, w.kv, b, h, qb, 0, g.ntile, w.dka, w.dva, 0, 1);
+                bw_write(c->dk, b, hk, 0, Lk, pr->Dk, w.dka, g.dkp, pr->scale);
+                bw_write(c->dv, b, hk, 0, Lk, pr->Dv, w.dva, g.dvp, 1.0f);
             }
         } else {
             const int64_t ngrp = (g.ntile + BKG - 1) / BKG;
 #pragma omp for schedule(static)
-            for (int64_t x = 0; x < (packed ? BH * g.ntile : 0); x++)
-                bw_pack_tile(c, &g, x / g.ntile / pr->H, x / g.ntile % pr->H, x % g.ntile,
+            for (int64_t x = 0; x < (packed ? BHk * g.ntile : 0); x++)
+                bw_pack_tile(c, &g, x / g.ntile / pr->Hkv, x / g.ntile % pr->Hkv, x % g.ntile,
                              KV + x * g.tile, w.tmp);
 #pragma omp for schedule(dynamic)
-            for (int64_t x = 0; x < BH * ngrp; x++) {
-                const int64_t bh = x / ngrp, gi = x % ngrp, b = bh / pr->H, h = bh % pr->H;
+            for (int64_t x = 0; x < BHk * ngrp; x++) { /* the group's query heads in head order */
+                const int64_t bh = x / ngrp, gi = x % ngrp, b = bh / pr->Hkv, hk = bh % pr->Hkv;
                 const int64_t g0 = gi * BKG * BK, g1 = bmin(Lk, g0 + BKG * BK);
                 const uint32_t *kv = packed ? KV + bh * g.ntile * g.tile : NULL;
                 memset(w.dka, 0, (size_t)((g1 - g0) * g.dkp) * 4);
                 memset(w.dva, 0, (size_t)((g1 - g0) * g.dvp) * 4);
-                for (int64_t qb = 0; qb < g.nqb; qb++)
-                    bw_block(c, &g, &w, kv, b, h, qb, gi * BKG, bmin(g.ntile, (gi + 1) * BKG),
-                             w.dka, w.dva, g0, 0);
-                bw_write(c->dk, b, h, g0, g1 - g0, pr->Dk, w.dka, g.dkp, pr->scale);
-                bw_write(c->dv, b, h, g0, g1 - g0, pr->Dv, w.dva, g.dvp, 1.0f);
+                for (int64_t h = hk * G; h < (hk + 1) * G; h++)
+                    for (int64_t qb = 0; qb < g.nqb; qb++)
+                        bw_block(c, &g, &w, kv, b, h, qb, gi * BKG, bmin(g.ntile, (gi + 1) * BKG),
+                                 w.dka, w.dva, g0, 0);
+                bw_write(c->dk, b, hk, g0, g1 - g0, pr->Dk, w.dka, g.dkp, pr->scale);
+                bw_write(c->dv, b, hk, g0, g1 - g0, pr->Dv, w.dva, g.dvp, 1.0f);
             }
 #pragma omp for schedule(dynamic)
             for (int64_t x = 0; x < BH * g.nqb; x++) {
                 const int64_t bh = x / g.nqb, qb = g.nqb - 1 - x % g.nqb;
-                bw_block(c, &g, &w, packed ? KV + bh * g.ntile * g.tile : NULL, bh / pr->H,
-                         bh % pr->H, qb, 0, g.ntile, NULL, NULL, 0, 1);
+                const int64_t b = bh / pr->H, h = bh % pr->H, kv = b * pr->Hkv + attn_kv_head(pr, h);
+                bw_block(c, &g, &w, packed ? KV + kv * g.ntile * g.tile : NULL, b, h, qb, 0,
+                         g.ntile, NULL, NULL, 0, 1);
             }
         }
     }

@@ -17,7 +17,9 @@
  * max of the raw scores, then exp(s·scale - m) by one FMA) when that gives
  * the same softmax: a positive scale (the max commutes with it) and no
  * additive mask (added to the scaled scores). */
-static inline int bf16_fold_scale(const attn_problem *pr) { return !pr->amask && pr->scale > 0.0f; }
+static inline int bf16_fold_scale(const attn_problem *pr) {
+    return !pr->amask && pr->scale > 0.0f && !attn_has_score_variants(pr);
+}
 
 static inline int64_t bmin(int64_t a, int64_t b) { return a < b ? a : b; }
 static inline int64_t bmax(int64_t a, int64_t b) { return a > b ? a : b; }
@@ -52,16 +54,24 @@ static inline void pair_two_rows(const uint16_t *r0, const uint16_t *r1, int64_t
     for (; d < ld; d++) o[d] = 0;
 }
 
-/* Row i's scores s[0, W) for keys [j0, j0 + nk) (W: nk rounded up to 16):
- * times scale (unless scaled is 0: the caller folds the scale into exp),
- * -inf outside the row's structural range (unless interior), then the
- * masks. The forward's and the backward's rows of S. */
+/* Row i's scores s[0, W) for keys [j0, j0 + nk) (W: nk rounded up to 16)
+ * of query head h: times scale (unless scaled is 0: the caller folds the
+ * scale into exp; never with soft-capping or ALiBi), soft-capped and
+ * ALiBi-biased (attn_score_variants; dcap, when non-NULL, gets 1 - tanh²,
+ * 1 past nk), -inf outside the row's structural range (unless interior),
+ * then the masks. The forward's and the backward's rows of S. */
 static inline void scale_mask_row(const attn_problem *pr, float *s, int64_t b, int64_t h,
                                   int64_t i, int64_t j0, int64_t nk, int64_t W, int interior,
-                                  int scaled) {
+                                  int scaled, float *dcap) {
     const float scale = pr->scale;
     if (scaled)
         for (int64_t j = 0; j < W; j++) s[j] *= scale;
+    if (attn_has_score_variants(pr)) {
+        for (int64_t j = 0; j < nk; j++)
+            s[j] = attn_score_variants(pr, h, i, j0 + j, s[j], dcap ? dcap + j : NULL);
+        if (dcap)
+            for (int64_t j = nk; j < W; j++) dcap[j] = 1.0f;
+    }
     if (!interior) {
         int64_t lo, hi;
         attn_row_range(pr, b, i, &lo, &hi);

@@ -25,13 +25,13 @@ typedef struct {
 
 static int64_t bwd_tile_scratch(const attn_problem *pr, int64_t dkp, int64_t dvp) {
     return rup(pr->Dk * FQ, 16) + rup(FQ * dkp, 16) + 2 * rup(pr->Dv * FQ, 16) + rup(FQ * dvp, 16) +
-           2 * rup(FQ, 16) + 3 * rup(FK * FQ, 16) + rup(FK * dkp, 16) + rup(FK * dvp, 16) +
+           2 * rup(FQ, 16) + 4 * rup(FK * FQ, 16) + rup(FK * dkp, 16) + rup(FK * dvp, 16) +
            rup(FQ * dkp, 16) + 64;
 }
 
 typedef struct {
-    float *qt, *qr, *dout_t, *ot, *dout_r, *lsev, *dvec, *S, *dP, *Z, *kt, *vt, *dq;
-} bws;
+    float *qt, *qr, *dout_t, *ot, *dout_r, *lsev, *dvec, *S, *dP, *Z, *dcap, *kt, *vt, *dq;
+} bws; /* dcap: soft-capping's 1 - tanh² per score of a tile */
 
 static bws bwd_carve(const attn_problem *pr, float *ws, int64_t dkp, int64_t dvp) {
     bws w;
@@ -45,6 +45,7 @@ static bws bwd_carve(const attn_problem *pr, float *ws, int64_t dkp, int64_t dvp
     w.S = carve(&ws, FK * FQ);
     w.dP = carve(&ws, FK * FQ);
     w.Z = carve(&ws, FK * FQ);
+    w.dcap = carve(&ws, FK * FQ);
     w.kt = carve(&ws, FK * dkp);
     w.vt = carve(&ws, FK * dvp);
     w.dq = carve(&ws, FQ * dkp);
@@ -106,23 +107,28 @@ static void prep_qblock(const kctx *c, const bctx *bc, const bws *w, int64_t b, 
 }
 
 /* One (query block, key tile) of the backward: recompute P, dP, dS and add
- * the tile's share to dV, dK (rows j0.., when non-NULL) and dQ (block rows). */
+ * the tile's share to dV, dK (rows j0.., when non-NULL) and dQ (block rows).
+ * h is the query head; K, V are read at K/V head KVH(h). */
 static void bwd_tile(const kctx *c, const qblock *qb, const bws *w, int64_t b, int64_t h,
                      int64_t j0, int64_t nk, float *dk_acc, float *dv_acc, float *dq_acc) {
     const attn_problem *pr = c->pr;
+    const int64_t hk = KVH(pr, h);
+    const int cap = pr->softcap > 0.0f;
     const int64_t Dk = pr->Dk, Dv = pr->Dv, dkp = c->dkp, dvp = c->dvp;
     const int64_t nq = qb->nq, nqv = qb->nqv, nvq = nqv / VL;
     const attn_tensor *K = c->k, *V = c->v;
     float *S = w->S, *dP = w->dP, *Z = w->Z;
     const int safe =
-        !(qb->finite && rows_finite(K, b, h, j0, nk, Dk) && rows_finite(V, b, h, j0, nk, Dv));
+        !(qb->finite && rows_finite(K, b, hk, j0, nk, Dk) && rows_finite(V, b, hk, j0, nk, Dv));
     const int mode = safe ? TILE_SAFE : c->mode;
 
-    const tile_prod ts = {nk,  nvq, Dk, row_of(K, b, h, j0), K->stride[2], K->stride[3], qb->qt,
+    const tile_prod ts = {nk,  nvq, Dk, row_of(K, b, hk, j0), K->stride[2], K->stride[3], qb->qt,
                           nqv, S,   nqv};
     gemm_d(&ts, pr->scale, c->mode);
+    if (attn_has_score_variants(pr))
+        variants_tile(pr, S, nqv, h, qb->i0, nq, j0, nk, cap ? w->dcap : NULL);
     mask_tile(pr, S, nqv, b, h, qb->i0, nq, j0, nk);
-    const tile_prod tp = {nk,  nvq, Dv, row_of(V, b, h, j0), V->stride[2], V->stride[3], qb->dout_t,
+    const tile_prod tp = {nk,  nvq, Dv, row_of(V, b, hk, j0), V->stride[2], V->stride[3], qb->dout_t,
                           nqv, dP,  nqv};
     gemm_d(&tp, 1.0f, c->mode);
     if (pr->dropout) dropout_tile(pr, Z, nqv, b, h, qb->i0, nq, j0, nk, 0);
@@ -135,8 +141,11 @@ static void bwd_tile(const kctx *c, const qblock *qb, const bws *w, int64_t b, i
             const vf p = v_zero_if_eq(v_exp(v_sub(x, lv)), x, kNegInf);
             vf dp = v_load(dP + o);
             if (pr->dropout) dp = v_mul(dp, v_load(Z + o));
-            /* dS = scale · P ∘ (dP - D), exactly 0 where P is 0. */
-            v_store(dP + o, v_zero_if_eq(v_mul(v_mul(sc, p), v_sub(dp, dv)), p, 0.0f));
+            /* dS = scale · P ∘ (dP - D) (∘ (1 - tanh²) under a cap), exactly
+             * 0 where P is 0. */
+            vf ds = v_mul(v_mul(sc, p), v_sub(dp, dv));
+            if (cap) ds = v_mul(ds, v_load(w->dcap + o));
+            v_store(dP + o, v_zero_if_eq(ds, p, 0.0f));
             v_store(S + o, pr->dropout ? v_mul(p, v_load(Z + o)) : p);
         }
     }
@@ -150,7 +159,7 @@ static void bwd_tile(const kctx *c, const qblock *qb, const bws *w, int64_t b, i
     }
     if (dq_acc) {
         int64_t ldk;
-        const float *kb = key_rows(K, c->k_rows, b, h, j0, nk, Dk, dkp, w->kt, &ldk);
+        const float *kb = key_rows(K, c->k_rows, b, hk, j0, nk, Dk, dkp, w->kt, &ldk);
         const tile_prod t = {nq, dkp / VL, nk, dP, 1, nqv, kb, ldk, dq_acc, dkp};
         gemm(&t, 1, 1.0f, mode);
     }
@@ -194,46 +203,49 @@ static bws bwd_thread(const kctx *c, const bscratch *s, float **dka, float **dva
     return bwd_carve(c->pr, base, c->dkp, c->dvp);
 }
 
-/* One pass per (b, h): every query block against every key tile, dK/dV
- * accumulated for the whole head. */
+/* One pass per (b, K/V head): every query head of its group (in head
+ * order), every query block against every key tile, dK/dV accumulated for
+ * the whole group in that one order (the two-pass scheme's too). */
 static void bwd_one_pass(const kctx *c, const attn_fused_call *call, const bctx *bc,
                          const bscratch *s) {
     const attn_problem *pr = c->pr;
-    const int64_t H = pr->H, Lk = pr->Lk, nqb = (pr->Lq + FQ - 1) / FQ;
+    const int64_t Hk = pr->Hkv, G = pr->group, Lk = pr->Lk, nqb = (pr->Lq + FQ - 1) / FQ;
 #pragma omp parallel for num_threads(pr->threads) schedule(dynamic, 1)
-    for (int64_t bh = 0; bh < pr->B * H; bh++) {
+    for (int64_t bh = 0; bh < pr->B * Hk; bh++) {
         float *dka, *dva;
         const bws w = bwd_thread(c, s, &dka, &dva);
-        const int64_t b = bh / H, h = bh % H;
+        const int64_t b = bh / Hk, hk = bh % Hk;
         memset(dka, 0, (size_t)(Lk * c->dkp) * sizeof(float));
         memset(dva, 0, (size_t)(Lk * c->dvp) * sizeof(float));
-        for (int64_t blk = 0; blk < nqb; blk++)
-            bwd_block(c, call, bc, &w, b, h, blk, 0, INT64_MAX, dka, dva, 0, w.dq);
-        write_rows(call->dk, b, h, 0, Lk, pr->Dk, dka, c->dkp);
-        write_rows(call->dv, b, h, 0, Lk, pr->Dv, dva, c->dvp);
+        for (int64_t h = hk * G; h < (hk + 1) * G; h++)
+            for (int64_t blk = 0; blk < nqb; blk++)
+                bwd_block(c, call, bc, &w, b, h, blk, 0, INT64_MAX, dka, dva, 0, w.dq);
+        write_rows(call->dk, b, hk, 0, Lk, pr->Dk, dka, c->dkp);
+        write_rows(call->dv, b, hk, 0, Lk, pr->Dv, dva, c->dvp);
     }
 }
 
-/* Two passes: dK, dV by (head, group of KGROUP key tiles), then dQ by
- * (head, query block). */
+/* Two passes: dK, dV by (K/V head, group of KGROUP key tiles; the query
+ * heads of its group in head order), then dQ by (query head, query block). */
 static void bwd_two_pass(const kctx *c, const attn_fused_call *call, const bctx *bc,
                          const bscratch *s) {
     const attn_problem *pr = c->pr;
-    const int64_t H = pr->H, Lk = pr->Lk, nqb = (pr->Lq + FQ - 1) / FQ;
+    const int64_t H = pr->H, Hk = pr->Hkv, G = pr->group, Lk = pr->Lk, nqb = (pr->Lq + FQ - 1) / FQ;
     const int64_t ntile = (Lk + FK - 1) / FK, ngrp = (ntile + KGROUP - 1) / KGROUP;
 #pragma omp parallel for num_threads(pr->threads) schedule(dynamic, 1)
-    for (int64_t it = 0; it < pr->B * H * ngrp; it++) {
+    for (int64_t it = 0; it < pr->B * Hk * ngrp; it++) {
         float *dka, *dva;
         const bws w = bwd_thread(c, s, &dka, &dva);
-        const int64_t bh = it / ngrp, g = it % ngrp, b = bh / H, h = bh % H;
+        const int64_t bh = it / ngrp, g = it % ngrp, b = bh / Hk, hk = bh % Hk;
         const int64_t g0 = g * KGROUP * FK, g1 = imin(Lk, g0 + KGROUP * FK);
         memset(dka, 0, (size_t)((g1 - g0) * c->dkp) * sizeof(float));
         memset(dva, 0, (size_t)((g1 - g0) * c->dvp) * sizeof(float));
-        for (int64_t blk = 0; blk < nqb; blk++)
-            bwd_block(c, call, bc, &w, b, h, blk, g * KGROUP, imin(ntile, (g + 1) * KGROUP), dka,
-                      dva, g0, NULL);
-        write_rows(call->dk, b, h, g0, g1 - g0, pr->Dk, dka, c->dkp);
-        write_rows(call->dv, b, h, g0, g1 - g0, pr->Dv, dva, c->dvp);
+        for (int64_t h = hk * G; h < (hk + 1) * G; h++)
+            for (int64_t blk = 0; blk < nqb; blk++)
+                bwd_block(c, call, bc, &w, b, h, blk, g * KGROUP, imin(ntile, (g + 1) * KGROUP),
+                          dka, dva, g0, NULL);
+        write_rows(call->dk, b, hk, g0, g1 - g0, pr->Dk, dka, c->dkp);
+        write_rows(call->dv, b, hk, g0, g1 - g0, pr->Dv, dva, c->dvp);
     }
 #pragma omp parallel for num_threads(pr->threads) schedule(dynamic, 1)
     for (int64_t it = 0; it < pr->B * H * nqb; it++) {

@@ -36,8 +36,9 @@ static inline float dec_dot(const kctx *c, const float *qr, const float *kr, flo
     return c->pr->scale * v_hsum(acc);
 }
 
-/* Scores s[j - a] of query row qr against keys [a, e): scale·q·k, additive
- * mask added, bool-masked keys -inf. */
+/* Scores s[j - a] of query row qr (query head h) against keys [a, e) of
+ * K/V head KVH(h): scale·q·k, soft-capped and ALiBi-biased, additive mask
+ * added, bool-masked keys -inf. */
 static void dec_scores(const kctx *c, const float *qr, float *tmp, int64_t b, int64_t h, int64_t i,
                        int64_t a, int64_t e, float *s) {
     const attn_problem *pr = c->pr;
@@ -45,6 +46,7 @@ static void dec_scores(const kctx *c, const float *qr, float *tmp, int64_t b, in
         pr->bmask ? pr->bmask + b * pr->bms[0] + h * pr->bms[1] + i * pr->bms[2] : NULL;
     const float *am =
         pr->amask ? pr->amask + b * pr->ams[0] + h * pr->ams[1] + i * pr->ams[2] : NULL;
+    const int variants = attn_has_score_variants(pr); /* soft-capping, ALiBi: before the masks */
     int64_t j = a;
 #if VL == 16 && defined(__GNUC__) && !defined(__clang__)
     /* 16 keys at a time, bitwise dec_dot's: each key's lane sums acc (its
@@ -57,7 +59,7 @@ static void dec_scores(const kctx *c, const float *qr, float *tmp, int64_t b, in
         const int64_t Dk = pr->Dk, ks = c->k->stride[2];
         const vf sc = v_set1(pr->scale);
         for (; j + 16 <= e; j += 16) {
-            const float *kr = row_of(c->k, b, h, j);
+            const float *kr = row_of(c->k, b, KVH(pr, h), j);
             for (int u = 0; u < 16; u++, kr += ks) {
                 vf acc = v_zero();
                 for (int64_t d = 0; d < Dk; d += VL) acc = v_fma(v_load(qr + d), v_load(kr + d), acc);
@@ -72,6 +74,7 @@ static void dec_scores(const kctx *c, const float *qr, float *tmp, int64_t b, in
             v_store(s + (j - a), v_mul(sc, v_add(r[0], r[1])));
         }
         for (int64_t u = a; u < j; u++) {
+            if (variants) s[u - a] = attn_score_variants(pr, h, i, u, s[u - a], NULL);
             if (bm && !bm[u * pr->bms[3]]) s[u - a] = -INFINITY;
             else if (am) s[u - a] += am[u * pr->ams[3]];
         }
@@ -82,7 +85,8 @@ static void dec_scores(const kctx *c, const float *qr, float *tmp, int64_t b, in
             s[j - a] = -INFINITY;
             continue;
         }
-        float x = dec_dot(c, qr, row_of(c->k, b, h, j), tmp);
+        float x = dec_dot(c, qr, row_of(c->k, b, KVH(pr, h), j), tmp);
+        if (variants) x = attn_score_variants(pr, h, i, j, x, NULL);
         if (am) x += am[j * pr->ams[3]];
         s[j - a] = x;
     }
@@ -104,7 +108,8 @@ static void dec_pv(const kctx *c, int64_t b, int64_t h, int64_t a, int64_t n, co
     const int64_t Dv = c->pr->Dv, dvp = c->dvp;
     memset(acc, 0, (size_t)dvp * sizeof(float));
     if (c->v_rows) {
-        const tile_prod t = {1, dvp / VL, n, s, 0, 1, row_of(V, b, h, a), V->stride[2], acc, dvp};
+        const tile_prod t = {1,   dvp / VL, n, s, 0, 1, row_of(V, b, KVH(c->pr, h), a), V->stride[2],
+                             acc, dvp};
         gemm(&t, 0, 1.0f, c->mode);
         vf bad = v_zero();
         for (int64_t d = 0; d < dvp; d += VL) bad = v_fma(v_load(acc + d), v_zero(), bad);
@@ -115,7 +120,7 @@ static void dec_pv(const kctx *c, int64_t b, int64_t h, int64_t a, int64_t n, co
     for (int64_t j = 0; j < n; j++) {
         const float p = s[j];
         if (p == 0.0f) continue; /* zero weight: V row not read (reference semantics) */
-        const float *vr = row_of(V, b, h, a + j);
+        const float *vr = row_of(V, b, KVH(c->pr, h), a + j);
         if (!vcontig) {
             copy_row(tmp, vr, V->stride[3], Dv, dvp);
             vr = tmp;
@@ -193,7 +198,7 @@ static void dec_merge_row(const kctx *c, const attn_fused_call *call, int64_t r,
     ilrow[r] = 0.0f;
     if (M == -INFINITY) {
         for (int64_t d = 0; d < Dv; d++) o[d * so] = 0.0f;
-        lsv[r] = -INFINITY;
+        lsv[r] = pr->sinks ? pr->sinks[h] : -INFINITY; /* a sink takes the whole mass */
         return;
     }
     float L = 0.0f;
@@ -207,10 +212,11 @@ static void dec_merge_row(const kctx *c, const attn_fused_call *call, int64_t r,
         for (int64_t d = 0; d < dvp; d += VL)
             v_store(ob + d, v_fma(fv, v_load(acc + ch * dvp + d), v_load(ob + d)));
     }
-    const float inv = 1.0f / L;
-    for (int64_t d = 0; d < Dv; d++) o[d * so] = ob[d] * inv;
-    lsv[r] = M + logf(L);
-    mrow[r] = M;
+    float MM, inv, ls; /* the sink (if any) joins the sum */
+    const float f = attn_sink_fold(M, L, pr->sinks ? pr->sinks[h] : -INFINITY, &MM, &inv, &ls);
+    for (int64_t d = 0; d < Dv; d++) o[d * so] = ob[d] * f;
+    lsv[r] = ls;
+    mrow[r] = MM;
     ilrow[r] = inv;
 }
 

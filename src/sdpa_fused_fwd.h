@@ -42,14 +42,16 @@ static void fwd_block_init(const kctx *c, float *ws, int64_t b, int64_t h, int64
     block_tiles(pr, b, i0, nq, &f->hlo, &f->hhi, &f->t0, &f->t1);
 }
 
-/* S = scale·K·Qᵀ for keys [j0, j0 + nk) of the block, masked. */
+/* S = scale·K·Qᵀ for keys [j0, j0 + nk) of the block (K/V head KVH(h)),
+ * soft-capped and ALiBi-biased, masked. */
 static void fwd_scores(const kctx *c, const fblock *f, int64_t j0, int64_t nk) {
     const attn_problem *pr = c->pr;
     const attn_tensor *K = c->k;
-    const tile_prod t = {nk,           f->nvq,       pr->Dk, row_of(K, f->b, f->h, j0),
+    const tile_prod t = {nk,           f->nvq,       pr->Dk, row_of(K, f->b, KVH(pr, f->h), j0),
                          K->stride[2], K->stride[3], f->qt,  f->nqv,
                          f->S,         f->nqv};
     gemm_d(&t, pr->scale, c->mode);
+    if (attn_has_score_variants(pr)) variants_tile(pr, f->S, f->nqv, f->h, f->i0, f->nq, j0, nk, NULL);
     mask_tile(pr, f->S, f->nqv, f->b, f->h, f->i0, f->nq, j0, nk);
 }
 
@@ -95,7 +97,7 @@ static void fwd_tile(const kctx *c, const fblock *f, int64_t j0, int64_t nk, int
             for (int64_t d = 0; d < dvp; d += VL) v_store(o + d, v_mul(v_load(o + d), a));
         }
     int64_t ldv;
-    const float *vb = key_rows(c->v, c->v_rows, f->b, f->h, j0, nk, pr->Dv, dvp, f->vt, &ldv);
+    const float *vb = key_rows(c->v, c->v_rows, f->b, KVH(pr, f->h), j0, nk, pr->Dv, dvp, f->vt, &ldv);
     const tile_prod t = {f->nq, dvp / VL, nk, f->S, 1, f->nqv, vb, ldv, f->O, dvp};
     gemm(&t, 1, 1.0f, mode);
 }
@@ -111,13 +113,16 @@ static int fwd_poisoned(const kctx *c, const fblock *f) {
     return v_hsum(bad) != 0.0f; /* NaN iff some entry was NaN or Inf */
 }
 
-/* out = O / l and lse per row; al becomes 1/l (for the weights). */
+/* out = O / l and lse per row, the head's sink (if any) joining the sum
+ * (attn_sink_fold); m and al become the max and 1/sum the weights use. */
 static void fwd_finish(const kctx *c, const fblock *f, const attn_tensor *out, float *lse_out) {
     const int64_t Dv = c->pr->Dv, so = out->stride[3];
+    const float sink = c->pr->sinks ? c->pr->sinks[f->h] : -INFINITY;
     for (int64_t i = 0; i < f->nq; i++) {
         float *o = row_mut(out, f->b, f->h, f->i0 + i);
         const float L = f->l[i];
-        const float inv = 1.0f / L; /* NaN for a poisoned row */
+        float M, il, ls;
+        const float inv = attn_sink_fold(f->m[i], L, sink, &M, &il, &ls); /* NaN: poisoned row */
         const float *src = f->O + i * c->dvp;
         if (L == 0.0f) { /* no visible key: exactly 0, whatever O holds */
             for (int64_t d = 0; d < Dv; d++) o[d * so] = 0.0f;
@@ -129,8 +134,9 @@ static void fwd_finish(const kctx *c, const fblock *f, const attn_tensor *out, f
         } else {
             for (int64_t d = 0; d < Dv; d++) o[d * so] = src[d] * inv;
         }
-        if (lse_out) lse_out[i] = L == 0.0f ? -INFINITY : f->m[i] + logf(L);
-        f->al[i] = 1.0f / L;
+        if (lse_out) lse_out[i] = ls;
+        f->m[i] = M;
+        f->al[i] = il;
     }
 }
 

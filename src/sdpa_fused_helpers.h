@@ -55,6 +55,29 @@ static inline float *row_mut(const attn_tensor *t, int64_t b, int64_t h, int64_t
     return t->data + b * t->stride[0] + h * t->stride[1] + l * t->stride[2];
 }
 
+/* The K/V head that query head h reads (grouped-query attention: query
+ * heads h·G .. h·G + G - 1 share K/V head h, G = pr->group). Masks, dropout,
+ * ALiBi slopes and sinks are indexed by the query head, K/V rows and dK/dV
+ * by this one. */
+#define KVH(pr, h) ((h) / (pr)->group)
+
+/* Soft-capping and ALiBi (attn_score_variants, attn.h's order: after the
+ * scale, before the masks) on a tile Sᵀ[nk][ld] of query rows [i0, i0 +
+ * nq) of query head h, keys [j0, j0 + nk). dcap (optional, [nk][ld]) gets
+ * 1 - tanh² per element (1 in the padding lanes), the factor the backward
+ * multiplies dS by. Scalar tanhf, the reference's function, so that the
+ * fused and reference scores agree to the bit before the masks. */
+static void variants_tile(const attn_problem *pr, float *S, int64_t ld, int64_t h, int64_t i0,
+                          int64_t nq, int64_t j0, int64_t nk, float *dcap) {
+    for (int64_t j = 0; j < nk; j++) {
+        float *s = S + j * ld, *dc = dcap ? dcap + j * ld : NULL;
+        for (int64_t i = 0; i < nq; i++)
+            s[i] = attn_score_variants(pr, h, i0 + i, j0 + j, s[i], dc ? dc + i : NULL);
+        if (dc)
+            for (int64_t i = nq; i < ld; i++) dc[i] = 1.0f;
+    }
+}
+
 /* Keys [lo, hi) that some row of [i0, i0 + nq) sees (lo and hi of a row
  * never decrease with the row). */
 static void block_hull(const attn_problem *pr, int64_t b, int64_t i0, int64_t nq, int64_t *lo,

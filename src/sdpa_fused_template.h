@@ -99,7 +99,11 @@ static attn_status fused_backward(const attn_fused_call *call, attn_error *err) 
     kctx c;
     make_ctx(&c, call);
     if (call->varlen) return varlen_backward(&c, call, err);
-    if (call->pr->Lq <= FUSED_DECODE_MAXLQ) return dec_backward(&c, call, err);
+    /* The decode backward writes each key's dK/dV row from one query head;
+     * grouped heads and the score variants take the tiled backward (any Lq). */
+    const attn_problem *pr = call->pr;
+    if (pr->Lq <= FUSED_DECODE_MAXLQ && pr->group == 1 && !attn_has_score_variants(pr))
+        return dec_backward(&c, call, err);
     return bwd_backward(&c, call, err);
 }
 

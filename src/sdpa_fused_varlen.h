@@ -154,7 +154,7 @@ static attn_status varlen_forward(const kctx *c0, const attn_fused_call *call, a
 static attn_status varlen_backward(const kctx *c0, const attn_fused_call *call, attn_error *err) {
     const attn_problem *pr = call->pr;
     const attn_varlen *varlen = call->varlen;
-    const int64_t n = varlen->n, H = pr->H;
+    const int64_t n = varlen->n, H = pr->H, Hk = pr->Hkv, G = pr->group;
     const int one = attn_fused_varlen_one_pass(pr, varlen);
     int64_t *ord, *first = malloc((size_t)(n + 1) * sizeof *first);
     vseq *sq = first ? varlen_seqs(c0, call, &ord) : NULL;
@@ -175,39 +175,42 @@ static attn_status varlen_backward(const kctx *c0, const attn_fused_call *call, 
                          pr->threads, (long long)bs.per);
     }
     const int64_t Dk = pr->Dk, Dv = pr->Dv, dkp = c0->dkp, dvp = c0->dvp;
-    if (one) { /* as bwd_one_pass, per (sequence, head) */
-        varlen_plan(sq, ord, n, H, VARLEN_HEADS, first);
+    if (one) { /* as bwd_one_pass, per (sequence, K/V head) */
+        varlen_plan(sq, ord, n, Hk, VARLEN_HEADS, first);
 #pragma omp parallel for num_threads(pr->threads) schedule(dynamic, 1)
         for (int64_t it = 0; it < first[n]; it++) {
-            int64_t h, u;
-            const vseq *e = varlen_item(sq, ord, first, n, VARLEN_HEADS, it, &h, &u);
+            int64_t hk, u;
+            const vseq *e = varlen_item(sq, ord, first, n, VARLEN_HEADS, it, &hk, &u);
             const int64_t Lk = e->pr.Lk;
             float *dka, *dva;
             const bws w = bwd_thread(c0, &bs, &dka, &dva);
             memset(dka, 0, (size_t)(Lk * dkp) * sizeof(float));
             memset(dva, 0, (size_t)(Lk * dvp) * sizeof(float));
-            for (int64_t blk = 0; blk < e->nqb; blk++)
-                bwd_block(&e->c, &e->call, &e->bc, &w, 0, h, blk, 0, INT64_MAX, dka, dva, 0, w.dq);
-            write_rows(&e->dk, 0, h, 0, Lk, Dk, dka, dkp);
-            write_rows(&e->dv, 0, h, 0, Lk, Dv, dva, dvp);
+            for (int64_t h = hk * G; h < (hk + 1) * G; h++)
+                for (int64_t blk = 0; blk < e->nqb; blk++)
+                    bwd_block(&e->c, &e->call, &e->bc, &w, 0, h, blk, 0, INT64_MAX, dka, dva, 0,
+                              w.dq);
+            write_rows(&e->dk, 0, hk, 0, Lk, Dk, dka, dkp);
+            write_rows(&e->dv, 0, hk, 0, Lk, Dv, dva, dvp);
         }
-    } else { /* as bwd_two_pass, per (sequence, head, key group), then query block */
-        varlen_plan(sq, ord, n, H, VARLEN_KGROUPS, first);
+    } else { /* as bwd_two_pass, per (sequence, K/V head, key group), then query block */
+        varlen_plan(sq, ord, n, Hk, VARLEN_KGROUPS, first);
 #pragma omp parallel for num_threads(pr->threads) schedule(dynamic, 1)
         for (int64_t it = 0; it < first[n]; it++) {
-            int64_t h, g;
-            const vseq *e = varlen_item(sq, ord, first, n, VARLEN_KGROUPS, it, &h, &g);
+            int64_t hk, g;
+            const vseq *e = varlen_item(sq, ord, first, n, VARLEN_KGROUPS, it, &hk, &g);
             const int64_t Lk = e->pr.Lk, ntile = (Lk + FK - 1) / FK;
             const int64_t g0 = g * KGROUP * FK, g1 = imin(Lk, g0 + KGROUP * FK);
             float *dka, *dva;
             const bws w = bwd_thread(c0, &bs, &dka, &dva);
             memset(dka, 0, (size_t)((g1 - g0) * dkp) * sizeof(float));
             memset(dva, 0, (size_t)((g1 - g0) * dvp) * sizeof(float));
-            for (int64_t blk = 0; blk < e->nqb; blk++)
-                bwd_block(&e->c, &e->call, &e->bc, &w, 0, h, blk, g * KGROUP,
-                          imin(ntile, (g + 1) * KGROUP), dka, dva, g0, NULL);
-            write_rows(&e->dk, 0, h, g0, g1 - g0, Dk, dka, dkp);
-            write_rows(&e->dv, 0, h, g0, g1 - g0, Dv, dva, dvp);
+            for (int64_t h = hk * G; h < (hk + 1) * G; h++)
+                for (int64_t blk = 0; blk < e->nqb; blk++)
+                    bwd_block(&e->c, &e->call, &e->bc, &w, 0, h, blk, g * KGROUP,
+                              imin(ntile, (g + 1) * KGROUP), dka, dva, g0, NULL);
+            write_rows(&e->dk, 0, hk, g0, g1 - g0, Dk, dka, dkp);
+            write_rows(&e->dv, 0, hk, g0, g1 - g0, Dv, dva, dvp);
         }
         varlen_plan(sq, ord, n, H, VARLEN_QBLOCKS, first);
 #pragma omp parallel for num_threads(pr->threads) schedule(dynamic, 1)

@@ -202,10 +202,15 @@ static void run_errs(const vdims *d, lbufs *L, const attn_sdpa_params *p0, attn_
     attn_sdpa_params p = *p0;
     p.impl = impl, p.num_threads = threads, p.d_sinks = L->ds;
     attn_error err;
-    attn_status s = attn_sdpa_forward(&tq, &tk, &tv, &p, &to, L->w, L->lse, NULL, &err);
+    attn_sdpa_info fi, bi;
+    attn_status s = attn_sdpa_forward(&tq, &tk, &tv, &p, &to, L->w, L->lse, &fi, &err);
     CHECK(s == ATTN_OK, "forward: %s", err.message);
-    s = attn_sdpa_backward(&tq, &tk, &tv, &to, L->lse, &tg, &p, &tdq, &tdk, &tdv, NULL, &err);
+    s = attn_sdpa_backward(&tq, &tk, &tv, &to, L->lse, &tg, &p, &tdq, &tdk, &tdv, &bi, &err);
     CHECK(s == ATTN_OK, "backward: %s", err.message);
+    /* auto: the fused kernels take every variant (fp32) */
+    const attn_impl want = impl == ATTN_IMPL_AUTO ? ATTN_IMPL_FUSED : impl;
+    CHECK(fi.impl == want && bi.impl == want, "impl %d: forward ran %d (%s), backward %d (%s)",
+          (int)impl, (int)fi.impl, fi.reason, (int)bi.impl, bi.reason);
     const size_t no = (size_t)(B * H * d->Lq * d->Dv), nr = (size_t)(B * H * d->Lq);
     e[0] = tu_maxdiff(L->o, want_o, no) / fmax(maxabs_d(want_o, no), 1e-3);
     e[1] = tu_maxdiff(L->lse, want_lse, nr);
@@ -379,11 +384,14 @@ static void test_threads(void) {
             p.causal = 1, p.use_softcap = 1, p.softcap = 3.0f, p.alibi_slopes = slopes;
             p.sinks = sinks, p.d_sinks = ds, p.num_threads = t ? 3 : 1;
             attn_error err;
-            CHECK(attn_sdpa_forward(&tq, &tk, &tv, &p, &to, NULL, lse, NULL, &err) == ATTN_OK, "%s",
+            attn_sdpa_info fi, bi;
+            CHECK(attn_sdpa_forward(&tq, &tk, &tv, &p, &to, NULL, lse, &fi, &err) == ATTN_OK, "%s",
                   err.message);
-            CHECK(attn_sdpa_backward(&tq, &tk, &tv, &to, lse, &tg, &p, &tdq, &tdk, &tdv, NULL,
+            CHECK(attn_sdpa_backward(&tq, &tk, &tv, &to, lse, &tg, &p, &tdq, &tdk, &tdv, &bi,
                                      &err) == ATTN_OK,
                   "%s", err.message);
+            CHECK(fi.impl == ATTN_IMPL_FUSED && bi.impl == ATTN_IMPL_FUSED, "not fused: %s / %s",
+                  fi.reason, bi.reason);
             res[t][0] = o, res[t][1] = lse, res[t][2] = dq, res[t][3] = dk, res[t][4] = dv;
             res[t][5] = ds;
         }
@@ -423,12 +431,16 @@ static void test_varlen(void) {
         p.causal = 1, p.use_softcap = 1, p.softcap = 2.0f, p.alibi_slopes = slopes, p.sinks = sinks;
         p.d_sinks = ds, p.impl = impl ? ATTN_IMPL_AUTO : ATTN_IMPL_REFERENCE;
         attn_error err;
-        CHECK(attn_sdpa_varlen_forward(&tq, &tk, &tv, 3, cq, ck, &p, &to, NULL, lse, NULL, &err) ==
+        attn_sdpa_info fi, bi;
+        CHECK(attn_sdpa_varlen_forward(&tq, &tk, &tv, 3, cq, ck, &p, &to, NULL, lse, &fi, &err) ==
                   ATTN_OK,
               "varlen forward: %s", err.message);
         CHECK(attn_sdpa_varlen_backward(&tq, &tk, &tv, &to, lse, &tg, 3, cq, ck, &p, &tdq, &tdk,
-                                        &tdv, NULL, &err) == ATTN_OK,
+                                        &tdv, &bi, &err) == ATTN_OK,
               "varlen backward: %s", err.message);
+        const attn_impl want = impl ? ATTN_IMPL_FUSED : ATTN_IMPL_REFERENCE;
+        CHECK(fi.impl == want && bi.impl == want, "varlen impl %d ran: %s / %s", impl, fi.reason,
+              bi.reason);
         double wds[4] = {0, 0, 0, 0}, eo = 0, edq = 0, edk = 0, edv = 0, el = 0;
         for (int s = 0; s < 3; s++) {
             const vdims d = {1, H, Hk, cq[s + 1] - cq[s], ck[s + 1] - ck[s], D, D};
@@ -517,14 +529,39 @@ static void test_bf16(void) {
                     tdq = attn_tensor_bhld(gq, 2, 4, 70, 16), tdk = attn_tensor_bhld(gk, 2, 2, 100, 16),
                     tdv = attn_tensor_bhld(gv, 2, 2, 100, 16);
         attn_sdpa_params pb = p;
-        pb.dtype = pb.out_dtype = ATTN_BF16, pb.d_sinks = gs;
+        pb.dtype = pb.out_dtype = ATTN_BF16, pb.d_sinks = gs, pb.num_threads = 1;
         pb.impl = impl ? ATTN_IMPL_AUTO : ATTN_IMPL_REFERENCE;
         attn_error err;
-        CHECK(attn_sdpa_forward(&tq, &tk, &tv, &pb, &to, NULL, ls, NULL, &err) == ATTN_OK, "%s",
+        attn_sdpa_info fi, bi;
+        CHECK(attn_sdpa_forward(&tq, &tk, &tv, &pb, &to, NULL, ls, &fi, &err) == ATTN_OK, "%s",
               err.message);
-        CHECK(attn_sdpa_backward(&tq, &tk, &tv, &to, ls, &tg, &pb, &tdq, &tdk, &tdv, NULL, &err) ==
+        CHECK(attn_sdpa_backward(&tq, &tk, &tv, &to, ls, &tg, &pb, &tdq, &tdk, &tdv, &bi, &err) ==
                   ATTN_OK,
               "%s", err.message);
+        const attn_impl want = impl ? ATTN_IMPL_FUSED : ATTN_IMPL_REFERENCE;
+        CHECK(fi.impl == want && bi.impl == want, "bf16 impl %d ran: %s / %s", impl, fi.reason,
+              bi.reason);
+        if (impl) { /* the bf16 kernels: the same bits on 3 threads (two-pass schemes) */
+            uint16_t *o3 = tu_malloc(nq * 2);
+            float *ls3 = tu_malloc(nq / 16 * 4), *gq3 = tu_malloc(nq * 4), *gk3 = tu_malloc(nk * 4),
+                  *gv3 = tu_malloc(nk * 4), gs3[4];
+            attn_tensor to3 = attn_tensor_bhld_bf16(o3, 2, 4, 70, 16),
+                        tdq3 = attn_tensor_bhld(gq3, 2, 4, 70, 16),
+                        tdk3 = attn_tensor_bhld(gk3, 2, 2, 100, 16),
+                        tdv3 = attn_tensor_bhld(gv3, 2, 2, 100, 16);
+            attn_sdpa_params p3 = pb;
+            p3.num_threads = 3, p3.d_sinks = gs3;
+            CHECK(attn_sdpa_forward(&tq, &tk, &tv, &p3, &to3, NULL, ls3, NULL, &err) == ATTN_OK,
+                  "%s", err.message);
+            CHECK(attn_sdpa_backward(&tq, &tk, &tv, &to3, ls3, &tg, &p3, &tdq3, &tdk3, &tdv3, NULL,
+                                     &err) == ATTN_OK,
+                  "%s", err.message);
+            CHECK(memcmp(o, o3, nq * 2) == 0 && memcmp(ls, ls3, nq / 16 * 4) == 0 &&
+                      memcmp(gq, gq3, nq * 4) == 0 && memcmp(gk, gk3, nk * 4) == 0 &&
+                      memcmp(gv, gv3, nk * 4) == 0 && memcmp(gs, gs3, sizeof gs) == 0,
+                  "bf16: threads 1 (default %d) vs 3 differ", pb.num_threads);
+            free(o3), free(ls3), free(gq3), free(gk3), free(gv3);
+        }
         attn_f32_from_bf16(o, of, nq);
         const double eo = gu_relerr(of, out, nq, 1e-3), eq = gu_relerr(gq, dq, nq, 1e-3),
                      ek = gu_relerr(gk, dk, nk, 1e-3), ev = gu_relerr(gv, dv, nk, 1e-3),

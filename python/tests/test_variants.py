@@ -122,8 +122,10 @@ def test_torch_variants_vs_math(dtype, mask_kind, gqa, softcap, alibi, sink):
     out = at.scaled_dot_product_attention(*inso, enable_gqa=gqa, softcap=softcap,
                                           alibi_slopes=slopes, sinks=so, **ours)
     assert out.dtype == dtype and out.shape == ref.shape
+    assert attn.last_path()[0] == "fused", attn.last_path()  # the fused kernels take every variant
     go_ours = go.to(dtype)
     out.backward(go_ours)
+    assert attn.last_path()[0] == "fused", attn.last_path()
     got = [t.grad for t in inso] + ([so.grad] if sink else [])
     slack = 1e-5 if dtype == torch.float32 else 1e-3
     names = ["out", "dq", "dk", "dv", "dsinks"]
