@@ -28,6 +28,10 @@ N=${MAIN_JOB_N:-1000}
 OUT=${MAIN_JOB_OUT:-out/main_job}
 DATA=data/moses_20k.smi
 SHIPPED=${MAIN_JOB_SHIPPED:-models/molgen-moses.safetensors}
+ZINC=${MAIN_JOB_ZINC:-models/molgen-zinc.safetensors}
+# the ZINC prior's samples are measured against ZINC250k (a 24k subset, for
+# time) when ../shared/data has it
+ZINC_REF=../shared/data/zinc250k_24k.smi
 FRESH=$OUT/fresh.safetensors
 SEED=2024
 MAX_REF=${MAIN_JOB_MAX_REF:-2000}   # reference molecules for SNN/Frag/Scaf/W1
@@ -72,6 +76,7 @@ if [ "$have_shipped" = 1 ]; then
 else
     echo "note: the shipped model $SHIPPED is absent; sampling only the fresh model"
 fi
+if [ -f "$ZINC" ]; then models+=("$ZINC"); names+=(zinc); fi
 models+=("$FRESH"); names+=(fresh)
 for i in "${!models[@]}"; do
     name=${names[$i]}
@@ -106,23 +111,33 @@ if [ "$have_rdkit" = 1 ]; then
     # model's run) is computed once: it does not depend on the samples
     ref_filters=()
     for name in "${names[@]}"; do
-        model=$FRESH
+        model=$FRESH ref=$REF
         [ "$name" = shipped ] && model=$SHIPPED
+        [ "$name" = zinc ] && model=$ZINC
         train=$(train_data_of "$model")
-        echo "  $name: novelty against $train"
-        "$PYTHON" -m molgen.metrics "$OUT/samples_$name.smi" --train "$train" --ref "$REF" \
+        if [ "$name" = zinc ]; then
+            # ZINC250k (240k) takes minutes to canonicalise: its 24k subset
+            if [ -f "$ZINC_REF" ]; then train=$ZINC_REF ref=$ZINC_REF; fi
+        fi
+        echo "  $name: novelty against $train, reference $ref"
+        "$PYTHON" -m molgen.metrics "$OUT/samples_$name.smi" --train "$train" --ref "$ref" \
             --max-ref "$MAX_REF" "${ref_filters[@]}" --json "$OUT/metrics_$name.json" -q \
             > "$OUT/metrics_$name.txt"
-        jsons+=("$name=$OUT/metrics_$name.json")
+        jsons+=("$name=$OUT/metrics_$name.json=$OUT/samples_$name.smi")
         ref_filters=(--no-ref-filters)
     done
     "$PYTHON" - "${jsons[@]}" <<'EOF'
 import json, sys
 cols = []
+from molgen.guacamol import stereo_charge
 for arg in sys.argv[1:]:
-    name, path = arg.split('=', 1)
+    name, path, samples = arg.split('=', 2)
     with open(path) as f:
-        cols.append((name, json.load(f)))
+        d = json.load(f)
+    with open(samples) as f:
+        sc = stereo_charge([l.split()[0] if l.split() else '' for l in f])['samples']
+    d['stereo share'], d['charged share'] = sc['stereo_share'], sc['charge_share']
+    cols.append((name, d))
 
 def get(d, key):
     for part in key.split('.'):
@@ -138,7 +153,8 @@ rows = [('samples', 'n_samples'), ('valid', 'n_valid'), ('validity', 'validity')
         ('W1 QED', 'wasserstein.QED'), ('W1 weight', 'wasserstein.weight'),
         ('mean logP', 'property_means.samples.logP'), ('mean SA', 'property_means.samples.SA'),
         ('mean QED', 'property_means.samples.QED'),
-        ('mean weight', 'property_means.samples.weight')]
+        ('mean weight', 'property_means.samples.weight'),
+        ('stereo share', 'stereo share'), ('charged share', 'charged share')]
 names = [n for n, _ in cols] + ['reference']
 print('%-14s' % 'metric' + ''.join('%12s' % n for n in names))
 for label, key in rows:
@@ -160,7 +176,9 @@ for label, key in rows:
             line += '%12.4f' % v
     print(line)
 print('(MOSES definitions, see python/molgen/metrics.py; "-": not defined for these samples,'
-      ' e.g. Scaf without ring scaffolds; "*": fewer valid samples than k, so over all of them)')
+      ' e.g. Scaf without ring scaffolds; "*": fewer valid samples than k, so over all of them;'
+      ' stereo / charged share: valid samples with a stereo mark / a charged atom; reference:'
+      ' the first model\'s reference set)')
 for name, why in sorted((get(cols[0][1], 'not_computed') or {}).items()):
     print('%s: not computed: %s' % (name, why))
 EOF
