@@ -13,7 +13,8 @@
 #      model reads (molgen score's statuses).
 # Usage: tools/eval_prior.sh MODEL DATA OUTDIR [N] [VAL_FRAC] [SEED]
 # Environment: MOLGEN (default build/molgen/molgen), PYTHON (/usr/bin/python3),
-# THREADS (default 2), SAMPLE_SEED (default 7).
+# THREADS (default 2), SAMPLE_SEED (default 7), N_VALENCE (samples with
+# --constrain valence, default N).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}" OMP_WAIT_POLICY=PASSIVE
@@ -27,7 +28,9 @@ run() { echo "\$ $*" >&2; "$@"; }
 run "$PYTHON" -m molgen.split "$DATA" --val-frac "$VF" --seed "$SEED" \
     --train "$OUT/train.smi" --val "$OUT/val.smi"
 for mode in none valence; do
-    run "$MOLGEN" sample --model "$MODEL" -n "$N" --seed "$SS" --constrain "$mode" --threads "$T" \
+    n=$N
+    [ "$mode" = valence ] && n=${N_VALENCE:-$N}
+    run "$MOLGEN" sample --model "$MODEL" -n "$n" --seed "$SS" --constrain "$mode" --threads "$T" \
         --out "$OUT/samples_$mode.smi"
     run "$PYTHON" -m molgen.metrics "$OUT/samples_$mode.smi" --train "$OUT/train.smi" \
         --ref "$OUT/val.smi" --guacamol --jobs "$T" -q --json "$OUT/metrics_$mode.json" \
