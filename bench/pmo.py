@@ -296,6 +296,11 @@ def limits_table(prior):
         sym = "".join(ch for ch in bare if ch.isalpha() and ch != "H") or "H"
         elems.add(sym.capitalize())
     pt = Chem.GetPeriodicTable()
+    toks_all = [t for t in vocab if not t.startswith("<")]
+    charges = any(t.startswith("[") and ("+" in t or "-" in t) for t in toks_all)
+    stereo_ok = any("@" in t or t in ("/", "\\") for t in toks_all)
+    rings = sorted(int(t) for t in toks_all if t.isdigit())
+    lo_da, hi_da, data = weight_range(meta)
     lines = ["| task | targets (MW Da, tokens) | needs | the prior's limit |", "|---|---|---|---|"]
     verdicts = {}
     for task in TASKS:
@@ -323,7 +328,7 @@ def limits_table(prior):
         for s in targets:
             mol = Chem.MolFromSmiles(s)
             need |= {at.GetSymbol() for at in mol.GetAtoms()}
-            flat = Chem.MolToSmiles(mol, isomericSmiles=False)
+            flat = Chem.MolToSmiles(mol, isomericSmiles=stereo_ok)
             toks = tm.tokenize(flat)
             oov = sorted({t for t in toks if t not in vocab})
             mw = Descriptors.MolWt(mol)
@@ -337,20 +342,41 @@ def limits_table(prior):
         if missing:
             notes.insert(0, "**%s not in the vocabulary**" % ", ".join(missing))
         mws = sorted(set(round(m) for m in verdicts.get(task, [])))
-        hi = [m for m in mws if m > 350]
-        lo = [m for m in mws if m < 250]
+        hi = [m for m in mws if m > hi_da]
+        lo = [m for m in mws if m < lo_da]
         if hi:
-            notes.append("targets above the prior's 250-350 Da (%s)" % ", ".join("%.0f" % m for m in hi))
+            notes.append("targets above the prior's %.0f-%.0f Da (%s)"
+                         % (lo_da, hi_da, ", ".join("%.0f" % m for m in hi)))
         if lo:
-            notes.append("targets below 250 Da (%s)" % ", ".join("%.0f" % m for m in lo))
+            notes.append("targets below %.0f Da (%s)" % (lo_da, ", ".join("%.0f" % m for m in lo)))
         lines.append("| %s | %s | %s | %s |" % (task, "; ".join(desc) or "none",
                                                  " ".join(sorted(need)) or "any",
                                                  "; ".join(notes) or "none"))
-    head = ("The prior %s: vocabulary %s (elements %s; no charges, no stereo, ring closures "
-            "1-6), at most %d tokens, trained on MOSES (250-350 Da)."
-            % (os.path.basename(prior), " ".join(t for t in vocab if not t.startswith("<")),
-               " ".join(sorted(elems)), max_tok))
+    head = ("The prior %s: vocabulary %s (elements %s; %s, %s, ring closures %s), at most %d "
+            "tokens, trained on %s (%.0f-%.0f Da: 0.5th to 99.5th percentile of its data)."
+            % (os.path.basename(prior), " ".join(toks_all), " ".join(sorted(elems)),
+               "charges" if charges else "no charges", "stereo" if stereo_ok else "no stereo",
+               "%d-%d" % (rings[0], rings[-1]) if rings else "none", max_tok, data, lo_da, hi_da))
     return head, "\n".join(lines)
+
+
+def weight_range(meta, n=5000):
+    """(low, high, name): the 0.5th and 99.5th percentiles of the molecular
+    weights of n molecules (evenly spaced) of the prior's training data
+    (its checkpoint's train.data), or MOSES's 250-350 Da when the file is not
+    here."""
+    import numpy as np
+    from rdkit import Chem
+    from rdkit.Chem import Descriptors
+    path = json.loads(meta.get("train", "{}")).get("data") if "train" in meta else None
+    if not path or not os.path.isfile(path):
+        return 250.0, 350.0, "MOSES (its data file is not here: the MOSES range)"
+    with open(path) as f:
+        lines = [l.split()[0] for l in f if l.split()]
+    step = max(1, len(lines) // n)
+    w = [Descriptors.MolWt(m) for m in (Chem.MolFromSmiles(s) for s in lines[::step]) if m]
+    lo, hi = np.percentile(w, [0.5, 99.5])
+    return float(lo), float(hi), os.path.basename(path)
 
 
 # ---------------------------------------------------------------- main
@@ -381,7 +407,8 @@ def main(argv=None):
     ap.add_argument("--section", default="results",
                     help="the page's section: between <!-- pmo:SECTION:begin/end --> (default results)")
     ap.add_argument("--molgen", default=os.path.join(REPO, "build", "molgen", "molgen"))
-    ap.add_argument("--prior", default=os.path.join(REPO, "models", "molgen-moses.safetensors"))
+    # PMO's protocol pre-trains every method's prior on ZINC250k
+    ap.add_argument("--prior", default=os.path.join(REPO, "models", "molgen-zinc.safetensors"))
     ap.add_argument("--optimize-args", default="", help="more molgen optimize options")
     ap.add_argument("--torch-args", default="", help="more molgen.torch_reinvent options")
     ap.add_argument("--quick", action="store_true")
