@@ -12,6 +12,7 @@
 #include "testutil.h"
 #include "grad_util.h"
 #include "ref_oracle.h"
+#include "internal.h" /* attn_test_tanh: the kernels' vector tanh */
 
 /* ------------------------------------------------------------ the oracle */
 
@@ -635,7 +636,68 @@ static void test_errors(void) {
           "MQA backward: %s", e.message);
 }
 
+/* ------------------------------------------ the kernels' vector tanh */
+
+/* Error of y against t = tanh(x) in fp64, in ulps of the float nearest t
+ * (the float spacing at |t|; denormal spacing near 0). */
+static double ulps(float y, double t) {
+    const float tf = (float)t;
+    const double sp = tf == 0.0f ? ldexp(1.0, -149)
+                                 : fabs((double)nextafterf(fabsf(tf), INFINITY) - fabs((double)tf));
+    return fabs((double)y - t) / sp;
+}
+
+/* Soft-capping's tanh on every ISA row the CPU runs (fp32 and bf16 kernels)
+ * against fp64 tanh: tiny |x| (where 1 - 2/(e^{2x} + 1) would cancel: the
+ * polynomial side), the 0.625 switch, large |x| (saturation to ±1),
+ * ±0, ±inf, NaN; and 1 - tanh², the backward's factor, to within the
+ * rounding of t (the reference's 1 - t·t). */
+static void test_tanh(void) {
+    enum { N = 40000 };
+    static float x[N], y[N];
+    int n = 0;
+    for (int e = -149; e <= 6 && n < N - 200; e++) /* ±2^e and the 2^e..2^e+1 ramp */
+        for (int k = 0; k < 24; k++) {
+            const float a = ldexpf(1.0f + (float)k / 24.0f, e);
+            x[n++] = a, x[n++] = -a;
+        }
+    for (int k = 0; n < N - 8; k++) x[n++] = -12.0f + 24.0f * (float)k / 30000.0f;
+    x[n++] = 0.0f, x[n++] = -0.0f, x[n++] = 0.625f, x[n++] = nextafterf(0.625f, 1.0f);
+    x[n++] = INFINITY, x[n++] = -INFINITY, x[n++] = NAN, x[n++] = 1e30f;
+    for (int row = 0; attn_test_isa_name(row); row++)
+        for (int bf = 0; bf < 2; bf++) {
+            if (!attn_test_tanh(row, bf, x, y, n)) continue;
+            double worst = 0.0, wd = 0.0;
+            float wx = 0.0f;
+            int bad = 0;
+            for (int i = 0; i < n; i++) {
+                if (isnan(x[i])) {
+                    bad += !isnan(y[i]);
+                    continue;
+                }
+                const double t = tanh((double)x[i]), u = ulps(y[i], t);
+                bad += y[i] > 1.0f || y[i] < -1.0f || signbit(y[i]) != signbit(x[i]);
+                if (u > worst) worst = u, wx = x[i];
+                /* 1 - y², against 1 - t² in fp64: the error y's own error
+                 * makes (2|t|·|y - t|) plus fp32 rounding */
+                const double dc = 1.0 - (double)y[i] * y[i], dt = 1.0 - t * t;
+                const double allow = 2.0 * fabs(t) * fabs((double)y[i] - t) + 2e-7;
+                if (fabs((double)(1.0f - y[i] * y[i]) - dt) > allow + 1e-7 || fabs(dc - dt) > allow)
+                    wd = fmax(wd, fabs(dc - dt));
+            }
+            CHECK(bad == 0, "%s%s tanh: %d values out of [-1, 1], with the wrong sign or not NaN",
+                  attn_test_isa_name(row), bf ? " bf16" : "", bad);
+            CHECK(worst <= 4.0, "%s%s tanh: %.2f ulp at x = %g (want <= 4)", attn_test_isa_name(row),
+                  bf ? " bf16" : "", worst, (double)wx);
+            CHECK(wd == 0.0, "%s%s 1 - tanh^2: error %g past its bound", attn_test_isa_name(row),
+                  bf ? " bf16" : "", wd);
+            printf("  tanh %s%s: worst %.2f ulp (x = %g) over %d values\n",
+                   attn_test_isa_name(row), bf ? " bf16" : "", worst, (double)wx, n);
+        }
+}
+
 int main(void) {
+    test_tanh();
     test_oracle_fd();
     test_errors();
     test_variants_grid();
