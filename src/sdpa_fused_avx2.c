@@ -95,10 +95,14 @@ static inline vf v_tanh(vf x) {
     p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(1.33314422036e-1f));
     p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(-3.33332819422e-1f));
     const vf small = _mm256_fmadd_ps(_mm256_mul_ps(p, z), ax, ax); /* tanh|x|, as big */
-    const vf a = _mm256_min_ps(_mm256_set1_ps(10.0f), ax); /* NaN: ax (second operand) */
-    const vf d = _mm256_add_ps(v_exp(_mm256_add_ps(a, a)), one);
-    const vf big = _mm256_sub_ps(one, _mm256_div_ps(_mm256_set1_ps(2.0f), d));
-    const vf t = _mm256_blendv_ps(small, big, _mm256_cmp_ps(ax, _mm256_set1_ps(0.625f), _CMP_GT_OQ));
+    const vf isbig = _mm256_cmp_ps(ax, _mm256_set1_ps(0.625f), _CMP_GT_OQ);
+    vf t = small;
+    if (_mm256_movemask_ps(isbig)) { /* skipped when every lane is small */
+        const vf a = _mm256_min_ps(_mm256_set1_ps(10.0f), ax); /* NaN: ax (second operand) */
+        const vf d = _mm256_add_ps(v_exp(_mm256_add_ps(a, a)), one);
+        const vf big = _mm256_sub_ps(one, _mm256_div_ps(_mm256_set1_ps(2.0f), d));
+        t = _mm256_blendv_ps(small, big, isbig);
+    }
     return _mm256_or_ps(t, _mm256_and_ps(sign, x)); /* x's sign (-0 stays -0) */
 }
 
