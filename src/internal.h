@@ -44,9 +44,13 @@ void attn_blas_init(void);
  *     NULL past its end: the ATTN_FUSED_ISA values a test can ask for.
  *   attn_test_fused_blas: nonzero routes the fused path's tile products
  *     through OpenBLAS sgemm (single-threaded) instead of the own
- *     micro-kernel, to measure the one against the other. */
+ *     micro-kernel, to measure the one against the other.
+ *   attn_test_tanh: y = tanh(x) by the vector tanh that soft-capping uses
+ *     in row i's fp32 (bf16 0) or bf16 (bf16 1) kernels; 0 (y untouched)
+ *     when the CPU does not run row i or there is none, else 1. */
 void attn_test_reload_env(void);
 const char *attn_test_isa_name(int i);
+int attn_test_tanh(int i, int bf16, const float *x, float *y, int64_t n);
 void attn_test_fused_blas(int on);
 int attn_fused_blas_on(void);
 
@@ -286,6 +290,8 @@ typedef struct {
     /* scratch floats the forward of a weights-free call of pr takes (what
      * attn_fused_call.ws must hold) */
     int64_t (*forward_scratch)(const attn_problem *pr);
+    /* y[i] = tanh(x[i]), i < n: the kernels' soft-capping tanh (tests) */
+    void (*tanh_n)(const float *x, float *y, int64_t n);
 } attn_fused_kernels;
 
 /* isa.c: the kernels the fused path uses: the best the CPU runs (detected

@@ -121,3 +121,9 @@ int64_t attn_fused_forward_scratch(const attn_problem *pr) {
 const char *attn_test_isa_name(int i) {
     return i >= 0 && i < N_ISAS ? g_isas[i].name : NULL;
 }
+
+int attn_test_tanh(int i, int bf16, const float *x, float *y, int64_t n) {
+    if (i < cpu_row() || i >= N_ISAS) return 0;
+    (bf16 ? g_isas[i].bf16 : g_isas[i].kernels)->tanh_n(x, y, n);
+    return 1;
+}

@@ -84,6 +84,27 @@ static inline vf v_exp(vf x) {
     n = _mm256_slli_epi32(_mm256_add_epi32(n, _mm256_set1_epi32(127)), 23);
     return _mm256_mul_ps(y, _mm256_castsi256_ps(n));
 }
+/* tanh (soft-capping), a few ulp: tanh_avx512.h's Cephes tanhf with v_exp
+ * and a division. NaN stays NaN, ±inf gives ±1. */
+static inline vf v_tanh(vf x) {
+    const vf one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+    const vf ax = _mm256_andnot_ps(sign, x), z = _mm256_mul_ps(x, x);
+    vf p = _mm256_set1_ps(-5.70498872745e-3f);
+    p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(2.06390887954e-2f));
+    p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(-5.37397155531e-2f));
+    p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(1.33314422036e-1f));
+    p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(-3.33332819422e-1f));
+    const vf small = _mm256_fmadd_ps(_mm256_mul_ps(p, z), ax, ax); /* tanh|x|, as big */
+    const vf isbig = _mm256_cmp_ps(ax, _mm256_set1_ps(0.625f), _CMP_GT_OQ);
+    vf t = small;
+    if (_mm256_movemask_ps(isbig)) { /* skipped when every lane is small */
+        const vf a = _mm256_min_ps(_mm256_set1_ps(10.0f), ax); /* NaN: ax (second operand) */
+        const vf d = _mm256_add_ps(v_exp(_mm256_add_ps(a, a)), one);
+        const vf big = _mm256_sub_ps(one, _mm256_div_ps(_mm256_set1_ps(2.0f), d));
+        t = _mm256_blendv_ps(small, big, isbig);
+    }
+    return _mm256_or_ps(t, _mm256_and_ps(sign, x)); /* x's sign (-0 stays -0) */
+}
 
 #include "sdpa_fused_template.h"
 

@@ -10,6 +10,7 @@
 #include <immintrin.h>
 
 #include "exp_avx512.h"
+#include "tanh_avx512.h"
 
 #define VL 16
 typedef __m512 vf;
@@ -63,6 +64,7 @@ static inline void v_transpose_block(const float *src, int64_t lds, float *dst, 
     }
 }
 static inline vf v_exp(vf x) { return attn_exp_avx512(x); }
+static inline vf v_tanh(vf x) { return attn_tanh_avx512(x); } /* a few ulp */
 
 #include "sdpa_fused_template.h"
 

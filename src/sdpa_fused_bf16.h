@@ -343,7 +343,13 @@ static int64_t bf16_scratch(const attn_problem *pr) {
 
 #include "sdpa_fused_bf16_bwd.h"
 
+/* softcap_row with cap 1: y = tanh(x) (attn_test_tanh). */
+static void bf16_tanh_n(const float *x, float *y, int64_t n) {
+    for (int64_t j = 0; j < n; j++) y[j] = x[j];
+    softcap_row(y, n, 1.0f, NULL);
+}
+
 /* The initializer of this file's export. */
-#define FUSED_BF16_KERNELS(name) {name, bf16_forward, bf16_backward, bf16_scratch}
+#define FUSED_BF16_KERNELS(name) {name, bf16_forward, bf16_backward, bf16_scratch, bf16_tanh_n}
 
 #endif

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "exp_avx512.h"
+#include "tanh_avx512.h"
 
 #define BMR 4 /* rows per micro-tile */
 
@@ -103,6 +104,19 @@ static inline float exp_row(float *s, float c, float m, int64_t nvec) {
         sum = _mm512_add_ps(sum, e);
     }
     return _mm512_reduce_add_ps(sum);
+}
+
+/* s[j] = cap·tanh(s[j]/cap) for j < n (attn_tanh_avx512, a few ulp);
+ * dcap[j] (optional) = 1 - tanh². */
+static inline void softcap_row(float *s, int64_t n, float cap, float *dcap) {
+    const __m512 c = _mm512_set1_ps(cap), ic = _mm512_set1_ps(1.0f / cap);
+    const __m512 one = _mm512_set1_ps(1.0f);
+    for (int64_t j = 0; j < n; j += 16) {
+        const __mmask16 k = n - j >= 16 ? (__mmask16)0xffffu : (__mmask16)((1u << (n - j)) - 1u);
+        const __m512 t = attn_tanh_avx512(_mm512_mul_ps(_mm512_maskz_loadu_ps(k, s + j), ic));
+        _mm512_mask_storeu_ps(s + j, k, _mm512_mul_ps(c, t));
+        if (dcap) _mm512_mask_storeu_ps(dcap + j, k, _mm512_fnmadd_ps(t, t, one));
+    }
 }
 
 static inline __mmask32 mask32(int64_t n) { /* the first min(n, 32) of 32 */

@@ -29,6 +29,16 @@ static inline float row_max(const float *s, int64_t nvec) {
     return m;
 }
 
+/* s[j] = cap·tanh(s[j]/cap) for j < n (libm, the reference's function);
+ * dcap[j] (optional) = 1 - tanh². */
+static inline void softcap_row(float *s, int64_t n, float cap, float *dcap) {
+    for (int64_t j = 0; j < n; j++) {
+        const float t = tanhf(s[j] / cap);
+        s[j] = cap * t;
+        if (dcap) dcap[j] = 1.0f - t * t;
+    }
+}
+
 static inline float exp_row(float *s, float c, float m, int64_t nvec) {
     float sum = 0.0f;
     for (int64_t j = 0; j < 16 * nvec; j++) {

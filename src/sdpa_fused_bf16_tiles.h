@@ -57,8 +57,8 @@ static inline void pair_two_rows(const uint16_t *r0, const uint16_t *r1, int64_t
 /* Row i's scores s[0, W) for keys [j0, j0 + nk) (W: nk rounded up to 16)
  * of query head h: times scale (unless scaled is 0: the caller folds the
  * scale into exp; never with soft-capping or ALiBi), soft-capped and
- * ALiBi-biased (attn_score_variants; dcap, when non-NULL, gets 1 - tanh²,
- * 1 past nk), -inf outside the row's structural range (unless interior),
+ * ALiBi-biased (softcap_row, the ISA's; dcap, when non-NULL, gets 1 - tanh²,
+ * 1 past nk and without a cap), -inf outside the row's structural range (unless interior),
  * then the masks. The forward's and the backward's rows of S. */
 static inline void scale_mask_row(const attn_problem *pr, float *s, int64_t b, int64_t h,
                                   int64_t i, int64_t j0, int64_t nk, int64_t W, int interior,
@@ -66,11 +66,16 @@ static inline void scale_mask_row(const attn_problem *pr, float *s, int64_t b, i
     const float scale = pr->scale;
     if (scaled)
         for (int64_t j = 0; j < W; j++) s[j] *= scale;
-    if (attn_has_score_variants(pr)) {
-        for (int64_t j = 0; j < nk; j++)
-            s[j] = attn_score_variants(pr, h, i, j0 + j, s[j], dcap ? dcap + j : NULL);
+    if (pr->softcap > 0.0f) {
+        softcap_row(s, nk, pr->softcap, dcap);
         if (dcap)
             for (int64_t j = nk; j < W; j++) dcap[j] = 1.0f;
+    } else if (dcap) {
+        for (int64_t j = 0; j < W; j++) dcap[j] = 1.0f;
+    }
+    if (pr->alibi) { /* |i′ - j| as floats (exact below 2^24 positions): a vector loop */
+        const float m = pr->alibi[h], d0 = (float)(i + pr->Lk - pr->Lq - j0);
+        for (int32_t j = 0; j < (int32_t)nk; j++) s[j] -= m * fabsf(d0 - (float)j);
     }
     if (!interior) {
         int64_t lo, hi;

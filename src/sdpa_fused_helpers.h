@@ -61,18 +61,41 @@ static inline float *row_mut(const attn_tensor *t, int64_t b, int64_t h, int64_t
  * by this one. */
 #define KVH(pr, h) ((h) / (pr)->group)
 
-/* Soft-capping and ALiBi (attn_score_variants, attn.h's order: after the
- * scale, before the masks) on a tile Sᵀ[nk][ld] of query rows [i0, i0 +
- * nq) of query head h, keys [j0, j0 + nk). dcap (optional, [nk][ld]) gets
+/* Soft-capping and ALiBi (attn.h's order: after the scale, before the
+ * masks) on a tile Sᵀ[nk][ld] of query rows [i0, i0 + nq) of query head h,
+ * keys [j0, j0 + nk), ld a multiple of VL. dcap (optional, [nk][ld]) gets
  * 1 - tanh² per element (1 in the padding lanes), the factor the backward
- * multiplies dS by. Scalar tanhf, the reference's function, so that the
- * fused and reference scores agree to the bit before the masks. */
+ * multiplies dS by. Vectors over the query rows: s·(1/c) through v_tanh
+ * (the ISA's vector tanh, a few ulp from tanhf), times c; the ALiBi
+ * distance |i′ - j| as a float per lane (exact below 2^24 positions),
+ * times the slope, subtracted (no FMA: the reference's two roundings).
+ * Forward and backward call this same function, so the backward's P
+ * matches the forward's lse. */
+static const float kLaneIdx[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
 static void variants_tile(const attn_problem *pr, float *S, int64_t ld, int64_t h, int64_t i0,
                           int64_t nq, int64_t j0, int64_t nk, float *dcap) {
+    const int cap = pr->softcap > 0.0f;
+    const vf c = v_set1(pr->softcap), ic = v_set1(cap ? 1.0f / pr->softcap : 0.0f);
+    const vf one = v_set1(1.0f), iota = v_load(kLaneIdx), zero = v_zero();
+    const vf slope = v_set1(pr->alibi ? pr->alibi[h] : 0.0f);
     for (int64_t j = 0; j < nk; j++) {
         float *s = S + j * ld, *dc = dcap ? dcap + j * ld : NULL;
-        for (int64_t i = 0; i < nq; i++)
-            s[i] = attn_score_variants(pr, h, i0 + i, j0 + j, s[i], dc ? dc + i : NULL);
+        const float d0 = (float)(i0 + pr->Lk - pr->Lq - (j0 + j)); /* lane 0's i′ - j */
+        for (int64_t i = 0; i < ld; i += VL) {
+            vf x = v_load(s + i);
+            if (cap) {
+                const vf t = v_tanh(v_mul(x, ic));
+                x = v_mul(c, t);
+                if (dc) v_store(dc + i, v_sub(one, v_mul(t, t)));
+            } else if (dc) {
+                v_store(dc + i, one);
+            }
+            if (pr->alibi) {
+                const vf dist = v_add(v_set1(d0 + (float)i), iota);
+                x = v_sub(x, v_mul(slope, v_max(v_sub(zero, dist), dist)));
+            }
+            v_store(s + i, x);
+        }
         if (dc)
             for (int64_t i = nq; i < ld; i++) dc[i] = 1.0f;
     }

@@ -63,6 +63,11 @@ static inline vf v_exp(vf x) {
     for (int i = 0; i < VL; i++) r[i] = expf(x[i]);
     return r;
 }
+static inline vf v_tanh(vf x) { /* libm's, the reference's function */
+    vf r;
+    for (int i = 0; i < VL; i++) r[i] = tanhf(x[i]);
+    return r;
+}
 
 #include "sdpa_fused_template.h"
 

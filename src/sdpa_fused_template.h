@@ -107,7 +107,18 @@ static attn_status fused_backward(const attn_fused_call *call, attn_error *err) 
     return bwd_backward(&c, call, err);
 }
 
+/* y = tanh(x) by v_tanh, VL at a time (attn_test_tanh). */
+static void fused_tanh_n(const float *x, float *y, int64_t n) {
+    float buf[VL] = {0};
+    for (int64_t i = 0; i < n; i += VL) {
+        const int64_t m = imin(VL, n - i);
+        memcpy(buf, x + i, (size_t)m * sizeof(float));
+        v_store(buf, v_tanh(v_load(buf)));
+        memcpy(y + i, buf, (size_t)m * sizeof(float));
+    }
+}
+
 /* The initializer of this instruction set's row, which its
  * sdpa_fused_<isa>.c exports as const attn_fused_kernels
  * attn_fused_kernels_<isa> = FUSED_KERNELS("<isa>"). */
-#define FUSED_KERNELS(name) {name, fused_forward, fused_backward, fused_forward_scratch}
+#define FUSED_KERNELS(name) {name, fused_forward, fused_backward, fused_forward_scratch, fused_tanh_n}

@@ -12,6 +12,7 @@
 #include "testutil.h"
 #include "grad_util.h"
 #include "ref_oracle.h"
+#include "internal.h" /* attn_test_tanh: the kernels' vector tanh */
 
 /* ------------------------------------------------------------ the oracle */
 
@@ -360,29 +361,36 @@ static void test_variants_grid(void) {
 
 /* ------------------------------------------------------------ thread invariance */
 
+/* Bitwise the same for 1, 2 and 3 threads, every variant together: the
+ * tiled kernels (Lq 130), decode (Lq 2, one key chunk) and split-KV decode
+ * (Lq 1, 3000 keys: 12 chunks of 256; B·H = 4 heads run whole on 1 thread
+ * and as chunks spread over the threads on 2 and 3). */
 static void test_threads(void) {
     static float slopes[4] = {0.5f, 0.25f, 0.125f, 0.0625f}, sinks[4] = {0.5f, -1.0f, 2.0f, 0.0f};
-    const int64_t B = 2, H = 4, Hk = 2, Lq = 130, Lk = 200, D = 16;
+    const int64_t B = 2, H = 4, Hk = 2, Lq = 130, LkMax = 3000, D = 16;
     tu_rng r = tu_seed(4242);
-    const size_t nq = (size_t)(B * H * Lq * D), nk = (size_t)(B * Hk * Lk * D);
-    float *q = tu_malloc(nq * 4), *k = tu_malloc(nk * 4), *v = tu_malloc(nk * 4), *g = tu_malloc(nq * 4);
-    tu_fill(&r, q, nq, -2, 2), tu_fill(&r, k, nk, -2, 2), tu_fill(&r, v, nk, -1, 1);
-    tu_fill(&r, g, nq, -1, 1);
-    for (int dec = 0; dec < 2; dec++) {
-        const int64_t lq = dec ? 2 : Lq;
-        float *res[2][6];
-        for (int t = 0; t < 2; t++) {
-            float *o = tu_malloc(nq * 4), *lse = tu_malloc((size_t)(B * H * lq) * 4);
+    const size_t nqm = (size_t)(B * H * Lq * D), nkm = (size_t)(B * Hk * LkMax * D);
+    float *q = tu_malloc(nqm * 4), *k = tu_malloc(nkm * 4), *v = tu_malloc(nkm * 4),
+          *g = tu_malloc(nqm * 4);
+    tu_fill(&r, q, nqm, -2, 2), tu_fill(&r, k, nkm, -2, 2), tu_fill(&r, v, nkm, -1, 1);
+    tu_fill(&r, g, nqm, -1, 1);
+    for (int dec = 0; dec < 3; dec++) {
+        const int64_t lq = dec == 0 ? Lq : dec == 1 ? 2 : 1, Lk = dec == 2 ? LkMax : 200;
+        const int64_t b = dec == 2 ? 1 : B; /* split-KV: B·H = 4 */
+        const size_t nq = (size_t)(b * H * lq * D), nk = (size_t)(b * Hk * Lk * D);
+        float *res[3][6];
+        for (int t = 0; t < 3; t++) {
+            float *o = tu_malloc(nq * 4), *lse = tu_malloc((size_t)(b * H * lq) * 4);
             float *dq = tu_malloc(nq * 4), *dk = tu_malloc(nk * 4), *dv = tu_malloc(nk * 4);
             float *ds = tu_malloc(16);
-            attn_tensor tq = attn_tensor_bhld(q, B, H, lq, D), tk = attn_tensor_bhld(k, B, Hk, Lk, D),
-                        tv = attn_tensor_bhld(v, B, Hk, Lk, D), to = attn_tensor_bhld(o, B, H, lq, D),
-                        tg = attn_tensor_bhld(g, B, H, lq, D), tdq = attn_tensor_bhld(dq, B, H, lq, D),
-                        tdk = attn_tensor_bhld(dk, B, Hk, Lk, D),
-                        tdv = attn_tensor_bhld(dv, B, Hk, Lk, D);
+            attn_tensor tq = attn_tensor_bhld(q, b, H, lq, D), tk = attn_tensor_bhld(k, b, Hk, Lk, D),
+                        tv = attn_tensor_bhld(v, b, Hk, Lk, D), to = attn_tensor_bhld(o, b, H, lq, D),
+                        tg = attn_tensor_bhld(g, b, H, lq, D), tdq = attn_tensor_bhld(dq, b, H, lq, D),
+                        tdk = attn_tensor_bhld(dk, b, Hk, Lk, D),
+                        tdv = attn_tensor_bhld(dv, b, Hk, Lk, D);
             attn_sdpa_params p = {0};
             p.causal = 1, p.use_softcap = 1, p.softcap = 3.0f, p.alibi_slopes = slopes;
-            p.sinks = sinks, p.d_sinks = ds, p.num_threads = t ? 3 : 1;
+            p.sinks = sinks, p.d_sinks = ds, p.num_threads = t + 1;
             attn_error err;
             attn_sdpa_info fi, bi;
             CHECK(attn_sdpa_forward(&tq, &tk, &tv, &p, &to, NULL, lse, &fi, &err) == ATTN_OK, "%s",
@@ -395,12 +403,12 @@ static void test_threads(void) {
             res[t][0] = o, res[t][1] = lse, res[t][2] = dq, res[t][3] = dk, res[t][4] = dv;
             res[t][5] = ds;
         }
-        const size_t n[6] = {(size_t)(B * H * lq * D), (size_t)(B * H * lq), (size_t)(B * H * lq * D),
-                             nk, nk, 4};
+        const size_t n[6] = {nq, (size_t)(b * H * lq), nq, nk, nk, 4};
         for (int x = 0; x < 6; x++) {
-            CHECK(memcmp(res[0][x], res[1][x], n[x] * 4) == 0,
-                  "threads 1 vs 3 differ in output %d (decode %d)", x, dec);
-            free(res[0][x]), free(res[1][x]);
+            for (int t = 1; t < 3; t++)
+                CHECK(memcmp(res[0][x], res[t][x], n[x] * 4) == 0,
+                      "threads 1 vs %d differ in output %d (case %d)", t + 1, x, dec);
+            for (int t = 0; t < 3; t++) free(res[t][x]);
         }
     }
     free(q), free(k), free(v), free(g);
@@ -635,7 +643,68 @@ static void test_errors(void) {
           "MQA backward: %s", e.message);
 }
 
+/* ------------------------------------------ the kernels' vector tanh */
+
+/* Error of y against t = tanh(x) in fp64, in ulps of the float nearest t
+ * (the float spacing at |t|; denormal spacing near 0). */
+static double ulps(float y, double t) {
+    const float tf = (float)t;
+    const double sp = tf == 0.0f ? ldexp(1.0, -149)
+                                 : fabs((double)nextafterf(fabsf(tf), INFINITY) - fabs((double)tf));
+    return fabs((double)y - t) / sp;
+}
+
+/* Soft-capping's tanh on every ISA row the CPU runs (fp32 and bf16 kernels)
+ * against fp64 tanh: tiny |x| (where 1 - 2/(e^{2x} + 1) would cancel: the
+ * polynomial side), the 0.625 switch, large |x| (saturation to ±1),
+ * ±0, ±inf, NaN; and 1 - tanh², the backward's factor, to within the
+ * rounding of t (the reference's 1 - t·t). */
+static void test_tanh(void) {
+    enum { N = 40000 };
+    static float x[N], y[N];
+    int n = 0;
+    for (int e = -149; e <= 6 && n < N - 200; e++) /* ±2^e and the 2^e..2^e+1 ramp */
+        for (int k = 0; k < 24; k++) {
+            const float a = ldexpf(1.0f + (float)k / 24.0f, e);
+            x[n++] = a, x[n++] = -a;
+        }
+    for (int k = 0; n < N - 8; k++) x[n++] = -12.0f + 24.0f * (float)k / 30000.0f;
+    x[n++] = 0.0f, x[n++] = -0.0f, x[n++] = 0.625f, x[n++] = nextafterf(0.625f, 1.0f);
+    x[n++] = INFINITY, x[n++] = -INFINITY, x[n++] = NAN, x[n++] = 1e30f;
+    for (int row = 0; attn_test_isa_name(row); row++)
+        for (int bf = 0; bf < 2; bf++) {
+            if (!attn_test_tanh(row, bf, x, y, n)) continue;
+            double worst = 0.0, wd = 0.0;
+            float wx = 0.0f;
+            int bad = 0;
+            for (int i = 0; i < n; i++) {
+                if (isnan(x[i])) {
+                    bad += !isnan(y[i]);
+                    continue;
+                }
+                const double t = tanh((double)x[i]), u = ulps(y[i], t);
+                bad += y[i] > 1.0f || y[i] < -1.0f || signbit(y[i]) != signbit(x[i]);
+                if (u > worst) worst = u, wx = x[i];
+                /* 1 - y², against 1 - t² in fp64: the error y's own error
+                 * makes (2|t|·|y - t|) plus fp32 rounding */
+                const double dc = 1.0 - (double)y[i] * y[i], dt = 1.0 - t * t;
+                const double allow = 2.0 * fabs(t) * fabs((double)y[i] - t) + 2e-7;
+                if (fabs((double)(1.0f - y[i] * y[i]) - dt) > allow + 1e-7 || fabs(dc - dt) > allow)
+                    wd = fmax(wd, fabs(dc - dt));
+            }
+            CHECK(bad == 0, "%s%s tanh: %d values out of [-1, 1], with the wrong sign or not NaN",
+                  attn_test_isa_name(row), bf ? " bf16" : "", bad);
+            CHECK(worst <= 4.0, "%s%s tanh: %.2f ulp at x = %g (want <= 4)", attn_test_isa_name(row),
+                  bf ? " bf16" : "", worst, (double)wx);
+            CHECK(wd == 0.0, "%s%s 1 - tanh^2: error %g past its bound", attn_test_isa_name(row),
+                  bf ? " bf16" : "", wd);
+            printf("  tanh %s%s: worst %.2f ulp (x = %g) over %d values\n",
+                   attn_test_isa_name(row), bf ? " bf16" : "", worst, (double)wx, n);
+        }
+}
+
 int main(void) {
+    test_tanh();
     test_oracle_fd();
     test_errors();
     test_variants_grid();
