@@ -108,6 +108,7 @@ struct mg_opt {
     int nmem;
     int64_t step, collapse_run, plateau_run, step0, calls0;
     int64_t nan_sent; /* molecules the scorer answered nan (this invocation) */
+    char *saved_scorer; /* the restored state's scorer command (NULL: none) */
     char reason[32];
     double t0;
     /* scratch of a step */
@@ -227,6 +228,7 @@ static void mol_clear(mol *m) {
 
 void mg_opt_free(mg_opt *o) {
     if (!o) return;
+    free(o->saved_scorer);
     for (size_t i = 0; i < o->nmol; i++) mol_clear(&o->mols[i]);
     free(o->mols);
     map_free(&o->by_key);
@@ -241,6 +243,8 @@ void mg_opt_free(mg_opt *o) {
     free(o->w);
     free(o);
 }
+
+const char *mg_opt_saved_scorer(const mg_opt *o) { return o->saved_scorer; }
 
 const char *mg_opt_stop_reason(const mg_opt *o) { return o->reason; }
 
@@ -1036,6 +1040,7 @@ static char *state_text(const mg_opt *o) {
     bad = bad || mg_json_put(j, "format", json_integer(OPT_FORMAT)) ||
           mg_json_put(j, "options", options_json(&o->op)) ||
           mg_json_put(j, "prior_digest", json_string(dig)) ||
+          (o->op.scorer_cmd && mg_json_put(j, "scorer", json_string(o->op.scorer_cmd))) ||
           mg_json_put(j, "step", json_integer(o->step)) ||
           mg_json_put(j, "adam_step", json_integer(o->adam.step)) ||
           mg_json_put(j, "collapse_run", json_integer(o->collapse_run)) ||
@@ -1328,6 +1333,28 @@ mg_status mg_opt_restore(mg_opt *o, const char *path, mg_error *err) {
                      path, which);
         goto done;
     }
+    /* the scorer: the cache, the memory and the diversity filter hold its
+     * scores, so another one is refused unless asked for (none recorded:
+     * an older molgen's state, taken) */
+    const json_t *js0 = json_object_get(j, "scorer");
+    const char *was = json_string_value(js0);
+    if (js0 && !was) {
+        rc = mg_fail(err, MG_ERR_FORMAT, "the recorded scorer command is not a string");
+        goto done;
+    }
+    if (was && o->op.scorer_cmd && strcmp(was, o->op.scorer_cmd) && !o->op.scorer_changed) {
+        rc = mg_fail(err, MG_ERR_MISMATCH,
+                     "%s was scored by --scorer '%.300s', not '%.300s': a resumed run keeps its "
+                     "scorer (its cache and memory hold that scorer's scores); give the same "
+                     "--scorer, or add --scorer-changed to go on with the new one (the scores "
+                     "so far are kept)",
+                     path, was, o->op.scorer_cmd);
+        goto done;
+    }
+    if (was && !(o->saved_scorer = strdup(was))) {
+        rc = mg_fail(err, MG_ERR_NOMEM, "out of memory");
+        goto done;
+    }
     const size_t P = mg_model_num_params(o->agent), nt = mg_model_num_tensors(o->agent);
     if ((rc = mg_ckpt_check_state(f, P, err))) goto done;
     for (size_t i = 0; !rc && i < nt; i++) {
@@ -1464,6 +1491,7 @@ int mg_opt_write_summary(const mg_opt *o, FILE *f, double seconds) {
               mg_json_put(j, "auc_top100", json_real(mg_opt_auc_top(s, o->nmol, 100, 100, o->op.budget))) ||
               mg_json_put(j, "seconds", json_real(seconds)) ||
               mg_json_put(j, "stop", json_string(o->reason[0] ? o->reason : "error")) ||
+              (o->op.scorer_cmd && mg_json_put(j, "scorer", json_string(o->op.scorer_cmd))) ||
               mg_json_put(j, "options", options_json(&o->op));
     free(s);
     char *t = bad ? NULL : mg_json_dump(j, 6);

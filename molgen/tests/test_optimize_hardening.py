@@ -430,6 +430,7 @@ EDITS = [
     (setitem(["options", "df_bucket"], -1), 'option "df_bucket" is -1'),
     (setitem(["options", "collapse_steps"], -1), 'option "collapse_steps" is -1'),
     (setitem(["options", "seed"], "abc"), "is not a decimal integer"),
+    (setitem(["scorer"], 5), "the recorded scorer command is not a string"),
 ]
 
 
@@ -454,3 +455,47 @@ def test_resume_of_an_unedited_copy_runs(tmp_path, scorer, saved):
     r = optimize(d, scorer, resume=True)
     assert r.returncode == 0, text(r)
     assert len(read_scored(d)) == 48
+
+
+# ---------------------------------------------------------------- the scorer on --resume
+
+def test_resume_with_another_scorer_is_refused_unless_asked(tmp_path, scorer, saved):
+    """was: --resume with another --scorer accepted silently, the command
+    recorded nowhere"""
+    assert json.loads(read_meta(saved / "agent.safetensors")["optimize"])["scorer"] == scorer
+    d = tmp_path / "run"
+    shutil.copytree(saved, d)
+    other = scorer + " --another"  # the script ignores its arguments: the same scores
+    before = {p.name: p.read_bytes() for p in d.iterdir()}
+    r = optimize(d, other, resume=True)
+    err = text(r)
+    assert r.returncode == 1 and len(err.strip().splitlines()) == 1, err
+    assert ("was scored by --scorer '%s', not '%s'" % (scorer, other)) in err, err
+    assert "--scorer-changed" in err and str(d / "agent.safetensors") in err, err
+    assert {p.name: p.read_bytes() for p in d.iterdir()} == before
+    r = optimize(d, other, "--scorer-changed", resume=True)
+    err = text(r)
+    assert r.returncode == 0, err
+    assert ("note: --scorer-changed: the run was scored by '%s' so far; going on with '%s'"
+            % (scorer, other)) in err, err
+    assert json.loads(read_meta(d / "agent.safetensors")["optimize"])["scorer"] == other
+    assert json.loads((d / "summary.json").read_text())["scorer"] == other
+    assert len(read_scored(d)) == 48
+
+
+def test_resume_of_a_state_without_a_scorer_record_is_a_note(tmp_path, scorer, saved):
+    d = tmp_path / "run"
+    shutil.copytree(saved, d)
+    rewrite_state(saved / "agent.safetensors", d / "agent.safetensors",
+                  lambda o: o.pop("scorer"))
+    r = optimize(d, scorer, resume=True)
+    err = text(r)
+    assert r.returncode == 0, err
+    assert "note: %s records no scorer command" % (d / "agent.safetensors") in err, err
+    assert json.loads(read_meta(d / "agent.safetensors")["optimize"])["scorer"] == scorer
+    assert len(read_scored(d)) == 48
+
+
+def test_scorer_changed_without_resume_is_a_usage_error(tmp_path, scorer):
+    r = optimize(tmp_path / "run", scorer, "--scorer-changed")
+    assert r.returncode == 2 and "--scorer-changed goes with --resume" in text(r), text(r)
