@@ -18,6 +18,14 @@
 #include "util.h"
 
 #define OPT_FORMAT 1
+/* The range of a molecule's NLL (nats) in the state: a sum of per-token
+ * NLLs lse - z_t >= 0 (exactly: lse = max + log(sum) with sum >= 1), and
+ * real ones are tens of nats (13 to 66 in the tests' runs, ~60 tokens at
+ * most); 1e6 is 15,000 times that, yet keeps the DAP difference
+ * -prior_nll + sigma s + agent_nll (sigma <= 1e6) within 3e6, so the float
+ * row weights and the squared loss stay finite. A run never saves one
+ * outside (row_nlls refuses it), so the reader refuses only edited files. */
+#define OPT_NLL_MAX 1e6
 
 /* ------------------------------------------------------------ string map */
 
@@ -757,6 +765,25 @@ static mg_status prepare(mg_opt *o, step_work *w, mg_error *err) {
     return MG_OK;
 }
 
+/* Every loss row's NLLs in [0, OPT_NLL_MAX] (what the state may hold); an
+ * error naming the molecule otherwise. */
+static mg_status nlls_in_range(const mg_opt *o, const step_work *w, mg_error *err) {
+    const int B = w->B, N = B + w->nreplay;
+    for (int r = 0; r < N; r++) {
+        const double v[2] = {o->pnll[r], o->anll[r]};
+        for (int k = 0; k < 2; k++)
+            if (!(v[k] >= 0 && v[k] <= OPT_NLL_MAX))
+                return mg_fail(err, MG_ERR_STATE,
+                               "the %s's NLL of '%.200s' is %g nats, outside [0, %g]: its logits "
+                               "are extreme (not a model this run can train; a state could not "
+                               "hold it)",
+                               k ? "agent" : "prior",
+                               r < B ? w->smp.smiles[r] : o->mols[w->rmol[r - B]].smiles, v[k],
+                               OPT_NLL_MAX);
+    }
+    return MG_OK;
+}
+
 /* The NLLs of the loss rows [0, N = B + replay): this rank's part [a, b)
  * (mg_dist_range) through the prior (sampled rows; the replayed ones' are
  * stored) and the agent (its activations kept for dap_update), then every
@@ -769,14 +796,15 @@ static mg_status row_nlls(mg_opt *o, const step_work *w, mg_error *err) {
     mg_status rc = rows_nll(o, o->prior, pa, pb - pa, o->pnll + pa, err);
     for (int k = 0; k < w->nreplay; k++) o->pnll[B + k] = o->mols[w->rmol[k]].prior_nll;
     if (!rc) rc = rows_nll(o, o->agent, (int)a, (int)(b - a), o->anll + a, err);
-    if ((rc = agreed(o, rc, err)) || o->d->size <= 1) return rc;
+    if ((rc = agreed(o, rc, err))) return rc;
+    if (o->d->size <= 1) return nlls_in_range(o, w, err);
     for (int r = 0; r < N; r++) {
         if (r < B && (r < pa || r >= pb)) o->pnll[r] = 0.0;
         if (r < (int)a || r >= (int)b) o->anll[r] = 0.0;
     }
     mg_dist_sum_f64(o->d, o->pnll, (size_t)B);
     mg_dist_sum_f64(o->d, o->anll, (size_t)N);
-    return MG_OK;
+    return agreed(o, nlls_in_range(o, w, err), err); /* the same sums: said once */
 }
 
 /* Augmented Memory's extra rounds on the committed memory. */
@@ -1265,13 +1293,23 @@ static mg_status restore_mols(mg_opt *o, const json_t *mols, const json_t *mem, 
         return mg_fail(err, MG_ERR_FORMAT, "the molecules or the memory are not lists");
     json_array_foreach(mols, i, e) {
         mol m = {0};
-        double sc, pn, an;
+        double sc, nll;
         const json_t *sf = json_array_get(e, 2);
         if (json_array_size(e) != 9 || !num_in(e, 4, 0, 1, &sc) ||
-            !num_in(e, 5, -1e300, 1e300, &pn) || !num_in(e, 6, -1e300, 1e300, &an) ||
             !json_is_integer(json_array_get(e, 7)) || !json_is_integer(json_array_get(e, 8)) ||
             !(json_is_string(sf) || json_is_null(sf)))
             return mg_fail(err, MG_ERR_FORMAT, "scored molecule %zu is malformed", i + 1);
+        for (int k = 5; k <= 6; k++) { /* was: +-1e300 taken, every resume then failed */
+            const char *name = k == 5 ? "prior_nll" : "agent_nll";
+            if (!json_is_number(json_array_get(e, (size_t)k)))
+                return mg_fail(err, MG_ERR_FORMAT, "scored molecule %zu: its %s is not a number",
+                               i + 1, name);
+            if (!num_in(e, (size_t)k, 0, OPT_NLL_MAX, &nll))
+                return mg_fail(err, MG_ERR_FORMAT,
+                               "scored molecule %zu: its %s %g is outside [0, %g] nats (no "
+                               "model gives it: the file was edited)",
+                               i + 1, name, nll, OPT_NLL_MAX);
+        }
         m.smiles = dup_json(json_array_get(e, 0));
         m.canonical = dup_json(json_array_get(e, 1));
         m.scaffold = dup_json(json_array_get(e, 2));

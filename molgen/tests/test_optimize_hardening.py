@@ -431,6 +431,15 @@ EDITS = [
     (setitem(["options", "collapse_steps"], -1), 'option "collapse_steps" is -1'),
     (setitem(["options", "seed"], "abc"), "is not a decimal integer"),
     (setitem(["scorer"], 5), "the recorded scorer command is not a string"),
+    # was: taken, then every --resume failed "row weight is not finite"
+    (setitem(["molecules", 0, 5], 1e300),
+     "scored molecule 1: its prior_nll 1e+300 is outside [0, 1e+06] nats"),
+    (setitem(["molecules", 2, 5], -1e300),
+     "scored molecule 3: its prior_nll -1e+300 is outside [0, 1e+06] nats"),
+    (setitem(["molecules", 1, 6], 1.5e6),
+     "scored molecule 2: its agent_nll 1.5e+06 is outside [0, 1e+06] nats"),
+    (setitem(["molecules", 0, 5], -0.5), "scored molecule 1: its prior_nll -0.5 is outside"),
+    (setitem(["molecules", 0, 5], "20"), "scored molecule 1: its prior_nll is not a number"),
 ]
 
 
@@ -446,6 +455,24 @@ def test_resume_refuses_an_edited_state(tmp_path, scorer, saved, k):
     assert r.returncode == 1 and len(err.strip().splitlines()) == 1, err
     assert words in err and str(d / "agent.safetensors") + ": " in err, err
     assert (d / "agent.safetensors").read_bytes() == before
+
+
+def test_resume_with_nlls_at_the_bound_runs(tmp_path, scorer, saved):
+    """NLLs at the load bound (1e6 nats) in every memory molecule, which the
+    replay rows train on: the run goes on to the end (the row weights and
+    the loss stay finite) -- the bound is one the arithmetic takes"""
+    d = tmp_path / "run"
+    shutil.copytree(saved, d)
+
+    def edit(o):
+        assert o["memory"]
+        for k, _ in o["memory"]:
+            o["molecules"][k][5] = 1e6
+            o["molecules"][k][6] = 1e6
+    rewrite_state(saved / "agent.safetensors", d / "agent.safetensors", edit)
+    r = optimize(d, scorer, resume=True)
+    assert r.returncode == 0, text(r)
+    assert len(read_scored(d)) == 48
 
 
 def test_resume_of_an_unedited_copy_runs(tmp_path, scorer, saved):
