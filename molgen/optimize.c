@@ -117,6 +117,7 @@ struct mg_opt {
     int64_t step, collapse_run, plateau_run, step0, calls0;
     int64_t nan_sent; /* molecules the scorer answered nan (this invocation) */
     char *saved_scorer; /* the restored state's scorer command (NULL: none) */
+    int scorer_other;   /* ... and it is not this run's (--scorer-changed) */
     char reason[32];
     double t0;
     /* scratch of a step */
@@ -252,7 +253,10 @@ void mg_opt_free(mg_opt *o) {
     free(o);
 }
 
-const char *mg_opt_saved_scorer(const mg_opt *o) { return o->saved_scorer; }
+const char *mg_opt_saved_scorer(const mg_opt *o, int *other) {
+    if (other) *other = o->scorer_other;
+    return o->saved_scorer;
+}
 
 const char *mg_opt_stop_reason(const mg_opt *o) { return o->reason; }
 
@@ -1053,6 +1057,27 @@ static json_t *options_json(const mg_opt_opts *p) {
 
 static json_t *str_or_null(const char *s) { return s ? json_string(s) : json_null(); }
 
+/* The scorer command as recorded: itself when it is UTF-8 (a JSON string
+ * must be), else with every byte >= 0x80 written \xNN (NULL: out of memory);
+ * a resume compares these records. */
+static json_t *scorer_json(const char *cmd) {
+    json_t *j = json_string(cmd);
+    if (j) return j;
+    const size_t n = strlen(cmd);
+    char *t = malloc(4 * n + 1), *p = t;
+    if (!t) return NULL;
+    for (const unsigned char *c = (const unsigned char *)cmd; *c; c++) {
+        if (*c < 0x80)
+            *p++ = (char)*c;
+        else
+            p += sprintf(p, "\\x%02x", *c);
+    }
+    *p = '\0';
+    j = json_string(t);
+    free(t);
+    return j;
+}
+
 /* The run's state as JSON text (malloc'ed), NULL when out of memory. */
 static char *state_text(const mg_opt *o) {
     json_t *j = json_object(), *mols = json_array(), *mem = json_array();
@@ -1068,7 +1093,7 @@ static char *state_text(const mg_opt *o) {
     bad = bad || mg_json_put(j, "format", json_integer(OPT_FORMAT)) ||
           mg_json_put(j, "options", options_json(&o->op)) ||
           mg_json_put(j, "prior_digest", json_string(dig)) ||
-          (o->op.scorer_cmd && mg_json_put(j, "scorer", json_string(o->op.scorer_cmd))) ||
+          (o->op.scorer_cmd && mg_json_put(j, "scorer", scorer_json(o->op.scorer_cmd))) ||
           mg_json_put(j, "step", json_integer(o->step)) ||
           mg_json_put(j, "adam_step", json_integer(o->adam.step)) ||
           mg_json_put(j, "collapse_run", json_integer(o->collapse_run)) ||
@@ -1380,15 +1405,20 @@ mg_status mg_opt_restore(mg_opt *o, const char *path, mg_error *err) {
         rc = mg_fail(err, MG_ERR_FORMAT, "the recorded scorer command is not a string");
         goto done;
     }
-    if (was && o->op.scorer_cmd && strcmp(was, o->op.scorer_cmd) && !o->op.scorer_changed) {
+    json_t *now = o->op.scorer_cmd ? scorer_json(o->op.scorer_cmd) : NULL;
+    const int other = was && now && strcmp(was, json_string_value(now));
+    if (was && other && !o->op.scorer_changed)
         rc = mg_fail(err, MG_ERR_MISMATCH,
                      "%s was scored by --scorer '%.300s', not '%.300s': a resumed run keeps its "
                      "scorer (its cache and memory hold that scorer's scores); give the same "
                      "--scorer, or add --scorer-changed to go on with the new one (the scores "
                      "so far are kept)",
-                     path, was, o->op.scorer_cmd);
-        goto done;
-    }
+                     path, was, json_string_value(now));
+    else if (o->op.scorer_cmd && !now)
+        rc = mg_fail(err, MG_ERR_NOMEM, "out of memory");
+    o->scorer_other = other;
+    json_decref(now);
+    if (rc) goto done;
     if (was && !(o->saved_scorer = strdup(was))) {
         rc = mg_fail(err, MG_ERR_NOMEM, "out of memory");
         goto done;
@@ -1529,7 +1559,7 @@ int mg_opt_write_summary(const mg_opt *o, FILE *f, double seconds) {
               mg_json_put(j, "auc_top100", json_real(mg_opt_auc_top(s, o->nmol, 100, 100, o->op.budget))) ||
               mg_json_put(j, "seconds", json_real(seconds)) ||
               mg_json_put(j, "stop", json_string(o->reason[0] ? o->reason : "error")) ||
-              (o->op.scorer_cmd && mg_json_put(j, "scorer", json_string(o->op.scorer_cmd))) ||
+              (o->op.scorer_cmd && mg_json_put(j, "scorer", scorer_json(o->op.scorer_cmd))) ||
               mg_json_put(j, "options", options_json(&o->op));
     free(s);
     char *t = bad ? NULL : mg_json_dump(j, 6);

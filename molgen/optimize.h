@@ -159,8 +159,10 @@ void mg_opt_free(mg_opt *o); /* NULL fine */
  * that records none, an older molgen's, is taken: mg_opt_saved_scorer). */
 mg_status mg_opt_restore(mg_opt *o, const char *path, mg_error *err);
 /* The scorer command the restored state recorded (NULL: none, or not
- * restored); valid while o is. */
-const char *mg_opt_saved_scorer(const mg_opt *o);
+ * restored; bytes >= 0x80 of a command that is not UTF-8 written \xNN),
+ * valid while o is; *other (non-NULL) says whether it is not this run's
+ * opts.scorer_cmd (taken with scorer_changed). */
+const char *mg_opt_saved_scorer(const mg_opt *o, int *other);
 /* The saved algorithm options of checkpoint path (for the command's
  * defaults on --resume) into *opts' algorithm fields. */
 mg_status mg_opt_read_options(const char *path, mg_opt_opts *opts, mg_error *err);

@@ -374,12 +374,13 @@ static int setup(run_ctx *c, const mg_opt_opts *o, mg_model *mm[2], mg_vocab **v
     const mg_dist_field state = {"the --resume checkpoint (its contents)",
                                  c->resume && world->size > 1 ? mg_opt_state_digest(*opt) : 0};
     if (agreed(mg_dist_agree_fields(world, &state, 1, &err), &err)) return 1;
-    const char *was = c->resume ? mg_opt_saved_scorer(*opt) : NULL;
+    int other = 0;
+    const char *was = c->resume ? mg_opt_saved_scorer(*opt, &other) : NULL;
     if (c->resume && !c->rank && !was)
         fprintf(stderr, "molgen optimize: note: %s records no scorer command (an older molgen's "
                         "state): going on with --scorer '%s', recorded from now on\n",
                 c->dir_agent, c->scorer);
-    else if (was && !c->rank && strcmp(was, c->scorer))
+    else if (was && !c->rank && other)
         fprintf(stderr, "molgen optimize: note: --scorer-changed: the run was scored by '%s' so "
                         "far; going on with '%s' (recorded from now on)\n", was, c->scorer);
     return 0;

@@ -526,3 +526,19 @@ def test_resume_of_a_state_without_a_scorer_record_is_a_note(tmp_path, scorer, s
 def test_scorer_changed_without_resume_is_a_usage_error(tmp_path, scorer):
     r = optimize(tmp_path / "run", scorer, "--scorer-changed")
     assert r.returncode == 2 and "--scorer-changed goes with --resume" in text(r), text(r)
+
+
+def test_scorer_command_that_is_not_utf8_is_recorded_escaped(tmp_path, scorer):
+    """a JSON string must be UTF-8: the command's bytes >= 0x80 are recorded
+    \\xNN (a plain json_string would fail every save)"""
+    cmd = scorer + os.fsdecode(b" # caf\xe9")  # a shell comment in Latin-1
+    d = tmp_path / "run"
+    r = optimize(d, cmd, "--budget", 24, "--batch", 8, "--stop-after", 1)
+    assert r.returncode == 0, text(r)
+    assert json.loads(read_meta(d / "agent.safetensors")["optimize"])["scorer"] == \
+        scorer + " # caf\\xe9"
+    r = optimize(d, cmd, resume=True)
+    assert r.returncode == 0 and "note" not in text(r), text(r)
+    assert len(read_scored(d)) == 24
+    r = optimize(d, scorer, "--budget", 32, resume=True)
+    assert r.returncode == 1 and "not '%s'" % scorer in text(r), text(r)
