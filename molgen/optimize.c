@@ -18,6 +18,14 @@
 #include "util.h"
 
 #define OPT_FORMAT 1
+/* The range of a molecule's NLL (nats) in the state: a sum of per-token
+ * NLLs lse - z_t >= 0 (exactly: lse = max + log(sum) with sum >= 1), and
+ * real ones are tens of nats (13 to 66 in the tests' runs, ~60 tokens at
+ * most); 1e6 is 15,000 times that, yet keeps the DAP difference
+ * -prior_nll + sigma s + agent_nll (sigma <= 1e6) within 3e6, so the float
+ * row weights and the squared loss stay finite. A run never saves one
+ * outside (row_nlls refuses it), so the reader refuses only edited files. */
+#define OPT_NLL_MAX 1e6
 
 /* ------------------------------------------------------------ string map */
 
@@ -108,6 +116,8 @@ struct mg_opt {
     int nmem;
     int64_t step, collapse_run, plateau_run, step0, calls0;
     int64_t nan_sent; /* molecules the scorer answered nan (this invocation) */
+    char *saved_scorer; /* the restored state's scorer command (NULL: none) */
+    int scorer_other;   /* ... and it is not this run's (--scorer-changed) */
     char reason[32];
     double t0;
     /* scratch of a step */
@@ -227,6 +237,7 @@ static void mol_clear(mol *m) {
 
 void mg_opt_free(mg_opt *o) {
     if (!o) return;
+    free(o->saved_scorer);
     for (size_t i = 0; i < o->nmol; i++) mol_clear(&o->mols[i]);
     free(o->mols);
     map_free(&o->by_key);
@@ -240,6 +251,11 @@ void mg_opt_free(mg_opt *o) {
     free(o->anll);
     free(o->w);
     free(o);
+}
+
+const char *mg_opt_saved_scorer(const mg_opt *o, int *other) {
+    if (other) *other = o->scorer_other;
+    return o->saved_scorer;
 }
 
 const char *mg_opt_stop_reason(const mg_opt *o) { return o->reason; }
@@ -753,6 +769,25 @@ static mg_status prepare(mg_opt *o, step_work *w, mg_error *err) {
     return MG_OK;
 }
 
+/* Every loss row's NLLs in [0, OPT_NLL_MAX] (what the state may hold); an
+ * error naming the molecule otherwise. */
+static mg_status nlls_in_range(const mg_opt *o, const step_work *w, mg_error *err) {
+    const int B = w->B, N = B + w->nreplay;
+    for (int r = 0; r < N; r++) {
+        const double v[2] = {o->pnll[r], o->anll[r]};
+        for (int k = 0; k < 2; k++)
+            if (!(v[k] >= 0 && v[k] <= OPT_NLL_MAX))
+                return mg_fail(err, MG_ERR_STATE,
+                               "the %s's NLL of '%.200s' is %g nats, outside [0, %g]: its logits "
+                               "are extreme (not a model this run can train; a state could not "
+                               "hold it)",
+                               k ? "agent" : "prior",
+                               r < B ? w->smp.smiles[r] : o->mols[w->rmol[r - B]].smiles, v[k],
+                               OPT_NLL_MAX);
+    }
+    return MG_OK;
+}
+
 /* The NLLs of the loss rows [0, N = B + replay): this rank's part [a, b)
  * (mg_dist_range) through the prior (sampled rows; the replayed ones' are
  * stored) and the agent (its activations kept for dap_update), then every
@@ -765,14 +800,15 @@ static mg_status row_nlls(mg_opt *o, const step_work *w, mg_error *err) {
     mg_status rc = rows_nll(o, o->prior, pa, pb - pa, o->pnll + pa, err);
     for (int k = 0; k < w->nreplay; k++) o->pnll[B + k] = o->mols[w->rmol[k]].prior_nll;
     if (!rc) rc = rows_nll(o, o->agent, (int)a, (int)(b - a), o->anll + a, err);
-    if ((rc = agreed(o, rc, err)) || o->d->size <= 1) return rc;
+    if ((rc = agreed(o, rc, err))) return rc;
+    if (o->d->size <= 1) return nlls_in_range(o, w, err);
     for (int r = 0; r < N; r++) {
         if (r < B && (r < pa || r >= pb)) o->pnll[r] = 0.0;
         if (r < (int)a || r >= (int)b) o->anll[r] = 0.0;
     }
     mg_dist_sum_f64(o->d, o->pnll, (size_t)B);
     mg_dist_sum_f64(o->d, o->anll, (size_t)N);
-    return MG_OK;
+    return agreed(o, nlls_in_range(o, w, err), err); /* the same sums: said once */
 }
 
 /* Augmented Memory's extra rounds on the committed memory. */
@@ -1021,6 +1057,27 @@ static json_t *options_json(const mg_opt_opts *p) {
 
 static json_t *str_or_null(const char *s) { return s ? json_string(s) : json_null(); }
 
+/* The scorer command as recorded: itself when it is UTF-8 (a JSON string
+ * must be), else with every byte >= 0x80 written \xNN (NULL: out of memory);
+ * a resume compares these records. */
+static json_t *scorer_json(const char *cmd) {
+    json_t *j = json_string(cmd);
+    if (j) return j;
+    const size_t n = strlen(cmd);
+    char *t = malloc(4 * n + 1), *p = t;
+    if (!t) return NULL;
+    for (const unsigned char *c = (const unsigned char *)cmd; *c; c++) {
+        if (*c < 0x80)
+            *p++ = (char)*c;
+        else
+            p += sprintf(p, "\\x%02x", *c);
+    }
+    *p = '\0';
+    j = json_string(t);
+    free(t);
+    return j;
+}
+
 /* The run's state as JSON text (malloc'ed), NULL when out of memory. */
 static char *state_text(const mg_opt *o) {
     json_t *j = json_object(), *mols = json_array(), *mem = json_array();
@@ -1036,6 +1093,7 @@ static char *state_text(const mg_opt *o) {
     bad = bad || mg_json_put(j, "format", json_integer(OPT_FORMAT)) ||
           mg_json_put(j, "options", options_json(&o->op)) ||
           mg_json_put(j, "prior_digest", json_string(dig)) ||
+          (o->op.scorer_cmd && mg_json_put(j, "scorer", scorer_json(o->op.scorer_cmd))) ||
           mg_json_put(j, "step", json_integer(o->step)) ||
           mg_json_put(j, "adam_step", json_integer(o->adam.step)) ||
           mg_json_put(j, "collapse_run", json_integer(o->collapse_run)) ||
@@ -1260,13 +1318,23 @@ static mg_status restore_mols(mg_opt *o, const json_t *mols, const json_t *mem, 
         return mg_fail(err, MG_ERR_FORMAT, "the molecules or the memory are not lists");
     json_array_foreach(mols, i, e) {
         mol m = {0};
-        double sc, pn, an;
+        double sc, nll;
         const json_t *sf = json_array_get(e, 2);
         if (json_array_size(e) != 9 || !num_in(e, 4, 0, 1, &sc) ||
-            !num_in(e, 5, -1e300, 1e300, &pn) || !num_in(e, 6, -1e300, 1e300, &an) ||
             !json_is_integer(json_array_get(e, 7)) || !json_is_integer(json_array_get(e, 8)) ||
             !(json_is_string(sf) || json_is_null(sf)))
             return mg_fail(err, MG_ERR_FORMAT, "scored molecule %zu is malformed", i + 1);
+        for (int k = 5; k <= 6; k++) { /* was: +-1e300 taken, every resume then failed */
+            const char *name = k == 5 ? "prior_nll" : "agent_nll";
+            if (!json_is_number(json_array_get(e, (size_t)k)))
+                return mg_fail(err, MG_ERR_FORMAT, "scored molecule %zu: its %s is not a number",
+                               i + 1, name);
+            if (!num_in(e, (size_t)k, 0, OPT_NLL_MAX, &nll))
+                return mg_fail(err, MG_ERR_FORMAT,
+                               "scored molecule %zu: its %s %g is outside [0, %g] nats (no "
+                               "model gives it: the file was edited)",
+                               i + 1, name, nll, OPT_NLL_MAX);
+        }
         m.smiles = dup_json(json_array_get(e, 0));
         m.canonical = dup_json(json_array_get(e, 1));
         m.scaffold = dup_json(json_array_get(e, 2));
@@ -1326,6 +1394,33 @@ mg_status mg_opt_restore(mg_opt *o, const char *path, mg_error *err) {
     if ((which = differs(&saved, &o->op))) {
         rc = mg_fail(err, MG_ERR_MISMATCH, "%s was made with another %s (a resumed run keeps it)",
                      path, which);
+        goto done;
+    }
+    /* the scorer: the cache, the memory and the diversity filter hold its
+     * scores, so another one is refused unless asked for (none recorded:
+     * an older molgen's state, taken) */
+    const json_t *js0 = json_object_get(j, "scorer");
+    const char *was = json_string_value(js0);
+    if (js0 && !was) {
+        rc = mg_fail(err, MG_ERR_FORMAT, "the recorded scorer command is not a string");
+        goto done;
+    }
+    json_t *now = o->op.scorer_cmd ? scorer_json(o->op.scorer_cmd) : NULL;
+    const int other = was && now && strcmp(was, json_string_value(now));
+    if (was && other && !o->op.scorer_changed)
+        rc = mg_fail(err, MG_ERR_MISMATCH,
+                     "%s was scored by --scorer '%.300s', not '%.300s': a resumed run keeps its "
+                     "scorer (its cache and memory hold that scorer's scores); give the same "
+                     "--scorer, or add --scorer-changed to go on with the new one (the scores "
+                     "so far are kept)",
+                     path, was, json_string_value(now));
+    else if (o->op.scorer_cmd && !now)
+        rc = mg_fail(err, MG_ERR_NOMEM, "out of memory");
+    o->scorer_other = other;
+    json_decref(now);
+    if (rc) goto done;
+    if (was && !(o->saved_scorer = strdup(was))) {
+        rc = mg_fail(err, MG_ERR_NOMEM, "out of memory");
         goto done;
     }
     const size_t P = mg_model_num_params(o->agent), nt = mg_model_num_tensors(o->agent);
@@ -1464,6 +1559,7 @@ int mg_opt_write_summary(const mg_opt *o, FILE *f, double seconds) {
               mg_json_put(j, "auc_top100", json_real(mg_opt_auc_top(s, o->nmol, 100, 100, o->op.budget))) ||
               mg_json_put(j, "seconds", json_real(seconds)) ||
               mg_json_put(j, "stop", json_string(o->reason[0] ? o->reason : "error")) ||
+              (o->op.scorer_cmd && mg_json_put(j, "scorer", scorer_json(o->op.scorer_cmd))) ||
               mg_json_put(j, "options", options_json(&o->op));
     free(s);
     char *t = bad ? NULL : mg_json_dump(j, 6);

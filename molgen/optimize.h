@@ -118,6 +118,11 @@ typedef struct {
     int patience; /* mol_opt's convergence stop (0: none) */
     mg_dtype dtype; /* the prior's and agent's products and the sampler's
                        (train/sample --dtype; MG_DT_F32 default) */
+    /* the scorer's command (not owned; NULL: none recorded): saved in the
+     * state and summary.json; a resume refuses a state recorded with
+     * another one unless scorer_changed (then the new one is recorded) */
+    const char *scorer_cmd;
+    int scorer_changed;
     /* this invocation's */
     int64_t max_steps;  /* 0: none */
     int64_t stop_after; /* 0: none */
@@ -148,9 +153,16 @@ mg_status mg_opt_new(mg_model *prior, mg_model *agent, const mg_vocab *vocab,
                      mg_error *err);
 void mg_opt_free(mg_opt *o); /* NULL fine */
 /* Continue the run saved in checkpoint path (mg_opt_save): its agent, Adam
- * state, memory, scored molecules and step; refuses one of another prior or
- * other algorithm options (MG_ERR_MISMATCH naming the option). */
+ * state, memory, scored molecules and step; refuses one of another prior,
+ * other algorithm options (MG_ERR_MISMATCH naming the option) or another
+ * scorer command than opts.scorer_cmd (unless opts.scorer_changed; a state
+ * that records none, an older molgen's, is taken: mg_opt_saved_scorer). */
 mg_status mg_opt_restore(mg_opt *o, const char *path, mg_error *err);
+/* The scorer command the restored state recorded (NULL: none, or not
+ * restored; bytes >= 0x80 of a command that is not UTF-8 written \xNN),
+ * valid while o is; *other (non-NULL) says whether it is not this run's
+ * opts.scorer_cmd (taken with scorer_changed). */
+const char *mg_opt_saved_scorer(const mg_opt *o, int *other);
 /* The saved algorithm options of checkpoint path (for the command's
  * defaults on --resume) into *opts' algorithm fields. */
 mg_status mg_opt_read_options(const char *path, mg_opt_opts *opts, mg_error *err);

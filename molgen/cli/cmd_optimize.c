@@ -23,7 +23,7 @@ typedef struct {
     int64_t budget, max_steps, stop_after;
     uint64_t seed;
     int batch, constrain, dtype, df, df_bucket, memory, replay, aug, collapse_steps, patience, save_every,
-        threads;
+        threads, scorer_changed;
     double sigma, lr, df_min_score, repeat_penalty, collapse_share, timeout;
 } opt_args;
 
@@ -80,6 +80,9 @@ static const mg_setting OPTIMIZE_OPTIONS[] = {
     {MG_OPT_F64(T, "scorer-timeout", "S", timeout, 0, 1e7, MG_OPEN_LO,
                 "the longest wait for one answer line, seconds")},
     {MG_CLI_OPT_THREADS(T)},
+    {MG_OPT_FLAG(T, "scorer-changed", scorer_changed,
+                 "with --resume: go on with a --scorer other than the one the run recorded (the "
+                 "scores so far are kept; without it another command is refused)")},
 };
 #undef T
 
@@ -185,6 +188,8 @@ static void args_to_opts(const opt_args *a, mg_opt_opts *o) {
     o->max_steps = a->max_steps;
     o->stop_after = a->stop_after;
     o->save_every = a->save_every;
+    o->scorer_cmd = a->scorer;
+    o->scorer_changed = a->scorer_changed;
 }
 
 typedef struct {
@@ -243,6 +248,8 @@ static int parse(int argc, char **argv, mg_opt_opts *o, run_ctx *c) {
         return mg_cli_usage("optimize", "--prior, --scorer and --out (or --resume) are required");
     if (!c->scorer[strspn(c->scorer, " \t\n")])
         return mg_cli_usage("optimize", "--scorer is empty: give the command that scores");
+    if (a.scorer_changed && !c->resume)
+        return mg_cli_usage("optimize", "--scorer-changed goes with --resume");
     return 0;
 }
 
@@ -336,6 +343,7 @@ static size_t run_fields(const mg_opt_opts *o, const run_ctx *c, mg_dist_field *
     f[k++] = (mg_dist_field){"--save-every", (uint64_t)o->save_every};
     f[k++] = (mg_dist_field){"--resume", c->resume != NULL};
     f[k++] = (mg_dist_field){"--scorer", mg_dist_hash_str(c->scorer)};
+    f[k++] = (mg_dist_field){"--scorer-changed", (uint64_t)o->scorer_changed};
     return k;
 }
 
@@ -365,7 +373,17 @@ static int setup(run_ctx *c, const mg_opt_opts *o, mg_model *mm[2], mg_vocab **v
         return 1;
     const mg_dist_field state = {"the --resume checkpoint (its contents)",
                                  c->resume && world->size > 1 ? mg_opt_state_digest(*opt) : 0};
-    return agreed(mg_dist_agree_fields(world, &state, 1, &err), &err);
+    if (agreed(mg_dist_agree_fields(world, &state, 1, &err), &err)) return 1;
+    int other = 0;
+    const char *was = c->resume ? mg_opt_saved_scorer(*opt, &other) : NULL;
+    if (c->resume && !c->rank && !was)
+        fprintf(stderr, "molgen optimize: note: %s records no scorer command (an older molgen's "
+                        "state): going on with --scorer '%s', recorded from now on\n",
+                c->dir_agent, c->scorer);
+    else if (was && !c->rank && other)
+        fprintf(stderr, "molgen optimize: note: --scorer-changed: the run was scored by '%s' so "
+                        "far; going on with '%s' (recorded from now on)\n", was, c->scorer);
+    return 0;
 }
 
 int cmd_optimize(int argc, char **argv) {

@@ -430,6 +430,16 @@ EDITS = [
     (setitem(["options", "df_bucket"], -1), 'option "df_bucket" is -1'),
     (setitem(["options", "collapse_steps"], -1), 'option "collapse_steps" is -1'),
     (setitem(["options", "seed"], "abc"), "is not a decimal integer"),
+    (setitem(["scorer"], 5), "the recorded scorer command is not a string"),
+    # was: taken, then every --resume failed "row weight is not finite"
+    (setitem(["molecules", 0, 5], 1e300),
+     "scored molecule 1: its prior_nll 1e+300 is outside [0, 1e+06] nats"),
+    (setitem(["molecules", 2, 5], -1e300),
+     "scored molecule 3: its prior_nll -1e+300 is outside [0, 1e+06] nats"),
+    (setitem(["molecules", 1, 6], 1.5e6),
+     "scored molecule 2: its agent_nll 1.5e+06 is outside [0, 1e+06] nats"),
+    (setitem(["molecules", 0, 5], -0.5), "scored molecule 1: its prior_nll -0.5 is outside"),
+    (setitem(["molecules", 0, 5], "20"), "scored molecule 1: its prior_nll is not a number"),
 ]
 
 
@@ -447,6 +457,24 @@ def test_resume_refuses_an_edited_state(tmp_path, scorer, saved, k):
     assert (d / "agent.safetensors").read_bytes() == before
 
 
+def test_resume_with_nlls_at_the_bound_runs(tmp_path, scorer, saved):
+    """NLLs at the load bound (1e6 nats) in every memory molecule, which the
+    replay rows train on: the run goes on to the end (the row weights and
+    the loss stay finite) -- the bound is one the arithmetic takes"""
+    d = tmp_path / "run"
+    shutil.copytree(saved, d)
+
+    def edit(o):
+        assert o["memory"]
+        for k, _ in o["memory"]:
+            o["molecules"][k][5] = 1e6
+            o["molecules"][k][6] = 1e6
+    rewrite_state(saved / "agent.safetensors", d / "agent.safetensors", edit)
+    r = optimize(d, scorer, resume=True)
+    assert r.returncode == 0, text(r)
+    assert len(read_scored(d)) == 48
+
+
 def test_resume_of_an_unedited_copy_runs(tmp_path, scorer, saved):
     d = tmp_path / "run"
     shutil.copytree(saved, d)
@@ -454,3 +482,63 @@ def test_resume_of_an_unedited_copy_runs(tmp_path, scorer, saved):
     r = optimize(d, scorer, resume=True)
     assert r.returncode == 0, text(r)
     assert len(read_scored(d)) == 48
+
+
+# ---------------------------------------------------------------- the scorer on --resume
+
+def test_resume_with_another_scorer_is_refused_unless_asked(tmp_path, scorer, saved):
+    """was: --resume with another --scorer accepted silently, the command
+    recorded nowhere"""
+    assert json.loads(read_meta(saved / "agent.safetensors")["optimize"])["scorer"] == scorer
+    d = tmp_path / "run"
+    shutil.copytree(saved, d)
+    other = scorer + " --another"  # the script ignores its arguments: the same scores
+    before = {p.name: p.read_bytes() for p in d.iterdir()}
+    r = optimize(d, other, resume=True)
+    err = text(r)
+    assert r.returncode == 1 and len(err.strip().splitlines()) == 1, err
+    assert ("was scored by --scorer '%s', not '%s'" % (scorer, other)) in err, err
+    assert "--scorer-changed" in err and str(d / "agent.safetensors") in err, err
+    assert {p.name: p.read_bytes() for p in d.iterdir()} == before
+    r = optimize(d, other, "--scorer-changed", resume=True)
+    err = text(r)
+    assert r.returncode == 0, err
+    assert ("note: --scorer-changed: the run was scored by '%s' so far; going on with '%s'"
+            % (scorer, other)) in err, err
+    assert json.loads(read_meta(d / "agent.safetensors")["optimize"])["scorer"] == other
+    assert json.loads((d / "summary.json").read_text())["scorer"] == other
+    assert len(read_scored(d)) == 48
+
+
+def test_resume_of_a_state_without_a_scorer_record_is_a_note(tmp_path, scorer, saved):
+    d = tmp_path / "run"
+    shutil.copytree(saved, d)
+    rewrite_state(saved / "agent.safetensors", d / "agent.safetensors",
+                  lambda o: o.pop("scorer"))
+    r = optimize(d, scorer, resume=True)
+    err = text(r)
+    assert r.returncode == 0, err
+    assert "note: %s records no scorer command" % (d / "agent.safetensors") in err, err
+    assert json.loads(read_meta(d / "agent.safetensors")["optimize"])["scorer"] == scorer
+    assert len(read_scored(d)) == 48
+
+
+def test_scorer_changed_without_resume_is_a_usage_error(tmp_path, scorer):
+    r = optimize(tmp_path / "run", scorer, "--scorer-changed")
+    assert r.returncode == 2 and "--scorer-changed goes with --resume" in text(r), text(r)
+
+
+def test_scorer_command_that_is_not_utf8_is_recorded_escaped(tmp_path, scorer):
+    """a JSON string must be UTF-8: the command's bytes >= 0x80 are recorded
+    \\xNN (a plain json_string would fail every save)"""
+    cmd = scorer + os.fsdecode(b" # caf\xe9")  # a shell comment in Latin-1
+    d = tmp_path / "run"
+    r = optimize(d, cmd, "--budget", 24, "--batch", 8, "--stop-after", 1)
+    assert r.returncode == 0, text(r)
+    assert json.loads(read_meta(d / "agent.safetensors")["optimize"])["scorer"] == \
+        scorer + " # caf\\xe9"
+    r = optimize(d, cmd, resume=True)
+    assert r.returncode == 0 and "note" not in text(r), text(r)
+    assert len(read_scored(d)) == 24
+    r = optimize(d, scorer, "--budget", 32, resume=True)
+    assert r.returncode == 1 and "not '%s'" % scorer in text(r), text(r)

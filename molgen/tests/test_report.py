@@ -2,6 +2,7 @@
 (molecules of data/moses_20k.smi with made-up scores) is self-contained, has
 the parts asked for, counts scaffolds as RDKit does, and headless Chromium's
 screenshot of it is not blank."""
+import math
 import os
 import random
 import shutil
@@ -162,3 +163,123 @@ def test_screenshot_not_blank(tmp_path):
     near = lambda c, t: all(abs(x - y) < 40 for x, y in zip(c, t))  # noqa: E731
     for rgb in ((0xd6, 0x27, 0x28), (0x1f, 0x77, 0xb4), (0x2c, 0xa0, 0x2c)):
         assert sum(near(p, rgb) for p in pix) > 20, rgb
+
+
+# ---------------------------------------------------------------- hostile runs
+
+HEAD = "call,step,smiles,canonical,score,prior_nll,agent_nll,scaffold,components\n"
+
+
+def run_report(d, *args):
+    return subprocess.run([sys.executable, "-m", "molgen.report", str(d)] + list(args),
+                          capture_output=True, text=True, timeout=120)
+
+
+def one_line_error(rc, *words):
+    assert rc.returncode == 1, rc.stderr
+    assert rc.stderr.startswith("molgen.report: ") and rc.stderr.count("\n") == 1, rc.stderr
+    assert "Traceback" not in rc.stderr
+    for w in words:
+        assert w in rc.stderr, (w, rc.stderr)
+
+
+@pytest.mark.parametrize("how", ["same", "dotdot", "symlink", "hardlink", "dirlink", "summary"])
+def test_out_that_is_a_run_file_is_refused(tmp_path, how):
+    """was: `--out DIR/scored.csv` replaced the run's scored.csv with HTML"""
+    d = tmp_path / "run"
+    d.mkdir()
+    (d / "scored.csv").write_text(HEAD + "1,0,CCO,CCO,0.5,20,20,,\n")
+    (d / "summary.json").write_text('{"budget": 10}')
+    target = d / ("summary.json" if how == "summary" else "scored.csv")
+    out = {"same": target, "summary": target, "dotdot": d / "x" / ".." / "scored.csv",
+           "symlink": tmp_path / "link.html", "hardlink": tmp_path / "hard.html",
+           "dirlink": tmp_path / "dl" / "scored.csv"}[how]
+    if how == "dotdot":
+        (d / "x").mkdir()
+    elif how == "symlink":
+        os.symlink(str(target), str(out))
+    elif how == "hardlink":
+        os.link(str(target), str(out))
+    elif how == "dirlink":
+        os.symlink(str(d), str(tmp_path / "dl"))
+    before = {p.name: p.read_bytes() for p in d.iterdir() if p.is_file()}
+    one_line_error(run_report(d, "--out", str(out)), "--out %s is the run's " % out,
+                   str(target.name), "another name")
+    assert {p.name: p.read_bytes() for p in d.iterdir() if p.is_file()} == before
+    assert not (d / "report.html").exists()
+    one_line_error(run_report(d, "--out", str(d)), "is a directory")
+    assert run_report(d, "--out", str(tmp_path / "page.html")).returncode == 0
+
+
+@pytest.mark.parametrize("score", ["inf", "-inf", "1e308", "1.5", "-0.25", "1e-400x"])
+def test_score_outside_unit_range_is_refused_with_file_and_line(tmp_path, score):
+    """was: inf or 1e308 gave '-inf' SVG coordinates and AUC inf (a score
+    that is not a number, 1e-400x, stays 'not scored', as before)"""
+    p = tmp_path / "scored.csv"
+    # a quoted field over two lines before: the line named is the file's
+    p.write_text(HEAD + '1,0,CCO,CCO,0.5,20,20,,"a=1;\nb=2"\n2,0,CCN,CCN,%s,21,21,,\n' % score)
+    rc = run_report(tmp_path)
+    if score == "1e-400x":
+        assert rc.returncode == 0, rc.stderr
+        return
+    one_line_error(rc, "%s:4: score '%s' is outside [0, 1]" % (p, score))
+
+
+def svg_numbers(page):
+    """every coordinate, size and polyline point of the page's charts"""
+    import re
+    vals = []
+    for name, v in re.findall(r'\b(x|y|x1|x2|y1|y2|width|height|points)="([^"]*)"', page):
+        vals += [t for t in re.split(r"[ ,]+", v.strip()) if t]
+    return vals
+
+
+@pytest.mark.parametrize("nlls", [("1e308", "1.7e308"), ("-1e308", "1.79e308"), ("0", "1e300")])
+def test_huge_finite_nlls_are_drawn_with_finite_coordinates(tmp_path, nlls):
+    """NLLs of any finite size: the mean of each window and the axis stay
+    finite (was: sum overflowed to inf); inf itself is refused by name"""
+    rows = "".join("%d,0,%s,%s,%.2f,%s,%s,,\n" % (i + 1, s, s, 0.1 * (i + 1), nlls[i % 2],
+                                                   nlls[(i + 1) % 2])
+                   for i, s in enumerate(["CCO", "CCN", "CCC", "CCCl"]))
+    (tmp_path / "scored.csv").write_text(HEAD + rows)
+    rc = run_report(tmp_path)
+    assert rc.returncode == 0, rc.stderr
+    page = (tmp_path / "report.html").read_text()
+    assert page.count("<svg") == 4 + 3  # the NLL chart is drawn
+    vals = svg_numbers(page)
+    assert len(vals) > 50
+    for v in vals:
+        assert math.isfinite(float(v)), v
+    # AUC top-1 over budget 4 (no summary), by hand: with a point every 100
+    # calls the curve is one trapezoid from (0, 0) to (4, top-1 0.4): 0.8 / 4
+    assert "PMO AUC top-1 (budget 4)</td><td>0.2000<" in page
+    (tmp_path / "scored.csv").write_text(HEAD + "1,0,CCO,CCO,0.5,20,inf,,\n")
+    one_line_error(run_report(tmp_path), "scored.csv:2: agent_nll 'inf' is not a finite number")
+
+
+@pytest.mark.parametrize("cell", ['"{""qed"": [1, 2]}"', '"[0.5, 0.7]"', '"{""qed"": null}"',
+                                  '"{""qed"": {""x"": 1}}"', '"{""qed"": 0.5"'])
+def test_components_json_that_is_not_name_to_number_is_one_line(tmp_path, cell):
+    """was: a JSON list in a components cell: a TypeError traceback"""
+    p = tmp_path / "scored.csv"
+    p.write_text(HEAD + "1,0,CCO,CCO,0.5,20,20,,qed=0.4\n2,0,CCN,CCN,0.6,20,20,,%s\n" % cell)
+    one_line_error(run_report(tmp_path), "%s:3: the components cell" % p,
+                   "not a JSON object of name -> number")
+    p.write_text(HEAD + '1,0,CCO,CCO,0.5,20,20,,"{""qed"": 0.25, ""sim"": 1}"\n')
+    rc = run_report(tmp_path)
+    assert rc.returncode == 0, rc.stderr
+    page = (tmp_path / "report.html").read_text()
+    assert "<td>qed</td><td>0.25</td>" in page and "<td>sim</td><td>1</td>" in page
+
+
+def test_not_utf8_names_the_file_and_line(tmp_path):
+    """was: "'utf-8' codec can't decode byte 0xff ...", no file named"""
+    p = tmp_path / "scored.csv"
+    p.write_bytes(HEAD.encode() + b"1,0,CCO,CCO,0.5,20,20,,\n2,0,C\xffN,CCN,0.5,20,20,,\n")
+    one_line_error(run_report(tmp_path), "%s:3: not UTF-8 text (byte 0xff" % p)
+    p.write_bytes(HEAD.encode() + b"1,0,CCO,CCO,0.5,20,20,,\n")
+    (tmp_path / "summary.json").write_bytes(b'{"task": "\xfe"}')
+    one_line_error(run_report(tmp_path), "%s:1: not UTF-8 text (byte 0xfe"
+                   % (tmp_path / "summary.json"))
+    (tmp_path / "summary.json").write_text('{"task": ')
+    one_line_error(run_report(tmp_path), "%s:1: not JSON" % (tmp_path / "summary.json"))

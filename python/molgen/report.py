@@ -8,13 +8,21 @@ each 1,000 calls) and the agent's drift from the prior (mean NLLs).
 
 reads DIR/scored.csv (one row per scored molecule: call, step, smiles,
 canonical, score, components, prior_nll, agent_nll) and
-DIR/summary.json (optional) and writes DIR/report.html (or FILE). The charts
-are inline SVG drawn here and the molecules RDKit's rdMolDraw2D SVG: the page
-loads nothing (no script, no font, no image file).
+DIR/summary.json (optional) and writes DIR/report.html (or FILE; never one of
+the run's own files, however named). The charts are inline SVG drawn here and
+the molecules RDKit's rdMolDraw2D SVG: the page loads nothing (no script, no
+font, no image file).
+
+Scores are molgen optimize's: in [0, 1], empty or nan for a molecule not
+scored; a score outside [0, 1] (inf, 1e308, -0.5) is refused with the file
+and line, as molgen optimize refuses it from a scorer. NLLs must be finite
+(any size is drawn); components are "name=value;..." or a JSON object of
+name -> number.
 """
 import argparse
 import csv
 import html
+import io
 import json
 import math
 import os
@@ -28,6 +36,10 @@ KNOWN = {"call", "call_index", "index", "step", "smiles", "canonical", "score", 
          "prior_nll", "agent_nll", "scaffold"}
 
 
+# the run's files in DIR (molgen optimize's), none of which --out may be
+RUN_FILES = ("scored.csv", "summary.json", "best.smi", "agent.safetensors")
+
+
 def _num(text):
     text = (text or "").strip()
     if not text:
@@ -39,19 +51,57 @@ def _num(text):
     return None if math.isnan(v) else v
 
 
-def _components(text):
-    """'name=value;name=value' (or a JSON object) -> {name: value}."""
+def _components(text, where):
+    """'name=value;name=value' (or a JSON object of name -> number) ->
+    {name: value}; where ('FILE:LINE') names a cell that is neither."""
     text = (text or "").strip()
     if not text:
         return {}
-    if text.startswith("{"):
-        return {k: float(v) for k, v in json.loads(text).items()}
+    if text[0] in "{[":
+        try:
+            obj = json.loads(text)
+        except ValueError:
+            obj = None
+        if not isinstance(obj, dict) or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) for v in obj.values()):
+            raise ValueError("%s: the components cell %r is not a JSON object of name -> number "
+                             "(or name=value;name=value)" % (where, text[:80]))
+        return {str(k): float(v) for k, v in obj.items()}
     out = {}
     for part in text.split(";"):
         name, eq, value = part.partition("=")
         if eq and _num(value) is not None:
             out[name.strip()] = _num(value)
     return out
+
+
+def _score(text, where):
+    """a score cell -> None (empty, nan: not scored) or its value in [0, 1]"""
+    v = _num(text)
+    if v is not None and not 0.0 <= v <= 1.0:
+        raise ValueError("%s: score %r is outside [0, 1] (molgen optimize's scores are in "
+                         "[0, 1]; nan or empty: not scored)" % (where, text.strip()))
+    return v
+
+
+def _nll(text, where, name):
+    """an NLL cell -> None (empty, nan) or its finite value"""
+    v = _num(text)
+    if v is not None and not math.isfinite(v):
+        raise ValueError("%s: %s %r is not a finite number" % (where, name, text.strip()))
+    return v
+
+
+def _text(path):
+    """a file's text; not UTF-8: a ValueError naming the file, line and byte"""
+    with open(path, "rb") as f:
+        data = f.read()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise ValueError("%s:%d: not UTF-8 text (byte 0x%02x at offset %d)"
+                         % (path, line, data[e.start], e.start)) from None
 
 
 def read_run(directory):
@@ -62,7 +112,7 @@ def read_run(directory):
     # any run molgen can write: fields are bounded at the scorer protocol
     # (1 KiB), but older runs held longer ones than csv's 128 KiB default
     csv.field_size_limit(max(csv.field_size_limit(), 1 << 30))
-    with open(path, newline="") as f:
+    with io.StringIO(_text(path), newline="") as f:
         reader = csv.DictReader(f)
         cols = reader.fieldnames or []
         call_col = next((c for c in ("call", "call_index", "index") if c in cols), None)
@@ -71,25 +121,37 @@ def read_run(directory):
                              % (path, ", ".join(cols) or "none"))
         extra = [c for c in cols if c not in KNOWN]
         rows = []
-        for line, r in enumerate(reader, 2):
+        rd = iter(reader)
+        while True:
+            try:
+                r = next(rd, None)
+            except csv.Error as e:  # a NUL byte, an unclosed quote
+                raise ValueError("%s:%d: %s" % (path, reader.line_num, e)) from None
+            if r is None:
+                break
+            where = "%s:%d" % (path, reader.line_num)  # the record's last line
             try:
                 call = int(r[call_col])
             except (TypeError, ValueError):
-                raise ValueError("%s:%d: call %r is not an integer" % (path, line, r[call_col]))
-            comps = _components(r.get("components"))
+                raise ValueError("%s: call %r is not an integer" % (where, r[call_col]))
+            comps = _components(r.get("components"), where)
             for c in extra:
                 if _num(r.get(c)) is not None:
                     comps[c] = _num(r[c])
             rows.append({"call": call, "step": r.get("step", ""), "smiles": r["smiles"],
-                         "key": r.get("canonical") or r["smiles"], "score": _num(r["score"]),
-                         "comps": comps, "prior_nll": _num(r.get("prior_nll")),
-                         "agent_nll": _num(r.get("agent_nll")), "scaffold": None})
+                         "key": r.get("canonical") or r["smiles"],
+                         "score": _score(r["score"], where), "comps": comps,
+                         "prior_nll": _nll(r.get("prior_nll"), where, "prior_nll"),
+                         "agent_nll": _nll(r.get("agent_nll"), where, "agent_nll"),
+                         "scaffold": None})
     rows.sort(key=lambda r: r["call"])
     summary = {}
     spath = os.path.join(directory, "summary.json")
     if os.path.exists(spath):
-        with open(spath) as f:
-            summary = json.load(f)
+        try:
+            summary = json.loads(_text(spath))
+        except json.JSONDecodeError as e:
+            raise ValueError("%s:%d: not JSON (%s)" % (spath, e.lineno, e.msg)) from None
         if not isinstance(summary, dict):
             raise ValueError("%s: not a JSON object" % spath)
     return rows, summary
@@ -117,22 +179,23 @@ def _scaffold(smiles):
 # ---------------------------------------------------------------- SVG charts
 
 def _ticks(hi, n=5):
-    """About n round tick values from 0 to >= hi."""
-    if hi <= 0:
+    """About n round tick values from 0 to >= hi (any finite hi: past the
+    largest float the last tick is hi itself)."""
+    if not hi > 0:
         return [0, 1]
     raw = hi / n
-    mag = 10 ** math.floor(math.log10(raw))
+    mag = 10.0 ** math.floor(math.log10(raw))
     step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
     out, v = [], 0.0
     while v < hi - 1e-9 * step:
         out.append(v)
         v += step
-    out.append(v)
+    out.append(v if math.isfinite(v) else hi)
     return out
 
 
 def _fmt(v):
-    return ("%d" % v) if float(v).is_integer() else ("%g" % v)
+    return ("%d" % v) if float(v).is_integer() and abs(v) < 1e15 else ("%.6g" % v)
 
 
 class Chart:
@@ -144,6 +207,8 @@ class Chart:
         self.l, self.r, self.t, self.b = 62, 16, 14, 46
         self.xt = _ticks(xmax)
         self.xmax = self.xt[-1]
+        if not yticks and not math.isfinite(ymax - ymin):  # e.g. -1e308 to 1e308
+            yticks = [ymin, ymin / 2 + ymax / 2, ymax]
         self.yt = yticks or [ymin + v for v in _ticks(ymax - ymin)]
         self.ymin, self.ymax = ymin, self.yt[-1]
         self.parts = ['<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" '
@@ -176,8 +241,10 @@ class Chart:
         return self.l + (self.w - self.l - self.r) * v / (self.xmax or 1)
 
     def y(self, v):
-        span = (self.ymax - self.ymin) or 1
-        return self.h - self.b - (self.h - self.t - self.b) * (v - self.ymin) / span
+        # halves first: ymax - ymin and v - ymin stay finite for any finite
+        # values (1e308 - -1e308 would not)
+        span = (self.ymax / 2 - self.ymin / 2) or 1
+        return self.h - self.b - (self.h - self.t - self.b) * ((v / 2 - self.ymin / 2) / span)
 
     def line(self, pts, color, width=2):
         if pts:
@@ -266,12 +333,13 @@ def nll_chart(call_rows, window=100):
         chunk = call_rows[a:a + window]
         for key, name in (("prior_nll", "prior NLL"), ("agent_nll", "agent NLL")):
             vals = [r[key] for r in chunk if r[key] is not None]
-            if vals:
-                pts[name].append((a + len(chunk), sum(vals) / len(vals)))
+            if vals:  # the mean of each v / n: finite for any finite NLLs
+                pts[name].append((a + len(chunk), math.fsum(v / len(vals) for v in vals)))
     if not pts["prior NLL"] and not pts["agent NLL"]:
         return None
-    hi = max(v for p in pts.values() for _, v in p)
-    ch = Chart(1000, 260, len(call_rows), 0, hi, "oracle calls",
+    hi = max([0.0] + [v for p in pts.values() for _, v in p])
+    lo = min([0.0] + [v for p in pts.values() for _, v in p])
+    ch = Chart(1000, 260, len(call_rows), lo, hi, "oracle calls",
                "mean NLL of %d calls (nats)" % window)
     colors = (("prior NLL", "#9467bd"), ("agent NLL", "#ff7f0e"))
     for name, color in colors:
@@ -309,7 +377,8 @@ def molecule_cards(rows):
                         for k, v in sorted(r["comps"].items()))
         nll = ""
         if r["prior_nll"] is not None:
-            nll = " &middot; prior NLL %.1f" % r["prior_nll"]
+            nll = " &middot; prior NLL %s" % (("%.1f" if abs(r["prior_nll"]) < 1e6 else "%.4g")
+                                              % r["prior_nll"])
         cards.append(
             '<div class="card"><div class="rank">#%d &nbsp; score <b>%.4f</b></div>%s'
             '<div class="smi">%s</div><div class="meta">call %d &middot; step %s%s</div>'
@@ -358,7 +427,9 @@ def render(directory, top=12, window=1000):
     crow = calls(rows)
     for r in crow:  # RDKit's Murcko scaffold, whatever the scorer sent
         r["scaffold"] = _scaffold(r["smiles"])
-    budget = summary.get("budget") if isinstance(summary.get("budget"), int) else None
+    budget = summary.get("budget")  # molgen's range: an integer in [1, 1e12]
+    if isinstance(budget, bool) or not isinstance(budget, int) or not 1 <= budget <= 10 ** 12:
+        budget = None
     budget = budget or max(len(crow), 1)
     scores = [r["score"] for r in crow]
     aucs = {"PMO AUC top-%d (budget %d)" % (n, budget): pmo.auc(scores, n, budget)
@@ -385,6 +456,27 @@ def render(directory, top=12, window=1000):
     return "\n".join(parts)
 
 
+def check_out(directory, out):
+    """Refuses (ValueError) an out that is one of the run's files in
+    directory by another name: the same file (st_dev, st_ino) through a
+    symbolic link, a hard link, '..' or a linked directory."""
+    try:
+        st = os.stat(out)
+    except OSError:
+        return  # nothing there yet (or a dangling link): a new file
+    if os.path.isdir(out):
+        raise ValueError("--out %s is a directory: give the page's file name" % out)
+    for name in RUN_FILES:
+        path = os.path.join(directory, name)
+        try:
+            run = os.stat(path)
+        except OSError:
+            continue
+        if (st.st_dev, st.st_ino) == (run.st_dev, run.st_ino):
+            raise ValueError("--out %s is the run's %s: give the page another name (default "
+                             "%s)" % (out, path, os.path.join(directory, "report.html")))
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python3 -m molgen.report",
                                  description=__doc__.split("\n\n")[0])
@@ -399,6 +491,7 @@ def main(argv=None):
         return 2
     out = a.out or os.path.join(a.dir, "report.html")
     try:
+        check_out(a.dir, out)
         page = render(a.dir, a.top, a.window)
         with atomic_open(out) as f:  # a new temporary beside out, never followed
             f.write(page)
