@@ -110,9 +110,14 @@ def test_step0_probabilities_of_old_tokens_unchanged(boron, extended):
     assert len(a) == 60 and all(r["status"] == "ok" for r in a + b)
     for x, y in zip(a, b):
         assert abs(float(x["nll"]) - float(y["nll"])) <= 1e-6 * float(x["nll"]), (x, y)
-    s0 = [run("sample", "--model", m, "-n", "40", "--seed", "3", "--threads", "1", "--out", "-")
-          for m in (BASE, extended)]
-    assert s0[0].returncode == 0 and s0[0].stdout == s0[1].stdout
+    s0 = []
+    for k, m in enumerate((BASE, extended)):
+        out = boron / f"same{k}.smi"
+        p = run("sample", "--model", m, "-n", "40", "--seed", "3", "--threads", "1", "--out",
+                str(out))
+        assert p.returncode == 0, p.stderr
+        s0.append(out.read_text().splitlines())
+    assert len(s0[0]) == 40 and s0[0] == s0[1]
 
 
 def test_new_token_probability_bound(boron, extended):
@@ -142,8 +147,9 @@ def test_extended_model_is_read_by_sample_score_and_a_second_init(boron, extende
     rows = scores(extended, str(d / "boron.smi"))
     assert len(rows) == 120 and all(r["status"] == "ok" for r in rows)
     p = run("sample", "--model", extended, "-n", "20", "--seed", "1", "--threads", "1",
-            "--out", "-")
+            "--out", str(d / "s20.smi"))
     assert p.returncode == 0, p.stderr
+    assert len((d / "s20.smi").read_text().splitlines()) == 20
     out2 = str(d / "second.safetensors")
     p = run("train", "--init", extended, "--data", str(d / "boron.smi"), "--steps", "2",
             "--check-samples", "0", "--threads", "1", "--no-progress", "--out", out2)
