@@ -142,6 +142,51 @@ def test_new_token_probability_bound(boron, extended):
     assert float(lp.max()) <= -18.0
 
 
+def test_new_rows_start_where_the_base_model_predicts_the_new_token(boron, extended):
+    """The new rows are q-weighted means of the base model's: q = the base
+    model's next-token distribution (PyTorch twin, float64) summed over the
+    data rows' first 'B', normalised; head row = q @ W, bias = q.b + H(q) -
+    18 (less a rounding allowance), embedding row = q's data-token rows,
+    q-weighted. And they help: at the data's 'B' positions the new token
+    starts far above the data-independent bound's start."""
+    torch = pytest.importorskip("torch")
+    tm = pytest.importorskip("molgen.torch_model")
+    base, bvoc = tm.load_model(BASE, dtype=torch.float64)
+    ext, xvoc = tm.load_model(extended, dtype=torch.float64)
+    V0, nb = len(bvoc), xvoc.index("B")
+    smiles = tm.read_smiles(str(boron / "boron.smi"))
+    ids, lengths = tm.encode(smiles, xvoc, base.cfg.ctx_len + 1)
+    first = [int(np.argmax(r == nb)) for r in ids]  # BOS at 0, so > 0 where B is
+    assert all(f > 0 for f in first)
+    inp = torch.from_numpy(np.where(ids[:, :-1] < V0, ids[:, :-1], 0))
+    base.eval()
+    ext.eval()
+    with torch.no_grad():
+        p = torch.softmax(base.logits(inp, torch.tensor(first)), -1)
+    q = sum(p[i, f - 1] for i, f in enumerate(first))
+    q = q / q.sum()
+    W, b, E = base.head.weight.detach(), base.head.bias.detach(), base.tok_emb.weight.detach()
+    w_new = ext.head.weight.detach()[nb]
+    assert torch.allclose(w_new, q @ W, rtol=0, atol=1e-6), float((w_new - q @ W).abs().max())
+    H = float(-torch.special.xlogy(q, q).sum())
+    want = float(q @ b) + H - 18.0
+    got = float(ext.head.bias.detach()[nb])
+    assert want - 1e-4 <= got <= want, (got, want)
+    qd = q[3:] / q[3:].sum()
+    e_new = ext.tok_emb.weight.detach()[nb]
+    assert torch.allclose(e_new, qd @ E[3:], rtol=0, atol=1e-6)
+    # where 'B' first occurs, log p = -18 - KL(q || p) (Gibbs' gap), well above
+    # the data-independent start (below -30 there on this data)
+    with torch.no_grad():
+        lp = torch.log_softmax(ext.logits(torch.from_numpy(ids[:, :-1]), None), -1)[..., nb]
+    at = torch.stack([lp[i, f - 1] for i, f in enumerate(first)])
+    kl = torch.stack([(torch.special.xlogy(q, q) - q * p[i, f - 1].log()).sum()
+                      for i, f in enumerate(first)])
+    assert torch.allclose(at, -18.0 - kl - (want - got), rtol=0, atol=2e-3), \
+        float((at + 18 + kl).abs().max())
+    assert float(at.mean()) > -25.0, float(at.mean())
+
+
 def test_extended_model_is_read_by_sample_score_and_a_second_init(boron, extended):
     d = boron
     rows = scores(extended, str(d / "boron.smi"))
