@@ -762,19 +762,19 @@ mg_status mg_model_extend_vocab(const mg_model *base, int new_v, double margin, 
     }
     for (int64_t k = 0; k < new_v - V0; k++) {
         const double *qk = q ? q + k * V0 : NULL; /* [V0] or none */
-        double qs = 0.0, qd = 0.0;                /* q's mass: all, data tokens */
-        for (int64_t v = 0; qk && v < V0; v++) {
-            qs += qk[v] > 0.0 ? qk[v] : 0.0;
-            qd += v >= MG_NUM_SPECIAL && qk[v] > 0.0 ? qk[v] : 0.0;
-        }
+        double qs = 0.0; /* q's mass */
+        for (int64_t v = 0; qk && v < V0; v++) qs += qk[v] > 0.0 ? qk[v] : 0.0;
         float *Wk = W + (V0 + k) * d, *Ek = E + (V0 + k) * d;
-        if (!(qs > 0.0) || !(qd > 0.0)) { /* no q: the data-independent start */
-            for (int64_t j = 0; j < d; j++) {
-                double mean = 0.0;
-                for (int64_t v = MG_NUM_SPECIAL; v < V0; v++) mean += bE[v * d + j];
-                Ek[j] = (float)(mean / (double)(V0 - MG_NUM_SPECIAL));
-                Wk[j] = 0.0f; /* logit = bias alone */
-            }
+        /* the input row: the mean of base's data-token rows (measured on 300
+         * boronic acids, a q-weighted mean, near Cl and Br, kept a higher
+         * validation loss: 0.5745 against 0.5683) */
+        for (int64_t j = 0; j < d; j++) {
+            double mean = 0.0;
+            for (int64_t v = MG_NUM_SPECIAL; v < V0; v++) mean += bE[v * d + j];
+            Ek[j] = (float)(mean / (double)(V0 - MG_NUM_SPECIAL));
+        }
+        if (!(qs > 0.0)) { /* no q: the data-independent start */
+            for (int64_t j = 0; j < d; j++) Wk[j] = 0.0f; /* logit = bias alone */
             b[V0 + k] = bias;
             continue;
         }
@@ -792,13 +792,6 @@ mg_status mg_model_extend_vocab(const mg_model *base, int new_v, double margin, 
         }
         for (int64_t j = 0; j < d; j++) Wk[j] = (float)wq[j];
         b[V0 + k] = float_below(bq + H - margin - rounding_slack(wq, Wk, g, be, d));
-        /* the input row: q's data tokens' embedding rows, q-weighted */
-        for (int64_t j = 0; j < d; j++) {
-            double e = 0.0;
-            for (int64_t v = MG_NUM_SPECIAL; v < V0; v++)
-                e += (qk[v] > 0.0 ? qk[v] / qd : 0.0) * bE[v * d + j];
-            Ek[j] = (float)e;
-        }
     }
     free(wq);
     m->new_rows = new_v > V0 ? (int)V0 : 0;

@@ -222,13 +222,12 @@ const mg_param_info *mg_model_find_tensor(const mg_model *m, const char *name);
  * in the data), the new token k's rows:
  *   head.weight  sum_v q_v w_v           (q normalised)
  *   head.bias    sum_v q_v b_v + H(q) - margin - (fp32 rounding of the row)
- *   tok_emb      the q-weighted mean of base's data-token rows (ids >= MG_NUM_SPECIAL)
+ *   tok_emb      the mean of base's data-token rows (ids MG_NUM_SPECIAL..V-1)
  * so its logit is q.z + H(q) - margin, and since log sum_v exp z_v >= q.z +
  * H(q) (Gibbs' inequality) at ANY input, its probability is <= e^-margin
  * while it starts where base predicts what it replaces. A token whose q
  * row is all 0 (or q NULL): head.weight 0, head.bias
- * mg_model_new_token_bias(base, margin) (the same bound by Jensen), tok_emb
- * the mean of base's data-token rows. Either way each new token has
+ * mg_model_new_token_bias(base, margin) (the same bound by Jensen). Either way each new token has
  * probability <= e^-margin at step 0 and every old token's probability is
  * base's times 1 / (1 + s), s <= (new_v - V) e^-margin: unchanged up to
  * rounding for margin >= 17 (fp32's 2^-24). */
