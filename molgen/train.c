@@ -102,6 +102,7 @@ typedef struct {
     int resuming;
     mg_model *init; /* --init: MODEL (its vocabulary is ck.vocab) */
     int added;      /* --extend-vocab: the tokens appended to MODEL's vocabulary */
+    mg_vocab *init_vocab; /* --extend-vocab: MODEL's own (r->ck.vocab is the grown one) */
     mg_ckpt ck;     /* model, vocab, optimizer (and what a resume read) */
     mg_train_state st;
     mg_dataset all, train, val;
@@ -196,6 +197,7 @@ static void run_free(run *r) {
     mg_dataset_free(&r->val);
     mg_dataset_free(&r->all);
     mg_model_free(r->init);
+    mg_vocab_free(r->init_vocab);
     mg_ckpt_free(&r->ck);
 }
 
@@ -663,7 +665,7 @@ static mg_status scan_init_data(run *r, mg_error *err) {
         "--extend-vocab: %d new token(s) %s: vocabulary %d -> %d; new rows start with "
         "probability <= e^-%g at any input",
         r->added, list_s, mg_vocab_size(v), mg_vocab_size(grown), MG_EXTEND_MARGIN);
-    mg_vocab_free(r->ck.vocab);
+    r->init_vocab = r->ck.vocab; /* the base model's check samples read it */
     r->ck.vocab = grown;
     return MG_OK;
 }
@@ -1533,7 +1535,8 @@ static mg_status sample_check(run *r, mg_error *err) {
         mg_samples base;
         memset(&base, 0, sizeof base);
         mg_model_set_threads(r->init, mg_model_threads(r->ck.model));
-        if ((rc = mg_sample(r->init, r->ck.vocab, &o, &base, &e))) {
+        if ((rc = mg_sample(r->init, r->init_vocab ? r->init_vocab : r->ck.vocab, &o, &base,
+                            &e))) {
             rc = mg_fail(err, rc, "--check-samples (base model): %s", e.message);
             goto out;
         }

@@ -186,6 +186,21 @@ def test_new_rows_start_where_the_base_model_predicts_the_new_token(boron, exten
     assert float(at.mean()) > -25.0, float(at.mean())
 
 
+def test_check_samples_after_extension(boron):
+    """The end-of-run check samples the kept model and the base model; the
+    base model reads its own vocabulary (the grown one has one more token:
+    the run failed here after saving its file)."""
+    out = boron / "checked.safetensors"
+    p = run("train", "--init", BASE, "--data", str(boron / "boron.smi"), "--extend-vocab",
+            "--steps", "2", "--check-samples", "20", "--threads", "1", "--no-progress",
+            "--out", str(out))
+    err = p.stderr.decode()
+    assert p.returncode == 0, err
+    assert "check: 20 molecules sampled" in err, err
+    summary = json.loads(p.stdout.decode().strip().splitlines()[-1])
+    assert summary["check"]["samples"] == 20 and 0 <= summary["check"]["base_syntax_ok"] <= 20
+
+
 def test_extended_model_is_read_by_sample_score_and_a_second_init(boron, extended):
     d = boron
     rows = scores(extended, str(d / "boron.smi"))
