@@ -216,16 +216,23 @@ const mg_param_info *mg_model_find_tensor(const mg_model *m, const char *name);
 /* Vocabulary extension (train --extend-vocab): a new model with new_v >=
  * V ids whose first V are base's (the tokens mg_vocab_extend appends come
  * last), every tensor copied by name, the grown ones (tok_emb.weight,
- * head.weight, head.bias) row by row, and the new rows:
- *   tok_emb  the mean of base's data-token rows (ids MG_NUM_SPECIAL..V-1)
- *   head.weight 0, so a new token's logit is its bias at any input
- *   head.bias   mg_model_new_token_bias(base, margin)
- * The bias is a lower bound of base's log-partition at ANY input minus
- * margin, so at step 0 each new token has probability <= e^-margin and
- * every old token's probability is base's times 1 / (1 + s), s <= (new_v -
- * V) e^-margin: unchanged up to rounding for margin >= 17 (fp32's 2^-24). */
-mg_status mg_model_extend_vocab(const mg_model *base, int new_v, double margin, mg_model **out,
-                                mg_error *err);
+ * head.weight, head.bias) row by row. q [new_v - V, V] (or NULL): per new
+ * token a distribution over base's ids (need not sum to 1; the train
+ * command gives base's mean next-token distribution where the token occurs
+ * in the data), the new token k's rows:
+ *   head.weight  sum_v q_v w_v           (q normalised)
+ *   head.bias    sum_v q_v b_v + H(q) - margin - (fp32 rounding of the row)
+ *   tok_emb      the mean of base's data-token rows (ids MG_NUM_SPECIAL..V-1)
+ * so its logit is q.z + H(q) - margin, and since log sum_v exp z_v >= q.z +
+ * H(q) (Gibbs' inequality) at ANY input, its probability is <= e^-margin
+ * while it starts where base predicts what it replaces. A token whose q
+ * row is all 0 (or q NULL): head.weight 0, head.bias
+ * mg_model_new_token_bias(base, margin) (the same bound by Jensen). Either way each new token has
+ * probability <= e^-margin at step 0 and every old token's probability is
+ * base's times 1 / (1 + s), s <= (new_v - V) e^-margin: unchanged up to
+ * rounding for margin >= 17 (fp32's 2^-24). */
+mg_status mg_model_extend_vocab(const mg_model *base, int new_v, double margin, const double *q,
+                                mg_model **out, mg_error *err);
 /* The first id of the tokens a run added (mg_model_extend_vocab sets it to
  * base's V; 0: none, as a new or loaded model): their tok_emb and head
  * rows get their own optimizer spans (checkpoint.h). A checkpoint keeps it

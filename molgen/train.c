@@ -102,6 +102,7 @@ typedef struct {
     int resuming;
     mg_model *init; /* --init: MODEL (its vocabulary is ck.vocab) */
     int added;      /* --extend-vocab: the tokens appended to MODEL's vocabulary */
+    mg_vocab *init_vocab; /* --extend-vocab: MODEL's own (r->ck.vocab is the grown one) */
     mg_ckpt ck;     /* model, vocab, optimizer (and what a resume read) */
     mg_train_state st;
     mg_dataset all, train, val;
@@ -196,6 +197,7 @@ static void run_free(run *r) {
     mg_dataset_free(&r->val);
     mg_dataset_free(&r->all);
     mg_model_free(r->init);
+    mg_vocab_free(r->init_vocab);
     mg_ckpt_free(&r->ck);
 }
 
@@ -663,7 +665,7 @@ static mg_status scan_init_data(run *r, mg_error *err) {
         "--extend-vocab: %d new token(s) %s: vocabulary %d -> %d; new rows start with "
         "probability <= e^-%g at any input",
         r->added, list_s, mg_vocab_size(v), mg_vocab_size(grown), MG_EXTEND_MARGIN);
-    mg_vocab_free(r->ck.vocab);
+    r->init_vocab = r->ck.vocab; /* the base model's check samples read it */
     r->ck.vocab = grown;
     return MG_OK;
 }
@@ -821,6 +823,58 @@ static mg_status load_conditions(run *r, mg_error *err) {
     return MG_OK;
 }
 
+/* --extend-vocab: q [added, V0] for mg_model_extend_vocab, per new token
+ * the base model's next-token distribution summed over the data rows'
+ * first new token (its prefix holds base's tokens only). Rows of a token
+ * that never comes first stay 0 (the data-independent start). */
+static mg_status new_token_q(run *r, double **q_out, mg_error *err) {
+    mg_model *base = r->init;
+    const int V0 = mg_model_get_config(base)->vocab_size, T = r->all.T, L = T - 1, BS = 16;
+    double *q = calloc((size_t)r->added * V0, sizeof *q);
+    int32_t *ids = malloc((size_t)BS * L * sizeof *ids);
+    int64_t *len = malloc(BS * sizeof *len);
+    int *tgt = malloc(BS * sizeof *tgt);
+    float *logits = malloc((size_t)BS * L * V0 * sizeof *logits);
+    mg_status rc = q && ids && len && tgt && logits ? MG_OK
+                                                    : mg_fail(err, MG_ERR_NOMEM, "out of memory");
+    mg_model_set_threads(base, r->c->threads);
+    for (size_t i = 0; !rc && i < r->all.n;) {
+        int B = 0;
+        for (; i < r->all.n && B < BS; i++) { /* rows with a new token */
+            const int32_t *row = r->all.ids + i * T;
+            int t = 1;
+            while (t < r->all.lengths[i] && row[t] < V0) t++;
+            if (t >= r->all.lengths[i]) continue;
+            for (int u = 0; u < L; u++) ids[B * L + u] = u < t ? row[u] : MG_PAD;
+            len[B] = t; /* positions 0..t-1; t-1's logits predict row[t] */
+            tgt[B++] = row[t] - V0;
+        }
+        if (B == 0) break;
+        mg_error e;
+        if ((rc = mg_model_logits(base, ids, len, B, L, logits, NULL, &e))) {
+            rc = mg_fail(err, rc, "--extend-vocab: the base model's forward: %s", e.message);
+            break;
+        }
+        for (int b = 0; b < B; b++) { /* softmax in double */
+            const float *z = logits + ((size_t)b * L + (size_t)(len[b] - 1)) * V0;
+            double mx = z[0], sum = 0.0;
+            for (int v = 1; v < V0; v++) mx = z[v] > mx ? z[v] : mx;
+            for (int v = 0; v < V0; v++) sum += exp(z[v] - mx);
+            for (int v = 0; v < V0; v++) q[(size_t)tgt[b] * V0 + v] += exp(z[v] - mx) / sum;
+        }
+    }
+    free(ids);
+    free(len);
+    free(tgt);
+    free(logits);
+    if (rc) {
+        free(q);
+        q = NULL;
+    }
+    *q_out = q;
+    return rc;
+}
+
 /* A fresh model and optimizer, or the checkpoint's with this run's schedule
  * length; the causal-leak guard; the batch stream and its buffers. */
 static mg_status build(run *r, mg_error *err) {
@@ -833,9 +887,13 @@ static mg_status build(run *r, mg_error *err) {
         mc.ctx_len = r->all.T - 1 + (r->sc_longest ? r->sc_longest + 1 : 0);
         mc.n_cond = r->cond.K;
         mc.scaffold = r->sc_longest;
-        if (r->added > 0) /* MODEL's tensors by name, the grown ones row by row */
-            rc = mg_model_extend_vocab(r->init, mc.vocab_size, MG_EXTEND_MARGIN, &r->ck.model, &e);
-        else
+        if (r->added > 0) { /* MODEL's tensors by name, the grown ones row by row */
+            double *q = NULL;
+            if ((rc = new_token_q(r, &q, err))) return rc;
+            rc = mg_model_extend_vocab(r->init, mc.vocab_size, MG_EXTEND_MARGIN, q, &r->ck.model,
+                                       &e);
+            free(q);
+        } else
             rc = mg_model_create(&mc, &r->ck.model, &e);
         if (rc) return mg_fail(err, rc, "model: %s", e.message);
         r->st.new_rows = mg_model_new_rows(r->ck.model);
@@ -1477,7 +1535,8 @@ static mg_status sample_check(run *r, mg_error *err) {
         mg_samples base;
         memset(&base, 0, sizeof base);
         mg_model_set_threads(r->init, mg_model_threads(r->ck.model));
-        if ((rc = mg_sample(r->init, r->ck.vocab, &o, &base, &e))) {
+        if ((rc = mg_sample(r->init, r->init_vocab ? r->init_vocab : r->ck.vocab, &o, &base,
+                            &e))) {
             rc = mg_fail(err, rc, "--check-samples (base model): %s", e.message);
             goto out;
         }

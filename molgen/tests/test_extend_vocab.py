@@ -110,9 +110,14 @@ def test_step0_probabilities_of_old_tokens_unchanged(boron, extended):
     assert len(a) == 60 and all(r["status"] == "ok" for r in a + b)
     for x, y in zip(a, b):
         assert abs(float(x["nll"]) - float(y["nll"])) <= 1e-6 * float(x["nll"]), (x, y)
-    s0 = [run("sample", "--model", m, "-n", "40", "--seed", "3", "--threads", "1", "--out", "-")
-          for m in (BASE, extended)]
-    assert s0[0].returncode == 0 and s0[0].stdout == s0[1].stdout
+    s0 = []
+    for k, m in enumerate((BASE, extended)):
+        out = boron / f"same{k}.smi"
+        p = run("sample", "--model", m, "-n", "40", "--seed", "3", "--threads", "1", "--out",
+                str(out))
+        assert p.returncode == 0, p.stderr
+        s0.append(out.read_text().splitlines())
+    assert len(s0[0]) == 40 and s0[0] == s0[1]
 
 
 def test_new_token_probability_bound(boron, extended):
@@ -137,13 +142,73 @@ def test_new_token_probability_bound(boron, extended):
     assert float(lp.max()) <= -18.0
 
 
+def test_new_rows_start_where_the_base_model_predicts_the_new_token(boron, extended):
+    """The new rows are q-weighted means of the base model's: q = the base
+    model's next-token distribution (PyTorch twin, float64) summed over the
+    data rows' first 'B', normalised; head row = q @ W, bias = q.b + H(q) -
+    18 (less a rounding allowance); the embedding row is the mean of the
+    data-token rows. And they help: at the data's 'B' positions the new token
+    starts far above the data-independent bound's start."""
+    torch = pytest.importorskip("torch")
+    tm = pytest.importorskip("molgen.torch_model")
+    base, bvoc = tm.load_model(BASE, dtype=torch.float64)
+    ext, xvoc = tm.load_model(extended, dtype=torch.float64)
+    V0, nb = len(bvoc), xvoc.index("B")
+    smiles = tm.read_smiles(str(boron / "boron.smi"))
+    ids, lengths = tm.encode(smiles, xvoc, base.cfg.ctx_len + 1)
+    first = [int(np.argmax(r == nb)) for r in ids]  # BOS at 0, so > 0 where B is
+    assert all(f > 0 for f in first)
+    inp = torch.from_numpy(np.where(ids[:, :-1] < V0, ids[:, :-1], 0))
+    base.eval()
+    ext.eval()
+    with torch.no_grad():
+        p = torch.softmax(base.logits(inp, torch.tensor(first)), -1)
+    q = sum(p[i, f - 1] for i, f in enumerate(first))
+    q = q / q.sum()
+    W, b, E = base.head.weight.detach(), base.head.bias.detach(), base.tok_emb.weight.detach()
+    w_new = ext.head.weight.detach()[nb]
+    assert torch.allclose(w_new, q @ W, rtol=0, atol=1e-6), float((w_new - q @ W).abs().max())
+    H = float(-torch.special.xlogy(q, q).sum())
+    want = float(q @ b) + H - 18.0
+    got = float(ext.head.bias.detach()[nb])
+    assert want - 1e-4 <= got <= want, (got, want)
+    e_new = ext.tok_emb.weight.detach()[nb]
+    assert torch.allclose(e_new, E[3:].mean(0), rtol=0, atol=1e-6)
+    # where 'B' first occurs, log p = -18 - KL(q || p) (Gibbs' gap), well above
+    # the data-independent start (below -30 there on this data)
+    with torch.no_grad():
+        lp = torch.log_softmax(ext.logits(torch.from_numpy(ids[:, :-1]), None), -1)[..., nb]
+    at = torch.stack([lp[i, f - 1] for i, f in enumerate(first)])
+    kl = torch.stack([(torch.special.xlogy(q, q) - q * p[i, f - 1].log()).sum()
+                      for i, f in enumerate(first)])
+    assert torch.allclose(at, -18.0 - kl - (want - got), rtol=0, atol=2e-3), \
+        float((at + 18 + kl).abs().max())
+    assert float(at.mean()) > -25.0, float(at.mean())
+
+
+def test_check_samples_after_extension(boron):
+    """The end-of-run check samples the kept model and the base model; the
+    base model reads its own vocabulary (the grown one has one more token:
+    the run failed here after saving its file)."""
+    out = boron / "checked.safetensors"
+    p = run("train", "--init", BASE, "--data", str(boron / "boron.smi"), "--extend-vocab",
+            "--steps", "2", "--check-samples", "20", "--threads", "1", "--no-progress",
+            "--out", str(out))
+    err = p.stderr.decode()
+    assert p.returncode == 0, err
+    assert "check: 20 molecules sampled" in err, err
+    summary = json.loads(p.stdout.decode().strip().splitlines()[-1])
+    assert summary["check"]["samples"] == 20 and 0 <= summary["check"]["base_syntax_ok"] <= 20
+
+
 def test_extended_model_is_read_by_sample_score_and_a_second_init(boron, extended):
     d = boron
     rows = scores(extended, str(d / "boron.smi"))
     assert len(rows) == 120 and all(r["status"] == "ok" for r in rows)
     p = run("sample", "--model", extended, "-n", "20", "--seed", "1", "--threads", "1",
-            "--out", "-")
+            "--out", str(d / "s20.smi"))
     assert p.returncode == 0, p.stderr
+    assert len((d / "s20.smi").read_text().splitlines()) == 20
     out2 = str(d / "second.safetensors")
     p = run("train", "--init", extended, "--data", str(d / "boron.smi"), "--steps", "2",
             "--check-samples", "0", "--threads", "1", "--no-progress", "--out", out2)
