@@ -443,6 +443,7 @@ static mg_status sample_part(mg_model *m, const mg_vocab *v, const mg_sample_opt
      * molecule k always draws from RNG stream k. */
     const int refill = o->kind == MG_DECODE_KV;
     const int reject = mask && o->method == MG_CONSTRAIN_REJECT;
+    const int greedy = o->sampling.temperature == 0.0f || o->sampling.top_k == 1;
     const double t0 = mg_now_s();
     size_t next = 0;
     int live = 0;
@@ -493,7 +494,7 @@ static mg_status sample_part(mg_model *m, const mg_vocab *v, const mg_sample_opt
              * up on is masked (its Kekulé restarts counted past the
              * rejections) */
             const int masking = mask && (!reject || (out->fallback[k] & MG_FALLBACK_MASKED));
-            const int kek = out->restarts[k] - (reject ? MG_SAMPLE_REJECTS : 0);
+            const int kek = out->restarts[k] - (reject ? (greedy ? 1 : MG_SAMPLE_REJECTS) : 0);
             int left = masking ? mg_token_mask_apply(mask, r, logits + (size_t)r * V, 0) : 1;
             if (left < 0 && kek >= MG_SAMPLE_RESTARTS) {
                 /* restarted often enough: this time the check goes */
@@ -525,7 +526,9 @@ static mg_status sample_part(mg_model *m, const mg_vocab *v, const mg_sample_opt
                  * rejected, the molecule starts again */
                 rc = restart_molecule(dec, mask, r, guide ? B + r : -1, out, k, tok, len, fed, err);
                 if (rc) goto done;
-                if (out->restarts[k] >= MG_SAMPLE_REJECTS) out->fallback[k] |= MG_FALLBACK_MASKED;
+                /* greedy choices repeat the refused string: no use retrying */
+                if (out->restarts[k] >= MG_SAMPLE_REJECTS || greedy)
+                    out->fallback[k] |= MG_FALLBACK_MASKED;
                 continue;
             }
             int finished = 0;

@@ -38,8 +38,10 @@
  *     BOS, drawing on from its stream. The molecules that come out are then
  *     exactly the model's samples conditioned on ending by EOS and passing
  *     mg_smiles_check: the valid part of unconstrained sampling. After
- *     MG_SAMPLE_REJECTS restarts the molecule is begun once more under the
- *     mask (fallback bit MG_FALLBACK_MASKED, counted in masked).
+ *     MG_SAMPLE_REJECTS restarts (after the first with greedy choices,
+ *     temperature 0 or top_k 1, which would repeat it) the molecule is
+ *     begun once more under the mask (fallback bit MG_FALLBACK_MASKED,
+ *     counted in masked).
  *   MG_CONSTRAIN_MASK  before each draw the logits of tokens that cannot
  *     lead to a string passing the level's rules are set to -inf, so each
  *     step is renormalised over the allowed tokens (not the model's
