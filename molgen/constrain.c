@@ -104,6 +104,15 @@ int mg_token_mask_apply(mg_token_mask *m, int r, float *logits, int fallback) {
     return left;
 }
 
+int mg_token_mask_accepts(mg_token_mask *m, int r, int t) {
+    if (t == MG_EOS) return mg_smiles_state_end(m->row[r], NULL, 0) && mg_smiles_state_kekule(m->row[r], 1);
+    const char *tok = t >= MG_NUM_SPECIAL && t < m->V ? mg_vocab_token(m->v, t) : NULL;
+    if (!tok) return 0;
+    mg_smiles_state_copy(m->trial, m->row[r]);
+    return mg_smiles_state_push(m->trial, tok, (int)strlen(tok), NULL, 0) &&
+           mg_smiles_state_viable(m->trial) && mg_smiles_state_kekule(m->trial, 0);
+}
+
 mg_status mg_token_mask_push(mg_token_mask *m, int r, int t, mg_error *err) {
     const char *tok = mg_vocab_token(m->v, t);
     if (t < MG_NUM_SPECIAL || !tok)

@@ -58,6 +58,13 @@ int mg_token_mask_apply(mg_token_mask *m, int r, float *logits, int fallback);
 /* Row r appends token id t (not EOS). MG_ERR_ARG if the rules refuse it
  * (a token that apply masked). */
 mg_status mg_token_mask_push(mg_token_mask *m, int r, int t, mg_error *err);
+/* Rejection sampling's test (sample.h, MG_CONSTRAIN_REJECT): 1 if row r's
+ * string may go on with data token t (the parser accepts it, the string
+ * stays viable and passes mg_smiles_state_kekule(s, 0)) or, t == MG_EOS,
+ * may end here (mg_smiles_state_end and the final Kekulé check): exactly
+ * the conditions mg_smiles_check puts on each prefix and on the end, with
+ * no length estimate; 0 otherwise (PAD, BOS). The row is not advanced. */
+int mg_token_mask_accepts(mg_token_mask *m, int r, int t);
 /* The string row r has so far, for messages: at most n - 1 bytes. */
 void mg_token_mask_prefix(const mg_token_mask *m, int r, char *out, size_t n);
 

@@ -147,6 +147,18 @@ int mg_sample_token(const float *logits, int V, const mg_sampling *s, mg_rng *rn
 
 /* ------------------------------------------------------------ decoders */
 
+const char *mg_constrain_method_name(mg_constrain_method k) {
+    return k == MG_CONSTRAIN_MASK ? "mask" : k == MG_CONSTRAIN_REJECT ? "reject" : "?";
+}
+
+int mg_constrain_method_parse(const char *s, mg_constrain_method *out) {
+    if (!s) return 0;
+    if (!strcmp(s, "mask")) *out = MG_CONSTRAIN_MASK;
+    else if (!strcmp(s, "reject")) *out = MG_CONSTRAIN_REJECT;
+    else return 0;
+    return 1;
+}
+
 const char *mg_decode_kind_name(mg_decode_kind k) {
     return k == MG_DECODE_KV ? "kv" : k == MG_DECODE_NAIVE ? "naive" : "?";
 }
@@ -324,6 +336,8 @@ static mg_status plan_sample(mg_model *m, const mg_vocab *v, const mg_sample_opt
     mg_status rc = mg_sampling_check(&o->sampling, err);
     if (rc) return rc;
     if (o->batch < 1) return mg_fail(err, MG_ERR_ARG, "batch %d: need >= 1", o->batch);
+    if (o->method != MG_CONSTRAIN_MASK && o->method != MG_CONSTRAIN_REJECT)
+        return mg_fail(err, MG_ERR_ARG, "constrain method %d: mask or reject", (int)o->method);
     if (o->dtype != MG_DT_F32 && o->kind != MG_DECODE_KV)
         return mg_fail(err, MG_ERR_ARG, "sample: dtype %s needs KV decoding",
                        mg_dtype_name(o->dtype));
@@ -364,6 +378,22 @@ static mg_status plan_sample(mg_model *m, const mg_vocab *v, const mg_sample_opt
     rc = K ? mg_model_set_conditions(m, cond_rows, DB, err) : MG_OK;
     free(cond_rows);
     return rc;
+}
+
+/* Slot r's molecule k starts again at BOS (its decoder row r and, with
+ * guidance, row g >= 0; its mask row), counted in out->restarts[k]. */
+static mg_status restart_molecule(mg_decoder *dec, mg_token_mask *mask, int r, int g,
+                                  mg_samples *out, size_t k, int32_t *tok, int *len, int *fed,
+                                  mg_error *err) {
+    out->restarts[k]++;
+    mg_status rc = mg_decoder_restart_row(dec, r, err);
+    if (!rc && g >= 0) rc = mg_decoder_restart_row(dec, g, err);
+    if (rc) return rc;
+    tok[r] = MG_BOS;
+    len[r] = 0;
+    fed[r] = 0;
+    mg_token_mask_reset_row(mask, r);
+    return MG_OK;
 }
 
 /* Molecules first .. first + n - 1 of o (streams first + k) into out, on
@@ -412,6 +442,8 @@ static mg_status sample_part(mg_model *m, const mg_vocab *v, const mg_sample_opt
      * step as cheap dummies at position 0. Results do not depend on this:
      * molecule k always draws from RNG stream k. */
     const int refill = o->kind == MG_DECODE_KV;
+    const int reject = mask && o->method == MG_CONSTRAIN_REJECT;
+    const int greedy = o->sampling.temperature == 0.0f || o->sampling.top_k == 1;
     const double t0 = mg_now_s();
     size_t next = 0;
     int live = 0;
@@ -458,23 +490,22 @@ static mg_status sample_part(mg_model *m, const mg_vocab *v, const mg_sample_opt
                 continue;
             }
             const size_t k = mol[r];
-            int left = mask ? mg_token_mask_apply(mask, r, logits + (size_t)r * V, 0) : 1;
-            if (left < 0 && out->restarts[k] >= MG_SAMPLE_RESTARTS) {
+            /* rejection draws from the unmasked logits; a molecule it gave
+             * up on is masked (its Kekulé restarts counted past the
+             * rejections) */
+            const int masking = mask && (!reject || (out->fallback[k] & MG_FALLBACK_MASKED));
+            const int kek = out->restarts[k] - (reject ? (greedy ? 1 : MG_SAMPLE_REJECTS) : 0);
+            int left = masking ? mg_token_mask_apply(mask, r, logits + (size_t)r * V, 0) : 1;
+            if (left < 0 && kek >= MG_SAMPLE_RESTARTS) {
                 /* restarted often enough: this time the check goes */
-                out->fallback[k] = 1;
+                out->fallback[k] |= MG_FALLBACK_KEKULE;
                 left = mg_token_mask_apply(mask, r, logits + (size_t)r * V, 1);
             } else if (left < 0) { /* a Kekulé dead end: the molecule starts again */
-                out->restarts[k]++;
-                rc = mg_decoder_restart_row(dec, r, err);
-                if (!rc && guide) rc = mg_decoder_restart_row(dec, B + r, err);
+                rc = restart_molecule(dec, mask, r, guide ? B + r : -1, out, k, tok, len, fed, err);
                 if (rc) goto done;
-                tok[r] = MG_BOS;
-                len[r] = 0;
-                fed[r] = 0;
-                mg_token_mask_reset_row(mask, r);
                 continue;
             }
-            if (mask && left == 0) {
+            if (masking && left == 0) {
                 mg_token_mask_prefix(mask, r, sbuf, slen);
                 rc = mg_fail(err, MG_ERR_STATE,
                              "molecule %zu position %d: no token can follow '%s' under "
@@ -488,6 +519,17 @@ static mg_status sample_part(mg_model *m, const mg_vocab *v, const mg_sample_opt
                              "molecule %zu position %d: the logits are not finite", first + k,
                              len[r] + 1);
                 goto done;
+            }
+            if (mask && !masking &&
+                (!mg_token_mask_accepts(mask, r, t) || (t != MG_EOS && len[r] + 1 >= room))) {
+                /* a draw the check refuses, or no room left for EOS:
+                 * rejected, the molecule starts again */
+                rc = restart_molecule(dec, mask, r, guide ? B + r : -1, out, k, tok, len, fed, err);
+                if (rc) goto done;
+                /* greedy choices repeat the refused string: no use retrying */
+                if (out->restarts[k] >= MG_SAMPLE_REJECTS || greedy)
+                    out->fallback[k] |= MG_FALLBACK_MASKED;
+                continue;
             }
             int finished = 0;
             if (t == MG_EOS) {
@@ -517,7 +559,8 @@ static mg_status sample_part(mg_model *m, const mg_vocab *v, const mg_sample_opt
             out->tokens += len[r] + (out->ended[k] ? 1 : 0);
             if (!out->ended[k]) out->truncated++;
             out->restarts_total += (size_t)out->restarts[k];
-            out->fallbacks += out->fallback[k];
+            out->fallbacks += (out->fallback[k] & MG_FALLBACK_KEKULE) != 0;
+            out->masked += (out->fallback[k] & MG_FALLBACK_MASKED) != 0;
             rc = mg_decoder_restart_row(dec, r, err);
             if (!rc && guide) rc = mg_decoder_restart_row(dec, B + r, err);
             if (rc) goto done;
@@ -594,7 +637,8 @@ mg_status mg_samples_unpack(const char *buf, size_t bytes, size_t n, mg_samples 
         memcpy(&t, q + 2 + sizeof rs, sizeof t);
         out->restarts[k] = rs;
         out->restarts_total += (size_t)rs;
-        out->fallbacks += out->fallback[k];
+        out->fallbacks += (out->fallback[k] & MG_FALLBACK_KEKULE) != 0;
+        out->masked += (out->fallback[k] & MG_FALLBACK_MASKED) != 0;
         out->ntok[k] = t;
         if (!(out->smiles[k] = malloc(sl))) {
             rc = mg_fail(err, MG_ERR_NOMEM, "out of memory");
@@ -679,6 +723,7 @@ static mg_status sample_range(mg_model *m, const mg_vocab *v, const mg_sample_op
             out->truncated += ps[t].truncated;
             out->restarts_total += ps[t].restarts_total;
             out->fallbacks += ps[t].fallbacks;
+            out->masked += ps[t].masked;
         }
         out->seconds = mg_now_s() - t0;
     }

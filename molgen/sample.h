@@ -26,17 +26,33 @@
  * other molecules' lengths; with the same seed and thread count the output
  * is identical.
  *
- * Constrained sampling (opts.constrain, constrain.h): before each draw the
- * logits of tokens that cannot lead to a string passing the level's rules
- * are set to -inf; the draw itself (and its one uniform from the
- * molecule's stream) is unchanged, so unconstrained output is bitwise what
- * it was, and no allowed token means MG_ERR_STATE with the molecule's
- * prefix. When the mask's Kekulé look-ahead leaves no token (a dead end)
- * the molecule starts again from BOS, drawing on from its own stream:
- * rejection of the prefix, so the molecules that come out are the masked
- * sampler's conditioned on never meeting a dead end; counted per molecule
- * (mg_samples.restarts; after MG_SAMPLE_RESTARTS the check is dropped at
- * the next dead end instead, counted in fallback).
+ * Constrained sampling (opts.constrain, constrain.h), two methods
+ * (opts.method):
+ *   MG_CONSTRAIN_REJECT  every token is drawn from the model's own
+ *     distribution (temperature, top-k, top-p as unconstrained: the same
+ *     uniform from the molecule's stream, so a molecule whose first draw
+ *     passes is bitwise the unconstrained one); when the drawn token (or
+ *     EOS) fails the level's check on that prefix (mg_token_mask_accepts:
+ *     mg_smiles_check's conditions, so no string the check accepts is cut
+ *     off) or the molecule reaches ctx_len without EOS, it starts again from
+ *     BOS, drawing on from its stream. The molecules that come out are then
+ *     exactly the model's samples conditioned on ending by EOS and passing
+ *     mg_smiles_check: the valid part of unconstrained sampling. After
+ *     MG_SAMPLE_REJECTS restarts (after the first with greedy choices,
+ *     temperature 0 or top_k 1, which would repeat it) the molecule is
+ *     begun once more under the mask (fallback bit MG_FALLBACK_MASKED,
+ *     counted in masked).
+ *   MG_CONSTRAIN_MASK  before each draw the logits of tokens that cannot
+ *     lead to a string passing the level's rules are set to -inf, so each
+ *     step is renormalised over the allowed tokens (not the model's
+ *     distribution conditioned on validity: a prefix that derails is kept
+ *     alive); no allowed token means MG_ERR_STATE with the molecule's
+ *     prefix. When the mask's Kekulé look-ahead leaves no token (a dead end)
+ *     the molecule starts again from BOS, drawing on from its own stream;
+ *     after MG_SAMPLE_RESTARTS of them the check is dropped at the next dead
+ *     end (fallback bit MG_FALLBACK_KEKULE, counted in fallbacks).
+ * Either way the draws' random numbers come from the molecule's stream, so
+ * the output does not depend on threads, batch or ranks.
  *
  * Generation stops at EOS or when a row has ctx_len tokens after BOS
  * (scaffold prefix included: the longest the model has positions for);
@@ -124,6 +140,13 @@ int mg_decoder_pos(const mg_decoder *d, int r);
 
 /* ------------------------------------------------------------ sampling */
 
+/* How constrained sampling keeps to the rules (above). */
+typedef enum { MG_CONSTRAIN_MASK = 0, MG_CONSTRAIN_REJECT = 1 } mg_constrain_method;
+
+/* "mask" / "reject"; parse returns 1 and sets *out, or 0. */
+const char *mg_constrain_method_name(mg_constrain_method k);
+int mg_constrain_method_parse(const char *s, mg_constrain_method *out);
+
 typedef struct {
     size_t n;  /* molecules to generate */
     int batch; /* rows decoded together (slots), >= 1 */
@@ -135,6 +158,7 @@ typedef struct {
     mg_constrain constrain; /* NONE: the model's distribution as it is;
                                SYNTAX / VALENCE: renormalised over the tokens
                                the mask allows (constrain.h) */
+    mg_constrain_method method; /* with constrain: REJECT or MASK (above) */
     /* A conditional model's request (condition.h): condition [n_cond]
      * normalised values (NaN: not given), NULL: none (the missing
      * embeddings). guidance w: 0 or 1 samples from the conditional logits
@@ -158,7 +182,8 @@ typedef struct {
     const volatile sig_atomic_t *stop;
 } mg_sample_opts;
 
-/* n 1000, batch 64, KV cache, default sampling, seed 0, unconstrained. */
+/* n 1000, batch 64, KV cache, default sampling, seed 0, unconstrained
+ * (method MASK where constrain is set). */
 void mg_sample_opts_default(mg_sample_opts *o);
 
 typedef struct {
@@ -167,22 +192,29 @@ typedef struct {
     int *ntok;            /* n: tokens before EOS (or ctx_len if truncated) */
     unsigned char *ended; /* n: 1 ended by EOS, 0 truncated at ctx_len */
     size_t truncated;     /* molecules without EOS */
-    /* constrained sampling (constrain.h): per molecule, the times it was
-     * restarted at a Kekulé dead end, and 1 when it hit MG_SAMPLE_RESTARTS
-     * of them and went on with the check dropped at the next (its string
-     * may then fail kekulisation); the sums over the molecules */
+    /* constrained sampling (above): per molecule, the times it started
+     * again from BOS (rejected draws, Kekulé dead ends), and its fallback
+     * bits: MG_FALLBACK_MASKED (rejection gave up after MG_SAMPLE_REJECTS:
+     * masked from then on), MG_FALLBACK_KEKULE (the mask's Kekulé check
+     * dropped after MG_SAMPLE_RESTARTS dead ends: its string may fail
+     * kekulisation); the sums over the molecules: restarts, and the
+     * molecules with each bit */
     int *restarts;
     unsigned char *fallback;
-    size_t restarts_total, fallbacks;
+    size_t restarts_total, fallbacks, masked;
     int64_t tokens;       /* sum of ntok (+1 per EOS) */
     double seconds;       /* wall time of the generation */
     /* private: */
     char *blob_;
 } mg_samples;
 
-/* Kekulé dead ends (constrain.h) a molecule restarts at before the check
- * is dropped for it. */
+/* Kekulé dead ends (constrain.h) a masked molecule restarts at before the
+ * check is dropped for it. */
 #define MG_SAMPLE_RESTARTS 100
+/* Rejected draws a molecule restarts at before it is masked instead. */
+#define MG_SAMPLE_REJECTS 1000
+#define MG_FALLBACK_KEKULE 1
+#define MG_FALLBACK_MASKED 2
 
 /* Generate o->n molecules. */
 mg_status mg_sample(mg_model *m, const mg_vocab *v, const mg_sample_opts *o, mg_samples *out,

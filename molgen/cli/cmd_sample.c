@@ -26,6 +26,7 @@ typedef struct {
     int decode;    /* the word's index: 0 kv, 1 naive */
     int dtype;     /* mg_dtype: fp32, bf16 */
     int constrain; /* mg_constrain: none, syntax, valence */
+    int method;    /* mg_constrain_method: mask, reject */
     int raw;       /* --raw-weights */
 } sample_args;
 
@@ -53,8 +54,14 @@ static const mg_setting SAMPLE_OPTIONS[] = {
                    "none: the model's distribution as it is; syntax: mask tokens after which the "
                    "string cannot pass molgen's SMILES check (brackets, bonds, branches, ring "
                    "closures, EOS, unbracketed valences); valence: also the valences of bracket "
-                   "and aromatic atoms. The model's probabilities are renormalised over the "
-                   "allowed tokens")},
+                   "and aromatic atoms (how: --constrain-method)")},
+    {MG_OPT_CHOICE(T, "constrain-method", "mask|reject", method,
+                   "with --constrain syntax|valence: reject draws every token from the model as "
+                   "it is and starts a molecule again from its first token when a draw fails the "
+                   "check (exactly the model's distribution over the strings the check accepts; "
+                   "after 1000 restarts that molecule is masked); mask sets the refused tokens' "
+                   "probabilities to 0 and renormalises at every step (no restarts, but a "
+                   "molecule that derails is kept: longer, heavier molecules than the model's)")},
     {MG_OPT_STR(T, "condition", "NAME=VALUE,...", condition,
                 "a conditional model's requested property values (any subset of the conditions "
                 "it was trained on, in their units, within their training range; the others are "
@@ -87,6 +94,11 @@ static const char SAMPLE_NOTES[] =
     "(molgen's SMILES grammar check, not RDKit) on stderr. An empty line is a\n"
     "molecule that ended at once; a molecule without EOS by ctx_len is kept.\n";
 
+/* --constrain-method's default: rejection keeps the model's distribution
+ * (docs/molgen.md, "Constrained sampling": the KL score of the ZINC
+ * prior's samples) */
+#define SAMPLE_METHOD_DEFAULT MG_CONSTRAIN_REJECT
+
 /* Everything one run holds, freed once (job_free). */
 typedef struct {
     sample_args a;
@@ -116,7 +128,8 @@ static int parse_args(sample_job *j, int argc, char **argv) {
                        .temperature = j->o.sampling.temperature, .top_p = j->o.sampling.top_p,
                        .top_k = j->o.sampling.top_k, .batch = j->o.batch,
                        .decode = j->o.kind == MG_DECODE_KV ? 0 : 1,
-                       .constrain = (int)j->o.constrain, .guidance = j->o.guidance};
+                       .constrain = (int)j->o.constrain, .method = SAMPLE_METHOD_DEFAULT,
+                       .guidance = j->o.guidance};
     const mg_cli_spec spec = {"sample", SAMPLE_USAGE, SAMPLE_NOTES,
                               {{SAMPLE_OPTIONS, sizeof SAMPLE_OPTIONS / sizeof *SAMPLE_OPTIONS, a}},
                               1};
@@ -141,6 +154,7 @@ static int parse_args(sample_job *j, int argc, char **argv) {
     j->o.batch = a->batch;
     j->o.kind = a->decode == 0 ? MG_DECODE_KV : MG_DECODE_NAIVE;
     j->o.constrain = (mg_constrain)a->constrain;
+    j->o.method = (mg_constrain_method)a->method;
     j->o.dtype = (mg_dtype)a->dtype;
     mg_cli_note_dtype("sample", a->dtype);
     j->o.guidance = a->guidance;
@@ -176,8 +190,20 @@ static mg_status write_meta(const sample_job *j, mg_error *err) {
     bad = bad || mg_json_put(js, "threads",
                              json_integer(a->threads > 0 ? a->threads : mg_default_threads()));
     bad = bad || mg_json_put(js, "no_eos", json_integer((json_int_t)j->s.truncated));
-    if (o->constrain == MG_CONSTRAIN_VALENCE) {
-        bad = bad || mg_json_put(js, "kekule_restarts", json_integer((json_int_t)j->s.restarts_total));
+    if (o->constrain != MG_CONSTRAIN_NONE)
+        bad = bad || mg_json_put(js, "constrain_method",
+                                 json_string(mg_constrain_method_name(o->method)));
+    if (o->constrain != MG_CONSTRAIN_NONE && o->method == MG_CONSTRAIN_REJECT) {
+        /* molecules begun again (rejected draws), and those masked after
+         * MG_SAMPLE_REJECTS of them */
+        bad = bad || mg_json_put(js, "reject_restarts", json_integer((json_int_t)j->s.restarts_total));
+        bad = bad || mg_json_put(js, "reject_fallbacks", json_integer((json_int_t)j->s.masked));
+    }
+    if (o->constrain == MG_CONSTRAIN_VALENCE &&
+        (o->method == MG_CONSTRAIN_MASK || j->s.masked)) {
+        if (o->method == MG_CONSTRAIN_MASK)
+            bad = bad || mg_json_put(js, "kekule_restarts",
+                                     json_integer((json_int_t)j->s.restarts_total));
         bad = bad || mg_json_put(js, "kekule_fallbacks", json_integer((json_int_t)j->s.fallbacks));
     }
     char *text = bad ? NULL : mg_json_dump(js, 9);
@@ -278,6 +304,7 @@ static size_t sample_fields(const sample_job *j, mg_dist_field *f) {
     f[k++] = (mg_dist_field){"--decode", o->kind};
     f[k++] = (mg_dist_field){"--dtype", o->dtype};
     f[k++] = (mg_dist_field){"--constrain", o->constrain};
+    f[k++] = (mg_dist_field){"--constrain-method", o->method};
     f[k++] = (mg_dist_field){"--condition", mg_dist_hash_str(j->a.condition)};
     f[k++] = (mg_dist_field){"--guidance", mg_dist_hash(&o->guidance, sizeof(float))};
     f[k++] = (mg_dist_field){"--scaffold", mg_dist_hash_str(j->a.scaffold)};
@@ -365,10 +392,17 @@ static void print_summary(const sample_job *j, const smiles_out *w) {
             mg_dist_world()->size > 1 ? " on each of the MPI ranks" : "");
     fprintf(stderr,
             "syntax-valid %.4f (%zu/%zu; grammar check, not RDKit); empty %zu; no EOS %zu; "
-            "constrain %s\n",
+            "constrain %s%s%s\n",
             s->n ? (double)w->valid / (double)s->n : 0.0, w->valid, s->n, w->empty, s->truncated,
-            mg_constrain_name(j->o.constrain));
-    if (j->o.constrain == MG_CONSTRAIN_VALENCE)
+            mg_constrain_name(j->o.constrain), j->o.constrain ? ", method " : "",
+            j->o.constrain ? mg_constrain_method_name(j->o.method) : "");
+    if (j->o.constrain != MG_CONSTRAIN_NONE && j->o.method == MG_CONSTRAIN_REJECT)
+        fprintf(stderr,
+                "rejection: %zu restarts (%.2f per molecule), %zu molecules masked after %d "
+                "restarts\n",
+                s->restarts_total, s->n ? (double)s->restarts_total / (double)s->n : 0.0,
+                s->masked, MG_SAMPLE_REJECTS);
+    else if (j->o.constrain == MG_CONSTRAIN_VALENCE)
         fprintf(stderr,
                 "kekule dead ends: %zu restarts (molecules begun again), %zu molecules went on "
                 "without the check after %d restarts\n",

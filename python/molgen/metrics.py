@@ -875,8 +875,11 @@ def read_sampling_meta(samples_path):
 def _fmt_sampling(meta):
     if not meta:
         return 'unknown (no SAMPLES.json from molgen sample beside the samples)'
+    con = str(meta.get('constrain', '?'))
+    if meta.get('constrain_method'):  # reject / mask (molgen sample --constrain-method)
+        con += ' (%s)' % meta['constrain_method']
     return 'constrain %s, temperature %s, top-k %s, top-p %s, seed %s, model %s' % tuple(
-        meta.get(k, '?') for k in ('constrain', 'temperature', 'top_k', 'top_p', 'seed', 'model'))
+        [con] + [meta.get(k, '?') for k in ('temperature', 'top_k', 'top_p', 'seed', 'model')])
 
 
 def format_table(res):
