@@ -77,12 +77,13 @@ def _val_loss(tmp_path, model, mols):
     p = tmp_path / 'v.smi'
     p.write_text(''.join(m + '\n' for m in mols))
     out = run_molgen(['score', '--model', model, '--smiles', str(p), '--quiet', '--threads', '1'])
+    import csv
+    import io
     nll = tok = 0.0
-    for row in out.stdout.splitlines()[1:]:
-        f = row.split(',')
-        assert f[-1] == 'ok', row
-        nll += float(f[2])
-        tok += float(f[4])
+    for row in csv.DictReader(io.StringIO(out.stdout)):
+        assert row['status'] == 'ok', row
+        nll += float(row['nll'])
+        tok += float(row['tokens'])
     return nll / tok
 
 

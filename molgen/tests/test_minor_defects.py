@@ -56,8 +56,11 @@ def test_score_nothing_scored_says_so(model, tmp_path):
     assert "nan" not in summary[0].lower(), summary[0]
     assert "no mean NLL (no molecule ok)" in summary[0], summary[0]
     # the rows: no ok row, so no nll field anywhere
-    rows = open(str(tmp_path / "o.csv")).read().splitlines()[1:]
-    assert [r.split(",")[-1] for r in rows] == ["unknown_token", "empty"]
+    import csv
+    with open(str(tmp_path / "o.csv"), newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["status"] for r in rows] == ["unknown_token", "empty"]
+    assert [r["nll"] for r in rows] == ["", ""]
 
 
 @pytest.mark.parametrize("opt,value", [("--guidance", "1e-300"), ("--temperature", "1e-300"),
