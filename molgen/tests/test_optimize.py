@@ -124,6 +124,19 @@ DAP_CONFIGS = [
 ]
 
 
+def _seq_nll(m, ids, lengths):
+    """Summed cross-entropy of each row's targets (EOS included) under the
+    torch twin m: ids [B, T] (BOS first), lengths [B] tokens with BOS."""
+    import torch
+    inp, tgt = ids[:, :-1], ids[:, 1:]
+    kl = lengths - 1
+    lg = m.logits(inp, kl)
+    mask = torch.arange(inp.shape[1])[None, :] < kl[:, None]
+    ce = torch.nn.functional.cross_entropy(lg.reshape(-1, lg.shape[-1]), tgt.reshape(-1),
+                                           reduction="none").reshape(tgt.shape)
+    return (ce * mask).sum(1)
+
+
 @pytest.mark.parametrize("cfg", DAP_CONFIGS)
 def test_dap_gradient_matches_float64(tmp_path, cfg):
     torch = pytest.importorskip("torch")
@@ -150,14 +163,8 @@ def test_dap_gradient_matches_float64(tmp_path, cfg):
     want = [float(x) for x in scores.split(",")]
     assert [float(x) for x in s] == [want[i % len(want)] for i in range(batch)]
 
-    def seq_nll(m):  # summed cross-entropy of each row's targets, EOS included
-        inp, tgt = ids[:, :-1], ids[:, 1:]
-        kl = lengths - 1
-        lg = m.logits(inp, kl)
-        mask = torch.arange(inp.shape[1])[None, :] < kl[:, None]
-        ce = torch.nn.functional.cross_entropy(lg.reshape(-1, lg.shape[-1]), tgt.reshape(-1),
-                                               reduction="none").reshape(tgt.shape)
-        return (ce * mask).sum(1)
+    def seq_nll(m):
+        return _seq_nll(m, ids, lengths)
 
     with torch.no_grad():
         prior_ll = -seq_nll(prior)
@@ -215,14 +222,8 @@ def test_dap_step_with_replay_matches_float64(tmp_path, scorer):
     use = torch.from_numpy(t["rows.use"]) > 0
     assert bool(use[B:].all())
 
-    def seq_nll(m):  # summed cross-entropy of each row's targets, EOS included
-        inp, tgt = ids[:, :-1], ids[:, 1:]
-        kl = lengths - 1
-        lg = m.logits(inp, kl)
-        mask = torch.arange(inp.shape[1])[None, :] < kl[:, None]
-        ce = torch.nn.functional.cross_entropy(lg.reshape(-1, lg.shape[-1]), tgt.reshape(-1),
-                                               reduction="none").reshape(tgt.shape)
-        return (ce * mask).sum(1)
+    def seq_nll(m):
+        return _seq_nll(m, ids, lengths)
 
     with torch.no_grad():
         prior_ll = -seq_nll(prior)

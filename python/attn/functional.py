@@ -75,6 +75,15 @@ def float32_from_bf16(u):
     return a
 
 
+def _f32_scalar(name, v):
+    """v as a Python float, refused when finite but past float32's range
+    (it would become inf in the params struct)."""
+    v = float(v)
+    if math.isfinite(v) and abs(v) > _FLT_MAX:
+        raise _lib.AttnError(_lib.ATTN_ERR_ARG, "%s must be finite in float32, got %g" % (name, v))
+    return v
+
+
 def build_params(*, scale=None, is_causal=False, key_lengths=None, window=None,
                  dropout_p=0.0, training=None, seed=0, offset=0, impl=None,
                  num_threads=0, dtype=_lib.ATTN_F32, out_dtype=_lib.ATTN_F32,
@@ -85,10 +94,7 @@ def build_params(*, scale=None, is_causal=False, key_lengths=None, window=None,
     (dtype_code)."""
     p = _lib.attn_sdpa_params()
     if softcap is not None:  # the library refuses <= 0 and non-finite caps
-        softcap = float(softcap)
-        if math.isfinite(softcap) and abs(softcap) > _FLT_MAX:
-            raise _lib.AttnError(_lib.ATTN_ERR_ARG, "softcap must be finite in "
-                                 "float32, got %g" % softcap)
+        softcap = _f32_scalar("softcap", softcap)
         p.use_softcap = 1
         p.softcap = softcap
     if alibi_slopes is not None:
@@ -98,10 +104,7 @@ def build_params(*, scale=None, is_causal=False, key_lengths=None, window=None,
     p.dtype = dtype
     p.out_dtype = out_dtype
     if scale is not None:  # explicit, 0 included (every score 0)
-        scale = float(scale)
-        if math.isfinite(scale) and abs(scale) > _FLT_MAX:
-            raise _lib.AttnError(_lib.ATTN_ERR_ARG, "scale must be finite in "
-                                 "float32, got %g" % scale)
+        scale = _f32_scalar("scale", scale)
         p.use_scale = 1
         p.scale = scale
     p.causal = 1 if is_causal else 0
