@@ -20,6 +20,7 @@ the files' JSON read by Python.
   second --init (no flag needed: its vocabulary has 'B').
 - --resume of an extended run is bitwise the straight run (the new rows'
   optimizer spans come back from the checkpoint)."""
+import csv
 import json
 import os
 import subprocess
@@ -237,3 +238,44 @@ def test_resume_of_an_extended_run_is_the_straight_run(boron):
     assert sorted(a) == sorted(b)
     for k in a:
         assert np.array_equal(a[k].view(np.uint32), b[k].view(np.uint32)), k
+
+
+BORON_SCORER = r'''
+import sys
+from rdkit import Chem, RDLogger
+RDLogger.DisableLog("rdApp.*")
+for line in sys.stdin:
+    m = Chem.MolFromSmiles(line.strip())
+    if m is None or m.GetNumAtoms() == 0:
+        print("nan", flush=True)
+        continue
+    print("%.3f" % (sum(a.GetSymbol() == "B" for a in m.GetAtoms()) > 0), flush=True)
+'''
+
+
+def test_extended_model_is_read_by_attention_and_optimize(boron, extended):
+    """attention draws a molecule with the new token; optimize takes the
+    extended model as its prior, and its agent keeps the extended vocabulary."""
+    d = boron
+    mol = (d / "boron.smi").read_text().split()[0]
+    assert "B" in mol.replace("Br", "")
+    p = run("attention", "--model", extended, "--smiles", mol, "--threads", "1",
+            "--out", str(d / "att"))
+    assert p.returncode == 0, p.stderr
+    svg = (d / "att" / "attention.svg").read_text()
+    assert svg.startswith("<svg") or "<svg" in svg[:200]
+    assert (d / "att" / "attention_heads.tsv").read_text().count("\n") > 1
+    sc = d / "boron_scorer.py"
+    sc.write_text(BORON_SCORER)
+    out = d / "opt"
+    p = run("optimize", "--prior", extended, "--scorer", "%s %s" % (sys.executable, sc),
+            "--budget", "48", "--batch", "16", "--seed", "1", "--threads", "1", "--out", str(out))
+    assert p.returncode == 0, p.stderr
+    with open(out / "scored.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) >= 40
+    # the extension is fresh (step 0 of fine-tuning: the new token at
+    # probability <= e^-18), so the molecules are old-vocabulary ones, with
+    # the prior's NLL under the extended model
+    assert all(0 < float(r["prior_nll"]) < 1e3 for r in rows)
+    assert vocab(str(out / "agent.safetensors")) == vocab(extended)
