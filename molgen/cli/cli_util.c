@@ -169,6 +169,10 @@ static void classify(const char *path, out_info *o) {
     memset(o, 0, sizeof *o);
     o->fd = -1;
     struct stat st, sd;
+    if (strcmp(path, "-") == 0) { /* the Unix convention: '-' is standard output */
+        o->kind = MG_CLI_OUT_STDOUT, o->fd = 1, o->what = "this process's standard output";
+        return;
+    }
     if (stat(path, &st) != 0) { /* a new file (or a dangling link: its target is new) */
         o->errnum = errno == ENOENT ? 0 : errno;
         return;

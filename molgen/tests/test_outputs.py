@@ -171,7 +171,7 @@ def test_score_out_character_device(model, smiles, tmp_path):
 # it, replacing the machine's /dev/stdout link. /dev/fd/1 and /proc/self/fd/1
 # name the same descriptor and cannot be replaced (their directory takes no
 # file), so the old binary fails on them instead.
-@pytest.mark.parametrize("name", ["/dev/fd/1", "/proc/self/fd/1"])
+@pytest.mark.parametrize("name", ["-", "/dev/fd/1", "/proc/self/fd/1"])
 def test_sample_out_stdout_by_name(model, tmp_path, name):
     want = samples_oracle(model, tmp_path)
     p = subprocess.run([molgen_binary(), "sample", "--model", model, "-n", "5", "--seed", "7",
