@@ -28,9 +28,19 @@ struct mg_scorer {
     int exited, code, signo; /* code: exit status; signo: the killing signal (0: none) */
     struct sigaction old_pipe;
     const volatile sig_atomic_t *stop; /* nonzero: a signal asked to stop (mg_scorer_set_stop) */
+    const char *who;  /* the process in messages: "scorer" or "chemistry helper" */
+    const char *verb; /* mg_scorer_randomize's request: "!randomize" or "randomize" */
+    const char *opt;  /* the option that sets its timeout, for messages */
 };
 
 void mg_scorer_set_stop(mg_scorer *s, const volatile sig_atomic_t *stop) { s->stop = stop; }
+
+void mg_scorer_set_role(mg_scorer *s, const char *who, const char *randomize_verb,
+                        const char *timeout_option) {
+    s->who = who;
+    s->verb = randomize_verb;
+    s->opt = timeout_option;
+}
 
 void mg_score_reply_clear(mg_score_reply *r) {
     if (!r) return;
@@ -132,6 +142,9 @@ mg_status mg_scorer_start(const char *command, double timeout_s, mg_scorer **out
     s->in = pin[1];
     s->out = pout[0];
     s->timeout = timeout_s;
+    s->who = "scorer";
+    s->verb = "!randomize";
+    s->opt = "--scorer-timeout";
     fcntl(s->in, F_SETFL, fcntl(s->in, F_GETFL) | O_NONBLOCK);
     *out = s;
     return MG_OK;
@@ -219,10 +232,10 @@ static const char *bad_text(const unsigned char *p, size_t n, size_t *at) {
     return NULL;
 }
 
-/* Writes req[0..rlen) and reads n lines (their starts into lines[n], each
+/* (scorer.h) Writes req[0..rlen) and reads n lines (their starts into lines[n], each
  * NUL-terminated in s->buf; valid until the next exchange). what[i] names
  * line i's molecule for the messages. */
-static mg_status exchange(mg_scorer *s, const char *req, size_t rlen, size_t n, char **lines,
+mg_status mg_scorer_lines(mg_scorer *s, const char *req, size_t rlen, size_t n, char **lines,
                           const char *const *what, mg_error *err) {
     size_t sent = 0, got = 0, scan = 0, seen = 0; /* scan: the line's start; seen: searched */
     double exit_seen = 0; /* when the scorer was first seen exited, no bytes since */
@@ -238,17 +251,17 @@ static mg_status exchange(mg_scorer *s, const char *req, size_t rlen, size_t n, 
         if (r > 0) {
             early[r] = 0;
             return mg_fail(err, MG_ERR_FORMAT,
-                           "the scorer wrote more lines than molecules asked ('%s' came before "
+                           "the %s wrote more lines than molecules asked ('%s' came before "
                            "molecule 1 of the batch '%s' was sent)",
-                           cut(early, gb, sizeof gb), cut(what[0], mb, sizeof mb));
+                           s->who, cut(early, gb, sizeof gb), cut(what[0], mb, sizeof mb));
         }
     }
     while (got < n) {
         if (s->stop && *s->stop) /* a signal interrupted the wait (poll or read: EINTR) */
             return mg_fail(err, MG_ERR_INTERRUPTED,
-                           "interrupted by signal %d waiting for the scorer's answer to molecule "
+                           "interrupted by signal %d waiting for the %s's answer to molecule "
                            "%zu of the batch '%s'",
-                           (int)*s->stop, got + 1, cut(what[got], mb, sizeof mb));
+                           (int)*s->stop, s->who, got + 1, cut(what[got], mb, sizeof mb));
         struct pollfd p[2] = {{s->out, POLLIN, 0}, {s->in, POLLOUT, 0}};
         const int np = sent < rlen ? 2 : 1;
         const double left = s->timeout > 0 ? s->timeout - (mg_now_s() - last) : 1e9;
@@ -256,7 +269,7 @@ static mg_status exchange(mg_scorer *s, const char *req, size_t rlen, size_t n, 
          * process it started still holds its output open (no EOF) */
         const int pr = left <= 0 ? 0 : poll(p, (nfds_t)np, left > 0.2 ? 200 : (int)(left * 1000) + 1);
         if (pr < 0 && errno == EINTR) continue;
-        if (pr < 0) return mg_fail(err, MG_ERR_IO, "scorer: poll: %s", strerror(errno));
+        if (pr < 0) return mg_fail(err, MG_ERR_IO, "%s: poll: %s", s->who, strerror(errno));
         if (pr == 0 && left > 0.2) {
             if (!reap(s)) {
                 exit_seen = 0;
@@ -266,17 +279,17 @@ static mg_status exchange(mg_scorer *s, const char *req, size_t rlen, size_t n, 
             if (!exit_seen) exit_seen = mg_now_s();
             if (mg_now_s() - exit_seen < 0.5) continue;
             return mg_fail(err, MG_ERR_IO,
-                           "the scorer %s before answering molecule %zu of the batch '%s' (a "
+                           "the %s %s before answering molecule %zu of the batch '%s' (a "
                            "process it started still holds its output open)",
-                           gone(s, gb, sizeof gb), got + 1, cut(what[got], mb, sizeof mb));
+                           s->who, gone(s, gb, sizeof gb), got + 1, cut(what[got], mb, sizeof mb));
         }
         if (pr == 0)
             return mg_fail(err, MG_ERR_IO,
-                           "the scorer gave no answer for molecule %zu of the batch '%s' within "
-                           "%g s (--scorer-timeout)%s",
-                           got + 1, cut(what[got], mb, sizeof mb), s->timeout,
+                           "the %s gave no answer for molecule %zu of the batch '%s' within "
+                           "%g s (%s)%s",
+                           s->who, got + 1, cut(what[got], mb, sizeof mb), s->timeout, s->opt,
                            sent == rlen && got == 0 && n > 1
-                               ? "; a scorer must answer each line as it reads it and flush "
+                               ? "; it must answer each line as it reads it and flush "
                                  "(one that reads all its input before answering waits for an "
                                  "end that never comes)"
                                : "");
@@ -284,16 +297,16 @@ static mg_status exchange(mg_scorer *s, const char *req, size_t rlen, size_t n, 
             const ssize_t w = write(s->in, req + sent, rlen - sent);
             if (w < 0 && errno != EAGAIN && errno != EINTR)
                 return mg_fail(err, MG_ERR_IO,
-                               "the scorer %s before answering molecule %zu of the batch '%s' "
+                               "the %s %s before answering molecule %zu of the batch '%s' "
                                "(writing to it: %s)",
-                               gone(s, gb, sizeof gb), got + 1, cut(what[got], mb, sizeof mb),
+                               s->who, gone(s, gb, sizeof gb), got + 1, cut(what[got], mb, sizeof mb),
                                strerror(errno));
             if (w > 0) sent += (size_t)w, last = mg_now_s();
         }
         if (!(p[0].revents & (POLLIN | POLLHUP | POLLERR))) continue;
         if (s->cap - s->len < 4096) {
             char *nb = realloc(s->buf, s->cap * 2 + 8192);
-            if (!nb) return mg_fail(err, MG_ERR_NOMEM, "out of memory reading the scorer");
+            if (!nb) return mg_fail(err, MG_ERR_NOMEM, "out of memory reading the %s", s->who);
             s->buf = nb;
             s->cap = s->cap * 2 + 8192;
         }
@@ -303,8 +316,8 @@ static mg_status exchange(mg_scorer *s, const char *req, size_t rlen, size_t n, 
             s->buf[s->len] = 0;
             const char *part = got < n && s->len > scan ? s->buf + scan : NULL;
             return mg_fail(err, MG_ERR_IO,
-                           "the scorer %s before answering molecule %zu of the batch '%s'%s%s%s",
-                           gone(s, gb, sizeof gb), got + 1, cut(what[got], mb, sizeof mb),
+                           "the %s %s before answering molecule %zu of the batch '%s'%s%s%s",
+                           s->who, gone(s, gb, sizeof gb), got + 1, cut(what[got], mb, sizeof mb),
                            part ? " (an unfinished line '" : "",
                            part ? cut(part, pb, sizeof pb) : "", part ? "')" : "");
         }
@@ -320,9 +333,9 @@ static mg_status exchange(mg_scorer *s, const char *req, size_t rlen, size_t n, 
                 if (why) {
                     s->buf[scan + at] = 0; /* the text before the offending byte */
                     return mg_fail(err, MG_ERR_FORMAT,
-                                   "the scorer's line for molecule %zu of the batch '%s' %s "
+                                   "the %s's line for molecule %zu of the batch '%s' %s "
                                    "(after '%s')",
-                                   got + 1, cut(what[got], mb, sizeof mb), why,
+                                   s->who, got + 1, cut(what[got], mb, sizeof mb), why,
                                    cut(s->buf + scan, gb, sizeof gb));
                 }
                 s->buf[e] = 0;
@@ -332,15 +345,15 @@ static mg_status exchange(mg_scorer *s, const char *req, size_t rlen, size_t n, 
         seen = s->len;
         if (got < n && s->len - scan > MG_SCORER_MAX_LINE)
             return mg_fail(err, MG_ERR_FORMAT,
-                           "the scorer's line for molecule %zu of the batch '%s' is longer than "
+                           "the %s's line for molecule %zu of the batch '%s' is longer than "
                            "%zu bytes (not an answer)",
-                           got + 1, cut(what[got], mb, sizeof mb), MG_SCORER_MAX_LINE);
+                           s->who, got + 1, cut(what[got], mb, sizeof mb), MG_SCORER_MAX_LINE);
     }
     if (s->len > scan)
         return mg_fail(err, MG_ERR_FORMAT,
-                       "the scorer wrote more lines than molecules asked (after molecule %zu of "
+                       "the %s wrote more lines than molecules asked (after molecule %zu of "
                        "the batch '%s': '%s')",
-                       n, cut(what[n - 1], mb, sizeof mb), cut(s->buf + scan, gb, sizeof gb));
+                       s->who, n, cut(what[n - 1], mb, sizeof mb), cut(s->buf + scan, gb, sizeof gb));
     for (size_t i = 0; i < n; i++) lines[i] = s->buf + (uintptr_t)lines[i];
     return MG_OK;
 }
@@ -474,7 +487,7 @@ mg_status mg_scorer_score(mg_scorer *s, const char *const *smiles, size_t n, mg_
         req[o + l] = '\n';
         o += l + 1;
     }
-    rc = exchange(s, req, rlen, n, lines, smiles, err);
+    rc = mg_scorer_lines(s, req, rlen, n, lines, smiles, err);
     for (size_t i = 0; !rc && i < n; i++) rc = parse_reply(lines[i], smiles[i], i, &out[i], err);
     if (rc)
         for (size_t i = 0; i < n; i++) mg_score_reply_clear(&out[i]);
@@ -528,14 +541,14 @@ static size_t heavy_atoms(const char *s, uint32_t *a) {
  * toolkit: it is a SMILES (mg_smiles_syntax_ok) with the same heavy atoms
  * (element multiset). A wrong answer would train the agent on another
  * string (an answer "1" made it sample "1"). */
-static mg_status same_molecule(const char *mol, const char *sp, const char *line, size_t i, int j,
-                               mg_error *err) {
+static mg_status same_molecule(const mg_scorer *s, const char *mol, const char *sp,
+                               const char *line, size_t i, int j, mg_error *err) {
     char why[96], mb[96], lb[96], sb[96];
     if (!mg_smiles_syntax_ok(sp, why, sizeof why))
         return mg_fail(err, MG_ERR_FORMAT,
-                       "the scorer's !randomize line '%s' for molecule %zu '%s': spelling %d "
+                       "the %s's %s line '%s' for molecule %zu '%s': spelling %d "
                        "'%s' is not a SMILES (%s)",
-                       cut(line, lb, sizeof lb), i + 1, cut(mol, mb, sizeof mb), j + 1,
+                       s->who, s->verb, cut(line, lb, sizeof lb), i + 1, cut(mol, mb, sizeof mb), j + 1,
                        cut(sp, sb, sizeof sb), why);
     const size_t lm = strlen(mol), ls = strlen(sp);
     uint32_t *a = malloc((lm + ls + 2) * sizeof *a), *b = a ? a + lm + 1 : NULL;
@@ -545,10 +558,10 @@ static mg_status same_molecule(const char *mol, const char *sp, const char *line
     free(a);
     if (!same)
         return mg_fail(err, MG_ERR_FORMAT,
-                       "the scorer's !randomize line '%s' for molecule %zu '%s': spelling %d "
+                       "the %s's %s line '%s' for molecule %zu '%s': spelling %d "
                        "'%s' is another molecule (%zu heavy atoms against the molecule's %zu, or "
                        "other elements)",
-                       cut(line, lb, sizeof lb), i + 1, cut(mol, mb, sizeof mb), j + 1,
+                       s->who, s->verb, cut(line, lb, sizeof lb), i + 1, cut(mol, mb, sizeof mb), j + 1,
                        cut(sp, sb, sizeof sb), nb, na);
     return MG_OK;
 }
@@ -572,9 +585,9 @@ mg_status mg_scorer_randomize(mg_scorer *s, const char *const *smiles, const uin
     }
     size_t o = 0;
     for (size_t i = 0; i < n; i++)
-        o += (size_t)sprintf(req + o, "!randomize\t%llu\t%d\t%s\n", (unsigned long long)seeds[i],
+        o += (size_t)sprintf(req + o, "%s\t%llu\t%d\t%s\n", s->verb, (unsigned long long)seeds[i],
                              k, smiles[i]);
-    rc = exchange(s, req, o, n, lines, smiles, err);
+    rc = mg_scorer_lines(s, req, o, n, lines, smiles, err);
     for (size_t i = 0; !rc && i < n; i++) {
         const char *p = lines[i];
         for (int j = 0; !rc && j < k && *p; j++) {
@@ -583,7 +596,7 @@ mg_status mg_scorer_randomize(mg_scorer *s, const char *const *smiles, const uin
             char **dst = &out[i * (size_t)k + j];
             if (l && !(*dst = dup_n(p, l)))
                 rc = mg_fail(err, MG_ERR_NOMEM, "out of memory");
-            if (*dst) rc = same_molecule(smiles[i], *dst, lines[i], i, j, err);
+            if (*dst) rc = same_molecule(s, smiles[i], *dst, lines[i], i, j, err);
             p = t ? t + 1 : p + l;
         }
     }

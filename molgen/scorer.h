@@ -68,6 +68,19 @@ void mg_scorer_free(mg_scorer *s);
  * for the scorer ends with MG_ERR_INTERRUPTED instead of waiting for the
  * answer (a slow scorer no longer holds a signal up for a whole batch). */
 void mg_scorer_set_stop(mg_scorer *s, const volatile sig_atomic_t *stop);
+/* The same client speaks to molgen's chemistry helper (chem_helper.h): who
+ * names the process in messages ("scorer" by default), randomize_verb is
+ * mg_scorer_randomize's request word ("!randomize" by default), and
+ * timeout_option the option messages name ("--scorer-timeout"). The
+ * strings must outlive s. */
+void mg_scorer_set_role(mg_scorer *s, const char *who, const char *randomize_verb,
+                        const char *timeout_option);
+/* Lower level, the protocol's one exchange: writes req[0..rlen) (n lines)
+ * and reads n answer lines, every check above applied; lines[i] points into
+ * s's buffer, NUL-terminated, valid until the next call. what[i] names
+ * request i's molecule in messages. */
+mg_status mg_scorer_lines(mg_scorer *s, const char *req, size_t rlen, size_t n, char **lines,
+                          const char *const *what, mg_error *err);
 /* Scores smiles[0..n): replies [n] out (zeroed first; cleared on error). */
 mg_status mg_scorer_score(mg_scorer *s, const char *const *smiles, size_t n, mg_score_reply *out,
                           mg_error *err);
