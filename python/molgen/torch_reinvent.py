@@ -43,6 +43,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+from molgen import graph_ga
 from molgen import pmo
 from molgen import torch_model as tm
 from molgen import torch_sample as ts
@@ -167,6 +168,7 @@ class Run:
         self.bucket = {}      # diversity-filter key -> molecules scored >= min
         self.memory = []      # [(s', index)] best first
         self.step = 0
+        self.ga_calls = 0     # calls spent on GA offspring
         self.reason = ""
 
     def bucket_key(self, m):
@@ -276,6 +278,13 @@ class Run:
                 mem.append((s2[i], gi[i]))
         mem.sort(key=lambda e: (-e[0], e[1]))
         self.memory = mem[:a.memory]
+        # GA offspring of the best molecules so far (off-policy rows)
+        if a.ga_offspring:
+            rows_g, pn_g, s_g = self.ga_rows()
+            if a.ga_train:
+                loss_rows += rows_g
+                prior_nll += pn_g
+                score2 += s_g
         # the DAP update
         loss = 0.0
         if loss_rows:
@@ -297,6 +306,50 @@ class Run:
         uniq = len({g for g in gi if g is not None and g >= 0})
         return {"mean": sum(s1) / B, "valid": valid / B, "unique": uniq / B,
                 "fresh": len(new) / B, "loss": loss}
+
+    def ga_rows(self):
+        """Genetic GFN's exploration step (Kim et al. 2024) as molgen's
+        --ga-offspring does it: 2G parents drawn with replacement from the
+        --ga-pool best scored molecules, weight 1 / (1e-3 K + rank); one
+        child per pair (molgen.graph_ga: crossover, then a mutation with
+        probability --ga-mutation); children the prior can spell and the
+        cache has not seen are scored (each a call) and join the memory and
+        this step's loss rows with their prior NLL."""
+        a = self.a
+        order = sorted(range(len(self.mols)), key=lambda g: (-self.mols[g]["score"], g))
+        pool = order[:a.ga_pool]
+        if len(pool) < 2:
+            return [], [], []
+        w = [1.0 / (1e-3 * len(pool) + r) for r in range(len(pool))]
+        par = self.rng.choices(pool, weights=w, k=2 * a.ga_offspring)
+        kids = []
+        for i in range(a.ga_offspring):
+            rng = random.Random((a.seed * 1000003 + self.step) * 1000003 + i)
+            c = graph_ga.reproduce(self.mols[par[2 * i]]["canonical"],
+                                   self.mols[par[2 * i + 1]]["canonical"], rng, a.ga_mutation)
+            if c and c not in self.raw and c not in kids and encode(c, self.index, self.T):
+                kids.append(c)
+        if not kids:
+            return [], [], []
+        gi = ["pending"] * len(kids)
+        new = self.score_batch(kids, gi)
+        self.ga_calls += len(new)
+        if not new:      # the budget is spent, or every child was a repeat
+            return [], [], []
+        for q in new:
+            q["source"] = "ga"
+            self.mols.append(q)
+            self.by_key[q["canonical"]] = q["call"] - 1
+            self.raw[q["smiles"]] = self.raw[q["canonical"]] = q["call"] - 1
+        rows = [encode(self.mols[q["call"] - 1]["smiles"], self.index, self.T) for q in new]
+        with torch.no_grad():
+            pn = rows_nll(self.prior, rows).tolist()
+        for q, p in zip(new, pn):
+            q["prior_nll"] = p
+        mem = list(self.memory) + [(q["score"], q["call"] - 1) for q in new if q["score"] > 0]
+        mem.sort(key=lambda e: (-e[0], e[1]))
+        self.memory = mem[:a.memory]
+        return rows, pn, [q["score"] for q in new]
 
     def top_mean(self, n):
         s = sorted((m["score"] for m in self.mols), reverse=True)[:n]
@@ -349,13 +402,15 @@ class Run:
         scores = [m["score"] for m in self.mols]
         opts = {k: getattr(a, k) for k in ("seed", "budget", "batch", "sigma", "lr", "df",
                                            "df_bucket", "df_min_score", "repeat_penalty",
-                                           "memory", "replay")}
+                                           "memory", "replay", "ga_offspring", "ga_pool",
+                                           "ga_mutation")}
         summary = {"engine": "torch", "torch": torch.__version__,
                    "threads": torch.get_num_threads(), "prior": a.prior, "scorer": a.scorer,
                    "calls": len(self.mols), "steps": self.step, "budget": a.budget,
                    "top1": self.top_mean(1), "top10": self.top_mean(10),
                    "top100": self.top_mean(100), "auc_top10": pmo.auc(scores, 10, a.budget),
-                   "seconds": seconds, "stop": self.reason, "options": opts}
+                   "seconds": seconds, "stop": self.reason, "options": opts,
+                   "ga_calls": self.ga_calls}
         with open(os.path.join(a.out, "summary.json"), "w") as f:
             json.dump(summary, f, indent=1)
         _, meta = tm.load_safetensors(a.prior)
@@ -381,6 +436,12 @@ def main(argv=None):
     ap.add_argument("--repeat-penalty", type=float, default=0.5)
     ap.add_argument("--memory", type=int, default=50)
     ap.add_argument("--replay", type=int, default=10)
+    ap.add_argument("--ga-offspring", type=int, default=0,
+                    help="GA children of the best molecules per step (0: off)")
+    ap.add_argument("--ga-pool", type=int, default=128, help="the GA's parents: the best K")
+    ap.add_argument("--ga-mutation", type=float, default=0.01, help="mutation probability")
+    ap.add_argument("--ga-train", type=int, default=1,
+                    help="1: the children are loss rows of their step; 0: only the memory")
     ap.add_argument("--max-steps", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds per scorer answer")
