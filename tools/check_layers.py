@@ -115,7 +115,6 @@ SPLIT_PENDING = {
     ("molgen/gen/attention_svg.c", "mg_attention_svg"),
     ("molgen/gen/kv_decode.c", "mg_kv_new_dtype"),
     ("molgen/gen/nll_score.c", "score_part"),
-    ("molgen/gen/sample.c", "sample_part"),
     ("molgen/harness/dap_dump.c", "mg_dap_dump"),
     ("molgen/harness/grad_dump.c", "mg_grad_dump"),
     ("molgen/nn/model.c", "mg_model_config_from_json"),

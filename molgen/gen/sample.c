@@ -270,44 +270,76 @@ static mg_status restart_molecule(mg_decoder *dec, mg_token_mask *mask, int r, i
     return MG_OK;
 }
 
-/* Molecules first .. first + n - 1 of o (streams first + k) into out, on
- * one decoder of pl's slots and `threads` threads (0: the model's). */
-static mg_status sample_part(mg_model *m, const mg_vocab *v, const mg_sample_opts *o,
-                             const sample_plan *pl, int threads, size_t first, size_t n,
-                             mg_samples *out, mg_error *err) {
+/* One part's sampling state: B slots, decoded on DB rows (2B with guidance:
+ * rows B..2B-1 without the condition). */
+typedef struct {
+    const mg_vocab *v;
+    const mg_sample_opts *o;
+    int B, DB, P, guide, V, ctx;
+    int room;              /* molecule tokens before the context is full */
+    int refill;            /* continuous batching (KV decoding; below) */
+    int reject, greedy;    /* --constrain-method reject; greedy choices */
+    size_t first, n, next; /* molecules first .. first + n - 1; the next to start */
+    int live;              /* active slots */
+    int32_t *gen;          /* [B, ctx] each slot's molecule tokens */
+    int32_t *tok;          /* [DB] the tokens of the next step */
+    int *len;              /* [B] molecule tokens so far */
+    int *fed;              /* [B] prefix tokens fed so far */
+    unsigned char *active; /* [B] */
+    float *logits;         /* [DB, V] */
+    mg_rng *rng;           /* [B] the stream of the slot's molecule */
+    size_t *mol;           /* [B] the slot's molecule */
+    char *sbuf;            /* [slen] a decoded string */
+    size_t slen;
+    mg_decoder *dec;
+    mg_token_mask *mask;
+    mg_samples *out;
+} sampler;
+
+static void sampler_free(sampler *s) {
+    mg_decoder_free(s->dec);
+    mg_token_mask_free(s->mask);
+    free(s->gen);
+    free(s->tok);
+    free(s->len);
+    free(s->fed);
+    free(s->active);
+    free(s->logits);
+    free(s->rng);
+    free(s->mol);
+    free(s->sbuf);
+}
+
+/* s for molecules first .. first + n - 1 of o into out, on one decoder of
+ * pl's slots and `threads` threads (0: the model's); with n == 0 no
+ * decoder. */
+static mg_status sampler_open(sampler *s, mg_model *m, const mg_vocab *v, const mg_sample_opts *o,
+                              const sample_plan *pl, int threads, size_t first, size_t n,
+                              mg_samples *out, mg_error *err) {
     memset(out, 0, sizeof *out);
-    mg_status rc = MG_OK;
     const mg_model_config *c = mg_model_get_config(m);
-    const int V = c->vocab_size, ctx = c->ctx_len;
-    const int B = pl->B, DB = pl->DB, P = pl->P, guide = pl->guide;
-    const int room = ctx - P; /* molecule tokens before the context is full */
+    const int B = pl->B, DB = pl->DB, V = c->vocab_size, ctx = c->ctx_len;
+    *s = (sampler){.v = v, .o = o, .B = B, .DB = DB, .P = pl->P, .guide = pl->guide, .V = V,
+                   .ctx = ctx, .room = ctx - pl->P, .first = first, .n = n, .out = out};
     const int have_out = samples_alloc(out, n);
-    int32_t *gen = malloc((size_t)B * (size_t)ctx * sizeof *gen);
-    int32_t *tok = malloc((size_t)DB * sizeof *tok);
-    int *len = malloc((size_t)B * sizeof *len);
-    int *fed = malloc((size_t)B * sizeof *fed); /* prefix tokens fed so far */
-    unsigned char *active = malloc((size_t)B);
-    float *logits = malloc((size_t)DB * (size_t)V * sizeof *logits);
-    mg_rng *rng = malloc((size_t)B * sizeof *rng);
-    size_t *mol = malloc((size_t)B * sizeof *mol);
-    const size_t slen = (size_t)ctx * (MG_TOKEN_MAX + 1) + 1;
-    char *sbuf = malloc(slen);
-    mg_decoder *dec = NULL;
-    mg_token_mask *mask = NULL;
-    if (!have_out || !gen || !tok || !len || !fed || !active ||
-        !logits || !rng || !mol || !sbuf) {
-        rc = mg_fail(err, MG_ERR_NOMEM, "out of memory for %zu molecules", n);
-        goto done;
-    }
-    if (n == 0) goto done;
-    /* every exit from here on goes through done (plan_sample refused a
-     * dtype other than fp32 with naive decoding before any allocation) */
-    rc = mg_decoder_new_on(m, o->kind, o->dtype, DB, threads, &dec, err);
-    if (rc) goto done;
-    if (o->constrain != MG_CONSTRAIN_NONE) {
-        rc = mg_token_mask_new(v, B, ctx, o->constrain, &mask, err);
-        if (rc) goto done;
-    }
+    s->gen = malloc((size_t)B * (size_t)ctx * sizeof *s->gen);
+    s->tok = malloc((size_t)DB * sizeof *s->tok);
+    s->len = malloc((size_t)B * sizeof *s->len);
+    s->fed = malloc((size_t)B * sizeof *s->fed);
+    s->active = malloc((size_t)B);
+    s->logits = malloc((size_t)DB * (size_t)V * sizeof *s->logits);
+    s->rng = malloc((size_t)B * sizeof *s->rng);
+    s->mol = malloc((size_t)B * sizeof *s->mol);
+    s->slen = (size_t)ctx * (MG_TOKEN_MAX + 1) + 1;
+    s->sbuf = malloc(s->slen);
+    if (!have_out || !s->gen || !s->tok || !s->len || !s->fed || !s->active || !s->logits ||
+        !s->rng || !s->mol || !s->sbuf)
+        return mg_fail(err, MG_ERR_NOMEM, "out of memory for %zu molecules", n);
+    if (n == 0) return MG_OK;
+    /* plan_sample refused a dtype other than fp32 with naive decoding */
+    mg_status rc = mg_decoder_new_on(m, o->kind, o->dtype, DB, threads, &s->dec, err);
+    if (!rc && o->constrain != MG_CONSTRAIN_NONE)
+        rc = mg_token_mask_new(v, B, ctx, o->constrain, &s->mask, err);
     /* KV decoding uses continuous batching: slot r holds molecule mol[r];
      * when it ends, the next molecule starts in that slot at position 0.
      * The naive decoder runs batch by batch instead (a refilled slot would
@@ -315,156 +347,182 @@ static mg_status sample_part(mg_model *m, const mg_vocab *v, const mg_sample_opt
      * row idles until the whole batch is done. Idle slots restart every
      * step as cheap dummies at position 0. Results do not depend on this:
      * molecule k always draws from RNG stream k. */
-    const int refill = o->kind == MG_DECODE_KV;
-    const int reject = mask && o->method == MG_CONSTRAIN_REJECT;
-    const int greedy = o->sampling.temperature == 0.0f || o->sampling.top_k == 1;
-    const double t0 = mg_now_s();
-    size_t next = 0;
-    int live = 0;
-    for (;;) {
-        if (o->stop && *o->stop) {
-            rc = mg_fail(err, MG_ERR_INTERRUPTED, "interrupted by signal %d", (int)*o->stop);
-            goto done;
-        }
-        if (live == 0) {
-            if (next >= n) break;
-            rc = mg_decoder_reset(dec, DB, err);
-            if (rc) goto done;
-            for (int r = 0; r < B; r++) {
-                tok[r] = MG_BOS;
-                len[r] = 0;
-                fed[r] = 0;
-                active[r] = next < n;
-                if (!active[r]) continue;
-                mol[r] = next;
-                mg_rng_seed(&rng[r], o->seed, (uint64_t)(first + next));
-                if (mask) mg_token_mask_reset_row(mask, r);
-                next++;
-                live++;
-            }
-        }
-        if (guide) memcpy(tok + B, tok, (size_t)B * sizeof *tok);
-        rc = mg_decoder_step(dec, tok, logits, err);
-        if (rc) goto done;
-        if (guide) /* c = row r's logits, u = row B + r's: u + w (c - u) */
-            for (size_t i = 0; i < (size_t)B * V; i++)
-                logits[i] = logits[(size_t)B * V + i] +
-                            o->guidance * (logits[i] - logits[(size_t)B * V + i]);
-        for (int r = 0; r < B; r++) {
-            if (!active[r]) {
-                tok[r] = MG_BOS;
-                rc = mg_decoder_restart_row(dec, r, err);
-                if (!rc && guide) rc = mg_decoder_restart_row(dec, B + r, err);
-                if (rc) goto done;
-                continue;
-            }
-            if (fed[r] < P) { /* the prefix: scaffold tokens, then BOS */
-                tok[r] = fed[r] < P - 1 ? o->scaffold[fed[r]] : MG_BOS;
-                fed[r]++;
-                continue;
-            }
-            const size_t k = mol[r];
-            /* rejection draws from the unmasked logits; a molecule it gave
-             * up on is masked (its Kekulé restarts counted past the
-             * rejections) */
-            const int masking = mask && (!reject || (out->fallback[k] & MG_FALLBACK_MASKED));
-            const int kek = out->restarts[k] - (reject ? (greedy ? 1 : MG_SAMPLE_REJECTS) : 0);
-            int left = masking ? mg_token_mask_apply(mask, r, logits + (size_t)r * V, 0) : 1;
-            if (left < 0 && kek >= MG_SAMPLE_RESTARTS) {
-                /* restarted often enough: this time the check goes */
-                out->fallback[k] |= MG_FALLBACK_KEKULE;
-                left = mg_token_mask_apply(mask, r, logits + (size_t)r * V, 1);
-            } else if (left < 0) { /* a Kekulé dead end: the molecule starts again */
-                rc = restart_molecule(dec, mask, r, guide ? B + r : -1, out, k, tok, len, fed, err);
-                if (rc) goto done;
-                continue;
-            }
-            if (masking && left == 0) {
-                mg_token_mask_prefix(mask, r, sbuf, slen);
-                rc = mg_fail(err, MG_ERR_STATE,
-                             "molecule %zu position %d: no token can follow '%s' under "
-                             "--constrain %s",
-                             first + k, len[r] + 1, sbuf, mg_constrain_name(o->constrain));
-                goto done;
-            }
-            int t = mg_sample_token(logits + (size_t)r * V, V, &o->sampling, &rng[r]);
-            if (t < 0) {
-                rc = mg_fail(err, MG_ERR_NUMERIC,
-                             "molecule %zu position %d: the logits are not finite", first + k,
-                             len[r] + 1);
-                goto done;
-            }
-            if (mask && !masking &&
-                (!mg_token_mask_accepts(mask, r, t) || (t != MG_EOS && len[r] + 1 >= room))) {
-                /* a draw the check refuses, or no room left for EOS:
-                 * rejected, the molecule starts again */
-                rc = restart_molecule(dec, mask, r, guide ? B + r : -1, out, k, tok, len, fed, err);
-                if (rc) goto done;
-                /* greedy choices repeat the refused string: no use retrying */
-                if (out->restarts[k] >= MG_SAMPLE_REJECTS || greedy)
-                    out->fallback[k] |= MG_FALLBACK_MASKED;
-                continue;
-            }
-            int finished = 0;
-            if (t == MG_EOS) {
-                out->ended[k] = 1;
-                finished = 1;
-            } else {
-                if (mask) {
-                    rc = mg_token_mask_push(mask, r, t, err);
-                    if (rc) goto done;
-                }
-                gen[(size_t)r * ctx + len[r]++] = t;
-                tok[r] = t;
-                finished = len[r] >= room; /* no position left for the next token */
-            }
-            if (!finished) continue;
-            size_t sl = 0;
-            rc = mg_vocab_decode(v, gen + (size_t)r * ctx, len[r], sbuf, slen, &sl, err);
-            if (rc) goto done;
-            char *str = malloc(sl + 1);
-            if (!str) {
-                rc = mg_fail(err, MG_ERR_NOMEM, "out of memory");
-                goto done;
-            }
-            memcpy(str, sbuf, sl + 1);
-            out->smiles[k] = str;
-            out->ntok[k] = len[r];
-            out->tokens += len[r] + (out->ended[k] ? 1 : 0);
-            if (!out->ended[k]) out->truncated++;
-            out->restarts_total += (size_t)out->restarts[k];
-            out->fallbacks += (out->fallback[k] & MG_FALLBACK_KEKULE) != 0;
-            out->masked += (out->fallback[k] & MG_FALLBACK_MASKED) != 0;
-            rc = mg_decoder_restart_row(dec, r, err);
-            if (!rc && guide) rc = mg_decoder_restart_row(dec, B + r, err);
-            if (rc) goto done;
-            tok[r] = MG_BOS;
-            len[r] = 0;
-            fed[r] = 0;
-            if (refill && next < n) {
-                mol[r] = next;
-                mg_rng_seed(&rng[r], o->seed, (uint64_t)(first + next));
-                if (mask) mg_token_mask_reset_row(mask, r);
-                next++;
-            } else {
-                active[r] = 0;
-                live--;
-            }
-        }
+    s->refill = o->kind == MG_DECODE_KV;
+    s->reject = s->mask && o->method == MG_CONSTRAIN_REJECT;
+    s->greedy = o->sampling.temperature == 0.0f || o->sampling.top_k == 1;
+    return rc;
+}
+
+/* The next molecule starts in slot r (its stream, its mask row). */
+static void slot_start(sampler *s, int r) {
+    s->mol[r] = s->next;
+    mg_rng_seed(&s->rng[r], s->o->seed, (uint64_t)(s->first + s->next));
+    if (s->mask) mg_token_mask_reset_row(s->mask, r);
+    s->next++;
+}
+
+/* Every slot at BOS, filled with the next molecules while there are any. */
+static mg_status start_batch(sampler *s, mg_error *err) {
+    mg_status rc = mg_decoder_reset(s->dec, s->DB, err);
+    if (rc) return rc;
+    for (int r = 0; r < s->B; r++) {
+        s->tok[r] = MG_BOS;
+        s->len[r] = 0;
+        s->fed[r] = 0;
+        s->active[r] = s->next < s->n;
+        if (!s->active[r]) continue;
+        slot_start(s, r);
+        s->live++;
     }
-    out->seconds = mg_now_s() - t0;
-done:
-    mg_decoder_free(dec);
-    mg_token_mask_free(mask);
-    free(gen);
-    free(tok);
-    free(len);
-    free(fed);
-    free(active);
-    free(logits);
-    free(rng);
-    free(mol);
-    free(sbuf);
+    return MG_OK;
+}
+
+/* One decoder step on tok; with guidance the logits of slot r become
+ * u + w (c - u), c = row r's logits, u = row B + r's. */
+static mg_status decode_step(sampler *s, mg_error *err) {
+    const size_t BV = (size_t)s->B * (size_t)s->V;
+    float *lg = s->logits;
+    if (s->guide) memcpy(s->tok + s->B, s->tok, (size_t)s->B * sizeof *s->tok);
+    mg_status rc = mg_decoder_step(s->dec, s->tok, lg, err);
+    if (rc || !s->guide) return rc;
+    for (size_t i = 0; i < BV; i++) lg[i] = lg[BV + i] + s->o->guidance * (lg[i] - lg[BV + i]);
+    return MG_OK;
+}
+
+/* An idle slot restarts as a cheap dummy at position 0. */
+static mg_status idle_row(sampler *s, int r, mg_error *err) {
+    s->tok[r] = MG_BOS;
+    mg_status rc = mg_decoder_restart_row(s->dec, r, err);
+    if (!rc && s->guide) rc = mg_decoder_restart_row(s->dec, s->B + r, err);
+    return rc;
+}
+
+/* Slot r's next token for molecule k into *t (the rules of sample.h), or
+ * *t = -1 when the molecule starts again instead. */
+static mg_status draw_token(sampler *s, int r, size_t k, int *t, mg_error *err) {
+    mg_samples *out = s->out;
+    float *lg = s->logits + (size_t)r * s->V;
+    const int g = s->guide ? s->B + r : -1;
+    *t = -1;
+    /* rejection draws from the unmasked logits; a molecule it gave up on is
+     * masked (its Kekulé restarts counted past the rejections) */
+    const int masking = s->mask && (!s->reject || (out->fallback[k] & MG_FALLBACK_MASKED));
+    const int kek = out->restarts[k] - (s->reject ? (s->greedy ? 1 : MG_SAMPLE_REJECTS) : 0);
+    int left = masking ? mg_token_mask_apply(s->mask, r, lg, 0) : 1;
+    if (left < 0 && kek >= MG_SAMPLE_RESTARTS) {
+        /* restarted often enough: this time the check goes */
+        out->fallback[k] |= MG_FALLBACK_KEKULE;
+        left = mg_token_mask_apply(s->mask, r, lg, 1);
+    } else if (left < 0) { /* a Kekulé dead end: the molecule starts again */
+        return restart_molecule(s->dec, s->mask, r, g, out, k, s->tok, s->len, s->fed, err);
+    }
+    if (masking && left == 0) {
+        mg_token_mask_prefix(s->mask, r, s->sbuf, s->slen);
+        return mg_fail(err, MG_ERR_STATE,
+                       "molecule %zu position %d: no token can follow '%s' under --constrain %s",
+                       s->first + k, s->len[r] + 1, s->sbuf, mg_constrain_name(s->o->constrain));
+    }
+    const int tk = mg_sample_token(lg, s->V, &s->o->sampling, &s->rng[r]);
+    if (tk < 0)
+        return mg_fail(err, MG_ERR_NUMERIC, "molecule %zu position %d: the logits are not finite",
+                       s->first + k, s->len[r] + 1);
+    if (s->mask && !masking &&
+        (!mg_token_mask_accepts(s->mask, r, tk) || (tk != MG_EOS && s->len[r] + 1 >= s->room))) {
+        /* a draw the check refuses, or no room left for EOS: rejected, the
+         * molecule starts again */
+        mg_status rc = restart_molecule(s->dec, s->mask, r, g, out, k, s->tok, s->len, s->fed, err);
+        if (rc) return rc;
+        /* greedy choices repeat the refused string: no use retrying */
+        if (out->restarts[k] >= MG_SAMPLE_REJECTS || s->greedy)
+            out->fallback[k] |= MG_FALLBACK_MASKED;
+        return MG_OK;
+    }
+    *t = tk;
+    return MG_OK;
+}
+
+/* Slot r's molecule k is complete (EOS, or no position left): its string
+ * and counts into out; the slot takes the next molecule or idles. */
+static mg_status finish_molecule(sampler *s, int r, size_t k, mg_error *err) {
+    mg_samples *out = s->out;
+    size_t sl = 0;
+    mg_status rc = mg_vocab_decode(s->v, s->gen + (size_t)r * s->ctx, s->len[r], s->sbuf, s->slen,
+                                   &sl, err);
+    if (rc) return rc;
+    char *str = malloc(sl + 1);
+    if (!str) return mg_fail(err, MG_ERR_NOMEM, "out of memory");
+    memcpy(str, s->sbuf, sl + 1);
+    out->smiles[k] = str;
+    out->ntok[k] = s->len[r];
+    out->tokens += s->len[r] + (out->ended[k] ? 1 : 0);
+    if (!out->ended[k]) out->truncated++;
+    out->restarts_total += (size_t)out->restarts[k];
+    out->fallbacks += (out->fallback[k] & MG_FALLBACK_KEKULE) != 0;
+    out->masked += (out->fallback[k] & MG_FALLBACK_MASKED) != 0;
+    rc = idle_row(s, r, err); /* the slot back at BOS */
+    if (rc) return rc;
+    s->len[r] = 0;
+    s->fed[r] = 0;
+    if (s->refill && s->next < s->n) {
+        slot_start(s, r);
+    } else {
+        s->active[r] = 0;
+        s->live--;
+    }
+    return MG_OK;
+}
+
+/* Active slot r after a step: the prefix fed, or a token drawn and kept. */
+static mg_status row_step(sampler *s, int r, mg_error *err) {
+    if (s->fed[r] < s->P) { /* the prefix: scaffold tokens, then BOS */
+        s->tok[r] = s->fed[r] < s->P - 1 ? s->o->scaffold[s->fed[r]] : MG_BOS;
+        s->fed[r]++;
+        return MG_OK;
+    }
+    const size_t k = s->mol[r];
+    int t;
+    mg_status rc = draw_token(s, r, k, &t, err);
+    if (rc || t < 0) return rc;
+    if (t == MG_EOS) {
+        s->out->ended[k] = 1;
+        return finish_molecule(s, r, k, err);
+    }
+    if (s->mask && (rc = mg_token_mask_push(s->mask, r, t, err))) return rc;
+    s->gen[(size_t)r * s->ctx + s->len[r]++] = t;
+    s->tok[r] = t;
+    /* no position left for the next token */
+    return s->len[r] >= s->room ? finish_molecule(s, r, k, err) : MG_OK;
+}
+
+/* Steps until every molecule of the part is complete. */
+static mg_status sample_loop(sampler *s, mg_error *err) {
+    const double t0 = mg_now_s();
+    for (;;) {
+        if (s->o->stop && *s->o->stop)
+            return mg_fail(err, MG_ERR_INTERRUPTED, "interrupted by signal %d", (int)*s->o->stop);
+        mg_status rc = MG_OK;
+        if (s->live == 0) {
+            if (s->next >= s->n) break;
+            rc = start_batch(s, err);
+        }
+        if (!rc) rc = decode_step(s, err);
+        for (int r = 0; !rc && r < s->B; r++)
+            rc = s->active[r] ? row_step(s, r, err) : idle_row(s, r, err);
+        if (rc) return rc;
+    }
+    s->out->seconds = mg_now_s() - t0;
+    return MG_OK;
+}
+
+/* Molecules first .. first + n - 1 of o (streams first + k) into out, on
+ * one decoder of pl's slots and `threads` threads (0: the model's). */
+static mg_status sample_part(mg_model *m, const mg_vocab *v, const mg_sample_opts *o,
+                             const sample_plan *pl, int threads, size_t first, size_t n,
+                             mg_samples *out, mg_error *err) {
+    sampler s;
+    mg_status rc = sampler_open(&s, m, v, o, pl, threads, first, n, out, err);
+    if (!rc && n > 0) rc = sample_loop(&s, err);
+    sampler_free(&s);
     if (rc) mg_samples_free(out);
     return rc;
 }
