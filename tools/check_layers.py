@@ -107,8 +107,6 @@ LONG_FUNCTIONS = {
 SPLIT_PENDING = {
     ("molgen/base/safetensors_write.c", "mg_st_write"),
     ("molgen/chem/condition.c", "mg_cond_info_from_json"),
-    ("molgen/chem/data.c", "read_stream"),
-    ("molgen/chem/data.c", "mg_dataset_from_list"),
     ("molgen/chem/smiles_check.c", "bracket_ok"),
     ("molgen/chem/smiles_check.c", "kekule_ok"),
     ("molgen/chem/smiles_check.c", "mg_smiles_state_push"),

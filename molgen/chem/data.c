@@ -220,6 +220,127 @@ static int read_line(FILE *f, char **buf, size_t *cap, size_t *len, int *toolong
 
 #define CSV_MAX_FIELDS 4096
 
+/* read_stream's state: the records so far and where the reader is. */
+typedef struct {
+    const char *path;
+    const char *col; /* the CSV column */
+    int csv, keep;
+    int colidx;        /* the column's field, -1 before the header */
+    char **fields;     /* [CSV_MAX_FIELDS] with csv */
+    list_builder b;    /* the records */
+    unsigned char *flaw; /* [flaw_cap] with keep: each record's code */
+    size_t flaw_cap;
+    long lineno;
+    mg_report *rep;
+} stream_reader;
+
+/* A record of the line: the SMILES s[0..len) (code MG_REC_OK) or a flawed
+ * one (its code; kept as "" with keep, else left out). */
+static mg_status reader_record(stream_reader *rd, int code, const char *s, size_t len,
+                               mg_error *err) {
+    if (code != MG_REC_OK && !rd->keep) return MG_OK;
+    if (rd->keep && rd->b.n == rd->flaw_cap) {
+        const size_t nc = rd->flaw_cap ? 2 * rd->flaw_cap : 1024;
+        unsigned char *q = realloc(rd->flaw, nc);
+        if (!q) return mg_fail(err, MG_ERR_NOMEM, "out of memory");
+        rd->flaw = q;
+        rd->flaw_cap = nc;
+    }
+    if (rd->keep) rd->flaw[rd->b.n] = (unsigned char)code;
+    if (lb_add(&rd->b, s, len, rd->lineno)) return mg_fail(err, MG_ERR_NOMEM, "out of memory");
+    return MG_OK;
+}
+
+/* A line refused before its fields are read (rep's counts, a message). */
+static mg_status reader_skip(stream_reader *rd, int code, mg_error *err) {
+    rd->rep->other++;
+    rd->rep->skipped++;
+    return reader_record(rd, code, "", 0, err);
+}
+
+/* A CSV line (p: its first non-space byte): the header row, then records. */
+static mg_status reader_csv_line(stream_reader *rd, char *line, const char *p, mg_error *err) {
+    mg_report *rep = rd->rep;
+    if (*p == '\0' && (rd->colidx < 0 || !rd->keep)) return MG_OK;
+    const int nf = csv_split(line, rd->fields, CSV_MAX_FIELDS);
+    if (rd->colidx < 0) { /* header row */
+        if (nf < 0)
+            return mg_fail(err, MG_ERR_FORMAT, "%s:%ld: unterminated quote in header", rd->path,
+                           rd->lineno);
+        for (int i = 0; i < nf && rd->colidx < 0; i++)
+            if (strcaseeq(rd->fields[i], rd->col)) rd->colidx = i;
+        if (rd->colidx < 0)
+            return mg_fail(err, MG_ERR_FORMAT, "%s:%ld: no column named '%s' in the header",
+                           rd->path, rd->lineno, rd->col);
+        return MG_OK;
+    }
+    rep->records++;
+    if (nf < 0) {
+        rep_msg(rep, "%s:%ld: unterminated quote", rd->path, rd->lineno);
+        return reader_skip(rd, MG_REC_BAD_CSV, err);
+    }
+    if (nf <= rd->colidx) {
+        rep_msg(rep, "%s:%ld: only %d fields, column '%s' is field %d", rd->path, rd->lineno, nf,
+                rd->col, rd->colidx + 1);
+        return reader_skip(rd, MG_REC_BAD_CSV, err);
+    }
+    const char *v = rd->fields[rd->colidx];
+    if (!*v && !rd->keep) {
+        rep->other++;
+        rep->skipped++;
+        rep_msg(rep, "%s:%ld: empty '%s' field", rd->path, rd->lineno, rd->col);
+        return MG_OK;
+    }
+    return reader_record(rd, MG_REC_OK, v, strlen(v), err);
+}
+
+/* One line of n bytes (toolong: it was cut at the limit). */
+static mg_status reader_line(stream_reader *rd, char *line, size_t n, int toolong, mg_error *err) {
+    mg_report *rep = rd->rep;
+    rep->lines++;
+    if (toolong) {
+        rep->records++;
+        rep->too_long++;
+        rep->skipped++;
+        rep_msg(rep, "%s:%ld: line of %zu bytes, longer than the %d-byte limit", rd->path,
+                rd->lineno, n, MG_MAX_LINE_BYTES);
+        return reader_record(rd, MG_REC_LINE_TOO_LONG, "", 0, err);
+    }
+    if (n != strlen(line)) {
+        rep->records++;
+        rep_msg(rep, "%s:%ld: NUL byte in line", rd->path, rd->lineno);
+        return reader_skip(rd, MG_REC_NUL, err);
+    }
+    if (rd->lineno == 1 && n >= 3 && (unsigned char)line[0] == 0xEF &&
+        (unsigned char)line[1] == 0xBB && (unsigned char)line[2] == 0xBF) {
+        memmove(line, line + 3, (size_t)n - 2); /* UTF-8 BOM */
+        n -= 3;
+    }
+    const char *p = line;
+    while (*p && isspace((unsigned char)*p)) p++;
+    if (rd->csv) return reader_csv_line(rd, line, p, err);
+    if (*p == '#' || (*p == '\0' && !rd->keep)) return MG_OK;
+    const char *e = p;
+    while (*e && !isspace((unsigned char)*e)) e++;
+    rep->records++;
+    return reader_record(rd, MG_REC_OK, p, (size_t)(e - p), err);
+}
+
+/* The end of the stream (got: read_line's last return): the list into
+ * out, or why not. */
+static mg_status reader_finish(stream_reader *rd, FILE *f, int got, mg_smiles_list *out,
+                               mg_error *err) {
+    if (got < 0) return mg_fail(err, MG_ERR_NOMEM, "%s:%ld: out of memory", rd->path, rd->lineno + 1);
+    if (ferror(f)) return mg_fail(err, MG_ERR_IO, "read error on %s", rd->path);
+    if (rd->csv && rd->colidx < 0)
+        return mg_fail(err, MG_ERR_FORMAT, "%s: empty CSV file (no header row)", rd->path);
+    if ((rd->keep && !rd->flaw && !(rd->flaw = malloc(1))) || lb_finish(&rd->b, out))
+        return mg_fail(err, MG_ERR_NOMEM, "out of memory");
+    out->flaw = rd->flaw;
+    rd->flaw = NULL;
+    return MG_OK;
+}
+
 /* The reader of mg_read_smiles and mg_read_records: records of f in order.
  * keep == 0: records the reader cannot give a SMILES for are skipped and
  * counted in rep; keep == 1: every line after a CSV header except .smi
@@ -227,150 +348,23 @@ static int read_line(FILE *f, char **buf, size_t *cap, size_t *len, int *toolong
  * out->flaw. */
 static mg_status read_stream(FILE *f, const char *path, int csv, const char *csv_column, int keep,
                              mg_smiles_list *out, mg_report *rep, mg_error *err) {
-    const char *col = csv_column ? csv_column : "smiles";
-    int colidx = -1;
-    char **fields = NULL;
-    if (csv) {
-        fields = malloc(CSV_MAX_FIELDS * sizeof *fields);
-        if (!fields) return mg_fail(err, MG_ERR_NOMEM, "out of memory");
-    }
-    list_builder b = {0};
-    unsigned char *flaw = NULL; /* [b.cap] with keep */
-    size_t flaw_cap = 0;
+    stream_reader rd = {.path = path, .col = csv_column ? csv_column : "smiles", .csv = csv,
+                        .keep = keep, .colidx = -1, .rep = rep};
+    if (csv && !(rd.fields = malloc(CSV_MAX_FIELDS * sizeof *rd.fields)))
+        return mg_fail(err, MG_ERR_NOMEM, "out of memory");
     char *line = NULL;
     size_t lcap = 0, n = 0;
-    long lineno = 0;
-    int rc = 0, got, toolong;
-/* A record of the line: the SMILES s[0..len) (code MG_REC_OK) or a flawed
- * one (its code; kept as "" with keep, else counted in rep->other). */
-#define RECORD(code, s, len)                                                                       \
-    do {                                                                                           \
-        if ((code) != MG_REC_OK && !keep) break;                                                   \
-        if (keep && b.n == flaw_cap) {                                                             \
-            const size_t nc_ = flaw_cap ? 2 * flaw_cap : 1024;                                     \
-            unsigned char *q_ = realloc(flaw, nc_);                                                \
-            if (!q_) {                                                                             \
-                rc = mg_fail(err, MG_ERR_NOMEM, "out of memory");                                  \
-                goto done;                                                                         \
-            }                                                                                      \
-            flaw = q_;                                                                             \
-            flaw_cap = nc_;                                                                        \
-        }                                                                                          \
-        if (keep) flaw[b.n] = (unsigned char)(code);                                               \
-        if (lb_add(&b, (s), (len), lineno)) {                                                      \
-            rc = mg_fail(err, MG_ERR_NOMEM, "out of memory");                                      \
-            goto done;                                                                             \
-        }                                                                                          \
-    } while (0)
-    while ((got = read_line(f, &line, &lcap, &n, &toolong)) > 0) {
-        lineno++;
-        rep->lines++;
-        if (toolong) {
-            rep->records++;
-            rep->too_long++;
-            rep->skipped++;
-            rep_msg(rep, "%s:%ld: line of %zu bytes, longer than the %d-byte limit", path, lineno,
-                    n, MG_MAX_LINE_BYTES);
-            RECORD(MG_REC_LINE_TOO_LONG, "", 0);
-            continue;
-        }
-        if (n != strlen(line)) {
-            rep->records++;
-            rep->other++;
-            rep->skipped++;
-            rep_msg(rep, "%s:%ld: NUL byte in line", path, lineno);
-            RECORD(MG_REC_NUL, "", 0);
-            continue;
-        }
-        if (lineno == 1 && n >= 3 && (unsigned char)line[0] == 0xEF &&
-            (unsigned char)line[1] == 0xBB && (unsigned char)line[2] == 0xBF) {
-            memmove(line, line + 3, (size_t)n - 2); /* UTF-8 BOM */
-            n -= 3;
-        }
-        const char *p = line;
-        while (*p && isspace((unsigned char)*p)) p++;
-        if (!csv) {
-            if (*p == '#' || (*p == '\0' && !keep)) continue;
-            const char *e = p;
-            while (*e && !isspace((unsigned char)*e)) e++;
-            rep->records++;
-            RECORD(MG_REC_OK, p, (size_t)(e - p));
-            continue;
-        }
-        /* CSV */
-        if (*p == '\0' && (colidx < 0 || !keep)) continue;
-        int nf = csv_split(line, fields, CSV_MAX_FIELDS);
-        if (colidx < 0) { /* header row */
-            if (nf < 0) {
-                rc = mg_fail(err, MG_ERR_FORMAT, "%s:%ld: unterminated quote in header", path,
-                             lineno);
-                goto done;
-            }
-            for (int i = 0; i < nf; i++)
-                if (strcaseeq(fields[i], col)) {
-                    colidx = i;
-                    break;
-                }
-            if (colidx < 0) {
-                rc = mg_fail(err, MG_ERR_FORMAT, "%s:%ld: no column named '%s' in the header", path,
-                             lineno, col);
-                goto done;
-            }
-            continue;
-        }
-        rep->records++;
-        if (nf < 0) {
-            rep->other++;
-            rep->skipped++;
-            rep_msg(rep, "%s:%ld: unterminated quote", path, lineno);
-            RECORD(MG_REC_BAD_CSV, "", 0);
-            continue;
-        }
-        if (nf <= colidx) {
-            rep->other++;
-            rep->skipped++;
-            rep_msg(rep, "%s:%ld: only %d fields, column '%s' is field %d", path, lineno, nf, col,
-                    colidx + 1);
-            RECORD(MG_REC_BAD_CSV, "", 0);
-            continue;
-        }
-        const char *v = fields[colidx];
-        if (!*v && !keep) {
-            rep->other++;
-            rep->skipped++;
-            rep_msg(rep, "%s:%ld: empty '%s' field", path, lineno, col);
-            continue;
-        }
-        RECORD(MG_REC_OK, v, strlen(v));
+    int got = 0, toolong;
+    mg_status rc = MG_OK;
+    while (!rc && (got = read_line(f, &line, &lcap, &n, &toolong)) > 0) {
+        rd.lineno++;
+        rc = reader_line(&rd, line, n, toolong, err);
     }
-#undef RECORD
-    if (got < 0) {
-        rc = mg_fail(err, MG_ERR_NOMEM, "%s:%ld: out of memory", path, lineno + 1);
-        goto done;
-    }
-    if (ferror(f)) {
-        rc = mg_fail(err, MG_ERR_IO, "read error on %s", path);
-        goto done;
-    }
-    if (csv && colidx < 0) {
-        rc = mg_fail(err, MG_ERR_FORMAT, "%s: empty CSV file (no header row)", path);
-        goto done;
-    }
-    if (keep && !flaw && !(flaw = malloc(1))) {
-        rc = mg_fail(err, MG_ERR_NOMEM, "out of memory");
-        goto done;
-    }
-    if (lb_finish(&b, out)) {
-        rc = mg_fail(err, MG_ERR_NOMEM, "out of memory");
-        goto done;
-    }
-    out->flaw = flaw;
-    flaw = NULL;
-done:
+    if (!rc) rc = reader_finish(&rd, f, got, out, err);
     free(line);
-    free(fields);
-    free(flaw);
-    lb_free(&b);
+    free(rd.fields);
+    free(rd.flaw);
+    lb_free(&rd.b);
     return rc;
 }
 
@@ -539,6 +533,91 @@ static int ds_alloc(mg_dataset *d, size_t n, int T, size_t blob_bytes) {
 
 enum { ST_OK = 0, ST_BAD_CHAR, ST_UNKNOWN, ST_TOO_LONG, ST_EMPTY };
 
+/* Record s's status (ST_*) for mg_dataset_from_list: its tokens in *k,
+ * with vocab the first token it lacks in msg. */
+static int record_status(const mg_vocab *vocab, const char *s, int limit, int *k, mg_error *msg) {
+    int pos = 0;
+    *k = 0;
+    for (;;) {
+        int l = mg_token_len(s + pos);
+        if (l == 0) break;
+        if (l < 0) return ST_BAD_CHAR;
+        if (vocab && mg_vocab_lookup(vocab, s + pos, l) < MG_NUM_SPECIAL) {
+            snprintf(msg->message, sizeof msg->message, "unknown token '%.*s' at position %d", l,
+                     s + pos, pos);
+            return ST_UNKNOWN;
+        }
+        (*k)++;
+        pos += l;
+    }
+    if (*k == 0) return ST_EMPTY;
+    return *k > limit ? ST_TOO_LONG : ST_OK;
+}
+
+/* A skipped record (status st, k tokens; line ln of where) into rep. */
+static void report_skipped(mg_report *rep, const char *where, long ln, int st, const char *s,
+                           int k, int limit, mg_error *msg) {
+    switch (st) {
+    case ST_BAD_CHAR:
+        mg_tokenize(s, NULL, 0, NULL, NULL, msg);
+        rep->bad_char++;
+        rep_msg(rep, "%s:%ld: cannot tokenise: %s", where, ln, msg->message);
+        break;
+    case ST_UNKNOWN:
+        rep->unknown_token++;
+        rep_msg(rep, "%s:%ld: %s", where, ln, msg->message);
+        break;
+    case ST_TOO_LONG:
+        rep->too_long++;
+        rep_msg(rep, "%s:%ld: too long: %d tokens, more than the model's limit %d", where, ln, k,
+                limit); /* the wording of nll_score.c's too_long */
+        break;
+    default:
+        rep->other++;
+        rep_msg(rep, "%s:%ld: empty SMILES", where, ln);
+        break;
+    }
+    rep->skipped++;
+}
+
+/* The vocabulary of the kept records (status[i] == ST_OK) into *built. */
+static mg_status vocab_of_kept(const mg_smiles_list *list, const unsigned char *status,
+                               size_t kept, mg_vocab **built, mg_error *err) {
+    const char **ok = malloc(kept * sizeof *ok);
+    if (!ok) return mg_fail(err, MG_ERR_NOMEM, "out of memory");
+    size_t m = 0;
+    for (size_t i = 0; i < list->n; i++)
+        if (status[i] == ST_OK) ok[m++] = list->smiles[i];
+    mg_status rc = mg_vocab_build(ok, m, built, err);
+    free(ok);
+    return rc;
+}
+
+/* out's rows (allocated: kept rows of T ids, blob bytes of strings): the
+ * kept records encoded with vocab, in list order. */
+static mg_status fill_dataset(const mg_smiles_list *list, const unsigned char *status,
+                              const mg_vocab *vocab, int T, mg_dataset *out, mg_error *err) {
+    size_t r = 0, bo = 0;
+    for (size_t i = 0; i < list->n; i++) {
+        if (status[i] != ST_OK) continue;
+        const char *s = list->smiles[i];
+        int64_t len;
+        mg_status rc = mg_encode_row(vocab, s, T, out->ids + r * (size_t)T, &len, err);
+        if (rc) { /* cannot happen: checked by record_status */
+            mg_dataset_free(out);
+            return rc;
+        }
+        out->lengths[r] = len;
+        size_t sl = strlen(s);
+        memcpy(out->blob_ + bo, s, sl + 1);
+        out->smiles[r] = out->blob_ + bo;
+        bo += sl + 1;
+        out->line[r] = list->line ? list->line[i] : (long)i + 1;
+        r++;
+    }
+    return MG_OK;
+}
+
 mg_status mg_dataset_from_list(const mg_smiles_list *list, const char *where,
                                const mg_load_opts *opts, const mg_vocab *vocab,
                                mg_vocab **vocab_out, mg_dataset *out, mg_report *rep,
@@ -560,13 +639,8 @@ mg_status mg_dataset_from_list(const mg_smiles_list *list, const char *where,
                        "max_tokens = %d",
                        T, maxtok);
     size_t n = list->n;
-    unsigned char *status = calloc(n ? n : 1, 1);
-    int *ntok = calloc(n ? n : 1, sizeof *ntok);
-    if (!status || !ntok) {
-        free(status);
-        free(ntok);
-        return mg_fail(err, MG_ERR_NOMEM, "out of memory");
-    }
+    unsigned char *status = calloc(n ? n : 1, 1); /* [n] each record's ST_* */
+    if (!status) return mg_fail(err, MG_ERR_NOMEM, "out of memory");
     int limit = INT32_MAX; /* max tokens allowed */
     if (maxtok > 0) limit = maxtok;
     if (T > 0 && T - 2 < limit) limit = T - 2;
@@ -575,109 +649,35 @@ mg_status mg_dataset_from_list(const mg_smiles_list *list, const char *where,
     mg_error msg;
     for (size_t i = 0; i < n; i++) {
         const char *s = list->smiles[i];
-        long ln = list->line ? list->line[i] : (long)i + 1;
-        int k = 0, pos = 0;
-        int st = ST_OK;
-        for (;;) {
-            int l = mg_token_len(s + pos);
-            if (l == 0) break;
-            if (l < 0) {
-                st = ST_BAD_CHAR;
-                break;
-            }
-            if (vocab && mg_vocab_lookup(vocab, s + pos, l) < MG_NUM_SPECIAL) {
-                st = ST_UNKNOWN;
-                snprintf(msg.message, sizeof msg.message, "unknown token '%.*s' at position %d", l,
-                         s + pos, pos);
-                break;
-            }
-            k++;
-            pos += l;
-        }
-        if (st == ST_OK && k == 0) st = ST_EMPTY;
-        if (st == ST_OK && k > limit) st = ST_TOO_LONG;
+        int k;
+        const int st = record_status(vocab, s, limit, &k, &msg);
         status[i] = (unsigned char)st;
-        ntok[i] = k;
-        switch (st) {
-        case ST_OK:
-            kept++;
-            blob += strlen(s) + 1;
-            if (k > maxk) maxk = k;
-            break;
-        case ST_BAD_CHAR:
-            mg_tokenize(s, NULL, 0, NULL, NULL, &msg);
-            rep->bad_char++;
-            rep_msg(rep, "%s:%ld: cannot tokenise: %s", where, ln, msg.message);
-            break;
-        case ST_UNKNOWN:
-            rep->unknown_token++;
-            rep_msg(rep, "%s:%ld: %s", where, ln, msg.message);
-            break;
-        case ST_TOO_LONG:
-            rep->too_long++;
-            rep_msg(rep, "%s:%ld: too long: %d tokens, more than the model's limit %d", where, ln, k,
-                    limit); /* the wording of nll_score.c's too_long */
-            break;
-        default:
-            rep->other++;
-            rep_msg(rep, "%s:%ld: empty SMILES", where, ln);
-            break;
+        if (st != ST_OK) {
+            report_skipped(rep, where, list->line ? list->line[i] : (long)i + 1, st, s, k, limit,
+                           &msg);
+            continue;
         }
-        if (st != ST_OK) rep->skipped++;
+        kept++;
+        blob += strlen(s) + 1;
+        if (k > maxk) maxk = k;
     }
     rep->kept = (long)kept;
     mg_status rc = MG_OK;
     mg_vocab *built = NULL;
-    if (kept == 0) {
+    if (kept == 0)
         rc = mg_fail(err, MG_ERR_FORMAT, "%s: no usable molecules (%zu records, %ld skipped)",
                      where, n, rep->skipped);
-        goto done;
-    }
     if (T == 0) T = maxk + 2;
-    if (!vocab) {
-        const char **ok = malloc(kept * sizeof *ok);
-        if (!ok) {
-            rc = mg_fail(err, MG_ERR_NOMEM, "out of memory");
-            goto done;
-        }
-        size_t m = 0;
-        for (size_t i = 0; i < n; i++)
-            if (status[i] == ST_OK) ok[m++] = list->smiles[i];
-        rc = mg_vocab_build(ok, m, &built, err);
-        free(ok);
-        if (rc) goto done;
-        vocab = built;
-    }
-    if (ds_alloc(out, kept, T, blob)) {
+    if (!rc && !vocab && !(rc = vocab_of_kept(list, status, kept, &built, err))) vocab = built;
+    if (!rc && ds_alloc(out, kept, T, blob))
         rc = mg_fail(err, MG_ERR_NOMEM, "out of memory (%zu x %d ids)", kept, T);
-        goto done;
-    }
-    size_t r = 0, bo = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (status[i] != ST_OK) continue;
-        const char *s = list->smiles[i];
-        int64_t len;
-        rc = mg_encode_row(vocab, s, T, out->ids + r * (size_t)T, &len, err);
-        if (rc) { /* cannot happen: checked above */
-            mg_dataset_free(out);
-            goto done;
-        }
-        out->lengths[r] = len;
-        size_t sl = strlen(s);
-        memcpy(out->blob_ + bo, s, sl + 1);
-        out->smiles[r] = out->blob_ + bo;
-        bo += sl + 1;
-        out->line[r] = list->line ? list->line[i] : (long)i + 1;
-        r++;
-    }
-    if (built) {
+    if (!rc) rc = fill_dataset(list, status, vocab, T, out, err);
+    if (!rc && built) {
         *vocab_out = built;
         built = NULL;
     }
-done:
     mg_vocab_free(built);
     free(status);
-    free(ntok);
     return rc;
 }
 
