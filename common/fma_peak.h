@@ -1,6 +1,6 @@
 /* The fp32 FMA peak of this machine on N threads, measured: a
  * register-resident FMA loop on every thread at once. Header-only, shared
- * by attn-bench (bench/attn_bench.c) and molgen bench (molgen/bench.c), so
+ * by attn-bench (bench/attn_bench.c) and molgen bench (molgen/harness/bench.c), so
  * both divide by the same measurement. It lives in common/, a folder of
  * neither: it measures the machine, not attention, so it is not libattn's
  * API, and molgen does not reach into bench/ for it. Needs OpenMP and

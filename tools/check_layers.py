@@ -3,7 +3,7 @@
 of src/, include/ and molgen/ (Python 3 standard library only).
 
 A room is a file's stem in its folder (train.c and train.h are the room
-molgen/train). A room X points at room Y when a file of X
+molgen/train/train). A room X points at room Y when a file of X
   - includes a file of Y (#include "..."), or
   - uses a name that only Y defines where X can see it: a header's macros,
     types, struct/enum tags, enum constants, functions and variables; a .c
@@ -13,11 +13,18 @@ molgen/train). A room X points at room Y when a file of X
     nowhere.
 The check fails (exit 1, one line per finding) on
   - a circle: rooms that reach one another;
-  - an arrow up: from a room of a lower layer of LAYERS to a higher one;
+  - an arrow up: from a room of a lower layer to a higher one (layer_of:
+    the attn library, then molgen's engine folders in ENGINE_FOLDERS'
+    order, then molgen's commands);
+  - an engine file outside ENGINE_FOLDERS (directly in molgen/, or in a
+    folder the list does not name);
   - a command's own room used by another command (COMMAND_OWNED);
   - a command room (COMMAND_STEMS: cmd_*, main, cli_*, commands) outside
     molgen/cli/;
-  - a function longer than FUNCTION_MAX_LINES in FUNCTION_FILES.
+  - a function of molgen (FUNCTION_FILES: the engine and the commands)
+    longer than FUNCTION_MAX_LINES, unless LONG_FUNCTIONS names it, and
+    then longer than FUNCTION_HARD_MAX; a LONG_FUNCTIONS entry that no
+    longer needs its exception.
 ALLOWED lists the arrows known to be wrong today; they are reported and
 left out of the check, and the list is to be emptied as they are fixed.
 
@@ -33,27 +40,50 @@ import sys
 SCAN = ["src", "include", "molgen"]  # folders scanned, recursively
 SKIP_DIRS = {"tests", "__pycache__"}  # not part of the structure
 
-# molgen's folders are its layers: the command-line front (molgen/cli/, and
-# the fuzz drivers of molgen/fuzz/) above the engine (molgen/ itself).
+# molgen's engine folders are its layers, bottom to top: a file may use its
+# own folder and the folders before it, never one after it. One sentence
+# each (docs/architecture.md says the same).
+ENGINE_FOLDERS = [
+    ("base", "errors, utilities, JSON, the safetensors file format, option "
+             "tables and MPI transport: no molecule and no model"),
+    ("chem", "molecules as text: tokenizer, SMILES grammar, constrained "
+             "decoding masks, data files, conditions"),
+    ("nn", "the network: layers, packed products, the model, the optimizer, "
+           "checkpoint value checks"),
+    ("gen", "running a model: decoder, KV decoding, sampling, NLL scoring, "
+            "attention maps"),
+    ("train", "`molgen train`: its settings table, checkpoints, the training run"),
+    ("rl", "`molgen optimize`: reinforcement learning on a reward"),
+    ("harness", "measurement and test harnesses: bench, gradient and DAP dumps"),
+]
+# The command-line front (molgen/cli/, and the fuzz drivers of molgen/fuzz/)
+# sits above every engine folder.
 COMMAND_DIRS = ("molgen/cli/", "molgen/fuzz/")
 # The names of command rooms: a file so named belongs in molgen/cli/.
 COMMAND_STEMS = re.compile(r"^(cmd_\w+|main|cli_\w+|commands)$")
 
 
+ENGINE_NAMES = [name for name, _ in ENGINE_FOLDERS]
+COMMAND_LAYER = len(ENGINE_FOLDERS) + 1
+LAYER_NAMES = (["attn library (src/, include/)"] +
+               ["molgen/%s/" % name for name in ENGINE_NAMES] + ["molgen commands"])
+
+
 def layer_of(room):
-    """Layers, bottom to top: an arrow may point down or sideways, never up."""
+    """Layers, bottom to top: an arrow may point down or sideways, never up.
+    None: an engine room outside the layer folders (itself a failure)."""
     if not room.startswith("molgen/"):
         return 0  # the attn library: src/, include/
     if room.startswith(COMMAND_DIRS):
-        return 2  # molgen's commands (and its fuzz drivers)
-    return 1  # molgen's engine
-
-
-LAYER_NAMES = ["attn library (src/, include/)", "molgen engine", "molgen commands"]
+        return COMMAND_LAYER  # molgen's commands (and its fuzz drivers)
+    parts = room.split("/")
+    if len(parts) == 3 and parts[1] in ENGINE_NAMES:
+        return 1 + ENGINE_NAMES.index(parts[1])
+    return None
 
 # Rooms that belong to one command: no other command may use them.
 COMMAND_OWNED = {
-    "molgen/train_settings": "molgen/cli/cmd_train",  # the `molgen train` settings table
+    "molgen/train/train_settings": "molgen/cli/cmd_train",  # the `molgen train` settings table
 }
 
 # Known violations, allowed until fixed; each is (from, to): reason. Issue
@@ -62,9 +92,40 @@ COMMAND_OWNED = {
 ALLOWED = {}
 
 # The longest function (lines from its head to its closing brace) in the
-# files of FUNCTION_FILES: molgen's commands are parse -> engine -> print.
-FUNCTION_FILES = re.compile(r"^molgen/cli/\w+\.c$")
+# files of FUNCTION_FILES, molgen's engine and commands: a function is one
+# step a reader can hold (a command is parse -> engine -> print).
+FUNCTION_FILES = re.compile(r"^molgen/(?:cli|%s)/\w+\.c$" % "|".join(ENGINE_NAMES))
 FUNCTION_MAX_LINES = 80
+# The exceptions, (file, function): why it stays whole. Each is at most
+# FUNCTION_HARD_MAX lines; an entry at or under FUNCTION_MAX_LINES fails
+# (remove it).
+FUNCTION_HARD_MAX = 100
+LONG_FUNCTIONS = {
+}
+# Functions being split into named helpers (issue 33): reported, not failed,
+# until the split lands; the list is to be emptied.
+SPLIT_PENDING = {
+    ("molgen/base/safetensors_write.c", "mg_st_write"),
+    ("molgen/chem/condition.c", "mg_cond_info_from_json"),
+    ("molgen/chem/smiles_check.c", "bracket_ok"),
+    ("molgen/chem/smiles_check.c", "kekule_ok"),
+    ("molgen/chem/smiles_check.c", "mg_smiles_state_push"),
+    ("molgen/gen/attention_svg.c", "mg_attention_svg"),
+    ("molgen/gen/kv_decode.c", "mg_kv_new_dtype"),
+    ("molgen/gen/nll_score.c", "score_part"),
+    ("molgen/harness/dap_dump.c", "mg_dap_dump"),
+    ("molgen/harness/grad_dump.c", "mg_grad_dump"),
+    ("molgen/nn/model.c", "mg_model_config_from_json"),
+    ("molgen/rl/optimize.c", "mg_opt_restore"),
+    ("molgen/rl/scorer_process.c", "exchange"),
+    ("molgen/train/train.c", "setup"),
+    ("molgen/train/train.c", "load_augmented"),
+    ("molgen/train/train.c", "scan_init_data"),
+    ("molgen/train/train.c", "load_data"),
+    ("molgen/train/train.c", "build"),
+    ("molgen/train/train.c", "sample_check"),
+    ("molgen/train/train.c", "mg_train_run"),
+}
 
 IDENT = re.compile(r"[A-Za-z_]\w*")
 KEYWORDS = set(
@@ -348,10 +409,10 @@ def floors(nodes, edges):
     return floor
 
 
-def long_functions(root):
-    """(file, function, lines) of every function of FUNCTION_FILES longer
-    than FUNCTION_MAX_LINES: from the line of its name to its closing brace,
-    comments and string literals blanked (their newlines kept)."""
+def function_table(root):
+    """(file, function, lines) of every function of FUNCTION_FILES: from the
+    line of its name to its closing brace, comments and string literals
+    blanked (their newlines kept)."""
     out = []
     for top in SCAN:
         for d, dirs, names in os.walk(os.path.join(root, top)):
@@ -360,9 +421,32 @@ def long_functions(root):
                 rel = os.path.relpath(os.path.join(d, name), root).replace(os.sep, "/")
                 if FUNCTION_FILES.match(rel):
                     with open(os.path.join(root, rel), encoding="utf-8", errors="replace") as f:
-                        out += [(rel, fn, n) for fn, n in function_lengths(f.read())
-                                if n > FUNCTION_MAX_LINES]
+                        out += [(rel, fn, n) for fn, n in function_lengths(f.read())]
     return out
+
+
+def long_function_failures(root):
+    """The failures of the function-length rule (module comment)."""
+    bad, seen = [], set()
+    for rel, fn, n in function_table(root):
+        if (rel, fn) in SPLIT_PENDING:
+            if n > FUNCTION_MAX_LINES:
+                print("split pending (SPLIT_PENDING): %s: %s (%d lines)" % (rel, fn, n))
+            continue
+        if (rel, fn) in LONG_FUNCTIONS:
+            seen.add((rel, fn))
+            if n > FUNCTION_HARD_MAX:
+                bad.append("function longer than %d lines (the most for an exception): "
+                           "%s: %s (%d lines)" % (FUNCTION_HARD_MAX, rel, fn, n))
+            elif n <= FUNCTION_MAX_LINES:
+                bad.append("LONG_FUNCTIONS entry %s: %s is %d lines now: remove it" % (
+                    rel, fn, n))
+        elif n > FUNCTION_MAX_LINES:
+            bad.append("function longer than %d lines: %s: %s (%d lines)" % (
+                FUNCTION_MAX_LINES, rel, fn, n))
+    for rel, fn in sorted(set(LONG_FUNCTIONS) - seen):
+        bad.append("LONG_FUNCTIONS entry %s: %s matches no function: remove it" % (rel, fn))
+    return bad
 
 
 def function_lengths(text):
@@ -406,13 +490,18 @@ def main():
     edges = arrows(files)
     rooms = {f.room for f in files.values()}
     bad = [("place", r, r, "a command room outside molgen/cli/: %s" % r) for r in sorted(rooms)
-           if layer_of(r) == 1 and COMMAND_STEMS.match(os.path.basename(r))]
+           if layer_of(r) != COMMAND_LAYER and r.startswith("molgen/")
+           and COMMAND_STEMS.match(os.path.basename(r))]
+    bad += [("place", r, r, "an engine room outside the layer folders (molgen/{%s}/): %s" % (
+        ",".join(ENGINE_NAMES), r)) for r in sorted(rooms) if layer_of(r) is None]
     for (a, b), rs in sorted(edges.items()):
+        if layer_of(a) is None or layer_of(b) is None:
+            continue  # reported above
         if layer_of(a) < layer_of(b):
             bad.append(("up", a, b, "arrow up: %s (%s) -> %s (%s): %s" % (
                 a, LAYER_NAMES[layer_of(a)], b, LAYER_NAMES[layer_of(b)], why(rs))))
         owner = COMMAND_OWNED.get(b)
-        if owner and a != owner and layer_of(a) == 2:
+        if owner and a != owner and layer_of(a) == COMMAND_LAYER:
             bad.append(("owned", a, b, "another command's room: %s -> %s (of %s): %s" % (
                 a, b, owner, why(rs))))
     allowed_used = set()
@@ -448,9 +537,8 @@ def main():
                 e[0], e[1], why(edges[e]), ALLOWED[e]))
         else:
             print("note: ALLOWED entry %s -> %s matches nothing now: remove it" % e)
-    for rel, fn, n in long_functions(os.path.abspath(args.root)):
-        bad.append(("long", rel, fn, "function longer than %d lines: %s: %s (%d lines)" % (
-            FUNCTION_MAX_LINES, rel, fn, n)))
+    for msg in long_function_failures(os.path.abspath(args.root)):
+        bad.append(("long", "", "", msg))
     for b in bad:
         print("FAIL " + b[3])
     print("check_layers: %d files, %d rooms, %d arrows, %d allowed, %d failures" % (

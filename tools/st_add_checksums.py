@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Add the CRC-32 checksum table to a safetensors file written before molgen
-stored one (molgen/safetensors.h, "Integrity"): the tensors' bytes are kept
+stored one (molgen/base/safetensors.h, "Integrity"): the tensors' bytes are kept
 as they are, only the header gains __metadata__["crc32"]. The file is
 replaced atomically (temp file, fsync, rename).
 

@@ -14,7 +14,7 @@
 #include <stddef.h>
 #include <stdio.h>
 
-#include "option_table.h"
+#include "base/option_table.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -1,10 +1,10 @@
 /* molgen CLI helpers (see cli_util.h). */
 #define _POSIX_C_SOURCE 200809L
 #include "cli_util.h"
-#include "dist.h"
-#include "gemm.h"
-#include "model.h"
-#include "util.h"
+#include "base/dist.h"
+#include "nn/packed_gemm.h"
+#include "nn/model.h"
+#include "base/util.h"
 
 #include <errno.h>
 #include <fcntl.h>

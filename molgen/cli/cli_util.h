@@ -10,7 +10,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "errors.h"
+#include "base/errors.h"
 
 #ifdef __cplusplus
 extern "C" {

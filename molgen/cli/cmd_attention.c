@@ -1,18 +1,18 @@
 /* `molgen attention`: options -> one model's attention maps of a molecule
- * (attention.h), written as SVG + TSV and printed as a per-head table. */
+ * (attention_svg.h), written as SVG + TSV and printed as a per-head table. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-#include "attention.h"
+#include "gen/attention_svg.h"
 #include "cli_options.h"
 #include "cli_util.h"
 #include "commands.h"
-#include "model.h"
-#include "tokenizer.h"
-#include "util.h"
+#include "nn/model.h"
+#include "chem/tokenizer.h"
+#include "base/util.h"
 
 typedef struct {
     const char *model, *smiles, *out;

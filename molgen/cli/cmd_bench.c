@@ -6,15 +6,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "bench.h"
+#include "harness/bench.h"
 #include "cli_options.h"
 #include "cli_util.h"
 #include "commands.h"
-#include "data.h"
-#include "model.h"
-#include "sample.h"
-#include "tokenizer.h"
-#include "util.h"
+#include "chem/data.h"
+#include "nn/model.h"
+#include "gen/sample.h"
+#include "chem/tokenizer.h"
+#include "base/util.h"
 
 typedef struct {
     const char *model, *data;

@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "commands.h"
-#include "smiles_check.h"
+#include "chem/smiles_check.h"
 
 int cmd_debug_check(int argc, char **argv) {
     (void)argv;

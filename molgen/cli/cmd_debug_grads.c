@@ -10,8 +10,8 @@
 #include "cli_options.h"
 #include "cli_util.h"
 #include "commands.h"
-#include "grad_dump.h"
-#include "util.h"
+#include "harness/grad_dump.h"
+#include "base/util.h"
 
 #define T mg_grad_dump_opts
 static const mg_setting DEBUG_GRADS_OPTIONS[] = {

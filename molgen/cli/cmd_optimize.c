@@ -1,5 +1,5 @@
 /* `molgen optimize`: options -> mg_opt_run (optimize.h) against a scorer
- * process (scorer.h) -> DIR/{scored.csv, best.smi, agent.safetensors,
+ * process (scorer_process.h) -> DIR/{scored.csv, best.smi, agent.safetensors,
  * summary.json}. Also the hidden `molgen debug-dap` (dap_dump.h). */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
@@ -11,11 +11,11 @@
 #include "cli_options.h"
 #include "cli_util.h"
 #include "commands.h"
-#include "dap_dump.h"
-#include "dist.h"
-#include "optimize.h"
-#include "scorer.h"
-#include "util.h"
+#include "harness/dap_dump.h"
+#include "base/dist.h"
+#include "rl/optimize.h"
+#include "rl/scorer_process.h"
+#include "base/util.h"
 
 /* The options as given; mg_opt_opts takes them (args_to_opts). */
 typedef struct {
@@ -365,7 +365,7 @@ static int setup(run_ctx *c, const mg_opt_opts *o, mg_model *mm[2], mg_vocab **v
     mg_model_set_threads(mm[0], c->threads);
     mg_model_set_threads(mm[1], c->threads);
     const mg_dist_field prior = {"the --prior file (its weights)",
-                                 world->size > 1 ? mg_dist_hash_model(mm[0], *v) : 0};
+                                 world->size > 1 ? mg_model_fingerprint(mm[0], *v) : 0};
     if (agreed(mg_dist_agree_fields(world, &prior, 1, &err), &err) ||
         agreed(mg_scorer_start(c->scorer, c->timeout, sc, &err), &err) ||
         agreed(mg_opt_new(mm[0], mm[1], *v, *sc, o, opt, &err), &err) ||

@@ -8,13 +8,13 @@
 #include "cli_options.h"
 #include "cli_util.h"
 #include "commands.h"
-#include "condition.h"
-#include "dist.h"
-#include "json.h"
-#include "safetensors.h"
-#include "sample.h"
-#include "smiles_check.h"
-#include "util.h"
+#include "chem/condition.h"
+#include "base/dist.h"
+#include "base/json.h"
+#include "base/safetensors.h"
+#include "gen/sample.h"
+#include "chem/smiles_check.h"
+#include "base/util.h"
 
 /* The options as given; mg_sample_opts takes them after the checks. */
 typedef struct {
@@ -342,7 +342,7 @@ static int prepare(sample_job *j) {
                           &j->averaged))
         return 1;
     const mg_dist_field model_field = {"the --model file (its weights)",
-                                       world->size > 1 ? mg_dist_hash_model(j->m, j->v) : 0};
+                                       world->size > 1 ? mg_model_fingerprint(j->m, j->v) : 0};
     if (mg_dist_agree_fields(world, &model_field, 1, &err)) {
         mg_cli_report("sample", err.status, &err);
         return 1;

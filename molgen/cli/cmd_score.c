@@ -1,4 +1,4 @@
-/* `molgen score`: a SMILES file (or stdin) -> mg_score_molecules (score.h)
+/* `molgen score`: a SMILES file (or stdin) -> mg_score_molecules (nll_score.h)
  * -> one CSV row per input record (or stdout), in input order. */
 #define _POSIX_C_SOURCE 200809L
 #include <ctype.h>
@@ -12,11 +12,11 @@
 #include "cli_options.h"
 #include "cli_util.h"
 #include "commands.h"
-#include "data.h"
-#include "dist.h"
-#include "safetensors.h"
-#include "score.h"
-#include "util.h"
+#include "chem/data.h"
+#include "base/dist.h"
+#include "base/safetensors.h"
+#include "gen/nll_score.h"
+#include "base/util.h"
 
 typedef struct {
     const char *model, *smiles, *out, *column;
@@ -206,7 +206,7 @@ static int prepare(score_job *j) {
                                    &rep, &err);
     if (!(rc = mg_dist_agree(world, rc, &err)) && world->size > 1) {
         const mg_dist_field in_fields[] = {
-            {"the --model file (its weights)", mg_dist_hash_model(j->m, j->v)},
+            {"the --model file (its weights)", mg_model_fingerprint(j->m, j->v)},
             {"the --smiles file (its records)", records_hash(&j->l)}};
         rc = mg_dist_agree_fields(world, in_fields, 2, &err);
     }

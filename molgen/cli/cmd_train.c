@@ -12,11 +12,11 @@
 #include "cli_options.h"
 #include "cli_util.h"
 #include "commands.h"
-#include "dist.h"
-#include "json.h"
-#include "safetensors.h"
-#include "train.h"
-#include "util.h"
+#include "base/dist.h"
+#include "base/json.h"
+#include "base/safetensors.h"
+#include "train/train.h"
+#include "base/util.h"
 
 /* --preset, the one option outside the settings table: applied before
  * every setting given, whatever the order. */

@@ -8,7 +8,7 @@
 
 #include "attn.h"
 #include "commands.h"
-#include "dist.h"
+#include "base/dist.h"
 
 typedef struct {
     const char *name;

@@ -21,10 +21,11 @@ out=$bdir/fuzz-cov
 mkdir -p "$out"
 targets=("$@")
 [ ${#targets[@]} -eq 0 ] && targets=(safetensors json tokenizer data smiles_check)
-# the same sources as molgen/fuzz/CMakeLists.txt (those in the tree)
+# the same sources as molgen/fuzz/CMakeLists.txt
 srcs=()
-for f in safetensors safetensors_write json tokenizer data smiles_check errors util; do
-  [ -f "$root/molgen/$f.c" ] && srcs+=("$root/molgen/$f.c")
+for f in base/safetensors base/safetensors_write base/json chem/tokenizer chem/data \
+         chem/smiles_check base/errors base/util; do
+  srcs+=("$root/molgen/$f.c")
 done
 libs=(-lz $(pkg-config --libs jansson 2>/dev/null))
 # The functions a target is aimed at (regex over llvm-cov's function names;
@@ -32,14 +33,13 @@ libs=(-lz $(pkg-config --libs jansson 2>/dev/null))
 # reader but the functions that do file I/O (mg_st_load, the temp-file
 # cleanup), which a buffer cannot reach. fuzz_json's file is molgen's layer
 # over jansson; jansson itself is the system library, not instrumented.
-printf '%-14s %-16s %-22s %18s %18s\n' target file scope lines branches
+printf '%-14s %-20s %-22s %18s %18s\n' target file scope lines branches
 for t in "${targets[@]}"; do
   incl=. excl='^$' scope='whole file'
   case $t in
-    safetensors) file=safetensors.c excl='^mg_st_(load|remove_stale_temps)$' scope='reader (no file I/O)' ;;
-    json) file=json.c ;;
-    smiles_check) file=smiles_check.c ;;
-    *) file=$t.c ;;
+    safetensors) file=base/safetensors.c excl='^mg_st_(load|remove_stale_temps)$' scope='reader (no file I/O)' ;;
+    json) file=base/json.c ;;
+    *) file=chem/$t.c ;;
   esac
   "$cc" -O1 -g -fprofile-instr-generate -fcoverage-mapping -fsanitize=fuzzer -I"$root/molgen" \
       "$here/fuzz_$t.c" "${srcs[@]}" "${libs[@]}" -o "$out/cov_$t"
@@ -53,6 +53,6 @@ for t in "${targets[@]}"; do
       awk -v t="$t" -v f="$file" -v s="$scope" -v incl="$incl" -v excl="$excl" '
         NF == 10 && $1 != "Name" && $1 != "TOTAL" && $1 ~ incl && $1 !~ excl {
           l += $5; lm += $6; b += $8; bm += $9 }
-        END { printf "%-14s %-16s %-22s %6.1f%% of %-6d %6.1f%% of %-6d\n", t, f, s,
+        END { printf "%-14s %-20s %-22s %6.1f%% of %-6d %6.1f%% of %-6d\n", t, f, s,
                      l ? 100 * (l - lm) / l : 0, l, b ? 100 * (b - bm) / b : 0, b }'
 done

@@ -1,4 +1,4 @@
-/* libFuzzer target: molgen's data reader (molgen/data.c): .smi and .csv
+/* libFuzzer target: molgen's data reader (molgen/chem/data.c): .smi and .csv
  * files through mg_dataset_load (mg_read_smiles, tokenisation, the
  * vocabulary, the id matrix), then the split and the batcher.
  *
@@ -29,9 +29,9 @@
 #include <fcntl.h>
 #include <unistd.h>
 
-#include "data.h"
+#include "chem/data.h"
 #include "fuzz_util.h"
-#include "tokenizer.h"
+#include "chem/tokenizer.h"
 
 static char g_dir[256], g_smi[300], g_csv[300];
 static mg_vocab *g_fixed;

@@ -1,4 +1,4 @@
-/* libFuzzer target: molgen's JSON reading (mg_json_parse in molgen/json.c,
+/* libFuzzer target: molgen's JSON reading (mg_json_parse in molgen/base/json.c,
  * jansson with molgen's rules; it reads the safetensors header and the
  * config / vocab / optimizer / training JSON in its metadata) and the
  * vocabulary reader on top of it.
@@ -16,8 +16,8 @@
  * and must parse back to itself.
  */
 #include "fuzz_util.h"
-#include "json.h"
-#include "tokenizer.h"
+#include "base/json.h"
+#include "chem/tokenizer.h"
 
 /* Depth of nesting, the outermost container being 0 (-1 for a scalar). */
 static int depth(const json_t *j) {

@@ -1,5 +1,5 @@
 /* libFuzzer target: molgen's checkpoint reader (mg_st_parse in
- * molgen/safetensors.c: the same validation mg_st_load runs on a file) and
+ * molgen/base/safetensors.c: the same validation mg_st_load runs on a file) and
  * its accessors.
  *
  * Input: a safetensors file (8-byte little-endian header size N, N bytes of
@@ -18,8 +18,8 @@
  *     and parsing that gives the same tensors, bytes and metadata.
  */
 #include "fuzz_util.h"
-#include "safetensors.h"
-#include "tokenizer.h"
+#include "base/safetensors.h"
+#include "chem/tokenizer.h"
 
 static uint64_t le64(const uint8_t *b) {
     uint64_t v = 0;

@@ -1,4 +1,4 @@
-/* libFuzzer target: the SMILES grammar check (molgen/smiles_check.c).
+/* libFuzzer target: the SMILES grammar check (molgen/chem/smiles_check.c).
  *
  * Input: one SMILES (the bytes up to the first NUL). Checked:
  *   - the verdict is 0 or 1, the same with a NULL, a 1-byte and a short
@@ -15,8 +15,8 @@
  *     runs on every input, and an input it lets end also ends as "s.s".
  */
 #include "fuzz_util.h"
-#include "smiles_check.h"
-#include "tokenizer.h"
+#include "chem/smiles_check.h"
+#include "chem/tokenizer.h"
 
 static void check_one(const char *s) {
     size_t len = strlen(s);

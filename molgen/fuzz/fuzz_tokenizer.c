@@ -1,4 +1,4 @@
-/* libFuzzer target: the SMILES tokenizer and vocabulary (molgen/tokenizer.c).
+/* libFuzzer target: the SMILES tokenizer and vocabulary (molgen/chem/tokenizer.c).
  *
  * Input: text; every line (split at '\n' and NUL) is a SMILES. Checked:
  *   - mg_token_len at each position against an independent oracle, the
@@ -27,7 +27,7 @@
 #include <regex.h>
 
 #include "fuzz_util.h"
-#include "tokenizer.h"
+#include "chem/tokenizer.h"
 
 #define MOLGPT_ERE                                                                                 \
     "^(\\[[^]]+]|<|Br?|Cl?|N|O|S|P|F|I|b|c|n|o|s|p|\\(|\\)|\\.|=|#|-|\\+|\\\\|/|:|~|@|\\?|>|"      \

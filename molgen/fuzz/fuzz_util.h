@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "errors.h"
+#include "base/errors.h"
 
 #define FZ_CHECK(cond, ...)                                                                        \
     do {                                                                                           \

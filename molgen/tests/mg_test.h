@@ -13,7 +13,7 @@
 #include <stdlib.h>
 
 #include "../../tests/check.h" /* CHECK, tu_pass, tu_fail */
-#include "util.h"
+#include "base/util.h"
 
 static inline const char *mg_test_data_dir(void) {
     const char *d = getenv("MOLGEN_SHARED_DATA");

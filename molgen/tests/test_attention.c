@@ -17,10 +17,10 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "attention.h"
+#include "gen/attention_svg.h"
 #include "commands.h"
-#include "model.h"
-#include "tokenizer.h"
+#include "nn/model.h"
+#include "chem/tokenizer.h"
 
 #include "mg_test.h"
 #define NEAR(a, b) (fabs((double)(a) - (double)(b)) <= 1e-6 * (1.0 + fabs((double)(b))))

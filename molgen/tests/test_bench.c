@@ -7,8 +7,8 @@
 #include <math.h>
 #include <string.h>
 
-#include "bench.h"
-#include "model.h"
+#include "harness/bench.h"
+#include "nn/model.h"
 
 #include "mg_test.h"
 

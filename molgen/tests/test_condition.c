@@ -11,10 +11,10 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "condition.h"
-#include "decode.h"
-#include "model.h"
-#include "sample.h"
+#include "chem/condition.h"
+#include "gen/kv_decode.h"
+#include "nn/model.h"
+#include "gen/sample.h"
 
 #include "mg_test.h"
 

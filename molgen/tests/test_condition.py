@@ -1,4 +1,4 @@
-"""Conditional generation (molgen/condition.h, molgen.props, molgen.metrics --condition).
+"""Conditional generation (molgen/chem/condition.h, molgen.props, molgen.metrics --condition).
 
 1. molgen.props against RDKit called directly (Crippen, QED, the Contrib
    sascorer loaded from its file, TPSA, MolWt, GetScaffoldForMol).

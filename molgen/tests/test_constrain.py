@@ -39,7 +39,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 DATA20K = os.path.join(REPO, "data", "moses_20k.smi")
 SHIPPED = os.path.join(REPO, "models", "molgen-moses.safetensors")
-# MolGPT / MOSES token regex (molgen/tokenizer.h)
+# MolGPT / MOSES token regex (molgen/chem/tokenizer.h)
 TOKEN = re.compile(r"(\[[^\]]+]|<|Br?|Cl?|N|O|S|P|F|I|b|c|n|o|s|p|\(|\)|\.|=|#|-|\+|\\|\/|:|~|@|\?|>|\*|\$|\%[0-9]{2}|[0-9])")
 # `molgen sample --model models/molgen-moses.safetensors -n 300 --seed 11
 # --threads 1` with the binary of commit bdb073f (before --constrain), on an

@@ -7,7 +7,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "data.h"
+#include "chem/data.h"
 
 #include "mg_test.h"
 

@@ -1,4 +1,4 @@
-/* molgen dist tests, one process (the MPI runs are tests/mpi/test_mpi.py):
+/* molgen dist tests, one process (the MPI runs are molgen/tests/mpi/test_mpi.py):
  *   - mg_dist_range against its definition written out here: N consecutive
  *     parts tiling [0, n) in rank order, the first n % N one item longer
  *     than n / N, for n in 0..300 and N in 1..17 and a few huge n;
@@ -11,8 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dist.h"
-#include "errors.h"
+#include "base/dist.h"
+#include "base/errors.h"
 
 #include "mg_test.h"
 

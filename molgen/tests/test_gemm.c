@@ -1,4 +1,4 @@
-/* gemm.h's products against independent oracles:
+/* packed_gemm.h's products against independent oracles:
  *  - mg_gemm_bf16, all 4 transposes, shapes with row, column and k tails
  *    and K past MG_GEMM_KC, leading dimensions above the rows, beta 0 over
  *    NaN and beta 1 / -0.5: against a double reference of the same
@@ -16,10 +16,10 @@
 #include <math.h>
 #include <string.h>
 
-#include "decode.h"
-#include "gemm.h"
+#include "gen/kv_decode.h"
+#include "nn/packed_gemm.h"
 #include "mg_test.h"
-#include "model.h"
+#include "nn/model.h"
 
 static float urand(uint64_t *s) { /* [-1, 1) */
     return (float)((double)(mg_splitmix64(s) >> 11) * 0x1.0p-52 - 1.0);

@@ -1,5 +1,5 @@
 """`molgen train --label-smoothing X`, the setting added as one line of
-molgen/train_settings.h.
+molgen/train/train_settings.h.
 
 1. The loss and every gradient against PyTorch's own
    F.cross_entropy(label_smoothing=X) on the float64 twin of the model

@@ -25,8 +25,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "model.h"
-#include "tokenizer.h"
+#include "nn/model.h"
+#include "chem/tokenizer.h"
 
 #include "mg_test.h"
 

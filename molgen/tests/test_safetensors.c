@@ -11,8 +11,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "json.h"
-#include "safetensors.h"
+#include "base/json.h"
+#include "base/safetensors.h"
 
 #include "mg_test.h"
 

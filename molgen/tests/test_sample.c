@@ -30,12 +30,12 @@
 #include <unistd.h>
 
 #include "commands.h"
-#include "constrain.h"
-#include "smiles_check.h"
-#include "bench.h"
-#include "model.h"
-#include "sample.h"
-#include "tokenizer.h"
+#include "chem/constrain.h"
+#include "chem/smiles_check.h"
+#include "harness/bench.h"
+#include "nn/model.h"
+#include "gen/sample.h"
+#include "chem/tokenizer.h"
 
 #include "mg_test.h"
 

@@ -1,4 +1,4 @@
-/* molgen score (score.h) against the training-loss path.
+/* molgen score (nll_score.h) against the training-loss path.
  *
  * 1. The NLL of a molecule equals the training loss the model computes for
  *    it: for each molecule, mg_model_forward (evaluation, a batch of that
@@ -21,9 +21,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "data.h"
-#include "model.h"
-#include "score.h"
+#include "chem/data.h"
+#include "nn/model.h"
+#include "gen/nll_score.h"
 
 #include "mg_test.h"
 

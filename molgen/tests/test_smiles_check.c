@@ -6,8 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "smiles_check.h"
-#include "tokenizer.h"
+#include "chem/smiles_check.h"
+#include "chem/tokenizer.h"
 
 #include "mg_test.h"
 

@@ -9,10 +9,10 @@
  * The reference is the 1-thread run: one sgemm call per product. */
 #include <string.h>
 
-#include "decode.h"
+#include "gen/kv_decode.h"
 #include "mg_test.h"
-#include "model.h"
-#include "tokenizer.h"
+#include "nn/model.h"
+#include "chem/tokenizer.h"
 
 enum { B = 29, T = 18, STEPS = 12, ROWS = 37 };
 

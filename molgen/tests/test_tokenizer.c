@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tokenizer.h"
+#include "chem/tokenizer.h"
 
 #include "mg_test.h"
 

@@ -40,10 +40,10 @@
 #include <jansson.h>
 #include <zlib.h>
 
-#include "model.h"
-#include "optim.h"
-#include "safetensors.h"
-#include "train.h"
+#include "nn/model.h"
+#include "nn/optim.h"
+#include "base/safetensors.h"
+#include "train/train.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #define SANITIZED 1

@@ -2,7 +2,7 @@
 molecules a model was validated on and never trained on (a test split for
 `molgen.metrics --ref` and for the memorisation check of `molgen score`).
 
-molgen/data.c's mg_dataset_split: indices 0..n-1 of the kept records are
+molgen/chem/data.c's mg_dataset_split: indices 0..n-1 of the kept records are
 shuffled by Fisher-Yates driven by SplitMix64 seeded with --seed; the first
 round(n * val_frac) shuffled indices are the validation split, each split
 kept in file order. This module reads a .smi file as molgen does when every
@@ -20,7 +20,7 @@ _MASK = (1 << 64) - 1
 
 
 def _splitmix64(state):
-    """(new state, output): molgen/util.h's mg_splitmix64."""
+    """(new state, output): molgen/base/util.h's mg_splitmix64."""
     state = (state + 0x9E3779B97F4A7C15) & _MASK
     z = state
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK

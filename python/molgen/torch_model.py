@@ -1,4 +1,4 @@
-"""molgen's transformer in PyTorch: the same model as molgen/model.c.
+"""molgen's transformer in PyTorch: the same model as molgen/nn/model.c.
 
 Same configuration (n_layer, d_model, n_head, ctx_len, vocab_size, dropout),
 same parameter names and shapes (so a molgen checkpoint loads with

@@ -8,7 +8,7 @@ sampler (molgen.torch_sample), against the same scorer protocol.
         [--df-min-score 0.4] [--repeat-penalty 0.5] [--memory 50] [--replay 10]
         [--max-steps 0] [--threads 1] [--timeout 60]
 
-The algorithm is molgen/optimize.h's, step by step (its defaults):
+The algorithm is molgen/rl/optimize.h's, step by step (its defaults):
   1. sample --batch molecules from the agent (the twin's KV cache; no
      constrained decoding here: molgen's --constrain has no Python twin);
   2. a row that ends without EOS or cannot be encoded is no loss row; a

@@ -10,7 +10,7 @@ over the cached keys and values of every block).
 The model is molgen.torch_model's twin of model.c, loaded from a molgen
 model file / checkpoint (--model), or freshly initialised (default config,
 or --molgpt; ctx 54 and the MOSES vocabulary, as `molgen bench` does).
-Token choice matches molgen/sample.c: PAD and BOS are never sampled;
+Token choice matches molgen/gen/sample.c: PAD and BOS are never sampled;
 temperature 0 is greedy; top-k keeps the k largest logits; top-p keeps the
 shortest prefix of the sorted distribution with mass >= p. Generation stops
 at EOS or after ctx_len tokens; the batch runs until every row has stopped
