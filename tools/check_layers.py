@@ -117,7 +117,7 @@ SPLIT_PENDING = {
     ("molgen/harness/grad_dump.c", "mg_grad_dump"),
     ("molgen/nn/model.c", "mg_model_config_from_json"),
     ("molgen/rl/optimize.c", "mg_opt_restore"),
-    ("molgen/rl/scorer_process.c", "exchange"),
+    ("molgen/rl/scorer_process.c", "mg_scorer_lines"),
     ("molgen/train/train.c", "setup"),
     ("molgen/train/train.c", "load_augmented"),
     ("molgen/train/train.c", "scan_init_data"),

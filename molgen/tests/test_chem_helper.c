@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "chem_helper.h"
+#include "rl/chem_helper.h"
 #include "mg_test.h"
 
 #define HELLO "printf 'molgen-chem-helper\\t1\\trdkit x\\n'"

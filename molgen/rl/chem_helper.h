@@ -8,7 +8,7 @@
  *   offspring  graph-GA children of parent pairs (molgen.graph_ga).
  *
  * The command (run by /bin/sh -c, in its own process group, through the
- * scorer client of scorer.h: the same checks and timeouts) is
+ * scorer client of rl/scorer_process.h: the same checks and timeouts) is
  * MOLGEN_CHEM_HELPER from the environment when set, else
  * mg_chem_default_command(): the Python molgen was built with
  * (MG_PYTHON, Debian's /usr/bin/python3) on the source tree's python/
@@ -26,7 +26,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "errors.h"
+#include "base/errors.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -57,7 +57,7 @@ mg_status mg_chem_canon(mg_chem *h, const char *const *smiles, size_t n, char **
 mg_status mg_chem_offspring(mg_chem *h, uint64_t seed, double rate, const char *const *parents,
                             size_t npairs, char **out, mg_error *err);
 
-/* Augmented Memory's spellings, as mg_scorer_randomize (scorer.h). */
+/* Augmented Memory's spellings, as mg_scorer_randomize (rl/scorer_process.h). */
 mg_status mg_chem_randomize(mg_chem *h, const char *const *smiles, const uint64_t *seeds, size_t n,
                             int k, char **out, mg_error *err);
 

@@ -1,13 +1,13 @@
 /* molgen's chemistry helper, client side (see chem_helper.h). */
 #define _POSIX_C_SOURCE 200809L
-#include "chem_helper.h"
+#include "rl/chem_helper.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "scorer.h"
-#include "smiles_check.h"
+#include "rl/scorer_process.h"
+#include "chem/smiles_check.h"
 
 #ifndef MG_PYTHON
 #define MG_PYTHON "/usr/bin/python3"
