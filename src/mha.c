@@ -58,8 +58,8 @@ attn_status attn_mha_param_count(const attn_mha_config *c, size_t *count, attn_e
     if (s) return s;
     if (!count) return attn_fail(err, ATTN_ERR_NULL, "count is NULL");
     /* w_q, w_o [E, E]; w_k [Ekv, kdim], w_v [Ekv, vdim]; b_q, b_o [E], b_k, b_v [Ekv] */
-    *count = (size_t)(2 * d.E * d.E + d.Ekv * (d.kdim + d.vdim) +
-                      (c->bias ? 2 * d.E + 2 * d.Ekv : 0));
+    *count =
+        (size_t)(2 * d.E * d.E + d.Ekv * (d.kdim + d.vdim) + (c->bias ? 2 * d.E + 2 * d.Ekv : 0));
     return attn_ok(err);
 }
 
@@ -203,7 +203,8 @@ attn_status attn_mha_forward(const attn_mha_config *c, const attn_mha_weights *w
         return s;
     if (p && ((p->dtype != ATTN_DTYPE_DEFAULT && p->dtype != ATTN_F32) ||
               (p->out_dtype != ATTN_DTYPE_DEFAULT && p->out_dtype != ATTN_F32)))
-        return attn_fail(err, ATTN_ERR_ARG, "multi-head attention is fp32 only (p->dtype, out_dtype)");
+        return attn_fail(err, ATTN_ERR_ARG,
+                         "multi-head attention is fp32 only (p->dtype, out_dtype)");
     if (!query || !key || !value || !out)
         return attn_fail(err, ATTN_ERR_NULL, "query, key, value and out must be non-NULL");
     if (mode != ATTN_WEIGHTS_NONE && mode != ATTN_WEIGHTS_PER_HEAD && mode != ATTN_WEIGHTS_AVERAGE)
@@ -269,7 +270,8 @@ attn_status attn_mha_backward(const attn_mha_config *c, const attn_mha_weights *
         return s;
     if (p && ((p->dtype != ATTN_DTYPE_DEFAULT && p->dtype != ATTN_F32) ||
               (p->out_dtype != ATTN_DTYPE_DEFAULT && p->out_dtype != ATTN_F32)))
-        return attn_fail(err, ATTN_ERR_ARG, "multi-head attention is fp32 only (p->dtype, out_dtype)");
+        return attn_fail(err, ATTN_ERR_ARG,
+                         "multi-head attention is fp32 only (p->dtype, out_dtype)");
     if (!query || !key || !value || !grad_out)
         return attn_fail(err, ATTN_ERR_NULL, "query, key, value and grad_out must be non-NULL");
     if (!cache)
@@ -288,9 +290,9 @@ attn_status attn_mha_backward(const attn_mha_config *c, const attn_mha_weights *
     const int64_t widest =
         d.E > d.kdim ? (d.E > d.vdim ? d.E : d.vdim) : (d.kdim > d.vdim ? d.kdim : d.vdim);
     const int64_t rows = B * (Lq > Lk ? Lq : Lk);
-    float *tmp = malloc(
-        (size_t)(2 * B * Lq * E + 2 * B * Lk * Ekv + (rows > E ? rows : E) * widest) *
-        sizeof(float));
+    float *tmp =
+        malloc((size_t)(2 * B * Lq * E + 2 * B * Lk * Ekv + (rows > E ? rows : E) * widest) *
+               sizeof(float));
     if (!tmp) return attn_fail(err, ATTN_ERR_NOMEM, "out of memory for backward scratch");
     float *dAo = tmp, *dQp = dAo + B * Lq * E, *dKp = dQp + B * Lq * E, *dVp = dKp + B * Lk * Ekv;
     float *scratch = dVp + B * Lk * Ekv;
@@ -329,8 +331,8 @@ attn_status attn_mha_backward(const attn_mha_config *c, const attn_mha_weights *
                          threads);
         project_backward(key, B * Lk, d.kdim, w->w_k, Ekv, dKp, g->w_k, g->b_k, d_key, scratch,
                          threads);
-        project_backward(value, B * Lk, d.vdim, w->w_v, Ekv, dVp, g->w_v, g->b_v, d_value,
-                         scratch, threads);
+        project_backward(value, B * Lk, d.vdim, w->w_v, Ekv, dVp, g->w_v, g->b_v, d_value, scratch,
+                         threads);
     }
     free(tmp);
     return s ? s : attn_ok(err);
@@ -416,7 +418,8 @@ static attn_status kv_plan(const attn_mha_config *c, const attn_mha_kv_shape *s,
     const size_t skv = up64((size_t)(s->batch * s->max_step * d->Ekv) * sizeof(float));
     const size_t wsb = up64((size_t)lay->ws_floats * sizeof(float));
     lay->len = 0, lay->klen = rows, lay->k = 2 * rows, lay->v = lay->k + kvb;
-    lay->qp = lay->v + kvb, lay->kn = lay->qp + sb, lay->vn = lay->kn + skv, lay->ao = lay->vn + skv;
+    lay->qp = lay->v + kvb, lay->kn = lay->qp + sb, lay->vn = lay->kn + skv,
+    lay->ao = lay->vn + skv;
     lay->ws = lay->ao + sb;
     if (wsb > SIZE_MAX - lay->ws - 64)
         return attn_fail(err, ATTN_ERR_OVERFLOW, "kv cache scratch too large");
