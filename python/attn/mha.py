@@ -221,8 +221,9 @@ class MultiheadAttention:
         E = int64_arg(embed_dim, "embed_dim")
         H = int64_arg(num_heads, "num_heads")
         Hkv = H if num_kv_heads is None else int64_arg(num_kv_heads, "num_kv_heads")
-        if Hkv <= 0:
-            # the library reads 0 as "num_heads": refuse it in its words
+        if H > 0 and (not 1 <= Hkv <= H or H % Hkv):
+            # the library's check, said in Python's terms (it reads 0 as
+            # "num_heads", which None says here)
             raise _lib.AttnError(
                 _lib.ATTN_ERR_SHAPE, "num_kv_heads %d: must divide num_heads %d "
                 "(1..num_heads; None for num_heads)" % (Hkv, H))
