@@ -448,35 +448,42 @@ typedef struct {
     int64_t kdim, vdim;
     int bias; /* nonzero: b_q, b_k, b_v, b_o present */
     /* H_kv, grouped-query attention: key and value have H_kv heads of size
-     * E / H (w_k [H_kv·E/H, kdim], w_v [H_kv·E/H, vdim], b_k, b_v
-     * [H_kv·E/H]); H % H_kv == 0. 0: num_heads (multi-head attention). */
+     * E / H, Ekv = H_kv·E/H wide (w_k [Ekv, kdim], w_v [Ekv, vdim], b_k,
+     * b_v [Ekv]); query head h reads K/V head h / (H / H_kv) (PyTorch's
+     * repeat_interleave); H_kv = 1 is multi-query attention. 1 <= H_kv <= H
+     * and H % H_kv == 0, else ATTN_ERR_SHAPE from every call taking the
+     * config. 0: num_heads (multi-head attention; Ekv = E). */
     int64_t num_kv_heads;
 } attn_mha_config;
 
 /* Parameters in torch.nn.MultiheadAttention's layout (y = x Wᵀ + b),
- * caller-owned. in_proj_weight [3E, E] is w_q, w_k, w_v stacked. */
+ * caller-owned. in_proj_weight [3E, E] is w_q, w_k, w_v stacked
+ * ([E + 2·Ekv, E] with grouped-query attention). Ekv = num_kv_heads·E/H
+ * (E when num_kv_heads is 0 or num_heads). */
 typedef struct {
-    float *w_q;                   /* [E, E]    */
-    float *w_k;                   /* [E, kdim] */
-    float *w_v;                   /* [E, vdim] */
-    float *w_o;                   /* [E, E]    */
-    float *b_q, *b_k, *b_v, *b_o; /* [E] each; NULL when !bias */
+    float *w_q;                   /* [E, E]      */
+    float *w_k;                   /* [Ekv, kdim] */
+    float *w_v;                   /* [Ekv, vdim] */
+    float *w_o;                   /* [E, E]      */
+    float *b_q, *b_k, *b_v, *b_o; /* b_q, b_o [E], b_k, b_v [Ekv]; NULL when !bias */
 } attn_mha_weights;
 
 /* Number of floats all parameters take, packed in the order
- * w_q, w_k, w_v, b_q, b_k, b_v, w_o, b_o (PyTorch's in_proj then out_proj). */
+ * w_q, w_k, w_v, b_q, b_k, b_v, w_o, b_o (PyTorch's in_proj then out_proj):
+ * 2·E·E + Ekv·(kdim + vdim) (+ 2·E + 2·Ekv with bias). */
 ATTN_API attn_status attn_mha_param_count(const attn_mha_config *c, size_t *count, attn_error *err);
 /* Point w at a packed buffer of attn_mha_param_count floats in that order. */
 ATTN_API attn_status attn_mha_weights_from_buffer(const attn_mha_config *c, float *buffer,
                                                   attn_mha_weights *w, attn_error *err);
-/* PyTorch's init: Xavier-uniform in-projection (over [3E, E] when
- * kdim == vdim == E, else each of w_q, w_k, w_v), out-projection
+/* PyTorch's init: Xavier-uniform in-projection (over the stacked
+ * [E + 2·Ekv, E], PyTorch's [3E, E], when kdim == vdim == E, else each of
+ * w_q, w_k, w_v), out-projection
  * U(-1/sqrt(E), 1/sqrt(E)), zero biases. Deterministic in seed. */
 ATTN_API attn_status attn_mha_init(const attn_mha_config *c, const attn_mha_weights *w,
                                    uint64_t seed, attn_error *err);
 
 /* Floats of activation cache the backward needs for a call of this shape:
- * B * (2*Lq*E + 2*Lk*E + H*Lq), B times the count for one batch row (so a
+ * B * (2*Lq*E + 2*Lk*Ekv + H*Lq), B times the count for one batch row (so a
  * caller may run batch rows in chunks, each at its row's offset). */
 ATTN_API attn_status attn_mha_cache_size(const attn_mha_config *c, int64_t B, int64_t Lq,
                                          int64_t Lk, size_t *count, attn_error *err);
@@ -487,7 +494,10 @@ typedef enum {
     ATTN_WEIGHTS_AVERAGE = 2   /* weights [B, Lq, Lk], mean over heads */
 } attn_weights_mode;
 
-/* Batch-first multi-head attention.
+/* Batch-first multi-head attention (grouped-query with num_kv_heads < H:
+ * the keys and values are projected to H_kv heads, Ekv wide, and the
+ * scaled dot-product call reads them as K/V heads of the query heads'
+ * groups; weights, masks, ALiBi slopes and sinks are per query head).
  *   query [B, Lq, E]   key [B, Lk, kdim]   value [B, Lk, vdim]  (contiguous;
  *   self-attention passes the same pointer three times)
  *   out   [B, Lq, E]
@@ -548,7 +558,9 @@ typedef struct {
 } attn_mha_kv;
 
 /* Bytes of memory a KV cache of this shape takes for layer config c
- * (self-attention: kdim and vdim must be embed_dim). */
+ * (self-attention: kdim and vdim must be embed_dim). The keys and values,
+ * 2·batch·max_len·Ekv floats, are most of it for long caches: H/H_kv
+ * times fewer than multi-head attention's. */
 ATTN_API attn_status attn_mha_kv_bytes(const attn_mha_config *c, const attn_mha_kv_shape *s,
                                        size_t *bytes, attn_error *err);
 /* Lay out kv in mem (bytes >= attn_mha_kv_bytes for (c, s); any alignment)
@@ -566,7 +578,7 @@ ATTN_API attn_status attn_mha_kv_init(const attn_mha_config *c, const attn_mha_k
  * positions for the whole prefix with p.causal = 1, up to fp32 rounding
  * (summation order). With w_q, w_k, w_v (and their biases) stacked as
  * attn_mha_weights_from_buffer lays them out, the three projections are one
- * product over [3E, E].
+ * product over [E + 2·Ekv, E].
  * p: may be NULL; scale (use_scale), impl and num_threads are used as in
  * attn_mha_forward. Masks, dropout and p->causal are not taken (the cache
  * lengths and causality are the step's mask): a mask, a window or

@@ -1,9 +1,13 @@
 /* Multi-head attention layer, batch first, PyTorch's parameter layout.
  *
- * Forward, with M = B*Lq rows of queries and N = B*Lk rows of keys:
- *   Qp [B, Lq, E] = query Wqᵀ + bq        Kp [B, Lk, E] = key Wkᵀ + bk
- *   Vp [B, Lk, E] = value Wvᵀ + bv
- *   Ao [B, Lq, E] = SDPA over the [B, H, L, E/H] views of Qp, Kp, Vp
+ * Forward, with M = B*Lq rows of queries and N = B*Lk rows of keys, H query
+ * heads and H_kv key/value heads of Dh = E/H each (Ekv = H_kv·Dh; H_kv = H,
+ * Ekv = E without grouped-query attention):
+ *   Qp [B, Lq, E]   = query Wqᵀ + bq      Kp [B, Lk, Ekv] = key Wkᵀ + bk
+ *   Vp [B, Lk, Ekv] = value Wvᵀ + bv
+ *   Ao [B, Lq, E] = SDPA over the [B, H, Lq, Dh] view of Qp and the
+ *                   [B, H_kv, Lk, Dh] views of Kp, Vp (the SDPA call maps
+ *                   query head h to K/V head h / (H/H_kv))
  *   out [B, Lq, E] = Ao Woᵀ + bo
  * The cache holds Qp | Kp | Vp | Ao | lse [B, H, Lq], which is everything
  * the backward reads besides the inputs and the weights. */
@@ -14,6 +18,7 @@
 
 typedef struct {
     int64_t E, H, Dh, kdim, vdim;
+    int64_t Hkv, Ekv; /* key/value heads, and their width Hkv·Dh */
 } mha_dims;
 
 static attn_status check_config(const attn_mha_config *c, mha_dims *d, attn_error *err) {
@@ -28,13 +33,18 @@ static attn_status check_config(const attn_mha_config *c, mha_dims *d, attn_erro
         return attn_fail(err, ATTN_ERR_SHAPE,
                          "kdim (%lld) and vdim (%lld) must be >= 0 (0: embed_dim)",
                          (long long)c->kdim, (long long)c->vdim);
-    if (c->num_kv_heads != 0 && c->num_kv_heads != c->num_heads)
-        return attn_fail(err, ATTN_ERR_ARG,
-                         "num_kv_heads %lld: the multi-head layer takes only num_heads (or 0) so far",
-                         (long long)c->num_kv_heads);
+    /* 0 is "as many as num_heads" (zero-initialised configs stay plain MHA) */
+    if (c->num_kv_heads < 0 || c->num_kv_heads > c->num_heads ||
+        (c->num_kv_heads && c->num_heads % c->num_kv_heads))
+        return attn_fail(err, ATTN_ERR_SHAPE,
+                         "num_kv_heads %lld: must divide num_heads %lld (1..num_heads; 0 for "
+                         "num_heads)",
+                         (long long)c->num_kv_heads, (long long)c->num_heads);
     d->E = c->embed_dim;
     d->H = c->num_heads;
     d->Dh = d->E / d->H;
+    d->Hkv = c->num_kv_heads ? c->num_kv_heads : d->H;
+    d->Ekv = d->Hkv * d->Dh;
     d->kdim = c->kdim ? c->kdim : d->E;
     d->vdim = c->vdim ? c->vdim : d->E;
     if (d->E > (1 << 20) || d->kdim > (1 << 20) || d->vdim > (1 << 20))
@@ -47,7 +57,9 @@ attn_status attn_mha_param_count(const attn_mha_config *c, size_t *count, attn_e
     attn_status s = check_config(c, &d, err);
     if (s) return s;
     if (!count) return attn_fail(err, ATTN_ERR_NULL, "count is NULL");
-    *count = (size_t)(d.E * (2 * d.E + d.kdim + d.vdim) + (c->bias ? 4 * d.E : 0));
+    /* w_q, w_o [E, E]; w_k [Ekv, kdim], w_v [Ekv, vdim]; b_q, b_o [E], b_k, b_v [Ekv] */
+    *count =
+        (size_t)(2 * d.E * d.E + d.Ekv * (d.kdim + d.vdim) + (c->bias ? 2 * d.E + 2 * d.Ekv : 0));
     return attn_ok(err);
 }
 
@@ -57,16 +69,16 @@ attn_status attn_mha_weights_from_buffer(const attn_mha_config *c, float *buf, a
     attn_status s = check_config(c, &d, err);
     if (s) return s;
     if (!buf || !w) return attn_fail(err, ATTN_ERR_NULL, "buffer or weights is NULL");
-    const int64_t E = d.E;
+    const int64_t E = d.E, Ekv = d.Ekv;
     w->w_q = buf;
     w->w_k = w->w_q + E * E;
-    w->w_v = w->w_k + E * d.kdim;
-    float *next = w->w_v + E * d.vdim;
+    w->w_v = w->w_k + Ekv * d.kdim;
+    float *next = w->w_v + Ekv * d.vdim;
     if (c->bias) {
         w->b_q = next;
         w->b_k = next + E;
-        w->b_v = next + 2 * E;
-        next += 3 * E;
+        w->b_v = next + E + Ekv;
+        next += E + 2 * Ekv;
     } else {
         w->b_q = w->b_k = w->b_v = NULL;
     }
@@ -102,23 +114,25 @@ attn_status attn_mha_init(const attn_mha_config *c, const attn_mha_weights *w, u
     mha_dims d = {0};
     attn_status s = check_config(c, &d, err);
     if (s || (s = check_weights(c, w, "weights", err))) return s;
-    const int64_t E = d.E;
+    const int64_t E = d.E, Ekv = d.Ekv;
     uint64_t st = seed;
-    if (d.kdim == E && d.vdim == E) { /* one Xavier bound over in_proj [3E, E] */
-        const float bound = sqrtf(6.0f / (float)(E + 3 * E));
+    if (d.kdim == E && d.vdim == E) {
+        /* one Xavier bound over the stacked in_proj [E + 2·Ekv, E] (PyTorch's
+         * [3E, E] when H_kv = H) */
+        const float bound = sqrtf(6.0f / (float)(E + E + 2 * Ekv));
         fill_uniform(w->w_q, E * E, bound, &st);
-        fill_uniform(w->w_k, E * E, bound, &st);
-        fill_uniform(w->w_v, E * E, bound, &st);
+        fill_uniform(w->w_k, Ekv * E, bound, &st);
+        fill_uniform(w->w_v, Ekv * E, bound, &st);
     } else {
         fill_uniform(w->w_q, E * E, sqrtf(6.0f / (float)(E + E)), &st);
-        fill_uniform(w->w_k, E * d.kdim, sqrtf(6.0f / (float)(d.kdim + E)), &st);
-        fill_uniform(w->w_v, E * d.vdim, sqrtf(6.0f / (float)(d.vdim + E)), &st);
+        fill_uniform(w->w_k, Ekv * d.kdim, sqrtf(6.0f / (float)(d.kdim + Ekv)), &st);
+        fill_uniform(w->w_v, Ekv * d.vdim, sqrtf(6.0f / (float)(d.vdim + Ekv)), &st);
     }
     fill_uniform(w->w_o, E * E, 1.0f / sqrtf((float)E), &st);
     if (c->bias) {
         memset(w->b_q, 0, (size_t)E * sizeof(float));
-        memset(w->b_k, 0, (size_t)E * sizeof(float));
-        memset(w->b_v, 0, (size_t)E * sizeof(float));
+        memset(w->b_k, 0, (size_t)Ekv * sizeof(float));
+        memset(w->b_v, 0, (size_t)Ekv * sizeof(float));
         memset(w->b_o, 0, (size_t)E * sizeof(float));
     }
     return attn_ok(err);
@@ -145,7 +159,7 @@ attn_status attn_mha_cache_size(const attn_mha_config *c, int64_t B, int64_t Lq,
     attn_status s = check_config(c, &d, err);
     if (s || (s = check_call(&d, B, Lq, Lk, err))) return s;
     if (!count) return attn_fail(err, ATTN_ERR_NULL, "count is NULL");
-    *count = (size_t)(B * (2 * Lq * d.E + 2 * Lk * d.E + d.H * Lq));
+    *count = (size_t)(B * (2 * Lq * d.E + 2 * Lk * d.Ekv + d.H * Lq));
     return attn_ok(err);
 }
 
@@ -189,7 +203,8 @@ attn_status attn_mha_forward(const attn_mha_config *c, const attn_mha_weights *w
         return s;
     if (p && ((p->dtype != ATTN_DTYPE_DEFAULT && p->dtype != ATTN_F32) ||
               (p->out_dtype != ATTN_DTYPE_DEFAULT && p->out_dtype != ATTN_F32)))
-        return attn_fail(err, ATTN_ERR_ARG, "multi-head attention is fp32 only (p->dtype, out_dtype)");
+        return attn_fail(err, ATTN_ERR_ARG,
+                         "multi-head attention is fp32 only (p->dtype, out_dtype)");
     if (!query || !key || !value || !out)
         return attn_fail(err, ATTN_ERR_NULL, "query, key, value and out must be non-NULL");
     if (mode != ATTN_WEIGHTS_NONE && mode != ATTN_WEIGHTS_PER_HEAD && mode != ATTN_WEIGHTS_AVERAGE)
@@ -197,7 +212,7 @@ attn_status attn_mha_forward(const attn_mha_config *c, const attn_mha_weights *w
                          (int)mode);
     if (mode != ATTN_WEIGHTS_NONE && !weights)
         return attn_fail(err, ATTN_ERR_NULL, "weights buffer is NULL but weights were requested");
-    const int64_t E = d.E, H = d.H;
+    const int64_t E = d.E, H = d.H, Ekv = d.Ekv;
     if (p && (p->num_threads < 0 || p->num_threads > ATTN_MAX_THREADS))
         return attn_fail(err, ATTN_ERR_ARG, "num_threads must be in [0, %d], got %d",
                          ATTN_MAX_THREADS, p->num_threads);
@@ -208,7 +223,8 @@ attn_status attn_mha_forward(const attn_mha_config *c, const attn_mha_weights *w
     if (!buf && !(buf = malloc(ncache * sizeof(float))))
         return attn_fail(err, ATTN_ERR_NOMEM, "out of memory for %zu floats of activations",
                          ncache);
-    float *Qp = buf, *Kp = Qp + B * Lq * E, *Vp = Kp + B * Lk * E, *Ao = Vp + B * Lk * E;
+    /* Qp [B, Lq, E] | Kp, Vp [B, Lk, Ekv] | Ao [B, Lq, E] | lse [B, H, Lq] */
+    float *Qp = buf, *Kp = Qp + B * Lq * E, *Vp = Kp + B * Lk * Ekv, *Ao = Vp + B * Lk * Ekv;
     float *lse = Ao + B * Lq * E;
     float *wtmp = NULL; /* [B, H, Lq, Lk] per-head weights before averaging */
     if (mode == ATTN_WEIGHTS_AVERAGE &&
@@ -217,11 +233,11 @@ attn_status attn_mha_forward(const attn_mha_config *c, const attn_mha_weights *w
         return attn_fail(err, ATTN_ERR_NOMEM, "out of memory for per-head weights");
     }
     project(query, B * Lq, E, w->w_q, w->b_q, E, Qp, threads);
-    project(key, B * Lk, d.kdim, w->w_k, w->b_k, E, Kp, threads);
-    project(value, B * Lk, d.vdim, w->w_v, w->b_v, E, Vp, threads);
+    project(key, B * Lk, d.kdim, w->w_k, w->b_k, Ekv, Kp, threads);
+    project(value, B * Lk, d.vdim, w->w_v, w->b_v, Ekv, Vp, threads);
     attn_tensor tq = attn_tensor_blhd(Qp, B, H, Lq, d.Dh),
-                tk = attn_tensor_blhd(Kp, B, H, Lk, d.Dh),
-                tv = attn_tensor_blhd(Vp, B, H, Lk, d.Dh),
+                tk = attn_tensor_blhd(Kp, B, d.Hkv, Lk, d.Dh),
+                tv = attn_tensor_blhd(Vp, B, d.Hkv, Lk, d.Dh),
                 to = attn_tensor_blhd(Ao, B, H, Lq, d.Dh);
     float *wout = mode == ATTN_WEIGHTS_PER_HEAD ? weights : wtmp;
     s = attn_sdpa_forward(&tq, &tk, &tv, p, &to, wout, lse, NULL, err);
@@ -254,40 +270,43 @@ attn_status attn_mha_backward(const attn_mha_config *c, const attn_mha_weights *
         return s;
     if (p && ((p->dtype != ATTN_DTYPE_DEFAULT && p->dtype != ATTN_F32) ||
               (p->out_dtype != ATTN_DTYPE_DEFAULT && p->out_dtype != ATTN_F32)))
-        return attn_fail(err, ATTN_ERR_ARG, "multi-head attention is fp32 only (p->dtype, out_dtype)");
+        return attn_fail(err, ATTN_ERR_ARG,
+                         "multi-head attention is fp32 only (p->dtype, out_dtype)");
     if (!query || !key || !value || !grad_out)
         return attn_fail(err, ATTN_ERR_NULL, "query, key, value and grad_out must be non-NULL");
     if (!cache)
         return attn_fail(err, ATTN_ERR_STATE,
                          "cache is NULL: run attn_mha_forward with a cache first");
-    const int64_t E = d.E, H = d.H;
+    const int64_t E = d.E, H = d.H, Ekv = d.Ekv;
     if (p && (p->num_threads < 0 || p->num_threads > ATTN_MAX_THREADS))
         return attn_fail(err, ATTN_ERR_ARG, "num_threads must be in [0, %d], got %d",
                          ATTN_MAX_THREADS, p->num_threads);
     const int threads = attn_threads_for(p ? p->num_threads : 0);
-    const float *Qp = cache, *Kp = Qp + B * Lq * E, *Vp = Kp + B * Lk * E, *Ao = Vp + B * Lk * E;
-    const float *lse = Ao + B * Lq * E;
-    /* Scratch: dAo [B, Lq, E], dQp [B, Lq, E], dKp, dVp [B, Lk, E], then
-     * project_backward's [max(E, B*max(Lq, Lk)) * max(E, kdim, vdim)]. */
+    const float *Qp = cache, *Kp = Qp + B * Lq * E, *Vp = Kp + B * Lk * Ekv;
+    const float *Ao = Vp + B * Lk * Ekv, *lse = Ao + B * Lq * E;
+    /* Scratch: dAo [B, Lq, E], dQp [B, Lq, E], dKp, dVp [B, Lk, Ekv], then
+     * project_backward's [max(E, B*max(Lq, Lk)) * max(E, kdim, vdim)]
+     * (Ekv <= E outputs for the key and value projections). */
     const int64_t widest =
         d.E > d.kdim ? (d.E > d.vdim ? d.E : d.vdim) : (d.kdim > d.vdim ? d.kdim : d.vdim);
     const int64_t rows = B * (Lq > Lk ? Lq : Lk);
-    float *tmp = malloc((size_t)(2 * B * Lq * E + 2 * B * Lk * E + (rows > E ? rows : E) * widest) *
-                        sizeof(float));
+    float *tmp =
+        malloc((size_t)(2 * B * Lq * E + 2 * B * Lk * Ekv + (rows > E ? rows : E) * widest) *
+               sizeof(float));
     if (!tmp) return attn_fail(err, ATTN_ERR_NOMEM, "out of memory for backward scratch");
-    float *dAo = tmp, *dQp = dAo + B * Lq * E, *dKp = dQp + B * Lq * E, *dVp = dKp + B * Lk * E;
-    float *scratch = dVp + B * Lk * E;
+    float *dAo = tmp, *dQp = dAo + B * Lq * E, *dKp = dQp + B * Lq * E, *dVp = dKp + B * Lk * Ekv;
+    float *scratch = dVp + B * Lk * Ekv;
 
     attn_sgemm(0, 0, B * Lq, E, E, 1.0f, grad_out, E, w->w_o, E, 0.0f, dAo, E, threads);
     project_backward(Ao, B * Lq, E, w->w_o, E, grad_out, g->w_o, g->b_o, NULL, scratch, threads);
     attn_tensor tq = attn_tensor_blhd((float *)Qp, B, H, Lq, d.Dh),
-                tk = attn_tensor_blhd((float *)Kp, B, H, Lk, d.Dh),
-                tv = attn_tensor_blhd((float *)Vp, B, H, Lk, d.Dh),
+                tk = attn_tensor_blhd((float *)Kp, B, d.Hkv, Lk, d.Dh),
+                tv = attn_tensor_blhd((float *)Vp, B, d.Hkv, Lk, d.Dh),
                 to = attn_tensor_blhd((float *)Ao, B, H, Lq, d.Dh),
                 tdo = attn_tensor_blhd(dAo, B, H, Lq, d.Dh),
                 tdq = attn_tensor_blhd(dQp, B, H, Lq, d.Dh),
-                tdk = attn_tensor_blhd(dKp, B, H, Lk, d.Dh),
-                tdv = attn_tensor_blhd(dVp, B, H, Lk, d.Dh);
+                tdk = attn_tensor_blhd(dKp, B, d.Hkv, Lk, d.Dh),
+                tdv = attn_tensor_blhd(dVp, B, d.Hkv, Lk, d.Dh);
     /* d_sinks ACCUMULATES here like the layer's other gradients: the SDPA
      * backward writes a private copy, added after it succeeded */
     attn_sdpa_params sp;
@@ -310,9 +329,9 @@ attn_status attn_mha_backward(const attn_mha_config *c, const attn_mha_weights *
     if (!s) {
         project_backward(query, B * Lq, E, w->w_q, E, dQp, g->w_q, g->b_q, d_query, scratch,
                          threads);
-        project_backward(key, B * Lk, d.kdim, w->w_k, E, dKp, g->w_k, g->b_k, d_key, scratch,
+        project_backward(key, B * Lk, d.kdim, w->w_k, Ekv, dKp, g->w_k, g->b_k, d_key, scratch,
                          threads);
-        project_backward(value, B * Lk, d.vdim, w->w_v, E, dVp, g->w_v, g->b_v, d_value, scratch,
+        project_backward(value, B * Lk, d.vdim, w->w_v, Ekv, dVp, g->w_v, g->b_v, d_value, scratch,
                          threads);
     }
     free(tmp);
@@ -324,9 +343,11 @@ attn_status attn_mha_backward(const attn_mha_config *c, const attn_mha_weights *
  * KV cache memory, from the caller's block rounded up to 64 bytes, each part
  * 64-byte aligned:
  *   len, klen [batch] int64    (positions held; a step's key lengths)
- *   k, v      [batch, max_len, E]
- *   qp, kn, vn, ao [batch, max_step, E]   (a step's projections, attention out;
- *                  qp..vn also hold the stacked projection's [rows, 3E])
+ *   k, v      [batch, max_len, Ekv]   (H_kv heads: H/H_kv times smaller)
+ *   qp, ao    [batch, max_step, E]    (a step's query projection, attention out)
+ *   kn, vn    [batch, max_step, Ekv]  (its new keys and values; qp..vn, which
+ *                  are contiguous, also hold the stacked projection's rows
+ *                  [rows, E + 2·Ekv])
  *   ws        the fused forward's scratch for the largest step
  * The step writes the new keys and values into k, v at each row's positions
  * and runs the fused forward on strided views of the cache. */
@@ -347,6 +368,7 @@ static int64_t kv_scratch_bound(const mha_dims *d, const attn_mha_kv_shape *s, i
     attn_problem pr;
     memset(&pr, 0, sizeof pr);
     pr.B = s->batch, pr.H = d->H, pr.Dk = pr.Dv = d->Dh, pr.threads = threads;
+    pr.Hkv = d->Hkv, pr.group = d->H / d->Hkv;
     pr.Lq = s->max_step < FUSED_DECODE_MAXLQ ? s->max_step : FUSED_DECODE_MAXLQ;
     int64_t best = 0;
     for (int64_t C = FUSED_DECODE_CHUNK;; C *= 2) {
@@ -384,18 +406,20 @@ static attn_status kv_plan(const attn_mha_config *c, const attn_mha_kv_shape *s,
     *threads = s->threads ? s->threads : attn_get_num_threads();
     int64_t cache, step;
     if ((st = check_call(d, s->batch, s->max_step, s->max_step, err))) return st;
-    if (!attn_mul64(s->batch, s->max_len, &cache) || !attn_mul64(cache, d->E, &cache) ||
+    if (!attn_mul64(s->batch, s->max_len, &cache) || !attn_mul64(cache, d->Ekv, &cache) ||
         (uint64_t)cache > SIZE_MAX / 8 / sizeof(float))
         return attn_fail(err, ATTN_ERR_OVERFLOW,
                          "kv cache of %lld x %lld x %lld floats is too large", (long long)s->batch,
-                         (long long)s->max_len, (long long)d->E);
+                         (long long)s->max_len, (long long)d->Ekv);
     step = s->batch * s->max_step * d->E; /* < 2^31 by check_call */
     lay->ws_floats = kv_scratch_bound(d, s, *threads);
     const size_t rows = up64((size_t)s->batch * sizeof(int64_t));
     const size_t kvb = up64((size_t)cache * sizeof(float)), sb = up64((size_t)step * sizeof(float));
+    const size_t skv = up64((size_t)(s->batch * s->max_step * d->Ekv) * sizeof(float));
     const size_t wsb = up64((size_t)lay->ws_floats * sizeof(float));
     lay->len = 0, lay->klen = rows, lay->k = 2 * rows, lay->v = lay->k + kvb;
-    lay->qp = lay->v + kvb, lay->kn = lay->qp + sb, lay->vn = lay->kn + sb, lay->ao = lay->vn + sb;
+    lay->qp = lay->v + kvb, lay->kn = lay->qp + sb, lay->vn = lay->kn + skv,
+    lay->ao = lay->vn + skv;
     lay->ws = lay->ao + sb;
     if (wsb > SIZE_MAX - lay->ws - 64)
         return attn_fail(err, ATTN_ERR_OVERFLOW, "kv cache scratch too large");
@@ -433,7 +457,7 @@ attn_status attn_mha_kv_init(const attn_mha_config *c, const attn_mha_kv_shape *
     kv->k = (float *)(base + lay.k);
     kv->v = (float *)(base + lay.v);
     kv->batch = s->batch, kv->max_len = s->max_len, kv->max_step = s->max_step;
-    kv->embed_dim = d.E, kv->num_heads = d.H, kv->threads = threads;
+    kv->embed_dim = d.E, kv->num_heads = d.H, kv->num_kv_heads = d.Hkv, kv->threads = threads;
     kv->work = base + lay.klen;
     kv->work_bytes = lay.total - 64 - lay.klen;
     memset(kv->len, 0, (size_t)s->batch * sizeof(int64_t));
@@ -452,12 +476,14 @@ static attn_status step_check(const attn_mha_config *c, const attn_mha_weights *
     if (!kv || !kv->len || !kv->k || !kv->v || !kv->work)
         return attn_fail(err, ATTN_ERR_NULL, "kv is NULL or not initialised (attn_mha_kv_init)");
     if (!x || !out) return attn_fail(err, ATTN_ERR_NULL, "x and out must be non-NULL");
-    if (d->kdim != d->E || d->vdim != d->E || kv->embed_dim != d->E || kv->num_heads != d->H)
+    if (d->kdim != d->E || d->vdim != d->E || kv->embed_dim != d->E || kv->num_heads != d->H ||
+        kv->num_kv_heads != d->Hkv)
         return attn_fail(err, ATTN_ERR_SHAPE,
-                         "config (E %lld, H %lld, kdim %lld, vdim %lld) does not match the kv "
-                         "cache's (E %lld, H %lld, self-attention)",
-                         (long long)d->E, (long long)d->H, (long long)d->kdim, (long long)d->vdim,
-                         (long long)kv->embed_dim, (long long)kv->num_heads);
+                         "config (E %lld, H %lld, H_kv %lld, kdim %lld, vdim %lld) does not match "
+                         "the kv cache's (E %lld, H %lld, H_kv %lld, self-attention)",
+                         (long long)d->E, (long long)d->H, (long long)d->Hkv, (long long)d->kdim,
+                         (long long)d->vdim, (long long)kv->embed_dim, (long long)kv->num_heads,
+                         (long long)kv->num_kv_heads);
     if (n < 1 || n > kv->batch || Lq < 1 || Lq > kv->max_step)
         return attn_fail(err, ATTN_ERR_SHAPE,
                          "step of %lld rows x %lld positions: the cache takes 1..%lld rows and "
@@ -509,7 +535,8 @@ attn_status attn_mha_step(const attn_mha_config *c, const attn_mha_weights *w, a
     int threads = 1;
     attn_status s = step_check(c, w, kv, n, Lq, x, p, out, &d, &threads, err);
     if (s) return s;
-    const int64_t E = d.E, H = d.H, Dh = d.Dh, T = kv->max_len, rows = n * Lq;
+    const int64_t E = d.E, H = d.H, Dh = d.Dh, Hkv = d.Hkv, Ekv = d.Ekv, T = kv->max_len;
+    const int64_t rows = n * Lq;
     kv_layout lay = {0};
     int ignored = 1;
     attn_mha_kv_shape shape = {kv->batch, kv->max_len, kv->max_step, kv->threads};
@@ -520,31 +547,32 @@ attn_status attn_mha_step(const attn_mha_config *c, const attn_mha_weights *w, a
     float *Vn = (float *)(base + lay.vn), *Ao = (float *)(base + lay.ao);
     float *ws = (float *)(base + lay.ws);
 
-    /* The projections: one product over PyTorch's stacked in_proj [3E, E]
-     * when w_q, w_k, w_v (and the biases) are stacked, as
-     * attn_mha_weights_from_buffer lays them out, into rows of 3E (qp, kn,
-     * vn are contiguous in the layout); else three products into rows of E.
-     * One product is one parallel region instead of three (in a decode
-     * step, where the products are small, the regions' wake-ups show). */
-    const int stacked = w->w_k == w->w_q + E * E && w->w_v == w->w_k + E * E &&
-                        (!c->bias || (w->b_k == w->b_q + E && w->b_v == w->b_k + E));
-    const int64_t ld = stacked ? 3 * E : E;
+    /* The projections: one product over the stacked in_proj [E + 2·Ekv, E]
+     * (PyTorch's [3E, E] when H_kv = H) when w_q, w_k, w_v (and the biases)
+     * are stacked, as attn_mha_weights_from_buffer lays them out, into rows
+     * of E + 2·Ekv (qp, kn, vn are contiguous in the layout); else three
+     * products into rows of E, Ekv, Ekv. One product is one parallel region
+     * instead of three (in a decode step, where the products are small, the
+     * regions' wake-ups show). ldq, ldkv: the row strides of Qp and Kn, Vn. */
+    const int stacked = w->w_k == w->w_q + E * E && w->w_v == w->w_k + Ekv * E &&
+                        (!c->bias || (w->b_k == w->b_q + E && w->b_v == w->b_k + Ekv));
+    const int64_t ldq = stacked ? E + 2 * Ekv : E, ldkv = stacked ? E + 2 * Ekv : Ekv;
     if (stacked) {
-        project(x, rows, E, w->w_q, w->b_q, 3 * E, Qp, threads);
-        Kn = Qp + E, Vn = Qp + 2 * E;
+        project(x, rows, E, w->w_q, w->b_q, E + 2 * Ekv, Qp, threads);
+        Kn = Qp + E, Vn = Qp + E + Ekv;
     } else {
         project(x, rows, E, w->w_q, w->b_q, E, Qp, threads);
-        project(x, rows, E, w->w_k, w->b_k, E, Kn, threads);
-        project(x, rows, E, w->w_v, w->b_v, E, Vn, threads);
+        project(x, rows, E, w->w_k, w->b_k, Ekv, Kn, threads);
+        project(x, rows, E, w->w_v, w->b_v, Ekv, Vn, threads);
     }
     int64_t Lk = 0;
     int uniform = 1;
     for (int64_t b = 0; b < n; b++) {
         for (int64_t i = 0; i < Lq; i++) {
-            const size_t at = (size_t)((b * T + kv->len[b] + i) * E),
-                         from = (size_t)((b * Lq + i) * ld);
-            memcpy(kv->k + at, Kn + from, (size_t)E * sizeof(float));
-            memcpy(kv->v + at, Vn + from, (size_t)E * sizeof(float));
+            const size_t at = (size_t)((b * T + kv->len[b] + i) * Ekv),
+                         from = (size_t)((b * Lq + i) * ldkv);
+            memcpy(kv->k + at, Kn + from, (size_t)Ekv * sizeof(float));
+            memcpy(kv->v + at, Vn + from, (size_t)Ekv * sizeof(float));
         }
         klen[b] = kv->len[b] + Lq;
         Lk = klen[b] > Lk ? klen[b] : Lk;
@@ -562,12 +590,12 @@ attn_status attn_mha_step(const attn_mha_config *c, const attn_mha_weights *w, a
     sp.causal = 1;
     const int64_t calls = Lq == 1 || uniform ? 1 : n, nb = calls == 1 ? n : 1;
     for (int64_t r = 0; r < calls && !s; r++) {
-        const int64_t lk = calls == 1 ? Lk : klen[r], off = r * T * E;
+        const int64_t lk = calls == 1 ? Lk : klen[r], off = r * T * Ekv;
         sp.key_lengths = calls == 1 ? klen : NULL;
-        attn_tensor tq = {Qp + r * Lq * ld, {nb, H, Lq, Dh}, {Lq * ld, Dh, ld, 1}};
+        attn_tensor tq = {Qp + r * Lq * ldq, {nb, H, Lq, Dh}, {Lq * ldq, Dh, ldq, 1}};
         attn_tensor to = attn_tensor_blhd(Ao + r * Lq * E, nb, H, Lq, Dh);
-        attn_tensor tk = {kv->k + off, {nb, H, lk, Dh}, {T * E, Dh, E, 1}};
-        attn_tensor tv = {kv->v + off, {nb, H, lk, Dh}, {T * E, Dh, E, 1}};
+        attn_tensor tk = {kv->k + off, {nb, Hkv, lk, Dh}, {T * Ekv, Dh, Ekv, 1}};
+        attn_tensor tv = {kv->v + off, {nb, Hkv, lk, Dh}, {T * Ekv, Dh, Ekv, 1}};
         s = attn_sdpa_forward_ws(&tq, &tk, &tv, &sp, &to, NULL, NULL, NULL, ws, lay.ws_floats, err);
     }
     if (s) return s; /* len unchanged: the keys written past it are not held */

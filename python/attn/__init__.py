@@ -21,8 +21,12 @@ A ctypes binding over libattn (include/attn.h), with PyTorch's interfaces:
         cu_seqlens), each attending only within itself; ..._varlen_grad
         -> (dq, dk, dv) as for the padded call
     attn.MultiheadAttention(embed_dim, num_heads, dropout=0.0, bias=True,
-                            kdim=None, vdim=None, batch_first=True, seed=0)
+                            kdim=None, vdim=None, batch_first=True, seed=0,
+                            num_kv_heads=None)
         mha(query, key, value, ...) -> (out, weights)
+        num_kv_heads < num_heads: grouped-query attention (1: multi-query),
+            key/value projections and KV cache num_heads/num_kv_heads times
+            smaller
         mha.backward(grad_out, accumulate=False)
             -> (d_query, d_key, d_value); parameter gradients in mha.grads
                (name -> array) and mha.grads_buffer (packed like

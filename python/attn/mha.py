@@ -97,6 +97,9 @@ class IncrementalState:
       token-by-token decoding; a prompt may be fed in one step if it fits).
     threads: the most threads a step may use (the library's thread count
       when the state was made, unless given).
+    nbytes: the block's size (attn_mha_kv_bytes); with grouped-query
+      attention its keys and values, 2 * batch_size * max_len * kv_dim
+      float32, are num_heads / num_kv_heads times fewer.
     """
 
     def __init__(self, module, batch_size, max_len, max_step=1, num_threads=0):
@@ -122,6 +125,10 @@ class IncrementalState:
         self.max_step = int(shape.max_step)
         self.threads = int(self._kv.threads)
         self.embed_dim = int(module.embed_dim)
+        self.num_kv_heads = int(self._kv.num_kv_heads)
+        # bytes of the one block (keys, values [batch_size, max_len, kv_dim]
+        # each, and the step's scratch)
+        self.nbytes = int(n.value)
         self.lengths = np.ctypeslib.as_array(self._kv.len, shape=(self.batch_size,))
 
     def reset(self, rows=None):
@@ -140,11 +147,19 @@ class MultiheadAttention:
     """Multi-head attention with torch.nn.MultiheadAttention's parameters,
     names and call conventions (batch_first defaults to True here).
 
+    Grouped-query / multi-query attention: num_kv_heads = H_kv < num_heads
+    (dividing it; None: num_heads) projects key and value to H_kv heads of
+    head_dim, kv_dim = H_kv * head_dim wide, and query head h attends with
+    K/V head h // (num_heads // H_kv) (PyTorch's repeat_interleave); 1 is
+    multi-query attention. The key/value projections, their biases and the
+    KV cache of incremental_state shrink to kv_dim.
+
     Parameters live in one packed float32 buffer (self.parameters_buffer) in
-    the order w_q, w_k, w_v, b_q, b_k, b_v, w_o, b_o; in_proj_weight [3E, E]
-    (or q_proj_weight [E, E], k_proj_weight [E, kdim], v_proj_weight
-    [E, vdim] when kdim or vdim differ from E), in_proj_bias [3E],
-    out_proj_weight [E, E] and out_proj_bias [E] are views into it. The
+    the order w_q, w_k, w_v, b_q, b_k, b_v, w_o, b_o; in_proj_weight
+    [E + 2 kv_dim, E] ([3E, E] without GQA) (or q_proj_weight [E, E],
+    k_proj_weight [kv_dim, kdim], v_proj_weight [kv_dim, vdim] when kdim or
+    vdim differ from E), in_proj_bias [E + 2 kv_dim], out_proj_weight
+    [E, E] and out_proj_bias [E] are views into it. The
     buffer is allocated once and is what every forward and backward reads:
     assigning parameters_buffer or a named parameter copies the values into
     it (exact shape and a real dtype required, converted to float32; any
@@ -163,8 +178,8 @@ class MultiheadAttention:
     buffer like parameters_buffer. While
     requires_grad is True (the default, in train and eval mode alike) every
     forward keeps what its backward needs until the next forward: the
-    activation cache (attn_mha_cache_size floats, B*(2*Lq*E + 2*Lk*E +
-    H*Lq)), float32 copies of query/key/value, the masks, and a copy of the
+    activation cache (attn_mha_cache_size floats, B*(2*Lq*E +
+    2*Lk*kv_dim + H*Lq)), float32 copies of query/key/value, the masks, and a copy of the
     parameters (so changing them between forward and backward does not
     change the gradients of the forward that ran). Set requires_grad =
     False (or requires_grad_(False)) for inference without that memory;
@@ -184,24 +199,34 @@ class MultiheadAttention:
 
     embed_dim = _readonly("embed_dim", "E")
     num_heads = _readonly("num_heads", "H")
+    num_kv_heads = _readonly("num_kv_heads", "H_kv: key/value heads (num_heads unless given)")
+    kv_dim = _readonly("kv_dim", "num_kv_heads * head_dim: width of the key/value projections")
     kdim = _readonly("kdim", "width of key (embed_dim unless given)")
     vdim = _readonly("vdim", "width of value (embed_dim unless given)")
     head_dim = _readonly("head_dim", "E // H")
     bias = _readonly("bias", "whether the projections have biases")
     _qkv_same_embed_dim = _readonly("_qkv_same_embed_dim", "kdim == vdim == E")
 
-    in_proj_weight = _param("in_proj_weight", "[3E, E] (None if kdim/vdim != E)")
+    in_proj_weight = _param("in_proj_weight",
+                            "[E + 2 kv_dim, E] (None if kdim/vdim != E)")
     q_proj_weight = _param("q_proj_weight", "[E, E] (None if kdim == vdim == E)")
-    k_proj_weight = _param("k_proj_weight", "[E, kdim] (None if kdim == vdim == E)")
-    v_proj_weight = _param("v_proj_weight", "[E, vdim] (None if kdim == vdim == E)")
-    in_proj_bias = _param("in_proj_bias", "[3E] (None without bias)")
+    k_proj_weight = _param("k_proj_weight", "[kv_dim, kdim] (None if kdim == vdim == E)")
+    v_proj_weight = _param("v_proj_weight", "[kv_dim, vdim] (None if kdim == vdim == E)")
+    in_proj_bias = _param("in_proj_bias", "[E + 2 kv_dim] (None without bias)")
     out_proj_weight = _param("out_proj_weight", "[E, E]")
     out_proj_bias = _param("out_proj_bias", "[E] (None without bias)")
 
     def __init__(self, embed_dim, num_heads, dropout=0.0, bias=True, kdim=None,
-                 vdim=None, batch_first=True, seed=0):
+                 vdim=None, batch_first=True, seed=0, num_kv_heads=None):
         E = int64_arg(embed_dim, "embed_dim")
         H = int64_arg(num_heads, "num_heads")
+        Hkv = H if num_kv_heads is None else int64_arg(num_kv_heads, "num_kv_heads")
+        if H > 0 and (not 1 <= Hkv <= H or H % Hkv):
+            # the library's check, said in Python's terms (it reads 0 as
+            # "num_heads", which None says here)
+            raise _lib.AttnError(
+                _lib.ATTN_ERR_SHAPE, "num_kv_heads %d: must divide num_heads %d "
+                "(1..num_heads; None for num_heads)" % (Hkv, H))
         given = [None if d is None else int64_arg(d, n)
                  for d, n in ((kdim, "kdim"), (vdim, "vdim"))]
         if any(d is not None and d <= 0 for d in given):
@@ -212,8 +237,9 @@ class MultiheadAttention:
                 "(None: embed_dim)" % tuple(given))
         kd, vd = (E if d is None else d for d in given)
         self._dims = {"embed_dim": E, "num_heads": H, "kdim": kd, "vdim": vd,
-                      "bias": bool(bias),
+                      "bias": bool(bias), "num_kv_heads": Hkv,
                       "head_dim": E // H if H > 0 else 0,
+                      "kv_dim": Hkv * (E // H) if H > 0 else 0,
                       "_qkv_same_embed_dim": kd == E and vd == E}
         self.dropout = dropout
         self.batch_first = bool(batch_first)
@@ -231,6 +257,7 @@ class MultiheadAttention:
         c.kdim = kd
         c.vdim = vd
         c.bias = 1 if self.bias else 0
+        c.num_kv_heads = Hkv
         self._config = c
 
         err = _lib.attn_error()
@@ -334,7 +361,7 @@ class MultiheadAttention:
     def _make_views(self, w, buf=None):
         """Torch-named views into buf (default: the parameters) given the
         pointers w that attn_mha_weights_from_buffer returned for it."""
-        E, kd, vd = self.embed_dim, self.kdim, self.vdim
+        E, kd, vd, Ekv = self.embed_dim, self.kdim, self.vdim, self.kv_dim
         if buf is None:
             buf = self.parameters_buffer
         offset_of = lambda ptr, n: self._offset_of(buf, ptr, n)  # noqa: E731
@@ -345,28 +372,29 @@ class MultiheadAttention:
             return buf[off:off + n].reshape(shape)
 
         wq = view(w.w_q, (E, E))
-        wk = view(w.w_k, (E, kd))
-        wv = view(w.w_v, (E, vd))
+        wk = view(w.w_k, (Ekv, kd))
+        wv = view(w.w_v, (Ekv, vd))
         views = {"q_proj_weight": None, "k_proj_weight": None,
                  "v_proj_weight": None, "in_proj_weight": None,
                  "in_proj_bias": None, "out_proj_bias": None}
         if self._qkv_same_embed_dim:
-            off = offset_of(w.w_q, 3 * E * E)
-            if (offset_of(w.w_k, E * E) != off + E * E
-                    or offset_of(w.w_v, E * E) != off + 2 * E * E):
+            rows = E + 2 * Ekv  # the stacked in-projection's
+            off = offset_of(w.w_q, rows * E)
+            if (offset_of(w.w_k, Ekv * E) != off + E * E
+                    or offset_of(w.w_v, Ekv * E) != off + (E + Ekv) * E):
                 raise RuntimeError("w_q, w_k, w_v are not stacked in the buffer")
-            views["in_proj_weight"] = buf[off:off + 3 * E * E].reshape(3 * E, E)
+            views["in_proj_weight"] = buf[off:off + rows * E].reshape(rows, E)
         else:
             views["q_proj_weight"] = wq
             views["k_proj_weight"] = wk
             views["v_proj_weight"] = wv
         views["out_proj_weight"] = view(w.w_o, (E, E))
         if self.bias:
-            off = offset_of(w.b_q, 3 * E)
-            if (offset_of(w.b_k, E) != off + E
-                    or offset_of(w.b_v, E) != off + 2 * E):
+            off = offset_of(w.b_q, E + 2 * Ekv)
+            if (offset_of(w.b_k, Ekv) != off + E
+                    or offset_of(w.b_v, Ekv) != off + E + Ekv):
                 raise RuntimeError("b_q, b_k, b_v are not stacked in the buffer")
-            views["in_proj_bias"] = buf[off:off + 3 * E]
+            views["in_proj_bias"] = buf[off:off + E + 2 * Ekv]
             views["out_proj_bias"] = view(w.b_o, (E,))
         return views
 
@@ -433,9 +461,11 @@ class MultiheadAttention:
 
     def __repr__(self):
         return ("MultiheadAttention(embed_dim=%d, num_heads=%d, dropout=%g, "
-                "bias=%s, kdim=%d, vdim=%d, batch_first=%s)"
+                "bias=%s, kdim=%d, vdim=%d, batch_first=%s%s)"
                 % (self.embed_dim, self.num_heads, self.dropout, self.bias,
-                   self.kdim, self.vdim, self.batch_first))
+                   self.kdim, self.vdim, self.batch_first,
+                   "" if self.num_kv_heads == self.num_heads
+                   else ", num_kv_heads=%d" % self.num_kv_heads))
 
     # ------------------------------------------------------------ forward
 

@@ -9,7 +9,8 @@
               window=None, seed=None, offset=0)     # packed (total, H, E) rows
     mha = attn.torch.MultiheadAttention(embed_dim, num_heads, dropout=0.0,
               bias=True, add_bias_kv=False, add_zero_attn=False, kdim=None,
-              vdim=None, batch_first=False)      # torch.nn.MultiheadAttention's
+              vdim=None, batch_first=False,      # torch.nn.MultiheadAttention's
+              num_kv_heads=None)                 # + grouped-query attention
     out, weights = mha(query, key, value, key_padding_mask=None,
                        need_weights=True, attn_mask=None,
                        average_attn_weights=True, is_causal=False)
@@ -436,16 +437,17 @@ def _weights_struct(s, params):
     """attn_mha_weights over contiguous float32 tensors params =
     (in_proj_weight or q_proj_weight, k_proj_weight, v_proj_weight,
     in_proj_bias, out_proj.weight, out_proj.bias); k/v None when packed,
-    biases None without bias."""
-    E = s.E
+    biases None without bias. The packed in-projection is [E + 2 Ekv, E],
+    the bias [E + 2 Ekv] (Ekv = E without grouped-query attention)."""
+    E, Ekv = s.E, s.Ekv
     w_in, w_k, w_v, b_in, w_o, b_o = params
     w = _lib.attn_mha_weights()
     w.w_q = _fptr(w_in)
     w.w_k = _fptr(w_in, E * E) if w_k is None else _fptr(w_k)
-    w.w_v = _fptr(w_in, 2 * E * E) if w_v is None else _fptr(w_v)
+    w.w_v = _fptr(w_in, (E + Ekv) * E) if w_v is None else _fptr(w_v)
     w.w_o = _fptr(w_o)
     if b_in is not None:
-        w.b_q, w.b_k, w.b_v = _fptr(b_in), _fptr(b_in, E), _fptr(b_in, 2 * E)
+        w.b_q, w.b_k, w.b_v = _fptr(b_in), _fptr(b_in, E), _fptr(b_in, E + Ekv)
         w.b_o = _fptr(b_o)
     return w
 
@@ -581,11 +583,22 @@ class MultiheadAttention(nn.Module):
     The returned weights are before dropout and carry no gradient (a loss
     that uses them raises at backward). A zero batch size or length gives
     PyTorch's result (empty, or out_proj.bias when Lk = 0).
+
+    num_kv_heads (an addition; None: num_heads): grouped-query attention
+    with H_kv key/value heads, H_kv dividing num_heads (1: multi-query).
+    Key and value are projected to kv_dim = H_kv * head_dim: in_proj_weight
+    is [E + 2 kv_dim, E] (k_proj_weight [kv_dim, kdim], v_proj_weight
+    [kv_dim, vdim]), in_proj_bias [E + 2 kv_dim], and query head h attends
+    with K/V head h // (num_heads // H_kv), PyTorch's repeat_interleave
+    convention: the module equals torch.nn.MultiheadAttention whose k and v
+    projection rows are those of the K/V heads repeated per group
+    (repeat_interleave over heads). Initialised as torch initialises its
+    module: Xavier-uniform over the [E + 2 kv_dim, E] in_proj_weight.
     """
 
     def __init__(self, embed_dim, num_heads, dropout=0.0, bias=True,
                  add_bias_kv=False, add_zero_attn=False, kdim=None, vdim=None,
-                 batch_first=False, device=None, dtype=None):
+                 batch_first=False, device=None, dtype=None, num_kv_heads=None):
         if add_bias_kv:
             raise UnsupportedError(
                 "attn.torch.MultiheadAttention: add_bias_kv=True is not "
@@ -623,19 +636,26 @@ class MultiheadAttention(nn.Module):
             raise ValueError("attn.torch.MultiheadAttention: embed_dim %d is not "
                              "divisible by num_heads %d"
                              % (self.embed_dim, self.num_heads))
-        E, f = self.embed_dim, dict(dtype=torch.float32)
+        H = self.num_heads
+        self.num_kv_heads = H if num_kv_heads is None else int(num_kv_heads)
+        if not 1 <= self.num_kv_heads <= H or H % self.num_kv_heads:
+            raise ValueError("attn.torch.MultiheadAttention: num_kv_heads %d must "
+                             "divide num_heads %d (1..num_heads; None for "
+                             "num_heads)" % (self.num_kv_heads, H))
+        self.kv_dim = self.num_kv_heads * self.head_dim
+        E, Ekv, f = self.embed_dim, self.kv_dim, dict(dtype=torch.float32)
         if not self._qkv_same_embed_dim:
             self.q_proj_weight = nn.Parameter(torch.empty((E, E), **f))
-            self.k_proj_weight = nn.Parameter(torch.empty((E, self.kdim), **f))
-            self.v_proj_weight = nn.Parameter(torch.empty((E, self.vdim), **f))
+            self.k_proj_weight = nn.Parameter(torch.empty((Ekv, self.kdim), **f))
+            self.v_proj_weight = nn.Parameter(torch.empty((Ekv, self.vdim), **f))
             self.register_parameter("in_proj_weight", None)
         else:
-            self.in_proj_weight = nn.Parameter(torch.empty((3 * E, E), **f))
+            self.in_proj_weight = nn.Parameter(torch.empty((E + 2 * Ekv, E), **f))
             self.register_parameter("q_proj_weight", None)
             self.register_parameter("k_proj_weight", None)
             self.register_parameter("v_proj_weight", None)
         if bias:
-            self.in_proj_bias = nn.Parameter(torch.empty(3 * E, **f))
+            self.in_proj_bias = nn.Parameter(torch.empty(E + 2 * Ekv, **f))
         else:
             self.register_parameter("in_proj_bias", None)
         self.out_proj = nn.Linear(E, E, bias=bias, **f)
@@ -645,6 +665,7 @@ class MultiheadAttention(nn.Module):
         cfg = _lib.attn_mha_config()
         cfg.embed_dim, cfg.num_heads = E, self.num_heads
         cfg.kdim, cfg.vdim, cfg.bias = self.kdim, self.vdim, 1 if bias else 0
+        cfg.num_kv_heads = self.num_kv_heads
         self._config = cfg
 
     def _reset_parameters(self):
@@ -661,9 +682,34 @@ class MultiheadAttention(nn.Module):
             nn.init.constant_(self.out_proj.bias, 0.0)
 
     def extra_repr(self):
+        gqa = ("" if self.num_kv_heads == self.num_heads
+               else ", num_kv_heads=%d" % self.num_kv_heads)
         return ("embed_dim=%d, num_heads=%d, dropout=%g, kdim=%d, vdim=%d, "
-                "batch_first=%s" % (self.embed_dim, self.num_heads, self.dropout,
-                                    self.kdim, self.vdim, self.batch_first))
+                "batch_first=%s%s" % (self.embed_dim, self.num_heads, self.dropout,
+                                      self.kdim, self.vdim, self.batch_first, gqa))
+
+    def _expanded_proj(self):
+        """The projections as torch.nn.MultiheadAttention's (use_separate_
+        proj_weight form): q, k, v weights [E, *] and in_proj_bias [3E], the
+        K/V heads' rows repeated over their groups (repeat_interleave), so
+        that PyTorch's function computes this module's attention,
+        differentiably."""
+        E, Ekv, G = self.embed_dim, self.kv_dim, self.num_heads // self.num_kv_heads
+        D = self.head_dim
+
+        def rep(t):  # [Ekv, ...] -> [E, ...]: head g's rows for each of its G heads
+            return t.reshape(self.num_kv_heads, D, *t.shape[1:]).repeat_interleave(
+                G, dim=0).reshape(E, *t.shape[1:])
+
+        if self._qkv_same_embed_dim:
+            w = self.in_proj_weight
+            wq, wk, wv = w[:E], w[E:E + Ekv], w[E + Ekv:]
+        else:
+            wq, wk, wv = self.q_proj_weight, self.k_proj_weight, self.v_proj_weight
+        b = self.in_proj_bias
+        if b is not None:
+            b = torch.cat([b[:E], rep(b[E:E + Ekv]), rep(b[E + Ekv:])])
+        return wq, rep(wk), rep(wv), b
 
     def _params(self):
         if self._qkv_same_embed_dim:
@@ -762,13 +808,18 @@ class MultiheadAttention(nn.Module):
         if batched and self.batch_first:
             query, key, value = (x.transpose(0, 1) for x in (query, key, value))
         sep = not self._qkv_same_embed_dim
+        w_in, b_in = self.in_proj_weight, self.in_proj_bias
+        wq, wk, wv = self.q_proj_weight, self.k_proj_weight, self.v_proj_weight
+        if self.num_kv_heads != self.num_heads:  # torch's function has no GQA
+            sep = True
+            wq, wk, wv, b_in = self._expanded_proj()
         out, w = F.multi_head_attention_forward(
-            query, key, value, self.embed_dim, self.num_heads, self.in_proj_weight,
-            self.in_proj_bias, None, None, False, 0.0, self.out_proj.weight,
+            query, key, value, self.embed_dim, self.num_heads, w_in,
+            b_in, None, None, False, 0.0, self.out_proj.weight,
             self.out_proj.bias, training=False, key_padding_mask=key_padding_mask,
             need_weights=need_weights, attn_mask=attn_mask,
-            use_separate_proj_weight=sep, q_proj_weight=self.q_proj_weight,
-            k_proj_weight=self.k_proj_weight, v_proj_weight=self.v_proj_weight,
+            use_separate_proj_weight=sep, q_proj_weight=wq,
+            k_proj_weight=wk, v_proj_weight=wv,
             average_attn_weights=average_attn_weights)
         if batched and self.batch_first:
             out = out.transpose(0, 1)
@@ -806,6 +857,7 @@ class MultiheadAttention(nn.Module):
         Bk, s.Lk, Dk = k.shape
         Bv, Lv, Dv = v.shape
         s.E, s.H, s.kdim, s.vdim = self.embed_dim, self.num_heads, self.kdim, self.vdim
+        s.Ekv = self.kv_dim
         s.config = self._config
         if Eq != s.E or Dk != s.kdim or Dv != s.vdim:
             raise ValueError(
