@@ -325,8 +325,8 @@ class Run:
         kids = []
         for i in range(a.ga_offspring):
             rng = random.Random((a.seed * 1000003 + self.step) * 1000003 + i)
-            c = graph_ga.reproduce(self.mols[par[2 * i]]["canonical"],
-                                   self.mols[par[2 * i + 1]]["canonical"], rng, a.ga_mutation)
+            c = graph_ga.reproduce(self.mols[par[2 * i]]["smiles"],
+                                   self.mols[par[2 * i + 1]]["smiles"], rng, a.ga_mutation)
             if c and c not in self.raw and c not in kids and encode(c, self.index, self.T):
                 kids.append(c)
         if not kids:
