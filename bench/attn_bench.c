@@ -4,6 +4,11 @@
  *   attn-bench [--threads N] [--impl reference|fused] [--case B,H,Lq,Lk,D,causal]...
  *              [--varlen N,H,Lmin,Lmax,D,causal]...
  *              [--reps N] [--json] [--clock wall|cpu] [--tile-gemm own|blas]
+ *              [--kv-heads N]
+ *
+ * --kv-heads N gives the --case (and suite) calls' k and v N heads
+ * (grouped-query attention: N divides each case's H; 0, the default: H);
+ * the varlen cases keep H.
  *
  * --tile-gemm blas runs the fused path's tile products through OpenBLAS
  * sgemm (single-threaded) instead of its own micro-kernel, to measure the
@@ -31,7 +36,7 @@
  *
  * A decode case (Lq = 1) is bound by memory, not by FMAs: its lines also
  * give gbps, the bytes it must move over its time (fwd: K and V read once,
- * 2·B·H·Lk·D floats; bwd: K and V read, dK and dV written, twice that), and
+ * 2·B·H_kv·Lk·D floats; bwd: K and V read, dK and dV written, twice that), and
  * stream_frac, that over a read bandwidth measured at start-up on the same
  * threads (a 256 MiB buffer summed by every thread, best of 5, in a child
  * process so that it stays out of rss_mb). */
@@ -72,7 +77,9 @@ static double now_s(void) {
  * a call would take on cores of its own (spin-waiting included). For shared
  * machines, where wall time mostly measures the neighbours. */
 static int g_cpu_clock, g_threads = 1;
-static int g_bf16; /* --dtype bf16: q, k, v in bfloat16 (params.dtype); out, grads fp32 */
+static int g_bf16;         /* --dtype bf16: q, k, v in bfloat16 (params.dtype); out, grads fp32 */
+static int64_t g_kv_heads; /* --kv-heads: K/V heads of every case (0: its H) */
+static int64_t kv_heads(const bcase *c) { return g_kv_heads ? g_kv_heads : c->H; }
 static double timer_s(void) {
     if (!g_cpu_clock) return now_s();
     struct timespec ts;
@@ -166,17 +173,18 @@ static double stream_gbps(int threads) {
 
 static void emit(const result *r, int json, double peak) {
     /* decode: the bytes K and V (and dK, dV) take, over the time */
-    const double bytes = 2.0 * (double)r->c.B * (double)r->c.H * (double)r->c.Lk * (double)r->c.D *
-                         sizeof(float) * (strcmp(r->op, "bwd") ? 1.0 : 2.0);
+    const double bytes = 2.0 * (double)r->c.B * (double)kv_heads(&r->c) * (double)r->c.Lk *
+                         (double)r->c.D * sizeof(float) * (strcmp(r->op, "bwd") ? 1.0 : 2.0);
     const int dec = r->c.Lq == 1 && g_stream_gbps > 0;
     const double gbps = bytes / (r->ms * 1e-3) / 1e9;
     if (json) {
         printf("{\"impl\": \"%s\", \"op\": \"%s\", \"B\": %lld, \"H\": %lld, \"Lq\": %lld, "
                "\"Lk\": %lld, \"D\": %lld, \"causal\": %s, \"ms\": %.3f, \"gflops\": %.2f, "
-               "\"peak_frac\": %.4f, \"rss_mb\": %.1f, \"dtype\": \"%s\"",
+               "\"peak_frac\": %.4f, \"rss_mb\": %.1f, \"dtype\": \"%s\", \"Hkv\": %lld",
                r->impl, r->op, (long long)r->c.B, (long long)r->c.H, (long long)r->c.Lq,
                (long long)r->c.Lk, (long long)r->c.D, r->c.causal ? "true" : "false", r->ms,
-               r->gflops, r->peak_frac, r->rss_mb, g_bf16 ? "bf16" : "f32");
+               r->gflops, r->peak_frac, r->rss_mb, g_bf16 ? "bf16" : "f32",
+               (long long)kv_heads(&r->c));
         if (dec) printf(", \"gbps\": %.2f, \"stream_frac\": %.4f", gbps, gbps / g_stream_gbps);
         printf("}\n");
     } else {
@@ -185,6 +193,7 @@ static void emit(const result *r, int json, double peak) {
                (long long)r->c.D, r->c.causal ? "yes" : "no", r->ms, r->gflops,
                100.0 * r->peak_frac, r->rss_mb);
         if (dec) printf("  %.1f GB/s, %.0f%% of stream", gbps, 100.0 * gbps / g_stream_gbps);
+        if (kv_heads(&r->c) != r->c.H) printf("  H_kv %lld", (long long)kv_heads(&r->c));
         printf("\n");
     }
     (void)peak;
@@ -202,19 +211,19 @@ static int runs_for(double warmup_s, int reps) {
 }
 
 static int run_case(const bcase *c, attn_impl impl, int threads, int reps, double peak, int json) {
-    const int64_t B = c->B, H = c->H, Lq = c->Lq, Lk = c->Lk, D = c->D;
-    const size_t nq = (size_t)(B * H * Lq * D), nk = (size_t)(B * H * Lk * D),
+    const int64_t B = c->B, H = c->H, Hkv = kv_heads(c), Lq = c->Lq, Lk = c->Lk, D = c->D;
+    const size_t nq = (size_t)(B * H * Lq * D), nk = (size_t)(B * Hkv * Lk * D),
                  nl = (size_t)(B * H * Lq);
     float *q = alloc_fill(nq, 1), *k = alloc_fill(nk, 2), *v = alloc_fill(nk, 3);
     float *o = alloc_fill(nq, 4), *lse = alloc_fill(nl, 5);
-    attn_tensor tq = attn_tensor_bhld(q, B, H, Lq, D), tk = attn_tensor_bhld(k, B, H, Lk, D),
-                tv = attn_tensor_bhld(v, B, H, Lk, D), to = attn_tensor_bhld(o, B, H, Lq, D);
+    attn_tensor tq = attn_tensor_bhld(q, B, H, Lq, D), tk = attn_tensor_bhld(k, B, Hkv, Lk, D),
+                tv = attn_tensor_bhld(v, B, Hkv, Lk, D), to = attn_tensor_bhld(o, B, H, Lq, D);
     uint16_t *qb = NULL, *kb = NULL, *vb = NULL; /* --dtype bf16: the inputs rounded */
     if (g_bf16) {
         qb = malloc(nq * 2), kb = malloc(nk * 2), vb = malloc(nk * 2);
         attn_bf16_from_f32(q, qb, nq), attn_bf16_from_f32(k, kb, nk), attn_bf16_from_f32(v, vb, nk);
-        tq = attn_tensor_bhld_bf16(qb, B, H, Lq, D), tk = attn_tensor_bhld_bf16(kb, B, H, Lk, D);
-        tv = attn_tensor_bhld_bf16(vb, B, H, Lk, D);
+        tq = attn_tensor_bhld_bf16(qb, B, H, Lq, D), tk = attn_tensor_bhld_bf16(kb, B, Hkv, Lk, D);
+        tv = attn_tensor_bhld_bf16(vb, B, Hkv, Lk, D);
     }
     attn_sdpa_params p;
     memset(&p, 0, sizeof p);
@@ -253,7 +262,8 @@ static int run_case(const bcase *c, attn_impl impl, int threads, int reps, doubl
     float *go = alloc_fill(nq, 6), *dq = alloc_fill(nq, 7), *dk = alloc_fill(nk, 8),
           *dv = alloc_fill(nk, 9);
     attn_tensor tgo = attn_tensor_bhld(go, B, H, Lq, D), tdq = attn_tensor_bhld(dq, B, H, Lq, D),
-                tdk = attn_tensor_bhld(dk, B, H, Lk, D), tdv = attn_tensor_bhld(dv, B, H, Lk, D);
+                tdk = attn_tensor_bhld(dk, B, Hkv, Lk, D),
+                tdv = attn_tensor_bhld(dv, B, Hkv, Lk, D);
     tw = now_s();
     if (attn_sdpa_backward(&tq, &tk, &tv, &to, lse, &tgo, &p, &tdq, &tdk, &tdv, NULL, &err) !=
         ATTN_OK) {
@@ -439,10 +449,11 @@ static int parse_case(const char *s, bcase *c) {
 }
 
 static void usage(void) {
-    fprintf(stderr, "usage: attn-bench [--threads N] [--impl reference|fused] [--reps N] [--json]\n"
-                    "                  [--clock wall|cpu] [--tile-gemm own|blas] [--dtype f32|bf16]\n"
-                    "                  [--case B,H,Lq,Lk,D,causal]...   (causal: 0/1 or no/yes)\n"
-                    "                  [--varlen N,H,Lmin,Lmax,D,causal]...\n");
+    fprintf(stderr,
+            "usage: attn-bench [--threads N] [--impl reference|fused] [--reps N] [--json]\n"
+            "                  [--clock wall|cpu] [--tile-gemm own|blas] [--dtype f32|bf16]\n"
+            "                  [--case B,H,Lq,Lk,D,causal]...   (causal: 0/1 or no/yes)\n"
+            "                  [--varlen N,H,Lmin,Lmax,D,causal]... [--kv-heads N]\n");
 }
 
 int main(int argc, char **argv) {
@@ -478,6 +489,9 @@ int main(int argc, char **argv) {
                 g_bf16 = 1;
             else if (strcmp(v, "f32") && strcmp(v, "fp32"))
                 return usage(), 2;
+        } else if (!strcmp(a, "--kv-heads") && i + 1 < argc) {
+            g_kv_heads = atoll(argv[++i]);
+            if (g_kv_heads < 0) return usage(), 2;
         } else if (!strcmp(a, "--reps") && i + 1 < argc) {
             reps = atoi(argv[++i]);
             if (reps < 1) return usage(), 2;
@@ -517,6 +531,12 @@ int main(int argc, char **argv) {
         vcases = malloc(sizeof kVarlenSuite);
         memcpy(vcases, kVarlenSuite, sizeof kVarlenSuite);
     }
+    for (size_t i = 0; i < ncases; i++)
+        if (cases[i].H % kv_heads(&cases[i])) {
+            fprintf(stderr, "attn-bench: --kv-heads %lld does not divide H %lld of a case\n",
+                    (long long)g_kv_heads, (long long)cases[i].H);
+            return 2;
+        }
     for (size_t i = 0; i < ncases; i++)
         if (cases[i].Lq == 1) {
             g_stream_gbps = stream_gbps(threads); /* once: 0 if it failed */

@@ -579,10 +579,12 @@ ATTN_API attn_status attn_mha_kv_init(const attn_mha_config *c, const attn_mha_k
  * (summation order). With w_q, w_k, w_v (and their biases) stacked as
  * attn_mha_weights_from_buffer lays them out, the three projections are one
  * product over [E + 2·Ekv, E].
- * p: may be NULL; scale (use_scale), impl and num_threads are used as in
- * attn_mha_forward. Masks, dropout and p->causal are not taken (the cache
- * lengths and causality are the step's mask): a mask, a window or
- * training with dropout_p > 0 is refused. Errors, with nothing written:
+ * p: may be NULL; scale (use_scale), soft-capping, ALiBi slopes, sinks,
+ * impl and num_threads are used as in attn_mha_forward (an invalid cap,
+ * slope or sink is ATTN_ERR_ARG with len unchanged). Masks, dropout and
+ * p->causal are not taken (the cache lengths and causality are the step's
+ * mask): a mask, a window or training with dropout_p > 0 is refused.
+ * Errors, with nothing written:
  * a row whose len[b] + Lq exceeds max_len (the cache is full:
  * ATTN_ERR_STATE), n outside [1, batch] or Lq outside [1, max_step]
  * (ATTN_ERR_SHAPE), a config that does not match kv's (ATTN_ERR_SHAPE),

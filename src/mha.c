@@ -580,15 +580,22 @@ attn_status attn_mha_step(const attn_mha_config *c, const attn_mha_weights *w, a
     }
     /* Causal with key_lengths is row b's mask exactly when its queries are
      * the last Lq of the Lk keys: one query per row, or rows of one length;
-     * otherwise each row is its own call. */
+     * otherwise each row is its own call. ALiBi puts the queries at
+     * i + Lk - Lq of the call's Lk, not of row b's length: with one query
+     * that shifts row b's biases by a constant, which the softmax ignores,
+     * but not the sinks' logits, so ALiBi with sinks over rows of several
+     * lengths is one call per row too. */
     attn_sdpa_params sp;
     memset(&sp, 0, sizeof sp);
-    sp.use_scale = p ? p->use_scale : 0;
-    sp.scale = p ? p->scale : 0.0f;
-    sp.impl = p ? p->impl : ATTN_IMPL_AUTO;
+    if (p) { /* the score variants as in attn_mha_forward (the SDPA call checks them) */
+        sp.use_scale = p->use_scale, sp.scale = p->scale, sp.impl = p->impl;
+        sp.use_softcap = p->use_softcap, sp.softcap = p->softcap;
+        sp.alibi_slopes = p->alibi_slopes, sp.sinks = p->sinks;
+    }
     sp.num_threads = threads;
     sp.causal = 1;
-    const int64_t calls = Lq == 1 || uniform ? 1 : n, nb = calls == 1 ? n : 1;
+    const int per_row = !uniform && (Lq > 1 || (sp.alibi_slopes && sp.sinks));
+    const int64_t calls = per_row ? n : 1, nb = calls == 1 ? n : 1;
     for (int64_t r = 0; r < calls && !s; r++) {
         const int64_t lk = calls == 1 ? Lk : klen[r], off = r * T * Ekv;
         sp.key_lengths = calls == 1 ? klen : NULL;

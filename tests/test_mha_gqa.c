@@ -20,7 +20,8 @@
  *     weights and every gradient.
  *   - Decoding: attn_mha_step token by token and in chunks, stacked and
  *     separate weight buffers, vs the causal forward's rows of the prefix
- *     and the fp64 layer (1e-5 of max|out|).
+ *     and the fp64 layer (1e-5 of max|out|); with soft-capping, ALiBi and
+ *     sinks over rows at different lengths vs the forward with them.
  *   - The KV cache's bytes: its keys and values take 2·batch·max_len·Ekv
  *     floats, H/H_kv times fewer than with H heads.
  *   - 1, 2 and 3 threads give bitwise the same forward, backward and steps.
@@ -512,6 +513,74 @@ static void test_decode(void) {
             for (int sep = 0; sep < 2; sep++) check_decode(hkv[a], chunk, sep, 0, NULL);
 }
 
+/* Steps with soft-capping, ALiBi and sinks over rows at different lengths
+ * (row 1 starts `lag` positions after row 0), in chunks of 1 and 2
+ * positions, vs attn_mha_forward with the same variants over each row's
+ * prefix. */
+static void test_decode_variants(void) {
+    enum { E = 24, H = 6, L = 9, LAG = 3 };
+    const shape s = {E, H, 2, E, E, 1, 1, L, L, 1, NULL, 0};
+    attn_mha_config c = cfg_of(&s);
+    layer l;
+    layer_new(&s, 900, &l);
+    static float x[2][L * E], want[2][L * E], got[2][L * E];
+    tu_rng r = tu_seed(901);
+    tu_fill(&r, &x[0][0], 2 * L * E, -1.0f, 1.0f);
+    const float slopes[H] = {0.5f, 0.25f, 0.125f, 0.0625f, 0.03125f, 0.015625f};
+    const float sinks[H] = {0.5f, -0.5f, 1.0f, 0.0f, 2.0f, -1.0f};
+    attn_sdpa_params p;
+    memset(&p, 0, sizeof p);
+    p.use_softcap = 1, p.softcap = 2.0f; /* small: the cap bends the scores */
+    p.alibi_slopes = slopes, p.sinks = sinks;
+    for (int b = 0; b < 2; b++) {
+        attn_sdpa_params f = p;
+        f.causal = 1;
+        const int64_t len = b ? L - LAG : L;
+        CHECK(attn_mha_forward(&c, &l.w, 1, len, len, x[b], x[b], x[b], &f, want[b],
+                               ATTN_WEIGHTS_NONE, NULL, NULL, NULL) == ATTN_OK);
+    }
+    for (int64_t chunk = 1; chunk <= 2; chunk++) {
+        attn_mha_kv kv;
+        void *mem = kv_new(&c, &kv, 2, L, chunk, 0);
+        float xs[2 * 2 * E], ys[2 * 2 * E];
+        int64_t t = 0;
+        while (t < L) {
+            const int64_t n = t < LAG ? 1 : 2; /* row 1 joins at position LAG of row 0 */
+            int64_t T = chunk;
+            if (t + T > L) T = L - t;
+            if (t < LAG && t + T > LAG) T = LAG - t;
+            for (int64_t b = 0; b < n; b++)
+                memcpy(xs + b * T * E, x[b] + (b ? t - LAG : t) * E,
+                       (size_t)(T * E) * sizeof(float));
+            attn_error err;
+            CHECK(attn_mha_step(&c, &l.w, &kv, n, T, xs, &p, ys, &err) == ATTN_OK, "step: %s",
+                  err.message);
+            for (int64_t b = 0; b < n; b++)
+                memcpy(got[b] + (b ? t - LAG : t) * E, ys + b * T * E,
+                       (size_t)(T * E) * sizeof(float));
+            t += T;
+        }
+        for (int b = 0; b < 2; b++) {
+            const size_t m = (size_t)((b ? L - LAG : L) * E);
+            double *w64 = tu_doubles(want[b], m), mx = tu_maxabs(want[b], m);
+            const double e = tu_maxdiff(got[b], w64, m) / mx;
+            CHECK(e <= TOL_FWD, "variants, chunk %lld, row %d: step vs forward %.3g",
+                  (long long)chunk, b, e);
+            free(w64);
+        }
+        free(mem);
+    }
+    /* an invalid cap is the SDPA call's error, with the lengths unchanged */
+    attn_mha_kv kv;
+    void *mem = kv_new(&c, &kv, 1, L, 1, 0);
+    attn_error err;
+    p.softcap = -1.0f;
+    float y[E];
+    CHECK_ERR(attn_mha_step(&c, &l.w, &kv, 1, 1, x[0], &p, y, &err), ATTN_ERR_ARG, &err);
+    CHECK(kv.len[0] == 0);
+    free(mem), free(l.buf);
+}
+
 /* The keys and values take 2·batch·max_len·Ekv floats: H/H_kv times fewer. */
 static void test_kv_bytes(void) {
     const int64_t E = 64, H = 8, batch = 1, T = 4096;
@@ -624,6 +693,7 @@ int main(void) {
     test_against_fp64();
     test_full_heads_is_mha();
     test_decode();
+    test_decode_variants();
     test_kv_bytes();
     test_threads();
     test_bad_kv_heads();
