@@ -26,15 +26,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* OpenBLAS's pthread build keeps a process-wide thread count and pool: set
- * it to 1, once (attn.h, "Threads and OpenBLAS"): the fallback below and
- * the fused path's measurement hook call it single-threaded. Its OpenMP
- * build needs nothing; the sequential build has no threads. */
-void attn_blas_init(void) {
-    if (openblas_get_parallel() == 1) openblas_set_num_threads(1);
-}
-
 int64_t attn_sgemm_row_step(void) { return attn_sgemm_kernel_active()->mr; }
+
+/* attn_test_sgemm_blocking: KC, MC, NC in place of the kernel's (0: its
+ * own), for the blocking candidates of bench/sgemm_candidates.c. */
+static int64_t g_block[3];
+
+void attn_test_sgemm_blocking(int64_t kc, int64_t mc, int64_t nc) {
+    g_block[0] = kc, g_block[1] = mc, g_block[2] = nc;
+}
 
 static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
@@ -46,12 +46,14 @@ static void pack_a(const float *A, int64_t lda, int ta, int64_t i0, int64_t mc, 
         float *dst = Ap + p * mr * kc;
         const int64_t r0 = p * mr, rows = min64(mr, mc - r0);
         if (!ta) {
-            for (int64_t r = 0; r < rows; r++) {
-                const float *src = A + (i0 + r0 + r) * lda + k0;
-                for (int64_t k = 0; k < kc; k++) dst[k * mr + r] = src[k];
+            /* k outer: the mr rows are read side by side and the panel is
+             * written in order (measured faster than row by row) */
+            const float *src = A + (i0 + r0) * lda + k0;
+            for (int64_t k = 0; k < kc; k++) {
+                float *d = dst + k * mr;
+                for (int64_t r = 0; r < rows; r++) d[r] = src[r * lda + k];
+                for (int64_t r = rows; r < mr; r++) d[r] = 0.0f;
             }
-            for (int64_t r = rows; r < mr; r++)
-                for (int64_t k = 0; k < kc; k++) dst[k * mr + r] = 0.0f;
         } else {
             for (int64_t k = 0; k < kc; k++) {
                 const float *src = A + (k0 + k) * lda + i0 + r0;
@@ -138,9 +140,12 @@ void attn_sgemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, co
     }
     const attn_sgemm_kernel *kr = attn_sgemm_kernel_active();
     const int64_t MR = kr->mr, NR = kr->nr;
-    const int64_t KCb = min64(K, kr->kc);                           /* K block */
-    const int64_t MCb = min64((M + MR - 1) / MR * MR, kr->mc);      /* rows of A's block */
-    const int64_t NCb = min64((N + NR - 1) / NR * NR, kr->nc);      /* columns of B's block */
+    const int64_t kcx = g_block[0] ? g_block[0] : kr->kc;
+    const int64_t mcx = g_block[1] ? (g_block[1] + MR - 1) / MR * MR : kr->mc;
+    const int64_t ncx = g_block[2] ? (g_block[2] + NR - 1) / NR * NR : kr->nc;
+    const int64_t KCb = min64(K, kcx);                         /* K block */
+    const int64_t MCb = min64((M + MR - 1) / MR * MR, mcx);    /* rows of A's block */
+    const int64_t NCb = min64((N + NR - 1) / NR * NR, ncx);    /* columns of B's block */
     const size_t abytes = (size_t)(MCb * KCb) * sizeof(float), bbytes = (size_t)(KCb * NCb) * sizeof(float);
     /* [MCb/MR][KCb][MR] and [NCb/NR][KCb][NR]; aligned_alloc wants a size
      * that is a multiple of the alignment */

@@ -21,9 +21,9 @@ attn_status attn_ok(attn_error *err);
 int attn_threads_for(int p_threads);
 
 /* The environment, read once (pthread_once) at the first call that needs
- * it (status.c, the ground: it calls nothing of the library above it but
- * the leaf gemm.c). That call also applies the OpenBLAS policy of attn.h
- * ("Threads and OpenBLAS", attn_blas_init). Whoever needs a variable asks
+ * it (status.c, the ground: it calls nothing of the library above it).
+ * That call also applies the OpenBLAS policy of attn.h ("Threads and
+ * OpenBLAS"). Whoever needs a variable asks
  * attn_env_get: isa.c interprets fused_isa. */
 typedef struct {
     int env_threads;    /* ATTN_NUM_THREADS when valid, else 0 */
@@ -32,8 +32,6 @@ typedef struct {
     char fused_isa[16]; /* ATTN_FUSED_ISA as set ("" when unset or longer) */
 } attn_env;
 const attn_env *attn_env_get(void);
-/* gemm.c: the OpenBLAS policy (its thread count: 1), once (idempotent). */
-void attn_blas_init(void);
 
 /* Test and measurement hooks (tests/, bench/; not in attn.h, not exported
  * from libattn.so, reached through libattn.a). Not thread-safe against
@@ -270,6 +268,10 @@ typedef struct {
     void (*ukr)(int64_t kc, const float *Ap, const float *Bp, float *C, int64_t ldc, float alpha,
                 float beta, int first);
 } attn_sgemm_kernel;
+/* Measurement hook (bench/sgemm_candidates.c): blocking KC, MC, NC in
+ * place of every kernel's own (MC and NC rounded up to whole tiles); 0: the
+ * kernel's. Not thread-safe against products in flight. */
+void attn_test_sgemm_blocking(int64_t kc, int64_t mc, int64_t nc);
 /* isa.c: the micro-kernel of the active row (as attn_fused_kernels_active). */
 const attn_sgemm_kernel *attn_sgemm_kernel_active(void);
 
