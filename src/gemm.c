@@ -1,109 +1,192 @@
-/* Dense products for the multi-head layer's projections, through OpenBLAS
- * (Debian libopenblas): its sgemm is the fastest this project measured for
- * these shapes; see README "Dependencies". The threading policy is attn.h's
- * "Threads and OpenBLAS": our team splits the rows, OpenBLAS runs on one
- * thread per call, and nothing of OpenBLAS or OpenMP is set per call.
+/* Dense fp32 products, C = alpha op(A) op(B) + beta C (row-major), for
+ * attn_matmul and the multi-head layer's projections: BLIS's scheme, own
+ * code. op(B) is copied ("packed") in blocks of KC x NC, op(A) in blocks of
+ * MC x KC, each into the panels the micro-kernel streams (A: MR rows per
+ * panel, B: NR columns, k-major, zero-padded to whole panels); the
+ * micro-kernel (sgemm_template.h, one per instruction set: sgemm_<isa>.c)
+ * forms one MR x NR tile of C from a panel pair. The kernel and its
+ * blocking come from isa.c's table, the row the fused kernels use
+ * (ATTN_FUSED_ISA lowers it).
  *
- * Bitwise the same result for any thread count: OpenBLAS computes each
- * element of C with the micro-kernel of its tile, tiles counted from the
- * first row of the call in steps of the kernel's unroll, the last rows with
- * narrower kernels that sum in another order. A cut at a multiple of the
- * unroll therefore leaves every element with the kernel it gets unsplit; a
- * cut elsewhere changes bits (measured: OpenBLAS 0.3.21's Haswell kernels
- * cut at multiples of 12 rows). The unroll is not part of OpenBLAS's API, so
- * the one-time init measures it: the smallest row step G whose cuts give
- * bitwise the unsplit result for every transpose the library uses. With one
- * thread, or no such G, a product is one call. */
+ * Why not OpenBLAS: run where OPENBLAS_CORETYPE=Haswell is set (this
+ * project's machines and CI), it uses its AVX2 kernels, half of what a
+ * full-width AVX-512 core does; docs/speed.md "fp32 products" has the
+ * measurements that chose this code over OpenBLAS, BLIS and oneDNN.
+ *
+ * Bitwise the same C for any thread count: K is cut into blocks of KC from
+ * k = 0 whatever the threads, each element's sum runs through the one
+ * micro-kernel (edge tiles too, through a zero-padded copy), and threads
+ * only share out whole tiles. OpenBLAS remains as the fallback when the
+ * packing buffers cannot be allocated (one single-threaded call; its
+ * rounding differs from the packed path's). */
 #include "internal.h"
 
 #include <cblas.h>
 #include <omp.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
-static int64_t g_rows; /* G: row step of the split; 0: never split */
+int64_t attn_sgemm_row_step(void) { return attn_sgemm_kernel_active()->mr; }
 
-/* Do cuts at G and 2G give the unsplit C, bitwise, for op(A) [M, K] op(B)
- * [K, N] with M = 2G + 5 and this transpose? */
-static int cuts_exact(int64_t G, int ta, int tb, int64_t K, float *mem) {
-    const int64_t M = 2 * G + 5, N = 40, lda = ta ? M : K, ldb = tb ? K : N;
-    float *A = mem, *B = A + M * K, *C = B + K * N, *Ccut = C + M * N;
-    uint64_t s = 0x9E3779B97F4A7C15ull * (uint64_t)(G + 31 * ta + 7 * tb + K);
-    for (int64_t i = 0; i < M * K + K * N; i++) {
-        s = s * 6364136223846793005ull + 1442695040888963407ull;
-        A[i] = (float)(int32_t)(s >> 32) * (1.0f / 2147483648.0f); /* B follows A */
-    }
-    const CBLAS_TRANSPOSE oa = ta ? CblasTrans : CblasNoTrans, ob = tb ? CblasTrans : CblasNoTrans;
-    cblas_sgemm(CblasRowMajor, oa, ob, (blasint)M, (blasint)N, (blasint)K, 1.0f, A, (blasint)lda, B,
-                (blasint)ldb, 0.0f, C, (blasint)N);
-    for (int64_t cut = G; cut <= 2 * G; cut += G) {
-        const int64_t r[3] = {0, cut, M};
-        for (int p = 0; p < 2; p++)
-            cblas_sgemm(CblasRowMajor, oa, ob, (blasint)(r[p + 1] - r[p]), (blasint)N, (blasint)K,
-                        1.0f, ta ? A + r[p] : A + r[p] * lda, (blasint)lda, B, (blasint)ldb, 0.0f,
-                        Ccut + r[p] * N, (blasint)N);
-        if (memcmp(C, Ccut, (size_t)(M * N) * sizeof(float)) != 0) return 0;
-    }
-    return 1;
+/* attn_test_sgemm_blocking: KC, MC, NC in place of the kernel's (0: its
+ * own), for the blocking candidates of bench/sgemm_candidates.c. */
+static int64_t g_block[3];
+
+void attn_test_sgemm_blocking(int64_t kc, int64_t mc, int64_t nc) {
+    g_block[0] = kc, g_block[1] = mc, g_block[2] = nc;
 }
 
-/* Once, at the library's first call (status.c) or first product. OpenBLAS's
- * pthread build keeps a process-wide thread count and pool: set it to 1,
- * once (its OpenMP build needs nothing: see attn_sgemm; the sequential build
- * has no threads). Then measure the row step G (tiny products:
- * microseconds). */
-static void blas_init_once(void) {
-    if (openblas_get_parallel() == 1) openblas_set_num_threads(1);
-    static const int64_t steps[] = {4, 8, 12, 16, 24, 32, 48, 64};
-    const int64_t Gmax = 64, Kmax = 300, Mmax = 2 * Gmax + 5;
-    float *mem = malloc((size_t)(Mmax * Kmax + Kmax * 40 + 2 * Mmax * 40) * sizeof(float));
-    int64_t found = 0;
-    /* single-threaded OpenBLAS, as in attn_sgemm: its own threading (above
-     * its size threshold) would cut the rows its own way */
-#pragma omp parallel num_threads(1)
-    {
-        omp_set_num_threads(1);
-        for (size_t i = 0; mem && i < sizeof steps / sizeof steps[0] && !found; i++) {
-            int ok = 1;
-            for (int t = 0; t < 3 && ok; t++) /* (A, Bᵀ), (A, B), (Aᵀ, B): the library's three */
-                for (int64_t K = 37; K <= Kmax && ok; K += Kmax - 37) /* one K block, and several */
-                    ok = cuts_exact(steps[i], t == 2, t == 0, K, mem);
-            if (ok) found = steps[i];
+static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+/* Panels p0 <= p < p1 of op(A)[i0 : i0+mc, k0 : k0+kc] into Ap: panel p at
+ * Ap + p*mr*kc holds [kc][mr] (rows past mc are zeros). */
+static void pack_a(const float *A, int64_t lda, int ta, int64_t i0, int64_t mc, int64_t k0,
+                   int64_t kc, int mr, int64_t p0, int64_t p1, float *Ap) {
+    for (int64_t p = p0; p < p1; p++) {
+        float *dst = Ap + p * mr * kc;
+        const int64_t r0 = p * mr, rows = min64(mr, mc - r0);
+        if (!ta) {
+            /* k outer: the mr rows are read side by side and the panel is
+             * written in order (measured faster than row by row) */
+            const float *src = A + (i0 + r0) * lda + k0;
+            for (int64_t k = 0; k < kc; k++) {
+                float *d = dst + k * mr;
+                for (int64_t r = 0; r < rows; r++) d[r] = src[r * lda + k];
+                for (int64_t r = rows; r < mr; r++) d[r] = 0.0f;
+            }
+        } else {
+            for (int64_t k = 0; k < kc; k++) {
+                const float *src = A + (k0 + k) * lda + i0 + r0;
+                float *d = dst + k * mr;
+                for (int64_t r = 0; r < rows; r++) d[r] = src[r];
+                for (int64_t r = rows; r < mr; r++) d[r] = 0.0f;
+            }
         }
     }
-    g_rows = found;
-    free(mem);
 }
 
-static pthread_once_t g_blas_once = PTHREAD_ONCE_INIT;
+/* Panels q0 <= q < q1 of op(B)[k0 : k0+kc, j0 : j0+nc] into Bp: panel q at
+ * Bp + q*nr*kc holds [kc][nr] (columns past nc are zeros). */
+static void pack_b(const float *B, int64_t ldb, int tb, int64_t k0, int64_t kc, int64_t j0,
+                   int64_t nc, int nr, int64_t q0, int64_t q1, float *Bp) {
+    for (int64_t q = q0; q < q1; q++) {
+        float *dst = Bp + q * nr * kc;
+        const int64_t c0 = q * nr, cols = min64(nr, nc - c0);
+        if (!tb) {
+            for (int64_t k = 0; k < kc; k++) {
+                const float *src = B + (k0 + k) * ldb + j0 + c0;
+                float *d = dst + k * nr;
+                for (int64_t c = 0; c < cols; c++) d[c] = src[c];
+                for (int64_t c = cols; c < nr; c++) d[c] = 0.0f;
+            }
+        } else {
+            for (int64_t c = 0; c < cols; c++) {
+                const float *src = B + (j0 + c0 + c) * ldb + k0;
+                for (int64_t k = 0; k < kc; k++) dst[k * nr + c] = src[k];
+            }
+            for (int64_t c = cols; c < nr; c++)
+                for (int64_t k = 0; k < kc; k++) dst[k * nr + c] = 0.0f;
+        }
+    }
+}
 
-void attn_blas_init(void) { pthread_once(&g_blas_once, blas_init_once); }
+/* C = beta C (K = 0 or alpha = 0: A and B are not read; beta = 0 writes
+ * zeros without reading C). */
+static void scale_c(int64_t M, int64_t N, float beta, float *C, int64_t ldc) {
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t j = 0; j < N; j++) C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
+}
 
-int64_t attn_sgemm_row_step(void) {
-    attn_blas_init();
-    return g_rows;
+/* One MR x NR tile; a partial one (rows x cols) through a zero-padded copy,
+ * so that it gets the same micro-kernel as a whole one. */
+static void tile(const attn_sgemm_kernel *kr, int64_t kc, const float *Ap, const float *Bp,
+                 float *C, int64_t ldc, int64_t rows, int64_t cols, float alpha, float beta,
+                 int first) {
+    if (rows == kr->mr && cols == kr->nr) {
+        kr->ukr(kc, Ap, Bp, C, ldc, alpha, beta, first);
+        return;
+    }
+    float t[ATTN_SGEMM_TILE_MAX]; /* [mr][nr] */
+    const int64_t nr = kr->nr;
+    memset(t, 0, sizeof t);
+    if (!first || beta != 0.0f)
+        for (int64_t r = 0; r < rows; r++) memcpy(t + r * nr, C + r * ldc, (size_t)cols * sizeof *t);
+    kr->ukr(kc, Ap, Bp, t, nr, alpha, beta, first);
+    for (int64_t r = 0; r < rows; r++) memcpy(C + r * ldc, t + r * nr, (size_t)cols * sizeof *t);
+}
+
+/* The fallback: OpenBLAS, one single-threaded call. */
+static void sgemm_blas(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
+                       const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
+                       float *C, int64_t ldc) {
+#pragma omp parallel num_threads(1)
+    {
+        /* this region's thread-count ICV: OpenBLAS's OpenMP build would
+         * otherwise start a team of the caller's default size */
+        omp_set_num_threads(1);
+        cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+                    (blasint)M, (blasint)N, (blasint)K, alpha, A, (blasint)lda, B, (blasint)ldb,
+                    beta, C, (blasint)ldc);
+    }
 }
 
 void attn_sgemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
                 int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc,
                 int threads) {
-    const int64_t G = attn_sgemm_row_step(); /* (runs the one-time init) */
-    const int64_t blocks = G ? (M + G - 1) / G : 1;
-    if (threads > blocks) threads = (int)blocks;
+    if (M <= 0 || N <= 0) return;
+    if (K <= 0 || alpha == 0.0f) {
+        scale_c(M, N, beta, C, ldc);
+        return;
+    }
+    const attn_sgemm_kernel *kr = attn_sgemm_kernel_active();
+    const int64_t MR = kr->mr, NR = kr->nr;
+    const int64_t kcx = g_block[0] ? g_block[0] : kr->kc;
+    const int64_t mcx = g_block[1] ? (g_block[1] + MR - 1) / MR * MR : kr->mc;
+    const int64_t ncx = g_block[2] ? (g_block[2] + NR - 1) / NR * NR : kr->nc;
+    const int64_t KCb = min64(K, kcx);                         /* K block */
+    const int64_t MCb = min64((M + MR - 1) / MR * MR, mcx);    /* rows of A's block */
+    const int64_t NCb = min64((N + NR - 1) / NR * NR, ncx);    /* columns of B's block */
+    const size_t abytes = (size_t)(MCb * KCb) * sizeof(float), bbytes = (size_t)(KCb * NCb) * sizeof(float);
+    /* [MCb/MR][KCb][MR] and [NCb/NR][KCb][NR]; aligned_alloc wants a size
+     * that is a multiple of the alignment */
+    float *Ap = aligned_alloc(64, (abytes + 63) / 64 * 64);
+    float *Bp = aligned_alloc(64, (bbytes + 63) / 64 * 64);
+    if (!Ap || !Bp) {
+        free(Ap), free(Bp);
+        sgemm_blas(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        return;
+    }
+    const int64_t max_tiles = (MCb / MR) * (NCb / NR); /* tiles of one macro block */
+    if (threads > max_tiles) threads = (int)max_tiles;
+    if (threads < 1) threads = 1;
 #pragma omp parallel num_threads(threads)
     {
-        /* This region's own thread-count ICV (it ends with the region): with
-         * a team of one the region is inactive, and OpenBLAS's OpenMP build
-         * would otherwise start a team of the caller's default size. */
-        omp_set_num_threads(1);
-        const int nth = omp_get_num_threads(), id = omp_get_thread_num();
-        const int64_t r0 = nth == 1 ? 0 : blocks * id / nth * G;
-        const int64_t r1 = nth == 1 ? M : (id + 1 == nth ? M : blocks * (id + 1) / nth * G);
-        if (r1 > r0)
-            cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans,
-                        tb ? CblasTrans : CblasNoTrans, (blasint)(r1 - r0), (blasint)N, (blasint)K,
-                        alpha, ta ? A + r0 : A + r0 * lda, (blasint)lda, B, (blasint)ldb, beta,
-                        C + r0 * ldc, (blasint)ldc);
+        const int64_t nth = omp_get_num_threads(), id = omp_get_thread_num();
+        for (int64_t jc = 0; jc < N; jc += NCb) {
+            const int64_t nc = min64(NCb, N - jc), nq = (nc + NR - 1) / NR;
+            for (int64_t pc = 0; pc < K; pc += KCb) {
+                const int64_t kc = min64(KCb, K - pc);
+                const int first = pc == 0;
+                pack_b(B, ldb, tb, pc, kc, jc, nc, (int)NR, nq * id / nth, nq * (id + 1) / nth, Bp);
+#pragma omp barrier
+                for (int64_t ic = 0; ic < M; ic += MCb) {
+                    const int64_t mc = min64(MCb, M - ic), np = (mc + MR - 1) / MR;
+                    pack_a(A, lda, ta, ic, mc, pc, kc, (int)MR, np * id / nth, np * (id + 1) / nth,
+                           Ap);
+#pragma omp barrier
+                    /* this thread's share of the block's tiles, B panel by
+                     * B panel (each B panel stays in cache across A's) */
+                    const int64_t nt = nq * np;
+                    for (int64_t t = nt * id / nth; t < nt * (id + 1) / nth; t++) {
+                        const int64_t q = t / np, p = t % np;
+                        tile(kr, kc, Ap + p * MR * kc, Bp + q * NR * kc,
+                             C + (ic + p * MR) * ldc + jc + q * NR, ldc, min64(MR, mc - p * MR),
+                             min64(NR, nc - q * NR), alpha, beta, first);
+                    }
+#pragma omp barrier /* before A (or B) is packed again */
+                }
+            }
+        }
     }
+    free(Ap), free(Bp);
 }

@@ -21,9 +21,9 @@ attn_status attn_ok(attn_error *err);
 int attn_threads_for(int p_threads);
 
 /* The environment, read once (pthread_once) at the first call that needs
- * it (status.c, the ground: it calls nothing of the library above it but
- * the leaf gemm.c). That call also applies the OpenBLAS policy of attn.h
- * ("Threads and OpenBLAS", attn_blas_init). Whoever needs a variable asks
+ * it (status.c, the ground: it calls nothing of the library above it).
+ * That call also applies the OpenBLAS policy of attn.h ("Threads and
+ * OpenBLAS"). Whoever needs a variable asks
  * attn_env_get: isa.c interprets fused_isa. */
 typedef struct {
     int env_threads;    /* ATTN_NUM_THREADS when valid, else 0 */
@@ -32,8 +32,6 @@ typedef struct {
     char fused_isa[16]; /* ATTN_FUSED_ISA as set ("" when unset or longer) */
 } attn_env;
 const attn_env *attn_env_get(void);
-/* gemm.c: the OpenBLAS policy and the row step, once (idempotent). */
-void attn_blas_init(void);
 
 /* Test and measurement hooks (tests/, bench/; not in attn.h, not exported
  * from libattn.so, reached through libattn.a). Not thread-safe against
@@ -245,15 +243,37 @@ attn_status attn_varlen_reference_backward(const attn_problem *pr, const attn_va
                                            attn_tensor *dq, attn_tensor *dk, attn_tensor *dv,
                                            double *sink_acc, attn_error *err);
 
-/* Row-major C[M,N] = alpha * op(A) op(B) + beta * C through the BLAS, on
- * `threads` threads of the library's own team: rows of C cut at multiples of
- * attn_sgemm_row_step(), one single-threaded sgemm per thread (attn.h,
- * "Threads and OpenBLAS"); one call with one thread. Bitwise the same C for
- * any thread count (gemm.c). ta/tb nonzero: transpose. */
-int64_t attn_sgemm_row_step(void); /* measured once; 0: products are never split */
+/* Row-major C[M,N] = alpha * op(A) op(B) + beta * C (ta/tb nonzero:
+ * transpose) on `threads` threads of the library's own team, by the packed
+ * micro-kernel of isa.c's active row (gemm.c). Bitwise the same C for any
+ * thread count: K is blocked from 0 whatever the threads, and the threads
+ * share out whole MR x NR tiles of C. beta = 0: C is not read. */
 void attn_sgemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
                 int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc,
                 int threads);
+/* The active micro-kernel's MR: threads cut C at multiples of it (rows) and
+ * of its NR (columns). */
+int64_t attn_sgemm_row_step(void);
+
+/* One instruction set's fp32 GEMM micro-kernel and its cache blocking
+ * (sgemm_<isa>.c, from sgemm_template.h): a column of isa.c's table. */
+#define ATTN_SGEMM_TILE_MAX (14 * 32) /* the largest MR x NR of any row */
+typedef struct {
+    const char *name;
+    int mr, nr;             /* the micro-tile: mr x nr elements of C, mr * nr <= ATTN_SGEMM_TILE_MAX */
+    int64_t kc, mc, nc;     /* blocks: K, rows of packed A, columns of packed B */
+    /* C[mr x nr] (row stride ldc) from packed panels Ap [kc][mr], Bp
+     * [kc][nr]: acc = sum_k Ap Bp (one FMA chain from 0); first: C = alpha
+     * acc + beta C (C not read when beta = 0), else C = alpha acc + C */
+    void (*ukr)(int64_t kc, const float *Ap, const float *Bp, float *C, int64_t ldc, float alpha,
+                float beta, int first);
+} attn_sgemm_kernel;
+/* Measurement hook (bench/sgemm_candidates.c): blocking KC, MC, NC in
+ * place of every kernel's own (MC and NC rounded up to whole tiles); 0: the
+ * kernel's. Not thread-safe against products in flight. */
+void attn_test_sgemm_blocking(int64_t kc, int64_t mc, int64_t nc);
+/* isa.c: the micro-kernel of the active row (as attn_fused_kernels_active). */
+const attn_sgemm_kernel *attn_sgemm_kernel_active(void);
 
 /* ---------------------------------------------------------------- fused path
  * Tiled online-softmax kernels (sdpa_fused*.c). One algorithm, compiled per

@@ -3,7 +3,8 @@
  * CPU runs it. The CPU is tested once; ATTN_FUSED_ISA (read by status.c)
  * lowers the choice to a row below the CPU's best, never raises it.
  *
- * Each row also names the bf16 forward it runs (sdpa_fused_bf16_<isa>.c).
+ * Each row also names the bf16 forward it runs (sdpa_fused_bf16_<isa>.c)
+ * and the fp32 GEMM micro-kernel of attn_sgemm (sgemm_<isa>.c).
  *
  * Adding an instruction set: its sdpa_fused_<isa>.c (the vector vocabulary,
  * #include "sdpa_fused_template.h", and its one export, const
@@ -52,27 +53,33 @@ static int cpu_avx512bf16(void) {
 }
 extern const attn_fused_kernels attn_fused_kernels_avx512, attn_fused_kernels_avx2;
 extern const attn_fused_kernels attn_fused_bf16_kernels_avx512bf16, attn_fused_bf16_kernels_avx2;
+extern const attn_sgemm_kernel attn_sgemm_kernel_avx512, attn_sgemm_kernel_avx2;
 #endif
 static int cpu_any(void) { return 1; }
 extern const attn_fused_kernels attn_fused_kernels_portable, attn_fused_bf16_kernels_portable;
+extern const attn_sgemm_kernel attn_sgemm_kernel_portable;
 
-/* A row: its ATTN_FUSED_ISA name, the fp32 kernels and the bf16 forward
- * (sdpa_fused_bf16_<isa>.c) it runs. The avx512bf16 row differs from the
+/* A row: its ATTN_FUSED_ISA name, the fp32 kernels, the bf16 forward
+ * (sdpa_fused_bf16_<isa>.c) and the GEMM micro-kernel (sgemm_<isa>.c) it
+ * runs. The avx512bf16 row differs from the
  * avx512 one in its bf16 kernels only; avx512 and avx2 run the C bf16
  * kernels built for AVX2 (the portable bits, 8 wide). */
 static const struct {
     const char *name;
     const attn_fused_kernels *kernels, *bf16;
+    const attn_sgemm_kernel *sgemm;
     int (*cpu_runs)(void);
 } g_isas[] = {
 #if defined(__x86_64__)
     {"avx512bf16", &attn_fused_kernels_avx512, &attn_fused_bf16_kernels_avx512bf16,
-     cpu_avx512bf16},
-    {"avx512", &attn_fused_kernels_avx512, &attn_fused_bf16_kernels_avx2, cpu_avx512},
-    {"avx2", &attn_fused_kernels_avx2, &attn_fused_bf16_kernels_avx2, cpu_avx2},
+     &attn_sgemm_kernel_avx512, cpu_avx512bf16},
+    {"avx512", &attn_fused_kernels_avx512, &attn_fused_bf16_kernels_avx2,
+     &attn_sgemm_kernel_avx512, cpu_avx512},
+    {"avx2", &attn_fused_kernels_avx2, &attn_fused_bf16_kernels_avx2,
+     &attn_sgemm_kernel_avx2, cpu_avx2},
 #endif
     {"portable", &attn_fused_kernels_portable, &attn_fused_bf16_kernels_portable,
-     cpu_any}, /* last: runs anywhere */
+     &attn_sgemm_kernel_portable, cpu_any}, /* last: runs anywhere */
 };
 enum { N_ISAS = sizeof g_isas / sizeof g_isas[0] };
 
@@ -102,6 +109,8 @@ static int active_row(void) {
 }
 
 const attn_fused_kernels *attn_fused_kernels_active(void) { return g_isas[active_row()].kernels; }
+
+const attn_sgemm_kernel *attn_sgemm_kernel_active(void) { return g_isas[active_row()].sgemm; }
 
 const attn_fused_kernels *attn_fused_bf16_kernels_active(void) {
     return g_isas[active_row()].bf16;

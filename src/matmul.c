@@ -1,13 +1,12 @@
 /* attn_matmul (attn.h, "dense products"): the public product, checked,
- * then gemm.c's attn_sgemm. Kept out of gemm.c, the leaf that status.c's
- * first call reaches (attn_blas_init): the checks need status.c's
- * attn_fail, and gemm.c calling it back would be a circle. */
+ * then gemm.c's attn_sgemm. Kept out of gemm.c, which only computes: the
+ * checks need status.c's attn_fail. */
 #include "internal.h"
 
 #include <limits.h>
 
 /* Every size and leading dimension must fit OpenBLAS's blasint (Debian's:
- * int); then no operand's extent (rows - 1) * ld + cols can overflow int64. */
+ * int), for gemm.c's fallback; then no operand's extent (rows - 1) * ld + cols can overflow int64. */
 static attn_status operand_check(const char *name, int64_t rows, int64_t cols, int64_t ld,
                                  attn_error *err) {
     if (ld < cols)

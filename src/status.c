@@ -2,6 +2,7 @@
  * the one piece of global state: threads. */
 #include "internal.h"
 
+#include <cblas.h>
 #include <omp.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -69,11 +70,19 @@ static void read_env(void) {
     g_env = e;
 }
 
-/* The library's first call: the environment, and the OpenBLAS policy of
- * attn.h (gemm.c, a leaf: it asks nothing of the library). */
+/* The OpenBLAS policy of attn.h ("Threads and OpenBLAS"): its pthread
+ * build keeps a process-wide thread count and pool; set it to 1, once (the
+ * library calls OpenBLAS single-threaded only: gemm.c's fallback and the
+ * fused path's measurement hook). Its OpenMP build needs nothing; the
+ * sequential build has no threads. */
+static void blas_policy(void) {
+    if (openblas_get_parallel() == 1) openblas_set_num_threads(1);
+}
+
+/* The library's first call: the environment, and the OpenBLAS policy. */
 static void init_once(void) {
     read_env();
-    attn_blas_init();
+    blas_policy();
 }
 
 const attn_env *attn_env_get(void) {

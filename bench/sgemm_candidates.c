@@ -1,0 +1,151 @@
+/* fp32 GEMM candidates side by side: attn_sgemm (each isa.c row this CPU
+ * runs, forced through ATTN_FUSED_ISA), OpenBLAS, BLIS and oneDNN, on
+ * row-major C = A B (M = N = K = SIZE), in interleaved rounds; per
+ * candidate the median over rounds of each round's best of REPS.
+ *   sgemm_candidates [SIZE [THREADS [ROUNDS [REPS]]]]
+ * SGEMM_BLOCKS="KC,MC,NC KC,MC,NC ..." compares blockings of the CPU's best
+ * attn row instead (with OpenBLAS beside them as the common reference).
+ * SGEMM_CLOCK=cpu times by the process's CPU time instead of the wall clock
+ * (steadier on a shared machine; with 1 thread only: it sums the threads).
+ * BLIS and oneDNN are opened with dlopen (RTLD_LOCAL: BLIS's BLAS symbols
+ * would clash with OpenBLAS's); a missing one is skipped. Built and run by
+ * bench/sgemm_candidates.sh. */
+#define _POSIX_C_SOURCE 200809L
+#include <cblas.h>
+#include <dlfcn.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "internal.h"
+
+typedef void (*bli_sgemm_fn)(int, int, int64_t, int64_t, int64_t, const float *, const float *,
+                             int64_t, int64_t, const float *, int64_t, int64_t, const float *,
+                             float *, int64_t, int64_t);
+typedef void (*bli_threads_fn)(int64_t);
+typedef int (*dnnl_sgemm_fn)(char, char, int64_t, int64_t, int64_t, float, const float *, int64_t,
+                             const float *, int64_t, float, float *, int64_t);
+
+static bli_sgemm_fn g_bli;
+static bli_threads_fn g_bli_threads;
+static dnnl_sgemm_fn g_dnnl;
+static int64_t g_n;
+static int g_threads;
+static const float *g_A, *g_B;
+static float *g_C;
+
+static clockid_t g_clock = CLOCK_MONOTONIC;
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(g_clock, &t);
+    return t.tv_sec + 1e-9 * t.tv_nsec;
+}
+
+enum { MAXC = 16 };
+static const char *g_names[MAXC];
+static int g_kinds[MAXC]; /* 0: attn row (g_rows), 1 OpenBLAS, 2 BLIS, 3 oneDNN */
+static const char *g_rows[MAXC];
+static int64_t g_blocks[MAXC][3]; /* attn rows: blocking (0: the kernel's) */
+static int g_nc;
+
+static void run(int c) {
+    const int64_t n = g_n;
+    switch (g_kinds[c]) {
+    case 0:
+        setenv("ATTN_FUSED_ISA", g_rows[c], 1);
+        attn_test_reload_env();
+        attn_test_sgemm_blocking(g_blocks[c][0], g_blocks[c][1], g_blocks[c][2]);
+        attn_sgemm(0, 0, n, n, n, 1.0f, g_A, n, g_B, n, 0.0f, g_C, n, g_threads);
+        break;
+    case 1:
+        openblas_set_num_threads(g_threads);
+        omp_set_num_threads(g_threads);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)n, (blasint)n, (blasint)n,
+                    1.0f, g_A, (blasint)n, g_B, (blasint)n, 0.0f, g_C, (blasint)n);
+        break;
+    case 2: {
+        const float one = 1.0f, zero = 0.0f;
+        g_bli_threads(g_threads);
+        g_bli(0, 0, n, n, n, &one, g_A, n, 1, g_B, n, 1, &zero, g_C, n, 1);
+        break;
+    }
+    case 3:
+        omp_set_num_threads(g_threads);
+        g_dnnl('N', 'N', n, n, n, 1.0f, g_A, n, g_B, n, 0.0f, g_C, n);
+        break;
+    }
+}
+
+static int cmp(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+int main(int argc, char **argv) {
+    g_n = argc > 1 ? atoll(argv[1]) : 1024;
+    g_threads = argc > 2 ? atoi(argv[2]) : 1;
+    const int rounds = argc > 3 ? atoi(argv[3]) : 5, reps = argc > 4 ? atoi(argv[4]) : 3;
+    const int64_t n = g_n;
+    const char *clk = getenv("SGEMM_CLOCK");
+    if (clk && !strcmp(clk, "cpu")) g_clock = CLOCK_PROCESS_CPUTIME_ID;
+    float *A = malloc((size_t)(n * n) * sizeof(float)), *B = malloc((size_t)(n * n) * sizeof(float));
+    g_C = malloc((size_t)(n * n) * sizeof(float));
+    for (int64_t i = 0; i < n * n; i++) A[i] = (float)(i % 13) * 0.1f - 0.6f, B[i] = (float)(i % 7) * 0.2f - 0.6f;
+    g_A = A, g_B = B;
+    const char *blocks = getenv("SGEMM_BLOCKS");
+    static char names[MAXC][48];
+    while (blocks && *blocks && g_nc < MAXC - 1) {
+        long long kc, mc, nc;
+        int used;
+        if (sscanf(blocks, " %lld,%lld,%lld%n", &kc, &mc, &nc, &used) != 3) break;
+        blocks += used;
+        g_blocks[g_nc][0] = kc, g_blocks[g_nc][1] = mc, g_blocks[g_nc][2] = nc;
+        snprintf(names[g_nc], sizeof names[0], "attn KC %lld MC %lld NC %lld", kc, mc, nc);
+        g_names[g_nc] = names[g_nc], g_kinds[g_nc] = 0, g_rows[g_nc++] = "";
+    }
+    for (int i = 0; !g_nc && attn_test_isa_name(i); i++) {
+        const char *row = attn_test_isa_name(i);
+        if (!strcmp(row, "avx512bf16")) continue; /* the same micro-kernel as avx512 */
+        setenv("ATTN_FUSED_ISA", row, 1);
+        attn_test_reload_env();
+        if (strcmp(attn_sgemm_kernel_active()->name, row)) continue; /* the CPU does not run it */
+        snprintf(names[g_nc], sizeof names[0], "attn %s", row);
+        g_names[g_nc] = names[g_nc], g_kinds[g_nc] = 0, g_rows[g_nc++] = row;
+    }
+    static char obname[64];
+    snprintf(obname, sizeof obname, "OpenBLAS (%s)", openblas_get_corename());
+    g_names[g_nc] = obname, g_kinds[g_nc++] = 1;
+    void *blis = getenv("SGEMM_BLOCKS") ? NULL : dlopen("libblis.so.4", RTLD_NOW | RTLD_LOCAL);
+    if (blis && (g_bli = (bli_sgemm_fn)dlsym(blis, "bli_sgemm")) &&
+        (g_bli_threads = (bli_threads_fn)dlsym(blis, "bli_thread_set_num_threads")))
+        g_names[g_nc] = "BLIS", g_kinds[g_nc++] = 2;
+    void *dnnl = getenv("SGEMM_BLOCKS") ? NULL : dlopen("libdnnl.so.2", RTLD_NOW | RTLD_LOCAL);
+    if (dnnl && (g_dnnl = (dnnl_sgemm_fn)dlsym(dnnl, "dnnl_sgemm")))
+        g_names[g_nc] = "oneDNN", g_kinds[g_nc++] = 3;
+    double t[MAXC][64];
+    for (int c = 0; c < g_nc; c++) run(c); /* warm-up */
+    for (int r = 0; r < rounds && r < 64; r++)
+        for (int c = 0; c < g_nc; c++) {
+            double best = 1e30;
+            for (int k = 0; k < reps; k++) {
+                const double t0 = now();
+                run(c);
+                const double dt = now() - t0;
+                best = dt < best ? dt : best;
+            }
+            t[c][r] = best;
+        }
+    printf("sgemm %lld^3, %d thread(s), %d interleaved rounds (median of each round's best of %d), "
+           "%s clock\n",
+           (long long)n, g_threads, rounds, reps, g_clock == CLOCK_MONOTONIC ? "wall" : "CPU");
+    for (int c = 0; c < g_nc; c++) {
+        qsort(t[c], (size_t)rounds, sizeof(double), cmp);
+        const double med = t[c][rounds / 2];
+        printf("  %-34s %8.1f GFLOP/s\n", g_names[c], 2.0 * n * n * n / med * 1e-9);
+    }
+    free(A), free(B), free(g_C);
+    return 0;
+}
