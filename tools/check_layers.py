@@ -120,7 +120,6 @@ SPLIT_PENDING = {
     ("molgen/train/train.c", "load_augmented"),
     ("molgen/train/train.c", "scan_init_data"),
     ("molgen/train/train.c", "load_data"),
-    ("molgen/train/train.c", "build"),
     ("molgen/train/train.c", "sample_check"),
     ("molgen/train/train.c", "mg_train_run"),
 }

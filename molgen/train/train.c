@@ -875,53 +875,55 @@ static mg_status new_token_q(run *r, double **q_out, mg_error *err) {
     return rc;
 }
 
-/* A fresh model and optimizer, or the checkpoint's with this run's schedule
- * length; the causal-leak guard; the batch stream and its buffers. */
-static mg_status build(run *r, mg_error *err) {
+/* A fresh run's model (new, from --init, or --init with added tokens) and
+ * optimizer. */
+static mg_status build_fresh(run *r, mg_error *err) {
     const mg_train_config *c = r->c;
     mg_error e;
     mg_status rc;
-    if (!r->resuming) {
-        mg_model_config mc = r->s.model;
-        mc.vocab_size = mg_vocab_size(r->ck.vocab);
-        mc.ctx_len = r->all.T - 1 + (r->sc_longest ? r->sc_longest + 1 : 0);
-        mc.n_cond = r->cond.K;
-        mc.scaffold = r->sc_longest;
-        if (r->added > 0) { /* MODEL's tensors by name, the grown ones row by row */
-            double *q = NULL;
-            if ((rc = new_token_q(r, &q, err))) return rc;
-            rc = mg_model_extend_vocab(r->init, mc.vocab_size, MG_EXTEND_MARGIN, q, &r->ck.model,
-                                       &e);
-            free(q);
-        } else
-            rc = mg_model_create(&mc, &r->ck.model, &e);
+    mg_model_config mc = r->s.model;
+    mc.vocab_size = mg_vocab_size(r->ck.vocab);
+    mc.ctx_len = r->all.T - 1 + (r->sc_longest ? r->sc_longest + 1 : 0);
+    mc.n_cond = r->cond.K;
+    mc.scaffold = r->sc_longest;
+    if (r->added > 0) { /* MODEL's tensors by name, the grown ones row by row */
+        double *q = NULL;
+        if ((rc = new_token_q(r, &q, err))) return rc;
+        rc = mg_model_extend_vocab(r->init, mc.vocab_size, MG_EXTEND_MARGIN, q, &r->ck.model,
+                                   &e);
+        free(q);
+    } else
+        rc = mg_model_create(&mc, &r->ck.model, &e);
+    if (rc) return mg_fail(err, rc, "model: %s", e.message);
+    r->st.new_rows = mg_model_new_rows(r->ck.model);
+    if (r->init && !r->added) /* the same table, so the same layout */
+        memcpy(mg_model_params(r->ck.model), mg_model_params(r->init),
+               mg_model_num_params(r->init) * sizeof(float));
+    else if (!r->init)
+        mg_model_init(r->ck.model, r->s.seed);
+    if (r->cond.K > 0) {
+        char *cj = mg_cond_info_to_json(&r->cond);
+        rc = cj ? mg_model_set_condition_meta(r->ck.model, cj, &e)
+                : mg_fail(&e, MG_ERR_NOMEM, "out of memory");
+        free(cj);
         if (rc) return mg_fail(err, rc, "model: %s", e.message);
-        r->st.new_rows = mg_model_new_rows(r->ck.model);
-        if (r->init && !r->added) /* the same table, so the same layout */
-            memcpy(mg_model_params(r->ck.model), mg_model_params(r->init),
-                   mg_model_num_params(r->init) * sizeof(float));
-        else if (!r->init)
-            mg_model_init(r->ck.model, r->s.seed);
-        if (r->cond.K > 0) {
-            char *cj = mg_cond_info_to_json(&r->cond);
-            rc = cj ? mg_model_set_condition_meta(r->ck.model, cj, &e)
-                    : mg_fail(&e, MG_ERR_NOMEM, "out of memory");
-            free(cj);
-            if (rc) return mg_fail(err, rc, "model: %s", e.message);
-        }
-        if ((rc = mg_model_set_frozen(r->ck.model, r->s.freeze, &e)))
-            return mg_fail(err, rc, "--freeze: %s", e.message);
-        mg_adamw_config oc = r->s.optim;
-        oc.total_steps = c->steps > 0 ? c->steps : MG_STEPS_UNSIZED; /* estimated later */
-        if ((rc = mg_ckpt_optimizer(r->ck.model, &oc, &r->ck.opt, &e)) ||
-            (r->s.ema > 0 &&
-             (rc = mg_adamw_enable_ema(&r->ck.opt, r->s.ema, mg_model_params(r->ck.model), &e))))
-            return mg_fail(err, rc, "optimizer: %s", e.message);
-    } else if (c->steps > 0 && c->steps != r->ck.opt.cfg.total_steps) {
-        say(r, "note: schedule length changed from %" PRId64 " to %" PRId64 " steps",
-            r->ck.opt.cfg.total_steps, c->steps);
-        r->ck.opt.cfg.total_steps = c->steps;
     }
+    if ((rc = mg_model_set_frozen(r->ck.model, r->s.freeze, &e)))
+        return mg_fail(err, rc, "--freeze: %s", e.message);
+    mg_adamw_config oc = r->s.optim;
+    oc.total_steps = c->steps > 0 ? c->steps : MG_STEPS_UNSIZED; /* estimated later */
+    if ((rc = mg_ckpt_optimizer(r->ck.model, &oc, &r->ck.opt, &e)) ||
+        (r->s.ema > 0 &&
+         (rc = mg_adamw_enable_ema(&r->ck.opt, r->s.ema, mg_model_params(r->ck.model), &e))))
+        return mg_fail(err, rc, "optimizer: %s", e.message);
+    return MG_OK;
+}
+
+/* The model's run-time settings (threads, dtype, label smoothing) and the
+ * schedule: its length known or not, validation interval, warm-up. */
+static mg_status build_schedule(run *r, mg_error *err) {
+    const mg_train_config *c = r->c;
+    mg_status rc;
     mg_model_set_threads(r->ck.model, c->threads);
     mg_dtype dt = MG_DT_F32;
     mg_dtype_parse(r->s.dtype, &dt); /* checked with the settings */
@@ -947,6 +949,11 @@ static mg_status build(run *r, mg_error *err) {
         say(r, "note: warm-up shortened to %" PRId64 " steps (a tenth of the run)",
             opt->cfg.warmup_steps);
     }
+    return MG_OK;
+}
+
+/* The run's model on stderr and in the result. */
+static void report_model(run *r) {
     const mg_model_config *mc = mg_model_get_config(r->ck.model);
     if (r->s.freeze > 0)
         say(r,
@@ -962,18 +969,12 @@ static mg_status build(run *r, mg_error *err) {
         mc->n_layer, mc->d_model, mc->n_head, mc->ctx_len, mc->vocab_size, (double)mc->dropout,
         mg_model_num_params(r->ck.model), r->train.n, r->val.n, r->s.batch_size,
         mg_model_threads(r->ck.model));
-    if (!c->skip_guard && (rc = mg_model_causal_guard(r->ck.model, r->s.seed, &e)))
-        return mg_fail(err, rc, "causal-leak guard failed: %s", e.message);
-    const int B = r->s.batch_size, T = r->all.T;
-    if (B < r->d->size)
-        return mg_fail(err, MG_ERR_ARG, "batch size %d is smaller than the %d ranks", B,
-                       r->d->size);
-    mg_dist_range((size_t)B, r->d->rank, r->d->size, &r->b0, &r->b1);
-    if ((rc = mg_batcher_new(&r->train, B, r->s.seed, 1, &r->batcher, &e)))
-        return mg_fail(err, rc, "%s", e.message);
-    mg_batcher_seek(r->batcher, (uint64_t)r->st.step);
-    /* a resumed run reads the data its checkpoint names, which the command
-     * could not check its outputs against: none may be that data */
+}
+
+/* A resumed run reads the data its checkpoint names, which the command
+ * could not check its outputs against: none may be that data. */
+static mg_status outputs_not_inputs(run *r, mg_error *err) {
+    const mg_train_config *c = r->c;
     const char *const out_opt[] = {"--out", "--loss-log", "--debug-dump-rows"};
     const char *const outs[] = {c->out_path, c->loss_log, c->dump_rows};
     const char *const ins[] = {r->s.data_path, r->s.augment_file};
@@ -987,6 +988,12 @@ static mg_status build(run *r, mg_error *err) {
                                "to write over an input",
                                out_opt[i], outs[i], j ? "--augment-file" : "--data", ins[j]);
         }
+    return MG_OK;
+}
+
+/* The loss log and the batch buffers. */
+static mg_status build_buffers(run *r, const mg_model_config *mc, int B, int T, mg_error *err) {
+    const mg_train_config *c = r->c;
     if (c->loss_log && r->d->rank == 0 && !(r->loss_log = fopen(c->loss_log, "a")))
         return mg_fail(err, MG_ERR_IO, "cannot open the loss log %s", c->loss_log);
     r->bids = malloc((size_t)B * T * sizeof(int32_t));
@@ -1006,6 +1013,35 @@ static mg_status build(run *r, mg_error *err) {
             return mg_fail(err, MG_ERR_NOMEM, "out of memory for batches");
     }
     return MG_OK;
+}
+
+/* A fresh model and optimizer, or the checkpoint's with this run's schedule
+ * length; the causal-leak guard; the batch stream and its buffers. */
+static mg_status build(run *r, mg_error *err) {
+    const mg_train_config *c = r->c;
+    mg_error e;
+    mg_status rc;
+    if (!r->resuming) {
+        if ((rc = build_fresh(r, err))) return rc;
+    } else if (c->steps > 0 && c->steps != r->ck.opt.cfg.total_steps) {
+        say(r, "note: schedule length changed from %" PRId64 " to %" PRId64 " steps",
+            r->ck.opt.cfg.total_steps, c->steps);
+        r->ck.opt.cfg.total_steps = c->steps;
+    }
+    if ((rc = build_schedule(r, err))) return rc;
+    report_model(r);
+    if (!c->skip_guard && (rc = mg_model_causal_guard(r->ck.model, r->s.seed, &e)))
+        return mg_fail(err, rc, "causal-leak guard failed: %s", e.message);
+    const int B = r->s.batch_size, T = r->all.T;
+    if (B < r->d->size)
+        return mg_fail(err, MG_ERR_ARG, "batch size %d is smaller than the %d ranks", B,
+                       r->d->size);
+    mg_dist_range((size_t)B, r->d->rank, r->d->size, &r->b0, &r->b1);
+    if ((rc = mg_batcher_new(&r->train, B, r->s.seed, 1, &r->batcher, &e)))
+        return mg_fail(err, rc, "%s", e.message);
+    mg_batcher_seek(r->batcher, (uint64_t)r->st.step);
+    if ((rc = outputs_not_inputs(r, err))) return rc;
+    return build_buffers(r, mg_model_get_config(r->ck.model), B, T, err);
 }
 
 /* --augment randomized: each row of the batch just drawn becomes one of its
