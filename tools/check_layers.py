@@ -117,10 +117,8 @@ SPLIT_PENDING = {
     ("molgen/rl/optimize.c", "mg_opt_restore"),
     ("molgen/rl/scorer_process.c", "exchange"),
     ("molgen/train/train.c", "setup"),
-    ("molgen/train/train.c", "load_augmented"),
     ("molgen/train/train.c", "scan_init_data"),
     ("molgen/train/train.c", "load_data"),
-    ("molgen/train/train.c", "sample_check"),
     ("molgen/train/train.c", "mg_train_run"),
 }
 

@@ -388,6 +388,70 @@ static uint64_t augment_hash(const run *r) {
  * of either; a resumed or --init one keeps its model's. Copies the vocabulary or
  * context cannot take, or longer than --max-tokens, are dropped and
  * counted. Then the dataset from the data with that vocabulary and T. */
+/* *v grown by the tokens of copy c that it lacks (a fresh run's vocabulary
+ * covers its copies), *grown = 1; c that does not tokenise leaves *v as it
+ * is. Returns the status of building the new vocabulary. */
+static mg_status vocab_add_copy(mg_vocab **v, const char *c, int cap, int *grown, mg_error *e) {
+    int nt = 0, nv = mg_vocab_size(*v);
+    mg_error ee;
+    mg_status rc = MG_OK;
+    *grown = 0;
+    mg_span *sp = malloc((size_t)cap * sizeof *sp);
+    const char **toks = malloc(((size_t)nv + (size_t)cap) * sizeof *toks);
+    char *txt = malloc(strlen(c) + (size_t)cap);
+    if (sp && toks && txt && !mg_tokenize(c, sp, cap, &nt, NULL, &ee)) {
+        int m = 0;
+        for (int id = MG_NUM_SPECIAL; id < nv; id++) toks[m++] = mg_vocab_token(*v, id);
+        char *w = txt;
+        for (int k = 0; k < nt; k++) {
+            memcpy(w, c + sp[k].start, (size_t)sp[k].len);
+            w[sp[k].len] = '\0';
+            toks[m++] = w;
+            w += sp[k].len + 1;
+        }
+        mg_vocab *nvoc = NULL;
+        if ((rc = mg_vocab_from_tokens(toks, (size_t)m, &nvoc, e)) == 0) {
+            mg_vocab_free(*v);
+            *v = nvoc;
+            *grown = 1;
+        }
+    }
+    free(sp);
+    free(toks);
+    free(txt);
+    return rc;
+}
+
+/* The copies that fit (vocabulary *v, grown unless fixed; T; --max-tokens)
+ * into r->aug_copy and the end of each line's range into r->aug_first;
+ * their count, the dropped ones' and the longest copy's tokens. */
+static mg_status keep_copies(run *r, const mg_load_opts *lo, int fixed, int T, mg_vocab **v,
+                             size_t *kept, size_t *dropped, int *longest, mg_error *e) {
+    const int cap = 1 << 16;
+    int32_t *ids = malloc((size_t)cap * sizeof *ids);
+    if (!ids) return mg_fail(e, MG_ERR_NOMEM, "out of memory for %zu copies", r->aug.n);
+    mg_status rc = MG_OK;
+    for (size_t j = 0; j < r->aug.n && !rc; j++) {
+        const char *c = r->aug.smiles[j];
+        int n = 0, grown;
+        mg_error ee;
+        mg_status erc = mg_vocab_encode(*v, c, ids, cap, &n, &ee);
+        if (erc == MG_ERR_UNKNOWN_TOKEN && !fixed) { /* a token only copies have */
+            if ((rc = vocab_add_copy(v, c, cap, &grown, e))) break;
+            erc = grown ? mg_vocab_encode(*v, c, ids, cap, &n, &ee) : MG_ERR_TOKEN;
+        }
+        if (erc || (lo->max_tokens > 0 && n > lo->max_tokens) || (fixed || lo->T ? n + 2 > T : 0)) {
+            (*dropped)++;
+            continue;
+        }
+        if (n > *longest) *longest = n;
+        r->aug_copy[(*kept)++] = c;
+        r->aug_first[r->aug.line[j] + 1] = *kept; /* lines ascend: the end of line's range */
+    }
+    free(ids);
+    return rc;
+}
+
 static mg_status load_augmented(run *r, mg_load_opts *lo, mg_vocab **built, mg_report *rep,
                                 mg_error *e) {
     const int fixed = r->resuming || r->init; /* the vocabulary and context are given */
@@ -413,61 +477,14 @@ static mg_status load_augmented(run *r, mg_load_opts *lo, mg_vocab **built, mg_r
         if (!T) T = tmp.T;
         mg_dataset_free(&tmp);
     }
-    const int cap = 1 << 16;
-    int32_t *ids = malloc((size_t)cap * sizeof *ids);
     r->aug_copy = malloc((r->aug.n ? r->aug.n : 1) * sizeof *r->aug_copy);
     r->aug_first = calloc((size_t)r->aug_lines + 2, sizeof *r->aug_first);
-    if (!ids || !r->aug_copy || !r->aug_first) {
-        free(ids);
-        if (!fixed) mg_vocab_free(v);
-        rc = mg_fail(e, MG_ERR_NOMEM, "out of memory for %zu copies", r->aug.n);
-        goto out;
-    }
     size_t kept = 0, dropped = 0;
     int longest = 0;
-    for (size_t j = 0; j < r->aug.n && !rc; j++) {
-        const char *c = r->aug.smiles[j];
-        int n = 0;
-        mg_error ee;
-        mg_status erc = mg_vocab_encode(v, c, ids, cap, &n, &ee);
-        if (erc == MG_ERR_UNKNOWN_TOKEN && !fixed) { /* a token only copies have */
-            int nt = 0, nv = mg_vocab_size(v);
-            mg_span *sp = malloc((size_t)cap * sizeof *sp);
-            const char **toks = malloc(((size_t)nv + (size_t)cap) * sizeof *toks);
-            char *txt = malloc(strlen(c) + (size_t)cap);
-            if (!sp || !toks || !txt || mg_tokenize(c, sp, cap, &nt, NULL, &ee)) {
-                erc = MG_ERR_TOKEN;
-            } else {
-                int m = 0;
-                for (int id = MG_NUM_SPECIAL; id < nv; id++) toks[m++] = mg_vocab_token(v, id);
-                char *w = txt;
-                for (int k = 0; k < nt; k++) {
-                    memcpy(w, c + sp[k].start, (size_t)sp[k].len);
-                    w[sp[k].len] = '\0';
-                    toks[m++] = w;
-                    w += sp[k].len + 1;
-                }
-                mg_vocab *nvoc = NULL;
-                if ((rc = mg_vocab_from_tokens(toks, (size_t)m, &nvoc, e)) == 0) {
-                    mg_vocab_free(v);
-                    v = nvoc;
-                    erc = mg_vocab_encode(v, c, ids, cap, &n, &ee);
-                }
-            }
-            free(sp);
-            free(toks);
-            free(txt);
-        }
-        if (rc) break;
-        if (erc || (lo->max_tokens > 0 && n > lo->max_tokens) || (fixed || lo->T ? n + 2 > T : 0)) {
-            dropped++;
-            continue;
-        }
-        if (n > longest) longest = n;
-        r->aug_copy[kept++] = c;
-        r->aug_first[r->aug.line[j] + 1] = kept; /* lines ascend: the end of line's range */
-    }
-    free(ids);
+    if (!r->aug_copy || !r->aug_first)
+        rc = mg_fail(e, MG_ERR_NOMEM, "out of memory for %zu copies", r->aug.n);
+    else
+        rc = keep_copies(r, lo, fixed, T, &v, &kept, &dropped, &longest, e);
     if (rc) {
         if (!fixed) mg_vocab_free(v);
         goto out;
@@ -1526,9 +1543,79 @@ static int cmp_str(const void *a, const void *b) {
     return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
+/* The data's molecules as written (its rows decoded: the tokeniser's
+ * spelling of each line), sorted, into *data [*nd]. */
+static mg_status data_strings(run *r, char ***data, size_t *nd, mg_error *err) {
+    const mg_dataset *a = &r->all;
+    char buf[4096];
+    mg_error e;
+    mg_status rc = MG_OK;
+    *nd = 0;
+    *data = malloc((a->n ? a->n : 1) * sizeof **data);
+    for (size_t i = 0; *data && i < a->n && !rc; i++) {
+        rc = mg_vocab_decode(r->ck.vocab, a->ids + i * (size_t)a->T, (int)a->lengths[i], buf,
+                             sizeof buf, NULL, &e);
+        if (!rc && !((*data)[(*nd)++] = strdup(buf))) rc = MG_ERR_NOMEM;
+    }
+    if (!*data || rc)
+        return rc == MG_ERR_NOMEM || !rc ? mg_fail(err, MG_ERR_NOMEM, "--check-samples: out of memory")
+                                         : mg_fail(err, rc, "--check-samples: %s", e.message);
+    qsort(*data, *nd, sizeof **data, cmp_str);
+    return MG_OK;
+}
+
+/* How many of the base model's (--init) molecules on o's draw pass the
+ * syntax check, into r->res.check_base_valid. */
+static mg_status base_validity(run *r, const mg_sample_opts *o, mg_error *err) {
+    mg_train_result *q = &r->res;
+    mg_samples base;
+    memset(&base, 0, sizeof base);
+    mg_error e;
+    mg_model_set_threads(r->init, mg_model_threads(r->ck.model));
+    mg_status rc = mg_sample(r->init, r->init_vocab ? r->init_vocab : r->ck.vocab, o, &base, &e);
+    if (rc) return mg_fail(err, rc, "--check-samples (base model): %s", e.message);
+    q->check_base_valid = 0;
+    for (size_t i = 0; i < base.n; i++)
+        q->check_base_valid +=
+            base.ended[i] && base.smiles[i][0] && mg_smiles_syntax_ok(base.smiles[i], NULL, 0);
+    mg_samples_free(&base);
+    return MG_OK;
+}
+
+/* The fine-tuning check's lines: validity against the base model's, copies
+ * (nok valid of n sampled). */
+static void say_finetune_check(run *r, size_t nok, size_t n) {
+    const mg_train_result *q = &r->res;
+    /* fine-tuning that stays valid: within MG_FINETUNE_VALID_DROP points
+     * of the base's validity, under MG_FINETUNE_COPY_MAX copies */
+    const double vf = 100.0 * (double)nok / (double)n,
+                 vb = 100.0 * (double)q->check_base_valid / (double)n,
+                 cp = 100.0 * (double)q->check_copies / (double)(nok ? nok : 1);
+    /* in counts, so that 3.0 points is 3.0 (not a rounding either side) */
+    const int drop = 100 * (q->check_base_valid - (int64_t)nok) >=
+                     (int64_t)MG_FINETUNE_VALID_DROP * q->check_n,
+              copies = 100 * q->check_copies >= (int64_t)MG_FINETUNE_COPY_MAX * (int64_t)nok &&
+                       q->check_copies > 0;
+    say(r,
+        "check: validity %.1f%% fine-tuned vs %.1f%% for %s on the same %" PRId64
+        " draws (%+.1f points); copies %.1f%% of the valid samples%s",
+        vf, vb, r->c->init_path, q->check_n, vf - vb, cp,
+        drop || copies ? ""
+                       : ": within the targets (validity less than 3 points below, copies "
+                         "under 5%)");
+    if (drop || copies)
+        say(r,
+            "check: warning: %s%s%s. What to change: sample it with --constrain valence "
+            "(on 500 quinolines that brought RDKit validity from 5 points below the base "
+            "to 1.3 points); train fewer steps (--steps), keep an earlier step (--keep "
+            "best, --val-frac), or give more molecules",
+            drop ? "validity is 3 points or more below the base model's" : "",
+            drop && copies ? "; " : "",
+            copies ? "5% or more of the valid samples copy the fine-tuning set" : "");
+}
+
 /* check_samples (rank 0): molecules sampled from the kept parameters
- * against the data's molecules as written (its rows decoded: the
- * tokeniser's spelling of each line); the counts go to the result. */
+ * against the data's molecules as written; the counts go to the result. */
 static mg_status sample_check(run *r, mg_error *err) {
     if (r->check_samples <= 0 || r->d->rank) return MG_OK;
     mg_sample_opts o;
@@ -1540,23 +1627,12 @@ static mg_status sample_check(run *r, mg_error *err) {
     mg_error e;
     mg_status rc = mg_sample(r->ck.model, r->ck.vocab, &o, &smp, &e);
     if (rc) return mg_fail(err, rc, "--check-samples: %s", e.message);
-    const mg_dataset *a = &r->all;
-    char **data = malloc((a->n ? a->n : 1) * sizeof *data);
+    char **data = NULL;
     const char **ok = malloc((smp.n ? smp.n : 1) * sizeof *ok);
     size_t nd = 0, nok = 0;
-    char buf[4096];
-    for (size_t i = 0; data && i < a->n && !rc; i++) {
-        rc = mg_vocab_decode(r->ck.vocab, a->ids + i * (size_t)a->T, (int)a->lengths[i], buf,
-                             sizeof buf, NULL, &e);
-        if (!rc && !(data[nd++] = strdup(buf))) rc = MG_ERR_NOMEM;
-    }
-    if (!data || !ok || rc) {
-        rc = rc == MG_ERR_NOMEM || !rc
-                 ? mg_fail(err, MG_ERR_NOMEM, "--check-samples: out of memory")
-                 : mg_fail(err, rc, "--check-samples: %s", e.message);
-        goto out;
-    }
-    qsort(data, nd, sizeof *data, cmp_str);
+    rc = data_strings(r, &data, &nd, err);
+    if (!rc && !ok) rc = mg_fail(err, MG_ERR_NOMEM, "--check-samples: out of memory");
+    if (rc) goto out;
     mg_train_result *q = &r->res;
     q->check_n = (int64_t)smp.n;
     for (size_t i = 0; i < smp.n; i++) {
@@ -1567,21 +1643,8 @@ static mg_status sample_check(run *r, mg_error *err) {
     }
     q->check_valid = (int64_t)nok;
     q->check_base_valid = -1;
-    if (r->init) { /* the base model's validity on the same draw, for comparison */
-        mg_samples base;
-        memset(&base, 0, sizeof base);
-        mg_model_set_threads(r->init, mg_model_threads(r->ck.model));
-        if ((rc = mg_sample(r->init, r->init_vocab ? r->init_vocab : r->ck.vocab, &o, &base,
-                            &e))) {
-            rc = mg_fail(err, rc, "--check-samples (base model): %s", e.message);
-            goto out;
-        }
-        q->check_base_valid = 0;
-        for (size_t i = 0; i < base.n; i++)
-            q->check_base_valid += base.ended[i] && base.smiles[i][0] &&
-                                   mg_smiles_syntax_ok(base.smiles[i], NULL, 0);
-        mg_samples_free(&base);
-    }
+    /* the base model's validity on the same draw, for comparison */
+    if (r->init && (rc = base_validity(r, &o, err))) goto out;
     qsort(ok, nok, sizeof *ok, cmp_str);
     for (size_t i = 0; i < nok; i++) {
         if (i && !strcmp(ok[i], ok[i - 1])) continue;
@@ -1597,34 +1660,7 @@ static mg_status sample_check(run *r, mg_error *err) {
         100.0 * (double)q->check_copies / (double)(nok ? nok : 1), r->s.data_path,
         q->check_distinct, q->check_novel,
         100.0 * (double)q->check_novel / (double)(q->check_distinct ? q->check_distinct : 1));
-    if (q->check_base_valid >= 0) {
-        /* fine-tuning that stays valid: within MG_FINETUNE_VALID_DROP points
-         * of the base's validity, under MG_FINETUNE_COPY_MAX copies */
-        const double vf = 100.0 * (double)nok / (double)smp.n,
-                     vb = 100.0 * (double)q->check_base_valid / (double)smp.n,
-                     cp = 100.0 * (double)q->check_copies / (double)(nok ? nok : 1);
-        /* in counts, so that 3.0 points is 3.0 (not a rounding either side) */
-        const int drop = 100 * (q->check_base_valid - (int64_t)nok) >=
-                         (int64_t)MG_FINETUNE_VALID_DROP * q->check_n,
-                  copies = 100 * q->check_copies >= (int64_t)MG_FINETUNE_COPY_MAX * (int64_t)nok &&
-                           q->check_copies > 0;
-        say(r,
-            "check: validity %.1f%% fine-tuned vs %.1f%% for %s on the same %" PRId64
-            " draws (%+.1f points); copies %.1f%% of the valid samples%s",
-            vf, vb, r->c->init_path, q->check_n, vf - vb, cp,
-            drop || copies ? ""
-                           : ": within the targets (validity less than 3 points below, copies "
-                             "under 5%)");
-        if (drop || copies)
-            say(r,
-                "check: warning: %s%s%s. What to change: sample it with --constrain valence "
-                "(on 500 quinolines that brought RDKit validity from 5 points below the base "
-                "to 1.3 points); train fewer steps (--steps), keep an earlier step (--keep "
-                "best, --val-frac), or give more molecules",
-                drop ? "validity is 3 points or more below the base model's" : "",
-                drop && copies ? "; " : "",
-                copies ? "5% or more of the valid samples copy the fine-tuning set" : "");
-    }
+    if (q->check_base_valid >= 0) say_finetune_check(r, nok, smp.n);
 out:
     for (size_t i = 0; data && i < nd; i++) free(data[i]);
     free(data);
