@@ -109,8 +109,6 @@ SPLIT_PENDING = {
     ("molgen/chem/condition.c", "mg_cond_info_from_json"),
     ("molgen/chem/smiles_check.c", "bracket_ok"),
     ("molgen/chem/smiles_check.c", "kekule_ok"),
-    ("molgen/chem/smiles_check.c", "mg_smiles_state_push"),
-    ("molgen/gen/attention_svg.c", "mg_attention_svg"),
     ("molgen/gen/kv_decode.c", "mg_kv_new_dtype"),
     ("molgen/gen/nll_score.c", "score_part"),
     ("molgen/harness/dap_dump.c", "mg_dap_dump"),
@@ -119,11 +117,8 @@ SPLIT_PENDING = {
     ("molgen/rl/optimize.c", "mg_opt_restore"),
     ("molgen/rl/scorer_process.c", "mg_scorer_lines"),
     ("molgen/train/train.c", "setup"),
-    ("molgen/train/train.c", "load_augmented"),
     ("molgen/train/train.c", "scan_init_data"),
     ("molgen/train/train.c", "load_data"),
-    ("molgen/train/train.c", "build"),
-    ("molgen/train/train.c", "sample_check"),
     ("molgen/train/train.c", "mg_train_run"),
 }
 

@@ -945,6 +945,155 @@ static int kekule_ok(mg_smiles_state *s, int future) {
     return kk_solve(&k, 0);
 }
 
+/* An atom token t[0..l) at position pos: its record, and the bond to the
+ * atom before it. Returns 1, or 0 with why. */
+static int push_atom(mg_smiles_state *s, const char *t, int l, int pos, char *why, size_t n) {
+    const int mask = s->level != MG_CONSTRAIN_NONE;
+    const char c = t[0];
+    bracket_info bi = {0};
+    if (c == '[' && !bracket_ok(t + 1, l - 2, pos, why, n, &bi)) return 0;
+    atomrec *a = &s->atoms[s->natoms];
+    memset(a, 0, sizeof *a);
+    a->pos = pos;
+    a->len = l;
+    if (c == '[') {
+        a->maxval = 0;
+        a->aromatic = bi.aromatic;
+        a->oxygen = bi.z == 8;
+        a->nitrogen = bi.z == 7;
+        a->sym = 'x';
+        a->z = bi.z;
+    } else {
+        a->aromatic = c >= 'a' && c <= 'z';
+        a->sym = c;
+        /* RDKit is lenient with lowercase atoms ("Co1CCCCC1" and
+         * "c1ccccc#1" parse), so only uppercase ones are checked */
+        a->maxval = a->aromatic ? 0 : organic_maxval(t, l);
+        a->oxygen = c == 'O' || c == 'o';
+        a->nitrogen = c == 'N' || c == 'n';
+    }
+    a->maxval_o = a->maxval;
+    if (c == 'N')
+        a->maxval_o = 5;
+    else if (l == 2 || c == 'I') /* Cl, Br, I */
+        a->maxval_o = 7;
+    if (s->level == MG_CONSTRAIN_VALENCE) valence_limits(a, t, &bi);
+    int a_id = s->natoms++;
+    a->parent = -1;
+    a->pbond = -1;
+    if (s->prev != P_NONE && s->prev != P_DOT) {
+        a->parent = s->cur;
+        a->depth = s->atoms[s->cur].depth + 1;
+        const int o2 = order2_at(s, s->bsym);
+        if (mask && (!fits(s, &s->atoms[s->cur], o2, 1) || !fits(s, a, o2, 1)))
+            return reject(why, n, "position %d: %.*s: bond exceeds a valence", pos, l, t);
+        a->pbond = add_bond(s, s->cur, a_id, o2, arom_sym(s->bsym));
+        if (mask && (!fits(s, &s->atoms[s->cur], 0, 0) || !fits(s, a, 0, 0)))
+            return reject(why, n, "position %d: %.*s: bond exceeds a valence", pos, l, t);
+    } else if (mask && !fits(s, a, 0, 0)) {
+        return reject(why, n, "position %d: %.*s: exceeds its valence", pos, l, t);
+    }
+    s->cur = a_id;
+    s->prev = P_ATOM;
+    s->bond_after_open = 0;
+    s->bsym = 0;
+    return 1;
+}
+
+/* A bond symbol c at position pos. */
+static int push_bond(mg_smiles_state *s, char c, int pos, char *why, size_t n) {
+    const int mask = s->level != MG_CONSTRAIN_NONE;
+    if (s->prev == P_NONE)
+        return reject(why, n, "position %d: starts with a bond '%c'", pos, c);
+    if (s->prev == P_BOND) return reject(why, n, "position %d: two bonds in a row", pos);
+    if (s->prev == P_DOT) return reject(why, n, "position %d: bond '%c' after '.'", pos, c);
+    if (mask && !fits(s, &s->atoms[s->cur], order2_at(s, c), 1))
+        return reject(why, n, "position %d: bond '%c' exceeds a valence", pos, c);
+    s->bond_after_open = s->prev == P_OPEN;
+    s->prev = P_BOND;
+    s->bsym = c;
+    return 1;
+}
+
+/* Ring label d opened at the current atom (its bond order reserved). */
+static int ring_open(mg_smiles_state *s, int d, int pos, char *why, size_t n) {
+    const int mask = s->level != MG_CONSTRAIN_NONE;
+    atomrec *ac = &s->atoms[s->cur];
+    const int o2 = order2_at(s, s->bsym);
+    if (mask && !fits(s, ac, o2, 1))
+        return reject(why, n, "position %d: ring bond %d exceeds a valence", pos, d);
+    s->ring_atom[d] = s->cur;
+    s->ring_pos[d] = pos;
+    s->ring_sym[d] = s->bsym;
+    s->nring_open++;
+    ac->res2 += o2;
+    ac->deg++;
+    return 1;
+}
+
+/* Ring label d closed at the current atom: the bond to its opening atom. */
+static int ring_close(mg_smiles_state *s, int d, int pos, char *why, size_t n) {
+    const int mask = s->level != MG_CONSTRAIN_NONE;
+    atomrec *ac = &s->atoms[s->cur];
+    int partner = s->ring_atom[d];
+    if (partner == s->cur)
+        return reject(why, n, "position %d: ring closure %d closes on its own atom", pos,
+                      d);
+    for (int k = 0; k < s->nbonds; k++)
+        if ((s->bonds[k].a == s->cur && s->bonds[k].b == partner) ||
+            (s->bonds[k].a == partner && s->bonds[k].b == s->cur))
+            return reject(
+                why, n, "position %d: ring closure %d duplicates an existing bond", pos, d);
+    const char sym_open = s->ring_sym[d];
+    if (mask && s->bsym && sym_open && s->bsym != sym_open)
+        return reject(why, n, "position %d: ring closure %d: bond '%c' disagrees with '%c'",
+                      pos, d, s->bsym, sym_open);
+    /* the bond symbol may be written at either end; when both
+     * are written RDKit uses one of them: count the smaller */
+    int o1 = order2_at(s, s->bsym);
+    int o2 = order2_at(s, sym_open);
+    int order2 = o1;
+    if (!s->bsym)
+        order2 = o2;
+    else if (sym_open && o2 < o1)
+        order2 = o2;
+    atomrec *ap = &s->atoms[partner];
+    ap->res2 -= o2; /* the opening end's reservation becomes the bond */
+    ap->deg--;
+    if (mask && (!fits(s, ac, order2, 1) || !fits(s, ap, order2, 1)))
+        return reject(why, n, "position %d: ring bond %d exceeds a valence", pos, d);
+    const int b = add_bond(s, s->cur, partner, order2,
+                           arom_sym(s->bsym) && arom_sym(sym_open));
+    if (mask) {
+        if (mark_path(s, s->cur, partner, NULL, NULL))
+            s->bonds[b].cyc = 1;
+        else
+            s->xfrag = 1; /* joins two fragments: a bridge for now */
+    }
+    if (mask && (!fits(s, ac, 0, 0) || !fits(s, ap, 0, 0)))
+        return reject(why, n, "position %d: ring bond %d exceeds a valence", pos, d);
+    s->ring_atom[d] = -1;
+    s->nring_open--;
+    return 1;
+}
+
+/* A ring-closure token t (a digit or %NN) at position pos. */
+static int push_ring(mg_smiles_state *s, const char *t, int pos, char *why, size_t n) {
+    const char c = t[0];
+    int d = c == '%' ? (t[1] - '0') * 10 + (t[2] - '0') : c - '0';
+    if (c == '%' && d < 10)
+        return reject(why, n, "position %d: ring label '%.3s' (use a single digit)", pos, t);
+    if (s->prev == P_NONE)
+        return reject(why, n, "position %d: starts with ring closure %d", pos, d);
+    if (s->prev == P_OPEN || s->prev == P_DOT || (s->prev == P_BOND && s->bond_after_open))
+        return reject(why, n, "position %d: ring closure %d not after an atom", pos, d);
+    if (!(s->ring_atom[d] < 0 ? ring_open(s, d, pos, why, n) : ring_close(s, d, pos, why, n)))
+        return 0;
+    s->prev = P_RING;
+    s->bsym = 0;
+    return 1;
+}
+
 int mg_smiles_state_push(mg_smiles_state *s, const char *t, int l, char *why, size_t n) {
     if (!s || !t || l < 1) return reject(why, n, "no token");
     if (s->ntok >= s->cap)
@@ -954,125 +1103,11 @@ int mg_smiles_state_push(mg_smiles_state *s, const char *t, int l, char *why, si
     char c = t[0];
     if (c == '[' || (l == 2 && (c == 'C' || c == 'B')) ||
         (l == 1 && strchr("BCNOSPFIbcnosp*", c))) {
-        bracket_info bi = {0};
-        if (c == '[' && !bracket_ok(t + 1, l - 2, pos, why, n, &bi)) return 0;
-        atomrec *a = &s->atoms[s->natoms];
-        memset(a, 0, sizeof *a);
-        a->pos = pos;
-        a->len = l;
-        if (c == '[') {
-            a->maxval = 0;
-            a->aromatic = bi.aromatic;
-            a->oxygen = bi.z == 8;
-            a->nitrogen = bi.z == 7;
-            a->sym = 'x';
-            a->z = bi.z;
-        } else {
-            a->aromatic = c >= 'a' && c <= 'z';
-            a->sym = c;
-            /* RDKit is lenient with lowercase atoms ("Co1CCCCC1" and
-             * "c1ccccc#1" parse), so only uppercase ones are checked */
-            a->maxval = a->aromatic ? 0 : organic_maxval(t, l);
-            a->oxygen = c == 'O' || c == 'o';
-            a->nitrogen = c == 'N' || c == 'n';
-        }
-        a->maxval_o = a->maxval;
-        if (c == 'N')
-            a->maxval_o = 5;
-        else if (l == 2 || c == 'I') /* Cl, Br, I */
-            a->maxval_o = 7;
-        if (s->level == MG_CONSTRAIN_VALENCE) valence_limits(a, t, &bi);
-        int a_id = s->natoms++;
-        a->parent = -1;
-        a->pbond = -1;
-        if (s->prev != P_NONE && s->prev != P_DOT) {
-            a->parent = s->cur;
-            a->depth = s->atoms[s->cur].depth + 1;
-            const int o2 = order2_at(s, s->bsym);
-            if (mask && (!fits(s, &s->atoms[s->cur], o2, 1) || !fits(s, a, o2, 1)))
-                return reject(why, n, "position %d: %.*s: bond exceeds a valence", pos, l, t);
-            a->pbond = add_bond(s, s->cur, a_id, o2, arom_sym(s->bsym));
-            if (mask && (!fits(s, &s->atoms[s->cur], 0, 0) || !fits(s, a, 0, 0)))
-                return reject(why, n, "position %d: %.*s: bond exceeds a valence", pos, l, t);
-        } else if (mask && !fits(s, a, 0, 0)) {
-            return reject(why, n, "position %d: %.*s: exceeds its valence", pos, l, t);
-        }
-        s->cur = a_id;
-        s->prev = P_ATOM;
-        s->bond_after_open = 0;
-        s->bsym = 0;
+        if (!push_atom(s, t, l, pos, why, n)) return 0;
     } else if (l == 1 && strchr("-=#$:/\\", c)) {
-        if (s->prev == P_NONE)
-            return reject(why, n, "position %d: starts with a bond '%c'", pos, c);
-        if (s->prev == P_BOND) return reject(why, n, "position %d: two bonds in a row", pos);
-        if (s->prev == P_DOT) return reject(why, n, "position %d: bond '%c' after '.'", pos, c);
-        if (mask && !fits(s, &s->atoms[s->cur], order2_at(s, c), 1))
-            return reject(why, n, "position %d: bond '%c' exceeds a valence", pos, c);
-        s->bond_after_open = s->prev == P_OPEN;
-        s->prev = P_BOND;
-        s->bsym = c;
+        if (!push_bond(s, c, pos, why, n)) return 0;
     } else if ((l == 1 && is_digit(c)) || (l == 3 && c == '%')) {
-        int d = c == '%' ? (t[1] - '0') * 10 + (t[2] - '0') : c - '0';
-        if (c == '%' && d < 10)
-            return reject(why, n, "position %d: ring label '%.3s' (use a single digit)", pos, t);
-        if (s->prev == P_NONE)
-            return reject(why, n, "position %d: starts with ring closure %d", pos, d);
-        if (s->prev == P_OPEN || s->prev == P_DOT || (s->prev == P_BOND && s->bond_after_open))
-            return reject(why, n, "position %d: ring closure %d not after an atom", pos, d);
-        atomrec *ac = &s->atoms[s->cur];
-        if (s->ring_atom[d] < 0) {
-            const int o2 = order2_at(s, s->bsym);
-            if (mask && !fits(s, ac, o2, 1))
-                return reject(why, n, "position %d: ring bond %d exceeds a valence", pos, d);
-            s->ring_atom[d] = s->cur;
-            s->ring_pos[d] = pos;
-            s->ring_sym[d] = s->bsym;
-            s->nring_open++;
-            ac->res2 += o2;
-            ac->deg++;
-        } else {
-            int partner = s->ring_atom[d];
-            if (partner == s->cur)
-                return reject(why, n, "position %d: ring closure %d closes on its own atom", pos,
-                              d);
-            for (int k = 0; k < s->nbonds; k++)
-                if ((s->bonds[k].a == s->cur && s->bonds[k].b == partner) ||
-                    (s->bonds[k].a == partner && s->bonds[k].b == s->cur))
-                    return reject(
-                        why, n, "position %d: ring closure %d duplicates an existing bond", pos, d);
-            const char sym_open = s->ring_sym[d];
-            if (mask && s->bsym && sym_open && s->bsym != sym_open)
-                return reject(why, n, "position %d: ring closure %d: bond '%c' disagrees with '%c'",
-                              pos, d, s->bsym, sym_open);
-            /* the bond symbol may be written at either end; when both
-             * are written RDKit uses one of them: count the smaller */
-            int o1 = order2_at(s, s->bsym);
-            int o2 = order2_at(s, sym_open);
-            int order2 = o1;
-            if (!s->bsym)
-                order2 = o2;
-            else if (sym_open && o2 < o1)
-                order2 = o2;
-            atomrec *ap = &s->atoms[partner];
-            ap->res2 -= o2; /* the opening end's reservation becomes the bond */
-            ap->deg--;
-            if (mask && (!fits(s, ac, order2, 1) || !fits(s, ap, order2, 1)))
-                return reject(why, n, "position %d: ring bond %d exceeds a valence", pos, d);
-            const int b = add_bond(s, s->cur, partner, order2,
-                                   arom_sym(s->bsym) && arom_sym(sym_open));
-            if (mask) {
-                if (mark_path(s, s->cur, partner, NULL, NULL))
-                    s->bonds[b].cyc = 1;
-                else
-                    s->xfrag = 1; /* joins two fragments: a bridge for now */
-            }
-            if (mask && (!fits(s, ac, 0, 0) || !fits(s, ap, 0, 0)))
-                return reject(why, n, "position %d: ring bond %d exceeds a valence", pos, d);
-            s->ring_atom[d] = -1;
-            s->nring_open--;
-        }
-        s->prev = P_RING;
-        s->bsym = 0;
+        if (!push_ring(s, t, pos, why, n)) return 0;
     } else if (l == 1 && c == '(') {
         if (s->prev != P_ATOM && s->prev != P_RING && s->prev != P_CLOSE)
             return reject(why, n, "position %d: '(' not after an atom", pos);

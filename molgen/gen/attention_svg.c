@@ -127,98 +127,96 @@ static void xml_text(FILE *f, const char *s) {
     }
 }
 
-int mg_attention_svg(FILE *f, const float *weights, int n_layer, int n_head, int L,
-                     const char *const *labels, const char *title, const mg_head_stats *stats) {
-    if (!f || !weights || n_layer < 1 || n_head < 1 || L < 1 || !labels) return -1;
-    double cell = 480.0 / L;
-    if (cell > 16) cell = 16;
-    if (cell < 6) cell = 6;
-    double font = cell * 0.75;
-    if (font > 10) font = 10;
+/* The drawing's sizes, from L and the longest label. */
+typedef struct {
+    double cell, font;   /* a matrix cell's side, the labels' font size */
+    double lab_w, mat;   /* the label margin, a matrix's side */
+    double head_h;       /* a panel's title height */
+    double panel_w, panel_h, top, left;
+} svg_geometry;
+
+static svg_geometry svg_layout(int L, const char *const *labels) {
+    svg_geometry g;
+    g.cell = 480.0 / L;
+    if (g.cell > 16) g.cell = 16;
+    if (g.cell < 6) g.cell = 6;
+    g.font = g.cell * 0.75;
+    if (g.font > 10) g.font = 10;
     int maxlab = 1;
     for (int i = 0; i < L; i++) {
         int n = labels[i] ? (int)strlen(labels[i]) : 1;
         if (n > maxlab) maxlab = n;
     }
-    const double lab_w = maxlab * font * 0.62 + 6, mat = L * cell, head_h = 30;
-    const double panel_w = lab_w + mat + 24, panel_h = head_h + mat + lab_w + 16;
-    const double top = 60, left = 10, bar_w = 90;
-    const double W = left + n_head * panel_w + bar_w, Hh = top + n_layer * panel_h + 10;
-    fprintf(f,
-            "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
-            "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
-            "viewBox=\"0 0 %.0f %.0f\" font-family=\"DejaVu Sans Mono, monospace\" "
-            "shape-rendering=\"crispEdges\">\n"
-            "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n",
-            W, Hh, W, Hh);
-    fprintf(f, "<text x=\"%.1f\" y=\"22\" font-size=\"16\" font-weight=\"bold\">", left);
-    xml_text(f, title ? title : "attention");
-    fprintf(f,
-            "</text>\n<text x=\"%.1f\" y=\"40\" font-size=\"11\" fill=\"#444\">"
-            "rows: query (attending) token, columns: key token; grey: masked (future); "
-            "hover a cell for its value</text>\n",
-            left);
+    g.lab_w = maxlab * g.font * 0.62 + 6;
+    g.mat = L * g.cell;
+    g.head_h = 30;
+    g.panel_w = g.lab_w + g.mat + 24;
+    g.panel_h = g.head_h + g.mat + g.lab_w + 16;
+    g.top = 60;
+    g.left = 10;
+    return g;
+}
+
+/* Panel (l, h): its title and statistics line, the matrix w [L, L] (cells
+ * with their values on hover), the labels along both sides. */
+static void svg_panel(FILE *f, const svg_geometry *g, const float *w, int L,
+                      const char *const *labels, int l, int h, const mg_head_stats *s) {
+    const double px = g->left + h * g->panel_w, py = g->top + l * g->panel_h;
+    const double mx = px + g->lab_w, my = py + g->head_h, cell = g->cell;
     char col[8];
-    for (int l = 0; l < n_layer; l++) {
-        for (int h = 0; h < n_head; h++) {
-            const float *w = weights + ((size_t)l * n_head + h) * (size_t)L * L;
-            const double px = left + h * panel_w, py = top + l * panel_h;
-            const double mx = px + lab_w, my = py + head_h;
-            fprintf(f,
-                    "<g>\n<text x=\"%.1f\" y=\"%.1f\" font-size=\"12\" font-weight=\"bold\">"
-                    "layer %d head %d</text>\n",
-                    mx, py + 12, l, h);
-            if (stats) {
-                const mg_head_stats *s = &stats[l * n_head + h];
-                char ring[16];
-                if (s->ring_n)
-                    snprintf(ring, sizeof ring, "%.2f", s->ring);
-                else
-                    snprintf(ring, sizeof ring, "-");
-                fprintf(f,
-                        "<text x=\"%.1f\" y=\"%.1f\" font-size=\"10\" fill=\"#333\">%s: dist "
-                        "%.2f prev %.2f ring %s</text>\n",
-                        mx, py + 25, s->label, s->mean_dist, s->prev, ring);
-            }
-            fprintf(
-                f,
-                "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"#eeeeee\"/>\n",
-                mx, my, mat, mat);
-            for (int i = 0; i < L; i++)
-                for (int j = 0; j < L; j++) {
-                    if (j > i && w[(size_t)i * L + j] == 0.0f) continue; /* masked: background */
-                    const double x = w[(size_t)i * L + j];
-                    colour(x, col);
-                    fprintf(
-                        f,
-                        "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.2f\" height=\"%.2f\" fill=\"%s\">"
-                        "<title>",
-                        mx + j * cell, my + i * cell, cell, cell, col);
-                    xml_text(f, labels[i] ? labels[i] : "?");
-                    fprintf(f, " (%d) -&gt; ", i);
-                    xml_text(f, labels[j] ? labels[j] : "?");
-                    fprintf(f, " (%d): %.4f</title></rect>\n", j, x);
-                }
-            for (int i = 0; i < L; i++) {
-                fprintf(f,
-                        "<text x=\"%.1f\" y=\"%.1f\" font-size=\"%.1f\" text-anchor=\"end\" "
-                        "dominant-baseline=\"middle\">",
-                        mx - 3, my + (i + 0.5) * cell, font);
-                xml_text(f, labels[i] ? labels[i] : "?");
-                fputs("</text>\n", f);
-                const double tx = mx + (i + 0.5) * cell, ty = my + mat + 3;
-                fprintf(f,
-                        "<text x=\"%.1f\" y=\"%.1f\" font-size=\"%.1f\" "
-                        "transform=\"rotate(90 %.1f %.1f)\" dominant-baseline=\"middle\">",
-                        tx, ty, font, tx, ty);
-                xml_text(f, labels[i] ? labels[i] : "?");
-                fputs("</text>\n", f);
-            }
-            fputs("</g>\n", f);
-        }
+    fprintf(f,
+            "<g>\n<text x=\"%.1f\" y=\"%.1f\" font-size=\"12\" font-weight=\"bold\">"
+            "layer %d head %d</text>\n",
+            mx, py + 12, l, h);
+    if (s) {
+        char ring[16];
+        if (s->ring_n)
+            snprintf(ring, sizeof ring, "%.2f", s->ring);
+        else
+            snprintf(ring, sizeof ring, "-");
+        fprintf(f,
+                "<text x=\"%.1f\" y=\"%.1f\" font-size=\"10\" fill=\"#333\">%s: dist "
+                "%.2f prev %.2f ring %s</text>\n",
+                mx, py + 25, s->label, s->mean_dist, s->prev, ring);
     }
-    /* colour scale */
-    const double bx = left + n_head * panel_w + 20, by = top + 20, bh = 200;
+    fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"#eeeeee\"/>\n",
+            mx, my, g->mat, g->mat);
+    for (int i = 0; i < L; i++)
+        for (int j = 0; j < L; j++) {
+            if (j > i && w[(size_t)i * L + j] == 0.0f) continue; /* masked: background */
+            const double x = w[(size_t)i * L + j];
+            colour(x, col);
+            fprintf(f,
+                    "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.2f\" height=\"%.2f\" fill=\"%s\">"
+                    "<title>",
+                    mx + j * cell, my + i * cell, cell, cell, col);
+            xml_text(f, labels[i] ? labels[i] : "?");
+            fprintf(f, " (%d) -&gt; ", i);
+            xml_text(f, labels[j] ? labels[j] : "?");
+            fprintf(f, " (%d): %.4f</title></rect>\n", j, x);
+        }
+    for (int i = 0; i < L; i++) {
+        fprintf(f,
+                "<text x=\"%.1f\" y=\"%.1f\" font-size=\"%.1f\" text-anchor=\"end\" "
+                "dominant-baseline=\"middle\">",
+                mx - 3, my + (i + 0.5) * cell, g->font);
+        xml_text(f, labels[i] ? labels[i] : "?");
+        fputs("</text>\n", f);
+        const double tx = mx + (i + 0.5) * cell, ty = my + g->mat + 3;
+        fprintf(f,
+                "<text x=\"%.1f\" y=\"%.1f\" font-size=\"%.1f\" "
+                "transform=\"rotate(90 %.1f %.1f)\" dominant-baseline=\"middle\">",
+                tx, ty, g->font, tx, ty);
+        xml_text(f, labels[i] ? labels[i] : "?");
+        fputs("</text>\n", f);
+    }
+    fputs("</g>\n", f);
+}
+
+/* The colour scale at (bx, by): the bar (sqrt scale), its ticks, "masked". */
+static void svg_scale(FILE *f, double bx, double by) {
+    const double bh = 200;
+    char col[8];
     fprintf(f,
             "<text x=\"%.1f\" y=\"%.1f\" font-size=\"11\">weight</text>\n"
             "<text x=\"%.1f\" y=\"%.1f\" font-size=\"9\" fill=\"#444\">(sqrt scale)</text>\n",
@@ -240,6 +238,33 @@ int mg_attention_svg(FILE *f, const float *weights, int n_layer, int n_head, int
         "<rect x=\"%.1f\" y=\"%.1f\" width=\"16\" height=\"10\" fill=\"#eeeeee\"/>"
         "<text x=\"%.1f\" y=\"%.1f\" font-size=\"10\" dominant-baseline=\"middle\">masked</text>\n",
         bx, by + bh + 14, bx + 20, by + bh + 19);
+}
+
+int mg_attention_svg(FILE *f, const float *weights, int n_layer, int n_head, int L,
+                     const char *const *labels, const char *title, const mg_head_stats *stats) {
+    if (!f || !weights || n_layer < 1 || n_head < 1 || L < 1 || !labels) return -1;
+    const svg_geometry g = svg_layout(L, labels);
+    const double bar_w = 90;
+    const double W = g.left + n_head * g.panel_w + bar_w, Hh = g.top + n_layer * g.panel_h + 10;
+    fprintf(f,
+            "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
+            "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
+            "viewBox=\"0 0 %.0f %.0f\" font-family=\"DejaVu Sans Mono, monospace\" "
+            "shape-rendering=\"crispEdges\">\n"
+            "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n",
+            W, Hh, W, Hh);
+    fprintf(f, "<text x=\"%.1f\" y=\"22\" font-size=\"16\" font-weight=\"bold\">", g.left);
+    xml_text(f, title ? title : "attention");
+    fprintf(f,
+            "</text>\n<text x=\"%.1f\" y=\"40\" font-size=\"11\" fill=\"#444\">"
+            "rows: query (attending) token, columns: key token; grey: masked (future); "
+            "hover a cell for its value</text>\n",
+            g.left);
+    for (int l = 0; l < n_layer; l++)
+        for (int h = 0; h < n_head; h++)
+            svg_panel(f, &g, weights + ((size_t)l * n_head + h) * (size_t)L * L, L, labels, l, h,
+                      stats ? &stats[l * n_head + h] : NULL);
+    svg_scale(f, g.left + n_head * g.panel_w + 20, g.top + 20);
     fputs("</svg>\n", f);
     return ferror(f) ? -1 : 0;
 }

@@ -388,6 +388,70 @@ static uint64_t augment_hash(const run *r) {
  * of either; a resumed or --init one keeps its model's. Copies the vocabulary or
  * context cannot take, or longer than --max-tokens, are dropped and
  * counted. Then the dataset from the data with that vocabulary and T. */
+/* *v grown by the tokens of copy c that it lacks (a fresh run's vocabulary
+ * covers its copies), *grown = 1; c that does not tokenise leaves *v as it
+ * is. Returns the status of building the new vocabulary. */
+static mg_status vocab_add_copy(mg_vocab **v, const char *c, int cap, int *grown, mg_error *e) {
+    int nt = 0, nv = mg_vocab_size(*v);
+    mg_error ee;
+    mg_status rc = MG_OK;
+    *grown = 0;
+    mg_span *sp = malloc((size_t)cap * sizeof *sp);
+    const char **toks = malloc(((size_t)nv + (size_t)cap) * sizeof *toks);
+    char *txt = malloc(strlen(c) + (size_t)cap);
+    if (sp && toks && txt && !mg_tokenize(c, sp, cap, &nt, NULL, &ee)) {
+        int m = 0;
+        for (int id = MG_NUM_SPECIAL; id < nv; id++) toks[m++] = mg_vocab_token(*v, id);
+        char *w = txt;
+        for (int k = 0; k < nt; k++) {
+            memcpy(w, c + sp[k].start, (size_t)sp[k].len);
+            w[sp[k].len] = '\0';
+            toks[m++] = w;
+            w += sp[k].len + 1;
+        }
+        mg_vocab *nvoc = NULL;
+        if ((rc = mg_vocab_from_tokens(toks, (size_t)m, &nvoc, e)) == 0) {
+            mg_vocab_free(*v);
+            *v = nvoc;
+            *grown = 1;
+        }
+    }
+    free(sp);
+    free(toks);
+    free(txt);
+    return rc;
+}
+
+/* The copies that fit (vocabulary *v, grown unless fixed; T; --max-tokens)
+ * into r->aug_copy and the end of each line's range into r->aug_first;
+ * their count, the dropped ones' and the longest copy's tokens. */
+static mg_status keep_copies(run *r, const mg_load_opts *lo, int fixed, int T, mg_vocab **v,
+                             size_t *kept, size_t *dropped, int *longest, mg_error *e) {
+    const int cap = 1 << 16;
+    int32_t *ids = malloc((size_t)cap * sizeof *ids);
+    if (!ids) return mg_fail(e, MG_ERR_NOMEM, "out of memory for %zu copies", r->aug.n);
+    mg_status rc = MG_OK;
+    for (size_t j = 0; j < r->aug.n && !rc; j++) {
+        const char *c = r->aug.smiles[j];
+        int n = 0, grown;
+        mg_error ee;
+        mg_status erc = mg_vocab_encode(*v, c, ids, cap, &n, &ee);
+        if (erc == MG_ERR_UNKNOWN_TOKEN && !fixed) { /* a token only copies have */
+            if ((rc = vocab_add_copy(v, c, cap, &grown, e))) break;
+            erc = grown ? mg_vocab_encode(*v, c, ids, cap, &n, &ee) : MG_ERR_TOKEN;
+        }
+        if (erc || (lo->max_tokens > 0 && n > lo->max_tokens) || (fixed || lo->T ? n + 2 > T : 0)) {
+            (*dropped)++;
+            continue;
+        }
+        if (n > *longest) *longest = n;
+        r->aug_copy[(*kept)++] = c;
+        r->aug_first[r->aug.line[j] + 1] = *kept; /* lines ascend: the end of line's range */
+    }
+    free(ids);
+    return rc;
+}
+
 static mg_status load_augmented(run *r, mg_load_opts *lo, mg_vocab **built, mg_report *rep,
                                 mg_error *e) {
     const int fixed = r->resuming || r->init; /* the vocabulary and context are given */
@@ -413,61 +477,14 @@ static mg_status load_augmented(run *r, mg_load_opts *lo, mg_vocab **built, mg_r
         if (!T) T = tmp.T;
         mg_dataset_free(&tmp);
     }
-    const int cap = 1 << 16;
-    int32_t *ids = malloc((size_t)cap * sizeof *ids);
     r->aug_copy = malloc((r->aug.n ? r->aug.n : 1) * sizeof *r->aug_copy);
     r->aug_first = calloc((size_t)r->aug_lines + 2, sizeof *r->aug_first);
-    if (!ids || !r->aug_copy || !r->aug_first) {
-        free(ids);
-        if (!fixed) mg_vocab_free(v);
-        rc = mg_fail(e, MG_ERR_NOMEM, "out of memory for %zu copies", r->aug.n);
-        goto out;
-    }
     size_t kept = 0, dropped = 0;
     int longest = 0;
-    for (size_t j = 0; j < r->aug.n && !rc; j++) {
-        const char *c = r->aug.smiles[j];
-        int n = 0;
-        mg_error ee;
-        mg_status erc = mg_vocab_encode(v, c, ids, cap, &n, &ee);
-        if (erc == MG_ERR_UNKNOWN_TOKEN && !fixed) { /* a token only copies have */
-            int nt = 0, nv = mg_vocab_size(v);
-            mg_span *sp = malloc((size_t)cap * sizeof *sp);
-            const char **toks = malloc(((size_t)nv + (size_t)cap) * sizeof *toks);
-            char *txt = malloc(strlen(c) + (size_t)cap);
-            if (!sp || !toks || !txt || mg_tokenize(c, sp, cap, &nt, NULL, &ee)) {
-                erc = MG_ERR_TOKEN;
-            } else {
-                int m = 0;
-                for (int id = MG_NUM_SPECIAL; id < nv; id++) toks[m++] = mg_vocab_token(v, id);
-                char *w = txt;
-                for (int k = 0; k < nt; k++) {
-                    memcpy(w, c + sp[k].start, (size_t)sp[k].len);
-                    w[sp[k].len] = '\0';
-                    toks[m++] = w;
-                    w += sp[k].len + 1;
-                }
-                mg_vocab *nvoc = NULL;
-                if ((rc = mg_vocab_from_tokens(toks, (size_t)m, &nvoc, e)) == 0) {
-                    mg_vocab_free(v);
-                    v = nvoc;
-                    erc = mg_vocab_encode(v, c, ids, cap, &n, &ee);
-                }
-            }
-            free(sp);
-            free(toks);
-            free(txt);
-        }
-        if (rc) break;
-        if (erc || (lo->max_tokens > 0 && n > lo->max_tokens) || (fixed || lo->T ? n + 2 > T : 0)) {
-            dropped++;
-            continue;
-        }
-        if (n > longest) longest = n;
-        r->aug_copy[kept++] = c;
-        r->aug_first[r->aug.line[j] + 1] = kept; /* lines ascend: the end of line's range */
-    }
-    free(ids);
+    if (!r->aug_copy || !r->aug_first)
+        rc = mg_fail(e, MG_ERR_NOMEM, "out of memory for %zu copies", r->aug.n);
+    else
+        rc = keep_copies(r, lo, fixed, T, &v, &kept, &dropped, &longest, e);
     if (rc) {
         if (!fixed) mg_vocab_free(v);
         goto out;
@@ -875,53 +892,55 @@ static mg_status new_token_q(run *r, double **q_out, mg_error *err) {
     return rc;
 }
 
-/* A fresh model and optimizer, or the checkpoint's with this run's schedule
- * length; the causal-leak guard; the batch stream and its buffers. */
-static mg_status build(run *r, mg_error *err) {
+/* A fresh run's model (new, from --init, or --init with added tokens) and
+ * optimizer. */
+static mg_status build_fresh(run *r, mg_error *err) {
     const mg_train_config *c = r->c;
     mg_error e;
     mg_status rc;
-    if (!r->resuming) {
-        mg_model_config mc = r->s.model;
-        mc.vocab_size = mg_vocab_size(r->ck.vocab);
-        mc.ctx_len = r->all.T - 1 + (r->sc_longest ? r->sc_longest + 1 : 0);
-        mc.n_cond = r->cond.K;
-        mc.scaffold = r->sc_longest;
-        if (r->added > 0) { /* MODEL's tensors by name, the grown ones row by row */
-            double *q = NULL;
-            if ((rc = new_token_q(r, &q, err))) return rc;
-            rc = mg_model_extend_vocab(r->init, mc.vocab_size, MG_EXTEND_MARGIN, q, &r->ck.model,
-                                       &e);
-            free(q);
-        } else
-            rc = mg_model_create(&mc, &r->ck.model, &e);
+    mg_model_config mc = r->s.model;
+    mc.vocab_size = mg_vocab_size(r->ck.vocab);
+    mc.ctx_len = r->all.T - 1 + (r->sc_longest ? r->sc_longest + 1 : 0);
+    mc.n_cond = r->cond.K;
+    mc.scaffold = r->sc_longest;
+    if (r->added > 0) { /* MODEL's tensors by name, the grown ones row by row */
+        double *q = NULL;
+        if ((rc = new_token_q(r, &q, err))) return rc;
+        rc = mg_model_extend_vocab(r->init, mc.vocab_size, MG_EXTEND_MARGIN, q, &r->ck.model,
+                                   &e);
+        free(q);
+    } else
+        rc = mg_model_create(&mc, &r->ck.model, &e);
+    if (rc) return mg_fail(err, rc, "model: %s", e.message);
+    r->st.new_rows = mg_model_new_rows(r->ck.model);
+    if (r->init && !r->added) /* the same table, so the same layout */
+        memcpy(mg_model_params(r->ck.model), mg_model_params(r->init),
+               mg_model_num_params(r->init) * sizeof(float));
+    else if (!r->init)
+        mg_model_init(r->ck.model, r->s.seed);
+    if (r->cond.K > 0) {
+        char *cj = mg_cond_info_to_json(&r->cond);
+        rc = cj ? mg_model_set_condition_meta(r->ck.model, cj, &e)
+                : mg_fail(&e, MG_ERR_NOMEM, "out of memory");
+        free(cj);
         if (rc) return mg_fail(err, rc, "model: %s", e.message);
-        r->st.new_rows = mg_model_new_rows(r->ck.model);
-        if (r->init && !r->added) /* the same table, so the same layout */
-            memcpy(mg_model_params(r->ck.model), mg_model_params(r->init),
-                   mg_model_num_params(r->init) * sizeof(float));
-        else if (!r->init)
-            mg_model_init(r->ck.model, r->s.seed);
-        if (r->cond.K > 0) {
-            char *cj = mg_cond_info_to_json(&r->cond);
-            rc = cj ? mg_model_set_condition_meta(r->ck.model, cj, &e)
-                    : mg_fail(&e, MG_ERR_NOMEM, "out of memory");
-            free(cj);
-            if (rc) return mg_fail(err, rc, "model: %s", e.message);
-        }
-        if ((rc = mg_model_set_frozen(r->ck.model, r->s.freeze, &e)))
-            return mg_fail(err, rc, "--freeze: %s", e.message);
-        mg_adamw_config oc = r->s.optim;
-        oc.total_steps = c->steps > 0 ? c->steps : MG_STEPS_UNSIZED; /* estimated later */
-        if ((rc = mg_ckpt_optimizer(r->ck.model, &oc, &r->ck.opt, &e)) ||
-            (r->s.ema > 0 &&
-             (rc = mg_adamw_enable_ema(&r->ck.opt, r->s.ema, mg_model_params(r->ck.model), &e))))
-            return mg_fail(err, rc, "optimizer: %s", e.message);
-    } else if (c->steps > 0 && c->steps != r->ck.opt.cfg.total_steps) {
-        say(r, "note: schedule length changed from %" PRId64 " to %" PRId64 " steps",
-            r->ck.opt.cfg.total_steps, c->steps);
-        r->ck.opt.cfg.total_steps = c->steps;
     }
+    if ((rc = mg_model_set_frozen(r->ck.model, r->s.freeze, &e)))
+        return mg_fail(err, rc, "--freeze: %s", e.message);
+    mg_adamw_config oc = r->s.optim;
+    oc.total_steps = c->steps > 0 ? c->steps : MG_STEPS_UNSIZED; /* estimated later */
+    if ((rc = mg_ckpt_optimizer(r->ck.model, &oc, &r->ck.opt, &e)) ||
+        (r->s.ema > 0 &&
+         (rc = mg_adamw_enable_ema(&r->ck.opt, r->s.ema, mg_model_params(r->ck.model), &e))))
+        return mg_fail(err, rc, "optimizer: %s", e.message);
+    return MG_OK;
+}
+
+/* The model's run-time settings (threads, dtype, label smoothing) and the
+ * schedule: its length known or not, validation interval, warm-up. */
+static mg_status build_schedule(run *r, mg_error *err) {
+    const mg_train_config *c = r->c;
+    mg_status rc;
     mg_model_set_threads(r->ck.model, c->threads);
     mg_dtype dt = MG_DT_F32;
     mg_dtype_parse(r->s.dtype, &dt); /* checked with the settings */
@@ -947,6 +966,11 @@ static mg_status build(run *r, mg_error *err) {
         say(r, "note: warm-up shortened to %" PRId64 " steps (a tenth of the run)",
             opt->cfg.warmup_steps);
     }
+    return MG_OK;
+}
+
+/* The run's model on stderr and in the result. */
+static void report_model(run *r) {
     const mg_model_config *mc = mg_model_get_config(r->ck.model);
     if (r->s.freeze > 0)
         say(r,
@@ -962,18 +986,12 @@ static mg_status build(run *r, mg_error *err) {
         mc->n_layer, mc->d_model, mc->n_head, mc->ctx_len, mc->vocab_size, (double)mc->dropout,
         mg_model_num_params(r->ck.model), r->train.n, r->val.n, r->s.batch_size,
         mg_model_threads(r->ck.model));
-    if (!c->skip_guard && (rc = mg_model_causal_guard(r->ck.model, r->s.seed, &e)))
-        return mg_fail(err, rc, "causal-leak guard failed: %s", e.message);
-    const int B = r->s.batch_size, T = r->all.T;
-    if (B < r->d->size)
-        return mg_fail(err, MG_ERR_ARG, "batch size %d is smaller than the %d ranks", B,
-                       r->d->size);
-    mg_dist_range((size_t)B, r->d->rank, r->d->size, &r->b0, &r->b1);
-    if ((rc = mg_batcher_new(&r->train, B, r->s.seed, 1, &r->batcher, &e)))
-        return mg_fail(err, rc, "%s", e.message);
-    mg_batcher_seek(r->batcher, (uint64_t)r->st.step);
-    /* a resumed run reads the data its checkpoint names, which the command
-     * could not check its outputs against: none may be that data */
+}
+
+/* A resumed run reads the data its checkpoint names, which the command
+ * could not check its outputs against: none may be that data. */
+static mg_status outputs_not_inputs(run *r, mg_error *err) {
+    const mg_train_config *c = r->c;
     const char *const out_opt[] = {"--out", "--loss-log", "--debug-dump-rows"};
     const char *const outs[] = {c->out_path, c->loss_log, c->dump_rows};
     const char *const ins[] = {r->s.data_path, r->s.augment_file};
@@ -987,6 +1005,12 @@ static mg_status build(run *r, mg_error *err) {
                                "to write over an input",
                                out_opt[i], outs[i], j ? "--augment-file" : "--data", ins[j]);
         }
+    return MG_OK;
+}
+
+/* The loss log and the batch buffers. */
+static mg_status build_buffers(run *r, const mg_model_config *mc, int B, int T, mg_error *err) {
+    const mg_train_config *c = r->c;
     if (c->loss_log && r->d->rank == 0 && !(r->loss_log = fopen(c->loss_log, "a")))
         return mg_fail(err, MG_ERR_IO, "cannot open the loss log %s", c->loss_log);
     r->bids = malloc((size_t)B * T * sizeof(int32_t));
@@ -1006,6 +1030,35 @@ static mg_status build(run *r, mg_error *err) {
             return mg_fail(err, MG_ERR_NOMEM, "out of memory for batches");
     }
     return MG_OK;
+}
+
+/* A fresh model and optimizer, or the checkpoint's with this run's schedule
+ * length; the causal-leak guard; the batch stream and its buffers. */
+static mg_status build(run *r, mg_error *err) {
+    const mg_train_config *c = r->c;
+    mg_error e;
+    mg_status rc;
+    if (!r->resuming) {
+        if ((rc = build_fresh(r, err))) return rc;
+    } else if (c->steps > 0 && c->steps != r->ck.opt.cfg.total_steps) {
+        say(r, "note: schedule length changed from %" PRId64 " to %" PRId64 " steps",
+            r->ck.opt.cfg.total_steps, c->steps);
+        r->ck.opt.cfg.total_steps = c->steps;
+    }
+    if ((rc = build_schedule(r, err))) return rc;
+    report_model(r);
+    if (!c->skip_guard && (rc = mg_model_causal_guard(r->ck.model, r->s.seed, &e)))
+        return mg_fail(err, rc, "causal-leak guard failed: %s", e.message);
+    const int B = r->s.batch_size, T = r->all.T;
+    if (B < r->d->size)
+        return mg_fail(err, MG_ERR_ARG, "batch size %d is smaller than the %d ranks", B,
+                       r->d->size);
+    mg_dist_range((size_t)B, r->d->rank, r->d->size, &r->b0, &r->b1);
+    if ((rc = mg_batcher_new(&r->train, B, r->s.seed, 1, &r->batcher, &e)))
+        return mg_fail(err, rc, "%s", e.message);
+    mg_batcher_seek(r->batcher, (uint64_t)r->st.step);
+    if ((rc = outputs_not_inputs(r, err))) return rc;
+    return build_buffers(r, mg_model_get_config(r->ck.model), B, T, err);
 }
 
 /* --augment randomized: each row of the batch just drawn becomes one of its
@@ -1490,9 +1543,79 @@ static int cmp_str(const void *a, const void *b) {
     return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
+/* The data's molecules as written (its rows decoded: the tokeniser's
+ * spelling of each line), sorted, into *data [*nd]. */
+static mg_status data_strings(run *r, char ***data, size_t *nd, mg_error *err) {
+    const mg_dataset *a = &r->all;
+    char buf[4096];
+    mg_error e;
+    mg_status rc = MG_OK;
+    *nd = 0;
+    *data = malloc((a->n ? a->n : 1) * sizeof **data);
+    for (size_t i = 0; *data && i < a->n && !rc; i++) {
+        rc = mg_vocab_decode(r->ck.vocab, a->ids + i * (size_t)a->T, (int)a->lengths[i], buf,
+                             sizeof buf, NULL, &e);
+        if (!rc && !((*data)[(*nd)++] = strdup(buf))) rc = MG_ERR_NOMEM;
+    }
+    if (!*data || rc)
+        return rc == MG_ERR_NOMEM || !rc ? mg_fail(err, MG_ERR_NOMEM, "--check-samples: out of memory")
+                                         : mg_fail(err, rc, "--check-samples: %s", e.message);
+    qsort(*data, *nd, sizeof **data, cmp_str);
+    return MG_OK;
+}
+
+/* How many of the base model's (--init) molecules on o's draw pass the
+ * syntax check, into r->res.check_base_valid. */
+static mg_status base_validity(run *r, const mg_sample_opts *o, mg_error *err) {
+    mg_train_result *q = &r->res;
+    mg_samples base;
+    memset(&base, 0, sizeof base);
+    mg_error e;
+    mg_model_set_threads(r->init, mg_model_threads(r->ck.model));
+    mg_status rc = mg_sample(r->init, r->init_vocab ? r->init_vocab : r->ck.vocab, o, &base, &e);
+    if (rc) return mg_fail(err, rc, "--check-samples (base model): %s", e.message);
+    q->check_base_valid = 0;
+    for (size_t i = 0; i < base.n; i++)
+        q->check_base_valid +=
+            base.ended[i] && base.smiles[i][0] && mg_smiles_syntax_ok(base.smiles[i], NULL, 0);
+    mg_samples_free(&base);
+    return MG_OK;
+}
+
+/* The fine-tuning check's lines: validity against the base model's, copies
+ * (nok valid of n sampled). */
+static void say_finetune_check(run *r, size_t nok, size_t n) {
+    const mg_train_result *q = &r->res;
+    /* fine-tuning that stays valid: within MG_FINETUNE_VALID_DROP points
+     * of the base's validity, under MG_FINETUNE_COPY_MAX copies */
+    const double vf = 100.0 * (double)nok / (double)n,
+                 vb = 100.0 * (double)q->check_base_valid / (double)n,
+                 cp = 100.0 * (double)q->check_copies / (double)(nok ? nok : 1);
+    /* in counts, so that 3.0 points is 3.0 (not a rounding either side) */
+    const int drop = 100 * (q->check_base_valid - (int64_t)nok) >=
+                     (int64_t)MG_FINETUNE_VALID_DROP * q->check_n,
+              copies = 100 * q->check_copies >= (int64_t)MG_FINETUNE_COPY_MAX * (int64_t)nok &&
+                       q->check_copies > 0;
+    say(r,
+        "check: validity %.1f%% fine-tuned vs %.1f%% for %s on the same %" PRId64
+        " draws (%+.1f points); copies %.1f%% of the valid samples%s",
+        vf, vb, r->c->init_path, q->check_n, vf - vb, cp,
+        drop || copies ? ""
+                       : ": within the targets (validity less than 3 points below, copies "
+                         "under 5%)");
+    if (drop || copies)
+        say(r,
+            "check: warning: %s%s%s. What to change: sample it with --constrain valence "
+            "(on 500 quinolines that brought RDKit validity from 5 points below the base "
+            "to 1.3 points); train fewer steps (--steps), keep an earlier step (--keep "
+            "best, --val-frac), or give more molecules",
+            drop ? "validity is 3 points or more below the base model's" : "",
+            drop && copies ? "; " : "",
+            copies ? "5% or more of the valid samples copy the fine-tuning set" : "");
+}
+
 /* check_samples (rank 0): molecules sampled from the kept parameters
- * against the data's molecules as written (its rows decoded: the
- * tokeniser's spelling of each line); the counts go to the result. */
+ * against the data's molecules as written; the counts go to the result. */
 static mg_status sample_check(run *r, mg_error *err) {
     if (r->check_samples <= 0 || r->d->rank) return MG_OK;
     mg_sample_opts o;
@@ -1504,23 +1627,12 @@ static mg_status sample_check(run *r, mg_error *err) {
     mg_error e;
     mg_status rc = mg_sample(r->ck.model, r->ck.vocab, &o, &smp, &e);
     if (rc) return mg_fail(err, rc, "--check-samples: %s", e.message);
-    const mg_dataset *a = &r->all;
-    char **data = malloc((a->n ? a->n : 1) * sizeof *data);
+    char **data = NULL;
     const char **ok = malloc((smp.n ? smp.n : 1) * sizeof *ok);
     size_t nd = 0, nok = 0;
-    char buf[4096];
-    for (size_t i = 0; data && i < a->n && !rc; i++) {
-        rc = mg_vocab_decode(r->ck.vocab, a->ids + i * (size_t)a->T, (int)a->lengths[i], buf,
-                             sizeof buf, NULL, &e);
-        if (!rc && !(data[nd++] = strdup(buf))) rc = MG_ERR_NOMEM;
-    }
-    if (!data || !ok || rc) {
-        rc = rc == MG_ERR_NOMEM || !rc
-                 ? mg_fail(err, MG_ERR_NOMEM, "--check-samples: out of memory")
-                 : mg_fail(err, rc, "--check-samples: %s", e.message);
-        goto out;
-    }
-    qsort(data, nd, sizeof *data, cmp_str);
+    rc = data_strings(r, &data, &nd, err);
+    if (!rc && !ok) rc = mg_fail(err, MG_ERR_NOMEM, "--check-samples: out of memory");
+    if (rc) goto out;
     mg_train_result *q = &r->res;
     q->check_n = (int64_t)smp.n;
     for (size_t i = 0; i < smp.n; i++) {
@@ -1531,21 +1643,8 @@ static mg_status sample_check(run *r, mg_error *err) {
     }
     q->check_valid = (int64_t)nok;
     q->check_base_valid = -1;
-    if (r->init) { /* the base model's validity on the same draw, for comparison */
-        mg_samples base;
-        memset(&base, 0, sizeof base);
-        mg_model_set_threads(r->init, mg_model_threads(r->ck.model));
-        if ((rc = mg_sample(r->init, r->init_vocab ? r->init_vocab : r->ck.vocab, &o, &base,
-                            &e))) {
-            rc = mg_fail(err, rc, "--check-samples (base model): %s", e.message);
-            goto out;
-        }
-        q->check_base_valid = 0;
-        for (size_t i = 0; i < base.n; i++)
-            q->check_base_valid += base.ended[i] && base.smiles[i][0] &&
-                                   mg_smiles_syntax_ok(base.smiles[i], NULL, 0);
-        mg_samples_free(&base);
-    }
+    /* the base model's validity on the same draw, for comparison */
+    if (r->init && (rc = base_validity(r, &o, err))) goto out;
     qsort(ok, nok, sizeof *ok, cmp_str);
     for (size_t i = 0; i < nok; i++) {
         if (i && !strcmp(ok[i], ok[i - 1])) continue;
@@ -1561,34 +1660,7 @@ static mg_status sample_check(run *r, mg_error *err) {
         100.0 * (double)q->check_copies / (double)(nok ? nok : 1), r->s.data_path,
         q->check_distinct, q->check_novel,
         100.0 * (double)q->check_novel / (double)(q->check_distinct ? q->check_distinct : 1));
-    if (q->check_base_valid >= 0) {
-        /* fine-tuning that stays valid: within MG_FINETUNE_VALID_DROP points
-         * of the base's validity, under MG_FINETUNE_COPY_MAX copies */
-        const double vf = 100.0 * (double)nok / (double)smp.n,
-                     vb = 100.0 * (double)q->check_base_valid / (double)smp.n,
-                     cp = 100.0 * (double)q->check_copies / (double)(nok ? nok : 1);
-        /* in counts, so that 3.0 points is 3.0 (not a rounding either side) */
-        const int drop = 100 * (q->check_base_valid - (int64_t)nok) >=
-                         (int64_t)MG_FINETUNE_VALID_DROP * q->check_n,
-                  copies = 100 * q->check_copies >= (int64_t)MG_FINETUNE_COPY_MAX * (int64_t)nok &&
-                           q->check_copies > 0;
-        say(r,
-            "check: validity %.1f%% fine-tuned vs %.1f%% for %s on the same %" PRId64
-            " draws (%+.1f points); copies %.1f%% of the valid samples%s",
-            vf, vb, r->c->init_path, q->check_n, vf - vb, cp,
-            drop || copies ? ""
-                           : ": within the targets (validity less than 3 points below, copies "
-                             "under 5%)");
-        if (drop || copies)
-            say(r,
-                "check: warning: %s%s%s. What to change: sample it with --constrain valence "
-                "(on 500 quinolines that brought RDKit validity from 5 points below the base "
-                "to 1.3 points); train fewer steps (--steps), keep an earlier step (--keep "
-                "best, --val-frac), or give more molecules",
-                drop ? "validity is 3 points or more below the base model's" : "",
-                drop && copies ? "; " : "",
-                copies ? "5% or more of the valid samples copy the fine-tuning set" : "");
-    }
+    if (q->check_base_valid >= 0) say_finetune_check(r, nok, smp.n);
 out:
     for (size_t i = 0; data && i < nd; i++) free(data[i]);
     free(data);
