@@ -111,6 +111,29 @@ def test_scaffold_requires_two_rings():
     assert M._scaffold(Chem.MolFromSmiles('CCc1ccc(-c2ccccc2)cc1')) == 'c1ccc(-c2ccccc2)cc1'
 
 
+@pytest.mark.parametrize('smi,scaffold', [
+    ('CCCCO', ''),                                       # acyclic: no scaffold
+    ('CC(=O)Nc1ccc(O)cc1', 'c1ccccc1'),                  # paracetamol: side chains cut
+    ('O=C(O)c1ccccc1OC(C)=O', 'c1ccccc1'),               # aspirin
+    ('CCN(CC)CCOC(=O)c1ccc(N)cc1', 'c1ccccc1'),          # procaine
+    ('c1ccc(CCN2CCCCC2)cc1', 'c1ccc(CCN2CCCCC2)cc1'),    # the linker between rings stays
+    ('C[C@H]1CC[C@@H](c2ccccc2)CC1', 'c1ccc(C2CCCCC2)cc1'),  # stereo of cut atoms goes
+])
+def test_one_murcko_scaffold_everywhere(smi, scaffold):
+    # Bemis-Murcko by hand: ring systems and linkers, every side chain cut;
+    # the scorer's field, the report and the metrics all give this one
+    from rdkit import Chem
+    from molgen import props, report
+    from molgen import scoring
+    m = Chem.MolFromSmiles(smi)
+    want = Chem.MolToSmiles(Chem.MolFromSmiles(scaffold)) if scaffold else ''
+    assert props.murcko_scaffold(m) == want
+    assert report._scaffold(smi) == want
+    assert scoring.murcko_scaffold is props.murcko_scaffold
+    rings = Chem.MolFromSmiles(scaffold).GetRingInfo().NumRings() if scaffold else 0
+    assert M._scaffold(m) == (want if rings >= 2 else None)   # MOSES: >= 2 rings
+
+
 def test_compute_metrics_end_to_end():
     samples = ['CCO', 'CCO', 'c1ccccc1', 'C1CC', '', 'CC(=O)Nc1ccccc1']
     train = ['OCC', 'CCCC']

@@ -164,17 +164,9 @@ def _fp_bits(mol):
 
 
 def _scaffold(mol):
-    """Bemis-Murcko scaffold SMILES with >= 2 rings (MOSES), else None."""
-    from rdkit import Chem
-    from rdkit.Chem.Scaffolds import MurckoScaffold
-    try:
-        sm = MurckoScaffold.GetScaffoldForMol(mol)
-        ss = Chem.MolToSmiles(sm)
-    except (ValueError, RuntimeError):
-        return None
-    if not ss or sm.GetRingInfo().NumRings() < 2:
-        return None
-    return ss
+    """MOSES's scaffold: the Bemis-Murcko scaffold with >= 2 rings, else None."""
+    s = _props().murcko_scaffold(mol, min_rings=2)
+    return s or None
 
 
 def _features(smi):

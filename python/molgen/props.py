@@ -53,10 +53,24 @@ def sascorer():
     return _SA
 
 
-def murcko_scaffold(mol):
-    """Bemis-Murcko scaffold SMILES of an RDKit molecule ('' without rings)."""
+def murcko_scaffold(mol, min_rings=0):
+    """The Bemis-Murcko scaffold of an RDKit molecule (RDKit's
+    MurckoScaffold: its ring systems and the linkers between them, side
+    chains cut) as canonical isomeric SMILES: '' for an acyclic molecule.
+    None when RDKit cannot build it, or when it has fewer than min_rings
+    rings (MOSES's Scaf metric counts scaffolds of >= 2 rings only). The one
+    scaffold of the package: the scorer's scaffold= field, the metrics, the
+    condition checks and the run report all call it."""
+    from rdkit import Chem
     from rdkit.Chem.Scaffolds import MurckoScaffold
-    return MurckoScaffold.MurckoScaffoldSmiles(mol=mol)
+    try:
+        sm = MurckoScaffold.GetScaffoldForMol(mol)
+        smi = Chem.MolToSmiles(sm)
+    except (ValueError, RuntimeError):
+        return None
+    if sm.GetRingInfo().NumRings() < min_rings:
+        return None
+    return smi
 
 
 def properties(mol):

@@ -169,11 +169,9 @@ def calls(rows):
 
 def _scaffold(smiles):
     from rdkit import Chem
-    from rdkit.Chem.Scaffolds import MurckoScaffold
+    from molgen.props import murcko_scaffold
     mol = Chem.MolFromSmiles(smiles)
-    if mol is None:
-        return None
-    return MurckoScaffold.MurckoScaffoldSmiles(mol=mol)
+    return None if mol is None else murcko_scaffold(mol)
 
 
 # ---------------------------------------------------------------- SVG charts

@@ -38,6 +38,7 @@ from collections import namedtuple
 
 from .modifiers import ConfigError, make_modifier
 from .components import COMPONENTS
+from ..props import murcko_scaffold
 
 PMO_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'pmo')
 _NAME = re.compile(r'[A-Za-z0-9_.-]+')
@@ -292,17 +293,6 @@ def randomized(smiles, n, seed):
         return None
     # RDKit seeds only with a positive value (0 means unseeded)
     return list(Chem.MolToRandomSmilesVect(m, n, randomSeed=seed % 2147483647 + 1))
-
-
-def murcko_scaffold(mol):
-    """The canonical SMILES of mol's Bemis-Murcko scaffold (ring systems and
-    their linkers), '' for an acyclic molecule."""
-    from rdkit import Chem
-    from rdkit.Chem.Scaffolds import MurckoScaffold
-    try:
-        return Chem.MolToSmiles(MurckoScaffold.GetScaffoldForMol(mol))
-    except Exception:
-        return None
 
 
 def format_number(x):
