@@ -16,6 +16,7 @@ pytest.importorskip('rdkit')
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = ['-m', 'molgen.metrics']
 M = importlib.import_module('molgen.metrics')
+F = importlib.import_module('molgen.moses_filters')
 
 
 def _write(path, lines):
@@ -228,7 +229,7 @@ def test_missing_file_is_a_clear_error(tmp_path):
 # no screening); the expected clause of each hand-picked molecule follows
 # from the rule, and the oracle confirms that it fails that clause only.
 
-FILTERS_DIR = M.FILTERS_DIR
+FILTERS_DIR = F.FILTERS_DIR
 
 
 def _oracle_patterns():
@@ -306,13 +307,13 @@ def test_filter_files_parse_completely():
     with open(os.path.join(FILTERS_DIR, 'wehi_pains.csv')) as f:
         pains_rows = [ln for ln in f.read().splitlines() if ln.strip()]
     assert (len(mcf_rows), len(pains_rows)) == (22, 480)
-    pats = M.read_filter_smarts(FILTERS_DIR)
+    pats = F.read_filter_smarts(FILTERS_DIR)
     assert len(pats) == len(mcf_rows) + len(pains_rows)
     assert [p[0] for p in pats] == ['MCF'] * 22 + ['PAINS'] * 480
     assert pats[0] == ('MCF', 'MCF1', '[#6]=&!@[#6]-[#6]#[#7]')
     assert pats[22][1] == 'anil_di_alk_F(14)' and pats[-1][1] == 'anil_di_alk_E(186)'
     assert all(s == s.strip() and Chem.MolFromSmarts(s) is not None for _, _, s in pats)
-    assert len(M.MosesFilters(FILTERS_DIR).queries) == 502
+    assert len(F.MosesFilters(FILTERS_DIR).queries) == 502
 
 
 def test_filter_files_are_the_documented_copies():
@@ -329,7 +330,7 @@ def test_filters_verdict_of_hand_picked_molecules(smi, clause, detail):
     from rdkit import Chem
     failing, hits = _oracle_clauses(smi)
     assert failing == ({clause} if clause else set())
-    v = M.MosesFilters(FILTERS_DIR).failure(Chem.MolFromSmiles(smi))
+    v = F.MosesFilters(FILTERS_DIR).failure(Chem.MolFromSmiles(smi))
     if clause is None:
         assert v is None
     else:
@@ -353,17 +354,17 @@ def test_filters_clause_order_is_moses():
     # charged and a PAINS hit (a real ZINC molecule): the charge is reported first
     smi = r'Cc1ccc(/C=C2\SC(N3CC[NH2+]CC3)=NC2=O)cc1'
     assert _oracle_clauses(smi)[0] == {'charge', 'PAINS'}
-    assert M.MosesFilters(FILTERS_DIR).failure(Chem.MolFromSmiles(smi))[0] == 'charge'
+    assert F.MosesFilters(FILTERS_DIR).failure(Chem.MolFromSmiles(smi))[0] == 'charge'
 
 
 def test_query_requirements():
     from rdkit import Chem
 
     def atom(sm):
-        return M._required_atom(Chem.MolFromSmarts(sm).GetAtomWithIdx(0))
+        return F._required_atom(Chem.MolFromSmarts(sm).GetAtomWithIdx(0))
 
     def bond(sm):
-        return M._required_bond(Chem.MolFromSmarts(sm).GetBondWithIdx(0))
+        return F._required_bond(Chem.MolFromSmarts(sm).GetBondWithIdx(0))
 
     assert atom('[#6;X4]') == (6, None)
     assert atom('c') == (6, 1006) and atom('C') == (6, 6) and atom('n') == (7, 1007)
@@ -386,7 +387,7 @@ def test_query_requirements():
 
 def test_screen_never_skips_a_matching_pattern():
     from rdkit import Chem
-    f = M.MosesFilters(FILTERS_DIR)
+    f = F.MosesFilters(FILTERS_DIR)
     data = os.path.join(HERE, '..', '..', 'data', 'moses_20k.smi')
     smiles = [s for s, _, _ in FILTER_CASES] + M.read_smiles(data)[:150] + [
         r'Cc1ccc(/C=C2\SC(N3CC[NH2+]CC3)=NC2=O)cc1', 'c1cc[n+](C)cc1', 'O=C(O)c1ccc(O)c(O)c1',
@@ -438,25 +439,25 @@ def test_filters_on_moses_molecules_is_one():
 
 def test_filter_data_errors_are_clear(tmp_path):
     with pytest.raises(M.FilterDataError, match='cannot read .*mcf.csv'):
-        M.MosesFilters(str(tmp_path))
+        F.MosesFilters(str(tmp_path))
     (tmp_path / 'mcf.csv').write_text('names,smarts\nX1,[#6]=[#8]\n')
     (tmp_path / 'wehi_pains.csv').write_text('"c1ccccc1","<regId=ok(1)>"\n"[#6","<regId=bad(1)>"\n')
     with pytest.raises(M.FilterDataError, match='PAINS pattern bad\\(1\\) does not parse'):
-        M.MosesFilters(str(tmp_path))
+        F.MosesFilters(str(tmp_path))
     (tmp_path / 'wehi_pains.csv').write_text('"c1ccccc1"\n')
     with pytest.raises(M.FilterDataError, match='wehi_pains.csv:1: expected 2'):
-        M.MosesFilters(str(tmp_path))
+        F.MosesFilters(str(tmp_path))
     (tmp_path / 'mcf.csv').write_text('X1,[#6]=[#8]\n')
     with pytest.raises(M.FilterDataError, match="header 'names,smarts'"):
-        M.MosesFilters(str(tmp_path))
+        F.MosesFilters(str(tmp_path))
     (tmp_path / 'mcf.csv').write_bytes(b'names,smarts\nX1,\xff\xfe\n')
     with pytest.raises(M.FilterDataError, match='not a UTF-8 CSV file'):
-        M.MosesFilters(str(tmp_path))
+        F.MosesFilters(str(tmp_path))
 
 
 def test_missing_filter_files_say_not_computed(tmp_path, monkeypatch):
-    monkeypatch.setattr(M, 'FILTERS_DIR', str(tmp_path))
-    monkeypatch.setattr(M, '_FILTERS', None)
+    monkeypatch.setattr(F, 'FILTERS_DIR', str(tmp_path))
+    monkeypatch.setattr(F, '_DEFAULT', None)
     r = M.compute_metrics(['CCO'], None, None, jobs=1)
     assert r['Filters'] is None and 'cannot read' in r['not_computed']['Filters']
     assert any(n.startswith('Filters not computed: cannot read') for n in r['notes'])

@@ -240,8 +240,8 @@ class MosesFiltersComponent(Component):
 
     def raw(self, mol):
         if MosesFiltersComponent._filters is None:
-            from molgen.metrics import MosesFilters
-            MosesFiltersComponent._filters = MosesFilters()
+            from molgen import moses_filters
+            MosesFiltersComponent._filters = moses_filters.default()
         return float(MosesFiltersComponent._filters.failure(mol) is None)
 
 
