@@ -66,7 +66,7 @@ endif()
 
 file(GLOB py_files "${ATTN_SOURCE_DIR}/python/attn/*.py")
 file(INSTALL ${py_files} DESTINATION "${site}/attn")
-# molgen: its modules and the MOSES filter lists that molgen.metrics reads
+# molgen: its modules and molgen.moses_filters (the module with its SMARTS lists)
 file(GLOB py_files "${ATTN_SOURCE_DIR}/python/molgen/*.py")
 file(INSTALL ${py_files} "${ATTN_SOURCE_DIR}/python/molgen/moses_filters"
      DESTINATION "${site}/molgen")
