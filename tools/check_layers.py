@@ -109,7 +109,6 @@ SPLIT_PENDING = {
     ("molgen/chem/condition.c", "mg_cond_info_from_json"),
     ("molgen/chem/smiles_check.c", "bracket_ok"),
     ("molgen/chem/smiles_check.c", "kekule_ok"),
-    ("molgen/gen/kv_decode.c", "mg_kv_new_dtype"),
     ("molgen/gen/nll_score.c", "score_part"),
     ("molgen/harness/dap_dump.c", "mg_dap_dump"),
     ("molgen/harness/grad_dump.c", "mg_grad_dump"),
