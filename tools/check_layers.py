@@ -114,7 +114,6 @@ SPLIT_PENDING = {
     ("molgen/harness/grad_dump.c", "mg_grad_dump"),
     ("molgen/nn/model.c", "mg_model_config_from_json"),
     ("molgen/rl/optimize.c", "mg_opt_restore"),
-    ("molgen/rl/scorer_process.c", "exchange"),
     ("molgen/train/train.c", "setup"),
     ("molgen/train/train.c", "scan_init_data"),
     ("molgen/train/train.c", "load_data"),
