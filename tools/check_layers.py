@@ -110,8 +110,6 @@ SPLIT_PENDING = {
     ("molgen/chem/smiles_check.c", "bracket_ok"),
     ("molgen/chem/smiles_check.c", "kekule_ok"),
     ("molgen/gen/nll_score.c", "score_part"),
-    ("molgen/harness/dap_dump.c", "mg_dap_dump"),
-    ("molgen/harness/grad_dump.c", "mg_grad_dump"),
     ("molgen/nn/model.c", "mg_model_config_from_json"),
     ("molgen/rl/optimize.c", "mg_opt_restore"),
     ("molgen/train/train.c", "setup"),
