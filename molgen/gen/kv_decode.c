@@ -51,6 +51,73 @@ mg_status mg_kv_new(mg_model *m, int B, int threads, mg_kv_decoder **out, mg_err
     return mg_kv_new_dtype(m, B, threads, MG_DT_F32, out, err);
 }
 
+/* Block l's tensors (views of the model's parameters; the products'
+ * weights packed in d->dt) and its slice of the KV cache (per_block
+ * elements of el bytes for keys, then values). A tensor missing or out of
+ * place sets *bad (the message in err); a packing failure is returned. */
+static mg_status kv_layer_setup(mg_kv_decoder *d, int l, size_t per_block, size_t el, int *bad,
+                                mg_error *err) {
+    const size_t D = (size_t)d->d, F = 4 * D;
+    const mg_dtype dt = d->dt;
+    kv_layer *L = &d->layers[l];
+    char name[96];
+#define P(lhs, suffix, numel)                                                                      \
+    do {                                                                                           \
+        snprintf(name, sizeof name, "blocks.%d.%s", l, suffix);                                    \
+        lhs = param(d->m, name, numel, err, bad);                                                  \
+    } while (0)
+    const float *in_w, *in_b, *out_w, *out_b, *fc_w, *proj_w;
+    P(L->ln1_w, "ln1.weight", D);
+    P(L->ln1_b, "ln1.bias", D);
+    P(in_w, "attn.in_proj_weight", 3 * D * D);
+    P(in_b, "attn.in_proj_bias", 3 * D);
+    P(out_w, "attn.out_proj.weight", D * D);
+    P(out_b, "attn.out_proj.bias", D);
+    P(L->ln2_w, "ln2.weight", D);
+    P(L->ln2_b, "ln2.bias", D);
+    P(fc_w, "mlp.fc.weight", F * D);
+    P(L->fc_b, "mlp.fc.bias", F);
+    P(proj_w, "mlp.proj.weight", D * F);
+    P(L->proj_b, "mlp.proj.bias", D);
+#undef P
+    if (*bad) return MG_OK;
+    /* the four attention tensors, back to back as the model's table
+     * lays them out: the block mg_attn_in_proj / mg_attn_out_proj read */
+    if (in_b != in_w + 3 * D * D || out_w != in_b + 3 * D || out_b != out_w + D * D) {
+        mg_fail(err, MG_ERR_ARG, "decode: block %d's attention tensors are not packed", l);
+        *bad = 1;
+        return MG_OK;
+    }
+    L->in_b = in_b;
+    L->out_b = out_b;
+    mg_status prc;
+    if ((prc = mg_packed_new(in_w, 3 * (int)D, (int)D, dt, &L->in_w, err)) ||
+        (prc = mg_packed_new(out_w, (int)D, (int)D, dt, &L->out_w, err)) ||
+        (prc = mg_packed_new(fc_w, (int)F, (int)D, dt, &L->fc, err)) ||
+        (prc = mg_packed_new(proj_w, (int)D, (int)F, dt, &L->proj, err)))
+        return prc;
+    L->k = (char *)d->kvmem + (size_t)l * 2 * per_block * el;
+    L->v = (char *)L->k + per_block * el;
+    return MG_OK;
+}
+
+/* d's work buffers, carved from d->mem. */
+static void kv_carve(mg_kv_decoder *d) {
+    const size_t B = (size_t)d->B, D = (size_t)d->d;
+    float *p = d->mem;
+    d->x = p;
+    p += B * D;
+    d->h = p;
+    p += B * D;
+    d->qkv = p;
+    p += B * 3 * D;
+    d->att = p;
+    p += B * D;
+    d->tmp = p;
+    p += B * D;
+    d->fc = p;
+}
+
 mg_status mg_kv_new_dtype(mg_model *m, int B, int threads, mg_dtype dt, mg_kv_decoder **out,
                           mg_error *err) {
     if (!m || !out) return mg_fail(err, MG_ERR_ARG, "decode: model and out must be non-NULL");
@@ -108,47 +175,11 @@ mg_status mg_kv_new_dtype(mg_model *m, int B, int threads, mg_dtype dt, mg_kv_de
                        kvfloats);
     }
     for (int l = 0; l < d->N && !bad; l++) {
-        kv_layer *L = &d->layers[l];
-        char name[96];
-#define P(lhs, suffix, numel)                                                                      \
-    do {                                                                                           \
-        snprintf(name, sizeof name, "blocks.%d.%s", l, suffix);                                    \
-        lhs = param(m, name, numel, err, &bad);                                                    \
-    } while (0)
-        const float *in_w, *in_b, *out_w, *out_b, *fc_w, *proj_w;
-        P(L->ln1_w, "ln1.weight", D);
-        P(L->ln1_b, "ln1.bias", D);
-        P(in_w, "attn.in_proj_weight", 3 * D * D);
-        P(in_b, "attn.in_proj_bias", 3 * D);
-        P(out_w, "attn.out_proj.weight", D * D);
-        P(out_b, "attn.out_proj.bias", D);
-        P(L->ln2_w, "ln2.weight", D);
-        P(L->ln2_b, "ln2.bias", D);
-        P(fc_w, "mlp.fc.weight", F * D);
-        P(L->fc_b, "mlp.fc.bias", F);
-        P(proj_w, "mlp.proj.weight", D * F);
-        P(L->proj_b, "mlp.proj.bias", D);
-#undef P
-        if (bad) break;
-        /* the four attention tensors, back to back as the model's table
-         * lays them out: the block mg_attn_in_proj / mg_attn_out_proj read */
-        if (in_b != in_w + 3 * D * D || out_w != in_b + 3 * D || out_b != out_w + D * D) {
-            mg_fail(err, MG_ERR_ARG, "decode: block %d's attention tensors are not packed", l);
-            bad = 1;
-            break;
-        }
-        L->in_b = in_b;
-        L->out_b = out_b;
-        mg_status prc;
-        if ((prc = mg_packed_new(in_w, 3 * (int)D, (int)D, dt, &L->in_w, err)) ||
-            (prc = mg_packed_new(out_w, (int)D, (int)D, dt, &L->out_w, err)) ||
-            (prc = mg_packed_new(fc_w, (int)F, (int)D, dt, &L->fc, err)) ||
-            (prc = mg_packed_new(proj_w, (int)D, (int)F, dt, &L->proj, err))) {
+        mg_status prc = kv_layer_setup(d, l, per_block, el, &bad, err);
+        if (prc) {
             mg_kv_free(d);
             return prc;
         }
-        L->k = (char *)d->kvmem + (size_t)l * 2 * per_block * el;
-        L->v = (char *)L->k + per_block * el;
     }
     if (!bad) {
         mg_status prc = mg_packed_new(d->head_w, d->V, (int)D, dt, &d->head, err);
@@ -161,18 +192,7 @@ mg_status mg_kv_new_dtype(mg_model *m, int B, int threads, mg_dtype dt, mg_kv_de
         mg_kv_free(d);
         return MG_ERR_FORMAT;
     }
-    float *p = d->mem;
-    d->x = p;
-    p += (size_t)B * D;
-    d->h = p;
-    p += (size_t)B * D;
-    d->qkv = p;
-    p += (size_t)B * 3 * D;
-    d->att = p;
-    p += (size_t)B * D;
-    d->tmp = p;
-    p += (size_t)B * D;
-    d->fc = p;
+    kv_carve(d);
     d->n = 0;
     *out = d;
     return 0;

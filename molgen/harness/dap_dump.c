@@ -8,16 +8,7 @@
 
 #include "rl/optimize.h"
 #include "base/safetensors.h"
-#include "chem/tokenizer.h"
-#include "base/util.h"
-
-static void perturb_params(mg_model *m, uint64_t *s, double p) {
-    float *x = mg_model_params(m);
-    for (size_t i = 0; i < mg_model_num_params(m); i++) {
-        const double u = (double)(mg_splitmix64(s) >> 11) * 0x1.0p-53;
-        x[i] += (float)((u - 0.5) * p);
-    }
-}
+#include "harness/dump_harness.h"
 
 mg_status mg_dap_dump(const mg_model_config *cfg, int B, uint64_t seed, double perturb,
                       double sigma, const double *scores, int n_scores, int threads,
@@ -39,22 +30,15 @@ mg_status mg_dap_dump(const mg_model_config *cfg, int B, uint64_t seed, double p
     if (!rc && (!ids || !len || !sc || !pn || !an || !use || !w || !t || !names))
         rc = mg_fail(err, MG_ERR_NOMEM, "out of memory");
     if (rc) goto out;
-    uint64_t s = seed ^ 0x5DEECE66Dull;
+    uint64_t s = mg_dump_stream(seed);
     mg_model_init(a, seed);
-    perturb_params(a, &s, perturb);
+    mg_dump_perturb(a, &s, perturb);
     memcpy(mg_model_params(p), mg_model_params(a), mg_model_num_params(a) * sizeof(float));
-    perturb_params(p, &s, perturb / 2);
+    mg_dump_perturb(p, &s, perturb / 2);
     mg_model_set_threads(a, threads);
     mg_model_set_threads(p, threads);
+    mg_dump_random_batch(ids, len, B, T, V, &s);
     for (int b = 0; b < B; b++) {
-        len[b] = b == 0 ? T : 2 + (int64_t)(mg_splitmix64(&s) % (uint64_t)(T - 1));
-        for (int k = 0; k < T; k++)
-            ids[(size_t)b * T + k] =
-                k == 0 ? MG_BOS
-                : k < len[b] - 1
-                    ? (int32_t)(MG_NUM_SPECIAL + mg_splitmix64(&s) % (uint64_t)(V - MG_NUM_SPECIAL))
-                : k == len[b] - 1 ? MG_EOS
-                                  : MG_PAD;
         sc[b] = scores[b % n_scores];
         use[b] = 1;
     }
@@ -68,11 +52,8 @@ mg_status mg_dap_dump(const mg_model_config *cfg, int B, uint64_t seed, double p
     for (size_t i = 0; i < nt; i++) {
         snprintf(names[i], sizeof names[i], "prior.%s", t[i].name);
         t[nt + i].name = names[i];
-        t[2 * nt + i] = t[i];
-        snprintf(names[nt + i], sizeof names[nt + i], "grad.%s", t[i].name);
-        t[2 * nt + i].name = names[nt + i];
-        t[2 * nt + i].data = mg_model_grads(a) + mg_model_tensor(a, i)->offset;
     }
+    mg_dump_grad_tensors(a, t + 2 * nt, names + nt);
     t[3 * nt] = (mg_st_tensor){.name = "batch.ids", .dtype = MG_ST_I32, .ndim = 2,
                                .shape = {B, T}, .data = ids};
     t[3 * nt + 1] = (mg_st_tensor){.name = "batch.lengths", .dtype = MG_ST_I64, .ndim = 1,

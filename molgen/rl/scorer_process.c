@@ -232,128 +232,167 @@ static const char *bad_text(const unsigned char *p, size_t n, size_t *at) {
     return NULL;
 }
 
-/* (scorer.h) Writes req[0..rlen) and reads n lines (their starts into lines[n], each
- * NUL-terminated in s->buf; valid until the next exchange). what[i] names
+/* One exchange's progress (exchange below). */
+typedef struct {
+    const char *req;
+    size_t rlen, n;
+    size_t sent, got;  /* request bytes written; answer lines read */
+    size_t scan, seen; /* the current line's start; bytes searched for '\n' */
+    double exit_seen;  /* when the scorer was first seen exited, no bytes since */
+    double last;       /* the last progress (bytes either way) */
+    char **lines;
+    const char *const *what;
+} xchg;
+
+/* Bytes before the request: a line more than the last request asked, which
+ * would shift every answer of this one. */
+static mg_status early_bytes(mg_scorer *s, const char *const *what, mg_error *err) {
+    char mb[96], gb[64];
+    struct pollfd p0 = {s->out, POLLIN, 0};
+    if (poll(&p0, 1, 0) != 1 || !(p0.revents & POLLIN)) return MG_OK;
+    char early[64];
+    const ssize_t r = read(s->out, early, sizeof early - 1);
+    if (r <= 0) return MG_OK;
+    early[r] = 0;
+    return mg_fail(err, MG_ERR_FORMAT,
+                   "the %s wrote more lines than molecules asked ('%s' came before "
+                   "molecule 1 of the batch '%s' was sent)",
+                   s->who, cut(early, gb, sizeof gb), cut(what[0], mb, sizeof mb));
+}
+
+/* A poll that found nothing (left: the seconds of --scorer-timeout still
+ * to wait): MG_OK when the wait goes on, else why it ends. */
+static mg_status idle_poll(mg_scorer *s, xchg *x, double left, mg_error *err) {
+    char mb[96], gb[64];
+    if (left > 0.2) {
+        if (!reap(s)) {
+            x->exit_seen = 0;
+            return MG_OK;
+        }
+        /* exited: what it wrote is in the pipe; 0.5 s for the rest */
+        if (!x->exit_seen) x->exit_seen = mg_now_s();
+        if (mg_now_s() - x->exit_seen < 0.5) return MG_OK;
+        return mg_fail(err, MG_ERR_IO,
+                       "the %s %s before answering molecule %zu of the batch '%s' (a "
+                       "process it started still holds its output open)",
+                       s->who, gone(s, gb, sizeof gb), x->got + 1, cut(x->what[x->got], mb, sizeof mb));
+    }
+    return mg_fail(err, MG_ERR_IO,
+                   "the %s gave no answer for molecule %zu of the batch '%s' within "
+                   "%g s (%s)%s",
+                   s->who, x->got + 1, cut(x->what[x->got], mb, sizeof mb), s->timeout, s->opt,
+                   x->sent == x->rlen && x->got == 0 && x->n > 1
+                       ? "; it must answer each line as it reads it and flush "
+                         "(one that reads all its input before answering waits for an "
+                         "end that never comes)"
+                       : "");
+}
+
+/* Writes what the scorer's stdin takes of the rest of the request. */
+static mg_status write_some(mg_scorer *s, xchg *x, mg_error *err) {
+    char mb[96], gb[64];
+    const ssize_t w = write(s->in, x->req + x->sent, x->rlen - x->sent);
+    if (w < 0 && errno != EAGAIN && errno != EINTR)
+        return mg_fail(err, MG_ERR_IO,
+                       "the %s %s before answering molecule %zu of the batch '%s' "
+                       "(writing to it: %s)",
+                       s->who, gone(s, gb, sizeof gb), x->got + 1, cut(x->what[x->got], mb, sizeof mb),
+                       strerror(errno));
+    if (w > 0) x->sent += (size_t)w, x->last = mg_now_s();
+    return MG_OK;
+}
+
+/* The complete lines in s->buf since x->seen (their starts as offsets: buf
+ * may move), each NUL-terminated; refused when not text. */
+static mg_status split_lines(mg_scorer *s, xchg *x, mg_error *err) {
+    char mb[96], gb[64];
+    for (size_t i = x->seen; i < s->len && x->got < x->n; i++) {
+        if (s->buf[i] != '\n') continue;
+        size_t e = i, at = 0;
+        if (e > x->scan && s->buf[e - 1] == '\r') e--;
+        const char *why = bad_text((const unsigned char *)s->buf + x->scan, e - x->scan, &at);
+        if (why) {
+            s->buf[x->scan + at] = 0; /* the text before the offending byte */
+            return mg_fail(err, MG_ERR_FORMAT,
+                           "the %s's line for molecule %zu of the batch '%s' %s (after '%s')",
+                           s->who, x->got + 1, cut(x->what[x->got], mb, sizeof mb), why,
+                           cut(s->buf + x->scan, gb, sizeof gb));
+        }
+        s->buf[e] = 0;
+        x->lines[x->got++] = (char *)(uintptr_t)x->scan;
+        x->scan = i + 1;
+    }
+    x->seen = s->len;
+    if (x->got < x->n && s->len - x->scan > MG_SCORER_MAX_LINE)
+        return mg_fail(err, MG_ERR_FORMAT,
+                       "the %s's line for molecule %zu of the batch '%s' is longer than "
+                       "%zu bytes (not an answer)",
+                       s->who, x->got + 1, cut(x->what[x->got], mb, sizeof mb), MG_SCORER_MAX_LINE);
+    return MG_OK;
+}
+
+/* Reads what the scorer's stdout holds into s->buf and splits its lines. */
+static mg_status read_some(mg_scorer *s, xchg *x, mg_error *err) {
+    char mb[96], gb[64], pb[64];
+    if (s->cap - s->len < 4096) {
+        char *nb = realloc(s->buf, s->cap * 2 + 8192);
+        if (!nb) return mg_fail(err, MG_ERR_NOMEM, "out of memory reading the %s", s->who);
+        s->buf = nb;
+        s->cap = s->cap * 2 + 8192;
+    }
+    const ssize_t r = read(s->out, s->buf + s->len, s->cap - s->len - 1);
+    if (r < 0 && errno == EINTR) return MG_OK;
+    if (r <= 0) {
+        s->buf[s->len] = 0;
+        const char *part = x->got < x->n && s->len > x->scan ? s->buf + x->scan : NULL;
+        return mg_fail(err, MG_ERR_IO,
+                       "the %s %s before answering molecule %zu of the batch '%s'%s%s%s",
+                       s->who, gone(s, gb, sizeof gb), x->got + 1, cut(x->what[x->got], mb, sizeof mb),
+                       part ? " (an unfinished line '" : "", part ? cut(part, pb, sizeof pb) : "",
+                       part ? "')" : "");
+    }
+    s->len += (size_t)r;
+    x->last = mg_now_s();
+    return split_lines(s, x, err);
+}
+
+/* (scorer_process.h) Writes req[0..rlen) and reads n lines (their starts into
+ * lines[n], each NUL-terminated in s->buf; valid until the next exchange). what[i] names
  * line i's molecule for the messages. */
 mg_status mg_scorer_lines(mg_scorer *s, const char *req, size_t rlen, size_t n, char **lines,
                           const char *const *what, mg_error *err) {
-    size_t sent = 0, got = 0, scan = 0, seen = 0; /* scan: the line's start; seen: searched */
-    double exit_seen = 0; /* when the scorer was first seen exited, no bytes since */
+    xchg x = {.req = req, .rlen = rlen, .n = n, .last = mg_now_s(), .lines = lines, .what = what};
+    char mb[96], gb[64];
     s->len = 0;
-    double last = mg_now_s();
-    char mb[96], gb[64], pb[64];
-    struct pollfd p0 = {s->out, POLLIN, 0};
-    if (poll(&p0, 1, 0) == 1 && (p0.revents & POLLIN)) {
-        /* bytes before the request: a line more than the last request asked,
-         * which would shift every answer of this one */
-        char early[64];
-        const ssize_t r = read(s->out, early, sizeof early - 1);
-        if (r > 0) {
-            early[r] = 0;
-            return mg_fail(err, MG_ERR_FORMAT,
-                           "the %s wrote more lines than molecules asked ('%s' came before "
-                           "molecule 1 of the batch '%s' was sent)",
-                           s->who, cut(early, gb, sizeof gb), cut(what[0], mb, sizeof mb));
-        }
-    }
-    while (got < n) {
+    mg_status rc = early_bytes(s, what, err);
+    while (!rc && x.got < n) {
         if (s->stop && *s->stop) /* a signal interrupted the wait (poll or read: EINTR) */
             return mg_fail(err, MG_ERR_INTERRUPTED,
                            "interrupted by signal %d waiting for the %s's answer to molecule "
                            "%zu of the batch '%s'",
-                           (int)*s->stop, s->who, got + 1, cut(what[got], mb, sizeof mb));
+                           (int)*s->stop, s->who, x.got + 1, cut(what[x.got], mb, sizeof mb));
         struct pollfd p[2] = {{s->out, POLLIN, 0}, {s->in, POLLOUT, 0}};
-        const int np = sent < rlen ? 2 : 1;
-        const double left = s->timeout > 0 ? s->timeout - (mg_now_s() - last) : 1e9;
+        const int np = x.sent < rlen ? 2 : 1;
+        const double left = s->timeout > 0 ? s->timeout - (mg_now_s() - x.last) : 1e9;
         /* waits in slices of 0.2 s: a scorer that exited is seen even when a
          * process it started still holds its output open (no EOF) */
         const int pr = left <= 0 ? 0 : poll(p, (nfds_t)np, left > 0.2 ? 200 : (int)(left * 1000) + 1);
         if (pr < 0 && errno == EINTR) continue;
         if (pr < 0) return mg_fail(err, MG_ERR_IO, "%s: poll: %s", s->who, strerror(errno));
-        if (pr == 0 && left > 0.2) {
-            if (!reap(s)) {
-                exit_seen = 0;
-                continue;
-            }
-            /* exited: what it wrote is in the pipe; 0.5 s for the rest */
-            if (!exit_seen) exit_seen = mg_now_s();
-            if (mg_now_s() - exit_seen < 0.5) continue;
-            return mg_fail(err, MG_ERR_IO,
-                           "the %s %s before answering molecule %zu of the batch '%s' (a "
-                           "process it started still holds its output open)",
-                           s->who, gone(s, gb, sizeof gb), got + 1, cut(what[got], mb, sizeof mb));
+        if (pr == 0) {
+            rc = idle_poll(s, &x, left, err); /* MG_OK: the wait goes on */
+            continue;
         }
-        if (pr == 0)
-            return mg_fail(err, MG_ERR_IO,
-                           "the %s gave no answer for molecule %zu of the batch '%s' within "
-                           "%g s (%s)%s",
-                           s->who, got + 1, cut(what[got], mb, sizeof mb), s->timeout, s->opt,
-                           sent == rlen && got == 0 && n > 1
-                               ? "; it must answer each line as it reads it and flush "
-                                 "(one that reads all its input before answering waits for an "
-                                 "end that never comes)"
-                               : "");
-        if (np == 2 && (p[1].revents & (POLLOUT | POLLERR))) {
-            const ssize_t w = write(s->in, req + sent, rlen - sent);
-            if (w < 0 && errno != EAGAIN && errno != EINTR)
-                return mg_fail(err, MG_ERR_IO,
-                               "the %s %s before answering molecule %zu of the batch '%s' "
-                               "(writing to it: %s)",
-                               s->who, gone(s, gb, sizeof gb), got + 1, cut(what[got], mb, sizeof mb),
-                               strerror(errno));
-            if (w > 0) sent += (size_t)w, last = mg_now_s();
-        }
-        if (!(p[0].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-        if (s->cap - s->len < 4096) {
-            char *nb = realloc(s->buf, s->cap * 2 + 8192);
-            if (!nb) return mg_fail(err, MG_ERR_NOMEM, "out of memory reading the %s", s->who);
-            s->buf = nb;
-            s->cap = s->cap * 2 + 8192;
-        }
-        const ssize_t r = read(s->out, s->buf + s->len, s->cap - s->len - 1);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) {
-            s->buf[s->len] = 0;
-            const char *part = got < n && s->len > scan ? s->buf + scan : NULL;
-            return mg_fail(err, MG_ERR_IO,
-                           "the %s %s before answering molecule %zu of the batch '%s'%s%s%s",
-                           s->who, gone(s, gb, sizeof gb), got + 1, cut(what[got], mb, sizeof mb),
-                           part ? " (an unfinished line '" : "",
-                           part ? cut(part, pb, sizeof pb) : "", part ? "')" : "");
-        }
-        s->len += (size_t)r;
-        last = mg_now_s();
-        /* split complete lines (the line starts are offsets: buf may move) */
-        for (size_t i = seen; i < s->len && got < n; i++)
-            if (s->buf[i] == '\n') {
-                size_t e = i;
-                if (e > scan && s->buf[e - 1] == '\r') e--;
-                size_t at = 0;
-                const char *why = bad_text((const unsigned char *)s->buf + scan, e - scan, &at);
-                if (why) {
-                    s->buf[scan + at] = 0; /* the text before the offending byte */
-                    return mg_fail(err, MG_ERR_FORMAT,
-                                   "the %s's line for molecule %zu of the batch '%s' %s "
-                                   "(after '%s')",
-                                   s->who, got + 1, cut(what[got], mb, sizeof mb), why,
-                                   cut(s->buf + scan, gb, sizeof gb));
-                }
-                s->buf[e] = 0;
-                lines[got++] = (char *)(uintptr_t)scan;
-                scan = i + 1;
-            }
-        seen = s->len;
-        if (got < n && s->len - scan > MG_SCORER_MAX_LINE)
-            return mg_fail(err, MG_ERR_FORMAT,
-                           "the %s's line for molecule %zu of the batch '%s' is longer than "
-                           "%zu bytes (not an answer)",
-                           s->who, got + 1, cut(what[got], mb, sizeof mb), MG_SCORER_MAX_LINE);
+        if (np == 2 && (p[1].revents & (POLLOUT | POLLERR)) && (rc = write_some(s, &x, err)))
+            break;
+        if (p[0].revents & (POLLIN | POLLHUP | POLLERR)) rc = read_some(s, &x, err);
     }
-    if (s->len > scan)
+    if (rc) return rc;
+    if (s->len > x.scan)
         return mg_fail(err, MG_ERR_FORMAT,
                        "the %s wrote more lines than molecules asked (after molecule %zu of "
                        "the batch '%s': '%s')",
-                       s->who, n, cut(what[n - 1], mb, sizeof mb), cut(s->buf + scan, gb, sizeof gb));
+                       s->who, n, cut(what[n - 1], mb, sizeof mb), cut(s->buf + x.scan, gb, sizeof gb));
     for (size_t i = 0; i < n; i++) lines[i] = s->buf + (uintptr_t)lines[i];
     return MG_OK;
 }
