@@ -110,10 +110,6 @@ SPLIT_PENDING = {
     ("molgen/chem/smiles_check.c", "bracket_ok"),
     ("molgen/chem/smiles_check.c", "kekule_ok"),
     ("molgen/nn/model.c", "mg_model_config_from_json"),
-    ("molgen/train/train.c", "setup"),
-    ("molgen/train/train.c", "scan_init_data"),
-    ("molgen/train/train.c", "load_data"),
-    ("molgen/train/train.c", "mg_train_run"),
 }
 
 IDENT = re.compile(r"[A-Za-z_]\w*")
