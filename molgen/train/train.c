@@ -1615,8 +1615,9 @@ static mg_status data_strings(run *r, char ***data, size_t *nd, mg_error *err) {
         if (!rc && !((*data)[(*nd)++] = strdup(buf))) rc = MG_ERR_NOMEM;
     }
     if (!*data || rc)
-        return rc == MG_ERR_NOMEM || !rc ? mg_fail(err, MG_ERR_NOMEM, "--check-samples: out of memory")
-                                         : mg_fail(err, rc, "--check-samples: %s", e.message);
+        return rc == MG_ERR_NOMEM || !rc
+                   ? mg_fail(err, MG_ERR_NOMEM, "--check-samples: out of memory")
+                   : mg_fail(err, rc, "--check-samples: %s", e.message);
     qsort(*data, *nd, sizeof **data, cmp_str);
     return MG_OK;
 }
