@@ -103,6 +103,81 @@ static char *nonfinite_to_null(const char *json) {
     return out;
 }
 
+/* The metadata's "names" (K of them, each usable as name=value, no two
+ * alike) into c->names, c->K. */
+static mg_status cond_names(const json_t *names, int K, mg_cond_info *c, mg_error *err) {
+    for (int k = 0; k < K; k++) {
+        const char *s = json_string_value(json_array_get(names, k));
+        if (!s)
+            return mg_fail(err, MG_ERR_FORMAT, "condition metadata: name %d is not a string", k);
+        if (bad_name(s))
+            return mg_fail(err, MG_ERR_FORMAT,
+                           "condition metadata: name %d '%.60s' %s: it cannot be given as "
+                           "name=value",
+                           k, s, bad_name(s));
+        for (int q = 0; q < k; q++)
+            if (!strcmp(c->names[q], s))
+                return mg_fail(err, MG_ERR_FORMAT, "condition metadata: '%s' twice", s);
+        if (!(c->names[k] = strdup(s))) return mg_fail(err, MG_ERR_NOMEM, "out of memory");
+        c->K = k + 1;
+    }
+    return MG_OK;
+}
+
+/* The K conditions' statistics ("mean", "std", ..., float numbers). */
+static mg_status cond_stats(const json_t *j, int K, mg_cond_info *c, mg_error *err) {
+    static const char *const keys[] = {"mean", "std", "min", "max", "p01", "p99"};
+    double *dst[] = {c->mean, c->std, c->min, c->max, c->p01, c->p99};
+    for (int q = 0; q < 6; q++) {
+        const json_t *a = json_object_get(j, keys[q]);
+        if (!json_is_array(a) || (int)json_array_size(a) != K)
+            return mg_fail(err, MG_ERR_FORMAT, "condition metadata: \"%s\" must be %d numbers",
+                           keys[q], K);
+        /* values are float (training's and sampling's): each field must be one */
+        for (int k = 0; k < K; k++) {
+            const json_t *v = json_array_get(a, k);
+            dst[q][k] = json_is_number(v) ? json_number_value(v) : NAN;
+            if (!isfinite(dst[q][k]))
+                return mg_fail(err, MG_ERR_FORMAT,
+                               "condition metadata: '%s': \"%s\" is not a finite number",
+                               c->names[k], keys[q]);
+            if (fabs(dst[q][k]) > FLT_MAX)
+                return mg_fail(err, MG_ERR_FORMAT,
+                               "condition metadata: '%s': \"%s\" %g is beyond the float range "
+                               "(|x| <= %g)",
+                               c->names[k], keys[q], dst[q][k], (double)FLT_MAX);
+        }
+    }
+    return MG_OK;
+}
+
+/* Each condition's statistics consistent: std > 0, min <= p01 <= p99 <=
+ * max, the training range normalising within the float range. */
+static mg_status cond_ranges(int K, const mg_cond_info *c, mg_error *err) {
+    mg_status rc = MG_OK;
+    for (int k = 0; k < K; k++) {
+        const char *nm = c->names[k];
+        /* the normalised ends of the training range, what a request can give */
+        const double lo = (c->min[k] - c->mean[k]) / c->std[k],
+                     hi = (c->max[k] - c->mean[k]) / c->std[k];
+        if (!(c->std[k] > 0))
+            rc = mg_fail(err, MG_ERR_FORMAT, "condition metadata: '%s': \"std\" %g must be > 0",
+                         nm, c->std[k]);
+        else if (!(c->min[k] <= c->p01[k] && c->p01[k] <= c->p99[k] && c->p99[k] <= c->max[k]))
+            rc = mg_fail(err, MG_ERR_FORMAT,
+                         "condition metadata: '%s': \"min\" %g, \"p01\" %g, \"p99\" %g, "
+                         "\"max\" %g are not in increasing order",
+                         nm, c->min[k], c->p01[k], c->p99[k], c->max[k]);
+        else if (!(fabs(lo) <= FLT_MAX && fabs(hi) <= FLT_MAX))
+            rc = mg_fail(err, MG_ERR_FORMAT,
+                         "condition metadata: '%s': \"std\" %g is too small for \"mean\" %g: "
+                         "the training range [%g, %g] normalises beyond the float range",
+                         nm, c->std[k], c->mean[k], c->min[k], c->max[k]);
+        if (rc) return rc;
+    }
+    return MG_OK;
+}
+
 mg_status mg_cond_info_from_json(const char *json, mg_cond_info *c, mg_error *err) {
     memset(c, 0, sizeof *c);
     json_t *j = NULL;
@@ -123,78 +198,8 @@ mg_status mg_cond_info_from_json(const char *json, mg_cond_info *c, mg_error *er
         goto done;
     }
     const int K = (int)json_array_size(names);
-    for (int k = 0; k < K; k++) {
-        const char *s = json_string_value(json_array_get(names, k));
-        if (!s) {
-            rc = mg_fail(err, MG_ERR_FORMAT, "condition metadata: name %d is not a string", k);
-            goto done;
-        }
-        if (bad_name(s)) {
-            rc = mg_fail(err, MG_ERR_FORMAT,
-                         "condition metadata: name %d '%.60s' %s: it cannot be given as "
-                         "name=value",
-                         k, s, bad_name(s));
-            goto done;
-        }
-        for (int q = 0; q < k; q++)
-            if (!strcmp(c->names[q], s)) {
-                rc = mg_fail(err, MG_ERR_FORMAT, "condition metadata: '%s' twice", s);
-                goto done;
-            }
-        if (!(c->names[k] = strdup(s))) {
-            rc = mg_fail(err, MG_ERR_NOMEM, "out of memory");
-            goto done;
-        }
-        c->K = k + 1;
-    }
-    static const char *const keys[] = {"mean", "std", "min", "max", "p01", "p99"};
-    double *dst[] = {c->mean, c->std, c->min, c->max, c->p01, c->p99};
-    for (int q = 0; q < 6; q++) {
-        const json_t *a = json_object_get(j, keys[q]);
-        if (!json_is_array(a) || (int)json_array_size(a) != K) {
-            rc = mg_fail(err, MG_ERR_FORMAT, "condition metadata: \"%s\" must be %d numbers",
-                         keys[q], K);
-            goto done;
-        }
-        /* values are float (training's and sampling's): each field must be one */
-        for (int k = 0; k < K; k++) {
-            const json_t *v = json_array_get(a, k);
-            dst[q][k] = json_is_number(v) ? json_number_value(v) : NAN;
-            if (!isfinite(dst[q][k])) {
-                rc = mg_fail(err, MG_ERR_FORMAT,
-                             "condition metadata: '%s': \"%s\" is not a finite number",
-                             c->names[k], keys[q]);
-                goto done;
-            }
-            if (fabs(dst[q][k]) > FLT_MAX) {
-                rc = mg_fail(err, MG_ERR_FORMAT,
-                             "condition metadata: '%s': \"%s\" %g is beyond the float range "
-                             "(|x| <= %g)",
-                             c->names[k], keys[q], dst[q][k], (double)FLT_MAX);
-                goto done;
-            }
-        }
-    }
-    for (int k = 0; k < K; k++) {
-        const char *nm = c->names[k];
-        /* the normalised ends of the training range, what a request can give */
-        const double lo = (c->min[k] - c->mean[k]) / c->std[k],
-                     hi = (c->max[k] - c->mean[k]) / c->std[k];
-        if (!(c->std[k] > 0))
-            rc = mg_fail(err, MG_ERR_FORMAT, "condition metadata: '%s': \"std\" %g must be > 0",
-                         nm, c->std[k]);
-        else if (!(c->min[k] <= c->p01[k] && c->p01[k] <= c->p99[k] && c->p99[k] <= c->max[k]))
-            rc = mg_fail(err, MG_ERR_FORMAT,
-                         "condition metadata: '%s': \"min\" %g, \"p01\" %g, \"p99\" %g, "
-                         "\"max\" %g are not in increasing order",
-                         nm, c->min[k], c->p01[k], c->p99[k], c->max[k]);
-        else if (!(fabs(lo) <= FLT_MAX && fabs(hi) <= FLT_MAX))
-            rc = mg_fail(err, MG_ERR_FORMAT,
-                         "condition metadata: '%s': \"std\" %g is too small for \"mean\" %g: "
-                         "the training range [%g, %g] normalises beyond the float range",
-                         nm, c->std[k], c->mean[k], c->min[k], c->max[k]);
-        if (rc) goto done;
-    }
+    if (!(rc = cond_names(names, K, c, err)) && !(rc = cond_stats(j, K, c, err)))
+        rc = cond_ranges(K, c, err);
 done:
     json_decref(j);
     if (rc) mg_cond_info_free(c);

@@ -330,7 +330,8 @@ static mg_status reader_line(stream_reader *rd, char *line, size_t n, int toolon
  * out, or why not. */
 static mg_status reader_finish(stream_reader *rd, FILE *f, int got, mg_smiles_list *out,
                                mg_error *err) {
-    if (got < 0) return mg_fail(err, MG_ERR_NOMEM, "%s:%ld: out of memory", rd->path, rd->lineno + 1);
+    if (got < 0)
+        return mg_fail(err, MG_ERR_NOMEM, "%s:%ld: out of memory", rd->path, rd->lineno + 1);
     if (ferror(f)) return mg_fail(err, MG_ERR_IO, "read error on %s", rd->path);
     if (rd->csv && rd->colidx < 0)
         return mg_fail(err, MG_ERR_FORMAT, "%s: empty CSV file (no header row)", rd->path);

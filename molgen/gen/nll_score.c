@@ -73,6 +73,32 @@ void mg_score_reason(const mg_model *m, const mg_vocab *v, const char *s, unsign
     free(seq);
 }
 
+/* rep [nt]: m itself, then nt - 1 copies of its parameters, each on one
+ * thread, scoring in m's dtype. */
+static mg_status make_replicas(mg_model *m, mg_model **rep, int nt, mg_error *err) {
+    const mg_model_config *cfg = mg_model_get_config(m);
+    mg_status rc = MG_OK;
+    rep[0] = m;
+    for (int t = 1; t < nt && !rc; t++) {
+        mg_error e;
+        if ((rc = mg_model_create(cfg, &rep[t], &e)))
+            rc = mg_fail(err, rc, "model copy for thread %d: %s", t, e.message);
+        else
+            memcpy(mg_model_params(rep[t]), mg_model_params(m),
+                   mg_model_num_params(m) * sizeof(float));
+    }
+    for (int t = 0; t < nt && !rc; t++) {
+        mg_model_set_threads(rep[t], 1);
+        mg_model_set_dtype(rep[t], mg_model_dtype(m)); /* the copies score as m does */
+        /* bf16: one molecule per forward packed W per call (most of the
+         * time): packed once instead. fp32 keeps attn_matmul, whose bits
+         * are the training loss's (the packed fp32 sum runs in another
+         * order past OpenBLAS's K block). */
+        if (mg_model_dtype(m) == MG_DT_BF16) rc = mg_model_pack_inference(rep[t], err);
+    }
+    return rc;
+}
+
 /* Molecules [0, n) of these arrays, in this process. */
 static mg_status score_part(mg_model *m, const mg_vocab *v, const char *const *smiles,
                             const unsigned char *flaw, size_t n, const mg_score_opts *o,
@@ -96,25 +122,7 @@ static mg_status score_part(mg_model *m, const mg_vocab *v, const char *const *s
         return mg_fail(err, MG_ERR_NOMEM, "out of memory");
     }
     const int m_threads = mg_model_threads(m);
-    mg_status rc = MG_OK;
-    rep[0] = m;
-    for (int t = 1; t < nt && !rc; t++) {
-        mg_error e;
-        if ((rc = mg_model_create(cfg, &rep[t], &e)))
-            rc = mg_fail(err, rc, "model copy for thread %d: %s", t, e.message);
-        else
-            memcpy(mg_model_params(rep[t]), mg_model_params(m),
-                   mg_model_num_params(m) * sizeof(float));
-    }
-    for (int t = 0; t < nt && !rc; t++) {
-        mg_model_set_threads(rep[t], 1);
-        mg_model_set_dtype(rep[t], mg_model_dtype(m)); /* the copies score as m does */
-        /* bf16: one molecule per forward packed W per call (most of the
-         * time): packed once instead. fp32 keeps attn_matmul, whose bits
-         * are the training loss's (the packed fp32 sum runs in another
-         * order past OpenBLAS's K block). */
-        if (mg_model_dtype(m) == MG_DT_BF16) rc = mg_model_pack_inference(rep[t], err);
-    }
+    mg_status rc = make_replicas(m, rep, nt, err);
     mg_status failed = MG_OK;
     char msg[sizeof err->message + 32] = ""; /* "molecule N: " + the message */
     for (size_t b0 = 0; b0 < n && !rc; b0 += SCORE_BLOCK) {

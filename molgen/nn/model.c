@@ -87,6 +87,49 @@ int mg_model_config_to_json(const mg_model_config *c, char *out, size_t outlen) 
     return n;
 }
 
+static const char *const CONFIG_INTS[] = {"n_layer", "d_model", "n_head", "ctx_len",
+                                           "vocab_size"};
+
+/* One key k = v of the config JSON into r (unknown keys refused). */
+static mg_status config_key(mg_model_config *r, const char *k, const json_t *v, mg_error *err) {
+    int *dst[] = {&r->n_layer, &r->d_model, &r->n_head, &r->ctx_len, &r->vocab_size};
+    for (int q = 0; q < 5; q++) {
+        if (strcmp(k, CONFIG_INTS[q])) continue;
+        if (!json_is_integer(v) || json_integer_value(v) < INT32_MIN ||
+            json_integer_value(v) > INT32_MAX)
+            return mg_fail(err, MG_ERR_FORMAT, "model config: \"%s\" must be an integer", k);
+        *dst[q] = (int)json_integer_value(v);
+        return MG_OK;
+    }
+    if (!strcmp(k, "dropout")) {
+        if (!json_is_number(v))
+            return mg_fail(err, MG_ERR_FORMAT, "model config: \"dropout\" must be a number");
+        r->dropout = (float)json_number_value(v);
+    } else if (!strcmp(k, "causal")) {
+        if (!json_is_boolean(v))
+            return mg_fail(err, MG_ERR_FORMAT, "model config: \"causal\" must be true or false");
+        r->no_causal_mask = !json_is_true(v);
+    } else if (!strcmp(k, "n_cond")) {
+        if (!json_is_integer(v) || json_integer_value(v) < 1 ||
+            json_integer_value(v) > MG_COND_MAX)
+            return mg_fail(err, MG_ERR_FORMAT, "model config: \"n_cond\" must be in [1, %d]",
+                           MG_COND_MAX);
+        r->n_cond = (int)json_integer_value(v);
+    } else if (!strcmp(k, "cond_bos")) {
+        if (!json_is_boolean(v))
+            return mg_fail(err, MG_ERR_FORMAT, "model config: \"cond_bos\" must be true or false");
+        r->cond_bos = json_is_true(v);
+    } else if (!strcmp(k, "scaffold")) {
+        if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > 65536)
+            return mg_fail(err, MG_ERR_FORMAT,
+                           "model config: \"scaffold\" must be an integer in [1, 65536]");
+        r->scaffold = (int)json_integer_value(v);
+    } else {
+        return mg_fail(err, MG_ERR_FORMAT, "model config: unknown key \"%s\"", k);
+    }
+    return MG_OK;
+}
+
 mg_status mg_model_config_from_json(const char *json, mg_model_config *c, mg_error *err) {
     if (!json || !c) return mg_fail(err, MG_ERR_ARG, "config JSON or output is NULL");
     json_t *j = NULL;
@@ -100,71 +143,14 @@ mg_status mg_model_config_from_json(const char *json, mg_model_config *c, mg_err
         rc = mg_fail(err, MG_ERR_FORMAT, "model config JSON is not an object");
         goto done;
     }
-    static const char *const ints[] = {"n_layer", "d_model", "n_head", "ctx_len", "vocab_size"};
-    int *dst[] = {&r.n_layer, &r.d_model, &r.n_head, &r.ctx_len, &r.vocab_size};
     const char *k;
     json_t *v;
     json_object_foreach(j, k, v) {
-        int known = 0;
-        for (int q = 0; q < 5; q++) {
-            if (strcmp(k, ints[q])) continue;
-            known = 1;
-            if (!json_is_integer(v) || json_integer_value(v) < INT32_MIN ||
-                json_integer_value(v) > INT32_MAX) {
-                rc = mg_fail(err, MG_ERR_FORMAT, "model config: \"%s\" must be an integer", k);
-                goto done;
-            }
-            *dst[q] = (int)json_integer_value(v);
-        }
-        if (!strcmp(k, "dropout")) {
-            known = 1;
-            if (!json_is_number(v)) {
-                rc = mg_fail(err, MG_ERR_FORMAT, "model config: \"dropout\" must be a number");
-                goto done;
-            }
-            r.dropout = (float)json_number_value(v);
-        } else if (!strcmp(k, "causal")) {
-            known = 1;
-            if (!json_is_boolean(v)) {
-                rc = mg_fail(err, MG_ERR_FORMAT, "model config: \"causal\" must be true or false");
-                goto done;
-            }
-            r.no_causal_mask = !json_is_true(v);
-        } else if (!strcmp(k, "n_cond")) {
-            known = 1;
-            if (!json_is_integer(v) || json_integer_value(v) < 1 ||
-                json_integer_value(v) > MG_COND_MAX) {
-                rc = mg_fail(err, MG_ERR_FORMAT, "model config: \"n_cond\" must be in [1, %d]",
-                             MG_COND_MAX);
-                goto done;
-            }
-            r.n_cond = (int)json_integer_value(v);
-        } else if (!strcmp(k, "cond_bos")) {
-            known = 1;
-            if (!json_is_boolean(v)) {
-                rc =
-                    mg_fail(err, MG_ERR_FORMAT, "model config: \"cond_bos\" must be true or false");
-                goto done;
-            }
-            r.cond_bos = json_is_true(v);
-        } else if (!strcmp(k, "scaffold")) {
-            known = 1;
-            if (!json_is_integer(v) || json_integer_value(v) < 1 ||
-                json_integer_value(v) > 65536) {
-                rc = mg_fail(err, MG_ERR_FORMAT,
-                             "model config: \"scaffold\" must be an integer in [1, 65536]");
-                goto done;
-            }
-            r.scaffold = (int)json_integer_value(v);
-        }
-        if (!known) {
-            rc = mg_fail(err, MG_ERR_FORMAT, "model config: unknown key \"%s\"", k);
-            goto done;
-        }
+        if ((rc = config_key(&r, k, v, err))) goto done;
     }
     for (int q = 0; q < 5; q++)
-        if (!json_object_get(j, ints[q])) {
-            rc = mg_fail(err, MG_ERR_FORMAT, "model config: missing \"%s\"", ints[q]);
+        if (!json_object_get(j, CONFIG_INTS[q])) {
+            rc = mg_fail(err, MG_ERR_FORMAT, "model config: missing \"%s\"", CONFIG_INTS[q]);
             goto done;
         }
     if ((rc = mg_model_config_check(&r, err))) goto done;

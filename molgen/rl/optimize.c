@@ -1375,37 +1375,18 @@ static mg_status restore_mols(mg_opt *o, const json_t *mols, const json_t *mem, 
     return MG_OK;
 }
 
-mg_status mg_opt_restore(mg_opt *o, const char *path, mg_error *err) {
-    mg_st_file *f;
-    json_t *j;
-    mg_status rc = load_state(path, &f, &j, err);
-    if (rc) return rc;
-    mg_opt_opts saved = o->op;
-    char dig[24];
-    snprintf(dig, sizeof dig, "%016llx", (unsigned long long)o->prior_digest);
-    const char *pd = json_string_value(json_object_get(j, "prior_digest"));
-    const char *which = NULL;
-    if ((rc = options_from_json(json_object_get(j, "options"), &saved, err))) goto done;
-    if (!pd || strcmp(pd, dig)) {
-        rc = mg_fail(err, MG_ERR_MISMATCH, "%s was made from another prior (its parameters differ)",
-                     path);
-        goto done;
-    }
-    if ((which = differs(&saved, &o->op))) {
-        rc = mg_fail(err, MG_ERR_MISMATCH, "%s was made with another %s (a resumed run keeps it)",
-                     path, which);
-        goto done;
-    }
+/* The scorer recorded in the state j against this run's (--scorer,
+ * --scorer-changed). */
+static mg_status restore_scorer(mg_opt *o, const json_t *j, const char *path, mg_error *err) {
     /* the scorer: the cache, the memory and the diversity filter hold its
      * scores, so another one is refused unless asked for (none recorded:
      * an older molgen's state, taken) */
     const json_t *js0 = json_object_get(j, "scorer");
     const char *was = json_string_value(js0);
-    if (js0 && !was) {
-        rc = mg_fail(err, MG_ERR_FORMAT, "the recorded scorer command is not a string");
-        goto done;
-    }
+    if (js0 && !was)
+        return mg_fail(err, MG_ERR_FORMAT, "the recorded scorer command is not a string");
     json_t *now = o->op.scorer_cmd ? scorer_json(o->op.scorer_cmd) : NULL;
+    mg_status rc = MG_OK;
     const int other = was && now && strcmp(was, json_string_value(now));
     if (was && other && !o->op.scorer_changed)
         rc = mg_fail(err, MG_ERR_MISMATCH,
@@ -1418,13 +1399,16 @@ mg_status mg_opt_restore(mg_opt *o, const char *path, mg_error *err) {
         rc = mg_fail(err, MG_ERR_NOMEM, "out of memory");
     o->scorer_other = other;
     json_decref(now);
-    if (rc) goto done;
-    if (was && !(o->saved_scorer = strdup(was))) {
-        rc = mg_fail(err, MG_ERR_NOMEM, "out of memory");
-        goto done;
-    }
+    if (rc) return rc;
+    if (was && !(o->saved_scorer = strdup(was))) return mg_fail(err, MG_ERR_NOMEM, "out of memory");
+    return MG_OK;
+}
+
+/* The agent's parameters, Adam's moments and the step counters of the
+ * state file f and its JSON j. */
+static mg_status restore_tensors(mg_opt *o, mg_st_file *f, const json_t *j, mg_error *err) {
     const size_t P = mg_model_num_params(o->agent), nt = mg_model_num_tensors(o->agent);
-    if ((rc = mg_ckpt_check_state(f, P, err))) goto done;
+    mg_status rc = mg_ckpt_check_state(f, P, err);
     for (size_t i = 0; !rc && i < nt; i++) {
         const mg_param_info *ti = mg_model_tensor(o->agent, i);
         rc = mg_st_copy(f, ti->name, MG_ST_F32, ti->ndim, ti->shape,
@@ -1448,7 +1432,32 @@ mg_status mg_opt_restore(mg_opt *o, const char *path, mg_error *err) {
                 o->collapse_run > o->step))
         rc = mg_fail(err, MG_ERR_FORMAT, "the step counters (step %lld, Adam step %lld) are "
                      "malformed", (long long)o->step, (long long)o->adam.step);
-    if (!rc) rc = restore_mols(o, json_object_get(j, "molecules"), json_object_get(j, "memory"), err);
+    return rc;
+}
+
+mg_status mg_opt_restore(mg_opt *o, const char *path, mg_error *err) {
+    mg_st_file *f;
+    json_t *j;
+    mg_status rc = load_state(path, &f, &j, err);
+    if (rc) return rc;
+    mg_opt_opts saved = o->op;
+    char dig[24];
+    snprintf(dig, sizeof dig, "%016llx", (unsigned long long)o->prior_digest);
+    const char *pd = json_string_value(json_object_get(j, "prior_digest"));
+    const char *which = NULL;
+    if ((rc = options_from_json(json_object_get(j, "options"), &saved, err))) goto done;
+    if (!pd || strcmp(pd, dig)) {
+        rc = mg_fail(err, MG_ERR_MISMATCH, "%s was made from another prior (its parameters differ)",
+                     path);
+        goto done;
+    }
+    if ((which = differs(&saved, &o->op))) {
+        rc = mg_fail(err, MG_ERR_MISMATCH, "%s was made with another %s (a resumed run keeps it)",
+                     path, which);
+        goto done;
+    }
+    if ((rc = restore_scorer(o, j, path, err)) || (rc = restore_tensors(o, f, j, err))) goto done;
+    rc = restore_mols(o, json_object_get(j, "molecules"), json_object_get(j, "memory"), err);
 done:
     if (rc && rc != MG_ERR_MISMATCH && strncmp(err->message, path, strlen(path))) {
         const mg_error e0 = *err; /* the message is an argument: not in place */

@@ -282,74 +282,67 @@ static mg_status resume_given(run *r, mg_error *err) {
     return MG_OK;
 }
 
-/* The settings in force: a fresh run's own, or the checkpoint's. */
-static mg_status setup(run *r, mg_error *err) {
+/* A resumed run's settings: the checkpoint's saved ones, the model's and
+ * optimizer's, and the options given that may change (resume_given). */
+static mg_status setup_resume(run *r, mg_error *err) {
     const mg_train_config *c = r->c;
-    mg_status rc = mg_train_config_check(c, err);
-    if (rc) return rc;
-    r->s = *c;
-    if (r->resuming) {
-        if (c->init_path)
-            return mg_fail(err, MG_ERR_ARG,
-                           "--init and --resume together: --resume continues a run (a fine-tuning "
-                           "one too, from its checkpoint), --init starts one");
-        if ((rc = mg_ckpt_load(c->resume_path, &r->ck, err))) return rc;
-        for (size_t i = 0; i < MG_TRAIN_NUM_SETTINGS; i++)
-            if (MG_TRAIN_SETTING[i].save == MG_SAVE_CKPT ||
-                MG_TRAIN_SETTING[i].save == MG_SAVE_CKPT_NEW)
-                mg_setting_copy(&MG_TRAIN_SETTING[i], &r->s, &r->ck.settings);
-        r->s.model = *mg_model_get_config(r->ck.model);
-        r->s.optim = r->ck.opt.cfg;
-        if (c->data_path) r->s.data_path = c->data_path; /* the content is checked by its hash */
-        if (c->augment_file) r->s.augment_file = c->augment_file; /* so is this one's */
-        if ((rc = resume_given(r, err))) return rc;
-        r->st = r->ck.state;
-        if (c->steps > 0 && c->steps < r->st.step)
-            return mg_fail(
-                err, MG_ERR_ARG,
-                "%s is at step %" PRId64 " of a %" PRId64 "-step schedule: --steps %" PRId64
-                " is behind it (give more steps than the checkpoint has done, or none to "
-                "finish its schedule)",
-                c->resume_path, r->st.step, r->ck.opt.cfg.total_steps, c->steps);
-        say(r, "resuming from %s at step %" PRId64, c->resume_path, r->st.step);
-    } else {
-        if (!c->data_path) return mg_fail(err, MG_ERR_ARG, "no data file given");
-        if (c->freeze > 0 && !c->init_path)
-            return mg_fail(err, MG_ERR_ARG,
-                           "--freeze %d needs --init MODEL: it keeps a trained model's lower "
-                           "layers fixed (a fresh model's would stay random)",
-                           c->freeze);
-        if (c->extend_vocab && !c->init_path)
-            return mg_fail(err, MG_ERR_ARG,
-                           "--extend-vocab needs --init MODEL: it adds the data's new tokens to "
-                           "MODEL's vocabulary (a fresh run takes the data's own)");
-        if (c->extend_vocab && c->freeze > 0)
-            return mg_fail(err, MG_ERR_ARG,
-                           "--extend-vocab with --freeze %d: --freeze keeps the embeddings fixed, "
-                           "so the new tokens' embeddings could not learn (leave --freeze out)",
-                           c->freeze);
-        if (c->init_path && (rc = setup_init(r, err))) return rc;
-        if (c->steps == 0 && c->time_limit <= 0)
-            return mg_fail(err, MG_ERR_ARG, "give a number of steps or a time limit");
-        if (!c->csv_column) r->s.csv_column = "smiles";
-        r->st.val_loss = NAN;
-    }
-    if (!c->out_path) return mg_fail(err, MG_ERR_ARG, "no output path given");
-    /* auto (NULL / -1): from whether the run fine-tunes (the checkpoint's
-     * init on resume, so a resumed run resolves them alike) */
-    const char *keep = r->s.keep ? r->s.keep : r->s.init_path ? "best" : "last";
-    if (strcmp(keep, "best") && strcmp(keep, "last"))
-        return mg_fail(err, MG_ERR_ARG, "--keep %s: need best or last", keep);
-    r->keep_best = !strcmp(keep, "best");
-    r->patience = r->s.patience >= 0 ? r->s.patience : r->keep_best ? MG_FINETUNE_PATIENCE : 0;
-    if (r->patience > 0 && !r->keep_best)
+    mg_status rc;
+    if (c->init_path)
         return mg_fail(err, MG_ERR_ARG,
-                       "--patience %d needs --keep best (an early stop keeps the best step's "
-                       "state)",
-                       r->patience);
-    r->check_samples = r->s.check_samples >= 0 ? r->s.check_samples
-                       : r->s.init_path        ? MG_FINETUNE_SAMPLES
-                                               : 0;
+                       "--init and --resume together: --resume continues a run (a fine-tuning "
+                       "one too, from its checkpoint), --init starts one");
+    if ((rc = mg_ckpt_load(c->resume_path, &r->ck, err))) return rc;
+    for (size_t i = 0; i < MG_TRAIN_NUM_SETTINGS; i++)
+        if (MG_TRAIN_SETTING[i].save == MG_SAVE_CKPT ||
+            MG_TRAIN_SETTING[i].save == MG_SAVE_CKPT_NEW)
+            mg_setting_copy(&MG_TRAIN_SETTING[i], &r->s, &r->ck.settings);
+    r->s.model = *mg_model_get_config(r->ck.model);
+    r->s.optim = r->ck.opt.cfg;
+    if (c->data_path) r->s.data_path = c->data_path; /* the content is checked by its hash */
+    if (c->augment_file) r->s.augment_file = c->augment_file; /* so is this one's */
+    if ((rc = resume_given(r, err))) return rc;
+    r->st = r->ck.state;
+    if (c->steps > 0 && c->steps < r->st.step)
+        return mg_fail(
+            err, MG_ERR_ARG,
+            "%s is at step %" PRId64 " of a %" PRId64 "-step schedule: --steps %" PRId64
+            " is behind it (give more steps than the checkpoint has done, or none to "
+            "finish its schedule)",
+            c->resume_path, r->st.step, r->ck.opt.cfg.total_steps, c->steps);
+    say(r, "resuming from %s at step %" PRId64, c->resume_path, r->st.step);
+    return MG_OK;
+}
+
+/* A fresh run's settings: what it needs and the options that go together. */
+static mg_status setup_fresh(run *r, mg_error *err) {
+    const mg_train_config *c = r->c;
+    mg_status rc;
+    if (!c->data_path) return mg_fail(err, MG_ERR_ARG, "no data file given");
+    if (c->freeze > 0 && !c->init_path)
+        return mg_fail(err, MG_ERR_ARG,
+                       "--freeze %d needs --init MODEL: it keeps a trained model's lower "
+                       "layers fixed (a fresh model's would stay random)",
+                       c->freeze);
+    if (c->extend_vocab && !c->init_path)
+        return mg_fail(err, MG_ERR_ARG,
+                       "--extend-vocab needs --init MODEL: it adds the data's new tokens to "
+                       "MODEL's vocabulary (a fresh run takes the data's own)");
+    if (c->extend_vocab && c->freeze > 0)
+        return mg_fail(err, MG_ERR_ARG,
+                       "--extend-vocab with --freeze %d: --freeze keeps the embeddings fixed, "
+                       "so the new tokens' embeddings could not learn (leave --freeze out)",
+                       c->freeze);
+    if (c->init_path && (rc = setup_init(r, err))) return rc;
+    if (c->steps == 0 && c->time_limit <= 0)
+        return mg_fail(err, MG_ERR_ARG, "give a number of steps or a time limit");
+    if (!c->csv_column) r->s.csv_column = "smiles";
+    r->st.val_loss = NAN;
+    return MG_OK;
+}
+
+/* The text settings (--dtype, --augment, paths) checked. */
+static mg_status check_text_settings(run *r, mg_error *err) {
+    mg_status rc;
     mg_dtype dt;
     if (mg_dtype_parse(r->s.dtype, &dt))
         return mg_fail(err, MG_ERR_ARG, "--dtype %s: need fp32 or bf16", r->s.dtype);
@@ -371,6 +364,32 @@ static mg_status setup(run *r, mg_error *err) {
         (rc = check_utf8("the CSV column", r->s.csv_column, err)))
         return rc;
     return MG_OK;
+}
+
+/* The settings in force: a fresh run's own, or the checkpoint's. */
+static mg_status setup(run *r, mg_error *err) {
+    const mg_train_config *c = r->c;
+    mg_status rc = mg_train_config_check(c, err);
+    if (rc) return rc;
+    r->s = *c;
+    if ((rc = r->resuming ? setup_resume(r, err) : setup_fresh(r, err))) return rc;
+    if (!c->out_path) return mg_fail(err, MG_ERR_ARG, "no output path given");
+    /* auto (NULL / -1): from whether the run fine-tunes (the checkpoint's
+     * init on resume, so a resumed run resolves them alike) */
+    const char *keep = r->s.keep ? r->s.keep : r->s.init_path ? "best" : "last";
+    if (strcmp(keep, "best") && strcmp(keep, "last"))
+        return mg_fail(err, MG_ERR_ARG, "--keep %s: need best or last", keep);
+    r->keep_best = !strcmp(keep, "best");
+    r->patience = r->s.patience >= 0 ? r->s.patience : r->keep_best ? MG_FINETUNE_PATIENCE : 0;
+    if (r->patience > 0 && !r->keep_best)
+        return mg_fail(err, MG_ERR_ARG,
+                       "--patience %d needs --keep best (an early stop keeps the best step's "
+                       "state)",
+                       r->patience);
+    r->check_samples = r->s.check_samples >= 0 ? r->s.check_samples
+                       : r->s.init_path        ? MG_FINETUNE_SAMPLES
+                                               : 0;
+    return check_text_settings(r, err);
 }
 
 /* FNV-1a over the copies in use (0 without augmentation): a changed
@@ -583,6 +602,71 @@ typedef struct {
     size_t last; /* 1 + the last record counted */
 } new_token;
 
+/* The data's tokens that v lacks into *nt [*n_new] (first line, molecules
+ * with it), and the molecules longer than limit tokens (*too_long, the
+ * first's line and length). */
+static mg_status find_new_tokens(const mg_smiles_list *lst, const mg_vocab *v, int limit,
+                                 new_token **ntp, size_t *n_new, long *too_long, long *first_long,
+                                 int *first_len, mg_error *err) {
+    new_token *nt = NULL;
+    size_t cap = 0;
+    mg_status rc = MG_OK;
+    for (size_t i = 0; i < lst->n && !rc; i++) {
+        const char *sm = lst->smiles[i];
+        int k = 0, l;
+        for (int pos = 0; (l = mg_token_len(sm + pos)) > 0; pos += l, k++) {
+            if (mg_vocab_lookup(v, sm + pos, l) >= MG_NUM_SPECIAL) continue;
+            size_t j = 0;
+            while (j < *n_new && (strncmp(nt[j].tok, sm + pos, (size_t)l) || nt[j].tok[l])) j++;
+            if (j == *n_new) {
+                if (*n_new == cap) {
+                    new_token *g = realloc(nt, (cap = cap ? 2 * cap : 16) * sizeof *nt);
+                    if (!g) {
+                        rc = mg_fail(err, MG_ERR_NOMEM, "out of memory");
+                        break;
+                    }
+                    nt = g;
+                }
+                memcpy(nt[j].tok, sm + pos, (size_t)l);
+                nt[j].tok[l] = '\0';
+                nt[j].molecules = 0;
+                nt[j].line = lst->line[i];
+                nt[j].last = 0;
+                (*n_new)++;
+            }
+            if (nt[j].last != i + 1) { /* once per molecule */
+                nt[j].molecules++;
+                nt[j].last = i + 1;
+            }
+        }
+        if (l == 0 && k > limit && !(*too_long)++) { /* a line that tokenises, too long */
+            *first_long = lst->line[i];
+            *first_len = k;
+        }
+    }
+    *ntp = nt;
+    return rc;
+}
+
+/* "'TOKEN' (N molecules, first at FILE:LINE), ..." of nt [n_new] into
+ * list_s [800], " and K more" past its room. */
+static void new_tokens_text(const run *r, const new_token *nt, size_t n_new, char *list_s) {
+    const size_t room = 800;
+    list_s[0] = '\0';
+    size_t shown = 0;
+    for (; shown < n_new; shown++) {
+        char one[320];
+        snprintf(one, sizeof one, "%s'%s' (%ld molecule%s, first at %.200s:%ld)",
+                 shown ? ", " : "", nt[shown].tok, nt[shown].molecules,
+                 nt[shown].molecules == 1 ? "" : "s", r->s.data_path, nt[shown].line);
+        if (strlen(list_s) + strlen(one) + 32 > room) break;
+        strcat(list_s, one);
+    }
+    if (shown < n_new)
+        snprintf(list_s + strlen(list_s), room - strlen(list_s), " and %zu more",
+                 n_new - shown);
+}
+
 /* --init: the data's tokens against MODEL's vocabulary, before any
  * training. Tokens it lacks: refused, every one listed with its count and
  * first line, unless --extend-vocab (then r->ck.vocab grows by them, in
@@ -596,42 +680,10 @@ static mg_status scan_init_data(run *r, mg_error *err) {
     const mg_vocab *v = r->ck.vocab;
     const int limit = r->s.model.ctx_len - 1; /* SMILES tokens: BOS + k inputs <= ctx_len */
     new_token *nt = NULL;
-    size_t n_new = 0, cap = 0;
+    size_t n_new = 0;
     long too_long = 0, first_long = 0;
     int first_len = 0;
-    for (size_t i = 0; i < list.n && !rc; i++) {
-        const char *sm = list.smiles[i];
-        int k = 0, l;
-        for (int pos = 0; (l = mg_token_len(sm + pos)) > 0; pos += l, k++) {
-            if (mg_vocab_lookup(v, sm + pos, l) >= MG_NUM_SPECIAL) continue;
-            size_t j = 0;
-            while (j < n_new && (strncmp(nt[j].tok, sm + pos, (size_t)l) || nt[j].tok[l])) j++;
-            if (j == n_new) {
-                if (n_new == cap) {
-                    new_token *g = realloc(nt, (cap = cap ? 2 * cap : 16) * sizeof *nt);
-                    if (!g) {
-                        rc = mg_fail(err, MG_ERR_NOMEM, "out of memory");
-                        break;
-                    }
-                    nt = g;
-                }
-                memcpy(nt[j].tok, sm + pos, (size_t)l);
-                nt[j].tok[l] = '\0';
-                nt[j].molecules = 0;
-                nt[j].line = list.line[i];
-                nt[j].last = 0;
-                n_new++;
-            }
-            if (nt[j].last != i + 1) { /* once per molecule */
-                nt[j].molecules++;
-                nt[j].last = i + 1;
-            }
-        }
-        if (l == 0 && k > limit && !too_long++) { /* a line that tokenises, too long */
-            first_long = list.line[i];
-            first_len = k;
-        }
-    }
+    rc = find_new_tokens(&list, v, limit, &nt, &n_new, &too_long, &first_long, &first_len, err);
     mg_smiles_list_free(&list);
     if (rc) {
         free(nt);
@@ -647,19 +699,8 @@ static mg_status scan_init_data(run *r, mg_error *err) {
         free(nt);
         return MG_OK;
     }
-    char list_s[800] = "";
-    size_t shown = 0;
-    for (; shown < n_new; shown++) {
-        char one[320];
-        snprintf(one, sizeof one, "%s'%s' (%ld molecule%s, first at %.200s:%ld)",
-                 shown ? ", " : "", nt[shown].tok, nt[shown].molecules,
-                 nt[shown].molecules == 1 ? "" : "s", r->s.data_path, nt[shown].line);
-        if (strlen(list_s) + strlen(one) + 32 > sizeof list_s) break;
-        strcat(list_s, one);
-    }
-    if (shown < n_new)
-        snprintf(list_s + strlen(list_s), sizeof list_s - strlen(list_s), " and %zu more",
-                 n_new - shown);
+    char list_s[800];
+    new_tokens_text(r, nt, n_new, list_s);
     if (!r->s.extend_vocab) {
         rc = mg_fail(err, MG_ERR_UNKNOWN_TOKEN,
                      "data %s has %zu token(s) that --init %s's vocabulary of %d lacks: %s. "
@@ -684,6 +725,66 @@ static mg_status scan_init_data(run *r, mg_error *err) {
         r->added, list_s, mg_vocab_size(v), mg_vocab_size(grown), MG_EXTEND_MARGIN);
     r->init_vocab = r->ck.vocab; /* the base model's check samples read it */
     r->ck.vocab = grown;
+    return MG_OK;
+}
+
+/* The seeded train / validation split of all (a fine-tuning run holds out
+ * enough to validate on); a default batch size larger than the training
+ * split shrinks to it. */
+static mg_status split_data(run *r, mg_error *err) {
+    mg_error e;
+    mg_status rc;
+    double vf = r->s.val_frac;
+    if (r->s.init_path && vf > 0) { /* fine-tuning: at least MG_FINETUNE_VAL_MIN validation
+                                       molecules, or a quarter of the data when that is fewer */
+        const size_t n = r->all.n, want = n / 4 < MG_FINETUNE_VAL_MIN ? n / 4 : MG_FINETUNE_VAL_MIN;
+        if (floor((double)n * vf + 0.5) < (double)want) vf = ((double)want + 0.25) / (double)n;
+    }
+    if ((rc = mg_dataset_split(&r->all, vf, r->s.seed, &r->train, &r->val, &e)))
+        return mg_fail(err, rc, "%s", e.message);
+    if (r->train.n < (size_t)r->s.batch_size) {
+        /* a small set (a fine-tuning set of a few dozen): the default batch
+         * shrinks to the training split; a batch size asked for (or a
+         * checkpoint's) is kept, and the message says what to change */
+        const int asked = r->resuming || r->c->given[mg_setting_find("batch_size") - MG_TRAIN_SETTING];
+        if (asked || r->train.n == 0)
+            return mg_fail(err, MG_ERR_ARG,
+                           "the training split has %zu molecules (%zu of the %zu held out for "
+                           "validation: --val-frac %g%s), fewer than --batch-size %d: give "
+                           "--batch-size %zu or less, a smaller --val-frac, or more molecules",
+                           r->train.n, r->val.n, r->all.n, r->s.val_frac,
+                           vf != r->s.val_frac ? ", and a fine-tuning run holds out at least 50 "
+                                                 "or a quarter of the set, the fewer"
+                                               : "",
+                           r->s.batch_size, r->train.n ? r->train.n : (size_t)1);
+        say(r, "batch size %zu: all of the training split's %zu molecules (fewer than the default "
+               "%d; --batch-size sets it)",
+            r->train.n, r->train.n, r->s.batch_size);
+        r->s.batch_size = (int)r->train.n;
+    }
+    return MG_OK;
+}
+
+/* How many validation molecules each validation reads, and whether --keep
+ * best can run. */
+static mg_status validation_plan(run *r, mg_error *err) {
+    r->res.n_train = r->train.n;
+    r->res.n_val = r->val.n;
+    r->nv = (r->s.val_max > 0 && (size_t)r->s.val_max < r->val.n) ? (size_t)r->s.val_max : r->val.n;
+    if (r->keep_best && r->nv == 0 && !r->s.keep && r->s.patience < 0 && r->s.val_frac > 0) {
+        /* --keep best by default (fine-tuning), but too few molecules to
+         * hold any out (fewer than 4): the last step is kept */
+        say(r, "no validation molecules (%zu in all, too few to hold any out): keeping the last "
+               "step (--keep last)",
+            r->all.n);
+        r->keep_best = 0;
+        r->patience = 0;
+    }
+    if (r->keep_best && r->nv == 0)
+        return mg_fail(err, MG_ERR_ARG,
+                       "--keep best needs validation molecules: --val-frac %g leaves none of %zu "
+                       "(give a larger --val-frac, or --keep last)",
+                       r->s.val_frac, r->all.n);
     return MG_OK;
 }
 
@@ -735,53 +836,9 @@ static mg_status load_data(run *r, mg_error *err) {
                                                              : "");
     r->st.data_rows = r->all.n;
     r->st.data_hash = h;
-    double vf = r->s.val_frac;
-    if (r->s.init_path && vf > 0) { /* fine-tuning: at least MG_FINETUNE_VAL_MIN validation
-                                       molecules, or a quarter of the data when that is fewer */
-        const size_t n = r->all.n, want = n / 4 < MG_FINETUNE_VAL_MIN ? n / 4 : MG_FINETUNE_VAL_MIN;
-        if (floor((double)n * vf + 0.5) < (double)want) vf = ((double)want + 0.25) / (double)n;
-    }
-    if ((rc = mg_dataset_split(&r->all, vf, r->s.seed, &r->train, &r->val, &e)))
-        return mg_fail(err, rc, "%s", e.message);
-    if (r->train.n < (size_t)r->s.batch_size) {
-        /* a small set (a fine-tuning set of a few dozen): the default batch
-         * shrinks to the training split; a batch size asked for (or a
-         * checkpoint's) is kept, and the message says what to change */
-        const int asked = r->resuming || r->c->given[mg_setting_find("batch_size") - MG_TRAIN_SETTING];
-        if (asked || r->train.n == 0)
-            return mg_fail(err, MG_ERR_ARG,
-                           "the training split has %zu molecules (%zu of the %zu held out for "
-                           "validation: --val-frac %g%s), fewer than --batch-size %d: give "
-                           "--batch-size %zu or less, a smaller --val-frac, or more molecules",
-                           r->train.n, r->val.n, r->all.n, r->s.val_frac,
-                           vf != r->s.val_frac ? ", and a fine-tuning run holds out at least 50 "
-                                                 "or a quarter of the set, the fewer"
-                                               : "",
-                           r->s.batch_size, r->train.n ? r->train.n : (size_t)1);
-        say(r, "batch size %zu: all of the training split's %zu molecules (fewer than the default "
-               "%d; --batch-size sets it)",
-            r->train.n, r->train.n, r->s.batch_size);
-        r->s.batch_size = (int)r->train.n;
-    }
+    if ((rc = split_data(r, err))) return rc;
     if (r->sc_first && (src = scaffold_train_rows(r, err))) return src;
-    r->res.n_train = r->train.n;
-    r->res.n_val = r->val.n;
-    r->nv = (r->s.val_max > 0 && (size_t)r->s.val_max < r->val.n) ? (size_t)r->s.val_max : r->val.n;
-    if (r->keep_best && r->nv == 0 && !r->s.keep && r->s.patience < 0 && r->s.val_frac > 0) {
-        /* --keep best by default (fine-tuning), but too few molecules to
-         * hold any out (fewer than 4): the last step is kept */
-        say(r, "no validation molecules (%zu in all, too few to hold any out): keeping the last "
-               "step (--keep last)",
-            r->all.n);
-        r->keep_best = 0;
-        r->patience = 0;
-    }
-    if (r->keep_best && r->nv == 0)
-        return mg_fail(err, MG_ERR_ARG,
-                       "--keep best needs validation molecules: --val-frac %g leaves none of %zu "
-                       "(give a larger --val-frac, or --keep last)",
-                       r->s.val_frac, r->all.n);
-    return MG_OK;
+    return validation_plan(r, err);
 }
 
 /* The conditions (condition.h): their columns' values for the training and
@@ -1558,8 +1615,9 @@ static mg_status data_strings(run *r, char ***data, size_t *nd, mg_error *err) {
         if (!rc && !((*data)[(*nd)++] = strdup(buf))) rc = MG_ERR_NOMEM;
     }
     if (!*data || rc)
-        return rc == MG_ERR_NOMEM || !rc ? mg_fail(err, MG_ERR_NOMEM, "--check-samples: out of memory")
-                                         : mg_fail(err, rc, "--check-samples: %s", e.message);
+        return rc == MG_ERR_NOMEM || !rc
+                   ? mg_fail(err, MG_ERR_NOMEM, "--check-samples: out of memory")
+                   : mg_fail(err, rc, "--check-samples: %s", e.message);
     qsort(*data, *nd, sizeof **data, cmp_str);
     return MG_OK;
 }
@@ -1669,6 +1727,40 @@ out:
     return rc;
 }
 
+/* The run's result (the kept step; reached: the last step done) and its
+ * closing lines. */
+static void finish_result(run *r, int64_t reached, mg_stop_reason why) {
+    r->res.keep_best = r->keep_best;
+    r->res.kept_step = r->st.step;
+    r->res.kept_val_loss = r->keep_best ? r->best_val : r->nv > 0 ? r->res.val_loss : NAN;
+    r->st.step = reached;
+    r->res.step = r->st.step;
+    r->res.total_steps = r->ck.opt.cfg.total_steps;
+    r->res.stop = why;
+    r->res.seconds = mg_now_s() - r->t0;
+    r->res.tokens_per_sec = tok_rate(r);
+    r->res.ranks = r->d->size;
+    r->res.comm_per_step = r->timed_steps ? r->comm_time / (double)r->timed_steps : 0.0;
+    static const char *const what[] = {"finished", "time limit reached", "interrupted",
+                                       "stopped as asked", "stopped early"};
+    char el[32];
+    mg_fmt_duration(r->res.seconds, el, sizeof el);
+    say(r,
+        "%s at step %" PRId64 "/%" PRId64
+        ": train loss %.4f, val loss %.4f, %.0f tok/s, %s; checkpoint %s",
+        what[why], r->st.step, r->ck.opt.cfg.total_steps, r->loss_ema, r->res.val_loss,
+        r->res.tokens_per_sec, el, r->c->out_path);
+    report_curve(r, why);
+    if (r->d->size > 1)
+        say(r,
+            "%d ranks, batch %d split %zu..%zu rows per rank; %.2f ms/step in communication "
+            "(%.1f%% of %.1f ms/step)",
+            r->d->size, r->s.batch_size, (size_t)r->s.batch_size / (size_t)r->d->size,
+            ((size_t)r->s.batch_size + (size_t)r->d->size - 1) / (size_t)r->d->size,
+            1e3 * r->res.comm_per_step, r->timed_steps ? 100.0 * r->comm_time / r->step_time : 0.0,
+            r->timed_steps ? 1e3 * avg_step(r) : 0.0);
+}
+
 mg_status mg_train_run(const mg_train_config *c, mg_train_result *result, mg_error *err) {
     if (!c) return mg_fail(err, MG_ERR_ARG, "train config is NULL");
     run r;
@@ -1720,37 +1812,7 @@ mg_status mg_train_run(const mg_train_config *c, mg_train_result *result, mg_err
         if (!r.keep_best) r.st.val_loss = r.res.val_loss;
         rc = save(&r, err);
     }
-    if (!rc) {
-        r.res.keep_best = r.keep_best;
-        r.res.kept_step = r.st.step;
-        r.res.kept_val_loss = r.keep_best ? r.best_val : r.nv > 0 ? r.res.val_loss : NAN;
-        r.st.step = reached;
-        r.res.step = r.st.step;
-        r.res.total_steps = r.ck.opt.cfg.total_steps;
-        r.res.stop = why;
-        r.res.seconds = mg_now_s() - r.t0;
-        r.res.tokens_per_sec = tok_rate(&r);
-        r.res.ranks = r.d->size;
-        r.res.comm_per_step = r.timed_steps ? r.comm_time / (double)r.timed_steps : 0.0;
-        static const char *const what[] = {"finished", "time limit reached", "interrupted",
-                                           "stopped as asked", "stopped early"};
-        char el[32];
-        mg_fmt_duration(r.res.seconds, el, sizeof el);
-        say(&r,
-            "%s at step %" PRId64 "/%" PRId64
-            ": train loss %.4f, val loss %.4f, %.0f tok/s, %s; checkpoint %s",
-            what[why], r.st.step, r.ck.opt.cfg.total_steps, r.loss_ema, r.res.val_loss,
-            r.res.tokens_per_sec, el, c->out_path);
-        report_curve(&r, why);
-        if (r.d->size > 1)
-            say(&r,
-                "%d ranks, batch %d split %zu..%zu rows per rank; %.2f ms/step in communication "
-                "(%.1f%% of %.1f ms/step)",
-                r.d->size, r.s.batch_size, (size_t)r.s.batch_size / (size_t)r.d->size,
-                ((size_t)r.s.batch_size + (size_t)r.d->size - 1) / (size_t)r.d->size,
-                1e3 * r.res.comm_per_step, r.timed_steps ? 100.0 * r.comm_time / r.step_time : 0.0,
-                r.timed_steps ? 1e3 * avg_step(&r) : 0.0);
-    }
+    if (!rc) finish_result(&r, reached, why);
     if (!rc) rc = sample_check(&r, err);
     if (result) *result = r.res;
     run_free(&r);
