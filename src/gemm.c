@@ -37,59 +37,6 @@ void attn_test_sgemm_blocking(int64_t kc, int64_t mc, int64_t nc) {
 }
 
 static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
-
-/* Panels p0 <= p < p1 of op(A)[i0 : i0+mc, k0 : k0+kc] into Ap: panel p at
- * Ap + p*mr*kc holds [kc][mr] (rows past mc are zeros). */
-static void pack_a(const float *A, int64_t lda, int ta, int64_t i0, int64_t mc, int64_t k0,
-                   int64_t kc, int mr, int64_t p0, int64_t p1, float *Ap) {
-    for (int64_t p = p0; p < p1; p++) {
-        float *dst = Ap + p * mr * kc;
-        const int64_t r0 = p * mr, rows = min64(mr, mc - r0);
-        if (!ta) {
-            /* k outer: the mr rows are read side by side and the panel is
-             * written in order (measured faster than row by row) */
-            const float *src = A + (i0 + r0) * lda + k0;
-            for (int64_t k = 0; k < kc; k++) {
-                float *d = dst + k * mr;
-                for (int64_t r = 0; r < rows; r++) d[r] = src[r * lda + k];
-                for (int64_t r = rows; r < mr; r++) d[r] = 0.0f;
-            }
-        } else {
-            for (int64_t k = 0; k < kc; k++) {
-                const float *src = A + (k0 + k) * lda + i0 + r0;
-                float *d = dst + k * mr;
-                for (int64_t r = 0; r < rows; r++) d[r] = src[r];
-                for (int64_t r = rows; r < mr; r++) d[r] = 0.0f;
-            }
-        }
-    }
-}
-
-/* Panels q0 <= q < q1 of op(B)[k0 : k0+kc, j0 : j0+nc] into Bp: panel q at
- * Bp + q*nr*kc holds [kc][nr] (columns past nc are zeros). */
-static void pack_b(const float *B, int64_t ldb, int tb, int64_t k0, int64_t kc, int64_t j0,
-                   int64_t nc, int nr, int64_t q0, int64_t q1, float *Bp) {
-    for (int64_t q = q0; q < q1; q++) {
-        float *dst = Bp + q * nr * kc;
-        const int64_t c0 = q * nr, cols = min64(nr, nc - c0);
-        if (!tb) {
-            for (int64_t k = 0; k < kc; k++) {
-                const float *src = B + (k0 + k) * ldb + j0 + c0;
-                float *d = dst + k * nr;
-                for (int64_t c = 0; c < cols; c++) d[c] = src[c];
-                for (int64_t c = cols; c < nr; c++) d[c] = 0.0f;
-            }
-        } else {
-            for (int64_t c = 0; c < cols; c++) {
-                const float *src = B + (j0 + c0 + c) * ldb + k0;
-                for (int64_t k = 0; k < kc; k++) dst[k * nr + c] = src[k];
-            }
-            for (int64_t c = cols; c < nr; c++)
-                for (int64_t k = 0; k < kc; k++) dst[k * nr + c] = 0.0f;
-        }
-    }
-}
-
 /* C = beta C (K = 0 or alpha = 0: A and B are not read; beta = 0 writes
  * zeros without reading C). */
 static void scale_c(int64_t M, int64_t N, float beta, float *C, int64_t ldc) {
@@ -167,12 +114,11 @@ void attn_sgemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, co
             for (int64_t pc = 0; pc < K; pc += KCb) {
                 const int64_t kc = min64(KCb, K - pc);
                 const int first = pc == 0;
-                pack_b(B, ldb, tb, pc, kc, jc, nc, (int)NR, nq * id / nth, nq * (id + 1) / nth, Bp);
+                kr->pack_b(B, ldb, tb, pc, kc, jc, nc, nq * id / nth, nq * (id + 1) / nth, Bp);
 #pragma omp barrier
                 for (int64_t ic = 0; ic < M; ic += MCb) {
                     const int64_t mc = min64(MCb, M - ic), np = (mc + MR - 1) / MR;
-                    pack_a(A, lda, ta, ic, mc, pc, kc, (int)MR, np * id / nth, np * (id + 1) / nth,
-                           Ap);
+                    kr->pack_a(A, lda, ta, ic, mc, pc, kc, np * id / nth, np * (id + 1) / nth, Ap);
 #pragma omp barrier
                     /* this thread's share of the block's tiles, B panel by
                      * B panel (each B panel stays in cache across A's) */
