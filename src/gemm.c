@@ -93,46 +93,68 @@ void attn_sgemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, co
     const int64_t KCb = min64(K, kcx);                         /* K block */
     const int64_t MCb = min64((M + MR - 1) / MR * MR, mcx);    /* rows of A's block */
     const int64_t NCb = min64((N + NR - 1) / NR * NR, ncx);    /* columns of B's block */
+    /* The threads: a grid of tm x tn. Enough rows: each thread its own
+     * band of whole row panels (tm = threads), its own packed A, all of B's
+     * columns; then the threads meet only around each packing of B. Few
+     * rows: each thread its share of the column panels (tn = threads),
+     * packing all of A for itself (A is small then). */
+    const int64_t P = (M + MR - 1) / MR; /* row panels of C */
+    int tm = threads, tn = 1;
+    if (P < 2 * (int64_t)threads) {
+        const int64_t nq_max = NCb / NR; /* column panels of one B block */
+        tm = 1, tn = threads < nq_max ? threads : (int)nq_max;
+    }
+    threads = tm * tn;
     const size_t abytes = (size_t)(MCb * KCb) * sizeof(float), bbytes = (size_t)(KCb * NCb) * sizeof(float);
-    /* [MCb/MR][KCb][MR] and [NCb/NR][KCb][NR]; aligned_alloc wants a size
-     * that is a multiple of the alignment */
-    float *Ap = aligned_alloc(64, (abytes + 63) / 64 * 64);
+    /* threads x [MCb/MR][KCb][MR] and [NCb/NR][KCb][NR]; aligned_alloc
+     * wants a size that is a multiple of the alignment */
+    const size_t astep = (abytes + 63) / 64 * 64;
+    float *Apall = aligned_alloc(64, astep * (size_t)threads);
     float *Bp = aligned_alloc(64, (bbytes + 63) / 64 * 64);
-    if (!Ap || !Bp) {
-        free(Ap), free(Bp);
+    if (!Apall || !Bp) {
+        free(Apall), free(Bp);
         sgemm_blas(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
         return;
     }
-    const int64_t max_tiles = (MCb / MR) * (NCb / NR); /* tiles of one macro block */
-    if (threads > max_tiles) threads = (int)max_tiles;
-    if (threads < 1) threads = 1;
 #pragma omp parallel num_threads(threads)
     {
         const int64_t nth = omp_get_num_threads(), id = omp_get_thread_num();
+        /* a smaller team than asked (OpenMP may give one): the same grid
+         * rule on what came */
+        const int64_t gm = nth == threads ? tm : (tm > 1 ? nth : 1), gn = nth / gm;
+        const int64_t im = id % gm, in = id / gm;
+        float *Ap = (float *)((char *)Apall + astep * (size_t)id);
+        /* this thread's rows: whole panels, so its tiles are the tiles of
+         * the one-thread grid */
+        const int64_t r_lo = min64(M, P * im / gm * MR), r_hi = min64(M, P * (im + 1) / gm * MR);
         for (int64_t jc = 0; jc < N; jc += NCb) {
             const int64_t nc = min64(NCb, N - jc), nq = (nc + NR - 1) / NR;
+            const int64_t q0 = in < gn ? nq * in / gn : 0, q1 = in < gn ? nq * (in + 1) / gn : 0;
             for (int64_t pc = 0; pc < K; pc += KCb) {
                 const int64_t kc = min64(KCb, K - pc);
                 const int first = pc == 0;
                 kr->pack_b(B, ldb, tb, pc, kc, jc, nc, nq * id / nth, nq * (id + 1) / nth, Bp);
 #pragma omp barrier
-                for (int64_t ic = 0; ic < M; ic += MCb) {
-                    const int64_t mc = min64(MCb, M - ic), np = (mc + MR - 1) / MR;
-                    kr->pack_a(A, lda, ta, ic, mc, pc, kc, np * id / nth, np * (id + 1) / nth, Ap);
-#pragma omp barrier
-                    /* this thread's share of the block's tiles, B panel by
-                     * B panel (each B panel stays in cache across A's) */
-                    const int64_t nt = nq * np;
-                    for (int64_t t = nt * id / nth; t < nt * (id + 1) / nth; t++) {
-                        const int64_t q = t / np, p = t % np;
-                        tile(kr, kc, Ap + p * MR * kc, Bp + q * NR * kc,
-                             C + (ic + p * MR) * ldc + jc + q * NR, ldc, min64(MR, mc - p * MR),
-                             min64(NR, nc - q * NR), alpha, beta, first);
-                    }
-#pragma omp barrier /* before A (or B) is packed again */
+                /* the band in nblk blocks of at most MCb rows, even to a
+                 * panel (a last block of a few rows would stream all of B
+                 * for little work) */
+                const int64_t bp = (r_hi - r_lo + MR - 1) / MR, nblk = (bp + MCb / MR - 1) / (MCb / MR);
+                for (int64_t blk = 0; blk < nblk && q1 > q0; blk++) {
+                    const int64_t ic = r_lo + bp * blk / nblk * MR;
+                    const int64_t mc = min64(r_hi, r_lo + bp * (blk + 1) / nblk * MR) - ic;
+                    const int64_t np = (mc + MR - 1) / MR;
+                    kr->pack_a(A, lda, ta, ic, mc, pc, kc, 0, np, Ap);
+                    /* B panel by B panel: each stays in cache across A's */
+                    for (int64_t q = q0; q < q1; q++)
+                        for (int64_t p = 0; p < np; p++)
+                            tile(kr, kc, Ap + p * MR * kc, Bp + q * NR * kc,
+                                 C + (ic + p * MR) * ldc + jc + q * NR, ldc,
+                                 min64(MR, mc - p * MR), min64(NR, nc - q * NR), alpha, beta,
+                                 first);
                 }
+#pragma omp barrier /* before B is packed again */
             }
         }
     }
-    free(Ap), free(Bp);
+    free(Apall), free(Bp);
 }
