@@ -1,10 +1,11 @@
 /* fp32 GEMM candidates side by side: attn_sgemm (each isa.c row this CPU
  * runs, forced through ATTN_FUSED_ISA), OpenBLAS, BLIS and oneDNN, on
- * row-major C = A B (M = N = K = SIZE), in interleaved rounds; per
+ * row-major C = A B (SIZE: M = N = K, or MxNxK), in interleaved rounds; per
  * candidate the median over rounds of each round's best of REPS.
  *   sgemm_candidates [SIZE [THREADS [ROUNDS [REPS]]]]
  * SGEMM_BLOCKS="KC,MC,NC KC,MC,NC ..." compares blockings of the CPU's best
- * attn row instead (with OpenBLAS beside them as the common reference).
+ * attn row (or SGEMM_ROW's, an ATTN_FUSED_ISA value) instead, with OpenBLAS
+ * beside them as the common reference.
  * SGEMM_CLOCK=cpu times by the process's CPU time instead of the wall clock
  * (steadier on a shared machine; with 1 thread only: it sums the threads).
  * BLIS and oneDNN are opened with dlopen (RTLD_LOCAL: BLIS's BLAS symbols
@@ -19,6 +20,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "fma_peak.h"
 #include "internal.h"
 
 typedef void (*bli_sgemm_fn)(int, int, int64_t, int64_t, int64_t, const float *, const float *,
@@ -31,12 +33,15 @@ typedef int (*dnnl_sgemm_fn)(char, char, int64_t, int64_t, int64_t, float, const
 static bli_sgemm_fn g_bli;
 static bli_threads_fn g_bli_threads;
 static dnnl_sgemm_fn g_dnnl;
-static int64_t g_n;
+static int64_t g_m, g_n, g_k;
 static int g_threads;
 static const float *g_A, *g_B;
 static float *g_C;
 
 static clockid_t g_clock = CLOCK_MONOTONIC;
+
+static double now(void);
+static double timer(void) { return now(); }
 
 static double now(void) {
     struct timespec t;
@@ -52,29 +57,29 @@ static int64_t g_blocks[MAXC][3]; /* attn rows: blocking (0: the kernel's) */
 static int g_nc;
 
 static void run(int c) {
-    const int64_t n = g_n;
+    const int64_t m = g_m, n = g_n, k = g_k;
     switch (g_kinds[c]) {
     case 0:
         setenv("ATTN_FUSED_ISA", g_rows[c], 1);
         attn_test_reload_env();
         attn_test_sgemm_blocking(g_blocks[c][0], g_blocks[c][1], g_blocks[c][2]);
-        attn_sgemm(0, 0, n, n, n, 1.0f, g_A, n, g_B, n, 0.0f, g_C, n, g_threads);
+        attn_sgemm(0, 0, m, n, k, 1.0f, g_A, k, g_B, n, 0.0f, g_C, n, g_threads);
         break;
     case 1:
         openblas_set_num_threads(g_threads);
         omp_set_num_threads(g_threads);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)n, (blasint)n, (blasint)n,
-                    1.0f, g_A, (blasint)n, g_B, (blasint)n, 0.0f, g_C, (blasint)n);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)m, (blasint)n, (blasint)k,
+                    1.0f, g_A, (blasint)k, g_B, (blasint)n, 0.0f, g_C, (blasint)n);
         break;
     case 2: {
         const float one = 1.0f, zero = 0.0f;
         g_bli_threads(g_threads);
-        g_bli(0, 0, n, n, n, &one, g_A, n, 1, g_B, n, 1, &zero, g_C, n, 1);
+        g_bli(0, 0, m, n, k, &one, g_A, k, 1, g_B, n, 1, &zero, g_C, n, 1);
         break;
     }
     case 3:
         omp_set_num_threads(g_threads);
-        g_dnnl('N', 'N', n, n, n, 1.0f, g_A, n, g_B, n, 0.0f, g_C, n);
+        g_dnnl('N', 'N', m, n, k, 1.0f, g_A, k, g_B, n, 0.0f, g_C, n);
         break;
     }
 }
@@ -85,15 +90,19 @@ static int cmp(const void *a, const void *b) {
 }
 
 int main(int argc, char **argv) {
-    g_n = argc > 1 ? atoll(argv[1]) : 1024;
+    long long dims[3] = {1024, 1024, 1024};
+    if (argc > 1 && sscanf(argv[1], "%lldx%lldx%lld", &dims[0], &dims[1], &dims[2]) != 3)
+        dims[0] = dims[1] = dims[2] = atoll(argv[1]);
+    g_m = dims[0], g_n = dims[1], g_k = dims[2];
     g_threads = argc > 2 ? atoi(argv[2]) : 1;
     const int rounds = argc > 3 ? atoi(argv[3]) : 5, reps = argc > 4 ? atoi(argv[4]) : 3;
-    const int64_t n = g_n;
+    const int64_t m = g_m, n = g_n, k = g_k;
     const char *clk = getenv("SGEMM_CLOCK");
     if (clk && !strcmp(clk, "cpu")) g_clock = CLOCK_PROCESS_CPUTIME_ID;
-    float *A = malloc((size_t)(n * n) * sizeof(float)), *B = malloc((size_t)(n * n) * sizeof(float));
-    g_C = malloc((size_t)(n * n) * sizeof(float));
-    for (int64_t i = 0; i < n * n; i++) A[i] = (float)(i % 13) * 0.1f - 0.6f, B[i] = (float)(i % 7) * 0.2f - 0.6f;
+    float *A = malloc((size_t)(m * k) * sizeof(float)), *B = malloc((size_t)(k * n) * sizeof(float));
+    g_C = malloc((size_t)(m * n) * sizeof(float));
+    for (int64_t i = 0; i < m * k; i++) A[i] = (float)(i % 13) * 0.1f - 0.6f;
+    for (int64_t i = 0; i < k * n; i++) B[i] = (float)(i % 7) * 0.2f - 0.6f;
     g_A = A, g_B = B;
     const char *blocks = getenv("SGEMM_BLOCKS");
     static char names[MAXC][48];
@@ -104,9 +113,11 @@ int main(int argc, char **argv) {
         blocks += used;
         g_blocks[g_nc][0] = kc, g_blocks[g_nc][1] = mc, g_blocks[g_nc][2] = nc;
         snprintf(names[g_nc], sizeof names[0], "attn KC %lld MC %lld NC %lld", kc, mc, nc);
-        g_names[g_nc] = names[g_nc], g_kinds[g_nc] = 0, g_rows[g_nc++] = "";
+        const char *row = getenv("SGEMM_ROW");
+        g_names[g_nc] = names[g_nc], g_kinds[g_nc] = 0, g_rows[g_nc++] = row ? row : "";
     }
-    for (int i = 0; !g_nc && attn_test_isa_name(i); i++) {
+    const int by_blocks = g_nc > 0;
+    for (int i = 0; !by_blocks && attn_test_isa_name(i); i++) {
         const char *row = attn_test_isa_name(i);
         if (!strcmp(row, "avx512bf16")) continue; /* the same micro-kernel as avx512 */
         setenv("ATTN_FUSED_ISA", row, 1);
@@ -126,6 +137,9 @@ int main(int argc, char **argv) {
     if (dnnl && (g_dnnl = (dnnl_sgemm_fn)dlsym(dnnl, "dnnl_sgemm")))
         g_names[g_nc] = "oneDNN", g_kinds[g_nc++] = 3;
     double t[MAXC][64];
+    const char *peak_isa;
+    const int no_peak = getenv("SGEMM_NOPEAK") != NULL; /* set: skip the peak (comparing builds) */
+    const double peak0 = no_peak ? 1 : fma_peak_gflops(g_threads, timer, &peak_isa);
     for (int c = 0; c < g_nc; c++) run(c); /* warm-up */
     for (int r = 0; r < rounds && r < 64; r++)
         for (int c = 0; c < g_nc; c++) {
@@ -138,13 +152,19 @@ int main(int argc, char **argv) {
             }
             t[c][r] = best;
         }
-    printf("sgemm %lld^3, %d thread(s), %d interleaved rounds (median of each round's best of %d), "
+    const double peak1 = no_peak ? 1 : fma_peak_gflops(g_threads, timer, NULL);
+    const double peak = 0.5 * (peak0 + peak1);
+    if (!no_peak)
+        printf("FMA peak (%s loop), %d thread(s): %.1f GFLOP/s before, %.1f after\n", peak_isa,
+           g_threads, peak0, peak1);
+    printf("sgemm %lldx%lldx%lld, %d thread(s), %d interleaved rounds (median of each round's best of %d), "
            "%s clock\n",
-           (long long)n, g_threads, rounds, reps, g_clock == CLOCK_MONOTONIC ? "wall" : "CPU");
+           (long long)m, (long long)n, (long long)k, g_threads, rounds, reps, g_clock == CLOCK_MONOTONIC ? "wall" : "CPU");
     for (int c = 0; c < g_nc; c++) {
         qsort(t[c], (size_t)rounds, sizeof(double), cmp);
         const double med = t[c][rounds / 2];
-        printf("  %-34s %8.1f GFLOP/s\n", g_names[c], 2.0 * n * n * n / med * 1e-9);
+        const double g = 2.0 * m * n * k / med * 1e-9;
+        printf("  %-34s %8.1f GFLOP/s  %5.1f %% of peak\n", g_names[c], g, 100.0 * g / peak);
     }
     free(A), free(B), free(g_C);
     return 0;

@@ -7,6 +7,6 @@
 set -e
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=$root/build/sgemm_candidates
-cc -O2 -std=c11 -fopenmp -I"$root/include" -I"$root/src" "$root/bench/sgemm_candidates.c" \
+cc -O2 -std=c11 -fopenmp -I"$root/include" -I"$root/src" -I"$root/common" "$root/bench/sgemm_candidates.c" \
   "$root/build/libattn.a" $(pkg-config --libs openblas) -ldl -lm -o "$out"
 OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-Haswell} OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE} "$out" "$@"

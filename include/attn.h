@@ -104,26 +104,24 @@ ATTN_API const char *attn_status_name(attn_status s);
  *     attn_set_num_threads (or params.num_threads) threads, with an explicit
  *     num_threads clause: the caller's OpenMP settings are neither read nor
  *     changed.
- *   - The dense products of the multi-head layer call OpenBLAS's sgemm from
- *     inside that team, each thread on its own rows of the output, so
- *     OpenBLAS must run single-threaded there. With OpenBLAS's OpenMP build
- *     (libopenblas-openmp, which the build prefers) it does so without any
- *     global setting: sgemm runs on one thread inside an active parallel
- *     region, and for a team of one the library sets that region's own
- *     thread count (omp_set_num_threads inside the region, which ends with
- *     it). With the pthread build OpenBLAS's thread count is process-wide:
- *     the library sets it to 1 once, at its first call, and never again
- *     (an application that wants OpenBLAS threads for its own products sets
- *     them after that; attn's products then compete with them). The
+ *   - The dense products (attn_matmul, the multi-head layer's projections)
+ *     run the library's own packed fp32 kernels on that team; they do not
+ *     call OpenBLAS. OpenBLAS is called only as a fallback, when a product's
+ *     packing buffers cannot be allocated, and then single-threaded: with
+ *     OpenBLAS's OpenMP build (libopenblas-openmp, which the build prefers)
+ *     without any global setting (the library sets its one-thread region's
+ *     own thread count, which ends with the region); with the pthread build
+ *     OpenBLAS's thread count is process-wide: the library sets it to 1
+ *     once, at its first call, and never again (an application that wants
+ *     OpenBLAS threads for its own products sets them after that). The
  *     library never sets OpenBLAS's or OpenMP's thread counts per call.
  *   - Hence concurrent calls from several application threads are safe by
  *     construction: no call reads state another call writes, except the
  *     thread count itself (atomic).
  *   - Results are bitwise identical for any thread count and do not depend
  *     on how many callers run at once. (For the products this rests on
- *     cutting rows only where OpenBLAS's micro-tiles are cut anyway; the
- *     library measures that row step once at init, and with one thread, or
- *     where it finds none, a product is one sgemm call.) */
+ *     cutting K into the same blocks whatever the threads and sharing out
+ *     only whole tiles of C, each formed by the same micro-kernel.) */
 
 #define ATTN_MAX_THREADS 1024
 
@@ -141,14 +139,15 @@ ATTN_API int attn_get_num_threads(void);
  * when transposed; likewise B; C is [M, >= N]). beta 0: C's old values are
  * not read (NaN there stays out of the result).
  * Runs by the policy above on num_threads threads of the library's team (0:
- * the global setting): OpenBLAS's sgemm, one single-threaded call per
- * thread on rows of C cut at the measured row step, so C is bitwise the
- * same for any thread count.
+ * the global setting): the packed micro-kernel of the best instruction set
+ * this CPU runs (AVX-512, AVX2 or portable; ATTN_FUSED_ISA lowers it, as
+ * for the fused kernels), the threads sharing out whole tiles of C, so C is
+ * bitwise the same for any thread count (not across instruction sets).
  * Errors, with C untouched: a NULL pointer (ATTN_ERR_NULL), M, N or K < 1 or
  * a leading dimension below its row's length (ATTN_ERR_SHAPE), a size or
- * leading dimension above INT_MAX (OpenBLAS's int; ATTN_ERR_OVERFLOW), a
- * non-finite alpha or beta, num_threads outside [0, ATTN_MAX_THREADS]
- * (ATTN_ERR_ARG). */
+ * leading dimension above INT_MAX (OpenBLAS's int, for the fallback;
+ * ATTN_ERR_OVERFLOW), a non-finite alpha or beta, num_threads outside
+ * [0, ATTN_MAX_THREADS] (ATTN_ERR_ARG). */
 ATTN_API attn_status attn_matmul(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K,
                                  float alpha, const float *A, int64_t lda, const float *B,
                                  int64_t ldb, float beta, float *C, int64_t ldc, int num_threads,

@@ -37,59 +37,6 @@ void attn_test_sgemm_blocking(int64_t kc, int64_t mc, int64_t nc) {
 }
 
 static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
-
-/* Panels p0 <= p < p1 of op(A)[i0 : i0+mc, k0 : k0+kc] into Ap: panel p at
- * Ap + p*mr*kc holds [kc][mr] (rows past mc are zeros). */
-static void pack_a(const float *A, int64_t lda, int ta, int64_t i0, int64_t mc, int64_t k0,
-                   int64_t kc, int mr, int64_t p0, int64_t p1, float *Ap) {
-    for (int64_t p = p0; p < p1; p++) {
-        float *dst = Ap + p * mr * kc;
-        const int64_t r0 = p * mr, rows = min64(mr, mc - r0);
-        if (!ta) {
-            /* k outer: the mr rows are read side by side and the panel is
-             * written in order (measured faster than row by row) */
-            const float *src = A + (i0 + r0) * lda + k0;
-            for (int64_t k = 0; k < kc; k++) {
-                float *d = dst + k * mr;
-                for (int64_t r = 0; r < rows; r++) d[r] = src[r * lda + k];
-                for (int64_t r = rows; r < mr; r++) d[r] = 0.0f;
-            }
-        } else {
-            for (int64_t k = 0; k < kc; k++) {
-                const float *src = A + (k0 + k) * lda + i0 + r0;
-                float *d = dst + k * mr;
-                for (int64_t r = 0; r < rows; r++) d[r] = src[r];
-                for (int64_t r = rows; r < mr; r++) d[r] = 0.0f;
-            }
-        }
-    }
-}
-
-/* Panels q0 <= q < q1 of op(B)[k0 : k0+kc, j0 : j0+nc] into Bp: panel q at
- * Bp + q*nr*kc holds [kc][nr] (columns past nc are zeros). */
-static void pack_b(const float *B, int64_t ldb, int tb, int64_t k0, int64_t kc, int64_t j0,
-                   int64_t nc, int nr, int64_t q0, int64_t q1, float *Bp) {
-    for (int64_t q = q0; q < q1; q++) {
-        float *dst = Bp + q * nr * kc;
-        const int64_t c0 = q * nr, cols = min64(nr, nc - c0);
-        if (!tb) {
-            for (int64_t k = 0; k < kc; k++) {
-                const float *src = B + (k0 + k) * ldb + j0 + c0;
-                float *d = dst + k * nr;
-                for (int64_t c = 0; c < cols; c++) d[c] = src[c];
-                for (int64_t c = cols; c < nr; c++) d[c] = 0.0f;
-            }
-        } else {
-            for (int64_t c = 0; c < cols; c++) {
-                const float *src = B + (j0 + c0 + c) * ldb + k0;
-                for (int64_t k = 0; k < kc; k++) dst[k * nr + c] = src[k];
-            }
-            for (int64_t c = cols; c < nr; c++)
-                for (int64_t k = 0; k < kc; k++) dst[k * nr + c] = 0.0f;
-        }
-    }
-}
-
 /* C = beta C (K = 0 or alpha = 0: A and B are not read; beta = 0 writes
  * zeros without reading C). */
 static void scale_c(int64_t M, int64_t N, float beta, float *C, int64_t ldc) {
@@ -146,47 +93,68 @@ void attn_sgemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, co
     const int64_t KCb = min64(K, kcx);                         /* K block */
     const int64_t MCb = min64((M + MR - 1) / MR * MR, mcx);    /* rows of A's block */
     const int64_t NCb = min64((N + NR - 1) / NR * NR, ncx);    /* columns of B's block */
+    /* The threads: a grid of tm x tn. Enough rows: each thread its own
+     * band of whole row panels (tm = threads), its own packed A, all of B's
+     * columns; then the threads meet only around each packing of B. Few
+     * rows: each thread its share of the column panels (tn = threads),
+     * packing all of A for itself (A is small then). */
+    const int64_t P = (M + MR - 1) / MR; /* row panels of C */
+    int tm = threads, tn = 1;
+    if (P < 2 * (int64_t)threads) {
+        const int64_t nq_max = NCb / NR; /* column panels of one B block */
+        tm = 1, tn = threads < nq_max ? threads : (int)nq_max;
+    }
+    threads = tm * tn;
     const size_t abytes = (size_t)(MCb * KCb) * sizeof(float), bbytes = (size_t)(KCb * NCb) * sizeof(float);
-    /* [MCb/MR][KCb][MR] and [NCb/NR][KCb][NR]; aligned_alloc wants a size
-     * that is a multiple of the alignment */
-    float *Ap = aligned_alloc(64, (abytes + 63) / 64 * 64);
+    /* threads x [MCb/MR][KCb][MR] and [NCb/NR][KCb][NR]; aligned_alloc
+     * wants a size that is a multiple of the alignment */
+    const size_t astep = (abytes + 63) / 64 * 64;
+    float *Apall = aligned_alloc(64, astep * (size_t)threads);
     float *Bp = aligned_alloc(64, (bbytes + 63) / 64 * 64);
-    if (!Ap || !Bp) {
-        free(Ap), free(Bp);
+    if (!Apall || !Bp) {
+        free(Apall), free(Bp);
         sgemm_blas(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
         return;
     }
-    const int64_t max_tiles = (MCb / MR) * (NCb / NR); /* tiles of one macro block */
-    if (threads > max_tiles) threads = (int)max_tiles;
-    if (threads < 1) threads = 1;
 #pragma omp parallel num_threads(threads)
     {
         const int64_t nth = omp_get_num_threads(), id = omp_get_thread_num();
+        /* a smaller team than asked (OpenMP may give one): the same grid
+         * rule on what came */
+        const int64_t gm = nth == threads ? tm : (tm > 1 ? nth : 1), gn = nth / gm;
+        const int64_t im = id % gm, in = id / gm;
+        float *Ap = (float *)((char *)Apall + astep * (size_t)id);
+        /* this thread's rows: whole panels, so its tiles are the tiles of
+         * the one-thread grid */
+        const int64_t r_lo = min64(M, P * im / gm * MR), r_hi = min64(M, P * (im + 1) / gm * MR);
         for (int64_t jc = 0; jc < N; jc += NCb) {
             const int64_t nc = min64(NCb, N - jc), nq = (nc + NR - 1) / NR;
+            const int64_t q0 = in < gn ? nq * in / gn : 0, q1 = in < gn ? nq * (in + 1) / gn : 0;
             for (int64_t pc = 0; pc < K; pc += KCb) {
                 const int64_t kc = min64(KCb, K - pc);
                 const int first = pc == 0;
-                pack_b(B, ldb, tb, pc, kc, jc, nc, (int)NR, nq * id / nth, nq * (id + 1) / nth, Bp);
+                kr->pack_b(B, ldb, tb, pc, kc, jc, nc, nq * id / nth, nq * (id + 1) / nth, Bp);
 #pragma omp barrier
-                for (int64_t ic = 0; ic < M; ic += MCb) {
-                    const int64_t mc = min64(MCb, M - ic), np = (mc + MR - 1) / MR;
-                    pack_a(A, lda, ta, ic, mc, pc, kc, (int)MR, np * id / nth, np * (id + 1) / nth,
-                           Ap);
-#pragma omp barrier
-                    /* this thread's share of the block's tiles, B panel by
-                     * B panel (each B panel stays in cache across A's) */
-                    const int64_t nt = nq * np;
-                    for (int64_t t = nt * id / nth; t < nt * (id + 1) / nth; t++) {
-                        const int64_t q = t / np, p = t % np;
-                        tile(kr, kc, Ap + p * MR * kc, Bp + q * NR * kc,
-                             C + (ic + p * MR) * ldc + jc + q * NR, ldc, min64(MR, mc - p * MR),
-                             min64(NR, nc - q * NR), alpha, beta, first);
-                    }
-#pragma omp barrier /* before A (or B) is packed again */
+                /* the band in nblk blocks of at most MCb rows, even to a
+                 * panel (a last block of a few rows would stream all of B
+                 * for little work) */
+                const int64_t bp = (r_hi - r_lo + MR - 1) / MR, nblk = (bp + MCb / MR - 1) / (MCb / MR);
+                for (int64_t blk = 0; blk < nblk && q1 > q0; blk++) {
+                    const int64_t ic = r_lo + bp * blk / nblk * MR;
+                    const int64_t mc = min64(r_hi, r_lo + bp * (blk + 1) / nblk * MR) - ic;
+                    const int64_t np = (mc + MR - 1) / MR;
+                    kr->pack_a(A, lda, ta, ic, mc, pc, kc, 0, np, Ap);
+                    /* B panel by B panel: each stays in cache across A's */
+                    for (int64_t q = q0; q < q1; q++)
+                        for (int64_t p = 0; p < np; p++)
+                            tile(kr, kc, Ap + p * MR * kc, Bp + q * NR * kc,
+                                 C + (ic + p * MR) * ldc + jc + q * NR, ldc,
+                                 min64(MR, mc - p * MR), min64(NR, nc - q * NR), alpha, beta,
+                                 first);
                 }
+#pragma omp barrier /* before B is packed again */
             }
         }
     }
-    free(Ap), free(Bp);
+    free(Apall), free(Bp);
 }

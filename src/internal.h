@@ -267,6 +267,14 @@ typedef struct {
      * acc + beta C (C not read when beta = 0), else C = alpha acc + C */
     void (*ukr)(int64_t kc, const float *Ap, const float *Bp, float *C, int64_t ldc, float alpha,
                 float beta, int first);
+    /* panels p0 <= p < p1 (mr rows each) of op(A)[i0 : i0+mc, k0 : k0+kc]
+     * into Ap (panel p at Ap + p*mr*kc: [kc][mr], rows past mc zeros) */
+    void (*pack_a)(const float *A, int64_t lda, int ta, int64_t i0, int64_t mc, int64_t k0,
+                   int64_t kc, int64_t p0, int64_t p1, float *Ap);
+    /* panels q0 <= q < q1 (nr columns each) of op(B)[k0 : k0+kc, j0 : j0+nc]
+     * into Bp (panel q at Bp + q*nr*kc: [kc][nr], columns past nc zeros) */
+    void (*pack_b)(const float *B, int64_t ldb, int tb, int64_t k0, int64_t kc, int64_t j0,
+                   int64_t nc, int64_t q0, int64_t q1, float *Bp);
 } attn_sgemm_kernel;
 /* Measurement hook (bench/sgemm_candidates.c): blocking KC, MC, NC in
  * place of every kernel's own (MC and NC rounded up to whole tiles); 0: the

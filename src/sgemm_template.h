@@ -1,6 +1,7 @@
 /* The fp32 GEMM micro-kernel, one template for every instruction set
  * (BLIS's contract: the driver in gemm.c packs, the micro-kernel only
- * multiplies packed panels). Included once by each sgemm_<isa>.c after its
+ * multiplies packed panels; the packing is here too, unrolled for the
+ * tile). Included once by each sgemm_<isa>.c after its
  * vector vocabulary:
  *   VL, vf, v_load, v_store, v_set1, v_zero, v_fma, v_mul
  *   SG_MR   rows of the micro-tile (broadcasts of A)
@@ -57,6 +58,65 @@ static void sgemm_ukr(int64_t kc, const float *restrict Ap, const float *restric
     }
 }
 
+
+/* Panels p0 <= p < p1 of op(A)[i0 : i0+mc, k0 : k0+kc] (op(A)(i, k) at
+ * A[i*lda + k], or A[k*lda + i] when ta) into Ap: panel p at
+ * Ap + p*SG_MR*kc holds [kc][SG_MR], rows past mc zeros. Here, not in
+ * gemm.c, so that the fixed SG_MR lets the compiler unroll the copies with
+ * this file's instruction set. */
+static void sgemm_pack_a(const float *A, int64_t lda, int ta, int64_t i0, int64_t mc, int64_t k0,
+                         int64_t kc, int64_t p0, int64_t p1, float *restrict Ap) {
+    for (int64_t p = p0; p < p1; p++) {
+        float *dst = Ap + p * SG_MR * kc;
+        const int64_t r0 = p * SG_MR, rows = mc - r0 < SG_MR ? mc - r0 : SG_MR;
+        if (!ta && rows == SG_MR) {
+            /* k outer: the rows are read side by side, the panel written in
+             * order */
+            const float *src = A + (i0 + r0) * lda + k0;
+            for (int64_t k = 0; k < kc; k++, dst += SG_MR)
+                SG_UNROLL for (int r = 0; r < SG_MR; r++) dst[r] = src[r * lda + k];
+        } else if (!ta) {
+            const float *src = A + (i0 + r0) * lda + k0;
+            for (int64_t k = 0; k < kc; k++, dst += SG_MR)
+                for (int r = 0; r < SG_MR; r++) dst[r] = r < rows ? src[r * lda + k] : 0.0f;
+        } else if (rows == SG_MR) {
+            const float *src = A + k0 * lda + i0 + r0;
+            for (int64_t k = 0; k < kc; k++, dst += SG_MR, src += lda)
+                SG_UNROLL for (int r = 0; r < SG_MR; r++) dst[r] = src[r];
+        } else {
+            const float *src = A + k0 * lda + i0 + r0;
+            for (int64_t k = 0; k < kc; k++, dst += SG_MR, src += lda)
+                for (int r = 0; r < SG_MR; r++) dst[r] = r < rows ? src[r] : 0.0f;
+        }
+    }
+}
+
+/* Panels q0 <= q < q1 of op(B)[k0 : k0+kc, j0 : j0+nc] (op(B)(k, j) at
+ * B[k*ldb + j], or B[j*ldb + k] when tb) into Bp: panel q at
+ * Bp + q*SG_NR*kc holds [kc][SG_NR], columns past nc zeros. */
+static void sgemm_pack_b(const float *B, int64_t ldb, int tb, int64_t k0, int64_t kc, int64_t j0,
+                         int64_t nc, int64_t q0, int64_t q1, float *restrict Bp) {
+    for (int64_t q = q0; q < q1; q++) {
+        float *dst = Bp + q * SG_NR * kc;
+        const int64_t c0 = q * SG_NR, cols = nc - c0 < SG_NR ? nc - c0 : SG_NR;
+        if (!tb && cols == SG_NR) {
+            const float *src = B + k0 * ldb + j0 + c0;
+            for (int64_t k = 0; k < kc; k++, dst += SG_NR, src += ldb)
+                SG_UNROLL for (int v = 0; v < SG_NV; v++) v_store(dst + v * VL, v_load(src + v * VL));
+        } else if (!tb) {
+            const float *src = B + k0 * ldb + j0 + c0;
+            for (int64_t k = 0; k < kc; k++, dst += SG_NR, src += ldb)
+                for (int c = 0; c < SG_NR; c++) dst[c] = c < cols ? src[c] : 0.0f;
+        } else {
+            /* k outer, as for A: the columns' rows of B are read side by
+             * side */
+            const float *src = B + (j0 + c0) * ldb + k0;
+            for (int64_t k = 0; k < kc; k++, dst += SG_NR)
+                for (int c = 0; c < SG_NR; c++) dst[c] = c < cols ? src[c * ldb + k] : 0.0f;
+        }
+    }
+}
+
 #define SGEMM_KERNEL(NAME)                                                                         \
     {.name = NAME,                                                                                 \
      .mr = SG_MR,                                                                                  \
@@ -64,6 +124,8 @@ static void sgemm_ukr(int64_t kc, const float *restrict Ap, const float *restric
      .kc = SG_KC,                                                                                  \
      .mc = SG_MC,                                                                                  \
      .nc = SG_NC,                                                                                  \
-     .ukr = sgemm_ukr}
+     .ukr = sgemm_ukr,                                                                             \
+     .pack_a = sgemm_pack_a,                                                                       \
+     .pack_b = sgemm_pack_b}
 
 #endif

@@ -14,7 +14,11 @@
  *    add into C, the adds of the later K blocks, beta's multiply), so
  *    |c - ref| <= gamma_(K+4) (|alpha| sum_k |a b| + |beta c0|), with
  *    gamma_n = n u / (1 - n u), u = 2^-24;
- *  - 1, 2 and 3 threads give bitwise the same C (both blockings). */
+ *  - 1, 2 and 3 threads give bitwise the same C (both blockings);
+ *  - a row of C does not depend on the rows around it: each row of a
+ *    product equals, bitwise, the same row computed alone (M = 1) and in a
+ *    product of a few rows starting elsewhere (what lets molgen batch
+ *    molecules without changing any one's result). */
 #define _POSIX_C_SOURCE 200809L /* setenv */
 #include <math.h>
 #include <stdlib.h>
@@ -113,6 +117,32 @@ static void thread_invariance(const char *row, int64_t M, int64_t N, int64_t K, 
     }
 }
 
+/* Each row of C[M x N] alone (M = 1) and inside rows [r0, r0 + 5): bitwise
+ * the rows of the whole product. */
+static void row_independence(const char *row, int ta, int tb, tu_rng *rng) {
+    const int64_t M = 37, N = 70, K = 1100, lda = ta ? M : K, ldb = tb ? K : N;
+    float *A = tu_malloc((size_t)(M * K) * sizeof(float));
+    float *B = tu_malloc((size_t)(K * N) * sizeof(float));
+    float *C = tu_malloc((size_t)(M * N) * sizeof(float));
+    float *Cpart = tu_malloc((size_t)(5 * N) * sizeof(float));
+    tu_fill(rng, A, (size_t)(M * K), -1.0f, 1.0f);
+    tu_fill(rng, B, (size_t)(K * N), -1.0f, 1.0f);
+    attn_sgemm(ta, tb, M, N, K, 0.7f, A, lda, B, ldb, 0.0f, C, N, 1);
+    int64_t bad = 0;
+    for (int64_t r = 0; r < M; r++) {
+        attn_sgemm(ta, tb, 1, N, K, 0.7f, ta ? A + r : A + r * lda, lda, B, ldb, 0.0f, Cpart, N, 1);
+        bad += memcmp(Cpart, C + r * N, (size_t)N * sizeof(float)) != 0;
+    }
+    for (int64_t r0 = 0; r0 + 5 <= M; r0 += 4) {
+        attn_sgemm(ta, tb, 5, N, K, 0.7f, ta ? A + r0 : A + r0 * lda, lda, B, ldb, 0.0f, Cpart, N,
+                   2);
+        bad += memcmp(Cpart, C + r0 * N, (size_t)(5 * N) * sizeof(float)) != 0;
+    }
+    CHECK(bad == 0, "%s: ta %d tb %d: %lld rows (or 5-row groups) differ from the whole product's",
+          row, ta, tb, (long long)bad);
+    free(A), free(B), free(C), free(Cpart);
+}
+
 static void test_row(int i, const char *row) {
     setenv("ATTN_FUSED_ISA", row, 1);
     attn_test_reload_env();
@@ -136,6 +166,7 @@ static void test_row(int i, const char *row) {
         thread_invariance(row, 3 * kr->mr, 2 * kr->nr, kr->kc + 17, &rng);
     }
     attn_test_sgemm_blocking(0, 0, 0);
+    for (int t = 0; t < 4; t++) row_independence(row, t & 1, t >> 1, &rng);
     printf("test_sgemm: %s: micro-tile %dx%d, KC %lld MC %lld NC %lld; worst error %.3g of the "
            "bound\n",
            row, kr->mr, kr->nr, (long long)kr->kc, (long long)kr->mc, (long long)kr->nc, worst);
