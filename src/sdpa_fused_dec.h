@@ -14,10 +14,6 @@ static int64_t dec_chunk(int64_t Lk) {
     return C;
 }
 
-static int64_t dec_scratch(const attn_problem *pr, int64_t dkp, int64_t dvp) {
-    return rup(dkp, 16) + rup(dec_chunk(pr->Lk) + VL, 16) + rup(dvp, 16) + rup(dkp + dvp, 16) + 64;
-}
-
 /* scale · q·k for query row qr (contiguous, zero-padded to dkp) and key
  * row kr (stride K->stride[3]; copied to tmp when not contiguous). The
  * decode forward and the decode backward both score with this, so the
@@ -92,35 +88,121 @@ static void dec_scores(const kctx *c, const float *qr, float *tmp, int64_t b, in
     }
 }
 
-/* Partial softmax of query row i over keys [c0, c1): max, sum, acc[dvp].
- * s: the row's scores for keys [c0, c1) (s[0] is key c0) when the caller
- * scored them already (whole-head items: K streamed once, then V), else
- * NULL and the chunk is scored here. */
+/* ------------------------------------------------- decode forward, by group
+ *
+ * A work item reads one K/V head: the group's R = G·Lq query rows (query
+ * heads kvh·G .. kvh·G + G - 1, each with its Lq rows, stacked as
+ * FlashAttention-3's pack_gqa stacks them) are scored against each key row
+ * while it is in registers, and one V row feeds all R rows' sums, so each
+ * K/V byte leaves memory once per group instead of once per query head.
+ * Each row's arithmetic is the per-row kernel's: the same FMA chain over d
+ * per score, the same lanes for its max and sum, the same chain over keys
+ * for its P·V (zero weights outside the row's range add exact zeros). */
 
-/* acc[dvp] = Σ_j s[j]·V[a + j] over the n keys of a chunk. Through the
- * micro-kernel when V rows can be read in place (accumulators in
- * registers); a zero weight times a non-finite V entry would give NaN where
- * the reference skips the key, so then (or without in-place rows) the sum
- * is redone skipping zero weights. tmp: dkp + dvp floats. */
-static void dec_pv(const kctx *c, int64_t b, int64_t h, int64_t a, int64_t n, const float *s,
-                   float *acc, float *tmp) {
+/* Lane sums (FMA chains over d, dec_dot's) of the RB query rows q (dkp
+ * apart) against key row kr (contiguous, Dk a multiple of VL), to out +
+ * r·ldo: the key is loaded once for the RB rows. */
+static inline __attribute__((always_inline)) void dec_lanes(const int RB, const float *q,
+                                                            int64_t dkp, const float *kr,
+                                                            int64_t Dk, float *out, int64_t ldo) {
+    vf acc[4];
+    for (int r = 0; r < RB; r++) acc[r] = v_zero();
+    for (int64_t d = 0; d < Dk; d += VL) {
+        const vf kv = v_load(kr + d);
+        for (int r = 0; r < RB; r++) acc[r] = v_fma(v_load(q + r * dkp + d), kv, acc[r]);
+    }
+    for (int r = 0; r < RB; r++) v_store(out + r * ldo, acc[r]);
+}
+
+static void dec_lanes_n(int rb, const float *q, int64_t dkp, const float *kr, int64_t Dk,
+                        float *out, int64_t ldo) {
+    switch (rb) {
+    case 4: dec_lanes(4, q, dkp, kr, Dk, out, ldo); break;
+    case 3: dec_lanes(3, q, dkp, kr, Dk, out, ldo); break;
+    case 2: dec_lanes(2, q, dkp, kr, Dk, out, ldo); break;
+    default: dec_lanes(1, q, dkp, kr, Dk, out, ldo); break;
+    }
+}
+
+/* Scores of R rows of a group (q [R][dkp]; row r is query head
+ * h0 + (i0 + r) / Lq, row (i0 + r) % Lq) against keys [A, E) of their K/V
+ * head: s[r·lds + j - A], each bitwise dec_scores' for that row. tmp:
+ * dkp + dvp floats. */
+static void dec_scores_group(const kctx *c, const float *q, int64_t R, int64_t b, int64_t h0,
+                             int64_t i0, int64_t A, int64_t E, float *s, int64_t lds, float *tmp) {
+    const attn_problem *pr = c->pr;
+    const int64_t Lq = pr->Lq, dkp = c->dkp;
+    if (!c->k_rows) { /* strided or ragged K rows: row by row (copies each key row) */
+        for (int64_t r = 0; r < R; r++)
+            dec_scores(c, q + r * dkp, tmp, b, h0 + (i0 + r) / Lq, (i0 + r) % Lq, A, E, s + r * lds);
+        return;
+    }
+    const int64_t Dk = pr->Dk, ks = c->k->stride[2];
+    const float sc = pr->scale;
+    const float *K0 = row_of(c->k, b, KVH(pr, h0), 0);
+    int64_t j = A;
+#if VL == 16 && defined(__GNUC__) && !defined(__clang__)
+    /* 16 keys at a time, reduced as dec_scores reduces them (GCC's
+     * _mm512_reduce_add_ps tree over the transposed lane sums). */
+    {
+        float blk[4][256] __attribute__((aligned(64))), tr[256] __attribute__((aligned(64)));
+        const vf scv = v_set1(sc);
+        for (; j + 16 <= E; j += 16)
+            for (int64_t r0 = 0; r0 < R; r0 += 4) {
+                const int rb = (int)imin(4, R - r0);
+                for (int u = 0; u < 16; u++)
+                    dec_lanes_n(rb, q + r0 * dkp, dkp, K0 + (j + u) * ks, Dk, blk[0] + 16 * u, 256);
+                for (int r = 0; r < rb; r++) {
+                    v_transpose_block(blk[r], 16, tr, 16); /* tr row l: lane l of the 16 keys */
+                    vf x[8];
+                    for (int l = 0; l < 8; l++) x[l] = v_add(v_load(tr + 16 * (l + 8)), v_load(tr + 16 * l));
+                    for (int l = 0; l < 4; l++) x[l] = v_add(x[l + 4], x[l]);
+                    x[0] = v_add(x[0], x[2]);
+                    x[1] = v_add(x[1], x[3]);
+                    v_store(s + (r0 + r) * lds + (j - A), v_mul(scv, v_add(x[0], x[1])));
+                }
+            }
+    }
+#endif
+    for (; j < E; j++) {
+        float lanes[4 * VL] __attribute__((aligned(64)));
+        for (int64_t r0 = 0; r0 < R; r0 += 4) {
+            const int rb = (int)imin(4, R - r0);
+            dec_lanes_n(rb, q + r0 * dkp, dkp, K0 + j * ks, Dk, lanes, VL);
+            for (int r = 0; r < rb; r++) s[(r0 + r) * lds + (j - A)] = sc * v_hsum(v_load(lanes + r * VL));
+        }
+    }
+    /* soft-capping, ALiBi, then the masks, per row (dec_scores' order) */
+    const int variants = attn_has_score_variants(pr);
+    for (int64_t r = 0; r < R; r++) {
+        const int64_t h = h0 + (i0 + r) / Lq, i = (i0 + r) % Lq;
+        const uint8_t *bm =
+            pr->bmask ? pr->bmask + b * pr->bms[0] + h * pr->bms[1] + i * pr->bms[2] : NULL;
+        const float *am =
+            pr->amask ? pr->amask + b * pr->ams[0] + h * pr->ams[1] + i * pr->ams[2] : NULL;
+        if (!variants && !bm && !am) continue;
+        float *sr = s + r * lds - A;
+        for (int64_t u = A; u < E; u++) {
+            if (variants) sr[u] = attn_score_variants(pr, h, i, u, sr[u], NULL);
+            if (bm && !bm[u * pr->bms[3]]) sr[u] = -INFINITY;
+            else if (am) sr[u] += am[u * pr->ams[3]];
+        }
+    }
+}
+
+/* acc[dvp] = Σ_j s[j]·V[a + j] over n keys of K/V head kvh, skipping zero
+ * weights (a zero weight times a non-finite V entry would give NaN where
+ * the reference skips the key). tmp: dvp floats. */
+static void dec_pv_skip(const kctx *c, int64_t b, int64_t kvh, int64_t a, int64_t n,
+                        const float *s, float *acc, float *tmp) {
     const attn_tensor *V = c->v;
     const int64_t Dv = c->pr->Dv, dvp = c->dvp;
-    memset(acc, 0, (size_t)dvp * sizeof(float));
-    if (c->v_rows) {
-        const tile_prod t = {1,   dvp / VL, n, s, 0, 1, row_of(V, b, KVH(c->pr, h), a), V->stride[2],
-                             acc, dvp};
-        gemm(&t, 0, 1.0f, c->mode);
-        vf bad = v_zero();
-        for (int64_t d = 0; d < dvp; d += VL) bad = v_fma(v_load(acc + d), v_zero(), bad);
-        if (v_hsum(bad) == 0.0f) return;
-        memset(acc, 0, (size_t)dvp * sizeof(float));
-    }
     const int vcontig = V->stride[3] == 1;
+    memset(acc, 0, (size_t)dvp * sizeof(float));
     for (int64_t j = 0; j < n; j++) {
         const float p = s[j];
         if (p == 0.0f) continue; /* zero weight: V row not read (reference semantics) */
-        const float *vr = row_of(V, b, KVH(c->pr, h), a + j);
+        const float *vr = row_of(V, b, kvh, a + j);
         if (!vcontig) {
             copy_row(tmp, vr, V->stride[3], Dv, dvp);
             vr = tmp;
@@ -132,53 +214,143 @@ static void dec_pv(const kctx *c, int64_t b, int64_t h, int64_t a, int64_t n, co
     }
 }
 
-/* Partial softmax of query row i over keys [c0, c1): max, sum, acc[dvp].
- * scored: the row's scores for keys [c0, c1) (scored[0] is key c0) when the
- * caller scored them already (whole-head items: K streamed once, then V),
- * else NULL and the chunk is scored here. */
-static void dec_partial(const kctx *c, float *ws, int64_t b, int64_t h, int64_t i, int64_t c0,
-                        int64_t c1, const float *scored, float *pm, float *pl, float *pacc) {
+/* The decode forward's scratch (dec_total floats), carved:
+ *   per thread [per]: a batch of R <= DEC_ROWS rows of a group for one
+ *     chunk: q [R][dkp], s [R][lds] (scores, then
+ *     weights; lds = rup(C + VL, 16)), tmp [dkp + dvp], mx, sm [R]
+ *   pm, pl [rows][nch], pacc [rows][nch][dvp]: the chunk partials
+ *   lsv, mrow, ilrow [rows]: lse, max and 1/sum per row */
+typedef struct {
+    int64_t C, nch, rows, per, lds;
+    float *ws, *pm, *pl, *pacc, *lsv, *mrow, *ilrow;
+} dws;
+
+#define DEC_ROWS 16 /* a group's rows taken at once (more: the chunk's K/V again, from cache) */
+
+/* Rows of a batch: the scratch depends on H and Lq, not on the K/V heads. */
+static int64_t dec_batch_rows(const attn_problem *pr) { return imin(DEC_ROWS, pr->H * pr->Lq); }
+
+static int64_t dec_scratch(const attn_problem *pr, int64_t dkp, int64_t dvp) {
+    const int64_t R = dec_batch_rows(pr), lds = rup(dec_chunk(pr->Lk) + VL, 16);
+    const int64_t grp = R * rup(dkp, 16) + R * lds + rup(dkp + dvp, 16) + 2 * rup(R, 16);
+    const int64_t row = rup(dkp, 16) + lds + rup(dvp, 16) + rup(dkp + dvp, 16); /* weights */
+    return (grp > row ? grp : row) + 64;
+}
+
+/* Floats of the whole decode forward scratch. */
+static int64_t dec_total(const attn_problem *pr, int64_t dkp, int64_t dvp) {
+    const int64_t C = dec_chunk(pr->Lk), nch = (pr->Lk + C - 1) / C, rows = pr->B * pr->H * pr->Lq;
+    return pr->threads * dec_scratch(pr, dkp, dvp) + rows * nch * (dvp + 2) + 3 * rows + 16;
+}
+
+static dws dec_carve(const kctx *c, float *ws) {
     const attn_problem *pr = c->pr;
-    const int64_t dvp = c->dvp, dkp = c->dkp;
-    float *qr = carve(&ws, dkp), *s = carve(&ws, dec_chunk(pr->Lk) + VL), *acc = carve(&ws, dvp),
-          *tmp = carve(&ws, dkp + dvp);
-    int64_t lo, hi;
-    attn_row_range(pr, b, i, &lo, &hi);
-    const int64_t a = imax(lo, c0), e = imin(hi, c1), n = e - a;
-    memset(pacc, 0, (size_t)dvp * sizeof(float));
-    *pm = -INFINITY;
-    *pl = 0.0f;
-    if (n <= 0) return;
-    if (scored) {
-        memcpy(s, scored + (a - c0), (size_t)n * sizeof(float));
-    } else {
-        copy_row(qr, row_of(c->q, b, h, i), c->q->stride[3], pr->Dk, dkp);
-        dec_scores(c, qr, tmp, b, h, i, a, e, s);
+    dws w;
+    w.C = dec_chunk(pr->Lk), w.nch = (pr->Lk + w.C - 1) / w.C, w.rows = pr->B * pr->H * pr->Lq;
+    w.per = dec_scratch(pr, c->dkp, c->dvp), w.lds = rup(w.C + VL, 16);
+    w.ws = ws;
+    w.pm = ws + pr->threads * w.per, w.pl = w.pm + w.rows * w.nch, w.pacc = w.pl + w.rows * w.nch;
+    w.lsv = w.pacc + w.rows * w.nch * c->dvp, w.mrow = w.lsv + w.rows, w.ilrow = w.mrow + w.rows;
+    return w;
+}
+
+/* Chunk ch of K/V head (b, kvh) for rows [rb, rb + R) of its group (R <=
+ * dec_batch_rows; the group's row r is query head kvh·G + r / Lq, row
+ * r % Lq): each row's partial softmax (max pm, sum pl, acc pacc [dvp]) over
+ * its keys in the chunk. A group's rows are consecutive rows of the output. */
+static void dec_group_chunk(const kctx *c, const dws *d, float *w, int64_t b, int64_t kvh,
+                            int64_t ch, int64_t rb, int64_t R) {
+    const attn_problem *pr = c->pr;
+    const int64_t Lq = pr->Lq, G = pr->group, dkp = c->dkp, dvp = c->dvp, nch = d->nch,
+                  lds = d->lds;
+    const int64_t c0 = ch * d->C, c1 = imin(pr->Lk, c0 + d->C);
+    /* the batch's first row: query head h0, row i0 (rows r: h0 + (i0 + r) / Lq) */
+    const int64_t h0 = kvh * G + rb / Lq, i0 = rb % Lq, row0 = (b * pr->H + kvh * G) * Lq + rb;
+    float *q = carve(&w, R * dkp), *s = carve(&w, R * lds), *tmp = carve(&w, dkp + dvp);
+    float *mx = carve(&w, R), *sm = carve(&w, R);
+    float *pm = d->pm + row0 * nch + ch, *pl = d->pl + row0 * nch + ch;
+    float *pacc = d->pacc + (row0 * nch + ch) * dvp; /* row r's at + r·nch·dvp */
+    /* the keys some row sees (a row's range depends on i only) */
+    int64_t A = c1, E = c0;
+    for (int64_t r = 0; r < imin(Lq, R); r++) { /* the batch's distinct rows i */
+        int64_t lo, hi;
+        attn_row_range(pr, b, (i0 + r) % Lq, &lo, &hi);
+        if (imax(lo, c0) < imin(hi, c1)) A = imin(A, imax(lo, c0)), E = imax(E, imin(hi, c1));
     }
-    const int64_t np = rup(n, VL);
-    for (int64_t j = n; j < np; j++) s[j] = -INFINITY;
-    vf mx = v_set1(-INFINITY);
-    for (int64_t j = 0; j < np; j += VL) mx = v_max(v_load(s + j), mx);
-    const float M = v_hmax(mx);
-    const vf mu = v_set1(M == -INFINITY ? 0.0f : M);
-    vf sum = v_zero();
-    for (int64_t j = 0; j < np; j += VL) {
-        const vf p = v_exp(v_sub(v_load(s + j), mu));
-        v_store(s + j, p);
-        sum = v_add(sum, p);
-    }
-    if (pr->dropout) {
-        for (int64_t j = 0; j < n; j++) {
-            if (s[j] == 0.0f) continue;
-            uint32_t w[4];
-            attn_philox_block(pr->drop_key, b + pr->drop_b0, h, i, (a + j) >> 2, w);
-            s[j] = w[(a + j) & 3] < pr->drop_threshold ? 0.0f : s[j] * pr->keep_scale;
+    if (A >= E) {
+        for (int64_t r = 0; r < R; r++) {
+            pm[r * nch] = -INFINITY, pl[r * nch] = 0.0f;
+            memset(pacc + r * nch * dvp, 0, (size_t)dvp * sizeof(float));
         }
+        return;
     }
-    dec_pv(c, b, h, a, n, s, acc, tmp);
-    *pl = v_hsum(sum);
-    *pm = *pl == *pl ? M : INFINITY; /* NaN sum (poisoned row): make the merge see it */
-    memcpy(pacc, acc, (size_t)dvp * sizeof(float));
+    for (int64_t r = 0; r < R; r++)
+        copy_row(q + r * dkp, row_of(c->q, b, h0 + (i0 + r) / Lq, (i0 + r) % Lq), c->q->stride[3],
+                 pr->Dk, dkp);
+    dec_scores_group(c, q, R, b, h0, i0, A, E, s, lds, tmp);
+    /* each row's weights over its own keys [a, e), lanes from key a (the
+     * per-row kernel's); 0 at the group's other keys */
+    for (int64_t r = 0; r < R; r++) {
+        const int64_t h = h0 + (i0 + r) / Lq, i = (i0 + r) % Lq;
+        int64_t lo, hi;
+        attn_row_range(pr, b, i, &lo, &hi);
+        const int64_t a = imax(lo, c0), e = imin(hi, c1), n = e - a;
+        float *srow = s + r * lds;
+        mx[r] = -INFINITY, sm[r] = 0.0f;
+        if (n <= 0) {
+            memset(srow, 0, (size_t)(E - A) * sizeof(float));
+            continue;
+        }
+        float *sr = srow + (a - A);
+        const int64_t np = rup(n, VL);
+        for (int64_t j = n; j < np; j++) sr[j] = -INFINITY; /* within lds: a - A + np < C + VL */
+        vf mv = v_set1(-INFINITY);
+        for (int64_t j = 0; j < np; j += VL) mv = v_max(v_load(sr + j), mv);
+        const float M = v_hmax(mv);
+        const vf mu = v_set1(M == -INFINITY ? 0.0f : M);
+        vf sum = v_zero();
+        for (int64_t j = 0; j < np; j += VL) {
+            const vf p = v_exp(v_sub(v_load(sr + j), mu));
+            v_store(sr + j, p);
+            sum = v_add(sum, p);
+        }
+        for (int64_t j = 0; j < a - A; j++) srow[j] = 0.0f;
+        for (int64_t j = e - A; j < E - A; j++) srow[j] = 0.0f;
+        if (pr->dropout) {
+            for (int64_t j = 0; j < n; j++) {
+                if (sr[j] == 0.0f) continue;
+                uint32_t wd[4];
+                attn_philox_block(pr->drop_key, b + pr->drop_b0, h, i, (a + j) >> 2, wd);
+                sr[j] = wd[(a + j) & 3] < pr->drop_threshold ? 0.0f : sr[j] * pr->keep_scale;
+            }
+        }
+        mx[r] = M, sm[r] = v_hsum(sum);
+    }
+    /* P·V for the R rows at once (V rows read in place, once per group);
+     * a row poisoned by a zero weight on a non-finite V entry is redone
+     * skipping zero weights, as is every row when V rows are not in place */
+    if (c->v_rows) {
+        const tile_prod t = {R,   dvp / VL, E - A, s, lds, 1, row_of(c->v, b, kvh, A), c->v->stride[2],
+                             pacc, nch * dvp};
+        gemm(&t, 0, 1.0f, c->mode);
+    }
+    for (int64_t r = 0; r < R; r++) {
+        float *acc = pacc + r * nch * dvp;
+        if (mx[r] == -INFINITY && sm[r] == 0.0f) { /* no key of the chunk visible */
+            pm[r * nch] = -INFINITY, pl[r * nch] = 0.0f;
+            memset(acc, 0, (size_t)dvp * sizeof(float));
+            continue;
+        }
+        int redo = !c->v_rows;
+        if (!redo) {
+            vf bad = v_zero();
+            for (int64_t dd = 0; dd < dvp; dd += VL) bad = v_fma(v_load(acc + dd), v_zero(), bad);
+            redo = v_hsum(bad) != 0.0f;
+        }
+        if (redo) dec_pv_skip(c, b, kvh, A, E - A, s + r * lds, acc, tmp);
+        pl[r * nch] = sm[r];
+        pm[r * nch] = sm[r] == sm[r] ? mx[r] : INFINITY; /* NaN sum (poisoned row): make the merge see it */
+    }
 }
 
 /* Merge the chunk partials of decode row r (chunk order) into out; keeps
@@ -220,75 +392,22 @@ static void dec_merge_row(const kctx *c, const attn_fused_call *call, int64_t r,
     ilrow[r] = inv;
 }
 
-/* The decode forward's scratch (dec_total floats), carved:
- *   per thread: tile scratch [per] (dec_partial's), and for whole-head
- *     items a row [rowper]: q [dkp], tmp [dkp + dvp], scores [nch·C]
- *   pm, pl [rows][nch], pacc [rows][nch][dvp]: the chunk partials
- *   lsv, mrow, ilrow [rows]: lse, max and 1/sum per row */
-typedef struct {
-    int64_t C, nch, rows, per, rowper;
-    float *ws, *pm, *pl, *pacc, *lsv, *mrow, *ilrow, *wrow;
-} dws;
-
-static int64_t dec_rowper(int64_t dkp, int64_t dvp, int64_t nch, int64_t C) {
-    return rup(3 * dkp + dvp + nch * C, 16);
-}
-
-/* Floats of the whole decode forward scratch. */
-static int64_t dec_total(const attn_problem *pr, int64_t dkp, int64_t dvp) {
-    const int64_t C = dec_chunk(pr->Lk), nch = (pr->Lk + C - 1) / C, rows = pr->B * pr->H * pr->Lq;
-    return pr->threads * dec_scratch(pr, dkp, dvp) + rows * nch * (dvp + 2) + 3 * rows + 16 +
-           pr->threads * dec_rowper(dkp, dvp, nch, C);
-}
-
-static dws dec_carve(const kctx *c, float *ws) {
-    const attn_problem *pr = c->pr;
-    dws w;
-    w.C = dec_chunk(pr->Lk), w.nch = (pr->Lk + w.C - 1) / w.C, w.rows = pr->B * pr->H * pr->Lq;
-    w.per = dec_scratch(pr, c->dkp, c->dvp), w.rowper = dec_rowper(c->dkp, c->dvp, w.nch, w.C);
-    w.ws = ws;
-    w.pm = ws + pr->threads * w.per, w.pl = w.pm + w.rows * w.nch, w.pacc = w.pl + w.rows * w.nch;
-    w.lsv = w.pacc + w.rows * w.nch * c->dvp, w.mrow = w.lsv + w.rows, w.ilrow = w.mrow + w.rows;
-    w.wrow = w.ilrow + w.rows + 16; /* after ilrow and its 16 floats of slack */
-    return w;
-}
-
-/* Work item `it` on thread tid. Whole-head items (whole) take head bh's
- * rows: K streamed once for the scores, then each chunk's partial in chunk
- * order, then the merge (no barrier in between); else the item is one
- * chunk of one head, merged after a barrier. */
+/* Work item `it` on thread tid. Whole-group items (whole) take K/V head
+ * (b, kvh) whole: its chunks in chunk order, then the merge of its group's
+ * rows (no barrier in between); else the item is one chunk of one K/V head,
+ * merged after a barrier. */
 static void dec_item(const kctx *c, const attn_fused_call *call, const dws *d, int whole,
                      int64_t it, int tid) {
     const attn_problem *pr = c->pr;
-    const int64_t H = pr->H, Lq = pr->Lq, Lk = pr->Lk, C = d->C, nch = d->nch, dvp = c->dvp;
-    float *w = d->ws + (int64_t)tid * d->per, *wrow = d->wrow + (int64_t)tid * d->rowper;
-    const int64_t bh = whole ? it : it / nch, b = bh / H, h = bh % H;
-    if (!whole) {
-        const int64_t c0 = it % nch;
-        for (int64_t i = 0; i < Lq; i++) {
-            const int64_t r = (bh * Lq + i) * nch + c0;
-            dec_partial(c, w, b, h, i, c0 * C, imin(Lk, (c0 + 1) * C), NULL, d->pm + r, d->pl + r,
-                        d->pacc + r * dvp);
-        }
-        return;
-    }
-    float *qr = wrow, *tmp = wrow + c->dkp, *scores = wrow + 2 * c->dkp + dvp;
-    for (int64_t i = 0; i < Lq; i++) {
-        int64_t lo, hi;
-        attn_row_range(pr, b, i, &lo, &hi);
-        if (lo < hi) {
-            copy_row(qr, row_of(c->q, b, h, i), c->q->stride[3], pr->Dk, c->dkp);
-            dec_scores(c, qr, tmp, b, h, i, lo, hi, scores + lo);
-        }
-        for (int64_t ch = 0; ch < nch; ch++) {
-            const int64_t r = (bh * Lq + i) * nch + ch;
-            dec_partial(c, w, b, h, i, ch * C, imin(Lk, (ch + 1) * C), scores + ch * C, d->pm + r,
-                        d->pl + r, d->pacc + r * dvp);
-        }
-    }
-    for (int64_t i = 0; i < Lq; i++)
-        dec_merge_row(c, call, bh * Lq + i, nch, d->pm, d->pl, d->pacc, w, d->lsv, d->mrow,
-                      d->ilrow);
+    const int64_t nch = d->nch, R = pr->group * pr->Lq, RB = dec_batch_rows(pr);
+    float *w = d->ws + (int64_t)tid * d->per;
+    const int64_t g = whole ? it : it / nch, b = g / pr->Hkv, kvh = g % pr->Hkv;
+    for (int64_t ch = whole ? 0 : it % nch; ch < (whole ? nch : it % nch + 1); ch++)
+        for (int64_t rb = 0; rb < R; rb += RB) dec_group_chunk(c, d, w, b, kvh, ch, rb, imin(RB, R - rb));
+    if (!whole) return;
+    const int64_t row0 = (b * pr->H + kvh * pr->group) * pr->Lq;
+    for (int64_t r = row0; r < row0 + R; r++)
+        dec_merge_row(c, call, r, nch, d->pm, d->pl, d->pacc, w, d->lsv, d->mrow, d->ilrow);
 }
 
 /* The exact weights of row r [Lk] from its max and 1/sum, chunk by chunk. */
@@ -324,10 +443,11 @@ static attn_status dec_forward(const kctx *c, const attn_fused_call *call, attn_
     if (!ws) return attn_fail(err, ATTN_ERR_NOMEM, "out of memory for the decode scratch");
     const dws d = dec_carve(c, ws);
     /* The key split is fixed (C keys per chunk, merged in chunk order); only
-     * who computes which chunk depends on the shape: with enough heads a
-     * work item is a whole head, else single chunks spread over the threads. */
-    const int whole = pr->B * pr->H >= 4 * (int64_t)nt;
-    const int64_t items = whole ? pr->B * pr->H : pr->B * pr->H * d.nch;
+     * who computes which chunk depends on the shape: with enough K/V heads a
+     * work item is a whole group, else single chunks spread over the threads. */
+    const int64_t groups = pr->B * pr->Hkv;
+    const int whole = groups >= 4 * (int64_t)nt;
+    const int64_t items = whole ? groups : groups * d.nch;
 #pragma omp parallel num_threads(nt)
     {
         const int tid = omp_get_thread_num();

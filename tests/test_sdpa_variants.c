@@ -359,6 +359,77 @@ static void test_variants_grid(void) {
     variant_case(&d6, &p, 4000, 1, "6:3 all variants dropout");
 }
 
+/* ------------------------------------------------------------ grouped decode */
+
+/* Decode (Lq 1..4) with H 8 query heads over G = 1, 2, 4, 8 per K/V head at
+ * a head size the kernels read in place (D 64: K and V rows feed the
+ * stacked products directly), keys over two chunks (300 = 256 + 44, not a
+ * multiple of a vector), rows whose key ranges differ within a group
+ * (causal, window, key padding, a bool mask per head) and a group of more
+ * rows than one batch (G 8 with Lq 3 or 4: 24 or 32 rows): against the
+ * oracle, with and without soft-capping, ALiBi and sinks together. Then the
+ * forward bitwise the same on 1, 2 and 3 threads (2 x 2 K/V heads run whole
+ * on 1 thread and as chunks spread over the threads on 2 and 3). */
+static void test_grouped_decode(void) {
+    static float slopes[8] = {0.5f, 0.25f, 0.125f, 0.0625f, 0.03125f, 0.7f, 0.0f, 1.0f / 256};
+    static float sinks[8] = {0.5f, -1.0f, 2.0f, 0.0f, -3.0f, 1.0f, 4.0f, -0.25f};
+    const int64_t H = 8, Lk = 300, D = 64;
+    int n = 0;
+    for (int64_t G = 1; G <= 8; G *= 2)
+        for (int64_t lq = 1; lq <= 4; lq++, n++) {
+            vdims d = {2, H, H / G, lq, Lk, D, D};
+            attn_sdpa_params p = {0};
+            if (n % 2) p.use_softcap = 1, p.softcap = 4.0f, p.alibi_slopes = slopes, p.sinks = sinks;
+            int64_t kl[2] = {Lk, 37};
+            attn_mask bm;
+            uint8_t *bmd = NULL;
+            const int mk = (int)((n / 2) % 4);
+            switch (mk) {
+            case 0: p.causal = 1; break;
+            case 1: p.use_window = 1, p.window_left = 200, p.window_right = 0; break;
+            case 2: p.key_lengths = kl, p.causal = 1; break;
+            default: { /* bool mask [1, H, Lq, Lk] */
+                bmd = tu_malloc((size_t)(H * lq * Lk));
+                tu_rng r = tu_seed(77 + (uint64_t)n);
+                for (int64_t x = 0; x < H * lq * Lk; x++) bmd[x] = tu_unif(&r) < 0.7;
+                bm = (attn_mask){bmd, {1, H, lq, Lk}, {0, lq * Lk, Lk, 1}};
+                p.bool_mask = &bm;
+            }
+            }
+            char what[96];
+            snprintf(what, sizeof what, "grouped decode G %lld Lq %lld mask %d variants %d",
+                     (long long)G, (long long)lq, mk, n % 2);
+            variant_case(&d, &p, 5000 + (uint64_t)n, 0, what);
+            free(bmd);
+        }
+    /* thread invariance of the grouped decode forward: G 4, Lq 3, 700 keys */
+    const int64_t B = 2, Hk = 2, Lq = 3, Lk2 = 700;
+    tu_rng r = tu_seed(515);
+    const size_t nq = (size_t)(B * H * Lq * D), nk = (size_t)(B * Hk * Lk2 * D),
+                 nr = (size_t)(B * H * Lq);
+    float *q = tu_malloc(nq * 4), *k = tu_malloc(nk * 4), *v = tu_malloc(nk * 4);
+    tu_fill(&r, q, nq, -2, 2), tu_fill(&r, k, nk, -2, 2), tu_fill(&r, v, nk, -1, 1);
+    float *o[3], *lse[3];
+    for (int t = 0; t < 3; t++) {
+        o[t] = tu_malloc(nq * 4), lse[t] = tu_malloc(nr * 4);
+        attn_tensor tq = attn_tensor_bhld(q, B, H, Lq, D), tk = attn_tensor_bhld(k, B, Hk, Lk2, D),
+                    tv = attn_tensor_bhld(v, B, Hk, Lk2, D), to = attn_tensor_bhld(o[t], B, H, Lq, D);
+        attn_sdpa_params p = {0};
+        p.causal = 1, p.use_softcap = 1, p.softcap = 3.0f, p.alibi_slopes = slopes, p.sinks = sinks;
+        p.impl = ATTN_IMPL_FUSED, p.num_threads = t + 1;
+        attn_error err;
+        attn_sdpa_info fi;
+        CHECK(attn_sdpa_forward(&tq, &tk, &tv, &p, &to, NULL, lse[t], &fi, &err) == ATTN_OK, "%s",
+              err.message);
+        CHECK(strstr(fi.reason, "decode") != NULL, "not the decode kernels: %s", fi.reason);
+    }
+    for (int t = 1; t < 3; t++)
+        CHECK(memcmp(o[0], o[t], nq * 4) == 0 && memcmp(lse[0], lse[t], nr * 4) == 0,
+              "grouped decode: threads 1 vs %d differ", t + 1);
+    for (int t = 0; t < 3; t++) free(o[t]), free(lse[t]);
+    free(q), free(k), free(v);
+}
+
 /* ------------------------------------------------------------ thread invariance */
 
 /* Bitwise the same for 1, 2 and 3 threads, every variant together: the
@@ -708,6 +779,7 @@ int main(void) {
     test_oracle_fd();
     test_errors();
     test_variants_grid();
+    test_grouped_decode();
     test_threads();
     test_varlen();
     test_bf16();
