@@ -14,7 +14,9 @@
 #include "nn/optim.h"
 #include "base/safetensors.h"
 #include "gen/sample.h"
+#include "rl/inception_memory.h"
 #include "rl/scorer_process.h"
+#include "rl/strmap.h"
 #include "base/util.h"
 
 #define OPT_FORMAT 1
@@ -27,66 +29,6 @@
  * outside (row_nlls refuses it), so the reader refuses only edited files. */
 #define OPT_NLL_MAX 1e6
 
-/* ------------------------------------------------------------ string map */
-
-/* Open addressing, string keys (copied) -> int64 values. */
-typedef struct {
-    char **keys;
-    int64_t *vals;
-    size_t cap, n;
-} strmap;
-
-static void map_free(strmap *m) {
-    for (size_t i = 0; i < m->cap; i++) free(m->keys[i]);
-    free(m->keys);
-    free(m->vals);
-    memset(m, 0, sizeof *m);
-}
-
-static size_t map_slot(const strmap *m, const char *k) {
-    size_t i = (size_t)mg_fnv1a(MG_FNV1A_INIT, k, strlen(k)) & (m->cap - 1);
-    while (m->keys[i] && strcmp(m->keys[i], k)) i = (i + 1) & (m->cap - 1);
-    return i;
-}
-
-static int64_t *map_find(const strmap *m, const char *k) {
-    if (!m->cap) return NULL;
-    const size_t i = map_slot(m, k);
-    return m->keys[i] ? &m->vals[i] : NULL;
-}
-
-/* Sets k -> v (an existing key keeps its slot). 0, or -1 out of memory. */
-static int map_put(strmap *m, const char *k, int64_t v) {
-    if (2 * (m->n + 1) > m->cap) {
-        strmap g = {0};
-        g.cap = m->cap ? 2 * m->cap : 64;
-        g.keys = calloc(g.cap, sizeof *g.keys);
-        g.vals = calloc(g.cap, sizeof *g.vals);
-        if (!g.keys || !g.vals) {
-            free(g.keys);
-            free(g.vals);
-            return -1;
-        }
-        for (size_t i = 0; i < m->cap; i++)
-            if (m->keys[i]) {
-                const size_t j = map_slot(&g, m->keys[i]);
-                g.keys[j] = m->keys[i];
-                g.vals[j] = m->vals[i];
-            }
-        g.n = m->n;
-        free(m->keys);
-        free(m->vals);
-        *m = g;
-    }
-    const size_t i = map_slot(m, k);
-    if (!m->keys[i]) {
-        if (!(m->keys[i] = strdup(k))) return -1;
-        m->n++;
-    }
-    m->vals[i] = v;
-    return 0;
-}
-
 /* ------------------------------------------------------------ state */
 
 typedef struct {
@@ -94,11 +36,6 @@ typedef struct {
     double score, prior_nll, agent_nll;
     int64_t call, step;
 } mol;
-
-typedef struct {
-    int64_t mol;  /* index into mols */
-    double score; /* its learning score s' when it entered */
-} mem_entry;
 
 struct mg_opt {
     mg_model *prior, *agent;
@@ -111,8 +48,9 @@ struct mg_opt {
     uint64_t prior_digest;
     mol *mols;
     size_t nmol, capmol;
-    strmap by_key, raw, bucket;
-    mem_entry *mem;
+    mg_strmap by_key, raw; /* canonical -> molecule; every spelling sampled -> molecule or -1 */
+    mg_diversity_filter df;
+    mg_mem_entry *mem;
     int nmem;
     int64_t step, collapse_run, plateau_run, step0, calls0;
     int64_t nan_sent; /* molecules the scorer answered nan (this invocation) */
@@ -190,6 +128,7 @@ mg_status mg_opt_new(mg_model *prior, mg_model *agent, const mg_vocab *vocab,
     mg_model_set_dtype(prior, opts->dtype);
     mg_model_set_dtype(agent, opts->dtype);
     o->op = *opts;
+    mg_df_init(&o->df, opts->df, opts->df_bucket, opts->df_min_score);
     o->alone = (mg_dist){0, 1, 0.0};
     o->d = opts->dist ? opts->dist : &o->alone;
     o->ctx = c->ctx_len;
@@ -240,9 +179,9 @@ void mg_opt_free(mg_opt *o) {
     free(o->saved_scorer);
     for (size_t i = 0; i < o->nmol; i++) mol_clear(&o->mols[i]);
     free(o->mols);
-    map_free(&o->by_key);
-    map_free(&o->raw);
-    map_free(&o->bucket);
+    mg_strmap_free(&o->by_key);
+    mg_strmap_free(&o->raw);
+    mg_df_free(&o->df);
     mg_adamw_free(&o->adam);
     free(o->mem);
     free(o->ids);
@@ -269,7 +208,7 @@ int64_t mg_opt_steps(const mg_opt *o) { return o->step; }
 
 /* the diversity filter's bucket of a molecule */
 static const char *bucket_key(const mg_opt *o, const mol *m) {
-    return o->op.df == MG_DF_SCAFFOLD && m->scaffold && *m->scaffold ? m->scaffold : m->canonical;
+    return mg_df_key(&o->df, m->scaffold, m->canonical);
 }
 
 /* Appends m (taking its strings) and indexes it. */
@@ -284,12 +223,9 @@ static mg_status add_mol(mg_opt *o, mol *m, mg_error *err) {
     const int64_t idx = (int64_t)o->nmol;
     o->mols[o->nmol++] = *m;
     const mol *s = &o->mols[idx];
-    int bad = map_put(&o->by_key, s->canonical, idx) || map_put(&o->raw, s->smiles, idx) ||
-              map_put(&o->raw, s->canonical, idx);
-    if (!bad && o->op.df != MG_DF_NONE && s->score >= o->op.df_min_score) {
-        int64_t *c = map_find(&o->bucket, bucket_key(o, s));
-        bad = map_put(&o->bucket, bucket_key(o, s), c ? *c + 1 : 1);
-    }
+    int bad = mg_strmap_put(&o->by_key, s->canonical, idx) || mg_strmap_put(&o->raw, s->smiles, idx) ||
+              mg_strmap_put(&o->raw, s->canonical, idx);
+    if (!bad) bad = mg_df_add(&o->df, bucket_key(o, s), s->score);
     return bad ? mg_fail(err, MG_ERR_NOMEM, "out of memory") : MG_OK;
 }
 
@@ -408,7 +344,7 @@ typedef struct {
     double *s, *s2;        /* [B] score, learning score */
     mol *newm;             /* the step's new molecules */
     size_t nnew;
-    mem_entry *mem;        /* the memory after the step */
+    mg_mem_entry *mem;        /* the memory after the step */
     int nmem;
     char **aug;            /* [nmem * aug_rounds] randomized spellings */
     int64_t nnan;          /* the step's molecules the scorer answered nan */
@@ -533,7 +469,7 @@ static mg_status score_batch(mg_opt *o, step_work *w, mg_error *err) {
             w->nnan += !r->valid;
             if (r->valid) {
                 const char *key = r->canonical && *r->canonical ? r->canonical : smi;
-                const int64_t *f = map_find(&o->by_key, key);
+                const int64_t *f = mg_strmap_find(&o->by_key, key);
                 if (f) gi = *f;
                 for (size_t q = 0; !f && q < w->nnew && gi < 0; q++)
                     if (!strcmp(w->newm[q].canonical, key)) gi = (int64_t)(o->nmol + q);
@@ -568,12 +504,6 @@ done:
     return rc;
 }
 
-static int mem_cmp(const void *a, const void *b) {
-    const mem_entry *x = a, *y = b;
-    if (x->score != y->score) return x->score > y->score ? -1 : 1;
-    return (x->mol > y->mol) - (x->mol < y->mol);
-}
-
 /* Learning scores (in-batch duplicates, repeat penalty, diversity filter)
  * and the memory after the step. */
 static mg_status learning_scores(mg_opt *o, step_work *w, mg_error *err) {
@@ -590,29 +520,19 @@ static mg_status learning_scores(mg_opt *o, step_work *w, mg_error *err) {
             continue;
         }
         if (w->gi[i] < (int64_t)o->nmol) w->s2[i] *= o->op.repeat_penalty;
-        if (o->op.df != MG_DF_NONE && m->score >= o->op.df_min_score) {
+        if (mg_df_counts(&o->df, m->score)) {
+            /* the step's new molecules count too (not added until commit) */
             const char *bk = bucket_key(o, m);
-            const int64_t *c = map_find(&o->bucket, bk);
-            int64_t count = c ? *c : 0;
+            int64_t pending = 0;
             for (size_t q = 0; q < w->nnew; q++)
-                if (w->newm[q].score >= o->op.df_min_score && !strcmp(bucket_key(o, &w->newm[q]), bk))
-                    count++;
-            if (count > o->op.df_bucket) w->s2[i] = 0;
+                pending += mg_df_counts(&o->df, w->newm[q].score) &&
+                           !strcmp(bucket_key(o, &w->newm[q]), bk);
+            if (mg_df_full(&o->df, bk, pending)) w->s2[i] = 0;
         }
     }
-    const int M = o->op.memory;
     w->mem = malloc(((size_t)o->nmem + (size_t)B + 1) * sizeof *w->mem);
     if (!w->mem) return mg_fail(err, MG_ERR_NOMEM, "out of memory");
-    int n = 0;
-    for (int k = 0; k < o->nmem; k++) w->mem[n++] = o->mem[k];
-    for (int i = 0; i < B; i++) {
-        if (w->gi[i] < 0 || !(w->s2[i] > 0) || !w->enc[i]) continue;
-        int have = 0;
-        for (int k = 0; k < n && !have; k++) have = w->mem[k].mol == w->gi[i];
-        if (!have) w->mem[n++] = (mem_entry){w->gi[i], w->s2[i]};
-    }
-    qsort(w->mem, (size_t)n, sizeof *w->mem, mem_cmp);
-    w->nmem = n < M ? n : M;
+    w->nmem = mg_memory_update(o->mem, o->nmem, w->gi, w->s2, w->enc, B, o->op.memory, w->mem);
     return MG_OK;
 }
 
@@ -670,7 +590,7 @@ static mg_status commit(mg_opt *o, step_work *w, mg_error *err) {
     w->nnew = 0;
     for (int i = 0; i < w->B; i++)
         if ((w->gi[i] == ROW_INVALID || w->gi[i] >= 0) &&
-            map_put(&o->raw, w->smp.smiles[i], w->gi[i] >= 0 ? w->gi[i] : -1))
+            mg_strmap_put(&o->raw, w->smp.smiles[i], w->gi[i] >= 0 ? w->gi[i] : -1))
             return mg_fail(err, MG_ERR_NOMEM, "out of memory");
     memcpy(o->mem, w->mem, (size_t)w->nmem * sizeof *o->mem);
     o->nmem = w->nmem;
@@ -744,7 +664,7 @@ static mg_status prepare(mg_opt *o, step_work *w, mg_error *err) {
             o->len[i] = 2;
             continue;
         }
-        const int64_t *f = map_find(&o->raw, smi);
+        const int64_t *f = mg_strmap_find(&o->raw, smi);
         w->gi[i] = f ? (*f >= 0 ? *f : ROW_INVALID)
                      : (*smi && mg_smiles_syntax_ok(smi, NULL, 0)) ? ROW_PENDING : ROW_INVALID;
     }
@@ -1345,7 +1265,7 @@ static mg_status restore_mols(mg_opt *o, const json_t *mols, const json_t *mem, 
         m.call = json_integer_value(json_array_get(e, 7));
         m.step = json_integer_value(json_array_get(e, 8));
         if (!m.smiles || !m.canonical || !m.comps || m.call != (int64_t)i + 1 || m.step < 0 ||
-            m.step > o->step || map_find(&o->by_key, m.canonical)) {
+            m.step > o->step || mg_strmap_find(&o->by_key, m.canonical)) {
             mol_clear(&m);
             return mg_fail(err, MG_ERR_FORMAT, "scored molecule %zu is malformed", i + 1);
         }
@@ -1369,7 +1289,7 @@ static mg_status restore_mols(mg_opt *o, const json_t *mols, const json_t *mem, 
         if (!encode_row(o, 0, o->mols[k].smiles))
             return mg_fail(err, MG_ERR_FORMAT, "memory molecule '%.80s' cannot be encoded",
                            o->mols[k].smiles);
-        o->mem[i] = (mem_entry){k, sc};
+        o->mem[i] = (mg_mem_entry){k, sc};
     }
     o->nmem = (int)json_array_size(mem);
     return MG_OK;

@@ -79,12 +79,12 @@
 #include "nn/model.h"
 #include "chem/smiles_check.h"
 #include "chem/tokenizer.h"
+#include "rl/diversity_filter.h" /* mg_df_kind */
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-typedef enum { MG_DF_NONE = 0, MG_DF_SMILES = 1, MG_DF_SCAFFOLD = 2 } mg_df_kind;
 
 /* One step's figures, for the progress line. */
 typedef struct {
