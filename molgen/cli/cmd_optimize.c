@@ -14,6 +14,8 @@
 #include "harness/dap_dump.h"
 #include "base/dist.h"
 #include "rl/optimize.h"
+#include "rl/opt_checkpoint.h"
+#include "rl/opt_reports.h"
 #include "rl/scorer_process.h"
 #include "base/util.h"
 

@@ -14,153 +14,11 @@
 #include "nn/optim.h"
 #include "base/safetensors.h"
 #include "gen/sample.h"
+#include "rl/opt_state.h"
 #include "rl/scorer_process.h"
 #include "base/util.h"
 
-#define OPT_FORMAT 1
-/* The range of a molecule's NLL (nats) in the state: a sum of per-token
- * NLLs lse - z_t >= 0 (exactly: lse = max + log(sum) with sum >= 1), and
- * real ones are tens of nats (13 to 66 in the tests' runs, ~60 tokens at
- * most); 1e6 is 15,000 times that, yet keeps the DAP difference
- * -prior_nll + sigma s + agent_nll (sigma <= 1e6) within 3e6, so the float
- * row weights and the squared loss stay finite. A run never saves one
- * outside (row_nlls refuses it), so the reader refuses only edited files. */
-#define OPT_NLL_MAX 1e6
-
-/* ------------------------------------------------------------ string map */
-
-/* Open addressing, string keys (copied) -> int64 values. */
-typedef struct {
-    char **keys;
-    int64_t *vals;
-    size_t cap, n;
-} strmap;
-
-static void map_free(strmap *m) {
-    for (size_t i = 0; i < m->cap; i++) free(m->keys[i]);
-    free(m->keys);
-    free(m->vals);
-    memset(m, 0, sizeof *m);
-}
-
-static size_t map_slot(const strmap *m, const char *k) {
-    size_t i = (size_t)mg_fnv1a(MG_FNV1A_INIT, k, strlen(k)) & (m->cap - 1);
-    while (m->keys[i] && strcmp(m->keys[i], k)) i = (i + 1) & (m->cap - 1);
-    return i;
-}
-
-static int64_t *map_find(const strmap *m, const char *k) {
-    if (!m->cap) return NULL;
-    const size_t i = map_slot(m, k);
-    return m->keys[i] ? &m->vals[i] : NULL;
-}
-
-/* Sets k -> v (an existing key keeps its slot). 0, or -1 out of memory. */
-static int map_put(strmap *m, const char *k, int64_t v) {
-    if (2 * (m->n + 1) > m->cap) {
-        strmap g = {0};
-        g.cap = m->cap ? 2 * m->cap : 64;
-        g.keys = calloc(g.cap, sizeof *g.keys);
-        g.vals = calloc(g.cap, sizeof *g.vals);
-        if (!g.keys || !g.vals) {
-            free(g.keys);
-            free(g.vals);
-            return -1;
-        }
-        for (size_t i = 0; i < m->cap; i++)
-            if (m->keys[i]) {
-                const size_t j = map_slot(&g, m->keys[i]);
-                g.keys[j] = m->keys[i];
-                g.vals[j] = m->vals[i];
-            }
-        g.n = m->n;
-        free(m->keys);
-        free(m->vals);
-        *m = g;
-    }
-    const size_t i = map_slot(m, k);
-    if (!m->keys[i]) {
-        if (!(m->keys[i] = strdup(k))) return -1;
-        m->n++;
-    }
-    m->vals[i] = v;
-    return 0;
-}
-
 /* ------------------------------------------------------------ state */
-
-typedef struct {
-    char *smiles, *canonical, *scaffold, *comps;
-    double score, prior_nll, agent_nll;
-    int64_t call, step;
-} mol;
-
-typedef struct {
-    int64_t mol;  /* index into mols */
-    double score; /* its learning score s' when it entered */
-} mem_entry;
-
-struct mg_opt {
-    mg_model *prior, *agent;
-    const mg_vocab *vocab;
-    mg_scorer *sc;
-    mg_opt_opts op;
-    mg_dist *d, alone; /* the ranks (alone: op.dist NULL) */
-    mg_adamw adam;
-    int ctx, V;
-    uint64_t prior_digest;
-    mol *mols;
-    size_t nmol, capmol;
-    strmap by_key, raw, bucket;
-    mem_entry *mem;
-    int nmem;
-    int64_t step, collapse_run, plateau_run, step0, calls0;
-    int64_t nan_sent; /* molecules the scorer answered nan (this invocation) */
-    char *saved_scorer; /* the restored state's scorer command (NULL: none) */
-    int scorer_other;   /* ... and it is not this run's (--scorer-changed) */
-    char reason[32];
-    double t0;
-    /* scratch of a step */
-    int32_t *ids;
-    int64_t *len;
-    double *pnll, *anll;
-    float *w;
-    int cap_rows;
-};
-
-void mg_opt_opts_default(mg_opt_opts *o) {
-    memset(o, 0, sizeof *o);
-    o->budget = 10000;
-    o->batch = 64;
-    o->sigma = 128;
-    o->lr = 1e-4;
-    o->constrain = MG_CONSTRAIN_VALENCE;
-    o->df = MG_DF_SCAFFOLD;
-    o->df_bucket = 25;
-    o->df_min_score = 0.4;
-    o->repeat_penalty = 0.5;
-    o->memory = 50;
-    o->replay = 10;
-    o->collapse_steps = 20;
-    o->collapse_share = 0.02;
-    o->save_every = 20;
-}
-
-mg_status mg_opt_opts_check(const mg_opt_opts *o, mg_error *err) {
-    if (o->budget < 1) return mg_fail(err, MG_ERR_ARG, "budget %lld < 1", (long long)o->budget);
-    if (o->batch < 1 || o->batch > 100000) return mg_fail(err, MG_ERR_ARG, "batch %d", o->batch);
-    if (!(o->sigma >= 0 && isfinite(o->sigma))) return mg_fail(err, MG_ERR_ARG, "sigma %g", o->sigma);
-    if (!(o->lr > 0 && o->lr < 10)) return mg_fail(err, MG_ERR_ARG, "lr %g: need (0, 10)", o->lr);
-    if (o->memory < 0 || o->replay < 0 || o->replay > o->memory)
-        return mg_fail(err, MG_ERR_ARG, "replay %d must be in [0, memory %d]", o->replay,
-                       o->memory);
-    if (o->aug_rounds < 0 || (o->aug_rounds > 0 && o->memory == 0))
-        return mg_fail(err, MG_ERR_ARG, "augmented memory needs a memory (--memory > 0)");
-    if (!(o->repeat_penalty >= 0 && o->repeat_penalty <= 1))
-        return mg_fail(err, MG_ERR_ARG, "repeat penalty %g: need [0, 1]", o->repeat_penalty);
-    if (o->save_every < 1) return mg_fail(err, MG_ERR_ARG, "save every %d < 1", o->save_every);
-    return MG_OK;
-}
 
 static uint64_t digest_params(mg_model *m) {
     return mg_fnv1a(MG_FNV1A_INIT, mg_model_params(m), mg_model_num_params(m) * sizeof(float));
@@ -190,6 +48,7 @@ mg_status mg_opt_new(mg_model *prior, mg_model *agent, const mg_vocab *vocab,
     mg_model_set_dtype(prior, opts->dtype);
     mg_model_set_dtype(agent, opts->dtype);
     o->op = *opts;
+    mg_df_init(&o->df, opts->df, opts->df_bucket, opts->df_min_score);
     o->alone = (mg_dist){0, 1, 0.0};
     o->d = opts->dist ? opts->dist : &o->alone;
     o->ctx = c->ctx_len;
@@ -228,21 +87,14 @@ mg_status mg_opt_new(mg_model *prior, mg_model *agent, const mg_vocab *vocab,
     return MG_OK;
 }
 
-static void mol_clear(mol *m) {
-    free(m->smiles);
-    free(m->canonical);
-    free(m->scaffold);
-    free(m->comps);
-}
-
 void mg_opt_free(mg_opt *o) {
     if (!o) return;
     free(o->saved_scorer);
-    for (size_t i = 0; i < o->nmol; i++) mol_clear(&o->mols[i]);
+    for (size_t i = 0; i < o->nmol; i++) mg_opt_mol_clear(&o->mols[i]);
     free(o->mols);
-    map_free(&o->by_key);
-    map_free(&o->raw);
-    map_free(&o->bucket);
+    mg_strmap_free(&o->by_key);
+    mg_strmap_free(&o->raw);
+    mg_df_free(&o->df);
     mg_adamw_free(&o->adam);
     free(o->mem);
     free(o->ids);
@@ -267,48 +119,8 @@ static mg_status agreed(mg_opt *o, mg_status rc, mg_error *err) {
 int64_t mg_opt_calls(const mg_opt *o) { return (int64_t)o->nmol; }
 int64_t mg_opt_steps(const mg_opt *o) { return o->step; }
 
-/* the diversity filter's bucket of a molecule */
-static const char *bucket_key(const mg_opt *o, const mol *m) {
-    return o->op.df == MG_DF_SCAFFOLD && m->scaffold && *m->scaffold ? m->scaffold : m->canonical;
-}
-
-/* Appends m (taking its strings) and indexes it. */
-static mg_status add_mol(mg_opt *o, mol *m, mg_error *err) {
-    if (o->nmol == o->capmol) {
-        const size_t nc = o->capmol ? 2 * o->capmol : 256;
-        mol *nm = realloc(o->mols, nc * sizeof *nm);
-        if (!nm) return mg_fail(err, MG_ERR_NOMEM, "out of memory");
-        o->mols = nm;
-        o->capmol = nc;
-    }
-    const int64_t idx = (int64_t)o->nmol;
-    o->mols[o->nmol++] = *m;
-    const mol *s = &o->mols[idx];
-    int bad = map_put(&o->by_key, s->canonical, idx) || map_put(&o->raw, s->smiles, idx) ||
-              map_put(&o->raw, s->canonical, idx);
-    if (!bad && o->op.df != MG_DF_NONE && s->score >= o->op.df_min_score) {
-        int64_t *c = map_find(&o->bucket, bucket_key(o, s));
-        bad = map_put(&o->bucket, bucket_key(o, s), c ? *c + 1 : 1);
-    }
-    return bad ? mg_fail(err, MG_ERR_NOMEM, "out of memory") : MG_OK;
-}
-
 /* ------------------------------------------------------------ rows */
 
-/* Row r of the scratch batch from smiles: 1, or 0 when it cannot be a row
- * (a token outside the vocabulary, too long). */
-static int encode_row(mg_opt *o, int r, const char *smiles) {
-    const int T = o->ctx + 1;
-    int32_t *row = o->ids + (size_t)r * T;
-    int n = 0;
-    mg_error e;
-    if (mg_vocab_encode(o->vocab, smiles, row + 1, T - 2, &n, &e) || n + 2 > T) return 0;
-    row[0] = MG_BOS;
-    row[n + 1] = MG_EOS;
-    for (int t = n + 2; t < T; t++) row[t] = MG_PAD;
-    o->len[r] = n + 2;
-    return 1;
-}
 
 /* rows [first, first + n) packed for a forward: the longest length */
 static int rows_T(const mg_opt *o, int first, int n) {
@@ -406,9 +218,9 @@ typedef struct {
     int64_t *gi;           /* [B] mol index (nmol + j: the step's new j), or ROW_* */
     unsigned char *enc;    /* [B] the row is encoded (a loss row) */
     double *s, *s2;        /* [B] score, learning score */
-    mol *newm;             /* the step's new molecules */
+    opt_mol *newm;             /* the step's new molecules */
     size_t nnew;
-    mem_entry *mem;        /* the memory after the step */
+    mg_mem_entry *mem;        /* the memory after the step */
     int nmem;
     char **aug;            /* [nmem * aug_rounds] randomized spellings */
     int64_t nnan;          /* the step's molecules the scorer answered nan */
@@ -419,7 +231,7 @@ typedef struct {
 
 static void work_free(step_work *w) {
     mg_samples_free(&w->smp);
-    for (size_t j = 0; j < w->nnew; j++) mol_clear(&w->newm[j]);
+    for (size_t j = 0; j < w->nnew; j++) mg_opt_mol_clear(&w->newm[j]);
     free(w->newm);
     free(w->gi);
     free(w->enc);
@@ -428,7 +240,7 @@ static void work_free(step_work *w) {
     free(w->mem);
 }
 
-static const mol *mol_at(const mg_opt *o, const step_work *w, int64_t gi) {
+static const opt_mol *mol_at(const mg_opt *o, const step_work *w, int64_t gi) {
     return gi < (int64_t)o->nmol ? &o->mols[gi] : &w->newm[gi - (int64_t)o->nmol];
 }
 
@@ -533,12 +345,12 @@ static mg_status score_batch(mg_opt *o, step_work *w, mg_error *err) {
             w->nnan += !r->valid;
             if (r->valid) {
                 const char *key = r->canonical && *r->canonical ? r->canonical : smi;
-                const int64_t *f = map_find(&o->by_key, key);
+                const int64_t *f = mg_strmap_find(&o->by_key, key);
                 if (f) gi = *f;
                 for (size_t q = 0; !f && q < w->nnew && gi < 0; q++)
                     if (!strcmp(w->newm[q].canonical, key)) gi = (int64_t)(o->nmol + q);
                 if (gi < 0) {
-                    mol *m = &w->newm[w->nnew];
+                    opt_mol *m = &w->newm[w->nnew];
                     m->smiles = strdup(smi);
                     m->canonical = strdup(key);
                     m->scaffold = r->scaffold ? strdup(r->scaffold) : NULL;
@@ -568,12 +380,6 @@ done:
     return rc;
 }
 
-static int mem_cmp(const void *a, const void *b) {
-    const mem_entry *x = a, *y = b;
-    if (x->score != y->score) return x->score > y->score ? -1 : 1;
-    return (x->mol > y->mol) - (x->mol < y->mol);
-}
-
 /* Learning scores (in-batch duplicates, repeat penalty, diversity filter)
  * and the memory after the step. */
 static mg_status learning_scores(mg_opt *o, step_work *w, mg_error *err) {
@@ -581,7 +387,7 @@ static mg_status learning_scores(mg_opt *o, step_work *w, mg_error *err) {
     for (int i = 0; i < B; i++) {
         w->s[i] = w->s2[i] = 0;
         if (w->gi[i] < 0) continue;
-        const mol *m = mol_at(o, w, w->gi[i]);
+        const opt_mol *m = mol_at(o, w, w->gi[i]);
         w->s[i] = w->s2[i] = m->score;
         int dup = 0;
         for (int k = 0; k < i && !dup; k++) dup = w->gi[k] == w->gi[i];
@@ -590,29 +396,19 @@ static mg_status learning_scores(mg_opt *o, step_work *w, mg_error *err) {
             continue;
         }
         if (w->gi[i] < (int64_t)o->nmol) w->s2[i] *= o->op.repeat_penalty;
-        if (o->op.df != MG_DF_NONE && m->score >= o->op.df_min_score) {
-            const char *bk = bucket_key(o, m);
-            const int64_t *c = map_find(&o->bucket, bk);
-            int64_t count = c ? *c : 0;
+        if (mg_df_counts(&o->df, m->score)) {
+            /* the step's new molecules count too (not added until commit) */
+            const char *bk = mg_opt_bucket_key(o, m);
+            int64_t pending = 0;
             for (size_t q = 0; q < w->nnew; q++)
-                if (w->newm[q].score >= o->op.df_min_score && !strcmp(bucket_key(o, &w->newm[q]), bk))
-                    count++;
-            if (count > o->op.df_bucket) w->s2[i] = 0;
+                pending += mg_df_counts(&o->df, w->newm[q].score) &&
+                           !strcmp(mg_opt_bucket_key(o, &w->newm[q]), bk);
+            if (mg_df_full(&o->df, bk, pending)) w->s2[i] = 0;
         }
     }
-    const int M = o->op.memory;
     w->mem = malloc(((size_t)o->nmem + (size_t)B + 1) * sizeof *w->mem);
     if (!w->mem) return mg_fail(err, MG_ERR_NOMEM, "out of memory");
-    int n = 0;
-    for (int k = 0; k < o->nmem; k++) w->mem[n++] = o->mem[k];
-    for (int i = 0; i < B; i++) {
-        if (w->gi[i] < 0 || !(w->s2[i] > 0) || !w->enc[i]) continue;
-        int have = 0;
-        for (int k = 0; k < n && !have; k++) have = w->mem[k].mol == w->gi[i];
-        if (!have) w->mem[n++] = (mem_entry){w->gi[i], w->s2[i]};
-    }
-    qsort(w->mem, (size_t)n, sizeof *w->mem, mem_cmp);
-    w->nmem = n < M ? n : M;
+    w->nmem = mg_memory_update(o->mem, o->nmem, w->gi, w->s2, w->enc, B, o->op.memory, w->mem);
     return MG_OK;
 }
 
@@ -655,7 +451,7 @@ static void aug_free(step_work *w, int K) {
 /* The step's molecules and memory into the state. */
 static mg_status commit(mg_opt *o, step_work *w, mg_error *err) {
     for (size_t j = 0; j < w->nnew; j++) {
-        mol *m = &w->newm[j];
+        opt_mol *m = &w->newm[j];
         const int64_t gi = (int64_t)(o->nmol);
         for (int i = 0; i < w->B; i++)
             if (w->gi[i] == gi && w->enc[i]) {
@@ -663,14 +459,14 @@ static mg_status commit(mg_opt *o, step_work *w, mg_error *err) {
                 m->agent_nll = o->anll[i];
                 break;
             }
-        mg_status rc = add_mol(o, m, err);
+        mg_status rc = mg_opt_add_mol(o, m, err);
         memset(m, 0, sizeof *m);
         if (rc) return rc;
     }
     w->nnew = 0;
     for (int i = 0; i < w->B; i++)
         if ((w->gi[i] == ROW_INVALID || w->gi[i] >= 0) &&
-            map_put(&o->raw, w->smp.smiles[i], w->gi[i] >= 0 ? w->gi[i] : -1))
+            mg_strmap_put(&o->raw, w->smp.smiles[i], w->gi[i] >= 0 ? w->gi[i] : -1))
             return mg_fail(err, MG_ERR_NOMEM, "out of memory");
     memcpy(o->mem, w->mem, (size_t)w->nmem * sizeof *o->mem);
     o->nmem = w->nmem;
@@ -678,24 +474,7 @@ static mg_status commit(mg_opt *o, step_work *w, mg_error *err) {
     return MG_OK;
 }
 
-static int cmp_desc(const void *a, const void *b) {
-    const double x = *(const double *)a, y = *(const double *)b;
-    return (x < y) - (x > y);
-}
 
-/* mean of the n best scores so far */
-static double top_mean(const mg_opt *o, size_t n) {
-    if (!o->nmol) return 0;
-    double *s = malloc(o->nmol * sizeof *s);
-    if (!s) return NAN;
-    for (size_t i = 0; i < o->nmol; i++) s[i] = o->mols[i].score;
-    qsort(s, o->nmol, sizeof *s, cmp_desc);
-    const size_t k = n < o->nmol ? n : o->nmol;
-    double t = 0;
-    for (size_t i = 0; i < k; i++) t += s[i];
-    free(s);
-    return t / (double)k;
-}
 
 /* Under ranks: rank 0's batch (mg_sample gave it all n) to every rank
  * (mg_samples_pack's bytes). */
@@ -736,7 +515,7 @@ static mg_status prepare(mg_opt *o, step_work *w, mg_error *err) {
     if (!w->gi || !w->enc || !w->s || !w->s2) return mg_fail(err, MG_ERR_NOMEM, "out of memory");
     for (int i = 0; i < B; i++) {
         const char *smi = w->smp.smiles[i];
-        w->enc[i] = w->smp.ended[i] && encode_row(o, i, smi);
+        w->enc[i] = w->smp.ended[i] && mg_opt_encode_row(o, i, smi);
         if (!w->enc[i]) {
             w->gi[i] = ROW_OUT;
             int32_t *row = o->ids + (size_t)i * (o->ctx + 1); /* a dummy row, no weight */
@@ -744,7 +523,7 @@ static mg_status prepare(mg_opt *o, step_work *w, mg_error *err) {
             o->len[i] = 2;
             continue;
         }
-        const int64_t *f = map_find(&o->raw, smi);
+        const int64_t *f = mg_strmap_find(&o->raw, smi);
         w->gi[i] = f ? (*f >= 0 ? *f : ROW_INVALID)
                      : (*smi && mg_smiles_syntax_ok(smi, NULL, 0)) ? ROW_PENDING : ROW_INVALID;
     }
@@ -762,8 +541,8 @@ static mg_status prepare(mg_opt *o, step_work *w, mg_error *err) {
         idx[j] = t;
         w->rmol[k] = o->mem[idx[k]].mol;
         w->rscore[k] = o->mem[idx[k]].score;
-        const mol *m = &o->mols[w->rmol[k]];
-        if (!encode_row(o, B + k, m->smiles))
+        const opt_mol *m = &o->mols[w->rmol[k]];
+        if (!mg_opt_encode_row(o, B + k, m->smiles))
             return mg_fail(err, MG_ERR_STATE, "memory molecule '%s' cannot be encoded", m->smiles);
     }
     return MG_OK;
@@ -822,9 +601,9 @@ static mg_status aug_rounds(mg_opt *o, step_work *w, mg_error *err) {
     for (int k = 0; !rc && k < K && n; k++) {
         for (int r = 0; r < n; r++) {
             const char *sp = w->aug ? w->aug[(size_t)r * K + k] : NULL;
-            const mol *m = &o->mols[o->mem[r].mol];
+            const opt_mol *m = &o->mols[o->mem[r].mol];
             use[r] = 1;
-            if (!sp || !encode_row(o, r, sp)) encode_row(o, r, m->smiles);
+            if (!sp || !mg_opt_encode_row(o, r, sp)) mg_opt_encode_row(o, r, m->smiles);
         }
         double loss;
         rc = rows_nll(o, o->prior, (int)a, (int)(b - a), o->pnll + a, err);
@@ -899,10 +678,10 @@ static mg_status step_once(mg_opt *o, mg_opt_progress *pg, mg_error *err) {
     if (!rc) rc = agreed(o, learning_scores(o, &w, err), err);
     if (!rc) rc = agreed(o, augment(o, &w, err), err);
     const size_t nnew = w.nnew;
-    const double top100 = top_mean(o, 100);
+    const double top100 = mg_opt_top_mean(o, 100);
     if (!rc) rc = agreed(o, commit(o, &w, err), err); /* past here the step is the state's */
     if (!rc) /* mol_opt compares the top 100 only past 1,000 calls */
-        o->plateau_run = o->nmol > 1000 && top_mean(o, 100) == top100 ? o->plateau_run + 1 : 0;
+        o->plateau_run = o->nmol > 1000 && mg_opt_top_mean(o, 100) == top100 ? o->plateau_run + 1 : 0;
     const int B = w.B, N = B + w.nreplay;
     double s2[N > 0 ? N : 1];
     unsigned char use[N > 0 ? N : 1];
@@ -932,7 +711,7 @@ static mg_status step_once(mg_opt *o, mg_opt_progress *pg, mg_error *err) {
                             .budget = o->op.budget,
                             .batch = B,
                             .mean = sum / B,
-                            .top10 = top_mean(o, 10),
+                            .top10 = mg_opt_top_mean(o, 10),
                             .valid = (double)valid / B,
                             .unique = (double)uniq / B,
                             .fresh = (double)nnew / B,
@@ -1022,559 +801,4 @@ mg_status mg_opt_run(mg_opt *o, int *saved, mg_error *err) {
         if (!save_state(o, &e2)) *saved = 1;
     }
     return rc;
-}
-
-/* ------------------------------------------------------------ files */
-
-static json_t *options_json(const mg_opt_opts *p) {
-    json_t *j = json_object();
-    if (!j) return NULL;
-    char seed[24];
-    snprintf(seed, sizeof seed, "%llu", (unsigned long long)p->seed);
-    int bad = mg_json_put(j, "seed", json_string(seed));
-    bad |= mg_json_put(j, "budget", json_integer(p->budget));
-    bad |= mg_json_put(j, "batch", json_integer(p->batch));
-    bad |= mg_json_put(j, "sigma", json_real(p->sigma));
-    bad |= mg_json_put(j, "lr", json_real(p->lr));
-    bad |= mg_json_put(j, "constrain", json_string(mg_constrain_name(p->constrain)));
-    bad |= mg_json_put(j, "dtype", json_string(mg_dtype_name(p->dtype)));
-    bad |= mg_json_put(j, "df", json_integer(p->df));
-    bad |= mg_json_put(j, "df_bucket", json_integer(p->df_bucket));
-    bad |= mg_json_put(j, "df_min_score", json_real(p->df_min_score));
-    bad |= mg_json_put(j, "repeat_penalty", json_real(p->repeat_penalty));
-    bad |= mg_json_put(j, "memory", json_integer(p->memory));
-    bad |= mg_json_put(j, "replay", json_integer(p->replay));
-    bad |= mg_json_put(j, "augmented_memory", json_integer(p->aug_rounds));
-    bad |= mg_json_put(j, "collapse_steps", json_integer(p->collapse_steps));
-    bad |= mg_json_put(j, "collapse_share", json_real(p->collapse_share));
-    bad |= mg_json_put(j, "patience", json_integer(p->patience));
-    if (bad) {
-        json_decref(j);
-        return NULL;
-    }
-    return j;
-}
-
-static json_t *str_or_null(const char *s) { return s ? json_string(s) : json_null(); }
-
-/* The scorer command as recorded: itself when it is UTF-8 (a JSON string
- * must be), else with every byte >= 0x80 written \xNN (NULL: out of memory);
- * a resume compares these records. */
-static json_t *scorer_json(const char *cmd) {
-    json_t *j = json_string(cmd);
-    if (j) return j;
-    const size_t n = strlen(cmd);
-    char *t = malloc(4 * n + 1), *p = t;
-    if (!t) return NULL;
-    for (const unsigned char *c = (const unsigned char *)cmd; *c; c++) {
-        if (*c < 0x80)
-            *p++ = (char)*c;
-        else
-            p += sprintf(p, "\\x%02x", *c);
-    }
-    *p = '\0';
-    j = json_string(t);
-    free(t);
-    return j;
-}
-
-/* The run's state as JSON text (malloc'ed), NULL when out of memory. */
-static char *state_text(const mg_opt *o) {
-    json_t *j = json_object(), *mols = json_array(), *mem = json_array();
-    char dig[24];
-    snprintf(dig, sizeof dig, "%016llx", (unsigned long long)o->prior_digest);
-    int bad = !j || !mols || !mem;
-    if (bad) {
-        json_decref(mols);
-        json_decref(mem);
-    } else {
-        bad = mg_json_put(j, "molecules", mols) | mg_json_put(j, "memory", mem);
-    }
-    bad = bad || mg_json_put(j, "format", json_integer(OPT_FORMAT)) ||
-          mg_json_put(j, "options", options_json(&o->op)) ||
-          mg_json_put(j, "prior_digest", json_string(dig)) ||
-          (o->op.scorer_cmd && mg_json_put(j, "scorer", scorer_json(o->op.scorer_cmd))) ||
-          mg_json_put(j, "step", json_integer(o->step)) ||
-          mg_json_put(j, "adam_step", json_integer(o->adam.step)) ||
-          mg_json_put(j, "collapse_run", json_integer(o->collapse_run)) ||
-          mg_json_put(j, "plateau_run", json_integer(o->plateau_run));
-    for (size_t i = 0; !bad && i < o->nmol; i++) {
-        const mol *m = &o->mols[i];
-        bad = json_array_append_new(
-            mols, json_pack("[s s o s f f f I I]", m->smiles, m->canonical,
-                            str_or_null(m->scaffold), m->comps, m->score, m->prior_nll,
-                            m->agent_nll, (json_int_t)m->call, (json_int_t)m->step));
-    }
-    for (int k = 0; !bad && k < o->nmem; k++)
-        bad = json_array_append_new(mem, json_pack("[I f]", (json_int_t)o->mem[k].mol,
-                                                   o->mem[k].score));
-    char *text = bad ? NULL : mg_json_dump(j, 17);
-    json_decref(j);
-    return text;
-}
-
-/* bytes of s as a JSON string's contents ('"' and '\\' escaped, control
- * characters as \u00XX): the size a metadata value takes in the header */
-static size_t json_str_bytes(const char *s) {
-    size_t n = 0;
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++)
-        n += *p == '"' || *p == '\\' ? 2 : *p < 0x20 ? 6 : 1;
-    return n;
-}
-
-/* The most header bytes the state's metadata may take: what the reader
- * takes (MG_ST_MAX_HEADER) less 1 MiB for the tensors' entries and keys;
- * MOLGEN_OPT_STATE_LIMIT (bytes) lowers it, for the tests. */
-static size_t state_limit(void) {
-    size_t lim = MG_ST_MAX_HEADER - ((size_t)1 << 20);
-    const char *e = getenv("MOLGEN_OPT_STATE_LIMIT");
-    char *end;
-    const unsigned long long v = e ? strtoull(e, &end, 10) : 0;
-    if (e && *e && !*end && v > 0 && v < lim) lim = (size_t)v;
-    return lim;
-}
-
-mg_status mg_opt_save(mg_opt *o, const char *path, mg_error *err) {
-    char *text = state_text(o);
-    const size_t nt = mg_model_num_tensors(o->agent);
-    mg_st_tensor *t = calloc(nt + 2, sizeof *t);
-    char cfg[512];
-    char *vj = mg_vocab_to_json(o->vocab);
-    mg_status rc = MG_OK;
-    if (!text || !t || !vj) {
-        rc = mg_fail(err, MG_ERR_NOMEM, "out of memory saving %s", path);
-        goto done;
-    }
-    mg_model_config_to_json(mg_model_get_config(o->agent), cfg, sizeof cfg);
-    /* the writer refuses what the reader would (before anything is written:
-     * the previous state stays whole) */
-    const size_t hb = json_str_bytes(text) + json_str_bytes(vj) + json_str_bytes(cfg);
-    if (hb > state_limit()) {
-        rc = mg_fail(err, MG_ERR_TOO_LONG,
-                     "%s not written: the state of %zu scored molecules takes %zu bytes, more "
-                     "than the %zu a checkpoint's header may hold (the previous state is kept; "
-                     "see docs/reliability.md, state size)",
-                     path, o->nmol, hb, state_limit());
-        goto done;
-    }
-    mg_model_st_tensors(o->agent, t, nt);
-    const int64_t P = (int64_t)mg_model_num_params(o->agent);
-    t[nt] = (mg_st_tensor){.name = "optim.m", .dtype = MG_ST_F32, .ndim = 1, .shape = {P},
-                           .data = o->adam.m};
-    t[nt + 1] = (mg_st_tensor){.name = "optim.v", .dtype = MG_ST_F32, .ndim = 1, .shape = {P},
-                               .data = o->adam.v};
-    const mg_st_kv meta[] = {
-        {"format", "molgen"}, {"config", cfg}, {"vocab", vj}, {"optimize", text}};
-    rc = mg_st_write(path, t, nt + 2, meta, 4, err);
-done:
-    free(text);
-    free(t);
-    free(vj);
-    return rc;
-}
-
-/* ------------------------------------------------------------ resume */
-
-/* The saved options, each in the range a run can have (the file may have
- * been edited: nothing out of range reaches the engine). */
-static mg_status options_from_json(const json_t *j, mg_opt_opts *p, mg_error *err) {
-    const char *seed = json_string_value(json_object_get(j, "seed"));
-    const char *con = json_string_value(json_object_get(j, "constrain"));
-    const char *dts = json_string_value(json_object_get(j, "dtype"));
-    json_int_t I[10];
-    const char *ik[] = {"budget",  "batch",  "df",     "df_bucket",      "memory",
-                        "replay", "augmented_memory", "collapse_steps", "patience", NULL};
-    const json_int_t ilo[] = {1, 1, 0, 1, 0, 0, 0, 0, 0};
-    const json_int_t ihi[] = {1000000000000LL, 100000, MG_DF_SCAFFOLD, 1000000000, 1000000, 1000000,
-                              100, 1000000000, 1000000000};
-    for (int k = 0; ik[k]; k++) {
-        const json_t *v = json_object_get(j, ik[k]);
-        if (!json_is_integer(v))
-            return mg_fail(err, MG_ERR_FORMAT, "option \"%s\" missing", ik[k]);
-        I[k] = json_integer_value(v);
-        if (I[k] < ilo[k] || I[k] > ihi[k])
-            return mg_fail(err, MG_ERR_FORMAT, "option \"%s\" is %lld: outside [%lld, %lld]",
-                           ik[k], (long long)I[k], (long long)ilo[k], (long long)ihi[k]);
-    }
-    double D[5];
-    const char *dk[] = {"sigma", "lr", "df_min_score", "repeat_penalty", "collapse_share", NULL};
-    const double dhi[] = {1e6, 10, 1, 1, 1};
-    for (int k = 0; dk[k]; k++) {
-        const json_t *v = json_object_get(j, dk[k]);
-        if (!json_is_number(v)) return mg_fail(err, MG_ERR_FORMAT, "option \"%s\" missing", dk[k]);
-        D[k] = json_number_value(v);
-        if (!(D[k] >= 0 && D[k] <= dhi[k]))
-            return mg_fail(err, MG_ERR_FORMAT, "option \"%s\" is %g: outside [0, %g]", dk[k],
-                           D[k], dhi[k]);
-    }
-    char *end;
-    if (!seed || !con) return mg_fail(err, MG_ERR_FORMAT, "options seed/constrain missing");
-    if (!mg_constrain_parse(con, &p->constrain))
-        return mg_fail(err, MG_ERR_FORMAT, "constrain '%s'", con);
-    if (!dts || mg_dtype_parse(dts, &p->dtype) < 0)
-        return mg_fail(err, MG_ERR_FORMAT, "option \"dtype\" missing or not fp32/bf16");
-    errno = 0;
-    p->seed = strtoull(seed, &end, 10);
-    if (!*seed || *end || errno || strspn(seed, "0123456789") != strlen(seed))
-        return mg_fail(err, MG_ERR_FORMAT, "option \"seed\" '%.40s' is not a decimal integer",
-                       seed);
-    p->budget = I[0];
-    p->batch = (int)I[1];
-    p->df = (mg_df_kind)I[2];
-    p->df_bucket = (int)I[3];
-    p->memory = (int)I[4];
-    p->replay = (int)I[5];
-    p->aug_rounds = (int)I[6];
-    p->collapse_steps = (int)I[7];
-    p->patience = (int)I[8];
-    p->sigma = D[0];
-    p->lr = D[1];
-    p->df_min_score = D[2];
-    p->repeat_penalty = D[3];
-    p->collapse_share = D[4];
-    return mg_opt_opts_check(p, err);
-}
-
-/* the "optimize" JSON of checkpoint path (a new reference) and the file */
-static mg_status load_state(const char *path, mg_st_file **f, json_t **j, mg_error *err) {
-    mg_status rc = mg_st_load(path, f, err);
-    if (rc) return rc;
-    const char *t = mg_st_meta(*f, "optimize");
-    if (!t) {
-        mg_st_free(*f);
-        *f = NULL;
-        return mg_fail(err, MG_ERR_FORMAT, "%s is not a checkpoint of molgen optimize", path);
-    }
-    rc = mg_json_parse(t, strlen(t), j, err);
-    if (!rc && json_integer_value(json_object_get(*j, "format")) != OPT_FORMAT)
-        rc = mg_fail(err, MG_ERR_FORMAT, "%s: unknown optimize format", path);
-    if (rc) {
-        json_decref(*j);
-        *j = NULL;
-        mg_st_free(*f);
-        *f = NULL;
-    }
-    return rc;
-}
-
-mg_status mg_opt_read_options(const char *path, mg_opt_opts *opts, mg_error *err) {
-    mg_st_file *f;
-    json_t *j;
-    mg_status rc = load_state(path, &f, &j, err);
-    if (rc) return rc;
-    rc = options_from_json(json_object_get(j, "options"), opts, err);
-    if (rc) {
-        const mg_error e0 = *err; /* the message is an argument: not in place */
-        mg_fail(err, MG_ERR_FORMAT, "%s: %s", path, e0.message);
-    }
-    json_decref(j);
-    mg_st_free(f);
-    return rc;
-}
-
-static int same_d(double a, double b) { return a == b || (isnan(a) && isnan(b)); }
-
-/* Which algorithm option differs (NULL: none); the budget may grow. */
-static const char *differs(const mg_opt_opts *a, const mg_opt_opts *b) {
-    return a->seed != b->seed                            ? "--seed"
-           : a->batch != b->batch                        ? "--batch"
-           : !same_d(a->sigma, b->sigma)                 ? "--sigma"
-           : !same_d(a->lr, b->lr)                       ? "--lr"
-           : a->constrain != b->constrain                ? "--constrain"
-           : a->dtype != b->dtype                        ? "--dtype"
-           : a->df != b->df                              ? "--df"
-           : a->df_bucket != b->df_bucket                ? "--df-bucket"
-           : !same_d(a->df_min_score, b->df_min_score)   ? "--df-min-score"
-           : !same_d(a->repeat_penalty, b->repeat_penalty) ? "--repeat-penalty"
-           : a->memory != b->memory                      ? "--memory"
-           : a->replay != b->replay                      ? "--replay"
-           : a->aug_rounds != b->aug_rounds              ? "--augmented-memory"
-           : a->collapse_steps != b->collapse_steps      ? "--collapse-steps"
-           : !same_d(a->collapse_share, b->collapse_share) ? "--collapse-share"
-           : a->patience != b->patience                  ? "--patience"
-                                                         : NULL;
-}
-
-static char *dup_json(const json_t *v) {
-    const char *s = json_string_value(v);
-    return s ? strdup(s) : NULL;
-}
-
-/* an element of a saved array: a number in [lo, hi] */
-static int num_in(const json_t *a, size_t i, double lo, double hi, double *v) {
-    const json_t *x = json_array_get(a, i);
-    *v = json_number_value(x);
-    return json_is_number(x) && *v >= lo && *v <= hi;
-}
-
-/* The scored molecules and the memory, each checked (the file may have been
- * edited): every molecule a record of a step up to o->step with a score in
- * [0, 1], canonical keys distinct, memory entries distinct molecules that
- * encode, learning scores in [0, 1]. */
-static mg_status restore_mols(mg_opt *o, const json_t *mols, const json_t *mem, mg_error *err) {
-    size_t i;
-    const json_t *e;
-    if (!json_is_array(mols) || !json_is_array(mem))
-        return mg_fail(err, MG_ERR_FORMAT, "the molecules or the memory are not lists");
-    json_array_foreach(mols, i, e) {
-        mol m = {0};
-        double sc, nll;
-        const json_t *sf = json_array_get(e, 2);
-        if (json_array_size(e) != 9 || !num_in(e, 4, 0, 1, &sc) ||
-            !json_is_integer(json_array_get(e, 7)) || !json_is_integer(json_array_get(e, 8)) ||
-            !(json_is_string(sf) || json_is_null(sf)))
-            return mg_fail(err, MG_ERR_FORMAT, "scored molecule %zu is malformed", i + 1);
-        for (int k = 5; k <= 6; k++) { /* was: +-1e300 taken, every resume then failed */
-            const char *name = k == 5 ? "prior_nll" : "agent_nll";
-            if (!json_is_number(json_array_get(e, (size_t)k)))
-                return mg_fail(err, MG_ERR_FORMAT, "scored molecule %zu: its %s is not a number",
-                               i + 1, name);
-            if (!num_in(e, (size_t)k, 0, OPT_NLL_MAX, &nll))
-                return mg_fail(err, MG_ERR_FORMAT,
-                               "scored molecule %zu: its %s %g is outside [0, %g] nats (no "
-                               "model gives it: the file was edited)",
-                               i + 1, name, nll, OPT_NLL_MAX);
-        }
-        m.smiles = dup_json(json_array_get(e, 0));
-        m.canonical = dup_json(json_array_get(e, 1));
-        m.scaffold = dup_json(json_array_get(e, 2));
-        m.comps = dup_json(json_array_get(e, 3));
-        m.score = json_number_value(json_array_get(e, 4));
-        m.prior_nll = json_number_value(json_array_get(e, 5));
-        m.agent_nll = json_number_value(json_array_get(e, 6));
-        m.call = json_integer_value(json_array_get(e, 7));
-        m.step = json_integer_value(json_array_get(e, 8));
-        if (!m.smiles || !m.canonical || !m.comps || m.call != (int64_t)i + 1 || m.step < 0 ||
-            m.step > o->step || map_find(&o->by_key, m.canonical)) {
-            mol_clear(&m);
-            return mg_fail(err, MG_ERR_FORMAT, "scored molecule %zu is malformed", i + 1);
-        }
-        mg_status rc = add_mol(o, &m, err);
-        if (rc) return rc;
-    }
-    if (json_array_size(mem) > (size_t)o->op.memory)
-        return mg_fail(err, MG_ERR_FORMAT, "the memory holds more than %d molecules",
-                       o->op.memory);
-    json_array_foreach(mem, i, e) {
-        const int64_t k = json_integer_value(json_array_get(e, 0));
-        double sc;
-        if (!json_is_integer(json_array_get(e, 0)) || k < 0 || k >= (int64_t)o->nmol)
-            return mg_fail(err, MG_ERR_FORMAT, "memory entry %zu names no molecule", i + 1);
-        if (json_array_size(e) != 2 || !num_in(e, 1, 0, 1, &sc))
-            return mg_fail(err, MG_ERR_FORMAT, "memory entry %zu is malformed", i + 1);
-        for (size_t q = 0; q < i; q++)
-            if (o->mem[q].mol == k)
-                return mg_fail(err, MG_ERR_FORMAT, "memory entry %zu repeats molecule %lld", i + 1,
-                               (long long)k + 1);
-        if (!encode_row(o, 0, o->mols[k].smiles))
-            return mg_fail(err, MG_ERR_FORMAT, "memory molecule '%.80s' cannot be encoded",
-                           o->mols[k].smiles);
-        o->mem[i] = (mem_entry){k, sc};
-    }
-    o->nmem = (int)json_array_size(mem);
-    return MG_OK;
-}
-
-/* The scorer recorded in the state j against this run's (--scorer,
- * --scorer-changed). */
-static mg_status restore_scorer(mg_opt *o, const json_t *j, const char *path, mg_error *err) {
-    /* the scorer: the cache, the memory and the diversity filter hold its
-     * scores, so another one is refused unless asked for (none recorded:
-     * an older molgen's state, taken) */
-    const json_t *js0 = json_object_get(j, "scorer");
-    const char *was = json_string_value(js0);
-    if (js0 && !was)
-        return mg_fail(err, MG_ERR_FORMAT, "the recorded scorer command is not a string");
-    json_t *now = o->op.scorer_cmd ? scorer_json(o->op.scorer_cmd) : NULL;
-    mg_status rc = MG_OK;
-    const int other = was && now && strcmp(was, json_string_value(now));
-    if (was && other && !o->op.scorer_changed)
-        rc = mg_fail(err, MG_ERR_MISMATCH,
-                     "%s was scored by --scorer '%.300s', not '%.300s': a resumed run keeps its "
-                     "scorer (its cache and memory hold that scorer's scores); give the same "
-                     "--scorer, or add --scorer-changed to go on with the new one (the scores "
-                     "so far are kept)",
-                     path, was, json_string_value(now));
-    else if (o->op.scorer_cmd && !now)
-        rc = mg_fail(err, MG_ERR_NOMEM, "out of memory");
-    o->scorer_other = other;
-    json_decref(now);
-    if (rc) return rc;
-    if (was && !(o->saved_scorer = strdup(was))) return mg_fail(err, MG_ERR_NOMEM, "out of memory");
-    return MG_OK;
-}
-
-/* The agent's parameters, Adam's moments and the step counters of the
- * state file f and its JSON j. */
-static mg_status restore_tensors(mg_opt *o, mg_st_file *f, const json_t *j, mg_error *err) {
-    const size_t P = mg_model_num_params(o->agent), nt = mg_model_num_tensors(o->agent);
-    mg_status rc = mg_ckpt_check_state(f, P, err);
-    for (size_t i = 0; !rc && i < nt; i++) {
-        const mg_param_info *ti = mg_model_tensor(o->agent, i);
-        rc = mg_st_copy(f, ti->name, MG_ST_F32, ti->ndim, ti->shape,
-                        mg_model_params(o->agent) + ti->offset, ti->numel * sizeof(float), err);
-    }
-    const int64_t shp[1] = {(int64_t)P};
-    if (!rc) rc = mg_st_copy(f, "optim.m", MG_ST_F32, 1, shp, o->adam.m, P * sizeof(float), err);
-    if (!rc) rc = mg_st_copy(f, "optim.v", MG_ST_F32, 1, shp, o->adam.v, P * sizeof(float), err);
-    /* counters: steps within 2^40, Adam's at most 1 + --augmented-memory per step */
-    const json_t *js = json_object_get(j, "step"), *ja = json_object_get(j, "adam_step"),
-                 *jc = json_object_get(j, "collapse_run"),
-                 *jp = json_object_get(j, "plateau_run");
-    o->step = json_integer_value(js);
-    o->adam.step = json_integer_value(ja);
-    o->collapse_run = json_integer_value(jc);
-    o->plateau_run = json_integer_value(jp);
-    if (!rc && (!json_is_integer(js) || !json_is_integer(ja) || !json_is_integer(jc) ||
-                !json_is_integer(jp) || o->plateau_run < 0 || o->plateau_run > o->step ||
-                o->step < 0 || o->step > ((int64_t)1 << 40) || o->adam.step < 0 ||
-                o->adam.step > o->step * (1 + o->op.aug_rounds) || o->collapse_run < 0 ||
-                o->collapse_run > o->step))
-        rc = mg_fail(err, MG_ERR_FORMAT, "the step counters (step %lld, Adam step %lld) are "
-                     "malformed", (long long)o->step, (long long)o->adam.step);
-    return rc;
-}
-
-mg_status mg_opt_restore(mg_opt *o, const char *path, mg_error *err) {
-    mg_st_file *f;
-    json_t *j;
-    mg_status rc = load_state(path, &f, &j, err);
-    if (rc) return rc;
-    mg_opt_opts saved = o->op;
-    char dig[24];
-    snprintf(dig, sizeof dig, "%016llx", (unsigned long long)o->prior_digest);
-    const char *pd = json_string_value(json_object_get(j, "prior_digest"));
-    const char *which = NULL;
-    if ((rc = options_from_json(json_object_get(j, "options"), &saved, err))) goto done;
-    if (!pd || strcmp(pd, dig)) {
-        rc = mg_fail(err, MG_ERR_MISMATCH, "%s was made from another prior (its parameters differ)",
-                     path);
-        goto done;
-    }
-    if ((which = differs(&saved, &o->op))) {
-        rc = mg_fail(err, MG_ERR_MISMATCH, "%s was made with another %s (a resumed run keeps it)",
-                     path, which);
-        goto done;
-    }
-    if ((rc = restore_scorer(o, j, path, err)) || (rc = restore_tensors(o, f, j, err))) goto done;
-    rc = restore_mols(o, json_object_get(j, "molecules"), json_object_get(j, "memory"), err);
-done:
-    if (rc && rc != MG_ERR_MISMATCH && strncmp(err->message, path, strlen(path))) {
-        const mg_error e0 = *err; /* the message is an argument: not in place */
-        mg_fail(err, rc, "%s: %s", path, e0.message);
-    }
-    json_decref(j);
-    mg_st_free(f);
-    return rc;
-}
-
-/* ------------------------------------------------------------ reports */
-
-static void csv_field(FILE *f, const char *s) {
-    if (!s) s = "";
-    if (!strpbrk(s, ",\"\n")) {
-        fputs(s, f);
-        return;
-    }
-    fputc('"', f);
-    for (; *s; s++) {
-        if (*s == '"') fputc('"', f);
-        fputc(*s, f);
-    }
-    fputc('"', f);
-}
-
-int mg_opt_write_scored(const mg_opt *o, FILE *f) {
-    fputs("call,step,smiles,canonical,score,prior_nll,agent_nll,scaffold,components\n", f);
-    for (size_t i = 0; i < o->nmol; i++) {
-        const mol *m = &o->mols[i];
-        fprintf(f, "%lld,%lld,", (long long)m->call, (long long)m->step);
-        csv_field(f, m->smiles);
-        fputc(',', f);
-        csv_field(f, m->canonical);
-        fprintf(f, ",%.10g,%.6f,%.6f,", m->score, m->prior_nll, m->agent_nll);
-        csv_field(f, m->scaffold);
-        fputc(',', f);
-        csv_field(f, m->comps);
-        fputc('\n', f);
-    }
-    return ferror(f) ? -1 : 0;
-}
-
-static const mg_opt *g_sort_opt;
-static int best_cmp(const void *a, const void *b) {
-    const size_t x = *(const size_t *)a, y = *(const size_t *)b;
-    const double sx = g_sort_opt->mols[x].score, sy = g_sort_opt->mols[y].score;
-    if (sx != sy) return sx > sy ? -1 : 1;
-    return (x > y) - (x < y);
-}
-
-int mg_opt_write_best(const mg_opt *o, FILE *f, size_t n) {
-    size_t *ix = malloc((o->nmol ? o->nmol : 1) * sizeof *ix);
-    if (!ix) return -1;
-    for (size_t i = 0; i < o->nmol; i++) ix[i] = i;
-    g_sort_opt = o;
-    qsort(ix, o->nmol, sizeof *ix, best_cmp);
-    for (size_t i = 0; i < n && i < o->nmol; i++)
-        fprintf(f, "%s\t%.10g\n", o->mols[ix[i]].canonical, o->mols[ix[i]].score);
-    free(ix);
-    return ferror(f) ? -1 : 0;
-}
-
-/* mean of the `top` best of s[0..n) (fewer when n < top), in buf[n] */
-static double top_of(const double *s, size_t n, int top, double *buf) {
-    if (!n) return 0;
-    memcpy(buf, s, n * sizeof *buf);
-    qsort(buf, n, sizeof *buf, cmp_desc);
-    const size_t k = (size_t)top < n ? (size_t)top : n;
-    double t = 0;
-    for (size_t i = 0; i < k; i++) t += buf[i];
-    return t / (double)k;
-}
-
-double mg_opt_auc_top(const double *s, size_t n, int top, int freq, int64_t budget) {
-    if (!n || budget < 1) return 0;
-    if ((int64_t)n > budget) n = (size_t)budget;
-    double *buf = malloc(n * sizeof *buf);
-    if (!buf) return NAN;
-    double sum = 0, prev = 0;
-    size_t called = 0;
-    for (size_t idx = (size_t)freq; idx < n; idx += (size_t)freq) {
-        const double now = top_of(s, idx, top, buf);
-        sum += freq * (now + prev) / 2;
-        prev = now;
-        called = idx;
-    }
-    const double now = top_of(s, n, top, buf);
-    sum += (double)(n - called) * (now + prev) / 2;
-    if ((int64_t)n < budget) sum += (double)(budget - (int64_t)n) * now;
-    free(buf);
-    return sum / (double)budget;
-}
-
-int mg_opt_write_summary(const mg_opt *o, FILE *f, double seconds) {
-    double *s = malloc((o->nmol ? o->nmol : 1) * sizeof *s);
-    if (!s) return -1;
-    for (size_t i = 0; i < o->nmol; i++) s[i] = o->mols[i].score;
-    json_t *j = json_object();
-    int bad = !j || mg_json_put(j, "calls", json_integer((json_int_t)o->nmol)) ||
-              mg_json_put(j, "steps", json_integer(o->step)) ||
-              mg_json_put(j, "budget", json_integer(o->op.budget)) ||
-              mg_json_put(j, "top1", json_real(top_mean(o, 1))) ||
-              mg_json_put(j, "top10", json_real(top_mean(o, 10))) ||
-              mg_json_put(j, "top100", json_real(top_mean(o, 100))) ||
-              mg_json_put(j, "auc_top1", json_real(mg_opt_auc_top(s, o->nmol, 1, 100, o->op.budget))) ||
-              mg_json_put(j, "auc_top10", json_real(mg_opt_auc_top(s, o->nmol, 10, 100, o->op.budget))) ||
-              mg_json_put(j, "auc_top100", json_real(mg_opt_auc_top(s, o->nmol, 100, 100, o->op.budget))) ||
-              mg_json_put(j, "seconds", json_real(seconds)) ||
-              mg_json_put(j, "stop", json_string(o->reason[0] ? o->reason : "error")) ||
-              (o->op.scorer_cmd && mg_json_put(j, "scorer", scorer_json(o->op.scorer_cmd))) ||
-              mg_json_put(j, "options", options_json(&o->op));
-    free(s);
-    char *t = bad ? NULL : mg_json_dump(j, 6);
-    json_decref(j);
-    if (!t) return -1;
-    fprintf(f, "%s\n", t);
-    free(t);
-    return ferror(f) ? -1 : 0;
 }

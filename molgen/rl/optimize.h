@@ -79,69 +79,12 @@
 #include "nn/model.h"
 #include "chem/smiles_check.h"
 #include "chem/tokenizer.h"
+#include "rl/opt_settings.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-typedef enum { MG_DF_NONE = 0, MG_DF_SMILES = 1, MG_DF_SCAFFOLD = 2 } mg_df_kind;
-
-/* One step's figures, for the progress line. */
-typedef struct {
-    int64_t step, calls, budget;
-    int batch;
-    double mean;     /* mean score of the batch (invalid 0) */
-    double top10;    /* mean of the 10 best scores so far */
-    double valid;    /* share of the batch valid */
-    double unique;   /* share of the batch distinct valid molecules */
-    double fresh;    /* share new to the cache */
-    double loss;
-    double seconds;  /* of this invocation so far */
-    int64_t calls0;  /* calls when this invocation started */
-} mg_opt_progress;
-
-typedef struct mg_opt mg_opt;
-
-typedef struct {
-    /* the run's algorithm (saved; a resume must give the same) */
-    uint64_t seed;
-    int64_t budget;
-    int batch;
-    double sigma, lr;
-    mg_constrain constrain;
-    mg_df_kind df;
-    int df_bucket;
-    double df_min_score, repeat_penalty;
-    int memory, replay, aug_rounds;
-    int collapse_steps;
-    double collapse_share;
-    int patience; /* mol_opt's convergence stop (0: none) */
-    mg_dtype dtype; /* the prior's and agent's products and the sampler's
-                       (train/sample --dtype; MG_DT_F32 default) */
-    /* the scorer's command (not owned; NULL: none recorded): saved in the
-     * state and summary.json; a resume refuses a state recorded with
-     * another one unless scorer_changed (then the new one is recorded) */
-    const char *scorer_cmd;
-    int scorer_changed;
-    /* this invocation's */
-    int64_t max_steps;  /* 0: none */
-    int64_t stop_after; /* 0: none */
-    int save_every;     /* steps between checkpoints (and at the end, faults) */
-    const volatile sig_atomic_t *stop; /* under ranks: any rank's signal stops all */
-    mg_dist *dist;                     /* the ranks (NULL: alone) */
-    void (*progress)(void *ctx, const mg_opt_progress *p);
-    /* writes the run's files (the command layer: mg_opt_write_*) */
-    mg_status (*save)(void *ctx, mg_opt *o, mg_error *err);
-    void *ctx;
-} mg_opt_opts;
-
-/* seed 0, budget 10000, batch 64, sigma 128, lr 1e-4, constrain VALENCE,
- * df SCAFFOLD (bucket 25, min score 0.4), repeat penalty 0.5, memory 50,
- * replay 10, no augmentation, collapse below 0.02 for 20 steps, no
- * patience stop, checkpoint
- * every 20 steps. */
-void mg_opt_opts_default(mg_opt_opts *o);
-mg_status mg_opt_opts_check(const mg_opt_opts *o, mg_error *err);
 
 /* A run of prior (its parameters read only) and agent (a model of the same
  * config and parameters: it is trained) with the scorer's process already
@@ -152,20 +95,11 @@ mg_status mg_opt_new(mg_model *prior, mg_model *agent, const mg_vocab *vocab,
                      struct mg_scorer *scorer, const mg_opt_opts *opts, mg_opt **out,
                      mg_error *err);
 void mg_opt_free(mg_opt *o); /* NULL fine */
-/* Continue the run saved in checkpoint path (mg_opt_save): its agent, Adam
- * state, memory, scored molecules and step; refuses one of another prior,
- * other algorithm options (MG_ERR_MISMATCH naming the option) or another
- * scorer command than opts.scorer_cmd (unless opts.scorer_changed; a state
- * that records none, an older molgen's, is taken: mg_opt_saved_scorer). */
-mg_status mg_opt_restore(mg_opt *o, const char *path, mg_error *err);
 /* The scorer command the restored state recorded (NULL: none, or not
  * restored; bytes >= 0x80 of a command that is not UTF-8 written \xNN),
  * valid while o is; *other (non-NULL) says whether it is not this run's
  * opts.scorer_cmd (taken with scorer_changed). */
 const char *mg_opt_saved_scorer(const mg_opt *o, int *other);
-/* The saved algorithm options of checkpoint path (for the command's
- * defaults on --resume) into *opts' algorithm fields. */
-mg_status mg_opt_read_options(const char *path, mg_opt_opts *opts, mg_error *err);
 /* Runs to the end; returns 0 (stop reason: mg_opt_stop_reason) or the
  * error (the state at the start of the failing step is saved first when it
  * can be; *saved says whether). */
@@ -186,26 +120,6 @@ mg_status mg_opt_dap_backward(mg_model *agent, int n, const double *prior_nll,
                               const double *agent_nll, const double *score,
                               const unsigned char *use, double sigma, float *w, double *loss,
                               mg_error *err);
-
-/* Writers of the run's files (called from the save hook). */
-/* The checkpoint: the agent's tensors (molgen sample reads it as a model),
- * "optim.m", "optim.v", and the metadata "optimize" (JSON: options, step,
- * memory, every scored molecule). Atomic (mg_st_write). */
-mg_status mg_opt_save(mg_opt *o, const char *path, mg_error *err);
-/* scored.csv: call,step,smiles,canonical,score,prior_nll,agent_nll,
- * scaffold,components (components "name=value;..."). Returns 0 or -1 (a
- * write error: ferror). */
-int mg_opt_write_scored(const mg_opt *o, FILE *f);
-/* The n best scored molecules, "SMILES<TAB>score" by score (ties: call
- * order). */
-int mg_opt_write_best(const mg_opt *o, FILE *f, size_t n);
-/* summary.json: calls, steps, budget, top1/top10/top100 means, auc_top10
- * (PMO), seconds, stop reason, options. */
-int mg_opt_write_summary(const mg_opt *o, FILE *f, double seconds);
-/* PMO's AUC of the top-n mean (mol_opt's top_auc, finish=True): scores
- * [n] in call order, a point every freq calls, trapezoids from 0, the rest
- * of the budget padded with the last value, divided by the budget. */
-double mg_opt_auc_top(const double *scores, size_t n, int top, int freq, int64_t budget);
 
 #ifdef __cplusplus
 }

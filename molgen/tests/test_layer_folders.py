@@ -115,3 +115,21 @@ def test_function_at_limit_passes(planted):
 def test_function_lengths_counted_from_head_to_brace():
     text = "/* x */\nstatic int\nf(int a)\n{\n    return a; /* } */\n}\nint g(void) { return 0; }\n"
     assert check_layers.function_lengths(text) == [("f", 4), ("g", 1)]
+
+
+def test_docs_name_existing_sources():
+    """Every C source path under molgen/, src/ or include/ that the README
+    and the guides name (e.g. `molgen/nn/model.c`) exists: a file that moves
+    takes its mentions along."""
+    named = re.compile(r"\b((?:molgen|src|include)/[\w/]+\.[ch])\b")
+    docs = [os.path.join(REPO, "README.md")] + [
+        os.path.join(REPO, "docs", f) for f in sorted(os.listdir(os.path.join(REPO, "docs")))
+        if f.endswith(".md")]
+    missing = []
+    for path in docs:
+        with open(path, encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                for m in named.finditer(line):
+                    if not os.path.exists(os.path.join(REPO, m.group(1))):
+                        missing.append("%s:%d: %s" % (os.path.relpath(path, REPO), n, m.group(1)))
+    assert not missing, "\n".join(missing)
