@@ -34,6 +34,12 @@ static void sgemm_ukr(int64_t kc, const float *restrict Ap, const float *restric
     vf c[SG_MR][SG_NV];
     SG_UNROLL for (int r = 0; r < SG_MR; r++) SG_UNROLL for (int v = 0; v < SG_NV; v++) c[r][v] =
         v_zero();
+    /* C's rows are ldc apart (other pages): fetch them while the k loop
+     * runs, for the update at its end */
+    SG_UNROLL for (int r = 0; r < SG_MR; r++) {
+        __builtin_prefetch(C + r * ldc, 1);
+        __builtin_prefetch(C + r * ldc + SG_NR - 1, 1);
+    }
     for (int64_t k = 0; k < kc; k++) {
         vf b[SG_NV];
         SG_UNROLL for (int v = 0; v < SG_NV; v++) b[v] = v_load(Bp + v * VL);
