@@ -164,7 +164,10 @@ int main(int argc, char **argv) {
         qsort(t[c], (size_t)rounds, sizeof(double), cmp);
         const double med = t[c][rounds / 2];
         const double g = 2.0 * m * n * k / med * 1e-9;
-        printf("  %-34s %8.1f GFLOP/s  %5.1f %% of peak\n", g_names[c], g, 100.0 * g / peak);
+        if (no_peak)
+            printf("  %-34s %8.1f GFLOP/s\n", g_names[c], g);
+        else
+            printf("  %-34s %8.1f GFLOP/s  %5.1f %% of peak\n", g_names[c], g, 100.0 * g / peak);
     }
     free(A), free(B), free(g_C);
     return 0;

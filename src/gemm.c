@@ -45,7 +45,7 @@ static void scale_c(int64_t M, int64_t N, float beta, float *C, int64_t ldc) {
 }
 
 /* One MR x NR tile; a partial one (rows x cols) through a zero-padded copy,
- * so that it gets the same micro-kernel as a whole one. */
+ * so that it gets the same arithmetic as a whole one. */
 static void tile(const attn_sgemm_kernel *kr, int64_t kc, const float *Ap, const float *Bp,
                  float *C, int64_t ldc, int64_t rows, int64_t cols, float alpha, float beta,
                  int first) {
@@ -58,7 +58,11 @@ static void tile(const attn_sgemm_kernel *kr, int64_t kc, const float *Ap, const
     memset(t, 0, sizeof t);
     if (!first || beta != 0.0f)
         for (int64_t r = 0; r < rows; r++) memcpy(t + r * nr, C + r * ldc, (size_t)cols * sizeof *t);
-    kr->ukr(kc, Ap, Bp, t, nr, alpha, beta, first);
+    /* a panel's last rows: the kernel of the fewest rows that covers them */
+    int i = 0;
+    while (i < 3 && (1 << i) < rows) i++;
+    ((1 << i) >= rows && (1 << i) < kr->mr ? kr->ukr_rows[i] : kr->ukr)(kc, Ap, Bp, t, nr, alpha,
+                                                                       beta, first);
     for (int64_t r = 0; r < rows; r++) memcpy(C + r * ldc, t + r * nr, (size_t)cols * sizeof *t);
 }
 

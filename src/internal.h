@@ -267,6 +267,10 @@ typedef struct {
      * acc + beta C (C not read when beta = 0), else C = alpha acc + C */
     void (*ukr)(int64_t kc, const float *Ap, const float *Bp, float *C, int64_t ldc, float alpha,
                 float beta, int first);
+    /* the same on the first 1, 2, 4, 8 rows only (ukr_rows[i]: min(2^i, mr)
+     * rows; the same arithmetic per element), for a panel's last rows */
+    void (*ukr_rows[4])(int64_t kc, const float *Ap, const float *Bp, float *C, int64_t ldc,
+                        float alpha, float beta, int first);
     /* panels p0 <= p < p1 (mr rows each) of op(A)[i0 : i0+mc, k0 : k0+kc]
      * into Ap (panel p at Ap + p*mr*kc: [kc][mr], rows past mc zeros) */
     void (*pack_a)(const float *A, int64_t lda, int ta, int64_t i0, int64_t mc, int64_t k0,

@@ -28,16 +28,25 @@
  *   first:              C = alpha acc + beta C
  *   later blocks:       C = alpha acc + C
  * The order depends only on kc, which gemm.c fixes per K, so every element
- * gets the same arithmetic whichever thread computes its tile. */
-static void sgemm_ukr(int64_t kc, const float *restrict Ap, const float *restrict Bp, float *C,
-                      int64_t ldc, float alpha, float beta, int first) {
+ * gets the same arithmetic whichever thread computes its tile. The body
+ * serves the whole tile (MRV = SG_MR) and the first MRV rows only (a
+ * panel's last rows: the same arithmetic per element, less work). */
+static inline __attribute__((always_inline)) void
+sgemm_ukr_body(const int MRV, int64_t kc, const float *restrict Ap, const float *restrict Bp,
+               float *C, int64_t ldc, float alpha, float beta, int first) {
     vf c[SG_MR][SG_NV];
-    SG_UNROLL for (int r = 0; r < SG_MR; r++) SG_UNROLL for (int v = 0; v < SG_NV; v++) c[r][v] =
+    SG_UNROLL for (int r = 0; r < MRV; r++) SG_UNROLL for (int v = 0; v < SG_NV; v++) c[r][v] =
         v_zero();
+    /* C's rows are ldc apart (other pages): fetch them while the k loop
+     * runs, for the update at its end */
+    SG_UNROLL for (int r = 0; r < MRV; r++) {
+        __builtin_prefetch(C + r * ldc, 1);
+        __builtin_prefetch(C + r * ldc + SG_NR - 1, 1);
+    }
     for (int64_t k = 0; k < kc; k++) {
         vf b[SG_NV];
         SG_UNROLL for (int v = 0; v < SG_NV; v++) b[v] = v_load(Bp + v * VL);
-        SG_UNROLL for (int r = 0; r < SG_MR; r++) {
+        SG_UNROLL for (int r = 0; r < MRV; r++) {
             const vf a = v_set1(Ap[r]);
             SG_UNROLL for (int v = 0; v < SG_NV; v++) c[r][v] = v_fma(a, b[v], c[r][v]);
         }
@@ -45,7 +54,7 @@ static void sgemm_ukr(int64_t kc, const float *restrict Ap, const float *restric
         Bp += SG_NR;
     }
     const vf al = v_set1(alpha), be = v_set1(beta);
-    SG_UNROLL for (int r = 0; r < SG_MR; r++) SG_UNROLL for (int v = 0; v < SG_NV; v++) {
+    SG_UNROLL for (int r = 0; r < MRV; r++) SG_UNROLL for (int v = 0; v < SG_NV; v++) {
         float *p = C + r * ldc + v * VL;
         vf out;
         if (!first)
@@ -58,6 +67,17 @@ static void sgemm_ukr(int64_t kc, const float *restrict Ap, const float *restric
     }
 }
 
+#define SG_UKR_ROWS(NAME, MRV)                                                                     \
+    static void NAME(int64_t kc, const float *restrict Ap, const float *restrict Bp, float *C,     \
+                     int64_t ldc, float alpha, float beta, int first) {                            \
+        sgemm_ukr_body((MRV) < SG_MR ? (MRV) : SG_MR, kc, Ap, Bp, C, ldc, alpha, beta, first);     \
+    }
+SG_UKR_ROWS(sgemm_ukr, SG_MR)
+/* the first 1, 2, 4, 8 rows (capped at SG_MR: a cap is the whole tile) */
+SG_UKR_ROWS(sgemm_ukr_1, 1)
+SG_UKR_ROWS(sgemm_ukr_2, 2)
+SG_UKR_ROWS(sgemm_ukr_4, 4)
+SG_UKR_ROWS(sgemm_ukr_8, 8)
 
 /* Panels p0 <= p < p1 of op(A)[i0 : i0+mc, k0 : k0+kc] (op(A)(i, k) at
  * A[i*lda + k], or A[k*lda + i] when ta) into Ap: panel p at
@@ -125,6 +145,7 @@ static void sgemm_pack_b(const float *B, int64_t ldb, int tb, int64_t k0, int64_
      .mc = SG_MC,                                                                                  \
      .nc = SG_NC,                                                                                  \
      .ukr = sgemm_ukr,                                                                             \
+     .ukr_rows = {sgemm_ukr_1, sgemm_ukr_2, sgemm_ukr_4, sgemm_ukr_8},                             \
      .pack_a = sgemm_pack_a,                                                                       \
      .pack_b = sgemm_pack_b}
 
