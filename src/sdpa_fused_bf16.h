@@ -226,32 +226,46 @@ static void bf16_block(const attn_fused_call *c, bscratch *w, const uint32_t *KP
     write_rows(c, w, dvp, b, h, i0, nq);
 }
 
-/* Decode: the nq <= BMR rows of (b, h) over K and V's rows, no packing. */
-static void bf16_decode(const attn_fused_call *c, bscratch *w, int64_t dvp, int64_t b, int64_t h) {
+/* Decode: query heads [g0, g1) of K/V head (b, hk)'s group, their
+ * R = (g1 - g0)·Lq rows stacked (row r: head hk·G + g0 + r / Lq, row
+ * r % Lq), over K and V's rows, no packing. Each K/V tile is read once for
+ * all R rows, in batches of BMR rows (the later batches from cache); every
+ * row's arithmetic is the same whatever rows share its batch. */
+static void bf16_decode(const attn_fused_call *c, bscratch *w, int64_t dvp, int64_t b, int64_t hk,
+                        int64_t g0, int64_t g1) {
     const attn_problem *pr = c->pr;
-    const int64_t nq = pr->Lq;
-    const uint16_t *q[BMR];
-    for (int64_t r = 0; r < nq; r++) {
-        q[r] = attn_bf16_row(c->q, b, h, r);
+    const int64_t Lq = pr->Lq, R = (g1 - g0) * Lq, h0 = hk * pr->group + g0;
+    for (int64_t r = 0; r < R; r++) {
         w->m[r] = -INFINITY;
         w->l[r] = 0.0f;
     }
-    memset(w->O, 0, (size_t)(nq * dvp) * sizeof(float));
-    int64_t l0, h0, l1, h1;
-    attn_row_range(pr, b, 0, &l0, &h0);
-    attn_row_range(pr, b, nq - 1, &l1, &h1);
+    memset(w->O, 0, (size_t)(R * dvp) * sizeof(float));
+    int64_t l0, h0r, l1, h1;
+    attn_row_range(pr, b, 0, &l0, &h0r);
+    attn_row_range(pr, b, Lq - 1, &l1, &h1);
     const int64_t lo = l0, hi = h1 > l0 ? h1 : l0;
-    const int64_t ks = c->k->stride[2], vs = c->v->stride[2], hk = attn_kv_head(pr, h);
+    const int64_t ks = c->k->stride[2], vs = c->v->stride[2];
     for (int64_t t = lo / BK; hi > lo && t <= (hi - 1) / BK; t++) {
         const int64_t j0 = t * BK, nk = bmin(BK, hi - j0), nvec = (nk + 15) / 16;
-        qk_direct((int)nq, q, attn_bf16_row(c->k, b, hk, j0), ks, nk, pr->Dk, w->S);
-        const int interior = bf16_interior(j0, nk, l1, h0);
-        for (int64_t r = 0; r < nq; r++)
-            softmax_row(pr, w, dvp, r, b, h, r, j0, nk, nvec, interior, NULL);
-        pv_direct((int)nq, w->pd, attn_bf16_row(c->v, b, hk, j0), vs, nk, pr->Dv, dvp, w->O);
+        const int interior = bf16_interior(j0, nk, l1, h0r);
+        const uint16_t *kt = attn_bf16_row(c->k, b, hk, j0), *vt = attn_bf16_row(c->v, b, hk, j0);
+        for (int64_t rb = 0; rb < R; rb += BMR) {
+            const int nb = (int)bmin(BMR, R - rb);
+            const uint16_t *q[BMR];
+            for (int r = 0; r < nb; r++) q[r] = attn_bf16_row(c->q, b, h0 + (rb + r) / Lq, (rb + r) % Lq);
+            qk_direct(nb, q, kt, ks, nk, pr->Dk, w->S + rb * BK);
+            for (int64_t r = rb; r < rb + nb; r++)
+                softmax_row(pr, w, dvp, r, b, h0 + r / Lq, r % Lq, j0, nk, nvec, interior, NULL);
+            pv_direct(nb, w->pd + rb * (BK / 2), vt, vs, nk, pr->Dv, dvp, w->O + rb * dvp);
+        }
     }
-    write_rows(c, w, dvp, b, h, 0, nq);
+    for (int64_t g = 0; g < g1 - g0; g++) { /* head h0 + g: rows g·Lq .. */
+        bscratch wh = *w;
+        wh.m += g * Lq, wh.l += g * Lq, wh.O += g * Lq * dvp;
+        write_rows(c, &wh, dvp, b, h0 + g, 0, Lq);
+    }
 }
+
 static attn_status bf16_forward(const attn_fused_call *c, attn_error *err) {
     const attn_problem *pr = c->pr;
     const int64_t BH = pr->B * pr->H, BHk = pr->B * pr->Hkv, G = pr->group;
@@ -280,9 +294,13 @@ static attn_status bf16_forward(const attn_fused_call *c, attn_error *err) {
             pack_kv(pr, c->k, c->v, x / ntile / pr->Hkv, x / ntile % pr->Hkv, x % ntile, np, dvp,
                     KP + x * np * BK, VP + x * (BK / 2) * dvp);
     }
+    /* decode: a work item is hpi query heads of one K/V head's group (the
+     * whole group unless that leaves threads idle) */
+    const int64_t parts = decode ? bmin(G, (4 * T + BHk - 1) / BHk) : 1;
+    const int64_t hpi = (G + parts - 1) / parts;
     /* per thread, 64-byte multiples: qd, S, pd, O, m, l, rm for `rows` rows,
      * and one packed tile when local */
-    const int64_t rows = bmin(BQ, pr->Lq), r16 = (rows + 15) / 16 * 16;
+    const int64_t rows = decode ? hpi * pr->Lq : bmin(BQ, pr->Lq), r16 = (rows + 15) / 16 * 16;
     const int64_t n_qd = (rows * np + 15) / 16 * 16, n_S = rows * BK, n_pd = (rows * BK / 2 + 15) / 16 * 16;
     const int64_t nt = head ? ntile : local, n_O = rows * dvp, n_kp = nt * np * BK,
                   n_vp = nt * (BK / 2) * dvp;
@@ -308,7 +326,10 @@ static attn_status bf16_forward(const attn_fused_call *c, attn_error *err) {
         w.vp = base + n_kp;
         if (decode) {
 #pragma omp for schedule(dynamic)
-            for (int64_t x = 0; x < BH; x++) bf16_decode(c, &w, dvp, x / pr->H, x % pr->H);
+            for (int64_t x = 0; x < BHk * parts; x++) {
+                const int64_t kv = x / parts, g0 = x % parts * hpi;
+                if (g0 < G) bf16_decode(c, &w, dvp, kv / pr->Hkv, kv % pr->Hkv, g0, bmin(G, g0 + hpi));
+            }
         } else if (head) {
 #pragma omp for schedule(dynamic)
             for (int64_t x = 0; x < BHk; x++) {

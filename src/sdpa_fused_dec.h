@@ -1,6 +1,7 @@
 /* The fused decode kernels for Lq <= FUSED_DECODE_MAXLQ (part of
  * sdpa_fused_template.h): keys split in fixed chunks, a partial (max, sum,
- * acc) per query row and chunk, merged in chunk order; the backward writes
+ * acc) per query row and chunk, merged in chunk order; the forward reads a
+ * K/V chunk once for all query rows of its group; the backward writes
  * each chunk's dK/dV rows and a partial dQ, summed in chunk order. */
 #ifndef ATTN_SDPA_FUSED_DEC_H
 #define ATTN_SDPA_FUSED_DEC_H

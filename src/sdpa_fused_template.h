@@ -38,7 +38,8 @@
  * thread count.
  * Decode (Lq <= FUSED_DECODE_MAXLQ): keys split in fixed chunks (independent
  * of the thread count), partial (max, sum, accumulator) per chunk, merged in
- * chunk order; its backward writes each chunk's dK/dV rows and a partial dQ,
+ * chunk order; a work item reads one K/V head (or one chunk of it) for all
+ * query rows of its group at once (grouped-query attention); its backward writes each chunk's dK/dV rows and a partial dQ,
  * summed in chunk order. Scores there are row dot products (vectors along
  * d), the same function in forward and backward.
  *

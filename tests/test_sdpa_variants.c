@@ -369,7 +369,8 @@ static void test_variants_grid(void) {
  * rows than one batch (G 8 with Lq 3 or 4: 24 or 32 rows): against the
  * oracle, with and without soft-capping, ALiBi and sinks together. Then the
  * forward bitwise the same on 1, 2 and 3 threads (2 x 2 K/V heads run whole
- * on 1 thread and as chunks spread over the threads on 2 and 3). */
+ * on 1 thread and as chunks spread over the threads on 2 and 3); bf16 the
+ * same way with 8 query heads on one K/V head. */
 static void test_grouped_decode(void) {
     static float slopes[8] = {0.5f, 0.25f, 0.125f, 0.0625f, 0.03125f, 0.7f, 0.0f, 1.0f / 256};
     static float sinks[8] = {0.5f, -1.0f, 2.0f, 0.0f, -3.0f, 1.0f, 4.0f, -0.25f};
@@ -428,6 +429,43 @@ static void test_grouped_decode(void) {
               "grouped decode: threads 1 vs %d differ", t + 1);
     for (int t = 0; t < 3; t++) free(o[t]), free(lse[t]);
     free(q), free(k), free(v);
+    /* bf16: 8 query heads on one K/V head, Lq 3 (24 rows: batches of the
+     * kernel's rows mixing heads), against the oracle on the bf16 values
+     * (out in fp32; the bound of test_bf16's bf16 out), and bitwise the
+     * same on 1 and 3 threads (the group split in parts differently) */
+    {
+        const vdims d8 = {2, H, 1, Lq, Lk, D, D};
+        const size_t nq8 = (size_t)(2 * H * Lq * D), nk8 = (size_t)(2 * Lk * D);
+        float *fq = tu_malloc(nq8 * 4), *fk = tu_malloc(nk8 * 4), *fv = tu_malloc(nk8 * 4);
+        uint16_t *hq = tu_malloc(nq8 * 2), *hk = tu_malloc(nk8 * 2), *hv = tu_malloc(nk8 * 2);
+        tu_fill(&r, fq, nq8, -2, 2), tu_fill(&r, fk, nk8, -2, 2), tu_fill(&r, fv, nk8, -1, 1);
+        attn_bf16_from_f32(fq, hq, nq8), attn_bf16_from_f32(fk, hk, nk8), attn_bf16_from_f32(fv, hv, nk8);
+        attn_f32_from_bf16(hq, fq, nq8), attn_f32_from_bf16(hk, fk, nk8), attn_f32_from_bf16(hv, fv, nk8);
+        double *q8 = tu_doubles(fq, nq8), *k8 = tu_doubles(fk, nk8), *v8 = tu_doubles(fv, nk8);
+        double *out = tu_malloc(nq8 * 8), *lse8 = tu_malloc(nq8 * 8), *w8 = tu_malloc(nq8 / D * Lk * 8);
+        attn_sdpa_params p = {0};
+        p.causal = 1, p.use_softcap = 1, p.softcap = 3.0f, p.alibi_slopes = slopes, p.sinks = sinks;
+        oracle(&d8, q8, k8, v8, &p, NULL, NULL, out, lse8, w8, NULL, NULL, NULL, NULL, NULL);
+        float *ob[2];
+        for (int t = 0; t < 2; t++) {
+            ob[t] = tu_malloc(nq8 * 4);
+            attn_tensor tq = attn_tensor_bhld_bf16(hq, 2, H, Lq, D),
+                        tk = attn_tensor_bhld_bf16(hk, 2, 1, Lk, D),
+                        tv = attn_tensor_bhld_bf16(hv, 2, 1, Lk, D),
+                        to = attn_tensor_bhld(ob[t], 2, H, Lq, D);
+            attn_sdpa_params pb = p;
+            pb.dtype = ATTN_BF16, pb.out_dtype = ATTN_F32, pb.impl = ATTN_IMPL_FUSED;
+            pb.num_threads = t ? 3 : 1;
+            attn_error err;
+            CHECK(attn_sdpa_forward(&tq, &tk, &tv, &pb, &to, NULL, NULL, NULL, &err) == ATTN_OK,
+                  "%s", err.message);
+        }
+        const double eo = gu_relerr(ob[0], out, nq8, 1e-3);
+        CHECK(eo < 5e-3, "grouped decode bf16 (G 8, Lq 3): out error %.2e", eo);
+        CHECK(memcmp(ob[0], ob[1], nq8 * 4) == 0, "grouped decode bf16: threads 1 vs 3 differ");
+        free(ob[0]), free(ob[1]), free(fq), free(fk), free(fv), free(hq), free(hk), free(hv);
+        free(q8), free(k8), free(v8), free(out), free(lse8), free(w8);
+    }
 }
 
 /* ------------------------------------------------------------ thread invariance */
