@@ -9,8 +9,8 @@
 #   - `import attn` with /usr/bin/python3 from P's site directory
 #     (PYTHONPATH=that, no ATTN_LIBRARY), which must load P's libattn, and a
 #     causal SDPA checked against numpy fp64;
-#   - `import molgen.metrics` from the same site directory, with the MOSES
-#     filter lists it reads (22 + 480 patterns), and with RDKit
+#   - `import molgen.metrics` from the same site directory, with
+#     molgen.moses_filters and the lists it reads (22 + 480 patterns), and with RDKit
 #     `python3 -m molgen.metrics` on 4 lines whose validity, uniqueness and
 #     novelty are counted by hand; python/pyproject.toml's version is the
 #     project's.
@@ -138,7 +138,8 @@ EOF
 
 grep -qxF "version = \"$version\"" "$src/python/pyproject.toml" \
     || fail "python/pyproject.toml's version is not the project's $version"
-for f in molgen/__init__.py molgen/metrics.py molgen/props.py molgen/moses_filters/mcf.csv \
+for f in molgen/__init__.py molgen/metrics.py molgen/props.py molgen/moses_filters/__init__.py \
+         molgen/moses_filters/mcf.csv molgen/chem_helper.py molgen/graph_ga.py \
          molgen/moses_filters/wehi_pains.csv molgen/scoring/__init__.py \
          molgen/scoring/pmo/qed.toml molgen/scoring/pmo/valsartan_smarts.toml; do
     [ -f "$site/$f" ] || fail "not installed: P's $f"
@@ -149,8 +150,9 @@ PYTHONPATH=$site "$py" - "$site" <<'EOF' || fail "the installed molgen package"
 import json, os, subprocess, sys
 site = sys.argv[1]
 import molgen.metrics as m
+import molgen.moses_filters as f
 assert os.path.dirname(os.path.dirname(os.path.abspath(m.__file__))) == site, m.__file__
-assert len(m.read_filter_smarts()) == 22 + 480, "MCF 22 + PAINS 480 patterns"
+assert len(f.read_filter_smarts()) == 22 + 480, "MCF 22 + PAINS 480 patterns"
 try:
     import rdkit  # noqa: F401
 except ImportError:
