@@ -36,6 +36,12 @@ void attn_test_sgemm_blocking(int64_t kc, int64_t mc, int64_t nc) {
     g_block[0] = kc, g_block[1] = mc, g_block[2] = nc;
 }
 
+/* attn_test_sgemm_fallback: nonzero takes the path of a failed packing
+ * allocation (OpenBLAS), so that the tests reach it. */
+static int g_fallback;
+
+void attn_test_sgemm_fallback(int on) { g_fallback = on; }
+
 static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 /* C = beta C (K = 0 or alpha = 0: A and B are not read; beta = 0 writes
  * zeros without reading C). */
@@ -115,7 +121,7 @@ void attn_sgemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, co
     const size_t astep = (abytes + 63) / 64 * 64;
     float *Apall = aligned_alloc(64, astep * (size_t)threads);
     float *Bp = aligned_alloc(64, (bbytes + 63) / 64 * 64);
-    if (!Apall || !Bp) {
+    if (!Apall || !Bp || g_fallback) {
         free(Apall), free(Bp);
         sgemm_blas(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
         return;

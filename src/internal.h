@@ -284,6 +284,9 @@ typedef struct {
  * place of every kernel's own (MC and NC rounded up to whole tiles); 0: the
  * kernel's. Not thread-safe against products in flight. */
 void attn_test_sgemm_blocking(int64_t kc, int64_t mc, int64_t nc);
+/* Test hook: nonzero sends every product down the fallback a failed packing
+ * allocation takes (one single-threaded OpenBLAS sgemm); 0: normal. */
+void attn_test_sgemm_fallback(int on);
 /* isa.c: the micro-kernel of the active row (as attn_fused_kernels_active). */
 const attn_sgemm_kernel *attn_sgemm_kernel_active(void);
 

@@ -15,6 +15,10 @@
  *    |c - ref| <= gamma_(K+4) (|alpha| sum_k |a b| + |beta c0|), with
  *    gamma_n = n u / (1 - n u), u = 2^-24;
  *  - 1, 2 and 3 threads give bitwise the same C (both blockings);
+ *  - the OpenBLAS fallback (taken when the packing buffers cannot be
+ *    allocated; attn_test_sgemm_fallback forces it): the same shapes
+ *    against the same bound (it holds for any order of the K products'
+ *    sums) and 1, 2, 3 threads bitwise equal;
  *  - a row of C does not depend on the rows around it: each row of a
  *    product equals, bitwise, the same row computed alone (M = 1) and in a
  *    product of a few rows starting elsewhere (what lets molgen batch
@@ -172,6 +176,21 @@ static void test_row(int i, const char *row) {
            row, kr->mr, kr->nr, (long long)kr->kc, (long long)kr->mc, (long long)kr->nc, worst);
 }
 
+/* The fallback, on the CPU's own row. */
+static void test_fallback(void) {
+    attn_test_sgemm_fallback(1);
+    tu_rng rng = tu_seed(99);
+    double worst = 0;
+    for (size_t s = 0; s < sizeof g_shapes / sizeof *g_shapes; s++)
+        for (int t = 0; t < 4; t++) {
+            const double w = one_case("fallback", &g_shapes[s], t & 1, t >> 1, &rng);
+            worst = w > worst ? w : worst;
+        }
+    thread_invariance("fallback", 75, 100, 133, &rng);
+    attn_test_sgemm_fallback(0);
+    printf("test_sgemm: OpenBLAS fallback: worst error %.3g of the bound\n", worst);
+}
+
 int main(void) {
     float x = 0.5f, y;
     for (int i = 0; attn_test_isa_name(i); i++) {
@@ -184,5 +203,6 @@ int main(void) {
     }
     unsetenv("ATTN_FUSED_ISA");
     attn_test_reload_env();
+    test_fallback();
     return tu_report("test_sgemm");
 }
