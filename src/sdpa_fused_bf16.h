@@ -252,7 +252,8 @@ static void bf16_decode(const attn_fused_call *c, bscratch *w, int64_t dvp, int6
         for (int64_t rb = 0; rb < R; rb += BMR) {
             const int nb = (int)bmin(BMR, R - rb);
             const uint16_t *q[BMR];
-            for (int r = 0; r < nb; r++) q[r] = attn_bf16_row(c->q, b, h0 + (rb + r) / Lq, (rb + r) % Lq);
+            for (int r = 0; r < nb; r++)
+                q[r] = attn_bf16_row(c->q, b, h0 + (rb + r) / Lq, (rb + r) % Lq);
             qk_direct(nb, q, kt, ks, nk, pr->Dk, w->S + rb * BK);
             for (int64_t r = rb; r < rb + nb; r++)
                 softmax_row(pr, w, dvp, r, b, h0 + r / Lq, r % Lq, j0, nk, nvec, interior, NULL);
@@ -328,7 +329,8 @@ static attn_status bf16_forward(const attn_fused_call *c, attn_error *err) {
 #pragma omp for schedule(dynamic)
             for (int64_t x = 0; x < BHk * parts; x++) {
                 const int64_t kv = x / parts, g0 = x % parts * hpi;
-                if (g0 < G) bf16_decode(c, &w, dvp, kv / pr->Hkv, kv % pr->Hkv, g0, bmin(G, g0 + hpi));
+                if (g0 < G)
+                    bf16_decode(c, &w, dvp, kv / pr->Hkv, kv % pr->Hkv, g0, bmin(G, g0 + hpi));
             }
         } else if (head) {
 #pragma omp for schedule(dynamic)

@@ -59,12 +59,14 @@ static void dec_scores(const kctx *c, const float *qr, float *tmp, int64_t b, in
             const float *kr = row_of(c->k, b, KVH(pr, h), j);
             for (int u = 0; u < 16; u++, kr += ks) {
                 vf acc = v_zero();
-                for (int64_t d = 0; d < Dk; d += VL) acc = v_fma(v_load(qr + d), v_load(kr + d), acc);
+                for (int64_t d = 0; d < Dk; d += VL)
+                    acc = v_fma(v_load(qr + d), v_load(kr + d), acc);
                 v_store(blk[0] + 16 * u, acc);
             }
             v_transpose_block(blk[0], 16, blk[1], 16); /* blk[1] row l: lane l of the 16 keys */
             vf r[8];
-            for (int l = 0; l < 8; l++) r[l] = v_add(v_load(blk[1] + 16 * (l + 8)), v_load(blk[1] + 16 * l));
+            for (int l = 0; l < 8; l++)
+                r[l] = v_add(v_load(blk[1] + 16 * (l + 8)), v_load(blk[1] + 16 * l));
             for (int l = 0; l < 4; l++) r[l] = v_add(r[l + 4], r[l]);
             r[0] = v_add(r[0], r[2]);
             r[1] = v_add(r[1], r[3]);
@@ -72,8 +74,10 @@ static void dec_scores(const kctx *c, const float *qr, float *tmp, int64_t b, in
         }
         for (int64_t u = a; u < j; u++) {
             if (variants) s[u - a] = attn_score_variants(pr, h, i, u, s[u - a], NULL);
-            if (bm && !bm[u * pr->bms[3]]) s[u - a] = -INFINITY;
-            else if (am) s[u - a] += am[u * pr->ams[3]];
+            if (bm && !bm[u * pr->bms[3]])
+                s[u - a] = -INFINITY;
+            else if (am)
+                s[u - a] += am[u * pr->ams[3]];
         }
     }
 #endif
@@ -135,7 +139,8 @@ static void dec_scores_group(const kctx *c, const float *q, int64_t R, int64_t b
     const int64_t Lq = pr->Lq, dkp = c->dkp;
     if (!c->k_rows) { /* strided or ragged K rows: row by row (copies each key row) */
         for (int64_t r = 0; r < R; r++)
-            dec_scores(c, q + r * dkp, tmp, b, h0 + (i0 + r) / Lq, (i0 + r) % Lq, A, E, s + r * lds);
+            dec_scores(c, q + r * dkp, tmp, b, h0 + (i0 + r) / Lq, (i0 + r) % Lq, A, E,
+                       s + r * lds);
         return;
     }
     const int64_t Dk = pr->Dk, ks = c->k->stride[2];
@@ -156,7 +161,8 @@ static void dec_scores_group(const kctx *c, const float *q, int64_t R, int64_t b
                 for (int r = 0; r < rb; r++) {
                     v_transpose_block(blk[r], 16, tr, 16); /* tr row l: lane l of the 16 keys */
                     vf x[8];
-                    for (int l = 0; l < 8; l++) x[l] = v_add(v_load(tr + 16 * (l + 8)), v_load(tr + 16 * l));
+                    for (int l = 0; l < 8; l++)
+                        x[l] = v_add(v_load(tr + 16 * (l + 8)), v_load(tr + 16 * l));
                     for (int l = 0; l < 4; l++) x[l] = v_add(x[l + 4], x[l]);
                     x[0] = v_add(x[0], x[2]);
                     x[1] = v_add(x[1], x[3]);
@@ -170,7 +176,8 @@ static void dec_scores_group(const kctx *c, const float *q, int64_t R, int64_t b
         for (int64_t r0 = 0; r0 < R; r0 += 4) {
             const int rb = (int)imin(4, R - r0);
             dec_lanes_n(rb, q + r0 * dkp, dkp, K0 + j * ks, Dk, lanes, VL);
-            for (int r = 0; r < rb; r++) s[(r0 + r) * lds + (j - A)] = sc * v_hsum(v_load(lanes + r * VL));
+            for (int r = 0; r < rb; r++)
+                s[(r0 + r) * lds + (j - A)] = sc * v_hsum(v_load(lanes + r * VL));
         }
     }
     /* soft-capping, ALiBi, then the masks, per row (dec_scores' order) */
@@ -185,8 +192,10 @@ static void dec_scores_group(const kctx *c, const float *q, int64_t R, int64_t b
         float *sr = s + r * lds - A;
         for (int64_t u = A; u < E; u++) {
             if (variants) sr[u] = attn_score_variants(pr, h, i, u, sr[u], NULL);
-            if (bm && !bm[u * pr->bms[3]]) sr[u] = -INFINITY;
-            else if (am) sr[u] += am[u * pr->ams[3]];
+            if (bm && !bm[u * pr->bms[3]])
+                sr[u] = -INFINITY;
+            else if (am)
+                sr[u] += am[u * pr->ams[3]];
         }
     }
 }
@@ -194,8 +203,8 @@ static void dec_scores_group(const kctx *c, const float *q, int64_t R, int64_t b
 /* acc[dvp] = Σ_j s[j]·V[a + j] over n keys of K/V head kvh, skipping zero
  * weights (a zero weight times a non-finite V entry would give NaN where
  * the reference skips the key). tmp: dvp floats. */
-static void dec_pv_skip(const kctx *c, int64_t b, int64_t kvh, int64_t a, int64_t n,
-                        const float *s, float *acc, float *tmp) {
+static void dec_pv_skip(const kctx *c, int64_t b, int64_t kvh, int64_t a, int64_t n, const float *s,
+                        float *acc, float *tmp) {
     const attn_tensor *V = c->v;
     const int64_t Dv = c->pr->Dv, dvp = c->dvp;
     const int vcontig = V->stride[3] == 1;
@@ -331,8 +340,9 @@ static void dec_group_chunk(const kctx *c, const dws *d, float *w, int64_t b, in
      * a row poisoned by a zero weight on a non-finite V entry is redone
      * skipping zero weights, as is every row when V rows are not in place */
     if (c->v_rows) {
-        const tile_prod t = {R,   dvp / VL, E - A, s, lds, 1, row_of(c->v, b, kvh, A), c->v->stride[2],
-                             pacc, nch * dvp};
+        const tile_prod t = {
+            R,    dvp / VL, E - A, s, lds, 1, row_of(c->v, b, kvh, A), c->v->stride[2],
+            pacc, nch * dvp};
         gemm(&t, 0, 1.0f, c->mode);
     }
     for (int64_t r = 0; r < R; r++) {
@@ -350,7 +360,8 @@ static void dec_group_chunk(const kctx *c, const dws *d, float *w, int64_t b, in
         }
         if (redo) dec_pv_skip(c, b, kvh, A, E - A, s + r * lds, acc, tmp);
         pl[r * nch] = sm[r];
-        pm[r * nch] = sm[r] == sm[r] ? mx[r] : INFINITY; /* NaN sum (poisoned row): make the merge see it */
+        pm[r * nch] =
+            sm[r] == sm[r] ? mx[r] : INFINITY; /* NaN sum (poisoned row): make the merge see it */
     }
 }
 
@@ -404,7 +415,8 @@ static void dec_item(const kctx *c, const attn_fused_call *call, const dws *d, i
     float *w = d->ws + (int64_t)tid * d->per;
     const int64_t g = whole ? it : it / nch, b = g / pr->Hkv, kvh = g % pr->Hkv;
     for (int64_t ch = whole ? 0 : it % nch; ch < (whole ? nch : it % nch + 1); ch++)
-        for (int64_t rb = 0; rb < R; rb += RB) dec_group_chunk(c, d, w, b, kvh, ch, rb, imin(RB, R - rb));
+        for (int64_t rb = 0; rb < R; rb += RB)
+            dec_group_chunk(c, d, w, b, kvh, ch, rb, imin(RB, R - rb));
     if (!whole) return;
     const int64_t row0 = (b * pr->H + kvh * pr->group) * pr->Lq;
     for (int64_t r = row0; r < row0 + R; r++)

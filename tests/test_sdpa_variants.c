@@ -380,7 +380,8 @@ static void test_grouped_decode(void) {
         for (int64_t lq = 1; lq <= 4; lq++, n++) {
             vdims d = {2, H, H / G, lq, Lk, D, D};
             attn_sdpa_params p = {0};
-            if (n % 2) p.use_softcap = 1, p.softcap = 4.0f, p.alibi_slopes = slopes, p.sinks = sinks;
+            if (n % 2)
+                p.use_softcap = 1, p.softcap = 4.0f, p.alibi_slopes = slopes, p.sinks = sinks;
             int64_t kl[2] = {Lk, 37};
             attn_mask bm;
             uint8_t *bmd = NULL;
@@ -414,7 +415,8 @@ static void test_grouped_decode(void) {
     for (int t = 0; t < 3; t++) {
         o[t] = tu_malloc(nq * 4), lse[t] = tu_malloc(nr * 4);
         attn_tensor tq = attn_tensor_bhld(q, B, H, Lq, D), tk = attn_tensor_bhld(k, B, Hk, Lk2, D),
-                    tv = attn_tensor_bhld(v, B, Hk, Lk2, D), to = attn_tensor_bhld(o[t], B, H, Lq, D);
+                    tv = attn_tensor_bhld(v, B, Hk, Lk2, D),
+                    to = attn_tensor_bhld(o[t], B, H, Lq, D);
         attn_sdpa_params p = {0};
         p.causal = 1, p.use_softcap = 1, p.softcap = 3.0f, p.alibi_slopes = slopes, p.sinks = sinks;
         p.impl = ATTN_IMPL_FUSED, p.num_threads = t + 1;
@@ -439,10 +441,13 @@ static void test_grouped_decode(void) {
         float *fq = tu_malloc(nq8 * 4), *fk = tu_malloc(nk8 * 4), *fv = tu_malloc(nk8 * 4);
         uint16_t *hq = tu_malloc(nq8 * 2), *hk = tu_malloc(nk8 * 2), *hv = tu_malloc(nk8 * 2);
         tu_fill(&r, fq, nq8, -2, 2), tu_fill(&r, fk, nk8, -2, 2), tu_fill(&r, fv, nk8, -1, 1);
-        attn_bf16_from_f32(fq, hq, nq8), attn_bf16_from_f32(fk, hk, nk8), attn_bf16_from_f32(fv, hv, nk8);
-        attn_f32_from_bf16(hq, fq, nq8), attn_f32_from_bf16(hk, fk, nk8), attn_f32_from_bf16(hv, fv, nk8);
+        attn_bf16_from_f32(fq, hq, nq8), attn_bf16_from_f32(fk, hk, nk8);
+        attn_bf16_from_f32(fv, hv, nk8);
+        attn_f32_from_bf16(hq, fq, nq8), attn_f32_from_bf16(hk, fk, nk8);
+        attn_f32_from_bf16(hv, fv, nk8);
         double *q8 = tu_doubles(fq, nq8), *k8 = tu_doubles(fk, nk8), *v8 = tu_doubles(fv, nk8);
-        double *out = tu_malloc(nq8 * 8), *lse8 = tu_malloc(nq8 * 8), *w8 = tu_malloc(nq8 / D * Lk * 8);
+        double *out = tu_malloc(nq8 * 8), *lse8 = tu_malloc(nq8 * 8),
+               *w8 = tu_malloc(nq8 / D * Lk * 8);
         attn_sdpa_params p = {0};
         p.causal = 1, p.use_softcap = 1, p.softcap = 3.0f, p.alibi_slopes = slopes, p.sinks = sinks;
         oracle(&d8, q8, k8, v8, &p, NULL, NULL, out, lse8, w8, NULL, NULL, NULL, NULL, NULL);
