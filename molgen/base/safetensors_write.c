@@ -2,6 +2,7 @@
  * safetensors.h). */
 #define _POSIX_C_SOURCE 200809L
 #include "base/safetensors.h"
+#include "base/atomic_file.h"
 #include "base/errors.h"
 #include "base/json.h"
 #include "base/st_internal.h"
@@ -191,37 +192,6 @@ mg_status mg_st_serialize(const mg_st_tensor *t, size_t nt, const mg_st_kv *meta
     return 0;
 }
 
-/* fsync of path's directory, so that a rename into it is durable. */
-static mg_status sync_dir(const char *path, mg_error *err) {
-    const char *slash = strrchr(path, '/');
-    char *dir;
-    if (!slash) {
-        dir = malloc(2);
-        if (dir) strcpy(dir, ".");
-    } else {
-        size_t dl = slash == path ? 1 : (size_t)(slash - path);
-        dir = malloc(dl + 1);
-        if (dir) {
-            memcpy(dir, path, dl);
-            dir[dl] = '\0';
-        }
-    }
-    if (!dir) return mg_fail(err, MG_ERR_NOMEM, "out of memory");
-    mg_status rc = MG_OK;
-    int fd = open(dir, O_RDONLY);
-    if (fd < 0) {
-        rc = mg_fail(err, MG_ERR_IO, "wrote %s but cannot open directory %s to fsync: %s", path,
-                     dir, strerror(errno));
-    } else {
-        if (fsync(fd) != 0 && errno != EINVAL && errno != EROFS)
-            rc = mg_fail(err, MG_ERR_IO, "wrote %s but fsync of directory %s failed: %s", path,
-                         dir, strerror(errno));
-        close(fd);
-    }
-    free(dir);
-    return rc;
-}
-
 /* The file's bytes into f: the header's length, the header, the tensors'
  * data in ord's order. 1 when every write succeeded. */
 static int write_body(FILE *f, const char *hdr, size_t hlen, const mg_st_tensor *t, size_t nt,
@@ -236,35 +206,6 @@ static int write_body(FILE *f, const char *hdr, size_t hlen, const mg_st_tensor 
         if (nb && fwrite(x->data, 1, (size_t)nb, f) != (size_t)nb) ok = 0;
     }
     return ok;
-}
-
-/* The temporary f (at tmp, written: ok) flushed, fsynced, closed and
- * renamed over path; on any failure it is removed. */
-static mg_status commit_temp(FILE *f, int ok, const char *tmp, const char *path, mg_error *err) {
-    int e;
-    if (!ok || fflush(f) != 0) {
-        e = errno;
-        fclose(f);
-        remove(tmp);
-        return mg_fail(err, MG_ERR_IO, "write error on %s: %s", tmp, strerror(e));
-    }
-    if (fsync(fileno(f)) != 0) {
-        e = errno;
-        fclose(f);
-        remove(tmp);
-        return mg_fail(err, MG_ERR_IO, "fsync %s: %s", tmp, strerror(e));
-    }
-    if (fclose(f) != 0) {
-        e = errno;
-        remove(tmp);
-        return mg_fail(err, MG_ERR_IO, "close %s: %s", tmp, strerror(e));
-    }
-    if (rename(tmp, path) != 0) {
-        e = errno;
-        remove(tmp);
-        return mg_fail(err, MG_ERR_IO, "rename %s -> %s: %s", tmp, path, strerror(e));
-    }
-    return MG_OK;
 }
 
 mg_status mg_st_write(const char *path, const mg_st_tensor *t, size_t nt, const mg_st_kv *meta,
@@ -293,8 +234,8 @@ mg_status mg_st_write(const char *path, const mg_st_tensor *t, size_t nt, const 
             remove(tmp);
         }
         rc = mg_fail(err, MG_ERR_IO, "cannot create a temporary for %s: %s", path, strerror(e));
-    } else if (!(rc = commit_temp(f, write_body(f, hdr, hlen, t, nt, ord), tmp, path, err))) {
-        rc = sync_dir(path, err);
+    } else {
+        rc = mg_atomic_commit(f, write_body(f, hdr, hlen, t, nt, ord), tmp, path, path, err);
     }
     free(tmp);
     free(hdr);

@@ -5,6 +5,7 @@
 #include "nn/packed_gemm.h"
 #include "nn/model.h"
 #include "base/util.h"
+#include "base/atomic_file.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -589,24 +590,17 @@ static const char *target_of(const char *tmp, const char *path, char *buf, size_
 }
 
 mg_status mg_cli_atomic_commit(FILE *f, const char *tmp, const char *path, mg_error *err) {
+    if (tmp[0]) { /* a file: the one durable commit (atomic_file.h) */
+        char target[4096];
+        return mg_atomic_commit(f, 1, tmp, target_of(tmp, path, target, sizeof target), path, err);
+    }
     int bad = fflush(f) != 0 || ferror(f);
     int e = errno;
     if (fclose(f) != 0 && !bad) {
         bad = 1;
         e = errno;
     }
-    if (!tmp[0])
-        return bad ? mg_fail(err, MG_ERR_IO, "error writing %s: %s", path, strerror(e)) : MG_OK;
-    char target[4096];
-    if (!bad && rename(tmp, target_of(tmp, path, target, sizeof target)) != 0) {
-        bad = 1;
-        e = errno;
-    }
-    if (bad) {
-        unlink(tmp);
-        return mg_fail(err, MG_ERR_IO, "error writing %s: %s (nothing written)", path, strerror(e));
-    }
-    return 0;
+    return bad ? mg_fail(err, MG_ERR_IO, "error writing %s: %s", path, strerror(e)) : MG_OK;
 }
 
 mg_status mg_cli_atomic_commit_if(FILE *f, int write_rc, const char *tmp, const char *path,

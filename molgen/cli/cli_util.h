@@ -101,9 +101,9 @@ mg_status mg_cli_check_output_dir(const char *dir, mg_error *err);
 
 /* Writing an output by its kind: mg_cli_atomic_open opens a FILE output's
  * temporary "<target>.tmp.<pid>.XXXXXX" (its name in tmp[tmplen]) or a STREAM /
- * STDOUT output itself (tmp[0] = 0); mg_cli_atomic_commit flushes, closes
- * and renames the temporary over the target, or on any error (a full disk,
- * EFBIG) removes it and leaves the target as it was ("... (nothing
+ * STDOUT output itself (tmp[0] = 0); mg_cli_atomic_commit commits a temporary
+ * over the target durably (base/atomic_file.h: flushed, fsynced, renamed,
+ * its directory synced), or on any error (a full disk, EFBIG) removes it and leaves the target as it was ("... (nothing
  * written)"); a stream is flushed and closed, its error reported. Both
  * return NULL / -1 with a message. */
 FILE *mg_cli_atomic_open(const char *path, char *tmp, size_t tmplen, mg_error *err);
