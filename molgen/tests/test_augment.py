@@ -1,4 +1,4 @@
-"""molgen train --augment randomized (issue 15), through the binary, with
+"""molgen train --augment randomized, through the binary, with
 RDKit as the oracle:
 
 - molgen.randomize_smiles writes, per data line, copies that are the same

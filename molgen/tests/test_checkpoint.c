@@ -1,4 +1,4 @@
-/* Tests for the value rules of molgen/train/checkpoint.h (issue 23, defect 3):
+/* Tests for the value rules of molgen/train/checkpoint.h:
  * the checkpoint writer (mg_ckpt_save) and the model writer (mg_model_save)
  * refuse a NaN / Inf parameter, moment or average and a negative second
  * moment, naming the tensor and element, and leave the file that was there

@@ -1,5 +1,5 @@
-"""Checkpoints and models whose numbers are not valid (issue 23, defects 3 and
-7), tried through the molgen binary ($MOLGEN_BIN, else <dir of
+"""Checkpoints and models whose numbers are not valid, tried
+through the molgen binary ($MOLGEN_BIN, else <dir of
 $ATTN_LIBRARY>/molgen/molgen, else build/molgen/molgen):
 
 3. a checkpoint whose optimizer moments or average hold NaN / Inf or a

@@ -1,4 +1,4 @@
-"""molgen sample --constrain (issue 15): the mask checked by independent
+"""molgen sample --constrain: the mask checked by independent
 oracles through the binary.
 
 - RDKit: with --constrain syntax every molecule that ended (EOS before
@@ -12,7 +12,7 @@ oracles through the binary.
   existed: the digest of the shipped model's samples recorded with the
   binary of commit bdb073f.
 - The sidecar OUT.json names the mode; a bad mode is a usage error.
-- --constrain-method reject (issue 34): on a small model of 40 short
+- --constrain-method reject: on a small model of 40 short
   molecules, its samples are distributed as the unconstrained samples that
   pass the check (molgen debug-check, the checker's own verdict on the whole
   string), by a chi-square test of homogeneity, which the masked sampler

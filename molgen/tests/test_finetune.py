@@ -8,7 +8,7 @@ counted in the summary and said once; tokens outside its vocabulary are
 refused (test_extend_vocab.py); conflicting model options are
 refused with a message that says why.
 
-Generalising (issue 23): with --init the run validates on at least 50
+Generalising: with --init the run validates on at least 50
 molecules, keeps the best scheduled validation's state (bitwise the state a
 --keep last run stopped at that step holds), stops after --patience
 validations without improvement, resumes a best-kept checkpoint into the

@@ -1,6 +1,6 @@
 """The end-of-run report of `train --init` compares the fine-tuned model's
 validity with the base model's on the same draws and says what to change
-when fine-tuning drifts (issue 32, item 16), through the binary:
+when fine-tuning drifts, through the binary:
 
 - the report has "check: validity F% fine-tuned vs B% for BASE on the same
   N draws" and the JSON's check has base_syntax_ok;

@@ -1,5 +1,4 @@
-"""Where molgen's outputs go (issue 23, defects 1, 2 and 5), through the
-binary:
+"""Where molgen's outputs go, through the binary:
 
 - an existing FIFO or character device as --out is written through (a
   reader gets the very bytes a regular file gets) and never replaced; so is

@@ -1,5 +1,5 @@
 """What molgen does with files an attacker (or the user) planted where it
-writes (issue 32, items 1 and 2), through the binary and molgen.report:
+writes, through the binary and molgen.report:
 
 - symbolic links planted at the names of an output's temporaries
   ("<out>.tmp.<pid>" for the pids molgen will get, report.html.tmp) are

@@ -1,5 +1,5 @@
-"""molgen train --resume and the options given with it (issue 23, defect 4),
-and two option values that used to be changed silently (defect 8).
+"""molgen train --resume and the options given with it,
+and two option values that used to be changed silently.
 
 1. An option that shapes training (the settings table's SAME column: data
    selection, conditioning, augmentation, model, optimizer, seed, split,

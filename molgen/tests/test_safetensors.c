@@ -237,7 +237,7 @@ static int file_is(const char *path, const char *text) {
     return k == strlen(text) && memcmp(buf, text, k) == 0;
 }
 
-/* Issue 32, item 1: links planted at the names of mg_st_write's temporary
+/* Links planted at the names of mg_st_write's temporary
  * (the "<path>.tmp.<pid>" this process would have used, and the same with
  * the suffixes of a new name) are never followed: the file they name keeps
  * its bytes, path becomes a regular file that loads, the links stay. And

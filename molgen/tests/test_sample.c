@@ -445,7 +445,7 @@ static void test_sample(mg_model *m, const mg_vocab *v) {
     o.n = 0;
     CHECK(mg_sample(m, v, &o, &e, &err) == 0 && e.n == 0, "n = 0: %s", err.message);
     mg_samples_free(&e);
-    /* issue 32, item 13: bf16 with naive decoding (the CLI refuses the pair;
+    /* bf16 with naive decoding (the CLI refuses the pair;
      * the engine API must too) is refused with nothing kept: no output and
      * no buffer left allocated (glibc's count of bytes in use is the same
      * before and after; under ASan, LeakSanitizer sees any leak at exit) */

@@ -1,5 +1,5 @@
 """Fine-tuning sets of 1-39 molecules, and one wording for a molecule too
-long for the model (issue 32, item 11), through the binary:
+long for the model, through the binary:
 
 - `train --init` on 1, 2, 3, 5, 20 and 39 molecules with the default batch
   (32) runs: the batch shrinks to the training split (a note says so) and

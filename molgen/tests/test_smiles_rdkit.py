@@ -4,7 +4,7 @@ sanitize on) as the oracle, through the hidden `molgen debug-check`:
 
 - the charge / element valence table: for every element (1..118) and charge
   -3..3, the most single bonds a bracket atom may carry is RDKit's;
-- one case per rule of issue 34 (charged atoms, aromatic charged atoms, P,
+- one case per rule of the ZINC vocabulary (charged atoms, aromatic charged atoms, P,
   I, S, stereo marks, new elements): the checker's verdict is RDKit's;
 - no false refusals: the first 20,000 lines of ZINC250k pass every level;
 - invalid token mutations of ZINC250k molecules: every one RDKit refuses is

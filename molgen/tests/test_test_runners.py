@@ -2,7 +2,7 @@
 reached by a runner (Makefile's test-python, ctest's C globs and its MPI
 groups), and every test of molgen/tests/mpi/test_mpi.py is selected by one
 of the MPI groups' -k expressions in molgen/CMakeLists.txt (a test that
-matched none was never run, and had failed unseen: issue 32 item 14).
+matched none was never run, and had failed unseen).
 The selection is pytest's own (collection with each -k), not a re-parse."""
 import glob
 import json

@@ -1,4 +1,4 @@
-"""molgen under `mpirun -np N` (issue 17), each test a few mpirun jobs of a
+"""molgen under `mpirun -np N`, each test a few mpirun jobs of a
 tiny model with a time bound. The oracle is the single process: N ranks
 with global batch G must train like one process with batch G (the same
 batches, losses to fp32 summation order, parameters to a stated bound),
@@ -375,7 +375,7 @@ def one_disagreement(p, cmd, what, rank=1):
 
 
 def test_score_ranks_disagree_refused(model, data, tmp_path):
-    """Issue 23 defect 6: rank 1 scores another file (or with another model,
+    """Rank 1 scores another file (or with another model,
     or with --raw-weights): one message naming it, exit 1, nothing written
     (it wrote misaligned rows with exit 0)."""
     a, b = tmp_path / "a.smi", tmp_path / "b.smi"
@@ -455,7 +455,7 @@ def test_usage_error_said_once_refused(model):
 
 
 # ---------------------------------------------------------------- optimize
-# `molgen optimize` at 2 ranks against one process (issue 25 item 1): the
+# `molgen optimize` at 2 ranks against one process: the
 # shipped prior, budget 200, batch 16, a scorer written here (the share of
 # nitrogen atoms, RDKit; !randomize seeded, as molgen.scoring's); each
 # rank's scorer logs the molecules it was sent to LOG.<rank> and exits 3 at

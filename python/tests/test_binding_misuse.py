@@ -1,7 +1,6 @@
-"""Regression tests for the Python items of issue 11 (hardening): the
-parameter and gradient buffers (item 1), kdim/vdim 0 (item 2), misaligned
-arrays (item 9), integer arguments that ctypes would wrap and the one
-zero-size rule (item 14).
+"""The binding used wrongly: the parameter and gradient buffers, kdim/vdim
+0, misaligned arrays, integer arguments that ctypes would wrap and the one
+zero-size rule.
 
 Oracles: PyTorch 1.13 in float64 (its private
 torch.nn.functional._scaled_dot_product_attention for the zero-size
@@ -102,7 +101,7 @@ BAD_BUFFERS = {
 @pytest.mark.parametrize("attr", ["parameters_buffer", "grads_buffer"])
 @pytest.mark.parametrize("bad", sorted(BAD_BUFFERS))
 def test_bad_buffer_assignment_refused(attr, bad):
-    # issue 11 item 1: before the fix the assignment was accepted and
+    # before the fix the assignment was accepted and
     # backward wrote out of bounds (rc 139), forward read out of bounds
     code = """
 m = attn.MultiheadAttention(16, 4)
@@ -138,7 +137,7 @@ def test_buffers_cannot_be_resized_in_place():
 
 
 def test_replaced_parameters_buffer_used_by_every_path():
-    # issue 11 item 1: `m.parameters_buffer = m.parameters_buffer - 0.5 *
+    # `m.parameters_buffer = m.parameters_buffer - 0.5 *
     # m.grads_buffer` was used by a requires_grad=True forward but ignored
     # by a requires_grad=False one (outputs differed by 51)
     rng = np.random.default_rng(11)
@@ -272,7 +271,7 @@ def _c_config_status(E, H, kdim, vdim):
 @pytest.mark.parametrize("kw", ["kdim=0", "vdim=0", "kdim=-1", "vdim=-3",
                                 "kdim=0, vdim=0"])
 def test_kdim_vdim_zero_or_negative_refused(kw):
-    # issue 11 item 2: kdim=0 was a width of 0 in Python and "embed_dim" in
+    # kdim=0 was a width of 0 in Python and "embed_dim" in
     # C, which then read B*L*8 floats from an empty key (SIGSEGV)
     code = """
 try:
@@ -331,7 +330,7 @@ SDPA_ARRAYS = ["query", "key", "value", "attn_mask", "grad_out",
 
 @pytest.mark.parametrize("which", SDPA_ARRAYS)
 def test_misaligned_sdpa_inputs(which):
-    # issue 11 item 9: a misaligned float32 array raised "TypeError: cannot
+    # a misaligned float32 array raised "TypeError: cannot
     # unpack non-iterable NoneType object"; now it is copied
     rng = np.random.default_rng(90)
     B, H, Lq, Lk, D = 2, 3, 5, 7, 8

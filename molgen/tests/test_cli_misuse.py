@@ -1,4 +1,4 @@
-"""molgen's commands as a careless user or an attacker uses them (issue 11):
+"""molgen's commands as a careless user or an attacker uses them:
 every case ends in a clear one-line error or the right behaviour, and
 nothing is lost (the inputs, the previous checkpoint). Each test runs the
 molgen binary ($MOLGEN_BIN, else <dir of $ATTN_LIBRARY>/molgen/molgen, else

@@ -1,4 +1,4 @@
-"""Issue 23, defect 8 (the minor ones), single process:
+"""Small inputs at the edges of the commands, single process:
 1. score with nothing scored says so, never "mean NLL nan";
 2. a real option kept in a float (--guidance, --temperature, --top-p) that
    the float cannot hold (below FLT_MIN: it would become 0 or a subnormal)
