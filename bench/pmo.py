@@ -92,24 +92,33 @@ def _log_run(cmd, d, env):
                                                  p.returncode, errs[0] if errs else ""))
 
 
+# The longest wait for one answer of the scorer: the oracles' own time on a
+# pathological molecule (deco_hop's and scaffold_hop's pharmacophore
+# fingerprint, RDKit's Gobbi Pharm2D, is combinatorial in the features: 146 s
+# on one sampled macrocycle of ~100 atoms, more on a loaded machine) must not
+# end a run that molgen's 300 s default would end.
+SCORER_TIMEOUT = "3600"
+
+
 def run_optimize(a, engine, task, seed, d):
     env = run_env()
     common = ["--prior", a.prior, "--scorer", scorer_command(task)]
     if engine == "molgen":
         if a.resume and os.path.exists(os.path.join(d, "agent.safetensors")):
-            cmd = [a.molgen, "optimize", "--resume", d] + common + ["--threads", "1"]
+            cmd = [a.molgen, "optimize", "--resume", d] + common + [
+                "--threads", "1", "--scorer-timeout", SCORER_TIMEOUT]
         else:
             shutil.rmtree(d, ignore_errors=True)
             os.makedirs(d)
             cmd = [a.molgen, "optimize"] + common + [
                 "--budget", str(a.budget), "--seed", str(seed), "--out", d,
-                "--threads", "1"] + a.optimize_args.split()
+                "--threads", "1", "--scorer-timeout", SCORER_TIMEOUT] + a.optimize_args.split()
     else:
         shutil.rmtree(d, ignore_errors=True)
         os.makedirs(d)
         cmd = [sys.executable, "-m", "molgen.torch_reinvent"] + common + [
-            "--budget", str(a.budget), "--seed", str(seed), "--out", d, "--threads", "1"] + \
-            a.torch_args.split()
+            "--budget", str(a.budget), "--seed", str(seed), "--out", d, "--threads", "1",
+            "--timeout", SCORER_TIMEOUT] + a.torch_args.split()
     _log_run(cmd, d, env)
 
 
@@ -120,7 +129,7 @@ def run_prior(a, task, seed, d):
     shutil.rmtree(d, ignore_errors=True)
     os.makedirs(d)
     env = run_env()
-    scorer = Scorer(scorer_command(task), 300.0, env)
+    scorer = Scorer(scorer_command(task), float(SCORER_TIMEOUT), env)
     seen, rows, chunk = set(), [], 0
     try:
         while len(rows) < a.budget and chunk < 10:
