@@ -261,23 +261,12 @@ class Run:
         prior_nll = pn + [self.mols[g]["prior_nll"] for _, g in replay]
         score2 = [s2[i] for i in use] + [s for s, _ in replay]
         # new molecules and the memory
-        for q in new:
-            self.mols.append(q)
-            self.by_key[q["canonical"]] = q["call"] - 1
-            self.raw[q["smiles"]] = self.raw[q["canonical"]] = q["call"] - 1
-            if a.df != "none" and q["score"] >= a.df_min_score:
-                bk = self.bucket_key(q)
-                self.bucket[bk] = self.bucket.get(bk, 0) + 1
+        self.add_scored(new)
         for i in range(B):
             if gi[i] is not None and rows[i] is not None:
                 self.raw[smiles[i]] = gi[i]
-        mem = list(self.memory)
-        for i in range(B):
-            if gi[i] is not None and gi[i] >= 0 and s2[i] > 0 and rows[i] is not None \
-                    and all(g != gi[i] for _, g in mem):
-                mem.append((s2[i], gi[i]))
-        mem.sort(key=lambda e: (-e[0], e[1]))
-        self.memory = mem[:a.memory]
+        self.remember([(s2[i], gi[i]) for i in range(B) if gi[i] is not None and gi[i] >= 0
+                       and s2[i] > 0 and rows[i] is not None])
         # GA offspring of the best molecules so far (off-policy rows)
         if a.ga_offspring:
             rows_g, pn_g, s_g = self.ga_rows()
@@ -306,6 +295,28 @@ class Run:
         uniq = len({g for g in gi if g is not None and g >= 0})
         return {"mean": sum(s1) / B, "valid": valid / B, "unique": uniq / B,
                 "fresh": len(new) / B, "loss": loss}
+
+    def add_scored(self, new):
+        """New scored molecules into the store, the cache keys and the
+        diversity filter's buckets (the agent's and the GA's alike)."""
+        a = self.a
+        for q in new:
+            self.mols.append(q)
+            self.by_key[q["canonical"]] = q["call"] - 1
+            self.raw[q["smiles"]] = self.raw[q["canonical"]] = q["call"] - 1
+            if a.df != "none" and q["score"] >= a.df_min_score:
+                bk = self.bucket_key(q)
+                self.bucket[bk] = self.bucket.get(bk, 0) + 1
+
+    def remember(self, entries):
+        """(s', molecule) entries into the inception memory: distinct
+        molecules, best first (ties by molecule), the --memory best kept."""
+        mem = list(self.memory)
+        for e in entries:
+            if all(g != e[1] for _, g in mem):
+                mem.append(e)
+        mem.sort(key=lambda e: (-e[0], e[1]))
+        self.memory = mem[:self.a.memory]
 
     def ga_rows(self):
         """Genetic GFN's exploration step (Kim et al. 2024) as molgen's
@@ -336,19 +347,13 @@ class Run:
         self.ga_calls += len(new)
         if not new:      # the budget is spent, or every child was a repeat
             return [], [], []
-        for q in new:
-            q["source"] = "ga"
-            self.mols.append(q)
-            self.by_key[q["canonical"]] = q["call"] - 1
-            self.raw[q["smiles"]] = self.raw[q["canonical"]] = q["call"] - 1
+        self.add_scored(new)
         rows = [encode(self.mols[q["call"] - 1]["smiles"], self.index, self.T) for q in new]
         with torch.no_grad():
             pn = rows_nll(self.prior, rows).tolist()
         for q, p in zip(new, pn):
             q["prior_nll"] = p
-        mem = list(self.memory) + [(q["score"], q["call"] - 1) for q in new if q["score"] > 0]
-        mem.sort(key=lambda e: (-e[0], e[1]))
-        self.memory = mem[:a.memory]
+        self.remember([(q["score"], q["call"] - 1) for q in new if q["score"] > 0])
         return rows, pn, [q["score"] for q in new]
 
     def top_mean(self, n):
