@@ -43,7 +43,8 @@
  *
  * A decode case (Lq = 1) is bound by memory, not by FMAs: its lines also
  * give gbps, the bytes it must move over its time (fwd: K and V read once,
- * 2·B·H_kv·Lk·D floats; bwd: K and V read, dK and dV written, twice that), and
+ * 2·B·H_kv·Lk·D elements of 4 bytes, 2 with --dtype bf16; bwd: also dK and
+ * dV written, 2·B·H_kv·Lk·D floats more), and
  * stream_frac, that over a read bandwidth measured at start-up on the same
  * threads (a 256 MiB buffer summed by every thread, best of 5, in a child
  * process so that it stays out of rss_mb). */
@@ -181,9 +182,11 @@ static double stream_gbps(int threads) {
 }
 
 static void emit(const result *r, int json, double peak) {
-    /* decode: the bytes K and V (and dK, dV) take, over the time */
-    const double bytes = 2.0 * (double)r->c.B * (double)kv_heads(&r->c) * (double)r->c.Lk *
-                         (double)r->c.D * sizeof(float) * (strcmp(r->op, "bwd") ? 1.0 : 2.0);
+    /* decode: the bytes K and V take (2 each in bf16), and in the backward
+     * also dK and dV (fp32), over the time */
+    const double kv_elems = 2.0 * (double)r->c.B * (double)kv_heads(&r->c) * (double)r->c.Lk *
+                            (double)r->c.D;
+    const double bytes = kv_elems * ((g_bf16 ? 2.0 : 4.0) + (strcmp(r->op, "bwd") ? 0.0 : 4.0));
     const int dec = r->c.Lq == 1 && g_stream_gbps > 0;
     const double gbps = bytes / (r->ms * 1e-3) / 1e9;
     if (json) {
