@@ -3,6 +3,7 @@
 
     /usr/bin/python3 bench/speed_report.py [--threads 2] [--rounds 2]
         [--out DIR] [--ort-modules DIR] [--build build]
+        [--only attention|train|sample|variants]...
 
 Each round runs, one after the other on the same threads:
   attention  attn-bench --impl fused (the suite; the fused path), in fp32 and
@@ -18,7 +19,14 @@ Each round runs, one after the other on the same threads:
              threads with OMP_WAIT_POLICY=PASSIVE, its best of the two);
   sampling   molgen bench --no-train on the shipped model (KV cache and
              naive, batch 64; KV also with --dtype bf16) beside python3 -m molgen.torch_sample (--kv, and the
-             prefix re-run: MolGPT's sampler).
+             prefix re-run: MolGPT's sampler);
+  variants   attn-bench on issue 36's targets: GQA decoding (B 1, H 32, D 128,
+             Lk 8192) with 8 vs 32 K/V heads in fp32 and bf16, split-KV
+             decoding (B 1, H 8, D 128, Lk 32768) on 2 threads vs 1, the
+             L >= 1024 suite shapes plain and with --softcap 30 / --alibi /
+             --sinks, and the suite's causal shapes with --kv-heads 2 (H/4)
+             beside H_kv = H and bench/ort_gqa_bench.js (onnxruntime's
+             GroupQueryAttention with kv_num_heads = H/4).
 Rounds interleave the programs, so a change in the machine's load shows up
 in every column; the tables give the median over rounds of each program's
 own median, and the figures of each round in the raw file.
