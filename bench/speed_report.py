@@ -181,6 +181,8 @@ def variants_round(a, rnd, out):
         for r in json_lines(txt):
             if "ms" in r:
                 out.append({"round": rnd, "kind": "var", "prog": prog, "threads": threads, **r})
+            elif "stream_gbps" in r and r["stream_gbps"] > 0:  # a decode run's header
+                out.append({"round": rnd, "kind": "var-stream", "prog": prog, **r})
 
     for dt in ("f32", "bf16"):
         for hkv in (8, 32):
@@ -204,7 +206,7 @@ def variants_round(a, rnd, out):
                      {"NODE_PATH": a.ort_modules})
         for r in json_lines(txt):
             if "ms" in r:
-                out.append({"round": rnd, "kind": "var", "prog": "ort-gqa-kv", **r})
+                out.append({"round": rnd, "kind": "var", **r, "prog": "ort-gqa"})
 
 
 def variants_report(rows, p):
@@ -213,6 +215,10 @@ def variants_report(rows, p):
     vr = [r for r in rows if r["kind"] == "var"]
     if not vr:
         return
+    st = [r for r in rows if r["kind"] == "var-stream" and r["prog"].startswith("var-gqa-dec")]
+    if st:
+        p("\nvariants: read bandwidth measured by the GQA decode runs (%d threads), per run: %s "
+          "GB/s" % (st[0]["threads"], " / ".join("%.1f" % r["stream_gbps"] for r in st)))
 
     def pick(prog, key, op="fwd"):
         return [r for r in vr if r["prog"] == prog and r.get("op", "fwd") == op and
@@ -253,7 +259,7 @@ def variants_report(rows, p):
     for c in VAR_CAUSAL:
         g = ms("var-gqa-fwd-kv2", c)
         full = ms("var-gqa-fwd-kv8", c)
-        o = ms("ort-gqa-kv", c)
+        o = ms("ort-gqa", c)
         p("| %s | %.2f | %.2f | %s | %s | ≥ 1.25× ORT: %s |" % (
             c, g, full, "%.2f" % o if o == o else "–",
             "%.2f×" % (o / g) if o == o else "–",
@@ -271,7 +277,8 @@ def report(rows, threads, out=sys.stdout):
     peaks = [r["peak_gflops"] for r in rows if r["kind"] == "peak"]
     streams = [r.get("stream_gbps", 0) for r in rows if r["kind"] == "peak"]
     peak = med(peaks)
-    p("FMA peak (attn-bench, %d threads), per round: %s GFLOP/s; read bandwidth %s GB/s\n"
+    if peaks:
+        p("FMA peak (attn-bench, %d threads), per round: %s GFLOP/s; read bandwidth %s GB/s\n"
           % (threads, " / ".join("%.0f" % p for p in peaks), " / ".join("%.1f" % s for s in streams)))
     # attention
     att = [r for r in rows if r["kind"] == "attn"]
