@@ -4,11 +4,18 @@
  *   attn-bench [--threads N] [--impl reference|fused] [--case B,H,Lq,Lk,D,causal]...
  *              [--varlen N,H,Lmin,Lmax,D,causal]...
  *              [--reps N] [--json] [--clock wall|cpu] [--tile-gemm own|blas]
- *              [--kv-heads N]
+ *              [--kv-heads N] [--softcap C] [--alibi] [--sinks]
  *
  * --kv-heads N gives the --case (and suite) calls' k and v N heads
  * (grouped-query attention: N divides each case's H; 0, the default: H);
  * the varlen cases keep H.
+ *
+ * The variants of attn_sdpa_params, for the --case (and suite) calls, to
+ * time each against the plain call (the varlen cases run plain):
+ * --softcap C soft-caps the scores at C (C > 0: s -> C·tanh(s / C));
+ * --alibi adds ALiBi biases with BLOOM's slopes m_h = 2^(−8(h+1)/H);
+ * --sinks gives every query head a sink logit (σ_h = 0.5 − h/H, a spread of
+ * values near the scores' own) and the backward its d_sinks.
  *
  * --tile-gemm blas runs the fused path's tile products through OpenBLAS
  * sgemm (single-threaded) instead of its own micro-kernel, to measure the
@@ -37,7 +44,7 @@
  * A decode case (Lq = 1) is bound by memory, not by FMAs: its lines also
  * give gbps, the bytes it must move over its time (fwd: K and V read once,
  * 2·B·H_kv·Lk·D elements of 4 bytes, 2 with --dtype bf16; bwd: also dK and
- * dV written, 2·B·H_kv·Lk·D floats), and
+ * dV written, 2·B·H_kv·Lk·D floats more), and
  * stream_frac, that over a read bandwidth measured at start-up on the same
  * threads (a 256 MiB buffer summed by every thread, best of 5, in a child
  * process so that it stays out of rss_mb). */
@@ -81,6 +88,8 @@ static int g_cpu_clock, g_threads = 1;
 static int g_bf16;         /* --dtype bf16: q, k, v in bfloat16 (params.dtype); out, grads fp32 */
 static int64_t g_kv_heads; /* --kv-heads: K/V heads of every case (0: its H) */
 static int64_t kv_heads(const bcase *c) { return g_kv_heads ? g_kv_heads : c->H; }
+static float g_softcap;            /* --softcap C: 0 off */
+static int g_alibi, g_sinks;       /* --alibi, --sinks */
 static double timer_s(void) {
     if (!g_cpu_clock) return now_s();
     struct timespec ts;
@@ -174,9 +183,10 @@ static double stream_gbps(int threads) {
 
 static void emit(const result *r, int json, double peak) {
     /* decode: the bytes K and V take (2 each in bf16), and in the backward
-     * also dK and dV (fp32 whatever the inputs), over the time */
-    const double kv = 2.0 * (double)r->c.B * (double)kv_heads(&r->c) * (double)r->c.Lk * (double)r->c.D;
-    const double bytes = kv * (g_bf16 ? 2.0 : 4.0) + (strcmp(r->op, "bwd") ? 0.0 : kv * 4.0);
+     * also dK and dV (fp32), over the time */
+    const double kv_elems = 2.0 * (double)r->c.B * (double)kv_heads(&r->c) * (double)r->c.Lk *
+                            (double)r->c.D;
+    const double bytes = kv_elems * ((g_bf16 ? 2.0 : 4.0) + (strcmp(r->op, "bwd") ? 0.0 : 4.0));
     const int dec = r->c.Lq == 1 && g_stream_gbps > 0;
     const double gbps = bytes / (r->ms * 1e-3) / 1e9;
     if (json) {
@@ -188,7 +198,8 @@ static void emit(const result *r, int json, double peak) {
                r->gflops, r->peak_frac, r->rss_mb, g_bf16 ? "bf16" : "f32",
                (long long)kv_heads(&r->c));
         if (dec) printf(", \"gbps\": %.2f, \"stream_frac\": %.4f", gbps, gbps / g_stream_gbps);
-        printf("}\n");
+        printf(", \"softcap\": %g, \"alibi\": %s, \"sinks\": %s}\n", (double)g_softcap,
+               g_alibi ? "true" : "false", g_sinks ? "true" : "false");
     } else {
         printf("%-9s %-3s %5lld %3lld %6lld %6lld %4lld %-6s %10.3f %9.1f %6.1f%% %9.1f", r->impl,
                r->op, (long long)r->c.B, (long long)r->c.H, (long long)r->c.Lq, (long long)r->c.Lk,
@@ -196,6 +207,9 @@ static void emit(const result *r, int json, double peak) {
                100.0 * r->peak_frac, r->rss_mb);
         if (dec) printf("  %.1f GB/s, %.0f%% of stream", gbps, 100.0 * gbps / g_stream_gbps);
         if (kv_heads(&r->c) != r->c.H) printf("  H_kv %lld", (long long)kv_heads(&r->c));
+        if (g_softcap > 0) printf("  softcap %g", (double)g_softcap);
+        if (g_alibi) printf("  alibi");
+        if (g_sinks) printf("  sinks");
         printf("\n");
     }
     (void)peak;
@@ -234,6 +248,16 @@ static int run_case(const bcase *c, attn_impl impl, int threads, int reps, doubl
     p.causal = c->causal;
     p.impl = impl;
     p.num_threads = threads;
+    /* the variants: slopes, sinks and d_sinks [H] */
+    float *slopes = malloc((size_t)H * sizeof(float)), *sinks = malloc((size_t)H * sizeof(float)),
+          *d_sinks = malloc((size_t)H * sizeof(float));
+    for (int64_t h = 0; h < H; h++) {
+        slopes[h] = exp2f(-8.0f * (float)(h + 1) / (float)H);
+        sinks[h] = 0.5f - (float)h / (float)H;
+    }
+    if (g_softcap > 0) p.use_softcap = 1, p.softcap = g_softcap;
+    if (g_alibi) p.alibi_slopes = slopes;
+    if (g_sinks) p.sinks = sinks, p.d_sinks = d_sinks;
     attn_error err;
     const char *iname = impl == ATTN_IMPL_REFERENCE ? "reference" : "fused";
     double *ts = malloc((size_t)reps * sizeof(double));
@@ -289,6 +313,7 @@ static int run_case(const bcase *c, attn_impl impl, int threads, int reps, doubl
 
     free(ts), free(q), free(k), free(v), free(o), free(lse);
     free(go), free(dq), free(dk), free(dv), free(qb), free(kb), free(vb);
+    free(slopes), free(sinks), free(d_sinks);
     return 0;
 }
 
@@ -455,7 +480,8 @@ static void usage(void) {
             "usage: attn-bench [--threads N] [--impl reference|fused] [--reps N] [--json]\n"
             "                  [--clock wall|cpu] [--tile-gemm own|blas] [--dtype f32|bf16]\n"
             "                  [--case B,H,Lq,Lk,D,causal]...   (causal: 0/1 or no/yes)\n"
-            "                  [--varlen N,H,Lmin,Lmax,D,causal]... [--kv-heads N]\n");
+            "                  [--varlen N,H,Lmin,Lmax,D,causal]... [--kv-heads N]\n"
+            "                  [--softcap C] [--alibi] [--sinks]\n");
 }
 
 int main(int argc, char **argv) {
@@ -494,6 +520,17 @@ int main(int argc, char **argv) {
         } else if (!strcmp(a, "--kv-heads") && i + 1 < argc) {
             g_kv_heads = atoll(argv[++i]);
             if (g_kv_heads < 0) return usage(), 2;
+        } else if (!strcmp(a, "--softcap") && i + 1 < argc) {
+            char *end;
+            g_softcap = strtof(argv[++i], &end);
+            if (*end || !(g_softcap > 0) || !isfinite(g_softcap)) {
+                fprintf(stderr, "attn-bench: --softcap needs a finite C > 0, not '%s'\n", argv[i]);
+                return usage(), 2;
+            }
+        } else if (!strcmp(a, "--alibi")) {
+            g_alibi = 1;
+        } else if (!strcmp(a, "--sinks")) {
+            g_sinks = 1;
         } else if (!strcmp(a, "--reps") && i + 1 < argc) {
             reps = atoi(argv[++i]);
             if (reps < 1) return usage(), 2;

@@ -3,6 +3,7 @@
 
     /usr/bin/python3 bench/speed_report.py [--threads 2] [--rounds 2]
         [--out DIR] [--ort-modules DIR] [--build build]
+        [--only attention|train|sample|variants]...
 
 Each round runs, one after the other on the same threads:
   attention  attn-bench --impl fused (the suite; the fused path), in fp32 and
@@ -18,7 +19,14 @@ Each round runs, one after the other on the same threads:
              threads with OMP_WAIT_POLICY=PASSIVE, its best of the two);
   sampling   molgen bench --no-train on the shipped model (KV cache and
              naive, batch 64; KV also with --dtype bf16) beside python3 -m molgen.torch_sample (--kv, and the
-             prefix re-run: MolGPT's sampler).
+             prefix re-run: MolGPT's sampler);
+  variants   attn-bench on issue 36's targets: GQA decoding (B 1, H 32, D 128,
+             Lk 8192) with 8 vs 32 K/V heads in fp32 and bf16, split-KV
+             decoding (B 1, H 8, D 128, Lk 32768) on 2 threads vs 1, the
+             L >= 1024 suite shapes plain and with --softcap 30 / --alibi /
+             --sinks, and the suite's causal shapes with --kv-heads 2 (H/4)
+             beside H_kv = H and bench/ort_gqa_bench.js (onnxruntime's
+             GroupQueryAttention with kv_num_heads = H/4).
 Rounds interleave the programs, so a change in the machine's load shows up
 in every column; the tables give the median over rounds of each program's
 own median, and the figures of each round in the raw file.
@@ -151,6 +159,113 @@ def sample_round(a, rnd, out):
         out.append({"round": rnd, "kind": "sample", "prog": j["impl"], **j})
 
 
+# The variants part (issue 36's targets): (case, extra attn-bench args, label)
+VAR_GQA_DEC = "1,32,1,8192,128,0"   # GQA decoding: 8 K/V heads vs 32
+VAR_SPLIT_DEC = "1,8,1,32768,128,0"  # split-KV decoding: 2 threads vs 1
+VAR_LONG = ["1,8,1024,1024,64,0", "1,8,2048,2048,64,1", "1,8,4096,4096,64,0",
+            "1,8,16384,16384,64,1"]  # the suite's L >= 1024 shapes
+VAR_CAUSAL = ["32,8,128,128,32,1", "4,8,512,512,64,1", "1,8,2048,2048,64,1"]  # GQA fwd, H_kv = H/4
+VAR_KINDS = [("plain", []), ("softcap", ["--softcap", "30"]), ("alibi", ["--alibi"]),
+             ("sinks", ["--sinks"])]
+
+
+def variants_round(a, rnd, out):
+    """attn-bench runs for the variants' targets, one after the other (each
+    setting's rows carry prog = "var-<setting>")."""
+    bench = os.path.join(a.build, "attn-bench")
+    passive = {"OMP_WAIT_POLICY": "PASSIVE"}
+
+    def bench_rows(prog, args, threads=a.threads):
+        txt, _ = run([bench, "--threads", str(threads), "--impl", "fused", "--json"] + args,
+                     passive)
+        for r in json_lines(txt):
+            if "ms" in r:
+                out.append({"round": rnd, "kind": "var", "prog": prog, "threads": threads, **r})
+            elif "stream_gbps" in r and r["stream_gbps"] > 0:  # a decode run's header
+                out.append({"round": rnd, "kind": "var-stream", "prog": prog, **r})
+
+    for dt in ("f32", "bf16"):
+        for hkv in (8, 32):
+            bench_rows("var-gqa-dec-%s-kv%d" % (dt, hkv),
+                       ["--dtype", dt, "--kv-heads", str(hkv), "--case", VAR_GQA_DEC])
+    for th in (1, 2):
+        bench_rows("var-split-dec-%dt" % th, ["--case", VAR_SPLIT_DEC], threads=th)
+    for name, extra in VAR_KINDS:
+        args = extra[:]
+        for c in VAR_LONG:
+            args += ["--case", c]
+        bench_rows("var-" + name, args)
+    args = []
+    for c in VAR_CAUSAL:
+        args += ["--case", c]
+    bench_rows("var-gqa-fwd-kv2", ["--kv-heads", "2"] + args)
+    bench_rows("var-gqa-fwd-kv8", args)
+    js = os.path.join(HERE, "ort_gqa_bench.js")
+    if shutil.which("node") and os.path.isdir(a.ort_modules) and os.path.exists(js):
+        txt, _ = run(["node", js, str(a.threads), "--kv-heads-div", "4"] + VAR_CAUSAL,
+                     {"NODE_PATH": a.ort_modules})
+        for r in json_lines(txt):
+            if "ms" in r:
+                out.append({"round": rnd, "kind": "var", **r, "prog": "ort-gqa"})
+
+
+def variants_report(rows, p):
+    """The variants' tables: each figure the median over rounds of
+    attn-bench's (or ORT's) median."""
+    vr = [r for r in rows if r["kind"] == "var"]
+    if not vr:
+        return
+    st = [r for r in rows if r["kind"] == "var-stream" and r["prog"].startswith("var-gqa-dec")]
+    if st:
+        p("\nvariants: read bandwidth measured by the GQA decode runs (%d threads), per run: %s "
+          "GB/s" % (st[0]["threads"], " / ".join("%.1f" % r["stream_gbps"] for r in st)))
+
+    def pick(prog, key, op="fwd"):
+        return [r for r in vr if r["prog"] == prog and r.get("op", "fwd") == op and
+                tuple(str(r[x]) for x in ("B", "H", "Lq", "Lk", "D")) == tuple(key.split(",")[:5])]
+
+    def ms(prog, key, op="fwd"):
+        return med([r["ms"] for r in pick(prog, key, op)])
+
+    p("\n| GQA decode B1 H32 D128 Lq1 Lk8192 | dtype | H_kv 8 ms | % of read bandwidth (8 K/V heads' "
+      "bytes) | H_kv 32 ms | speedup | target |")
+    p("|---|---|---|---|---|---|---|")
+    for dt in ("f32", "bf16"):
+        f8, f32 = ms("var-gqa-dec-%s-kv8" % dt, VAR_GQA_DEC), ms("var-gqa-dec-%s-kv32" % dt, VAR_GQA_DEC)
+        sf = med([r.get("stream_frac", float("nan")) for r in pick("var-gqa-dec-%s-kv8" % dt, VAR_GQA_DEC)])
+        sp = f32 / f8
+        p("| fwd | %s | %.3f | %.0f%% | %.3f | %.2f× | ≥ 80%% and ≥ 3×: %s |" % (
+            dt, f8, 100 * sf, f32, sp, "met" if sf >= 0.8 and sp >= 3 else "not met"))
+    t1, t2 = ms("var-split-dec-1t", VAR_SPLIT_DEC), ms("var-split-dec-2t", VAR_SPLIT_DEC)
+    p("\n| split-KV decode B1 H8 D128 Lq1 Lk32768 | 1 thread ms | 2 threads ms | speedup | target |")
+    p("|---|---|---|---|---|")
+    p("| fwd, fp32 | %.3f | %.3f | %.2f× | ≥ 1.8×: %s |" % (t1, t2, t1 / t2,
+                                                           "met" if t1 / t2 >= 1.8 else "not met"))
+    p("\n| variant cost, B,H,Lq,Lk,D,causal | op | plain ms | softcap 30 | ALiBi | sinks | target |")
+    p("|---|---|---|---|---|---|---|")
+    for c in VAR_LONG:
+        for op in ("fwd", "bwd"):
+            base = ms("var-plain", c, op)
+            cells, worst = [], 0.0
+            for name, _ in VAR_KINDS[1:]:
+                v = ms("var-" + name, c, op)
+                cells.append("%.2f (%+.0f%%)" % (v, 100 * (v / base - 1)))
+                worst = max(worst, v / base - 1)
+            tgt = ("≤ 10%%: %s" % ("met" if worst <= 0.10 else "not met")) if op == "fwd" else "–"
+            p("| %s | %s | %.2f | %s | %s |" % (c, op, base, " | ".join(cells), tgt))
+    p("\n| GQA fwd H_kv = H/4, B,H,Lq,Lk,D,causal | attn ms | attn H_kv = H ms | ORT GQA ms | "
+      "vs ORT | target |")
+    p("|---|---|---|---|---|---|")
+    for c in VAR_CAUSAL:
+        g = ms("var-gqa-fwd-kv2", c)
+        full = ms("var-gqa-fwd-kv8", c)
+        o = ms("ort-gqa", c)
+        p("| %s | %.2f | %.2f | %s | %s | ≥ 1.25× ORT: %s |" % (
+            c, g, full, "%.2f" % o if o == o else "–",
+            "%.2f×" % (o / g) if o == o else "–",
+            ("met" if o / g >= 1.25 else "not met") if o == o else "not measured"))
+
+
 def med(v):
     return statistics.median(v) if v else float("nan")
 
@@ -162,7 +277,8 @@ def report(rows, threads, out=sys.stdout):
     peaks = [r["peak_gflops"] for r in rows if r["kind"] == "peak"]
     streams = [r.get("stream_gbps", 0) for r in rows if r["kind"] == "peak"]
     peak = med(peaks)
-    p("FMA peak (attn-bench, %d threads), per round: %s GFLOP/s; read bandwidth %s GB/s\n"
+    if peaks:
+        p("FMA peak (attn-bench, %d threads), per round: %s GFLOP/s; read bandwidth %s GB/s\n"
           % (threads, " / ".join("%.0f" % p for p in peaks), " / ".join("%.1f" % s for s in streams)))
     # attention
     att = [r for r in rows if r["kind"] == "attn"]
@@ -279,6 +395,7 @@ def report(rows, threads, out=sys.stdout):
         if mb == mb:
             p("bf16 KV sampling: %.0f molecules/s, %.2f× fp32; target ≥ 1,500 molecules/s: %s."
               % (mb, mb / mk, "met" if mb >= 1500 else "not met"))
+    variants_report(rows, p)
 
 
 def machine(threads):
@@ -334,7 +451,7 @@ def main():
     ap.add_argument("--out", default=os.path.join(REPO, "out", "speed"))
     ap.add_argument("--ort-modules", default="/tmp/ort/node_modules")
     ap.add_argument("--build", default=os.path.join(REPO, "build"))
-    ap.add_argument("--only", choices=("attention", "train", "sample"), action="append",
+    ap.add_argument("--only", choices=("attention", "train", "sample", "variants"), action="append",
                     help="run only these parts (default all)")
     ap.add_argument("--report", help="print the tables of an earlier raw.jsonl, run nothing")
     ap.add_argument("--markdown", metavar="PATH", help="also write the tables, dated, into PATH (docs/speed.md)")
@@ -353,7 +470,8 @@ def main():
     rows = [machine(a.threads)]
     with open(raw, "w") as f:  # this run's measurements only
         f.write(json.dumps(rows[0]) + "\n")
-    parts = [("attention", attention_round), ("train", train_round), ("sample", sample_round)]
+    parts = [("attention", attention_round), ("train", train_round), ("sample", sample_round),
+             ("variants", variants_round)]
     for rnd in range(a.rounds):
         for name, fn in parts:
             if a.only and name not in a.only:

@@ -23,12 +23,14 @@ A ctypes binding over libattn (include/attn.h), with PyTorch's interfaces:
     attn.MultiheadAttention(embed_dim, num_heads, dropout=0.0, bias=True,
                             kdim=None, vdim=None, batch_first=True, seed=0,
                             num_kv_heads=None)
-        mha(query, key, value, ...) -> (out, weights)
+        mha(query, key, value, ...) -> (out, weights); softcap=,
+            alibi_slopes=, sinks= as for scaled_dot_product_attention
         num_kv_heads < num_heads: grouped-query attention (1: multi-query),
             key/value projections and KV cache num_heads/num_kv_heads times
             smaller
         mha.backward(grad_out, accumulate=False)
-            -> (d_query, d_key, d_value); parameter gradients in mha.grads
+            -> (d_query, d_key, d_value) (+ d_sinks when the forward took
+               sinks); parameter gradients in mha.grads
                (name -> array) and mha.grads_buffer (packed like
                mha.parameters_buffer). Fresh each call unless accumulate=True;
                inputs passed as the same object (self-attention) get one

@@ -6,7 +6,7 @@ import numpy as np
 from . import _lib
 from ._views import (c_array, check_real, int64_arg, mask_array, mask_view,
                      uint64_arg)
-from .functional import build_params
+from .functional import build_params, per_head
 
 
 def _to_numpy(x):
@@ -474,7 +474,7 @@ class MultiheadAttention:
 
     def forward(self, query, key, value, key_padding_mask=None,
                 need_weights=True, attn_mask=None, average_attn_weights=True,
-                is_causal=False):
+                is_causal=False, softcap=None, alibi_slopes=None, sinks=None):
         """Returns (out, weights or None) like torch.nn.MultiheadAttention.
 
         query [B, Lq, E], key [B, Lk, kdim], value [B, Lk, vdim] when
@@ -486,6 +486,14 @@ class MultiheadAttention:
           float: added.
         is_causal: apply the causal mask (query i sees keys j <= i + Lk - Lq),
           with or without attn_mask.
+        softcap, alibi_slopes, sinks: the attention variants, as for
+          attn.scaled_dot_product_attention: softcap c > 0 turns each scaled
+          score s into c * tanh(s / c), before alibi_slopes and the masks;
+          alibi_slopes (num_heads values m_h) adds -m_h * |i + Lk - Lq - j|;
+          sinks (num_heads logits) join each head's softmax denominators
+          (the weights returned then sum to less than 1 over the keys), and
+          backward() returns their gradient too. Per query head, with or
+          without num_kv_heads.
         weights: [B, Lq, Lk] averaged over heads, or [B, H, Lq, Lk] when
           average_attn_weights=False; None when need_weights=False.
         """
@@ -586,11 +594,16 @@ class MultiheadAttention:
             v = k if same_kv else np.zeros((B, Lk, self.vdim), np.float32)
             key_lengths = np.zeros(B, np.int64)
             bools, floats = [], []
+        # [H] float32 each (None: off); kept alive with p (it points at them)
+        slopes = None if alibi_slopes is None else per_head(
+            _to_numpy(alibi_slopes), "alibi_slopes", H, H)
+        sink = None if sinks is None else per_head(_to_numpy(sinks), "sinks", H, H)
         p = build_params(
             is_causal=is_causal, key_lengths=key_lengths,
             dropout_p=self.dropout, training=self.training and self.dropout > 0,
-            seed=self.seed, offset=self._offset)
-        keep = []
+            seed=self.seed, offset=self._offset, softcap=softcap,
+            alibi_slopes=slopes, sinks=sink)
+        keep = [slopes, sink]
         if bools:
             b = bools[0]
             for other in bools[1:]:
@@ -648,7 +661,7 @@ class MultiheadAttention:
         if keep_for_backward:
             self._saved = dict(
                 B=B, Lq=Lq, Lk=Lk, Lk_real=Lk_real, empty=empty,
-                q=q, k=k, v=v, p=p, keep=keep,
+                q=q, k=k, v=v, p=p, keep=keep, sinks=sink is not None,
                 key_lengths=key_lengths, cache=cache, params=params,
                 weights=wstruct, batched=batched, batch_first=self.batch_first,
                 same_qk=same_qk, same_kv=same_kv, same_qv=same_qv,
@@ -727,7 +740,9 @@ class MultiheadAttention:
         the loss w.r.t. its output, the output's shape and layout).
 
         Returns (d_query, d_key, d_value) float32 in the inputs' shapes and
-        layout (batch_first or not, unbatched or not), and sets self.grads
+        layout (batch_first or not, unbatched or not), and, when the forward
+        took sinks, d_sinks float32 [num_heads] as a fourth entry (the
+        layout of attn.scaled_dot_product_attention_grad); sets self.grads
         (parameter name -> gradient array, e.g. in_proj_weight, in_proj_bias,
         out_proj_weight, out_proj_bias; q/k/v_proj_weight when kdim/vdim
         differ from embed_dim) and self.grads_buffer (packed, the layout of
@@ -781,6 +796,10 @@ class MultiheadAttention:
             gbuf = _fixed_buffer(self._params.size)
         gw = self._weights_in(gbuf)
 
+        dsinks = None
+        if sv["sinks"]:  # the library ADDS dL/dsinks [H] into it
+            dsinks = np.zeros(self.num_heads, np.float32)
+            sv["p"].d_sinks = dsinks.ctypes.data_as(_lib.c_float_p)
         if not sv["empty"]:  # (an empty output: every gradient is 0)
             err = _lib.attn_error()
             st = _lib.lib.attn_mha_backward(
@@ -811,4 +830,6 @@ class MultiheadAttention:
                 done[id(a)] = r
             return done[id(a)]
 
-        return back(dq), back(dk), back(dv)
+        sv["p"].d_sinks = None  # dsinks is the caller's now
+        grads = back(dq), back(dk), back(dv)
+        return grads if dsinks is None else grads + (dsinks,)
