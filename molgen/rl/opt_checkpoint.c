@@ -174,7 +174,7 @@ static mg_status setting_from_json(const mg_opt_setting *t, const json_t *v, mg_
     switch (s->kind) {
     case MG_KIND_U64:
     case MG_KIND_CHOICE:
-        if (s->kind == MG_KIND_CHOICE && !t->word) { /* the index, as the command line's word */
+        if (s->kind == MG_KIND_CHOICE && !t->word) { /* INDEX: an integer in [0, hi] */
             const json_int_t k = json_integer_value(v);
             if (!(ok = json_is_integer(v))) break;
             snprintf(text, sizeof text, "%lld", (long long)k);
@@ -184,7 +184,9 @@ static mg_status setting_from_json(const mg_opt_setting *t, const json_t *v, mg_
             *(int *)((char *)p + s->offset) = (int)k;
             return MG_OK;
         }
-        if ((ok = json_is_string(v))) snprintf(text, sizeof text, "%s", json_string_value(v));
+        /* longer than any word or 2^64's digits: refused, not cut */
+        if ((ok = json_is_string(v) && strlen(json_string_value(v)) < sizeof text))
+            snprintf(text, sizeof text, "%s", json_string_value(v));
         break;
     case MG_KIND_F64:
         if ((ok = json_is_number(v))) snprintf(text, sizeof text, "%.17g", json_number_value(v));
@@ -195,7 +197,8 @@ static mg_status setting_from_json(const mg_opt_setting *t, const json_t *v, mg_
     }
     if (!ok) return mg_fail(err, MG_ERR_FORMAT, "option \"%s\" missing or not a %s", s->key,
                             s->kind == MG_KIND_F64 ? "number"
-                            : s->kind == MG_KIND_U64 || t->word ? "string" : "integer");
+                            : s->kind == MG_KIND_U64 || t->word ? "string of < 64 bytes"
+                                                                  : "integer");
     mg_status rc = mg_setting_parse(s, NULL, text, p, err);
     if (rc) {
         const mg_error e0 = *err; /* the message is an argument: not in place */
