@@ -19,18 +19,20 @@
 #include "rl/scorer_process.h"
 #include "base/util.h"
 
-/* The options as given; mg_opt_opts takes them (args_to_opts). */
+/* The options as given: the run's settings (opt_settings.h's table) and
+ * this invocation's paths, scorer wait and threads. */
 typedef struct {
     const char *prior, *scorer, *out, *resume;
-    int64_t budget, max_steps, stop_after;
-    uint64_t seed;
-    int batch, constrain, dtype, df, df_bucket, memory, replay, aug, collapse_steps, patience, save_every,
-        threads, scorer_changed;
-    double sigma, lr, df_min_score, repeat_penalty, collapse_share, timeout;
+    int threads, scorer_changed;
+    double timeout;
+    mg_opt_opts op;
 } opt_args;
 
+/* The command's rows: the four paths, every MG_OPT_SETTING row (its offset
+ * moved into opt_args' op), then the scorer's wait, threads and
+ * --scorer-changed; built once (options_rows). */
 #define T opt_args
-static const mg_setting OPTIMIZE_OPTIONS[] = {
+static const mg_setting OPTIMIZE_HEAD[] = {
     {MG_OPT_STR(T, "prior", "FILE", prior, "the prior model (molgen train's model or checkpoint; required)")},
     {MG_OPT_STR(T, "scorer", "'COMMAND'", scorer,
                 "the scorer, started once by /bin/sh -c (protocol below; required)")},
@@ -38,47 +40,8 @@ static const mg_setting OPTIMIZE_OPTIONS[] = {
     {MG_OPT_STR(T, "resume", "DIR", resume,
                 "continue the run saved in DIR bit for bit (its options unless given: the same; "
                 "--budget may grow)")},
-    {MG_OPT_I64(T, "budget", "N", budget, 1, 1000000000000LL,
-                "scoring calls: distinct valid molecules")},
-    {MG_OPT_U64(T, "seed", "S", seed, "random seed; same seed + threads + scorer = the same run")},
-    {MG_OPT_INT(T, "batch", "B", batch, 1, 4096, "molecules sampled per step")},
-    {MG_OPT_F64(T, "sigma", "X", sigma, 0, 1e6, MG_CLOSED,
-                "score weight of the augmented likelihood")},
-    {MG_OPT_F64(T, "lr", "X", lr, 0, 1, MG_OPEN_LO, "Adam learning rate")},
-    {MG_OPT_CHOICE(T, "constrain", "none|syntax|valence", constrain,
-                   "constrained sampling as molgen sample's (valence: the most valid molecules "
-                   "for the least time)")},
-    {MG_OPT_CHOICE(T, "dtype", "fp32|bf16", dtype,
-                   "the prior's and agent's products and the sampler's: fp32, or bf16 with fp32 "
-                   "accumulation (train and sample --dtype; faster on AVX512_BF16)")},
-    {MG_OPT_CHOICE(T, "df", "none|smiles|scaffold|identical-smiles|identical-murcko", df,
-                   "diversity filter: scaffold = identical-murcko (the scorer's scaffold= field; "
-                   "without one the canonical SMILES), smiles = identical-smiles (the molecule), "
-                   "or none")},
-    {MG_OPT_INT(T, "df-bucket", "N", df_bucket, 1, 1000000000,
-                "molecules per bucket before it scores 0")},
-    {MG_OPT_F64(T, "df-min-score", "X", df_min_score, 0, 1, MG_CLOSED,
-                "only molecules scoring >= X fill buckets")},
-    {MG_OPT_F64(T, "repeat-penalty", "X", repeat_penalty, 0, 1, MG_CLOSED,
-                "learning score factor of a molecule scored in an earlier step (1: none)")},
-    {MG_OPT_INT(T, "memory", "N", memory, 0, 1000, "inception memory: the N best molecules")},
-    {MG_OPT_INT(T, "replay", "N", replay, 0, 1000, "memory molecules replayed per step")},
-    {MG_OPT_INT(T, "augmented-memory", "K", aug, 0, 100,
-                "Augmented Memory: K more updates per step on the memory spelled as randomized "
-                "SMILES (the scorer's !randomize; 0: off)")},
-    {MG_OPT_INT(T, "collapse-steps", "K", collapse_steps, 0, 1000000000,
-                "mode-collapse stop: K consecutive steps in which the share of the batch new to "
-                "the cache is below --collapse-share (0: never)")},
-    {MG_OPT_F64(T, "collapse-share", "X", collapse_share, 0, 1, MG_CLOSED,
-                "the share of --collapse-steps")},
-    {MG_OPT_INT(T, "patience", "K", patience, 0, 1000000000,
-                "convergence stop (mol_opt's REINVENT): past 1,000 calls, K consecutive steps "
-                "that leave the mean of the 100 best scores unchanged (0: never)")},
-    {MG_OPT_I64(T, "max-steps", "N", max_steps, 0, 1000000000000LL, "stop after N steps (0: no limit)")},
-    {MG_OPT_I64(T, "stop-after", "N", stop_after, 0, 1000000000000LL,
-                "stop after step N, checkpointed, to be resumed (0: never)")},
-    {MG_OPT_INT(T, "save-every", "N", save_every, 1, 1000000000,
-                "checkpoint every N steps (also at the end and on any error)")},
+};
+static const mg_setting OPTIMIZE_TAIL[] = {
     {MG_OPT_F64(T, "scorer-timeout", "S", timeout, 0, 1e7, MG_OPEN_LO,
                 "the longest wait for one answer line, seconds")},
     {MG_CLI_OPT_THREADS(T)},
@@ -87,6 +50,26 @@ static const mg_setting OPTIMIZE_OPTIONS[] = {
                  "scores so far are kept; without it another command is refused)")},
 };
 #undef T
+#define N_HEAD (sizeof OPTIMIZE_HEAD / sizeof *OPTIMIZE_HEAD)
+#define N_TAIL (sizeof OPTIMIZE_TAIL / sizeof *OPTIMIZE_TAIL)
+enum { ROW_RESUME = 3 }; /* --resume's index among the rows */
+
+/* The rows in *n (filled on the first call: one thread parses). */
+static const mg_setting *options_rows(size_t *n) {
+    static mg_setting rows[MG_CLI_MAX_ROWS];
+    static size_t k;
+    if (!k) {
+        for (size_t i = 0; i < N_HEAD; i++) rows[k++] = OPTIMIZE_HEAD[i];
+        for (size_t i = 0; i < MG_OPT_NUM_SETTINGS; i++) {
+            rows[k] = MG_OPT_SETTING[i].row;
+            rows[k].key = rows[k].cli; /* the command line's messages say --cli */
+            rows[k++].offset += offsetof(opt_args, op);
+        }
+        for (size_t i = 0; i < N_TAIL; i++) rows[k++] = OPTIMIZE_TAIL[i];
+    }
+    *n = k;
+    return rows;
+}
 
 /* --preset, a table of its own: applied after a resumed run's saved options
  * and before every option given, whatever the order. */
@@ -149,51 +132,6 @@ static const char OPTIMIZE_NOTES[] =
     "command; a scorer fault on any rank is said once (by the lowest failing\n"
     "rank), the state saved. --resume with any number of ranks continues the run.\n";
 
-static void args_from_opts(opt_args *a, const mg_opt_opts *o) {
-    a->budget = o->budget;
-    a->seed = o->seed;
-    a->batch = o->batch;
-    a->sigma = o->sigma;
-    a->lr = o->lr;
-    a->constrain = (int)o->constrain;
-    a->dtype = (int)o->dtype;
-    a->df = (int)o->df;
-    a->df_bucket = o->df_bucket;
-    a->df_min_score = o->df_min_score;
-    a->repeat_penalty = o->repeat_penalty;
-    a->memory = o->memory;
-    a->replay = o->replay;
-    a->aug = o->aug_rounds;
-    a->collapse_steps = o->collapse_steps;
-    a->collapse_share = o->collapse_share;
-    a->patience = o->patience;
-}
-
-static void args_to_opts(const opt_args *a, mg_opt_opts *o) {
-    o->budget = a->budget;
-    o->seed = a->seed;
-    o->batch = a->batch;
-    o->sigma = a->sigma;
-    o->lr = a->lr;
-    o->constrain = (mg_constrain)a->constrain;
-    o->dtype = (mg_dtype)a->dtype;
-    o->df = (mg_df_kind)(a->df > 2 ? a->df - 2 : a->df); /* identical-smiles|-murcko */
-    o->df_bucket = a->df_bucket;
-    o->df_min_score = a->df_min_score;
-    o->repeat_penalty = a->repeat_penalty;
-    o->memory = a->memory;
-    o->replay = a->replay;
-    o->aug_rounds = a->aug;
-    o->collapse_steps = a->collapse_steps;
-    o->collapse_share = a->collapse_share;
-    o->patience = a->patience;
-    o->max_steps = a->max_steps;
-    o->stop_after = a->stop_after;
-    o->save_every = a->save_every;
-    o->scorer_cmd = a->scorer;
-    o->scorer_changed = a->scorer_changed;
-}
-
 typedef struct {
     const char *prior, *scorer, *out, *resume;
     double timeout;
@@ -205,41 +143,45 @@ typedef struct {
 /* The options into o and c: a resumed run's saved ones are the defaults of
  * its algorithm options. 0, -1 (--help printed) or 2 (said). */
 static int parse(int argc, char **argv, mg_opt_opts *o, run_ctx *c) {
-    opt_args a = {.save_every = o->save_every, .timeout = 300};
-    args_from_opts(&a, o);
+    opt_args a = {.timeout = 300, .op = *o};
     opt_preset x = {0};
-    const size_t n_opts = sizeof OPTIMIZE_OPTIONS / sizeof *OPTIMIZE_OPTIONS;
+    size_t n_opts;
+    const mg_setting *rows = options_rows(&n_opts);
     const mg_cli_spec spec = {"optimize", OPTIMIZE_USAGE, OPTIMIZE_NOTES,
-                              {{OPTIMIZE_OPTIONS, n_opts, &a}, {PRESET_OPTION, 1, &x}},
+                              {{rows, n_opts, &a}, {PRESET_OPTION, 1, &x}},
                               2};
     mg_cli_value vals[MG_CLI_MAX_ROWS];
     int rc = mg_cli_read(&spec, argc, argv, vals);
     if (rc) return rc;
-    if (vals[3].opt[0] && vals[n_opts].opt[0])
+    if (vals[ROW_RESUME].opt[0] && vals[n_opts].opt[0])
         return mg_cli_usage("optimize", "--preset with --resume: the run keeps its saved options");
-    if (vals[3].opt[0]) { /* --resume DIR: its saved options first */
+    if (vals[ROW_RESUME].opt[0]) { /* --resume DIR: its saved options first */
         mg_error err;
         char path[4200];
-        snprintf(path, sizeof path, "%s/agent.safetensors", vals[3].text);
+        snprintf(path, sizeof path, "%s/agent.safetensors", vals[ROW_RESUME].text);
         mg_status st = mg_dist_agree(mg_dist_world(), mg_opt_read_options(path, o, &err), &err);
         if (st) {
             const mg_error e0 = err;
-            if (st != MG_ERR_PEER) mg_fail(&err, st, "--resume %s: %s", vals[3].text, e0.message);
+            if (st != MG_ERR_PEER)
+                mg_fail(&err, st, "--resume %s: %s", vals[ROW_RESUME].text, e0.message);
             return mg_cli_report("optimize", st, &err), 1;
         }
-        args_from_opts(&a, o);
+        a.op = *o;
     }
     if ((rc = mg_cli_apply(&spec, 1, vals))) return rc;
     if (x.preset == 1) { /* mol_opt main/reinvent/hparams_default.yaml */
-        a.sigma = 500;
-        a.lr = 5e-4;
-        a.memory = 100;
-        a.replay = 24;
-        a.df = MG_DF_NONE;
-        a.patience = 5; /* main/run.py's --patience */
+        a.op.sigma = 500;
+        a.op.lr = 5e-4;
+        a.op.memory = 100;
+        a.op.replay = 24;
+        a.op.df = MG_DF_NONE;
+        a.op.patience = 5; /* main/run.py's --patience */
     }
     if ((rc = mg_cli_apply(&spec, 0, vals))) return rc;
-    args_to_opts(&a, o);
+    *o = a.op;
+    mg_opt_opts_fold(o);
+    o->scorer_cmd = a.scorer;
+    o->scorer_changed = a.scorer_changed;
     mg_cli_note_dtype("optimize", o->dtype);
     *c = (run_ctx){.prior = a.prior, .scorer = a.scorer, .out = a.out, .resume = a.resume,
                    .timeout = a.timeout, .threads = a.threads};
@@ -320,29 +262,19 @@ static int claim(run_ctx *c) {
 }
 
 /* The options that decide the run, for the ranks to agree on (--threads,
- * --scorer-timeout and the paths are each rank's) into f; their number. */
-static size_t run_fields(const mg_opt_opts *o, const run_ctx *c, mg_dist_field *f) {
+ * --scorer-timeout and the paths are each rank's) into f (room for
+ * MG_OPT_NUM_SETTINGS + 3); their number. A setting is compared as the
+ * command line shows it (reals in their shortest exact digits). */
+static size_t run_fields(const mg_opt_opts *o, const run_ctx *c, mg_dist_field *f,
+                         char (*names)[48]) {
     size_t k = 0;
-    f[k++] = (mg_dist_field){"--seed", o->seed};
-    f[k++] = (mg_dist_field){"--budget", (uint64_t)o->budget};
-    f[k++] = (mg_dist_field){"--batch", (uint64_t)o->batch};
-    f[k++] = (mg_dist_field){"--sigma", mg_dist_hash(&o->sigma, sizeof o->sigma)};
-    f[k++] = (mg_dist_field){"--lr", mg_dist_hash(&o->lr, sizeof o->lr)};
-    f[k++] = (mg_dist_field){"--constrain", (uint64_t)o->constrain};
-    f[k++] = (mg_dist_field){"--dtype", (uint64_t)o->dtype};
-    f[k++] = (mg_dist_field){"--df", (uint64_t)o->df};
-    f[k++] = (mg_dist_field){"--df-bucket", (uint64_t)o->df_bucket};
-    f[k++] = (mg_dist_field){"--df-min-score", mg_dist_hash(&o->df_min_score, sizeof(double))};
-    f[k++] = (mg_dist_field){"--repeat-penalty", mg_dist_hash(&o->repeat_penalty, sizeof(double))};
-    f[k++] = (mg_dist_field){"--memory", (uint64_t)o->memory};
-    f[k++] = (mg_dist_field){"--replay", (uint64_t)o->replay};
-    f[k++] = (mg_dist_field){"--augmented-memory", (uint64_t)o->aug_rounds};
-    f[k++] = (mg_dist_field){"--collapse-steps", (uint64_t)o->collapse_steps};
-    f[k++] = (mg_dist_field){"--collapse-share", mg_dist_hash(&o->collapse_share, sizeof(double))};
-    f[k++] = (mg_dist_field){"--patience", (uint64_t)o->patience};
-    f[k++] = (mg_dist_field){"--max-steps", (uint64_t)o->max_steps};
-    f[k++] = (mg_dist_field){"--stop-after", (uint64_t)o->stop_after};
-    f[k++] = (mg_dist_field){"--save-every", (uint64_t)o->save_every};
+    for (size_t i = 0; i < MG_OPT_NUM_SETTINGS; i++, k++) {
+        const mg_setting *s = &MG_OPT_SETTING[i].row;
+        char v[64];
+        mg_setting_format(s, o, v, sizeof v);
+        snprintf(names[k], sizeof names[k], "--%s", s->cli);
+        f[k] = (mg_dist_field){names[k], mg_dist_hash_str(v)};
+    }
     f[k++] = (mg_dist_field){"--resume", c->resume != NULL};
     f[k++] = (mg_dist_field){"--scorer", mg_dist_hash_str(c->scorer)};
     f[k++] = (mg_dist_field){"--scorer-changed", (uint64_t)o->scorer_changed};
@@ -397,8 +329,10 @@ int cmd_optimize(int argc, char **argv) {
     if (rc) return rc < 0 ? 0 : rc;
     if (mg_opt_opts_check(&o, &err))
         return fprintf(stderr, "molgen optimize: %s\n", err.message), 2;
-    mg_dist_field fields[24];
-    if (agreed(mg_dist_agree_fields(mg_dist_world(), fields, run_fields(&o, &c, fields), &err),
+    mg_dist_field fields[MG_CLI_MAX_ROWS];
+    char names[MG_CLI_MAX_ROWS][48];
+    if (agreed(mg_dist_agree_fields(mg_dist_world(), fields, run_fields(&o, &c, fields, names),
+                                    &err),
                &err))
         return 1;
     c.rank = mg_dist_world()->rank;

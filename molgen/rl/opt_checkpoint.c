@@ -15,28 +15,27 @@
 
 /* ------------------------------------------------------------ files */
 
+/* A saved setting's JSON value (a new reference; NULL: out of memory): a
+ * WORD as its word, an INDEX as its index, the rest as option_table.h
+ * writes them (a U64 as a string of digits). */
+static json_t *setting_json(const mg_opt_setting *t, const mg_opt_opts *p) {
+    if (t->row.kind == MG_KIND_CHOICE && t->word) {
+        char w[64];
+        mg_setting_format(&t->row, p, w, sizeof w);
+        return json_string(w);
+    }
+    if (t->row.kind == MG_KIND_CHOICE)
+        return json_integer(*(const int *)((const char *)p + t->row.offset));
+    return mg_setting_to_json(&t->row, p);
+}
+
 json_t *mg_opt_options_json(const mg_opt_opts *p) {
     json_t *j = json_object();
     if (!j) return NULL;
-    char seed[24];
-    snprintf(seed, sizeof seed, "%llu", (unsigned long long)p->seed);
-    int bad = mg_json_put(j, "seed", json_string(seed));
-    bad |= mg_json_put(j, "budget", json_integer(p->budget));
-    bad |= mg_json_put(j, "batch", json_integer(p->batch));
-    bad |= mg_json_put(j, "sigma", json_real(p->sigma));
-    bad |= mg_json_put(j, "lr", json_real(p->lr));
-    bad |= mg_json_put(j, "constrain", json_string(mg_constrain_name(p->constrain)));
-    bad |= mg_json_put(j, "dtype", json_string(mg_dtype_name(p->dtype)));
-    bad |= mg_json_put(j, "df", json_integer(p->df));
-    bad |= mg_json_put(j, "df_bucket", json_integer(p->df_bucket));
-    bad |= mg_json_put(j, "df_min_score", json_real(p->df_min_score));
-    bad |= mg_json_put(j, "repeat_penalty", json_real(p->repeat_penalty));
-    bad |= mg_json_put(j, "memory", json_integer(p->memory));
-    bad |= mg_json_put(j, "replay", json_integer(p->replay));
-    bad |= mg_json_put(j, "augmented_memory", json_integer(p->aug_rounds));
-    bad |= mg_json_put(j, "collapse_steps", json_integer(p->collapse_steps));
-    bad |= mg_json_put(j, "collapse_share", json_real(p->collapse_share));
-    bad |= mg_json_put(j, "patience", json_integer(p->patience));
+    int bad = 0;
+    for (size_t i = 0; i < MG_OPT_NUM_SETTINGS; i++)
+        if (MG_OPT_SETTING[i].resume != MG_OPT_FREE)
+            bad |= mg_json_put(j, MG_OPT_SETTING[i].row.key, setting_json(&MG_OPT_SETTING[i], p));
     if (bad) {
         json_decref(j);
         return NULL;
@@ -164,63 +163,57 @@ done:
 
 /* ------------------------------------------------------------ resume */
 
-/* The saved options, each in the range a run can have (the file may have
- * been edited: nothing out of range reaches the engine). */
-static mg_status options_from_json(const json_t *j, mg_opt_opts *p, mg_error *err) {
-    const char *seed = json_string_value(json_object_get(j, "seed"));
-    const char *con = json_string_value(json_object_get(j, "constrain"));
-    const char *dts = json_string_value(json_object_get(j, "dtype"));
-    json_int_t I[10];
-    const char *ik[] = {"budget",  "batch",  "df",     "df_bucket",      "memory",
-                        "replay", "augmented_memory", "collapse_steps", "patience", NULL};
-    const json_int_t ilo[] = {1, 1, 0, 1, 0, 0, 0, 0, 0};
-    const json_int_t ihi[] = {1000000000000LL, 100000, MG_DF_SCAFFOLD, 1000000000, 1000000, 1000000,
-                              100, 1000000000, 1000000000};
-    for (int k = 0; ik[k]; k++) {
-        const json_t *v = json_object_get(j, ik[k]);
-        if (!json_is_integer(v))
-            return mg_fail(err, MG_ERR_FORMAT, "option \"%s\" missing", ik[k]);
-        I[k] = json_integer_value(v);
-        if (I[k] < ilo[k] || I[k] > ihi[k])
-            return mg_fail(err, MG_ERR_FORMAT, "option \"%s\" is %lld: outside [%lld, %lld]",
-                           ik[k], (long long)I[k], (long long)ilo[k], (long long)ihi[k]);
+/* A saved setting into p through the command line's parser, so that a
+ * value outside its range (an edited file) is refused with the command
+ * line's words: "bad value '5000' for --batch (an integer in [1, 4096])". */
+static mg_status setting_from_json(const mg_opt_setting *t, const json_t *v, mg_opt_opts *p,
+                                   mg_error *err) {
+    const mg_setting *s = &t->row;
+    char text[64];
+    int ok;
+    switch (s->kind) {
+    case MG_KIND_U64:
+    case MG_KIND_CHOICE:
+        if (s->kind == MG_KIND_CHOICE && !t->word) { /* INDEX: an integer in [0, hi] */
+            const json_int_t k = json_integer_value(v);
+            if (!(ok = json_is_integer(v))) break;
+            snprintf(text, sizeof text, "%lld", (long long)k);
+            if (k < s->ilo || k > s->ihi)
+                return mg_fail(err, MG_ERR_FORMAT, "option \"%s\" is %s: not one of 0..%lld (%s)",
+                               s->key, text, (long long)s->ihi, s->choices);
+            *(int *)((char *)p + s->offset) = (int)k;
+            return MG_OK;
+        }
+        /* longer than any word or 2^64's digits: refused, not cut */
+        if ((ok = json_is_string(v) && strlen(json_string_value(v)) < sizeof text))
+            snprintf(text, sizeof text, "%s", json_string_value(v));
+        break;
+    case MG_KIND_F64:
+        if ((ok = json_is_number(v))) snprintf(text, sizeof text, "%.17g", json_number_value(v));
+        break;
+    default:
+        if ((ok = json_is_integer(v)))
+            snprintf(text, sizeof text, "%lld", (long long)json_integer_value(v));
     }
-    double D[5];
-    const char *dk[] = {"sigma", "lr", "df_min_score", "repeat_penalty", "collapse_share", NULL};
-    const double dhi[] = {1e6, 10, 1, 1, 1};
-    for (int k = 0; dk[k]; k++) {
-        const json_t *v = json_object_get(j, dk[k]);
-        if (!json_is_number(v)) return mg_fail(err, MG_ERR_FORMAT, "option \"%s\" missing", dk[k]);
-        D[k] = json_number_value(v);
-        if (!(D[k] >= 0 && D[k] <= dhi[k]))
-            return mg_fail(err, MG_ERR_FORMAT, "option \"%s\" is %g: outside [0, %g]", dk[k],
-                           D[k], dhi[k]);
+    if (!ok) return mg_fail(err, MG_ERR_FORMAT, "option \"%s\" missing or not a %s", s->key,
+                            s->kind == MG_KIND_F64 ? "number"
+                            : s->kind == MG_KIND_U64 || t->word ? "string of < 64 bytes"
+                                                                  : "integer");
+    mg_status rc = mg_setting_parse(s, NULL, text, p, err);
+    if (rc) {
+        const mg_error e0 = *err; /* the message is an argument: not in place */
+        return mg_fail(err, MG_ERR_FORMAT, "option \"%s\": %s", s->key, e0.message);
     }
-    char *end;
-    if (!seed || !con) return mg_fail(err, MG_ERR_FORMAT, "options seed/constrain missing");
-    if (!mg_constrain_parse(con, &p->constrain))
-        return mg_fail(err, MG_ERR_FORMAT, "constrain '%s'", con);
-    if (!dts || mg_dtype_parse(dts, &p->dtype) < 0)
-        return mg_fail(err, MG_ERR_FORMAT, "option \"dtype\" missing or not fp32/bf16");
-    errno = 0;
-    p->seed = strtoull(seed, &end, 10);
-    if (!*seed || *end || errno || strspn(seed, "0123456789") != strlen(seed))
-        return mg_fail(err, MG_ERR_FORMAT, "option \"seed\" '%.40s' is not a decimal integer",
-                       seed);
-    p->budget = I[0];
-    p->batch = (int)I[1];
-    p->df = (mg_df_kind)I[2];
-    p->df_bucket = (int)I[3];
-    p->memory = (int)I[4];
-    p->replay = (int)I[5];
-    p->aug_rounds = (int)I[6];
-    p->collapse_steps = (int)I[7];
-    p->patience = (int)I[8];
-    p->sigma = D[0];
-    p->lr = D[1];
-    p->df_min_score = D[2];
-    p->repeat_penalty = D[3];
-    p->collapse_share = D[4];
+    return MG_OK;
+}
+
+mg_status mg_opt_options_from_json(const json_t *j, mg_opt_opts *p, mg_error *err) {
+    for (size_t i = 0; i < MG_OPT_NUM_SETTINGS; i++) {
+        const mg_opt_setting *t = &MG_OPT_SETTING[i];
+        if (t->resume == MG_OPT_FREE) continue;
+        const mg_status rc = setting_from_json(t, json_object_get(j, t->row.key), p, err);
+        if (rc) return rc;
+    }
     return mg_opt_opts_check(p, err);
 }
 
@@ -251,7 +244,7 @@ mg_status mg_opt_read_options(const char *path, mg_opt_opts *opts, mg_error *err
     json_t *j;
     mg_status rc = load_state(path, &f, &j, err);
     if (rc) return rc;
-    rc = options_from_json(json_object_get(j, "options"), opts, err);
+    rc = mg_opt_options_from_json(json_object_get(j, "options"), opts, err);
     if (rc) {
         const mg_error e0 = *err; /* the message is an argument: not in place */
         mg_fail(err, MG_ERR_FORMAT, "%s: %s", path, e0.message);
@@ -261,27 +254,19 @@ mg_status mg_opt_read_options(const char *path, mg_opt_opts *opts, mg_error *err
     return rc;
 }
 
-static int same_d(double a, double b) { return a == b || (isnan(a) && isnan(b)); }
-
-/* Which algorithm option differs (NULL: none); the budget may grow. */
+/* The first SAME setting of a and b that differs, as its option name
+ * without "--" (NULL: none); compared as the command line shows them (reals in the fewest
+ * digits that read back as the value: equal texts, equal values). */
 static const char *differs(const mg_opt_opts *a, const mg_opt_opts *b) {
-    return a->seed != b->seed                            ? "--seed"
-           : a->batch != b->batch                        ? "--batch"
-           : !same_d(a->sigma, b->sigma)                 ? "--sigma"
-           : !same_d(a->lr, b->lr)                       ? "--lr"
-           : a->constrain != b->constrain                ? "--constrain"
-           : a->dtype != b->dtype                        ? "--dtype"
-           : a->df != b->df                              ? "--df"
-           : a->df_bucket != b->df_bucket                ? "--df-bucket"
-           : !same_d(a->df_min_score, b->df_min_score)   ? "--df-min-score"
-           : !same_d(a->repeat_penalty, b->repeat_penalty) ? "--repeat-penalty"
-           : a->memory != b->memory                      ? "--memory"
-           : a->replay != b->replay                      ? "--replay"
-           : a->aug_rounds != b->aug_rounds              ? "--augmented-memory"
-           : a->collapse_steps != b->collapse_steps      ? "--collapse-steps"
-           : !same_d(a->collapse_share, b->collapse_share) ? "--collapse-share"
-           : a->patience != b->patience                  ? "--patience"
-                                                         : NULL;
+    for (size_t i = 0; i < MG_OPT_NUM_SETTINGS; i++) {
+        const mg_setting *s = &MG_OPT_SETTING[i].row;
+        char x[64], y[64];
+        if (MG_OPT_SETTING[i].resume != MG_OPT_SAME) continue;
+        mg_setting_format(s, a, x, sizeof x);
+        mg_setting_format(s, b, y, sizeof y);
+        if (strcmp(x, y)) return s->cli;
+    }
+    return NULL;
 }
 
 static char *dup_json(const json_t *v) {
@@ -434,14 +419,14 @@ mg_status mg_opt_restore(mg_opt *o, const char *path, mg_error *err) {
     snprintf(dig, sizeof dig, "%016llx", (unsigned long long)o->prior_digest);
     const char *pd = json_string_value(json_object_get(j, "prior_digest"));
     const char *which = NULL;
-    if ((rc = options_from_json(json_object_get(j, "options"), &saved, err))) goto done;
+    if ((rc = mg_opt_options_from_json(json_object_get(j, "options"), &saved, err))) goto done;
     if (!pd || strcmp(pd, dig)) {
         rc = mg_fail(err, MG_ERR_MISMATCH, "%s was made from another prior (its parameters differ)",
                      path);
         goto done;
     }
     if ((which = differs(&saved, &o->op))) {
-        rc = mg_fail(err, MG_ERR_MISMATCH, "%s was made with another %s (a resumed run keeps it)",
+        rc = mg_fail(err, MG_ERR_MISMATCH, "%s was made with another --%s (a resumed run keeps it)",
                      path, which);
         goto done;
     }

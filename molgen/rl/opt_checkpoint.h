@@ -26,11 +26,17 @@ mg_status mg_opt_restore(mg_opt *o, const char *path, mg_error *err);
 /* The saved algorithm options of checkpoint path (for the command's
  * defaults on --resume) into *opts' algorithm fields. */
 mg_status mg_opt_read_options(const char *path, mg_opt_opts *opts, mg_error *err);
-/* The JSON of the algorithm options (as saved in the state and
+/* The JSON of the saved settings (as saved in the state and
  * summary.json) and of a scorer command (a string; bytes >= 0x80 of one
  * that is not UTF-8 written \xNN). New references; NULL out of memory. */
 json_t *mg_opt_options_json(const mg_opt_opts *p);
 json_t *mg_opt_scorer_json(const char *cmd);
+/* The saved settings (resume column SAME and GROW of MG_OPT_SETTINGS) of
+ * an "options" object j into *p, each through the command line's parser
+ * (an edited value out of range: MG_ERR_FORMAT with the command line's
+ * message "option \"batch\": bad value '5000' for --batch (an integer in
+ * [1, 4096])"), then mg_opt_opts_check. FREE settings are left as they are. */
+mg_status mg_opt_options_from_json(const json_t *j, mg_opt_opts *p, mg_error *err);
 
 #ifdef __cplusplus
 }
