@@ -22,10 +22,13 @@ from _oracle import check_close, check_grad, rand
 
 
 def ref_layer(xq, xk, xv, wq, wk, wv, bq, bk, bv, wo, bo, H, Hkv, causal=False,
-              key_padding_mask=None, attn_mask=None):
-    """float64 GQA multi-head attention, batch first: -> (out [B, Lq, E],
-    per-head weights [B, H, Lq, Lk]). key_padding_mask: bool [B, Lk], True =
-    ignore; attn_mask: float [Lq, Lk], added; causal: j <= i + Lk - Lq."""
+              key_padding_mask=None, attn_mask=None, softcap=None, slopes=None, sinks=None):
+    """float64 GQA multi-head attention with the variants, batch first:
+    -> (out [B, Lq, E], per-head weights [B, H, Lq, Lk]). In the issue's
+    order: softcap c * tanh(s / c), the ALiBi bias -m_h * |i' - j| (slopes
+    [H], i' = i + Lk - Lq), attn_mask float [Lq, Lk] added, causal j <= i',
+    key_padding_mask bool [B, Lk] (True = ignore), and the sinks [H] as one
+    more softmax column that is dropped afterwards."""
     B, Lq, E = xq.shape
     Lk = xk.shape[1]
     D, G = E // H, H // Hkv
@@ -33,14 +36,23 @@ def ref_layer(xq, xk, xv, wq, wk, wv, bq, bk, bv, wo, bo, H, Hkv, causal=False,
     k = (xk @ wk.T + bk).reshape(B, Lk, Hkv, D).transpose(1, 2).repeat_interleave(G, dim=1)
     v = (xv @ wv.T + bv).reshape(B, Lk, Hkv, D).transpose(1, 2).repeat_interleave(G, dim=1)
     s = q @ k.transpose(-1, -2) / math.sqrt(D)
+    if softcap is not None:
+        s = softcap * torch.tanh(s / softcap)
+    ipos = torch.arange(Lq, dtype=torch.float64)[:, None] + (Lk - Lq)  # i'
+    jpos = torch.arange(Lk, dtype=torch.float64)[None, :]
+    if slopes is not None:
+        s = s - slopes[None, :, None, None] * (ipos - jpos).abs()
     if attn_mask is not None:
         s = s + attn_mask
     if causal:
-        i = torch.arange(Lq)[:, None] + Lk - Lq
-        s = s.masked_fill(torch.arange(Lk)[None, :] > i, float("-inf"))
+        s = s.masked_fill(jpos > ipos, float("-inf"))
     if key_padding_mask is not None:
         s = s.masked_fill(key_padding_mask[:, None, None, :], float("-inf"))
-    p = torch.softmax(s, dim=-1)
+    if sinks is not None:
+        col = sinks[None, :, None, None].expand(B, H, Lq, 1)
+        p = torch.softmax(torch.cat([s, col], dim=-1), dim=-1)[..., :Lk]
+    else:
+        p = torch.softmax(s, dim=-1)
     o = (p @ v).transpose(1, 2).reshape(B, Lq, E)
     return o @ wo.T + bo, p
 

@@ -1,7 +1,7 @@
 """The attention variants in the numpy multi-head layer:
 attn.MultiheadAttention.forward(..., softcap=, alibi_slopes=, sinks=), with
-and without grouped-query attention, against a float64 torch layer written
-here from the issue's conventions (an explicit c * tanh(s / c), the ALiBi
+and without grouped-query attention, against test_mha_gqa.py's float64 torch layer,
+written from the issue's conventions (an explicit c * tanh(s / c), the ALiBi
 bias -m_h * |i + Lk - Lq - j| after it, the sink as an extra softmax column
 that is dropped afterwards); gradients (the sinks' included) against torch
 autograd through it.
@@ -11,7 +11,6 @@ and weights, GRAD_TOL for gradients): float32 sums over <= 24 terms, ~1e-7
 from float64; a variant applied in the wrong order, to the wrong head or
 not at all is O(0.1) or more at these sizes.
 """
-import math
 
 import numpy as np
 import pytest
@@ -19,38 +18,7 @@ torch = pytest.importorskip("torch", reason="PyTorch (Debian python3-torch) is t
 
 import attn
 from _oracle import check_close, check_grad, rand
-from test_mha_gqa import randomize, split_params
-
-
-def ref_layer(xq, xk, xv, wq, wk, wv, bq, bk, bv, wo, bo, H, Hkv, causal=False,
-              key_padding_mask=None, softcap=None, slopes=None, sinks=None):
-    """float64 multi-head attention with the variants, batch first:
-    -> (out [B, Lq, E], per-head weights [B, H, Lq, Lk]). slopes, sinks:
-    float64 tensors [H]; key_padding_mask: bool [B, Lk], True = ignore."""
-    B, Lq, E = xq.shape
-    Lk = xk.shape[1]
-    D, G = E // H, H // Hkv
-    q = (xq @ wq.T + bq).reshape(B, Lq, H, D).transpose(1, 2)
-    k = (xk @ wk.T + bk).reshape(B, Lk, Hkv, D).transpose(1, 2).repeat_interleave(G, dim=1)
-    v = (xv @ wv.T + bv).reshape(B, Lk, Hkv, D).transpose(1, 2).repeat_interleave(G, dim=1)
-    s = q @ k.transpose(-1, -2) / math.sqrt(D)
-    if softcap is not None:
-        s = softcap * torch.tanh(s / softcap)
-    ipos = torch.arange(Lq, dtype=torch.float64)[:, None] + (Lk - Lq)  # i'
-    jpos = torch.arange(Lk, dtype=torch.float64)[None, :]
-    if slopes is not None:
-        s = s - slopes[None, :, None, None] * (ipos - jpos).abs()
-    if causal:
-        s = s.masked_fill(jpos > ipos, float("-inf"))
-    if key_padding_mask is not None:
-        s = s.masked_fill(key_padding_mask[:, None, None, :], float("-inf"))
-    if sinks is not None:  # one more column that joins the softmax only
-        col = sinks[None, :, None, None].expand(B, H, Lq, 1)
-        p = torch.softmax(torch.cat([s, col], dim=-1), dim=-1)[..., :Lk]
-    else:
-        p = torch.softmax(s, dim=-1)
-    o = (p @ v).transpose(1, 2).reshape(B, Lq, E)
-    return o @ wo.T + bo, p
+from test_mha_gqa import randomize, ref_layer, split_params
 
 
 VARIANTS = {
