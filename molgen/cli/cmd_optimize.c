@@ -13,6 +13,7 @@
 #include "commands.h"
 #include "harness/dap_dump.h"
 #include "base/dist.h"
+#include "rl/chem_helper.h"
 #include "rl/optimize.h"
 #include "rl/opt_checkpoint.h"
 #include "rl/opt_reports.h"
@@ -289,8 +290,8 @@ static int agreed(mg_status rc, mg_error *err) {
 }
 
 /* the models, the scorer and the engine; 0 or 1 (said) */
-static int setup(run_ctx *c, const mg_opt_opts *o, mg_model *mm[2], mg_vocab **v, mg_scorer **sc,
-                 mg_opt **opt) {
+static int setup(run_ctx *c, mg_opt_opts *o, mg_model *mm[2], mg_vocab **v, mg_scorer **sc,
+                 mg_chem **chem, mg_opt **opt) {
     mg_error err;
     mg_dist *world = mg_dist_world();
     if (mg_cli_load_model("optimize", c->prior, 0, &mm[0], v, NULL) ||
@@ -302,7 +303,10 @@ static int setup(run_ctx *c, const mg_opt_opts *o, mg_model *mm[2], mg_vocab **v
                                  world->size > 1 ? mg_model_fingerprint(mm[0], *v) : 0};
     if (agreed(mg_dist_agree_fields(world, &prior, 1, &err), &err) ||
         agreed(mg_scorer_start(c->scorer, c->timeout, sc, &err), &err) ||
-        agreed(mg_opt_new(mm[0], mm[1], *v, *sc, o, opt, &err), &err) ||
+        (o->helper && agreed(mg_chem_start(NULL, c->timeout, chem, &err), &err)))
+        return 1;
+    o->chem = *chem;
+    if (agreed(mg_opt_new(mm[0], mm[1], *v, *sc, o, opt, &err), &err) ||
         (c->resume && agreed(mg_opt_restore(*opt, c->dir_agent, &err), &err)))
         return 1;
     const mg_dist_field state = {"the --resume checkpoint (its contents)",
@@ -341,6 +345,7 @@ int cmd_optimize(int argc, char **argv) {
     mg_model *mm[2] = {NULL, NULL};
     mg_vocab *v = NULL;
     mg_scorer *sc = NULL;
+    mg_chem *chem = NULL;
     mg_opt *opt = NULL;
     o.progress = progress;
     o.save = save;
@@ -348,7 +353,7 @@ int cmd_optimize(int argc, char **argv) {
     o.stop = &mg_stop_signal;
     o.dist = mg_dist_world();
     c.t0 = mg_now_s();
-    rc = setup(&c, &o, mm, &v, &sc, &opt);
+    rc = setup(&c, &o, mm, &v, &sc, &chem, &opt);
     int saved = 0;
     mg_status st = rc ? MG_OK : mg_opt_run(opt, &saved, &err);
     if (st) {
@@ -371,6 +376,7 @@ int cmd_optimize(int argc, char **argv) {
     }
     mg_opt_free(opt);
     mg_scorer_free(sc);
+    mg_chem_free(chem);
     mg_model_free(mm[0]);
     mg_model_free(mm[1]);
     mg_vocab_free(v);

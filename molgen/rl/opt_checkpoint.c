@@ -89,9 +89,9 @@ static char *state_text(const mg_opt *o) {
     for (size_t i = 0; !bad && i < o->nmol; i++) {
         const opt_mol *m = &o->mols[i];
         bad = json_array_append_new(
-            mols, json_pack("[s s o s f f f I I]", m->smiles, m->canonical,
+            mols, json_pack("[s s o s f f f I I i]", m->smiles, m->canonical,
                             str_or_null(m->scaffold), m->comps, m->score, m->prior_nll,
-                            m->agent_nll, (json_int_t)m->call, (json_int_t)m->step));
+                            m->agent_nll, (json_int_t)m->call, (json_int_t)m->step, m->ga));
     }
     for (int k = 0; !bad && k < o->nmem; k++)
         bad = json_array_append_new(mem, json_pack("[I f]", (json_int_t)o->mem[k].mol,
@@ -211,6 +211,19 @@ mg_status mg_opt_options_from_json(const json_t *j, mg_opt_opts *p, mg_error *er
     for (size_t i = 0; i < MG_OPT_NUM_SETTINGS; i++) {
         const mg_opt_setting *t = &MG_OPT_SETTING[i];
         if (t->resume == MG_OPT_FREE) continue;
+        /* the settings added after the format's first states: missing there,
+         * and then their defaults are what those runs did */
+        static const char *const later[] = {"helper", "ga_offspring", "ga_mutation", "rank_coef"};
+        int is_later = 0;
+        for (size_t k = 0; k < sizeof later / sizeof *later; k++)
+            is_later |= !strcmp(t->row.key, later[k]);
+        if (is_later && !json_object_get(j, t->row.key)) {
+            mg_opt_opts d;
+            mg_opt_opts_default(&d);
+            memcpy((char *)p + t->row.offset, (const char *)&d + t->row.offset,
+                   t->row.kind == MG_KIND_F64 ? sizeof(double) : sizeof(int));
+            continue;
+        }
         const mg_status rc = setting_from_json(t, json_object_get(j, t->row.key), p, err);
         if (rc) return rc;
     }
@@ -294,7 +307,10 @@ static mg_status restore_mols(mg_opt *o, const json_t *mols, const json_t *mem, 
         opt_mol m = {0};
         double sc, nll;
         const json_t *sf = json_array_get(e, 2);
-        if (json_array_size(e) != 9 || !num_in(e, 4, 0, 1, &sc) ||
+        /* 10 fields; 9 in the states written before the GA (an agent's) */
+        const json_t *ga = json_array_get(e, 9);
+        if ((json_array_size(e) != 9 && json_array_size(e) != 10) || !num_in(e, 4, 0, 1, &sc) ||
+            (ga && !(json_is_integer(ga) && (json_integer_value(ga) & ~1) == 0)) ||
             !json_is_integer(json_array_get(e, 7)) || !json_is_integer(json_array_get(e, 8)) ||
             !(json_is_string(sf) || json_is_null(sf)))
             return mg_fail(err, MG_ERR_FORMAT, "scored molecule %zu is malformed", i + 1);
@@ -318,6 +334,7 @@ static mg_status restore_mols(mg_opt *o, const json_t *mols, const json_t *mem, 
         m.agent_nll = json_number_value(json_array_get(e, 6));
         m.call = json_integer_value(json_array_get(e, 7));
         m.step = json_integer_value(json_array_get(e, 8));
+        m.ga = ga ? (int)json_integer_value(ga) : 0;
         if (!m.smiles || !m.canonical || !m.comps || m.call != (int64_t)i + 1 || m.step < 0 ||
             m.step > o->step || mg_strmap_find(&o->by_key, m.canonical)) {
             mg_opt_mol_clear(&m);

@@ -27,7 +27,7 @@ static void csv_field(FILE *f, const char *s) {
 }
 
 int mg_opt_write_scored(const mg_opt *o, FILE *f) {
-    fputs("call,step,smiles,canonical,score,prior_nll,agent_nll,scaffold,components\n", f);
+    fputs("call,step,smiles,canonical,score,prior_nll,agent_nll,scaffold,components,source\n", f);
     for (size_t i = 0; i < o->nmol; i++) {
         const opt_mol *m = &o->mols[i];
         fprintf(f, "%lld,%lld,", (long long)m->call, (long long)m->step);
@@ -38,7 +38,7 @@ int mg_opt_write_scored(const mg_opt *o, FILE *f) {
         csv_field(f, m->scaffold);
         fputc(',', f);
         csv_field(f, m->comps);
-        fputc('\n', f);
+        fputs(m->ga ? ",ga\n" : ",agent\n", f);
     }
     return ferror(f) ? -1 : 0;
 }

@@ -85,5 +85,11 @@ mg_status mg_opt_opts_check(const mg_opt_opts *o, mg_error *err) {
                        o->memory);
     if (o->aug_rounds > 0 && o->memory == 0)
         return mg_fail(err, MG_ERR_ARG, "augmented memory needs a memory (--memory > 0)");
+    if (o->ga_offspring > 0 && !o->helper)
+        return mg_fail(err, MG_ERR_ARG,
+                       "ga-offspring needs molgen's chemistry helper (--helper on): the GA runs "
+                       "there, not in the scorer");
+    if (o->ga_offspring > 0 && o->memory < 2)
+        return mg_fail(err, MG_ERR_ARG, "ga-offspring needs a memory of 2 or more (--memory)");
     return MG_OK;
 }

@@ -107,6 +107,22 @@ typedef struct mg_opt mg_opt;
     X(augmented_memory, aug_rounds, INT, "augmented-memory", "K", 0, 0, 100, MG_CLOSED, SAME,      \
       "Augmented Memory: K more updates per step on the memory spelled as randomized SMILES (the " \
       "scorer's !randomize; 0: off; needs --memory > 0)")                                          \
+    /* the chemistry helper (rl/chem_helper.h): off keeps a run that needs \
+     * no RDKit beside molgen (REINVENT 4's defaults) */                      \
+    X(helper, helper, WORD, "helper", "off|on", 0, 0, 1, MG_CLOSED, SAME,                          \
+      "molgen's chemistry helper (python3 -m molgen.chem_helper, RDKit): RDKit's canonical "        \
+      "SMILES as the budget and cache key whatever the scorer answers (PMO's count: two "          \
+      "spellings, one call), Augmented Memory's spellings, and --ga-offspring")                    \
+    X(ga_offspring, ga_offspring, INT, "ga-offspring", "N", 0, 0, 1024, MG_CLOSED, SAME,           \
+      "GA-guided exploration (Genetic GFN): each step N graph-GA children (crossover, then "       \
+      "mutation) of memory molecules drawn by --rank-coef are scored beside the batch (they "      \
+      "spend budget) and trained on (0: off; needs --helper on and --memory >= 2)")                \
+    X(ga_mutation, ga_mutation, F64, "ga-mutation", "X", 0.01, 0, 1, MG_CLOSED, SAME,              \
+      "the GA's mutation rate per child")                                                          \
+    /* Tripp et al.'s rank weights, as Genetic GFN's replay and GA parents */ \
+    X(rank_coef, rank_coef, F64, "rank-coef", "X", 0, 0, 1e6, MG_CLOSED, SAME,                     \
+      "rank-based draws of replayed molecules and GA parents: the memory's r-th best (r from 0) "  \
+      "weighs 1 / (X M + r) for a memory of M (0: every molecule alike)")                           \
     X(collapse_steps, collapse_steps, INT, "collapse-steps", "K", 20, 0, 1000000000, MG_CLOSED,    \
       SAME,                                                                                        \
       "mode-collapse stop: K consecutive steps in which the share of the batch new to the cache "  \
@@ -143,6 +159,7 @@ typedef struct {
     int scorer_changed;
     /* this invocation's */
     const volatile sig_atomic_t *stop; /* under ranks: any rank's signal stops all */
+    struct mg_chem *chem;              /* the chemistry helper (helper on; not owned) */
     mg_dist *dist;                     /* the ranks (NULL: alone) */
     void (*progress)(void *ctx, const mg_opt_progress *p);
     /* writes the run's files (the command layer: mg_opt_write_*) */

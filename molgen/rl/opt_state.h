@@ -39,6 +39,7 @@ typedef struct {
     char *smiles, *canonical, *scaffold, *comps;
     double score, prior_nll, agent_nll;
     int64_t call, step;
+    int ga; /* 1: a child of the GA (--ga-offspring), 0: sampled by the agent */
 } opt_mol;
 
 struct mg_opt {

@@ -14,6 +14,7 @@
 #include "nn/optim.h"
 #include "base/safetensors.h"
 #include "gen/sample.h"
+#include "rl/chem_helper.h"
 #include "rl/opt_state.h"
 #include "rl/scorer_process.h"
 #include "base/util.h"
@@ -43,8 +44,13 @@ mg_status mg_opt_new(mg_model *prior, mg_model *agent, const mg_vocab *vocab,
     o->prior = prior;
     o->agent = agent;
     o->vocab = vocab;
+    if (opts->helper && !opts->chem) {
+        free(o);
+        return mg_fail(err, MG_ERR_ARG, "helper on needs the chemistry helper started (chem)");
+    }
     o->sc = scorer;
     mg_scorer_set_stop(scorer, opts->stop); /* a signal ends a wait for the scorer */
+    if (opts->chem) mg_chem_set_stop(opts->chem, opts->stop);
     mg_model_set_dtype(prior, opts->dtype);
     mg_model_set_dtype(agent, opts->dtype);
     o->op = *opts;
@@ -70,7 +76,8 @@ mg_status mg_opt_new(mg_model *prior, mg_model *agent, const mg_vocab *vocab,
         return rc;
     }
     o->adam.threads = mg_model_threads(agent);
-    o->cap_rows = opts->batch + (opts->memory > opts->replay ? opts->memory : opts->replay);
+    o->cap_rows = opts->batch + opts->ga_offspring +
+                  (opts->memory > opts->replay ? opts->memory : opts->replay);
     const size_t T = (size_t)o->ctx + 1, R = (size_t)o->cap_rows;
     o->ids = malloc(R * T * sizeof *o->ids);
     o->len = malloc(R * sizeof *o->len);
@@ -212,9 +219,14 @@ static mg_status dap_update(mg_opt *o, int n, const double *score, const unsigne
 
 enum { ROW_OUT = -3, ROW_INVALID = -2, ROW_PENDING = -1 };
 
+/* A step's rows: [0, nb) the agent's batch (smp), [nb, B) the GA's
+ * children (kids), then the replayed memory rows (nreplay). */
 typedef struct {
     mg_samples smp;
-    int B;
+    int B, nb;
+    const char **smi;      /* [B] each row's SMILES (smp's or kids') */
+    char **kids;           /* [B - nb] the GA's children (NULL: none) */
+    char **key;            /* [B] with the helper: RDKit's canonical SMILES (NULL: unreadable) */
     int64_t *gi;           /* [B] mol index (nmol + j: the step's new j), or ROW_* */
     unsigned char *enc;    /* [B] the row is encoded (a loss row) */
     double *s, *s2;        /* [B] score, learning score */
@@ -230,6 +242,11 @@ typedef struct {
 } step_work;
 
 static void work_free(step_work *w) {
+    for (int i = 0; i < w->B - w->nb && w->kids; i++) free(w->kids[i]);
+    for (int i = 0; i < w->B && w->key; i++) free(w->key[i]);
+    free(w->kids);
+    free(w->key);
+    free(w->smi);
     mg_samples_free(&w->smp);
     for (size_t j = 0; j < w->nnew; j++) mg_opt_mol_clear(&w->newm[j]);
     free(w->newm);
@@ -315,22 +332,64 @@ static mg_status score_split(mg_opt *o, const char **smi, int k, mg_score_reply 
     return agreed(o, rc, err);
 }
 
-/* Scores the batch's pending molecules within the budget (no state change). */
+/* With the helper: RDKit's canonical SMILES of the pending rows into
+ * w->key (one request per distinct spelling); a row RDKit cannot read is
+ * invalid (no call), one whose molecule was scored before is served from the
+ * cache. Every rank asks its own helper (the same answers). */
+static mg_status canon_rows(mg_opt *o, step_work *w, mg_error *err) {
+    const int B = w->B;
+    const char **q = malloc((size_t)B * sizeof *q);
+    int *at = malloc((size_t)B * sizeof *at); /* row -> index in q */
+    char **k = calloc((size_t)B, sizeof *k);
+    w->key = calloc((size_t)B, sizeof *w->key);
+    mg_status rc = q && at && k && w->key ? MG_OK : mg_fail(err, MG_ERR_NOMEM, "out of memory");
+    int n = 0;
+    for (int i = 0; !rc && i < B; i++) {
+        at[i] = -1;
+        if (w->gi[i] != ROW_PENDING) continue;
+        for (int j = 0; j < i && at[i] < 0; j++)
+            if (at[j] >= 0 && !strcmp(w->smi[j], w->smi[i])) at[i] = at[j];
+        if (at[i] < 0) q[n] = w->smi[i], at[i] = n++;
+    }
+    if (!rc) rc = mg_chem_canon(o->op.chem, q, (size_t)n, k, err);
+    for (int i = 0; !rc && i < B; i++) {
+        if (at[i] < 0) continue;
+        const char *c = k[at[i]];
+        if (!c) {
+            w->gi[i] = ROW_INVALID;
+            continue;
+        }
+        const int64_t *f = mg_strmap_find(&o->by_key, c);
+        if (f) w->gi[i] = *f;
+        else if (!(w->key[i] = strdup(c))) rc = mg_fail(err, MG_ERR_NOMEM, "out of memory");
+    }
+    for (int j = 0; j < n && k; j++) free(k[j]);
+    free(k);
+    free(q);
+    free(at);
+    return rc;
+}
+
+/* Scores the batch's pending molecules within the budget (no state change):
+ * each distinct key once (with the helper the canonical SMILES, sent to the
+ * scorer as such; without it the spelling, and the scorer's canonical=
+ * answer the key). */
 static mg_status score_batch(mg_opt *o, step_work *w, mg_error *err) {
     const int B = w->B;
     const char **pend = malloc((size_t)B * sizeof *pend);
-    int *prow = malloc((size_t)B * sizeof *prow);
     mg_score_reply *rep = calloc((size_t)B, sizeof *rep);
     w->newm = calloc((size_t)B, sizeof *w->newm);
     int np = 0;
     mg_status rc = MG_OK;
-    if (!pend || !prow || !rep || !w->newm) rc = mg_fail(err, MG_ERR_NOMEM, "out of memory");
+    if (!pend || !rep || !w->newm) rc = mg_fail(err, MG_ERR_NOMEM, "out of memory");
+    if (!rc && o->op.helper) rc = canon_rows(o, w, err);
     if ((rc = agreed(o, rc, err))) goto done;
+#define ROW_KEY(i) (o->op.helper ? (const char *)w->key[i] : w->smi[i])
     for (int i = 0; i < B; i++) {
         if (w->gi[i] != ROW_PENDING) continue;
         int dup = 0;
-        for (int k = 0; k < np && !dup; k++) dup = !strcmp(pend[k], w->smp.smiles[i]);
-        if (!dup) pend[np] = w->smp.smiles[i], prow[np++] = i;
+        for (int k = 0; k < np && !dup; k++) dup = !strcmp(pend[k], ROW_KEY(i));
+        if (!dup) pend[np++] = ROW_KEY(i);
     }
     int sent = 0;
     while (sent < np) {
@@ -344,19 +403,24 @@ static mg_status score_batch(mg_opt *o, step_work *w, mg_error *err) {
             int64_t gi = ROW_INVALID;
             w->nnan += !r->valid;
             if (r->valid) {
-                const char *key = r->canonical && *r->canonical ? r->canonical : smi;
+                const char *key = o->op.helper || !r->canonical || !*r->canonical ? smi
+                                                                                  : r->canonical;
                 const int64_t *f = mg_strmap_find(&o->by_key, key);
                 if (f) gi = *f;
                 for (size_t q = 0; !f && q < w->nnew && gi < 0; q++)
                     if (!strcmp(w->newm[q].canonical, key)) gi = (int64_t)(o->nmol + q);
                 if (gi < 0) {
                     opt_mol *m = &w->newm[w->nnew];
-                    m->smiles = strdup(smi);
+                    int row = 0; /* the first row of this key: its spelling */
+                    while (row < B && (w->gi[row] != ROW_PENDING || strcmp(ROW_KEY(row), smi)))
+                        row++;
+                    m->smiles = strdup(row < B ? w->smi[row] : smi);
                     m->canonical = strdup(key);
                     m->scaffold = r->scaffold ? strdup(r->scaffold) : NULL;
                     m->comps = r->comps ? strdup(r->comps) : strdup("");
                     m->score = r->score;
                     m->step = o->step;
+                    m->ga = row >= w->nb && row < B;
                     m->call = (int64_t)(o->nmol + w->nnew) + 1;
                     gi = (int64_t)(o->nmol + w->nnew++);
                     if (!m->smiles || !m->canonical || !m->comps)
@@ -364,18 +428,18 @@ static mg_status score_batch(mg_opt *o, step_work *w, mg_error *err) {
                 }
             }
             for (int i = 0; i < B; i++)
-                if (w->gi[i] == ROW_PENDING && !strcmp(w->smp.smiles[i], smi)) w->gi[i] = gi;
+                if (w->gi[i] == ROW_PENDING && !strcmp(ROW_KEY(i), smi)) w->gi[i] = gi;
             mg_score_reply_clear(r);
         }
         if ((rc = agreed(o, rc, err))) goto done;
         sent += k;
     }
+#undef ROW_KEY
     for (int i = 0; i < B; i++)
         if (w->gi[i] == ROW_PENDING) w->gi[i] = ROW_OUT; /* past the budget */
 done:
     for (int j = 0; j < B && rep; j++) mg_score_reply_clear(&rep[j]);
     free(pend);
-    free(prow);
     free(rep);
     return rc;
 }
@@ -433,9 +497,12 @@ static mg_status augment(mg_opt *o, step_work *w, mg_error *err) {
         seeds[k] = mg_mix64(o->op.seed ^ mg_mix64((uint64_t)o->step * 1000003u + (uint64_t)k));
         seeds[k] &= 0x7fffffffu; /* RDKit takes a 31-bit seed */
     }
-    mg_status rc = b > a ? mg_scorer_randomize(o->sc, smi + a, seeds + a, b - a, K,
-                                               w->aug + a * (size_t)K, err)
-                         : MG_OK;
+    mg_status rc = MG_OK;
+    if (b > a && o->op.helper) /* the helper spells them, else the scorer (!randomize) */
+        rc = mg_chem_randomize(o->op.chem, smi + a, seeds + a, b - a, K, w->aug + a * (size_t)K,
+                               err);
+    else if (b > a)
+        rc = mg_scorer_randomize(o->sc, smi + a, seeds + a, b - a, K, w->aug + a * (size_t)K, err);
     free(smi);
     free(seeds);
     return rc;
@@ -466,7 +533,7 @@ static mg_status commit(mg_opt *o, step_work *w, mg_error *err) {
     w->nnew = 0;
     for (int i = 0; i < w->B; i++)
         if ((w->gi[i] == ROW_INVALID || w->gi[i] >= 0) &&
-            mg_strmap_put(&o->raw, w->smp.smiles[i], w->gi[i] >= 0 ? w->gi[i] : -1))
+            mg_strmap_put(&o->raw, w->smi[i], w->gi[i] >= 0 ? w->gi[i] : -1))
             return mg_fail(err, MG_ERR_NOMEM, "out of memory");
     memcpy(o->mem, w->mem, (size_t)w->nmem * sizeof *o->mem);
     o->nmem = w->nmem;
@@ -492,30 +559,81 @@ static mg_status share_batch(mg_opt *o, mg_samples *smp, size_t n, mg_error *err
     return rc;
 }
 
-/* Prepares rows: batch rows 0..B-1 from the sample, then the replay rows. */
+/* k distinct indices of [0, n) into out, drawn by weight (Tripp et al.'s
+ * rank weights 1 / (coef n + r) for the r-th best of a memory of n, or
+ * alike when coef is 0) from rng. */
+static void draw_ranked(mg_rng *rng, int n, double coef, int k, int *out) {
+    double wt[1024], total = 0;
+    for (int r = 0; r < n; r++) total += wt[r] = coef > 0 ? 1.0 / (coef * n + r) : 1.0;
+    for (int j = 0; j < k; j++) {
+        double u = mg_rng_uniform(rng) * total;
+        int pick = -1;
+        for (int r = 0; r < n; r++) {
+            if (wt[r] <= 0) continue;
+            pick = r; /* the last one left, should u round past the sum */
+            if ((u -= wt[r]) < 0) break;
+        }
+        out[j] = pick;
+        total -= wt[pick];
+        wt[pick] = 0;
+    }
+}
+
+/* The GA's children of the step (rows [nb, B)): --ga-offspring pairs of
+ * distinct memory molecules drawn by rank (a stream of the step), each
+ * pair's child from the helper (NULL where none passed its checks). */
+static mg_status offspring(mg_opt *o, step_work *w, mg_error *err) {
+    const int G = o->op.ga_offspring, nm = o->nmem < 1024 ? o->nmem : 1024;
+    if (!G || nm < 2) return MG_OK;
+    w->kids = calloc((size_t)G, sizeof *w->kids);
+    const char **par = malloc(2 * (size_t)G * sizeof *par);
+    mg_status rc = w->kids && par ? MG_OK : mg_fail(err, MG_ERR_NOMEM, "out of memory");
+    mg_rng rng;
+    mg_rng_seed(&rng, o->op.seed, 0x2000000000ull + (uint64_t)o->step);
+    for (int g = 0; !rc && g < G; g++) {
+        int ab[2];
+        draw_ranked(&rng, nm, o->op.rank_coef, 2, ab);
+        par[2 * g] = o->mols[o->mem[ab[0]].mol].smiles;
+        par[2 * g + 1] = o->mols[o->mem[ab[1]].mol].smiles;
+    }
+    const uint64_t seed = mg_mix64(o->op.seed ^ mg_mix64((uint64_t)o->step + 0x6A09E667F3BCC909ull));
+    if (!rc) rc = mg_chem_offspring(o->op.chem, seed & 0x7fffffffffffffffull, o->op.ga_mutation,
+                                    par, (size_t)G, w->kids, err);
+    free(par);
+    if (!rc) w->B += G;
+    return rc;
+}
+
+/* Prepares rows: the agent's batch rows [0, nb) from the sample, the GA's
+ * children [nb, B), then the replay rows. */
 static mg_status prepare(mg_opt *o, step_work *w, mg_error *err) {
-    const int B = o->op.batch;
-    w->B = B;
+    const int nb = o->op.batch;
+    w->B = w->nb = nb;
     mg_sample_opts so;
     mg_sample_opts_default(&so);
-    so.n = (size_t)B;
-    so.batch = B;
+    so.n = (size_t)nb;
+    so.batch = nb;
     so.seed = mg_mix64(o->op.seed ^ mg_mix64((uint64_t)o->step + 0x5851F42D4C957F2Dull));
     so.constrain = o->op.constrain;
     so.dtype = o->op.dtype;
     so.stop = o->op.stop;
     so.dist = o->d->size > 1 ? o->d : NULL;
     mg_status rc = mg_sample(o->agent, o->vocab, &so, &w->smp, err);
-    if (!rc) rc = share_batch(o, &w->smp, (size_t)B, err);
+    if (!rc) rc = share_batch(o, &w->smp, (size_t)nb, err);
+    if (!rc) rc = agreed(o, offspring(o, w, err), err);
     if (rc) return rc;
+    const int B = w->B;
+    w->smi = malloc((size_t)B * sizeof *w->smi);
     w->gi = malloc((size_t)B * sizeof *w->gi);
     w->enc = calloc((size_t)B, 1);
     w->s = calloc((size_t)B, sizeof *w->s);
     w->s2 = calloc((size_t)B, sizeof *w->s2);
-    if (!w->gi || !w->enc || !w->s || !w->s2) return mg_fail(err, MG_ERR_NOMEM, "out of memory");
+    if (!w->smi || !w->gi || !w->enc || !w->s || !w->s2)
+        return mg_fail(err, MG_ERR_NOMEM, "out of memory");
     for (int i = 0; i < B; i++) {
-        const char *smi = w->smp.smiles[i];
-        w->enc[i] = w->smp.ended[i] && mg_opt_encode_row(o, i, smi);
+        const char *kid = i < nb ? NULL : w->kids[i - nb];
+        const char *smi = w->smi[i] = i < nb ? w->smp.smiles[i] : kid ? kid : "";
+        w->enc[i] = (i < nb ? w->smp.ended[i] : kid != NULL) && mg_opt_encode_row(o, i, smi);
         if (!w->enc[i]) {
             w->gi[i] = ROW_OUT;
             int32_t *row = o->ids + (size_t)i * (o->ctx + 1); /* a dummy row, no weight */
@@ -532,13 +650,19 @@ static mg_status prepare(mg_opt *o, step_work *w, mg_error *err) {
     mg_rng_seed(&rng, o->op.seed, 0x1000000000ull + (uint64_t)o->step);
     int idx[1024];
     const int nm = o->nmem < 1024 ? o->nmem : 1024;
-    for (int k = 0; k < nm; k++) idx[k] = k;
     w->nreplay = o->op.replay < nm ? o->op.replay : nm;
+    if (o->op.rank_coef > 0) {
+        draw_ranked(&rng, nm, o->op.rank_coef, w->nreplay, idx);
+    } else { /* alike: a partial shuffle (the runs before --rank-coef) */
+        for (int k = 0; k < nm; k++) idx[k] = k;
+        for (int k = 0; k < w->nreplay; k++) {
+            const int j = k + (int)(mg_rng_next(&rng) % (uint64_t)(nm - k));
+            const int t = idx[k];
+            idx[k] = idx[j];
+            idx[j] = t;
+        }
+    }
     for (int k = 0; k < w->nreplay; k++) {
-        const int j = k + (int)(mg_rng_next(&rng) % (uint64_t)(nm - k));
-        const int t = idx[k];
-        idx[k] = idx[j];
-        idx[j] = t;
         w->rmol[k] = o->mem[idx[k]].mol;
         w->rscore[k] = o->mem[idx[k]].score;
         const opt_mol *m = &o->mols[w->rmol[k]];
@@ -561,7 +685,7 @@ static mg_status nlls_in_range(const mg_opt *o, const step_work *w, mg_error *er
                                "are extreme (not a model this run can train; a state could not "
                                "hold it)",
                                k ? "agent" : "prior",
-                               r < B ? w->smp.smiles[r] : o->mols[w->rmol[r - B]].smiles, v[k],
+                               r < B ? w->smi[r] : o->mols[w->rmol[r - B]].smiles, v[k],
                                OPT_NLL_MAX);
     }
     return MG_OK;
@@ -690,7 +814,7 @@ static mg_status step_once(mg_opt *o, mg_opt_progress *pg, mg_error *err) {
     for (int i = 0; !rc && i < N; i++) {
         s2[i] = i < B ? w.s2[i] : w.rscore[i - B];
         use[i] = i >= B || w.enc[i];
-        if (i < B && w.gi[i] >= 0) {
+        if (i < w.nb && w.gi[i] >= 0) {
             valid++;
             sum += w.s[i];
             int dup = 0;
@@ -709,11 +833,11 @@ static mg_status step_once(mg_opt *o, mg_opt_progress *pg, mg_error *err) {
     *pg = (mg_opt_progress){.step = o->step,
                             .calls = (int64_t)o->nmol,
                             .budget = o->op.budget,
-                            .batch = B,
-                            .mean = sum / B,
+                            .batch = w.nb,
+                            .mean = sum / w.nb,
                             .top10 = mg_opt_top_mean(o, 10),
-                            .valid = (double)valid / B,
-                            .unique = (double)uniq / B,
+                            .valid = (double)valid / w.nb,
+                            .unique = (double)uniq / w.nb,
                             .fresh = (double)nnew / B,
                             .loss = loss,
                             .seconds = mg_now_s() - o->t0,

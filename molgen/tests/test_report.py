@@ -283,3 +283,33 @@ def test_not_utf8_names_the_file_and_line(tmp_path):
                    % (tmp_path / "summary.json"))
     (tmp_path / "summary.json").write_text('{"task": ')
     one_line_error(run_report(tmp_path), "%s:1: not JSON" % (tmp_path / "summary.json"))
+
+
+def test_sources_are_counted(tmp_path):
+    """scored.csv's source column (agent / ga): the table's counts, mean and
+    best scores and top-10 membership against the same figures computed
+    here; the GA's cards say so."""
+    rng = random.Random(5)
+    mols = first_molecules(300)
+    lines = ["call,step,smiles,canonical,score,prior_nll,agent_nll,scaffold,components,source"]
+    rows = []
+    for i, s in enumerate(mols):
+        src = "ga" if i % 4 == 3 else "agent"
+        sc = round(rng.random() * (1.0 if src == "ga" else 0.6), 6)
+        rows.append((sc, src))
+        lines.append("%d,%d,%s,%s,%.6f,30,30,,,%s" % (i + 1, i // 20, s, Chem.CanonSmiles(s), sc,
+                                                      src))
+    (tmp_path / "scored.csv").write_text("\n".join(lines) + "\n")
+    (tmp_path / "summary.json").write_text('{"budget": 300}')
+    page = report.render(str(tmp_path))
+    top10 = sorted(rows, key=lambda r: -r[0])[:10]
+    for src, label in (("agent", "sampled by the agent"), ("ga", "a child of the GA")):
+        sc = [r[0] for r in rows if r[1] == src]
+        cell = "<tr><td>%s" % label
+        assert cell in page, label
+        row = page[page.index(cell):page.index("</tr>", page.index(cell))]
+        assert "<td>%d (%.1f %%)</td><td>%.3f</td><td>%.3f</td><td>%d</td>" % (
+            len(sc), 100.0 * len(sc) / 300, sum(sc) / len(sc), max(sc),
+            sum(r[1] == src for r in top10)) in row, row
+    top12 = sorted(range(300), key=lambda i: (-rows[i][0], i))[:12]  # the 12 cards
+    assert page.count("from the GA") == sum(rows[i][1] == "ga" for i in top12) > 0

@@ -33,7 +33,7 @@ from molgen.atomic import atomic_open
 
 SERIES = (("top-1", "#d62728"), ("top-10", "#1f77b4"), ("mean of 100 calls", "#7f7f7f"))
 KNOWN = {"call", "call_index", "index", "step", "smiles", "canonical", "score", "components",
-         "prior_nll", "agent_nll", "scaffold"}
+         "prior_nll", "agent_nll", "scaffold", "source"}
 
 
 # the run's files in DIR (molgen optimize's), none of which --out may be
@@ -143,7 +143,7 @@ def read_run(directory):
                          "score": _score(r["score"], where), "comps": comps,
                          "prior_nll": _nll(r.get("prior_nll"), where, "prior_nll"),
                          "agent_nll": _nll(r.get("agent_nll"), where, "agent_nll"),
-                         "scaffold": None})
+                         "source": r.get("source") or None, "scaffold": None})
     rows.sort(key=lambda r: r["call"])
     summary = {}
     spath = os.path.join(directory, "summary.json")
@@ -368,6 +368,31 @@ def best(call_rows, k):
     return sorted(call_rows, key=lambda r: (-r["score"], r["call"]))[:k]
 
 
+SOURCES = {"agent": "sampled by the agent", "ga": "a child of the GA (--ga-offspring)"}
+
+
+def source_table(crow):
+    """Where the run's calls came from (scored.csv's source column: the
+    agent's samples or the GA's children): calls, mean score, best score and
+    how many of the 10 and 100 best; None when the run has no such column."""
+    if not any(r.get("source") for r in crow):
+        return None
+    ranked = sorted(crow, key=lambda r: -r["score"])
+    top10 = {id(r) for r in ranked[:10]}
+    top100 = {id(r) for r in ranked[:100]}
+    body = []
+    for src in sorted({r.get("source") or "?" for r in crow}):
+        rs = [r for r in crow if (r.get("source") or "?") == src]
+        body.append("<tr><td>%s</td><td>%d (%.1f %%)</td><td>%.3f</td><td>%.3f</td><td>%d</td>"
+                    "<td>%d</td></tr>"
+                    % (html.escape(SOURCES.get(src, src)), len(rs), 100.0 * len(rs) / len(crow),
+                       sum(r["score"] for r in rs) / len(rs), max(r["score"] for r in rs),
+                       sum(id(r) in top10 for r in rs), sum(id(r) in top100 for r in rs)))
+    return ("<table class=\"kv\"><tr><td><b>source</b></td><td><b>calls</b></td><td><b>mean "
+            "score</b></td><td><b>best</b></td><td><b>in the top 10</b></td><td><b>in the top "
+            "100</b></td></tr>%s</table>" % "".join(body))
+
+
 def molecule_cards(rows):
     cards = []
     for rank, r in enumerate(rows, 1):
@@ -379,10 +404,11 @@ def molecule_cards(rows):
                                               % r["prior_nll"])
         cards.append(
             '<div class="card"><div class="rank">#%d &nbsp; score <b>%.4f</b></div>%s'
-            '<div class="smi">%s</div><div class="meta">call %d &middot; step %s%s</div>'
+            '<div class="smi">%s</div><div class="meta">call %d &middot; step %s%s%s</div>'
             '<table class="comps">%s</table></div>'
             % (rank, r["score"], draw(r["smiles"]), html.escape(r["smiles"]), r["call"],
-               html.escape(str(r["step"])), nll, comps))
+               html.escape(str(r["step"])), nll,
+               " &middot; from the GA" if r.get("source") == "ga" else "", comps))
     return "\n".join(cards)
 
 
@@ -448,6 +474,9 @@ def render(directory, top=12, window=1000):
         scaffold_chart(wins, window) if wins else "<p>no calls</p>",
         "<h2>Best molecules</h2><div class=\"grid\">%s</div>" % molecule_cards(best(crow, top)),
     ]
+    src = source_table(crow)
+    if src:
+        parts += ["<h2>Where the molecules came from</h2>", src]
     if nll:
         parts += ["<h2>Likelihood under the prior and the agent</h2>", nll]
     parts.append("</body></html>")
