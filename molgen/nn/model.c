@@ -1693,13 +1693,17 @@ mg_status mg_model_load(const char *path, unsigned flags, mg_model **out, mg_voc
     return 0;
 }
 
+uint64_t mg_model_params_digest(mg_model *m) {
+    return mg_fnv1a(MG_FNV1A_INIT, mg_model_params(m), mg_model_num_params(m) * sizeof(float));
+}
+
 uint64_t mg_model_fingerprint(mg_model *m, const mg_vocab *v) {
     const mg_model_config *c = mg_model_get_config(m);
     const size_t np = mg_model_num_params(m);
     const int64_t shape[] = {c->n_layer, c->d_model,  c->n_head, c->ctx_len,
                              c->vocab_size, c->n_cond, c->cond_bos, c->scaffold, (int64_t)np};
     uint64_t h = mg_fnv1a(MG_FNV1A_INIT, shape, sizeof shape);
-    h = mg_mix64(h ^ mg_crc32(mg_model_params(m), np * sizeof(float)));
+    h = mg_mix64(h ^ mg_model_params_digest(m));
     for (int i = 0; i < mg_vocab_size(v); i++) {
         const char *t = mg_vocab_token(v, i);
         h = mg_fnv1a(h, t ? t : "", t ? strlen(t) + 1 : 1); /* each token and its NUL */

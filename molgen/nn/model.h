@@ -208,10 +208,14 @@ int mg_model_tensor_frozen(const mg_model *m, size_t i);
 size_t mg_model_frozen_params(const mg_model *m);
 size_t mg_model_num_params(const mg_model *m);
 float *mg_model_params(mg_model *m); /* [num_params] */
+/* The digest of the parameters' bits (FNV-1a of the float array): the one
+ * hash of a model's weights (optimize's state stores its prior's; train's
+ * ranks compare theirs). */
+uint64_t mg_model_params_digest(mg_model *m);
 /* The model's fingerprint (what ranks compare before they split work, so
  * every rank samples or scores the same model): a 64-bit hash of its shape,
- * the CRC-32 of its parameters (as loaded: averaged or raw), its vocabulary
- * v's tokens and its condition normalisation. Not stored anywhere. */
+ * its parameters' digest (as loaded: averaged or raw), its vocabulary v's
+ * tokens and its condition normalisation. Not stored anywhere. */
 uint64_t mg_model_fingerprint(mg_model *m, const mg_vocab *v);
 float *mg_model_grads(mg_model *m);  /* [num_params], same layout */
 size_t mg_model_num_tensors(const mg_model *m);

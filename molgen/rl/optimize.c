@@ -21,10 +21,6 @@
 
 /* ------------------------------------------------------------ state */
 
-static uint64_t digest_params(mg_model *m) {
-    return mg_fnv1a(MG_FNV1A_INIT, mg_model_params(m), mg_model_num_params(m) * sizeof(float));
-}
-
 mg_status mg_opt_new(mg_model *prior, mg_model *agent, const mg_vocab *vocab,
                      struct mg_scorer *scorer, const mg_opt_opts *opts, mg_opt **out,
                      mg_error *err) {
@@ -59,7 +55,7 @@ mg_status mg_opt_new(mg_model *prior, mg_model *agent, const mg_vocab *vocab,
     o->d = opts->dist ? opts->dist : &o->alone;
     o->ctx = c->ctx_len;
     o->V = c->vocab_size;
-    o->prior_digest = digest_params(prior);
+    o->prior_digest = mg_model_params_digest(prior);
     mg_adamw_config ac;
     mg_adamw_config_default(&ac);
     ac.lr = (float)opts->lr;
@@ -872,7 +868,7 @@ static mg_status save_state(mg_opt *o, mg_error *err) {
 
 uint64_t mg_opt_state_digest(mg_opt *o) {
     const size_t P = mg_model_num_params(o->agent);
-    uint64_t h = digest_params(o->agent);
+    uint64_t h = mg_model_params_digest(o->agent);
     h = mg_fnv1a(h, o->adam.m, P * sizeof(float));
     h = mg_fnv1a(h, o->adam.v, P * sizeof(float));
     const int64_t n[4] = {o->step, o->adam.step, (int64_t)o->nmol, o->nmem};

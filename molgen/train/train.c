@@ -1351,14 +1351,6 @@ static void share_schedule(run *r) {
     r->time_sized = (int)v[4];
 }
 
-/* A hash of the parameters' bits: the ranks' copies are checked equal. */
-static uint64_t params_hash(mg_model *m) {
-    const uint32_t *p = (const uint32_t *)mg_model_params(m);
-    uint64_t h = 0x243F6A8885A308D3ull;
-    for (size_t i = 0; i < mg_model_num_params(m); i++) h = mg_mix64(h ^ p[i]) + i;
-    return h;
-}
-
 /* Ranks that must hold the same thing: rank 0 says what differs, the
  * others MG_ERR_PEER. */
 static mg_status same_on_ranks(run *r, uint64_t x, const char *what, mg_error *err) {
@@ -1449,7 +1441,7 @@ static mg_status save(run *r, mg_error *err) {
         o.step = r->best_opt_step;
         o.cfg = r->best_cfg;
     }
-    mg_status rc = same_on_ranks(r, params_hash(r->ck.model), "parameters", err);
+    mg_status rc = same_on_ranks(r, mg_model_params_digest(r->ck.model), "parameters", err);
     if (!rc && r->d->rank == 0)
         rc = mg_ckpt_save(r->c->out_path, r->ck.model, r->ck.vocab, &o, &r->s,
                           best ? &r->best_st : &r->st, err);
@@ -1782,7 +1774,7 @@ mg_status mg_train_run(const mg_train_config *c, mg_train_result *result, mg_err
     if (!rc) rc = mg_dist_agree(r.d, build(&r, err), err);
     if (!rc)
         rc = same_on_ranks(&r, r.st.data_hash, "data (a different file on some machine?)", err);
-    if (!rc) rc = same_on_ranks(&r, params_hash(r.ck.model), "initial parameters", err);
+    if (!rc) rc = same_on_ranks(&r, mg_model_params_digest(r.ck.model), "initial parameters", err);
     if (!rc && r.nv > 0) { /* the initial validation also times one pass */
         rc = validate(&r, &r.res.first_val_loss, err);
         r.res.val_loss = r.res.first_val_loss;
