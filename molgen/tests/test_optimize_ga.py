@@ -189,3 +189,16 @@ def test_missing_helper_says_what_it_needs(tmp_path, plain):
 def test_ga_without_the_helper_is_refused(tmp_path, plain):
     r = optimize(tmp_path / "run", plain, "--ga-offspring", 4, check=False)
     assert r.returncode == 2 and "--helper on" in r.stderr, r.stderr
+
+
+def test_preset_pmo_runs_with_the_ten_line_scorer(tmp_path, plain):
+    """--preset pmo (the helper and the GA on) needs nothing of the scorer
+    but one number per line."""
+    d, log = tmp_path / "run", tmp_path / "asked.txt"
+    optimize(d, plain, "--preset", "pmo", "--budget", 200, "--batch", 16, env={"LOG": str(log)})
+    rows = read_scored(d)
+    asked = log.read_text().splitlines()
+    assert len(rows) == 200 == len(asked) == len(set(asked))
+    assert any(r["source"] == "ga" for r in rows)
+    s = json.loads((d / "summary.json").read_text())
+    assert s["calls"] == 200 and s["stop"] == "budget"
