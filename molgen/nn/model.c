@@ -979,10 +979,27 @@ static void encoder_backward(float *dtok_emb, float *dpos_emb, const float *dout
 }
 
 /* out [N] = a + branch * mask  (mask NULL: no dropout; out may alias a) */
-static void residual_forward(float *out, const float *a, const float *branch, const float *mask,
-                             int64_t N, int nt) {
-#pragma omp parallel for num_threads(nt) schedule(static)
-    for (int64_t i = 0; i < N; i++) out[i] = a[i] + (mask ? branch[i] * mask[i] : branch[i]);
+/* out [R, C] = a + (branch + bias) * mask: the residual add of a branch
+ * whose product left out its bias [C] (added here, the product's bits:
+ * round(acc + bias)); mask [R, C] the dropout multipliers or NULL. */
+MG_CLONES static void residual_rows(float *out, const float *a, const float *branch,
+                                    const float *bias, const float *mask, int64_t r0, int64_t r1,
+                                    int C) {
+    for (int64_t r = r0; r < r1; r++)
+        for (int c = 0; c < C; c++) {
+            const int64_t i = r * C + c;
+            const float y = branch[i] + bias[c];
+            out[i] = a[i] + (mask ? y * mask[i] : y);
+        }
+}
+static void residual_forward(float *out, const float *a, const float *branch, const float *bias,
+                             const float *mask, int64_t R, int C, int nt) {
+#pragma omp parallel num_threads(nt)
+    {
+        int64_t r0, r1;
+        mg_thread_range(R, &r0, &r1);
+        residual_rows(out, a, branch, bias, mask, r0, r1, C);
+    }
 }
 /* The residual's backward: d(a) is dout itself (the stream's gradient flows
  * on unchanged); d(branch) [N] = dout * mask, written to dbranch and
@@ -1165,10 +1182,9 @@ static mg_status attention_forward(mg_model *m, int layer, int B, int L, int64_t
         }
         free(blocks);
     }
-    if (m->pack)
-        return product(m, 4 * layer + 1, out, a->att, w + 3 * d * d + 3 * d,
-                       w + 4 * d * d + 3 * d, Rv, (int)d, (int)d, nt, err);
-    return mg_attn_out_proj(out, a->att, w, Rv, (int)d, m->dt, nt, err);
+    /* its bias is added by the residual that reads out (forward_core) */
+    return product(m, 4 * layer + 1, out, a->att, w + 3 * d * d + 3 * d, NULL, Rv, (int)d, (int)d,
+                   nt, err);
 }
 
 /* Backward of attention_forward from dout [Rv, d]: din [Rv, d] =
@@ -1288,20 +1304,23 @@ static mg_status forward_core(mg_model *m, int B, int L, int64_t Rv, int keep, i
         if (drop && (rc = dropout_mask(m, a->drop_attn, Rv, p_drop, seed, 1 + 2 * (int64_t)l, nt,
                                        err)))
             return rc;
-        residual_forward(a->x_mid, in, m->scratch, drop ? a->drop_attn : NULL, Rv * d, nt);
+        residual_forward(a->x_mid, in, m->scratch, bp->attn + 4 * (int64_t)d * d + 3 * d,
+                         drop ? a->drop_attn : NULL, Rv, d, nt);
 
         mg_layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->x_mid, bp->ln2_w, bp->ln2_b, Rv,
                              d, nt);
-        if ((rc = product(m, 4 * l + 2, a->fc, a->ln2, bp->fc_w, bp->fc_b, Rv, d, F, nt, err)))
+        /* the biases of the MLP's products: in the GELU pass and the
+         * residual add */
+        if ((rc = product(m, 4 * l + 2, a->fc, a->ln2, bp->fc_w, NULL, Rv, d, F, nt, err)))
             return rc;
-        mg_gelu_forward(a->gelu, a->fc, Rv * F, nt);
-        if ((rc = product(m, 4 * l + 3, m->scratch, a->gelu, bp->proj_w, bp->proj_b, Rv, F, d, nt,
-                          err)))
+        mg_gelu_forward(a->gelu, a->fc, bp->fc_b, Rv, F, nt);
+        if ((rc = product(m, 4 * l + 3, m->scratch, a->gelu, bp->proj_w, NULL, Rv, F, d, nt, err)))
             return rc;
         if (drop && (rc = dropout_mask(m, a->drop_mlp, Rv, p_drop, seed, 2 + 2 * (int64_t)l, nt,
                                        err)))
             return rc;
-        residual_forward(out, a->x_mid, m->scratch, drop ? a->drop_mlp : NULL, Rv * d, nt);
+        residual_forward(out, a->x_mid, m->scratch, bp->proj_b, drop ? a->drop_mlp : NULL, Rv, d,
+                         nt);
     }
     const float *xf = keep ? m->x_final : m->acts[0].x;
     mg_layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, xf, m->p.lnf_w, m->p.lnf_b, Rv, d, nt);
