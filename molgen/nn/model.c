@@ -11,6 +11,7 @@
  *
  * Shapes: B batch rows, L positions, d = d_model, F = 4d (MLP hidden),
  * V vocabulary, H heads, R = B*L rows of the flattened activations. */
+#define _DEFAULT_SOURCE /* madvise, MADV_HUGEPAGE (-std=c11 hides them) */
 #include "nn/model.h"
 #include "base/errors.h"
 
@@ -19,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "attn.h"
 #include "nn/ckpt_values.h"
@@ -824,6 +826,21 @@ void mg_model_init(mg_model *m, uint64_t seed) {
 
 /* ------------------------------------------------------------ activations */
 
+/* The activations' one block (tens to hundreds of MB), in 2 MB pages where
+ * the kernel gives them on request (Linux's transparent huge pages in
+ * "madvise" mode): its tensors are streamed by every pass of a step, and
+ * with 4 KB pages the products' packing waited on TLB misses. */
+static float *alloc_acts(size_t bytes) {
+    const size_t huge = (size_t)2 << 20;
+    if (bytes < huge) return malloc(bytes);
+    const size_t n = (bytes + huge - 1) / huge * huge;
+    float *p = aligned_alloc(huge, n);
+#ifdef MADV_HUGEPAGE
+    if (p) madvise(p, n, MADV_HUGEPAGE); /* a hint: failure is fine */
+#endif
+    return p;
+}
+
 /* Make room for R = B*L rows, B batch rows and `slots` blocks. Keeps the
  * buffers when they are already large enough. Rows grow with headroom, half
  * as many again up to B full-length rows: batches cut to their longest row
@@ -849,7 +866,7 @@ static mg_status ensure_acts(mg_model *m, size_t R, size_t B, size_t slots, mg_e
     const size_t shared = (drop ? d : 0) + d /* x_final */ + d + 2 /* lnf */ + V /* probs */ +
                           1 /* row_loss */ + 4 * d /* scratch dx dln dbranch */ + F /* dfc */;
     const size_t total = R * (slots * per_block + shared);
-    m->act_mem = malloc(total * sizeof(float));
+    m->act_mem = alloc_acts(total * sizeof(float));
     m->acts = calloc(slots, sizeof(block_acts));
     m->inputs = malloc(R * sizeof(int32_t));
     m->targets = malloc(R * sizeof(int32_t));
