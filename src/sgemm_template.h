@@ -9,7 +9,8 @@
  *   SG_KC, SG_MC, SG_NC  the cache blocking gemm.c uses with this kernel
  * optionally the packing of whole panels from a row-major source through
  * in-register transposes (the plain copies gather one float per load):
- *   SG_PACK_A_ROWS(src, lda, rows, kc, dst)  an A panel, op(A) not transposed
+ *   SG_PACK_A_ROWS(src, lda, rows, ahead, kc, dst)  an A panel, op(A) not
+ *     transposed (ahead: rows of the next panel, to fetch meanwhile)
  *   SG_PACK_B_COLS(src, ldb, cols, kc, dst)  a B panel, op(B) transposed
  *   (rows <= SG_MR, cols <= SG_NR: the panel's rows / columns past them
  *   zeros)
@@ -97,7 +98,9 @@ static void sgemm_pack_a(const float *A, int64_t lda, int ta, int64_t i0, int64_
         const int64_t r0 = p * SG_MR, rows = mc - r0 < SG_MR ? mc - r0 : SG_MR;
 #ifdef SG_PACK_A_ROWS
         if (!ta) {
-            SG_PACK_A_ROWS(A + (i0 + r0) * lda + k0, lda, rows, kc, dst);
+            const int64_t left = mc - r0 - rows; /* rows after this panel's */
+            SG_PACK_A_ROWS(A + (i0 + r0) * lda + k0, lda, rows, left < SG_MR ? left : SG_MR, kc,
+                           dst);
         } else
 #endif
         if (!ta && rows == SG_MR) {
