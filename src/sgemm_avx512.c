@@ -68,6 +68,26 @@ static inline void pack_transposed(const float *src, int64_t lds, int n, int ahe
  * a B panel [kc][32] from 32 rows, 16 k's at a time. */
 #define SG_PACK_A_ROWS(src, lda, rows, ahead, kc, dst)                                             \
     pack_transposed(src, lda, (int)(rows), (int)(ahead), SG_MR, kc, dst, SG_MR)
+/* dst[k][0 : width) = src[k * lds + 0 : n), zeros past n (n <= width <= 32),
+ * k < kc: rows of the source copied with masked vector loads (the plain
+ * loop became one-float inserts), the row 16 ahead fetched meanwhile (the
+ * loads waited on memory). */
+static inline void pack_rows(const float *src, int64_t lds, int n, int width, int64_t kc,
+                             float *dst) {
+    const __mmask16 l0 = (__mmask16)((1u << (n < 16 ? n : 16)) - 1u);
+    const __mmask16 l1 = (__mmask16)((1u << (n > 16 ? n - 16 : 0)) - 1u);
+    const __mmask16 w0 = (__mmask16)((1u << (width < 16 ? width : 16)) - 1u);
+    for (int64_t k = 0; k < kc; k++, src += lds, dst += width) {
+        if (k + 16 < kc) {
+            _mm_prefetch((const char *)(src + 16 * lds), _MM_HINT_T0);
+            if (n > 16) _mm_prefetch((const char *)(src + 16 * lds + 16), _MM_HINT_T0);
+        }
+        _mm512_mask_storeu_ps(dst, w0, _mm512_maskz_loadu_ps(l0, src));
+        if (width > 16) _mm512_storeu_ps(dst + 16, _mm512_maskz_loadu_ps(l1, src + 16));
+    }
+}
+#define SG_PACK_A_COLS(src, lda, rows, kc, dst) pack_rows(src, lda, (int)(rows), SG_MR, kc, dst)
+#define SG_PACK_B_ROWS(src, ldb, cols, kc, dst) pack_rows(src, ldb, (int)(cols), SG_NR, kc, dst)
 #define SG_PACK_B_COLS(src, ldb, cols, kc, dst)                                                    \
     do {                                                                                           \
         const int c_ = (int)(cols);                                                                \

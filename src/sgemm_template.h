@@ -12,6 +12,8 @@
  *   SG_PACK_A_ROWS(src, lda, rows, ahead, kc, dst)  an A panel, op(A) not
  *     transposed (ahead: rows of the next panel, to fetch meanwhile)
  *   SG_PACK_B_COLS(src, ldb, cols, kc, dst)  a B panel, op(B) transposed
+ *   SG_PACK_A_COLS(src, lda, rows, kc, dst)  an A panel, op(A) transposed
+ *   SG_PACK_B_ROWS(src, ldb, cols, kc, dst)  a B panel, op(B) not transposed
  *   (rows <= SG_MR, cols <= SG_NR: the panel's rows / columns past them
  *   zeros)
  * and then defines its one export with SGEMM_KERNEL("<isa>"). */
@@ -103,6 +105,11 @@ static void sgemm_pack_a(const float *A, int64_t lda, int ta, int64_t i0, int64_
                            dst);
         } else
 #endif
+#ifdef SG_PACK_A_COLS
+        if (ta) {
+            SG_PACK_A_COLS(A + k0 * lda + i0 + r0, lda, rows, kc, dst);
+        } else
+#endif
         if (!ta && rows == SG_MR) {
             /* k outer: the rows are read side by side, the panel written in
              * order */
@@ -136,6 +143,11 @@ static void sgemm_pack_b(const float *B, int64_t ldb, int tb, int64_t k0, int64_
 #ifdef SG_PACK_B_COLS
         if (tb) {
             SG_PACK_B_COLS(B + (j0 + c0) * ldb + k0, ldb, cols, kc, dst);
+        } else
+#endif
+#ifdef SG_PACK_B_ROWS
+        if (!tb) {
+            SG_PACK_B_ROWS(B + k0 * ldb + j0 + c0, ldb, cols, kc, dst);
         } else
 #endif
         if (!tb && cols == SG_NR) {
