@@ -841,18 +841,20 @@ static float *alloc_acts(size_t bytes) {
     return p;
 }
 
-/* Make room for R = B*L rows, B batch rows and `slots` blocks. Keeps the
- * buffers when they are already large enough. Rows grow with headroom, half
- * as many again up to B full-length rows: batches cut to their longest row
+/* The rows to make room for when R (of B batch rows) outgrows them: half as
+ * many again, up to B full-length rows. Batches cut to their longest row
  * grow R a little at a time, and each new allocation was touched page by
  * page again (page faults: most of a training run's first steps). */
+static size_t rows_with_headroom(const mg_model *m, size_t R, size_t B) {
+    const size_t full = B * (size_t)m->cfg.ctx_len, more = R + R / 2;
+    return R >= full ? R : more < full ? more : full;
+}
+
+/* Make room for R = B*L rows, B batch rows and `slots` blocks. Keeps the
+ * buffers when they are already large enough. */
 static mg_status ensure_acts(mg_model *m, size_t R, size_t B, size_t slots, mg_error *err) {
     if (R <= m->cap_rows && B <= m->cap_b && slots <= m->cap_slots) return 0;
-    if (R > m->cap_rows) {
-        const size_t full = B * (size_t)m->cfg.ctx_len, more = R + R / 2;
-        if (R < full) R = more < full ? more : full;
-    }
-    if (R < m->cap_rows) R = m->cap_rows;
+    R = R > m->cap_rows ? rows_with_headroom(m, R, B) : m->cap_rows;
     if (B < m->cap_b) B = m->cap_b;
     if (slots < m->cap_slots) slots = m->cap_slots;
     free_acts(m);
