@@ -7,6 +7,15 @@
  *   SG_MR   rows of the micro-tile (broadcasts of A)
  *   SG_NV   vectors per row of the micro-tile (SG_NR = SG_NV * VL columns)
  *   SG_KC, SG_MC, SG_NC  the cache blocking gemm.c uses with this kernel
+ * optionally the packing of whole panels from a row-major source through
+ * in-register transposes (the plain copies gather one float per load):
+ *   SG_PACK_A_ROWS(src, lda, rows, ahead, kc, dst)  an A panel, op(A) not
+ *     transposed (ahead: rows of the next panel, to fetch meanwhile)
+ *   SG_PACK_B_COLS(src, ldb, cols, kc, dst)  a B panel, op(B) transposed
+ *   SG_PACK_A_COLS(src, lda, rows, kc, dst)  an A panel, op(A) transposed
+ *   SG_PACK_B_ROWS(src, ldb, cols, kc, dst)  a B panel, op(B) not transposed
+ *   (rows <= SG_MR, cols <= SG_NR: the panel's rows / columns past them
+ *   zeros)
  * and then defines its one export with SGEMM_KERNEL("<isa>"). */
 #ifndef ATTN_SGEMM_TEMPLATE_H
 #define ATTN_SGEMM_TEMPLATE_H
@@ -89,6 +98,18 @@ static void sgemm_pack_a(const float *A, int64_t lda, int ta, int64_t i0, int64_
     for (int64_t p = p0; p < p1; p++) {
         float *dst = Ap + p * SG_MR * kc;
         const int64_t r0 = p * SG_MR, rows = mc - r0 < SG_MR ? mc - r0 : SG_MR;
+#ifdef SG_PACK_A_ROWS
+        if (!ta) {
+            const int64_t left = mc - r0 - rows; /* rows after this panel's */
+            SG_PACK_A_ROWS(A + (i0 + r0) * lda + k0, lda, rows, left < SG_MR ? left : SG_MR, kc,
+                           dst);
+        } else
+#endif
+#ifdef SG_PACK_A_COLS
+        if (ta) {
+            SG_PACK_A_COLS(A + k0 * lda + i0 + r0, lda, rows, kc, dst);
+        } else
+#endif
         if (!ta && rows == SG_MR) {
             /* k outer: the rows are read side by side, the panel written in
              * order */
@@ -119,6 +140,16 @@ static void sgemm_pack_b(const float *B, int64_t ldb, int tb, int64_t k0, int64_
     for (int64_t q = q0; q < q1; q++) {
         float *dst = Bp + q * SG_NR * kc;
         const int64_t c0 = q * SG_NR, cols = nc - c0 < SG_NR ? nc - c0 : SG_NR;
+#ifdef SG_PACK_B_COLS
+        if (tb) {
+            SG_PACK_B_COLS(B + (j0 + c0) * ldb + k0, ldb, cols, kc, dst);
+        } else
+#endif
+#ifdef SG_PACK_B_ROWS
+        if (!tb) {
+            SG_PACK_B_ROWS(B + k0 * ldb + j0 + c0, ldb, cols, kc, dst);
+        } else
+#endif
         if (!tb && cols == SG_NR) {
             const float *src = B + k0 * ldb + j0 + c0;
             for (int64_t k = 0; k < kc; k++, dst += SG_NR, src += ldb)

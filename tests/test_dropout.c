@@ -700,9 +700,10 @@ static void test_generator(void) {
 
 /* attn_dropout_mask: row r is attention's weights row (b[r], h, i[r]); the
  * words are Philox's (the replica above); 1 and 3 threads alike; off: all
- * 1; bad arguments refused with C untouched. */
+ * 1; bad arguments refused with C untouched. COLS 150: two whole blocks
+ * of the 64 columns (16 counters) it draws at once and a partial one. */
 static void test_mask_api(void) {
-    enum { N = 40, COLS = 23, B = 3, H = 4, LQ = 11 };
+    enum { N = 40, COLS = 150, B = 3, H = 4, LQ = 11 };
     int64_t bi[N], ii[N];
     for (int r = 0; r < N; r++) bi[r] = (r * 7) % B, ii[r] = (r * 5 + 3) % LQ;
     attn_sdpa_params p = {0};

@@ -82,7 +82,7 @@ static mg_status kv_layer_setup(mg_kv_decoder *d, int l, size_t per_block, size_
 #undef P
     if (*bad) return MG_OK;
     /* the four attention tensors, back to back as the model's table
-     * lays them out: the block mg_attn_in_proj / mg_attn_out_proj read */
+     * lays them out: the block mg_attn_in_proj and model.c read */
     if (in_b != in_w + 3 * D * D || out_w != in_b + 3 * D || out_b != out_w + D * D) {
         mg_fail(err, MG_ERR_ARG, "decode: block %d's attention tensors are not packed", l);
         *bad = 1;
@@ -326,7 +326,7 @@ mg_status mg_kv_step(mg_kv_decoder *d, const int32_t *tok, float *logits, mg_err
         for (size_t i = 0; i < (size_t)n * D; i++) d->x[i] = d->x[i] + d->tmp[i];
         mg_layernorm_forward(d->h, NULL, NULL, d->x, L->ln2_w, L->ln2_b, n, D, nt);
         if ((rc = mg_packed_forward(d->fc, d->h, n, L->fc, L->fc_b, nt, err))) return rc;
-        mg_gelu_forward(d->fc, d->fc, (int64_t)n * F, nt);
+        mg_gelu_forward(d->fc, d->fc, NULL, n, F, nt);
         if ((rc = mg_packed_forward(d->tmp, d->fc, n, L->proj, L->proj_b, nt, err)))
             return rc;
         for (size_t i = 0; i < (size_t)n * D; i++) d->x[i] = d->x[i] + d->tmp[i];

@@ -52,18 +52,19 @@ mg_status mg_matmul_forward(float *out, const float *inp, const float *w, const 
 mg_status mg_matmul_backward(float *dinp, float *dw, float *dbias, const float *dout,
                              const float *inp, const float *w, int64_t R, int IC, int OC,
                              mg_dtype dt, int nt, mg_error *err);
-/* The attention block's projections, the one code training (model.c) and
- * KV-cache decoding (kv_decode.c) run. w: the block's packed attention
+/* out [R, C] += bias [C] (each row), over nt threads. */
+void mg_bias_add(float *out, const float *bias, int64_t R, int C, int nt);
+/* The attention block's input projection, the one code training (model.c)
+ * and KV-cache decoding (kv_decode.c) run. w: the block's packed attention
  * parameters, PyTorch's nn.MultiheadAttention layout: in_proj W [3d, d]
  * (q, k, v stacked), in_proj b [3d], out_proj W [d, d], out_proj b [d].
- *   mg_attn_in_proj:  qkv [R, 3d] = x [R, d] in_projᵀ + b (q, k, v of each row)
- *   mg_attn_out_proj: out [R, d] = att [R, d] out_projᵀ + b */
+ *   mg_attn_in_proj:  qkv [R, 3d] = x [R, d] in_projᵀ + b (q, k, v of each row) */
 mg_status mg_attn_in_proj(float *qkv, const float *x, const float *w, int64_t R, int d, mg_dtype dt,
                           int nt, mg_error *err);
-mg_status mg_attn_out_proj(float *out, const float *att, const float *w, int64_t R, int d,
-                           mg_dtype dt, int nt, mg_error *err);
-/* out [N] = GELU-tanh(inp) (GPT-2's approximation); out may alias inp. */
-void mg_gelu_forward(float *out, const float *inp, int64_t N, int nt);
+/* out [R, C] = GELU-tanh(inp) (GPT-2's approximation); out may alias inp.
+ * bias [C] (or NULL): inp += bias first (the product's bias, added in this
+ * pass instead of one of its own). */
+void mg_gelu_forward(float *out, float *inp, const float *bias, int64_t R, int C, int nt);
 /* dinp [N] = dout * GELU'(inp); dinp may alias dout. */
 void mg_gelu_backward(float *dinp, const float *inp, const float *dout, int64_t N, int nt);
 

@@ -11,6 +11,7 @@
  *
  * Shapes: B batch rows, L positions, d = d_model, F = 4d (MLP hidden),
  * V vocabulary, H heads, R = B*L rows of the flattened activations. */
+#define _DEFAULT_SOURCE /* madvise, MADV_HUGEPAGE (-std=c11 hides them) */
 #include "nn/model.h"
 #include "base/errors.h"
 
@@ -19,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "attn.h"
 #include "nn/ckpt_values.h"
@@ -824,11 +826,35 @@ void mg_model_init(mg_model *m, uint64_t seed) {
 
 /* ------------------------------------------------------------ activations */
 
+/* The activations' one block (tens to hundreds of MB), in 2 MB pages where
+ * the kernel gives them on request (Linux's transparent huge pages in
+ * "madvise" mode): its tensors are streamed by every pass of a step, and
+ * with 4 KB pages the products' packing waited on TLB misses. */
+static float *alloc_acts(size_t bytes) {
+    const size_t huge = (size_t)2 << 20;
+    if (bytes < huge) return malloc(bytes);
+    const size_t n = (bytes + huge - 1) / huge * huge;
+    float *p = aligned_alloc(huge, n);
+#ifdef MADV_HUGEPAGE
+    if (p) madvise(p, n, MADV_HUGEPAGE); /* a hint: failure is fine */
+#endif
+    return p;
+}
+
+/* The rows to make room for when R (of B batch rows) outgrows them: half as
+ * many again, up to B full-length rows. Batches cut to their longest row
+ * grow R a little at a time, and each new allocation was touched page by
+ * page again (page faults: most of a training run's first steps). */
+static size_t rows_with_headroom(const mg_model *m, size_t R, size_t B) {
+    const size_t full = B * (size_t)m->cfg.ctx_len, more = R + R / 2;
+    return R >= full ? R : more < full ? more : full;
+}
+
 /* Make room for R = B*L rows, B batch rows and `slots` blocks. Keeps the
  * buffers when they are already large enough. */
 static mg_status ensure_acts(mg_model *m, size_t R, size_t B, size_t slots, mg_error *err) {
     if (R <= m->cap_rows && B <= m->cap_b && slots <= m->cap_slots) return 0;
-    if (R < m->cap_rows) R = m->cap_rows;
+    R = R > m->cap_rows ? rows_with_headroom(m, R, B) : m->cap_rows;
     if (B < m->cap_b) B = m->cap_b;
     if (slots < m->cap_slots) slots = m->cap_slots;
     free_acts(m);
@@ -842,7 +868,7 @@ static mg_status ensure_acts(mg_model *m, size_t R, size_t B, size_t slots, mg_e
     const size_t shared = (drop ? d : 0) + d /* x_final */ + d + 2 /* lnf */ + V /* probs */ +
                           1 /* row_loss */ + 4 * d /* scratch dx dln dbranch */ + F /* dfc */;
     const size_t total = R * (slots * per_block + shared);
-    m->act_mem = malloc(total * sizeof(float));
+    m->act_mem = alloc_acts(total * sizeof(float));
     m->acts = calloc(slots, sizeof(block_acts));
     m->inputs = malloc(R * sizeof(int32_t));
     m->targets = malloc(R * sizeof(int32_t));
@@ -979,10 +1005,27 @@ static void encoder_backward(float *dtok_emb, float *dpos_emb, const float *dout
 }
 
 /* out [N] = a + branch * mask  (mask NULL: no dropout; out may alias a) */
-static void residual_forward(float *out, const float *a, const float *branch, const float *mask,
-                             int64_t N, int nt) {
-#pragma omp parallel for num_threads(nt) schedule(static)
-    for (int64_t i = 0; i < N; i++) out[i] = a[i] + (mask ? branch[i] * mask[i] : branch[i]);
+/* out [R, C] = a + (branch + bias) * mask: the residual add of a branch
+ * whose product left out its bias [C] (added here, the product's bits:
+ * round(acc + bias)); mask [R, C] the dropout multipliers or NULL. */
+MG_CLONES static void residual_rows(float *out, const float *a, const float *branch,
+                                    const float *bias, const float *mask, int64_t r0, int64_t r1,
+                                    int C) {
+    for (int64_t r = r0; r < r1; r++)
+        for (int c = 0; c < C; c++) {
+            const int64_t i = r * C + c;
+            const float y = branch[i] + bias[c];
+            out[i] = a[i] + (mask ? y * mask[i] : y);
+        }
+}
+static void residual_forward(float *out, const float *a, const float *branch, const float *bias,
+                             const float *mask, int64_t R, int C, int nt) {
+#pragma omp parallel num_threads(nt)
+    {
+        int64_t r0, r1;
+        mg_thread_range(R, &r0, &r1);
+        residual_rows(out, a, branch, bias, mask, r0, r1, C);
+    }
 }
 /* The residual's backward: d(a) is dout itself (the stream's gradient flows
  * on unchanged); d(branch) [N] = dout * mask, written to dbranch and
@@ -1165,10 +1208,9 @@ static mg_status attention_forward(mg_model *m, int layer, int B, int L, int64_t
         }
         free(blocks);
     }
-    if (m->pack)
-        return product(m, 4 * layer + 1, out, a->att, w + 3 * d * d + 3 * d,
-                       w + 4 * d * d + 3 * d, Rv, (int)d, (int)d, nt, err);
-    return mg_attn_out_proj(out, a->att, w, Rv, (int)d, m->dt, nt, err);
+    /* its bias is added by the residual that reads out (forward_core) */
+    return product(m, 4 * layer + 1, out, a->att, w + 3 * d * d + 3 * d, NULL, Rv, (int)d, (int)d,
+                   nt, err);
 }
 
 /* Backward of attention_forward from dout [Rv, d]: din [Rv, d] =
@@ -1288,20 +1330,23 @@ static mg_status forward_core(mg_model *m, int B, int L, int64_t Rv, int keep, i
         if (drop && (rc = dropout_mask(m, a->drop_attn, Rv, p_drop, seed, 1 + 2 * (int64_t)l, nt,
                                        err)))
             return rc;
-        residual_forward(a->x_mid, in, m->scratch, drop ? a->drop_attn : NULL, Rv * d, nt);
+        residual_forward(a->x_mid, in, m->scratch, bp->attn + 4 * (int64_t)d * d + 3 * d,
+                         drop ? a->drop_attn : NULL, Rv, d, nt);
 
         mg_layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->x_mid, bp->ln2_w, bp->ln2_b, Rv,
                              d, nt);
-        if ((rc = product(m, 4 * l + 2, a->fc, a->ln2, bp->fc_w, bp->fc_b, Rv, d, F, nt, err)))
+        /* the biases of the MLP's products: in the GELU pass and the
+         * residual add */
+        if ((rc = product(m, 4 * l + 2, a->fc, a->ln2, bp->fc_w, NULL, Rv, d, F, nt, err)))
             return rc;
-        mg_gelu_forward(a->gelu, a->fc, Rv * F, nt);
-        if ((rc = product(m, 4 * l + 3, m->scratch, a->gelu, bp->proj_w, bp->proj_b, Rv, F, d, nt,
-                          err)))
+        mg_gelu_forward(a->gelu, a->fc, bp->fc_b, Rv, F, nt);
+        if ((rc = product(m, 4 * l + 3, m->scratch, a->gelu, bp->proj_w, NULL, Rv, F, d, nt, err)))
             return rc;
         if (drop && (rc = dropout_mask(m, a->drop_mlp, Rv, p_drop, seed, 2 + 2 * (int64_t)l, nt,
                                        err)))
             return rc;
-        residual_forward(out, a->x_mid, m->scratch, drop ? a->drop_mlp : NULL, Rv * d, nt);
+        residual_forward(out, a->x_mid, m->scratch, bp->proj_b, drop ? a->drop_mlp : NULL, Rv, d,
+                         nt);
     }
     const float *xf = keep ? m->x_final : m->acts[0].x;
     mg_layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, xf, m->p.lnf_w, m->p.lnf_b, Rv, d, nt);
