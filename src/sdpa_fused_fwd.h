@@ -15,22 +15,10 @@ static void block_tiles(const attn_problem *pr, int64_t b, int64_t i0, int64_t n
     *t1 = *hhi > *hlo ? (*hhi + FK - 1) / FK : *t0;
 }
 
-/* Query heads per block (pack_gqa, as FlashAttention-3 stacks them): a
- * block holds the same FQ query rows of P heads of one K/V head's group,
- * stacked along the lanes, so each K/V tile leaves memory once for the P
- * heads. P is the largest divisor of the group with P·FQ <= FWD_LANES
- * lanes that still leaves 4 blocks per thread (fewer heads per block
- * before threads would idle). Every lane's arithmetic is the one-head
- * block's (the products' elements do not depend on the tile's width, the
- * softmax is per lane, the block's key tiles are those of its rows), so
- * results do not depend on P, hence not on the thread count. */
-#define FWD_LANES 256
+/* Query heads per block (attn_fused_gqa_pack): a block holds the same FQ
+ * query rows of P heads of one group along its lanes. */
 static int64_t fwd_pack(const attn_problem *pr) {
-    const int64_t nqb = (pr->Lq + FQ - 1) / FQ;
-    int64_t P = 1;
-    for (int64_t p = 2; p <= pr->group && p * FQ <= FWD_LANES; p++)
-        if (pr->group % p == 0 && pr->B * (pr->H / p) * nqb >= 4 * (int64_t)pr->threads) P = p;
-    return P;
+    return attn_fused_gqa_pack(pr, FQ, (pr->Lq + FQ - 1) / FQ);
 }
 
 /* Per-thread forward scratch, in floats. */
