@@ -459,7 +459,7 @@ static attn_status dec_forward(const kctx *c, const attn_fused_call *call, attn_
      * who computes which chunk depends on the shape: with enough K/V heads a
      * work item is a whole group, else single chunks spread over the threads. */
     const int64_t groups = pr->B * pr->Hkv;
-    const int whole = getenv("XW") ? atoi(getenv("XW")) : groups >= 4 * (int64_t)nt;
+    const int whole = groups >= 4 * (int64_t)nt;
     const int64_t items = whole ? groups : groups * d.nch;
 #pragma omp parallel num_threads(nt)
     {
