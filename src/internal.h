@@ -335,6 +335,19 @@ const attn_fused_kernels *attn_fused_kernels_active(void);
 /* The most scratch any instruction set the CPU runs takes for pr. */
 int64_t attn_fused_forward_scratch(const attn_problem *pr);
 
+/* Query heads stacked in one block of the fused forward (pack_gqa, as
+ * FlashAttention-3 stacks them): the same `rows` query rows of P heads of
+ * one K/V head's group share the block's K/V tiles, read once for the P
+ * heads. P is the largest divisor of the group with P·rows <= 256 that
+ * still leaves 4 blocks per thread (nqb blocks per head). Every row's
+ * arithmetic is the one-head block's, so results do not depend on P. */
+static inline int64_t attn_fused_gqa_pack(const attn_problem *pr, int64_t rows, int64_t nqb) {
+    int64_t P = 1;
+    for (int64_t p = 2; p <= pr->group && p * rows <= 256; p++)
+        if (pr->group % p == 0 && pr->B * (pr->H / p) * nqb >= 4 * (int64_t)pr->threads) P = p;
+    return P;
+}
+
 /* Nonzero: the backward runs one pass per (b, h) (the heads spread over
  * the threads with at most a third of a round idle); else two passes
  * (which recompute S and dP once more, 7 tile products instead of 5, but

@@ -185,14 +185,18 @@ static void write_rows(const attn_fused_call *c, const bscratch *w, int64_t dvp,
     }
 }
 
-/* One (b, h, query block); KP, VP: the packed tiles of its K/V head, or
- * NULL to pack each tile into w->kp, w->vp before use. */
+/* Query block qb of query heads [h, h + nh) of one group (b, h), their
+ * rows stacked (pack_gqa, attn_fused_gqa_pack: row r is head h + r / nq,
+ * row i0 + r % nq), so each K/V tile is packed or read once for the nh
+ * heads; every row's arithmetic is the one-head block's. KP, VP: the
+ * packed tiles of its K/V head, or NULL to pack each tile into w->kp,
+ * w->vp before use. */
 static void bf16_block(const attn_fused_call *c, bscratch *w, const uint32_t *KP, const uint32_t *VP,
-                       int64_t np, int64_t dvp, int64_t b, int64_t h, int64_t qb) {
+                       int64_t np, int64_t dvp, int64_t b, int64_t h, int64_t nh, int64_t qb) {
     const attn_problem *pr = c->pr;
-    const int64_t i0 = qb * BQ, nq = bmin(BQ, pr->Lq - i0);
-    for (int64_t r = 0; r < nq; r++) {
-        const uint16_t *q = attn_bf16_row(c->q, b, h, i0 + r);
+    const int64_t i0 = qb * BQ, nq = bmin(BQ, pr->Lq - i0), R = nh * nq;
+    for (int64_t r = 0; r < R; r++) {
+        const uint16_t *q = attn_bf16_row(c->q, b, h + r / nq, i0 + r % nq);
         if (c->q->stride[3] == 1 && pr->Dk % 2 == 0) /* the row's words are its pairs */
             memcpy(w->qd + r * np, q, (size_t)np * 4);
         else
@@ -201,7 +205,7 @@ static void bf16_block(const attn_fused_call *c, bscratch *w, const uint32_t *KP
         w->m[r] = -INFINITY;
         w->l[r] = 0.0f;
     }
-    memset(w->O, 0, (size_t)(nq * dvp) * sizeof(float));
+    memset(w->O, 0, (size_t)(R * dvp) * sizeof(float));
     int64_t l0, h0, l1, h1;
     attn_row_range(pr, b, i0, &l0, &h0);
     attn_row_range(pr, b, i0 + nq - 1, &l1, &h1);
@@ -217,13 +221,18 @@ static void bf16_block(const attn_fused_call *c, bscratch *w, const uint32_t *KP
             kp = KP + t * np * BK;
             vp = VP + t * (BK / 2) * dvp;
         }
-        qk_tile(nq, nvec, w->qd, np, kp, w->S, w->rm);
+        qk_tile(R, nvec, w->qd, np, kp, w->S, w->rm);
         const int interior = bf16_interior(j0, nk, l1, h0);
-        for (int64_t r = 0; r < nq; r++)
-            softmax_row(pr, w, dvp, r, b, h, i0 + r, j0, nk, nvec, interior, w->rm + r);
-        pv_tile((int)nq, w->pd, (nk + 1) / 2, vp, dvp, w->O);
+        for (int64_t r = 0; r < R; r++)
+            softmax_row(pr, w, dvp, r, b, h + r / nq, i0 + r % nq, j0, nk, nvec, interior,
+                        w->rm + r);
+        pv_tile((int)R, w->pd, (nk + 1) / 2, vp, dvp, w->O);
     }
-    write_rows(c, w, dvp, b, h, i0, nq);
+    for (int64_t g = 0; g < nh; g++) { /* head h + g: rows g·nq .. */
+        bscratch wh = *w;
+        wh.m += g * nq, wh.l += g * nq, wh.O += g * nq * dvp;
+        write_rows(c, &wh, dvp, b, h + g, i0, nq);
+    }
 }
 
 /* Decode: query heads [g0, g1) of K/V head (b, hk)'s group, their
@@ -281,6 +290,8 @@ static attn_status bf16_forward(const attn_fused_call *c, attn_error *err) {
      * evenly over the threads); else all K/V heads packed first, blocks
      * spread over the threads. Each K/V tile is packed once per group. */
     const int local = !decode && nqb <= 2, head = !decode && !local && attn_fused_bwd_one_pass(pr);
+    /* query heads per block (pack_gqa) */
+    const int64_t P = decode ? 1 : attn_fused_gqa_pack(pr, bmin(BQ, pr->Lq), nqb);
     uint32_t *KP = NULL, *VP = NULL;
     if (!decode && !local && !head) {
         KP = aligned_alloc(64, (size_t)(BHk * ntile * np * BK * 4));
@@ -301,7 +312,7 @@ static attn_status bf16_forward(const attn_fused_call *c, attn_error *err) {
     const int64_t hpi = (G + parts - 1) / parts;
     /* per thread, 64-byte multiples: qd, S, pd, O, m, l, rm for `rows` rows,
      * and one packed tile when local */
-    const int64_t rows = decode ? hpi * pr->Lq : bmin(BQ, pr->Lq), r16 = (rows + 15) / 16 * 16;
+    const int64_t rows = decode ? hpi * pr->Lq : P * bmin(BQ, pr->Lq), r16 = (rows + 15) / 16 * 16;
     const int64_t n_qd = (rows * np + 15) / 16 * 16, n_S = rows * BK, n_pd = (rows * BK / 2 + 15) / 16 * 16;
     const int64_t nt = head ? ntile : local, n_O = rows * dvp, n_kp = nt * np * BK,
                   n_vp = nt * (BK / 2) * dvp;
@@ -339,17 +350,18 @@ static attn_status bf16_forward(const attn_fused_call *c, attn_error *err) {
                 for (int64_t t = 0; t < ntile; t++)
                     pack_kv(pr, c->k, c->v, b, hk, t, np, dvp, w.kp + t * np * BK,
                             w.vp + t * (BK / 2) * dvp);
-                for (int64_t h = hk * G; h < (hk + 1) * G; h++)
+                for (int64_t h = hk * G; h < (hk + 1) * G; h += P)
                     for (int64_t qb = 0; qb < nqb; qb++)
-                        bf16_block(c, &w, w.kp, w.vp, np, dvp, b, h, qb);
+                        bf16_block(c, &w, w.kp, w.vp, np, dvp, b, h, P, qb);
             }
         } else {
 #pragma omp for schedule(dynamic)
-            for (int64_t x = 0; x < BH * nqb; x++) {
-                const int64_t bh = x / nqb, b = bh / pr->H, h = bh % pr->H;
+            for (int64_t x = 0; x < BH / P * nqb; x++) {
+                const int64_t bh = x / nqb, b = bh / (pr->H / P), h = bh % (pr->H / P) * P;
                 const int64_t kv = b * pr->Hkv + attn_kv_head(pr, h);
                 bf16_block(c, &w, local ? NULL : KP + kv * ntile * np * BK,
-                           local ? NULL : VP + kv * ntile * (BK / 2) * dvp, np, dvp, b, h, x % nqb);
+                           local ? NULL : VP + kv * ntile * (BK / 2) * dvp, np, dvp, b, h, P,
+                           x % nqb);
             }
         }
     }

@@ -62,8 +62,9 @@ static inline float *row_mut(const attn_tensor *t, int64_t b, int64_t h, int64_t
 #define KVH(pr, h) ((h) / (pr)->group)
 
 /* Soft-capping and ALiBi (attn.h's order: after the scale, before the
- * masks) on a tile Sᵀ[nk][ld] of query rows [i0, i0 + nq) of query head h,
- * keys [j0, j0 + nk), ld a multiple of VL. dcap (optional, [nk][ld]) gets
+ * masks) on a tile Sᵀ[nk][ld] of query rows [i0, i0 + nq) of query head h
+ * (lanes [0, rup(nq, VL)); ld, a multiple of VL, may hold other heads'
+ * lanes after them), keys [j0, j0 + nk). dcap (optional, [nk][ld]) gets
  * 1 - tanh² per element (1 in the padding lanes), the factor the backward
  * multiplies dS by. Vectors over the query rows: s·(1/c) through v_tanh
  * (the ISA's vector tanh, a few ulp from tanhf), times c; the ALiBi
@@ -78,10 +79,11 @@ static void variants_tile(const attn_problem *pr, float *S, int64_t ld, int64_t 
     const vf c = v_set1(pr->softcap), ic = v_set1(cap ? 1.0f / pr->softcap : 0.0f);
     const vf one = v_set1(1.0f), iota = v_load(kLaneIdx), zero = v_zero();
     const vf slope = v_set1(pr->alibi ? pr->alibi[h] : 0.0f);
+    const int64_t nl = rup(nq, VL);
     for (int64_t j = 0; j < nk; j++) {
         float *s = S + j * ld, *dc = dcap ? dcap + j * ld : NULL;
         const float d0 = (float)(i0 + pr->Lk - pr->Lq - (j0 + j)); /* lane 0's i′ - j */
-        for (int64_t i = 0; i < ld; i += VL) {
+        for (int64_t i = 0; i < nl; i += VL) {
             vf x = v_load(s + i);
             if (cap) {
                 const vf t = v_tanh(v_mul(x, ic));
@@ -97,7 +99,7 @@ static void variants_tile(const attn_problem *pr, float *S, int64_t ld, int64_t 
             v_store(s + i, x);
         }
         if (dc)
-            for (int64_t i = nq; i < ld; i++) dc[i] = 1.0f;
+            for (int64_t i = nq; i < nl; i++) dc[i] = 1.0f;
     }
 }
 
@@ -123,7 +125,8 @@ static int tile_interior(const attn_problem *pr, int64_t b, int64_t i0, int64_t 
 
 /* Masks on a tile Sᵀ[nk][ld] of query rows [i0, i0 + nq), keys [j0, j0 + nk):
  * element masks (additive, then bool), structural masks unless the tile is
- * interior, and -inf in the padding lanes [nq, ld). */
+ * interior, and -inf in the padding lanes [nq, rup(nq, VL)) (ld may hold
+ * other heads' lanes after them). */
 static void mask_tile(const attn_problem *pr, float *S, int64_t ld, int64_t b, int64_t h,
                       int64_t i0, int64_t nq, int64_t j0, int64_t nk) {
     const int64_t j1 = j0 + nk;
@@ -151,9 +154,8 @@ static void mask_tile(const attn_problem *pr, float *S, int64_t ld, int64_t b, i
             for (int64_t j = imax(hi, j0); j < j1; j++) S[(j - j0) * ld + i] = -INFINITY;
         }
     }
-    if (nq < ld)
-        for (int64_t j = 0; j < nk; j++)
-            for (int64_t i = nq; i < ld; i++) S[j * ld + i] = -INFINITY;
+    for (int64_t j = 0; j < nk; j++)
+        for (int64_t i = nq; i < rup(nq, VL); i++) S[j * ld + i] = -INFINITY;
 }
 
 /* Dropout multipliers of a tile: z[j][i] (ld) for rows [i0, i0+nq), keys
@@ -186,7 +188,7 @@ static inline void copy_row(float *dst, const float *src, int64_t stride, int64_
 }
 
 /* Transposed copy of rows [l0, l0 + n) of a (b, h) slice: dst[d][i] (ld),
- * lanes [n, ld) zero. VL x VL blocks go through registers when the rows are
+ * lanes [n, rup(n, VL)) zero (ld may hold other heads' lanes after them). VL x VL blocks go through registers when the rows are
  * contiguous and evenly spaced (any row stride: B, H, L strides are fixed). */
 static void pack_transposed(float *dst, int64_t ld, const attn_tensor *t, int64_t b, int64_t h,
                             int64_t l0, int64_t n, int64_t D) {
@@ -203,9 +205,8 @@ static void pack_transposed(float *dst, int64_t ld, const attn_tensor *t, int64_
         const float *r = row_of(t, b, h, l0 + i);
         for (int64_t d = i < nb ? db : 0; d < D; d++) dst[d * ld + i] = r[d * sd];
     }
-    if (n < ld)
-        for (int64_t d = 0; d < D; d++)
-            for (int64_t i = n; i < ld; i++) dst[d * ld + i] = 0.0f;
+    for (int64_t d = 0; d < D; d++)
+        for (int64_t i = n; i < rup(n, VL); i++) dst[d * ld + i] = 0.0f;
 }
 
 /* B operand of key rows [j0, j0 + nk) of K or V: in place when the rows are

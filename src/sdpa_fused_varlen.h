@@ -142,10 +142,11 @@ static attn_status varlen_forward(const kctx *c0, const attn_fused_call *call, a
         const vseq *e = varlen_item(sq, ord, first, n, VARLEN_QBLOCKS, it, &h, &u);
         const int64_t s = e - sq, Lq = e->pr.Lq, Lk = e->pr.Lk;
         const int64_t i0 = (e->nqb - 1 - u) * FQ, nq = imin(FQ, Lq - i0);
-        fwd_block(&e->c, ws + (int64_t)omp_get_thread_num() * per, 0, h, i0, nq, &e->out,
-                  call->lse ? call->lse + h * Tq + e->q0 + i0 : NULL,
+        fwd_block(&e->c, ws + (int64_t)omp_get_thread_num() * per, 0, h, 1, i0, nq, &e->out,
+                  call->lse ? call->lse + h * Tq + e->q0 + i0 : NULL, 0,
                   call->weights ? call->weights + varlen->weights_at[s] + (h * Lq + i0) * Lk
-                                : NULL);
+                                : NULL,
+                  0);
     }
     free(ws), free(first), free(ord), free(sq);
     return ATTN_OK;

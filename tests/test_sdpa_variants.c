@@ -473,6 +473,74 @@ static void test_grouped_decode(void) {
     }
 }
 
+/* ------------------------------------------------------------ pack_gqa */
+
+/* The tiled forward stacks up to 4 query heads of a group in one block
+ * (pack_gqa; how many depends on the shape and the thread count). fp32
+ * against the oracle for H_kv 1, 2, 4 of 8 at Lq below, at and across the
+ * 64-row block, with masks and variants (out, lse, weights and the
+ * backward); then, fp32 and bf16, forward out and lse bitwise the same on
+ * 1 to 4 threads (4, 2, 2 and 1 heads per block for H_kv 1) and bitwise
+ * the same as the call with H_kv = H on K and V repeated per query head
+ * (PyTorch's repeat_interleave), whose blocks hold one head each. */
+static void test_pack_gqa(void) {
+    static float slopes[8] = {0.5f, 0.25f, 0.125f, 0.0625f, 0.03125f, 0.7f, 0.0f, 1.0f / 256};
+    static float sinks[8] = {0.5f, -1.0f, 2.0f, 0.0f, -3.0f, 1.0f, 4.0f, -0.25f};
+    const int64_t H = 8, lqs[4] = {5, 64, 100, 130};
+    int n = 0;
+    for (int64_t hk = 1; hk <= 4; hk *= 2)
+        for (int x = 0; x < 4; x++, n++) {
+            vdims d = {1, H, hk, lqs[x], 150, 32, 32};
+            attn_sdpa_params p = {0};
+            if (n % 2) p.use_softcap = 1, p.softcap = 4.0f, p.alibi_slopes = slopes, p.sinks = sinks;
+            if (n % 3 == 0) p.causal = 1;
+            if (n % 3 == 1) p.use_window = 1, p.window_left = 40, p.window_right = 3;
+            char what[80];
+            snprintf(what, sizeof what, "pack_gqa H_kv %lld Lq %lld", (long long)hk,
+                     (long long)lqs[x]);
+            variant_case(&d, &p, 7000 + (uint64_t)n, n % 4 == 3, what);
+        }
+    const int64_t Lq = 130, Lk = 200, D = 32, Hk = 1;
+    tu_rng r = tu_seed(717);
+    const size_t nq = (size_t)(H * Lq * D), nk = (size_t)(Hk * Lk * D), nr = (size_t)(H * Lq);
+    float *q = tu_malloc(nq * 4), *k = tu_malloc(nk * 4), *v = tu_malloc(nk * 4);
+    float *kr = tu_malloc(nk * H * 4), *vr = tu_malloc(nk * H * 4);
+    tu_fill(&r, q, nq, -2, 2), tu_fill(&r, k, nk, -2, 2), tu_fill(&r, v, nk, -1, 1);
+    for (int64_t h = 0; h < H; h++) /* K/V head h / H for query head h */
+        memcpy(kr + (size_t)h * nk, k, nk * 4), memcpy(vr + (size_t)h * nk, v, nk * 4);
+    uint16_t *hq = tu_malloc(nq * 2), *hk = tu_malloc(nk * 2), *hv = tu_malloc(nk * 2),
+             *hkr = tu_malloc(nk * H * 2), *hvr = tu_malloc(nk * H * 2);
+    attn_bf16_from_f32(q, hq, nq), attn_bf16_from_f32(k, hk, nk), attn_bf16_from_f32(v, hv, nk);
+    attn_bf16_from_f32(kr, hkr, nk * H), attn_bf16_from_f32(vr, hvr, nk * H);
+    for (int bf = 0; bf < 2; bf++) {
+        float *o[5], *lse[5]; /* threads 1..4 grouped, then H_kv = H on 1 thread */
+        for (int t = 0; t < 5; t++) {
+            const int64_t hkv = t < 4 ? Hk : H;
+            o[t] = tu_malloc(nq * 4), lse[t] = tu_malloc(nr * 4);
+            attn_tensor tq = bf ? attn_tensor_bhld_bf16(hq, 1, H, Lq, D) : attn_tensor_bhld(q, 1, H, Lq, D),
+                        tk = bf ? attn_tensor_bhld_bf16(t < 4 ? hk : hkr, 1, hkv, Lk, D)
+                                : attn_tensor_bhld(t < 4 ? k : kr, 1, hkv, Lk, D),
+                        tv = bf ? attn_tensor_bhld_bf16(t < 4 ? hv : hvr, 1, hkv, Lk, D)
+                                : attn_tensor_bhld(t < 4 ? v : vr, 1, hkv, Lk, D),
+                        to = attn_tensor_bhld(o[t], 1, H, Lq, D);
+            attn_sdpa_params p = {0};
+            p.causal = 1, p.use_softcap = 1, p.softcap = 3.0f, p.alibi_slopes = slopes;
+            p.sinks = sinks, p.impl = ATTN_IMPL_FUSED, p.num_threads = t < 4 ? t + 1 : 1;
+            if (bf) p.dtype = ATTN_BF16, p.out_dtype = ATTN_F32;
+            attn_error err;
+            CHECK(attn_sdpa_forward(&tq, &tk, &tv, &p, &to, NULL, lse[t], NULL, &err) == ATTN_OK,
+                  "%s", err.message);
+        }
+        for (int t = 1; t < 5; t++)
+            CHECK(memcmp(o[0], o[t], nq * 4) == 0 && memcmp(lse[0], lse[t], nr * 4) == 0,
+                  "pack_gqa %s: %s differs from 1 thread", bf ? "bf16" : "fp32",
+                  t < 4 ? "a thread count" : "H_kv = H on repeated K/V");
+        for (int t = 0; t < 5; t++) free(o[t]), free(lse[t]);
+    }
+    free(q), free(k), free(v), free(kr), free(vr), free(hq), free(hk), free(hv), free(hkr),
+        free(hvr);
+}
+
 /* ------------------------------------------------------------ thread invariance */
 
 /* Bitwise the same for 1, 2 and 3 threads, every variant together: the
@@ -823,6 +891,7 @@ int main(void) {
     test_errors();
     test_variants_grid();
     test_grouped_decode();
+    test_pack_gqa();
     test_threads();
     test_varlen();
     test_bf16();
