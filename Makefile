@@ -46,10 +46,13 @@ test-c: build
 test-asan: build-asan
 	cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j $(JOBS)
 
+# molgen's Python tests: molgen/tests/<subject>/test_*.py; the MPI ones
+# (molgen/tests/mpi/) run under ctest, in groups (molgen/CMakeLists.txt).
+MOLGEN_PY_TESTS = $(filter-out molgen/tests/mpi/%,$(wildcard molgen/tests/*/test_*.py))
 # PYTHONPATH: the packages in python/ (attn, molgen) for the tests and the
 # programs they start (`python3 -m molgen.metrics ...`)
 test-python: build
-	PYTHONPATH=$(CURDIR)/python ATTN_LIBRARY=$(CURDIR)/build/libattn.so $(PYTHON) -m pytest -q -rs python/tests $(wildcard molgen/tests/*.py)
+	PYTHONPATH=$(CURDIR)/python ATTN_LIBRARY=$(CURDIR)/build/libattn.so $(PYTHON) -m pytest -q -rs python/tests $(MOLGEN_PY_TESTS)
 
 # libFuzzer targets (clang, ASan+UBSan), FUZZ_SECONDS each; a longer run is
 # `molgen/fuzz/run_fuzz.sh 600`.

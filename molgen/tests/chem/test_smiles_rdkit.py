@@ -26,7 +26,7 @@ from rdkit import RDLogger  # noqa: E402
 RDLogger.DisableLog("rdApp.*")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(os.path.dirname(HERE))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
 SHARED = os.environ.get("MOLGEN_SHARED_DATA") or os.path.join(REPO, "..", "shared", "data")
 ZINC = os.path.join(SHARED, "zinc250k_240k.smi")
 TOKEN = re.compile(r"(\[[^\]]+]|<|Br?|Cl?|N|O|S|P|F|I|b|c|n|o|s|p|\(|\)|\.|=|#|-|\+|\\|\/|:|~|@|\?|>|\*|\$|\%[0-9]{2}|[0-9])")

@@ -30,7 +30,7 @@ np = pytest.importorskip("numpy")
 pytest.importorskip("rdkit")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-MOLGEN_DIR = os.path.dirname(HERE)
+MOLGEN_DIR = os.path.dirname(os.path.dirname(HERE))
 REPO = os.path.dirname(MOLGEN_DIR)
 from molgen_bin import first_molecules, run_molgen  # noqa: E402
 

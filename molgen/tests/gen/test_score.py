@@ -16,7 +16,7 @@ import subprocess
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-MOLGEN_DIR = os.path.dirname(HERE)
+MOLGEN_DIR = os.path.dirname(os.path.dirname(HERE))
 REPO = os.path.dirname(MOLGEN_DIR)
 
 from molgen_bin import molgen_binary  # noqa: E402

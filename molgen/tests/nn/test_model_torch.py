@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-MOLGEN_DIR = os.path.dirname(HERE)
+MOLGEN_DIR = os.path.dirname(os.path.dirname(HERE))
 REPO = os.path.dirname(MOLGEN_DIR)
 
 torch = pytest.importorskip("torch")

@@ -388,7 +388,7 @@ def test_query_requirements():
 def test_screen_never_skips_a_matching_pattern():
     from rdkit import Chem
     f = F.MosesFilters(FILTERS_DIR)
-    data = os.path.join(HERE, '..', '..', 'data', 'moses_20k.smi')
+    data = os.path.join(HERE, '..', '..', '..', 'data', 'moses_20k.smi')
     smiles = [s for s, _, _ in FILTER_CASES] + M.read_smiles(data)[:150] + [
         r'Cc1ccc(/C=C2\SC(N3CC[NH2+]CC3)=NC2=O)cc1', 'c1cc[n+](C)cc1', 'O=C(O)c1ccc(O)c(O)c1',
         'N#CC(C#N)=Cc1ccccc1', 'CC(=O)C(C)=NNc1ccccc1', 'Oc1c(O)cc2ccccc2c1', 'S=C(N)Nc1ccccc1',
@@ -432,7 +432,7 @@ def test_filters_in_compute_metrics():
 
 def test_filters_on_moses_molecules_is_one():
     # MOSES's dataset was built from molecules that pass the filters
-    data = os.path.join(HERE, '..', '..', 'data', 'moses_20k.smi')
+    data = os.path.join(HERE, '..', '..', '..', 'data', 'moses_20k.smi')
     r = M.compute_metrics(M.read_smiles(data)[:300], None, None, jobs=1)
     assert r['n_valid'] == 300 and r['Filters'] == 1.0
 

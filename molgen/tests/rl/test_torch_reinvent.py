@@ -14,7 +14,7 @@ pytest.importorskip("torch")
 from molgen import pmo  # noqa: E402
 from molgen.torch_reinvent import Scorer, ScorerError  # noqa: E402
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 PRIOR = os.path.join(REPO, "models", "molgen-moses.safetensors")
 
 # score = share of 'c' among the characters (aromatic atoms), canonical = the

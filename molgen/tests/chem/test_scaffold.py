@@ -26,7 +26,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 from molgen_bin import run_molgen  # noqa: E402
 
 RINGS = ["c1ccccc1", "C1CCCCC1", "c1ccncc1"]
-SHIPPED = os.path.join(os.path.dirname(os.path.dirname(HERE)), "models",
+SHIPPED = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(HERE))), "models",
                        "molgen-moses.safetensors")
 
 

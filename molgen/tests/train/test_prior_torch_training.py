@@ -23,7 +23,7 @@ from molgen import torch_model as tm  # noqa: E402
 from molgen_bin import molgen_binary  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(os.path.dirname(HERE))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
 TOOL = os.path.join(REPO, "tools", "train_prior_torch.py")
 sys.path.insert(0, os.path.join(REPO, "tools"))
 import train_prior_torch as tp  # noqa: E402

@@ -31,7 +31,7 @@ import pytest
 from molgen_bin import ENV, TINY, molgen_binary, write_molecules  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(os.path.dirname(HERE))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
 ROOT = os.geteuid() == 0
 
 

@@ -12,8 +12,9 @@ import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(os.path.dirname(HERE))
-MPI_TESTS = os.path.join(HERE, "mpi", "test_mpi.py")
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
+TESTS = os.path.dirname(HERE)  # molgen/tests: a folder per subject
+MPI_TESTS = os.path.join(TESTS, "mpi", "test_mpi.py")
 
 
 def read(rel):
@@ -71,24 +72,26 @@ def test_mpi_groups_select_every_mpi_test():
 
 def test_every_test_file_has_a_runner():
     """Every test_*.py / test_*.c under the tree's sources is one the runners
-    reach: python/tests (whole directory), molgen/tests/*.py (Makefile's
-    wildcard), molgen/tests/mpi/test_mpi.py (ctest), tests/test_*.c and
-    molgen/tests/test_*.c (CMake globs); and the Python runner deselects
-    nothing."""
+    reach: python/tests (whole directory), molgen/tests/<subject>/test_*.py
+    but mpi/ (Makefile's MOLGEN_PY_TESTS), molgen/tests/mpi/test_mpi.py
+    (ctest), tests/test_*.c and molgen/tests/<subject>/test_*.c (CMake
+    globs); and the Python runner deselects nothing."""
     make = read("Makefile")
     line = next(ln for ln in make.splitlines() if "-m pytest" in ln and "python/tests" in ln)
     for flag in (" -k", "--deselect", "--ignore"):
         assert flag not in line, line
-    assert "$(wildcard molgen/tests/*.py)" in line, line
+    assert "$(MOLGEN_PY_TESTS)" in line, line
+    assert ("MOLGEN_PY_TESTS = $(filter-out molgen/tests/mpi/%,"
+            "$(wildcard molgen/tests/*/test_*.py))") in make
     top = read("CMakeLists.txt")
     assert "${PROJECT_SOURCE_DIR}/tests/test_*.c" in top
-    assert "${CMAKE_CURRENT_SOURCE_DIR}/tests/test_*.c" in read("molgen/CMakeLists.txt")
+    assert "${CMAKE_CURRENT_SOURCE_DIR}/tests/*/test_*.c" in read("molgen/CMakeLists.txt")
     reached = set(glob.glob(os.path.join(REPO, "python", "tests", "**", "test_*.py"),
                             recursive=True))
-    reached |= set(glob.glob(os.path.join(REPO, "molgen", "tests", "test_*.py")))
+    reached |= set(glob.glob(os.path.join(TESTS, "*", "test_*.py"))) - {MPI_TESTS}
     reached |= {MPI_TESTS}
     reached |= set(glob.glob(os.path.join(REPO, "tests", "test_*.c")))
-    reached |= set(glob.glob(os.path.join(REPO, "molgen", "tests", "test_*.c")))
+    reached |= set(glob.glob(os.path.join(TESTS, "*", "test_*.c")))
     found = set()
     skip = {"build", "build-asan", "build-fuzz", ".git", "node_modules", "shared"}
     for root, dirs, files in os.walk(REPO):
@@ -104,16 +107,13 @@ def test_each_molgen_test_file_imports_alone(tmp_path):
     """Each test file under molgen/tests collects on its own, from another
     directory and without PYTHONPATH (test_mpi.py found molgen_bin only
     through another module's path once): molgen/tests/conftest.py provides
-    it. Files in subdirectories each in a process of their own (pytest puts
-    their own directory, not molgen/tests, on sys.path: the case that
-    failed); the top-level files together in one."""
+    it. Each file in a process of its own (pytest puts the file's own
+    subject folder, not molgen/tests, on sys.path: the case that failed)."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    top = sorted(glob.glob(os.path.join(HERE, "test_*.py")))
-    sub = sorted(set(glob.glob(os.path.join(HERE, "**", "test_*.py"), recursive=True)) - set(top))
-    assert MPI_TESTS in sub
-    for files in [[f] for f in sub] + [top]:
+    files = sorted(glob.glob(os.path.join(TESTS, "**", "test_*.py"), recursive=True))
+    assert MPI_TESTS in files
+    for f in files:
         p = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p",
-                            "no:cacheprovider"] + files, capture_output=True, text=True,
+                            "no:cacheprovider", f], capture_output=True, text=True,
                            timeout=600, cwd=str(tmp_path), env=env)
-        assert p.returncode == 0, (files if len(files) == 1 else "molgen/tests/*.py",
-                                   p.stdout[-4000:] + p.stderr[-2000:])
+        assert p.returncode == 0, (os.path.relpath(f, REPO), p.stdout[-4000:] + p.stderr[-2000:])

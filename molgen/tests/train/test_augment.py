@@ -21,7 +21,7 @@ from molgen_bin import molgen_binary, write_molecules  # noqa: E402
 Chem = pytest.importorskip("rdkit.Chem")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(os.path.dirname(HERE))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
 TOOL = ["-m", "molgen.randomize_smiles"]
 TINY = ["--layers", "1", "--d-model", "16", "--heads", "2", "--batch-size", "8",
         "--no-progress", "--val-every", "0", "--threads", "1", "--quiet"]

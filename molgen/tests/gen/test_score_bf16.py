@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(os.path.dirname(HERE))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
 MODEL = os.path.join(REPO, "models", "molgen-moses.safetensors")
 DATA = os.path.join(REPO, "data", "moses_20k.smi")
 
@@ -53,9 +53,21 @@ def nlls(out):
     return np.array([float(r["nll"]) for r in rows])
 
 
+def bf16_twin_module():
+    """The bf16-rounded PyTorch twin (twin(cfg, rounded)) of
+    train/test_bf16_train_twin.py, loaded from its file: that folder is not
+    on sys.path when this file runs alone."""
+    import importlib.util
+    path = os.path.join(HERE, "..", "train", "test_bf16_train_twin.py")
+    spec = importlib.util.spec_from_file_location("bf16_train_twin", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def test_bf16_nll_within_bf16_rounding_of_fp32(tmp_path):
     torch = pytest.importorskip("torch")
-    import test_bf16_train_twin as twin_mod
+    twin_mod = bf16_twin_module()
     from molgen import torch_model as tm
     smi = smiles(50)
     path = tmp_path / "in.smi"

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 CHECK = os.path.join(REPO, "tools", "check_layers.py")
 sys.path.insert(0, os.path.join(REPO, "tools"))
 import check_layers  # noqa: E402

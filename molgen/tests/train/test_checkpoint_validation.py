@@ -28,7 +28,7 @@ import pytest
 from molgen_bin import TINY, run_molgen, write_molecules  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(os.path.dirname(HERE))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
 COND_MODEL = os.path.join(REPO, "models", "molgen-moses-cond.safetensors")
 NAN, INF = float("nan"), float("inf")
 

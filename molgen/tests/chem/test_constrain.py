@@ -36,7 +36,7 @@ from rdkit import RDLogger  # noqa: E402
 RDLogger.DisableLog("rdApp.*")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(os.path.dirname(HERE))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
 DATA20K = os.path.join(REPO, "data", "moses_20k.smi")
 SHIPPED = os.path.join(REPO, "models", "molgen-moses.safetensors")
 # MolGPT / MOSES token regex (molgen/chem/tokenizer.h)

@@ -20,7 +20,7 @@ import pytest
 np = pytest.importorskip('numpy')
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.abspath(os.path.join(HERE, '..', '..'))
+ROOT = os.path.abspath(os.path.join(HERE, '..', '..', '..'))
 NAME = 'molgen_test_safetensors'
 
 
