@@ -21,7 +21,9 @@ line by line, trailing blanks ignored:
 The exit status is not compared (error examples show their message), but a
 command killed by a signal or past its timeout fails. Every relative link
 of the files (`[text](file.md#anchor)`) is checked too: the file must exist
-and the anchor must be one of its headings (GitHub's anchors).
+and the anchor must be one of its headings (GitHub's anchors). So is every
+path of the tree written in a code span (`molgen/tests/gen/test_score.py`,
+`tools/x.py`, `docs/y.md`): it must exist (check_paths).
 
 Each block runs in bash in a fresh temporary directory that holds a link to
 every top-level entry of the repository and `build` linking to --build
@@ -194,6 +196,62 @@ def check_links(path):
     return bad
 
 
+# A repo path in a code span: it starts with one of the tree's top-level
+# folders (build/ and out/ are outputs, not the tree's). Globs and
+# placeholders (`molgen/tests/<subject>/test_*.c`, `cmd_{a,b}.c`) are checked
+# up to the last folder before the first wildcard; `#anchor` and `:line`
+# tails are dropped; a C file's stem (`molgen/train/train`, a room of
+# check_layers.py) names its .c / .h.
+TREE_DIRS = ("bench", "common", "data", "docs", "examples", "include", "models", "molgen",
+             "python", "src", "tests", "tools", ".ci")
+CODE_SPAN = re.compile(r"`([^`]+)`")
+REPO_PATH = re.compile(r"(?<![\w./$-])(?:\./)?((?:%s)/[^\s`'\"(),;]*)"
+                       % "|".join(re.escape(d) for d in TREE_DIRS))
+WILDCARD = re.compile(r"[*?<>{}\[\]$]|\.\.\.|…")
+
+
+def named_path(token):
+    """The part of a path written in a doc that must exist: anchors, :line and
+    trailing punctuation dropped; a glob or placeholder cut back to its folder."""
+    token = re.sub(r"(#.*|:\d[\d:-]*)$", "", token).rstrip(".:")
+    w = WILDCARD.search(token)
+    if w:
+        token = token[:token.rfind("/", 0, w.start()) + 1]
+    return token
+
+
+# A test file named alone (`test_score.py`): some test folder holds it.
+TEST_NAME = re.compile(r"(?<![\w./-])(test_\w+\.(?:py|c))(?![\w/])")
+
+
+def test_file_names(repo):
+    """Names of the test files of the tree (build folders and .git left out)."""
+    names = set()
+    for root, dirs, files in os.walk(repo):
+        dirs[:] = [d for d in dirs if not d.startswith((".", "build"))]
+        names.update(f for f in files if TEST_NAME.fullmatch(f))
+    return names
+
+
+def check_paths(path, repo=REPO):
+    """Repo paths and test file names in the code spans of a markdown file
+    (outside fenced blocks) that do not exist, as messages."""
+    bad, tests = [], None
+    for no, line in outside_fences(path):
+        for span in CODE_SPAN.findall(line):
+            for m in REPO_PATH.finditer(span):
+                name = named_path(m.group(1))
+                where = os.path.join(repo, name)
+                if name and not any(os.path.exists(where + ext) for ext in ("", ".c", ".h")):
+                    bad.append("%s:%d: names a path that does not exist: %s" % (path, no, name))
+            for m in TEST_NAME.finditer(span):
+                tests = test_file_names(repo) if tests is None else tests
+                if m.group(1) not in tests:
+                    bad.append("%s:%d: names a test file that does not exist: %s"
+                               % (path, no, m.group(1)))
+    return bad
+
+
 def workdir(build):
     d = tempfile.mkdtemp(prefix="doctest-")
     for name in os.listdir(REPO):
@@ -256,7 +314,7 @@ def main():
     if not os.path.isdir(build):
         print("doctest_blocks: no build directory %s (--build DIR)" % build, file=sys.stderr)
         return 1
-    links = [msg for f in files for msg in check_links(f)]
+    links = [msg for f in files for msg in check_links(f) + check_paths(f)]
     for msg in links:
         print(msg)
     failed = 0
@@ -265,7 +323,7 @@ def main():
         failed += bool(f)
         for msg in f:
             print(msg)
-    print("doctest_blocks: %d of %d blocks match (%d commands); %d broken links"
+    print("doctest_blocks: %d of %d blocks match (%d commands); %d broken links or paths"
           % (len(blocks) - failed, len(blocks), sum(len(commands_of(b)) for b in blocks), len(links)))
     return 1 if failed or links else 0
 

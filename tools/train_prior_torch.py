@@ -2,7 +2,7 @@
 """Train a molgen prior with PyTorch, on a GPU when one is lent (or on the
 CPU, slowly): the same model as molgen/nn/model.c (python/molgen/torch_model.py,
 whose forward `molgen score` agrees with to float rounding, tested in
-molgen/tests/test_model_torch.py), written as a molgen model file that
+molgen/tests/nn/test_model_torch.py), written as a molgen model file that
 `molgen sample`, `score`, `attention`, `optimize --prior` and `train --init`
 read.
 

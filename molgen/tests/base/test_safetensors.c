@@ -685,7 +685,7 @@ static void test_corruption(void) {
         CHECK(mg_st_dtype_parse(mg_st_dtype_name((mg_st_dtype)i), &dt) == 0 && (int)dt == i);
 }
 
-/* Interoperability hooks for molgen/tests/test_safetensors_format.py (an
+/* Interoperability hooks for molgen/tests/base/test_safetensors_format.py (an
  * independent numpy reader / writer of the format):
  *   MOLGEN_ST_EXPORT=path  write a file of formula-valued tensors there;
  *   MOLGEN_ST_IMPORT=path  load a file written by the Python side and check
