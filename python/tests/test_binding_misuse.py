@@ -161,13 +161,13 @@ def test_replaced_parameters_buffer_used_by_every_path():
     for rg in (True, False, True):
         m.requires_grad = rg
         out, _ = m(x, x, x)
-        check_close("hardening/replaced-buffer/out", out, ref.detach().numpy())
+        check_close("misuse/replaced-buffer/out", out, ref.detach().numpy())
     dx, _, _ = m.backward(g)
-    check_grad("hardening", "replaced-buffer", "d_query", dx, X.grad.numpy())
+    check_grad("misuse", "replaced-buffer", "d_query", dx, X.grad.numpy())
     tparams = dict(tm.named_parameters())
-    check_grad("hardening", "replaced-buffer", "in_proj_weight",
+    check_grad("misuse", "replaced-buffer", "in_proj_weight",
                m.grads["in_proj_weight"], tparams["in_proj_weight"].grad.numpy())
-    check_grad("hardening", "replaced-buffer", "out_proj_bias",
+    check_grad("misuse", "replaced-buffer", "out_proj_bias",
                m.grads["out_proj_bias"], tparams["out_proj.bias"].grad.numpy())
 
 
@@ -194,7 +194,7 @@ def test_named_parameter_assignment_any_layout(layout):
     for rg in (False, True):
         m.requires_grad = rg
         out, _ = m(x, x, x)
-        check_close("hardening/named-assign/out", out, ref.detach().numpy())
+        check_close("misuse/named-assign/out", out, ref.detach().numpy())
 
 
 def test_named_parameter_bad_assignment_refused():
@@ -232,7 +232,7 @@ def test_assigned_grads_buffer_accumulates():
     torch_grad = np.concatenate([
         p.grad.numpy().reshape(-1) for p in
         (tm.in_proj_weight, tm.in_proj_bias, tm.out_proj.weight, tm.out_proj.bias)])
-    check_close("hardening/grads-buffer/accumulated", m.grads_buffer,
+    check_close("misuse/grads-buffer/accumulated", m.grads_buffer,
                 g0.astype(np.float32).astype(np.float64) + torch_grad)
     m.grads_buffer = None
     assert m.grads is None and m.grads_buffer is None
@@ -349,9 +349,9 @@ def test_misaligned_sdpa_inputs(which):
     keep = structural_keep((B, H), Lq, Lk, key_lengths=[7, 4])
     ref = torch_sdpa_grad(a["query"], a["key"], a["value"], a["grad_out"],
                           keep=keep, add=a["attn_mask"])
-    check_close("hardening/misaligned/out", out, ref[0])
+    check_close("misuse/misaligned/out", out, ref[0])
     for name, ours, r in zip(("dq", "dk", "dv"), (dq, dk, dv), ref[1:]):
-        check_grad("hardening", "misaligned-" + which, name, ours, r)
+        check_grad("misuse", "misaligned-" + which, name, ours, r)
 
 
 @pytest.mark.parametrize("mask", ["attn_mask", "key_padding_mask"])
@@ -369,15 +369,15 @@ def test_misaligned_mha_inputs(requires_grad, mask):
     tm = torch_mha(m.state_dict(), E16, H4, kdim=6, vdim=5)
     Q, K, V = _t(q, True), _t(k, True), _t(v, True)
     ref, ref_w = tm(Q, K, V, **{mask: _t(mk)})
-    check_close("hardening/misaligned-mha/out", out, ref.detach().numpy())
-    check_close("hardening/misaligned-mha/weights", w, ref_w.detach().numpy())
+    check_close("misuse/misaligned-mha/out", out, ref.detach().numpy())
+    check_close("misuse/misaligned-mha/weights", w, ref_w.detach().numpy())
     if requires_grad:
         g = rand(rng, *out.shape)
         dq, dk, dv = m.backward(misaligned(g))
         ref.backward(_t(g))
         for name, ours, r in (("d_query", dq, Q), ("d_key", dk, K),
                               ("d_value", dv, V)):
-            check_grad("hardening", "misaligned-mha", name, ours, r.grad.numpy())
+            check_grad("misuse", "misaligned-mha", name, ours, r.grad.numpy())
 
 
 # ====================================================== item 14: int ranges
@@ -423,7 +423,7 @@ def test_scale_that_rounds_to_zero_is_zero():
     out, w = attn.scaled_dot_product_attention(q, k, v, scale=1e-46,
                                                need_weights=True)
     ref = torch_sdpa_grad(q, k, v, np.ones((2, 5, 3)), scale=1e-46)
-    check_close("hardening/tiny-scale/out", out, ref[0])
+    check_close("misuse/tiny-scale/out", out, ref[0])
     np.testing.assert_allclose(w, 1.0 / 6, rtol=1e-6)
     with pytest.raises(attn.AttnError, match="scale"):
         attn.scaled_dot_product_attention(q, k, v, scale=1e300)
@@ -465,17 +465,17 @@ def test_sdpa_zero_size_dims_match_pytorch(case):
     g = rand(rng, B, H, Lq, Dv)
     ref = _torch_private_sdpa(q, k, v, g)
     out = attn.scaled_dot_product_attention(q, k, v)
-    _exact_or_close("hardening/zero-%s/out" % case, out, ref[0])
+    _exact_or_close("misuse/zero-%s/out" % case, out, ref[0])
     out, w = attn.scaled_dot_product_attention(q, k, v, need_weights=True)
-    _exact_or_close("hardening/zero-%s/out" % case, out, ref[0])
-    _exact_or_close("hardening/zero-%s/weights" % case, w, ref[1])
+    _exact_or_close("misuse/zero-%s/out" % case, out, ref[0])
+    _exact_or_close("misuse/zero-%s/weights" % case, w, ref[1])
     grads = attn.scaled_dot_product_attention_grad(g, q, k, v)
     for name, ours, r in zip(("dq", "dk", "dv"), grads, ref[2:]):
-        _exact_or_close("hardening/zero-%s/%s" % (case, name), ours, r)
+        _exact_or_close("misuse/zero-%s/%s" % (case, name), ours, r)
     # unbatched (no leading dims) too, where that dim exists
     if B and H:
         out = attn.scaled_dot_product_attention(q[0, 0], k[0, 0], v[0, 0])
-        _exact_or_close("hardening/zero-%s/out" % case, out, ref[0][0, 0])
+        _exact_or_close("misuse/zero-%s/out" % case, out, ref[0][0, 0])
 
 
 def test_sdpa_zero_dk_with_masks_and_dropout():
@@ -491,11 +491,11 @@ def test_sdpa_zero_dk_with_masks_and_dropout():
     kw = dict(attn_mask=add, is_causal=True, key_padding_lengths=lengths)
     out, w = attn.scaled_dot_product_attention(q, k, v, need_weights=True, **kw)
     ref = torch_sdpa_grad(q, k, v, g, keep=keep, add=add, scale=1.0)
-    check_close("hardening/zero-Dk-masked/out", out, ref[0])
+    check_close("misuse/zero-Dk-masked/out", out, ref[0])
     assert np.all(out[1] == 0)  # key_padding_lengths 0: no key at all
     dq, dk, dv = attn.scaled_dot_product_attention_grad(g, q, k, v, **kw)
     assert dq.shape == q.shape and dk.shape == k.shape
-    check_grad("hardening", "zero-Dk-masked", "dv", dv, ref[3])
+    check_grad("misuse", "zero-Dk-masked", "dv", dv, ref[3])
     # dropout: the same mask as the same call with Dk = 1 and zero q, k
     q1, k1 = np.zeros((B, H, Lq, 1), np.float32), np.zeros((B, H, Lk, 1), np.float32)
     kw.update(dropout_p=0.4, seed=8, offset=2)
@@ -593,8 +593,8 @@ def test_mha_zero_size_matches_pytorch(case, layout, requires_grad):
         out, w = m(q, k, v, key_padding_mask=kpm, average_attn_weights=avg)
         ref, ref_w = tm(Q, K, V, key_padding_mask=torch.from_numpy(kpm),
                         average_attn_weights=avg)
-        _exact_or_close("hardening/mha-zero-%s/out" % case, out, ref.detach().numpy())
-        _exact_or_close("hardening/mha-zero-%s/weights" % case, w,
+        _exact_or_close("misuse/mha-zero-%s/out" % case, out, ref.detach().numpy())
+        _exact_or_close("misuse/mha-zero-%s/weights" % case, w,
                         ref_w.detach().numpy())
     if not requires_grad:
         with pytest.raises(RuntimeError):
@@ -604,7 +604,7 @@ def test_mha_zero_size_matches_pytorch(case, layout, requires_grad):
     d = m.backward(g)
     ref.backward(_t(g))
     for name, ours, r in zip(("d_query", "d_key", "d_value"), d, (Q, K, V)):
-        _exact_or_close("hardening/mha-zero-%s/%s" % (case, name), ours,
+        _exact_or_close("misuse/mha-zero-%s/%s" % (case, name), ours,
                         r.grad.numpy())
     tparams = dict(tm.named_parameters())
     names = {"q_proj_weight": "q_proj_weight", "k_proj_weight": "k_proj_weight",
@@ -614,4 +614,4 @@ def test_mha_zero_size_matches_pytorch(case, layout, requires_grad):
     for n, tn in names.items():
         r = tparams[tn].grad
         r = np.zeros(tparams[tn].shape) if r is None else r.numpy()
-        _exact_or_close("hardening/mha-zero-%s/%s" % (case, n), m.grads[n], r)
+        _exact_or_close("misuse/mha-zero-%s/%s" % (case, n), m.grads[n], r)

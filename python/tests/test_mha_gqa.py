@@ -24,7 +24,7 @@ from _oracle import check_close, check_grad, rand
 def ref_layer(xq, xk, xv, wq, wk, wv, bq, bk, bv, wo, bo, H, Hkv, causal=False,
               key_padding_mask=None, attn_mask=None, softcap=None, slopes=None, sinks=None):
     """float64 GQA multi-head attention with the variants, batch first:
-    -> (out [B, Lq, E], per-head weights [B, H, Lq, Lk]). In the issue's
+    -> (out [B, Lq, E], per-head weights [B, H, Lq, Lk]). In this
     order: softcap c * tanh(s / c), the ALiBi bias -m_h * |i' - j| (slopes
     [H], i' = i + Lk - Lq), attn_mask float [Lq, Lk] added, causal j <= i',
     key_padding_mask bool [B, Lk] (True = ignore), and the sinks [H] as one

@@ -1,7 +1,7 @@
 """The attention variants in the numpy multi-head layer:
 attn.MultiheadAttention.forward(..., softcap=, alibi_slopes=, sinks=), with
 and without grouped-query attention, against test_mha_gqa.py's float64 torch layer,
-written from the issue's conventions (an explicit c * tanh(s / c), the ALiBi
+written from the variants' definitions (an explicit c * tanh(s / c), the ALiBi
 bias -m_h * |i + Lk - Lq - j| after it, the sink as an extra softmax column
 that is dropped afterwards); gradients (the sinks' included) against torch
 autograd through it.

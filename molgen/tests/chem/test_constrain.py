@@ -135,8 +135,8 @@ def test_valence_dead_ends_restart(tiny, tmp_path):
     """When the Kekulé look-ahead leaves no token (a dead end after a prefix
     it let through), the molecule starts again instead of going on without
     the check: every molecule that ended passes the valence level's own
-    whole-string check (molgen debug-check; before, the dead ends' strings
-    came out, refused by it), the sidecar counts the restarts, and none fell
+    whole-string check (molgen debug-check, which refuses the dead ends'
+    strings), the sidecar counts the restarts, and none fell
     back. (RDKit still refuses about 3 % of this broken model's strings:
     explicit '=' at aromatic atoms and other gaps of the check, printed.)"""
     model, ctx = tiny

@@ -1,5 +1,6 @@
-"""molgen.scoring configurations that parse but used to score wrongly (issue
-32 item 8), against independent oracles: RDKit's own QED and descriptors,
+"""molgen.scoring configurations at the edges of what parses (extreme
+weights and modifier parameters, featureless similarity targets), against
+independent oracles: RDKit's own QED and descriptors,
 exact rational arithmetic (fractions) for weighted means, mpmath at 60
 digits for the modifiers at float64's extremes. Also what a configuration
 may be: a regular file of bounded size (not /dev/zero, not a FIFO), TOML
@@ -55,7 +56,7 @@ def test_extreme_weights_are_a_weighted_mean(agg, w1, w2):
     """qed and a clipped logP with weights near float64's ends: the score is
     the weighted mean of the two component scores (exact fractions for the
     arithmetic mean; mpmath for the geometric), never 0, nan, or 1.0 (two
-    1e308 weights summed to inf once)."""
+    1e308 weights sum to inf in float64)."""
     sc = S.Scorer({'aggregate': agg, 'component': [
         {'kind': 'qed', 'weight': w1},
         {'kind': 'logp', 'weight': w2, 'modifier': {'kind': 'clipped', 'upper_x': 5.0}}]})
@@ -133,7 +134,7 @@ def test_modifiers_at_float64_extremes(kind, params):
     """Every modifier with parameters near float64's ends, at raw values from
     -1e308 to 1e308: a number in [0, 1] that matches the formula evaluated
     in 60-digit mpmath (never OverflowError, inf or nan: a Gaussian with
-    sigma 1e-200 raised OverflowError on every molecule once)."""
+    sigma 1e-200 overflows a float64 formula on every molecule)."""
     m = MOD.make_modifier(dict(params, kind=kind), 'test')
     for x in XS:
         got = min(max(m(x), 0.0), 1.0)  # as Scorer.components clips
@@ -162,7 +163,7 @@ def test_server_scores_with_a_tiny_sigma(tmp_path):
 def test_empty_target_fingerprint_refused(tmp_path):
     """Benzene has no PHCO (Gobbi 2D pharmacophore) feature: its Tanimoto with
     another featureless molecule is 0/0, which RDKit calls 1.0 (methane
-    scored 1.0 once). Refused when the configuration is loaded, so
+    would score 1.0). Refused when the configuration is loaded, so
     --check and the server both exit 2 with one line."""
     cfg = _cfg(tmp_path, '[[component]]\nkind = "similarity"\ntarget = "c1ccccc1"\n'
                'fingerprint = "PHCO"\n')
@@ -192,7 +193,7 @@ def test_check_scores_probe_molecules():
 
 def test_deeply_nested_toml_is_exit_2_one_line(tmp_path):
     """100,000 nested arrays: tomllib recurses (RecursionError, a traceback
-    and exit 1 once); now exit 2 and one line, as every bad configuration."""
+    and exit 1 if let through); exit 2 and one line, as every bad configuration."""
     cfg = _cfg(tmp_path, 'x = ' + '[' * 100000 + ']' * 100000 + '\n')
     _one_line_exit_2(_serve([cfg]), 'nested too deeply')
     _one_line_exit_2(_serve(['--check', cfg]), 'nested too deeply')

@@ -1,11 +1,12 @@
-"""molgen train --resume and the options given with it,
-and two option values that used to be changed silently.
+"""molgen train --resume and the options given with it, and option values
+that a float cannot hold or that need another option, refused instead of
+changed silently.
 
 1. An option that shapes training (the settings table's SAME column: data
    selection, conditioning, augmentation, model, optimizer, seed, split,
    --ema, --freeze, label smoothing) given with --resume and another value
    than the checkpoint's is refused with a message naming it; the same
-   value is accepted. Before, every one of them was silently ignored.
+   value is accepted; none is silently ignored.
 2. Options that do not change the trajectory apply to the resumed run: a
    new --val-every validates at the new interval (the validation lines on
    stderr say so), a larger --steps extends the schedule.
