@@ -1,14 +1,14 @@
 """Small inputs at the edges of the commands, single process:
-1. score with nothing scored says so, never "mean NLL nan";
-2. a real option kept in a float (--guidance, --temperature, --top-p) that
+1. a real option kept in a float (--guidance, --temperature, --top-p) that
    the float cannot hold (below FLT_MIN: it would become 0 or a subnormal)
    is refused, naming the option, instead of silently becoming 0;
-3. --scaffold is checked with the SMILES grammar (an unclosed ring or
+2. --scaffold is checked with the SMILES grammar (an unclosed ring or
    branch is refused before any work);
-4. SIGTERM / SIGINT end sample and score with 128 + the signal (not death
+3. SIGTERM / SIGINT end sample and score with 128 + the signal (not death
    by the signal), the previous output intact and no temporary left.
 The MPI ones (ranks that disagree, usage errors said once) are in
-mpi/test_mpi.py."""
+mpi/test_mpi.py; score with nothing scored is in gen/test_score.py, with
+every other test of `molgen score`."""
 import os
 import signal
 import subprocess
@@ -44,23 +44,6 @@ def scaffold_model(tmp_path_factory):
     run_molgen(["train", "--data", str(csv), "--scaffold-column", "scaffold", "--steps", "20",
                 "--out", out] + TINY)
     return out
-
-
-def test_score_nothing_scored_says_so(model, tmp_path):
-    smi = tmp_path / "bad.smi"
-    smi.write_text("C[Xe]\n\n")
-    p = run_molgen(["score", "--model", model, "--smiles", str(smi), "--out",
-                    str(tmp_path / "o.csv")])
-    summary = [l for l in p.stderr.splitlines() if l.startswith("scored ")]
-    assert len(summary) == 1, p.stderr
-    assert "nan" not in summary[0].lower(), summary[0]
-    assert "no mean NLL (no molecule ok)" in summary[0], summary[0]
-    # the rows: no ok row, so no nll field anywhere
-    import csv
-    with open(str(tmp_path / "o.csv"), newline="") as f:
-        rows = list(csv.DictReader(f))
-    assert [r["status"] for r in rows] == ["unknown_token", "empty"]
-    assert [r["nll"] for r in rows] == ["", ""]
 
 
 @pytest.mark.parametrize("opt,value", [("--guidance", "1e-300"), ("--temperature", "1e-300"),

@@ -7,7 +7,12 @@ every row that cannot be scored.
 
 Tolerance: |nll_C - nll_torch| <= 1e-5 * nll_torch + 2e-6 (fp32 model vs
 fp64 oracle; the CSV has 6 decimals). Measured worst: see the printed line
-(pytest -s)."""
+(pytest -s).
+
+Every test of `molgen score` is found from here: this file, gen/test_score.c
+(the engine against the training-loss path), gen/test_score_bf16.py
+(--dtype bf16), and SCORE_ELSEWHERE below, the tests of other subjects that
+run score too (tools/test_score_index.py keeps that list complete)."""
 import csv
 import io
 import os
@@ -19,7 +24,26 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 MOLGEN_DIR = os.path.dirname(os.path.dirname(HERE))
 REPO = os.path.dirname(MOLGEN_DIR)
 
-from molgen_bin import molgen_binary  # noqa: E402
+from molgen_bin import molgen_binary, run_molgen  # noqa: E402
+
+# Tests of other subjects that run `molgen score` (molgen/tests/...::test).
+SCORE_ELSEWHERE = [
+    "base/test_outputs.py::test_score_out_character_device",
+    "base/test_outputs.py::test_two_resumes_one_checkpoint",
+    "base/test_outputs.py::test_held_lock_refuses_sample_and_score",
+    "cli/test_cli_edge_inputs.py::test_signal_exits_128_plus_signal",
+    "metrics/test_guacamol.py::test_split_is_the_validation_molgen_train_used",
+    "mpi/test_mpi.py::test_score_same_file",
+    "mpi/test_mpi.py::test_score_ranks_disagree_refused",
+    "mpi/test_mpi.py::test_usage_error_said_once_refused",
+    "train/test_checkpoint_validation.py::test_every_load_path_refuses",
+    "train/test_checkpoint_validation.py::test_tampered_normalisation_refused_at_load",
+    "train/test_ema.py::test_score_uses_the_average_and_raw_on_request",
+    "train/test_extend_vocab.py::test_step0_probabilities_of_old_tokens_unchanged",
+    "train/test_extend_vocab.py::test_extended_model_is_read_by_sample_score_and_a_second_init",
+    "train/test_finetune_small_sets.py::test_too_long_one_wording",
+    "train/test_prior_torch_training.py::test_output_is_a_molgen_model",
+]
 
 MODEL = os.path.join(REPO, "models", "molgen-moses.safetensors")
 DATA = os.path.join(REPO, "data", "moses_20k.smi")
@@ -131,3 +155,26 @@ def test_refusals(tmp_path):
     assert p.returncode == 2
     h = subprocess.run([molgen_binary(), "--help"], stdout=subprocess.PIPE, env=ENV, check=True)
     assert b"score" in h.stdout
+
+
+@pytest.fixture
+def model():
+    """The shipped model: neither [Xe] nor an empty line is in its words."""
+    return MODEL
+
+
+def test_score_nothing_scored_says_so(model, tmp_path):
+    smi = tmp_path / "bad.smi"
+    smi.write_text("C[Xe]\n\n")
+    p = run_molgen(["score", "--model", model, "--smiles", str(smi), "--out",
+                    str(tmp_path / "o.csv")])
+    summary = [l for l in p.stderr.splitlines() if l.startswith("scored ")]
+    assert len(summary) == 1, p.stderr
+    assert "nan" not in summary[0].lower(), summary[0]
+    assert "no mean NLL (no molecule ok)" in summary[0], summary[0]
+    # the rows: no ok row, so no nll field anywhere
+    import csv
+    with open(str(tmp_path / "o.csv"), newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["status"] for r in rows] == ["unknown_token", "empty"]
+    assert [r["nll"] for r in rows] == ["", ""]
