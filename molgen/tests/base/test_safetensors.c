@@ -1,4 +1,4 @@
-/* Tests for molgen/safetensors.{h,c} and json.{h,c}: JSON rules, write/read round trip,
+/* Tests for molgen/base/safetensors.{h,c} and json.{h,c}: JSON rules, write/read round trip,
  * every corruption case, truncations, and a little fuzzing. */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>

@@ -1,4 +1,4 @@
-/* Tests for molgen/data.{h,c}: reading .smi / .csv, skip reports with
+/* Tests for molgen/chem/data.{h,c}: reading .smi / .csv, skip reports with
  * file:line, encoding and padding, deterministic split, batch iterator. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>

@@ -1,4 +1,4 @@
-/* Tests for molgen/smiles_check.{h,c}: every molecule of the shared corpora
+/* Tests for molgen/chem/smiles_check.{h,c}: every molecule of the shared corpora
  * passes; hand-made valid edge cases pass; broken strings fail with a
  * reason. The valid / invalid edge cases were decided by RDKit 2022.09
  * (Chem.MolFromSmiles), except where marked "syntax only". */

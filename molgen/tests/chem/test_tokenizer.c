@@ -1,4 +1,4 @@
-/* Tests for molgen/tokenizer.{h,c}: scanner, errors, vocabulary, JSON, and
+/* Tests for molgen/chem/tokenizer.{h,c}: scanner, errors, vocabulary, JSON, and
  * the three shared corpora (every line tokenises and round-trips). */
 #include <stdio.h>
 #include <stdlib.h>
