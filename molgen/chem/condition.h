@@ -100,7 +100,7 @@ mg_status mg_cond_request(const mg_cond_info *c, const char *text, float *out, c
  * with its molecule's scaffold is
  *     BOS s1 .. sm BOS t1 .. tk EOS PAD..       length m + k + 3
  * (the scaffold's tokens, a second BOS where the molecule starts), and the
- * m + 1 targets s1 .. sm BOS are a loss prefix (mg_model_set_loss_prefix):
+ * m + 1 targets s1 .. sm BOS are a loss prefix (mg_batch.loss_prefix):
  * inputs only. The model config's "scaffold" S is the longest scaffold
  * trained on (ctx_len = the molecules' context + S + 1). */
 

@@ -345,7 +345,9 @@ mg_status mg_attention_compute(mg_model *m, const mg_vocab *v, const char *smile
         rc = mg_fail(err, MG_ERR_NOMEM, "out of memory");
         goto done;
     }
-    if ((rc = mg_model_logits(m, ids, NULL, 1, L, logits, out->weights, err))) goto done;
+    if ((rc = mg_model_logits(m, &(mg_batch){.ids = ids, .B = 1, .T = L}, logits, out->weights,
+                              err)))
+        goto done;
     for (int i = 0; i < L; i++) out->labels[i] = mg_vocab_token(v, ids[i]);
     out->closures = mg_ring_pairs(out->labels + 1, k, pair);
     ring_key[0] = -1;

@@ -22,6 +22,8 @@ struct mg_decoder {
     int32_t *prefix; /* [B, ctx] packed [n, L] */
     int64_t *len;    /* [B] */
     float *full;     /* [B, ctx, V] */
+    float *cond;     /* [cond_n, K] the rows' conditions (cond_n 0: none) */
+    int cond_n;
 };
 
 mg_status mg_decoder_new_on(mg_model *m, mg_decode_kind kind, mg_dtype dt, int B, int threads,
@@ -73,6 +75,7 @@ void mg_decoder_free(mg_decoder *d) {
     free(d->hist);
     free(d->prefix);
     free(d->full);
+    free(d->cond);
     free(d);
 }
 
@@ -83,6 +86,12 @@ mg_status mg_decoder_reset(mg_decoder *d, int n, mg_error *err) {
     if (d->kv) return mg_kv_reset(d->kv, n, err);
     for (int r = 0; r < n; r++) d->pos[r] = 0;
     return 0;
+}
+
+mg_status mg_decoder_set_conditions(mg_decoder *d, const float *cond, int n, mg_error *err) {
+    if (!d) return mg_fail(err, MG_ERR_ARG, "decoder is NULL");
+    if (d->kv) return mg_kv_set_conditions(d->kv, cond, n, err);
+    return mg_model_keep_conditions(d->m, cond, n, d->B, &d->cond, &d->cond_n, err);
 }
 
 mg_status mg_decoder_restart_row(mg_decoder *d, int r, mg_error *err) {
@@ -121,7 +130,9 @@ mg_status mg_decoder_step(mg_decoder *d, const int32_t *tok, float *logits, mg_e
         for (int t = lb; t < L; t++) d->prefix[(size_t)b * L + t] = MG_PAD;
         d->len[b] = lb;
     }
-    mg_status rc = mg_model_logits(d->m, d->prefix, d->len, n, L, d->full, NULL, err);
+    mg_batch bt = {.ids = d->prefix, .lengths = d->len, .B = n, .T = L, .cond = d->cond};
+    bt.cond_rows = d->cond_n == 1 ? 1 : d->cond_n ? n : 0; /* rows 0 .. n-1, or the one of all */
+    mg_status rc = mg_model_logits(d->m, &bt, d->full, NULL, err);
     if (rc) return rc;
     for (int b = 0; b < n; b++) {
         memcpy(logits + (size_t)b * V, d->full + ((size_t)b * L + (size_t)d->pos[b]) * V,

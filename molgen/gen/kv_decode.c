@@ -34,6 +34,8 @@ struct mg_kv_decoder {
     uint16_t *qb;  /* [B, d] a step's queries in bf16 (MG_DT_BF16) */
     float *mem;    /* everything below, one allocation */
     float *x, *h, *qkv, *att, *tmp, *fc;
+    float *cond;   /* [cond_n, K] rows' conditions (mg_kv_set_conditions; 0: none) */
+    int cond_n;
 };
 
 static const float *param(mg_model *m, const char *name, size_t numel, mg_error *err, int *bad) {
@@ -209,6 +211,7 @@ void mg_kv_free(mg_kv_decoder *d) {
     }
     mg_packed_free(d->head);
     free(d->qb);
+    free(d->cond);
     free(d->layers);
     free(d->mem);
     free(d->kvmem);
@@ -226,6 +229,11 @@ mg_status mg_kv_reset(mg_kv_decoder *d, int n, mg_error *err) {
     d->n = n;
     for (int r = 0; r < n; r++) restart(d, r);
     return 0;
+}
+
+mg_status mg_kv_set_conditions(mg_kv_decoder *d, const float *cond, int n, mg_error *err) {
+    if (!d) return mg_fail(err, MG_ERR_ARG, "decode: decoder is NULL");
+    return mg_model_keep_conditions(d->m, cond, n, d->B, &d->cond, &d->cond_n, err);
 }
 
 mg_status mg_kv_restart_row(mg_kv_decoder *d, int r, mg_error *err) {
@@ -312,7 +320,9 @@ mg_status mg_kv_step(mg_kv_decoder *d, const int32_t *tok, float *logits, mg_err
         for (int c = 0; c < D; c++) x[c] = te[c] + pe[c];
         if (cc->n_cond > 0 && (!cc->cond_bos || mg_kv_pos(d, b) == 0)) { /* condition.h */
             float *e = d->tmp + (size_t)b * D;
-            mg_model_condition_embedding(d->m, b, e);
+            const int K = cc->n_cond;
+            mg_model_condition_embedding(
+                d->m, d->cond_n ? d->cond + (size_t)(d->cond_n == 1 ? 0 : b) * K : NULL, e);
             for (int c = 0; c < D; c++) x[c] += e[c];
         }
     }

@@ -53,6 +53,11 @@ mg_status mg_kv_new_dtype(mg_model *m, int B, int threads, mg_dtype dt, mg_kv_de
 void mg_kv_free(mg_kv_decoder *d); /* NULL fine */
 /* Start n rows (1 <= n <= B) at position 0. */
 mg_status mg_kv_reset(mg_kv_decoder *d, int n, mg_error *err);
+/* Conditions of a conditional model's rows (mg_batch.cond): cond [n, K]
+ * with n 1 (every row) or B, row r's values those of decoder row r (all
+ * positions, or position 0 with cond_bos); NULL or n = 0: none given, as a
+ * new decoder. Copied; mg_model_keep_conditions' MG_ERR_ARG cases. */
+mg_status mg_kv_set_conditions(mg_kv_decoder *d, const float *cond, int n, mg_error *err);
 /* Row r (0 <= r < n) starts over at position 0 (a new molecule in its slot:
  * continuous batching); the other rows keep their positions. */
 mg_status mg_kv_restart_row(mg_kv_decoder *d, int r, mg_error *err);

@@ -144,7 +144,8 @@ static mg_status score_part(mg_model *m, const mg_vocab *v, const char *const *s
                 if (o && o->stop && *o->stop) continue;
                 sc->status = encode(r, v, smiles[i], flaw ? flaw[i] : 0, s, &len, &sc->tokens, &e);
                 if (sc->status != MG_SCORE_OK) continue;
-                const mg_status frc = mg_model_sequence_nll(r, s, &len, 1, (int)len, &sc->nll, &e);
+                const mg_status frc = mg_model_sequence_nll(
+                    r, &(mg_batch){.ids = s, .lengths = &len, .B = 1, .T = (int)len}, &sc->nll, &e);
                 if (frc) {
 #pragma omp critical(mg_score_error)
                     if (!failed) {

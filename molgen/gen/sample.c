@@ -198,14 +198,17 @@ static int samples_alloc(mg_samples *out, size_t n) {
 }
 
 /* What every part of a run shares: the slots per decoder (B, doubled to
- * DB with guidance) and the scaffold prefix's length P. */
+ * DB with guidance), the scaffold prefix's length P, and a conditional
+ * model's condition rows cond [DB, K] (NULL for an unconditional one) that
+ * every part's decoder copies: the caller's model is not changed. */
 typedef struct {
     int B, DB, P, guide;
+    float *cond;
 } sample_plan;
 
-/* The options checked against the model, the plan for B slots per decoder,
- * and the model's condition rows for them (read by every part's decoder). */
-static mg_status plan_sample(mg_model *m, const mg_vocab *v, const mg_sample_opts *o, int B,
+/* The options checked against the model and the plan for B slots per
+ * decoder (pl->cond to free). */
+static mg_status plan_sample(const mg_model *m, const mg_vocab *v, const mg_sample_opts *o, int B,
                              sample_plan *pl, mg_error *err) {
     mg_status rc = mg_sampling_check(&o->sampling, err);
     if (rc) return rc;
@@ -245,13 +248,11 @@ static mg_status plan_sample(mg_model *m, const mg_vocab *v, const mg_sample_opt
     /* guidance: rows B..2B-1 decode the same tokens with no condition given */
     const int guide = o->condition && o->guidance != 0.0f && o->guidance != 1.0f;
     const int DB = guide ? 2 * B : B;
-    *pl = (sample_plan){B, DB, P, guide};
     float *cond_rows = K ? malloc((size_t)DB * K * sizeof(float)) : NULL;
     if (K && !cond_rows) return mg_fail(err, MG_ERR_NOMEM, "out of memory");
     for (int r = 0; r < DB * K; r++) cond_rows[r] = o->condition && r < B * K ? o->condition[r % K] : NAN;
-    rc = K ? mg_model_set_conditions(m, cond_rows, DB, err) : MG_OK;
-    free(cond_rows);
-    return rc;
+    *pl = (sample_plan){B, DB, P, guide, cond_rows};
+    return MG_OK;
 }
 
 /* Slot r's molecule k starts again at BOS (its decoder row r and, with
@@ -338,6 +339,7 @@ static mg_status sampler_open(sampler *s, mg_model *m, const mg_vocab *v, const 
     if (n == 0) return MG_OK;
     /* plan_sample refused a dtype other than fp32 with naive decoding */
     mg_status rc = mg_decoder_new_on(m, o->kind, o->dtype, DB, threads, &s->dec, err);
+    if (!rc && pl->cond) rc = mg_decoder_set_conditions(s->dec, pl->cond, DB, err);
     if (!rc && o->constrain != MG_CONSTRAIN_NONE)
         rc = mg_token_mask_new(v, B, ctx, o->constrain, &s->mask, err);
     /* KV decoding uses continuous batching: slot r holds molecule mol[r];
@@ -621,7 +623,11 @@ static mg_status sample_range(mg_model *m, const mg_vocab *v, const mg_sample_op
     sample_plan pl;
     mg_status rc = plan_sample(m, v, o, (int)B, &pl, err);
     if (rc) return rc;
-    if (T == 1) return sample_part(m, v, o, &pl, 0, first, n, out, err);
+    if (T == 1) {
+        rc = sample_part(m, v, o, &pl, 0, first, n, out, err);
+        free(pl.cond);
+        return rc;
+    }
     const double t0 = mg_now_s();
     mg_samples *ps = calloc((size_t)T, sizeof *ps);
     mg_error *es = calloc((size_t)T, sizeof *es);
@@ -630,6 +636,7 @@ static mg_status sample_range(mg_model *m, const mg_vocab *v, const mg_sample_op
         free(ps);
         free(es);
         free(rs);
+        free(pl.cond);
         return mg_fail(err, MG_ERR_NOMEM, "out of memory");
     }
 #pragma omp parallel for num_threads(T) schedule(static, 1)
@@ -663,6 +670,7 @@ static mg_status sample_range(mg_model *m, const mg_vocab *v, const mg_sample_op
     free(ps);
     free(es);
     free(rs);
+    free(pl.cond);
     return rc;
 }
 

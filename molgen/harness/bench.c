@@ -101,8 +101,9 @@ mg_status mg_bench_train(mg_model *m, int B, int steps, int warmup, int runs, mg
                 mg_batcher_next(data, full, len, NULL);
                 Tb = mg_trim_batch(full, len, B, T, ids);
             }
-            if ((rc = mg_model_forward(m, ids, len, B, Tb, 1, (uint64_t)step, &loss, &ntok, err) ||
-                      mg_model_backward(m, err) ||
+            if ((rc = mg_model_forward(m, &(mg_batch){.ids = ids, .lengths = len, .B = B, .T = Tb},
+                                       1, (uint64_t)step, &loss, &ntok, err) ||
+                      mg_model_backward(m, NULL, err) ||
                       mg_adamw_step(&opt, mg_model_params(m), mg_model_grads(m), NULL, NULL, err)))
                 goto done;
             tokens += ntok;

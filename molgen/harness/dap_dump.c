@@ -43,8 +43,9 @@ mg_status mg_dap_dump(const mg_model_config *cfg, int B, uint64_t seed, double p
         use[b] = 1;
     }
     /* the optimizer's path: prior NLL, agent NLL (kept), loss and gradient */
-    if ((rc = mg_model_sequence_nll(p, ids, len, B, T, pn, err)) ||
-        (rc = mg_model_sequence_nll(a, ids, len, B, T, an, err)) ||
+    const mg_batch bt = {.ids = ids, .lengths = len, .B = B, .T = T};
+    if ((rc = mg_model_sequence_nll(p, &bt, pn, err)) ||
+        (rc = mg_model_sequence_nll(a, &bt, an, err)) ||
         (rc = mg_opt_dap_backward(a, B, pn, an, sc, use, sigma, w, loss, err)))
         goto out;
     mg_model_st_tensors(a, t, nt);

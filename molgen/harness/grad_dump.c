@@ -100,9 +100,9 @@ mg_status mg_grad_dump(const mg_grad_dump_opts *o, mg_grad_dump_result *r, mg_er
     mg_dump_random_batch(ids, len, (int)B, T, V, &s);
     float loss;
     int64_t ntok;
-    if ((rc = mg_model_forward(m, ids, len, (int)B, T, o->label_smoothing > 0, 0, &loss, &ntok,
-                               err)) ||
-        (rc = mg_model_backward(m, err)) ||
+    const mg_batch bt = {.ids = ids, .lengths = len, .B = (int)B, .T = T};
+    if ((rc = mg_model_forward(m, &bt, o->label_smoothing > 0, 0, &loss, &ntok, err)) ||
+        (rc = mg_model_backward(m, NULL, err)) ||
         (rc = write_dump(o, m, &mc, t, names, ids, len, B, T, loss, ntok, err)))
         goto out;
     r->loss = loss;

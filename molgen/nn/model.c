@@ -223,7 +223,6 @@ struct mg_model {
     int nt;                /* OpenMP threads of every parallel loop (mg_model_set_threads) */
     mg_dtype dt;           /* the products' operands (mg_model_set_dtype) */
     float label_smoothing; /* of the training loss (mg_model_set_label_smoothing) */
-    int64_t row0;          /* global index of batch row 0 (mg_model_set_batch_row0) */
     int frozen;          /* embeddings + blocks [0, frozen) get no gradient (mg_model_set_frozen) */
     attn_mha_config mha; /* {d, H, 0, 0, bias 1} */
     size_t mha_count;    /* floats of one block's packed attention parameters */
@@ -234,21 +233,13 @@ struct mg_model {
     mg_param_info *tensors;  /* [num_tensors] */
     char (*names)[NAME_LEN]; /* [num_tensors] */
     model_params p, g;       /* views into params and grads */
-    /* Conditioning (condition.h): the values set for the next forwards
-     * [cond_n, K] (cond_n 0: none given), the forward's per-row embeddings
-     * [B, d], and the file's "condition" metadata. */
+    /* Conditioning (condition.h): the last forward's values [cond_n, K]
+     * (copied from its mg_batch, for the backward; cond_n 0: none given),
+     * its per-row embeddings [B, d], and the file's "condition" metadata. */
     float *cond_vals, *cond_emb;
     int cond_n, cond_emb_rows;
     char *cond_meta;
     int new_rows; /* mg_model_new_rows: the first new token id (0: none) */
-    /* Loss prefixes of the next forwards [lp_n] (mg_model_set_loss_prefix;
-     * lp_n 0: none). */
-    int64_t *loss_prefix;
-    int lp_n;
-    /* Per-row weights of the backward [rw_n] (mg_model_set_row_weights;
-     * rw_n 0: the mean loss). */
-    float *row_w;
-    int rw_n;
 
     /* Activations, sized for up to cap_rows rows (R = B*L), cap_b batch rows
      * and cap_slots blocks (n_layer after a training forward, else 1). The
@@ -454,8 +445,6 @@ void mg_model_free(mg_model *m) {
     free(m->cond_vals);
     free(m->cond_emb);
     free(m->cond_meta);
-    free(m->loss_prefix);
-    free(m->row_w);
     free(m);
 }
 
@@ -519,82 +508,30 @@ static mg_status product(mg_model *m, int k, float *out, const float *inp, const
 }
 mg_dtype mg_model_dtype(const mg_model *m) { return m->dt; }
 
-mg_status mg_model_set_batch_row0(mg_model *m, int64_t row0, mg_error *err) {
-    if (row0 < 0 || row0 >= ((int64_t)1 << 31))
-        return mg_fail(err, MG_ERR_ARG, "batch row0 %lld must be in [0, 2^31)", (long long)row0);
-    m->row0 = row0;
-    return MG_OK;
-}
-
-mg_status mg_model_set_conditions(mg_model *m, const float *values, int n, mg_error *err) {
+mg_status mg_model_keep_conditions(const mg_model *m, const float *cond, int cond_rows, int B,
+                                   float **buf, int *buf_rows, mg_error *err) {
     const int K = m->cfg.n_cond;
-    if (!values || n == 0) {
-        m->cond_n = 0;
-        return MG_OK;
-    }
+    *buf_rows = 0;
+    if (!cond || cond_rows == 0) return MG_OK;
     if (K == 0) return mg_fail(err, MG_ERR_ARG, "conditions given to an unconditional model");
-    if (n < 0) return mg_fail(err, MG_ERR_ARG, "%d condition rows", n);
-    for (size_t i = 0; i < (size_t)n * K; i++) /* checked first: a refusal keeps the old rows */
-        if (!isnan(values[i]) && !isfinite(values[i]))
+    if (cond_rows < 0) return mg_fail(err, MG_ERR_ARG, "%d condition rows", cond_rows);
+    for (size_t i = 0; i < (size_t)cond_rows * K; i++)
+        if (!isnan(cond[i]) && !isfinite(cond[i]))
             return mg_fail(err, MG_ERR_ARG, "condition value %zu is not finite", i);
-    float *v = realloc(m->cond_vals, (size_t)n * K * sizeof(float));
-    if (!v) {
-        m->cond_n = 0; /* the old buffer may have been smaller than cond_n rows */
-        return mg_fail(err, MG_ERR_NOMEM, "out of memory for %d condition rows", n);
-    }
-    m->cond_vals = v;
-    memcpy(v, values, (size_t)n * K * sizeof(float));
-    m->cond_n = n;
+    if (cond_rows != 1 && cond_rows != B)
+        return mg_fail(err, MG_ERR_ARG, "conditions given for %d rows, the batch has %d", cond_rows,
+                       B);
+    float *v = realloc(*buf, (size_t)cond_rows * K * sizeof(float));
+    if (!v) return mg_fail(err, MG_ERR_NOMEM, "out of memory for %d condition rows", cond_rows);
+    *buf = v;
+    memcpy(v, cond, (size_t)cond_rows * K * sizeof(float));
+    *buf_rows = cond_rows;
     return MG_OK;
 }
 
-mg_status mg_model_set_row_weights(mg_model *m, const float *w, int n, mg_error *err) {
-    if (!w || n == 0) {
-        m->rw_n = 0;
-        return MG_OK;
-    }
-    if (n < 0) return mg_fail(err, MG_ERR_ARG, "%d row weights", n);
-    for (int b = 0; b < n; b++)
-        if (!isfinite(w[b]))
-            return mg_fail(err, MG_ERR_ARG, "row weight %d is not finite (%g)", b, (double)w[b]);
-    float *v = realloc(m->row_w, (size_t)n * sizeof *v);
-    if (!v) {
-        m->rw_n = 0;
-        return mg_fail(err, MG_ERR_NOMEM, "out of memory for %d row weights", n);
-    }
-    m->row_w = v;
-    memcpy(v, w, (size_t)n * sizeof *v);
-    m->rw_n = n;
-    return MG_OK;
-}
-
-mg_status mg_model_set_loss_prefix(mg_model *m, const int64_t *prefix, int n, mg_error *err) {
-    if (!prefix || n == 0) {
-        m->lp_n = 0;
-        return MG_OK;
-    }
-    if (n < 0) return mg_fail(err, MG_ERR_ARG, "%d loss prefix rows", n);
-    for (int b = 0; b < n; b++) /* checked first: a refusal keeps the old rows */
-        if (prefix[b] < 0)
-            return mg_fail(err, MG_ERR_ARG, "loss prefix of row %d is %lld < 0", b,
-                           (long long)prefix[b]);
-    int64_t *v = realloc(m->loss_prefix, (size_t)n * sizeof *v);
-    if (!v) {
-        m->lp_n = 0;
-        return mg_fail(err, MG_ERR_NOMEM, "out of memory for %d loss prefix rows", n);
-    }
-    m->loss_prefix = v;
-    memcpy(v, prefix, (size_t)n * sizeof *v);
-    m->lp_n = n;
-    return MG_OK;
-}
-
-void mg_model_condition_embedding(const mg_model *m, int r, float *out) {
+void mg_model_condition_embedding(const mg_model *m, const float *v, float *out) {
     const int K = m->cfg.n_cond, d = m->cfg.d_model;
     memset(out, 0, (size_t)d * sizeof(float));
-    const float *v = m->cond_n == 1  ? m->cond_vals
-                     : r < m->cond_n ? m->cond_vals + (size_t)r * K
-                                     : NULL;
     for (int k = 0; k < K; k++) {
         const float x = v ? v[k] : NAN;
         const float *w = isnan(x) ? m->p.cond_m + (size_t)k * d : m->p.cond_w + (size_t)k * d;
@@ -1246,17 +1183,17 @@ static mg_status attention_backward(mg_model *m, int layer, int64_t Rv, const fl
  * x [Rv, d] at the positions it goes to (every one, or t = 0 with
  * cond_bos). e [B, d] is kept in cond_emb. */
 static mg_status cond_forward(mg_model *m, float *x, int B, int L, int64_t Rv, mg_error *err) {
-    const int d = m->cfg.d_model;
-    if (m->cond_n != 0 && m->cond_n != 1 && m->cond_n != B)
-        return mg_fail(err, MG_ERR_ARG, "conditions were set for %d rows, the batch has %d",
-                       m->cond_n, B);
+    const int d = m->cfg.d_model, K = m->cfg.n_cond;
     if (m->cond_emb_rows < B) {
         float *e = realloc(m->cond_emb, (size_t)B * d * sizeof(float));
         if (!e) return mg_fail(err, MG_ERR_NOMEM, "out of memory for condition embeddings");
         m->cond_emb = e;
         m->cond_emb_rows = B;
     }
-    for (int b = 0; b < B; b++) mg_model_condition_embedding(m, b, m->cond_emb + (size_t)b * d);
+    for (int b = 0; b < B; b++) {
+        const float *v = m->cond_n ? m->cond_vals + (size_t)(m->cond_n == 1 ? 0 : b) * K : NULL;
+        mg_model_condition_embedding(m, v, m->cond_emb + (size_t)b * d);
+    }
     for (int64_t r = 0; r < Rv; r++) {
         const int64_t p = m->rows[r];
         if (m->cfg.cond_bos && p % L != 0) continue;
@@ -1354,20 +1291,27 @@ static mg_status forward_core(mg_model *m, int B, int L, int64_t Rv, int keep, i
                    err);
 }
 
-mg_status mg_model_forward(mg_model *m, const int32_t *ids, const int64_t *lengths, int B, int T,
-                           int training, uint64_t dropout_seed, float *loss, int64_t *ntok,
-                           mg_error *err) {
-    if (!m || !ids || !lengths || !loss)
-        return mg_fail(err, MG_ERR_ARG, "model, ids, lengths and loss must be non-NULL");
+mg_status mg_model_forward(mg_model *m, const mg_batch *bt, int training, uint64_t dropout_seed,
+                           float *loss, int64_t *ntok, mg_error *err) {
+    if (!m || !bt || !bt->ids || !bt->lengths || !loss)
+        return mg_fail(err, MG_ERR_ARG, "model, batch, ids, lengths and loss must be non-NULL");
     m->have_forward = 0;
-    const int V = m->cfg.vocab_size;
+    const int32_t *ids = bt->ids;
+    const int64_t *lengths = bt->lengths;
+    const int B = bt->B, T = bt->T, V = m->cfg.vocab_size;
     if (B < 1 || T < 2 || T - 1 > m->cfg.ctx_len)
         return mg_fail(err, MG_ERR_ARG, "batch %d x %d: need B >= 1 and 2 <= T <= ctx_len + 1 = %d",
                        B, T, m->cfg.ctx_len + 1);
+    if (bt->row0 < 0 || bt->row0 >= ((int64_t)1 << 31))
+        return mg_fail(err, MG_ERR_ARG, "batch row0 %lld must be in [0, 2^31)",
+                       (long long)bt->row0);
+    /* the conditions: cond_forward reads them, and cond_backward after it */
+    mg_status rc =
+        mg_model_keep_conditions(m, bt->cond, bt->cond_rows, B, &m->cond_vals, &m->cond_n, err);
+    if (rc) return rc;
     const int L = T - 1;
     const int64_t R = (int64_t)B * L;
-    mg_status rc = ensure_acts(m, (size_t)R, (size_t)B, (size_t)m->cfg.n_layer, err);
-    if (rc) return rc;
+    if ((rc = ensure_acts(m, (size_t)R, (size_t)B, (size_t)m->cfg.n_layer, err))) return rc;
     int64_t count = 0;
     for (int b = 0; b < B; b++) {
         if (lengths[b] < 2 || lengths[b] > T)
@@ -1384,12 +1328,12 @@ mg_status mg_model_forward(mg_model *m, const int32_t *ids, const int64_t *lengt
             if (t > 0) m->targets[(int64_t)b * L + t - 1] = id;
         }
     }
-    if (m->lp_n) { /* the loss prefixes' targets carry no loss */
-        if (m->lp_n != B)
-            return mg_fail(err, MG_ERR_ARG, "%d loss prefix rows set for a batch of %d", m->lp_n,
-                           B);
+    if (bt->loss_prefix) { /* the loss prefixes' targets carry no loss */
         for (int b = 0; b < B; b++) {
-            const int64_t p = m->loss_prefix[b];
+            const int64_t p = bt->loss_prefix[b];
+            if (p < 0)
+                return mg_fail(err, MG_ERR_ARG, "loss prefix of row %d is %lld < 0", b,
+                               (long long)p);
             if (p >= lengths[b] - 1)
                 return mg_fail(err, MG_ERR_ARG,
                                "row %d: loss prefix %lld leaves no target of its %lld", b,
@@ -1399,7 +1343,7 @@ mg_status mg_model_forward(mg_model *m, const int32_t *ids, const int64_t *lengt
         }
     }
     const int64_t Rv = valid_rows(m, B, L);
-    m->fwd_row0 = m->row0;
+    m->fwd_row0 = bt->row0;
     /* The logits go where the probabilities will be: softmax is done in
      * place row by row. */
     rc = forward_core(m, B, L, Rv, 1, training, dropout_seed, m->probs, NULL, err);
@@ -1419,22 +1363,21 @@ mg_status mg_model_forward(mg_model *m, const int32_t *ids, const int64_t *lengt
     return 0;
 }
 
-mg_status mg_model_sequence_nll(mg_model *m, const int32_t *ids, const int64_t *lengths, int B,
-                                int T, double *nll, mg_error *err) {
+mg_status mg_model_sequence_nll(mg_model *m, const mg_batch *b, double *nll, mg_error *err) {
     if (!nll) return mg_fail(err, MG_ERR_ARG, "nll must be non-NULL");
     float loss;
-    const mg_status rc = mg_model_forward(m, ids, lengths, B, T, 0, 0, &loss, NULL, err);
+    const mg_status rc = mg_model_forward(m, b, 0, 0, &loss, NULL, err);
     if (rc) return rc;
     /* row_loss [Rv] in the valid rows' order: each molecule's targets in
      * position order, molecules in batch order */
-    for (int b = 0; b < B; b++) nll[b] = 0.0;
+    for (int r = 0; r < b->B; r++) nll[r] = 0.0;
     for (int64_t r = 0; r < m->Rv; r++) nll[m->rows[r] / m->L] += (double)m->row_loss[r];
     return MG_OK;
 }
 
 /* ------------------------------------------------------------ backward */
 
-mg_status mg_model_backward(mg_model *m, mg_error *err) {
+mg_status mg_model_backward(mg_model *m, const float *row_weights, mg_error *err) {
     if (!m) return mg_fail(err, MG_ERR_ARG, "model is NULL");
     if (!m->have_forward)
         return mg_fail(err, MG_ERR_STATE,
@@ -1442,6 +1385,11 @@ mg_status mg_model_backward(mg_model *m, mg_error *err) {
     if (m->pack)
         return mg_fail(err, MG_ERR_STATE, "backward of a model packed for inference "
                        "(mg_model_unpack_inference first)");
+    /* checked before dlogits overwrite the probabilities: a refusal keeps the forward */
+    for (int b = 0; row_weights && b < m->B; b++)
+        if (!isfinite(row_weights[b]))
+            return mg_fail(err, MG_ERR_ARG, "row weight %d is not finite (%g)", b,
+                           (double)row_weights[b]);
     m->have_forward = 0; /* dlogits overwrite the probabilities */
     const int nt = threads_now(m);
     const int B = m->B, L = m->L, N = m->cfg.n_layer, d = m->cfg.d_model, F = 4 * d;
@@ -1452,11 +1400,8 @@ mg_status mg_model_backward(mg_model *m, mg_error *err) {
 
     /* Every buffer holds the Rv valid rows, except around attention. */
     float *dlogits = m->probs; /* [Rv, V] */
-    if (m->rw_n && m->rw_n != B)
-        return mg_fail(err, MG_ERR_ARG, "%d row weights set for a batch of %d", m->rw_n, B);
     crossentropy_backward(dlogits, m->targets, m->rows, Rv, V, m->ntok,
-                          m->training ? m->label_smoothing : 0.0f, m->rw_n ? m->row_w : NULL, L,
-                          nt);
+                          m->training ? m->label_smoothing : 0.0f, row_weights, L, nt);
     mg_status rc = mg_matmul_backward(m->dln, m->g.head_w, m->g.head_b, dlogits, m->lnf,
                                       m->p.head_w, Rv, d, V, m->dt, nt, err);
     if (rc) return rc;
@@ -1504,17 +1449,23 @@ mg_status mg_model_backward(mg_model *m, mg_error *err) {
 
 /* ------------------------------------------------------------ inference */
 
-mg_status mg_model_logits(mg_model *m, const int32_t *ids, const int64_t *lengths, int B, int L,
-                          float *logits, float *attn_weights, mg_error *err) {
-    if (!m || !ids || !logits)
-        return mg_fail(err, MG_ERR_ARG, "model, ids and logits must be non-NULL");
+mg_status mg_model_logits(mg_model *m, const mg_batch *bt, float *logits, float *attn_weights,
+                          mg_error *err) {
+    if (!m || !bt || !bt->ids || !logits)
+        return mg_fail(err, MG_ERR_ARG, "model, batch, ids and logits must be non-NULL");
+    const int32_t *ids = bt->ids;
+    const int64_t *lengths = bt->lengths;
+    const int B = bt->B, L = bt->T;
     if (B < 1 || L < 1 || L > m->cfg.ctx_len)
         return mg_fail(err, MG_ERR_ARG, "batch %d x %d: need B >= 1 and 1 <= L <= ctx_len %d", B, L,
                        m->cfg.ctx_len);
+    if (bt->loss_prefix) return mg_fail(err, MG_ERR_ARG, "logits: a loss prefix has no loss here");
     m->have_forward = 0;
-    const int64_t R = (int64_t)B * L;
-    mg_status rc = ensure_acts(m, (size_t)R, (size_t)B, 1, err);
+    mg_status rc =
+        mg_model_keep_conditions(m, bt->cond, bt->cond_rows, B, &m->cond_vals, &m->cond_n, err);
     if (rc) return rc;
+    const int64_t R = (int64_t)B * L;
+    if ((rc = ensure_acts(m, (size_t)R, (size_t)B, 1, err))) return rc;
     for (int b = 0; b < B; b++) {
         int64_t kl = lengths ? lengths[b] : L;
         if (kl < 1 || kl > L)
@@ -1551,7 +1502,8 @@ mg_status mg_model_causal_guard(mg_model *m, uint64_t seed, mg_error *err) {
     }
     uint64_t s = seed ^ 0x6A09E667F3BCC909ull;
     for (size_t i = 0; i < R; i++) ids[i] = (int32_t)(mg_splitmix64(&s) % (uint64_t)V);
-    if ((rc = mg_model_logits(m, ids, NULL, B, L, lg, NULL, err))) goto done;
+    if ((rc = mg_model_logits(m, &(mg_batch){.ids = ids, .B = B, .T = L}, lg, NULL, err)))
+        goto done;
     const int cuts[4] = {0, L / 3, (2 * L) / 3, L - 2};
     for (int ci = 0; ci < 4; ci++) {
         const int t = cuts[ci];
@@ -1561,7 +1513,8 @@ mg_status mg_model_causal_guard(mg_model *m, uint64_t seed, mg_error *err) {
                 int32_t *x = &ids2[(size_t)b * L + u];
                 *x = (int32_t)((*x + 1 + (int32_t)(mg_splitmix64(&s) % (uint64_t)(V - 1))) % V);
             }
-        if ((rc = mg_model_logits(m, ids2, NULL, B, L, lg2, NULL, err))) goto done;
+        if ((rc = mg_model_logits(m, &(mg_batch){.ids = ids2, .B = B, .T = L}, lg2, NULL, err)))
+            goto done;
         double worst = 0.0;
         int worst_pos = -1;
         for (int b = 0; b < B; b++)

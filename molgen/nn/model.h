@@ -44,7 +44,7 @@
  * embedding output, both residual branches, and attention weights (libattn's
  * Philox dropout with seed = the forward's dropout seed, offset = block
  * index and dropout_row0 = the global batch row of batch row 0,
- * mg_model_set_batch_row0). Embedding/residual masks come from a
+ * mg_batch.row0). Embedding/residual masks come from a
  * counter-based hash of (seed, site, element ((global row) * ctx_len +
  * position) * d_model + feature). Every mask is thus a function of (seed,
  * global row, position, feature): not of the padded length, the ranks or
@@ -164,34 +164,20 @@ void mg_model_unpack_inference(mg_model *m); /* none: nothing */
  * all V ids, as PyTorch's cross_entropy(label_smoothing=eps). Evaluation
  * forwards and mg_model_logits are unaffected. A new model has 0. */
 mg_status mg_model_set_label_smoothing(mg_model *m, float eps, mg_error *err);
-/* Global index row0 in [0, 2^31) of batch row 0 of the next training
- * forwards: row b's dropout masks are those of global row row0 + b, so a
- * global batch split over the ranks of an mpirun job (each rank's rows from
- * its first global index) drops what one process with the whole batch
- * drops. A new model has 0. */
-mg_status mg_model_set_batch_row0(mg_model *m, int64_t row0, mg_error *err);
-/* Conditions of the next forwards / logits of a conditional model:
- * values [n, K] normalised (condition.h), NaN = not given; n = 1 applies
- * to every row, else a forward's B must equal n. values NULL or n = 0:
- * none given (every row takes the missing embeddings), as a new model. */
-mg_status mg_model_set_conditions(mg_model *m, const float *values, int n, mg_error *err);
-/* Loss prefixes of the next forwards: prefix [n], row b's first
- * prefix[b] targets (those of input positions 0 .. prefix[b] - 1: a
- * scaffold prefix, data.h) are inputs only, with no loss and no gradient,
- * and not counted in ntok; prefix[b] < lengths[b] - 1 at the forward. n
- * must equal the forward's B; NULL or n = 0: none, as a new model. */
-mg_status mg_model_set_loss_prefix(mg_model *m, const int64_t *prefix, int n, mg_error *err);
-/* Row weights of the next backwards: w [n] finite; mg_model_backward then
- * gives the gradient of sum_b w[b] NLL_b (NLL_b row b's summed
- * cross-entropy over its loss positions, as mg_model_sequence_nll; label
- * smoothing still applies in training) instead of the mean loss's, and
- * refuses a forward whose B is not n. The forward's loss is unchanged.
- * NULL or n = 0: the mean loss, as a new model. (molgen optimize: the
- * REINVENT loss's per-molecule factors, optimize.h.) */
-mg_status mg_model_set_row_weights(mg_model *m, const float *w, int n, mg_error *err);
-/* Row r's condition embedding [d] (condition.h) under the conditions set;
- * zero for an unconditional model. For the KV decoder. */
-void mg_model_condition_embedding(const mg_model *m, int r, float *out);
+/* A call's conditions (mg_batch.cond, cond_rows) for a batch of B rows,
+ * checked and copied into *buf [cond_rows, K] (realloc'd; *buf_rows =
+ * cond_rows, 0 for none): what the forwards keep for their backward and the
+ * decoders (decoder.h) for their steps. MG_ERR_ARG for conditions given to
+ * an unconditional model, cond_rows < 0 or not 1 or B, or an infinite value
+ * (NaN is "not given"); cond NULL or cond_rows 0: none given. On an error
+ * *buf_rows is 0. */
+mg_status mg_model_keep_conditions(const mg_model *m, const float *cond, int cond_rows, int B,
+                                   float **buf, int *buf_rows, mg_error *err);
+/* One row's condition embedding [d] (condition.h) for its values v [K]
+ * (normalised, NaN = not given; v NULL: none given, every k takes
+ * cond.missing[k]); zero for an unconditional model. The forwards' and the
+ * KV decoder's. */
+void mg_model_condition_embedding(const mg_model *m, const float *v, float *out);
 /* The "condition" metadata (mg_cond_info JSON) a conditional model's file
  * carries: set before saving (copied), NULL for an unconditional model. */
 mg_status mg_model_set_condition_meta(mg_model *m, const char *json, mg_error *err);
@@ -254,45 +240,85 @@ int mg_model_new_rows(const mg_model *m);
  * normalised vector has norm <= sqrt(d). In double. */
 double mg_model_new_token_bias(const mg_model *m, double margin);
 
-/* Training / evaluation forward on whole rows.
- *   ids     [B, T]  rows BOS t1 .. tk EOS PAD.. (data.h layout), T - 1 <= ctx_len
- *   lengths [B]     k + 2, in [2, T]
+/* One call's inputs: the forwards (mg_model_forward, mg_model_sequence_nll,
+ * mg_model_logits) take them as an argument and keep nothing of them on the
+ * model beyond what the backward of that forward reads (the conditions).
+ *   ids         [B, T]   the forward's rows BOS t1 .. tk EOS PAD.. (data.h
+ *                        layout), T - 1 <= ctx_len; for mg_model_logits T is
+ *                        L, the input positions (L <= ctx_len)
+ *   lengths     [B]      the forward's k + 2, in [2, T]; mg_model_logits':
+ *                        valid positions in [1, L] (key padding), or NULL:
+ *                        all L (with the causal mask keys after a position
+ *                        never matter, so NULL is right for sampling)
+ *   cond        [cond_rows, K] or NULL: the conditions of a conditional
+ *                        model (mg_model_keep_conditions); cond_rows 1
+ *                        applies to every row; NULL: none given (every row
+ *                        takes the missing embeddings)
+ *   loss_prefix [B] or NULL: row b's first loss_prefix[b] targets (those of
+ *                        input positions 0 .. loss_prefix[b] - 1: a scaffold
+ *                        prefix, data.h) are inputs only, with no loss and no
+ *                        gradient, and not counted in ntok; in
+ *                        [0, lengths[b] - 1). Forwards with a loss only.
+ *   row0                 global index in [0, 2^31) of batch row 0: row b's
+ *                        dropout masks are those of global row row0 + b, so
+ *                        a global batch split over the ranks of an mpirun job
+ *                        (each rank's rows from its first global index) drops
+ *                        what one process with the whole batch drops. Read
+ *                        by training forwards only.
+ * Zero-initialise it and set what a call uses: the other fields are then
+ * none / 0. A bad field is MG_ERR_ARG. */
+typedef struct {
+    const int32_t *ids;
+    const int64_t *lengths;
+    int B, T;
+    const float *cond;
+    int cond_rows;
+    const int64_t *loss_prefix;
+    int64_t row0;
+} mg_batch;
+
+/* Training / evaluation forward on whole rows (mg_batch b above).
  * input = ids[:, 0:T-1], target = ids[:, 1:T]; the loss is the mean
  * cross-entropy (label-smoothed in training, mg_model_set_label_smoothing)
  * over the positions t < lengths[b] - 1 (the non-pad targets) past the
- * row's loss prefix (mg_model_set_loss_prefix), *ntok (may be NULL) their
- * number; attention uses causal masking and
- * key_lengths = lengths - 1. training != 0 turns dropout on (when
- * cfg.dropout > 0) with masks drawn from dropout_seed. The activations are
- * kept for mg_model_backward. */
-mg_status mg_model_forward(mg_model *m, const int32_t *ids, const int64_t *lengths, int B, int T,
-                           int training, uint64_t dropout_seed, float *loss, int64_t *ntok,
-                           mg_error *err);
+ * row's loss prefix, *ntok (may be NULL) their number; attention uses
+ * causal masking and key_lengths = lengths - 1. training != 0 turns dropout
+ * on (when cfg.dropout > 0) with masks drawn from dropout_seed and b->row0.
+ * The activations (and the conditions' values) are kept for
+ * mg_model_backward. */
+mg_status mg_model_forward(mg_model *m, const mg_batch *b, int training, uint64_t dropout_seed,
+                           float *loss, int64_t *ntok, mg_error *err);
 
 /* Evaluation forward (no dropout, no label smoothing) of the same rows, and
- * per row the summed cross-entropy of its targets in nats: nll [B] (double;
- * positions t < lengths[b] - 1, i.e. every token after BOS up to and
- * including EOS, the targets the training loss averages over). For a batch
- * of one, nll[0] / (lengths[0] - 1) is mg_model_forward's evaluation loss
- * up to its float rounding. */
-mg_status mg_model_sequence_nll(mg_model *m, const int32_t *ids, const int64_t *lengths, int B,
-                                int T, double *nll, mg_error *err);
+ * per row the summed cross-entropy of its loss targets in nats: nll [B]
+ * (double; positions t < lengths[b] - 1 past the row's loss prefix, i.e.
+ * without one every token after BOS up to and including EOS, the targets
+ * the training loss averages over). For a batch of one, nll[0] /
+ * (lengths[0] - 1) is mg_model_forward's evaluation loss up to its float
+ * rounding. */
+mg_status mg_model_sequence_nll(mg_model *m, const mg_batch *b, double *nll, mg_error *err);
 
-/* Gradients of the last mg_model_forward's loss into mg_model_grads
- * (OVERWRITTEN, not accumulated). Fails if there was no forward since. */
-mg_status mg_model_backward(mg_model *m, mg_error *err);
+/* Gradients into mg_model_grads (OVERWRITTEN, not accumulated) of the
+ * LAST mg_model_forward's loss (its batch, conditions, prefixes, dropout
+ * masks): the backward is always of the forward just before it, and fails
+ * (MG_ERR_STATE) if there was none since, or another call used the model
+ * in between. row_weights [B] (B the forward's) or NULL: with them the
+ * gradient of sum_b w[b] NLL_b (NLL_b row b's summed cross-entropy over its
+ * loss positions, as mg_model_sequence_nll; label smoothing still applies
+ * in training) instead of the mean loss's; each finite, else MG_ERR_ARG.
+ * (molgen optimize: the REINVENT loss's per-molecule factors, optimize.h,
+ * which depend on the forward's NLLs.) */
+mg_status mg_model_backward(mg_model *m, const float *row_weights, mg_error *err);
 
-/* Inference (no dropout, nothing kept for a backward).
- *   ids     [B, L]   input positions (L <= ctx_len), e.g. BOS t1 t2 ...
- *   lengths [B]      valid positions per row in [1, L] (key padding), or
- *                    NULL: all L (with the causal mask, keys after a
- *                    position never matter, so NULL is right for sampling)
+/* Inference (no dropout, nothing kept for a backward) of b's rows: ids
+ * [B, L] input positions (b->T = L <= ctx_len), e.g. BOS t1 t2 ..., lengths
+ * NULL or [B] in [1, L], conditions as above; a loss prefix is refused.
  *   logits  [B, L, V] out; zero at padded positions t >= lengths[b]
  *   attn_weights  optional [n_layer, B, H, L, L]: each block's attention
  *                 probabilities per head (zero at padded queries and keys).
  * Position t's logits predict token t + 1. */
-mg_status mg_model_logits(mg_model *m, const int32_t *ids, const int64_t *lengths, int B, int L,
-                          float *logits, float *attn_weights, mg_error *err);
+mg_status mg_model_logits(mg_model *m, const mg_batch *b, float *logits, float *attn_weights,
+                          mg_error *err);
 
 /* Causal-leak guard: random token rows of length ctx_len; for several cut
  * points t, re-draws every token after t and checks that the logits of

@@ -142,7 +142,8 @@ static mg_status rows_nll(mg_opt *o, mg_model *m, int first, int n, double *nll,
     if (!p) return mg_fail(err, MG_ERR_NOMEM, "out of memory");
     for (int r = 0; r < n; r++)
         memcpy(p + (size_t)r * T, o->ids + (size_t)(first + r) * W, (size_t)T * sizeof *p);
-    mg_status rc = mg_model_sequence_nll(m, p, o->len + first, n, T, nll, err);
+    mg_status rc = mg_model_sequence_nll(
+        m, &(mg_batch){.ids = p, .lengths = o->len + first, .B = n, .T = T}, nll, err);
     free(p);
     return rc;
 }
@@ -164,11 +165,7 @@ static mg_status dap_rows(mg_model *agent, int n, const double *prior_nll,
     }
     *sumsq = L;
     if (!any || !N) return MG_OK;
-    mg_status rc = mg_model_set_row_weights(agent, w, n, err);
-    if (!rc) rc = mg_model_backward(agent, err);
-    mg_error e2;
-    mg_model_set_row_weights(agent, NULL, 0, &e2);
-    return rc;
+    return mg_model_backward(agent, w, err);
 }
 
 mg_status mg_opt_dap_backward(mg_model *agent, int n, const double *prior_nll,

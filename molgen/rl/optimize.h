@@ -22,7 +22,7 @@
  *     with its prior NLL):
  *        loss = mean_r (prior_ll_r + sigma s'_r - agent_ll_r)^2
  *     (ll = -NLL, the summed log-likelihood of the row's tokens after BOS,
- *     EOS included), its gradient through mg_model_set_row_weights with
+ *     EOS included), its gradient through mg_model_backward's row weights
  *     w_r = 2 (prior_ll_r + sigma s'_r - agent_ll_r) / N, one Adam step
  *     (AdamW of optim.h: lr, betas 0.9/0.999, eps 1e-8, no weight decay, no
  *     clipping, constant rate);

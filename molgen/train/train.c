@@ -925,7 +925,8 @@ static mg_status new_token_q(run *r, double **q_out, mg_error *err) {
         }
         if (B == 0) break;
         mg_error e;
-        if ((rc = mg_model_logits(base, ids, len, B, L, logits, NULL, &e))) {
+        if ((rc = mg_model_logits(base, &(mg_batch){.ids = ids, .lengths = len, .B = B, .T = L},
+                                  logits, NULL, &e))) {
             rc = mg_fail(err, rc, "--extend-vocab: the base model's forward: %s", e.message);
             break;
         }
@@ -1187,7 +1188,7 @@ static mg_status validate(run *r, double *loss, mg_error *err) {
     double sum = 0.0;
     int64_t count = 0;
     /* validation is on the molecules alone: no scaffold prefixes */
-    mg_status rc = mg_model_set_loss_prefix(r->ck.model, NULL, 0, err);
+    mg_status rc = MG_OK;
     for (size_t r0 = 0; r0 < r->nv && !rc; r0 += (size_t)B) {
         const size_t nb = (r->nv - r0) < (size_t)B ? (r->nv - r0) : (size_t)B;
         size_t i0, i1; /* this rank's rows of the batch (none when nb < ranks) */
@@ -1199,12 +1200,13 @@ static mg_status validate(run *r, double *loss, mg_error *err) {
         float l;
         int64_t nt;
         mg_error e;
-        rc = r->cond.K
-                 ? mg_model_set_conditions(r->ck.model, r->cv_val + (r0 + i0) * (size_t)r->cond.K,
-                                           (int)(i1 - i0), &e)
-                 : MG_OK;
-        if (!rc)
-            rc = mg_model_forward(r->ck.model, r->bbuf, len, (int)(i1 - i0), Tb, 0, 0, &l, &nt, &e);
+        const mg_batch bt = {.ids = r->bbuf,
+                             .lengths = len,
+                             .B = (int)(i1 - i0),
+                             .T = Tb,
+                             .cond = r->cond.K ? r->cv_val + (r0 + i0) * (size_t)r->cond.K : NULL,
+                             .cond_rows = r->cond.K ? (int)(i1 - i0) : 0};
+        rc = mg_model_forward(r->ck.model, &bt, 0, 0, &l, &nt, &e);
         if (rc) {
             mg_fail(err, rc, "validation: %s", e.message);
             break;
@@ -1464,16 +1466,21 @@ static mg_status step_grads(run *r, float *loss, int64_t *ntok, mg_error *err) {
     const int64_t *len = (sc ? r->slen : r->blen) + r->b0;
     const int Tb = mg_trim_batch(ids, len, nb, T, r->bbuf);
     const uint64_t seed = step_seed(r->s.seed, r->st.step);
-    mg_status rc = mg_model_set_batch_row0(model, r->b0, err);
-    if (!rc && sc) rc = mg_model_set_loss_prefix(model, r->spre + r->b0, nb, err);
+    mg_batch bt = {.ids = r->bbuf,
+                   .lengths = len,
+                   .B = nb,
+                   .T = Tb,
+                   .row0 = r->b0,
+                   .loss_prefix = sc ? r->spre + r->b0 : NULL};
     /* conditions: the whole batch's drops (hash of seed, step, row, k), this rank's rows */
-    if (!rc && r->cond.K) {
+    if (r->cond.K) {
         mg_cond_batch(r->cv_train, r->cond.K, r->brows, r->s.batch_size, r->s.condition_drop,
                       ~step_seed(r->s.seed, r->st.step), r->bcond);
-        rc = mg_model_set_conditions(model, r->bcond + r->b0 * (size_t)r->cond.K, nb, err);
+        bt.cond = r->bcond + r->b0 * (size_t)r->cond.K;
+        bt.cond_rows = nb;
     }
-    if (!rc) rc = mg_model_forward(model, r->bbuf, len, nb, Tb, 1, seed, loss, ntok, err);
-    if (!rc) rc = mg_model_backward(model, err);
+    mg_status rc = mg_model_forward(model, &bt, 1, seed, loss, ntok, err);
+    if (!rc) rc = mg_model_backward(model, NULL, err);
     if (r->d->size <= 1 || (rc = mg_dist_agree(r->d, rc, err))) return rc;
     double lt[2] = {(double)*loss * (double)*ntok, (double)*ntok};
     mg_dist_sum_f64(r->d, lt, 2);

@@ -1,7 +1,9 @@
 /* molgen conditioning (condition.h): the statistics against hand-computed
  * values, dropping rates, sampling requests and their refusals, the
- * metadata through JSON and model files, and the KV decoder against the
- * full forward with conditions set. The gradients of cond.weight and
+ * metadata through JSON and model files, the KV decoder against the full
+ * forward with the same conditions, the conditions as per-call inputs (a
+ * call leaves none on the model; the sampler does not change its caller's
+ * model) and their refusals. The gradients of cond.weight and
  * cond.missing are test_model.c's finite-difference check. */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
@@ -180,14 +182,18 @@ static void test_decoder(int cond_bos) {
     int32_t ids[10] = {MG_BOS, 3, 4, 5, 6, 7, 8, 3, 4, 5};
     float full[10 * 9], base[10 * 9], step[9];
     const float cv[2] = {1.5f, NAN};
-    CHECK(mg_model_logits(m, ids, NULL, 1, L, base, NULL, &err) == 0, "%s", err.message);
-    CHECK(mg_model_set_conditions(m, cv, 1, &err) == 0, "%s", err.message);
-    CHECK(mg_model_logits(m, ids, NULL, 1, L, full, NULL, &err) == 0, "%s", err.message);
+    CHECK(mg_model_logits(m, &(mg_batch){.ids = ids, .B = 1, .T = L}, base, NULL, &err) == 0, "%s",
+          err.message);
+    CHECK(mg_model_logits(m, &(mg_batch){.ids = ids, .B = 1, .T = L, .cond = cv, .cond_rows = 1},
+                          full, NULL, &err) == 0,
+          "%s", err.message);
     double moved = 0;
     for (int i = 0; i < L * V; i++) moved = fmax(moved, fabs(full[i] - base[i]));
     CHECK(moved > 1e-2, "a condition did not move the logits (%g)", moved);
     mg_kv_decoder *d = NULL;
-    CHECK(mg_kv_new(m, 1, 0, &d, &err) == 0 && mg_kv_reset(d, 1, &err) == 0, "%s", err.message);
+    CHECK(mg_kv_new(m, 1, 0, &d, &err) == 0 && mg_kv_set_conditions(d, cv, 1, &err) == 0 &&
+              mg_kv_reset(d, 1, &err) == 0,
+          "%s", err.message);
     double worst = 0;
     for (int t = 0; t < L; t++) {
         CHECK(mg_kv_step(d, &ids[t], step, &err) == 0, "%s", err.message);
@@ -197,29 +203,44 @@ static void test_decoder(int cond_bos) {
     printf("KV decoder vs forward with a condition (cond_bos %d): max diff %.2e (the condition "
            "moves the logits by up to %.2e)\n",
            cond_bos, worst, moved);
+    /* 3 condition rows for a decoder of 1 */
+    const float cv3[6] = {0, 0, 1, 1, NAN, NAN};
+    CHECK(mg_kv_set_conditions(d, cv3, 3, &err) == MG_ERR_ARG,
+          "3 condition rows for a KV decoder of 1 accepted");
     mg_kv_free(d);
     /* the causal-leak guard passes a conditional model */
     CHECK(mg_model_causal_guard(m, 1, &err) == 0, "guard: %s", err.message);
-    /* conditions set for 3 rows, a forward of 2 */
-    const float cv3[6] = {0, 0, 1, 1, NAN, NAN};
-    CHECK(mg_model_set_conditions(m, cv3, 3, &err) == 0, "%s", err.message);
+    /* conditions given for 3 rows, a forward of 2 */
     int32_t two[20];
     memcpy(two, ids, sizeof ids);
     memcpy(two + 10, ids, sizeof ids);
     float lg2[2 * 10 * 9];
-    CHECK(mg_model_logits(m, two, NULL, 2, L, lg2, NULL, &err) == MG_ERR_ARG,
+    CHECK(mg_model_logits(m, &(mg_batch){.ids = two, .B = 2, .T = L, .cond = cv3, .cond_rows = 3},
+                          lg2, NULL, &err) == MG_ERR_ARG,
           "3 condition rows for a batch of 2 accepted");
-    /* a refused set keeps the rows before it: a forward of those 3 rows
-     * gives the logits it gave before the refusal (it read past a shrunk
-     * buffer once: ASan) */
+    const float inf[2] = {INFINITY, 0};
+    CHECK(mg_model_logits(m, &(mg_batch){.ids = two, .B = 2, .T = L, .cond = inf, .cond_rows = 1},
+                          lg2, NULL, &err) == MG_ERR_ARG,
+          "an infinite value accepted");
+    CHECK(mg_model_logits(m, &(mg_batch){.ids = two, .B = 2, .T = L, .cond = cv3, .cond_rows = -1},
+                          lg2, NULL, &err) == MG_ERR_ARG,
+          "-1 condition rows accepted");
+    /* the conditions are the call's: a forward of 3 rows with them, after
+     * the refusals, gives the 3-row forward before them (it read past a
+     * shrunk buffer once: ASan), and a call without them the base logits */
     int32_t three[30];
     for (int b = 0; b < 3; b++) memcpy(three + 10 * b, ids, sizeof ids);
     float lg3[3 * 10 * 9], lg3b[3 * 10 * 9];
-    CHECK(mg_model_logits(m, three, NULL, 3, L, lg3, NULL, &err) == 0, "%s", err.message);
-    const float inf[2] = {INFINITY, 0};
-    CHECK(mg_model_set_conditions(m, inf, 1, &err) == MG_ERR_ARG, "an infinite value accepted");
-    CHECK(mg_model_logits(m, three, NULL, 3, L, lg3b, NULL, &err) == 0, "%s", err.message);
-    CHECK(!memcmp(lg3, lg3b, sizeof lg3), "a refused condition set changed the rows before it");
+    const mg_batch b3 = {.ids = three, .B = 3, .T = L, .cond = cv3, .cond_rows = 3};
+    CHECK(mg_model_logits(m, &b3, lg3, NULL, &err) == 0, "%s", err.message);
+    CHECK(mg_model_logits(m, &(mg_batch){.ids = two, .B = 2, .T = L, .cond = inf, .cond_rows = 1},
+                          lg2, NULL, &err) == MG_ERR_ARG,
+          "an infinite value accepted");
+    CHECK(mg_model_logits(m, &b3, lg3b, NULL, &err) == 0, "%s", err.message);
+    CHECK(!memcmp(lg3, lg3b, sizeof lg3), "a refused call changed the next call's conditions");
+    CHECK(mg_model_logits(m, &(mg_batch){.ids = ids, .B = 1, .T = L}, full, NULL, &err) == 0, "%s",
+          err.message);
+    CHECK(!memcmp(full, base, sizeof base), "an earlier call's conditions stayed on the model");
     mg_model_free(m);
 }
 
@@ -263,7 +284,11 @@ static void test_files(void) {
     CHECK(mg_model_create(&u, &um, &err) == 0, "%s", err.message);
     CHECK(um && !mg_model_find_tensor(um, "cond.weight"), "cond tensors in an unconditional model");
     const float one = 1.0f;
-    CHECK(um && mg_model_set_conditions(um, &one, 1, &err) == MG_ERR_ARG,
+    int32_t uid[2] = {MG_BOS, MG_NUM_SPECIAL};
+    float ulg[2 * 6];
+    CHECK(um && mg_model_logits(
+                    um, &(mg_batch){.ids = uid, .B = 1, .T = 2, .cond = &one, .cond_rows = 1}, ulg,
+                    NULL, &err) == MG_ERR_ARG,
           "conditions given to an unconditional model accepted");
     mg_model_free(um);
 }
@@ -284,10 +309,12 @@ static void test_guidance(void) {
     int n = 1;
     char want[64] = "";
     for (; n <= L; n++) { /* the first n ids predict ids[n] */
-        CHECK(mg_model_set_conditions(m, cv, 1, &err) == 0 &&
-                  mg_model_logits(m, ids, NULL, 1, n, lc, NULL, &err) == 0 &&
-                  mg_model_set_conditions(m, none, 1, &err) == 0 &&
-                  mg_model_logits(m, ids, NULL, 1, n, lu, NULL, &err) == 0,
+        CHECK(mg_model_logits(m,
+                              &(mg_batch){.ids = ids, .B = 1, .T = n, .cond = cv, .cond_rows = 1},
+                              lc, NULL, &err) == 0 &&
+                  mg_model_logits(
+                      m, &(mg_batch){.ids = ids, .B = 1, .T = n, .cond = none, .cond_rows = 1}, lu,
+                      NULL, &err) == 0,
               "%s", err.message);
         for (int v = 0; v < V; v++) {
             const float u = lu[(n - 1) * V + v], c = lc[(n - 1) * V + v];
@@ -298,6 +325,12 @@ static void test_guidance(void) {
     } /* n - 1 tokens before EOS, or ctx_len of them */
     CHECK(mg_vocab_decode(voc, ids + 1, n - 1, want, sizeof want, NULL, &err) == 0, "%s",
           err.message);
+    /* the sampler leaves its caller's model as it was: a plain call after
+     * the conditional samples gives the logits of one before them */
+    float before[10 * 9], after[10 * 9];
+    const int32_t probe[10] = {MG_BOS, 3, 4, 5, 6, 7, 8, 3, 4, 5};
+    CHECK(mg_model_logits(m, &(mg_batch){.ids = probe, .B = 1, .T = L}, before, NULL, &err) == 0,
+          "%s", err.message);
     for (int kind = 0; kind < 2; kind++) {
         mg_sample_opts o;
         mg_sample_opts_default(&o);
@@ -318,6 +351,9 @@ static void test_guidance(void) {
         if (kind) printf("guided greedy molecule '%s', unguided '%s'\n", want, s.smiles[0]);
         mg_samples_free(&s);
     }
+    CHECK(mg_model_logits(m, &(mg_batch){.ids = probe, .B = 1, .T = L}, after, NULL, &err) == 0 &&
+              !memcmp(before, after, sizeof before),
+          "sampling with a condition changed the caller's model");
     mg_vocab_free(voc);
     mg_model_free(m);
 }

@@ -89,7 +89,9 @@ int main(void) {
         CHECK(mg_encode_row(v, smi[i], T, row, &len[nb], &err) == 0, "%s", err.message);
         float loss;
         int64_t ntok;
-        CHECK(mg_model_forward(m, row, &len[nb], 1, (int)len[nb], 0, 0, &loss, &ntok, &err) == 0,
+        CHECK(mg_model_forward(
+                  m, &(mg_batch){.ids = row, .lengths = &len[nb], .B = 1, .T = (int)len[nb]}, 0, 0,
+                  &loss, &ntok, &err) == 0,
               "%s", err.message);
         CHECK(ntok == ref[i].tokens, "row %d: %lld targets vs %d", i, (long long)ntok,
               ref[i].tokens);
@@ -104,7 +106,9 @@ int main(void) {
           nb - exact_match, nb, worst);
     float bl;
     int64_t bn;
-    CHECK(mg_model_forward(m, ids, len, nb, T, 0, 0, &bl, &bn, &err) == 0, "%s", err.message);
+    CHECK(mg_model_forward(m, &(mg_batch){.ids = ids, .lengths = len, .B = nb, .T = T}, 0, 0, &bl,
+                           &bn, &err) == 0,
+          "%s", err.message);
     const double brel = fabs((double)bl * (double)bn - sum) / sum;
     CHECK(brel < 1e-6, "batched loss x count %.9g vs sum of nll %.9g (rel %.3g)",
           (double)bl * (double)bn, sum, brel);

@@ -200,7 +200,9 @@ static void check_decoder(mg_dtype dt) {
     float *full = malloc((size_t)R * L * 30 * sizeof(float)), *step = malloc(R * 30 * sizeof(float));
     int64_t lens[R];
     for (int r = 0; r < R; r++) lens[r] = L;
-    CHECK(mg_model_logits(m, tok, lens, R, L, full, NULL, &e) == MG_OK, "%s", e.message);
+    CHECK(mg_model_logits(m, &(mg_batch){.ids = tok, .lengths = lens, .B = R, .T = L}, full, NULL,
+                          &e) == MG_OK,
+          "%s", e.message);
     mg_kv_decoder *d = NULL;
     CHECK(mg_kv_new_dtype(m, R, 2, dt, &d, &e) == MG_OK && mg_kv_reset(d, R, &e) == MG_OK, "%s",
           e.message);
@@ -241,9 +243,13 @@ static void check_inference_pack(mg_dtype dt) {
     mg_model_set_dtype(m, dt);
     int64_t lens[R] = {L};
     float *a = malloc((size_t)R * L * 30 * sizeof(float)), *b = malloc((size_t)R * L * 30 * sizeof(float));
-    CHECK(mg_model_logits(m, tok, lens, R, L, a, NULL, &e) == MG_OK, "%s", e.message);
+    CHECK(mg_model_logits(m, &(mg_batch){.ids = tok, .lengths = lens, .B = R, .T = L}, a, NULL,
+                          &e) == MG_OK,
+          "%s", e.message);
     CHECK(mg_model_pack_inference(m, &e) == MG_OK, "%s", e.message);
-    CHECK(mg_model_logits(m, tok, lens, R, L, b, NULL, &e) == MG_OK, "%s", e.message);
+    CHECK(mg_model_logits(m, &(mg_batch){.ids = tok, .lengths = lens, .B = R, .T = L}, b, NULL,
+                          &e) == MG_OK,
+          "%s", e.message);
     double worst = 0.0, mag = 0.0;
     for (int i = 0; i < R * L * 30; i++) {
         worst = fmax(worst, fabs((double)a[i] - b[i]));
@@ -253,11 +259,15 @@ static void check_inference_pack(mg_dtype dt) {
           mg_dtype_name(dt), worst, mag);
     float loss;
     int64_t ntok;
-    CHECK(mg_model_forward(m, tok, lens, R, L, 1, 0, &loss, &ntok, &e) == MG_OK, "%s", e.message);
-    CHECK(mg_model_backward(m, &e) == MG_ERR_STATE, "backward of a packed model not refused");
+    CHECK(mg_model_forward(m, &(mg_batch){.ids = tok, .lengths = lens, .B = R, .T = L}, 1, 0, &loss,
+                           &ntok, &e) == MG_OK,
+          "%s", e.message);
+    CHECK(mg_model_backward(m, NULL, &e) == MG_ERR_STATE, "backward of a packed model not refused");
     mg_model_unpack_inference(m);
-    CHECK(mg_model_forward(m, tok, lens, R, L, 1, 0, &loss, &ntok, &e) == MG_OK &&
-              mg_model_backward(m, &e) == MG_OK, "%s", e.message);
+    CHECK(mg_model_forward(m, &(mg_batch){.ids = tok, .lengths = lens, .B = R, .T = L}, 1, 0, &loss,
+                           &ntok, &e) == MG_OK &&
+              mg_model_backward(m, NULL, &e) == MG_OK,
+          "%s", e.message);
     free(a);
     free(b);
     mg_model_free(m);

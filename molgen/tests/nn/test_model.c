@@ -47,7 +47,7 @@ static mg_model_config tiny_config(void) {
 
 /* Threads of the models make_model builds (0: molgen's default). */
 static int g_threads;
-/* gradcheck with loss prefixes (mg_model_set_loss_prefix): rows of length
+/* gradcheck with loss prefixes (mg_batch.loss_prefix): rows of length
  * >= 5 get a prefix of 2 targets. */
 static int g_prefix;
 
@@ -86,11 +86,10 @@ static void make_batch(int B, int T, int V, const int *lens, int32_t *ids, int64
     }
 }
 
-static double loss_at(mg_model *m, const int32_t *ids, const int64_t *len, int B, int T,
-                      int training, uint64_t seed) {
+static double loss_at(mg_model *m, const mg_batch *bt, int training, uint64_t seed) {
     float loss;
     mg_error err = {0};
-    if (mg_model_forward(m, ids, len, B, T, training, seed, &loss, NULL, &err)) {
+    if (mg_model_forward(m, bt, training, seed, &loss, NULL, &err)) {
         fprintf(stderr, "forward: %s\n", err.message);
         exit(2);
     }
@@ -113,22 +112,23 @@ static void gradcheck(const char *label, const mg_model_config *c, int training,
     int64_t len[32];
     make_batch(B, T, c->vocab_size, lens, ids, len);
     mg_error err = {0};
-    if (g_prefix) CHECK(mg_model_set_loss_prefix(m, pre, B, &err) == 0, "%s", err.message);
+    mg_batch bt = {
+        .ids = ids, .lengths = len, .B = B, .T = T, .loss_prefix = g_prefix ? pre : NULL};
+    float cv[32 * 4];
     if (c->n_cond > 0) { /* row b: condition k given unless (b + k) % 3 == 1 */
-        float cv[32 * 4];
         for (int b = 0; b < B; b++)
             for (int k = 0; k < c->n_cond; k++)
                 cv[b * c->n_cond + k] = (b + k) % 3 == 1 ? NAN : (float)(urand() * 4.0 - 2.0);
-        CHECK(mg_model_set_conditions(m, cv, B, &err) == 0, "%s", err.message);
+        bt.cond = cv;
+        bt.cond_rows = B;
     }
     float loss;
     int64_t ntok;
     const uint64_t seed = 99;
-    CHECK(mg_model_forward(m, ids, len, B, T, training, seed, &loss, &ntok, &err) == 0, "%s",
-          err.message);
+    CHECK(mg_model_forward(m, &bt, training, seed, &loss, &ntok, &err) == 0, "%s", err.message);
     CHECK(ntok == expect_ntok, "ntok %lld", (long long)ntok);
-    CHECK(mg_model_backward(m, &err) == 0, "%s", err.message);
-    CHECK(mg_model_backward(m, &err) != 0, "a second backward must fail");
+    CHECK(mg_model_backward(m, NULL, &err) == 0, "%s", err.message);
+    CHECK(mg_model_backward(m, NULL, &err) != 0, "a second backward must fail");
     const size_t P = mg_model_num_params(m);
     float *g = malloc(P * sizeof(float));
     memcpy(g, mg_model_grads(m), P * sizeof(float));
@@ -153,7 +153,7 @@ static void gradcheck(const char *label, const mg_model_config *c, int training,
             const double steps[4] = {h, -h, 2 * h, -2 * h};
             for (int s = 0; s < 4; s++) {
                 *x = x0 + (float)steps[s];
-                f[s] = loss_at(m, ids, len, B, T, training, seed);
+                f[s] = loss_at(m, &bt, training, seed);
             }
             *x = x0;
             const double fd = (8.0 * (f[0] - f[1]) - (f[2] - f[3])) / (12.0 * h);
@@ -184,8 +184,10 @@ static void gradcheck(const char *label, const mg_model_config *c, int training,
  * logits (mg_model_logits), the loss is the mean of -log softmax at the
  * targets past each row's prefix, and head.bias's gradient is
  * sum over those positions of (softmax - onehot) / ntok, i.e. the prefix
- * positions carry no loss and no gradient. Refusals: a prefix that leaves
- * no target, a row count other than the batch's, a negative prefix. */
+ * positions carry no loss and no gradient. With row weights w the backward
+ * gives sum_b w_b sum_t (softmax - onehot) instead. Refusals: a prefix that
+ * leaves no target, a negative prefix, a prefix given to inference, a
+ * row weight that is not finite. */
 static void test_loss_prefix(void) {
     mg_model_config c = tiny_config();
     mg_model *m = make_model(&c, 11);
@@ -203,8 +205,11 @@ static void test_loss_prefix(void) {
         inl[b] = len[b] - 1;
         for (int t = 0; t < L; t++) in[b * L + t] = ids[b * T + t];
     }
-    CHECK(mg_model_logits(m, in, inl, B, L, logits, NULL, &err) == 0, "%s", err.message);
-    double want = 0.0, gb[16] = {0};
+    CHECK(mg_model_logits(m, &(mg_batch){.ids = in, .lengths = inl, .B = B, .T = L}, logits, NULL,
+                          &err) == 0,
+          "%s", err.message);
+    const float wr[4] = {0.5f, -1.25f, 2.0f, 0.75f};
+    double want = 0.0, gb[16] = {0}, gw[16] = {0};
     int64_t n = 0;
     for (int b = 0; b < B; b++)
         for (int t = (int)pre[b]; t < len[b] - 1; t++, n++) {
@@ -221,18 +226,21 @@ static void test_loss_prefix(void) {
             double mx = -INFINITY, s = 0.0;
             for (int v = 0; v < V; v++) mx = z[v] > mx ? z[v] : mx;
             for (int v = 0; v < V; v++) s += exp(z[v] - mx);
-            for (int v = 0; v < V; v++)
-                gb[v] += (exp(z[v] - mx) / s - (v == ids[b * T + t + 1])) / (double)n;
+            for (int v = 0; v < V; v++) {
+                const double d = exp(z[v] - mx) / s - (v == ids[b * T + t + 1]);
+                gb[v] += d / (double)n;
+                gw[v] += wr[b] * d;
+            }
         }
     want /= (double)n;
-    CHECK(mg_model_set_loss_prefix(m, pre, B, &err) == 0, "%s", err.message);
     float loss;
     int64_t ntok;
-    CHECK(mg_model_forward(m, ids, len, B, T, 0, 0, &loss, &ntok, &err) == 0, "%s", err.message);
+    mg_batch bt = {.ids = ids, .lengths = len, .B = B, .T = T, .loss_prefix = pre};
+    CHECK(mg_model_forward(m, &bt, 0, 0, &loss, &ntok, &err) == 0, "%s", err.message);
     CHECK(ntok == n, "ntok %lld, want %lld", (long long)ntok, (long long)n);
     CHECK(fabs(loss - want) <= 1e-5 * fabs(want), "prefixed loss %.8f, fp64 oracle %.8f", loss,
           want);
-    CHECK(mg_model_backward(m, &err) == 0, "%s", err.message);
+    CHECK(mg_model_backward(m, NULL, &err) == 0, "%s", err.message);
     const mg_param_info *hb = mg_model_find_tensor(m, "head.bias");
     double worst = 0.0;
     for (int v = 0; v < V; v++) {
@@ -243,24 +251,42 @@ static void test_loss_prefix(void) {
     printf("loss prefix: loss %.6f vs fp64 %.6f over %lld targets, head.bias gradient within "
            "%.2e\n",
            loss, want, (long long)n, worst);
+    /* row weights: the backward of the same forward; a refused weight
+     * leaves that forward for the next backward */
+    CHECK(mg_model_forward(m, &bt, 0, 0, &loss, &ntok, &err) == 0, "%s", err.message);
+    const float bad[4] = {1, NAN, 1, 1};
+    CHECK(mg_model_backward(m, bad, &err) == MG_ERR_ARG, "a NaN row weight accepted");
+    CHECK(mg_model_backward(m, wr, &err) == 0, "%s", err.message);
+    double wworst = 0.0, gmax = 0.0;
+    for (int v = 0; v < V; v++) {
+        wworst = fmax(wworst, fabs(mg_model_grads(m)[hb->offset + v] - gw[v]));
+        gmax = fmax(gmax, fabs(gw[v]));
+    }
+    CHECK(wworst <= 1e-6 * fmax(gmax, 1.0),
+          "weighted head.bias gradient off the fp64 oracle by "
+          "%.3e (max %.3e)",
+          wworst, gmax);
+    printf("row weights: head.bias gradient within %.2e of fp64 (max %.2e)\n", wworst, gmax);
     /* the same model without prefixes: more targets, another loss */
-    CHECK(mg_model_set_loss_prefix(m, NULL, 0, &err) == 0, "%s", err.message);
     float plain;
-    CHECK(mg_model_forward(m, ids, len, B, T, 0, 0, &plain, &ntok, &err) == 0, "%s", err.message);
+    bt.loss_prefix = NULL;
+    CHECK(mg_model_forward(m, &bt, 0, 0, &plain, &ntok, &err) == 0, "%s", err.message);
     CHECK(ntok == n + 11, "no prefix: ntok %lld", (long long)ntok);
     const int64_t longest[4] = {T - 2, 0, 0, 0}; /* the largest accepted: one target left */
-    CHECK(mg_model_set_loss_prefix(m, longest, B, &err) == 0, "%s", err.message);
-    CHECK(mg_model_forward(m, ids, len, B, T, 0, 0, &loss, &ntok, &err) == 0, "%s", err.message);
+    bt.loss_prefix = longest;
+    CHECK(mg_model_forward(m, &bt, 0, 0, &loss, &ntok, &err) == 0, "%s", err.message);
     CHECK(ntok == 1 + (len[1] - 1) + (len[2] - 1) + (len[3] - 1), "longest prefix: ntok %lld",
           (long long)ntok);
     const int64_t too_long[4] = {T - 1, 0, 0, 0}, neg[4] = {0, -1, 0, 0};
-    CHECK(mg_model_set_loss_prefix(m, too_long, B, &err) == 0, "%s", err.message);
-    CHECK(mg_model_forward(m, ids, len, B, T, 0, 0, &loss, NULL, &err) == MG_ERR_ARG,
+    bt.loss_prefix = too_long;
+    CHECK(mg_model_forward(m, &bt, 0, 0, &loss, NULL, &err) == MG_ERR_ARG,
           "a prefix leaving no target must be refused");
-    CHECK(mg_model_set_loss_prefix(m, pre, 3, &err) == 0, "%s", err.message);
-    CHECK(mg_model_forward(m, ids, len, B, T, 0, 0, &loss, NULL, &err) == MG_ERR_ARG,
-          "3 prefix rows for a batch of 4 must be refused");
-    CHECK(mg_model_set_loss_prefix(m, neg, B, &err) == MG_ERR_ARG, "a negative prefix");
+    bt.loss_prefix = neg;
+    CHECK(mg_model_forward(m, &bt, 0, 0, &loss, NULL, &err) == MG_ERR_ARG, "a negative prefix");
+    /* inference has no loss: a prefix there is refused */
+    CHECK(mg_model_logits(m, &(mg_batch){.ids = in, .B = B, .T = L, .loss_prefix = pre}, logits,
+                          NULL, &err) == MG_ERR_ARG,
+          "a loss prefix given to mg_model_logits");
     free(logits);
     mg_model_free(m);
 }
@@ -309,19 +335,25 @@ static void test_padding_and_inference(void) {
         for (int t = lens[b]; t < T; t++) ids2[b * T + t] = (int32_t)(rnd() % (uint64_t)V);
     mg_error err = {0};
     float l1, l2;
-    CHECK(mg_model_forward(m, ids, len, B, T, 0, 0, &l1, NULL, &err) == 0, "%s", err.message);
+    CHECK(mg_model_forward(m, &(mg_batch){.ids = ids, .lengths = len, .B = B, .T = T}, 0, 0, &l1,
+                           NULL, &err) == 0,
+          "%s", err.message);
     const size_t P = mg_model_num_params(m);
     float *g1 = malloc(P * sizeof(float));
-    CHECK(mg_model_backward(m, &err) == 0, "%s", err.message);
+    CHECK(mg_model_backward(m, NULL, &err) == 0, "%s", err.message);
     memcpy(g1, mg_model_grads(m), P * sizeof(float));
-    CHECK(mg_model_forward(m, ids2, len, B, T, 0, 0, &l2, NULL, &err) == 0, "%s", err.message);
-    CHECK(mg_model_backward(m, &err) == 0, "%s", err.message);
+    CHECK(mg_model_forward(m, &(mg_batch){.ids = ids2, .lengths = len, .B = B, .T = T}, 0, 0, &l2,
+                           NULL, &err) == 0,
+          "%s", err.message);
+    CHECK(mg_model_backward(m, NULL, &err) == 0, "%s", err.message);
     CHECK(l1 == l2, "padding changed the loss: %.9g vs %.9g", l1, l2);
     CHECK(memcmp(g1, mg_model_grads(m), P * sizeof(float)) == 0, "padding changed the gradients");
 
     /* Same batch twice: bitwise identical loss and gradients. */
-    CHECK(mg_model_forward(m, ids, len, B, T, 0, 0, &l2, NULL, &err) == 0, "%s", err.message);
-    CHECK(mg_model_backward(m, &err) == 0, "%s", err.message);
+    CHECK(mg_model_forward(m, &(mg_batch){.ids = ids, .lengths = len, .B = B, .T = T}, 0, 0, &l2,
+                           NULL, &err) == 0,
+          "%s", err.message);
+    CHECK(mg_model_backward(m, NULL, &err) == 0, "%s", err.message);
     CHECK(l1 == l2 && memcmp(g1, mg_model_grads(m), P * sizeof(float)) == 0, "not deterministic");
 
     /* Loss recomputed from mg_model_logits (with key lengths, and without:
@@ -334,8 +366,10 @@ static void test_padding_and_inference(void) {
             kl[b] = len[b] - 1;
             for (int t = 0; t < L; t++) in[b * L + t] = ids[b * T + t];
         }
-        CHECK(mg_model_logits(m, in, pass ? NULL : kl, B, L, lg, NULL, &err) == 0, "%s",
-              err.message);
+        CHECK(mg_model_logits(m,
+                              &(mg_batch){.ids = in, .lengths = pass ? NULL : kl, .B = B, .T = L},
+                              lg, NULL, &err) == 0,
+              "%s", err.message);
         double sum = 0;
         int n = 0;
         for (int b = 0; b < B; b++)
@@ -359,13 +393,17 @@ static void test_padding_and_inference(void) {
     CHECK(mg_model_create(&cd, &md, &err) == 0, "%s", err.message);
     memcpy(mg_model_params(md), mg_model_params(m), P * sizeof(float));
     float e0, t1, t1b, t2;
-    mg_model_forward(md, ids, len, B, T, 0, 1, &e0, NULL, &err);
-    mg_model_forward(md, ids, len, B, T, 1, 1, &t1, NULL, &err);
-    mg_model_forward(md, ids, len, B, T, 1, 1, &t1b, NULL, &err);
-    mg_model_forward(md, ids, len, B, T, 1, 2, &t2, NULL, &err);
+    mg_model_forward(md, &(mg_batch){.ids = ids, .lengths = len, .B = B, .T = T}, 0, 1, &e0, NULL,
+                     &err);
+    mg_model_forward(md, &(mg_batch){.ids = ids, .lengths = len, .B = B, .T = T}, 1, 1, &t1, NULL,
+                     &err);
+    mg_model_forward(md, &(mg_batch){.ids = ids, .lengths = len, .B = B, .T = T}, 1, 1, &t1b, NULL,
+                     &err);
+    mg_model_forward(md, &(mg_batch){.ids = ids, .lengths = len, .B = B, .T = T}, 1, 2, &t2, NULL,
+                     &err);
     CHECK(e0 == l1, "eval with dropout config %.9g vs %.9g", e0, l1);
     CHECK(t1 == t1b && t1 != e0 && t1 != t2, "dropout losses %g %g %g %g", e0, t1, t1b, t2);
-    /* The masks are those of the global batch row (mg_model_set_batch_row0):
+    /* The masks are those of the global batch row (mg_batch.row0):
      * the batch as row 0 alone and rows 1..2 at row0 = 1 gives the whole
      * batch's token-weighted loss and gradient (the mean's decomposition);
      * rows 1..2 at row0 = 0 draw other masks. */
@@ -373,17 +411,19 @@ static void test_padding_and_inference(void) {
         float lf, la, lb, lx;
         int64_t nf, na, nb, nx;
         float *gf = malloc(P * sizeof(float)), *ga = malloc(P * sizeof(float));
-        CHECK(mg_model_forward(md, ids, len, B, T, 1, 5, &lf, &nf, &err) == 0 &&
-                  mg_model_backward(md, &err) == 0,
+        CHECK(mg_model_forward(md, &(mg_batch){.ids = ids, .lengths = len, .B = B, .T = T}, 1, 5,
+                               &lf, &nf, &err) == 0 &&
+                  mg_model_backward(md, NULL, &err) == 0,
               "%s", err.message);
         memcpy(gf, mg_model_grads(md), P * sizeof(float));
-        CHECK(mg_model_forward(md, ids, len, 1, T, 1, 5, &la, &na, &err) == 0 &&
-                  mg_model_backward(md, &err) == 0,
+        CHECK(mg_model_forward(md, &(mg_batch){.ids = ids, .lengths = len, .B = 1, .T = T}, 1, 5,
+                               &la, &na, &err) == 0 &&
+                  mg_model_backward(md, NULL, &err) == 0,
               "%s", err.message);
         memcpy(ga, mg_model_grads(md), P * sizeof(float));
-        CHECK(mg_model_set_batch_row0(md, 1, &err) == 0, "%s", err.message);
-        CHECK(mg_model_forward(md, ids + T, len + 1, B - 1, T, 1, 5, &lb, &nb, &err) == 0 &&
-                  mg_model_backward(md, &err) == 0,
+        mg_batch rest = {.ids = ids + T, .lengths = len + 1, .B = B - 1, .T = T, .row0 = 1};
+        CHECK(mg_model_forward(md, &rest, 1, 5, &lb, &nb, &err) == 0 &&
+                  mg_model_backward(md, NULL, &err) == 0,
               "%s", err.message);
         const float *gb = mg_model_grads(md);
         const double whole = (double)la * na + (double)lb * nb;
@@ -396,15 +436,15 @@ static void test_padding_and_inference(void) {
             gmax = fmax(gmax, fabs(gf[i]));
         }
         CHECK(worst <= 1e-5 * gmax, "split at row 1: gradient off by %.3g (max %.3g)", worst, gmax);
-        CHECK(mg_model_forward(md, ids + T, len + 1, B - 1, T, 1, 5, &lx, &nx, &err) == 0, "%s",
-              err.message);
-        CHECK(mg_model_set_batch_row0(md, 0, &err) == 0, "%s", err.message);
+        CHECK(mg_model_forward(md, &rest, 1, 5, &lx, &nx, &err) == 0, "%s", err.message);
+        rest.row0 = 0;
         float l0;
-        CHECK(mg_model_forward(md, ids + T, len + 1, B - 1, T, 1, 5, &l0, &nx, &err) == 0, "%s",
-              err.message);
+        CHECK(mg_model_forward(md, &rest, 1, 5, &l0, &nx, &err) == 0, "%s", err.message);
         CHECK(l0 != lx, "rows 1..2 at row0 0 and 1 drew the same masks (%.9g)", l0);
-        CHECK(mg_model_set_batch_row0(md, -1, &err) == MG_ERR_ARG, "row0 -1 accepted");
-        CHECK(mg_model_set_batch_row0(md, (int64_t)1 << 31, &err) == MG_ERR_ARG,
+        rest.row0 = -1;
+        CHECK(mg_model_forward(md, &rest, 1, 5, &l0, &nx, &err) == MG_ERR_ARG, "row0 -1 accepted");
+        rest.row0 = (int64_t)1 << 31;
+        CHECK(mg_model_forward(md, &rest, 1, 5, &l0, &nx, &err) == MG_ERR_ARG,
               "row0 2^31 accepted");
         free(gf), free(ga);
     }
@@ -412,10 +452,16 @@ static void test_padding_and_inference(void) {
 
     /* Bad inputs are errors, not crashes. */
     int64_t badlen[B] = {1, 3, 3};
-    CHECK(mg_model_forward(m, ids, badlen, B, T, 0, 0, &l2, NULL, &err) != 0, "length 1");
-    CHECK(mg_model_forward(m, ids, len, B, T + 1, 0, 0, &l2, NULL, &err) != 0, "T too long");
+    CHECK(mg_model_forward(m, &(mg_batch){.ids = ids, .lengths = badlen, .B = B, .T = T}, 0, 0, &l2,
+                           NULL, &err) != 0,
+          "length 1");
+    CHECK(mg_model_forward(m, &(mg_batch){.ids = ids, .lengths = len, .B = B, .T = T + 1}, 0, 0,
+                           &l2, NULL, &err) != 0,
+          "T too long");
     ids2[0] = 99;
-    CHECK(mg_model_forward(m, ids2, len, B, T, 0, 0, &l2, NULL, &err) != 0, "id out of range");
+    CHECK(mg_model_forward(m, &(mg_batch){.ids = ids2, .lengths = len, .B = B, .T = T}, 0, 0, &l2,
+                           NULL, &err) != 0,
+          "id out of range");
     free(g1);
     mg_model_free(m);
 }
