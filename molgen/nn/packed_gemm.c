@@ -8,6 +8,7 @@
  * of 16 lanes, one broadcast of A per row and k (a pair of k's in bf16). */
 #include "nn/packed_gemm.h"
 
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #ifdef _OPENMP
@@ -513,6 +514,54 @@ static void pack_a_bf16(int ta, const float *A, int64_t lda, int64_t K, int64_t 
 
 /* ----------------------------------------------------------- mg_gemm_bf16 */
 
+/* mg_gemm_bf16's packing buffers, kept between calls: a malloc and free of
+ * them per call let glibc give the heap's top back to the system and fault
+ * it in again on the next call (when A's and B's buffers were of a size,
+ * as in the dW products of d-wide layers: 5x slower, the time in page
+ * faults). SCRATCH_SLOTS callers at a time take a slot each (more than
+ * that malloc their own); a slot grows and is freed at exit. */
+#define SCRATCH_SLOTS 4
+static struct {
+    atomic_flag busy;
+    void *p;
+    size_t n;
+} g_scratch[SCRATCH_SLOTS] = {{ATOMIC_FLAG_INIT, NULL, 0}, {ATOMIC_FLAG_INIT, NULL, 0},
+                              {ATOMIC_FLAG_INIT, NULL, 0}, {ATOMIC_FLAG_INIT, NULL, 0}};
+
+/* n bytes (64-aligned) and the slot holding them (-1: the caller's own). */
+static void *scratch_take(size_t n, int *slot) {
+    n = (n + 63) / 64 * 64;
+    for (int i = 0; i < SCRATCH_SLOTS; i++) {
+        if (atomic_flag_test_and_set_explicit(&g_scratch[i].busy, memory_order_acquire)) continue;
+        if (g_scratch[i].n < n) {
+            free(g_scratch[i].p);
+            g_scratch[i].n = 0;
+            if (!(g_scratch[i].p = aligned_alloc(64, n))) {
+                atomic_flag_clear_explicit(&g_scratch[i].busy, memory_order_release);
+                return NULL;
+            }
+            g_scratch[i].n = n;
+        }
+        *slot = i;
+        return g_scratch[i].p;
+    }
+    *slot = -1;
+    return aligned_alloc(64, n);
+}
+
+static void scratch_give(void *p, int slot) {
+    if (slot < 0) free(p);
+    else atomic_flag_clear_explicit(&g_scratch[slot].busy, memory_order_release);
+}
+
+__attribute__((destructor)) static void scratch_free_all(void) {
+    for (int i = 0; i < SCRATCH_SLOTS; i++) {
+        free(g_scratch[i].p);
+        g_scratch[i].p = NULL;
+        g_scratch[i].n = 0;
+    }
+}
+
 mg_status mg_gemm_bf16(int ta, int tb, int64_t M, int64_t N, int64_t K, const float *A,
                        int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc,
                        int nt, mg_error *err) {
@@ -534,11 +583,11 @@ mg_status mg_gemm_bf16(int ta, int tb, int64_t M, int64_t N, int64_t K, const fl
      * back: 7 % of a bf16 step); split panels, every thread reads all of A,
      * packed once before the products. */
     const int64_t pa_rows = split_rows ? nth * chunk * MR : M;
-    uint16_t *pa = malloc((size_t)pa_rows * (size_t)(2 * kp) * sizeof(uint16_t));
-    uint16_t *pb = malloc((size_t)np * (size_t)kp * 2 * NR * sizeof(uint16_t));
-    if (!pa || !pb) {
-        free(pa);
-        free(pb);
+    const size_t pb_bytes = ((size_t)np * (size_t)kp * 2 * NR * sizeof(uint16_t) + 63) / 64 * 64;
+    int slot;
+    uint16_t *pb = scratch_take(pb_bytes + (size_t)pa_rows * (size_t)(2 * kp) * sizeof(uint16_t), &slot);
+    uint16_t *pa = pb ? pb + pb_bytes / sizeof(uint16_t) : NULL; /* after B's panels */
+    if (!pb) {
         return mg_fail(err, MG_ERR_NOMEM, "gemm_bf16: out of memory for %lld x %lld x %lld",
                        (long long)M, (long long)N, (long long)K);
     }
@@ -589,8 +638,7 @@ mg_status mg_gemm_bf16(int ta, int tb, int64_t M, int64_t N, int64_t K, const fl
             }
         }
     }
-    free(pa);
-    free(pb);
+    scratch_give(pb, slot);
     return MG_OK;
 }
 
