@@ -502,7 +502,8 @@ static void pack_a_bf16(int ta, const float *A, int64_t lda, int64_t K, int64_t 
         for (int64_t k0 = 0; k0 < K; k0 += 64) {
             const int64_t k1 = k0 + 64 < K ? k0 + 64 : K;
             for (int64_t m = r0; m < r1; m++)
-                for (int64_t k = k0; k < k1; k++) out[(m - r0) * kp2 + k] = bf16_round(A[k * lda + m]);
+                for (int64_t k = k0; k < k1; k++)
+                    out[(m - r0) * kp2 + k] = bf16_round(A[k * lda + m]);
         }
     for (int64_t m = r0; m < r1; m++) {
         uint16_t *dst = out + (m - r0) * kp2;
@@ -532,7 +533,8 @@ static struct {
 static void *scratch_take(size_t n, int *slot) {
     n = (n + 63) / 64 * 64;
     for (int i = 0; i < SCRATCH_SLOTS; i++) {
-        if (atomic_flag_test_and_set_explicit(&g_scratch[i].busy, memory_order_acquire)) continue;
+        if (atomic_flag_test_and_set_explicit(&g_scratch[i].busy, memory_order_acquire))
+            continue;
         if (g_scratch[i].n < n) {
             free(g_scratch[i].p);
             g_scratch[i].n = 0;
@@ -584,13 +586,13 @@ mg_status mg_gemm_bf16(int ta, int tb, int64_t M, int64_t N, int64_t K, const fl
      * packed once before the products. */
     const int64_t pa_rows = split_rows ? nth * chunk * MR : M;
     const size_t pb_bytes = ((size_t)np * (size_t)kp * 2 * NR * sizeof(uint16_t) + 63) / 64 * 64;
+    const size_t pa_bytes = (size_t)pa_rows * (size_t)(2 * kp) * sizeof(uint16_t);
     int slot;
-    uint16_t *pb = scratch_take(pb_bytes + (size_t)pa_rows * (size_t)(2 * kp) * sizeof(uint16_t), &slot);
-    uint16_t *pa = pb ? pb + pb_bytes / sizeof(uint16_t) : NULL; /* after B's panels */
-    if (!pb) {
+    uint16_t *pb = scratch_take(pb_bytes + pa_bytes, &slot);
+    if (!pb)
         return mg_fail(err, MG_ERR_NOMEM, "gemm_bf16: out of memory for %lld x %lld x %lld",
                        (long long)M, (long long)N, (long long)K);
-    }
+    uint16_t *pa = pb + pb_bytes / sizeof(uint16_t); /* after B's panels */
     const int isa = mg_gemm_isa_bf16();
     const int64_t kcp = MG_GEMM_KC / 2; /* pairs per accumulation block */
 #pragma omp parallel num_threads(nth)
@@ -610,7 +612,7 @@ mg_status mg_gemm_bf16(int ta, int tb, int64_t M, int64_t N, int64_t K, const fl
         int64_t rb0 = 0, rb1 = row_blocks, p0 = 0, p1 = np;
         if (split_rows) thread_range(row_blocks, &rb0, &rb1);
         else thread_range(np, &p0, &p1);
-        uint16_t *own_a = pa + tid * chunk * MR * 2 * kp; /* split rows: this thread's */
+        uint16_t *own_a = split_rows ? pa + tid * chunk * MR * 2 * kp : NULL; /* this thread's */
         for (int64_t cb = rb0; cb < rb1; cb += chunk) {
             const int64_t ce = cb + chunk < rb1 ? cb + chunk : rb1;
             /* row r of op(A) in bf16 at a_rows + (r - a_r0) 2 kp */
