@@ -8,6 +8,7 @@
  * of 16 lanes, one broadcast of A per row and k (a pair of k's in bf16). */
 #include "nn/packed_gemm.h"
 
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #ifdef _OPENMP
@@ -358,8 +359,9 @@ AVX512 static void pack_a_avx512(int ta, const float *A, int64_t lda, int64_t K,
     if (!ta) {
         for (int64_t m = r0; m < r1; m++) {
             const float *src = A + m * lda;
-            uint16_t *dst = out + m * kp2;
+            uint16_t *dst = out + (m - r0) * kp2;
             for (int64_t k = 0; k < kp2; k += 16) { /* zeros past K (kp2 - K <= 1) */
+                if (m + 4 < r1) _mm_prefetch((const char *)(src + 4 * lda + k), _MM_HINT_T0);
                 const __mmask16 ld = lane_mask((int)(K - k < 16 ? K - k : 16));
                 _mm512_mask_cvtepi32_storeu_epi16(dst + k, lane_mask((int)(kp2 - k < 16 ? kp2 - k : 16)),
                                                   round_lanes(_mm512_maskz_loadu_ps(ld, src + k)));
@@ -377,6 +379,10 @@ AVX512 static void pack_a_avx512(int ta, const float *A, int64_t lda, int64_t K,
             __m512i p[16];
             for (int t = 0; t < 16; t++) {
                 const int64_t k = 2 * (t0 + t);
+                if (k + 33 < K) { /* the next block's rows, these m's */
+                    _mm_prefetch((const char *)(A + (k + 32) * lda + m0), _MM_HINT_T0);
+                    _mm_prefetch((const char *)(A + (k + 33) * lda + m0), _MM_HINT_T0);
+                }
                 const __m512 x0 = k < K ? _mm512_maskz_loadu_ps(lm, A + k * lda + m0)
                                         : _mm512_setzero_ps();
                 const __m512 x1 = k + 1 < K ? _mm512_maskz_loadu_ps(lm, A + (k + 1) * lda + m0)
@@ -385,7 +391,7 @@ AVX512 static void pack_a_avx512(int ta, const float *A, int64_t lda, int64_t K,
             }
             transpose16(p);
             for (int m = 0; m < nm; m++)
-                _mm512_mask_storeu_epi32(out + (m0 + m) * kp2 + 2 * t0, lane_mask(nt), p[m]);
+                _mm512_mask_storeu_epi32(out + (m0 - r0 + m) * kp2 + 2 * t0, lane_mask(nt), p[m]);
         }
     }
 }
@@ -394,23 +400,38 @@ AVX512 static void pack_a_avx512(int ta, const float *A, int64_t lda, int64_t K,
  * and N). */
 AVX512 static void pack_b_avx512(int tb, const float *B, int64_t ldb, int64_t K, int64_t N,
                                  int64_t kp, int64_t p0, int64_t p1, uint16_t *out) {
+    if (!tb) {
+        /* rows 2t and 2t + 1 of B give row t of every panel: rows outer, so
+         * B is read in row order (panel by panel, each panel's 128 bytes of
+         * a row came from L3 or memory once per panel: 6 % of a bf16 step
+         * stalled on those loads, molgen bench's dW products) */
+        for (int64_t t = 0; t < kp; t++) {
+            const float *s0 = B + 2 * t * ldb, *s1 = s0 + ldb;
+            const int two = 2 * t + 1 < K;
+            if (2 * t + 9 < K) /* the pair 4 ahead, this thread's columns */
+                for (int64_t n = p0 * NR; n < p1 * NR && n < N; n += 16) {
+                    _mm_prefetch((const char *)(s0 + 8 * ldb + n), _MM_HINT_T0);
+                    _mm_prefetch((const char *)(s1 + 8 * ldb + n), _MM_HINT_T0);
+                }
+            for (int64_t p = p0; p < p1; p++) {
+                uint16_t *dst = out + (p * kp + t) * 2 * NR; /* word j at dst + 2 j */
+                const int64_t n0 = p * NR;
+                const int nc = (int)(N - n0 < NR ? N - n0 : NR);
+                for (int j = 0; j < NR; j += 16) {
+                    const __mmask16 lm = lane_mask(nc - j);
+                    const __m512 x0 = _mm512_maskz_loadu_ps(lm, s0 + n0 + j);
+                    const __m512 x1 =
+                        two ? _mm512_maskz_loadu_ps(lm, s1 + n0 + j) : _mm512_setzero_ps();
+                    _mm512_storeu_si512(dst + 2 * j, pair_lanes(x0, x1));
+                }
+            }
+        }
+        return;
+    }
     for (int64_t p = p0; p < p1; p++) {
         uint16_t *dst = out + p * kp * 2 * NR; /* word (t, j) at dst + 2 (t NR + j) */
         const int64_t n0 = p * NR;
         const int nc = (int)(N - n0 < NR ? N - n0 : NR);
-        if (!tb) { /* rows 2t and 2t + 1 of B give the panel's row t */
-            for (int64_t t = 0; t < kp; t++) {
-                const float *s0 = B + 2 * t * ldb + n0, *s1 = s0 + ldb;
-                const int two = 2 * t + 1 < K;
-                for (int j = 0; j < NR; j += 16) {
-                    const __mmask16 lm = lane_mask(nc - j);
-                    const __m512 x0 = _mm512_maskz_loadu_ps(lm, s0 + j);
-                    const __m512 x1 = two ? _mm512_maskz_loadu_ps(lm, s1 + j) : _mm512_setzero_ps();
-                    _mm512_storeu_si512(dst + 2 * (t * NR + j), pair_lanes(x0, x1));
-                }
-            }
-            continue;
-        }
         /* column j's k's are row n0 + j of B: 16 columns x 16 pairs per block */
         for (int64_t t0 = 0; t0 < kp; t0 += 16) {
             const int64_t k0 = 2 * t0;
@@ -468,7 +489,7 @@ static void pack_b_bf16(int tb, const float *B, int64_t ldb, int64_t K, int64_t 
 }
 
 /* Rows [r0, r1) of op(A) [M, K] (element (m, k) at A[k * lda + m] with ta)
- * in bf16, row stride kp2 = 2 kp (the padding k zero). */
+ * in bf16, row stride kp2 = 2 kp (the padding k zero); row r0 at out. */
 static void pack_a_bf16(int ta, const float *A, int64_t lda, int64_t K, int64_t kp2, int64_t r0,
                         int64_t r1, uint16_t *out) {
 #ifdef MG_X86
@@ -481,10 +502,11 @@ static void pack_a_bf16(int ta, const float *A, int64_t lda, int64_t K, int64_t 
         for (int64_t k0 = 0; k0 < K; k0 += 64) {
             const int64_t k1 = k0 + 64 < K ? k0 + 64 : K;
             for (int64_t m = r0; m < r1; m++)
-                for (int64_t k = k0; k < k1; k++) out[m * kp2 + k] = bf16_round(A[k * lda + m]);
+                for (int64_t k = k0; k < k1; k++)
+                    out[(m - r0) * kp2 + k] = bf16_round(A[k * lda + m]);
         }
     for (int64_t m = r0; m < r1; m++) {
-        uint16_t *dst = out + m * kp2;
+        uint16_t *dst = out + (m - r0) * kp2;
         if (!ta)
             for (int64_t k = 0; k < K; k++) dst[k] = bf16_round(A[m * lda + k]);
         for (int64_t k = K; k < kp2; k++) dst[k] = 0;
@@ -492,6 +514,55 @@ static void pack_a_bf16(int ta, const float *A, int64_t lda, int64_t K, int64_t 
 }
 
 /* ----------------------------------------------------------- mg_gemm_bf16 */
+
+/* mg_gemm_bf16's packing buffers, kept between calls: a malloc and free of
+ * them per call let glibc give the heap's top back to the system and fault
+ * it in again on the next call (when A's and B's buffers were of a size,
+ * as in the dW products of d-wide layers: 5x slower, the time in page
+ * faults). SCRATCH_SLOTS callers at a time take a slot each (more than
+ * that malloc their own); a slot grows and is freed at exit. */
+#define SCRATCH_SLOTS 4
+static struct {
+    atomic_flag busy;
+    void *p;
+    size_t n;
+} g_scratch[SCRATCH_SLOTS] = {{ATOMIC_FLAG_INIT, NULL, 0}, {ATOMIC_FLAG_INIT, NULL, 0},
+                              {ATOMIC_FLAG_INIT, NULL, 0}, {ATOMIC_FLAG_INIT, NULL, 0}};
+
+/* n bytes (64-aligned) and the slot holding them (-1: the caller's own). */
+static void *scratch_take(size_t n, int *slot) {
+    n = (n + 63) / 64 * 64;
+    for (int i = 0; i < SCRATCH_SLOTS; i++) {
+        if (atomic_flag_test_and_set_explicit(&g_scratch[i].busy, memory_order_acquire))
+            continue;
+        if (g_scratch[i].n < n) {
+            free(g_scratch[i].p);
+            g_scratch[i].n = 0;
+            if (!(g_scratch[i].p = aligned_alloc(64, n))) {
+                atomic_flag_clear_explicit(&g_scratch[i].busy, memory_order_release);
+                return NULL;
+            }
+            g_scratch[i].n = n;
+        }
+        *slot = i;
+        return g_scratch[i].p;
+    }
+    *slot = -1;
+    return aligned_alloc(64, n);
+}
+
+static void scratch_give(void *p, int slot) {
+    if (slot < 0) free(p);
+    else atomic_flag_clear_explicit(&g_scratch[slot].busy, memory_order_release);
+}
+
+__attribute__((destructor)) static void scratch_free_all(void) {
+    for (int i = 0; i < SCRATCH_SLOTS; i++) {
+        free(g_scratch[i].p);
+        g_scratch[i].p = NULL;
+        g_scratch[i].n = 0;
+    }
+}
 
 mg_status mg_gemm_bf16(int ta, int tb, int64_t M, int64_t N, int64_t K, const float *A,
                        int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc,
@@ -503,33 +574,55 @@ mg_status mg_gemm_bf16(int ta, int tb, int64_t M, int64_t N, int64_t K, const fl
     if (lda < (ta ? M : K) || ldb < (tb ? K : N) || ldc < N)
         return mg_fail(err, MG_ERR_ARG, "gemm_bf16: a leading dimension is below its row");
     const int64_t kp = (K + 1) / 2, np = (N + NR - 1) / NR;
-    uint16_t *pa = malloc((size_t)M * (size_t)(2 * kp) * sizeof(uint16_t));
-    uint16_t *pb = malloc((size_t)np * (size_t)kp * 2 * NR * sizeof(uint16_t));
-    if (!pa || !pb) {
-        free(pa);
-        free(pb);
-        return mg_fail(err, MG_ERR_NOMEM, "gemm_bf16: out of memory for %lld x %lld x %lld",
-                       (long long)M, (long long)N, (long long)K);
-    }
-    const int isa = mg_gemm_isa_bf16();
-    const int64_t kcp = MG_GEMM_KC / 2;          /* pairs per accumulation block */
+    const int nth = nt > 0 ? nt : 1;
+    const int64_t chunk = 8;                      /* row blocks that reuse each panel from L1 */
     const int64_t row_blocks = (M + MR - 1) / MR; /* MR-row blocks */
     /* rows split when there are enough row blocks; else column panels */
-    const int split_rows = row_blocks >= 4 * (nt > 0 ? nt : 1) || np < 2;
-#pragma omp parallel num_threads(nt > 0 ? nt : 1)
+    const int split_rows = row_blocks >= 4 * nth || np < 2;
+    /* A in bf16: split rows, each thread packs a chunk of its rows just
+     * before it multiplies them, into its own buffer of chunk MR rows that
+     * stays in L2 (all of A packed first was written to memory and read
+     * back: 7 % of a bf16 step); split panels, every thread reads all of A,
+     * packed once before the products. */
+    const int64_t pa_rows = split_rows ? nth * chunk * MR : M;
+    const size_t pb_bytes = ((size_t)np * (size_t)kp * 2 * NR * sizeof(uint16_t) + 63) / 64 * 64;
+    const size_t pa_bytes = (size_t)pa_rows * (size_t)(2 * kp) * sizeof(uint16_t);
+    int slot;
+    uint16_t *pb = scratch_take(pb_bytes + pa_bytes, &slot);
+    if (!pb)
+        return mg_fail(err, MG_ERR_NOMEM, "gemm_bf16: out of memory for %lld x %lld x %lld",
+                       (long long)M, (long long)N, (long long)K);
+    uint16_t *pa = pb + pb_bytes / sizeof(uint16_t); /* after B's panels */
+    const int isa = mg_gemm_isa_bf16();
+    const int64_t kcp = MG_GEMM_KC / 2; /* pairs per accumulation block */
+#pragma omp parallel num_threads(nth)
     {
         int64_t lo, hi;
-        thread_range(M, &lo, &hi);
-        pack_a_bf16(ta, A, lda, K, 2 * kp, lo, hi, pa);
+        int tid = 0;
+#ifdef _OPENMP
+        tid = omp_get_thread_num();
+#endif
+        if (!split_rows) {
+            thread_range(M, &lo, &hi);
+            pack_a_bf16(ta, A, lda, K, 2 * kp, lo, hi, pa + lo * 2 * kp);
+        }
         thread_range(np, &lo, &hi);
         pack_b_bf16(tb, B, ldb, K, N, kp, lo, hi, pb);
 #pragma omp barrier
         int64_t rb0 = 0, rb1 = row_blocks, p0 = 0, p1 = np;
         if (split_rows) thread_range(row_blocks, &rb0, &rb1);
         else thread_range(np, &p0, &p1);
-        const int64_t chunk = 8; /* row blocks that reuse each panel from L1 */
+        uint16_t *own_a = split_rows ? pa + tid * chunk * MR * 2 * kp : NULL; /* this thread's */
         for (int64_t cb = rb0; cb < rb1; cb += chunk) {
             const int64_t ce = cb + chunk < rb1 ? cb + chunk : rb1;
+            /* row r of op(A) in bf16 at a_rows + (r - a_r0) 2 kp */
+            const uint16_t *a_rows = pa;
+            int64_t a_r0 = 0;
+            if (split_rows) {
+                a_r0 = cb * MR;
+                pack_a_bf16(ta, A, lda, K, 2 * kp, a_r0, ce * MR < M ? ce * MR : M, own_a);
+                a_rows = own_a;
+            }
             for (int64_t k0 = 0; k0 < kp; k0 += kcp) {
                 const int64_t kn = kp - k0 < kcp ? kp - k0 : kcp;
                 const float cs = k0 == 0 ? beta : 1.0f;
@@ -540,15 +633,14 @@ mg_status mg_gemm_bf16(int ta, int tb, int64_t M, int64_t N, int64_t K, const fl
                     for (int64_t rb = cb; rb < ce; rb++) {
                         const int64_t r = rb * MR;
                         const int mr = (int)(M - r < MR ? M - r : MR);
-                        kern_bf16(isa, mr, pa + r * 2 * kp + 2 * k0, 2 * kp, bp, kn,
+                        kern_bf16(isa, mr, a_rows + (r - a_r0) * 2 * kp + 2 * k0, 2 * kp, bp, kn,
                                   C + r * ldc + n0, ldc, nc, NULL, cs);
                     }
                 }
             }
         }
     }
-    free(pa);
-    free(pb);
+    scratch_give(pb, slot);
     return MG_OK;
 }
 
@@ -626,7 +718,7 @@ mg_status mg_packed_forward(float *out, const float *X, int64_t M, const mg_pack
         int64_t lo, hi;
         if (p->dt == MG_DT_BF16) {
             thread_range(M, &lo, &hi);
-            pack_a_bf16(0, X, K, K, 2 * kp, lo, hi, p->xa);
+            pack_a_bf16(0, X, K, K, 2 * kp, lo, hi, p->xa + lo * 2 * kp);
 #pragma omp barrier
         }
         int64_t rb0 = 0, rb1 = row_blocks, p0 = 0, p1 = np;

@@ -8,7 +8,7 @@
  *  - mg_packed fp32: bitwise the test's own sequential fmaf chain from 0
  *    plus the bias (the documented order), and bf16 against double;
  *  - the AVX-512 and portable kernels (forced) agree within the bound, and
- *    1, 2 and 3 threads give the same bits;
+ *    1, 2 and 3 threads give the same bits, so do 6 concurrent callers;
  *  - a KV decoder over packed fp32 weights gives the training forward's
  *    logits (mg_model_logits) within fp32 rounding, and bf16 within a
  *    bf16 bound;
@@ -107,6 +107,20 @@ static void check_threads_and_portable(void) {
     }
     /* both within gamma_{K+2} * sum |a b| <= (K + 2) u K of the exact sum */
     CHECK(worst <= 2.0 * (K + 2) * 0x1.0p-24 * K, "portable vs AVX-512 differ by %g", worst);
+    /* 6 callers at once (more than the 4 kept packing buffers: the others
+     * allocate their own), each on 1 thread: the bits of the 1-thread call */
+    float *Cc[6];
+    for (int c = 0; c < 6; c++) Cc[c] = calloc((size_t)(M * N), sizeof(float));
+    int fails = 0;
+#pragma omp parallel for num_threads(6) reduction(+ : fails)
+    for (int c = 0; c < 6; c++)
+        fails += mg_gemm_bf16(1, 0, M, N, K, A, M, B, N, 0.0f, Cc[c], N, 1, NULL) != MG_OK;
+    CHECK(!fails, "gemm_bf16: a concurrent call failed");
+    for (int c = 0; c < 6; c++) {
+        CHECK(!memcmp(C[0], Cc[c], (size_t)(M * N) * sizeof(float)),
+              "gemm_bf16: concurrent caller %d differs", c);
+        free(Cc[c]);
+    }
     for (int t = 0; t < 4; t++) free(C[t]);
     free(A);
     free(B);
@@ -277,7 +291,8 @@ int main(void) {
     check_inference_pack(MG_DT_F32);
     check_inference_pack(MG_DT_BF16);
     static const int64_t shapes[][3] = {{1, 1, 1},   {7, 33, 5},   {9, 31, 2},   {64, 40, 129},
-                                        {17, 65, 400}, {130, 96, 385}, {3, 190, 800}};
+                                        {17, 65, 400}, {130, 96, 385}, {3, 190, 800},
+                                        {300, 70, 67}};
     for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)
         for (int t = 0; t < 4; t++)
             check_gemm(t & 1, t >> 1, shapes[i][0], shapes[i][1], shapes[i][2],
