@@ -2,7 +2,7 @@
  * anything after the first space or tab ignored) through mg_smiles_check at
  * levels none, syntax and valence; one line out per line in:
  * "N S V<TAB>reason" with N S V 1 (passes) or 0, the reason the first
- * refusing level's. molgen/tests/test_smiles_rdkit.py compares the verdicts
+ * refusing level's. molgen/tests/chem/test_smiles_rdkit.py compares the verdicts
  * with RDKit's. */
 #include <stdio.h>
 #include <string.h>

@@ -17,13 +17,13 @@ int cmd_bench(int argc, char **argv);     /* cmd_bench.c */
 int cmd_score(int argc, char **argv);     /* cmd_score.c */
 int cmd_optimize(int argc, char **argv); /* cmd_optimize.c */
 /* Hidden: dump a random batch's loss and gradients for the PyTorch oracle
- * test (molgen/tests/test_model_torch.py). cmd_debug_grads.c. */
+ * test (molgen/tests/nn/test_model_torch.py). cmd_debug_grads.c. */
 int cmd_debug_grads(int argc, char **argv);
 /* Hidden: the DAP loss and gradient of molgen optimize for its float64
- * oracle (molgen/tests/test_optimize.py). cmd_optimize.c. */
+ * oracle (molgen/tests/rl/test_optimize.py). cmd_optimize.c. */
 int cmd_debug_dap(int argc, char **argv);
 /* Hidden: mg_smiles_check's verdicts at every level for stdin's SMILES, for
- * the RDKit comparison (molgen/tests/test_smiles_rdkit.py). cmd_debug_check.c. */
+ * the RDKit comparison (molgen/tests/chem/test_smiles_rdkit.py). cmd_debug_check.c. */
 int cmd_debug_check(int argc, char **argv);
 
 #ifdef __cplusplus

@@ -1,5 +1,5 @@
 /* molgen DAP gradient dump (hidden `molgen debug-dap`, for
- * molgen/tests/test_optimize.py's float64 oracle): a small random agent and
+ * molgen/tests/rl/test_optimize.py's float64 oracle): a small random agent and
  * prior, a random batch with given scores, the DAP loss of molgen optimize
  * (mg_opt_dap_backward) and its gradient written out.
  *

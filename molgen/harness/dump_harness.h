@@ -2,7 +2,7 @@
  * debug-grads`, dap_dump.h for `molgen debug-dap`): one random stream, a
  * perturbation of a model's parameters, a random batch, the gradient
  * tensors' table. Both dumps feed float64 oracles in PyTorch
- * (molgen/tests/test_model_torch.py, test_optimize.py), which read the
+ * (molgen/tests/nn/test_model_torch.py, test_optimize.py), which read the
  * batch from the file, so only its shape is a contract:
  *
  *   stream        splitmix64 from seed ^ 0x5DEECE66D (mg_dump_stream)

@@ -1,5 +1,5 @@
 /* molgen gradient dump: one forward/backward of a random batch written out,
- * for the PyTorch oracle test (molgen/tests/test_model_torch.py through
+ * for the PyTorch oracle test (molgen/tests/nn/test_model_torch.py through
  * `molgen debug-grads`).
  *
  * The model: the file at model_path as is, or a fresh one of the given

@@ -733,7 +733,7 @@ static mg_status aug_rounds(mg_opt *o, step_work *w, mg_error *err) {
     return rc;
 }
 
-/* Tests (molgen/tests/test_optimize.py's float64 oracle of a step with
+/* Tests (molgen/tests/rl/test_optimize.py's float64 oracle of a step with
  * replay): with MOLGEN_OPT_DUMP_STEP=PATH, one process, the first step of
  * this invocation's loss rows and gradient into PATH: "rows.ids" I32
  * [N, ctx + 1] (batch rows, then replayed ones), "rows.lengths" I64 [N],

@@ -13,7 +13,7 @@ load_state_dict), same init scheme, same loss:
 Rows are molgen's data layout: BOS t1 .. tk EOS PAD..., lengths = k + 2;
 input = ids[:, :-1], target = ids[:, 1:], key_lengths = lengths - 1.
 
-Uses: the gradient oracle of molgen/tests/test_model_torch.py, and
+Uses: the gradient oracle of molgen/tests/nn/test_model_torch.py, and
 `bench` mode, the PyTorch side of the training tokens/s comparison
 (`molgen bench` measures the C side the same way: random full rows of
 B x ctx positions, every position a real target, forward + backward +

@@ -10,7 +10,7 @@ molecule fails; molgen.metrics reports the pass rate, molgen.scoring's
 The patterns are screened by counts before RDKit's matcher runs (a pattern
 needs at least as many atoms of each element and bonds of each kind as its
 query restricts): the same verdicts as trying every pattern, several times
-faster (molgen/tests/test_metrics.py checks them against the plain loop).
+faster (molgen/tests/metrics/test_metrics.py checks them against the plain loop).
 """
 import os
 import re
