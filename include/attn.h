@@ -69,10 +69,20 @@ extern "C" {
  * differ when a program runs against another build than it was compiled
  * with (the struct layouts here are the ABI; the soname changes with them). */
 #define ATTN_VERSION_MAJOR 0
-#define ATTN_VERSION_MINOR 5
+#define ATTN_VERSION_MINOR 6
 #define ATTN_VERSION_PATCH 0
-#define ATTN_VERSION "0.5.0"
+#define ATTN_VERSION "0.6.0"
 ATTN_API const char *attn_version(void);
+
+/* What this CPU runs of the library's instruction-set table: ATTN_CPU_*
+ * bits, read once (thread-safely) at the first call; 0 on a CPU other than
+ * x86-64. The CPU's, not lowered by ATTN_FUSED_ISA. For applications with
+ * kernels of their own, so that they dispatch on the table the library
+ * uses (molgen's products do). */
+#define ATTN_CPU_AVX2_FMA 1u   /* AVX2 and FMA3 */
+#define ATTN_CPU_AVX512 2u     /* AVX-512F (with AVX2 and FMA3) */
+#define ATTN_CPU_AVX512BF16 4u /* AVX512_BF16 (VDPBF16PS), the OS saving the AVX-512 state */
+ATTN_API unsigned attn_cpu_features(void);
 
 /* ---------------------------------------------------------------- errors */
 

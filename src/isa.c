@@ -83,7 +83,8 @@ static const struct {
 };
 enum { N_ISAS = sizeof g_isas / sizeof g_isas[0] };
 
-static int g_cpu; /* the first row the CPU runs */
+static int g_cpu;           /* the first row the CPU runs */
+static unsigned g_features; /* ATTN_CPU_* bits */
 static pthread_once_t g_cpu_once = PTHREAD_ONCE_INIT;
 
 static void detect(void) {
@@ -93,11 +94,20 @@ static void detect(void) {
     int i = 0;
     while (i + 1 < N_ISAS && !g_isas[i].cpu_runs()) i++;
     g_cpu = i;
+#if defined(__x86_64__)
+    g_features = (cpu_avx2() ? ATTN_CPU_AVX2_FMA : 0u) | (cpu_avx512() ? ATTN_CPU_AVX512 : 0u) |
+                 (cpu_avx512bf16() ? ATTN_CPU_AVX512BF16 : 0u);
+#endif
 }
 
 static int cpu_row(void) {
     pthread_once(&g_cpu_once, detect);
     return g_cpu;
+}
+
+unsigned attn_cpu_features(void) {
+    pthread_once(&g_cpu_once, detect);
+    return g_features;
 }
 
 static int active_row(void) {

@@ -3,7 +3,9 @@
  * takes any finite scale, 0 included (every score 0: weights uniform over
  * the keys a row sees, checked against the exact fractions 1/n, and dq
  * exactly 0), on the reference, the fused and the decode paths; a nonzero
- * scale without use_scale is refused with a message naming use_scale. */
+ * scale without use_scale is refused with a message naming use_scale.
+ * attn_cpu_features() agrees with the kernel's reading of the CPU
+ * (/proc/cpuinfo's flags, where there is one). */
 #include "testutil.h"
 
 static void test_version(void) {
@@ -105,8 +107,46 @@ static void test_scale_field(void) {
     free(params);
 }
 
+/* 1 when the "flags" line of /proc/cpuinfo lists flag as a whole word, 0
+ * when not, -1 without a flags line (not Linux on x86-64). */
+static int cpuinfo_flag(const char *flag) {
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (!f) return -1;
+    static char line[16384];
+    int found = -1;
+    while (found < 0 && fgets(line, sizeof line, f)) {
+        char *colon = strchr(line, ':');
+        if (strncmp(line, "flags", 5) != 0 || !colon) continue;
+        found = 0;
+        for (char *t = strtok(colon + 1, " \t\n"); t; t = strtok(NULL, " \t\n"))
+            if (strcmp(t, flag) == 0) found = 1;
+    }
+    fclose(f);
+    return found;
+}
+
+static void test_cpu_features(void) {
+    const unsigned f = attn_cpu_features();
+    CHECK(f == attn_cpu_features(), "attn_cpu_features() changed between calls");
+    CHECK((f & ~7u) == 0, "attn_cpu_features() %#x has bits outside ATTN_CPU_*", f);
+    const int avx2 = cpuinfo_flag("avx2"), fma = cpuinfo_flag("fma"),
+              avx512 = cpuinfo_flag("avx512f"), bf16 = cpuinfo_flag("avx512_bf16");
+    if (avx2 < 0) {
+        printf("  no flags line in /proc/cpuinfo: features %#x not compared\n", f);
+        return;
+    }
+    CHECK(!!(f & ATTN_CPU_AVX2_FMA) == (avx2 && fma), "AVX2_FMA %d, cpuinfo avx2 %d fma %d",
+          !!(f & ATTN_CPU_AVX2_FMA), avx2, fma);
+    CHECK(!!(f & ATTN_CPU_AVX512) == (avx512 && avx2 && fma), "AVX512 %d, cpuinfo avx512f %d",
+          !!(f & ATTN_CPU_AVX512), avx512);
+    CHECK(!!(f & ATTN_CPU_AVX512BF16) == (bf16 && avx512 && avx2 && fma),
+          "AVX512BF16 %d, cpuinfo avx512_bf16 %d", !!(f & ATTN_CPU_AVX512BF16), bf16);
+    printf("  attn_cpu_features() %#x: the CPU flags agree\n", f);
+}
+
 int main(void) {
     test_version();
+    test_cpu_features();
     test_scale_field();
     return tu_report("test_abi");
 }

@@ -8,6 +8,8 @@
  * of 16 lanes, one broadcast of A per row and k (a pair of k's in bf16). */
 #include "nn/packed_gemm.h"
 
+#include "attn.h"
+
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,31 +37,30 @@ int mg_dtype_parse(const char *s, mg_dtype *dt) {
 
 /* ------------------------------------------------------------ dispatch */
 
-static int g_forced; /* mg_gemm_force_portable */
+static atomic_int g_forced; /* mg_gemm_force_portable */
 /* bit 0: AVX-512F, bit 1: AVX512_BF16, bit 2: AVX2 and FMA (the C kernels'
  * FMA build: the portable bits, so forcing the portable kernels keeps it);
- * -1 not read yet */
-static int g_isa = -1;
+ * -1 not read yet. From libattn's table of the CPU (attn_cpu_features), so
+ * the library and molgen dispatch on one reading of the CPU. */
+static atomic_int g_isa = -1;
 
 static int isa_bits(void) {
-    if (g_isa < 0) {
-        int bits = 0;
-#ifdef MG_X86
-        __builtin_cpu_init();
-        if (__builtin_cpu_supports("avx512f")) bits |= 1;
-        if ((bits & 1) && __builtin_cpu_supports("avx512bf16")) bits |= 2;
-        if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) bits |= 4;
-#endif
+    int bits = atomic_load_explicit(&g_isa, memory_order_relaxed);
+    if (bits < 0) {
+        const unsigned f = attn_cpu_features();
+        bits = ((f & ATTN_CPU_AVX512) ? 1 : 0) | ((f & ATTN_CPU_AVX512BF16) ? 2 : 0) |
+               ((f & ATTN_CPU_AVX2_FMA) ? 4 : 0);
         const char *env = getenv("MOLGEN_GEMM_ISA");
         if (env && !strcmp(env, "portable")) bits &= 4;
-        g_isa = bits; /* the same value whichever thread writes it first */
+        /* the same value whichever thread stores it first */
+        atomic_store_explicit(&g_isa, bits, memory_order_relaxed);
     }
-    return g_forced ? g_isa & 4 : g_isa;
+    return atomic_load_explicit(&g_forced, memory_order_relaxed) ? bits & 4 : bits;
 }
 
 int mg_gemm_isa_f32(void) { return (isa_bits() & 1) != 0; }
 int mg_gemm_isa_bf16(void) { return (isa_bits() & 2) != 0; }
-void mg_gemm_force_portable(int on) { g_forced = on != 0; }
+void mg_gemm_force_portable(int on) { atomic_store(&g_forced, on != 0); }
 const char *mg_gemm_dtype_note(mg_dtype dt) {
     return dt == MG_DT_BF16 && !mg_gemm_isa_bf16()
                ? "this CPU has no AVX512_BF16: --dtype bf16 is emulated (fp32 arithmetic on bf16 "

@@ -42,7 +42,8 @@ int mg_dtype_parse(const char *s, mg_dtype *dt);
 #define MG_GEMM_KC 384 /* k's per accumulation block of mg_gemm_bf16 */
 
 /* 1 when the AVX-512 kernels run (bf16: AVX512_BF16), 0 for the portable
- * ones. MOLGEN_GEMM_ISA=portable in the environment (read once) or
+ * ones, by libattn's reading of the CPU (attn_cpu_features).
+ * MOLGEN_GEMM_ISA=portable in the environment (read once) or
  * mg_gemm_force_portable(1) (tests) picks the portable kernels. */
 int mg_gemm_isa_f32(void);
 int mg_gemm_isa_bf16(void);

@@ -140,7 +140,7 @@ STRUCTS = {
 
 # The library version these declarations mirror (attn.h's ATTN_VERSION);
 # _load refuses a library that reports another (its structs may differ).
-ABI_VERSION = "0.5.0"
+ABI_VERSION = "0.6.0"
 
 # ---------------------------------------------------------------- loading
 

@@ -92,5 +92,5 @@ def test_public_api():
                  "set_num_threads", "get_num_threads", "AttnError"):
         assert hasattr(attn, name)
     assert issubclass(attn.AttnError, ValueError)
-    assert attn.__version__ == "0.5.0"
+    assert attn.__version__ == "0.6.0"
     assert _lib.lib.attn_version().decode() == attn.__version__
