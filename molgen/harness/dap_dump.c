@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "rl/optimize.h"
+#include "rl/dap_loss.h"
 #include "base/safetensors.h"
 #include "harness/dump_harness.h"
 

@@ -1,7 +1,7 @@
 /* molgen DAP gradient dump (hidden `molgen debug-dap`, for
  * molgen/tests/rl/test_optimize.py's float64 oracle): a small random agent and
  * prior, a random batch with given scores, the DAP loss of molgen optimize
- * (mg_opt_dap_backward) and its gradient written out.
+ * (mg_opt_dap_backward, rl/dap_loss.h) and its gradient written out.
  *
  * The agent: GPT-2 init from seed, then every parameter += U(-p/2, p/2);
  * the prior: the agent with a second perturbation of p/2 (so the two

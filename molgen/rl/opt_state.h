@@ -1,8 +1,8 @@
 /* molgen optimize's run state, shared by the files of rl/ that read or
- * write it (optimize.c the step and the run, opt_checkpoint.c save and
- * resume, opt_reports.c the reports): the scored molecules and their
- * indexes, the memory, the counters, a step's scratch. Not for other
- * folders: they see mg_opt through optimize.h's functions. */
+ * write it (optimize.c the step and the run, dap_loss.c the loss,
+ * opt_checkpoint.c save and resume, opt_reports.c the reports): the scored
+ * molecules and their indexes, the memory, the counters, a step's scratch.
+ * Not for other folders: they see mg_opt through optimize.h's functions. */
 #ifndef MG_OPT_STATE_H
 #define MG_OPT_STATE_H
 

@@ -15,6 +15,7 @@
 #include "base/safetensors.h"
 #include "gen/sample.h"
 #include "rl/chem_helper.h"
+#include "rl/dap_loss.h"
 #include "rl/opt_state.h"
 #include "rl/scorer_process.h"
 #include "base/util.h"
@@ -121,92 +122,6 @@ static mg_status agreed(mg_opt *o, mg_status rc, mg_error *err) {
 }
 int64_t mg_opt_calls(const mg_opt *o) { return (int64_t)o->nmol; }
 int64_t mg_opt_steps(const mg_opt *o) { return o->step; }
-
-/* ------------------------------------------------------------ rows */
-
-
-/* rows [first, first + n) packed for a forward: the longest length */
-static int rows_T(const mg_opt *o, int first, int n) {
-    int T = 2;
-    for (int r = first; r < first + n; r++)
-        if (o->len[r] > T) T = (int)o->len[r];
-    return T;
-}
-
-/* NLL of rows [0, n) under m; the rows are repacked to width T in place of
- * the scratch's ctx + 1 into a temporary. Keeps m's activations. */
-static mg_status rows_nll(mg_opt *o, mg_model *m, int first, int n, double *nll, mg_error *err) {
-    if (n <= 0) return MG_OK;
-    const int W = o->ctx + 1, T = rows_T(o, first, n);
-    int32_t *p = malloc((size_t)n * T * sizeof *p);
-    if (!p) return mg_fail(err, MG_ERR_NOMEM, "out of memory");
-    for (int r = 0; r < n; r++)
-        memcpy(p + (size_t)r * T, o->ids + (size_t)(first + r) * W, (size_t)T * sizeof *p);
-    mg_status rc = mg_model_sequence_nll(
-        m, &(mg_batch){.ids = p, .lengths = o->len + first, .B = n, .T = T}, nll, err);
-    free(p);
-    return rc;
-}
-
-/* The DAP gradient of n rows that are part of a loss over N used rows (all
- * ranks'): weights 2 d_r / N, the sum of d_r^2 of these rows into *sumsq;
- * no backward (the gradients untouched) when none of them is used. */
-static mg_status dap_rows(mg_model *agent, int n, const double *prior_nll,
-                          const double *agent_nll, const double *score, const unsigned char *use,
-                          double sigma, int N, float *w, double *sumsq, mg_error *err) {
-    double L = 0;
-    int any = 0;
-    for (int r = 0; r < n; r++) {
-        /* target - agent_ll = (-prior_nll + sigma s) + agent_nll */
-        const double d = use[r] ? -prior_nll[r] + sigma * score[r] + agent_nll[r] : 0.0;
-        L += d * d;
-        w[r] = N ? (float)(2.0 * d / N) : 0.0f;
-        any |= use[r];
-    }
-    *sumsq = L;
-    if (!any || !N) return MG_OK;
-    return mg_model_backward(agent, w, err);
-}
-
-mg_status mg_opt_dap_backward(mg_model *agent, int n, const double *prior_nll,
-                              const double *agent_nll, const double *score,
-                              const unsigned char *use, double sigma, float *w, double *loss,
-                              mg_error *err) {
-    int N = 0;
-    for (int r = 0; r < n; r++) N += use[r] != 0;
-    double L = 0;
-    mg_status rc = dap_rows(agent, n, prior_nll, agent_nll, score, use, sigma, N, w, &L, err);
-    *loss = N ? L / N : 0.0;
-    return rc;
-}
-
-/* One Adam step on rows [0, n) whose NLLs under the prior (pnll) and the
- * agent (anll) are computed, learning scores score [n]; rows with use[r] 0
- * get no weight. This rank's part of the rows (mg_dist_range) is the
- * agent's last forward; the ranks' gradients are summed. The loss in *loss. */
-static mg_status dap_update(mg_opt *o, int n, const double *score, const unsigned char *use,
-                            double *loss, mg_error *err) {
-    size_t a, b;
-    mg_dist_range((size_t)n, o->d->rank, o->d->size, &a, &b);
-    int N = 0;
-    for (int r = 0; r < n; r++) N += use[r] != 0;
-    double L = 0;
-    mg_status rc = dap_rows(o->agent, (int)(b - a), o->pnll + a, o->anll + a, score + a, use + a,
-                            o->op.sigma, N, o->w, &L, err);
-    int mine = 0;
-    for (size_t r = a; r < b; r++) mine |= use[r];
-    float *g = mg_model_grads(o->agent);
-    const size_t P = mg_model_num_params(o->agent);
-    if (!mine && o->d->size > 1) memset(g, 0, P * sizeof *g); /* no rows: adds nothing */
-    if ((rc = agreed(o, rc, err))) return rc;
-    if (o->d->size > 1 && N) {
-        mg_dist_sum_f32(o->d, g, P);
-        mg_dist_sum_f64(o->d, &L, 1);
-    }
-    *loss = N ? L / N : 0.0;
-    if (N) rc = mg_adamw_step(&o->adam, mg_model_params(o->agent), g, NULL, NULL, err);
-    return agreed(o, rc, err);
-}
 
 /* ------------------------------------------------------------ one step */
 
@@ -686,16 +601,16 @@ static mg_status nlls_in_range(const mg_opt *o, const step_work *w, mg_error *er
 
 /* The NLLs of the loss rows [0, N = B + replay): this rank's part [a, b)
  * (mg_dist_range) through the prior (sampled rows; the replayed ones' are
- * stored) and the agent (its activations kept for dap_update), then every
+ * stored) and the agent (its activations kept for mg_opt_dap_update), then every
  * rank's parts to every rank (a sum over zeros elsewhere: exact). */
 static mg_status row_nlls(mg_opt *o, const step_work *w, mg_error *err) {
     const int B = w->B, N = B + w->nreplay;
     size_t a, b;
     mg_dist_range((size_t)N, o->d->rank, o->d->size, &a, &b);
     const int pb = (int)b < B ? (int)b : B, pa = (int)a < pb ? (int)a : pb;
-    mg_status rc = rows_nll(o, o->prior, pa, pb - pa, o->pnll + pa, err);
+    mg_status rc = mg_opt_rows_nll(o, o->prior, pa, pb - pa, o->pnll + pa, err);
     for (int k = 0; k < w->nreplay; k++) o->pnll[B + k] = o->mols[w->rmol[k]].prior_nll;
-    if (!rc) rc = rows_nll(o, o->agent, (int)a, (int)(b - a), o->anll + a, err);
+    if (!rc) rc = mg_opt_rows_nll(o, o->agent, (int)a, (int)(b - a), o->anll + a, err);
     if ((rc = agreed(o, rc, err))) return rc;
     if (o->d->size <= 1) return nlls_in_range(o, w, err);
     for (int r = 0; r < N; r++) {
@@ -723,10 +638,10 @@ static mg_status aug_rounds(mg_opt *o, step_work *w, mg_error *err) {
             if (!sp || !mg_opt_encode_row(o, r, sp)) mg_opt_encode_row(o, r, m->smiles);
         }
         double loss;
-        rc = rows_nll(o, o->prior, (int)a, (int)(b - a), o->pnll + a, err);
-        if (!rc) rc = rows_nll(o, o->agent, (int)a, (int)(b - a), o->anll + a, err);
+        rc = mg_opt_rows_nll(o, o->prior, (int)a, (int)(b - a), o->pnll + a, err);
+        if (!rc) rc = mg_opt_rows_nll(o, o->agent, (int)a, (int)(b - a), o->anll + a, err);
         for (int r = 0; r < n; r++) sc[r] = o->mem[r].score;
-        if (!(rc = agreed(o, rc, err))) rc = dap_update(o, n, sc, use, &loss, err);
+        if (!(rc = agreed(o, rc, err))) rc = mg_opt_dap_update(o, n, sc, use, &loss, err);
     }
     free(sc);
     free(use);
@@ -816,7 +731,7 @@ static mg_status step_once(mg_opt *o, mg_opt_progress *pg, mg_error *err) {
         }
     }
     double loss = 0;
-    if (!rc) rc = dap_update(o, N, s2, use, &loss, err);
+    if (!rc) rc = mg_opt_dap_update(o, N, s2, use, &loss, err);
     if (!rc) rc = dump_step(o, &w, N, s2, use, loss, err);
     if (!rc) rc = aug_rounds(o, &w, err);
     aug_free(&w, o->op.aug_rounds);

@@ -111,16 +111,6 @@ int64_t mg_opt_steps(const mg_opt *o);
  * molecules, memory): the ranks check they resumed the same run. */
 uint64_t mg_opt_state_digest(mg_opt *o);
 
-/* The DAP loss of n rows after mg_model_sequence_nll(agent, rows) gave
- * agent_nll [n] (its activations kept): the mean over the rows with use[r]
- * of (prior_ll_r + sigma score_r - agent_ll_r)^2 into *loss, and its
- * gradient into mg_model_grads(agent) (untouched when no row is used);
- * w [n] scratch (the row weights). */
-mg_status mg_opt_dap_backward(mg_model *agent, int n, const double *prior_nll,
-                              const double *agent_nll, const double *score,
-                              const unsigned char *use, double sigma, float *w, double *loss,
-                              mg_error *err);
-
 #ifdef __cplusplus
 }
 #endif
