@@ -44,7 +44,7 @@ void mg_decoder_free(mg_decoder *d); /* NULL fine */
 mg_status mg_decoder_reset(mg_decoder *d, int n, mg_error *err);
 /* Conditions of a conditional model's rows: cond [n, K], n 1 (every row)
  * or B, row r's values those of decoder row r; NULL or n = 0: none given,
- * as a new decoder. Copied into the decoder (the model is not changed);
+ * as a new decoder. Copied into the decoder (not left on the model);
  * mg_model_keep_conditions' MG_ERR_ARG cases. */
 mg_status mg_decoder_set_conditions(mg_decoder *d, const float *cond, int n, mg_error *err);
 /* Row r (0 <= r < n) starts over at position 0; the others are untouched. */

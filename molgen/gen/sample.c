@@ -200,7 +200,9 @@ static int samples_alloc(mg_samples *out, size_t n) {
 /* What every part of a run shares: the slots per decoder (B, doubled to
  * DB with guidance), the scaffold prefix's length P, and a conditional
  * model's condition rows cond [DB, K] (NULL for an unconditional one) that
- * every part's decoder copies: the caller's model is not changed. */
+ * every part's decoder copies: no per-call input is left on the caller's
+ * model (the naive decoder still runs forwards on it: its activations are
+ * the last step's). */
 typedef struct {
     int B, DB, P, guide;
     float *cond;

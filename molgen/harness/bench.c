@@ -101,11 +101,11 @@ mg_status mg_bench_train(mg_model *m, int B, int steps, int warmup, int runs, mg
                 mg_batcher_next(data, full, len, NULL);
                 Tb = mg_trim_batch(full, len, B, T, ids);
             }
-            if ((rc = mg_model_forward(m, &(mg_batch){.ids = ids, .lengths = len, .B = B, .T = Tb},
-                                       1, (uint64_t)step, &loss, &ntok, err) ||
-                      mg_model_backward(m, NULL, err) ||
-                      mg_adamw_step(&opt, mg_model_params(m), mg_model_grads(m), NULL, NULL, err)))
-                goto done;
+            rc = mg_model_forward(m, &(mg_batch){.ids = ids, .lengths = len, .B = B, .T = Tb}, 1,
+                                  (uint64_t)step, &loss, &ntok, err);
+            if (!rc) rc = mg_model_backward(m, NULL, 0, err);
+            if (!rc) rc = mg_adamw_step(&opt, mg_model_params(m), mg_model_grads(m), NULL, NULL, err);
+            if (rc) goto done; /* the failing call's status, not 1 */
             tokens += ntok;
             flops += mg_train_step_flops(c, len, B);
         }

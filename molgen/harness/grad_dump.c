@@ -102,7 +102,7 @@ mg_status mg_grad_dump(const mg_grad_dump_opts *o, mg_grad_dump_result *r, mg_er
     int64_t ntok;
     const mg_batch bt = {.ids = ids, .lengths = len, .B = (int)B, .T = T};
     if ((rc = mg_model_forward(m, &bt, o->label_smoothing > 0, 0, &loss, &ntok, err)) ||
-        (rc = mg_model_backward(m, NULL, err)) ||
+        (rc = mg_model_backward(m, NULL, 0, err)) ||
         (rc = write_dump(o, m, &mc, t, names, ids, len, B, T, loss, ntok, err)))
         goto out;
     r->loss = loss;

@@ -515,12 +515,12 @@ mg_status mg_model_keep_conditions(const mg_model *m, const float *cond, int con
     if (!cond || cond_rows == 0) return MG_OK;
     if (K == 0) return mg_fail(err, MG_ERR_ARG, "conditions given to an unconditional model");
     if (cond_rows < 0) return mg_fail(err, MG_ERR_ARG, "%d condition rows", cond_rows);
+    if (cond_rows != 1 && cond_rows != B) /* before reading them: the count says how many */
+        return mg_fail(err, MG_ERR_ARG, "conditions given for %d rows, the batch has %d", cond_rows,
+                       B);
     for (size_t i = 0; i < (size_t)cond_rows * K; i++)
         if (!isnan(cond[i]) && !isfinite(cond[i]))
             return mg_fail(err, MG_ERR_ARG, "condition value %zu is not finite", i);
-    if (cond_rows != 1 && cond_rows != B)
-        return mg_fail(err, MG_ERR_ARG, "conditions given for %d rows, the batch has %d", cond_rows,
-                       B);
     float *v = realloc(*buf, (size_t)cond_rows * K * sizeof(float));
     if (!v) return mg_fail(err, MG_ERR_NOMEM, "out of memory for %d condition rows", cond_rows);
     *buf = v;
@@ -1377,7 +1377,8 @@ mg_status mg_model_sequence_nll(mg_model *m, const mg_batch *b, double *nll, mg_
 
 /* ------------------------------------------------------------ backward */
 
-mg_status mg_model_backward(mg_model *m, const float *row_weights, mg_error *err) {
+mg_status mg_model_backward(mg_model *m, const float *row_weights, int n_weights,
+                            mg_error *err) {
     if (!m) return mg_fail(err, MG_ERR_ARG, "model is NULL");
     if (!m->have_forward)
         return mg_fail(err, MG_ERR_STATE,
@@ -1386,6 +1387,9 @@ mg_status mg_model_backward(mg_model *m, const float *row_weights, mg_error *err
         return mg_fail(err, MG_ERR_STATE, "backward of a model packed for inference "
                        "(mg_model_unpack_inference first)");
     /* checked before dlogits overwrite the probabilities: a refusal keeps the forward */
+    if (row_weights ? n_weights != m->B : n_weights != 0)
+        return mg_fail(err, MG_ERR_ARG, "%d row weights for a batch of %d", n_weights,
+                       row_weights ? m->B : 0);
     for (int b = 0; row_weights && b < m->B; b++)
         if (!isfinite(row_weights[b]))
             return mg_fail(err, MG_ERR_ARG, "row weight %d is not finite (%g)", b,

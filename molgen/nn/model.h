@@ -302,13 +302,15 @@ mg_status mg_model_sequence_nll(mg_model *m, const mg_batch *b, double *nll, mg_
  * LAST mg_model_forward's loss (its batch, conditions, prefixes, dropout
  * masks): the backward is always of the forward just before it, and fails
  * (MG_ERR_STATE) if there was none since, or another call used the model
- * in between. row_weights [B] (B the forward's) or NULL: with them the
+ * in between. row_weights [n_weights] or NULL (n_weights 0), n_weights the
+ * forward's B, else MG_ERR_ARG: with them the
  * gradient of sum_b w[b] NLL_b (NLL_b row b's summed cross-entropy over its
  * loss positions, as mg_model_sequence_nll; label smoothing still applies
  * in training) instead of the mean loss's; each finite, else MG_ERR_ARG.
  * (molgen optimize: the REINVENT loss's per-molecule factors, optimize.h,
  * which depend on the forward's NLLs.) */
-mg_status mg_model_backward(mg_model *m, const float *row_weights, mg_error *err);
+mg_status mg_model_backward(mg_model *m, const float *row_weights, int n_weights,
+                            mg_error *err);
 
 /* Inference (no dropout, nothing kept for a backward) of b's rows: ids
  * [B, L] input positions (b->T = L <= ctx_len), e.g. BOS t1 t2 ..., lengths

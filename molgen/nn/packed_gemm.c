@@ -521,7 +521,9 @@ static void pack_a_bf16(int ta, const float *A, int64_t lda, int64_t K, int64_t 
  * it in again on the next call (when A's and B's buffers were of a size,
  * as in the dW products of d-wide layers: 5x slower, the time in page
  * faults). SCRATCH_SLOTS callers at a time take a slot each (more than
- * that malloc their own); a slot grows and is freed at exit. */
+ * that malloc their own); a slot grows and stays until the process ends
+ * (not freed by a destructor: a thread of the embedding program could still
+ * be using it; it stays reachable, so leak checkers do not report it). */
 #define SCRATCH_SLOTS 4
 static struct {
     atomic_flag busy;
@@ -557,14 +559,6 @@ static void scratch_give(void *p, int slot) {
     else atomic_flag_clear_explicit(&g_scratch[slot].busy, memory_order_release);
 }
 
-__attribute__((destructor)) static void scratch_free_all(void) {
-    for (int i = 0; i < SCRATCH_SLOTS; i++) {
-        free(g_scratch[i].p);
-        g_scratch[i].p = NULL;
-        g_scratch[i].n = 0;
-    }
-}
-
 mg_status mg_gemm_bf16(int ta, int tb, int64_t M, int64_t N, int64_t K, const float *A,
                        int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc,
                        int nt, mg_error *err) {
@@ -585,7 +579,8 @@ mg_status mg_gemm_bf16(int ta, int tb, int64_t M, int64_t N, int64_t K, const fl
      * stays in L2 (all of A packed first was written to memory and read
      * back: 7 % of a bf16 step); split panels, every thread reads all of A,
      * packed once before the products. */
-    const int64_t pa_rows = split_rows ? nth * chunk * MR : M;
+    const int64_t own_rows = MR * (row_blocks < chunk ? row_blocks : chunk); /* a thread's */
+    const int64_t pa_rows = split_rows ? nth * own_rows : M;
     const size_t pb_bytes = ((size_t)np * (size_t)kp * 2 * NR * sizeof(uint16_t) + 63) / 64 * 64;
     const size_t pa_bytes = (size_t)pa_rows * (size_t)(2 * kp) * sizeof(uint16_t);
     int slot;
@@ -613,7 +608,7 @@ mg_status mg_gemm_bf16(int ta, int tb, int64_t M, int64_t N, int64_t K, const fl
         int64_t rb0 = 0, rb1 = row_blocks, p0 = 0, p1 = np;
         if (split_rows) thread_range(row_blocks, &rb0, &rb1);
         else thread_range(np, &p0, &p1);
-        uint16_t *own_a = split_rows ? pa + tid * chunk * MR * 2 * kp : NULL; /* this thread's */
+        uint16_t *own_a = split_rows ? pa + tid * own_rows * 2 * kp : NULL; /* this thread's */
         for (int64_t cb = rb0; cb < rb1; cb += chunk) {
             const int64_t ce = cb + chunk < rb1 ? cb + chunk : rb1;
             /* row r of op(A) in bf16 at a_rows + (r - a_r0) 2 kp */

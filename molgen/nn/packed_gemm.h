@@ -55,9 +55,12 @@ const char *mg_gemm_dtype_note(mg_dtype dt);
 /* C [M, N] = op(A) op(B) + beta C in bf16 x bf16 -> fp32; op(A) [M, K]
  * (A stored [M, K], or [K, M] with ta), op(B) [K, N] (B [K, N], or [N, K]
  * with tb), row-major with leading dimensions. beta 0 does not read C.
- * Its packing buffers (bf16 B, and A by blocks of 64 rows per thread: at
- * most 2 K (N + M) bytes) are kept for the next call, up to 4 callers at
- * a time, and freed at exit.
+ * Its packing buffer (B's panels in bf16, 2 K N bytes with N rounded up
+ * to 32 and K to even, and A in bf16: all M rows, or per thread a block of
+ * up to 64 rows when the threads split the rows) is kept for the next call
+ * with the largest size any call asked of it, in one of 4 slots (more
+ * callers at once get a buffer of their own, freed on return); the slots
+ * stay allocated until the process ends.
  * Errors: sizes < 1, ld below a row (MG_ERR_ARG); out of memory. */
 mg_status mg_gemm_bf16(int ta, int tb, int64_t M, int64_t N, int64_t K, const float *A,
                        int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc,

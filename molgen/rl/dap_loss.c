@@ -48,7 +48,7 @@ static mg_status dap_rows(mg_model *agent, int n, const double *prior_nll,
     }
     *sumsq = L;
     if (!any || !N) return MG_OK;
-    return mg_model_backward(agent, w, err);
+    return mg_model_backward(agent, w, n, err);
 }
 
 mg_status mg_opt_dap_backward(mg_model *agent, int n, const double *prior_nll,

@@ -1480,7 +1480,7 @@ static mg_status step_grads(run *r, float *loss, int64_t *ntok, mg_error *err) {
         bt.cond_rows = nb;
     }
     mg_status rc = mg_model_forward(model, &bt, 1, seed, loss, ntok, err);
-    if (!rc) rc = mg_model_backward(model, NULL, err);
+    if (!rc) rc = mg_model_backward(model, NULL, 0, err);
     if (r->d->size <= 1 || (rc = mg_dist_agree(r->d, rc, err))) return rc;
     double lt[2] = {(double)*loss * (double)*ntok, (double)*ntok};
     mg_dist_sum_f64(r->d, lt, 2);

@@ -237,7 +237,8 @@ static void test_decoder(int cond_bos) {
                           lg2, NULL, &err) == MG_ERR_ARG,
           "an infinite value accepted");
     CHECK(mg_model_logits(m, &b3, lg3b, NULL, &err) == 0, "%s", err.message);
-    CHECK(!memcmp(lg3, lg3b, sizeof lg3), "a refused call changed the next call's conditions");
+    CHECK(!memcmp(lg3, lg3b, sizeof lg3),
+          "the call after a refused one differs from the call before it");
     CHECK(mg_model_logits(m, &(mg_batch){.ids = ids, .B = 1, .T = L}, full, NULL, &err) == 0, "%s",
           err.message);
     CHECK(!memcmp(full, base, sizeof base), "an earlier call's conditions stayed on the model");
@@ -331,6 +332,9 @@ static void test_guidance(void) {
     const int32_t probe[10] = {MG_BOS, 3, 4, 5, 6, 7, 8, 3, 4, 5};
     CHECK(mg_model_logits(m, &(mg_batch){.ids = probe, .B = 1, .T = L}, before, NULL, &err) == 0,
           "%s", err.message);
+    const size_t np = mg_model_num_params(m);
+    float *params0 = malloc(np * sizeof *params0);
+    memcpy(params0, mg_model_params(m), np * sizeof *params0);
     for (int kind = 0; kind < 2; kind++) {
         mg_sample_opts o;
         mg_sample_opts_default(&o);
@@ -354,6 +358,9 @@ static void test_guidance(void) {
     CHECK(mg_model_logits(m, &(mg_batch){.ids = probe, .B = 1, .T = L}, after, NULL, &err) == 0 &&
               !memcmp(before, after, sizeof before),
           "sampling with a condition changed the caller's model");
+    CHECK(!memcmp(params0, mg_model_params(m), np * sizeof *params0),
+          "sampling changed the caller's parameters");
+    free(params0);
     mg_vocab_free(voc);
     mg_model_free(m);
 }

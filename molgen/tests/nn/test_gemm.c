@@ -276,11 +276,11 @@ static void check_inference_pack(mg_dtype dt) {
     CHECK(mg_model_forward(m, &(mg_batch){.ids = tok, .lengths = lens, .B = R, .T = L}, 1, 0, &loss,
                            &ntok, &e) == MG_OK,
           "%s", e.message);
-    CHECK(mg_model_backward(m, NULL, &e) == MG_ERR_STATE, "backward of a packed model not refused");
+    CHECK(mg_model_backward(m, NULL, 0, &e) == MG_ERR_STATE, "backward of a packed model not refused");
     mg_model_unpack_inference(m);
     CHECK(mg_model_forward(m, &(mg_batch){.ids = tok, .lengths = lens, .B = R, .T = L}, 1, 0, &loss,
                            &ntok, &e) == MG_OK &&
-              mg_model_backward(m, NULL, &e) == MG_OK,
+              mg_model_backward(m, NULL, 0, &e) == MG_OK,
           "%s", e.message);
     free(a);
     free(b);

@@ -127,8 +127,8 @@ static void gradcheck(const char *label, const mg_model_config *c, int training,
     const uint64_t seed = 99;
     CHECK(mg_model_forward(m, &bt, training, seed, &loss, &ntok, &err) == 0, "%s", err.message);
     CHECK(ntok == expect_ntok, "ntok %lld", (long long)ntok);
-    CHECK(mg_model_backward(m, NULL, &err) == 0, "%s", err.message);
-    CHECK(mg_model_backward(m, NULL, &err) != 0, "a second backward must fail");
+    CHECK(mg_model_backward(m, NULL, 0, &err) == 0, "%s", err.message);
+    CHECK(mg_model_backward(m, NULL, 0, &err) != 0, "a second backward must fail");
     const size_t P = mg_model_num_params(m);
     float *g = malloc(P * sizeof(float));
     memcpy(g, mg_model_grads(m), P * sizeof(float));
@@ -240,7 +240,7 @@ static void test_loss_prefix(void) {
     CHECK(ntok == n, "ntok %lld, want %lld", (long long)ntok, (long long)n);
     CHECK(fabs(loss - want) <= 1e-5 * fabs(want), "prefixed loss %.8f, fp64 oracle %.8f", loss,
           want);
-    CHECK(mg_model_backward(m, NULL, &err) == 0, "%s", err.message);
+    CHECK(mg_model_backward(m, NULL, 0, &err) == 0, "%s", err.message);
     const mg_param_info *hb = mg_model_find_tensor(m, "head.bias");
     double worst = 0.0;
     for (int v = 0; v < V; v++) {
@@ -255,8 +255,10 @@ static void test_loss_prefix(void) {
      * leaves that forward for the next backward */
     CHECK(mg_model_forward(m, &bt, 0, 0, &loss, &ntok, &err) == 0, "%s", err.message);
     const float bad[4] = {1, NAN, 1, 1};
-    CHECK(mg_model_backward(m, bad, &err) == MG_ERR_ARG, "a NaN row weight accepted");
-    CHECK(mg_model_backward(m, wr, &err) == 0, "%s", err.message);
+    CHECK(mg_model_backward(m, bad, B, &err) == MG_ERR_ARG, "a NaN row weight accepted");
+    CHECK(mg_model_backward(m, wr, B - 1, &err) == MG_ERR_ARG && strstr(err.message, "3 row weights"),
+          "3 row weights for a batch of 4 accepted (%s)", err.message);
+    CHECK(mg_model_backward(m, wr, B, &err) == 0, "%s", err.message);
     double wworst = 0.0, gmax = 0.0;
     for (int v = 0; v < V; v++) {
         wworst = fmax(wworst, fabs(mg_model_grads(m)[hb->offset + v] - gw[v]));
@@ -340,12 +342,12 @@ static void test_padding_and_inference(void) {
           "%s", err.message);
     const size_t P = mg_model_num_params(m);
     float *g1 = malloc(P * sizeof(float));
-    CHECK(mg_model_backward(m, NULL, &err) == 0, "%s", err.message);
+    CHECK(mg_model_backward(m, NULL, 0, &err) == 0, "%s", err.message);
     memcpy(g1, mg_model_grads(m), P * sizeof(float));
     CHECK(mg_model_forward(m, &(mg_batch){.ids = ids2, .lengths = len, .B = B, .T = T}, 0, 0, &l2,
                            NULL, &err) == 0,
           "%s", err.message);
-    CHECK(mg_model_backward(m, NULL, &err) == 0, "%s", err.message);
+    CHECK(mg_model_backward(m, NULL, 0, &err) == 0, "%s", err.message);
     CHECK(l1 == l2, "padding changed the loss: %.9g vs %.9g", l1, l2);
     CHECK(memcmp(g1, mg_model_grads(m), P * sizeof(float)) == 0, "padding changed the gradients");
 
@@ -353,7 +355,7 @@ static void test_padding_and_inference(void) {
     CHECK(mg_model_forward(m, &(mg_batch){.ids = ids, .lengths = len, .B = B, .T = T}, 0, 0, &l2,
                            NULL, &err) == 0,
           "%s", err.message);
-    CHECK(mg_model_backward(m, NULL, &err) == 0, "%s", err.message);
+    CHECK(mg_model_backward(m, NULL, 0, &err) == 0, "%s", err.message);
     CHECK(l1 == l2 && memcmp(g1, mg_model_grads(m), P * sizeof(float)) == 0, "not deterministic");
 
     /* Loss recomputed from mg_model_logits (with key lengths, and without:
@@ -413,17 +415,17 @@ static void test_padding_and_inference(void) {
         float *gf = malloc(P * sizeof(float)), *ga = malloc(P * sizeof(float));
         CHECK(mg_model_forward(md, &(mg_batch){.ids = ids, .lengths = len, .B = B, .T = T}, 1, 5,
                                &lf, &nf, &err) == 0 &&
-                  mg_model_backward(md, NULL, &err) == 0,
+                  mg_model_backward(md, NULL, 0, &err) == 0,
               "%s", err.message);
         memcpy(gf, mg_model_grads(md), P * sizeof(float));
         CHECK(mg_model_forward(md, &(mg_batch){.ids = ids, .lengths = len, .B = 1, .T = T}, 1, 5,
                                &la, &na, &err) == 0 &&
-                  mg_model_backward(md, NULL, &err) == 0,
+                  mg_model_backward(md, NULL, 0, &err) == 0,
               "%s", err.message);
         memcpy(ga, mg_model_grads(md), P * sizeof(float));
         mg_batch rest = {.ids = ids + T, .lengths = len + 1, .B = B - 1, .T = T, .row0 = 1};
         CHECK(mg_model_forward(md, &rest, 1, 5, &lb, &nb, &err) == 0 &&
-                  mg_model_backward(md, NULL, &err) == 0,
+                  mg_model_backward(md, NULL, 0, &err) == 0,
               "%s", err.message);
         const float *gb = mg_model_grads(md);
         const double whole = (double)la * na + (double)lb * nb;

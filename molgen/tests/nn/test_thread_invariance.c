@@ -61,7 +61,7 @@ static void test_training(void) {
         CHECK(mg_model_forward(m, &(mg_batch){.ids = ids, .lengths = len, .B = B, .T = T}, 1, 99,
                                &loss[nt - 1], NULL, &e) == MG_OK,
               "forward: %s", e.message);
-        CHECK(mg_model_backward(m, NULL, &e) == MG_OK, "backward: %s", e.message);
+        CHECK(mg_model_backward(m, NULL, 0, &e) == MG_OK, "backward: %s", e.message);
         np = mg_model_num_params(m);
         grads[nt - 1] = malloc(np * sizeof(float));
         memcpy(grads[nt - 1], mg_model_grads(m), np * sizeof(float));

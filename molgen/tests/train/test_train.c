@@ -640,13 +640,13 @@ static void test_finetune(void) {
         mg_model_set_frozen(fm, 0, &err);
         CHECK(mg_model_forward(fm, &(mg_batch){.ids = ids, .lengths = len, .B = 2, .T = 8}, 0, 0,
                                &loss, NULL, &err) == 0 &&
-                  mg_model_backward(fm, NULL, &err) == 0,
+                  mg_model_backward(fm, NULL, 0, &err) == 0,
               "%s", err.message);
         memcpy(full, mg_model_grads(fm), P * sizeof(float));
         mg_model_set_frozen(fm, 1, &err);
         CHECK(mg_model_forward(fm, &(mg_batch){.ids = ids, .lengths = len, .B = 2, .T = 8}, 0, 0,
                                &loss, NULL, &err) == 0 &&
-                  mg_model_backward(fm, NULL, &err) == 0,
+                  mg_model_backward(fm, NULL, 0, &err) == 0,
               "%s", err.message);
         int zero = 1;
         for (size_t i = 0; i < F; i++) zero &= mg_model_grads(fm)[i] == 0.0f;
