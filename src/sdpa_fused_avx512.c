@@ -10,6 +10,7 @@
 #include <immintrin.h>
 
 #include "exp_avx512.h"
+#include "hsum_avx512.h"
 #include "tanh_avx512.h"
 
 #define VL 16
@@ -63,6 +64,9 @@ static inline void v_transpose_block(const float *src, int64_t lds, float *dst, 
         _mm512_storeu_ps(dst + (12 + c) * ldd, _mm512_shuffle_f32x4(x2, y2, 0xdd));
     }
 }
+/* Levels 1-2 and 3-4 of 16 horizontal sums at once (hsum_avx512.h). */
+static inline vf v_hsum_l12x4(vf a, vf b, vf c, vf d) { return attn_hsum_l12x4(a, b, c, d); }
+static inline vf v_hsum_l34x4(vf a, vf b, vf c, vf d) { return attn_hsum_l34x4(a, b, c, d); }
 static inline vf v_exp(vf x) { return attn_exp_avx512(x); }
 static inline vf v_tanh(vf x) { return attn_tanh_avx512(x); } /* a few ulp */
 

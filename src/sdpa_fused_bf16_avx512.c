@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "exp_avx512.h"
+#include "hsum_avx512.h"
 #include "tanh_avx512.h"
 
 #define BMR 4 /* rows per micro-tile */
@@ -123,12 +124,69 @@ static inline __mmask32 mask32(int64_t n) { /* the first min(n, 32) of 32 */
     return n >= 32 ? 0xffffffffu : (__mmask32)((1u << n) - 1u);
 }
 
+/* Decode scores of NR rows against the 4 keys k + u·ks4 (u < 4), D a
+ * multiple of 32: each (row, key) accumulator as qk_direct forms it (its
+ * chain over the 32-element chunks), then the first two levels of their
+ * horizontal sums, out[r] (attn_hsum_l12x4 of row r's four keys). */
+static inline __attribute__((always_inline)) void qk_quad(const int NR,
+                                                          const uint16_t *const *q,
+                                                          const uint16_t *k, int64_t ks4,
+                                                          int64_t nc, __m512 *out) {
+    __m512 acc[4][4];
+    for (int r = 0; r < NR; r++)
+        for (int u = 0; u < 4; u++) acc[r][u] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < nc; c++) {
+        __m512i kv[4];
+        for (int u = 0; u < 4; u++) kv[u] = _mm512_loadu_si512(k + u * ks4 + 32 * c);
+        for (int r = 0; r < NR; r++) {
+            const __m512i qv = _mm512_loadu_si512(q[r] + 32 * c);
+            for (int u = 0; u < 4; u++) acc[r][u] = dot2(acc[r][u], qv, kv[u]);
+        }
+    }
+    for (int r = 0; r < NR; r++)
+        out[r] = attn_hsum_l12x4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]);
+}
+
+/* 16 keys at a time (D a multiple of 32): quad c holds keys c, c + 4,
+ * c + 8, c + 12, so attn_hsum_l34x4 puts key l in lane l; bitwise the
+ * per-key loop's sums (GCC's _mm512_reduce_add_ps tree). Returns the keys
+ * done (a multiple of 16). */
+static int64_t qk_direct16(int nr, const uint16_t *const *q, const uint16_t *k, int64_t ks,
+                           int64_t nk, int64_t D, float *S) {
+#if defined(__GNUC__) && !defined(__clang__)
+    if (D % 32) return 0;
+    int64_t j = 0;
+    for (; j + 16 <= nk; j += 16) {
+        for (int u = 0; u < 16; u++) /* the next block's rows */
+            for (int64_t c = 0; c < D; c += 32)
+                _mm_prefetch((const char *)(k + (j + 16 + u) * ks + c), _MM_HINT_T0);
+        __m512 l2[4][4];
+        for (int c4 = 0; c4 < 4; c4++) {
+            const uint16_t *kr = k + (j + c4) * ks;
+            switch (nr) {
+            case 4: qk_quad(4, q, kr, 4 * ks, D / 32, l2[c4]); break;
+            case 3: qk_quad(3, q, kr, 4 * ks, D / 32, l2[c4]); break;
+            case 2: qk_quad(2, q, kr, 4 * ks, D / 32, l2[c4]); break;
+            default: qk_quad(1, q, kr, 4 * ks, D / 32, l2[c4]); break;
+            }
+        }
+        for (int r = 0; r < nr; r++)
+            _mm512_storeu_ps(S + r * 96 + j,
+                             attn_hsum_l34x4(l2[0][r], l2[1][r], l2[2][r], l2[3][r]));
+    }
+    return j;
+#else
+    (void)nr, (void)q, (void)k, (void)ks, (void)nk, (void)D, (void)S;
+    return 0;
+#endif
+}
+
 /* Decode scores: S[r][j] = q[r]·k[j] for j < nk, 32 products of a row per
- * VDPBF16PS, then a horizontal sum. */
+ * VDPBF16PS, then a horizontal sum (16 keys at once by qk_direct16). */
 static void qk_direct(int nr, const uint16_t *const *q, const uint16_t *k, int64_t ks, int64_t nk,
                       int64_t D, float *S) {
     const int64_t nc = (D + 31) / 32;
-    for (int64_t j = 0; j < nk; j++) {
+    for (int64_t j = qk_direct16(nr, q, k, ks, nk, D, S); j < nk; j++) {
         const uint16_t *kr = k + j * ks;
         _mm_prefetch((const char *)(kr + 16 * ks), _MM_HINT_T0); /* rows ahead */
         _mm_prefetch((const char *)(kr + 16 * ks) + 64, _MM_HINT_T0);
@@ -147,8 +205,65 @@ static void qk_direct(int nr, const uint16_t *const *q, const uint16_t *k, int64
         for (int64_t j = nk; j < 96; j++) S[r * 96 + j] = 0.0f;
 }
 
-/* Decode P·V: rows 2t and 2t + 1 of V interleaved into pairs (VPERMT2W),
- * then as pv_rows. */
+/* Decode P·V for NR rows over columns [d0, d0 + 32 NB): rows 2t and 2t + 1
+ * of V interleaved into pairs (VPERMT2W, lo_i / hi_i), then as pv_rows;
+ * the accumulators stay in registers and each P pair is broadcast once for
+ * the NB blocks of 32 columns. */
+static inline __attribute__((always_inline)) void pv_pass(const int NR, const int NB,
+                                                          const uint32_t *pd, const uint16_t *v,
+                                                          int64_t vs, int64_t nk, int64_t Dv,
+                                                          int64_t dvp, float *O, int64_t d0,
+                                                          __m512i lo_i, __m512i hi_i) {
+    const int64_t nkp = (nk + 1) / 2;
+    __m512 acc[4][4];
+    __mmask32 m[2];
+    int two[2];
+    for (int b = 0; b < NB; b++) {
+        const int64_t d = d0 + 32 * b;
+        m[b] = mask32(Dv - d), two[b] = d + 16 < dvp; /* a second vector of 16 columns */
+        for (int r = 0; r < NR; r++) {
+            acc[r][2 * b] = _mm512_loadu_ps(O + r * dvp + d);
+            acc[r][2 * b + 1] =
+                two[b] ? _mm512_loadu_ps(O + r * dvp + d + 16) : _mm512_setzero_ps();
+        }
+    }
+    for (int64_t t = 0; t < nkp; t++) {
+        __m512i lo[2], hi[2];
+        for (int b = 0; b < NB; b++) {
+            const uint16_t *v0 = v + 2 * t * vs + d0 + 32 * b;
+            _mm_prefetch((const char *)(v0 + 16 * vs), _MM_HINT_T0);
+            _mm_prefetch((const char *)(v0 + 17 * vs), _MM_HINT_T0);
+            const __m512i x = _mm512_maskz_loadu_epi16(m[b], v0);
+            const __m512i y =
+                2 * t + 1 < nk ? _mm512_maskz_loadu_epi16(m[b], v0 + vs) : _mm512_setzero_si512();
+            lo[b] = _mm512_permutex2var_epi16(x, lo_i, y);
+            hi[b] = _mm512_permutex2var_epi16(x, hi_i, y);
+        }
+        for (int r = 0; r < NR; r++) {
+            const __m512i p = _mm512_set1_epi32((int)pd[r * 48 + t]);
+            for (int b = 0; b < NB; b++) {
+                acc[r][2 * b] = dot2(acc[r][2 * b], p, lo[b]);
+                acc[r][2 * b + 1] = dot2(acc[r][2 * b + 1], p, hi[b]);
+            }
+        }
+    }
+    for (int b = 0; b < NB; b++)
+        for (int r = 0; r < NR; r++) {
+            _mm512_storeu_ps(O + r * dvp + d0 + 32 * b, acc[r][2 * b]);
+            if (two[b]) _mm512_storeu_ps(O + r * dvp + d0 + 32 * b + 16, acc[r][2 * b + 1]);
+        }
+}
+
+#define PV_PASS(NB)                                                                                \
+    switch (nr) {                                                                                  \
+    case 4: pv_pass(4, NB, pd, v, vs, nk, Dv, dvp, O, d0, lo_i, hi_i); break;                     \
+    case 3: pv_pass(3, NB, pd, v, vs, nk, Dv, dvp, O, d0, lo_i, hi_i); break;                     \
+    case 2: pv_pass(2, NB, pd, v, vs, nk, Dv, dvp, O, d0, lo_i, hi_i); break;                     \
+    default: pv_pass(1, NB, pd, v, vs, nk, Dv, dvp, O, d0, lo_i, hi_i); break;                    \
+    }
+
+/* Decode P·V: O[r] += P·V from V's rows for r < nr (<= 4), 64 columns a
+ * pass (32 for the last one when fewer are left). */
 static void pv_direct(int nr, const uint32_t *pd, const uint16_t *v, int64_t vs, int64_t nk,
                       int64_t Dv, int64_t dvp, float *O) {
     uint16_t il[32], ih[32];
@@ -157,32 +272,11 @@ static void pv_direct(int nr, const uint32_t *pd, const uint16_t *v, int64_t vs,
         ih[2 * i] = (uint16_t)(16 + i), ih[2 * i + 1] = (uint16_t)(48 + i);
     }
     const __m512i lo_i = _mm512_loadu_si512(il), hi_i = _mm512_loadu_si512(ih);
-    const int64_t nkp = (nk + 1) / 2;
-    for (int64_t d0 = 0; d0 < Dv; d0 += 32) {
-        const __mmask32 m = mask32(Dv - d0);
-        const int two = d0 + 16 < dvp; /* a second vector of 16 columns */
-        __m512 acc[4][2];
-        for (int r = 0; r < nr; r++) {
-            acc[r][0] = _mm512_loadu_ps(O + r * dvp + d0);
-            acc[r][1] = two ? _mm512_loadu_ps(O + r * dvp + d0 + 16) : _mm512_setzero_ps();
-        }
-        for (int64_t t = 0; t < nkp; t++) {
-            _mm_prefetch((const char *)(v + (2 * t + 16) * vs + d0), _MM_HINT_T0);
-            _mm_prefetch((const char *)(v + (2 * t + 17) * vs + d0), _MM_HINT_T0);
-            const __m512i a = _mm512_maskz_loadu_epi16(m, v + 2 * t * vs + d0);
-            const __m512i b = 2 * t + 1 < nk ? _mm512_maskz_loadu_epi16(m, v + (2 * t + 1) * vs + d0)
-                                             : _mm512_setzero_si512();
-            const __m512i lo = _mm512_permutex2var_epi16(a, lo_i, b);
-            const __m512i hi = _mm512_permutex2var_epi16(a, hi_i, b);
-            for (int r = 0; r < nr; r++) {
-                const __m512i p = _mm512_set1_epi32((int)pd[r * 48 + t]);
-                acc[r][0] = dot2(acc[r][0], p, lo);
-                acc[r][1] = dot2(acc[r][1], p, hi);
-            }
-        }
-        for (int r = 0; r < nr; r++) {
-            _mm512_storeu_ps(O + r * dvp + d0, acc[r][0]);
-            if (two) _mm512_storeu_ps(O + r * dvp + d0 + 16, acc[r][1]);
+    for (int64_t d0 = 0; d0 < Dv; d0 += 64) {
+        if (Dv - d0 > 32) {
+            PV_PASS(2)
+        } else {
+            PV_PASS(1)
         }
     }
 }

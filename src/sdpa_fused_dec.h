@@ -129,6 +129,39 @@ static void dec_lanes_n(int rb, const float *q, int64_t dkp, const float *kr, in
     }
 }
 
+#if VL == 16 && defined(__GNUC__) && !defined(__clang__)
+/* The RB query rows q (dkp apart) against the 4 key rows k + u·ks4 (u < 4;
+ * contiguous, Dk a multiple of VL): each (row, key) lane sums as dec_lanes
+ * forms them (16 accumulators in registers), then the first two levels of
+ * their reduction, out[r] = v_hsum_l12x4 of row r's four keys. */
+static inline __attribute__((always_inline)) void dec_quad(const int RB, const float *q,
+                                                           int64_t dkp, const float *k,
+                                                           int64_t ks4, int64_t Dk, vf *out) {
+    vf acc[4][4];
+    for (int r = 0; r < RB; r++)
+        for (int u = 0; u < 4; u++) acc[r][u] = v_zero();
+    for (int64_t d = 0; d < Dk; d += VL) {
+        vf kv[4];
+        for (int u = 0; u < 4; u++) kv[u] = v_load(k + u * ks4 + d);
+        for (int r = 0; r < RB; r++) {
+            const vf qv = v_load(q + r * dkp + d);
+            for (int u = 0; u < 4; u++) acc[r][u] = v_fma(qv, kv[u], acc[r][u]);
+        }
+    }
+    for (int r = 0; r < RB; r++) out[r] = v_hsum_l12x4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]);
+}
+
+static void dec_quad_n(int rb, const float *q, int64_t dkp, const float *k, int64_t ks4,
+                       int64_t Dk, vf *out) {
+    switch (rb) {
+    case 4: dec_quad(4, q, dkp, k, ks4, Dk, out); break;
+    case 3: dec_quad(3, q, dkp, k, ks4, Dk, out); break;
+    case 2: dec_quad(2, q, dkp, k, ks4, Dk, out); break;
+    default: dec_quad(1, q, dkp, k, ks4, Dk, out); break;
+    }
+}
+#endif
+
 /* Scores of R rows of a group (q [R][dkp]; row r is query head
  * h0 + (i0 + r) / Lq, row (i0 + r) % Lq) against keys [A, E) of their K/V
  * head: s[r·lds + j - A], each bitwise dec_scores' for that row. tmp:
@@ -149,25 +182,20 @@ static void dec_scores_group(const kctx *c, const float *q, int64_t R, int64_t b
     int64_t j = A;
 #if VL == 16 && defined(__GNUC__) && !defined(__clang__)
     /* 16 keys at a time, reduced as dec_scores reduces them (GCC's
-     * _mm512_reduce_add_ps tree over the transposed lane sums). */
+     * _mm512_reduce_add_ps tree) without leaving the registers: quad c
+     * holds keys j + c, j + c + 4, j + c + 8, j + c + 12, so that
+     * v_hsum_l34x4 puts key j + l in lane l. */
     {
-        float blk[4][256] __attribute__((aligned(64))), tr[256] __attribute__((aligned(64)));
         const vf scv = v_set1(sc);
         for (; j + 16 <= E; j += 16)
             for (int64_t r0 = 0; r0 < R; r0 += 4) {
                 const int rb = (int)imin(4, R - r0);
-                for (int u = 0; u < 16; u++)
-                    dec_lanes_n(rb, q + r0 * dkp, dkp, K0 + (j + u) * ks, Dk, blk[0] + 16 * u, 256);
-                for (int r = 0; r < rb; r++) {
-                    v_transpose_block(blk[r], 16, tr, 16); /* tr row l: lane l of the 16 keys */
-                    vf x[8];
-                    for (int l = 0; l < 8; l++)
-                        x[l] = v_add(v_load(tr + 16 * (l + 8)), v_load(tr + 16 * l));
-                    for (int l = 0; l < 4; l++) x[l] = v_add(x[l + 4], x[l]);
-                    x[0] = v_add(x[0], x[2]);
-                    x[1] = v_add(x[1], x[3]);
-                    v_store(s + (r0 + r) * lds + (j - A), v_mul(scv, v_add(x[0], x[1])));
-                }
+                vf l2[4][4];
+                for (int c4 = 0; c4 < 4; c4++)
+                    dec_quad_n(rb, q + r0 * dkp, dkp, K0 + (j + c4) * ks, 4 * ks, Dk, l2[c4]);
+                for (int r = 0; r < rb; r++)
+                    v_store(s + (r0 + r) * lds + (j - A),
+                            v_mul(scv, v_hsum_l34x4(l2[0][r], l2[1][r], l2[2][r], l2[3][r])));
             }
     }
 #endif

@@ -473,6 +473,68 @@ static void test_grouped_decode(void) {
     }
 }
 
+/* Grouped decode, bitwise: G 4 (8 query heads over 2 K/V heads), Lq 1 and
+ * 3, 700 keys (chunks of 256, the last of 188 = 11·16 + 12: a 16-key tail),
+ * D 64, fp32 and bf16: out and lse the same on 1, 2 and 3 threads and the
+ * same as the call with H_kv = H on K and V repeated per query head; fp32
+ * also the same with K's d stride 2 (scored key by key, each by
+ * _mm512_reduce_add_ps on AVX-512, where contiguous rows take 16 keys at
+ * once in registers). */
+static void test_grouped_decode_bits(void) {
+    static float sinks[8] = {0.5f, -1.0f, 2.0f, 0.0f, -3.0f, 1.0f, 4.0f, -0.25f};
+    const int64_t H = 8, Hk = 2, G = H / Hk, Lk = 700, D = 64;
+    const size_t hs = (size_t)(Lk * D), nk = Hk * hs, nqm = (size_t)(H * 3 * D);
+    tu_rng r = tu_seed(919);
+    float *q = tu_malloc(nqm * 4), *k = tu_malloc(nk * 4), *v = tu_malloc(nk * 4);
+    float *kr = tu_malloc(nk * G * 4), *vr = tu_malloc(nk * G * 4), *k2 = tu_malloc(nk * 8);
+    tu_fill(&r, q, nqm, -2, 2), tu_fill(&r, k, nk, -2, 2), tu_fill(&r, v, nk, -1, 1);
+    for (int64_t h = 0; h < H; h++) /* query head h's copy of K/V head h / G */
+        memcpy(kr + h * hs, k + h / G * hs, hs * 4), memcpy(vr + h * hs, v + h / G * hs, hs * 4);
+    for (size_t x = 0; x < nk; x++) k2[2 * x] = k[x], k2[2 * x + 1] = NAN; /* never read */
+    uint16_t *hq = tu_malloc(nqm * 2), *hk = tu_malloc(nk * 2), *hv = tu_malloc(nk * 2),
+             *hkr = tu_malloc(nk * G * 2), *hvr = tu_malloc(nk * G * 2);
+    attn_bf16_from_f32(q, hq, nqm), attn_bf16_from_f32(k, hk, nk), attn_bf16_from_f32(v, hv, nk);
+    attn_bf16_from_f32(kr, hkr, nk * G), attn_bf16_from_f32(vr, hvr, nk * G);
+    for (int64_t Lq = 1; Lq <= 3; Lq += 2)
+        for (int bf = 0; bf < 2; bf++) {
+            const size_t nq = (size_t)(H * Lq * D), nr = (size_t)(H * Lq);
+            float *o[5], *lse[5]; /* threads 1..3; H_kv = H repeated; K's d stride 2 (fp32) */
+            const int runs = bf ? 4 : 5;
+            for (int t = 0; t < runs; t++) {
+                const int64_t hkv = t == 3 ? H : Hk;
+                o[t] = tu_malloc(nq * 4), lse[t] = tu_malloc(nr * 4);
+                attn_tensor tq = attn_tensor_bhld(q, 1, H, Lq, D),
+                            tk = attn_tensor_bhld(t == 3 ? kr : k, 1, hkv, Lk, D),
+                            tv = attn_tensor_bhld(t == 3 ? vr : v, 1, hkv, Lk, D),
+                            to = attn_tensor_bhld(o[t], 1, H, Lq, D);
+                if (t == 4) /* the same values, d stride 2 */
+                    tk = (attn_tensor){k2, {1, Hk, Lk, D}, {2 * (int64_t)nk, 2 * (int64_t)hs,
+                                                              2 * D, 2}};
+                if (bf) {
+                    tq = attn_tensor_bhld_bf16(hq, 1, H, Lq, D);
+                    tk = attn_tensor_bhld_bf16(t == 3 ? hkr : hk, 1, hkv, Lk, D);
+                    tv = attn_tensor_bhld_bf16(t == 3 ? hvr : hv, 1, hkv, Lk, D);
+                }
+                attn_sdpa_params p = {0};
+                p.causal = 1, p.sinks = sinks, p.impl = ATTN_IMPL_FUSED;
+                p.num_threads = t < 3 ? t + 1 : 1;
+                if (bf) p.dtype = ATTN_BF16, p.out_dtype = ATTN_F32;
+                attn_error err;
+                CHECK(attn_sdpa_forward(&tq, &tk, &tv, &p, &to, NULL, lse[t], NULL, &err) ==
+                          ATTN_OK,
+                      "%s", err.message);
+            }
+            for (int t = 1; t < runs; t++)
+                CHECK(memcmp(o[0], o[t], nq * 4) == 0 && memcmp(lse[0], lse[t], nr * 4) == 0,
+                      "grouped decode %s Lq %lld: %s differs from 1 thread", bf ? "bf16" : "fp32",
+                      (long long)Lq,
+                      t < 3 ? "a thread count" : t == 3 ? "H_kv = H on repeated K/V" : "strided K");
+            for (int t = 0; t < runs; t++) free(o[t]), free(lse[t]);
+        }
+    free(q), free(k), free(v), free(kr), free(vr), free(k2), free(hq), free(hk), free(hv);
+    free(hkr), free(hvr);
+}
+
 /* ------------------------------------------------------------ pack_gqa */
 
 /* The tiled forward stacks up to 4 query heads of a group in one block
@@ -891,6 +953,7 @@ int main(void) {
     test_errors();
     test_variants_grid();
     test_grouped_decode();
+    test_grouped_decode_bits();
     test_pack_gqa();
     test_threads();
     test_varlen();
