@@ -187,7 +187,21 @@ static void dec_scores_group(const kctx *c, const float *q, int64_t R, int64_t b
      * v_hsum_l34x4 puts key j + l in lane l. */
     {
         const vf scv = v_set1(sc);
-        for (; j + 16 <= E; j += 16)
+        /* Prefetch, measured on Zen 5 (H_q 32, H_kv 8, Lk 8192: 1.13-1.19x):
+         * the K rows 16 keys ahead into L1, and this block's V rows, which
+         * the P·V after the chunk reads, into L2, so that the stream keeps
+         * running while a group's arithmetic holds the core. */
+        const int pf = R >= 2; /* one row: the stream alone bounds it, prefetch costs 20 % */
+        const float *V0 = pf && c->v_rows ? row_of(c->v, b, KVH(pr, h0), 0) : NULL;
+        const int64_t vs = c->v->stride[2];
+        for (; j + 16 <= E; j += 16) {
+            for (int64_t u = j + 16; u < (pf ? imin(j + 32, pr->Lk) : 0); u++)
+                for (int64_t x = 0; x < Dk; x += VL)
+                    _mm_prefetch((const char *)(K0 + u * ks + x), _MM_HINT_T0);
+            if (V0)
+                for (int64_t u = j; u < j + 16; u++)
+                    for (int64_t x = 0; x < pr->Dv; x += VL)
+                        _mm_prefetch((const char *)(V0 + u * vs + x), _MM_HINT_T1);
             for (int64_t r0 = 0; r0 < R; r0 += 4) {
                 const int rb = (int)imin(4, R - r0);
                 vf l2[4][4];
@@ -197,6 +211,7 @@ static void dec_scores_group(const kctx *c, const float *q, int64_t R, int64_t b
                     v_store(s + (r0 + r) * lds + (j - A),
                             v_mul(scv, v_hsum_l34x4(l2[0][r], l2[1][r], l2[2][r], l2[3][r])));
             }
+        }
     }
 #endif
     for (; j < E; j++) {
