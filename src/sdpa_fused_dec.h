@@ -254,7 +254,7 @@ static void dec_scores_group(const kctx *c, const float *q, int64_t R, int64_t b
          * the chunk's V rows into L2 for the P·V after the scores, a few
          * lines per step of the arithmetic (the P·V below does the same
          * for the next chunk's K rows). Zen 5, H_q 32, H_kv 8, Lk 8192,
-         * 2 threads: 1.60 -> 1.28 ms against none. */
+         * 2 threads: 2.43 -> 1.69 ms against no prefetch (docs/speed.md). */
         const int pf = R >= 2;
         const float *V0 = pf && c->v_rows ? row_of(c->v, b, KVH(pr, h0), A) : NULL;
         pfcur vc = pf_rows(V0, c->v->stride[2], V0 ? (E - A) / 16 * 16 : 0, pr->Dv);
