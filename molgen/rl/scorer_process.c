@@ -31,6 +31,7 @@ struct mg_scorer {
     const char *who;  /* the process in messages: "scorer" or "chemistry helper" */
     const char *verb; /* mg_scorer_randomize's request: "!randomize" or "randomize" */
     const char *opt;  /* the option that sets its timeout, for messages */
+    size_t exchanges; /* requests made so far */
 };
 
 void mg_scorer_set_stop(mg_scorer *s, const volatile sig_atomic_t *stop) { s->stop = stop; }
@@ -245,7 +246,10 @@ typedef struct {
 } xchg;
 
 /* Bytes before the request: a line more than the last request asked, which
- * would shift every answer of this one. */
+ * would shift every answer of this one. Before the first request nothing was
+ * asked: what is there is the first answer, written before it was read (a
+ * greeting that needs no question, or a program that is not a scorer), and
+ * the reply's check says which. */
 static mg_status early_bytes(mg_scorer *s, const char *const *what, mg_error *err) {
     char mb[96], gb[64];
     struct pollfd p0 = {s->out, POLLIN, 0};
@@ -364,7 +368,7 @@ mg_status mg_scorer_lines(mg_scorer *s, const char *req, size_t rlen, size_t n, 
     xchg x = {.req = req, .rlen = rlen, .n = n, .last = mg_now_s(), .lines = lines, .what = what};
     char mb[96], gb[64];
     s->len = 0;
-    mg_status rc = early_bytes(s, what, err);
+    mg_status rc = s->exchanges++ ? early_bytes(s, what, err) : MG_OK;
     while (!rc && x.got < n) {
         if (s->stop && *s->stop) /* a signal interrupted the wait (poll or read: EINTR) */
             return mg_fail(err, MG_ERR_INTERRUPTED,

@@ -7,7 +7,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <time.h>
+
 #include "rl/chem_helper.h"
+#include "rl/scorer_process.h"
 #include "mg_test.h"
 
 #define HELLO "printf 'molgen-chem-helper\\t1\\trdkit x\\n'"
@@ -124,7 +127,39 @@ static void test_faults(void) {
     mg_chem_free(h);
 }
 
+static void pause_s(double s) {
+    struct timespec t = {0, (long)(s * 1e9)};
+    nanosleep(&t, NULL);
+}
+
+/* Bytes already in the pipe when molgen asks: before the first request they
+ * are its answer (a program that speaks first: the greeting check judges it,
+ * whichever side was quicker; CI once saw 'echo hello' called a scorer that
+ * wrote too many lines); after an answered request they are a line too many,
+ * which would shift every answer after it. The pauses fix the order. */
+static void test_bytes_before_the_request(void) {
+    mg_error e;
+    mg_scorer *s = NULL;
+    char *line[1];
+    const char *what[1] = {"CCO"};
+    CHECK(mg_scorer_start("echo 0.5; cat >/dev/null", 5, &s, &e) == MG_OK);
+    pause_s(0.3);
+    CHECK(mg_scorer_lines(s, "CCO\n", 4, 1, line, what, &e) == MG_OK && !strcmp(line[0], "0.5"));
+    mg_scorer_free(s);
+    CHECK(mg_scorer_start("while read l; do echo 1; echo 2; done", 5, &s, &e) == MG_OK);
+    CHECK(mg_scorer_lines(s, "CCO\n", 4, 1, line, what, &e) == MG_OK && !strcmp(line[0], "1"));
+    pause_s(0.3);
+    CHECK(mg_scorer_lines(s, "CCO\n", 4, 1, line, what, &e) == MG_ERR_FORMAT);
+    CHECK(contains(e.message, "more lines than molecules asked") && contains(e.message, "'2"));
+    mg_scorer_free(s);
+    /* a program that greets unasked is judged by its greeting */
+    mg_chem *h = NULL;
+    CHECK(mg_chem_start("echo hello; cat >/dev/null", 5, &h, &e) == MG_ERR_FORMAT && !h);
+    CHECK(contains(e.message, "is not molgen's chemistry helper") && contains(e.message, "hello"));
+}
+
 int main(void) {
+    test_bytes_before_the_request();
     test_faults();
     test_real_helper();
     return tu_fail ? (printf("test_chem_helper: %d of %d checks failed\n", tu_fail,
