@@ -296,6 +296,10 @@ static mg_status idle_poll(mg_scorer *s, xchg *x, double left, mg_error *err) {
 static mg_status write_some(mg_scorer *s, xchg *x, mg_error *err) {
     char mb[96], gb[64];
     const ssize_t w = write(s->in, x->req + x->sent, x->rlen - x->sent);
+    if (w < 0 && errno == EPIPE) { /* it stopped reading: what it wrote, or its end, says why */
+        x->sent = x->rlen;
+        return MG_OK;
+    }
     if (w < 0 && errno != EAGAIN && errno != EINTR)
         return mg_fail(err, MG_ERR_IO,
                        "the %s %s before answering molecule %zu of the batch '%s' "
@@ -387,9 +391,12 @@ mg_status mg_scorer_lines(mg_scorer *s, const char *req, size_t rlen, size_t n, 
             rc = idle_poll(s, &x, left, err); /* MG_OK: the wait goes on */
             continue;
         }
-        if (np == 2 && (p[1].revents & (POLLOUT | POLLERR)) && (rc = write_some(s, &x, err)))
-            break;
+        /* what it wrote first: one that answered and exited (a greeting,
+         * a program that is not a scorer) is judged by its answer, not by
+         * the broken pipe of the request it no longer reads */
         if (p[0].revents & (POLLIN | POLLHUP | POLLERR)) rc = read_some(s, &x, err);
+        if (!rc && x.got < n && np == 2 && (p[1].revents & (POLLOUT | POLLERR)))
+            rc = write_some(s, &x, err);
     }
     if (rc) return rc;
     if (s->len > x.scan)

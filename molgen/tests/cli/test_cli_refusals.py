@@ -166,8 +166,8 @@ def test_resume_steps_behind_checkpoint_refused(smiles, tmp_path):
 
 # ---- 11. non-regular input
 
-def test_dev_zero_refused():
-    p = run(["train", "--data", "/dev/zero", "--steps", "1", "--out", "/tmp/x.safetensors"],
+def test_dev_zero_refused(tmp_path):
+    p = run(["train", "--data", "/dev/zero", "--steps", "1", "--out", str(tmp_path / "x.safetensors")],
             timeout=20)
     assert "not a regular file" in one_error_line(p)
 
@@ -211,8 +211,8 @@ def test_train_option_ranges(smiles, tmp_path, args):
     assert not os.path.exists(out)
 
 
-def test_long_smiles_echo_is_cut(model):
-    p = run(["attention", "--model", model, "--smiles", "C" * 100000, "--out", "/tmp"])
+def test_long_smiles_echo_is_cut(model, tmp_path):
+    p = run(["attention", "--model", model, "--smiles", "C" * 100000, "--out", str(tmp_path)])
     line = one_error_line(p)
     assert len(line) < 400 and "(100000 chars)" in line
 

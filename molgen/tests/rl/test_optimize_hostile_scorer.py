@@ -309,7 +309,9 @@ def test_two_sigints_during_the_save_leave_a_whole_state(tmp_path, scorer):
     d = tmp_path / "run"
     cmd = [molgen_binary(), "optimize", "--prior", PRIOR, "--scorer", scorer, "--threads", "1",
            "--out", str(d)] + [str(a) for a in RUN] + ["--save-every", "1"]
-    p = subprocess.Popen(cmd, env=dict(ENV, MOLGEN_OPT_SAVE_PAUSE="1.5"),
+    # signals are held before agent.safetensors appears; the 5 s pause is
+    # the window both must land in, however late this process wakes
+    p = subprocess.Popen(cmd, env=dict(ENV, MOLGEN_OPT_SAVE_PAUSE="5"),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         wait_for(str(d / "agent.safetensors"))

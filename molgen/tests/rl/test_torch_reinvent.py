@@ -57,7 +57,7 @@ def test_client_reads_fields_and_nan(tmp_path):
     ("import sys, time\nsys.stdin.readline(); time.sleep(30)\n", "no answer"),
 ])
 def test_client_refuses(tmp_path, body, msg):
-    s = Scorer(scorer_cmd(tmp_path, body), timeout=1.0)
+    s = Scorer(scorer_cmd(tmp_path, body), timeout=5.0)  # the interpreter's start included
     with pytest.raises(ScorerError, match=msg.replace("[", r"\[").replace("]", r"\]")):
         s.score(["CCO"])
     s.close()
