@@ -3,7 +3,7 @@
 
     /usr/bin/python3 bench/speed_report.py [--threads 2] [--rounds 2]
         [--out DIR] [--ort-modules DIR] [--build build]
-        [--only attention|train|sample|variants]...
+        [--only attention|train|sample|variants|isa]...
 
 Each round runs, one after the other on the same threads:
   attention  attn-bench --impl fused (the suite; the fused path), in fp32 and
@@ -26,7 +26,14 @@ Each round runs, one after the other on the same threads:
              L >= 1024 suite shapes plain and with --softcap 30 / --alibi /
              --sinks, and the suite's causal shapes with --kv-heads 2 (H/4)
              beside H_kv = H and bench/ort_gqa_bench.js (onnxruntime's
-             GroupQueryAttention with kv_num_heads = H/4).
+             GroupQueryAttention with kv_num_heads = H/4);
+  isa        issue 37's products and forced rows: bench/sgemm_candidates.sh
+             (fp32 1024^3 on the threads: attn_sgemm on each ISA row the CPU
+             runs, OpenBLAS, BLIS and oneDNN when installed), and, on a CPU
+             with AVX-512, attn-bench's fp32 suite and molgen bench's fp32
+             training on real batches with ATTN_FUSED_ISA=avx2 (libattn's
+             kernels as an AVX2-only CPU runs them), each back to back with
+             the same run on this CPU's own row.
 Rounds interleave the programs, so a change in the machine's load shows up
 in every column; the tables give the median over rounds of each program's
 own median, and the figures of each round in the raw file.
@@ -205,6 +212,80 @@ def variants_round(a, rnd, out):
         for r in json_lines(txt):
             if "ms" in r:
                 out.append({"round": rnd, "kind": "var", **r, "prog": "ort-gqa"})
+
+
+GEMM_RE = re.compile(r"^  (\S.*?)\s+([\d.]+) GFLOP/s\s+([\d.]+) % of peak", re.M)
+
+
+def isa_round(a, rnd, out):
+    """The fp32 products side by side, and libattn forced to its AVX2 row."""
+    txt, _ = run(["sh", os.path.join(HERE, "sgemm_candidates.sh"), "1024", str(a.threads), "3", "3"])
+    for name, g, frac in GEMM_RE.findall(txt):
+        out.append({"round": rnd, "kind": "gemm", "prog": name, "gflops": float(g),
+                    "peak_frac": float(frac) / 100})
+    bench = os.path.join(a.build, "attn-bench")
+    head = json_lines(run([bench, "--threads", "1", "--case", "1,1,16,16,16,0", "--reps", "1",
+                           "--json"])[0])[0]
+    if head.get("peak_isa") != "avx512":
+        return  # the CPU's own rows are the AVX2 (or portable) ones already
+    # each pair back to back, this CPU's row first: drift hits both
+    for row in ("native", "avx2"):
+        env = {"OMP_WAIT_POLICY": "PASSIVE", **({"ATTN_FUSED_ISA": "avx2"} if row == "avx2" else {})}
+        txt, _ = run([bench, "--threads", str(a.threads), "--impl", "fused", "--json"], env)
+        for r in json_lines(txt)[1:]:
+            if "ms" in r:
+                out.append({"round": rnd, "kind": "isa-attn", "prog": row, **r})
+    mg = os.path.join(a.build, "molgen", "molgen")
+    for name, extra in TRAIN:
+        if "--data" not in extra:
+            continue
+        for row in ("native", "avx2"):
+            env = {"OMP_WAIT_POLICY": "PASSIVE", **({"ATTN_FUSED_ISA": "avx2"} if row == "avx2" else {})}
+            txt, _ = run([mg, "bench", "--no-sample", "--batch", "32", "--threads", str(a.threads),
+                          "--json"] + extra, env)
+            out.append({"round": rnd, "kind": "isa-train", "prog": row, "setting": name,
+                        **json_lines(txt)[-1]["train"]})
+
+
+def isa_report(rows, threads, p):
+    """Tables of the isa part (nothing when the rows have none)."""
+    gm = [r for r in rows if r["kind"] == "gemm"]
+    if gm:
+        p("\n| fp32 product 1024×1024×1024, %d threads | GFLOP/s | %% of the FMA peak | target |"
+          % threads)
+        p("|---|---|---|---|")
+        for name in dict.fromkeys(r["prog"] for r in gm):
+            g = med([r["gflops"] for r in gm if r["prog"] == name])
+            f = med([r["peak_frac"] for r in gm if r["prog"] == name])
+            tgt = "–"
+            if name.startswith("attn avx512") or (name.startswith("attn ") and
+                                                  not any(x["prog"] == "attn avx512" for x in gm)):
+                tgt = "≥ 80%% of peak: %s" % ("met" if f >= 0.80 else "not met")
+            p("| %s | %.1f | %.0f%% | %s |" % (name, g, 100 * f, tgt))
+    att = [r for r in rows if r["kind"] == "isa-attn"]
+    forced = [r for r in att if r["prog"] == "avx2"]
+    if forced:
+        p("\n| B,H,Lq,Lk,D,causal | op | fp32 fused ms, this CPU's row | fp32 fused ms, AVX2 forced |"
+          " this CPU vs AVX2 |")
+        p("|---|---|---|---|---|")
+        keys = list(dict.fromkeys((case_key(r), r["op"]) for r in forced))
+        for k, op in keys:
+            nat = med([r["ms"] for r in att if r["prog"] == "native" and case_key(r) == k
+                       and r["op"] == op])
+            avx2 = med([r["ms"] for r in forced if case_key(r) == k and r["op"] == op])
+            B, H, Lq, Lk, D, c = k
+            p("| %d,%d,%d,%d,%d,%s | %s | %.2f | %.2f | %.2f× |" % (
+                B, H, Lq, Lk, D, "yes" if c else "no", op, nat, avx2, avx2 / nat))
+    tr = [r for r in rows if r["kind"] == "isa-train"]
+    if tr:
+        p("\n| training fp32, batch 32, real batches | tokens/s, this CPU's row | tokens/s, AVX2 forced |"
+          " this CPU vs AVX2 |")
+        p("|---|---|---|---|")
+        for name, _ in TRAIN:
+            f = med([r["tokens_per_s"] for r in tr if r["setting"] == name and r["prog"] == "native"])
+            v = med([r["tokens_per_s"] for r in tr if r["setting"] == name and r["prog"] == "avx2"])
+            if v == v:
+                p("| %s | %.0f | %.0f | %.2f× |" % (name, f, v, f / v))
 
 
 def variants_report(rows, p):
@@ -404,6 +485,7 @@ def report(rows, threads, out=sys.stdout):
             p("bf16 KV sampling: %.0f molecules/s, %.2f× fp32; target ≥ 1,500 molecules/s: %s."
               % (mb, mb / mk, "met" if mb >= 1500 else "not met"))
     variants_report(rows, p)
+    isa_report(rows, threads, p)
 
 
 def machine(threads):
@@ -459,7 +541,8 @@ def main():
     ap.add_argument("--out", default=os.path.join(REPO, "out", "speed"))
     ap.add_argument("--ort-modules", default="/tmp/ort/node_modules")
     ap.add_argument("--build", default=os.path.join(REPO, "build"))
-    ap.add_argument("--only", choices=("attention", "train", "sample", "variants"), action="append",
+    ap.add_argument("--only", choices=("attention", "train", "sample", "variants", "isa"),
+                    action="append",
                     help="run only these parts (default all)")
     ap.add_argument("--report", help="print the tables of an earlier raw.jsonl, run nothing")
     ap.add_argument("--markdown", metavar="PATH", help="also write the tables, dated, into PATH (docs/speed.md)")
@@ -479,7 +562,7 @@ def main():
     with open(raw, "w") as f:  # this run's measurements only
         f.write(json.dumps(rows[0]) + "\n")
     parts = [("attention", attention_round), ("train", train_round), ("sample", sample_round),
-             ("variants", variants_round)]
+             ("variants", variants_round), ("isa", isa_round)]
     for rnd in range(a.rounds):
         for name, fn in parts:
             if a.only and name not in a.only:

@@ -3,7 +3,8 @@
     import attn.torch
     out = attn.torch.scaled_dot_product_attention(q, k, v, attn_mask=None,
               dropout_p=0.0, is_causal=False, scale=None, *,
-              key_padding_lengths=None, window=None, seed=None, offset=0)
+              key_padding_lengths=None, window=None, seed=None, offset=0,
+              enable_gqa=False, softcap=None, alibi_slopes=None, sinks=None)
     out = attn.torch.scaled_dot_product_attention_varlen(q, k, v, cu_seqlens_q,
               cu_seqlens_k=None, dropout_p=0.0, is_causal=False, scale=None, *,
               window=None, seed=None, offset=0)     # packed (total, H, E) rows
