@@ -301,10 +301,15 @@ static attn_status bf16_forward(const attn_fused_call *c, attn_error *err) {
             free(VP);
             return attn_fail(err, ATTN_ERR_NOMEM, "bf16 fused forward: out of memory");
         }
-#pragma omp parallel for num_threads(T) schedule(static)
-        for (int64_t x = 0; x < BHk * ntile; x++)
-            pack_kv(pr, c->k, c->v, x / ntile / pr->Hkv, x / ntile % pr->Hkv, x % ntile, np, dvp,
-                    KP + x * np * BK, VP + x * (BK / 2) * dvp);
+#pragma omp parallel num_threads(T)
+        {
+            const unsigned fpm = attn_fp_enter();
+#pragma omp for schedule(static)
+            for (int64_t x = 0; x < BHk * ntile; x++)
+                pack_kv(pr, c->k, c->v, x / ntile / pr->Hkv, x / ntile % pr->Hkv, x % ntile, np,
+                        dvp, KP + x * np * BK, VP + x * (BK / 2) * dvp);
+            attn_fp_leave(fpm);
+        }
     }
     /* decode: a work item is hpi query heads of one K/V head's group (the
      * whole group unless that leaves threads idle) */
@@ -325,6 +330,7 @@ static attn_status bf16_forward(const attn_fused_call *c, attn_error *err) {
     }
 #pragma omp parallel num_threads(T)
     {
+        const unsigned fpm = attn_fp_enter();
         uint32_t *base = all + per * omp_get_thread_num();
         bscratch w;
         w.qd = base;
@@ -364,6 +370,7 @@ static attn_status bf16_forward(const attn_fused_call *c, attn_error *err) {
                            x % nqb);
             }
         }
+        attn_fp_leave(fpm);
     }
     free(all);
     free(KP);

@@ -210,18 +210,23 @@ static void bwd_one_pass(const kctx *c, const attn_fused_call *call, const bctx 
                          const bscratch *s) {
     const attn_problem *pr = c->pr;
     const int64_t Hk = pr->Hkv, G = pr->group, Lk = pr->Lk, nqb = (pr->Lq + FQ - 1) / FQ;
-#pragma omp parallel for num_threads(pr->threads) schedule(dynamic, 1)
-    for (int64_t bh = 0; bh < pr->B * Hk; bh++) {
-        float *dka, *dva;
-        const bws w = bwd_thread(c, s, &dka, &dva);
-        const int64_t b = bh / Hk, hk = bh % Hk;
-        memset(dka, 0, (size_t)(Lk * c->dkp) * sizeof(float));
-        memset(dva, 0, (size_t)(Lk * c->dvp) * sizeof(float));
-        for (int64_t h = hk * G; h < (hk + 1) * G; h++)
-            for (int64_t blk = 0; blk < nqb; blk++)
-                bwd_block(c, call, bc, &w, b, h, blk, 0, INT64_MAX, dka, dva, 0, w.dq);
-        write_rows(call->dk, b, hk, 0, Lk, pr->Dk, dka, c->dkp);
-        write_rows(call->dv, b, hk, 0, Lk, pr->Dv, dva, c->dvp);
+#pragma omp parallel num_threads(pr->threads)
+    {
+        const unsigned fpm = attn_fp_enter();
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t bh = 0; bh < pr->B * Hk; bh++) {
+            float *dka, *dva;
+            const bws w = bwd_thread(c, s, &dka, &dva);
+            const int64_t b = bh / Hk, hk = bh % Hk;
+            memset(dka, 0, (size_t)(Lk * c->dkp) * sizeof(float));
+            memset(dva, 0, (size_t)(Lk * c->dvp) * sizeof(float));
+            for (int64_t h = hk * G; h < (hk + 1) * G; h++)
+                for (int64_t blk = 0; blk < nqb; blk++)
+                    bwd_block(c, call, bc, &w, b, h, blk, 0, INT64_MAX, dka, dva, 0, w.dq);
+            write_rows(call->dk, b, hk, 0, Lk, pr->Dk, dka, c->dkp);
+            write_rows(call->dv, b, hk, 0, Lk, pr->Dv, dva, c->dvp);
+        }
+        attn_fp_leave(fpm);
     }
 }
 
@@ -232,27 +237,37 @@ static void bwd_two_pass(const kctx *c, const attn_fused_call *call, const bctx 
     const attn_problem *pr = c->pr;
     const int64_t H = pr->H, Hk = pr->Hkv, G = pr->group, Lk = pr->Lk, nqb = (pr->Lq + FQ - 1) / FQ;
     const int64_t ntile = (Lk + FK - 1) / FK, ngrp = (ntile + KGROUP - 1) / KGROUP;
-#pragma omp parallel for num_threads(pr->threads) schedule(dynamic, 1)
-    for (int64_t it = 0; it < pr->B * Hk * ngrp; it++) {
-        float *dka, *dva;
-        const bws w = bwd_thread(c, s, &dka, &dva);
-        const int64_t bh = it / ngrp, g = it % ngrp, b = bh / Hk, hk = bh % Hk;
-        const int64_t g0 = g * KGROUP * FK, g1 = imin(Lk, g0 + KGROUP * FK);
-        memset(dka, 0, (size_t)((g1 - g0) * c->dkp) * sizeof(float));
-        memset(dva, 0, (size_t)((g1 - g0) * c->dvp) * sizeof(float));
-        for (int64_t h = hk * G; h < (hk + 1) * G; h++)
-            for (int64_t blk = 0; blk < nqb; blk++)
-                bwd_block(c, call, bc, &w, b, h, blk, g * KGROUP, imin(ntile, (g + 1) * KGROUP),
-                          dka, dva, g0, NULL);
-        write_rows(call->dk, b, hk, g0, g1 - g0, pr->Dk, dka, c->dkp);
-        write_rows(call->dv, b, hk, g0, g1 - g0, pr->Dv, dva, c->dvp);
+#pragma omp parallel num_threads(pr->threads)
+    {
+        const unsigned fpm = attn_fp_enter();
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t it = 0; it < pr->B * Hk * ngrp; it++) {
+            float *dka, *dva;
+            const bws w = bwd_thread(c, s, &dka, &dva);
+            const int64_t bh = it / ngrp, g = it % ngrp, b = bh / Hk, hk = bh % Hk;
+            const int64_t g0 = g * KGROUP * FK, g1 = imin(Lk, g0 + KGROUP * FK);
+            memset(dka, 0, (size_t)((g1 - g0) * c->dkp) * sizeof(float));
+            memset(dva, 0, (size_t)((g1 - g0) * c->dvp) * sizeof(float));
+            for (int64_t h = hk * G; h < (hk + 1) * G; h++)
+                for (int64_t blk = 0; blk < nqb; blk++)
+                    bwd_block(c, call, bc, &w, b, h, blk, g * KGROUP, imin(ntile, (g + 1) * KGROUP),
+                              dka, dva, g0, NULL);
+            write_rows(call->dk, b, hk, g0, g1 - g0, pr->Dk, dka, c->dkp);
+            write_rows(call->dv, b, hk, g0, g1 - g0, pr->Dv, dva, c->dvp);
+        }
+        attn_fp_leave(fpm);
     }
-#pragma omp parallel for num_threads(pr->threads) schedule(dynamic, 1)
-    for (int64_t it = 0; it < pr->B * H * nqb; it++) {
-        float *dka, *dva;
-        const bws w = bwd_thread(c, s, &dka, &dva);
-        const int64_t bh = it / nqb, blk = nqb - 1 - it % nqb;
-        bwd_block(c, call, bc, &w, bh / H, bh % H, blk, 0, INT64_MAX, NULL, NULL, 0, w.dq);
+#pragma omp parallel num_threads(pr->threads)
+    {
+        const unsigned fpm = attn_fp_enter();
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t it = 0; it < pr->B * H * nqb; it++) {
+            float *dka, *dva;
+            const bws w = bwd_thread(c, s, &dka, &dva);
+            const int64_t bh = it / nqb, blk = nqb - 1 - it % nqb;
+            bwd_block(c, call, bc, &w, bh / H, bh % H, blk, 0, INT64_MAX, NULL, NULL, 0, w.dq);
+        }
+        attn_fp_leave(fpm);
     }
 }
 

@@ -581,6 +581,7 @@ static attn_status dec_forward(const kctx *c, const attn_fused_call *call, attn_
     const int64_t items = whole ? groups : groups * d.nch;
 #pragma omp parallel num_threads(nt)
     {
+        const unsigned fpm = attn_fp_enter();
         const int tid = omp_get_thread_num();
 #pragma omp for schedule(dynamic, 1)
         for (int64_t it = 0; it < items; it++) dec_item(c, call, &d, whole, it, tid);
@@ -590,13 +591,19 @@ static attn_status dec_forward(const kctx *c, const attn_fused_call *call, attn_
                 dec_merge_row(c, call, r, d.nch, d.pm, d.pl, d.pacc, ws + (int64_t)tid * d.per,
                               d.lsv, d.mrow, d.ilrow);
         }
+        attn_fp_leave(fpm);
     }
     if (call->lse) memcpy(call->lse, d.lsv, (size_t)d.rows * sizeof(float));
     if (call->weights) {
-#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
-        for (int64_t r = 0; r < d.rows; r++)
-            dec_weights_row(c, &d, r, ws + (int64_t)omp_get_thread_num() * d.per,
-                            call->weights + r * pr->Lk);
+#pragma omp parallel num_threads(nt)
+        {
+            const unsigned fpm = attn_fp_enter();
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t r = 0; r < d.rows; r++)
+                dec_weights_row(c, &d, r, ws + (int64_t)omp_get_thread_num() * d.per,
+                                call->weights + r * pr->Lk);
+            attn_fp_leave(fpm);
+        }
     }
     if (!call->ws) free(ws);
     return ATTN_OK;
@@ -751,6 +758,7 @@ static attn_status dec_backward(const kctx *c, const attn_fused_call *call, attn
     grain = grain < 1 ? 1 : grain > nch ? nch : grain;
 #pragma omp parallel num_threads(nt)
     {
+        const unsigned fpm = attn_fp_enter();
 #pragma omp for schedule(dynamic, grain)
         for (int64_t it = 0; it < items; it++) {
             dbitem t;
@@ -771,6 +779,7 @@ static attn_status dec_backward(const kctx *c, const attn_fused_call *call, attn
                     v_store(acc + d, v_add(v_load(acc + d), v_load(acc + ch * dkp + d)));
             write_rows(call->dq, b, h, i, 1, pr->Dk, acc, dkp);
         }
+        attn_fp_leave(fpm);
     }
     free(ws);
     return ATTN_OK;

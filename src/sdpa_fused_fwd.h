@@ -232,15 +232,20 @@ static attn_status fwd_forward(const kctx *c, const attn_fused_call *call, attn_
     if (!ws)
         return attn_fail(err, ATTN_ERR_NOMEM, "out of memory for %d x %lld scratch floats", nt,
                          (long long)per);
-#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
-    for (int64_t it = 0; it < items; it++) {
-        /* Last blocks of a head first: under a causal mask they are the
-         * longest, so the dynamic schedule ends on short ones. */
-        const int64_t bp = it / nqb, blk = nqb - 1 - it % nqb, b = bp / HP, h = bp % HP * P;
-        const int64_t bh = b * H + h, i0 = blk * FQ, nq = imin(FQ, Lq - i0);
-        fwd_block(c, ws + (int64_t)omp_get_thread_num() * per, b, h, P, i0, nq, call->out,
-                  call->lse ? call->lse + bh * Lq + i0 : NULL, Lq,
-                  call->weights ? call->weights + (bh * Lq + i0) * Lk : NULL, Lq * Lk);
+#pragma omp parallel num_threads(nt)
+    {
+        const unsigned fpm = attn_fp_enter();
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t it = 0; it < items; it++) {
+            /* Last blocks of a head first: under a causal mask they are the
+             * longest, so the dynamic schedule ends on short ones. */
+            const int64_t bp = it / nqb, blk = nqb - 1 - it % nqb, b = bp / HP, h = bp % HP * P;
+            const int64_t bh = b * H + h, i0 = blk * FQ, nq = imin(FQ, Lq - i0);
+            fwd_block(c, ws + (int64_t)omp_get_thread_num() * per, b, h, P, i0, nq, call->out,
+                      call->lse ? call->lse + bh * Lq + i0 : NULL, Lq,
+                      call->weights ? call->weights + (bh * Lq + i0) * Lk : NULL, Lq * Lk);
+        }
+        attn_fp_leave(fpm);
     }
     if (!call->ws) free(ws);
     return ATTN_OK;

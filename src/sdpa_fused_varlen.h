@@ -136,17 +136,22 @@ static attn_status varlen_forward(const kctx *c0, const attn_fused_call *call, a
         return attn_fail(err, ATTN_ERR_NOMEM, "out of memory for %d x %lld scratch floats", nt,
                          (long long)per);
     }
-#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
-    for (int64_t it = 0; it < first[n]; it++) {
-        int64_t h, u;
-        const vseq *e = varlen_item(sq, ord, first, n, VARLEN_QBLOCKS, it, &h, &u);
-        const int64_t s = e - sq, Lq = e->pr.Lq, Lk = e->pr.Lk;
-        const int64_t i0 = (e->nqb - 1 - u) * FQ, nq = imin(FQ, Lq - i0);
-        fwd_block(&e->c, ws + (int64_t)omp_get_thread_num() * per, 0, h, 1, i0, nq, &e->out,
-                  call->lse ? call->lse + h * Tq + e->q0 + i0 : NULL, 0,
-                  call->weights ? call->weights + varlen->weights_at[s] + (h * Lq + i0) * Lk
-                                : NULL,
-                  0);
+#pragma omp parallel num_threads(nt)
+    {
+        const unsigned fpm = attn_fp_enter();
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t it = 0; it < first[n]; it++) {
+            int64_t h, u;
+            const vseq *e = varlen_item(sq, ord, first, n, VARLEN_QBLOCKS, it, &h, &u);
+            const int64_t s = e - sq, Lq = e->pr.Lq, Lk = e->pr.Lk;
+            const int64_t i0 = (e->nqb - 1 - u) * FQ, nq = imin(FQ, Lq - i0);
+            fwd_block(&e->c, ws + (int64_t)omp_get_thread_num() * per, 0, h, 1, i0, nq, &e->out,
+                      call->lse ? call->lse + h * Tq + e->q0 + i0 : NULL, 0,
+                      call->weights ? call->weights + varlen->weights_at[s] + (h * Lq + i0) * Lk
+                                    : NULL,
+                      0);
+        }
+        attn_fp_leave(fpm);
     }
     free(ws), free(first), free(ord), free(sq);
     return ATTN_OK;
@@ -178,50 +183,65 @@ static attn_status varlen_backward(const kctx *c0, const attn_fused_call *call, 
     const int64_t Dk = pr->Dk, Dv = pr->Dv, dkp = c0->dkp, dvp = c0->dvp;
     if (one) { /* as bwd_one_pass, per (sequence, K/V head) */
         varlen_plan(sq, ord, n, Hk, VARLEN_HEADS, first);
-#pragma omp parallel for num_threads(pr->threads) schedule(dynamic, 1)
-        for (int64_t it = 0; it < first[n]; it++) {
-            int64_t hk, u;
-            const vseq *e = varlen_item(sq, ord, first, n, VARLEN_HEADS, it, &hk, &u);
-            const int64_t Lk = e->pr.Lk;
-            float *dka, *dva;
-            const bws w = bwd_thread(c0, &bs, &dka, &dva);
-            memset(dka, 0, (size_t)(Lk * dkp) * sizeof(float));
-            memset(dva, 0, (size_t)(Lk * dvp) * sizeof(float));
-            for (int64_t h = hk * G; h < (hk + 1) * G; h++)
-                for (int64_t blk = 0; blk < e->nqb; blk++)
-                    bwd_block(&e->c, &e->call, &e->bc, &w, 0, h, blk, 0, INT64_MAX, dka, dva, 0,
-                              w.dq);
-            write_rows(&e->dk, 0, hk, 0, Lk, Dk, dka, dkp);
-            write_rows(&e->dv, 0, hk, 0, Lk, Dv, dva, dvp);
+#pragma omp parallel num_threads(pr->threads)
+        {
+            const unsigned fpm = attn_fp_enter();
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t it = 0; it < first[n]; it++) {
+                int64_t hk, u;
+                const vseq *e = varlen_item(sq, ord, first, n, VARLEN_HEADS, it, &hk, &u);
+                const int64_t Lk = e->pr.Lk;
+                float *dka, *dva;
+                const bws w = bwd_thread(c0, &bs, &dka, &dva);
+                memset(dka, 0, (size_t)(Lk * dkp) * sizeof(float));
+                memset(dva, 0, (size_t)(Lk * dvp) * sizeof(float));
+                for (int64_t h = hk * G; h < (hk + 1) * G; h++)
+                    for (int64_t blk = 0; blk < e->nqb; blk++)
+                        bwd_block(&e->c, &e->call, &e->bc, &w, 0, h, blk, 0, INT64_MAX, dka, dva, 0,
+                                  w.dq);
+                write_rows(&e->dk, 0, hk, 0, Lk, Dk, dka, dkp);
+                write_rows(&e->dv, 0, hk, 0, Lk, Dv, dva, dvp);
+            }
+            attn_fp_leave(fpm);
         }
     } else { /* as bwd_two_pass, per (sequence, K/V head, key group), then query block */
         varlen_plan(sq, ord, n, Hk, VARLEN_KGROUPS, first);
-#pragma omp parallel for num_threads(pr->threads) schedule(dynamic, 1)
-        for (int64_t it = 0; it < first[n]; it++) {
-            int64_t hk, g;
-            const vseq *e = varlen_item(sq, ord, first, n, VARLEN_KGROUPS, it, &hk, &g);
-            const int64_t Lk = e->pr.Lk, ntile = (Lk + FK - 1) / FK;
-            const int64_t g0 = g * KGROUP * FK, g1 = imin(Lk, g0 + KGROUP * FK);
-            float *dka, *dva;
-            const bws w = bwd_thread(c0, &bs, &dka, &dva);
-            memset(dka, 0, (size_t)((g1 - g0) * dkp) * sizeof(float));
-            memset(dva, 0, (size_t)((g1 - g0) * dvp) * sizeof(float));
-            for (int64_t h = hk * G; h < (hk + 1) * G; h++)
-                for (int64_t blk = 0; blk < e->nqb; blk++)
-                    bwd_block(&e->c, &e->call, &e->bc, &w, 0, h, blk, g * KGROUP,
-                              imin(ntile, (g + 1) * KGROUP), dka, dva, g0, NULL);
-            write_rows(&e->dk, 0, hk, g0, g1 - g0, Dk, dka, dkp);
-            write_rows(&e->dv, 0, hk, g0, g1 - g0, Dv, dva, dvp);
+#pragma omp parallel num_threads(pr->threads)
+        {
+            const unsigned fpm = attn_fp_enter();
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t it = 0; it < first[n]; it++) {
+                int64_t hk, g;
+                const vseq *e = varlen_item(sq, ord, first, n, VARLEN_KGROUPS, it, &hk, &g);
+                const int64_t Lk = e->pr.Lk, ntile = (Lk + FK - 1) / FK;
+                const int64_t g0 = g * KGROUP * FK, g1 = imin(Lk, g0 + KGROUP * FK);
+                float *dka, *dva;
+                const bws w = bwd_thread(c0, &bs, &dka, &dva);
+                memset(dka, 0, (size_t)((g1 - g0) * dkp) * sizeof(float));
+                memset(dva, 0, (size_t)((g1 - g0) * dvp) * sizeof(float));
+                for (int64_t h = hk * G; h < (hk + 1) * G; h++)
+                    for (int64_t blk = 0; blk < e->nqb; blk++)
+                        bwd_block(&e->c, &e->call, &e->bc, &w, 0, h, blk, g * KGROUP,
+                                  imin(ntile, (g + 1) * KGROUP), dka, dva, g0, NULL);
+                write_rows(&e->dk, 0, hk, g0, g1 - g0, Dk, dka, dkp);
+                write_rows(&e->dv, 0, hk, g0, g1 - g0, Dv, dva, dvp);
+            }
+            attn_fp_leave(fpm);
         }
         varlen_plan(sq, ord, n, H, VARLEN_QBLOCKS, first);
-#pragma omp parallel for num_threads(pr->threads) schedule(dynamic, 1)
-        for (int64_t it = 0; it < first[n]; it++) {
-            int64_t h, u;
-            const vseq *e = varlen_item(sq, ord, first, n, VARLEN_QBLOCKS, it, &h, &u);
-            float *dka, *dva;
-            const bws w = bwd_thread(c0, &bs, &dka, &dva);
-            bwd_block(&e->c, &e->call, &e->bc, &w, 0, h, e->nqb - 1 - u, 0, INT64_MAX, NULL, NULL,
-                      0, w.dq);
+#pragma omp parallel num_threads(pr->threads)
+        {
+            const unsigned fpm = attn_fp_enter();
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t it = 0; it < first[n]; it++) {
+                int64_t h, u;
+                const vseq *e = varlen_item(sq, ord, first, n, VARLEN_QBLOCKS, it, &h, &u);
+                float *dka, *dva;
+                const bws w = bwd_thread(c0, &bs, &dka, &dva);
+                bwd_block(&e->c, &e->call, &e->bc, &w, 0, h, e->nqb - 1 - u, 0, INT64_MAX, NULL,
+                          NULL, 0, w.dq);
+            }
+            attn_fp_leave(fpm);
         }
     }
     free(bs.ws), free(first), free(ord), free(sq);

@@ -11,13 +11,19 @@
  *     init measured), each within fp32 rounding of an fp64 product;
  *   - two application threads running MHA forward + backward and KV-cache
  *     steps at the same time, with different thread counts, get bitwise the
- *     results one caller gets alone. */
+ *     results one caller gets alone;
+ *   - the floating-point mode (x86's MXCSR: the fused kernels flush
+ *     subnormals inside their parallel regions) is the caller's and every
+ *     OpenMP thread's as before, whichever mode the application had set. */
 #include "internal.h" /* attn_sgemm */
 #include "testutil.h"
 
 #include <cblas.h>
 #include <omp.h>
 #include <pthread.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#endif
 
 enum { E = 16, NH = 4, B = 2, L = 29 };
 
@@ -104,6 +110,69 @@ static void test_state_untouched(void) {
     free(r);
 }
 
+#if defined(__x86_64__) || defined(__i386__)
+/* MXCSR's control bits (not the sticky exception flags, bits 0-5, which
+ * any arithmetic raises) of the caller and of 3 OpenMP threads, into m[0..3]. */
+static void read_modes(unsigned m[4]) {
+    m[0] = _mm_getcsr() & ~0x3fu;
+    m[1] = m[2] = m[3] = 0;
+#pragma omp parallel num_threads(3)
+    m[1 + omp_get_thread_num()] = _mm_getcsr() & ~0x3fu;
+}
+
+/* The caller and 3 OpenMP threads set to mode v. */
+static void set_modes(unsigned v) {
+    _mm_setcsr(v);
+#pragma omp parallel num_threads(3)
+    _mm_setcsr(v);
+}
+
+/* Fused forward and backward (tiled and decode) with ALiBi steep enough
+ * that exp() underflows (the kernels flush subnormals meanwhile): every
+ * thread's mode after the calls is the one the application set, with its
+ * FTZ and DAZ off and on. */
+static void test_fp_mode_untouched(void) {
+    enum { Bq = 1, Hq = 2, Lq = 70, Lk = 300, D = 16 };
+    float *q = tu_malloc(sizeof(float) * Bq * Hq * Lk * D),
+          *o = tu_malloc(sizeof(float) * Bq * Hq * Lq * D);
+    float *g = tu_malloc(sizeof(float) * Bq * Hq * Lk * D * 3), lse[Bq * Hq * Lq];
+    tu_rng rng = tu_seed(6);
+    tu_fill(&rng, q, Bq * Hq * Lk * D, -1, 1);
+    const float slopes[Hq] = {1.0f, 0.5f};
+    const unsigned saved = _mm_getcsr();
+    const unsigned mode[2] = {0x1f80u, 0x9fc0u}; /* the default; FTZ and DAZ on */
+    for (int app = 0; app < 2; app++) {
+        set_modes(mode[app]);
+        for (int lq = 1; lq <= Lq; lq += Lq - 1)
+            for (int t = 1; t <= 3; t += 2) {
+                attn_tensor tq = attn_tensor_bhld(q, Bq, Hq, lq, D),
+                            tk = attn_tensor_bhld(q, Bq, Hq, Lk, D),
+                            to = attn_tensor_bhld(o, Bq, Hq, lq, D),
+                            tdq = attn_tensor_bhld(g, Bq, Hq, lq, D),
+                            tdk = attn_tensor_bhld(g + Bq * Hq * Lk * D, Bq, Hq, Lk, D),
+                            tdv = attn_tensor_bhld(g + 2 * Bq * Hq * Lk * D, Bq, Hq, Lk, D);
+                attn_sdpa_params p = {0};
+                p.impl = ATTN_IMPL_FUSED, p.num_threads = t, p.alibi_slopes = slopes;
+                attn_error err;
+                CHECK(attn_sdpa_forward(&tq, &tk, &tk, &p, &to, NULL, lse, NULL, &err) == ATTN_OK &&
+                          attn_sdpa_backward(&tq, &tk, &tk, &to, lse, &to, &p, &tdq, &tdk, &tdv,
+                                             NULL, &err) == ATTN_OK,
+                      "alibi lq %d threads %d: %s", lq, t, err.message);
+                unsigned after[4];
+                read_modes(after);
+                for (int i = 0; i < 4; i++)
+                    CHECK(after[i] == mode[app],
+                          "mode %#x, lq %d, threads %d: MXCSR of %s %d is %#x", mode[app], lq, t,
+                          i ? "OpenMP thread" : "the caller", i ? i - 1 : 0, after[i]);
+            }
+    }
+    set_modes(saved);
+    free(q), free(o), free(g);
+}
+#else
+static void test_fp_mode_untouched(void) {}
+#endif
+
 /* attn_sgemm over rows that cross micro-tile edges, every transpose the
  * library uses; threads 1..3 bitwise equal, and close to fp64. */
 static void test_sgemm(void) {
@@ -174,6 +243,7 @@ int main(void) {
     tu_fill(&r, x, sizeof x / sizeof(float), -1, 1);
     tu_fill(&r, dy, sizeof dy / sizeof(float), -1, 1);
     test_state_untouched();
+    test_fp_mode_untouched();
     printf("test_process_state: attn_sgemm cuts rows at multiples of %lld (0: never)\n",
            (long long)attn_sgemm_row_step());
     test_sgemm();

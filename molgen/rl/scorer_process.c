@@ -179,9 +179,11 @@ void mg_scorer_free(mg_scorer *s) {
     free(s);
 }
 
-/* "exited with status 3" / "was killed by signal 9" / "closed its output". */
+/* "exited with status 3" / "was killed by signal 9" / "closed its output".
+ * Its end waited for up to 2 s after its output closed: on a loaded machine
+ * the exit can lag the close by far more than a scheduler tick. */
 static const char *gone(mg_scorer *s, char *buf, size_t n) {
-    for (int i = 0; i < 50 && !reap(s); i++) nanosleep(&(struct timespec){0, 10000000}, NULL);
+    for (int i = 0; i < 200 && !reap(s); i++) nanosleep(&(struct timespec){0, 10000000}, NULL);
     if (!s->exited) return "closed its output";
     if (s->signo)
         snprintf(buf, n, "was killed by signal %d", s->signo);
