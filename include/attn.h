@@ -131,7 +131,13 @@ ATTN_API const char *attn_status_name(attn_status s);
  *   - Results are bitwise identical for any thread count and do not depend
  *     on how many callers run at once. (For the products this rests on
  *     cutting K into the same blocks whatever the threads and sharing out
- *     only whole tiles of C, each formed by the same micro-kernel.) */
+ *     only whole tiles of C, each formed by the same micro-kernel.)
+ *   - The fused attention kernels flush subnormal floats to zero (x86:
+ *     MXCSR's FTZ and DAZ) on each of their threads while they run, and put
+ *     back each thread's own mode when they end: Intel cores are several
+ *     times slower on the subnormal results that ALiBi and masks produce.
+ *     Only values below 1.2e-38 change; the reference path keeps IEEE
+ *     subnormals. */
 
 #define ATTN_MAX_THREADS 1024
 
