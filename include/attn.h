@@ -82,7 +82,21 @@ ATTN_API const char *attn_version(void);
 #define ATTN_CPU_AVX2_FMA 1u   /* AVX2 and FMA3 */
 #define ATTN_CPU_AVX512 2u     /* AVX-512F (with AVX2 and FMA3) */
 #define ATTN_CPU_AVX512BF16 4u /* AVX512_BF16 (VDPBF16PS), the OS saving the AVX-512 state */
+#define ATTN_CPU_AMX 8u        /* AMX-BF16 tiles (with AVX512_BF16), the OS enabling them */
 ATTN_API unsigned attn_cpu_features(void);
+
+/* Lets the bf16 fused kernels use AMX tiles (TDPBF16PS: 16 times
+ * VDPBF16PS's products per instruction) on a CPU with ATTN_CPU_AMX. Linux
+ * gives a process the use of tile data only when it asks (arch_prctl
+ * ARCH_REQ_XCOMP_PERM): a process-wide grant that cannot be undone and
+ * enlarges every thread's signal frames, which is why no other call of
+ * the library asks. Call it once, from the application, when that suits
+ * the process; if the process already holds the permission (asked itself
+ * or through another library) the library uses AMX without this call.
+ * Returns 1 when the amx row is in use from now on (ATTN_FUSED_ISA can
+ * still lower it), 0 where the CPU, the OS or the kernel refuses. Results
+ * differ from the avx512bf16 row's by the order of the fp32 sums only. */
+ATTN_API int attn_enable_amx(void);
 
 /* ---------------------------------------------------------------- errors */
 

@@ -331,6 +331,7 @@ static attn_status bf16_forward(const attn_fused_call *c, attn_error *err) {
 #pragma omp parallel num_threads(T)
     {
         const unsigned fpm = attn_fp_enter();
+        bf16_tiles_enter();
         uint32_t *base = all + per * omp_get_thread_num();
         bscratch w;
         w.qd = base;
@@ -370,6 +371,7 @@ static attn_status bf16_forward(const attn_fused_call *c, attn_error *err) {
                            x % nqb);
             }
         }
+        bf16_tiles_leave();
         attn_fp_leave(fpm);
     }
     free(all);

@@ -67,8 +67,8 @@ static inline __attribute__((always_inline)) void pv_rows(const int NR, const in
  * of at most 6 vectors, as even as possible; rows by 8 when a group has
  * at most 2 vectors (16 accumulators: VDPBF16PS's latency covered, which
  * 4 x 2 is not), else by 4. */
-static void pv_tile(int nr, const uint32_t *PD, int64_t nkp, const uint32_t *vp, int64_t dvp,
-                    float *OO) {
+static void pv_tile_v(int nr, const uint32_t *PD, int64_t nkp, const uint32_t *vp, int64_t dvp,
+                      float *OO) {
     const int64_t nvec = dvp / 16, ng = (nvec + 5) / 6, per = (nvec + ng - 1) / ng;
     const int step = per <= 2 ? 8 : 4;
     for (int r0 = 0; r0 < nr; r0 += step) {
@@ -329,9 +329,9 @@ static inline __attribute__((always_inline)) void gp_rows(const int NR, const in
  * as even as possible; rows by 8 when a group has at most 2 vectors (the
  * backward's dQ, dK, dV at head size 32), else by 4. Each element's sum
  * runs over t in order whatever the grouping. */
-static void gemm_pairs_max(int64_t nr, int64_t nvec, int zero, const uint32_t *A, int64_t ars,
-                           int64_t ats, int64_t nt, const uint32_t *B, int64_t ldb, float *C,
-                           int64_t ldc, float *rmax) {
+static void gemm_pairs_max_v(int64_t nr, int64_t nvec, int zero, const uint32_t *A,
+                             int64_t ars, int64_t ats, int64_t nt, const uint32_t *B, int64_t ldb,
+                             float *C, int64_t ldc, float *rmax) {
     if (nvec <= 0) return;
     const int64_t ng = (nvec + 5) / 6, per = (nvec + ng - 1) / ng, step = per <= 2 ? 8 : 4;
     for (int64_t v0 = 0; v0 < nvec; v0 += per) {
@@ -352,6 +352,111 @@ static void gemm_pairs_max(int64_t nr, int64_t nvec, int zero, const uint32_t *A
         }
     }
 }
+
+#if defined(ATTN_BF16_AMX)
+/* AMX (sdpa_fused_bf16_amx.c): TDPBF16PS multiplies a tile of 16 rows x 16
+ * pairs of bf16 (A) by one of 16 pairs x 16 columns (B, pairs along the
+ * sum: the packed K and V tiles' layout) into 16 x 16 fp32 (C), 16 times
+ * VDPBF16PS's work per instruction. Every tile is 16 rows of 64 bytes
+ * (one configuration, loaded by each thread of a parallel region:
+ * bf16_tiles_enter). Whole 16-row blocks and whole 16-pair chunks of the
+ * sum go through the tiles; rows and pairs left over through the vector
+ * code (onto the tiles' sums), so any shape is exact to the same bound.
+ * A's rows need their pairs contiguous (ats == 1); other layouts (the
+ * backward's dV and dK, A transposed) take the vector code. */
+#define BF16_TILES 1
+
+/* The tile configuration (palette 1): tiles 0-7 of 16 rows of 64 bytes.
+ * Static data: GCC 12 dropped the stores of a configuration built on the
+ * stack before LDTILECFG (a zero column width, a fault). */
+static const struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} __attribute__((aligned(64))) g_tile_cfg = {1, 0, {0}, {64, 64, 64, 64, 64, 64, 64, 64},
+                                             {16, 16, 16, 16, 16, 16, 16, 16}};
+
+static void bf16_tiles_enter(void) { _tile_loadconfig(&g_tile_cfg); }
+static void bf16_tiles_leave(void) { _tile_release(); } /* the thread's tile state back to init */
+
+/* C[16][16 nv] (zero: =, else +=) of one 16-row block over nc chunks of 16
+ * pairs: A rows ars words apart, B rows ldb words apart, C rows ldc floats
+ * apart. Up to 4 accumulator tiles (0-3), A in tile 4, B in 5-7. */
+#define TILE_C(i)                                                                                  \
+    if ((i) < nv) {                                                                                \
+        if (zero)                                                                                  \
+            _tile_zero(i);                                                                         \
+        else                                                                                       \
+            _tile_loadd(i, C + 16 * (i), ldc * 4);                                                 \
+    }
+#define TILE_DP(i, tb)                                                                             \
+    if ((i) < nv) {                                                                                \
+        _tile_loadd(tb, b + 16 * (i), ldb * 4);                                                    \
+        _tile_dpbf16ps(i, 4, tb);                                                                  \
+    }
+#define TILE_ST(i)                                                                                 \
+    if ((i) < nv) _tile_stored(i, C + 16 * (i), ldc * 4);
+
+static void amx_block(int nv, int zero, const uint32_t *A, int64_t ars, int64_t nc,
+                      const uint32_t *B, int64_t ldb, float *C, int64_t ldc) {
+    TILE_C(0) TILE_C(1) TILE_C(2) TILE_C(3)
+    for (int64_t k = 0; k < nc; k++) {
+        const uint32_t *b = B + 16 * k * ldb;
+        _tile_loadd(4, A + 16 * k, ars * 4);
+        TILE_DP(0, 5) TILE_DP(1, 6) TILE_DP(2, 7) TILE_DP(3, 5)
+    }
+    TILE_ST(0) TILE_ST(1) TILE_ST(2) TILE_ST(3)
+}
+
+static void gemm_pairs_max(int64_t nr, int64_t nvec, int zero, const uint32_t *A, int64_t ars,
+                           int64_t ats, int64_t nt, const uint32_t *B, int64_t ldb, float *C,
+                           int64_t ldc, float *rmax) {
+    const int64_t nr16 = nr / 16 * 16, nt16 = nt / 16 * 16;
+    if (ats != 1 || nr16 == 0 || nt16 == 0 || nvec <= 0) {
+        gemm_pairs_max_v(nr, nvec, zero, A, ars, ats, nt, B, ldb, C, ldc, rmax);
+        return;
+    }
+    for (int64_t r = 0; r < nr16; r += 16)
+        for (int64_t v = 0; v < nvec; v += 4)
+            amx_block((int)(nvec - v < 4 ? nvec - v : 4), zero, A + r * ars, ars, nt16 / 16,
+                      B + 16 * v, ldb, C + r * ldc + 16 * v, ldc);
+    if (nt16 < nt) /* the last pairs onto the tiles' sums */
+        gemm_pairs_max_v(nr16, nvec, 0, A + nt16, ars, 1, nt - nt16, B + nt16 * ldb, ldb, C, ldc,
+                         NULL);
+    if (rmax)
+        for (int64_t r = 0; r < nr16; r++) rmax[r] = row_max(C + r * ldc, nvec);
+    if (nr16 < nr)
+        gemm_pairs_max_v(nr - nr16, nvec, zero, A + nr16 * ars, ars, 1, nt, B, ldb, C + nr16 * ldc,
+                         ldc, rmax ? rmax + nr16 : NULL);
+}
+
+/* O[r] += P·V (pd rows 48 words apart), as gemm_pairs_max. */
+static void pv_tile(int nr, const uint32_t *pd, int64_t nkp, const uint32_t *vp, int64_t dvp,
+                    float *O) {
+    const int nr16 = nr / 16 * 16;
+    const int64_t nt16 = nkp / 16 * 16;
+    if (nr16 == 0 || nt16 == 0) {
+        pv_tile_v(nr, pd, nkp, vp, dvp, O);
+        return;
+    }
+    for (int r = 0; r < nr16; r += 16)
+        for (int64_t v = 0; v < dvp / 16; v += 4)
+            amx_block((int)(dvp / 16 - v < 4 ? dvp / 16 - v : 4), 0, pd + r * 48, 48, nt16 / 16,
+                      vp + 16 * v, dvp, O + r * dvp + 16 * v, dvp);
+    if (nt16 < nkp) pv_tile_v(nr16, pd + nt16, nkp - nt16, vp + nt16 * dvp, dvp, O);
+    if (nr16 < nr) pv_tile_v(nr - nr16, pd + nr16 * 48, nkp, vp, dvp, O + nr16 * dvp);
+}
+#else
+static void gemm_pairs_max(int64_t nr, int64_t nvec, int zero, const uint32_t *A, int64_t ars,
+                           int64_t ats, int64_t nt, const uint32_t *B, int64_t ldb, float *C,
+                           int64_t ldc, float *rmax) {
+    gemm_pairs_max_v(nr, nvec, zero, A, ars, ats, nt, B, ldb, C, ldc, rmax);
+}
+static void pv_tile(int nr, const uint32_t *pd, int64_t nkp, const uint32_t *vp, int64_t dvp,
+                    float *O) {
+    pv_tile_v(nr, pd, nkp, vp, dvp, O);
+}
+#endif
 
 static void gemm_pairs(int64_t nr, int64_t nvec, int zero, const uint32_t *A, int64_t ars,
                        int64_t ats, int64_t nt, const uint32_t *B, int64_t ldb, float *C,
@@ -471,7 +576,11 @@ static void transpose_words(const uint16_t *const *rows, int64_t n, int64_t nw, 
 
 #include "sdpa_fused_bf16.h"
 
+#if defined(ATTN_BF16_AMX)
+const attn_fused_kernels attn_fused_bf16_kernels_amx = FUSED_BF16_KERNELS("amx");
+#else
 const attn_fused_kernels attn_fused_bf16_kernels_avx512bf16 = FUSED_BF16_KERNELS("avx512bf16");
+#endif
 
 #else
 typedef int attn_fused_bf16_avx512_not_built; /* not x86-64: portable kernels only */

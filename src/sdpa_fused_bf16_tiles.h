@@ -21,6 +21,14 @@ static inline int bf16_fold_scale(const attn_problem *pr) {
     return !pr->amask && pr->scale > 0.0f && !attn_has_score_variants(pr);
 }
 
+/* An instruction set with tile state (AMX) defines BF16_TILES and
+ * bf16_tiles_enter / bf16_tiles_leave, called by each thread of a parallel
+ * region that multiplies (forward and backward); the others have nothing to set up. */
+#if !defined(BF16_TILES)
+static inline void bf16_tiles_enter(void) {}
+static inline void bf16_tiles_leave(void) {}
+#endif
+
 static inline int64_t bmin(int64_t a, int64_t b) { return a < b ? a : b; }
 static inline int64_t bmax(int64_t a, int64_t b) { return a > b ? a : b; }
 

@@ -127,9 +127,10 @@ static int cpuinfo_flag(const char *flag) {
 
 static void test_cpu_features(void) {
     const unsigned f = attn_cpu_features();
-    CHECK((f & ~7u) == 0, "attn_cpu_features() %#x has bits outside ATTN_CPU_*", f);
+    CHECK((f & ~15u) == 0, "attn_cpu_features() %#x has bits outside ATTN_CPU_*", f);
     const int avx2 = cpuinfo_flag("avx2"), fma = cpuinfo_flag("fma"),
-              avx512 = cpuinfo_flag("avx512f"), bf16 = cpuinfo_flag("avx512_bf16");
+              avx512 = cpuinfo_flag("avx512f"), bf16 = cpuinfo_flag("avx512_bf16"),
+              amx = cpuinfo_flag("amx_bf16") == 1 && cpuinfo_flag("amx_tile") == 1;
     if (avx2 < 0) {
         printf("  no flags line in /proc/cpuinfo: features %#x not compared\n", f);
         return;
@@ -140,6 +141,9 @@ static void test_cpu_features(void) {
           !!(f & ATTN_CPU_AVX512), avx512);
     CHECK(!!(f & ATTN_CPU_AVX512BF16) == (bf16 && avx512 && avx2 && fma),
           "AVX512BF16 %d, cpuinfo avx512_bf16 %d", !!(f & ATTN_CPU_AVX512BF16), bf16);
+    /* the kernel lists amx_* only where it enables the tile state */
+    CHECK(!!(f & ATTN_CPU_AMX) == (amx && bf16 && avx512 && avx2 && fma),
+          "AMX %d, cpuinfo amx_bf16 and amx_tile %d", !!(f & ATTN_CPU_AMX), amx);
     printf("  attn_cpu_features() %#x: the CPU flags agree\n", f);
 }
 

@@ -14,7 +14,13 @@
  *     results one caller gets alone;
  *   - the floating-point mode (x86's MXCSR: the fused kernels flush
  *     subnormals inside their parallel regions) is the caller's and every
- *     OpenMP thread's as before, whichever mode the application had set. */
+ *     OpenMP thread's as before, whichever mode the application had set;
+ *   - on Linux, the process's permission to use AMX tile data is as before
+ *     after bf16 forward and backward calls (only attn_enable_amx asks for
+ *     it), and attn_enable_amx gets it exactly where the CPU has AMX. */
+#if defined(__linux__) && !defined(_GNU_SOURCE)
+#define _GNU_SOURCE /* syscall() */
+#endif
 #include "internal.h" /* attn_sgemm */
 #include "testutil.h"
 
@@ -23,6 +29,10 @@
 #include <pthread.h>
 #if defined(__x86_64__) || defined(__i386__)
 #include <xmmintrin.h>
+#endif
+#if defined(__x86_64__) && defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
 #endif
 
 enum { E = 16, NH = 4, B = 2, L = 29 };
@@ -237,6 +247,44 @@ static void test_concurrent(void) {
     free(jobs), free(alone);
 }
 
+#if defined(__x86_64__) && defined(__linux__)
+/* ARCH_GET_XCOMP_PERM's bits: bit 18 is the tile data (AMX) */
+static unsigned long xcomp_perm(void) {
+    unsigned long bits = 0;
+    return syscall(SYS_arch_prctl, 0x1022, &bits) == 0 ? bits : ~0ul;
+}
+
+static void test_amx_permission(void) {
+    enum { Bq = 1, Hq = 2, Lq = 80, D = 64 };
+    const unsigned long before = xcomp_perm();
+    uint16_t *qkv = tu_malloc(sizeof(uint16_t) * Bq * Hq * Lq * D);
+    float *o = tu_malloc(sizeof(float) * Bq * Hq * Lq * D * 4), lse[Bq * Hq * Lq];
+    for (int i = 0; i < Bq * Hq * Lq * D; i++) qkv[i] = 0x3f80u; /* 1.0 */
+    attn_tensor t = attn_tensor_bhld_bf16(qkv, Bq, Hq, Lq, D),
+                to = attn_tensor_bhld(o, Bq, Hq, Lq, D),
+                tg[3] = {attn_tensor_bhld(o + 1 * Bq * Hq * Lq * D, Bq, Hq, Lq, D),
+                         attn_tensor_bhld(o + 2 * Bq * Hq * Lq * D, Bq, Hq, Lq, D),
+                         attn_tensor_bhld(o + 3 * Bq * Hq * Lq * D, Bq, Hq, Lq, D)};
+    attn_sdpa_params p = {0};
+    p.impl = ATTN_IMPL_FUSED, p.dtype = ATTN_BF16, p.out_dtype = ATTN_F32, p.causal = 1;
+    attn_error err;
+    CHECK(attn_sdpa_forward(&t, &t, &t, &p, &to, NULL, lse, NULL, &err) == ATTN_OK &&
+              attn_sdpa_backward(&t, &t, &t, &to, lse, &to, &p, &tg[0], &tg[1], &tg[2], NULL,
+                                 &err) == ATTN_OK,
+          "bf16 fused calls: %s", err.message);
+    CHECK(xcomp_perm() == before, "the AMX permission changed under bf16 calls: %#lx -> %#lx",
+          before, xcomp_perm());
+    const int has = !!(attn_cpu_features() & ATTN_CPU_AMX), got = attn_enable_amx();
+    CHECK(got == has, "attn_enable_amx %d where the CPU's AMX bit is %d", got, has);
+    if (got) CHECK(xcomp_perm() & (1ul << 18), "attn_enable_amx 1 without the permission");
+    printf("test_process_state: AMX permission %s by library calls; attn_enable_amx %d\n",
+           before & (1ul << 18) ? "held before" : "not taken", got);
+    free(qkv), free(o);
+}
+#else
+static void test_amx_permission(void) {}
+#endif
+
 int main(void) {
     tu_rng r = tu_seed(9);
     tu_fill(&r, params, sizeof params / sizeof(float), -0.4f, 0.4f);
@@ -248,5 +296,6 @@ int main(void) {
            (long long)attn_sgemm_row_step());
     test_sgemm();
     test_concurrent();
+    test_amx_permission(); /* last: it may take the permission */
     return tu_report("test_process_state");
 }

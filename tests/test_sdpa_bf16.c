@@ -274,6 +274,7 @@ static void report(const char *what) {
 }
 
 int main(void) {
+    attn_enable_amx(); /* the amx row too, where the CPU has it */
     const shape shapes[] = {
         {1, 1, 1, 1, 16, 0},    {2, 3, 37, 37, 16, 1},   {2, 2, 70, 200, 64, 0},
         {1, 2, 300, 300, 128, 1}, {3, 2, 50, 130, 32, 2}, {2, 4, 1, 300, 64, 2},

@@ -687,6 +687,7 @@ static int isa_active(const char *isa) {
 }
 
 int main(void) {
+    attn_enable_amx(); /* the amx row too, where the CPU has it */
     test_dispatch();
     /* every row of the library's table (best first), those the CPU runs */
     for (int i = 0; attn_test_isa_name(i); i++) {

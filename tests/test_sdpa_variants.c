@@ -948,6 +948,7 @@ static void test_tanh(void) {
 }
 
 int main(void) {
+    attn_enable_amx(); /* the amx row too, where the CPU has it */
     test_tanh();
     test_oracle_fd();
     test_errors();

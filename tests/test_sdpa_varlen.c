@@ -508,6 +508,7 @@ static int isa_active(const char *isa) {
 }
 
 int main(void) {
+    attn_enable_amx(); /* the amx row too, where the CPU has it */
     test_invalid();
     int done = 0;
     for (int i = 0; attn_test_isa_name(i); i++) { /* the library's table, best first */

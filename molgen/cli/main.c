@@ -83,6 +83,9 @@ int main(int argc, char **argv) {
      * the normal error path runs (temporary removed, the previous checkpoint
      * intact) instead of SIGXFSZ killing the process silently. */
     signal(SIGXFSZ, SIG_IGN);
+    /* molgen is the application: it lets libattn's bf16 kernels use AMX
+     * tiles where the CPU has them (a grant to this process only; attn.h) */
+    attn_enable_amx();
     if (argc < 2) {
         fprintf(
             stderr,

@@ -95,9 +95,18 @@ __all__ = ["scaled_dot_product_attention", "scaled_dot_product_attention_grad",
            "scaled_dot_product_attention_varlen_grad",
            "MultiheadAttention", "IncrementalState", "last_path",
            "bf16_from_float32", "float32_from_bf16",
-           "set_num_threads", "get_num_threads", "AttnError",
+           "set_num_threads", "get_num_threads", "enable_amx", "AttnError",
            "AttnMemoryError", "AttnStateError", "ATTN_UNBOUNDED",
            "library_path", "__version__"]
+
+
+def enable_amx():
+    """Lets the bf16 kernels use AMX tiles where the CPU has them (attn.h,
+    attn_enable_amx): asks Linux for the process's permission to use tile
+    data, a process-wide grant that cannot be undone, which is why importing
+    attn does not ask. True when the amx row is in use from now on; False
+    where the CPU or the OS has no AMX."""
+    return bool(_lib.lib.attn_enable_amx())
 
 
 def set_num_threads(n):

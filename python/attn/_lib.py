@@ -209,6 +209,8 @@ def _load():
     fn("attn_status_name", ctypes.c_char_p, ctypes.c_int)
     fn("attn_set_num_threads", status, ctypes.c_int, err_p)
     fn("attn_get_num_threads", ctypes.c_int)
+    fn("attn_enable_amx", ctypes.c_int)
+    fn("attn_cpu_features", ctypes.c_uint)
     fn("attn_bf16_from_f32", None, c_float_p, c_uint16_p, ctypes.c_size_t)
     fn("attn_f32_from_bf16", None, c_uint16_p, c_float_p, ctypes.c_size_t)
     fn("attn_sdpa_forward", status,

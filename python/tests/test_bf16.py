@@ -358,3 +358,54 @@ def test_uint16_bits_need_bf16():
             for x, ref in zip(got, (dQ, dK, dV)):
                 assert x.dtype == np.float32
                 assert np.abs(x - ref).max() <= t * np.abs(ref).max(), impl
+
+
+AMX_RUN = r"""
+import sys
+import numpy as np
+import attn
+d = dict(np.load(sys.argv[1]))
+if not attn.enable_amx():
+    print("no-amx")
+    sys.exit(0)
+out = {}
+for key in sorted({k.split(":")[0] for k in d}):
+    q, k, v, g = (d[key + ":" + n] for n in "qkvg")
+    causal = key.endswith("c")
+    out[key + ":o"] = attn.scaled_dot_product_attention(q, k, v, is_causal=causal, impl="fused",
+                                                        dtype="bf16")
+    path = attn.last_path()[1]
+    for n, x in zip("QKV", attn.scaled_dot_product_attention_grad(g, q, k, v, is_causal=causal,
+                                                                   impl="fused", dtype="bf16")):
+        out[key + ":" + n] = x
+np.savez(sys.argv[2], **out)
+print(path)
+"""
+
+
+def test_bf16_amx_row_vs_float64(tmp_path):
+    """Where the CPU has AMX, attn.enable_amx() (in a child process: the
+    grant is process-wide) switches the bf16 kernels to tiles, and their
+    forward and backward keep FlashAttention's rule against float64 on
+    shapes of whole and partial 16-row blocks and 32-element chunks."""
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("x86-64 only")
+    shapes = {"a": (1, 2, 100, 130, 64, 64), "bc": (2, 2, 70, 200, 128, 128),
+              "cc": (1, 1, 300, 300, 80, 80), "d": (2, 1, 50, 97, 32, 32)}
+    ins, cases = {}, {}
+    for key, shape in shapes.items():
+        q, k, v, dout, keep, add, kw = case_inputs(shape, "causal" if key.endswith("c") else "none", 5)
+        cases[key] = (q, k, v, dout, keep, add)
+        for n, x in zip("qkvg", (q, k, v, dout)):
+            ins[key + ":" + n] = bits(x)
+    np.savez(tmp_path / "in.npz", **ins)
+    r = subprocess.run([sys.executable, "-c", AMX_RUN, str(tmp_path / "in.npz"),
+                        str(tmp_path / "out.npz")], capture_output=True, text=True, check=True)
+    if r.stdout.strip() == "no-amx":
+        pytest.skip("no AMX on this CPU")
+    assert "amx kernels" in r.stdout, r.stdout
+    res = np.load(tmp_path / "out.npz")
+    for key, (q, k, v, dout, keep, add) in cases.items():
+        got = oracles(q, k, v, dout, keep, add)
+        got["attn"] = [attn.float32_from_bf16(res[key + ":o"])] + [res[key + ":" + n] for n in "QKV"]
+        check_rule("numpy fused amx", "%s %s" % (key, shapes[key]), got)
