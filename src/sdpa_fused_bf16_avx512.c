@@ -362,8 +362,8 @@ static void gemm_pairs_max_v(int64_t nr, int64_t nvec, int zero, const uint32_t 
  * bf16_tiles_enter). Whole 16-row blocks and whole 16-pair chunks of the
  * sum go through the tiles; rows and pairs left over through the vector
  * code (onto the tiles' sums), so any shape is exact to the same bound.
- * A's rows need their pairs contiguous (ats == 1); other layouts (the
- * backward's dV and dK, A transposed) take the vector code. */
+ * A's rows need their pairs contiguous: a transposed A (the backward's
+ * dV = Pᵀ·dO and dK = dSᵀ·Q) is transposed into rows first. */
 #define BF16_TILES 1
 
 /* The tile configuration (palette 1): tiles 0-7 of 16 rows of 64 bytes.
@@ -408,12 +408,23 @@ static void amx_block(int nv, int zero, const uint32_t *A, int64_t ars, int64_t 
     TILE_ST(0) TILE_ST(1) TILE_ST(2) TILE_ST(3)
 }
 
+static void transpose_words(const uint16_t *const *rows, int64_t n, int64_t nw, uint32_t *dst,
+                            int64_t ld);
+
 static void gemm_pairs_max(int64_t nr, int64_t nvec, int zero, const uint32_t *A, int64_t ars,
                            int64_t ats, int64_t nt, const uint32_t *B, int64_t ldb, float *C,
                            int64_t ldc, float *rmax) {
     const int64_t nr16 = nr / 16 * 16, nt16 = nt / 16 * 16;
-    if (ats != 1 || nr16 == 0 || nt16 == 0 || nvec <= 0) {
+    if (nr16 == 0 || nt16 == 0 || nvec <= 0 || (ats != 1 && (ars != 1 || nr > 96 || nt > 64))) {
         gemm_pairs_max_v(nr, nvec, zero, A, ars, ats, nt, B, ldb, C, ldc, rmax);
+        return;
+    }
+    if (ats != 1) { /* A transposed (the backward's Pᵀ and dSᵀ, <= 96 x 64 words): rows made */
+        uint32_t at[96 * 64];
+        const uint16_t *rows[64];
+        for (int64_t t = 0; t < nt; t++) rows[t] = (const uint16_t *)(const void *)(A + t * ats);
+        transpose_words(rows, nt, nr, at, nt); /* at[r·nt + t] = A[r + t·ats] */
+        gemm_pairs_max(nr, nvec, zero, at, nt, 1, nt, B, ldb, C, ldc, rmax);
         return;
     }
     for (int64_t r = 0; r < nr16; r += 16)
