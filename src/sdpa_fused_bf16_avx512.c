@@ -366,9 +366,23 @@ static void gemm_pairs_max_v(int64_t nr, int64_t nvec, int zero, const uint32_t 
  * dV = Pᵀ·dO and dK = dSᵀ·Q) is transposed into rows first. */
 #define BF16_TILES 1
 
-/* The tile configuration (palette 1): tiles 0-7 of 16 rows of 64 bytes.
- * Static data: GCC 12 dropped the stores of a configuration built on the
- * stack before LDTILECFG (a zero column width, a fault). */
+/* The AMX instructions as asm that reads and writes "memory": GCC 12's
+ * intrinsics declare no memory read for TILELOADD and only 8 bytes for
+ * LDTILECFG, so stores before them (P's pairs, a configuration on the
+ * stack) could be moved past them or dropped (a stack configuration's
+ * column widths were: a fault). AT&T order: sources first. */
+#define AMX_LOAD(t, base, stride)                                                                  \
+    __asm__ volatile("tileloadd (%0,%1,1), %%tmm" #t ::"r"((const void *)(base)),                \
+                     "r"((long)(stride))                                                           \
+                     : "memory")
+#define AMX_STORE(t, base, stride)                                                                 \
+    __asm__ volatile("tilestored %%tmm" #t ", (%0,%1,1)" ::"r"((void *)(base)),                  \
+                     "r"((long)(stride))                                                           \
+                     : "memory")
+#define AMX_ZERO(t) __asm__ volatile("tilezero %%tmm" #t::)
+#define AMX_DP(c, a, b) __asm__ volatile("tdpbf16ps %%tmm" #b ", %%tmm" #a ", %%tmm" #c::)
+
+/* Palette 1, tiles 0-7 of 16 rows of 64 bytes. */
 static const struct {
     uint8_t palette, start_row, reserved[14];
     uint16_t colsb[16];
@@ -376,8 +390,12 @@ static const struct {
 } __attribute__((aligned(64))) g_tile_cfg = {1, 0, {0}, {64, 64, 64, 64, 64, 64, 64, 64},
                                              {16, 16, 16, 16, 16, 16, 16, 16}};
 
-static void bf16_tiles_enter(void) { _tile_loadconfig(&g_tile_cfg); }
-static void bf16_tiles_leave(void) { _tile_release(); } /* the thread's tile state back to init */
+static void bf16_tiles_enter(void) {
+    __asm__ volatile("ldtilecfg %0" ::"m"(g_tile_cfg) : "memory");
+}
+static void bf16_tiles_leave(void) { /* the thread's tile state back to init */
+    __asm__ volatile("tilerelease" ::: "memory");
+}
 
 /* C[16][16 nv] (zero: =, else +=) of one 16-row block over nc chunks of 16
  * pairs: A rows ars words apart, B rows ldb words apart, C rows ldc floats
@@ -385,24 +403,24 @@ static void bf16_tiles_leave(void) { _tile_release(); } /* the thread's tile sta
 #define TILE_C(i)                                                                                  \
     if ((i) < nv) {                                                                                \
         if (zero)                                                                                  \
-            _tile_zero(i);                                                                         \
+            AMX_ZERO(i);                                                                           \
         else                                                                                       \
-            _tile_loadd(i, C + 16 * (i), ldc * 4);                                                 \
+            AMX_LOAD(i, C + 16 * (i), ldc * 4);                                                    \
     }
 #define TILE_DP(i, tb)                                                                             \
     if ((i) < nv) {                                                                                \
-        _tile_loadd(tb, b + 16 * (i), ldb * 4);                                                    \
-        _tile_dpbf16ps(i, 4, tb);                                                                  \
+        AMX_LOAD(tb, b + 16 * (i), ldb * 4);                                                       \
+        AMX_DP(i, 4, tb);                                                                          \
     }
 #define TILE_ST(i)                                                                                 \
-    if ((i) < nv) _tile_stored(i, C + 16 * (i), ldc * 4);
+    if ((i) < nv) AMX_STORE(i, C + 16 * (i), ldc * 4);
 
 static void amx_block(int nv, int zero, const uint32_t *A, int64_t ars, int64_t nc,
                       const uint32_t *B, int64_t ldb, float *C, int64_t ldc) {
     TILE_C(0) TILE_C(1) TILE_C(2) TILE_C(3)
     for (int64_t k = 0; k < nc; k++) {
         const uint32_t *b = B + 16 * k * ldb;
-        _tile_loadd(4, A + 16 * k, ars * 4);
+        AMX_LOAD(4, A + 16 * k, ars * 4);
         TILE_DP(0, 5) TILE_DP(1, 6) TILE_DP(2, 7) TILE_DP(3, 5)
     }
     TILE_ST(0) TILE_ST(1) TILE_ST(2) TILE_ST(3)
