@@ -357,45 +357,18 @@ static void gemm_pairs_max_v(int64_t nr, int64_t nvec, int zero, const uint32_t 
 /* AMX (sdpa_fused_bf16_amx.c): TDPBF16PS multiplies a tile of 16 rows x 16
  * pairs of bf16 (A) by one of 16 pairs x 16 columns (B, pairs along the
  * sum: the packed K and V tiles' layout) into 16 x 16 fp32 (C), 16 times
- * VDPBF16PS's work per instruction. Every tile is 16 rows of 64 bytes
- * (one configuration, loaded by each thread of a parallel region:
- * bf16_tiles_enter). Whole 16-row blocks and whole 16-pair chunks of the
+ * VDPBF16PS's work per instruction (common/amx_tiles.h: the one
+ * configuration, loaded by each thread of a parallel region, and the
+ * instructions). Whole 16-row blocks and whole 16-pair chunks of the
  * sum go through the tiles; rows and pairs left over through the vector
  * code (onto the tiles' sums), so any shape is exact to the same bound.
  * A's rows need their pairs contiguous: a transposed A (the backward's
  * dV = Pᵀ·dO and dK = dSᵀ·Q) is transposed into rows first. */
 #define BF16_TILES 1
+#include "amx_tiles.h"
 
-/* The AMX instructions as asm that reads and writes "memory": GCC 12's
- * intrinsics declare no memory read for TILELOADD and only 8 bytes for
- * LDTILECFG, so stores before them (P's pairs, a configuration on the
- * stack) could be moved past them or dropped (a stack configuration's
- * column widths were: a fault). AT&T order: sources first. */
-#define AMX_LOAD(t, base, stride)                                                                  \
-    __asm__ volatile("tileloadd (%0,%1,1), %%tmm" #t ::"r"((const void *)(base)),                \
-                     "r"((long)(stride))                                                           \
-                     : "memory")
-#define AMX_STORE(t, base, stride)                                                                 \
-    __asm__ volatile("tilestored %%tmm" #t ", (%0,%1,1)" ::"r"((void *)(base)),                  \
-                     "r"((long)(stride))                                                           \
-                     : "memory")
-#define AMX_ZERO(t) __asm__ volatile("tilezero %%tmm" #t::)
-#define AMX_DP(c, a, b) __asm__ volatile("tdpbf16ps %%tmm" #b ", %%tmm" #a ", %%tmm" #c::)
-
-/* Palette 1, tiles 0-7 of 16 rows of 64 bytes. */
-static const struct {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} __attribute__((aligned(64))) g_tile_cfg = {1, 0, {0}, {64, 64, 64, 64, 64, 64, 64, 64},
-                                             {16, 16, 16, 16, 16, 16, 16, 16}};
-
-static void bf16_tiles_enter(void) {
-    __asm__ volatile("ldtilecfg %0" ::"m"(g_tile_cfg) : "memory");
-}
-static void bf16_tiles_leave(void) { /* the thread's tile state back to init */
-    __asm__ volatile("tilerelease" ::: "memory");
-}
+static void bf16_tiles_enter(void) { amx_tiles_enter(); }
+static void bf16_tiles_leave(void) { amx_tiles_leave(); }
 
 /* C[16][16 nv] (zero: =, else +=) of one 16-row block over nc chunks of 16
  * pairs: A rows ars words apart, B rows ldb words apart, C rows ldc floats

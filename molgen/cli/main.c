@@ -9,6 +9,7 @@
 #include "attn.h"
 #include "commands.h"
 #include "base/dist.h"
+#include "nn/packed_gemm.h"
 
 typedef struct {
     const char *name;
@@ -83,9 +84,10 @@ int main(int argc, char **argv) {
      * the normal error path runs (temporary removed, the previous checkpoint
      * intact) instead of SIGXFSZ killing the process silently. */
     signal(SIGXFSZ, SIG_IGN);
-    /* molgen is the application: it lets libattn's bf16 kernels use AMX
-     * tiles where the CPU has them (a grant to this process only; attn.h) */
-    attn_enable_amx();
+    /* molgen is the application: it lets libattn's bf16 kernels and its own
+     * bf16 products use AMX tiles where the CPU has them (a grant to this
+     * process only; attn.h) */
+    mg_gemm_allow_amx(attn_enable_amx());
     if (argc < 2) {
         fprintf(
             stderr,

@@ -20,6 +20,7 @@
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 #define MG_X86 1
+#include "amx_tiles.h"
 #endif
 
 #define NR 32
@@ -61,6 +62,19 @@ static int isa_bits(void) {
 int mg_gemm_isa_f32(void) { return (isa_bits() & 1) != 0; }
 int mg_gemm_isa_bf16(void) { return (isa_bits() & 2) != 0; }
 void mg_gemm_force_portable(int on) { atomic_store(&g_forced, on != 0); }
+
+static atomic_int g_amx; /* mg_gemm_allow_amx */
+void mg_gemm_allow_amx(int on) { atomic_store(&g_amx, on != 0); }
+int mg_gemm_isa_amx(void) {
+    static atomic_int off = -1; /* MOLGEN_GEMM_ISA=avx512bf16, read once */
+    int o = atomic_load_explicit(&off, memory_order_relaxed);
+    if (o < 0) {
+        const char *env = getenv("MOLGEN_GEMM_ISA");
+        o = env && !strcmp(env, "avx512bf16");
+        atomic_store_explicit(&off, o, memory_order_relaxed);
+    }
+    return !o && atomic_load(&g_amx) && (attn_cpu_features() & ATTN_CPU_AMX) && mg_gemm_isa_bf16();
+}
 const char *mg_gemm_dtype_note(mg_dtype dt) {
     return dt == MG_DT_BF16 && !mg_gemm_isa_bf16()
                ? "this CPU has no AVX512_BF16: --dtype bf16 is emulated (fp32 arithmetic on bf16 "
@@ -256,6 +270,40 @@ static const kf32_fn kf32[MR + 1] = {NULL, kf32_1, kf32_2, kf32_3, kf32_4,
                                      kf32_5, kf32_6, kf32_7, kf32_8};
 static const kbf16_fn kbf16[MR + 1] = {NULL,     kbf16_1, kbf16_2, kbf16_3, kbf16_4,
                                        kbf16_5, kbf16_6, kbf16_7, kbf16_8};
+
+/* 16 rows x one panel over kn pairs on AMX tiles (common/amx_tiles.h):
+ * the first kn / 16 * 16 pairs as two 16 x 16 accumulator tiles (A's 16
+ * rows of 16 pairs in tile 2, the panel's two halves of 16 columns in
+ * tiles 3 and 4: its rows of 32 pairs are 128 bytes apart), stored as
+ * the vector kernels store; the pairs left over by the vector kernel onto
+ * them. The caller's thread has loaded the tile configuration. */
+AVX512BF16 static void kern_bf16_amx16(const uint16_t *a, int64_t lda, const uint16_t *b,
+                                       int64_t kn, float *c, int64_t ldc, int nc, float cscale) {
+    const int64_t kn16 = kn / 16 * 16;
+    if (kn16 > 0) {
+        float acc[16][NR] __attribute__((aligned(64)));
+        const float *bias = NULL;
+        AMX_ZERO(0);
+        AMX_ZERO(1);
+        for (int64_t k = 0; k < kn16; k += 16) {
+            AMX_LOAD(2, a + 2 * k, lda * 2);
+            AMX_LOAD(3, b + k * 2 * NR, 4 * NR);
+            AMX_LOAD(4, b + k * 2 * NR + NR, 4 * NR);
+            AMX_DP(0, 2, 3);
+            AMX_DP(1, 2, 4);
+        }
+        AMX_STORE(0, &acc[0][0], NR * 4);
+        AMX_STORE(1, &acc[0][16], NR * 4);
+        const __mmask16 m0 = lane_mask(nc), m1 = lane_mask(nc - 16);
+        for (int i = 0; i < 16; i++)
+            STORE_ROW(c + i * ldc, _mm512_load_ps(acc[i]), _mm512_load_ps(acc[i] + 16));
+        cscale = 1.0f;
+    }
+    if (kn16 < kn)
+        for (int h = 0; h < 2; h++)
+            kbf16[MR](a + h * MR * lda + 2 * kn16, lda, b + kn16 * 2 * NR, kn - kn16,
+                      c + h * MR * ldc, ldc, nc, NULL, cscale);
+}
 #endif
 
 static void kern_f32(int isa, int mr, const float *a, int64_t lda, const float *b, int64_t K,
@@ -559,6 +607,50 @@ static void scratch_give(void *p, int slot) {
     else atomic_flag_clear_explicit(&g_scratch[slot].busy, memory_order_release);
 }
 
+/* The calling thread's AMX tile configuration loaded (on) or released. */
+static void tiles(int amx, int on) {
+#ifdef MG_X86
+    if (amx && on) amx_tiles_enter();
+    if (amx && !on) amx_tiles_leave();
+#else
+    (void)amx, (void)on;
+#endif
+}
+
+/* This thread's row blocks [*rb0, *rb1) of row_blocks; with amx, whole
+ * pairs (2g, 2g + 1), so that which rows go through the tiles does not
+ * depend on the thread count. */
+static void thread_row_blocks(int64_t row_blocks, int amx, int64_t *rb0, int64_t *rb1) {
+    if (!amx) {
+        thread_range(row_blocks, rb0, rb1);
+        return;
+    }
+    thread_range((row_blocks + 1) / 2, rb0, rb1);
+    *rb0 *= 2;
+    *rb1 = 2 * *rb1 < row_blocks ? 2 * *rb1 : row_blocks;
+}
+
+/* C's row blocks [cb, ce) (row cb·MR at a and c) x one panel (nc
+ * columns, kn pairs at bp); the first k block stores cs·C + A·B, later
+ * ones add. With amx, blocks 2g and 2g + 1 of whole rows (both in
+ * [cb, ce), which starts even) go through the tiles together. */
+static void row_blocks_bf16(int isa, int amx, int64_t cb, int64_t ce, int64_t M,
+                            const uint16_t *a, int64_t lda, const uint16_t *bp, int64_t kn,
+                            float *c, int64_t ldc, int nc, float cs) {
+    for (int64_t rb = cb; rb < ce; rb++) {
+        const int64_t r = rb * MR, i = (rb - cb) * MR; /* C's row; the row in a and c */
+#ifdef MG_X86
+        if (amx && rb % 2 == 0 && rb + 1 < ce && r + 2 * MR <= M) {
+            kern_bf16_amx16(a + i * lda, lda, bp, kn, c + i * ldc, ldc, nc, cs);
+            rb++;
+            continue;
+        }
+#endif
+        kern_bf16(isa, (int)(M - r < MR ? M - r : MR), a + i * lda, lda, bp, kn, c + i * ldc, ldc,
+                  nc, NULL, cs);
+    }
+}
+
 mg_status mg_gemm_bf16(int ta, int tb, int64_t M, int64_t N, int64_t K, const float *A,
                        int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc,
                        int nt, mg_error *err) {
@@ -590,6 +682,8 @@ mg_status mg_gemm_bf16(int ta, int tb, int64_t M, int64_t N, int64_t K, const fl
                        (long long)M, (long long)N, (long long)K);
     uint16_t *pa = pb + pb_bytes / sizeof(uint16_t); /* after B's panels */
     const int isa = mg_gemm_isa_bf16();
+    /* AMX: pairs of row blocks of whole rows (row_blocks_bf16) */
+    const int amx = isa && mg_gemm_isa_amx() && M >= 2 * MR;
     const int64_t kcp = MG_GEMM_KC / 2; /* pairs per accumulation block */
 #pragma omp parallel num_threads(nth)
     {
@@ -598,6 +692,7 @@ mg_status mg_gemm_bf16(int ta, int tb, int64_t M, int64_t N, int64_t K, const fl
 #ifdef _OPENMP
         tid = omp_get_thread_num();
 #endif
+        tiles(amx, 1);
         if (!split_rows) {
             thread_range(M, &lo, &hi);
             pack_a_bf16(ta, A, lda, K, 2 * kp, lo, hi, pa + lo * 2 * kp);
@@ -606,7 +701,7 @@ mg_status mg_gemm_bf16(int ta, int tb, int64_t M, int64_t N, int64_t K, const fl
         pack_b_bf16(tb, B, ldb, K, N, kp, lo, hi, pb);
 #pragma omp barrier
         int64_t rb0 = 0, rb1 = row_blocks, p0 = 0, p1 = np;
-        if (split_rows) thread_range(row_blocks, &rb0, &rb1);
+        if (split_rows) thread_row_blocks(row_blocks, amx, &rb0, &rb1);
         else thread_range(np, &p0, &p1);
         uint16_t *own_a = split_rows ? pa + tid * own_rows * 2 * kp : NULL; /* this thread's */
         for (int64_t cb = rb0; cb < rb1; cb += chunk) {
@@ -626,15 +721,12 @@ mg_status mg_gemm_bf16(int ta, int tb, int64_t M, int64_t N, int64_t K, const fl
                     const int64_t n0 = p * NR;
                     const int nc = (int)(N - n0 < NR ? N - n0 : NR);
                     const uint16_t *bp = pb + (p * kp + k0) * 2 * NR;
-                    for (int64_t rb = cb; rb < ce; rb++) {
-                        const int64_t r = rb * MR;
-                        const int mr = (int)(M - r < MR ? M - r : MR);
-                        kern_bf16(isa, mr, a_rows + (r - a_r0) * 2 * kp + 2 * k0, 2 * kp, bp, kn,
-                                  C + r * ldc + n0, ldc, nc, NULL, cs);
-                    }
+                    row_blocks_bf16(isa, amx, cb, ce, M, a_rows + (cb * MR - a_r0) * 2 * kp + 2 * k0,
+                                    2 * kp, bp, kn, C + cb * MR * ldc + n0, ldc, nc, cs);
                 }
             }
         }
+        tiles(amx, 0);
     }
     scratch_give(pb, slot);
     return MG_OK;

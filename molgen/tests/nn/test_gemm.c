@@ -7,6 +7,8 @@
  *    bf16 values are exact in fp32, so only the fp32 adds round;
  *  - mg_packed fp32: bitwise the test's own sequential fmaf chain from 0
  *    plus the bias (the documented order), and bf16 against double;
+ *  - the products on AMX tiles (where the CPU has them) and on the
+ *    AVX512_BF16 kernels alone, each within the bound;
  *  - the AVX-512 and portable kernels (forced) agree within the bound, and
  *    1, 2 and 3 threads give the same bits, so do 6 concurrent callers;
  *  - a KV decoder over packed fp32 weights gives the training forward's
@@ -16,6 +18,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "attn.h"
 #include "gen/kv_decode.h"
 #include "nn/packed_gemm.h"
 #include "mg_test.h"
@@ -293,10 +296,19 @@ int main(void) {
     static const int64_t shapes[][3] = {{1, 1, 1},   {7, 33, 5},   {9, 31, 2},   {64, 40, 129},
                                         {17, 65, 400}, {130, 96, 385}, {3, 190, 800},
                                         {300, 70, 67}};
-    for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)
-        for (int t = 0; t < 4; t++)
-            check_gemm(t & 1, t >> 1, shapes[i][0], shapes[i][1], shapes[i][2],
-                       i % 3 == 0 ? 0.0f : i % 3 == 1 ? 1.0f : -0.5f, 1 + (int)(i % 3), 100 + i);
+    /* AMX tiles where the CPU has them (the process's permission first),
+     * then the AVX512_BF16 kernels alone */
+    const int amx = attn_enable_amx();
+    for (int pass = amx ? 0 : 1; pass < 2; pass++) {
+        mg_gemm_allow_amx(pass == 0);
+        CHECK(mg_gemm_isa_amx() == (pass == 0));
+        for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)
+            for (int t = 0; t < 4; t++)
+                check_gemm(t & 1, t >> 1, shapes[i][0], shapes[i][1], shapes[i][2],
+                           i % 3 == 0 ? 0.0f : i % 3 == 1 ? 1.0f : -0.5f, 1 + (int)(i % 3),
+                           100 + i);
+    }
+    mg_gemm_allow_amx(amx); /* the rest with the tiles where there are */
     mg_gemm_force_portable(1);
     check_gemm(1, 1, 45, 70, 777, 1.0f, 2, 7);
     check_gemm(0, 0, 20, 33, 3, 0.0f, 1, 8);
@@ -320,7 +332,7 @@ int main(void) {
     mg_packed_free(p);
     mg_dtype dt;
     CHECK(mg_dtype_parse("bf16", &dt) == 0 && dt == MG_DT_BF16 && mg_dtype_parse("fp16", &dt) < 0);
-    printf("test_gemm: %d passed, %d failed (AVX-512 f32 %d, bf16 %d)\n", tu_pass, tu_fail,
-           mg_gemm_isa_f32(), mg_gemm_isa_bf16());
+    printf("test_gemm: %d passed, %d failed (AVX-512 f32 %d, bf16 %d, AMX %d)\n", tu_pass, tu_fail,
+           mg_gemm_isa_f32(), mg_gemm_isa_bf16(), mg_gemm_isa_amx());
     return tu_fail ? 1 : 0;
 }
