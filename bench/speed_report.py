@@ -33,7 +33,10 @@ Each round runs, one after the other on the same threads:
              with AVX-512, attn-bench's fp32 suite and molgen bench's fp32
              training on real batches with ATTN_FUSED_ISA=avx2 (libattn's
              kernels as an AVX2-only CPU runs them), each back to back with
-             the same run on this CPU's own row.
+             the same run on this CPU's own row; on a CPU with AMX, the bf16
+             suite and molgen's bf16 training on real batches on AMX tiles
+             (attn-bench and molgen take them) back to back with
+             ATTN_FUSED_ISA=avx512bf16 MOLGEN_GEMM_ISA=avx512bf16.
 Rounds interleave the programs, so a change in the machine's load shows up
 in every column; the tables give the median over rounds of each program's
 own median, and the figures of each round in the raw file.
@@ -244,6 +247,27 @@ def isa_round(a, rnd, out):
             txt, _ = run([mg, "bench", "--no-sample", "--batch", "32", "--threads", str(a.threads),
                           "--json"] + extra, env)
             out.append({"round": rnd, "kind": "isa-train", "prog": row, "setting": name,
+                        **json_lines(txt)[-1]["train"]})
+    if head.get("bf16_row") != "amx":
+        return
+    # bf16 on AMX tiles (attn-bench and molgen take them) beside the
+    # AVX512_BF16 row forced, back to back
+    below = {"ATTN_FUSED_ISA": "avx512bf16", "MOLGEN_GEMM_ISA": "avx512bf16"}
+    for row in ("amx", "avx512bf16"):
+        env = {"OMP_WAIT_POLICY": "PASSIVE", **(below if row != "amx" else {})}
+        txt, _ = run([bench, "--threads", str(a.threads), "--impl", "fused", "--json", "--dtype",
+                      "bf16"], env)
+        for r in json_lines(txt)[1:]:
+            if "ms" in r:
+                out.append({"round": rnd, "kind": "amx-attn", "prog": row, **r})
+    for name, extra in TRAIN:
+        if "--data" not in extra:
+            continue
+        for row in ("amx", "avx512bf16"):
+            env = {"OMP_WAIT_POLICY": "PASSIVE", **(below if row != "amx" else {})}
+            txt, _ = run([mg, "bench", "--no-sample", "--batch", "32", "--threads", str(a.threads),
+                          "--dtype", "bf16", "--json"] + extra, env)
+            out.append({"round": rnd, "kind": "amx-train", "prog": row, "setting": name,
                         **json_lines(txt)[-1]["train"]})
 
 
@@ -486,6 +510,32 @@ def report(rows, threads, out=sys.stdout):
               % (mb, mb / mk, "met" if mb >= 1500 else "not met"))
     variants_report(rows, p)
     isa_report(rows, threads, p)
+    amx_report(rows, p)
+
+
+def amx_report(rows, p):
+    """bf16 on AMX tiles beside the AVX512_BF16 row (nothing without AMX)."""
+    att = [r for r in rows if r["kind"] == "amx-attn"]
+    if att:
+        p("\n| B,H,Lq,Lk,D,causal | op | bf16 fused ms, AMX tiles | bf16 fused ms, AVX512_BF16 |"
+          " AMX vs AVX512_BF16 |")
+        p("|---|---|---|---|---|")
+        for k, op in dict.fromkeys((case_key(r), r["op"]) for r in att):
+            x = med([r["ms"] for r in att if r["prog"] == "amx" and case_key(r) == k and r["op"] == op])
+            y = med([r["ms"] for r in att if r["prog"] != "amx" and case_key(r) == k and r["op"] == op])
+            B, H, Lq, Lk, D, c = k
+            p("| %d,%d,%d,%d,%d,%s | %s | %.2f | %.2f | %.2f× |" % (
+                B, H, Lq, Lk, D, "yes" if c else "no", op, x, y, y / x))
+    tr = [r for r in rows if r["kind"] == "amx-train"]
+    if tr:
+        p("\n| training bf16, batch 32, real batches | tokens/s, AMX tiles | tokens/s, AVX512_BF16 |"
+          " AMX vs AVX512_BF16 |")
+        p("|---|---|---|---|")
+        for name, _ in TRAIN:
+            x = med([r["tokens_per_s"] for r in tr if r["setting"] == name and r["prog"] == "amx"])
+            y = med([r["tokens_per_s"] for r in tr if r["setting"] == name and r["prog"] != "amx"])
+            if y == y:
+                p("| %s | %.0f | %.0f | %.2f× |" % (name, x, y, x / y))
 
 
 def machine(threads):
