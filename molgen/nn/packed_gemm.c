@@ -278,11 +278,11 @@ static const kbf16_fn kbf16[MR + 1] = {NULL,     kbf16_1, kbf16_2, kbf16_3, kbf1
  * the vector kernels store; the pairs left over by the vector kernel onto
  * them. The caller's thread has loaded the tile configuration. */
 AVX512BF16 static void kern_bf16_amx16(const uint16_t *a, int64_t lda, const uint16_t *b,
-                                       int64_t kn, float *c, int64_t ldc, int nc, float cscale) {
+                                       int64_t kn, float *c, int64_t ldc, int nc, const float *bias,
+                                       float cscale) {
     const int64_t kn16 = kn / 16 * 16;
     if (kn16 > 0) {
         float acc[16][NR] __attribute__((aligned(64)));
-        const float *bias = NULL;
         AMX_ZERO(0);
         AMX_ZERO(1);
         for (int64_t k = 0; k < kn16; k += 16) {
@@ -297,12 +297,12 @@ AVX512BF16 static void kern_bf16_amx16(const uint16_t *a, int64_t lda, const uin
         const __mmask16 m0 = lane_mask(nc), m1 = lane_mask(nc - 16);
         for (int i = 0; i < 16; i++)
             STORE_ROW(c + i * ldc, _mm512_load_ps(acc[i]), _mm512_load_ps(acc[i] + 16));
-        cscale = 1.0f;
+        cscale = 1.0f, bias = NULL; /* the rest adds onto the stored sums */
     }
     if (kn16 < kn)
         for (int h = 0; h < 2; h++)
             kbf16[MR](a + h * MR * lda + 2 * kn16, lda, b + kn16 * 2 * NR, kn - kn16,
-                      c + h * MR * ldc, ldc, nc, NULL, cscale);
+                      c + h * MR * ldc, ldc, nc, bias, cscale);
 }
 #endif
 
@@ -631,23 +631,23 @@ static void thread_row_blocks(int64_t row_blocks, int amx, int64_t *rb0, int64_t
 }
 
 /* C's row blocks [cb, ce) (row cb·MR at a and c) x one panel (nc
- * columns, kn pairs at bp); the first k block stores cs·C + A·B, later
- * ones add. With amx, blocks 2g and 2g + 1 of whole rows (both in
- * [cb, ce), which starts even) go through the tiles together. */
+ * columns, kn pairs at bp): c = A·B (+ bias) (+ cs·c). With amx, blocks
+ * 2g and 2g + 1 of whole rows (both in [cb, ce), which starts even) go
+ * through the tiles together. */
 static void row_blocks_bf16(int isa, int amx, int64_t cb, int64_t ce, int64_t M,
                             const uint16_t *a, int64_t lda, const uint16_t *bp, int64_t kn,
-                            float *c, int64_t ldc, int nc, float cs) {
+                            float *c, int64_t ldc, int nc, const float *bias, float cs) {
     for (int64_t rb = cb; rb < ce; rb++) {
         const int64_t r = rb * MR, i = (rb - cb) * MR; /* C's row; the row in a and c */
 #ifdef MG_X86
         if (amx && rb % 2 == 0 && rb + 1 < ce && r + 2 * MR <= M) {
-            kern_bf16_amx16(a + i * lda, lda, bp, kn, c + i * ldc, ldc, nc, cs);
+            kern_bf16_amx16(a + i * lda, lda, bp, kn, c + i * ldc, ldc, nc, bias, cs);
             rb++;
             continue;
         }
 #endif
         kern_bf16(isa, (int)(M - r < MR ? M - r : MR), a + i * lda, lda, bp, kn, c + i * ldc, ldc,
-                  nc, NULL, cs);
+                  nc, bias, cs);
     }
 }
 
@@ -722,7 +722,7 @@ mg_status mg_gemm_bf16(int ta, int tb, int64_t M, int64_t N, int64_t K, const fl
                     const int nc = (int)(N - n0 < NR ? N - n0 : NR);
                     const uint16_t *bp = pb + (p * kp + k0) * 2 * NR;
                     row_blocks_bf16(isa, amx, cb, ce, M, a_rows + (cb * MR - a_r0) * 2 * kp + 2 * k0,
-                                    2 * kp, bp, kn, C + cb * MR * ldc + n0, ldc, nc, cs);
+                                    2 * kp, bp, kn, C + cb * MR * ldc + n0, ldc, nc, NULL, cs);
                 }
             }
         }
@@ -801,33 +801,37 @@ mg_status mg_packed_forward(float *out, const float *X, int64_t M, const mg_pack
     /* column panels split (each thread reads only its share of W), rows when
      * there are fewer panels than threads */
     const int split_rows = np < (nt > 0 ? nt : 1);
+    /* bf16 on AMX: pairs of row blocks of whole rows (row_blocks_bf16) */
+    const int amx = p->dt == MG_DT_BF16 && isa && mg_gemm_isa_amx() && M >= 2 * MR;
 #pragma omp parallel num_threads(nt > 0 ? nt : 1)
     {
         int64_t lo, hi;
+        tiles(amx, 1);
         if (p->dt == MG_DT_BF16) {
             thread_range(M, &lo, &hi);
             pack_a_bf16(0, X, K, K, 2 * kp, lo, hi, p->xa + lo * 2 * kp);
 #pragma omp barrier
         }
         int64_t rb0 = 0, rb1 = row_blocks, p0 = 0, p1 = np;
-        if (split_rows) thread_range(row_blocks, &rb0, &rb1);
+        if (split_rows) thread_row_blocks(row_blocks, amx, &rb0, &rb1);
         else thread_range(np, &p0, &p1);
         for (int64_t q = p0; q < p1; q++) {
             const int64_t n0 = q * NR;
             const int nc = (int)(N - n0 < NR ? N - n0 : NR);
             const float *bq = bias ? bias + n0 : NULL;
+            if (p->dt == MG_DT_BF16) {
+                row_blocks_bf16(isa, amx, rb0, rb1, M, p->xa + rb0 * MR * 2 * kp, 2 * kp,
+                                (const uint16_t *)p->w + q * kp * 2 * NR, kp,
+                                out + rb0 * MR * N + n0, N, nc, bq, 0.0f);
+                continue;
+            }
             for (int64_t rb = rb0; rb < rb1; rb++) {
                 const int64_t r = rb * MR;
-                const int mr = (int)(M - r < MR ? M - r : MR);
-                if (p->dt == MG_DT_BF16)
-                    kern_bf16(isa, mr, p->xa + r * 2 * kp, 2 * kp,
-                              (const uint16_t *)p->w + q * kp * 2 * NR, kp, out + r * N + n0, N,
-                              nc, bq, 0.0f);
-                else
-                    kern_f32(isa, mr, X + r * K, K, (const float *)p->w + q * K * NR, K,
-                             out + r * N + n0, N, nc, bq, 0.0f);
+                kern_f32(isa, (int)(M - r < MR ? M - r : MR), X + r * K, K,
+                         (const float *)p->w + q * K * NR, K, out + r * N + n0, N, nc, bq, 0.0f);
             }
         }
+        tiles(amx, 0);
     }
     return MG_OK;
 }

@@ -157,14 +157,14 @@ static void check_packed(int N, int K, int64_t M) {
               (long long)M, port);
         mg_packed_free(p);
         CHECK(mg_packed_new(W, N, K, MG_DT_BF16, &p, &e) == MG_OK, "%s", e.message);
-        CHECK(mg_packed_forward(out, X, M, p, NULL, 1, &e) == MG_OK, "%s", e.message);
-        CHECK(mg_packed_forward(out2, X, M, p, NULL, 3, &e) == MG_OK, "%s", e.message);
+        CHECK(mg_packed_forward(out, X, M, p, bias, 1, &e) == MG_OK, "%s", e.message);
+        CHECK(mg_packed_forward(out2, X, M, p, bias, 3, &e) == MG_OK, "%s", e.message);
         CHECK(!memcmp(out, out2, (size_t)(M * N) * sizeof(float)), "packed bf16: threads differ");
         int ok = 1;
         const double g = (double)(K + 2) * 0x1.0p-24;
         for (int64_t i = 0; i < M; i++)
             for (int j = 0; j < N; j++) {
-                double ref = 0.0, mag = 0.0;
+                double ref = bias[j], mag = fabs(bias[j]);
                 for (int k = 0; k < K; k++) {
                     const double q = (double)round_bf16(X[i * K + k]) *
                                      (double)round_bf16(W[(int64_t)j * K + k]);
@@ -317,6 +317,7 @@ int main(void) {
     check_packed(384, 128, 64);
     check_packed(27, 128, 13);
     check_packed(128, 512, 9);
+    check_packed(70, 100, 37); /* bf16: 50 pairs (3 tile chunks and 2 more), 2 tile row pairs */
     check_decoder(MG_DT_F32);
     check_decoder(MG_DT_BF16);
     /* bad arguments */
