@@ -514,28 +514,40 @@ def report(rows, threads, out=sys.stdout):
 
 
 def amx_report(rows, p):
-    """bf16 on AMX tiles beside the AVX512_BF16 row (nothing without AMX)."""
+    """bf16 on AMX tiles beside the AVX512_BF16 row and beside fp32 on this
+    CPU's row, the same rounds (nothing without AMX)."""
     att = [r for r in rows if r["kind"] == "amx-attn"]
+    f32 = [r for r in rows if r["kind"] == "isa-attn" and r["prog"] == "native"]
     if att:
-        p("\n| B,H,Lq,Lk,D,causal | op | bf16 fused ms, AMX tiles | bf16 fused ms, AVX512_BF16 |"
-          " AMX vs AVX512_BF16 |")
-        p("|---|---|---|---|---|")
+        p("\n| B,H,Lq,Lk,D,causal | op | bf16 ms, AMX tiles | bf16 ms, AVX512_BF16 | fp32 ms |"
+          " AMX vs AVX512_BF16 | AMX bf16 vs fp32 | target (fwd, L ≥ 1024) |")
+        p("|---|---|---|---|---|---|---|---|")
         for k, op in dict.fromkeys((case_key(r), r["op"]) for r in att):
-            x = med([r["ms"] for r in att if r["prog"] == "amx" and case_key(r) == k and r["op"] == op])
-            y = med([r["ms"] for r in att if r["prog"] != "amx" and case_key(r) == k and r["op"] == op])
+            def ms(rs, prog=None):
+                return med([r["ms"] for r in rs if case_key(r) == k and r["op"] == op
+                            and (prog is None or (r["prog"] == "amx") == (prog == "amx"))])
+            x, y, f = ms(att, "amx"), ms(att, "other"), ms(f32)
             B, H, Lq, Lk, D, c = k
-            p("| %d,%d,%d,%d,%d,%s | %s | %.2f | %.2f | %.2f× |" % (
-                B, H, Lq, Lk, D, "yes" if c else "no", op, x, y, y / x))
+            tgt = "–"
+            if op == "fwd" and min(Lq, Lk) >= 1024 and f == f:
+                tgt = "≥ 1.6×: %s" % ("met" if f / x >= 1.6 else "not met")
+            p("| %d,%d,%d,%d,%d,%s | %s | %.2f | %.2f | %.2f | %.2f× | %.2f× | %s |" % (
+                B, H, Lq, Lk, D, "yes" if c else "no", op, x, y, f, y / x, f / x, tgt))
     tr = [r for r in rows if r["kind"] == "amx-train"]
     if tr:
-        p("\n| training bf16, batch 32, real batches | tokens/s, AMX tiles | tokens/s, AVX512_BF16 |"
-          " AMX vs AVX512_BF16 |")
-        p("|---|---|---|---|")
+        p("\n| training, batch 32, real batches | bf16 tokens/s, AMX tiles |"
+          " bf16 tokens/s, AVX512_BF16 | fp32 tokens/s | AMX vs AVX512_BF16 | AMX bf16 vs fp32 |"
+          " target |")
+        p("|---|---|---|---|---|---|---|")
         for name, _ in TRAIN:
-            x = med([r["tokens_per_s"] for r in tr if r["setting"] == name and r["prog"] == "amx"])
-            y = med([r["tokens_per_s"] for r in tr if r["setting"] == name and r["prog"] != "amx"])
+            sel = [r for r in tr if r["setting"] == name]
+            x = med([r["tokens_per_s"] for r in sel if r["prog"] == "amx"])
+            y = med([r["tokens_per_s"] for r in sel if r["prog"] != "amx"])
+            f = med([r["tokens_per_s"] for r in rows if r["kind"] == "isa-train"
+                     and r["prog"] == "native" and r["setting"] == name])
             if y == y:
-                p("| %s | %.0f | %.0f | %.2f× |" % (name, x, y, x / y))
+                p("| %s | %.0f | %.0f | %.0f | %.2f× | %.2f× | ≥ 1.4×: %s |" % (
+                    name, x, y, f, x / y, x / f, "met" if x / f >= 1.4 else "not met"))
 
 
 def machine(threads):

@@ -373,7 +373,7 @@ static attn_status bf16_backward(const attn_fused_call *c, attn_error *err) {
 #pragma omp parallel num_threads(T)
     {
         const unsigned fpm = attn_fp_enter();
-        bf16_tiles_enter();
+        if (!g.direct) bf16_tiles_enter(); /* decoding: too few rows for tiles */
         uint32_t *base = all + per * omp_get_thread_num();
         bwscr w;
         w.qd = base, base += n_qd;
@@ -443,7 +443,7 @@ static attn_status bf16_backward(const attn_fused_call *c, attn_error *err) {
                          g.ntile, NULL, NULL, 0, 1);
             }
         }
-        bf16_tiles_leave();
+        if (!g.direct) bf16_tiles_leave();
         attn_fp_leave(fpm);
     }
     free(all);
