@@ -15,7 +15,10 @@
  * lost its column widths: a fault). AT&T operand order: sources first.
  * The assembler knows the instructions; no compiler flag is needed. A
  * thread runs amx_tiles_enter before its first tile instruction and
- * amx_tiles_leave after its last (the thread's tile state back to init). */
+ * amx_tiles_leave after its last: a caller's own tile configuration is
+ * kept (the ABI leaves saving it to whoever changes it; tile data is
+ * caller-saved, so not kept), else the thread's tile state goes back to
+ * init. */
 #ifndef ATTN_AMX_TILES_H
 #define ATTN_AMX_TILES_H
 
@@ -42,10 +45,20 @@ typedef struct {
 static const amx_tile_config amx_tiles_16x64 = {
     1, 0, {0}, {64, 64, 64, 64, 64, 64, 64, 64}, {16, 16, 16, 16, 16, 16, 16, 16}};
 
-static inline void amx_tiles_enter(void) {
+/* The thread's configuration into *saved (64 zero bytes when it has none),
+ * then this one. */
+static inline void amx_tiles_enter(amx_tile_config *saved) {
+    __asm__ volatile("sttilecfg %0" : "=m"(*saved)::"memory");
     __asm__ volatile("ldtilecfg %0" ::"m"(amx_tiles_16x64) : "memory");
 }
-static inline void amx_tiles_leave(void) { __asm__ volatile("tilerelease" ::: "memory"); }
+/* The thread's configuration as it was: *saved loaded again, or the tile
+ * state released (back to init) when there was none. */
+static inline void amx_tiles_leave(const amx_tile_config *saved) {
+    if (saved->palette)
+        __asm__ volatile("ldtilecfg %0" ::"m"(*saved) : "memory");
+    else
+        __asm__ volatile("tilerelease" ::: "memory");
+}
 #endif
 
 #endif /* ATTN_AMX_TILES_H */

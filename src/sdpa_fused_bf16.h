@@ -331,7 +331,8 @@ static attn_status bf16_forward(const attn_fused_call *c, attn_error *err) {
 #pragma omp parallel num_threads(T)
     {
         const unsigned fpm = attn_fp_enter();
-        if (!decode) bf16_tiles_enter(); /* decode reads rows: no tiles */
+        tiles_saved ts;
+        if (!decode) bf16_tiles_enter(&ts); /* decode reads rows: no tiles */
         uint32_t *base = all + per * omp_get_thread_num();
         bscratch w;
         w.qd = base;
@@ -371,7 +372,7 @@ static attn_status bf16_forward(const attn_fused_call *c, attn_error *err) {
                            x % nqb);
             }
         }
-        if (!decode) bf16_tiles_leave();
+        if (!decode) bf16_tiles_leave(&ts);
         attn_fp_leave(fpm);
     }
     free(all);

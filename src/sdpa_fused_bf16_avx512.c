@@ -367,8 +367,8 @@ static void gemm_pairs_max_v(int64_t nr, int64_t nvec, int zero, const uint32_t 
 #define BF16_TILES 1
 #include "amx_tiles.h"
 
-static void bf16_tiles_enter(void) { amx_tiles_enter(); }
-static void bf16_tiles_leave(void) { amx_tiles_leave(); }
+static void bf16_tiles_enter(void *saved) { amx_tiles_enter(saved); }
+static void bf16_tiles_leave(const void *saved) { amx_tiles_leave(saved); }
 
 /* C[16][16 nv] (zero: =, else +=) of one 16-row block over nc chunks of 16
  * pairs: A rows ars words apart, B rows ldb words apart, C rows ldc floats

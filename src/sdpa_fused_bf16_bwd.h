@@ -373,7 +373,8 @@ static attn_status bf16_backward(const attn_fused_call *c, attn_error *err) {
 #pragma omp parallel num_threads(T)
     {
         const unsigned fpm = attn_fp_enter();
-        if (!g.direct) bf16_tiles_enter(); /* decoding: too few rows for tiles */
+        tiles_saved ts;
+        if (!g.direct) bf16_tiles_enter(&ts); /* decoding: too few rows for tiles */
         uint32_t *base = all + per * omp_get_thread_num();
         bwscr w;
         w.qd = base, base += n_qd;
@@ -443,7 +444,7 @@ static attn_status bf16_backward(const attn_fused_call *c, attn_error *err) {
                          g.ntile, NULL, NULL, 0, 1);
             }
         }
-        if (!g.direct) bf16_tiles_leave();
+        if (!g.direct) bf16_tiles_leave(&ts);
         attn_fp_leave(fpm);
     }
     free(all);

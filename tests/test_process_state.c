@@ -276,7 +276,23 @@ static void test_amx_permission(void) {
           before, xcomp_perm());
     const int has = !!(attn_cpu_features() & ATTN_CPU_AMX), got = attn_enable_amx();
     CHECK(got == has, "attn_enable_amx %d where the CPU's AMX bit is %d", got, has);
-    if (got) CHECK(xcomp_perm() & (1ul << 18), "attn_enable_amx 1 without the permission");
+    if (got) {
+        CHECK(xcomp_perm() & (1ul << 18), "attn_enable_amx 1 without the permission");
+        /* the caller's own tile configuration survives bf16 calls on tiles
+         * (1 thread and 2: the caller is thread 0 of the team) */
+        unsigned char mine[64] __attribute__((aligned(64))) = {1}, after[64];
+        mine[16] = 32, mine[48] = 4; /* tile 0: 4 rows of 32 bytes */
+        for (int nt = 1; nt <= 2; nt++) {
+            __asm__ volatile("ldtilecfg %0" ::"m"(mine) : "memory");
+            p.num_threads = nt;
+            CHECK(attn_sdpa_forward(&t, &t, &t, &p, &to, NULL, lse, NULL, &err) == ATTN_OK, "%s",
+                  err.message);
+            __asm__ volatile("sttilecfg %0" : "=m"(after)::"memory");
+            CHECK(memcmp(mine, after, 64) == 0, "%d threads: the caller's tile configuration changed",
+                  nt);
+        }
+        __asm__ volatile("tilerelease" ::: "memory");
+    }
     printf("test_process_state: AMX permission %s by library calls; attn_enable_amx %d\n",
            before & (1ul << 18) ? "held before" : "not taken", got);
     free(qkv), free(o);

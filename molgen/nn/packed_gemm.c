@@ -607,13 +607,17 @@ static void scratch_give(void *p, int slot) {
     else atomic_flag_clear_explicit(&g_scratch[slot].busy, memory_order_release);
 }
 
-/* The calling thread's AMX tile configuration loaded (on) or released. */
-static void tiles(int amx, int on) {
+/* The calling thread's AMX tile configuration loaded (on; the thread's
+ * own kept in *saved) or put back (common/amx_tiles.h). */
+typedef struct {
+    unsigned char b[64];
+} __attribute__((aligned(64))) tiles_saved;
+static void tiles(int amx, int on, tiles_saved *saved) {
 #ifdef MG_X86
-    if (amx && on) amx_tiles_enter();
-    if (amx && !on) amx_tiles_leave();
+    if (amx && on) amx_tiles_enter((amx_tile_config *)(void *)saved);
+    if (amx && !on) amx_tiles_leave((const amx_tile_config *)(const void *)saved);
 #else
-    (void)amx, (void)on;
+    (void)amx, (void)on, (void)saved;
 #endif
 }
 
@@ -660,9 +664,8 @@ mg_status mg_gemm_bf16(int ta, int tb, int64_t M, int64_t N, int64_t K, const fl
                        (long long)M, (long long)N, (long long)K);
     if (lda < (ta ? M : K) || ldb < (tb ? K : N) || ldc < N)
         return mg_fail(err, MG_ERR_ARG, "gemm_bf16: a leading dimension is below its row");
-    const int64_t kp = (K + 1) / 2, np = (N + NR - 1) / NR;
-    const int nth = nt > 0 ? nt : 1;
-    const int64_t chunk = 8;                      /* row blocks that reuse each panel from L1 */
+    const int64_t kp = (K + 1) / 2, np = (N + NR - 1) / NR, chunk = 8; /* chunk: row blocks */
+    const int nth = nt > 0 ? nt : 1; /* that reuse each panel from L1 */
     const int64_t row_blocks = (M + MR - 1) / MR; /* MR-row blocks */
     /* rows split when there are enough row blocks; else column panels */
     const int split_rows = row_blocks >= 4 * nth || np < 2;
@@ -692,7 +695,8 @@ mg_status mg_gemm_bf16(int ta, int tb, int64_t M, int64_t N, int64_t K, const fl
 #ifdef _OPENMP
         tid = omp_get_thread_num();
 #endif
-        tiles(amx, 1);
+        tiles_saved ts;
+        tiles(amx, 1, &ts);
         if (!split_rows) {
             thread_range(M, &lo, &hi);
             pack_a_bf16(ta, A, lda, K, 2 * kp, lo, hi, pa + lo * 2 * kp);
@@ -726,7 +730,7 @@ mg_status mg_gemm_bf16(int ta, int tb, int64_t M, int64_t N, int64_t K, const fl
                 }
             }
         }
-        tiles(amx, 0);
+        tiles(amx, 0, &ts);
     }
     scratch_give(pb, slot);
     return MG_OK;
@@ -806,7 +810,8 @@ mg_status mg_packed_forward(float *out, const float *X, int64_t M, const mg_pack
 #pragma omp parallel num_threads(nt > 0 ? nt : 1)
     {
         int64_t lo, hi;
-        tiles(amx, 1);
+        tiles_saved ts;
+        tiles(amx, 1, &ts);
         if (p->dt == MG_DT_BF16) {
             thread_range(M, &lo, &hi);
             pack_a_bf16(0, X, K, K, 2 * kp, lo, hi, p->xa + lo * 2 * kp);
@@ -831,7 +836,7 @@ mg_status mg_packed_forward(float *out, const float *X, int64_t M, const mg_pack
                          (const float *)p->w + q * K * NR, K, out + r * N + n0, N, nc, bq, 0.0f);
             }
         }
-        tiles(amx, 0);
+        tiles(amx, 0, &ts);
     }
     return MG_OK;
 }
