@@ -664,9 +664,10 @@ mg_status mg_gemm_bf16(int ta, int tb, int64_t M, int64_t N, int64_t K, const fl
                        (long long)M, (long long)N, (long long)K);
     if (lda < (ta ? M : K) || ldb < (tb ? K : N) || ldc < N)
         return mg_fail(err, MG_ERR_ARG, "gemm_bf16: a leading dimension is below its row");
-    const int64_t kp = (K + 1) / 2, np = (N + NR - 1) / NR, chunk = 8; /* chunk: row blocks */
-    const int nth = nt > 0 ? nt : 1; /* that reuse each panel from L1 */
-    const int64_t row_blocks = (M + MR - 1) / MR; /* MR-row blocks */
+    const int64_t kp = (K + 1) / 2, np = (N + NR - 1) / NR;
+    const int nth = nt > 0 ? nt : 1;
+    /* MR-row blocks; chunk of them reuse each panel from L1 */
+    const int64_t row_blocks = (M + MR - 1) / MR, chunk = 8;
     /* rows split when there are enough row blocks; else column panels */
     const int split_rows = row_blocks >= 4 * nth || np < 2;
     /* A in bf16: split rows, each thread packs a chunk of its rows just
@@ -684,9 +685,7 @@ mg_status mg_gemm_bf16(int ta, int tb, int64_t M, int64_t N, int64_t K, const fl
         return mg_fail(err, MG_ERR_NOMEM, "gemm_bf16: out of memory for %lld x %lld x %lld",
                        (long long)M, (long long)N, (long long)K);
     uint16_t *pa = pb + pb_bytes / sizeof(uint16_t); /* after B's panels */
-    const int isa = mg_gemm_isa_bf16();
-    /* AMX: pairs of row blocks of whole rows (row_blocks_bf16) */
-    const int amx = isa && mg_gemm_isa_amx() && M >= 2 * MR;
+    const int isa = mg_gemm_isa_bf16(), amx = isa && mg_gemm_isa_amx() && M >= 2 * MR;
     const int64_t kcp = MG_GEMM_KC / 2; /* pairs per accumulation block */
 #pragma omp parallel num_threads(nth)
     {
