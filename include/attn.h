@@ -91,8 +91,9 @@ ATTN_API unsigned attn_cpu_features(void);
  * ARCH_REQ_XCOMP_PERM): a process-wide grant that cannot be undone and
  * enlarges every thread's signal frames, which is why no other call of
  * the library asks. Call it once, from the application, when that suits
- * the process; if the process already holds the permission (asked itself
- * or through another library) the library uses AMX without this call.
+ * the process; if the process already held the permission at the
+ * library's first call (asked itself or through another library) the
+ * library uses AMX without this call.
  * Returns 1 when the amx row is in use from now on (ATTN_FUSED_ISA can
  * still lower it), 0 where the CPU, the OS or the kernel refuses. Results
  * differ from the avx512bf16 row's by the order of the fp32 sums only. */
