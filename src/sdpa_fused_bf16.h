@@ -221,12 +221,17 @@ static void bf16_block(const attn_fused_call *c, bscratch *w, const uint32_t *KP
             kp = KP + t * np * BK;
             vp = VP + t * (BK / 2) * dvp;
         }
-        qk_tile(R, nvec, w->qd, np, kp, w->S, w->rm);
+        /* the products head by head: which rows an instruction set groups
+         * (AMX: whole 16-row blocks) then depends on nq, not on how many
+         * heads the thread count stacked here */
+        for (int64_t g = 0; g < nh; g++)
+            qk_tile(nq, nvec, w->qd + g * nq * np, np, kp, w->S + g * nq * BK, w->rm + g * nq);
         const int interior = bf16_interior(j0, nk, l1, h0);
         for (int64_t r = 0; r < R; r++)
             softmax_row(pr, w, dvp, r, b, h + r / nq, i0 + r % nq, j0, nk, nvec, interior,
                         w->rm + r);
-        pv_tile((int)R, w->pd, (nk + 1) / 2, vp, dvp, w->O);
+        for (int64_t g = 0; g < nh; g++)
+            pv_tile((int)nq, w->pd + g * nq * (BK / 2), (nk + 1) / 2, vp, dvp, w->O + g * nq * dvp);
     }
     for (int64_t g = 0; g < nh; g++) { /* head h + g: rows g·nq .. */
         bscratch wh = *w;

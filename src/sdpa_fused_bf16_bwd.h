@@ -374,7 +374,10 @@ static attn_status bf16_backward(const attn_fused_call *c, attn_error *err) {
     {
         const unsigned fpm = attn_fp_enter();
         tiles_saved ts;
-        if (!g.direct) bf16_tiles_enter(&ts); /* decoding: too few rows for tiles */
+        /* decoding: nq <= BMR rows, so its products have fewer than the 16
+         * pairs a tile needs (BMR < 32) and run on vectors: no tiles */
+        _Static_assert(BMR < 32, "direct decoding's products must stay off the tiles");
+        if (!g.direct) bf16_tiles_enter(&ts);
         uint32_t *base = all + per * omp_get_thread_num();
         bwscr w;
         w.qd = base, base += n_qd;

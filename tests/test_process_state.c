@@ -275,7 +275,9 @@ static void test_amx_permission(void) {
     CHECK(xcomp_perm() == before, "the AMX permission changed under bf16 calls: %#lx -> %#lx",
           before, xcomp_perm());
     const int has = !!(attn_cpu_features() & ATTN_CPU_AMX), got = attn_enable_amx();
-    CHECK(got == has, "attn_enable_amx %d where the CPU's AMX bit is %d", got, has);
+    /* never without the hardware; a kernel or seccomp filter may refuse */
+    CHECK(got <= has, "attn_enable_amx %d where the CPU's AMX bit is %d", got, has);
+    if (has && !got) printf("test_process_state: this CPU has AMX but the OS refused the tiles\n");
     if (got) {
         CHECK(xcomp_perm() & (1ul << 18), "attn_enable_amx 1 without the permission");
         /* the caller's own tile configuration survives bf16 calls on tiles

@@ -64,7 +64,9 @@ int mg_gemm_isa_bf16(void) { return (isa_bits() & 2) != 0; }
 void mg_gemm_force_portable(int on) { atomic_store(&g_forced, on != 0); }
 
 static atomic_int g_amx; /* mg_gemm_allow_amx */
-void mg_gemm_allow_amx(int on) { atomic_store(&g_amx, on != 0); }
+/* attn_enable_amx again: 1 only where the process holds the permission
+ * (a no-op after the application's own call) */
+void mg_gemm_allow_amx(int on) { atomic_store(&g_amx, on && attn_enable_amx()); }
 int mg_gemm_isa_amx(void) {
     static atomic_int off = -1; /* MOLGEN_GEMM_ISA=avx512bf16, read once */
     int o = atomic_load_explicit(&off, memory_order_relaxed);
