@@ -22,9 +22,17 @@
 #ifndef ATTN_AMX_TILES_H
 #define ATTN_AMX_TILES_H
 
-#if defined(__x86_64__) && defined(__GNUC__)
 #include <stdint.h>
 
+/* A tile configuration (LDTILECFG's 64 bytes); declared on every machine,
+ * so that callers can keep one without an #if of their own. */
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} __attribute__((aligned(64))) amx_tile_config;
+
+#if defined(__x86_64__) && defined(__GNUC__)
 #define AMX_LOAD(t, base, stride)                                                                  \
     __asm__ volatile("tileloadd (%0,%1,1), %%tmm" #t ::"r"((const void *)(base)),                \
                      "r"((long)(stride))                                                           \
@@ -35,12 +43,6 @@
                      : "memory")
 #define AMX_ZERO(t) __asm__ volatile("tilezero %%tmm" #t::)
 #define AMX_DP(c, a, b) __asm__ volatile("tdpbf16ps %%tmm" #b ", %%tmm" #a ", %%tmm" #c::)
-
-typedef struct {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} __attribute__((aligned(64))) amx_tile_config;
 
 static const amx_tile_config amx_tiles_16x64 = {
     1, 0, {0}, {64, 64, 64, 64, 64, 64, 64, 64}, {16, 16, 16, 16, 16, 16, 16, 16}};

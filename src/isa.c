@@ -146,15 +146,14 @@ static void detect(void) {
 #endif
     int i = 0;
 #if defined(__x86_64__)
+    g_features = (cpu_avx2() ? ATTN_CPU_AVX2_FMA : 0u) | (cpu_avx512() ? ATTN_CPU_AVX512 : 0u) |
+                 (cpu_avx512bf16() ? ATTN_CPU_AVX512BF16 : 0u) | (cpu_amx_hw() ? ATTN_CPU_AMX : 0u);
     i = 1; /* past amx */
-    if (cpu_amx_hw() && amx_perm_held()) __atomic_store_n(&g_amx_ok, 1, __ATOMIC_RELEASE);
+    if ((g_features & ATTN_CPU_AMX) && amx_perm_held())
+        __atomic_store_n(&g_amx_ok, 1, __ATOMIC_RELEASE);
 #endif
     while (i + 1 < N_ISAS && !g_isas[i].cpu_runs()) i++;
     g_cpu = i;
-#if defined(__x86_64__)
-    g_features = (cpu_avx2() ? ATTN_CPU_AVX2_FMA : 0u) | (cpu_avx512() ? ATTN_CPU_AVX512 : 0u) |
-                 (cpu_avx512bf16() ? ATTN_CPU_AVX512BF16 : 0u) | (cpu_amx_hw() ? ATTN_CPU_AMX : 0u);
-#endif
 }
 
 static int cpu_row(void) {
@@ -165,7 +164,7 @@ static int cpu_row(void) {
 int attn_enable_amx(void) {
     pthread_once(&g_cpu_once, detect);
 #if defined(__x86_64__)
-    if (!amx_permitted() && cpu_amx_hw() && amx_perm_request())
+    if (!amx_permitted() && (g_features & ATTN_CPU_AMX) && amx_perm_request())
         __atomic_store_n(&g_amx_ok, 1, __ATOMIC_RELEASE);
 #endif
     return amx_permitted();

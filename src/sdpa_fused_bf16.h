@@ -336,7 +336,7 @@ static attn_status bf16_forward(const attn_fused_call *c, attn_error *err) {
 #pragma omp parallel num_threads(T)
     {
         const unsigned fpm = attn_fp_enter();
-        tiles_saved ts;
+        amx_tile_config ts;
         if (!decode) bf16_tiles_enter(&ts); /* decode reads rows: no tiles */
         uint32_t *base = all + per * omp_get_thread_num();
         bscratch w;

@@ -28,68 +28,6 @@ static inline __m512 dot2(__m512 acc, __m512i a, __m512i b) {
     return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b);
 }
 
-/* O[r][d0, d0 + 16 NV) += P·V for NR rows over nkp key pairs. */
-static inline __attribute__((always_inline)) void pv_rows(const int NR, const int NV,
-                                                         const uint32_t *pd, int64_t nkp,
-                                                         const uint32_t *vp, int64_t dvp,
-                                                         float *O) {
-    __m512 acc[8][6];
-    BUNROLL for (int r = 0; r < NR; r++) BUNROLL for (int v = 0; v < NV; v++) acc[r][v] =
-        _mm512_loadu_ps(O + r * dvp + 16 * v);
-    for (int64_t t = 0; t < nkp; t++) {
-        __m512i b[6];
-        BUNROLL for (int v = 0; v < NV; v++) b[v] = _mm512_loadu_si512(vp + t * dvp + 16 * v);
-        BUNROLL for (int r = 0; r < NR; r++) {
-            const __m512i a = _mm512_set1_epi32((int)pd[r * 48 + t]);
-            BUNROLL for (int v = 0; v < NV; v++) acc[r][v] = dot2(acc[r][v], a, b[v]);
-        }
-    }
-    BUNROLL for (int r = 0; r < NR; r++) BUNROLL for (int v = 0; v < NV; v++)
-        _mm512_storeu_ps(O + r * dvp + 16 * v, acc[r][v]);
-}
-
-#define PV_NV(NR)                                                                                  \
-    switch (nv) {                                                                                  \
-    case 6: pv_rows(NR, 6, pd, nkp, vp + d0, dvp, O + d0); break;                                 \
-    case 5: pv_rows(NR, 5, pd, nkp, vp + d0, dvp, O + d0); break;                                 \
-    case 4: pv_rows(NR, 4, pd, nkp, vp + d0, dvp, O + d0); break;                                 \
-    case 3: pv_rows(NR, 3, pd, nkp, vp + d0, dvp, O + d0); break;                                 \
-    case 2: pv_rows(NR, 2, pd, nkp, vp + d0, dvp, O + d0); break;                                 \
-    default: pv_rows(NR, 1, pd, nkp, vp + d0, dvp, O + d0); break;                                \
-    }
-#define PV_NV2(NR)                                                                                 \
-    if (nv == 2)                                                                                   \
-        pv_rows(NR, 2, pd, nkp, vp + d0, dvp, O + d0);                                             \
-    else                                                                                           \
-        pv_rows(NR, 1, pd, nkp, vp + d0, dvp, O + d0);
-
-/* O[r] += P·V for rows r < nr (pd rows 48 words apart): columns in groups
- * of at most 6 vectors, as even as possible; rows by 8 when a group has
- * at most 2 vectors (16 accumulators: VDPBF16PS's latency covered, which
- * 4 x 2 is not), else by 4. */
-static void pv_tile_v(int nr, const uint32_t *PD, int64_t nkp, const uint32_t *vp, int64_t dvp,
-                      float *OO) {
-    const int64_t nvec = dvp / 16, ng = (nvec + 5) / 6, per = (nvec + ng - 1) / ng;
-    const int step = per <= 2 ? 8 : 4;
-    for (int r0 = 0; r0 < nr; r0 += step) {
-        const uint32_t *pd = PD + r0 * 48;
-        float *O = OO + r0 * dvp;
-        for (int64_t d0 = 0; d0 < dvp; d0 += 16 * per) {
-            const int nv = (int)(per < (dvp - d0) / 16 ? per : (dvp - d0) / 16);
-            switch (nr - r0 < step ? nr - r0 : step) {
-            case 8: PV_NV2(8) break;
-            case 7: PV_NV2(7) break;
-            case 6: PV_NV2(6) break;
-            case 5: PV_NV2(5) break;
-            case 4: PV_NV(4) break;
-            case 3: PV_NV(3) break;
-            case 2: PV_NV(2) break;
-            default: PV_NV(1) break;
-            }
-        }
-    }
-}
-
 static inline float row_max(const float *s, int64_t nvec) {
     __m512 m = _mm512_loadu_ps(s);
     for (int64_t v = 1; v < nvec; v++) m = _mm512_max_ps(m, _mm512_loadu_ps(s + 16 * v));
@@ -206,7 +144,7 @@ static void qk_direct(int nr, const uint16_t *const *q, const uint16_t *k, int64
 }
 
 /* Decode P·V for NR rows over columns [d0, d0 + 32 NB): rows 2t and 2t + 1
- * of V interleaved into pairs (VPERMT2W, lo_i / hi_i), then as pv_rows;
+ * of V interleaved into pairs (VPERMT2W, lo_i / hi_i), then as gp_rows;
  * the accumulators stay in registers and each P pair is broadcast once for
  * the NB blocks of 32 columns. */
 static inline __attribute__((always_inline)) void pv_pass(const int NR, const int NB,
@@ -367,8 +305,8 @@ static void gemm_pairs_max_v(int64_t nr, int64_t nvec, int zero, const uint32_t 
 #define BF16_TILES 1
 #include "amx_tiles.h"
 
-static void bf16_tiles_enter(void *saved) { amx_tiles_enter(saved); }
-static void bf16_tiles_leave(const void *saved) { amx_tiles_leave(saved); }
+static void bf16_tiles_enter(amx_tile_config *saved) { amx_tiles_enter(saved); }
+static void bf16_tiles_leave(const amx_tile_config *saved) { amx_tiles_leave(saved); }
 
 /* C[16][16 nv] (zero: =, else +=) of one 16-row block over nc chunks of 16
  * pairs: A rows ars words apart, B rows ldb words apart, C rows ldc floats
@@ -432,33 +370,20 @@ static void gemm_pairs_max(int64_t nr, int64_t nvec, int zero, const uint32_t *A
                          ldc, rmax ? rmax + nr16 : NULL);
 }
 
-/* O[r] += P·V (pd rows 48 words apart), as gemm_pairs_max. */
-static void pv_tile(int nr, const uint32_t *pd, int64_t nkp, const uint32_t *vp, int64_t dvp,
-                    float *O) {
-    const int nr16 = nr / 16 * 16;
-    const int64_t nt16 = nkp / 16 * 16;
-    if (nr16 == 0 || nt16 == 0) {
-        pv_tile_v(nr, pd, nkp, vp, dvp, O);
-        return;
-    }
-    for (int r = 0; r < nr16; r += 16)
-        for (int64_t v = 0; v < dvp / 16; v += 4)
-            amx_block((int)(dvp / 16 - v < 4 ? dvp / 16 - v : 4), 0, pd + r * 48, 48, nt16 / 16,
-                      vp + 16 * v, dvp, O + r * dvp + 16 * v, dvp);
-    if (nt16 < nkp) pv_tile_v(nr16, pd + nt16, nkp - nt16, vp + nt16 * dvp, dvp, O);
-    if (nr16 < nr) pv_tile_v(nr - nr16, pd + nr16 * 48, nkp, vp, dvp, O + nr16 * dvp);
-}
 #else
 static void gemm_pairs_max(int64_t nr, int64_t nvec, int zero, const uint32_t *A, int64_t ars,
                            int64_t ats, int64_t nt, const uint32_t *B, int64_t ldb, float *C,
                            int64_t ldc, float *rmax) {
     gemm_pairs_max_v(nr, nvec, zero, A, ars, ats, nt, B, ldb, C, ldc, rmax);
 }
+#endif
+
+/* O[r] += P·V for rows r < nr: the product of P's pairs (rows 48 words
+ * apart) and V's packed tile, accumulated onto O. */
 static void pv_tile(int nr, const uint32_t *pd, int64_t nkp, const uint32_t *vp, int64_t dvp,
                     float *O) {
-    pv_tile_v(nr, pd, nkp, vp, dvp, O);
+    gemm_pairs_max(nr, dvp / 16, 0, pd, 48, 1, nkp, vp, dvp, O, dvp, NULL);
 }
-#endif
 
 static void gemm_pairs(int64_t nr, int64_t nvec, int zero, const uint32_t *A, int64_t ars,
                        int64_t ats, int64_t nt, const uint32_t *B, int64_t ldb, float *C,

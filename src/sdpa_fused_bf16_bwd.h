@@ -373,7 +373,7 @@ static attn_status bf16_backward(const attn_fused_call *c, attn_error *err) {
 #pragma omp parallel num_threads(T)
     {
         const unsigned fpm = attn_fp_enter();
-        tiles_saved ts;
+        amx_tile_config ts;
         /* decoding: nq <= BMR rows, so its products have fewer than the 16
          * pairs a tile needs (BMR < 32) and run on vectors: no tiles */
         _Static_assert(BMR < 32, "direct decoding's products must stay off the tiles");

@@ -23,15 +23,13 @@ static inline int bf16_fold_scale(const attn_problem *pr) {
 
 /* An instruction set with tile state (AMX) defines BF16_TILES and
  * bf16_tiles_enter / bf16_tiles_leave, called by each thread of a parallel
- * region that multiplies (forward and backward) with a 64-byte tiles_saved
- * of its own (the thread's previous configuration); the others have
- * nothing to set up. */
-typedef struct {
-    unsigned char b[64];
-} __attribute__((aligned(64))) tiles_saved;
+ * region that multiplies (forward and backward) with an amx_tile_config of
+ * its own (common/amx_tiles.h: the thread's previous configuration); the
+ * others have nothing to set up. */
+#include "amx_tiles.h"
 #if !defined(BF16_TILES)
-static inline void bf16_tiles_enter(void *saved) { (void)saved; }
-static inline void bf16_tiles_leave(const void *saved) { (void)saved; }
+static inline void bf16_tiles_enter(amx_tile_config *saved) { (void)saved; }
+static inline void bf16_tiles_leave(const amx_tile_config *saved) { (void)saved; }
 #endif
 
 static inline int64_t bmin(int64_t a, int64_t b) { return a < b ? a : b; }

@@ -20,8 +20,8 @@
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 #define MG_X86 1
-#include "amx_tiles.h"
 #endif
+#include "amx_tiles.h"
 
 #define NR 32
 #define MR 8
@@ -40,8 +40,9 @@ int mg_dtype_parse(const char *s, mg_dtype *dt) {
 
 static atomic_int g_forced; /* mg_gemm_force_portable */
 /* bit 0: AVX-512F, bit 1: AVX512_BF16, bit 2: AVX2 and FMA (the C kernels'
- * FMA build: the portable bits, so forcing the portable kernels keeps it);
- * -1 not read yet. From libattn's table of the CPU (attn_cpu_features), so
+ * FMA build: the portable bits, so forcing the portable kernels keeps it),
+ * bit 3: AMX tiles (with AVX512_BF16; MOLGEN_GEMM_ISA=avx512bf16 clears
+ * it); -1 not read yet. From libattn's table of the CPU (attn_cpu_features), so
  * the library and molgen dispatch on one reading of the CPU. */
 static atomic_int g_isa = -1;
 
@@ -50,9 +51,11 @@ static int isa_bits(void) {
     if (bits < 0) {
         const unsigned f = attn_cpu_features();
         bits = ((f & ATTN_CPU_AVX512) ? 1 : 0) | ((f & ATTN_CPU_AVX512BF16) ? 2 : 0) |
-               ((f & ATTN_CPU_AVX2_FMA) ? 4 : 0);
+               ((f & ATTN_CPU_AVX2_FMA) ? 4 : 0) |
+               ((f & ATTN_CPU_AMX) && (f & ATTN_CPU_AVX512BF16) ? 8 : 0);
         const char *env = getenv("MOLGEN_GEMM_ISA");
         if (env && !strcmp(env, "portable")) bits &= 4;
+        if (env && !strcmp(env, "avx512bf16")) bits &= ~8;
         /* the same value whichever thread stores it first */
         atomic_store_explicit(&g_isa, bits, memory_order_relaxed);
     }
@@ -63,20 +66,9 @@ int mg_gemm_isa_f32(void) { return (isa_bits() & 1) != 0; }
 int mg_gemm_isa_bf16(void) { return (isa_bits() & 2) != 0; }
 void mg_gemm_force_portable(int on) { atomic_store(&g_forced, on != 0); }
 
-static atomic_int g_amx; /* mg_gemm_allow_amx */
-/* attn_enable_amx again: 1 only where the process holds the permission
- * (a no-op after the application's own call) */
+static atomic_int g_amx; /* mg_gemm_allow_amx: 1 once permitted */
 void mg_gemm_allow_amx(int on) { atomic_store(&g_amx, on && attn_enable_amx()); }
-int mg_gemm_isa_amx(void) {
-    static atomic_int off = -1; /* MOLGEN_GEMM_ISA=avx512bf16, read once */
-    int o = atomic_load_explicit(&off, memory_order_relaxed);
-    if (o < 0) {
-        const char *env = getenv("MOLGEN_GEMM_ISA");
-        o = env && !strcmp(env, "avx512bf16");
-        atomic_store_explicit(&off, o, memory_order_relaxed);
-    }
-    return !o && atomic_load(&g_amx) && (attn_cpu_features() & ATTN_CPU_AMX) && mg_gemm_isa_bf16();
-}
+int mg_gemm_isa_amx(void) { return (isa_bits() & 8) && atomic_load(&g_amx); }
 const char *mg_gemm_dtype_note(mg_dtype dt) {
     return dt == MG_DT_BF16 && !mg_gemm_isa_bf16()
                ? "this CPU has no AVX512_BF16: --dtype bf16 is emulated (fp32 arithmetic on bf16 "
@@ -611,13 +603,10 @@ static void scratch_give(void *p, int slot) {
 
 /* The calling thread's AMX tile configuration loaded (on; the thread's
  * own kept in *saved) or put back (common/amx_tiles.h). */
-typedef struct {
-    unsigned char b[64];
-} __attribute__((aligned(64))) tiles_saved;
-static void tiles(int amx, int on, tiles_saved *saved) {
+static void tiles(int amx, int on, amx_tile_config *saved) {
 #ifdef MG_X86
-    if (amx && on) amx_tiles_enter((amx_tile_config *)(void *)saved);
-    if (amx && !on) amx_tiles_leave((const amx_tile_config *)(const void *)saved);
+    if (amx && on) amx_tiles_enter(saved);
+    if (amx && !on) amx_tiles_leave(saved);
 #else
     (void)amx, (void)on, (void)saved;
 #endif
@@ -687,7 +676,7 @@ mg_status mg_gemm_bf16(int ta, int tb, int64_t M, int64_t N, int64_t K, const fl
         return mg_fail(err, MG_ERR_NOMEM, "gemm_bf16: out of memory for %lld x %lld x %lld",
                        (long long)M, (long long)N, (long long)K);
     uint16_t *pa = pb + pb_bytes / sizeof(uint16_t); /* after B's panels */
-    const int isa = mg_gemm_isa_bf16(), amx = isa && mg_gemm_isa_amx() && M >= 2 * MR;
+    const int isa = mg_gemm_isa_bf16(), amx = mg_gemm_isa_amx() && M >= 2 * MR;
     const int64_t kcp = MG_GEMM_KC / 2; /* pairs per accumulation block */
 #pragma omp parallel num_threads(nth)
     {
@@ -696,7 +685,7 @@ mg_status mg_gemm_bf16(int ta, int tb, int64_t M, int64_t N, int64_t K, const fl
 #ifdef _OPENMP
         tid = omp_get_thread_num();
 #endif
-        tiles_saved ts;
+        amx_tile_config ts;
         tiles(amx, 1, &ts);
         if (!split_rows) {
             thread_range(M, &lo, &hi);
@@ -807,11 +796,11 @@ mg_status mg_packed_forward(float *out, const float *X, int64_t M, const mg_pack
      * there are fewer panels than threads */
     const int split_rows = np < (nt > 0 ? nt : 1);
     /* bf16 on AMX: pairs of row blocks of whole rows (row_blocks_bf16) */
-    const int amx = p->dt == MG_DT_BF16 && isa && mg_gemm_isa_amx() && M >= 2 * MR;
+    const int amx = p->dt == MG_DT_BF16 && mg_gemm_isa_amx() && M >= 2 * MR;
 #pragma omp parallel num_threads(nt > 0 ? nt : 1)
     {
         int64_t lo, hi;
-        tiles_saved ts;
+        amx_tile_config ts;
         tiles(amx, 1, &ts);
         if (p->dt == MG_DT_BF16) {
             thread_range(M, &lo, &hi);

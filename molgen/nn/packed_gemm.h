@@ -49,11 +49,12 @@ int mg_gemm_isa_f32(void);
 int mg_gemm_isa_bf16(void);
 void mg_gemm_force_portable(int on);
 /* mg_gemm_bf16 and bf16 mg_packed on AMX tiles (16-row blocks; the rest
- * as before) once the application allows it here, having asked for the
- * process's permission (attn_enable_amx; allowing without it leaves the
- * tiles off). mg_gemm_isa_amx: 1 when they run: allowed, permitted, the
- * CPU has ATTN_CPU_AMX, AVX512_BF16 runs, and MOLGEN_GEMM_ISA is not
- * avx512bf16 (nor portable). */
+ * as before) once the application allows it here: mg_gemm_allow_amx(1)
+ * asks for the process's permission through attn_enable_amx (a
+ * process-wide grant, libattn's bf16 kernels take the tiles too), 0 turns
+ * the tiles off. mg_gemm_isa_amx: 1 when they run: allowed and permitted,
+ * the CPU has ATTN_CPU_AMX and AVX512_BF16, and MOLGEN_GEMM_ISA is not
+ * avx512bf16 (nor portable, nor mg_gemm_force_portable). */
 void mg_gemm_allow_amx(int on);
 int mg_gemm_isa_amx(void);
 /* What to tell a user of dtype dt where bf16 is emulated (no AVX512_BF16,
