@@ -212,16 +212,22 @@ mg_status mg_opt_options_from_json(const json_t *j, mg_opt_opts *p, mg_error *er
         const mg_opt_setting *t = &MG_OPT_SETTING[i];
         if (t->resume == MG_OPT_FREE) continue;
         /* the settings added after the format's first states: missing there,
-         * and then their defaults are what those runs did */
-        static const char *const later[] = {"helper", "ga_offspring", "ga_mutation", "rank_coef"};
-        int is_later = 0;
-        for (size_t k = 0; k < sizeof later / sizeof *later; k++)
-            is_later |= !strcmp(t->row.key, later[k]);
-        if (is_later && !json_object_get(j, t->row.key)) {
+         * and then read as what those runs did (NULL: the default) */
+        static const struct { const char *key, *then; } later[] = {
+            {"helper", NULL},      {"ga_offspring", NULL},       {"ga_mutation", NULL},
+            {"rank_coef", NULL},   {"constrain_method", "mask"},
+        };
+        size_t k = 0;
+        while (k < sizeof later / sizeof *later && strcmp(t->row.key, later[k].key)) k++;
+        if (k < sizeof later / sizeof *later && !json_object_get(j, t->row.key)) {
             mg_opt_opts d;
             mg_opt_opts_default(&d);
             memcpy((char *)p + t->row.offset, (const char *)&d + t->row.offset,
                    t->row.kind == MG_KIND_F64 ? sizeof(double) : sizeof(int));
+            if (later[k].then) {
+                const mg_status rc = mg_setting_parse(&t->row, NULL, later[k].then, p, err);
+                if (rc) return rc;
+            }
             continue;
         }
         const mg_status rc = setting_from_json(t, json_object_get(j, t->row.key), p, err);

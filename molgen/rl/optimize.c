@@ -523,6 +523,7 @@ static mg_status prepare(mg_opt *o, step_work *w, mg_error *err) {
     so.batch = nb;
     so.seed = mg_mix64(o->op.seed ^ mg_mix64((uint64_t)o->step + 0x5851F42D4C957F2Dull));
     so.constrain = o->op.constrain;
+    so.method = (mg_constrain_method)o->op.constrain_method;
     so.dtype = o->op.dtype;
     so.stop = o->op.stop;
     so.dist = o->d->size > 1 ? o->d : NULL;

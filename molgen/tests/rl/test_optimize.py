@@ -417,6 +417,59 @@ def test_resume_is_bit_exact(tmp_path, scorer, straight):
     same_run(d, straight)
 
 
+def drop_saved_options(path, keys):
+    """Rewrites the state file without the saved options in keys: a state
+    written before those settings existed."""
+    with open(path, "rb") as f:
+        head = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+        body = f.read()
+    ck = json.loads(head["__metadata__"]["optimize"])
+    for k in keys:
+        del ck["options"][k]
+    head["__metadata__"]["optimize"] = json.dumps(ck)
+    h = json.dumps(head).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(len(h).to_bytes(8, "little") + h + body)
+
+
+def test_state_before_constrain_method_resumes_as_mask(tmp_path, scorer):
+    """States written before --constrain-method sampled with masking: one
+    without the key resumes so, bit for bit."""
+    a, b = tmp_path / "straight", tmp_path / "old"
+    optimize(a, scorer, *RUN, "--constrain-method", "mask")
+    optimize(b, scorer, *RUN, "--constrain-method", "mask", "--stop-after", 6)
+    drop_saved_options(b / "agent.safetensors", ["constrain_method"])
+    resume(b, scorer)
+    same_run(b, a)
+    assert json.loads((b / "summary.json").read_text())["options"]["constrain_method"] == "mask"
+
+
+ZINC_PRIOR = os.path.join(REPO, "models", "molgen-zinc.safetensors")
+ZINC_MAX_HEAVY = 38  # the largest molecule of zinc250k_240k.smi (RDKit)
+
+
+@pytest.mark.parametrize("seed", [1, 3])
+def test_agent_samples_do_not_derail(tmp_path, scorer, seed):
+    """The agent's batch is sampled as molgen sample's default (reject): the
+    ZINC prior's first batch of 256 stays within the data's sizes. Masking
+    the refused tokens keeps molecules that derailed (93-115 heavy atoms in
+    these batches), which cost calls and, on PMO's hop tasks, minutes of
+    the oracle's pharmacophore fingerprint each."""
+    def largest(d, *args):
+        r = subprocess.run([molgen_binary(), "optimize", "--prior", ZINC_PRIOR, "--scorer", scorer,
+                            "--threads", "2", "--out", str(d), "--budget", "2000", "--batch", "256",
+                            "--max-steps", "1", "--seed", str(seed)] + list(args),
+                           env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           timeout=600)
+        assert r.returncode == 0, r.stderr
+        rows = read_scored(d)
+        assert len(rows) >= 250
+        return max(int(x["components"].split("n_atoms=")[1]) for x in rows)
+    assert largest(tmp_path / "default") <= ZINC_MAX_HEAVY + 5
+    assert largest(tmp_path / "mask", "--constrain-method", "mask") > 2 * ZINC_MAX_HEAVY
+
+
 @pytest.mark.parametrize("mode,words", [
     ("garbage", ["'oops not a number'", "does not start with a number"]),
     ("inf", ["'inf'", "outside [0, 1]"]),
@@ -461,11 +514,12 @@ def test_refusals(tmp_path, scorer, straight):
 
 
 def test_rows_without_eos_are_left_out(tmp_path, scorer):
-    """Seed 0's first batch of 64 holds a molecule that fills the context
-    without EOS: it is left out of the loss (a padded dummy row), not an
+    """Seed 0's first masked batch of 64 holds a molecule that fills the
+    context without EOS: it is left out of the loss (a padded dummy row), not an
     error (the first version fed the forward uninitialised ids)."""
     d = tmp_path / "run"
-    optimize(d, scorer, "--budget", 200, "--batch", 64, "--seed", 0, "--max-steps", 1)
+    optimize(d, scorer, "--budget", 200, "--batch", 64, "--seed", 0, "--max-steps", 1,
+             "--constrain-method", "mask")
     s = json.loads((d / "summary.json").read_text())
     assert s["steps"] == 1 and s["stop"] == "max-steps" and 50 <= s["calls"] <= 64
 
