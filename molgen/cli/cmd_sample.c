@@ -94,11 +94,6 @@ static const char SAMPLE_NOTES[] =
     "(molgen's SMILES grammar check, not RDKit) on stderr. An empty line is a\n"
     "molecule that ended at once; a molecule without EOS by ctx_len is kept.\n";
 
-/* --constrain-method's default: rejection keeps the model's distribution
- * (docs/molgen.md, "Constrained sampling": the KL score of the ZINC
- * prior's samples) */
-#define SAMPLE_METHOD_DEFAULT MG_CONSTRAIN_REJECT
-
 /* Everything one run holds, freed once (job_free). */
 typedef struct {
     sample_args a;
@@ -128,7 +123,7 @@ static int parse_args(sample_job *j, int argc, char **argv) {
                        .temperature = j->o.sampling.temperature, .top_p = j->o.sampling.top_p,
                        .top_k = j->o.sampling.top_k, .batch = j->o.batch,
                        .decode = j->o.kind == MG_DECODE_KV ? 0 : 1,
-                       .constrain = (int)j->o.constrain, .method = SAMPLE_METHOD_DEFAULT,
+                       .constrain = (int)j->o.constrain, .method = (int)j->o.method,
                        .guidance = j->o.guidance};
     const mg_cli_spec spec = {"sample", SAMPLE_USAGE, SAMPLE_NOTES,
                               {{SAMPLE_OPTIONS, sizeof SAMPLE_OPTIONS / sizeof *SAMPLE_OPTIONS, a}},

@@ -166,6 +166,7 @@ void mg_sample_opts_default(mg_sample_opts *o) {
     o->n = 1000;
     o->batch = 64;
     o->kind = MG_DECODE_KV;
+    o->method = MG_CONSTRAIN_METHOD_DEFAULT;
     mg_sampling_default(&o->sampling);
     o->seed = 0;
 }

@@ -112,6 +112,12 @@ int mg_argmax_token(const float *logits, int V);
 /* How constrained sampling keeps to the rules (above). */
 typedef enum { MG_CONSTRAIN_MASK = 0, MG_CONSTRAIN_REJECT = 1 } mg_constrain_method;
 
+/* The default of molgen sample and optimize (mg_sample_opts_default):
+ * rejection keeps the model's distribution (docs/molgen.md, "Constrained
+ * sampling": the KL score of the ZINC prior's samples); masking keeps
+ * molecules that derail (longer and heavier than the model's). */
+#define MG_CONSTRAIN_METHOD_DEFAULT MG_CONSTRAIN_REJECT
+
 /* "mask" / "reject"; parse returns 1 and sets *out, or 0. */
 const char *mg_constrain_method_name(mg_constrain_method k);
 int mg_constrain_method_parse(const char *s, mg_constrain_method *out);
