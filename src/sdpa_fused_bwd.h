@@ -11,7 +11,22 @@ typedef struct {
     const attn_tensor *out, *dout;
     const float *lse; /* row (b, h) at (b * H + h) * lse_ld */
     int64_t lse_ld;
+    /* kv_ok[(b * Hkv + hk) * kv_ld + j]: 1 when key j's K and V rows hold
+     * only finite values (kv_finite, once per call: a tile's check is then
+     * nk bytes, not its K and V again for every query block) */
+    const unsigned char *kv_ok;
+    int64_t kv_ld;
 } bctx;
+
+/* ok[(b * Hkv + hk) * Lk + j] for the call's K and V (kv_ok above). */
+static void kv_finite(const attn_tensor *K, const attn_tensor *V, int64_t B, int64_t Hkv,
+                      int64_t Lk, int64_t Dk, int64_t Dv, int threads, unsigned char *ok) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t x = 0; x < B * Hkv; x++)
+        for (int64_t j = 0; j < Lk; j++)
+            ok[x * Lk + j] = (unsigned char)(rows_finite(K, x / Hkv, x % Hkv, j, 1, Dk) &&
+                                             rows_finite(V, x / Hkv, x % Hkv, j, 1, Dv));
+}
 
 /* A prepared query block: Qᵀ (qt), Q rows (qr), dOᵀ (dout_t), dO rows
  * (dout_r), lse and D lanes. */
@@ -110,7 +125,8 @@ static void prep_qblock(const kctx *c, const bctx *bc, const bws *w, int64_t b, 
  * the tile's share to dV, dK (rows j0.., when non-NULL) and dQ (block rows).
  * h is the query head; K, V are read at K/V head KVH(h). */
 static void bwd_tile(const kctx *c, const qblock *qb, const bws *w, int64_t b, int64_t h,
-                     int64_t j0, int64_t nk, float *dk_acc, float *dv_acc, float *dq_acc) {
+                     int64_t j0, int64_t nk, const unsigned char *kv_ok, float *dk_acc,
+                     float *dv_acc, float *dq_acc) {
     const attn_problem *pr = c->pr;
     const int64_t hk = KVH(pr, h);
     const int cap = pr->softcap > 0.0f;
@@ -118,8 +134,7 @@ static void bwd_tile(const kctx *c, const qblock *qb, const bws *w, int64_t b, i
     const int64_t nq = qb->nq, nqv = qb->nqv, nvq = nqv / VL;
     const attn_tensor *K = c->k, *V = c->v;
     float *S = w->S, *dP = w->dP, *Z = w->Z;
-    const int safe =
-        !(qb->finite && rows_finite(K, b, hk, j0, nk, Dk) && rows_finite(V, b, hk, j0, nk, Dv));
+    const int safe = !(qb->finite && !memchr(kv_ok, 0, (size_t)nk)); /* keys j0.. */
     const int mode = safe ? TILE_SAFE : c->mode;
 
     const tile_prod ts = {nk,  nvq, Dk, row_of(K, b, hk, j0), K->stride[2], K->stride[3], qb->qt,
@@ -182,7 +197,8 @@ static void bwd_block(const kctx *c, const attn_fused_call *call, const bctx *bc
     if (dq) memset(dq, 0, (size_t)(nq * c->dkp) * sizeof(float));
     for (int64_t t = t0; t < t1; t++) {
         const int64_t j0 = imax(t * FK, hlo), j1 = imin((t + 1) * FK, hhi);
-        bwd_tile(c, &qb, w, b, h, j0, j1 - j0, dka ? dka + (j0 - g0) * c->dkp : NULL,
+        bwd_tile(c, &qb, w, b, h, j0, j1 - j0, bc->kv_ok + (b * pr->Hkv + KVH(pr, h)) * bc->kv_ld + j0,
+                 dka ? dka + (j0 - g0) * c->dkp : NULL,
                  dva ? dva + (j0 - g0) * c->dvp : NULL, dq);
     }
     if (dq) write_rows(call->dq, b, h, i0, nq, pr->Dk, dq, c->dkp);
@@ -273,21 +289,27 @@ static void bwd_two_pass(const kctx *c, const attn_fused_call *call, const bctx 
 
 static attn_status bwd_backward(const kctx *c, const attn_fused_call *call, attn_error *err) {
     const attn_problem *pr = c->pr;
-    const bctx bc = {call->out, call->dout, call->lse_in, pr->Lq};
+    unsigned char *ok = malloc((size_t)(pr->B * pr->Hkv * pr->Lk) + 1);
+    if (!ok) return attn_fail(err, ATTN_ERR_NOMEM, "out of memory for the keys' finite flags");
+    kv_finite(c->k, c->v, pr->B, pr->Hkv, pr->Lk, pr->Dk, pr->Dv, pr->threads, ok);
+    const bctx bc = {call->out, call->dout, call->lse_in, pr->Lq, ok, pr->Lk};
     const int one = attn_fused_bwd_one_pass(pr);
     bscratch s;
     s.tile = bwd_tile_scratch(pr, c->dkp, c->dvp);
     s.accn = one ? pr->Lk : KGROUP * FK;
     s.per = s.tile + rup(s.accn * c->dkp, 16) + rup(s.accn * c->dvp, 16);
     s.ws = falloc(pr->threads * s.per);
-    if (!s.ws)
+    if (!s.ws) {
+        free(ok);
         return attn_fail(err, ATTN_ERR_NOMEM, "out of memory for %d x %lld scratch floats",
                          pr->threads, (long long)s.per);
+    }
     if (one)
         bwd_one_pass(c, call, &bc, &s);
     else
         bwd_two_pass(c, call, &bc, &s);
     free(s.ws);
+    free(ok);
     return ATTN_OK;
 }
 

@@ -73,7 +73,8 @@ static vseq *varlen_seqs(const kctx *c0, const attn_fused_call *call, int64_t **
         e->call.out = &e->out, e->call.dout = &e->dout;
         e->call.dq = &e->dq, e->call.dk = &e->dk, e->call.dv = &e->dv;
         e->call.varlen = NULL;
-        e->bc = (bctx){&e->out, &e->dout, call->lse_in ? call->lse_in + q0 : NULL, pr->Lq};
+        e->bc = (bctx){&e->out, &e->dout, call->lse_in ? call->lse_in + q0 : NULL, pr->Lq,
+                       NULL, 0}; /* kv_ok: the backward sets it */
         o[s] = (vorder){nq * nk, s};
     }
     qsort(o, (size_t)n, sizeof *o, vorder_cmp);
@@ -168,15 +169,26 @@ static attn_status varlen_backward(const kctx *c0, const attn_fused_call *call, 
         free(first);
         return varlen_nomem(err, n);
     }
+    /* the keys' finite flags of the packed K, V rows: [Hkv, total] */
+    const int64_t total = call->k->dim[2];
+    unsigned char *ok = malloc((size_t)(Hk * total) + 1);
+    if (!ok) {
+        free(first), free(ord), free(sq);
+        return varlen_nomem(err, n);
+    }
+    kv_finite(call->k, call->v, 1, Hk, total, pr->Dk, pr->Dv, pr->threads, ok);
     int64_t maxk = 0;
-    for (int64_t s = 0; s < n; s++) maxk = imax(maxk, sq[s].pr.Lk);
+    for (int64_t s = 0; s < n; s++) {
+        maxk = imax(maxk, sq[s].pr.Lk);
+        sq[s].bc.kv_ok = ok + varlen->cu_k[s], sq[s].bc.kv_ld = total;
+    }
     bscratch bs;
     bs.tile = bwd_tile_scratch(pr, c0->dkp, c0->dvp);
     bs.accn = one ? maxk : KGROUP * FK;
     bs.per = bs.tile + rup(bs.accn * c0->dkp, 16) + rup(bs.accn * c0->dvp, 16);
     bs.ws = falloc(pr->threads * bs.per);
     if (!bs.ws) {
-        free(first), free(ord), free(sq);
+        free(first), free(ord), free(sq), free(ok);
         return attn_fail(err, ATTN_ERR_NOMEM, "out of memory for %d x %lld scratch floats",
                          pr->threads, (long long)bs.per);
     }
@@ -244,7 +256,7 @@ static attn_status varlen_backward(const kctx *c0, const attn_fused_call *call, 
             attn_fp_leave(fpm);
         }
     }
-    free(bs.ws), free(first), free(ord), free(sq);
+    free(bs.ws), free(first), free(ord), free(sq), free(ok);
     return ATTN_OK;
 }
 

@@ -507,6 +507,64 @@ static int isa_active(const char *isa) {
     return strncmp(info.reason, want, strlen(want)) == 0;
 }
 
+/* A NaN in one key of the last sequence (packed row ck[2] + 3, head 1):
+ * the backward reads its keys' finite flags by packed row, so that
+ * sequence's results carry NaN where its own dense fused call's do, and
+ * every sequence is its own dense call's bits (NaN where it is NaN). */
+static void test_nan_key(void) {
+    enum { H = 2, D = 16, N = 3 };
+    const int64_t cu[N + 1] = {0, 40, 110, 143}, T = cu[N];
+    const size_t n = (size_t)(H * T * D);
+    float *buf[8];
+    for (int a = 0; a < 8; a++) buf[a] = tu_malloc(n * sizeof(float));
+    tu_rng rng = tu_seed(77);
+    for (int a = 0; a < 4; a++)
+        for (size_t i = 0; i < n; i++) buf[a][i] = (float)(2.0 * tu_unif(&rng) - 1.0);
+    buf[1][(1 * T + cu[2] + 3) * D + 5] = NAN; /* k[0, 1, ck[2] + 3, 5] */
+    float *lse = tu_malloc((size_t)(H * T) * sizeof(float));
+    attn_tensor q = attn_tensor_bhld(buf[0], 1, H, T, D), k = attn_tensor_bhld(buf[1], 1, H, T, D),
+                v = attn_tensor_bhld(buf[2], 1, H, T, D), g = attn_tensor_bhld(buf[3], 1, H, T, D),
+                o = attn_tensor_bhld(buf[4], 1, H, T, D), dq = attn_tensor_bhld(buf[5], 1, H, T, D),
+                dk = attn_tensor_bhld(buf[6], 1, H, T, D), dv = attn_tensor_bhld(buf[7], 1, H, T, D);
+    attn_sdpa_params p = {0};
+    p.causal = 1, p.impl = ATTN_IMPL_FUSED, p.num_threads = 2;
+    attn_error err;
+    attn_status st = attn_sdpa_varlen_forward(&q, &k, &v, N, cu, NULL, &p, &o, NULL, lse, NULL, &err);
+    if (!st)
+        st = attn_sdpa_varlen_backward(&q, &k, &v, &o, lse, &g, N, cu, NULL, &p, &dq, &dk, &dv,
+                                       NULL, &err);
+    CHECK(st == ATTN_OK, "[%s] nan key: varlen call: %s", g_isa, err.message);
+    size_t diff = 0, nans = 0;
+    for (int64_t s = 0; s < N && st == ATTN_OK; s++) {
+        const int64_t L = cu[s + 1] - cu[s];
+        float *so = tu_malloc((size_t)(H * L * D) * 4), *sl = tu_malloc((size_t)(H * L) * 4),
+              *sd[3];
+        for (int a = 0; a < 3; a++) sd[a] = tu_malloc((size_t)(H * L * D) * 4);
+        attn_tensor sq = attn_varlen_rows(&q, cu[s], L), sk = attn_varlen_rows(&k, cu[s], L),
+                    sv = attn_varlen_rows(&v, cu[s], L), sg = attn_varlen_rows(&g, cu[s], L),
+                    to = attn_tensor_bhld(so, 1, H, L, D), t0 = attn_tensor_bhld(sd[0], 1, H, L, D),
+                    t1 = attn_tensor_bhld(sd[1], 1, H, L, D), t2 = attn_tensor_bhld(sd[2], 1, H, L, D);
+        attn_status ss = attn_sdpa_forward(&sq, &sk, &sv, &p, &to, NULL, sl, NULL, &err);
+        if (!ss) ss = attn_sdpa_backward(&sq, &sk, &sv, &to, sl, &sg, &p, &t0, &t1, &t2, NULL, &err);
+        CHECK(ss == ATTN_OK, "[%s] nan key: sequence %lld: %s", g_isa, (long long)s, err.message);
+        const attn_tensor *mine[3] = {&dq, &dk, &dv};
+        for (int a = 0; a < 3 && !ss; a++)
+            for (int64_t h = 0; h < H; h++)
+                for (int64_t i = 0; i < L; i++)
+                    for (int64_t d = 0; d < D; d++) {
+                        const float x = sd[a][(h * L + i) * D + d],
+                                    y = mine[a]->data[tu_off(mine[a], 0, h, cu[s] + i, d)];
+                        nans += isnan(y);
+                        diff += isnan(x) != isnan(y) || (!isnan(x) && memcmp(&x, &y, 4));
+                    }
+        free(so), free(sl), free(sd[0]), free(sd[1]), free(sd[2]);
+    }
+    CHECK(diff == 0 && nans > 0, "[%s] nan key: %zu gradients differ from the sequences' own calls "
+          "(%zu NaN)", g_isa, diff, nans);
+    for (int a = 0; a < 8; a++) free(buf[a]);
+    free(lse);
+}
+
 int main(void) {
     attn_enable_amx(); /* the amx row too, where the CPU has it */
     test_invalid();
@@ -522,6 +580,7 @@ int main(void) {
         g_isa = isa;
         test_fixed(done == 0);
         test_random(done == 0 ? 16 : 6, 0xBEEF + (uint64_t)i);
+        test_nan_key();
         done++;
         printf("test_sdpa_varlen: %s kernels done (%d checks so far)\n", isa,
                tu_pass + tu_fail);
