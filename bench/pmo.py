@@ -9,6 +9,7 @@ PyTorch on the same prior (molgen.torch_reinvent).
         [--budget 10000] [--jobs 2] [--engines molgen,prior[,torch]]
         [--runs out/pmo] [--resume] [--markdown docs/pmo.md]
         [--molgen BIN] [--prior MODEL] [--optimize-args '...'] [--quick]
+        [--resume-args '...']
     /usr/bin/python3 bench/pmo.py --limits      (what the prior's vocabulary
         and molecular-weight range leave out, per task; runs nothing)
 
@@ -21,7 +22,9 @@ Engines, each run in RUNS/bBUDGET/ENGINE/TASK/sSEED with one thread:
 Every run leaves scored.csv; its AUC top-10 (budget N, freq 100, padded to the
 budget) is computed here by molgen.pmo, its wall time measured here, and both
 cached in the run's bench.json: --resume skips a run that has one and
-continues an unfinished molgen run with `molgen optimize --resume`. --jobs
+continues an unfinished molgen run with `molgen optimize --resume`
+(--resume-args: what such a resume may change, e.g. '--patience 0' to take
+a run the patience stop ended on to the budget). --jobs
 runs in parallel (2 cores: 2 jobs x 1 thread; each job's scorer is a second
 process that waits while molgen computes). --quick: --budget 1000 --tasks
 qed,albuterol_similarity. The table: per task the mean +- sd over seeds (sd
@@ -143,7 +146,7 @@ def run_optimize(a, engine, task, seed, d):
     if engine == "molgen":
         if a.resume and os.path.exists(os.path.join(d, "agent.safetensors")):
             cmd = [a.molgen, "optimize", "--resume", d] + common + [
-                "--threads", "1", "--scorer-timeout", SCORER_TIMEOUT]
+                "--threads", "1", "--scorer-timeout", SCORER_TIMEOUT] + a.resume_args.split()
         else:
             shutil.rmtree(d, ignore_errors=True)
             os.makedirs(d)
@@ -462,6 +465,8 @@ def main(argv=None):
     # PMO's protocol pre-trains every method's prior on ZINC250k
     ap.add_argument("--prior", default=os.path.join(REPO, "models", "molgen-zinc.safetensors"))
     ap.add_argument("--optimize-args", default="", help="more molgen optimize options")
+    ap.add_argument("--resume-args", default="",
+                    help="options of molgen optimize --resume (--budget, --patience)")
     ap.add_argument("--torch-args", default="", help="more molgen.torch_reinvent options")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--limits", action="store_true")

@@ -40,7 +40,7 @@ static const mg_setting OPTIMIZE_HEAD[] = {
     {MG_OPT_STR(T, "out", "DIR", out, "output directory (created; required unless --resume)")},
     {MG_OPT_STR(T, "resume", "DIR", resume,
                 "continue the run saved in DIR bit for bit (its options unless given: the same; "
-                "--budget may grow)")},
+                "--budget may grow, --patience change)")},
 };
 static const mg_setting OPTIMIZE_TAIL[] = {
     {MG_OPT_F64(T, "scorer-timeout", "S", timeout, 0, 1e7, MG_OPEN_LO,

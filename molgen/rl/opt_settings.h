@@ -61,7 +61,7 @@ typedef struct mg_opt mg_opt;
  *                 (the run continues bit for bit)
  *           GROW  saved; a resume may give another (the budget: a larger
  *                 one continues the run, one at or below the calls made
- *                 ends it at once)
+ *                 ends it at once; the patience stop)
  *           FREE  this invocation's, not saved
  *   help    one sentence for --help (default and range are added) */
 #define MG_OPT_SETTINGS(X)                                                                         \
@@ -137,7 +137,10 @@ typedef struct mg_opt mg_opt;
       "is below --collapse-share (0: never)")                                                      \
     X(collapse_share, collapse_share, F64, "collapse-share", "X", 0.02, 0, 1, MG_CLOSED, SAME,     \
       "the share of --collapse-steps")                                                             \
-    X(patience, patience, INT, "patience", "K", 0, 0, 1000000000, MG_CLOSED, SAME,                 \
+    /* GROW: it decides when the run ends, never what a step does, so a    \
+     * run it stopped resumes with another K (0: on to the budget) as the   \
+     * uninterrupted run with that K, bit for bit */                        \
+    X(patience, patience, INT, "patience", "K", 0, 0, 1000000000, MG_CLOSED, GROW,                 \
       "convergence stop (mol_opt's REINVENT): past 1,000 calls, K consecutive steps that leave "   \
       "the mean of the 100 best scores unchanged (0: never)")                                      \
     X(max_steps, max_steps, I64, "max-steps", "N", 0, 0, 1000000000000LL, MG_CLOSED, FREE,         \

@@ -320,6 +320,23 @@ def test_patience_stop(tmp_path, scorer):
     assert (s2["stop"], s2["steps"], s2["calls"]) == ("patience", s["steps"], s["calls"])
 
 
+def test_patience_stopped_run_goes_on_with_another_patience(tmp_path, scorer):
+    """--patience only decides when a run ends: the run it stopped, resumed
+    with --patience 0, goes on to the budget as the run without the stop
+    does, bit for bit (PMO pads a stopped run's AUC with its last top-10, so
+    this is how the stop is measured without running the steps again)."""
+    env = {"CONST_SCORE": "0.25"}
+    a, b = tmp_path / "straight", tmp_path / "stopped"
+    optimize(a, scorer, "--batch", 64, "--budget", 1400, "--seed", 2, env=env)
+    optimize(b, scorer, "--batch", 64, "--budget", 1400, "--seed", 2, "--patience", 2, env=env)
+    s = json.loads((b / "summary.json").read_text())
+    assert s["stop"] == "patience" and s["calls"] < 1400
+    resume(b, scorer, "--patience", 0, env=env)
+    same_run(b, a)
+    s = json.loads((b / "summary.json").read_text())
+    assert (s["stop"], s["calls"], s["options"]["patience"]) == ("budget", 1400, 0)
+
+
 def test_signal_during_a_slow_scorer(tmp_path, scorer, straight):
     """SIGTERM while molgen waits for a scorer that takes a minute for one
     molecule: the run stops within seconds (not after the answer), exits
