@@ -247,15 +247,35 @@ static inline float fast_sigmoid(float z) {
 /* The GELU loops are cloned like the LayerNorm loops: as 4-wide SSE loops
  * they were ~10% of a training step (perf). */
 
+static inline float gelu_of(float x) {
+    const float u = GELU_K * (x + 0.044715f * x * x * x);
+    return x * fast_sigmoid(2.0f * u);
+}
+
 /* out [n] = 0.5 x (1 + tanh(u)),  u = k (x + 0.044715 x³),
  * computed as x * sigmoid(2u) (the same function: 0.5 (1 + tanh(u)) =
- * 1 / (1 + exp(-2u))); with bias, x = inp + bias first, kept in inp. */
+ * 1 / (1 + exp(-2u))); with bias, x = inp + bias first, kept in inp.
+ * Without a bias out may be inp (the KV decoder's call): that loop runs
+ * through a local block, since GCC's vectoriser checks at run time that out
+ * and inp do not overlap and ran the in-place call as scalar code (3.05
+ * against 0.75 ns an element; the decoder's GELU was 10 % of an optimize
+ * step, perf). The arithmetic is the same, element by element. */
+enum { GELU_BLOCK = 256 };
 MG_CLONES static void gelu_forward_range(float *out, float *inp, const float *bias, int64_t n) {
-    for (int64_t i = 0; i < n; i++) {
-        float x = inp[i];
-        if (bias) inp[i] = x = x + bias[i];
-        float u = GELU_K * (x + 0.044715f * x * x * x);
-        out[i] = x * fast_sigmoid(2.0f * u);
+    if (bias) {
+        for (int64_t i = 0; i < n; i++) {
+            const float x = inp[i] + bias[i];
+            inp[i] = x;
+            out[i] = gelu_of(x);
+        }
+        return;
+    }
+    float x[GELU_BLOCK];
+    for (int64_t i0 = 0; i0 < n; i0 += GELU_BLOCK) {
+        const int64_t m = n - i0 < GELU_BLOCK ? n - i0 : GELU_BLOCK;
+        memcpy(x, inp + i0, (size_t)m * sizeof *x);
+        for (int64_t j = 0; j < m; j++) x[j] = gelu_of(x[j]);
+        memcpy(out + i0, x, (size_t)m * sizeof *x);
     }
 }
 
