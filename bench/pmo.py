@@ -23,8 +23,9 @@ Every run leaves scored.csv; its AUC top-10 (budget N, freq 100, padded to the
 budget) is computed here by molgen.pmo, its wall time measured here, and both
 cached in the run's bench.json: --resume skips a run that has one and
 continues an unfinished molgen run with `molgen optimize --resume`
-(--resume-args: what such a resume may change, e.g. '--patience 0' to take
-a run the patience stop ended on to the budget). --jobs
+(--resume-args: what such a resume may change; with --patience in it, a run
+the patience stop ended goes on too, e.g. '--patience 0' to the budget, its
+seconds added to the stopped run's). --jobs
 runs in parallel (2 cores: 2 jobs x 1 thread; each job's scorer is a second
 process that waits while molgen computes). --quick: --budget 1000 --tasks
 qed,albuterol_similarity. The table: per task the mean +- sd over seeds (sd
@@ -199,11 +200,18 @@ def run_prior(a, task, seed, d):
 def one_run(a, engine, task, seed):
     d = run_dir(a, engine, task, seed)
     res_path = os.path.join(d, "bench.json")
+    prev = 0.0
     if a.resume and os.path.exists(res_path):
         with open(res_path) as f:
-            return json.load(f)
+            done = json.load(f)
+        # a run the patience stop ended goes on when --resume-args changes
+        # --patience; its seconds so far carry over
+        if not (engine == "molgen" and done.get("stop") == "patience" and
+                "--patience" in a.resume_args.split()):
+            return done
+        prev = float(done["wall_s"])
+        os.remove(res_path)
     say("start %s %s seed %d (budget %d)" % (engine, task, seed, a.budget))
-    prev = 0.0
     if a.resume and engine == "molgen" and os.path.exists(os.path.join(d, "bench.partial")):
         prev = float(open(os.path.join(d, "bench.partial")).read() or 0)
     t0 = time.perf_counter()

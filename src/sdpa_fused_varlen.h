@@ -174,7 +174,7 @@ static attn_status varlen_backward(const kctx *c0, const attn_fused_call *call, 
     unsigned char *ok = malloc((size_t)(Hk * total) + 1);
     if (!ok) {
         free(first), free(ord), free(sq);
-        return varlen_nomem(err, n);
+        return attn_fail(err, ATTN_ERR_NOMEM, "out of memory for the keys' finite flags");
     }
     kv_finite(call->k, call->v, 1, Hk, total, pr->Dk, pr->Dv, pr->threads, ok);
     int64_t maxk = 0;

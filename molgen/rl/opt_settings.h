@@ -138,8 +138,9 @@ typedef struct mg_opt mg_opt;
     X(collapse_share, collapse_share, F64, "collapse-share", "X", 0.02, 0, 1, MG_CLOSED, SAME,     \
       "the share of --collapse-steps")                                                             \
     /* GROW: it decides when the run ends, never what a step does, so a    \
-     * run it stopped resumes with another K (0: on to the budget) as the   \
-     * uninterrupted run with that K, bit for bit */                        \
+     * run it stopped, resumed with 0, goes on to the budget as the run     \
+     * without the stop, bit for bit (with another K > 0 it takes at least  \
+     * one step more before the stop is checked) */                         \
     X(patience, patience, INT, "patience", "K", 0, 0, 1000000000, MG_CLOSED, GROW,                 \
       "convergence stop (mol_opt's REINVENT): past 1,000 calls, K consecutive steps that leave "   \
       "the mean of the 100 best scores unchanged (0: never)")                                      \
