@@ -215,7 +215,7 @@ mg_status mg_opt_options_from_json(const json_t *j, mg_opt_opts *p, mg_error *er
          * and then read as what those runs did (NULL: the default) */
         static const struct { const char *key, *then; } later[] = {
             {"helper", NULL},      {"ga_offspring", NULL},       {"ga_mutation", NULL},
-            {"rank_coef", NULL},   {"constrain_method", "mask"},
+            {"rank_coef", NULL},   {"constrain_method", "mask"}, {"replay_loops", NULL},
         };
         size_t k = 0;
         while (k < sizeof later / sizeof *later && strcmp(t->row.key, later[k].key)) k++;
@@ -425,7 +425,8 @@ static mg_status restore_tensors(mg_opt *o, mg_st_file *f, const json_t *j, mg_e
     if (!rc && (!json_is_integer(js) || !json_is_integer(ja) || !json_is_integer(jc) ||
                 !json_is_integer(jp) || o->plateau_run < 0 || o->plateau_run > o->step ||
                 o->step < 0 || o->step > ((int64_t)1 << 40) || o->adam.step < 0 ||
-                o->adam.step > o->step * (1 + o->op.aug_rounds) || o->collapse_run < 0 ||
+                o->adam.step > o->step * (1 + o->op.aug_rounds + o->op.replay_loops) ||
+                o->collapse_run < 0 ||
                 o->collapse_run > o->step))
         rc = mg_fail(err, MG_ERR_FORMAT, "the step counters (step %lld, Adam step %lld) are "
                      "malformed", (long long)o->step, (long long)o->adam.step);

@@ -83,6 +83,8 @@ mg_status mg_opt_opts_check(const mg_opt_opts *o, mg_error *err) {
     if (o->replay > o->memory)
         return mg_fail(err, MG_ERR_ARG, "replay %d must be in [0, memory %d]", o->replay,
                        o->memory);
+    if (o->replay_loops > 0 && o->replay == 0)
+        return mg_fail(err, MG_ERR_ARG, "replay loops need replayed molecules (--replay > 0)");
     if (o->aug_rounds > 0 && o->memory == 0)
         return mg_fail(err, MG_ERR_ARG, "augmented memory needs a memory (--memory > 0)");
     if (o->ga_offspring > 0 && !o->helper)

@@ -112,6 +112,11 @@ typedef struct mg_opt mg_opt;
       "inception memory: the N best molecules")                                                    \
     X(replay, replay, INT, "replay", "N", 10, 0, 1000, MG_CLOSED, SAME,                            \
       "memory molecules replayed per step (at most --memory)")                                     \
+    /* Genetic GFN's experience loop (its PMO settings: 8 loops of 64 from  \
+     * a memory of 1,024, drawn by rank) */                                 \
+    X(replay_loops, replay_loops, INT, "replay-loops", "L", 0, 0, 100, MG_CLOSED, SAME,            \
+      "L more updates per step, each on --replay molecules drawn afresh from the memory (by rank " \
+      "with --rank-coef) with their stored prior NLLs (0: off; needs --replay > 0)")               \
     X(augmented_memory, aug_rounds, INT, "augmented-memory", "K", 0, 0, 100, MG_CLOSED, SAME,      \
       "Augmented Memory: K more updates per step on the memory spelled as randomized SMILES (the " \
       "scorer's !randomize; 0: off; needs --memory > 0)")                                          \

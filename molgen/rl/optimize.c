@@ -487,6 +487,25 @@ static void draw_ranked(mg_rng *rng, int n, double coef, int k, int *out) {
     }
 }
 
+/* min(--replay, memory) distinct entries of the memory into idx: by rank
+ * with --rank-coef, else alike (a partial shuffle, the runs before
+ * --rank-coef); returns how many. */
+static int draw_memory(const mg_opt *o, mg_rng *rng, int *idx) {
+    const int nm = o->nmem < 1024 ? o->nmem : 1024, k = o->op.replay < nm ? o->op.replay : nm;
+    if (o->op.rank_coef > 0) {
+        draw_ranked(rng, nm, o->op.rank_coef, k, idx);
+        return k;
+    }
+    for (int r = 0; r < nm; r++) idx[r] = r;
+    for (int r = 0; r < k; r++) {
+        const int j = r + (int)(mg_rng_next(rng) % (uint64_t)(nm - r));
+        const int t = idx[r];
+        idx[r] = idx[j];
+        idx[j] = t;
+    }
+    return k;
+}
+
 /* The GA's children of the step (rows [nb, B)): --ga-offspring pairs of
  * distinct memory molecules drawn by rank (a stream of the step), each
  * pair's child from the helper (NULL where none passed its checks). */
@@ -558,19 +577,7 @@ static mg_status prepare(mg_opt *o, step_work *w, mg_error *err) {
     mg_rng rng;
     mg_rng_seed(&rng, o->op.seed, 0x1000000000ull + (uint64_t)o->step);
     int idx[1024];
-    const int nm = o->nmem < 1024 ? o->nmem : 1024;
-    w->nreplay = o->op.replay < nm ? o->op.replay : nm;
-    if (o->op.rank_coef > 0) {
-        draw_ranked(&rng, nm, o->op.rank_coef, w->nreplay, idx);
-    } else { /* alike: a partial shuffle (the runs before --rank-coef) */
-        for (int k = 0; k < nm; k++) idx[k] = k;
-        for (int k = 0; k < w->nreplay; k++) {
-            const int j = k + (int)(mg_rng_next(&rng) % (uint64_t)(nm - k));
-            const int t = idx[k];
-            idx[k] = idx[j];
-            idx[j] = t;
-        }
-    }
+    w->nreplay = draw_memory(o, &rng, idx);
     for (int k = 0; k < w->nreplay; k++) {
         w->rmol[k] = o->mem[idx[k]].mol;
         w->rscore[k] = o->mem[idx[k]].score;
@@ -646,6 +653,37 @@ static mg_status aug_rounds(mg_opt *o, step_work *w, mg_error *err) {
     }
     free(sc);
     free(use);
+    return rc;
+}
+
+/* Genetic GFN's experience loop: --replay-loops more updates on the
+ * committed memory, each on rows [0, R) of R entries drawn afresh (a stream
+ * of the step and loop) with their stored prior NLLs and scores. */
+static mg_status replay_loops(mg_opt *o, mg_error *err) {
+    mg_status rc = MG_OK;
+    for (int l = 0; !rc && l < o->op.replay_loops; l++) {
+        mg_rng rng;
+        mg_rng_seed(&rng, o->op.seed, 0x2000000000ull + (uint64_t)o->step * 128u + (uint64_t)l);
+        int idx[1024];
+        double sc[1024];
+        unsigned char use[1024];
+        const int R = draw_memory(o, &rng, idx);
+        if (!R) break;
+        for (int k = 0; k < R; k++) {
+            const opt_mol *m = &o->mols[o->mem[idx[k]].mol];
+            if (!mg_opt_encode_row(o, k, m->smiles))
+                return mg_fail(err, MG_ERR_STATE, "memory molecule '%s' cannot be encoded",
+                               m->smiles);
+            o->pnll[k] = m->prior_nll;
+            sc[k] = o->mem[idx[k]].score;
+            use[k] = 1;
+        }
+        size_t a, b; /* this rank's rows */
+        mg_dist_range((size_t)R, o->d->rank, o->d->size, &a, &b);
+        double loss;
+        rc = agreed(o, mg_opt_rows_nll(o, o->agent, (int)a, (int)(b - a), o->anll + a, err), err);
+        if (!rc) rc = mg_opt_dap_update(o, R, sc, use, &loss, err);
+    }
     return rc;
 }
 
@@ -735,6 +773,7 @@ static mg_status step_once(mg_opt *o, mg_opt_progress *pg, mg_error *err) {
     if (!rc) rc = mg_opt_dap_update(o, N, s2, use, &loss, err);
     if (!rc) rc = dump_step(o, &w, N, s2, use, loss, err);
     if (!rc) rc = aug_rounds(o, &w, err);
+    if (!rc) rc = replay_loops(o, err);
     aug_free(&w, o->op.aug_rounds);
     work_free(&w);
     if (rc) return rc;

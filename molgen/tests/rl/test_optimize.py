@@ -487,6 +487,26 @@ def test_agent_samples_do_not_derail(tmp_path, scorer, seed):
     assert largest(tmp_path / "mask", "--constrain-method", "mask") > 2 * ZINC_MAX_HEAVY
 
 
+def test_replay_loops(tmp_path, scorer, straight):
+    """--replay-loops L (Genetic GFN's experience loop): L more Adam updates
+    per step on memory molecules, after the step's own. The first batch is
+    the run without loops' (the loops come after it), the second is not (the
+    agent moved); the state counts 1 + L updates a step; a run stopped and
+    resumed is the straight run, bit for bit."""
+    a, b = tmp_path / "loops", tmp_path / "cut"
+    optimize(a, scorer, *RUN, "--replay-loops", 3)
+    rows, plain = read_scored(a), read_scored(straight)
+    first = lambda rs, k: [r["smiles"] for r in rs if r["step"] == str(k)]
+    assert first(rows, 0) == first(plain, 0) and first(rows, 1) != first(plain, 1)
+    ck = json.loads(read_meta(a / "agent.safetensors")["optimize"])
+    assert ck["adam_step"] == 4 * ck["step"] and ck["options"]["replay_loops"] == 3
+    optimize(b, scorer, *RUN, "--replay-loops", 3, "--stop-after", 5)
+    resume(b, scorer)
+    same_run(b, a)
+    r = optimize(tmp_path / "bad", scorer, "--replay", 0, "--replay-loops", 2, check=False)
+    assert r.returncode != 0 and "replay loops need replayed molecules" in r.stderr, r.stderr
+
+
 @pytest.mark.parametrize("mode,words", [
     ("garbage", ["'oops not a number'", "does not start with a number"]),
     ("inf", ["'inf'", "outside [0, 1]"]),
