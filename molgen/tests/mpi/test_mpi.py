@@ -459,8 +459,8 @@ def test_usage_error_said_once_refused(model):
 # shipped prior, budget 200, batch 16, a scorer written here (the share of
 # nitrogen atoms, RDKit; !randomize seeded, as molgen.scoring's); each
 # rank's scorer logs the molecules it was sent to LOG.<rank> and exits 3 at
-# its AT-th molecule on rank FAULT_RANK. --augmented-memory 1: its rows are
-# split over the ranks too.
+# its AT-th molecule on rank FAULT_RANK. --augmented-memory 1 and
+# --replay-loops 2: their rows are split over the ranks too.
 OPT_PRIOR = os.path.join(REPO, "models", "molgen-moses.safetensors")
 OPT_SCORER = r'''
 import os, sys
@@ -497,7 +497,8 @@ OPT_NLL_RTOL = 1e-5
 
 def opt_args(scorer, out, *more):
     return (["optimize", "--prior", OPT_PRIOR, "--scorer", scorer, "--budget", "200", "--batch",
-             "16", "--seed", "5", "--augmented-memory", "1", "--threads", "1", "--out", str(out)] + [str(m) for m in more])
+             "16", "--seed", "5", "--augmented-memory", "1", "--replay-loops", "2", "--threads", "1",
+             "--out", str(out)] + [str(m) for m in more])
 
 
 def opt_rows(out):
