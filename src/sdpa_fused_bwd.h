@@ -195,10 +195,10 @@ static void bwd_block(const kctx *c, const attn_fused_call *call, const bctx *bc
     qblock qb;
     prep_qblock(c, bc, w, b, h, i0, nq, &qb);
     if (dq) memset(dq, 0, (size_t)(nq * c->dkp) * sizeof(float));
+    const unsigned char *kv_ok = bc->kv_ok + (b * pr->Hkv + KVH(pr, h)) * bc->kv_ld;
     for (int64_t t = t0; t < t1; t++) {
         const int64_t j0 = imax(t * FK, hlo), j1 = imin((t + 1) * FK, hhi);
-        bwd_tile(c, &qb, w, b, h, j0, j1 - j0, bc->kv_ok + (b * pr->Hkv + KVH(pr, h)) * bc->kv_ld + j0,
-                 dka ? dka + (j0 - g0) * c->dkp : NULL,
+        bwd_tile(c, &qb, w, b, h, j0, j1 - j0, kv_ok + j0, dka ? dka + (j0 - g0) * c->dkp : NULL,
                  dva ? dva + (j0 - g0) * c->dvp : NULL, dq);
     }
     if (dq) write_rows(call->dq, b, h, i0, nq, pr->Dk, dq, c->dkp);
