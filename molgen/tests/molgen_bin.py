@@ -2,6 +2,7 @@
 ($MOLGEN_BIN, else <dir of $ATTN_LIBRARY>/molgen/molgen (set by `make
 test-python`), else build/molgen/molgen) and small data files cut from the
 shipped sample data/moses_20k.smi."""
+import importlib.util
 import os
 import subprocess
 
@@ -9,6 +10,15 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DATA20K = os.path.join(REPO, "data", "moses_20k.smi")
+
+
+def load_file(name, path):
+    """The Python file at path (a script of bench/ or tools/, another test
+    file) imported as module `name`."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def first_molecules(n):

@@ -30,7 +30,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
 MODEL = os.path.join(REPO, "models", "molgen-moses.safetensors")
 DATA = os.path.join(REPO, "data", "moses_20k.smi")
 
-from molgen_bin import molgen_binary  # noqa: E402
+from molgen_bin import load_file, molgen_binary  # noqa: E402
 
 BOUND = 2.0 ** -7
 
@@ -57,12 +57,7 @@ def bf16_twin_module():
     """The bf16-rounded PyTorch twin (twin(cfg, rounded)) of
     train/test_bf16_train_twin.py, loaded from its file: that folder is not
     on sys.path when this file runs alone."""
-    import importlib.util
-    path = os.path.join(HERE, "..", "train", "test_bf16_train_twin.py")
-    spec = importlib.util.spec_from_file_location("bf16_train_twin", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_file("bf16_train_twin", os.path.join(HERE, "..", "train", "test_bf16_train_twin.py"))
 
 
 def test_bf16_nll_within_bf16_rounding_of_fp32(tmp_path):

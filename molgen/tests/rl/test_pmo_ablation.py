@@ -2,19 +2,14 @@
 (differences and sums by hand) and --svg draws one chart per task with both
 runs' AUCs, worked out here from PMO's rule (a stopped run's last top-10
 carried to the budget)."""
-import importlib.util
 import json
 import os
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from molgen_bin import REPO, load_file
 
 
 def load():
-    spec = importlib.util.spec_from_file_location(
-        "bench_pmo_ablation", os.path.join(REPO, "bench", "pmo_ablation.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_file("bench_pmo_ablation", os.path.join(REPO, "bench", "pmo_ablation.py"))
 
 
 def make_run(root, task, auc, score, calls, stop):

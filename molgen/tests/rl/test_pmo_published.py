@@ -3,18 +3,14 @@ up to the 23-task sum its source prints (a transcription check: one value
 copied wrong moves the sum), the 20 tasks of the table are PMO's 23 less the
 three sklearn-model oracles, and --published puts the columns and their
 20-task sums in the table."""
-import importlib.util
 import os
 import types
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from molgen_bin import REPO, load_file
 
 
 def load_pmo():
-    spec = importlib.util.spec_from_file_location("bench_pmo", os.path.join(REPO, "bench", "pmo.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_file("bench_pmo", os.path.join(REPO, "bench", "pmo.py"))
 
 
 def test_sums_match_the_sources():

@@ -4,19 +4,16 @@ in a code span exists, and every test file they name alone is one of the
 tree's. The oracle is the file system: the docs as they are pass, and a
 page planted in a scratch tree fails on exactly the paths that tree lacks."""
 import glob
-import importlib.util
 import os
+
+from molgen_bin import load_file
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
 
 
 def doctest_blocks():
-    spec = importlib.util.spec_from_file_location(
-        "doctest_blocks", os.path.join(REPO, "tools", "doctest_blocks.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_file("doctest_blocks", os.path.join(REPO, "tools", "doctest_blocks.py"))
 
 
 def test_docs_name_only_existing_paths():

@@ -7,8 +7,9 @@ include "score" and an option ("--model", ...), as every command line of
 these tests is written."""
 import ast
 import glob
-import importlib.util
 import os
+
+from molgen_bin import load_file
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TESTS = os.path.dirname(HERE)
@@ -41,10 +42,7 @@ def score_tests(path):
 
 
 def test_every_score_test_is_in_gen_or_listed():
-    spec = importlib.util.spec_from_file_location("score_tests_index",
-                                                  os.path.join(TESTS, "gen", "test_score.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_file("score_tests_index", os.path.join(TESTS, "gen", "test_score.py"))
     found, here = set(), set()
     for path in sorted(glob.glob(os.path.join(TESTS, "**", "test_*.py"), recursive=True)):
         rel = os.path.relpath(path, TESTS)
