@@ -8,6 +8,10 @@
  * beside them as the common reference.
  * SGEMM_CLOCK=cpu times by the process's CPU time instead of the wall clock
  * (steadier on a shared machine; with 1 thread only: it sums the threads).
+ * "micro-kernel alone" is the best row's micro-kernel over one packed
+ * block pair (A: MC x KC, B: KC x NC, the kernel's blocking capped at the
+ * problem, whole tiles only), the driver's loop order without its packing
+ * and with C's block written in place: the ceiling the driver works under.
  * BLIS and oneDNN are opened with dlopen (RTLD_LOCAL: BLIS's BLAS symbols
  * would clash with OpenBLAS's); a missing one is skipped. Built and run by
  * bench/sgemm_candidates.sh. */
@@ -51,7 +55,13 @@ static double now(void) {
 
 enum { MAXC = 16 };
 static const char *g_names[MAXC];
-static int g_kinds[MAXC]; /* 0: attn row (g_rows), 1 OpenBLAS, 2 BLIS, 3 oneDNN */
+static int g_kinds[MAXC]; /* 0: attn row (g_rows), 1 OpenBLAS, 2 BLIS, 3 oneDNN, 4 micro-kernel */
+static double g_flops[MAXC]; /* per call */
+/* the micro-kernel alone: its kernel, packed blocks [np][kc][mr] and
+ * [nq][kc][nr] */
+static const attn_sgemm_kernel *g_uk;
+static float *g_ukA, *g_ukB;
+static int64_t g_uk_kc, g_uk_np, g_uk_nq;
 static const char *g_rows[MAXC];
 static int64_t g_blocks[MAXC][3]; /* attn rows: blocking (0: the kernel's) */
 static int g_nc;
@@ -81,6 +91,14 @@ static void run(int c) {
         omp_set_num_threads(g_threads);
         g_dnnl('N', 'N', m, n, k, 1.0f, g_A, k, g_B, n, 0.0f, g_C, n);
         break;
+    case 4: {
+        const int64_t mr = g_uk->mr, nr = g_uk->nr, kc = g_uk_kc;
+        for (int64_t q = 0; q < g_uk_nq; q++)
+            for (int64_t p = 0; p < g_uk_np; p++)
+                g_uk->ukr(kc, g_ukA + p * mr * kc, g_ukB + q * nr * kc, g_C + p * mr * n + q * nr, n,
+                          1.0f, 0.0f, 1);
+        break;
+    }
     }
 }
 
@@ -126,6 +144,26 @@ int main(int argc, char **argv) {
         snprintf(names[g_nc], sizeof names[0], "attn %s", row);
         g_names[g_nc] = names[g_nc], g_kinds[g_nc] = 0, g_rows[g_nc++] = row;
     }
+    if (!by_blocks && g_threads == 1 && g_nc > 0) {
+        /* the best row's micro-kernel alone (one thread: the driver's
+         * threads share out these tiles) */
+        setenv("ATTN_FUSED_ISA", g_rows[0], 1);
+        attn_test_reload_env();
+        g_uk = attn_sgemm_kernel_active();
+        const int64_t mr = g_uk->mr, nr = g_uk->nr;
+        g_uk_kc = k < g_uk->kc ? k : g_uk->kc;
+        g_uk_np = (m < g_uk->mc ? m : g_uk->mc) / mr, g_uk_nq = (n < g_uk->nc ? n : g_uk->nc) / nr;
+        g_ukA = aligned_alloc(64, ((size_t)(g_uk_np * mr * g_uk_kc) * sizeof(float) + 63) / 64 * 64);
+        g_ukB = aligned_alloc(64, ((size_t)(g_uk_nq * nr * g_uk_kc) * sizeof(float) + 63) / 64 * 64);
+        if (g_uk_np > 0 && g_uk_nq > 0 && g_ukA && g_ukB) {
+            g_uk->pack_a(A, k, 0, 0, g_uk_np * mr, 0, g_uk_kc, 0, g_uk_np, g_ukA);
+            g_uk->pack_b(B, n, 0, 0, g_uk_kc, 0, g_uk_nq * nr, 0, g_uk_nq, g_ukB);
+            static char ukname[48];
+            snprintf(ukname, sizeof ukname, "attn %s micro-kernel alone", g_rows[0]);
+            g_flops[g_nc] = 2.0 * (double)(g_uk_np * mr) * (double)(g_uk_nq * nr) * (double)g_uk_kc;
+            g_names[g_nc] = ukname, g_kinds[g_nc++] = 4;
+        }
+    }
     static char obname[64];
     snprintf(obname, sizeof obname, "OpenBLAS (%s)", openblas_get_corename());
     g_names[g_nc] = obname, g_kinds[g_nc++] = 1;
@@ -163,12 +201,12 @@ int main(int argc, char **argv) {
     for (int c = 0; c < g_nc; c++) {
         qsort(t[c], (size_t)rounds, sizeof(double), cmp);
         const double med = t[c][rounds / 2];
-        const double g = 2.0 * m * n * k / med * 1e-9;
+        const double g = (g_flops[c] > 0 ? g_flops[c] : 2.0 * m * n * k) / med * 1e-9;
         if (no_peak)
             printf("  %-34s %8.1f GFLOP/s\n", g_names[c], g);
         else
             printf("  %-34s %8.1f GFLOP/s  %5.1f %% of peak\n", g_names[c], g, 100.0 * g / peak);
     }
-    free(A), free(B), free(g_C);
+    free(A), free(B), free(g_C), free(g_ukA), free(g_ukB);
     return 0;
 }
