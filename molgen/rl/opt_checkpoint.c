@@ -216,6 +216,7 @@ mg_status mg_opt_options_from_json(const json_t *j, mg_opt_opts *p, mg_error *er
         static const struct { const char *key, *then; } later[] = {
             {"helper", NULL},      {"ga_offspring", NULL},       {"ga_mutation", NULL},
             {"rank_coef", NULL},   {"constrain_method", "mask"}, {"replay_loops", NULL},
+            {"ga_pool", NULL},
         };
         size_t k = 0;
         while (k < sizeof later / sizeof *later && strcmp(t->row.key, later[k].key)) k++;

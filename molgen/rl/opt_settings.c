@@ -91,7 +91,10 @@ mg_status mg_opt_opts_check(const mg_opt_opts *o, mg_error *err) {
         return mg_fail(err, MG_ERR_ARG,
                        "ga-offspring needs molgen's chemistry helper (--helper on): the GA runs "
                        "there, not in the scorer");
-    if (o->ga_offspring > 0 && o->memory < 2)
-        return mg_fail(err, MG_ERR_ARG, "ga-offspring needs a memory of 2 or more (--memory)");
+    if (o->ga_offspring > 0 && o->ga_pool == 0 && o->memory < 2)
+        return mg_fail(err, MG_ERR_ARG, "ga-offspring needs a memory of 2 or more (--memory) or a pool "
+                       "(--ga-pool)");
+    if (o->ga_pool == 1)
+        return mg_fail(err, MG_ERR_ARG, "ga-pool 1: a child needs two distinct parents (0 or 2+)");
     return MG_OK;
 }

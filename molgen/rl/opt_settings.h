@@ -133,6 +133,10 @@ typedef struct mg_opt mg_opt;
       "spend budget) and trained on (0: off; needs --helper on and --memory >= 2)")                \
     X(ga_mutation, ga_mutation, F64, "ga-mutation", "X", 0.01, 0, 1, MG_CLOSED, SAME,              \
       "the GA's mutation rate per child")                                                          \
+    /* 1,024: draw_ranked's bound, and Genetic GFN's pool (its num_keep) */ \
+    X(ga_pool, ga_pool, INT, "ga-pool", "N", 0, 0, 1024, MG_CLOSED, SAME,                          \
+      "the GA's parents drawn (by --rank-coef) from the N best molecules scored so far, as "       \
+      "Genetic GFN draws them from its 1,024 best, instead of from the memory (0: the memory)")    \
     /* Tripp et al.'s rank weights, as Genetic GFN's replay and GA parents */ \
     X(rank_coef, rank_coef, F64, "rank-coef", "X", 0, 0, 1e6, MG_CLOSED, SAME,                     \
       "rank-based draws of replayed molecules and GA parents: the memory's r-th best (r from 0) "  \

@@ -128,6 +128,30 @@ def test_ga_children_are_scored_and_trained_on(tmp_path, plain):
     assert s["options"]["ga_offspring"] == 8 and s["options"]["helper"] == "on"
 
 
+def test_ga_parents_come_from_the_pool_without_a_memory(tmp_path, plain):
+    """--ga-pool N: parents from the N best molecules scored so far. With no
+    memory at all (--memory 0) the memory's path has no parents, so children
+    show that the pool supplied them; resume with it is bit for bit."""
+    run = ("--budget", 160, "--batch", 16, "--seed", 5, "--save-every", 2, "--helper", "on",
+           "--ga-offspring", 6, "--ga-pool", 32, "--rank-coef", 0.01, "--memory", 0, "--replay", 0)
+    d = tmp_path / "run"
+    optimize(d, plain, *run)
+    rows = read_scored(d)
+    ga = [r for r in rows if r["source"] == "ga"]
+    assert len(rows) == 160 and ga, "no children: the pool gave no parents"
+    assert min(int(r["step"]) for r in ga) >= 1  # step 0 has nothing scored yet
+    for r in ga:
+        assert canon(r["smiles"]) == r["canonical"] == r["smiles"], r
+    assert json.loads((d / "summary.json").read_text())["options"]["ga_pool"] == 32
+    e = tmp_path / "resumed"
+    r = optimize(e, plain, *run, "--stop-after", 3)
+    assert "stop: stop-after" in r.stderr
+    optimize(e, plain, resume=True)
+    same_run(e, d)
+    r = optimize(tmp_path / "one", plain, *run, "--ga-pool", 1, check=False)  # the last wins
+    assert r.returncode != 0 and "ga-pool 1" in r.stderr, r.stderr
+
+
 RUN = ("--budget", 200, "--batch", 16, "--seed", 3, "--save-every", 3, "--helper", "on",
        "--ga-offspring", 6, "--rank-coef", 0.01, "--memory", 20, "--replay", 4)
 
