@@ -135,6 +135,8 @@ def other_value(row, v):
     if row["kind"] == "WORD":
         words = row["arg"].split("|")[: int(row["hi"]) + 1]
         return words[(words.index(v) + 1) % len(words)]
+    if row["key"] == "ga_pool":  # 1 is refused inside the range: a child needs two parents
+        return 2 if v != 2 else 3
     if row["kind"] in ("INT", "I64", "INDEX"):
         return v + 1 if v + 1 <= row["hi"] else v - 1
     return v / 2 if v > 0 else (row["lo"] + row["hi"]) / 2
