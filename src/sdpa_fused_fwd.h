@@ -76,8 +76,16 @@ static int fwd_softmax_tile(const fblock *f, int64_t nk) {
     const int64_t nl = f->nl;
     for (int64_t vq = 0; vq < f->nvl; vq++) {
         const vf mold = v_load(f->m + vq * VL);
-        vf mx = mold;
-        for (int64_t j = 0; j < nk; j++) mx = v_max(v_load(f->S + j * nl + vq * VL), mx);
+        /* four chains: one max chain is bound by its latency */
+        vf m0 = mold, m1 = mold, m2 = mold, m3 = mold;
+        int64_t jm = 0;
+        for (; jm + 4 <= nk; jm += 4) {
+            const float *s = f->S + jm * nl + vq * VL;
+            m0 = v_max(v_load(s), m0), m1 = v_max(v_load(s + nl), m1);
+            m2 = v_max(v_load(s + 2 * nl), m2), m3 = v_max(v_load(s + 3 * nl), m3);
+        }
+        for (; jm < nk; jm++) m0 = v_max(v_load(f->S + jm * nl + vq * VL), m0);
+        const vf mx = v_max(v_max(m0, m1), v_max(m2, m3));
         const vf mu = v_zero_if_eq(mx, mx, kNegInf);
         const vf alpha = v_exp(v_sub(mold, mu));
         vf sum = v_zero();
