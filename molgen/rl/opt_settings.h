@@ -119,8 +119,9 @@ typedef struct mg_opt mg_opt;
       "L more updates per step, each on --replay molecules drawn afresh from the memory (by rank " \
       "with --rank-coef) with their stored prior NLLs (0: off; needs --replay > 0)")               \
     X(augmented_memory, aug_rounds, INT, "augmented-memory", "K", 0, 0, 100, MG_CLOSED, SAME,      \
-      "Augmented Memory: K more updates per step on the memory spelled as randomized SMILES (the " \
-      "scorer's !randomize; 0: off; needs --memory > 0)")                                          \
+      "Augmented Memory: K more updates per step on the memory spelled as randomized SMILES (by " \
+      "the chemistry helper with --helper on, else the scorer's !randomize; 0: off; needs "       \
+      "--memory > 0)")                                                                             \
     /* the chemistry helper (rl/chem_helper.h): off keeps a run that needs \
      * no RDKit beside molgen (REINVENT 4's defaults) */                      \
     X(helper, helper, WORD, "helper", "off|on", 0, 0, 1, MG_CLOSED, SAME,                          \

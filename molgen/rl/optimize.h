@@ -27,8 +27,9 @@
  *     (AdamW of optim.h: lr, betas 0.9/0.999, eps 1e-8, no weight decay, no
  *     clipping, constant rate);
  *  5. aug_rounds > 0 (Augmented Memory): that many more Adam steps, each on
- *     the memory's molecules spelled as randomized SMILES (the scorer's
- *     !randomize), their prior NLL recomputed for the spelling.
+ *     the memory's molecules spelled as randomized SMILES (the chemistry
+ *     helper's randomize with helper on, else the scorer's !randomize),
+ *     their prior NLL recomputed for the spelling.
  * All of a step's scorer traffic happens before any state changes, so a
  * scorer fault leaves the state of the step's start (saved: resumable, the
  * same step redone).
