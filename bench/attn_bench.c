@@ -4,7 +4,7 @@
  *   attn-bench [--threads N] [--impl reference|fused] [--case B,H,Lq,Lk,D,causal]...
  *              [--varlen N,H,Lmin,Lmax,D,causal]...
  *              [--reps N] [--json] [--clock wall|cpu] [--tile-gemm own|blas]
- *              [--kv-heads N] [--softcap C] [--alibi] [--sinks]
+ *              [--kv-heads N] [--softcap C] [--alibi] [--sinks] [--forward-only]
  *
  * --kv-heads N gives the --case (and suite) calls' k and v N heads
  * (grouped-query attention: N divides each case's H; 0, the default: H);
@@ -21,7 +21,8 @@
  * sgemm (single-threaded) instead of its own micro-kernel, to measure the
  * one against the other (a hook of src/internal.h; not in the library's API).
  *
- * Each case runs forward ("fwd") and backward ("bwd"): one warm-up call, then
+ * Each case runs forward ("fwd") and backward ("bwd"; not with --forward-only,
+ * which leaves a forward alone under a profiler): one warm-up call, then
  * the median of --reps (default 5) timed calls, or of more for short calls
  * (about 0.5 s worth, at most 51: steadier medians on a shared machine). GFLOP/s use the dense count
  * 4·B·H·Lq·Lk·D (fwd) and 10·B·H·Lq·Lk·D (bwd), also under a causal mask, so
@@ -90,6 +91,7 @@ static int g_bf16;         /* --dtype bf16: q, k, v in bfloat16 (params.dtype); 
 static int64_t g_kv_heads; /* --kv-heads: K/V heads of every case (0: its H) */
 static int64_t kv_heads(const bcase *c) { return g_kv_heads ? g_kv_heads : c->H; }
 static float g_softcap;            /* --softcap C: 0 off */
+static int g_no_bwd;               /* --forward-only: the cases' forwards alone (for profiles) */
 static int g_alibi, g_sinks;       /* --alibi, --sinks */
 static double timer_s(void) {
     if (!g_cpu_clock) return now_s();
@@ -284,6 +286,11 @@ static int run_case(const bcase *c, attn_impl impl, int threads, int reps, doubl
     res.peak_frac = res.gflops / peak;
     res.rss_mb = peak_rss_mb();
     emit(&res, json, peak);
+    if (g_no_bwd) {
+        free(ts), free(q), free(k), free(v), free(o), free(lse), free(qb), free(kb), free(vb);
+        free(slopes), free(sinks), free(d_sinks);
+        return 0;
+    }
 
     /* backward (out and lse from the last forward) */
     float *go = alloc_fill(nq, 6), *dq = alloc_fill(nq, 7), *dk = alloc_fill(nk, 8),
@@ -482,7 +489,7 @@ static void usage(void) {
             "                  [--clock wall|cpu] [--tile-gemm own|blas] [--dtype f32|bf16]\n"
             "                  [--case B,H,Lq,Lk,D,causal]...   (causal: 0/1 or no/yes)\n"
             "                  [--varlen N,H,Lmin,Lmax,D,causal]... [--kv-heads N]\n"
-            "                  [--softcap C] [--alibi] [--sinks]\n");
+            "                  [--softcap C] [--alibi] [--sinks] [--forward-only]\n");
 }
 
 int main(int argc, char **argv) {
@@ -495,6 +502,8 @@ int main(int argc, char **argv) {
         const char *a = argv[i];
         if (!strcmp(a, "--json")) {
             json = 1;
+        } else if (!strcmp(a, "--forward-only")) {
+            g_no_bwd = 1;
         } else if (!strcmp(a, "--threads") && i + 1 < argc) {
             threads = atoi(argv[++i]);
             if (threads < 1) return usage(), 2;
