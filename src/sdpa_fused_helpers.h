@@ -188,24 +188,39 @@ static inline void copy_row(float *dst, const float *src, int64_t stride, int64_
 }
 
 /* Transposed copy of rows [l0, l0 + n) of a (b, h) slice: dst[d][i] (ld),
- * lanes [n, rup(n, VL)) zero (ld may hold other heads' lanes after them). VL x VL blocks go through registers when the rows are
- * contiguous and evenly spaced (any row stride: B, H, L strides are fixed). */
+ * lanes [n, rup(n, VL)) zero (ld may hold other heads' lanes after them).
+ * When the rows are contiguous and evenly spaced (any row stride: B, H, L
+ * strides are fixed), VL x VL blocks go through registers, the last rows'
+ * (fewer than VL: a molecule's 54 rows end in 6) through a zero-padded
+ * VL x VL copy, which also writes the padding lanes (element by element
+ * they were most of the packing's time in a training step, perf). */
 static void pack_transposed(float *dst, int64_t ld, const attn_tensor *t, int64_t b, int64_t h,
                             int64_t l0, int64_t n, int64_t D) {
     const int64_t sd = t->stride[3], sl = t->stride[2];
-    int64_t nb = 0, db = 0; /* rows / columns covered by whole blocks */
+    int64_t nr = 0, db = 0; /* rows / columns done through blocks */
     if (sd == 1) {
-        nb = n / VL * VL, db = D / VL * VL;
+        const int64_t nb = n / VL * VL;
+        db = D / VL * VL;
         const float *base = row_of(t, b, h, l0);
         for (int64_t i = 0; i < nb; i += VL)
             for (int64_t d = 0; d < db; d += VL)
                 v_transpose_block(base + i * sl + d, sl, dst + d * ld + i, ld);
+        if (nb < n) {
+            _Alignas(64) float stage[VL * VL];
+            memset(stage, 0, sizeof stage);
+            for (int64_t d = 0; d < db; d += VL) {
+                for (int64_t i = nb; i < n; i++)
+                    memcpy(stage + (i - nb) * VL, base + i * sl + d, VL * sizeof(float));
+                v_transpose_block(stage, VL, dst + d * ld + nb, ld);
+            }
+        }
+        nr = n;
     }
     for (int64_t i = 0; i < n; i++) {
         const float *r = row_of(t, b, h, l0 + i);
-        for (int64_t d = i < nb ? db : 0; d < D; d++) dst[d * ld + i] = r[d * sd];
+        for (int64_t d = i < nr ? db : 0; d < D; d++) dst[d * ld + i] = r[d * sd];
     }
-    for (int64_t d = 0; d < D; d++)
+    for (int64_t d = nr ? db : 0; d < D; d++)
         for (int64_t i = n; i < rup(n, VL); i++) dst[d * ld + i] = 0.0f;
 }
 
