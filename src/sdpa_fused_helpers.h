@@ -245,19 +245,24 @@ static int rows_finite(const attn_tensor *t, int64_t b, int64_t h, int64_t l0, i
                        int64_t D) {
     const int64_t sd = t->stride[3];
     const vf z = v_zero();
-    vf acc = v_zero();
+    vf acc[4] = {z, z, z, z}; /* four chains: a whole head's rows at once is long */
     float sacc = 0.0f;
     for (int64_t i = 0; i < n; i++) {
         const float *r = row_of(t, b, h, l0 + i);
+        vf *a = acc + 2 * (i & 1);
         if (sd == 1) {
             int64_t d = 0;
-            for (; d + VL <= D; d += VL) acc = v_add(acc, v_mul(v_load(r + d), z));
-            if (d < D) acc = v_add(acc, v_mul(v_load_n(r + d, (int)(D - d)), z));
+            for (; d + 2 * VL <= D; d += 2 * VL) {
+                a[0] = v_add(a[0], v_mul(v_load(r + d), z));
+                a[1] = v_add(a[1], v_mul(v_load(r + d + VL), z));
+            }
+            for (; d + VL <= D; d += VL) a[0] = v_add(a[0], v_mul(v_load(r + d), z));
+            if (d < D) a[1] = v_add(a[1], v_mul(v_load_n(r + d, (int)(D - d)), z));
         } else {
             for (int64_t d = 0; d < D; d++) sacc += r[d * sd] * 0.0f;
         }
     }
-    return v_hsum(acc) + sacc == 0.0f;
+    return v_hsum(v_add(v_add(acc[0], acc[1]), v_add(acc[2], acc[3]))) + sacc == 0.0f;
 }
 
 static const float kNegInf = -INFINITY;
