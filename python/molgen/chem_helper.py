@@ -11,6 +11,7 @@ line per request, in order, flushed (TAB separates fields):
     canon<TAB>SMILES             -> RDKit's canonical isomeric SMILES (the
                                     budget and cache key, as PMO counts), or
                                     an empty line when RDKit cannot parse it
+                                    or cannot write it
     randomize<TAB>SEED<TAB>N<TAB>SMILES
                                  -> N randomized SMILES, TAB-separated (the
                                     same for the same SEED), or an empty line
@@ -21,6 +22,11 @@ line per request, in order, flushed (TAB separates fields):
                                     mutation rate RATE), empty where none
                                     passed the checks; the pairs' children
                                     depend on SEED and the pairs only
+
+RDKit raises on some molecules it has parsed (RuntimeError "Pre-condition
+Violation" from MolToSmiles, e.g. a stereo bond mark next to S(=O)=C): such
+a molecule gets the reply of one RDKit cannot parse (an empty line, an
+empty field for a pair), never a stopped helper.
 
 A request it cannot read (unknown verb, wrong field count, SEED not an
 integer >= 0, N outside 1..10000, RATE outside [0, 1]) is answered
@@ -56,8 +62,14 @@ def _canon(f):
     from rdkit import Chem
     if len(f) != 2:
         raise RequestError('canon wants 1 field SMILES; got %d' % (len(f) - 1))
-    m = Chem.MolFromSmiles(f[1].strip()) if f[1].strip() else None
-    return '' if m is None else Chem.MolToSmiles(m)
+    smiles = f[1].strip()
+    if not smiles:
+        return ''
+    try:
+        m = Chem.MolFromSmiles(smiles)
+        return '' if m is None else Chem.MolToSmiles(m)
+    except Exception:  # RDKit's pre-condition violations: see the docstring
+        return ''
 
 
 def _randomize(f):
@@ -66,7 +78,10 @@ def _randomize(f):
         raise RequestError('randomize wants 3 fields SEED, N, SMILES; got %d' % (len(f) - 1))
     seed = _int(f[1], 'SEED', 0, 2 ** 63 - 1)
     n = _int(f[2], 'N', 1, MAX_N)
-    out = randomized(f[3].strip(), n, seed)
+    try:
+        out = randomized(f[3].strip(), n, seed)
+    except Exception:  # RDKit's pre-condition violations: see the docstring
+        out = None
     return '' if out is None else '\t'.join(out)
 
 
@@ -90,7 +105,10 @@ def _offspring(f):
     out = []
     for i in range(0, len(parents), 2):
         rng = random.Random(seed * 1000003 + i // 2)
-        child = graph_ga.reproduce(parents[i].strip(), parents[i + 1].strip(), rng, rate)
+        try:
+            child = graph_ga.reproduce(parents[i].strip(), parents[i + 1].strip(), rng, rate)
+        except Exception:  # RDKit's pre-condition violations: see the docstring
+            child = None
         out.append(child or '')
     return '\t'.join(out)
 

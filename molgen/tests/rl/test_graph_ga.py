@@ -215,3 +215,30 @@ def test_helper_children_do_not_depend_on_other_pairs():
     b = 'offspring\t5\t0.2\t%s\t%s\tC1CC\tCCO' % (IMATINIB, LEUCINE)
     r = _session([a, b])
     assert r[1].split('\t')[0] == r[0]
+
+
+# A molecule RDKit parses and then refuses to write (MolToSmiles raises a
+# "Pre-condition Violation" RuntimeError in Canon.cpp): a sample of a PMO run
+# that stopped the helper, and with it the run, on 2026-12-07.
+UNWRITABLE = 'O=C(C([O-])=O)N/S(=O)=C(/C=C(\\[O-])Cl)C'
+
+
+def _writes(smi):
+    try:
+        return Chem.MolToSmiles(Chem.MolFromSmiles(smi))
+    except RuntimeError:
+        return None
+
+
+def test_helper_answers_a_molecule_rdkit_cannot_write():
+    expect = _writes(UNWRITABLE)   # None with the RDKit this was found with
+    r = _session(['canon\t' + UNWRITABLE,
+                  'randomize\t3\t4\t' + UNWRITABLE,
+                  'offspring\t9\t0.5\t%s\t%s\t%s\t%s' % (UNWRITABLE, LEUCINE, IMATINIB, LEUCINE),
+                  'canon\t' + LEUCINE])
+    assert r[0] == (expect or '')
+    if expect is None:
+        assert r[1] == ''
+    assert len(r[2].split('\t')) == 2      # one field per pair, the helper still up
+    _checked(r[2].split('\t')[1])          # the other pair's child is unaffected
+    assert r[3] == _writes(LEUCINE)        # and it answers the next request
