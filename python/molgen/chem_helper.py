@@ -78,10 +78,7 @@ def _randomize(f):
         raise RequestError('randomize wants 3 fields SEED, N, SMILES; got %d' % (len(f) - 1))
     seed = _int(f[1], 'SEED', 0, 2 ** 63 - 1)
     n = _int(f[2], 'N', 1, MAX_N)
-    try:
-        out = randomized(f[3].strip(), n, seed)
-    except Exception:  # RDKit's pre-condition violations: see the docstring
-        out = None
+    out = randomized(f[3].strip(), n, seed)  # None too where RDKit cannot write it
     return '' if out is None else '\t'.join(out)
 
 
@@ -107,7 +104,7 @@ def _offspring(f):
         rng = random.Random(seed * 1000003 + i // 2)
         try:
             child = graph_ga.reproduce(parents[i].strip(), parents[i + 1].strip(), rng, rate)
-        except Exception:  # RDKit's pre-condition violations: see the docstring
+        except Exception:  # the operators' RDKit edits: see the docstring
             child = None
         out.append(child or '')
     return '\t'.join(out)

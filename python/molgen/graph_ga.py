@@ -107,9 +107,13 @@ def finish(mol, max_heavy=MAX_HEAVY):
     # written, read back and written again: the string must parse (a rare
     # sanitized-but-unwritable valence state would otherwise reach the
     # scorer), and an edited molecule's first string is not always the
-    # canonical one of the molecule it spells
-    back = Chem.MolFromSmiles(Chem.MolToSmiles(m))
-    return Chem.MolToSmiles(back) if back is not None else None
+    # canonical one of the molecule it spells; RDKit also raises on some
+    # molecules it sanitized (a pre-condition violation in MolToSmiles)
+    try:
+        back = Chem.MolFromSmiles(Chem.MolToSmiles(m))
+        return Chem.MolToSmiles(back) if back is not None else None
+    except Exception:
+        return None
 
 
 def _pieces(mol, bond_ids):

@@ -286,13 +286,17 @@ def randomized(smiles, n, seed):
     """n randomized SMILES of a molecule (RDKit MolToRandomSmilesVect, the
     random atom orders of MolToSmiles(doRandom=True), seeded from `seed` so
     the same (smiles, n, seed) gives the same list in every run), or None if
-    the SMILES does not parse."""
+    the SMILES does not parse or RDKit cannot write it (MolToSmiles raises a
+    pre-condition violation on some molecules it parses)."""
     from rdkit import Chem
     m = _mol(smiles)
     if m is None:
         return None
-    # RDKit seeds only with a positive value (0 means unseeded)
-    return list(Chem.MolToRandomSmilesVect(m, n, randomSeed=seed % 2147483647 + 1))
+    try:
+        # RDKit seeds only with a positive value (0 means unseeded)
+        return list(Chem.MolToRandomSmilesVect(m, n, randomSeed=seed % 2147483647 + 1))
+    except Exception:
+        return None
 
 
 def format_number(x):
