@@ -42,7 +42,8 @@
  * tile into its thread's scratch just before use, rather than all of K and
  * V into a call-sized buffer first; when the heads spread evenly over the
  * threads (attn_fused_bwd_one_pass), a thread packs one head's tiles into
- * its scratch and runs all of that head's blocks. All per-thread scratch
+ * its scratch and takes that head's blocks one at a time, then helps with
+ * the head that has the most left. All per-thread scratch
  * is one allocation per call, sized for min(Lq, BQ) rows. A tile's scores
  * are computed only up to the block's last visible key, rounded up to 16. */
 #ifndef ATTN_SDPA_FUSED_BF16_H
@@ -290,10 +291,10 @@ static attn_status bf16_forward(const attn_fused_call *c, attn_error *err) {
     const int decode = pr->Lq <= BMR && c->q->stride[3] == 1 && c->k->stride[3] == 1 &&
                        c->v->stride[3] == 1;
     /* local: each tile packed before use (<= 2 blocks per head); head: all
-     * tiles of a K/V head packed into the thread's scratch, the blocks of
-     * its group's query heads on that thread (when the K/V heads spread
-     * evenly over the threads); else all K/V heads packed first, blocks
-     * spread over the threads. Each K/V tile is packed once per group. */
+     * tiles of a K/V head packed into the thread's scratch, its group's
+     * blocks taken one by one (when the K/V heads spread evenly over the
+     * threads); else all K/V heads packed first, blocks spread over the
+     * threads. Each K/V tile is packed once per group and thread using it. */
     const int local = !decode && nqb <= 2, head = !decode && !local && attn_fused_bwd_one_pass(pr);
     /* query heads per block (pack_gqa) */
     const int64_t P = decode ? 1 : attn_fused_gqa_pack(pr, bmin(BQ, pr->Lq), nqb);
@@ -328,7 +329,12 @@ static attn_status bf16_forward(const attn_fused_call *c, attn_error *err) {
                   n_vp = nt * (BK / 2) * dvp;
     const int64_t per = n_qd + n_S + n_pd + n_O + 3 * r16 + n_kp + n_vp; /* 4-byte words */
     uint32_t *all = aligned_alloc(64, (size_t)(per * T * 4));
-    if (!all) {
+    /* head: blocks taken so far of each K/V head (of nblk), heads claimed */
+    const int64_t nblk = G / P * nqb;
+    int64_t *next = head ? calloc((size_t)BHk, sizeof *next) : NULL, claimed = 0;
+    if (!all || (head && !next)) {
+        free(all);
+        free(next);
         free(KP);
         free(VP);
         return attn_fail(err, ATTN_ERR_NOMEM, "bf16 fused forward: out of memory");
@@ -357,15 +363,43 @@ static attn_status bf16_forward(const attn_fused_call *c, attn_error *err) {
                     bf16_decode(c, &w, dvp, kv / pr->Hkv, kv % pr->Hkv, g0, bmin(G, g0 + hpi));
             }
         } else if (head) {
-#pragma omp for schedule(dynamic)
-            for (int64_t x = 0; x < BHk; x++) {
+            /* A thread claims a K/V head, packs its tiles and takes its
+             * blocks one at a time (next[x]); with no head left unclaimed it
+             * packs the head with the most blocks left and takes blocks
+             * there too. So a thread that another process slows holds up
+             * one block at the end, not a head. */
+            int64_t have = -1;
+            for (;;) {
+                int64_t x;
+#pragma omp atomic capture
+                x = claimed++;
+                if (x >= BHk) { /* help where the most blocks are left */
+                    int64_t left = 0;
+                    x = -1;
+                    for (int64_t y = 0; y < BHk; y++) {
+                        int64_t n;
+#pragma omp atomic read
+                        n = next[y];
+                        if (nblk - n > left) left = nblk - n, x = y;
+                    }
+                    if (x < 0) break;
+                }
                 const int64_t b = x / pr->Hkv, hk = x % pr->Hkv;
-                for (int64_t t = 0; t < ntile; t++)
-                    pack_kv(pr, c->k, c->v, b, hk, t, np, dvp, w.kp + t * np * BK,
-                            w.vp + t * (BK / 2) * dvp);
-                for (int64_t h = hk * G; h < (hk + 1) * G; h += P)
-                    for (int64_t qb = 0; qb < nqb; qb++)
-                        bf16_block(c, &w, w.kp, w.vp, np, dvp, b, h, P, qb);
+                for (;;) {
+                    int64_t i;
+#pragma omp atomic capture
+                    i = next[x]++;
+                    if (i >= nblk) break;
+                    if (have != x) {
+                        for (int64_t t = 0; t < ntile; t++)
+                            pack_kv(pr, c->k, c->v, b, hk, t, np, dvp, w.kp + t * np * BK,
+                                    w.vp + t * (BK / 2) * dvp);
+                        have = x;
+                    }
+                    /* last query blocks first: the longest under a causal mask */
+                    bf16_block(c, &w, w.kp, w.vp, np, dvp, b, hk * G + i / nqb * P, P,
+                               nqb - 1 - i % nqb);
+                }
             }
         } else {
 #pragma omp for schedule(dynamic)
@@ -381,6 +415,7 @@ static attn_status bf16_forward(const attn_fused_call *c, attn_error *err) {
         attn_fp_leave(fpm);
     }
     free(all);
+    free(next);
     free(KP);
     free(VP);
     return ATTN_OK;

@@ -5,8 +5,8 @@
  * elements), for out and every gradient, on every instruction-set row the
  * CPU runs (the portable row forced too), the backward from an fp32 and
  * from a bf16 grad_out; the fused backward gives the same bits on 1 thread
- * (one pass per head) and 3 (two passes), the grouped-query forward on 1,
- * 2 and 3 threads; the reference path on bf16 equals
+ * (one pass per head) and 3 (two passes), the forward (grouped-query, and
+ * a head's blocks shared out) on 1, 2 and 3 threads; the reference path on bf16 equals
  * the fp32 reference on the converted values bitwise; bad dtypes refused. */
 #include "testutil.h"
 #include "internal.h"
@@ -267,12 +267,14 @@ static void test_threads(int64_t Lq) {
     free(x), free(out), free(lse), free(qkv);
 }
 
-/* Grouped-query forward (8 query heads on 1 K/V head): the thread count
- * decides how many query heads a block stacks, and the output must not
- * change with it: 1, 2 and 3 threads bitwise equal (Lq 20 and 40: query
- * blocks of whole and partial 16-row blocks, for the amx row). */
-static void test_gqa_threads(int64_t Lq) {
-    const int64_t B = 1, H = 8, Hkv = 1, L = 100, D = 64;
+/* The forward on 1, 2 and 3 threads gives the same bits. 8 query heads on
+ * 1 K/V head (Lq 20 and 40: query blocks of whole and partial 16-row
+ * blocks, for the amx row): the thread count decides how many query heads
+ * a block stacks. 4 on 2 over 300 queries, causal or not: a head's blocks
+ * on 1 and 2 threads (taken block by block, a thread done early packing
+ * the other's head to help), all heads packed first on 3. */
+static void test_gqa_threads(int64_t H, int64_t Hkv, int64_t Lq, int64_t L, int causal) {
+    const int64_t B = 1, D = 64;
     const size_t nq = (size_t)(B * H * Lq * D), nk = (size_t)(B * Hkv * L * D);
     tu_rng r = tu_seed(78);
     float *x = malloc((nq > nk ? nq : nk) * 4), *out[3];
@@ -285,6 +287,7 @@ static void test_gqa_threads(int64_t Lq) {
                 tv = attn_tensor_bhld_bf16(kv + nk, B, Hkv, L, D);
     attn_sdpa_params p = {0};
     p.dtype = ATTN_BF16, p.out_dtype = ATTN_F32, p.impl = ATTN_IMPL_FUSED;
+    p.causal = causal;
     attn_error e;
     for (int t = 0; t < 3; t++) {
         out[t] = malloc(nq * 4);
@@ -293,8 +296,9 @@ static void test_gqa_threads(int64_t Lq) {
         CHECK_OK(attn_sdpa_forward(&tq, &tk, &tv, &p, &to, NULL, NULL, NULL, &e), &e);
     }
     for (int t = 1; t < 3; t++)
-        CHECK(memcmp(out[0], out[t], nq * 4) == 0, "bf16 GQA forward, Lq %lld: %d threads differ "
-              "from 1", (long long)Lq, t + 1);
+        CHECK(memcmp(out[0], out[t], nq * 4) == 0, "bf16 forward, %lld heads on %lld, Lq %lld, "
+              "causal %d: %d threads differ from 1", (long long)H, (long long)Hkv, (long long)Lq,
+              causal, t + 1);
     for (int t = 0; t < 3; t++) free(out[t]);
     free(x), free(q), free(kv);
 }
@@ -323,7 +327,8 @@ int main(void) {
         attn_test_reload_env(); /* the library reads the environment once */
         for (int i = 0; i < ns; i++) run_shape(&shapes[i], ATTN_IMPL_FUSED, isa);
         test_threads(250), test_threads(40), test_threads(3);
-        test_gqa_threads(20), test_gqa_threads(40);
+        test_gqa_threads(8, 1, 20, 100, 0), test_gqa_threads(8, 1, 40, 100, 0);
+        test_gqa_threads(4, 2, 300, 300, 0), test_gqa_threads(4, 2, 300, 300, 1);
         report(isa);
     }
     return tu_report("test_sdpa_bf16");
