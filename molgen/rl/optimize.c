@@ -785,8 +785,14 @@ static mg_status step_once(mg_opt *o, mg_opt_progress *pg, mg_error *err) {
     const size_t nnew = w.nnew;
     const double top100 = mg_opt_top_mean(o, 100);
     if (!rc) rc = agreed(o, commit(o, &w, err), err); /* past here the step is the state's */
-    if (!rc) /* mol_opt compares the top 100 only past 1,000 calls */
-        o->plateau_run = o->nmol > 1000 && mg_opt_top_mean(o, 100) == top100 ? o->plateau_run + 1 : 0;
+    /* mol_opt compares the top 100 only past 1,000 calls; a run whose
+     * molecules all scored 0 has found nothing to converge on (PMO's
+     * valsartan_smarts: its SMARTS matches 1 in 20,000 ZINC-like molecules),
+     * so its plateau does not count */
+    if (!rc)
+        o->plateau_run = o->nmol > 1000 && top100 > 0 && mg_opt_top_mean(o, 100) == top100
+                             ? o->plateau_run + 1
+                             : 0;
     const int B = w.B, N = B + w.nreplay;
     double s2[N > 0 ? N : 1];
     unsigned char use[N > 0 ? N : 1];

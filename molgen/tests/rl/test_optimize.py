@@ -320,6 +320,21 @@ def test_patience_stop(tmp_path, scorer):
     assert (s2["stop"], s2["steps"], s2["calls"]) == ("patience", s["steps"], s["calls"])
 
 
+def test_patience_waits_for_a_score_above_zero(tmp_path, scorer):
+    """A run in which every molecule scores 0 has found nothing to converge
+    on: its unchanged top 100 (all 0) does not count toward --patience, so
+    it goes on to the budget, where the same run scoring 0.25 stops."""
+    d = tmp_path / "zero"
+    optimize(d, scorer, "--batch", 64, "--budget", 1400, "--patience", 2, "--seed", 2,
+             env={"CONST_SCORE": "0"})
+    s = json.loads((d / "summary.json").read_text())
+    assert (s["stop"], s["calls"]) == ("budget", 1400)
+    optimize(tmp_path / "quarter", scorer, "--batch", 64, "--budget", 1400, "--patience", 2,
+             "--seed", 2, env={"CONST_SCORE": "0.25"})
+    s = json.loads((tmp_path / "quarter" / "summary.json").read_text())
+    assert s["stop"] == "patience" and s["calls"] < 1400
+
+
 def test_patience_stopped_run_goes_on_with_another_patience(tmp_path, scorer):
     """--patience only decides when a run ends: the run it stopped, resumed
     with --patience 0, goes on to the budget as the run without the stop
