@@ -396,9 +396,9 @@ static attn_status bf16_forward(const attn_fused_call *c, attn_error *err) {
                                     w.vp + t * (BK / 2) * dvp);
                         have = x;
                     }
-                    /* last query blocks first: the longest under a causal mask */
+                    /* with a causal mask last query blocks first (the longest) */
                     bf16_block(c, &w, w.kp, w.vp, np, dvp, b, hk * G + i / nqb * P, P,
-                               nqb - 1 - i % nqb);
+                               pr->causal ? nqb - 1 - i % nqb : i % nqb);
                 }
             }
         } else {
