@@ -331,7 +331,8 @@ static attn_status bf16_forward(const attn_fused_call *c, attn_error *err) {
     uint32_t *all = aligned_alloc(64, (size_t)(per * T * 4));
     /* head: blocks taken so far of each K/V head (of nblk), heads claimed */
     const int64_t nblk = G / P * nqb;
-    int64_t *next = head ? calloc((size_t)BHk, sizeof *next) : NULL, claimed = 0;
+    int64_t *next = head ? calloc((size_t)BHk, sizeof *next) : NULL;
+    int64_t claimed = 0;
     if (!all || (head && !next)) {
         free(all);
         free(next);
@@ -396,9 +397,11 @@ static attn_status bf16_forward(const attn_fused_call *c, attn_error *err) {
                                     w.vp + t * (BK / 2) * dvp);
                         have = x;
                     }
-                    /* with a causal mask last query blocks first (the longest) */
-                    bf16_block(c, &w, w.kp, w.vp, np, dvp, b, hk * G + i / nqb * P, P,
-                               pr->causal ? nqb - 1 - i % nqb : i % nqb);
+                    /* block i: query block i / S of stack i % S (S stacks of P
+                     * heads); with a causal mask the last (longest) first */
+                    const int64_t S = G / P, k = i / S;
+                    bf16_block(c, &w, w.kp, w.vp, np, dvp, b, hk * G + i % S * P, P,
+                               pr->causal ? nqb - 1 - k : k);
                 }
             }
         } else {

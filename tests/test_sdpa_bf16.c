@@ -6,7 +6,7 @@
  * CPU runs (the portable row forced too), the backward from an fp32 and
  * from a bf16 grad_out; the fused backward gives the same bits on 1 thread
  * (one pass per head) and 3 (two passes), the forward (grouped-query, and
- * a head's blocks shared out) on 1, 2 and 3 threads; the reference path on bf16 equals
+ * a head's blocks shared out) on 1, 2, 3 and 5 threads; the reference path on bf16 equals
  * the fp32 reference on the converted values bitwise; bad dtypes refused. */
 #include "testutil.h"
 #include "internal.h"
@@ -267,17 +267,21 @@ static void test_threads(int64_t Lq) {
     free(x), free(out), free(lse), free(qkv);
 }
 
-/* The forward on 1, 2 and 3 threads gives the same bits. 8 query heads on
- * 1 K/V head (Lq 20 and 40: query blocks of whole and partial 16-row
- * blocks, for the amx row): the thread count decides how many query heads
- * a block stacks. 4 on 2 over 300 queries, causal or not: a head's blocks
- * on 1 and 2 threads (taken block by block, a thread done early packing
- * the other's head to help), all heads packed first on 3. */
+/* The forward on 1, 2, 3 and 5 threads gives the same bits, every output
+ * written (each run's output starts as NaN). 8 query heads on 1 K/V head
+ * (Lq 20 and 40: query blocks of whole and partial 16-row blocks, for the
+ * amx row): the thread count decides how many query heads a block stacks.
+ * Over 300 queries, causal or not, K/V heads spread evenly over 1 to 3
+ * threads run head by head (attn_fused_bwd_one_pass), their blocks taken
+ * one at a time and a thread done early packing another's head to help;
+ * 5 threads pack all heads first: 4 on 2 (one stack of 2 heads per block),
+ * 16 on 2 (two stacks of 4), 24 on 3 (two threads help each other). */
 static void test_gqa_threads(int64_t H, int64_t Hkv, int64_t Lq, int64_t L, int causal) {
     const int64_t B = 1, D = 64;
+    const int threads[] = {1, 2, 3, 5}, nt = 4;
     const size_t nq = (size_t)(B * H * Lq * D), nk = (size_t)(B * Hkv * L * D);
     tu_rng r = tu_seed(78);
-    float *x = malloc((nq > nk ? nq : nk) * 4), *out[3];
+    float *x = malloc((nq > nk ? nq : nk) * 4), *out[4];
     uint16_t *q = malloc(nq * 2), *kv = malloc(2 * nk * 2);
     tu_fill(&r, x, nq, -2, 2), attn_bf16_from_f32(x, q, nq);
     tu_fill(&r, x, nk, -2, 2), attn_bf16_from_f32(x, kv, nk);
@@ -289,17 +293,22 @@ static void test_gqa_threads(int64_t H, int64_t Hkv, int64_t Lq, int64_t L, int 
     p.dtype = ATTN_BF16, p.out_dtype = ATTN_F32, p.impl = ATTN_IMPL_FUSED;
     p.causal = causal;
     attn_error e;
-    for (int t = 0; t < 3; t++) {
+    for (int t = 0; t < nt; t++) {
         out[t] = malloc(nq * 4);
+        for (size_t i = 0; i < nq; i++) out[t][i] = NAN;
         attn_tensor to = attn_tensor_bhld(out[t], B, H, Lq, D);
-        p.num_threads = t + 1;
+        p.num_threads = threads[t];
         CHECK_OK(attn_sdpa_forward(&tq, &tk, &tv, &p, &to, NULL, NULL, NULL, &e), &e);
     }
-    for (int t = 1; t < 3; t++)
+    size_t unwritten = 0;
+    for (size_t i = 0; i < nq; i++) unwritten += isnan(out[0][i]);
+    CHECK(unwritten == 0, "bf16 forward, %lld heads on %lld, Lq %lld, causal %d: %zu outputs "
+          "not written", (long long)H, (long long)Hkv, (long long)Lq, causal, unwritten);
+    for (int t = 1; t < nt; t++)
         CHECK(memcmp(out[0], out[t], nq * 4) == 0, "bf16 forward, %lld heads on %lld, Lq %lld, "
               "causal %d: %d threads differ from 1", (long long)H, (long long)Hkv, (long long)Lq,
-              causal, t + 1);
-    for (int t = 0; t < 3; t++) free(out[t]);
+              causal, threads[t]);
+    for (int t = 0; t < nt; t++) free(out[t]);
     free(x), free(q), free(kv);
 }
 
@@ -328,7 +337,9 @@ int main(void) {
         for (int i = 0; i < ns; i++) run_shape(&shapes[i], ATTN_IMPL_FUSED, isa);
         test_threads(250), test_threads(40), test_threads(3);
         test_gqa_threads(8, 1, 20, 100, 0), test_gqa_threads(8, 1, 40, 100, 0);
-        test_gqa_threads(4, 2, 300, 300, 0), test_gqa_threads(4, 2, 300, 300, 1);
+        for (int causal = 0; causal < 2; causal++)
+            test_gqa_threads(4, 2, 300, 300, causal), test_gqa_threads(16, 2, 300, 300, causal),
+                test_gqa_threads(24, 3, 300, 300, causal);
         report(isa);
     }
     return tu_report("test_sdpa_bf16");
