@@ -154,7 +154,7 @@ typedef struct mg_opt mg_opt;
      * one step more before the stop is checked) */                         \
     X(patience, patience, INT, "patience", "K", 0, 0, 1000000000, MG_CLOSED, GROW,                 \
       "convergence stop (mol_opt's REINVENT): past 1,000 calls, K consecutive steps that leave "   \
-      "the mean of the 100 best scores unchanged and above 0 (0: never)")                          \
+      "the mean of the 100 best scores unchanged, once 100 molecules scored above 0 (0: never)")  \
     X(max_steps, max_steps, I64, "max-steps", "N", 0, 0, 1000000000000LL, MG_CLOSED, FREE,         \
       "stop after N steps (0: no limit)")                                                          \
     X(stop_after, stop_after, I64, "stop-after", "N", 0, 0, 1000000000000LL, MG_CLOSED, FREE,      \

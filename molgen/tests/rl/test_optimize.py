@@ -320,10 +320,11 @@ def test_patience_stop(tmp_path, scorer):
     assert (s2["stop"], s2["steps"], s2["calls"]) == ("patience", s["steps"], s["calls"])
 
 
-def test_patience_waits_for_a_score_above_zero(tmp_path, scorer):
-    """A run in which every molecule scores 0 has found nothing to converge
-    on: its unchanged top 100 (all 0) does not count toward --patience, so
-    it goes on to the budget, where the same run scoring 0.25 stops."""
+def test_patience_waits_for_100_hits(tmp_path, scorer):
+    """The top-100 mean says a run has converged only once 100 molecules
+    scored above 0: a run in which every molecule scores 0 (an unchanged
+    top 100 of zeros) goes on to the budget, where the same run scoring
+    0.25 stops on --patience."""
     d = tmp_path / "zero"
     optimize(d, scorer, "--batch", 64, "--budget", 1400, "--patience", 2, "--seed", 2,
              env={"CONST_SCORE": "0"})
