@@ -63,6 +63,8 @@ for line in sys.stdin:
     nn = sum(a.GetSymbol() == "N" for a in m.GetAtoms())
     can = const or Chem.MolToSmiles(m)
     sc = float(flat) if flat else nn / m.GetNumAtoms()
+    if os.environ.get("COARSE"):  # few distinct scores: a top 100 that stops moving
+        sc = round(sc * 4) / 4
     print("%.6f\tcanonical=%s\tn_atoms=%d" % (sc, can, m.GetNumAtoms()), flush=True)
 '''
 
@@ -351,6 +353,34 @@ def test_patience_stopped_run_goes_on_with_another_patience(tmp_path, scorer):
     same_run(b, a)
     s = json.loads((b / "summary.json").read_text())
     assert (s["stop"], s["calls"], s["options"]["patience"]) == ("budget", 1400, 0)
+
+
+def test_patience_replayed_from_a_run_to_the_budget(tmp_path, scorer):
+    """bench/pmo_patience.py reads off a run that went to the budget where
+    --patience P would have stopped it: the runs with P = 1, 2 and 4 (real
+    stops, the N-fraction scorer rounded to quarters so the top 100 fills
+    and stops moving) end at the calls it replays, with the AUC of their
+    scored.csv."""
+    sys.path.insert(0, os.path.join(REPO, "python"))
+    from molgen import pmo
+    from molgen_bin import load_file
+    pat = load_file("bench_pmo_patience", os.path.join(REPO, "bench", "pmo_patience.py"))
+    env = {"COARSE": "1"}
+    full = tmp_path / "full"
+    optimize(full, scorer, "--batch", 64, "--budget", 2600, "--seed", 3, env=env)
+    steps = pat.read_steps(str(full / "scored.csv"))
+    stopped = 0
+    for p in (1, 2, 4):
+        d = tmp_path / ("p%d" % p)
+        optimize(d, scorer, "--batch", 64, "--budget", 2600, "--seed", 3, "--patience", p, env=env)
+        s = json.loads((d / "summary.json").read_text())
+        stop = pat.replay(steps, p)
+        auc, calls = pat.auc_until(steps, stop, 2600)
+        assert (stop is None) == (s["stop"] == "budget"), (p, stop, s["stop"])
+        assert calls == s["calls"], (p, calls, s["calls"])
+        assert auc == pmo.auc(pmo.read_scored_csv(str(d / "scored.csv")), budget=2600)
+        stopped += s["stop"] == "patience"
+    assert stopped >= 2  # stops replayed, not only the budget
 
 
 def test_signal_during_a_slow_scorer(tmp_path, scorer, straight):
