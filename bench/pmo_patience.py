@@ -14,10 +14,12 @@ that step, padded with its last top-10.
     bench/pmo_patience.py RUNS [--seed 0] [--patience 5,10,20,0] [--markdown]
 
 RUNS is a bench/pmo.py --runs folder; every task under b10000/molgen/ is
-read. `--check STOPPED_RUNS` also compares the replayed stop at each run's
-own patience with where the stopped copy really ended (its calls)."""
+read. `--check STOPPED_RUNS` also compares the stop replayed at each
+stopped run's own --patience with where it really ended (its calls): exit
+status 1 if any differs."""
 import argparse
 import csv
+import json
 import math
 import os
 import sys
@@ -26,23 +28,24 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from molgen import pmo  # noqa: E402
 
 
-def read_steps(path):
-    """scored.csv -> [(step, [(canonical, score)] in call order)], the rows
-    of each step in the order they were scored."""
+def read_steps(path, nsteps=None):
+    """scored.csv -> [(step, [(canonical, score)] in call order)] for steps
+    0, 1, ...: a step that scored no new molecule (its batch all in the
+    cache) is there with no rows, since it counts towards the plateau too;
+    nsteps (summary.json's steps) adds such steps after the last row."""
     with open(path, newline="") as f:
         rows = list(csv.DictReader(f))
     rows.sort(key=lambda r: int(r["call"]))
-    steps, cur = [], None
+    by_step = {}
     for r in rows:
-        s = int(r["step"])
-        if cur is None or s != cur[0]:
-            cur = (s, [])
-            steps.append(cur)
         key = r.get("canonical") or r["smiles"]
         text = (r["score"] or "").strip()
         score = None if not text or text.lower() == "nan" else float(text)
-        cur[1].append((key, score))
-    return steps
+        by_step.setdefault(int(r["step"]), []).append((key, score))
+    n = max(by_step) + 1 if by_step else 0
+    if nsteps is not None:
+        n = max(n, nsteps)
+    return [(s, by_step.get(s, [])) for s in range(n)]
 
 
 def top_mean(sorted_desc, n):
@@ -105,7 +108,9 @@ def main(argv=None):
         path = os.path.join(d, "scored.csv")
         if not os.path.exists(os.path.join(d, "bench.json")) or not os.path.exists(path):
             continue
-        steps = read_steps(path)
+        summ = os.path.join(d, "summary.json")
+        nsteps = json.load(open(summ)).get("steps") if os.path.exists(summ) else None
+        steps = read_steps(path, nsteps)
         cells = [task]
         for j, p in enumerate(ps):
             stop = replay(steps, p, not a.no_hits_rule)
@@ -113,10 +118,9 @@ def main(argv=None):
             sums[j] += v
             cells.append("%.3f (%d)" % (v, n))
         if a.check:
-            import json
-            ref = json.load(open(os.path.join(a.check, "b%d" % a.budget, "molgen", task,
-                                              "s%d" % a.seed, "bench.json")))
-            p0 = 5
+            rd = os.path.join(a.check, "b%d" % a.budget, "molgen", task, "s%d" % a.seed)
+            ref = json.load(open(os.path.join(rd, "bench.json")))
+            p0 = json.load(open(os.path.join(rd, "summary.json")))["options"]["patience"]
             _, n = auc_until(steps, replay(steps, p0, not a.no_hits_rule), a.budget)
             real = ref.get("calls")
             bad += real is not None and n != real

@@ -40,3 +40,28 @@ def test_table_and_curves(tmp_path, capsys):
     assert "qed: AUC %.3f against %.3f" % (0.5 * 9950 / 10000, 0.8 * 9950 / 10000) in text
     assert "median1" not in text
     assert text.count("stroke-dasharray") == 1  # the stopped run's padding only
+
+
+def test_patience_replay_counts_steps_with_no_new_molecule(tmp_path):
+    """bench/pmo_patience.py: a step whose batch was all in the cache writes
+    no row to scored.csv but is a step whose top 100 did not move, as
+    molgen/rl/optimize.c counts it; here steps 1, 2 (no rows) and 3 make
+    --patience 3 stop after step 3, and summary.json's steps adds the empty
+    steps after the last row."""
+    pat = load_file("bench_pmo_patience", os.path.join(REPO, "bench", "pmo_patience.py"))
+    path = str(tmp_path / "scored.csv")
+    with open(path, "w") as f:
+        f.write("call,step,smiles,canonical,score\n")
+        for i in range(1100):  # past 1,000 molecules and 100 hits after step 0
+            f.write("%d,0,C%d,C%d,0.5\n" % (i + 1, i, i))
+        f.write("1101,1,N1,N1,0.1\n1102,3,N3,N3,0.1\n1103,4,N4,N4,0.9\n")
+    steps = pat.read_steps(path)
+    assert [s for s, _ in steps] == [0, 1, 2, 3, 4] and steps[2][1] == []
+    stop = pat.replay(steps, 3)
+    assert stop == 3 and pat.auc_until(steps, stop, 10000)[1] == 1102
+    assert pat.replay(steps, 4) is None  # step 4 moves the top 100
+    # four steps with no new molecule after the last row (summary.json's
+    # steps 9): the 4th plateau step after step 4 ends it at P = 4
+    steps = pat.read_steps(path, nsteps=9)
+    assert len(steps) == 9 and pat.replay(steps, 4) == 8
+    assert pat.replay(steps, 5) is None
