@@ -613,10 +613,10 @@ def test_rows_without_eos_are_left_out(tmp_path, scorer):
 # mol_opt's REINVENT (main/reinvent/hparams_default.yaml): sigma 500, learning
 # rate 5e-4, experience replay 24 from a memory of 100, no diversity filter
 # (summary.json's df: 0 none, 2 scaffold).
-PMO = {"sigma": 500.0, "lr": 5e-4, "memory": 100, "replay": 24, "df": 0, "patience": 5,
-       "helper": "on", "ga_offspring": 16, "rank_coef": 0.01}
+PMO = {"sigma": 500.0, "lr": 5e-4, "memory": 100, "replay": 24, "df": 0, "patience": 20,
+       "helper": "on", "ga_offspring": 16, "rank_coef": 0.01, "replay_loops": 2}
 DEFAULTS = {"sigma": 128.0, "lr": 1e-4, "memory": 50, "replay": 10, "df": 2, "patience": 0,
-            "helper": "off", "ga_offspring": 0, "rank_coef": 0.0}
+            "helper": "off", "ga_offspring": 0, "rank_coef": 0.0, "replay_loops": 0}
 
 
 def options_of(d, scorer, *args):
