@@ -58,8 +58,9 @@ def top_mean(sorted_desc, n):
     return t / k
 
 
-def replay(steps, patience, hits_rule=True):
-    """-> (index of the step the run stops after, or None for the budget)."""
+def replay(steps, patience, hits_rule=True, min_calls=1000, min_hits=100):
+    """-> (index of the step the run stops after, or None for the budget);
+    min_calls and min_hits are the rule's 1,000 calls and 100 hits."""
     seen, scores, run, hits = set(), [], 0, 0
     for i, (_, recs) in enumerate(steps):
         before = top_mean(scores, 100)
@@ -70,7 +71,7 @@ def replay(steps, patience, hits_rule=True):
             scores.append(score)
             hits += score > 0
         scores.sort(reverse=True)
-        plateau = len(scores) > 1000 and (hits >= 100 or not hits_rule) and \
+        plateau = len(scores) > min_calls and (hits >= min_hits or not hits_rule) and \
             top_mean(scores, 100) == before
         run = run + 1 if plateau else 0
         if patience > 0 and run >= patience:

@@ -6,6 +6,7 @@ sampler (molgen.torch_sample), against the same scorer protocol.
         [--budget 10000] [--seed 0] --out DIR [--batch 64] [--sigma 128]
         [--lr 1e-4] [--df scaffold|smiles|none] [--df-bucket 25]
         [--df-min-score 0.4] [--repeat-penalty 0.5] [--memory 50] [--replay 10]
+        [--rank-coef 0] [--replay-loops 0] [--ga-offspring 0] [--patience 0]
         [--max-steps 0] [--threads 1] [--timeout 60]
 
 The algorithm is molgen/rl/optimize.h's, step by step (its defaults):
@@ -23,9 +24,17 @@ The algorithm is molgen/rl/optimize.h's, step by step (its defaults):
      inception memory (the --memory best distinct molecules by s', with
      their prior NLL) of (prior_ll + sigma s' - agent_ll)^2 (ll: the summed
      log-likelihood of the tokens after BOS, EOS included); one Adam step
-     (lr, betas 0.9/0.999, eps 1e-8, no decay, no clipping).
-The run ends at the budget, after --max-steps, or on mode collapse (the share
-of a batch new to the cache below 0.02 for 20 steps). It writes DIR/scored.csv
+     (lr, betas 0.9/0.999, eps 1e-8, no decay, no clipping). The replay
+     rows are drawn alike, or by rank with --rank-coef C (weight
+     1 / (C n + rank) over the n memory entries, without replacement);
+  5. --replay-loops L: L more Adam steps, each on --replay rows drawn afresh
+     from the memory as it stands after the step (Genetic GFN's loop).
+The run ends at the budget, after --max-steps, on mode collapse (the share
+of a batch new to the cache below 0.02 for 20 steps) or with --patience K
+after K steps in a row that left the mean of the 100 best scores unchanged,
+counted past 1,000 calls once 100 molecules scored above 0 (molgen
+optimize's rule). Left out: molgen's --constrain (the agent samples
+unconstrained), --augmented-memory and the DAP's multi-process split. It writes DIR/scored.csv
 (molgen optimize's columns), DIR/best.smi, DIR/summary.json and
 DIR/agent.safetensors (loads in molgen sample).
 """
@@ -47,6 +56,11 @@ from molgen import graph_ga
 from molgen import pmo
 from molgen import torch_model as tm
 from molgen import torch_sample as ts
+
+
+# --patience counts a step only past this many calls and hits (molgen
+# optimize's rule: mol_opt's 1,000 calls; 100 molecules above 0)
+PLATEAU_CALLS, PLATEAU_HITS = 1000, 100
 
 
 class ScorerError(Exception):
@@ -170,6 +184,7 @@ class Run:
         self.step = 0
         self.ga_calls = 0     # calls spent on GA offspring
         self.reason = ""
+        self.updates = 0  # Adam steps
 
     def bucket_key(self, m):
         if self.a.df == "scaffold" and m["scaffold"]:
@@ -251,8 +266,7 @@ class Run:
                 if count > a.df_bucket:
                     s2[i] = 0.0
         # replay rows from the memory before this step
-        nrep = min(a.replay, len(self.memory))
-        replay = self.rng.sample(self.memory, nrep) if nrep else []
+        replay = self.draw_memory()
         use = [i for i in range(B) if rows[i] is not None]
         loss_rows = [rows[i] for i in use] + [
             encode(self.mols[g]["smiles"], self.index, self.T) for _, g in replay]
@@ -277,19 +291,19 @@ class Run:
         # the DAP update
         loss = 0.0
         if loss_rows:
-            agent_nll = rows_nll(self.agent, loss_rows)
+            loss, agent_nll = self.dap_step(loss_rows, prior_nll, score2)
             for k, i in enumerate(use):
                 g = gi[i]
                 if g is not None and g >= n_old and math.isnan(self.mols[g]["prior_nll"]):
                     self.mols[g]["prior_nll"] = pn[k]
                     self.mols[g]["agent_nll"] = float(agent_nll[k])
-            tgt = torch.tensor([-p + a.sigma * s for p, s in zip(prior_nll, score2)])
-            d = tgt + agent_nll  # target - agent_ll
-            L = (d * d).mean()
-            self.opt.zero_grad(set_to_none=True)
-            L.backward()
-            self.opt.step()
-            loss = float(L)
+        # Genetic GFN's experience loop on the memory as the step left it
+        for _ in range(a.replay_loops):
+            rep = self.draw_memory()
+            if not rep:
+                break
+            self.dap_step([encode(self.mols[g]["smiles"], self.index, self.T) for _, g in rep],
+                          [self.mols[g]["prior_nll"] for _, g in rep], [s for s, _ in rep])
         self.step += 1
         valid = sum(1 for g in gi if g is not None and g >= 0)
         uniq = len({g for g in gi if g is not None and g >= 0})
@@ -307,6 +321,44 @@ class Run:
             if a.df != "none" and q["score"] >= a.df_min_score:
                 bk = self.bucket_key(q)
                 self.bucket[bk] = self.bucket.get(bk, 0) + 1
+
+    def draw_memory(self):
+        """min(--replay, memory) distinct memory entries: alike, or by rank
+        (best first) with --rank-coef, as molgen/rl/optimize.c draws them."""
+        a, mem = self.a, self.memory
+        k = min(a.replay, len(mem))
+        if not k:
+            return []
+        if a.rank_coef <= 0:
+            return self.rng.sample(mem, k)
+        n = len(mem)
+        w = [1.0 / (a.rank_coef * n + r) for r in range(n)]
+        out = []
+        for _ in range(k):
+            u, pick = self.rng.random() * sum(w), -1
+            for r in range(n):
+                if w[r] <= 0:
+                    continue
+                pick = r
+                u -= w[r]
+                if u < 0:
+                    break
+            out.append(mem[pick])
+            w[pick] = 0.0
+        return out
+
+    def dap_step(self, rows, prior_nll, scores):
+        """One Adam step on loss = mean (prior_ll + sigma s - agent_ll)^2 over
+        the rows; returns (loss, the rows' agent NLLs)."""
+        agent_nll = rows_nll(self.agent, rows)
+        tgt = torch.tensor([-p + self.a.sigma * s for p, s in zip(prior_nll, scores)])
+        d = tgt + agent_nll  # target - agent_ll
+        L = (d * d).mean()
+        self.opt.zero_grad(set_to_none=True)
+        L.backward()
+        self.opt.step()
+        self.updates += 1
+        return float(L), agent_nll
 
     def remember(self, entries):
         """(s', molecule) entries into the inception memory: distinct
@@ -365,10 +417,14 @@ class Run:
         os.makedirs(a.out, exist_ok=True)
         self.scorer = Scorer(a.scorer, a.timeout)
         t0 = time.perf_counter()
-        collapse = 0
+        collapse = plateau = 0
         try:
             while True:
+                top100 = self.top_mean(100)
                 pg = self.step_once()
+                hits = sum(1 for m in self.mols if m["score"] > 0)
+                plateau = plateau + 1 if (len(self.mols) > PLATEAU_CALLS and hits >= PLATEAU_HITS and
+                                          self.top_mean(100) == top100) else 0
                 el = time.perf_counter() - t0
                 n = len(self.mols)
                 eta = el / n * (a.budget - n) if n else float("nan")
@@ -382,6 +438,8 @@ class Run:
                     self.reason = "budget"
                 elif collapse >= 20:
                     self.reason = "collapse"
+                elif a.patience and plateau >= a.patience:
+                    self.reason = "patience"
                 elif a.max_steps and self.step >= a.max_steps:
                     self.reason = "max-steps"
                 if self.reason:
@@ -407,15 +465,16 @@ class Run:
         scores = [m["score"] for m in self.mols]
         opts = {k: getattr(a, k) for k in ("seed", "budget", "batch", "sigma", "lr", "df",
                                            "df_bucket", "df_min_score", "repeat_penalty",
-                                           "memory", "replay", "ga_offspring", "ga_pool",
-                                           "ga_mutation")}
+                                           "memory", "replay", "rank_coef", "replay_loops",
+                                           "ga_offspring", "ga_pool", "ga_mutation",
+                                           "patience")}
         summary = {"engine": "torch", "torch": torch.__version__,
                    "threads": torch.get_num_threads(), "prior": a.prior, "scorer": a.scorer,
                    "calls": len(self.mols), "steps": self.step, "budget": a.budget,
                    "top1": self.top_mean(1), "top10": self.top_mean(10),
                    "top100": self.top_mean(100), "auc_top10": pmo.auc(scores, 10, a.budget),
                    "seconds": seconds, "stop": self.reason, "options": opts,
-                   "ga_calls": self.ga_calls}
+                   "ga_calls": self.ga_calls, "updates": self.updates}
         with open(os.path.join(a.out, "summary.json"), "w") as f:
             json.dump(summary, f, indent=1)
         _, meta = tm.load_safetensors(a.prior)
@@ -441,6 +500,12 @@ def main(argv=None):
     ap.add_argument("--repeat-penalty", type=float, default=0.5)
     ap.add_argument("--memory", type=int, default=50)
     ap.add_argument("--replay", type=int, default=10)
+    ap.add_argument("--rank-coef", type=float, default=0.0,
+                    help="replay drawn by rank, weight 1 / (C n + rank) (0: alike)")
+    ap.add_argument("--replay-loops", type=int, default=0,
+                    help="L more updates a step on --replay memory rows drawn afresh")
+    ap.add_argument("--patience", type=int, default=0,
+                    help="stop after K steps that left the top-100 mean unchanged (0: never)")
     ap.add_argument("--ga-offspring", type=int, default=0,
                     help="GA children of the best molecules per step (0: off)")
     ap.add_argument("--ga-pool", type=int, default=128, help="the GA's parents: the best K")
@@ -454,9 +519,11 @@ def main(argv=None):
     if a.budget < 1 or a.batch < 1 or a.memory < 0 or not 0 <= a.replay <= a.memory \
             or not 0 <= a.repeat_penalty <= 1 or a.df_bucket < 0 or a.max_steps < 0 \
             or a.threads < 1 or not a.timeout > 0 or not math.isfinite(a.sigma) \
-            or not a.lr > 0:
+            or not a.lr > 0 or not 0 <= a.rank_coef < math.inf or a.replay_loops < 0 \
+            or a.patience < 0 or (a.replay_loops and not a.replay):
         print("molgen.torch_reinvent: bad option value (budget, batch >= 1; 0 <= replay <= "
-              "memory; repeat penalty in [0, 1]; lr, timeout > 0)", file=sys.stderr)
+              "memory; repeat penalty in [0, 1]; lr, timeout > 0; rank coef, replay loops, "
+              "patience >= 0; replay loops need replay > 0)", file=sys.stderr)
         return 2
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)

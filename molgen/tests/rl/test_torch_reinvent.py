@@ -113,3 +113,44 @@ def test_ga_offspring_are_scored_calls_of_the_budget(tmp_path):
     assert len(canon) >= summ["ga_calls"]
     for r in rows:
         assert float(r["prior_nll"]) > 0
+
+
+CONST = r"""
+import sys
+for line in sys.stdin:
+    s = line.strip()
+    print('0.25\tcanonical=%s' % s, flush=True)
+"""
+
+
+def test_replay_loops_and_patience(tmp_path, monkeypatch):
+    # --replay-loops 2 adds two Adam steps a step (on rank-drawn memory rows);
+    # --patience 2 with every molecule at 0.25 (a top 100 that never moves)
+    # stops where bench/pmo_patience.py, which replays molgen optimize's
+    # stop to the call, says the rule stops this run's scored.csv (the
+    # rule's 1,000 calls and 100 hits scaled down to 50 and 10 for time)
+    import importlib.util
+    from molgen import torch_reinvent
+    spec = importlib.util.spec_from_file_location(
+        "bench_pmo_patience", os.path.join(REPO, "bench", "pmo_patience.py"))
+    pat = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pat)
+    monkeypatch.setattr(torch_reinvent, "PLATEAU_CALLS", 50)
+    monkeypatch.setattr(torch_reinvent, "PLATEAU_HITS", 10)
+    out = tmp_path / "run"
+    rc = torch_reinvent.main(["--prior", PRIOR, "--scorer", scorer_cmd(tmp_path, CONST),
+                              "--budget", "160", "--batch", "16", "--seed", "3", "--memory",
+                              "100", "--replay", "24", "--rank-coef", "0.01", "--replay-loops",
+                              "2", "--patience", "2", "--out", str(out)])
+    assert rc == 0
+    summ = json.load(open(out / "summary.json"))
+    assert summ["stop"] == "patience" and 50 < summ["calls"] < 160, summ
+    assert summ["updates"] == 3 * summ["steps"]
+    assert summ["options"]["replay_loops"] == 2 and summ["options"]["patience"] == 2
+    steps = pat.read_steps(str(out / "scored.csv"), summ["steps"])
+    stop = pat.replay(steps, 2, min_calls=50, min_hits=10)
+    assert stop == summ["steps"] - 1 and pat.auc_until(steps, stop, 160)[1] == summ["calls"]
+    bad = subprocess.run([sys.executable, "-m", "molgen.torch_reinvent", "--prior", PRIOR,
+                          "--scorer", "true", "--replay", "0", "--replay-loops", "1",
+                          "--out", str(tmp_path / "bad")], capture_output=True, text=True)
+    assert bad.returncode == 2 and "replay loops need replay > 0" in bad.stderr
