@@ -34,9 +34,9 @@ of a batch new to the cache below 0.02 for 20 steps) or with --patience K
 after K steps in a row that left the mean of the 100 best scores unchanged,
 counted past 1,000 calls once 100 molecules scored above 0 (molgen
 optimize's rule). Left out: molgen's --constrain (the agent samples
-unconstrained), --augmented-memory and the DAP's multi-process split. It writes DIR/scored.csv
-(molgen optimize's columns), DIR/best.smi, DIR/summary.json and
-DIR/agent.safetensors (loads in molgen sample).
+unconstrained), --augmented-memory and the DAP's multi-process split. It
+writes DIR/scored.csv (molgen optimize's columns), DIR/best.smi,
+DIR/summary.json and DIR/agent.safetensors (loads in molgen sample).
 """
 import argparse
 import csv
