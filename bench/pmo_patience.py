@@ -9,7 +9,10 @@ counts towards the plateau (only once more than 1,000 molecules are scored
 and, from bb119a6 on, 100 of them above 0; `--no-hits-rule` for binaries
 before it), any other step resets it; the run stops after the step that
 brings the count to P. The AUC is PMO's (molgen.pmo) over the calls up to
-that step, padded with its last top-10.
+that step, padded with its last top-10. Scores are read as scored.csv
+prints them (%.10g): a molecule that enters the top 100 within 1e-10 of
+the one it displaces would read as a plateau step the run did not count
+(none in the runs checked: every stop replayed to the call).
 
     bench/pmo_patience.py RUNS [--seed 0] [--patience 5,10,20,0] [--markdown]
 
