@@ -4,6 +4,7 @@ scorer written here spends the budget on distinct molecules only, as
 scored.csv and summary.json say."""
 import csv
 import json
+import math
 import os
 import subprocess
 import sys
@@ -123,7 +124,7 @@ for line in sys.stdin:
 """
 
 
-def test_replay_loops_and_patience(tmp_path, monkeypatch):
+def test_replay_loops_and_patience(tmp_path, monkeypatch, capsys):
     # --replay-loops 2 adds two Adam steps a step (on rank-drawn memory rows);
     # --patience 2 with every molecule at 0.25 (a top 100 that never moves)
     # stops where bench/pmo_patience.py, which replays molgen optimize's
@@ -143,6 +144,11 @@ def test_replay_loops_and_patience(tmp_path, monkeypatch):
                               "100", "--replay", "24", "--rank-coef", "0.01", "--replay-loops",
                               "2", "--patience", "2", "--out", str(out)])
     assert rc == 0
+    # every step's loss is a number (a memory row without its prior NLL,
+    # replayed in the loop and in the next step, would make it NaN)
+    losses = [float(x.split("loss ")[1].split(",")[0])
+              for x in capsys.readouterr().err.splitlines() if "loss " in x]
+    assert losses and all(math.isfinite(v) and v > 0 for v in losses)
     summ = json.load(open(out / "summary.json"))
     assert summ["stop"] == "patience" and 50 < summ["calls"] < 160, summ
     assert summ["updates"] == 3 * summ["steps"]
