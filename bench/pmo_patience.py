@@ -42,9 +42,7 @@ def read_steps(path, nsteps=None):
     by_step = {}
     for r in rows:
         key = r.get("canonical") or r["smiles"]
-        text = (r["score"] or "").strip()
-        score = None if not text or text.lower() == "nan" else float(text)
-        by_step.setdefault(int(r["step"]), []).append((key, score))
+        by_step.setdefault(int(r["step"]), []).append((key, pmo._float_or_none(r["score"])))
     n = max(by_step) + 1 if by_step else 0
     if nsteps is not None:
         n = max(n, nsteps)

@@ -420,11 +420,13 @@ class Run:
         collapse = plateau = 0
         try:
             while True:
-                top100 = self.top_mean(100)
+                top100 = self.top_mean(100) if a.patience else 0.0
                 pg = self.step_once()
-                hits = sum(1 for m in self.mols if m["score"] > 0)
-                plateau = plateau + 1 if (len(self.mols) > PLATEAU_CALLS and hits >= PLATEAU_HITS and
-                                          self.top_mean(100) == top100) else 0
+                if a.patience:  # the top 100 sorted only when the stop is on
+                    hits = sum(1 for m in self.mols if m["score"] > 0)
+                    plateau = plateau + 1 if (len(self.mols) > PLATEAU_CALLS and
+                                              hits >= PLATEAU_HITS and
+                                              self.top_mean(100) == top100) else 0
                 el = time.perf_counter() - t0
                 n = len(self.mols)
                 eta = el / n * (a.budget - n) if n else float("nan")
